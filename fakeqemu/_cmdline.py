@@ -1,0 +1,531 @@
+"""Parse the part of the ``qemu-system-x86_64`` command line fakeqemu emulates.
+
+Errors carry QEMU's own wording (measured on QEMU 7.2) so a caller that handles
+real QEMU's refusals handles fakeqemu's the same way.  Options QEMU knows but
+fakeqemu does not emulate are refused, never ignored.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from collections.abc import Iterator, Sequence
+
+import attrs
+
+from fakeqemu._ringbuf import DEFAULT_RINGBUF_SIZE
+
+QEMU_VERSION = (7, 2, 22)
+QEMU_PACKAGE = "fakeqemu"
+
+MACHINE_ALIASES = {
+    "none": "none",
+    "q35": "pc-q35-7.2",
+    "pc-q35-7.2": "pc-q35-7.2",
+    "pc": "pc-i440fx-7.2",
+    "pc-i440fx-7.2": "pc-i440fx-7.2",
+}
+_MACHINE_PROPERTY_PREFIX = {
+    "none": "none-machine",
+    "pc-q35-7.2": "pc-q35-7.2-machine",
+    "pc-i440fx-7.2": "pc-i440fx-7.2-machine",
+}
+_ACCELERATORS = ("kvm", "tcg", "qtest")
+_DEFAULT_MEMORY = 128 * 1024 * 1024
+_MAX_UNIX_PATH = 107
+# QEMU devices a user may reasonably pass that fakeqemu does not model.
+_UNMODELLED_DEVICES = frozenset(
+    {
+        "virtio-net-pci",
+        "virtio-blk-pci",
+        "virtio-scsi-pci",
+        "virtio-rng-pci",
+        "virtio-balloon-pci",
+        "vhost-vsock-pci",
+        "virtconsole",
+        "e1000",
+        "e1000e",
+        "VGA",
+        "qxl-vga",
+        "usb-tablet",
+        "qemu-xhci",
+        "pcie-root-port",
+    }
+)
+_SIZE_SUFFIX = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE_ERROR = (
+    "Parameter 'size' expects a non-negative number below 2^64\n"
+    "Optional suffix k, M, G, T, P or E means kilo-, mega-, giga-, tera-, peta-\n"
+    "and exabytes, respectively."
+)
+_FLAG_OPTIONS = frozenset({"nodefaults", "S", "daemonize", "version"})
+_VALUE_OPTIONS = frozenset(
+    {
+        "name",
+        "machine",
+        "M",
+        "accel",
+        "m",
+        "smp",
+        "display",
+        "qmp",
+        "chardev",
+        "device",
+        "incoming",
+        "pidfile",
+    }
+)
+
+
+class CommandLineError(Exception):
+    """The command line is refused; ``str(e)`` is QEMU's text without the program prefix."""
+
+
+@attrs.frozen
+class RingbufSpec:
+    """``-chardev ringbuf,id=ID,size=N``."""
+
+    id: str
+    size: int
+
+
+@attrs.frozen
+class SerialBusSpec:
+    """``-device virtio-serial-pci``: one virtio-serial bus and its PCI address."""
+
+    device_id: str | None
+    bus_name: str
+    max_ports: int
+    pci_address: str
+
+
+@attrs.frozen
+class SerialPortSpec:
+    """``-device virtserialport``: a port on a bus, optionally wired to a chardev."""
+
+    bus_name: str
+    nr: int
+    name: str | None
+    chardev: str | None
+    device_id: str | None
+
+
+@attrs.frozen
+class MachineConfig:
+    """Everything the command line said, validated."""
+
+    name: str | None = None
+    machine_type: str = "pc-i440fx-7.2"
+    accelerator: str = "tcg"
+    memory_bytes: int = _DEFAULT_MEMORY
+    cpus: int = 1
+    nodefaults: bool = False
+    start_paused: bool = False
+    daemonize: bool = False
+    pidfile: str | None = None
+    qmp_sockets: tuple[str, ...] = ()
+    ringbufs: tuple[RingbufSpec, ...] = ()
+    serial_buses: tuple[SerialBusSpec, ...] = ()
+    serial_ports: tuple[SerialPortSpec, ...] = ()
+    incoming_path: str | None = None
+    warnings: tuple[str, ...] = ()
+    show_version: bool = False
+
+
+def split_options(text: str) -> list[str]:
+    """Split a QemuOpts string on commas, with ``,,`` standing for a literal comma."""
+    parts: list[str] = []
+    current: list[str] = []
+    i = 0
+    while i < len(text):
+        char = text[i]
+        if char == ",":
+            if text[i + 1 : i + 2] == ",":
+                current.append(",")
+                i += 2
+                continue
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+        i += 1
+    parts.append("".join(current))
+    return parts
+
+
+def parse_options(text: str, implied_key: str | None) -> dict[str, str]:
+    """Parse ``a,b=c`` into a dict; a bare first item is ``implied_key``'s value."""
+    result: dict[str, str] = {}
+    for index, part in enumerate(split_options(text)):
+        if "=" in part:
+            key, value = part.split("=", 1)
+        elif index == 0 and implied_key is not None:
+            key, value = implied_key, part
+        elif part.startswith("no") and len(part) > 2:
+            key, value = part[2:], "off"
+        else:
+            key, value = part, "on"
+        result[key] = value
+    return result
+
+
+def parse_size(value: str, default_unit: int) -> int:
+    """Parse a QEMU size (``64``, ``64M``, ``1G``); a bare number is in ``default_unit``."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([bBkKmMgGtT]?)", value.strip())
+    if match is None:
+        raise ValueError(value)
+    number, suffix = match.groups()
+    unit = _SIZE_SUFFIX[suffix.upper()] if suffix else default_unit
+    return int(float(number) * unit)
+
+
+def _iterate_arguments(argv: Sequence[str]) -> Iterator[tuple[str, str | None]]:
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if not word.startswith("-") or word == "-":
+            raise CommandLineError(f"{word}: fakeqemu does not emulate disk images")
+        option = word.lstrip("-")
+        if option in _FLAG_OPTIONS:
+            yield option, None
+            i += 1
+        elif option in _VALUE_OPTIONS:
+            if i + 1 >= len(argv):
+                raise CommandLineError(f"{word}: requires an argument")
+            yield option, argv[i + 1]
+            i += 2
+        else:
+            raise CommandLineError(f"{word}: invalid option")
+
+
+def kvm_available() -> bool:
+    """Whether the KVM device opens, as QEMU's kvm accelerator needs."""
+    device = os.environ.get("FAKEQEMU_KVM_DEVICE", "/dev/kvm")
+    try:
+        fd = os.open(device, os.O_RDWR)
+    except OSError:
+        return False
+    os.close(fd)
+    return True
+
+
+class _Builder:
+    """Accumulates options in command-line order, validating as QEMU does."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, object] = {}
+        self.machine_opts: dict[str, str] = {}
+        self.accelerators: list[str] = []
+        self.qmp: list[str] = []
+        self.ringbufs: dict[str, RingbufSpec] = {}
+        self.devices: list[tuple[str, dict[str, str]]] = []
+        self.warnings: list[str] = []
+
+    def option(self, option: str, value: str | None) -> None:
+        where = f"-{option}" if value is None else f"-{option} {value}"
+        handler = getattr(self, "_opt_" + {"M": "machine"}.get(option, option))
+        try:
+            handler(value)
+        except CommandLineError as e:
+            if str(e).startswith("!"):
+                raise CommandLineError(str(e)[1:]) from None
+            raise CommandLineError(f"{where}: {e}") from None
+
+    def _opt_nodefaults(self, _: None) -> None:
+        self.values["nodefaults"] = True
+
+    def _opt_S(self, _: None) -> None:  # noqa: N802 - QEMU's option is -S
+        self.values["start_paused"] = True
+
+    def _opt_daemonize(self, _: None) -> None:
+        self.values["daemonize"] = True
+
+    def _opt_version(self, _: None) -> None:
+        self.values["show_version"] = True
+
+    def _opt_pidfile(self, value: str) -> None:
+        self.values["pidfile"] = value
+
+    def _opt_name(self, value: str) -> None:
+        opts = parse_options(value, "guest")
+        for key in opts:
+            if key not in ("guest", "process", "debug-threads"):
+                raise CommandLineError(f"Invalid parameter '{key}'")
+        self.values["name"] = opts.get("guest")
+
+    def _opt_machine(self, value: str) -> None:
+        self.machine_opts.update(parse_options(value, "type"))
+
+    def _opt_accel(self, value: str) -> None:
+        opts = parse_options(value, "accel")
+        accel = opts.pop("accel", "")
+        if accel not in _ACCELERATORS:
+            raise CommandLineError(f"invalid accelerator {accel}")
+        for key in opts:
+            raise CommandLineError(f"Invalid parameter '{key}'")
+        self.accelerators.append(accel)
+
+    def _opt_m(self, value: str) -> None:
+        opts = parse_options(value, "size")
+        for key in opts:
+            if key != "size":
+                raise CommandLineError(f"Invalid parameter '{key}'")
+        try:
+            self.values["memory_bytes"] = parse_size(opts["size"], 1 << 20)
+        except ValueError:
+            raise CommandLineError(_SIZE_ERROR) from None
+
+    def _opt_smp(self, value: str) -> None:
+        opts = parse_options(value, "cpus")
+        for key in opts:
+            if key not in ("cpus", "maxcpus", "sockets", "cores", "threads"):
+                raise CommandLineError(f"!Invalid parameter '{key}'")
+        try:
+            cpus = int(opts.get("cpus", "1"))
+        except ValueError:
+            raise CommandLineError("!Parameter 'smp.cpus' expects integer") from None
+        if cpus == 0:
+            self.warnings.append(
+                "warning: Deprecated CPU topology (considered invalid): "
+                "CPU topology parameters must be greater than zero"
+            )
+            cpus = 1
+        self.values["cpus"] = cpus
+
+    def _opt_display(self, value: str) -> None:
+        kind = parse_options(value, "type").get("type", "")
+        if kind != "none":
+            raise CommandLineError(f"!Display '{kind}' is not available.")
+
+    def _opt_qmp(self, value: str) -> None:
+        parts = split_options(value)
+        address, params = parts[0], parse_options(",".join(parts[1:]), None) if parts[1:] else {}
+        for key in params:
+            if key not in ("server", "wait"):
+                raise CommandLineError(f"Invalid parameter '{key}'")
+        if not address.startswith("unix:"):
+            raise CommandLineError("fakeqemu serves QMP only on unix: sockets")
+        path = address[len("unix:") :]
+        if params.get("server", "off") != "on":
+            raise CommandLineError(f"Failed to connect to '{path}': fakeqemu only listens (server=on)")
+        if params.get("wait", "on") != "off":
+            raise CommandLineError("fakeqemu does not wait for a QMP client: add wait=off")
+        if len(os.fsencode(path)) > _MAX_UNIX_PATH:
+            raise CommandLineError(f"UNIX socket path '{path}' is too long")
+        self.qmp.append(path)
+
+    def _opt_chardev(self, value: str) -> None:
+        opts = parse_options(value, "backend")
+        backend = opts.pop("backend", "")
+        if backend != "ringbuf":
+            if backend in ("socket", "file", "null", "pty", "stdio", "pipe", "memory", "udp"):
+                raise CommandLineError(f"fakeqemu does not emulate the '{backend}' char driver")
+            raise CommandLineError(f"'{backend}' is not a valid char driver name")
+        chardev_id = opts.pop("id", None)
+        if chardev_id is None:
+            raise CommandLineError("chardev: no id specified")
+        size_text = opts.pop("size", None)
+        for key in opts:
+            raise CommandLineError(f"Invalid parameter '{key}'")
+        size = DEFAULT_RINGBUF_SIZE
+        if size_text is not None:
+            try:
+                size = parse_size(size_text, 1)
+            except ValueError:
+                raise CommandLineError(_SIZE_ERROR) from None
+        if size & (size - 1):
+            raise CommandLineError("size of ringbuf chardev must be power of two")
+        if chardev_id in self.ringbufs:
+            raise CommandLineError(f"Duplicate ID '{chardev_id}' for chardev")
+        self.ringbufs[chardev_id] = RingbufSpec(chardev_id, size)
+
+    def _opt_device(self, value: str) -> None:
+        opts = parse_options(value, "driver")
+        driver = opts.pop("driver", "")
+        driver = {"virtio-serial": "virtio-serial-pci"}.get(driver, driver)
+        allowed = {
+            "virtio-serial-pci": {"id", "max_ports", "bus", "addr"},
+            "virtserialport": {"id", "chardev", "name", "bus", "nr"},
+        }
+        if driver not in allowed:
+            if driver in _UNMODELLED_DEVICES:
+                raise CommandLineError(f"fakeqemu does not emulate device model '{driver}'")
+            raise CommandLineError(f"'{driver}' is not a valid device model name")
+        for key in opts:
+            if key not in allowed[driver]:
+                raise CommandLineError(f"Property '{driver}.{key}' not found")
+        self.devices.append((driver, opts))
+
+    def _opt_incoming(self, value: str) -> None:
+        if value.startswith("exec:"):
+            words = shlex.split(value[len("exec:") :])
+            if len(words) == 2 and words[0] == "cat":
+                self.values["incoming_path"] = words[1]
+                return
+            raise CommandLineError("fakeqemu accepts only 'exec:cat PATH' as an exec: migration")
+        if value.startswith(("tcp:", "unix:", "fd:", "rdma:", "defer")):
+            raise CommandLineError("fakeqemu restores only from 'exec:cat PATH'")
+        raise CommandLineError(f"unknown migration protocol: {value}")
+
+    def build(self) -> MachineConfig:
+        machine_type = self._machine_type()
+        accelerator = self._accelerator()
+        buses, ports = self._serial_devices(machine_type)
+        return MachineConfig(
+            machine_type=machine_type,
+            accelerator=accelerator,
+            qmp_sockets=tuple(self.qmp),
+            ringbufs=tuple(self.ringbufs.values()),
+            serial_buses=tuple(buses),
+            serial_ports=tuple(ports),
+            warnings=tuple(self.warnings),
+            **self.values,  # type: ignore[arg-type]
+        )
+
+    def _machine_type(self) -> str:
+        opts = dict(self.machine_opts)
+        requested = opts.pop("type", "pc")
+        machine_type = MACHINE_ALIASES.get(requested)
+        if machine_type is None:
+            raise CommandLineError(
+                "unsupported machine type\nUse -machine help to list supported machines"
+            )
+        for key in opts:
+            prefix = _MACHINE_PROPERTY_PREFIX[machine_type]
+            raise CommandLineError(f"Property '{prefix}.{key}' not found")
+        return machine_type
+
+    def _accelerator(self) -> str:
+        if not self.accelerators:
+            return "tcg"
+        for accel in self.accelerators:
+            if accel != "kvm" or kvm_available():
+                return accel
+        raise CommandLineError(
+            "Could not access KVM kernel module: No such file or directory\n"
+            f"{program_name()}: failed to initialize kvm: No such file or directory"
+        )
+
+    def _serial_devices(
+        self, machine_type: str
+    ) -> tuple[list[SerialBusSpec], list[SerialPortSpec]]:
+        buses: list[SerialBusSpec] = []
+        ports: list[SerialPortSpec] = []
+        device_ids: set[str] = set()
+        used_chardevs: set[str] = set()
+        port_names: set[str] = set()
+        next_slot = self._first_pci_slot(machine_type)
+        for driver, opts in self.devices:
+            where = f"-device {_unparse(driver, opts)}"
+            try:
+                device_id = opts.get("id")
+                if device_id is not None:
+                    if device_id in device_ids:
+                        raise CommandLineError(f"Duplicate ID '{device_id}' for device")
+                    device_ids.add(device_id)
+                if driver == "virtio-serial-pci":
+                    if machine_type == "none":
+                        raise CommandLineError(
+                            "No 'PCI' bus found for device 'virtio-serial-pci'"
+                        )
+                    bus_name = (
+                        f"{device_id}.0" if device_id else f"virtio-serial-bus.{len(buses)}"
+                    )
+                    max_ports = _int_property(driver, "max_ports", opts.get("max_ports", "31"))
+                    buses.append(
+                        SerialBusSpec(device_id, bus_name, max_ports, f"0000:00:{next_slot:02x}.0")
+                    )
+                    next_slot += 1
+                else:
+                    ports.append(
+                        self._serial_port(opts, buses, ports, used_chardevs, port_names)
+                    )
+            except CommandLineError as e:
+                raise CommandLineError(f"{where}: {e}") from None
+        return buses, ports
+
+    def _first_pci_slot(self, machine_type: str) -> int:
+        # QEMU's defaults (VGA, a NIC) take slots unless -nodefaults.
+        base = 1 if machine_type == "pc-q35-7.2" else 2
+        return base if self.values.get("nodefaults") else base + 2
+
+    def _serial_port(
+        self,
+        opts: dict[str, str],
+        buses: list[SerialBusSpec],
+        ports: list[SerialPortSpec],
+        used_chardevs: set[str],
+        port_names: set[str],
+    ) -> SerialPortSpec:
+        if not buses:
+            raise CommandLineError("No 'virtio-serial-bus' bus found for device 'virtserialport'")
+        bus_name = opts.get("bus", buses[0].bus_name)
+        matching = [b for b in buses if b.bus_name == bus_name]
+        if not matching:
+            raise CommandLineError(f"Bus '{bus_name}' not found")
+        bus = matching[0]
+        chardev = opts.get("chardev")
+        if chardev is not None:
+            if chardev not in self.ringbufs:
+                raise CommandLineError(f"Property 'virtserialport.chardev' can't find value '{chardev}'")
+            if chardev in used_chardevs:
+                raise CommandLineError(
+                    f"Property 'virtserialport.chardev' can't take value '{chardev}': "
+                    f"Device '{chardev}' is in use"
+                )
+            used_chardevs.add(chardev)
+        name = opts.get("name")
+        if name is not None:
+            if name in port_names:
+                raise CommandLineError(f"virtio-serial-bus: A port already exists by name {name}")
+            port_names.add(name)
+        taken = {p.nr for p in ports if p.bus_name == bus_name}
+        if "nr" in opts:
+            nr = _int_property("virtserialport", "nr", opts["nr"])
+            if nr == 0:
+                raise CommandLineError(
+                    "Port number 0 on virtio-serial devices reserved for virtconsole devices "
+                    "for backward compatibility."
+                )
+            if nr in taken:
+                raise CommandLineError(f"virtio-serial-bus: A port already exists at id {nr}")
+        else:
+            nr = next(n for n in range(1, bus.max_ports + 1) if n not in taken)
+        if nr >= bus.max_ports:
+            raise CommandLineError(
+                "virtio-serial-bus: Out-of-range port id specified, "
+                f"max. allowed: {bus.max_ports - 1}"
+            )
+        return SerialPortSpec(bus_name, nr, name, chardev, opts.get("id"))
+
+
+def _int_property(driver: str, key: str, value: str) -> int:
+    try:
+        return int(value, 0)
+    except ValueError:
+        raise CommandLineError(f"Property '{driver}.{key}' doesn't take value '{value}'") from None
+
+
+def _unparse(driver: str, opts: dict[str, str]) -> str:
+    return ",".join([driver, *(f"{k}={v}" for k, v in opts.items())])
+
+
+def program_name() -> str:
+    """The name QEMU-style messages start with: the basename of argv[0], as QEMU does."""
+    import sys
+
+    base = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if not base or base in ("__main__.py", "-c", "trial", "python", "python3"):
+        return "fakeqemu"
+    return base
+
+
+def parse_command_line(argv: Sequence[str]) -> MachineConfig:
+    """Turn QEMU arguments (without the program name) into a validated MachineConfig."""
+    builder = _Builder()
+    for option, value in _iterate_arguments(argv):
+        builder.option(option, value)
+    if builder.values.get("show_version"):
+        return MachineConfig(show_version=True)
+    return builder.build()

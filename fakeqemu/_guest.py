@@ -1,0 +1,120 @@
+"""The guest's side of a fakeqemu VM, reachable as unix sockets.
+
+``<guest dir>/virtio-ports/<port name>`` stands for the guest's
+``/dev/virtio-ports/<port name>``: what a connected client writes lands in the
+port's ring buffer, and ``ringbuf-write`` data arrives on it.  One client may
+hold a port at a time, as one process may open a virtio port in Linux.
+``<guest dir>/control`` is the guest's power management: it receives
+``POWERDOWN`` when the host presses the ACPI button and accepts ``poweroff``,
+``reboot`` and ``panic``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from twisted.internet.protocol import Factory, Protocol
+from twisted.protocols.basic import LineOnlyReceiver
+from twisted.python.failure import Failure
+
+from fakeqemu._machine import Machine, SerialPort
+
+PORTS_DIRECTORY = "virtio-ports"
+CONTROL_SOCKET = "control"
+
+
+class GuestPortProtocol(Protocol):
+    """One guest process holding a virtio serial port open."""
+
+    def __init__(self, machine: Machine, port: SerialPort) -> None:
+        self._machine = machine
+        self._port = port
+
+    def connectionMade(self) -> None:  # noqa: N802 - Twisted's name
+        if not self._machine.open_port(self._port, self):
+            # Busy, like a second open() of a virtio port; or the machine is gone.
+            assert self.transport is not None
+            self.transport.loseConnection()
+
+    def write(self, data: bytes) -> None:
+        """Bytes from the host for the guest."""
+        if self.transport is not None:
+            self.transport.write(data)
+
+    def close(self) -> None:
+        """The guest end is gone (reset or machine exit)."""
+        if self.transport is not None:
+            self.transport.loseConnection()
+
+    def dataReceived(self, data: bytes) -> None:  # noqa: N802
+        self._machine.guest_wrote(self._port, data)
+
+    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # noqa: N802, B008
+        self._machine.close_port(self._port, self)
+
+
+class GuestControlProtocol(LineOnlyReceiver):
+    """The guest OS's power management: ACPI notifications in, power actions out."""
+
+    delimiter = b"\n"
+    MAX_LENGTH = 256
+
+    def __init__(self, machine: Machine) -> None:
+        self._machine = machine
+        self._detach: Callable[[], None] | None = None
+
+    def connectionMade(self) -> None:  # noqa: N802
+        if self._machine.exited is not None:
+            assert self.transport is not None
+            self.transport.loseConnection()
+            return
+        self._detach = self._machine.attach_controller(self)
+
+    def write(self, data: bytes) -> None:
+        """An ACPI notification for the guest."""
+        if self.transport is not None:
+            self.transport.write(data)
+
+    def close(self) -> None:
+        """The machine is gone."""
+        if self.transport is not None:
+            self.transport.loseConnection()
+
+    def lineReceived(self, line: bytes) -> None:  # noqa: N802
+        word = line.strip().decode("ascii", "replace")
+        actions = self._machine.guest_actions()
+        action = actions.get(word)
+        if action is None:
+            known = ", ".join(sorted(actions))
+            self.sendLine(f"error: unknown action {word!r} (known: {known})".encode())
+            return
+        self.sendLine(b"ok")
+        action()
+
+    def lineLengthExceeded(self, line: bytes) -> None:  # noqa: N802
+        self.sendLine(b"error: line too long")
+
+    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # noqa: N802, B008
+        if self._detach is not None:
+            self._detach()
+
+
+class GuestPortFactory(Factory):
+    """Builds the protocol for one port's socket."""
+
+    def __init__(self, machine: Machine, port: SerialPort) -> None:
+        self._machine = machine
+        self._port = port
+
+    def buildProtocol(self, addr: object) -> GuestPortProtocol:  # noqa: N802
+        return GuestPortProtocol(self._machine, self._port)
+
+
+class GuestControlFactory(Factory):
+    """Builds the protocol for the control socket."""
+
+    def __init__(self, machine: Machine) -> None:
+        self._machine = machine
+
+    def buildProtocol(self, addr: object) -> GuestControlProtocol:  # noqa: N802
+        return GuestControlProtocol(self._machine)

@@ -1,0 +1,389 @@
+"""The emulated machine: run state, ring buffers, virtio serial ports, events, migration.
+
+No I/O happens here.  Time comes from an injected ``IReactorTime``; events go
+to subscribers; bytes for a guest go to whatever sink the guest attached; the
+process-level effects (exit, files) are requested through callbacks.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import attrs
+from twisted.internet.interfaces import IReactorTime
+
+from fakeqemu._cmdline import MachineConfig, SerialPortSpec
+from fakeqemu._migration import IncomingMigrationError, check_incoming, serialize_state
+from fakeqemu._ringbuf import RingBuffer
+
+Event = dict[str, Any]
+EventListener = Callable[[Event], None]
+ExitHandler = Callable[[int, list[str]], None]
+
+MIGRATION_CAPABILITIES = (
+    "xbzrle",
+    "rdma-pin-all",
+    "auto-converge",
+    "zero-blocks",
+    "compress",
+    "events",
+    "postcopy-ram",
+    "x-colo",
+    "release-ram",
+    "block",
+    "return-path",
+    "pause-before-switchover",
+    "multifd",
+    "dirty-bitmaps",
+    "postcopy-blocktime",
+    "late-block-activate",
+    "x-ignore-shared",
+    "validate-uuid",
+    "background-snapshot",
+    "zero-copy-send",
+    "postcopy-preempt",
+)
+
+
+class GuestSink(Protocol):
+    """The guest's end of a port or of the control channel."""
+
+    def write(self, data: bytes) -> None:
+        """Deliver bytes to the guest."""
+
+    def close(self) -> None:
+        """The guest end goes away (reset, reboot, machine exit)."""
+
+
+class RunState(enum.Enum):
+    """QEMU's run states, as ``query-status`` names them."""
+
+    PRELAUNCH = "prelaunch"
+    RUNNING = "running"
+    PAUSED = "paused"
+    SHUTDOWN = "shutdown"
+    INMIGRATE = "inmigrate"
+    POSTMIGRATE = "postmigrate"
+    GUEST_PANICKED = "guest-panicked"
+
+
+class MachineError(Exception):
+    """A command failed; the QMP layer reports it as ``GenericError`` with this text."""
+
+
+@attrs.define
+class SerialPort:
+    """One virtserialport: its spec, the ring buffer it is wired to, and the guest end."""
+
+    spec: SerialPortSpec
+    ringbuf: RingBuffer | None
+    guest: GuestSink | None = None
+
+    @property
+    def guest_name(self) -> str:
+        """The name a Linux guest would see under /dev/virtio-ports/."""
+        if self.spec.name:
+            return self.spec.name
+        return f"vport{self.spec.bus_name.replace('.', 'p')}n{self.spec.nr}"
+
+
+class Machine:
+    """A virtual machine as QMP and a guest see it."""
+
+    def __init__(
+        self,
+        config: MachineConfig,
+        clock: IReactorTime,
+        exit_handler: ExitHandler | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self._exit_handler = exit_handler
+        self.ringbufs = {spec.id: RingBuffer(spec.size) for spec in config.ringbufs}
+        self.ports = [
+            SerialPort(spec, self.ringbufs[spec.chardev] if spec.chardev else None)
+            for spec in config.serial_ports
+        ]
+        self._listeners: list[EventListener] = []
+        self._controllers: list[GuestSink] = []
+        self._capabilities = dict.fromkeys(MIGRATION_CAPABILITIES, False)
+        self.migration: dict[str, Any] = {}
+        self.exited: int | None = None
+        if config.incoming_path is not None:
+            self.run_state = RunState.INMIGRATE
+        elif config.start_paused:
+            self.run_state = RunState.PRELAUNCH
+        else:
+            self.run_state = RunState.RUNNING
+
+    # -- events -----------------------------------------------------------
+
+    def subscribe(self, listener: EventListener) -> Callable[[], None]:
+        """Deliver every future event to ``listener``; returns the unsubscriber."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+
+    def emit(self, name: str, data: dict[str, Any] | None = None) -> None:
+        """Send an event to every subscriber, stamped as QEMU stamps them."""
+        now = self.clock.seconds()
+        seconds = int(now)
+        event: Event = {
+            "timestamp": {"seconds": seconds, "microseconds": int((now - seconds) * 1_000_000)},
+            "event": name,
+        }
+        if data is not None:
+            event["data"] = data
+        for listener in list(self._listeners):
+            listener(event)
+
+    # -- run state --------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        """Whether the vCPUs run."""
+        return self.run_state is RunState.RUNNING
+
+    def query_status(self) -> dict[str, Any]:
+        """``query-status``."""
+        return {"status": self.run_state.value, "singlestep": False, "running": self.running}
+
+    def cont(self) -> None:
+        """``cont``: resume the vCPUs."""
+        if self.run_state is RunState.INMIGRATE:
+            raise MachineError("Guest is waiting for an incoming migration")
+        if self.run_state in (RunState.SHUTDOWN, RunState.GUEST_PANICKED):
+            raise MachineError("Resetting the Virtual Machine is required")
+        if self.running:
+            return
+        self.run_state = RunState.RUNNING
+        self.emit("RESUME")
+
+    def stop(self) -> None:
+        """``stop``: pause the vCPUs."""
+        if self.running:
+            self.run_state = RunState.PAUSED
+            self.emit("STOP")
+
+    def system_reset(self) -> None:
+        """``system_reset``: the guest reboots, so its open ports close."""
+        self.emit("RESET", {"guest": False, "reason": "host-qmp-system-reset"})
+        self._reboot_guest()
+
+    def system_powerdown(self) -> None:
+        """``system_powerdown``: press the ACPI power button; a guest may react."""
+        self.emit("POWERDOWN")
+        for controller in list(self._controllers):
+            controller.write(b"POWERDOWN\n")
+
+    def quit(self) -> None:
+        """``quit``: QEMU announces SHUTDOWN, answers, then exits."""
+        self.emit("SHUTDOWN", {"guest": False, "reason": "host-qmp-quit"})
+        self.clock.callLater(0, self.exit, 0, [])
+
+    def terminate_on_signal(self, signal_number: int) -> None:
+        """SIGTERM/SIGINT/SIGHUP to QEMU: SHUTDOWN with reason host-signal, then exit."""
+        self.emit("SHUTDOWN", {"guest": False, "reason": "host-signal"})
+        self.exit(0, [f"terminating on signal {signal_number}"])
+
+    def exit(self, status: int, stderr_lines: list[str]) -> None:
+        """Stop the machine for good; the runner closes sockets and ends the process."""
+        if self.exited is not None:
+            return
+        self.exited = status
+        self.run_state = RunState.SHUTDOWN
+        self._reboot_guest()
+        for controller in list(self._controllers):
+            controller.close()
+        self._controllers.clear()
+        if self._exit_handler is not None:
+            self._exit_handler(status, stderr_lines)
+
+    # -- guest side -------------------------------------------------------
+
+    def guest_actions(self) -> dict[str, Callable[[], None]]:
+        """What a guest can do through its control socket."""
+        return {
+            "poweroff": self.guest_poweroff,
+            "reboot": self.guest_reboot,
+            "panic": self.guest_panic,
+        }
+
+    def guest_poweroff(self) -> None:
+        """The guest OS powers itself off: SHUTDOWN from the guest, and QEMU exits."""
+        self.emit("SHUTDOWN", {"guest": True, "reason": "guest-shutdown"})
+        self.clock.callLater(0, self.exit, 0, [])
+
+    def guest_reboot(self) -> None:
+        """The guest OS reboots."""
+        self.emit("RESET", {"guest": True, "reason": "guest-reset"})
+        self._reboot_guest()
+
+    def guest_panic(self) -> None:
+        """The guest kernel panics; QEMU's default panic action shuts the VM down."""
+        self.emit("GUEST_PANICKED", {"action": "pause", "info": {"type": "hyper-v"}})
+        self.emit("SHUTDOWN", {"guest": True, "reason": "guest-panic"})
+        self.clock.callLater(0, self.exit, 0, [])
+
+    def attach_controller(self, sink: GuestSink) -> Callable[[], None]:
+        """A guest's power management listens for ACPI events; returns the detacher."""
+        self._controllers.append(sink)
+        return lambda: self._controllers.remove(sink) if sink in self._controllers else None
+
+    def find_port(self, guest_name: str) -> SerialPort | None:
+        """The port a guest opens by its /dev/virtio-ports/ name."""
+        for port in self.ports:
+            if port.guest_name == guest_name:
+                return port
+        return None
+
+    def open_port(self, port: SerialPort, sink: GuestSink) -> bool:
+        """The guest opens the port; a port is opened by one reader at a time."""
+        if port.guest is not None or self.exited is not None:
+            return False
+        port.guest = sink
+        return True
+
+    def close_port(self, port: SerialPort, sink: GuestSink) -> None:
+        """The guest closed its end."""
+        if port.guest is sink:
+            port.guest = None
+
+    def guest_wrote(self, port: SerialPort, data: bytes) -> None:
+        """Bytes from the guest land in the wired ring buffer, or nowhere."""
+        if port.ringbuf is not None and self.exited is None:
+            port.ringbuf.write(data)
+
+    def _reboot_guest(self) -> None:
+        for port in self.ports:
+            guest, port.guest = port.guest, None
+            if guest is not None:
+                guest.close()
+
+    # -- chardevs ---------------------------------------------------------
+
+    def ringbuf_device(self, device: str) -> RingBuffer:
+        """The ring buffer chardev named ``device``, with QEMU's lookup errors."""
+        if device in self.ringbufs:
+            return self.ringbufs[device]
+        if device in self.monitor_labels():
+            raise MachineError(f"{device} is not a ringbuf device")
+        raise MachineError(f"Device '{device}' not found")
+
+    def monitor_labels(self) -> list[str]:
+        """Chardev labels QEMU gives its QMP monitors."""
+        return [f"compat_monitor{i}" for i in range(len(self.config.qmp_sockets))]
+
+    def ringbuf_read(self, device: str, size: int) -> bytes:
+        """``ringbuf-read``: drain up to ``size`` bytes."""
+        ring = self.ringbuf_device(device)
+        if size <= 0:
+            raise MachineError("size must be greater than zero")
+        return ring.read(size)
+
+    def ringbuf_write(self, device: str, data: bytes) -> None:
+        """``ringbuf-write``: append to the buffer and deliver to the guest end."""
+        ring = self.ringbuf_device(device)
+        ring.write(data)
+        for port in self.ports:
+            if port.ringbuf is ring and port.guest is not None:
+                port.guest.write(data)
+
+    def query_chardev(self) -> list[dict[str, Any]]:
+        """``query-chardev``: ring buffers (open while a guest holds the port) and monitors."""
+        result: list[dict[str, Any]] = []
+        for spec in self.config.ringbufs:
+            ring = self.ringbufs[spec.id]
+            open_ = any(p.ringbuf is ring and p.guest is not None for p in self.ports)
+            result.append({"frontend-open": open_, "filename": "ringbuf", "label": spec.id})
+        for label, path in zip(self.monitor_labels(), self.config.qmp_sockets, strict=True):
+            result.append(
+                {"frontend-open": True, "filename": f"unix:{path},server=on", "label": label}
+            )
+        return result
+
+    # -- migration --------------------------------------------------------
+
+    def query_migrate_capabilities(self) -> list[dict[str, Any]]:
+        """``query-migrate-capabilities``."""
+        return [{"state": v, "capability": k} for k, v in self._capabilities.items()]
+
+    def set_migrate_capability(self, capability: str, state: bool) -> None:
+        """One entry of ``migrate-set-capabilities``."""
+        if capability not in self._capabilities:
+            raise MachineError(f"Parameter 'capability' does not accept value '{capability}'")
+        self._capabilities[capability] = state
+
+    def _migration_event(self, status: str) -> None:
+        self.migration = {"status": status}
+        if self._capabilities["events"]:
+            self.emit("MIGRATION", {"status": status})
+
+    def migrate(self, uri: str, write_file: Callable[[str, bytes], None]) -> None:
+        """``migrate`` to ``exec:cat > PATH``: save the state, leaving the VM in postmigrate."""
+        if self.run_state is RunState.POSTMIGRATE:
+            raise MachineError("Can't migrate the vm that was paused due to previous migration")
+        if self.run_state is RunState.INMIGRATE:
+            raise MachineError("Guest is waiting for an incoming migration")
+        path = _exec_cat_target(uri)
+        if path is None:
+            raise MachineError("Parameter 'uri' expects a valid migration protocol")
+        self._migration_event("setup")
+        self.clock.callLater(0, self._finish_migration, path, write_file)
+
+    def _finish_migration(self, path: str, write_file: Callable[[str, bytes], None]) -> None:
+        if self.exited is not None:
+            return
+        started = self.clock.seconds()
+        if self._capabilities["events"]:
+            self.emit("MIGRATION_PASS", {"pass": 1})
+        self._migration_event("active")
+        was_running = self.running
+        state = serialize_state(self.config, {k: v.peek() for k, v in self.ringbufs.items()})
+        try:
+            write_file(path, state)
+        except OSError:
+            self._migration_event("failed")
+            self.migration["error-desc"] = "Unable to write to command"
+            return
+        if was_running:
+            self.run_state = RunState.PAUSED
+            self.emit("STOP")
+        self.run_state = RunState.POSTMIGRATE
+        if self._capabilities["events"]:
+            self.emit("MIGRATION_PASS", {"pass": 2})
+        self._migration_event("completed")
+        total_ms = int((self.clock.seconds() - started) * 1000)
+        self.migration.update(
+            {
+                "setup-time": 0,
+                "downtime": 0,
+                "total-time": total_ms,
+                "ram": {"total": self.config.memory_bytes, "transferred": len(state)},
+            }
+        )
+
+    def load_incoming(self, data: bytes) -> None:
+        """Finish ``-incoming``: resume from the state, or exit 1 with QEMU's lines."""
+        try:
+            check_incoming(self.config, self.config.incoming_path or "", data)
+        except IncomingMigrationError as e:
+            self.exit(1, e.lines)
+            return
+        self.migration = {"status": "completed"}
+        if self.config.start_paused:
+            self.run_state = RunState.PAUSED
+        else:
+            self.run_state = RunState.RUNNING
+            self.emit("RESUME")
+
+
+def _exec_cat_target(uri: str) -> str | None:
+    prefix = "exec:cat >"
+    if not uri.startswith(prefix):
+        return None
+    path = uri[len(prefix) :].strip()
+    if len(path) >= 2 and path[0] == path[-1] and path[0] in "'\"":
+        path = path[1:-1]
+    return path or None

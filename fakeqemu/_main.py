@@ -1,0 +1,179 @@
+"""``fakeqemu-system-x86_64`` / ``python -m fakeqemu``: a QEMU-compatible command line."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from typing import Any, NoReturn
+
+from fakeqemu import __version__
+from fakeqemu._cmdline import (
+    QEMU_VERSION,
+    CommandLineError,
+    MachineConfig,
+    parse_command_line,
+    program_name,
+)
+from fakeqemu._host import HOST_VARIABLE
+from fakeqemu._hostclient import HostClient, HostRequestError, HostUnreachable
+from fakeqemu._vm import GUEST_DIR_VARIABLE, RunningVM, StartError, guest_directory
+
+_DRAIN_SECONDS = 2.0
+
+
+def format_messages(prog: str, messages: list[str]) -> str:
+    """QEMU's stderr form: each message prefixed with the program, continuation lines bare."""
+    text = ""
+    for message in messages:
+        first, *rest = message.split("\n")
+        text += f"{prog}: {first}\n" + "".join(line + "\n" for line in rest)
+    return text
+
+
+def _print_lines(prog: str, messages: list[str]) -> None:
+    sys.stderr.write(format_messages(prog, messages))
+    sys.stderr.flush()
+
+
+def _die_like(status: int) -> NoReturn:
+    """Leave with ``status`` as a subprocess would show it: negative means a signal."""
+    if status < 0:
+        signal.signal(-status, signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+    sys.exit(status)
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    """Run one VM from a QEMU command line, standalone or on a fakeqemu host."""
+    args = sys.argv[1:] if argv is None else argv
+    prog = program_name()
+    try:
+        config = parse_command_line(args)
+    except CommandLineError as e:
+        _print_lines(prog, [str(e)])
+        sys.exit(1)
+    if config.show_version:
+        major, minor, micro = QEMU_VERSION
+        print(f"QEMU emulator version {major}.{minor}.{micro} (fakeqemu {__version__})")
+        print("fakeqemu emulates QEMU's monitor, ring buffers and virtio serial ports only")
+        sys.exit(0)
+    _print_lines(prog, list(config.warnings))
+    host = os.environ.get(HOST_VARIABLE)
+    if host:
+        _die_like(_run_on_host(host, args, config, prog))
+    _die_like(_run_standalone(config, prog))
+
+
+def _run_on_host(control: str, args: list[str], config: MachineConfig, prog: str) -> int:
+    environ = {k: v for k, v in os.environ.items() if k == GUEST_DIR_VARIABLE}
+    try:
+        with HostClient(control) as client:
+            launched = client.call("launch", argv=args, cwd=os.getcwd(), env=environ)
+    except HostRequestError as e:
+        _print_lines(prog, [e.desc])
+        return 1
+    except HostUnreachable as e:
+        _print_lines(prog, [str(e)])
+        return 1
+    if config.daemonize:
+        return 0
+    vm_id = launched["vm"]
+
+    def forward_signal(signal_number: int, frame: Any) -> None:
+        try:
+            with HostClient(control) as other:
+                other.call("terminate", vm=vm_id, signal=signal_number)
+        except (HostRequestError, HostUnreachable):
+            return  # the VM is already gone
+
+    for signal_number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signal_number, forward_signal)
+    try:
+        with HostClient(control, timeout=None) as client:
+            result = client.call("wait", vm=vm_id)
+    except HostRequestError:
+        return 0  # exited before we asked
+    except HostUnreachable as e:
+        _print_lines(prog, [str(e)])
+        return 1
+    _print_lines(prog, result["stderr"])
+    return int(result["status"])
+
+
+def _daemonize() -> int:
+    """Fork away from the caller; the caller exits once the child reports readiness."""
+    read_end, write_end = os.pipe()
+    if os.fork() > 0:
+        os.close(write_end)
+        report = b""
+        while chunk := os.read(read_end, 4096):
+            report += chunk
+        if report.startswith(b"\0"):
+            os._exit(0)
+        sys.stderr.write(report.decode("utf-8", "replace"))
+        sys.stderr.flush()
+        os._exit(1)
+    os.close(read_end)
+    os.setsid()
+    if os.fork() > 0:
+        os._exit(0)
+    return write_end
+
+
+def _detach_stdio() -> None:
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+
+
+def _run_standalone(config: MachineConfig, prog: str) -> int:
+    ready_fd = _daemonize() if config.daemonize else None
+
+    def fail(lines: list[str]) -> int:
+        if ready_fd is not None:
+            os.write(ready_fd, format_messages(prog, lines).encode())
+            os.close(ready_fd)
+        else:
+            _print_lines(prog, lines)
+        return 1
+
+    from twisted.internet import reactor
+
+    exit_status = [0]
+
+    def on_exit(status: int, lines: list[str]) -> None:
+        exit_status[0] = status
+        _print_lines(prog, lines)
+        vm.qmp_factory.when_idle(reactor, _DRAIN_SECONDS).addBoth(lambda _: reactor.stop())
+
+    vm = RunningVM(config, reactor, guest_directory(config, os.environ), on_exit)
+    try:
+        vm.start()
+    except StartError as e:
+        return fail(e.lines)
+    if config.pidfile:
+        try:
+            with open(config.pidfile, "w") as f:
+                f.write(f"{os.getpid()}\n")
+        except OSError as e:
+            return fail(
+                [f"cannot create PID file: Could not create '{config.pidfile}': {e.strerror}"]
+            )
+
+    def on_signal(signal_number: int, frame: Any) -> None:
+        reactor.callFromThread(vm.machine.terminate_on_signal, signal_number)
+
+    for signal_number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signal_number, on_signal)
+    if ready_fd is not None:
+        os.write(ready_fd, b"\0")
+        os.close(ready_fd)
+        _detach_stdio()
+    reactor.run(installSignalHandlers=False)  # type: ignore[attr-defined]
+    if config.pidfile:
+        with contextlib.suppress(OSError):
+            os.unlink(config.pidfile)
+    return exit_status[0]
