@@ -1,0 +1,144 @@
+"""Run fakeqemu inside a test: no subprocess, no sockets, an injected clock.
+
+``InMemoryVM`` builds the same ``Machine`` and ``QMPServerFactory`` the
+fakeqemu process uses, from a QEMU command line, and connects client
+protocols to it with ``twisted.internet.testing``'s in-memory transports
+(``iosim``).  ``FakeGuest`` plays the guest end of a virtio serial port.
+State files written by ``migrate`` land in ``InMemoryVM.files``.
+
+For a VM on a real reactor (real unix sockets, still in-process), build a
+:class:`fakeqemu.RunningVM` directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from twisted.internet.interfaces import IProtocol
+from twisted.internet.protocol import Protocol
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.python.failure import Failure
+from twisted.test.iosim import FakeTransport, IOPump, connect
+
+from fakeqemu._cmdline import parse_command_line
+from fakeqemu._guest import GuestControlProtocol, GuestPortProtocol
+from fakeqemu._machine import Machine
+from fakeqemu._qmp import QMPServerFactory
+
+__all__ = ["FakeGuest", "InMemoryVM"]
+
+
+class FakeGuest(Protocol):
+    """The guest's side of a port or of the control channel: records what arrives."""
+
+    def __init__(self) -> None:
+        self.received = b""
+        self.open = False
+
+    def connectionMade(self) -> None:  # noqa: N802 - Twisted's name
+        self.open = True
+
+    def dataReceived(self, data: bytes) -> None:  # noqa: N802
+        self.received += data
+
+    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # noqa: N802, B008
+        self.open = False
+
+    def write(self, data: bytes) -> None:
+        """What a guest process writes to the port."""
+        assert self.transport is not None
+        self.transport.write(data)
+
+    def close(self) -> None:
+        """The guest process closes the port."""
+        assert self.transport is not None
+        self.transport.loseConnection()
+
+
+class InMemoryVM:
+    """A fakeqemu VM from a QEMU command line, driven entirely in memory."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        clock: Clock | None = None,
+        files: dict[str, bytes] | None = None,
+    ) -> None:
+        self.config = parse_command_line(argv)
+        self.clock = clock if clock is not None else Clock()
+        self.files: dict[str, bytes] = {} if files is None else files
+        self.exits: list[tuple[int, list[str]]] = []
+        self.machine = Machine(self.config, self.clock, self._exited)
+        self.qmp_factory = QMPServerFactory(self.machine, self._write_file)
+        self._pumps: list[IOPump] = []
+        if self.config.incoming_path is not None:
+            data = self.files.get(self.config.incoming_path)
+            if data is None:
+                path = self.config.incoming_path
+                self.machine.exit(1, [f"{path}: Could not open '{path}': No such file or directory"])
+            else:
+                self.machine.load_incoming(data)
+
+    def _write_file(self, path: str, data: bytes) -> None:
+        self.files[path] = data
+
+    def _exited(self, status: int, lines: list[str]) -> None:
+        self.exits.append((status, lines))
+        self.qmp_factory.disconnect_all()
+        self.flush()
+
+    def _connect(self, server: IProtocol, client: IProtocol) -> IOPump:
+        pump = connect(
+            server,
+            FakeTransport(server, isServer=True),
+            client,
+            FakeTransport(client, isServer=False),
+            clock=self.clock,
+        )
+        self._pumps.append(pump)
+        return pump
+
+    def connect_qmp(self, client: IProtocol) -> IOPump:
+        """Connect a QMP client protocol to this VM's monitor; returns the pump."""
+        return self._connect(self.qmp_factory.buildProtocol(None), client)
+
+    def connect_guest(self, port_name: str) -> FakeGuest:
+        """Open the port a guest sees as ``/dev/virtio-ports/<port_name>``."""
+        port = self.machine.find_port(port_name)
+        if port is None:
+            raise KeyError(f"no virtio serial port named {port_name!r}")
+        guest = FakeGuest()
+        self._connect(GuestPortProtocol(self.machine, port), guest)
+        return guest
+
+    def connect_control(self) -> FakeGuest:
+        """Open the guest's power-management channel."""
+        guest = FakeGuest()
+        self._connect(GuestControlProtocol(self.machine), guest)
+        return guest
+
+    def flush(self) -> None:
+        """Move every pending byte in every direction until all is quiet."""
+        progress = True
+        while progress:
+            progress = False
+            for pump in list(self._pumps):
+                if pump.pump():
+                    progress = True
+
+    def advance(self, seconds: float = 0) -> None:
+        """Advance the clock and deliver what that caused."""
+        self.clock.advance(seconds)
+        self.flush()
+
+
+def raw_qmp_transport(vm: InMemoryVM) -> tuple[Protocol, StringTransport]:
+    """A monitor connection whose output a test reads as raw bytes (for wire-format tests)."""
+    server = vm.qmp_factory.buildProtocol(None)
+    transport = StringTransport()
+    server.makeConnection(transport)
+    return server, transport
+
+
+__all__ += ["raw_qmp_transport"]

@@ -1,0 +1,1 @@
+"""vmready's trial test suite."""
