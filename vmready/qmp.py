@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred, TimeoutError, succeed
 from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
@@ -266,6 +266,12 @@ async def _connect_qmp(reactor: Any, socket_path: str, timeout: float) -> QMPCli
     clock: IReactorTime = reactor
     try:
         await protocol.when_ready().addTimeout(timeout, clock)
+    except TimeoutError:
+        protocol.close()
+        raise QMPDisconnected(
+            f"no QMP greeting from {socket_path} within {timeout:g}s "
+            "(is another client holding the monitor?)"
+        ) from None
     except Exception:
         protocol.close()
         raise

@@ -1,0 +1,539 @@
+"""The conformance checks: each runs unchanged against fakeqemu and real QEMU.
+
+A check that needs a guest to open a virtio port cannot run on real QEMU
+without booting a guest OS; those live in ``GuestChecks`` and run on fakeqemu
+only, saying so.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from typing import Any
+
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.task import deferLater
+from twisted.trial.unittest import TestCase
+
+from tests.conformance.support import (
+    AGENT_PORT,
+    AGENT_RING,
+    LEGACY_PORT,
+    REQUIRE_QEMU_VARIABLE,
+    Backend,
+    EventLog,
+    VMWorkspace,
+    base_arguments,
+    monitor,
+    raw_monitor,
+    run_foreground,
+    serial_devices,
+    start_daemonized,
+)
+from vmready.qmp import QMPClientProtocol, QMPDisconnected, QMPError
+from vmready.ringbuffer import DiscardedFragment, HostEcho, RingBufferReader, StatusLine
+
+
+class BackendTestCase(TestCase):
+    """Skips (or, under CI's VMREADY_REQUIRE_QEMU=1, fails) when the backend is missing."""
+
+    backend: Backend
+
+    def setUp(self) -> None:
+        reason = self.backend.unavailable_reason()
+        if reason is not None:
+            if os.environ.get(REQUIRE_QEMU_VARIABLE) == "1":
+                self.fail(f"{REQUIRE_QEMU_VARIABLE}=1 but {self.backend.name} cannot run: {reason}")
+            self.skipTest(reason)
+        self.workspace = VMWorkspace()
+        self.addCleanup(self.workspace.cleanup)
+
+    async def start(self, *extra: str, ring_size: int = 16) -> QMPClientProtocol:
+        """Start the standard VM (plus ``extra`` arguments) and return a negotiated monitor."""
+        socket_path = start_daemonized(
+            self.backend,
+            self.workspace,
+            [*base_arguments(), *serial_devices(ring_size), *extra],
+        )
+        client = await monitor(socket_path)
+        self.addCleanup(client.close)
+        return client
+
+
+def _async(test: Any) -> Any:
+    """Let an ``async def`` check run under trial's TestCase and keep its name."""
+
+    def run(self: Any) -> Deferred[None]:
+        return ensureDeferred(test(self))
+
+    run.__name__ = test.__name__
+    run.__doc__ = test.__doc__
+    return run
+
+
+class MonitorChecks(BackendTestCase):
+    """QMP as QEMU speaks it: greeting, negotiation, errors, run state and events."""
+
+    @_async
+    async def test_greetingNamesVersionAndOOBCapability(self) -> None:
+        client = await self.start()
+        assert client.greeting is not None
+        self.assertEqual(client.greeting["capabilities"], ["oob"])
+        self.assertEqual(
+            (client.greeting["version"]["qemu"]["major"], client.greeting["version"]["qemu"]["minor"]),
+            (7, 2),
+        )
+        version = await client.execute("query-version")
+        self.assertEqual(version["qemu"], client.greeting["version"]["qemu"])
+
+    @_async
+    async def test_commandsBeforeNegotiationAreRefused(self) -> None:
+        socket_path = start_daemonized(
+            self.backend, self.workspace, [*base_arguments(), *serial_devices()]
+        )
+        raw = await raw_monitor(socket_path)
+        self.addCleanup(lambda: raw.transport.loseConnection() if raw.transport else None)
+        await raw.wait_for_count(1)
+        raw.send(b'{"execute": "query-status", "id": 1}')
+        raw.send(b'{"execute": "qmp_capabilities", "id": 2}')
+        raw.send(b'{"execute": "qmp_capabilities", "id": 3}')
+        messages = await raw.wait_for_count(4)
+        self.assertIn("QMP", messages[0])
+        self.assertEqual(
+            messages[1:],
+            [
+                {
+                    "id": 1,
+                    "error": {
+                        "class": "CommandNotFound",
+                        "desc": "Expecting capabilities negotiation with 'qmp_capabilities'",
+                    },
+                },
+                {"return": {}, "id": 2},
+                {
+                    "id": 3,
+                    "error": {
+                        "class": "CommandNotFound",
+                        "desc": "Capabilities negotiation is already complete, command ignored",
+                    },
+                },
+            ],
+        )
+
+    @_async
+    async def test_unknownCommandIsCommandNotFound(self) -> None:
+        client = await self.start()
+        with self.assertRaises(QMPError) as caught:
+            await client.execute("no-such-command")
+        self.assertEqual(
+            (caught.exception.error_class, caught.exception.desc),
+            ("CommandNotFound", "The command no-such-command has not been found"),
+        )
+
+    @_async
+    async def test_jsonParseErrorIsAnsweredAndSessionKept(self) -> None:
+        socket_path = start_daemonized(
+            self.backend, self.workspace, [*base_arguments(), *serial_devices()]
+        )
+        raw = await raw_monitor(socket_path)
+        self.addCleanup(lambda: raw.transport.loseConnection() if raw.transport else None)
+        await raw.wait_for_count(1)
+        raw.send(b'{"execute":"qmp_capabilities"}')
+        raw.send(b'{"execute": bad}\n')
+        raw.send(b"[1, 2]\n")
+        raw.send(b'{"execute":"query-status","id":"after"}')
+        messages = await raw.wait_for_count(5)
+        self.assertEqual(
+            messages[2],
+            {"error": {"class": "GenericError", "desc": "JSON parse error, invalid keyword 'bad'"}},
+        )
+        self.assertEqual(
+            messages[3],
+            {"error": {"class": "GenericError", "desc": "QMP input must be a JSON object"}},
+        )
+        self.assertEqual(messages[4]["id"], "after")
+        self.assertEqual(messages[4]["return"]["status"], "running")
+
+    @_async
+    async def test_argumentErrorsUseQEMUWording(self) -> None:
+        client = await self.start()
+        cases = [
+            ({"device": AGENT_RING}, "Parameter 'size' is missing"),
+            ({"device": AGENT_RING, "size": "x"}, "Invalid parameter type for 'size', expected: integer"),
+            ({"device": AGENT_RING, "size": 4, "extra": 1}, "Parameter 'extra' is unexpected"),
+            (
+                {"device": AGENT_RING, "size": 4, "format": "hex"},
+                "Parameter 'format' does not accept value 'hex'",
+            ),
+        ]
+        for arguments, desc in cases:
+            with self.assertRaises(QMPError) as caught:
+                await client.execute("ringbuf-read", arguments)
+            self.assertEqual((caught.exception.error_class, caught.exception.desc), ("GenericError", desc))
+
+    @_async
+    async def test_pausedStartThenContAndStopWithEvents(self) -> None:
+        client = await self.start("-S")
+        events = EventLog(client)
+        self.assertEqual((await client.execute("query-status"))["status"], "prelaunch")
+        await client.execute("cont")
+        await events.wait_for("RESUME")
+        self.assertEqual(
+            await client.execute("query-status"),
+            {"status": "running", "singlestep": False, "running": True},
+        )
+        await client.execute("stop")
+        stop = await events.wait_for("STOP")
+        self.assertGreater(stop.timestamp, 1_000_000_000)
+        await client.execute("stop")
+        self.assertEqual((await client.execute("query-status"))["status"], "paused")
+        self.assertEqual(events.names(), ["RESUME", "STOP"])
+
+    @_async
+    async def test_quitAnnouncesShutdownThenDisconnects(self) -> None:
+        client = await self.start()
+        events = EventLog(client)
+        await client.execute("quit")
+        await client.when_closed()
+        self.assertEqual(events.names(), ["SHUTDOWN"])
+        self.assertEqual(events.events[0].data, {"guest": False, "reason": "host-qmp-quit"})
+        with self.assertRaises(QMPDisconnected):
+            await client.execute("query-status")
+
+    @_async
+    async def test_resetAndPowerdownEvents(self) -> None:
+        client = await self.start()
+        events = EventLog(client)
+        await client.execute("system_reset")
+        reset = await events.wait_for("RESET")
+        self.assertEqual(reset.data, {"guest": False, "reason": "host-qmp-system-reset"})
+        await client.execute("system_powerdown")
+        await events.wait_for("POWERDOWN")
+
+    @_async
+    async def test_queryChardevListsRingAndMonitor(self) -> None:
+        client = await self.start()
+        chardevs = {c["label"]: c for c in await client.execute("query-chardev")}
+        self.assertEqual(
+            chardevs[AGENT_RING], {"frontend-open": False, "filename": "ringbuf", "label": AGENT_RING}
+        )
+        monitor_entry = chardevs["compat_monitor0"]
+        self.assertTrue(monitor_entry["frontend-open"])
+        self.assertEqual(
+            monitor_entry["filename"], f"unix:{self.workspace.file('qmp.sock')},server=on"
+        )
+
+
+class RingBufferChecks(BackendTestCase):
+    """ringbuf-read and ringbuf-write, byte for byte."""
+
+    @_async
+    async def test_writeThenReadRoundTrip(self) -> None:
+        client = await self.start(ring_size=64)
+        await client.execute("ringbuf-write", {"device": AGENT_RING, "data": "STARTED\n"})
+        self.assertEqual(
+            await client.execute("ringbuf-read", {"device": AGENT_RING, "size": 64}), "STARTED\n"
+        )
+
+    @_async
+    async def test_readDrains(self) -> None:
+        client = await self.start(ring_size=64)
+        await client.execute("ringbuf-write", {"device": AGENT_RING, "data": "abcdef"})
+        first = await client.execute("ringbuf-read", {"device": AGENT_RING, "size": 2})
+        rest = await client.execute("ringbuf-read", {"device": AGENT_RING, "size": 64})
+        empty = await client.execute("ringbuf-read", {"device": AGENT_RING, "size": 64})
+        self.assertEqual((first, rest, empty), ("ab", "cdef", ""))
+
+    @_async
+    async def test_overflowKeepsNewestBytesAndLeavesAFragment(self) -> None:
+        client = await self.start(ring_size=16)
+        await client.execute("ringbuf-write", {"device": AGENT_RING, "data": "CONNECT 2:1234567\n"})
+        chunk = await client.execute(
+            "ringbuf-read", {"device": AGENT_RING, "size": 16, "format": "base64"}
+        )
+        data = base64.b64decode(chunk)
+        self.assertEqual(data, b"NNECT 2:1234567\n")
+        self.assertEqual(
+            RingBufferReader().feed(data, buffer_size=16), [DiscardedFragment(b"NNECT 2:1234567\n")]
+        )
+
+    @_async
+    async def test_base64RoundTripKeepsEveryByte(self) -> None:
+        client = await self.start(ring_size=64)
+        payload = bytes([0, 1, 0xFF, 0xFE]) + b"STARTED\n"
+        await client.execute(
+            "ringbuf-write",
+            {"device": AGENT_RING, "data": base64.b64encode(payload).decode(), "format": "base64"},
+        )
+        chunk = await client.execute(
+            "ringbuf-read", {"device": AGENT_RING, "size": 64, "format": "base64"}
+        )
+        self.assertEqual(base64.b64decode(chunk), payload)
+
+    @_async
+    async def test_invalidBase64IsRefused(self) -> None:
+        client = await self.start()
+        with self.assertRaises(QMPError) as caught:
+            await client.execute(
+                "ringbuf-write", {"device": AGENT_RING, "data": "!!!", "format": "base64"}
+            )
+        self.assertEqual(caught.exception.desc, "Base64 data contains invalid characters")
+
+    @_async
+    async def test_utf8ReadReplacesInvalidBytesAndStopsAtNul(self) -> None:
+        client = await self.start(ring_size=64)
+        await client.execute(
+            "ringbuf-write",
+            {"device": AGENT_RING, "data": base64.b64encode(b"\xffa\x00b").decode(), "format": "base64"},
+        )
+        self.assertEqual(
+            await client.execute("ringbuf-read", {"device": AGENT_RING, "size": 64}), "\ufffda"
+        )
+        self.assertEqual(await client.execute("ringbuf-read", {"device": AGENT_RING, "size": 64}), "")
+
+    @_async
+    async def test_sizeMustBePositive(self) -> None:
+        client = await self.start()
+        for size in (0, -5):
+            with self.assertRaises(QMPError) as caught:
+                await client.execute("ringbuf-read", {"device": AGENT_RING, "size": size})
+            self.assertEqual(caught.exception.desc, "size must be greater than zero")
+
+    @_async
+    async def test_unknownDeviceIsNamed(self) -> None:
+        client = await self.start()
+        for command, arguments in (
+            ("ringbuf-read", {"device": "nope", "size": 4}),
+            ("ringbuf-write", {"device": "nope", "data": "x"}),
+        ):
+            with self.assertRaises(QMPError) as caught:
+                await client.execute(command, arguments)
+            self.assertEqual(
+                (caught.exception.error_class, caught.exception.desc),
+                ("GenericError", "Device 'nope' not found"),
+            )
+        with self.assertRaises(QMPError) as caught:
+            await client.execute("ringbuf-read", {"device": "compat_monitor0", "size": 4})
+        self.assertEqual(caught.exception.desc, "compat_monitor0 is not a ringbuf device")
+
+    @_async
+    async def test_hostWritesAreReadBackAsEchoes(self) -> None:
+        client = await self.start(ring_size=64)
+        await client.execute("ringbuf-write", {"device": AGENT_RING, "data": "STARTED\n"})
+        await client.execute("ringbuf-write", {"device": AGENT_RING, "data": "CONNECT 2:49152\n"})
+        chunk = await client.execute(
+            "ringbuf-read", {"device": AGENT_RING, "size": 64, "format": "base64"}
+        )
+        reader = RingBufferReader()
+        records = reader.feed(base64.b64decode(chunk), buffer_size=64)
+        self.assertEqual(records[-1], HostEcho(2, 49152))
+        self.assertIsInstance(records[0], StatusLine)
+
+
+class CommandLineChecks(BackendTestCase):
+    """Refusals of the command line: same text, exit status 1."""
+
+    def _refusal(self, *args: str, accel: str | None = None) -> list[str]:
+        result = run_foreground(self.backend, [*base_arguments(accel=accel), *args])
+        self.assertEqual(result.returncode, 1, result.stderr)
+        return result.messages
+
+    def test_ringOfNonPowerOfTwoSizeRefusesToStart(self) -> None:
+        self.assertEqual(
+            self._refusal("-chardev", "ringbuf,id=r0,size=1000"),
+            ["-chardev ringbuf,id=r0,size=1000: size of ringbuf chardev must be power of two"],
+        )
+
+    def test_unknownOptionRefused(self) -> None:
+        self.assertEqual(self._refusal("-frobnicate"), ["-frobnicate: invalid option"])
+
+    def test_unknownAcceleratorRefused(self) -> None:
+        self.assertEqual(
+            self._refusal(accel="bogus"), ["-accel bogus: invalid accelerator bogus"]
+        )
+
+    def test_portWithoutBusRefused(self) -> None:
+        self.assertEqual(
+            self._refusal("-device", "virtserialport,name=x"),
+            [
+                "-device virtserialport,name=x: "
+                "No 'virtio-serial-bus' bus found for device 'virtserialport'"
+            ],
+        )
+
+    def test_chardevUsedTwiceRefused(self) -> None:
+        self.assertEqual(
+            self._refusal(
+                "-device",
+                "virtio-serial-pci",
+                "-chardev",
+                "ringbuf,id=r,size=16",
+                "-device",
+                "virtserialport,chardev=r,name=a",
+                "-device",
+                "virtserialport,chardev=r,name=b",
+            ),
+            [
+                "-device virtserialport,chardev=r,name=b: Property 'virtserialport.chardev' "
+                "can't take value 'r': Device 'r' is in use"
+            ],
+        )
+
+    def test_duplicatePortNameRefused(self) -> None:
+        self.assertEqual(
+            self._refusal(
+                "-device",
+                "virtio-serial-pci",
+                "-device",
+                f"virtserialport,name={AGENT_PORT}",
+                "-device",
+                f"virtserialport,name={AGENT_PORT}",
+            ),
+            [
+                f"-device virtserialport,name={AGENT_PORT}: "
+                f"virtio-serial-bus: A port already exists by name {AGENT_PORT}"
+            ],
+        )
+
+    def test_fileMigrationURIUnknownToQEMU72(self) -> None:
+        self.assertEqual(
+            self._refusal("-incoming", "file:/tmp/x"),
+            ["-incoming file:/tmp/x: unknown migration protocol: file:/tmp/x"],
+        )
+
+    def test_garbageStateFileIsNotAMigrationStream(self) -> None:
+        garbage = self.workspace.file("garbage.state")
+        with open(garbage, "w") as f:
+            f.write("hello\n")
+        self.assertEqual(
+            self._refusal("-incoming", f"exec:cat {garbage}"),
+            ["Not a migration stream", "load of migration failed: Invalid argument"],
+        )
+
+
+class IncomingWaitChecks(BackendTestCase):
+    """An incoming stream that never starts leaves QEMU waiting in inmigrate, not exiting."""
+
+    @_async
+    async def test_missingStateFileLeavesVMWaitingInInmigrate(self) -> None:
+        missing = self.workspace.file("missing.state")
+        client = await self.start("-incoming", f"exec:cat {missing}")
+        self.assertEqual((await client.execute("query-status"))["status"], "inmigrate")
+        self.assertEqual(await client.execute("query-migrate"), {})
+        # cont only arms autostart while the stream is awaited.
+        self.assertEqual(await client.execute("cont"), {})
+        self.assertEqual((await client.execute("query-status"))["status"], "inmigrate")
+
+
+class MigrationChecks(BackendTestCase):
+    """migrate to a file, then restore: same devices resume, a changed device set fails."""
+
+    async def _save(self, *extra: str) -> str:
+        client = await self.start(*extra)
+        events = EventLog(client)
+        state = self.workspace.file("vm.state")
+        await client.execute(
+            "migrate-set-capabilities", {"capabilities": [{"capability": "events", "state": True}]}
+        )
+        await client.execute("ringbuf-write", {"device": AGENT_RING, "data": "STARTED\n"})
+        await client.execute("migrate", {"uri": f"exec:cat > {state}"})
+        await events.wait_for("MIGRATION", status="completed")
+        migration = [e.data["status"] for e in events.events if e.name == "MIGRATION"]
+        self.assertEqual(migration, ["setup", "active", "completed"])
+        self.assertIn("STOP", events.names())
+        # QEMU passes through finish-migrate after the completed event.
+        self.assertEqual(await _poll_status(client, until="postmigrate"), "postmigrate")
+        self.assertEqual((await client.execute("query-migrate"))["status"], "completed")
+        with self.assertRaises(QMPError) as caught:
+            await client.execute("migrate", {"uri": f"exec:cat > {state}.again"})
+        self.assertEqual(
+            caught.exception.desc, "Can't migrate the vm that was paused due to previous migration"
+        )
+        await client.execute("quit")
+        await client.when_closed()
+        return state
+
+    @_async
+    async def test_restoreWithSameDevicesResumes(self) -> None:
+        state = await self._save()
+        socket_path = start_daemonized(
+            self.backend,
+            self.workspace,
+            [*base_arguments(), *serial_devices(), "-incoming", f"exec:cat {state}"],
+            socket_name="restored.sock",
+        )
+        client = await monitor(socket_path)
+        self.addCleanup(client.close)
+        status = await _poll_status(client, until="running")
+        self.assertEqual(status, "running")
+        self.assertEqual(await client.execute("query-migrate"), {"status": "completed"})
+        # Chardev backends are not part of QEMU's migration stream.
+        self.assertEqual(await client.execute("ringbuf-read", {"device": AGENT_RING, "size": 16}), "")
+
+    @_async
+    async def test_restoreWithAnExtraPortFailsWithQEMUsLines(self) -> None:
+        state = await self._save()
+        result = run_foreground(
+            self.backend,
+            [
+                *base_arguments(),
+                *serial_devices(ports=((AGENT_PORT, AGENT_RING), (LEGACY_PORT, None))),
+                "-incoming",
+                f"exec:cat {state}",
+            ],
+        )
+        self.assertEqual(result.returncode, 1)
+        self.assertEqual(
+            result.messages,
+            [
+                "Failed to load virtio-console:virtio",
+                "error while loading state for instance 0x0 of device '0000:00:01.0/virtio-console'",
+                "load of migration failed: Invalid argument",
+            ],
+        )
+
+    @_async
+    async def test_restoreWithRenamedPortResumes(self) -> None:
+        state = await self._save()
+        result_socket = start_daemonized(
+            self.backend,
+            self.workspace,
+            [
+                *base_arguments(),
+                *serial_devices(ports=((LEGACY_PORT, AGENT_RING),)),
+                "-incoming",
+                f"exec:cat {state}",
+            ],
+            socket_name="renamed.sock",
+        )
+        client = await monitor(result_socket)
+        self.addCleanup(client.close)
+        self.assertEqual(await _poll_status(client, until="running"), "running")
+
+    @_async
+    async def test_restoreWithDifferentMemoryFails(self) -> None:
+        state = await self._save()
+        arguments = [*base_arguments(), *serial_devices(), "-incoming", f"exec:cat {state}"]
+        arguments[arguments.index("-m") + 1] = "128"
+        result = run_foreground(self.backend, arguments)
+        self.assertEqual(result.returncode, 1)
+        self.assertEqual(
+            result.messages,
+            [
+                "Size mismatch: pc.ram: 0x4000000 != 0x8000000: Invalid argument",
+                "error while loading state for instance 0x0 of device 'ram'",
+                "load of migration failed: Invalid argument",
+            ],
+        )
+
+
+async def _poll_status(client: QMPClientProtocol, until: str) -> str:
+    """Restores finish asynchronously in QEMU; poll query-status (bounded) until it settles."""
+    status = ""
+    for _ in range(600):
+        status = (await client.execute("query-status"))["status"]
+        if status == until:
+            return status
+        await deferLater(reactor, 0.05, lambda: None)
+    return status

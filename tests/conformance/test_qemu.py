@@ -1,0 +1,38 @@
+"""The conformance checks against real qemu-system-x86_64.
+
+They skip where QEMU is not installed, unless VMREADY_REQUIRE_QEMU=1 (as CI
+sets it), which turns the skip into a failure.
+"""
+
+from tests.conformance import checks
+from tests.conformance.support import REAL_QEMU
+
+
+class QemuMonitor(checks.MonitorChecks):
+    """Monitor checks on real QEMU."""
+
+    backend = REAL_QEMU
+
+
+class QemuRingBuffer(checks.RingBufferChecks):
+    """Ring-buffer checks on real QEMU."""
+
+    backend = REAL_QEMU
+
+
+class QemuCommandLine(checks.CommandLineChecks):
+    """Command-line checks on real QEMU."""
+
+    backend = REAL_QEMU
+
+
+class QemuMigration(checks.MigrationChecks):
+    """Migration checks on real QEMU."""
+
+    backend = REAL_QEMU
+
+
+class QemuIncomingWait(checks.IncomingWaitChecks):
+    """Awaited-stream checks on real QEMU."""
+
+    backend = REAL_QEMU

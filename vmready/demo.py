@@ -1,0 +1,152 @@
+"""``./dev run``: boot a fakeqemu VM and walk the agent handshake over real QMP.
+
+Until the host daemon exists, this is vmready's main job: it starts a
+fakeqemu process (daemonized, as vmready will start QEMU), connects with
+vmready's QMP client, plays the guest agent through the VM's guest socket,
+and drives the ring-buffer handshake (STARTED → CONNECT → CONNECTED) with
+vmready's ring-buffer reader, printing each step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import subprocess
+import sys
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
+from twisted.internet.protocol import Protocol
+from twisted.internet.task import deferLater, react
+
+from vmready.qmp import QMPClientProtocol, QMPEvent, connect_qmp
+from vmready.ringbuffer import AgentStatus, HostEcho, RingBufferReader, StatusLine, format_connect
+
+RING = "vmready"
+RING_SIZE = 4096
+AGENT_PORT = "com.canonical.lxd"
+DEMO_VSOCK_PORT = 49152
+
+
+def fakeqemu_command(workdir: str, name: str) -> list[str]:
+    """The QEMU command line vmready gives a VM, run on fakeqemu."""
+    return [
+        sys.executable,
+        "-m",
+        "fakeqemu",
+        "-name",
+        name,
+        "-machine",
+        "q35",
+        "-accel",
+        "kvm",
+        "-accel",
+        "tcg",
+        "-nodefaults",
+        "-display",
+        "none",
+        "-m",
+        "256",
+        "-smp",
+        "1",
+        "-qmp",
+        f"unix:{os.path.join(workdir, 'qmp.sock')},server=on,wait=off",
+        "-device",
+        "virtio-serial-pci,id=vs0",
+        "-chardev",
+        f"ringbuf,id={RING},size={RING_SIZE}",
+        "-device",
+        f"virtserialport,chardev={RING},name={AGENT_PORT},bus=vs0.0",
+        "-daemonize",
+        "-pidfile",
+        os.path.join(workdir, "vm.pid"),
+    ]
+
+
+class ScriptedGuest(Protocol):
+    """Stands in for the in-guest agent: answers CONNECT with CONNECTED."""
+
+    def __init__(self) -> None:
+        self.received = b""
+        self.connect_seen: Deferred[bytes] = Deferred()
+
+    def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted's name
+        self.received += data
+        if b"\n" in self.received and not self.connect_seen.called:
+            line, _, self.received = self.received.partition(b"\n")
+            self.connect_seen.callback(line)
+
+    def say(self, line: bytes) -> None:
+        """Write one status line to the port."""
+        assert self.transport is not None
+        self.transport.write(line + b"\n")
+
+
+def step(text: str) -> None:
+    """Print one line of the walk-through."""
+    print(f"  {text}", flush=True)
+
+
+async def read_agent(client: QMPClientProtocol, reader: RingBufferReader) -> AgentStatus:
+    """Drain the ring buffer once and return the agent status it shows."""
+    chunk = await client.execute("ringbuf-read", {"device": RING, "size": RING_SIZE, "format": "base64"})
+    for record in reader.feed(base64.b64decode(chunk), buffer_size=RING_SIZE):
+        if isinstance(record, StatusLine):
+            step(f"ring buffer: agent says {record.status.name}")
+        elif isinstance(record, HostEcho):
+            step(f"ring buffer: our own CONNECT {record.cid}:{record.port} echoed back, skipped")
+    return reader.status
+
+
+async def run_demo(reactor: Any, workdir: str, name: str) -> None:
+    """Start the VM, watch it, do the handshake, then shut it down."""
+    os.makedirs(workdir, exist_ok=True)
+    print(f"vmready demo: starting VM {name!r} on fakeqemu in {workdir}")
+    started = subprocess.run(fakeqemu_command(workdir, name), capture_output=True, text=True)
+    if started.returncode != 0:
+        raise SystemExit(f"fakeqemu refused to start: {started.stderr.strip()}")
+    client = await connect_qmp(reactor, os.path.join(workdir, "qmp.sock"))
+    events: list[QMPEvent] = []
+    client.subscribe(events.append)
+    status = await client.execute("query-status")
+    step(f"QMP: connected to QEMU {client.greeting and client.greeting['version']['qemu']}")
+    step(f"QMP: query-status → {status['status']}")
+
+    guest = ScriptedGuest()
+    guest_socket = os.path.join(workdir, "qmp.sock.guest", "virtio-ports", AGENT_PORT)
+    await connectProtocol(UNIXClientEndpoint(reactor, guest_socket), guest)
+    step(f"guest: agent opened /dev/virtio-ports/{AGENT_PORT}")
+    guest.say(b"STARTED")
+
+    reader = RingBufferReader()
+    while await read_agent(client, reader) is not AgentStatus.STARTED:
+        await deferLater(reactor, 0.05, lambda: None)
+    connect = format_connect(2, DEMO_VSOCK_PORT)
+    await client.execute("ringbuf-write", {"device": RING, "data": connect.decode()})
+    step(f"host: wrote {connect.decode().strip()!r} with ringbuf-write")
+    line = await guest.connect_seen
+    step(f"guest: received {line.decode()!r}; reports CONNECTED")
+    guest.say(b"CONNECTED")
+    while await read_agent(client, reader) is not AgentStatus.CONNECTED:
+        await deferLater(reactor, 0.05, lambda: None)
+    step("host: agent link is CONNECTED")
+
+    await client.execute("quit")
+    await client.when_closed()
+    step(f"QMP events seen: {', '.join(e.name for e in events)}")
+    print("vmready demo: VM shut down cleanly")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``python -m vmready.demo``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--workdir", default=os.path.abspath(".vmready-demo"))
+    parser.add_argument("--name", default="demo")
+    args = parser.parse_args(argv)
+    react(lambda reactor: Deferred.fromCoroutine(run_demo(reactor, args.workdir, args.name)))
+
+
+if __name__ == "__main__":
+    main()
