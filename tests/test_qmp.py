@@ -88,7 +88,9 @@ class QMPClientAgainstFakeQemuTests(SynchronousTestCase):
     def test_unknownCommandIsCommandNotFound(self) -> None:
         failed = self.client.execute("frobnicate")
         self.vm.flush()
-        self.assertEqual(self.failureResultOf(failed, QMPError).value.error_class, "CommandNotFound")
+        self.assertEqual(
+            self.failureResultOf(failed, QMPError).value.error_class, "CommandNotFound"
+        )
 
     def test_eventsReachEverySubscriberWithTimestamp(self) -> None:
         first: list[QMPEvent] = []
@@ -145,7 +147,9 @@ class QMPClientProtocolErrorTests(SynchronousTestCase):
         self.client.dataReceived(b'{"QMP": {"version": {}, "capabilities": []}}\r\n')
         request = json.loads(self.transport.value().splitlines()[-1])
         self.assertEqual(request["execute"], "qmp_capabilities")
-        self.client.dataReceived(json.dumps({"return": {}, "id": request["id"]}).encode() + b"\r\n")
+        self.client.dataReceived(
+            json.dumps({"return": {}, "id": request["id"]}).encode() + b"\r\n"
+        )
         self.transport.clear()
 
     def test_sendsIdsAndArgumentsAsJSONLines(self) -> None:

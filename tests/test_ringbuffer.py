@@ -70,9 +70,7 @@ class EchoAndNoiseTests(SynchronousTestCase):
 
     def test_hostConnectEchoIsRecognisedAndSkipped(self) -> None:
         reader = RingBufferReader()
-        self.assertEqual(
-            reader.feed(b"STARTED\nCONNECT 2:49152\n"), [STARTED, HostEcho(2, 49152)]
-        )
+        self.assertEqual(reader.feed(b"STARTED\nCONNECT 2:49152\n"), [STARTED, HostEcho(2, 49152)])
         self.assertEqual(reader.status, AgentStatus.STARTED)
 
     def test_malformedConnectIsNoise(self) -> None:

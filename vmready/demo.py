@@ -72,7 +72,7 @@ class ScriptedGuest(Protocol):
         self.received = b""
         self.connect_seen: Deferred[bytes] = Deferred()
 
-    def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted's name
+    def dataReceived(self, data: bytes) -> None:
         self.received += data
         if b"\n" in self.received and not self.connect_seen.called:
             line, _, self.received = self.received.partition(b"\n")
@@ -91,7 +91,9 @@ def step(text: str) -> None:
 
 async def read_agent(client: QMPClientProtocol, reader: RingBufferReader) -> AgentStatus:
     """Drain the ring buffer once and return the agent status it shows."""
-    chunk = await client.execute("ringbuf-read", {"device": RING, "size": RING_SIZE, "format": "base64"})
+    chunk = await client.execute(
+        "ringbuf-read", {"device": RING, "size": RING_SIZE, "format": "base64"}
+    )
     for record in reader.feed(base64.b64decode(chunk), buffer_size=RING_SIZE):
         if isinstance(record, StatusLine):
             step(f"ring buffer: agent says {record.status.name}")

@@ -147,7 +147,7 @@ class QMPClientProtocol(LineOnlyReceiver):
         self.sendLine(json.dumps(request).encode("utf-8"))
         return deferred
 
-    def lineReceived(self, line: bytes) -> None:  # noqa: N802 - Twisted's name
+    def lineReceived(self, line: bytes) -> None:
         line = line.strip()
         if not line:
             return
@@ -157,7 +157,9 @@ class QMPClientProtocol(LineOnlyReceiver):
             self._protocol_error(f"QMP peer sent a line that is not JSON: {line[:80]!r}")
             return
         if not isinstance(message, dict):
-            self._protocol_error(f"QMP peer sent a JSON value that is not an object: {line[:80]!r}")
+            self._protocol_error(
+                f"QMP peer sent a JSON value that is not an object: {line[:80]!r}"
+            )
             return
         if "QMP" in message:
             self._greeted(message["QMP"])
@@ -222,11 +224,13 @@ class QMPClientProtocol(LineOnlyReceiver):
         if self.transport is not None:
             self.transport.loseConnection()
 
-    def lineLengthExceeded(self, line: bytes) -> None:  # noqa: N802
+    def lineLengthExceeded(self, line: bytes) -> None:
         self._protocol_error(f"QMP peer sent a line over {self.MAX_LENGTH} bytes")
 
-    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # noqa: N802, B008
-        cause = self._lost.getErrorMessage() if self._lost is not None else reason.getErrorMessage()
+    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # noqa: B008
+        cause = (
+            self._lost.getErrorMessage() if self._lost is not None else reason.getErrorMessage()
+        )
         self._lost = reason
         pending, self._pending = self._pending, {}
         for entry in pending.values():

@@ -44,7 +44,9 @@ class BackendTestCase(TestCase):
         reason = self.backend.unavailable_reason()
         if reason is not None:
             if os.environ.get(REQUIRE_QEMU_VARIABLE) == "1":
-                self.fail(f"{REQUIRE_QEMU_VARIABLE}=1 but {self.backend.name} cannot run: {reason}")
+                self.fail(
+                    f"{REQUIRE_QEMU_VARIABLE}=1 but {self.backend.name} cannot run: {reason}"
+                )
             self.skipTest(reason)
         self.workspace = VMWorkspace()
         self.addCleanup(self.workspace.cleanup)
@@ -81,7 +83,10 @@ class MonitorChecks(BackendTestCase):
         assert client.greeting is not None
         self.assertEqual(client.greeting["capabilities"], ["oob"])
         self.assertEqual(
-            (client.greeting["version"]["qemu"]["major"], client.greeting["version"]["qemu"]["minor"]),
+            (
+                client.greeting["version"]["qemu"]["major"],
+                client.greeting["version"]["qemu"]["minor"],
+            ),
             (7, 2),
         )
         version = await client.execute("query-version")
@@ -146,7 +151,12 @@ class MonitorChecks(BackendTestCase):
         messages = await raw.wait_for_count(5)
         self.assertEqual(
             messages[2],
-            {"error": {"class": "GenericError", "desc": "JSON parse error, invalid keyword 'bad'"}},
+            {
+                "error": {
+                    "class": "GenericError",
+                    "desc": "JSON parse error, invalid keyword 'bad'",
+                }
+            },
         )
         self.assertEqual(
             messages[3],
@@ -158,9 +168,12 @@ class MonitorChecks(BackendTestCase):
     @_async
     async def test_argumentErrorsUseQEMUWording(self) -> None:
         client = await self.start()
-        cases = [
+        cases: list[tuple[dict[str, Any], str]] = [
             ({"device": AGENT_RING}, "Parameter 'size' is missing"),
-            ({"device": AGENT_RING, "size": "x"}, "Invalid parameter type for 'size', expected: integer"),
+            (
+                {"device": AGENT_RING, "size": "x"},
+                "Invalid parameter type for 'size', expected: integer",
+            ),
             ({"device": AGENT_RING, "size": 4, "extra": 1}, "Parameter 'extra' is unexpected"),
             (
                 {"device": AGENT_RING, "size": 4, "format": "hex"},
@@ -170,7 +183,9 @@ class MonitorChecks(BackendTestCase):
         for arguments, desc in cases:
             with self.assertRaises(QMPError) as caught:
                 await client.execute("ringbuf-read", arguments)
-            self.assertEqual((caught.exception.error_class, caught.exception.desc), ("GenericError", desc))
+            self.assertEqual(
+                (caught.exception.error_class, caught.exception.desc), ("GenericError", desc)
+            )
 
     @_async
     async def test_pausedStartThenContAndStopWithEvents(self) -> None:
@@ -216,7 +231,8 @@ class MonitorChecks(BackendTestCase):
         client = await self.start()
         chardevs = {c["label"]: c for c in await client.execute("query-chardev")}
         self.assertEqual(
-            chardevs[AGENT_RING], {"frontend-open": False, "filename": "ringbuf", "label": AGENT_RING}
+            chardevs[AGENT_RING],
+            {"frontend-open": False, "filename": "ringbuf", "label": AGENT_RING},
         )
         monitor_entry = chardevs["compat_monitor0"]
         self.assertTrue(monitor_entry["frontend-open"])
@@ -248,14 +264,17 @@ class RingBufferChecks(BackendTestCase):
     @_async
     async def test_overflowKeepsNewestBytesAndLeavesAFragment(self) -> None:
         client = await self.start(ring_size=16)
-        await client.execute("ringbuf-write", {"device": AGENT_RING, "data": "CONNECT 2:1234567\n"})
+        await client.execute(
+            "ringbuf-write", {"device": AGENT_RING, "data": "CONNECT 2:1234567\n"}
+        )
         chunk = await client.execute(
             "ringbuf-read", {"device": AGENT_RING, "size": 16, "format": "base64"}
         )
         data = base64.b64decode(chunk)
         self.assertEqual(data, b"NNECT 2:1234567\n")
         self.assertEqual(
-            RingBufferReader().feed(data, buffer_size=16), [DiscardedFragment(b"NNECT 2:1234567\n")]
+            RingBufferReader().feed(data, buffer_size=16),
+            [DiscardedFragment(b"NNECT 2:1234567\n")],
         )
 
     @_async
@@ -285,12 +304,18 @@ class RingBufferChecks(BackendTestCase):
         client = await self.start(ring_size=64)
         await client.execute(
             "ringbuf-write",
-            {"device": AGENT_RING, "data": base64.b64encode(b"\xffa\x00b").decode(), "format": "base64"},
+            {
+                "device": AGENT_RING,
+                "data": base64.b64encode(b"\xffa\x00b").decode(),
+                "format": "base64",
+            },
         )
         self.assertEqual(
             await client.execute("ringbuf-read", {"device": AGENT_RING, "size": 64}), "\ufffda"
         )
-        self.assertEqual(await client.execute("ringbuf-read", {"device": AGENT_RING, "size": 64}), "")
+        self.assertEqual(
+            await client.execute("ringbuf-read", {"device": AGENT_RING, "size": 64}), ""
+        )
 
     @_async
     async def test_sizeMustBePositive(self) -> None:
@@ -349,9 +374,7 @@ class CommandLineChecks(BackendTestCase):
         self.assertEqual(self._refusal("-frobnicate"), ["-frobnicate: invalid option"])
 
     def test_unknownAcceleratorRefused(self) -> None:
-        self.assertEqual(
-            self._refusal(accel="bogus"), ["-accel bogus: invalid accelerator bogus"]
-        )
+        self.assertEqual(self._refusal(accel="bogus"), ["-accel bogus: invalid accelerator bogus"])
 
     def test_portWithoutBusRefused(self) -> None:
         self.assertEqual(
@@ -469,7 +492,9 @@ class MigrationChecks(BackendTestCase):
         self.assertEqual(status, "running")
         self.assertEqual(await client.execute("query-migrate"), {"status": "completed"})
         # Chardev backends are not part of QEMU's migration stream.
-        self.assertEqual(await client.execute("ringbuf-read", {"device": AGENT_RING, "size": 16}), "")
+        self.assertEqual(
+            await client.execute("ringbuf-read", {"device": AGENT_RING, "size": 16}), ""
+        )
 
     @_async
     async def test_restoreWithAnExtraPortFailsWithQEMUsLines(self) -> None:
@@ -488,7 +513,8 @@ class MigrationChecks(BackendTestCase):
             result.messages,
             [
                 "Failed to load virtio-console:virtio",
-                "error while loading state for instance 0x0 of device '0000:00:01.0/virtio-console'",
+                "error while loading state for instance 0x0 of device "
+                "'0000:00:01.0/virtio-console'",
                 "load of migration failed: Invalid argument",
             ],
         )
@@ -532,7 +558,7 @@ async def _poll_status(client: QMPClientProtocol, until: str) -> str:
     """Restores finish asynchronously in QEMU; poll query-status (bounded) until it settles."""
     status = ""
     for _ in range(600):
-        status = (await client.execute("query-status"))["status"]
+        status = str((await client.execute("query-status"))["status"])
         if status == until:
             return status
         await deferLater(reactor, 0.05, lambda: None)

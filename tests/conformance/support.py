@@ -144,7 +144,9 @@ def base_arguments(name: str = "conformance", accel: str | None = None) -> list[
     ]
 
 
-def run_foreground(backend: Backend, args: Sequence[str], timeout: float = START_TIMEOUT) -> ProcessResult:
+def run_foreground(
+    backend: Backend, args: Sequence[str], timeout: float = START_TIMEOUT
+) -> ProcessResult:
     """Run the hypervisor until it exits by itself (a refused command line or restore)."""
     completed = subprocess.run(
         [*backend.program, *args],
@@ -234,7 +236,7 @@ class RawMonitor(Protocol):
         self._waiters: list[tuple[int, Deferred[list[dict[str, Any]]]]] = []
         self.closed: Deferred[None] = Deferred()
 
-    def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted's name
+    def dataReceived(self, data: bytes) -> None:
         self._buffer += data
         while b"\n" in self._buffer:
             line, self._buffer = self._buffer.split(b"\n", 1)
@@ -246,7 +248,7 @@ class RawMonitor(Protocol):
                 self._waiters.remove(entry)
                 waiter.callback(self.messages[:count])
 
-    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # noqa: N802, B008
+    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # noqa: B008
         self.closed.callback(None)
 
     def send(self, data: bytes) -> None:
@@ -254,7 +256,9 @@ class RawMonitor(Protocol):
         assert self.transport is not None
         self.transport.write(data)
 
-    def wait_for_count(self, count: int, timeout: float = START_TIMEOUT) -> Deferred[list[dict[str, Any]]]:
+    def wait_for_count(
+        self, count: int, timeout: float = START_TIMEOUT
+    ) -> Deferred[list[dict[str, Any]]]:
         """Fires with the first ``count`` messages once that many have arrived."""
         waiter: Deferred[list[dict[str, Any]]] = Deferred()
         if len(self.messages) >= count:
