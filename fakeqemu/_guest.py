@@ -30,7 +30,7 @@ class GuestPortProtocol(Protocol):
         self._machine = machine
         self._port = port
 
-    def connectionMade(self) -> None:  # noqa: N802 - Twisted's name
+    def connectionMade(self) -> None:
         if not self._machine.open_port(self._port, self):
             # Busy, like a second open() of a virtio port; or the machine is gone.
             assert self.transport is not None
@@ -46,10 +46,10 @@ class GuestPortProtocol(Protocol):
         if self.transport is not None:
             self.transport.loseConnection()
 
-    def dataReceived(self, data: bytes) -> None:  # noqa: N802
+    def dataReceived(self, data: bytes) -> None:
         self._machine.guest_wrote(self._port, data)
 
-    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # noqa: N802, B008
+    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # noqa: B008
         self._machine.close_port(self._port, self)
 
 
@@ -63,7 +63,7 @@ class GuestControlProtocol(LineOnlyReceiver):
         self._machine = machine
         self._detach: Callable[[], None] | None = None
 
-    def connectionMade(self) -> None:  # noqa: N802
+    def connectionMade(self) -> None:
         if self._machine.exited is not None:
             assert self.transport is not None
             self.transport.loseConnection()
@@ -80,7 +80,7 @@ class GuestControlProtocol(LineOnlyReceiver):
         if self.transport is not None:
             self.transport.loseConnection()
 
-    def lineReceived(self, line: bytes) -> None:  # noqa: N802
+    def lineReceived(self, line: bytes) -> None:
         word = line.strip().decode("ascii", "replace")
         actions = self._machine.guest_actions()
         action = actions.get(word)
@@ -91,10 +91,10 @@ class GuestControlProtocol(LineOnlyReceiver):
         self.sendLine(b"ok")
         action()
 
-    def lineLengthExceeded(self, line: bytes) -> None:  # noqa: N802
+    def lineLengthExceeded(self, line: bytes) -> None:
         self.sendLine(b"error: line too long")
 
-    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # noqa: N802, B008
+    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # noqa: B008
         if self._detach is not None:
             self._detach()
 
@@ -106,7 +106,7 @@ class GuestPortFactory(Factory):
         self._machine = machine
         self._port = port
 
-    def buildProtocol(self, addr: object) -> GuestPortProtocol:  # noqa: N802
+    def buildProtocol(self, addr: object) -> GuestPortProtocol:
         return GuestPortProtocol(self._machine, self._port)
 
 
@@ -116,5 +116,5 @@ class GuestControlFactory(Factory):
     def __init__(self, machine: Machine) -> None:
         self._machine = machine
 
-    def buildProtocol(self, addr: object) -> GuestControlProtocol:  # noqa: N802
+    def buildProtocol(self, addr: object) -> GuestControlProtocol:
         return GuestControlProtocol(self._machine)

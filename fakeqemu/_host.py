@@ -9,23 +9,31 @@ daemonized QEMU outlives the daemon that started it.
 The control protocol is one JSON object per line, QMP-shaped:
 ``{"execute": "launch"|"wait"|"kill"|"crash"|"terminate"|"list", "arguments": {...}, "id": ...}``
 answered by ``{"return": ...}`` or ``{"error": {"class": ..., "desc": ...}}``.
+
+A launch with ``"attached": true`` stands for a QEMU process that was not
+daemonized: the launching connection is that process.  The VM's exit status is
+kept until that connection ``wait``s for it, even if the VM exits first, and
+if the connection goes away while the VM runs (the launcher was SIGKILLed) the
+VM vanishes with it, as QEMU would.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
-from twisted.internet.defer import Deferred
-from twisted.internet.protocol import Factory
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.protocol import Factory, connectionDone
 from twisted.logger import Logger
 from twisted.protocols.basic import LineOnlyReceiver
+from twisted.python.failure import Failure
 
 from fakeqemu._cmdline import CommandLineError, MachineConfig, parse_command_line
-from fakeqemu._vm import RunningVM, StartError, guest_directory
+from fakeqemu._vm import RunningVM, StartError, guest_directory, write_state_file
 
 HOST_VARIABLE = "FAKEQEMU_HOST"
 
@@ -59,6 +67,8 @@ class HostedVM:
 
     vm_id: str
     vm: RunningVM
+    attached: bool = False
+    output: list[str] = attrs.Factory(list)
     waiters: list[Deferred[dict[str, Any]]] = attrs.Factory(list)
     result: dict[str, Any] | None = None
 
@@ -71,10 +81,18 @@ class VMHost:
     def __init__(self, reactor: Any) -> None:
         self.reactor = reactor
         self.vms: dict[str, HostedVM] = {}
+        # Attached VMs that exited before their launcher asked how.
+        self._unreaped: dict[str, dict[str, Any]] = {}
         self._counter = 0
 
-    def launch(self, argv: Sequence[str], cwd: str, environ: Mapping[str, str]) -> HostedVM:
-        """Start a VM from a QEMU command line, as a fresh process would."""
+    def launch(
+        self,
+        argv: Sequence[str],
+        cwd: str,
+        environ: Mapping[str, str],
+        attached: bool = False,
+    ) -> HostedVM:
+        """Start a VM from a QEMU command line, as a fresh process in ``cwd`` would."""
         try:
             config = resolve_paths(parse_command_line(argv), cwd)
         except CommandLineError as e:
@@ -86,7 +104,21 @@ class VMHost:
         guest_dir = guest_directory(config, environ)
         if guest_dir is not None:
             guest_dir = os.path.normpath(os.path.join(cwd, guest_dir))
-        hosted = HostedVM(vm_id, RunningVM(config, self.reactor, guest_dir, self._exited(vm_id)))
+
+        def write_file(path: str, data: bytes) -> None:
+            # ``migrate`` to ``exec:cat > PATH`` runs in the launching process's directory.
+            write_state_file(os.path.join(cwd, path), data)
+
+        output: list[str] = []
+
+        def print_output(text: str) -> None:
+            self.log.info("VM {vm_id}: {text}", vm_id=vm_id, text=text.rstrip("\n"))
+            output.append(text)
+
+        vm = RunningVM(
+            config, self.reactor, guest_dir, self._exited(vm_id), write_file, print_output
+        )
+        hosted = HostedVM(vm_id, vm, attached, output)
         try:
             hosted.vm.start()
         except StartError as e:
@@ -112,7 +144,15 @@ class VMHost:
                 return
             hosted.result = {"status": status, "stderr": lines}
             self.log.info("VM {vm_id} exited with {status}", vm_id=vm_id, status=status)
-            for waiter in hosted.waiters:
+            pidfile = hosted.vm.config.pidfile
+            if pidfile and status >= 0:
+                # QEMU removes its pidfile when it exits, but not when killed or aborted.
+                with contextlib.suppress(OSError):
+                    os.unlink(pidfile)
+            if hosted.attached and not hosted.waiters:
+                self._unreaped[vm_id] = hosted.result
+            waiters, hosted.waiters = hosted.waiters, []
+            for waiter in waiters:
                 waiter.callback(hosted.result)
 
         return exited
@@ -126,10 +166,22 @@ class VMHost:
 
     def wait(self, vm_id: object) -> Deferred[dict[str, Any]]:
         """Fires with ``{"status", "stderr"}`` when the VM exits."""
+        unreaped = self._unreaped.pop(str(vm_id), None)
+        if unreaped is not None:
+            return succeed(unreaped)
         hosted = self.get(vm_id)
         waiter: Deferred[dict[str, Any]] = Deferred()
         hosted.waiters.append(waiter)
         return waiter
+
+    def launcher_gone(self, vm_id: str) -> None:
+        """The process an attached VM stands for is gone: so is the VM, as after SIGKILL."""
+        self._unreaped.pop(vm_id, None)
+        hosted = self.vms.get(vm_id)
+        if hosted is not None and hosted.attached:
+            self.log.info("the launcher of VM {vm_id} went away; killing it", vm_id=vm_id)
+            hosted.attached = False  # nobody is left to collect its exit status
+            hosted.vm.kill()
 
     def list(self) -> list[dict[str, Any]]:
         """Every live VM."""
@@ -140,6 +192,7 @@ class VMHost:
                 "qmp": list(hosted.vm.config.qmp_sockets),
                 "status": hosted.vm.machine.run_state.value,
                 "guest_dir": hosted.vm.guest_dir,
+                "attached": hosted.attached,
             }
             for hosted in self.vms.values()
         ]
@@ -153,8 +206,9 @@ class HostControlProtocol(LineOnlyReceiver):
 
     def __init__(self, host: VMHost) -> None:
         self._host = host
+        self._attached: list[str] = []
 
-    def lineReceived(self, line: bytes) -> None:  # noqa: N802 - Twisted's name
+    def lineReceived(self, line: bytes) -> None:
         try:
             request = json.loads(line)
         except ValueError:
@@ -184,8 +238,19 @@ class HostControlProtocol(LineOnlyReceiver):
             if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
                 raise HostError("GenericError", "'argv' must be a list of strings")
             environ = arguments.get("env", {})
-            hosted = self._host.launch(argv, str(arguments.get("cwd", "/")), environ)
-            return {"vm": hosted.vm_id, "pid": os.getpid(), "guest_dir": hosted.vm.guest_dir}
+            if not isinstance(environ, dict):
+                raise HostError("GenericError", "'env' must be an object")
+            attached = arguments.get("attached", False) is True
+            cwd = str(arguments.get("cwd", "/"))
+            hosted = self._host.launch(argv, cwd, environ, attached)
+            if attached:
+                self._attached.append(hosted.vm_id)
+            return {
+                "vm": hosted.vm_id,
+                "pid": os.getpid(),
+                "guest_dir": hosted.vm.guest_dir,
+                "output": "".join(hosted.output),
+            }
         if command == "wait":
             return self._host.wait(arguments.get("vm"))
         if command == "kill":
@@ -214,10 +279,15 @@ class HostControlProtocol(LineOnlyReceiver):
         if self.transport is not None:
             self.sendLine(json.dumps(message).encode())
 
-    def lineLengthExceeded(self, line: bytes) -> None:  # noqa: N802
+    def lineLengthExceeded(self, line: bytes) -> None:
         self._reply(None, error=HostError("GenericError", "request too long"))
         assert self.transport is not None
         self.transport.loseConnection()
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        attached, self._attached = self._attached, []
+        for vm_id in attached:
+            self._host.launcher_gone(vm_id)
 
 
 class HostControlFactory(Factory):
@@ -226,5 +296,5 @@ class HostControlFactory(Factory):
     def __init__(self, host: VMHost) -> None:
         self.host = host
 
-    def buildProtocol(self, addr: object) -> HostControlProtocol:  # noqa: N802
+    def buildProtocol(self, addr: object) -> HostControlProtocol:
         return HostControlProtocol(self.host)

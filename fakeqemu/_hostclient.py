@@ -36,6 +36,10 @@ class HostClient:
         self._reader = self._socket.makefile("rb")
         self._next_id = 0
 
+    def settimeout(self, timeout: float | None) -> None:
+        """How long later calls may wait for their reply; None waits for ever."""
+        self._socket.settimeout(timeout)
+
     def call(self, command: str, **arguments: Any) -> Any:
         """Send one request and return its result, or raise HostRequestError."""
         self._next_id += 1

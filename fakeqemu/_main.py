@@ -66,38 +66,61 @@ def main(argv: list[str] | None = None) -> NoReturn:
     _die_like(_run_standalone(config, prog))
 
 
+_FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 def _run_on_host(control: str, args: list[str], config: MachineConfig, prog: str) -> int:
     environ = {k: v for k, v in os.environ.items() if k == GUEST_DIR_VARIABLE}
+    if not config.daemonize:
+        # QEMU handles these from its first moment; hold them until the VM they are
+        # for exists, rather than die of one while its monitor already answers.
+        signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED_SIGNALS)
     try:
-        with HostClient(control) as client:
-            launched = client.call("launch", argv=args, cwd=os.getcwd(), env=environ)
-    except HostRequestError as e:
-        _print_lines(prog, [e.desc])
-        return 1
+        client = HostClient(control)
     except HostUnreachable as e:
         _print_lines(prog, [str(e)])
         return 1
-    if config.daemonize:
-        return 0
-    vm_id = launched["vm"]
-
-    def forward_signal(signal_number: int, frame: Any) -> None:
+    with client:
+        # Not daemonized, this process stands for the VM: the host ties the VM to this
+        # connection, so the exit status waits for us and our death is the VM's.
         try:
-            with HostClient(control) as other:
-                other.call("terminate", vm=vm_id, signal=signal_number)
-        except (HostRequestError, HostUnreachable):
-            return  # the VM is already gone
+            launched = client.call(
+                "launch",
+                argv=args,
+                cwd=os.getcwd(),
+                env=environ,
+                attached=not config.daemonize,
+            )
+        except HostRequestError as e:
+            # A start failure is one QEMU message per line; a command-line error is one message.
+            _print_lines(prog, e.desc.split("\n") if e.error_class == "StartError" else [e.desc])
+            return 1
+        except HostUnreachable as e:
+            _print_lines(prog, [str(e)])
+            return 1
+        # What the VM printed while starting (cat's complaint about a missing stream).
+        sys.stderr.write(launched.get("output", ""))
+        sys.stderr.flush()
+        if config.daemonize:
+            return 0
+        vm_id = launched["vm"]
 
-    for signal_number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signal_number, forward_signal)
-    try:
-        with HostClient(control, timeout=None) as client:
+        def forward_signal(signal_number: int, frame: Any) -> None:
+            try:
+                with HostClient(control) as other:
+                    other.call("terminate", vm=vm_id, signal=signal_number)
+            except (HostRequestError, HostUnreachable):
+                return  # the VM is already gone
+
+        for signal_number in _FORWARDED_SIGNALS:
+            signal.signal(signal_number, forward_signal)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED_SIGNALS)
+        client.settimeout(None)
+        try:
             result = client.call("wait", vm=vm_id)
-    except HostRequestError:
-        return 0  # exited before we asked
-    except HostUnreachable as e:
-        _print_lines(prog, [str(e)])
-        return 1
+        except (HostRequestError, HostUnreachable) as e:
+            _print_lines(prog, [f"lost the VM on the fakeqemu host: {e}"])
+            return 1
     _print_lines(prog, result["stderr"])
     return int(result["status"])
 
@@ -140,7 +163,13 @@ def _run_standalone(config: MachineConfig, prog: str) -> int:
             _print_lines(prog, lines)
         return 1
 
-    from twisted.internet import reactor
+    # Imported here, after any daemonizing fork, so the process that runs the
+    # reactor is the one that created it.
+    from twisted.internet import reactor as installed_reactor
+
+    # The global reactor is declared as a narrow interface; this one also runs
+    # without its own signal handlers and takes calls from signal handlers.
+    reactor: Any = installed_reactor
 
     exit_status = [0]
 
@@ -149,7 +178,13 @@ def _run_standalone(config: MachineConfig, prog: str) -> int:
         _print_lines(prog, lines)
         vm.qmp_factory.when_idle(reactor, _DRAIN_SECONDS).addBoth(lambda _: reactor.stop())
 
-    vm = RunningVM(config, reactor, guest_directory(config, os.environ), on_exit)
+    def on_output(text: str) -> None:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+    vm = RunningVM(
+        config, reactor, guest_directory(config, os.environ), on_exit, on_output=on_output
+    )
     try:
         vm.start()
     except StartError as e:
@@ -172,7 +207,7 @@ def _run_standalone(config: MachineConfig, prog: str) -> int:
         os.write(ready_fd, b"\0")
         os.close(ready_fd)
         _detach_stdio()
-    reactor.run(installSignalHandlers=False)  # type: ignore[attr-defined]
+    reactor.run(installSignalHandlers=False)
     if config.pidfile:
         with contextlib.suppress(OSError):
             os.unlink(config.pidfile)

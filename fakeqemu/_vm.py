@@ -7,6 +7,7 @@ import stat
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from twisted.internet.error import CannotListenError
 from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
 
@@ -25,6 +26,7 @@ GUEST_DIR_SUFFIX = ".guest"
 _MAX_UNIX_PATH = 107
 
 ExitCallback = Callable[[int, list[str]], None]
+OutputCallback = Callable[[str], None]
 
 
 class StartError(Exception):
@@ -60,6 +62,12 @@ def _remove_stale_socket(path: str) -> None:
         pass
 
 
+def _strerror(error: object) -> str:
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    return str(error)
+
+
 class RunningVM:
     """Serves one Machine's QMP monitors and guest sockets until the machine exits."""
 
@@ -72,11 +80,13 @@ class RunningVM:
         guest_dir: str | None,
         on_exit: ExitCallback,
         write_file: Callable[[str, bytes], None] = write_state_file,
+        on_output: OutputCallback | None = None,
     ) -> None:
         self.config = config
         self.reactor = reactor
         self.guest_dir = guest_dir
         self._on_exit = on_exit
+        self._on_output = on_output
         self.machine = Machine(config, reactor, self._machine_exited)
         self.qmp_factory = QMPServerFactory(self.machine, write_file)
         self._listening: list[IListeningPort] = []
@@ -96,21 +106,31 @@ class RunningVM:
 
     def start(self) -> None:
         """Listen on every socket; raise StartError with QEMU-style lines if one fails."""
-        incoming = self.config.incoming_path
-        if incoming is not None and not os.path.exists(incoming):
-            raise StartError(
-                [f"{incoming}: Could not open '{incoming}': No such file or directory"]
-            )
         try:
             for path in self.config.qmp_sockets:
-                _remove_stale_socket(path)
-                self._listening.append(self.reactor.listenUNIX(path, self.qmp_factory))
+                self._listen_qmp(path)
             self._listen_guest()
+        except StartError:
+            self._stop_listening()
+            raise
         except Exception as e:
             self._stop_listening()
             raise StartError([f"cannot listen: {e}"]) from e
-        if incoming is not None:
-            self.reactor.callLater(0, self._load_incoming, incoming)
+        if self.config.incoming_path is not None:
+            self._start_incoming(self.config.incoming_path)
+
+    def _listen_qmp(self, path: str) -> None:
+        _remove_stale_socket(path)
+        try:
+            self._listening.append(self.reactor.listenUNIX(path, self.qmp_factory))
+        except CannotListenError as e:
+            # QEMU names the option (fakeqemu accepts only this form of it) and the bind error.
+            raise StartError(
+                [
+                    f"-qmp unix:{path},server=on,wait=off: "
+                    f"Failed to bind socket to {path}: {_strerror(e.socketError)}"
+                ]
+            ) from e
 
     def _listen_guest(self) -> None:
         paths = self.guest_socket_paths()
@@ -137,14 +157,30 @@ class RunningVM:
             self.reactor.listenUNIX(control, GuestControlFactory(self.machine), mode=0o600)
         )
 
-    def _load_incoming(self, path: str) -> None:
+    def _start_incoming(self, path: str) -> None:
+        """``-incoming "exec:cat PATH"``: load the stream once the reactor runs."""
         try:
             with open(path, "rb") as f:
                 data = f.read()
         except OSError as e:
-            self.machine.exit(1, [f"{path}: Could not open '{path}': {e.strerror}"])
+            # cat complains on QEMU's stderr and its stream ends empty; QEMU 7.2 then
+            # waits in inmigrate for a stream that never comes, serving QMP meanwhile.
+            self._output(f"cat: {path}: {_strerror(e)}\n")
             return
-        self.machine.load_incoming(data)
+        if data:
+            self.reactor.callLater(0, self._load_incoming, data)
+        # An empty stream leaves QEMU waiting just the same, without a message.
+
+    def _load_incoming(self, data: bytes) -> None:
+        if self.machine.exited is None:
+            self.machine.load_incoming(data)
+
+    def _output(self, text: str) -> None:
+        """Text that QEMU's stderr would show, unprefixed (it comes from a helper process)."""
+        if self._on_output is not None:
+            self._on_output(text)
+        else:
+            self.log.info("stderr: {text}", text=text.rstrip("\n"))
 
     def kill(self) -> None:
         """Vanish at once, as after SIGKILL: no event, connections cut."""

@@ -18,7 +18,7 @@ class Options(usage.Options):
         ["control", "c", None, "Path of the control socket (required)."],
     ]
 
-    def postOptions(self) -> None:  # noqa: N802 - Twisted's name
+    def postOptions(self) -> None:
         if not self["control"]:
             raise usage.UsageError("--control PATH is required")
 
@@ -30,7 +30,7 @@ def raise_file_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def makeService(options: Options) -> IService:  # noqa: N802 - twistd's name
+def makeService(options: Options) -> IService:
     """The control socket listener; VMs live inside this process's reactor."""
     from twisted.internet import reactor
 
