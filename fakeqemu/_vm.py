@@ -7,6 +7,7 @@ import stat
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.error import CannotListenError
 from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
@@ -90,6 +91,7 @@ class RunningVM:
         self.machine = Machine(config, reactor, self._machine_exited)
         self.qmp_factory = QMPServerFactory(self.machine, write_file)
         self._listening: list[IListeningPort] = []
+        self._closing: list[Deferred[object]] = []
         self._abrupt = False
         self.exit_status: int | None = None
 
@@ -206,4 +208,11 @@ class RunningVM:
     def _stop_listening(self) -> None:
         listening, self._listening = self._listening, []
         for port in listening:
-            port.stopListening()
+            stopped = port.stopListening()
+            if stopped is not None:
+                self._closing.append(stopped)
+
+    def when_stopped(self) -> Deferred[None]:
+        """Fires once every socket this VM listened on is closed and unlinked."""
+        closing, self._closing = self._closing, []
+        return gatherResults(closing).addCallback(lambda _: None)

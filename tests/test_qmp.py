@@ -238,7 +238,13 @@ class ConnectQMPTests(TestCase):
         exits: list[int] = []
         vm = RunningVM(config, reactor, None, lambda status, lines: exits.append(status))
         vm.start()
-        self.addCleanup(lambda: vm.kill() if not exits else None)
+
+        def stop_vm() -> Deferred[None]:
+            if not exits:
+                vm.kill()
+            return vm.when_stopped()
+
+        self.addCleanup(stop_vm)
 
         async def check() -> None:
             client = await connect_qmp(reactor, self.socket_path)
@@ -261,11 +267,13 @@ class ConnectQMPTests(TestCase):
             """Accepts the connection and never greets."""
 
         port = reactor.listenUNIX(self.socket_path, Factory.forProtocol(Silent))  # type: ignore[attr-defined]
-        self.addCleanup(port.stopListening)
 
         async def check() -> None:
-            with self.assertRaises(QMPDisconnected) as caught:
-                await connect_qmp(reactor, self.socket_path, timeout=0.2)
-            self.assertIn("no QMP greeting", str(caught.exception))
+            try:
+                with self.assertRaises(QMPDisconnected) as caught:
+                    await connect_qmp(reactor, self.socket_path, timeout=0.2)
+                self.assertIn("no QMP greeting", str(caught.exception))
+            finally:
+                await port.stopListening()
 
         return ensureDeferred(check())  # type: ignore[return-value]
