@@ -34,6 +34,7 @@ _MACHINE_PROPERTY_PREFIX = {
 _ACCELERATORS = ("kvm", "tcg", "qtest")
 _DEFAULT_MEMORY = 128 * 1024 * 1024
 _MAX_UNIX_PATH = 107
+_MAX_VIRTIO_SERIAL_PORTS = 511
 # QEMU devices a user may reasonably pass that fakeqemu does not model.
 _UNMODELLED_DEVICES = frozenset(
     {
@@ -58,6 +59,11 @@ _SIZE_ERROR = (
     "Parameter 'size' expects a non-negative number below 2^64\n"
     "Optional suffix k, M, G, T, P or E means kilo-, mega-, giga-, tera-, peta-\n"
     "and exabytes, respectively."
+)
+_IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9._-]*")
+_IDENTIFIER_ERROR = (
+    "Parameter 'id' expects an identifier\n"
+    "Identifiers consist of letters, digits, '-', '.', '_', starting with a letter."
 )
 _FLAG_OPTIONS = frozenset({"nodefaults", "S", "daemonize", "version"})
 _VALUE_OPTIONS = frozenset(
@@ -216,7 +222,7 @@ class _Builder:
     def __init__(self) -> None:
         self.values: dict[str, object] = {}
         self.machine_opts: dict[str, str] = {}
-        self.accelerators: list[str] = []
+        self.accelerators: list[tuple[str, str]] = []
         self.qmp: list[str] = []
         self.ringbufs: dict[str, RingbufSpec] = {}
         self.devices: list[tuple[str, dict[str, str]]] = []
@@ -235,7 +241,7 @@ class _Builder:
     def _opt_nodefaults(self, _: None) -> None:
         self.values["nodefaults"] = True
 
-    def _opt_S(self, _: None) -> None:  # noqa: N802 - QEMU's option is -S
+    def _opt_S(self, _: None) -> None:  # QEMU's option is -S
         self.values["start_paused"] = True
 
     def _opt_daemonize(self, _: None) -> None:
@@ -263,8 +269,8 @@ class _Builder:
         if accel not in _ACCELERATORS:
             raise CommandLineError(f"invalid accelerator {accel}")
         for key in opts:
-            raise CommandLineError(f"Invalid parameter '{key}'")
-        self.accelerators.append(accel)
+            raise CommandLineError(f"Property '{accel}-accel.{key}' not found")
+        self.accelerators.append((accel, value))
 
     def _opt_m(self, value: str) -> None:
         opts = parse_options(value, "size")
@@ -280,7 +286,7 @@ class _Builder:
         opts = parse_options(value, "cpus")
         for key in opts:
             if key not in ("cpus", "maxcpus", "sockets", "cores", "threads"):
-                raise CommandLineError(f"!Invalid parameter '{key}'")
+                raise CommandLineError(f"!Parameter 'smp.{key}' is unexpected")
         try:
             cpus = int(opts.get("cpus", "1"))
         except ValueError:
@@ -294,9 +300,12 @@ class _Builder:
         self.values["cpus"] = cpus
 
     def _opt_display(self, value: str) -> None:
-        kind = parse_options(value, "type").get("type", "")
+        opts = parse_options(value, "type")
+        kind = opts.pop("type", "")
         if kind != "none":
             raise CommandLineError(f"!Display '{kind}' is not available.")
+        for key in opts:
+            raise CommandLineError(f"Parameter '{key}' is unexpected")
 
     def _opt_qmp(self, value: str) -> None:
         parts = split_options(value)
@@ -308,15 +317,20 @@ class _Builder:
             raise CommandLineError("fakeqemu serves QMP only on unix: sockets")
         path = address[len("unix:") :]
         if params.get("server", "off") != "on":
-            raise CommandLineError(f"Failed to connect to '{path}': fakeqemu only listens (server=on)")
+            raise CommandLineError(
+                f"Failed to connect to '{path}': fakeqemu only listens (server=on)"
+            )
         if params.get("wait", "on") != "off":
             raise CommandLineError("fakeqemu does not wait for a QMP client: add wait=off")
         if len(os.fsencode(path)) > _MAX_UNIX_PATH:
-            raise CommandLineError(f"UNIX socket path '{path}' is too long")
+            raise CommandLineError(
+                f"UNIX socket path '{path}' is too long\nPath must be less than 108 bytes"
+            )
         self.qmp.append(path)
 
     def _opt_chardev(self, value: str) -> None:
         opts = parse_options(value, "backend")
+        _check_identifier(opts)
         backend = opts.pop("backend", "")
         if backend != "ringbuf":
             if backend in ("socket", "file", "null", "pty", "stdio", "pipe", "memory", "udp"):
@@ -342,6 +356,7 @@ class _Builder:
 
     def _opt_device(self, value: str) -> None:
         opts = parse_options(value, "driver")
+        _check_identifier(opts)
         driver = opts.pop("driver", "")
         driver = {"virtio-serial": "virtio-serial-pci"}.get(driver, driver)
         allowed = {
@@ -399,13 +414,19 @@ class _Builder:
     def _accelerator(self) -> str:
         if not self.accelerators:
             return "tcg"
-        for accel in self.accelerators:
+        failures: list[str] = []
+        for accel, value in self.accelerators:
             if accel != "kvm" or kvm_available():
+                if failures:
+                    self.warnings.extend([*failures, f"falling back to {accel}"])
                 return accel
-        raise CommandLineError(
-            "Could not access KVM kernel module: No such file or directory\n"
-            f"{program_name()}: failed to initialize kvm: No such file or directory"
-        )
+            # QEMU's kvm_init prints its first line without the program name.
+            failures.append(
+                "Could not access KVM kernel module: No such file or directory\n"
+                f"{program_name()}: -accel {value}: failed to initialize kvm: "
+                "No such file or directory"
+            )
+        raise CommandLineError("\n".join(failures))
 
     def _serial_devices(
         self, machine_type: str
@@ -416,6 +437,7 @@ class _Builder:
         used_chardevs: set[str] = set()
         port_names: set[str] = set()
         next_slot = self._first_pci_slot(machine_type)
+        unnamed_buses = 0
         for driver, opts in self.devices:
             where = f"-device {_unparse(driver, opts)}"
             try:
@@ -426,21 +448,26 @@ class _Builder:
                     device_ids.add(device_id)
                 if driver == "virtio-serial-pci":
                     if machine_type == "none":
+                        raise CommandLineError("No 'PCI' bus found for device 'virtio-serial-pci'")
+                    # QEMU numbers only the buses of devices without an id.
+                    if device_id:
+                        bus_name = f"{device_id}.0"
+                    else:
+                        bus_name = f"virtio-serial-bus.{unnamed_buses}"
+                        unnamed_buses += 1
+                    max_ports = _uint32_property("max_ports", opts.get("max_ports", "31"))
+                    if max_ports == 0:
+                        raise CommandLineError("Maximum number of serial ports not specified")
+                    if max_ports > _MAX_VIRTIO_SERIAL_PORTS:
                         raise CommandLineError(
-                            "No 'PCI' bus found for device 'virtio-serial-pci'"
+                            f"maximum ports supported: {_MAX_VIRTIO_SERIAL_PORTS}"
                         )
-                    bus_name = (
-                        f"{device_id}.0" if device_id else f"virtio-serial-bus.{len(buses)}"
-                    )
-                    max_ports = _int_property(driver, "max_ports", opts.get("max_ports", "31"))
                     buses.append(
                         SerialBusSpec(device_id, bus_name, max_ports, f"0000:00:{next_slot:02x}.0")
                     )
                     next_slot += 1
                 else:
-                    ports.append(
-                        self._serial_port(opts, buses, ports, used_chardevs, port_names)
-                    )
+                    ports.append(self._serial_port(opts, buses, ports, used_chardevs, port_names))
             except CommandLineError as e:
                 raise CommandLineError(f"{where}: {e}") from None
         return buses, ports
@@ -460,7 +487,8 @@ class _Builder:
     ) -> SerialPortSpec:
         if not buses:
             raise CommandLineError("No 'virtio-serial-bus' bus found for device 'virtserialport'")
-        bus_name = opts.get("bus", buses[0].bus_name)
+        # Without bus=, QEMU picks the most recently created virtio-serial bus.
+        bus_name = opts.get("bus", buses[-1].bus_name)
         matching = [b for b in buses if b.bus_name == bus_name]
         if not matching:
             raise CommandLineError(f"Bus '{bus_name}' not found")
@@ -468,7 +496,9 @@ class _Builder:
         chardev = opts.get("chardev")
         if chardev is not None:
             if chardev not in self.ringbufs:
-                raise CommandLineError(f"Property 'virtserialport.chardev' can't find value '{chardev}'")
+                raise CommandLineError(
+                    f"Property 'virtserialport.chardev' can't find value '{chardev}'"
+                )
             if chardev in used_chardevs:
                 raise CommandLineError(
                     f"Property 'virtserialport.chardev' can't take value '{chardev}': "
@@ -482,7 +512,7 @@ class _Builder:
             port_names.add(name)
         taken = {p.nr for p in ports if p.bus_name == bus_name}
         if "nr" in opts:
-            nr = _int_property("virtserialport", "nr", opts["nr"])
+            nr = _uint32_property("nr", opts["nr"])
             if nr == 0:
                 raise CommandLineError(
                     "Port number 0 on virtio-serial devices reserved for virtconsole devices "
@@ -500,11 +530,19 @@ class _Builder:
         return SerialPortSpec(bus_name, nr, name, chardev, opts.get("id"))
 
 
-def _int_property(driver: str, key: str, value: str) -> int:
+def _uint32_property(key: str, value: str) -> int:
     try:
-        return int(value, 0)
+        number = int(value, 0)
     except ValueError:
-        raise CommandLineError(f"Property '{driver}.{key}' doesn't take value '{value}'") from None
+        raise CommandLineError(f"Parameter '{key}' expects integer") from None
+    if not 0 <= number < 1 << 32:
+        raise CommandLineError(f"Parameter '{key}' expects uint32_t")
+    return number
+
+
+def _check_identifier(opts: dict[str, str]) -> None:
+    if "id" in opts and not _IDENTIFIER.fullmatch(opts["id"]):
+        raise CommandLineError(_IDENTIFIER_ERROR)
 
 
 def _unparse(driver: str, opts: dict[str, str]) -> str:

@@ -3,24 +3,33 @@
 QEMU does not need newlines between commands: it lexes tokens, counts brace and
 bracket depth, and hands the collected tokens to its parser whenever the depth
 returns to zero.  A lexical error (a stray byte, an unbalanced closing brace)
-is reported at once; input is then skipped until a control character or a
-bracket, where the streamer starts afresh.  A keyword or number at
-depth zero is a complete (if useless) JSON text on its own.
+is reported at once, naming the offending token; input is then skipped
+until a control character other than tab, a bracket or brace, or 0xFE/0xFF,
+where the streamer starts afresh.  Any token at depth zero (a keyword, a
+number, a string, even a lone ``:``) is a complete (if useless) JSON text on
+its own.  Limits on size and nesting are the streamer's own errors, worded as
+QEMU words them.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import attrs
 
+from fakeqemu._ringbuf import decode_modified_utf8
+
 MAX_PENDING_BYTES = 64 * 1024 * 1024
 MAX_NESTING = 1024
 
-_STRUCTURAL = b"{}[]:,"
 _WHITESPACE = b" \t\r\n"
-_SCALAR_START = b"-0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ+."
+# QEMU's lexer starts a keyword only with a lowercase letter, a number with '-' or a digit.
+_SCALAR_START = b"-0123456789abcdefghijklmnopqrstuvwxyz"
+_SCALAR_CONTINUE = _SCALAR_START + b"ABCDEFGHIJKLMNOPQRSTUVWXYZ+."
+# Bytes skipped while recovering from a lexical error (json-lexer.c IN_RECOVERY).
+_RECOVERY_SKIPPED = frozenset(b for b in range(0x20, 0xFE) if b not in b"{}[]") | {0x09}
 
 
 @attrs.frozen
@@ -50,6 +59,7 @@ class QMPInputSplitter:
         self._escape = False
         self._scalar = False
         self._recovering = False
+        self._token_start = 0
 
     def feed(self, data: bytes) -> list[StreamItem]:
         """Consume ``data`` and return every item it completed."""
@@ -58,7 +68,7 @@ class QMPInputSplitter:
             items.extend(self._consume(byte))
             if len(self._pending) > MAX_PENDING_BYTES:
                 self._reset()
-                items.append(ParseError("JSON parse error, token too large"))
+                items.append(ParseError("JSON token size limit exceeded"))
         return items
 
     def _reset(self) -> None:
@@ -73,14 +83,21 @@ class QMPInputSplitter:
         self._reset()
         return [_decode(text)]
 
+    def _lexical_error(self, byte: int) -> list[StreamItem]:
+        # QEMU reports the token lexed so far, this byte included, then skips ahead.
+        token = bytes(self._pending[self._token_start :]) + bytes([byte])
+        self._reset()
+        self._recovering = True
+        return [ParseError(f"JSON parse error, stray '{decode_modified_utf8(token)}'")]
+
     def _consume(self, byte: int) -> list[StreamItem]:
         if self._recovering:
-            # After a lexical error QEMU skips input until a likely resynchronisation
-            # point: a control character, a bracket or brace, or 0xFE/0xFF.
-            if 0x20 <= byte <= 0xFD and byte not in b"{}[]":
+            if byte in _RECOVERY_SKIPPED:
                 return []
             self._recovering = False
         if self._in_string:
+            if byte < 0x20 or byte >= 0xFE:
+                return self._lexical_error(byte)
             self._pending.append(byte)
             if self._escape:
                 self._escape = False
@@ -92,8 +109,11 @@ class QMPInputSplitter:
                     return self._emit()
             return []
         out: list[StreamItem] = []
-        if self._scalar and (byte in _WHITESPACE or byte in _STRUCTURAL or byte == 0x22):
-            # A scalar token ended.
+        if self._scalar:
+            if byte in _SCALAR_CONTINUE:
+                self._pending.append(byte)
+                return out
+            # A keyword or number ended; the byte after it starts the next token.
             self._scalar = False
             if self._depth == 0:
                 out.extend(self._emit())
@@ -101,6 +121,7 @@ class QMPInputSplitter:
             if self._pending:
                 self._pending.append(byte)
             return out
+        self._token_start = len(self._pending)
         if byte == 0x22:
             self._in_string = True
             self._pending.append(byte)
@@ -110,7 +131,7 @@ class QMPInputSplitter:
             self._pending.append(byte)
             if self._depth > MAX_NESTING:
                 self._reset()
-                out.append(ParseError("JSON parse error, nesting too deep"))
+                out.append(ParseError("JSON nesting depth limit exceeded"))
             return out
         if byte in b"}]":
             if self._depth == 0:
@@ -123,6 +144,11 @@ class QMPInputSplitter:
                 out.extend(self._emit())
             return out
         if byte in b":,":
+            if self._depth == 0:
+                # A lone separator is a whole JSON text, and not a value.
+                self._reset()
+                out.append(ParseError("JSON parse error, expecting value"))
+                return out
             self._pending.append(byte)
             return out
         if byte in _SCALAR_START:
@@ -130,17 +156,20 @@ class QMPInputSplitter:
             self._pending.append(byte)
             return out
         # Anything else is a lexical error: QEMU reports it and recovers.
-        self._reset()
-        self._recovering = True
-        shown = chr(byte) if 0x20 <= byte < 0x7F else "\ufffd"
-        out.append(ParseError(f"JSON parse error, stray '{shown}'"))
+        out.extend(self._lexical_error(byte))
         return out
 
+
 def _decode(text: bytes) -> StreamItem:
+    # Python's decoder recurses once per level; QEMU parses all MAX_NESTING of them.
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(limit + MAX_NESTING)
     try:
         return ParsedObject(json.loads(text))
     except (json.JSONDecodeError, UnicodeDecodeError):
         return ParseError(_describe(text))
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 def _describe(text: bytes) -> str:

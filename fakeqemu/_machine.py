@@ -111,6 +111,8 @@ class Machine:
         self._capabilities = dict.fromkeys(MIGRATION_CAPABILITIES, False)
         self.migration: dict[str, Any] = {}
         self.exited: int | None = None
+        # Whether the vCPUs start once an incoming migration completes (QEMU's autostart).
+        self._autostart = not config.start_paused
         if config.incoming_path is not None:
             self.run_state = RunState.INMIGRATE
         elif config.start_paused:
@@ -127,10 +129,9 @@ class Machine:
 
     def emit(self, name: str, data: dict[str, Any] | None = None) -> None:
         """Send an event to every subscriber, stamped as QEMU stamps them."""
-        now = self.clock.seconds()
-        seconds = int(now)
+        seconds, microseconds = divmod(round(self.clock.seconds() * 1_000_000), 1_000_000)
         event: Event = {
-            "timestamp": {"seconds": seconds, "microseconds": int((now - seconds) * 1_000_000)},
+            "timestamp": {"seconds": seconds, "microseconds": microseconds},
             "event": name,
         }
         if data is not None:
@@ -150,9 +151,10 @@ class Machine:
         return {"status": self.run_state.value, "singlestep": False, "running": self.running}
 
     def cont(self) -> None:
-        """``cont``: resume the vCPUs."""
+        """``cont``: resume the vCPUs (during an incoming migration: once it completes)."""
         if self.run_state is RunState.INMIGRATE:
-            raise MachineError("Guest is waiting for an incoming migration")
+            self._autostart = True
+            return
         if self.run_state in (RunState.SHUTDOWN, RunState.GUEST_PANICKED):
             raise MachineError("Resetting the Virtual Machine is required")
         if self.running:
@@ -161,8 +163,10 @@ class Machine:
         self.emit("RESUME")
 
     def stop(self) -> None:
-        """``stop``: pause the vCPUs."""
-        if self.running:
+        """``stop``: pause the vCPUs (during an incoming migration: keep them paused)."""
+        if self.run_state is RunState.INMIGRATE:
+            self._autostart = False
+        elif self.running:
             self.run_state = RunState.PAUSED
             self.emit("STOP")
 
@@ -221,8 +225,11 @@ class Machine:
         self._reboot_guest()
 
     def guest_panic(self) -> None:
-        """The guest kernel panics; QEMU's default panic action shuts the VM down."""
-        self.emit("GUEST_PANICKED", {"action": "pause", "info": {"type": "hyper-v"}})
+        """The guest kernel panics; QEMU 7.2's default action (panic=shutdown) powers off."""
+        self.emit("GUEST_PANICKED", {"action": "poweroff"})
+        if self.running:
+            self.run_state = RunState.GUEST_PANICKED
+            self.emit("STOP")
         self.emit("SHUTDOWN", {"guest": True, "reason": "guest-panic"})
         self.clock.callLater(0, self.exit, 0, [])
 
@@ -326,10 +333,12 @@ class Machine:
             raise MachineError("Can't migrate the vm that was paused due to previous migration")
         if self.run_state is RunState.INMIGRATE:
             raise MachineError("Guest is waiting for an incoming migration")
+        self._migration_event("setup")
         path = _exec_cat_target(uri)
         if path is None:
+            # QEMU enters setup before it looks at the URI, then fails the migration.
+            self._migration_event("failed")
             raise MachineError("Parameter 'uri' expects a valid migration protocol")
-        self._migration_event("setup")
         self.clock.callLater(0, self._finish_migration, path, write_file)
 
     def _finish_migration(self, path: str, write_file: Callable[[str, bytes], None]) -> None:
@@ -345,7 +354,7 @@ class Machine:
             write_file(path, state)
         except OSError:
             self._migration_event("failed")
-            self.migration["error-desc"] = "Unable to write to command"
+            self.migration["error-desc"] = "Unable to write to command: Broken pipe"
             return
         if was_running:
             self.run_state = RunState.PAUSED
@@ -372,7 +381,7 @@ class Machine:
             self.exit(1, e.lines)
             return
         self.migration = {"status": "completed"}
-        if self.config.start_paused:
+        if not self._autostart:
             self.run_state = RunState.PAUSED
         else:
             self.run_state = RunState.RUNNING

@@ -60,7 +60,7 @@ def serialize_state(config: MachineConfig, ringbuf_contents: dict[str, bytes]) -
 
 
 def check_incoming(config: MachineConfig, path: str, data: bytes) -> dict[str, Any]:
-    """Validate a state file against the destination; raise IncomingMigrationError as QEMU would."""
+    """Check a state file against the destination; raise IncomingMigrationError as QEMU would."""
     failed = "load of migration failed: Invalid argument"
     try:
         document = json.loads(data)
@@ -91,33 +91,32 @@ def check_incoming(config: MachineConfig, path: str, data: bytes) -> dict[str, A
                 failed,
             ]
         )
-    source_buses = document.get("serial_buses", [])
-    for index, bus in enumerate(config.serial_buses):
+    # QEMU names each virtio-serial section by its PCI address and loads the
+    # sections in stream order.  A section the destination lacks is fatal; a
+    # destination device the stream does not mention keeps its reset state.
+    local_buses = {bus.pci_address: bus for bus in config.serial_buses}
+    for source_bus in document.get("serial_buses", []):
+        address = source_bus["pci_address"]
+        bus = local_buses.get(address)
+        if bus is None:
+            raise IncomingMigrationError(
+                [
+                    f"Unknown savevm section or instance '{address}/virtio-console' 0. "
+                    "Make sure that your current VM setup matches your saved VM setup, "
+                    "including any hotplugged devices",
+                    failed,
+                ]
+            )
         local_ports = sorted(p.nr for p in config.serial_ports if p.bus_name == bus.bus_name)
-        source_ports = (
-            sorted(p["nr"] for p in source_buses[index]["ports"])
-            if index < len(source_buses)
-            else None
-        )
-        if source_ports != local_ports:
+        if sorted(p["nr"] for p in source_bus["ports"]) != local_ports:
             raise IncomingMigrationError(
                 [
                     "Failed to load virtio-console:virtio",
                     "error while loading state for instance 0x0 of device "
-                    f"'{bus.pci_address}/virtio-console'",
+                    f"'{address}/virtio-console'",
                     failed,
                 ]
             )
-    if len(source_buses) > len(config.serial_buses):
-        raise IncomingMigrationError(
-            [
-                "Unknown savevm section or instance "
-                f"'{source_buses[len(config.serial_buses)]['pci_address']}/virtio-console' 0. "
-                "Make sure that your current VM setup matches your saved VM setup, "
-                "including any hotplugged devices",
-                failed,
-            ]
-        )
     return document
 
 

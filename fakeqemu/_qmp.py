@@ -16,14 +16,14 @@ from twisted.python.failure import Failure
 
 from fakeqemu._cmdline import QEMU_PACKAGE, QEMU_VERSION
 from fakeqemu._jsonstream import ParsedObject, QMPInputSplitter
-from fakeqemu._machine import Machine, MachineError
+from fakeqemu._machine import MIGRATION_CAPABILITIES, Machine, MachineError
 from fakeqemu._ringbuf import Base64Error, decode_qmp_base64, encode_qmp_utf8
 
 Message = dict[str, Any]
 FileWriter = Callable[[str, bytes], None]
 
 _TYPE_NAMES = {str: "string", int: "integer", bool: "boolean", list: "array", dict: "object"}
-_REQUEST_MEMBERS = ("execute", "exec-oob", "arguments", "id", "control")
+_REQUEST_MEMBERS = ("execute", "arguments", "id")
 
 
 class CommandError(Exception):
@@ -55,11 +55,16 @@ def greeting() -> Message:
     return {"QMP": {"version": _version(), "capabilities": ["oob"]}}
 
 
-def _check_arguments(schema: tuple[Parameter, ...], arguments: dict[str, Any]) -> None:
+def _check_arguments(
+    schema: tuple[Parameter, ...], arguments: dict[str, Any], prefix: str = ""
+) -> None:
+    """Check arguments as QEMU's input visitor does; ``prefix`` is the path of a nested object."""
     for parameter in schema:
         if parameter.name not in arguments:
             if parameter.required:
-                raise CommandError("GenericError", f"Parameter '{parameter.name}' is missing")
+                raise CommandError(
+                    "GenericError", f"Parameter '{prefix}{parameter.name}' is missing"
+                )
             continue
         value = arguments[parameter.name]
         wrong_type = not isinstance(value, parameter.kind) or (
@@ -68,20 +73,25 @@ def _check_arguments(schema: tuple[Parameter, ...], arguments: dict[str, Any]) -
         if wrong_type:
             raise CommandError(
                 "GenericError",
-                f"Invalid parameter type for '{parameter.name}', "
+                f"Invalid parameter type for '{prefix}{parameter.name}', "
                 f"expected: {_TYPE_NAMES[parameter.kind]}",
             )
         if parameter.choices and value not in parameter.choices:
+            # QEMU names an enum member without its path.
             raise CommandError(
                 "GenericError", f"Parameter '{parameter.name}' does not accept value '{value}'"
             )
     declared = {p.name for p in schema}
     for name in arguments:
         if name not in declared:
-            raise CommandError("GenericError", f"Parameter '{name}' is unexpected")
+            raise CommandError("GenericError", f"Parameter '{prefix}{name}' is unexpected")
 
 
 _FORMAT = Parameter("format", str, required=False, choices=("utf8", "base64"))
+_CAPABILITY_ENTRY = (
+    Parameter("capability", str, choices=MIGRATION_CAPABILITIES),
+    Parameter("state", bool),
+)
 
 COMMAND_SCHEMAS: dict[str, tuple[Parameter, ...]] = {
     "qmp_capabilities": (Parameter("enable", list, required=False),),
@@ -118,6 +128,7 @@ class QMPSession:
         self._write_file = write_file
         self._splitter = QMPInputSplitter()
         self.negotiated = False
+        self._oob = False
         self._unsubscribe = machine.subscribe(self._event)
 
     def start(self) -> None:
@@ -154,14 +165,21 @@ class QMPSession:
     def _dispatch(self, request: Any) -> Any:
         if not isinstance(request, dict):
             raise CommandError("GenericError", "QMP input must be a JSON object")
+        # exec-oob is a member only once the client enabled the oob capability.
+        members = (*_REQUEST_MEMBERS, "exec-oob") if self._oob else _REQUEST_MEMBERS
         for member in request:
-            if member not in _REQUEST_MEMBERS:
+            if member not in members:
                 raise CommandError("GenericError", f"QMP input member '{member}' is unexpected")
-        if "execute" not in request:
+        if "execute" in request and "exec-oob" in request:
+            raise CommandError(
+                "GenericError", "QMP input member 'execute' clashes with 'exec-oob'"
+            )
+        key = "exec-oob" if "exec-oob" in request else "execute"
+        if key not in request:
             raise CommandError("GenericError", "QMP input lacks member 'execute'")
-        command = request["execute"]
+        command = request[key]
         if not isinstance(command, str):
-            raise CommandError("GenericError", "QMP input member 'execute' must be a string")
+            raise CommandError("GenericError", f"QMP input member '{key}' must be a string")
         arguments = request.get("arguments", {})
         if not isinstance(arguments, dict):
             raise CommandError("GenericError", "QMP input member 'arguments' must be an object")
@@ -176,6 +194,9 @@ class QMPSession:
         schema = COMMAND_SCHEMAS.get(command)
         if schema is None:
             raise CommandError("CommandNotFound", f"The command {command} has not been found")
+        if key == "exec-oob":
+            # None of the commands fakeqemu emulates is allowed out of band.
+            raise CommandError("GenericError", f"The command {command} does not support OOB")
         _check_arguments(schema, arguments)
         handler = getattr(self, "_cmd_" + command.replace("-", "_"))
         try:
@@ -185,13 +206,20 @@ class QMPSession:
 
     # -- commands ---------------------------------------------------------
 
-    def _cmd_qmp_capabilities(self, enable: list[str] | None = None) -> Message:
-        for capability in enable or []:
-            if capability != "oob":
+    def _cmd_qmp_capabilities(self, enable: list[Any] | None = None) -> Message:
+        for index, capability in enumerate(enable or []):
+            if not isinstance(capability, str):
                 raise CommandError(
-                    "GenericError", f"Parameter 'enable' does not accept value '{capability}'"
+                    "GenericError",
+                    f"Invalid parameter type for 'enable[{index}]', expected: string",
+                )
+            if capability != "oob":
+                # QEMU 7.2 names a list element 'null' here (its visitor passes no name).
+                raise CommandError(
+                    "GenericError", f"Parameter 'null' does not accept value '{capability}'"
                 )
         self.negotiated = True
+        self._oob = "oob" in (enable or [])
         return {}
 
     def _cmd_query_version(self) -> Message:
@@ -240,7 +268,8 @@ class QMPSession:
             except Base64Error as e:
                 raise CommandError("GenericError", str(e)) from None
         else:
-            payload = data.encode("utf-8", "surrogatepass")
+            # QEMU holds strings as modified UTF-8, where U+0000 is \xC0\x80.
+            payload = data.encode("utf-8", "surrogatepass").replace(b"\0", b"\xc0\x80")
         self._machine.ringbuf_write(device, payload)
         return {}
 
@@ -252,15 +281,16 @@ class QMPSession:
         return dict(self._machine.migration)
 
     def _cmd_migrate_set_capabilities(self, capabilities: list[Any]) -> Message:
-        for entry in capabilities:
-            if not isinstance(entry, dict) or not isinstance(entry.get("capability"), str):
-                raise CommandError("GenericError", "Parameter 'capability' is missing")
-            state = entry.get("state")
-            if not isinstance(state, bool):
+        # QEMU checks the whole list before it changes anything.
+        for index, entry in enumerate(capabilities):
+            where = f"capabilities[{index}]"
+            if not isinstance(entry, dict):
                 raise CommandError(
-                    "GenericError", "Invalid parameter type for 'state', expected: boolean"
+                    "GenericError", f"Invalid parameter type for '{where}', expected: object"
                 )
-            self._machine.set_migrate_capability(entry["capability"], state)
+            _check_arguments(_CAPABILITY_ENTRY, entry, prefix=f"{where}.")
+        for entry in capabilities:
+            self._machine.set_migrate_capability(entry["capability"], entry["state"])
         return {}
 
     def _cmd_query_migrate_capabilities(self) -> list[Message]:
@@ -282,7 +312,7 @@ class QMPServerProtocol(Protocol):
         self._session: QMPSession | None = None
         self._early: list[bytes] = []
 
-    def connectionMade(self) -> None:  # noqa: N802 - Twisted's name
+    def connectionMade(self) -> None:
         self._factory.client_arrived(self)
 
     def serve(self) -> None:
@@ -298,13 +328,13 @@ class QMPServerProtocol(Protocol):
         if transport is not None:
             transport.write(encode_message(message))
 
-    def dataReceived(self, data: bytes) -> None:  # noqa: N802
+    def dataReceived(self, data: bytes) -> None:
         if self._session is None:
             self._early.append(data)
         else:
             self._session.data_received(data)
 
-    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # noqa: N802, B008
+    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # noqa: B008
         if self._session is not None:
             self._session.close()
         self._factory.client_left(self)
@@ -318,11 +348,16 @@ class QMPServerFactory(Factory):
         self.write_file = write_file
         self.clients: list[QMPServerProtocol] = []
 
-    def buildProtocol(self, addr: object) -> QMPServerProtocol:  # noqa: N802
+    def buildProtocol(self, addr: object) -> QMPServerProtocol:
         return QMPServerProtocol(self)
 
     def client_arrived(self, client: QMPServerProtocol) -> None:
         """Queue a new client; the first in line is served."""
+        if self.machine.exited is not None:
+            # The machine is gone, and with it the monitor: hang up, say nothing.
+            if client.transport is not None:
+                client.transport.loseConnection()
+            return
         self.clients.append(client)
         if len(self.clients) == 1:
             client.serve()

@@ -91,7 +91,7 @@ class RunningVM:
         self.machine = Machine(config, reactor, self._machine_exited)
         self.qmp_factory = QMPServerFactory(self.machine, write_file)
         self._listening: list[IListeningPort] = []
-        self._closing: list[Deferred[object]] = []
+        self._closing: list[Deferred[Any]] = []
         self._abrupt = False
         self.exit_status: int | None = None
 
