@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import base64
 import os
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
+from twisted.internet.protocol import Protocol
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 
@@ -563,3 +566,126 @@ async def _poll_status(client: QMPClientProtocol, until: str) -> str:
             return status
         await deferLater(reactor, 0.05, lambda: None)
     return status
+
+
+class GuestChecks(BackendTestCase):
+    """Checks that need a guest holding the virtio port open.
+
+    Real QEMU can only provide that by booting a guest OS with a virtio-serial
+    driver, so these run on fakeqemu only, through its guest sockets.
+    """
+
+    def guest_socket(self, name: str) -> str:
+        """The socket standing for the guest's /dev/virtio-ports/<name>."""
+        return self.workspace.file(f"qmp.sock.guest/virtio-ports/{name}")
+
+    async def open_port(self, name: str) -> GuestEnd:
+        """Connect as the guest to the port called ``name``."""
+        guest = GuestEnd()
+        await connectProtocol(UNIXClientEndpoint(reactor, self.guest_socket(name)), guest)
+        self.addCleanup(guest.hang_up)
+        return guest
+
+    @_async
+    async def test_guestWritesLandInTheRingBuffer(self) -> None:
+        client = await self.start(ring_size=64)
+        guest = await self.open_port(AGENT_PORT)
+        guest.send(b"STARTED\n")
+        chunk = await _poll_read(client, lambda data: data != "")
+        self.assertEqual(chunk, "STARTED\n")
+
+    @_async
+    async def test_hostWritesReachTheGuestAndStayInTheBuffer(self) -> None:
+        client = await self.start(ring_size=64)
+        guest = await self.open_port(AGENT_PORT)
+        await _poll_frontend_open(client, True)
+        await client.execute("ringbuf-write", {"device": AGENT_RING, "data": "CONNECT 2:49152\n"})
+        self.assertEqual(await guest.wait_for(b"\n"), b"CONNECT 2:49152\n")
+        self.assertEqual(
+            await client.execute("ringbuf-read", {"device": AGENT_RING, "size": 64}),
+            "CONNECT 2:49152\n",
+        )
+
+    @_async
+    async def test_frontendOpenFollowsTheGuest(self) -> None:
+        client = await self.start()
+        self.assertFalse(await _frontend_open(client))
+        guest = await self.open_port(AGENT_PORT)
+        self.assertTrue(await _poll_frontend_open(client, True))
+        guest.hang_up()
+        self.assertFalse(await _poll_frontend_open(client, False))
+
+    @_async
+    async def test_portWithoutChardevDiscardsWrites(self) -> None:
+        client = await self.start(
+            *serial_devices(ports=((LEGACY_PORT, None),))[2:],
+            ring_size=64,
+        )
+        legacy = await self.open_port(LEGACY_PORT)
+        legacy.send(b"STARTED\n")
+        agent = await self.open_port(AGENT_PORT)
+        agent.send(b"CONNECTED\n")
+        self.assertEqual(await _poll_read(client, lambda d: d != ""), "CONNECTED\n")
+
+
+class GuestEnd(Protocol):
+    """The guest's side of a port in a conformance check."""
+
+    def __init__(self) -> None:
+        self.received = b""
+        self._waiting: list[tuple[bytes, Deferred[bytes]]] = []
+
+    def dataReceived(self, data: bytes) -> None:
+        self.received += data
+        for entry in list(self._waiting):
+            marker, waiter = entry
+            if marker in self.received:
+                self._waiting.remove(entry)
+                waiter.callback(self.received)
+
+    def send(self, data: bytes) -> None:
+        """Write bytes as the guest."""
+        assert self.transport is not None
+        self.transport.write(data)
+
+    def hang_up(self) -> None:
+        """Close the port."""
+        if self.transport is not None:
+            self.transport.loseConnection()
+
+    def wait_for(self, marker: bytes) -> Deferred[bytes]:
+        """Fires with everything received once ``marker`` has arrived."""
+        waiter: Deferred[bytes] = Deferred()
+        if marker in self.received:
+            waiter.callback(self.received)
+            return waiter
+        self._waiting.append((marker, waiter))
+        waiter.addTimeout(30, reactor)
+        return waiter
+
+
+async def _frontend_open(client: QMPClientProtocol) -> bool:
+    chardevs = await client.execute("query-chardev")
+    return bool(next(c for c in chardevs if c["label"] == AGENT_RING)["frontend-open"])
+
+
+async def _poll_frontend_open(client: QMPClientProtocol, wanted: bool) -> bool:
+    """The guest's connection is asynchronous; poll (bounded) until frontend-open is ``wanted``."""
+    state = not wanted
+    for _ in range(600):
+        state = await _frontend_open(client)
+        if state == wanted:
+            break
+        await deferLater(reactor, 0.05, lambda: None)
+    return state
+
+
+async def _poll_read(client: QMPClientProtocol, done: Callable[[str], bool]) -> str:
+    """Read the agent ring (bounded polling) until ``done`` accepts what was read."""
+    data = ""
+    for _ in range(600):
+        data = str(await client.execute("ringbuf-read", {"device": AGENT_RING, "size": 64}))
+        if done(data):
+            break
+        await deferLater(reactor, 0.05, lambda: None)
+    return data

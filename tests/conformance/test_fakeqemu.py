@@ -32,3 +32,9 @@ class FakeQemuIncomingWait(checks.IncomingWaitChecks):
     """Awaited-stream checks on fakeqemu."""
 
     backend = FAKEQEMU
+
+
+class FakeQemuGuest(checks.GuestChecks):
+    """Guest checks: fakeqemu only, since real QEMU needs a booted guest OS to open a port."""
+
+    backend = FAKEQEMU
