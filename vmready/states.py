@@ -1,0 +1,225 @@
+"""The instance state model: three stored fields, everything else derived.
+
+As in OpenStack Nova, an instance has a stable ``vm_state``, the ``task_state``
+of the transition in progress (or none), and the ``power_state`` the
+hypervisor last reported.  The LXD-style ``status``/``status_code`` and the
+Nova-style display status are *derived* from those (and from the
+``volatile.last_state.ready`` key), never stored, so they cannot disagree.
+
+``ACTIONS`` is the lifecycle as data: for each action, the vm_states it may
+start from, the task_states it passes through in order, and the vm_state it
+ends in.  The lifecycle code walks it; the docs' diagram is generated from it.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+READY_KEY = "volatile.last_state.ready"
+
+
+class VMState(enum.StrEnum):
+    """Where an instance rests between transitions."""
+
+    BUILDING = "building"
+    ACTIVE = "active"
+    STOPPED = "stopped"
+    PAUSED = "paused"
+    RESIZED = "resized"
+    ERROR = "error"
+    DELETED = "deleted"
+
+
+class TaskState(enum.StrEnum):
+    """The transition in progress."""
+
+    SPAWNING = "spawning"
+    POWERING_ON = "powering-on"
+    POWERING_OFF = "powering-off"
+    REBOOTING = "rebooting"
+    PAUSING = "pausing"
+    UNPAUSING = "unpausing"
+    REBUILDING = "rebuilding"
+    RESIZE_QUEUED = "resize-queued"
+    RESIZE_PREP = "resize-prep"
+    RESIZE_MIGRATING = "resize-migrating"
+    RESIZE_FINISH = "resize-finish"
+    RESIZE_CONFIRMING = "resize-confirming"
+    RESIZE_REVERTING = "resize-reverting"
+    DELETING = "deleting"
+
+
+class PowerState(enum.StrEnum):
+    """What the hypervisor says about the VM."""
+
+    NOSTATE = "nostate"
+    RUNNING = "running"
+    PAUSED = "paused"
+    SHUTDOWN = "shutdown"
+    CRASHED = "crashed"
+
+
+class StatusCode(enum.IntEnum):
+    """LXD's api.StatusCode values vmready reports."""
+
+    OPERATION_CREATED = 100
+    STARTED = 101
+    STOPPED = 102
+    RUNNING = 103
+    CANCELLING = 104
+    PENDING = 105
+    STARTING = 106
+    STOPPING = 107
+    ABORTING = 108
+    FREEZING = 109
+    FROZEN = 110
+    THAWED = 111
+    ERROR = 112
+    READY = 113
+    SUCCESS = 200
+    FAILURE = 400
+    CANCELLED = 401
+
+
+@attrs.frozen
+class Action:
+    """One lifecycle action: where it may start, the tasks it passes through, where it ends."""
+
+    name: str
+    allowed_from: frozenset[VMState]
+    tasks: tuple[TaskState, ...]
+    ends_in: VMState
+
+
+_ANY_LIVE = frozenset(VMState) - {VMState.DELETED}
+
+ACTIONS: dict[str, Action] = {
+    action.name: action
+    for action in (
+        Action("create", frozenset({VMState.BUILDING}), (TaskState.SPAWNING,), VMState.ACTIVE),
+        Action(
+            "start",
+            frozenset({VMState.STOPPED, VMState.ERROR}),
+            (TaskState.POWERING_ON,),
+            VMState.ACTIVE,
+        ),
+        Action(
+            "stop",
+            frozenset({VMState.ACTIVE, VMState.PAUSED}),
+            (TaskState.POWERING_OFF,),
+            VMState.STOPPED,
+        ),
+        Action("restart", frozenset({VMState.ACTIVE}), (TaskState.REBOOTING,), VMState.ACTIVE),
+        Action("freeze", frozenset({VMState.ACTIVE}), (TaskState.PAUSING,), VMState.PAUSED),
+        Action("unfreeze", frozenset({VMState.PAUSED}), (TaskState.UNPAUSING,), VMState.ACTIVE),
+        Action(
+            "rebuild",
+            frozenset({VMState.ACTIVE, VMState.STOPPED, VMState.ERROR}),
+            (TaskState.REBUILDING,),
+            VMState.ACTIVE,
+        ),
+        Action(
+            "resize",
+            frozenset({VMState.ACTIVE, VMState.STOPPED}),
+            (
+                TaskState.RESIZE_QUEUED,
+                TaskState.RESIZE_PREP,
+                TaskState.RESIZE_MIGRATING,
+                TaskState.RESIZE_FINISH,
+            ),
+            VMState.RESIZED,
+        ),
+        Action(
+            "confirm-resize",
+            frozenset({VMState.RESIZED}),
+            (TaskState.RESIZE_CONFIRMING,),
+            VMState.ACTIVE,
+        ),
+        Action(
+            "revert-resize",
+            frozenset({VMState.RESIZED}),
+            (TaskState.RESIZE_REVERTING,),
+            VMState.ACTIVE,
+        ),
+        Action("delete", _ANY_LIVE, (TaskState.DELETING,), VMState.DELETED),
+    )
+}
+
+
+@attrs.frozen
+class Status:
+    """An instance's LXD-style status, derived."""
+
+    name: str
+    code: StatusCode
+
+
+def derive_status(
+    vm_state: VMState,
+    task_state: TaskState | None,
+    power_state: PowerState,
+    ready: bool,
+) -> Status:
+    """LXD's status for the stored fields: Ready only when running and the ready key is set."""
+    if vm_state is VMState.ERROR:
+        return Status("Error", StatusCode.ERROR)
+    if task_state in (TaskState.POWERING_ON, TaskState.SPAWNING):
+        return Status("Starting", StatusCode.STARTING)
+    if task_state in (TaskState.POWERING_OFF, TaskState.DELETING):
+        return Status("Stopping", StatusCode.STOPPING)
+    if task_state is TaskState.PAUSING:
+        return Status("Freezing", StatusCode.FREEZING)
+    if vm_state is VMState.PAUSED or power_state is PowerState.PAUSED:
+        return Status("Frozen", StatusCode.FROZEN)
+    if power_state is PowerState.RUNNING and vm_state in (VMState.ACTIVE, VMState.RESIZED):
+        if ready:
+            return Status("Ready", StatusCode.READY)
+        return Status("Running", StatusCode.RUNNING)
+    return Status("Stopped", StatusCode.STOPPED)
+
+
+_TASK_DISPLAY = {
+    TaskState.SPAWNING: "BUILD",
+    TaskState.REBUILDING: "REBUILD",
+    TaskState.RESIZE_QUEUED: "QUEUE_RESIZE",
+    TaskState.RESIZE_PREP: "PREP_RESIZE",
+    TaskState.RESIZE_MIGRATING: "RESIZE",
+    TaskState.RESIZE_FINISH: "RESIZE",
+    TaskState.RESIZE_REVERTING: "REVERT_RESIZE",
+    TaskState.REBOOTING: "REBOOT",
+}
+_VM_DISPLAY = {
+    VMState.BUILDING: "BUILD",
+    VMState.ACTIVE: "ACTIVE",
+    VMState.STOPPED: "SHUTOFF",
+    VMState.PAUSED: "PAUSED",
+    VMState.RESIZED: "VERIFY_RESIZE",
+    VMState.ERROR: "ERROR",
+    VMState.DELETED: "DELETED",
+}
+
+
+def display_status(vm_state: VMState, task_state: TaskState | None) -> str:
+    """The Nova-style display status: the transition if one shows, else the resting state.
+
+    Tasks that do not change what the instance *is* (powering on/off, pausing,
+    confirming, deleting) leave the resting state showing, so a delete reads
+    ACTIVE → DELETED and never passes through BUILD.
+    """
+    if task_state is not None and task_state in _TASK_DISPLAY:
+        return _TASK_DISPLAY[task_state]
+    return _VM_DISPLAY[vm_state]
+
+
+def transition_diagram() -> str:
+    """A Mermaid state diagram of ACTIONS, for the docs."""
+    lines = ["stateDiagram-v2"]
+    for action in ACTIONS.values():
+        for source in sorted(action.allowed_from):
+            steps = " → ".join(action.tasks)
+            lines.append(f"    {source} --> {action.ends_in}: {action.name} ({steps})")
+    lines.append("    active --> error: failure / VM died")
+    lines.append("    error --> active: rebuild")
+    return "\n".join(lines)
