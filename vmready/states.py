@@ -220,6 +220,6 @@ def transition_diagram() -> str:
         for source in sorted(action.allowed_from):
             steps = " → ".join(action.tasks)
             lines.append(f"    {source} --> {action.ends_in}: {action.name} ({steps})")
-    lines.append("    active --> error: failure / VM died")
-    lines.append("    error --> active: rebuild")
+    lines.append("    active --> stopped: VM exited cleanly (guest power-off, SHUTDOWN event)")
+    lines.append("    active --> error: VM died (no SHUTDOWN event) or any action failed")
     return "\n".join(lines)
