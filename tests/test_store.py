@@ -1,0 +1,871 @@
+"""Tests for vmready.store, the SQLite instance store."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import IO, Any, ClassVar
+
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+import vmready
+from vmready.model import (
+    ActionRecord,
+    ActionStep,
+    BadRequest,
+    Conflict,
+    InstanceRecord,
+    NotFound,
+    StoreError,
+)
+from vmready.states import ACTIONS, READY_KEY, PowerState, TaskState, VMState
+from vmready.store import MIGRATIONS, Store
+
+_SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(vmready.__file__)))
+
+# Opens the store at argv[1] and prints the StoreError message (or "opened").
+_OPEN_CHILD = """
+import sys
+from vmready.model import StoreError
+from vmready.store import Store
+try:
+    Store.open(sys.argv[1]).close()
+except StoreError as e:
+    print(e)
+else:
+    print("opened")
+"""
+
+# Builds instances named <argv[2]>-NNNNN, printing "<name> <stage>" after every
+# commit (stages in STAGES order); after argv[3] instances it waits on stdin, so it
+# is still there to be killed.
+_WRITER_CHILD = """
+import sys
+from vmready.states import READY_KEY, PowerState, TaskState, VMState
+from vmready.store import Store
+
+store = Store.open(sys.argv[1])
+prefix = sys.argv[2]
+for i in range(int(sys.argv[3])):
+    name = f"{prefix}-{i:05d}"
+    store.create_instance(name, {"limits.cpu": "2", "user.n": str(i)}, {})
+    print(name, "created", flush=True)
+    action = store.start_action(name, "create", f"req-{i}")
+    print(name, "action-started", flush=True)
+    store.add_step(action, "spawning", "success")
+    print(name, "step-added", flush=True)
+    store.finish_task(
+        name, TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING, {READY_KEY: "true"}
+    )
+    print(name, "active", flush=True)
+    store.finish_action(action, "success")
+    print(name, "action-finished", flush=True)
+sys.stdin.read()
+"""
+
+STAGES = ("created", "action-started", "step-added", "active", "action-finished")
+
+
+def _child_environment() -> dict[str, str]:
+    """The environment for a child Python that imports this checkout's vmready."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_SOURCE_ROOT, env.get("PYTHONPATH")]))
+    return env
+
+
+@contextlib.contextmanager
+def _raw(path: str) -> Iterator[sqlite3.Connection]:
+    """A plain sqlite3 connection, to look at the file behind the store's back."""
+    connection = sqlite3.connect(path, isolation_level=None)
+    try:
+        yield connection
+    finally:
+        connection.close()
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+class _StoreTestCase(SynchronousTestCase):
+    """Opens stores in a fresh directory, with a clock the test drives."""
+
+    def setUp(self) -> None:
+        self.directory = os.path.abspath(self.mktemp())
+        os.makedirs(self.directory)
+        self.path = os.path.join(self.directory, "vmready.sqlite")
+        self.clock = Clock()
+        self.clock.advance(1000)
+
+    def open(self) -> Store:
+        store = Store.open(self.path, clock=self.clock.seconds)
+        self.addCleanup(store.close)
+        return store
+
+    def active(self, store: Store, name: str, config: dict[str, str] | None = None) -> None:
+        """Create name and finish its build, leaving it active with no task."""
+        store.create_instance(name, config or {}, {})
+        store.finish_task(name, TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING)
+
+
+class SchemaTests(_StoreTestCase):
+    """Opening a store creates, migrates, or refuses it with one clear line."""
+
+    def test_newStoreHasTheSchemaAndRecordsItsVersion(self) -> None:
+        store = self.open()
+        self.assertEqual(store.schema_version, Store.SCHEMA_VERSION)
+        self.assertEqual(Store.SCHEMA_VERSION, 1)
+        self.assertEqual(store.path, self.path)
+        with _raw(self.path) as raw:
+            versions = raw.execute("SELECT version, applied_at FROM vmready_schema").fetchall()
+            tables = {
+                row[0] for row in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")
+            }
+        self.assertEqual(versions, [(1, 1000.0)])
+        self.assertEqual(tables, {"vmready_schema", "instances", "actions", "steps", "snapshots"})
+
+    def test_migrationsAreOrderedAndEndAtTheSchemaVersion(self) -> None:
+        versions = [version for version, _ in MIGRATIONS]
+        self.assertEqual(versions, list(range(1, Store.SCHEMA_VERSION + 1)))
+
+    def test_journalModeIsWAL(self) -> None:
+        self.open()
+        with _raw(self.path) as raw:
+            self.assertEqual(raw.execute("PRAGMA journal_mode").fetchone(), ("wal",))
+
+    def test_reopenKeepsDataAndDoesNotMigrateAgain(self) -> None:
+        first = Store.open(self.path, clock=self.clock.seconds)
+        created = first.create_instance("web", {"limits.memory": "512"}, {})
+        first.close()
+        second = self.open()
+        self.assertEqual(second.get_instance("web"), created)
+        with _raw(self.path) as raw:
+            self.assertEqual(raw.execute("SELECT count(*) FROM vmready_schema").fetchone(), (1,))
+
+    def test_pendingMigrationIsAppliedAndKeepsData(self) -> None:
+        Store.open(self.path).close()
+        with _raw(self.path) as raw:
+            raw.execute(
+                "INSERT INTO instances (name, uuid, vm_state, power_state, config, devices,"
+                " created_at, updated_at) VALUES"
+                " ('old', 'u', 'stopped', 'shutdown', '{}', '{}', 1, 1)"
+            )
+
+        class NextStore(Store):
+            SCHEMA_VERSION = 2
+            MIGRATIONS: ClassVar[list[tuple[int, str]]] = [
+                *MIGRATIONS,
+                (2, "CREATE TABLE extra (x TEXT); ALTER TABLE instances ADD COLUMN note TEXT;"),
+            ]
+
+        store = NextStore.open(self.path)
+        self.addCleanup(store.close)
+        self.assertEqual(store.schema_version, 2)
+        self.assertEqual(store.get_instance("old").vm_state, VMState.STOPPED)
+        with _raw(self.path) as raw:
+            self.assertEqual(
+                raw.execute("SELECT version FROM vmready_schema ORDER BY version").fetchall(),
+                [(1,), (2,)],
+            )
+            self.assertEqual(raw.execute("SELECT note FROM instances").fetchall(), [(None,)])
+
+    def test_failedMigrationChangesNothing(self) -> None:
+        Store.open(self.path).close()
+
+        class BrokenStore(Store):
+            SCHEMA_VERSION = 2
+            MIGRATIONS: ClassVar[list[tuple[int, str]]] = [
+                *MIGRATIONS,
+                (2, "CREATE TABLE extra (x TEXT); ALTER TABLE nowhere ADD COLUMN y TEXT;"),
+            ]
+
+        error = self.assertRaises(StoreError, BrokenStore.open, self.path)
+        self.assertEqual(
+            str(error),
+            f"cannot open store {self.path}: migration to schema version 2 failed:"
+            " no such table: nowhere",
+        )
+        store = self.open()
+        self.assertEqual(store.schema_version, 1)
+        with _raw(self.path) as raw:
+            self.assertEqual(
+                raw.execute("SELECT name FROM sqlite_master WHERE name = 'extra'").fetchall(), []
+            )
+
+    def test_newerSchemaIsRefusedAndLeftUntouched(self) -> None:
+        store = Store.open(self.path)
+        store.create_instance("web", {}, {})
+        store.close()
+        with _raw(self.path) as raw:
+            raw.execute("INSERT INTO vmready_schema VALUES (7, 0)")
+        before = _read(self.path)
+        error = self.assertRaises(StoreError, Store.open, self.path)
+        self.assertEqual(
+            str(error),
+            f"store {self.path} has schema version 7, newer than this vmready understands (1);"
+            " upgrade vmready",
+        )
+        self.assertEqual(len(str(error).splitlines()), 1)
+        self.assertEqual(_read(self.path), before)
+        with _raw(self.path) as raw:
+            self.assertEqual(
+                raw.execute("SELECT max(version) FROM vmready_schema").fetchone(), (7,)
+            )
+
+    def test_unwritableDirectoryIsRefused(self) -> None:
+        os.chmod(self.directory, 0o555)
+        self.addCleanup(os.chmod, self.directory, 0o755)
+        command = [sys.executable, "-c", _OPEN_CHILD, self.path]
+        if os.geteuid() == 0:
+            setpriv = shutil.which("setpriv")
+            if setpriv is None:
+                self.skipTest("root writes any directory and setpriv is missing to drop that")
+            caps = "-dac_override,-dac_read_search"
+            command = [setpriv, f"--inh-caps={caps}", f"--bounding-set={caps}", *command]
+        result = subprocess.run(
+            command, capture_output=True, text=True, env=_child_environment(), check=False
+        )
+        self.assertEqual(
+            (result.stdout, result.stderr),
+            (f"cannot open store {self.path}: directory {self.directory} is not writable\n", ""),
+        )
+        self.assertFalse(os.path.exists(self.path))
+
+    def test_missingDirectoryIsRefused(self) -> None:
+        path = os.path.join(self.directory, "absent", "vmready.sqlite")
+        error = self.assertRaises(StoreError, Store.open, path)
+        self.assertEqual(
+            str(error),
+            f"cannot open store {path}: directory {os.path.dirname(path)} does not exist",
+        )
+
+    def test_directoryAsStorePathIsRefused(self) -> None:
+        error = self.assertRaises(StoreError, Store.open, self.directory)
+        self.assertEqual(str(error), f"cannot open store {self.directory}: it is a directory")
+
+    def test_fileThatIsNotSQLiteIsRefusedAndLeftUntouched(self) -> None:
+        contents = b"name: web\nstate: running\n" * 100
+        with open(self.path, "wb") as f:
+            f.write(contents)
+        error = self.assertRaises(StoreError, Store.open, self.path)
+        self.assertEqual(
+            str(error), f"store {self.path} is not a vmready database (the file is not SQLite)"
+        )
+        self.assertEqual(_read(self.path), contents)
+        self.assertEqual(os.listdir(self.directory), ["vmready.sqlite"])
+
+    def test_someOtherSQLiteDatabaseIsRefused(self) -> None:
+        with _raw(self.path) as raw:
+            raw.execute("CREATE TABLE customers (name TEXT)")
+        error = self.assertRaises(StoreError, Store.open, self.path)
+        self.assertEqual(
+            str(error),
+            f"store {self.path} is not a vmready database"
+            " (an SQLite database without a vmready_schema table)",
+        )
+        with _raw(self.path) as raw:
+            tables = raw.execute("SELECT name FROM sqlite_master").fetchall()
+        self.assertEqual(tables, [("customers",)])
+
+    def test_emptyFileBecomesAStore(self) -> None:
+        open(self.path, "wb").close()
+        store = self.open()
+        self.assertEqual(store.schema_version, 1)
+        self.assertEqual(store.list_instances(), [])
+
+
+class InstanceTests(_StoreTestCase):
+    """Creating, reading, listing and deleting instances."""
+
+    def test_newInstanceIsBuildingWithASpawningTask(self) -> None:
+        store = self.open()
+        record = store.create_instance(
+            "web", {"limits.memory": "512"}, {"root": {"type": "disk", "path": "/"}}
+        )
+        self.assertEqual(
+            (record.name, record.vm_state, record.task_state, record.power_state),
+            ("web", VMState.BUILDING, TaskState.SPAWNING, PowerState.NOSTATE),
+        )
+        self.assertEqual(record.config, {"limits.memory": "512"})
+        self.assertEqual(record.devices, {"root": {"type": "disk", "path": "/"}})
+        self.assertEqual((record.created_at, record.updated_at), (1000.0, 1000.0))
+        self.assertIsNone(record.error)
+        self.assertEqual(uuid.UUID(record.uuid).version, 4)
+        self.assertEqual(record.display_status, "BUILD")
+
+    def test_getReturnsWhatWasCreated(self) -> None:
+        store = self.open()
+        created = store.create_instance("web", {"user.a": "1"}, {})
+        self.assertEqual(store.get_instance("web"), created)
+        self.assertEqual(store.find_instance("web"), created)
+
+    def test_eachInstanceHasItsOwnUUID(self) -> None:
+        store = self.open()
+        first = store.create_instance("a", {}, {})
+        second = store.create_instance("b", {}, {})
+        self.assertNotEqual(first.uuid, second.uuid)
+
+    def test_unknownInstanceIsNotFound(self) -> None:
+        store = self.open()
+        error = self.assertRaises(NotFound, store.get_instance, "ghost")
+        self.assertEqual((error.message, error.http_status), ("Instance ghost not found", 404))
+        self.assertIsNone(store.find_instance("ghost"))
+
+    def test_listIsOrderedByName(self) -> None:
+        store = self.open()
+        for name in ("web", "db", "cache"):
+            store.create_instance(name, {}, {})
+        self.assertEqual([r.name for r in store.list_instances()], ["cache", "db", "web"])
+
+    def test_duplicateNameIsAConflictAndKeepsTheFirst(self) -> None:
+        store = self.open()
+        first = store.create_instance("web", {"user.a": "1"}, {})
+        error = self.assertRaises(Conflict, store.create_instance, "web", {"user.a": "2"}, {})
+        self.assertEqual((error.message, error.http_status), ("Instance web already exists", 409))
+        self.assertEqual(store.list_instances(), [first])
+
+    def test_configValuesMustBeStrings(self) -> None:
+        store = self.open()
+        bad: Any = {"limits.cpu": 2}
+        self.assertRaises(BadRequest, store.create_instance, "web", bad, {})
+        self.assertIsNone(store.find_instance("web"))
+
+    def test_deleteRemovesTheInstance(self) -> None:
+        store = self.open()
+        store.create_instance("web", {}, {})
+        store.delete_instance("web")
+        self.assertIsNone(store.find_instance("web"))
+        self.assertRaises(NotFound, store.delete_instance, "web")
+
+    def test_deleteKeepsTheActionHistory(self) -> None:
+        store = self.open()
+        store.create_instance("web", {}, {})
+        action = store.start_action("web", "delete", "req-1")
+        store.add_step(action, "deleting", "success")
+        store.finish_action(action, "success")
+        store.delete_instance("web")
+        [history] = store.list_actions("web")
+        self.assertEqual((history.action, history.result), ("delete", "success"))
+        self.assertEqual([step.name for step in history.steps], ["deleting"])
+
+    def test_deleteTakesTheSnapshotsWithIt(self) -> None:
+        store = self.open()
+        store.create_instance("web", {}, {})
+        store.create_snapshot("web", "snap0", False, {})
+        store.delete_instance("web")
+        store.create_instance("web", {}, {})
+        self.assertEqual(store.list_snapshots("web"), [])
+
+
+class TaskTests(_StoreTestCase):
+    """Tasks are claimed, advanced and finished by compare-and-swap in the database."""
+
+    def test_claimSetsTheTaskAndTouchesUpdatedAt(self) -> None:
+        store = self.open()
+        self.active(store, "web")
+        self.clock.advance(5)
+        record = store.claim_task(
+            "web", "rebuild", ACTIONS["rebuild"].allowed_from, TaskState.REBUILDING
+        )
+        self.assertEqual(
+            (record.vm_state, record.task_state), (VMState.ACTIVE, TaskState.REBUILDING)
+        )
+        self.assertEqual(record.updated_at, 1005.0)
+        self.assertEqual(store.get_instance("web"), record)
+
+    def test_secondClaimLosesWithTheTaskStateConflict(self) -> None:
+        store = self.open()
+        self.active(store, "x")
+        store.claim_task("x", "rebuild", ACTIONS["rebuild"].allowed_from, TaskState.REBUILDING)
+        error = self.assertRaises(
+            Conflict,
+            store.claim_task,
+            "x",
+            "resize",
+            ACTIONS["resize"].allowed_from,
+            TaskState.RESIZE_QUEUED,
+        )
+        self.assertEqual(
+            (error.message, error.http_status),
+            ("Cannot 'resize' instance x while it is in task_state rebuilding", 409),
+        )
+        self.assertEqual(store.get_instance("x").task_state, TaskState.REBUILDING)
+
+    def test_twoConnectionsClaimingTheSameInstanceOneWins(self) -> None:
+        first = self.open()
+        second = self.open()
+        self.active(first, "x")
+        second.claim_task("x", "rebuild", ACTIONS["rebuild"].allowed_from, TaskState.REBUILDING)
+        error = self.assertRaises(
+            Conflict,
+            first.claim_task,
+            "x",
+            "resize",
+            ACTIONS["resize"].allowed_from,
+            TaskState.RESIZE_QUEUED,
+        )
+        self.assertEqual(
+            error.message, "Cannot 'resize' instance x while it is in task_state rebuilding"
+        )
+        self.assertEqual(first.get_instance("x").task_state, TaskState.REBUILDING)
+
+    def test_racingClaimsFromManyConnectionsExactlyOneWins(self) -> None:
+        self.active(self.open(), "x")
+        contenders = 2 * [
+            ("rebuild", TaskState.REBUILDING),
+            ("resize", TaskState.RESIZE_QUEUED),
+            ("stop", TaskState.POWERING_OFF),
+            ("restart", TaskState.REBOOTING),
+            ("freeze", TaskState.PAUSING),
+            ("delete", TaskState.DELETING),
+        ]
+        start = threading.Barrier(len(contenders))
+        outcomes: dict[int, InstanceRecord | BaseException] = {}
+
+        def contend(index: int) -> None:
+            action, task = contenders[index]
+            try:
+                store = Store.open(self.path)
+            except BaseException as error:
+                outcomes[index] = error
+                start.abort()
+                return
+            try:
+                start.wait(timeout=60)
+                outcomes[index] = store.claim_task("x", action, ACTIONS[action].allowed_from, task)
+            except BaseException as error:
+                outcomes[index] = error
+            finally:
+                store.close()
+
+        threads = [threading.Thread(target=contend, args=(i,)) for i in range(len(contenders))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+        winners = [i for i, outcome in outcomes.items() if isinstance(outcome, InstanceRecord)]
+        self.assertEqual(len(winners), 1, outcomes)
+        [winner] = winners
+        won_task = contenders[winner][1]
+        self.assertEqual(outcomes[winner], self.open().get_instance("x"))
+        self.assertEqual(self.open().get_instance("x").task_state, won_task)
+        losers = sorted(set(range(len(contenders))) - {winner})
+        self.assertEqual(
+            [getattr(outcomes[i], "message", repr(outcomes[i])) for i in losers],
+            [
+                f"Cannot '{contenders[i][0]}' instance x while it is in task_state {won_task}"
+                for i in losers
+            ],
+        )
+
+    def test_claimFromTheWrongVMStateGivesTheVMStateConflict(self) -> None:
+        store = self.open()
+        self.active(store, "x")
+        store.claim_task("x", "stop", ACTIONS["stop"].allowed_from, TaskState.POWERING_OFF)
+        store.finish_task("x", TaskState.POWERING_OFF, VMState.STOPPED, PowerState.SHUTDOWN)
+        error = self.assertRaises(
+            Conflict,
+            store.claim_task,
+            "x",
+            "restart",
+            ACTIONS["restart"].allowed_from,
+            TaskState.REBOOTING,
+        )
+        self.assertEqual(
+            error.message, "Cannot 'restart' instance x while it is in vm_state stopped"
+        )
+        self.assertIsNone(store.get_instance("x").task_state)
+
+    def test_claimOnAnUnknownInstanceIsNotFound(self) -> None:
+        store = self.open()
+        error = self.assertRaises(
+            NotFound, store.claim_task, "ghost", "start", frozenset(VMState), TaskState.POWERING_ON
+        )
+        self.assertEqual(error.message, "Instance ghost not found")
+
+    def test_advanceMovesToTheNextTask(self) -> None:
+        store = self.open()
+        self.active(store, "x")
+        store.claim_task("x", "resize", ACTIONS["resize"].allowed_from, TaskState.RESIZE_QUEUED)
+        self.clock.advance(1)
+        record = store.advance_task("x", TaskState.RESIZE_QUEUED, TaskState.RESIZE_PREP)
+        self.assertEqual((record.task_state, record.updated_at), (TaskState.RESIZE_PREP, 1001.0))
+
+    def test_advanceFromAStaleTaskIsAConflictAndChangesNothing(self) -> None:
+        store = self.open()
+        self.active(store, "x")
+        store.claim_task("x", "resize", ACTIONS["resize"].allowed_from, TaskState.RESIZE_QUEUED)
+        store.advance_task("x", TaskState.RESIZE_QUEUED, TaskState.RESIZE_PREP)
+        error = self.assertRaises(
+            Conflict, store.advance_task, "x", TaskState.RESIZE_QUEUED, TaskState.RESIZE_PREP
+        )
+        self.assertEqual(
+            error.message, "Instance x is in task_state resize-prep, not resize-queued"
+        )
+        self.assertEqual(store.get_instance("x").task_state, TaskState.RESIZE_PREP)
+
+    def test_finishEndsTheTaskAndAppliesStatesAndConfig(self) -> None:
+        store = self.open()
+        store.create_instance("x", {"limits.cpu": "1", "volatile.old": "gone"}, {})
+        self.clock.advance(3)
+        record = store.finish_task(
+            "x",
+            TaskState.SPAWNING,
+            VMState.ACTIVE,
+            PowerState.RUNNING,
+            {"limits.cpu": "2", "volatile.old": None, READY_KEY: "false"},
+        )
+        self.assertEqual(
+            (record.vm_state, record.task_state, record.power_state),
+            (VMState.ACTIVE, None, PowerState.RUNNING),
+        )
+        self.assertEqual(record.config, {"limits.cpu": "2", READY_KEY: "false"})
+        self.assertEqual(record.updated_at, 1003.0)
+        self.assertEqual(store.get_instance("x"), record)
+
+    def test_finishWithoutPowerStateKeepsIt(self) -> None:
+        store = self.open()
+        self.active(store, "x")
+        store.claim_task("x", "freeze", ACTIONS["freeze"].allowed_from, TaskState.PAUSING)
+        record = store.finish_task("x", TaskState.PAUSING, VMState.PAUSED)
+        self.assertEqual(record.power_state, PowerState.RUNNING)
+
+    def test_finishFromAStaleTaskIsAConflictAndChangesNothing(self) -> None:
+        store = self.open()
+        self.active(store, "x")
+        before = store.get_instance("x")
+        error = self.assertRaises(
+            Conflict,
+            store.finish_task,
+            "x",
+            TaskState.REBUILDING,
+            VMState.STOPPED,
+            PowerState.SHUTDOWN,
+            {"user.a": "1"},
+        )
+        self.assertEqual(error.message, "Instance x is in task_state none, not rebuilding")
+        self.assertEqual(store.get_instance("x"), before)
+
+    def test_setErrorKeepsTheReasonAndEndsTheTask(self) -> None:
+        store = self.open()
+        store.create_instance("x", {}, {})
+        record = store.set_error("x", "VM process exited with status 1", PowerState.CRASHED)
+        self.assertEqual(
+            (record.vm_state, record.task_state, record.power_state, record.error),
+            (VMState.ERROR, None, PowerState.CRASHED, "VM process exited with status 1"),
+        )
+        self.assertEqual(record.status.name, "Error")
+
+    def test_errorSurvivesReopen(self) -> None:
+        store = Store.open(self.path)
+        store.create_instance("x", {}, {})
+        store.set_error("x", "boom")
+        store.close()
+        record = self.open().get_instance("x")
+        self.assertEqual((record.vm_state, record.error), (VMState.ERROR, "boom"))
+
+    def test_setErrorWithoutPowerStateKeepsIt(self) -> None:
+        store = self.open()
+        self.active(store, "x")
+        self.assertEqual(store.set_error("x", "boom").power_state, PowerState.RUNNING)
+
+    def test_finishingOutOfErrorClearsTheError(self) -> None:
+        store = self.open()
+        self.active(store, "x")
+        store.set_error("x", "boom")
+        store.claim_task("x", "rebuild", ACTIONS["rebuild"].allowed_from, TaskState.REBUILDING)
+        self.assertEqual(store.get_instance("x").error, "boom")
+        record = store.finish_task("x", TaskState.REBUILDING, VMState.ACTIVE, PowerState.RUNNING)
+        self.assertEqual((record.vm_state, record.error), (VMState.ACTIVE, None))
+
+    def test_finishingIntoErrorKeepsTheError(self) -> None:
+        store = self.open()
+        self.active(store, "x")
+        store.set_error("x", "boom")
+        store.claim_task("x", "rebuild", ACTIONS["rebuild"].allowed_from, TaskState.REBUILDING)
+        record = store.finish_task("x", TaskState.REBUILDING, VMState.ERROR)
+        self.assertEqual((record.vm_state, record.error), (VMState.ERROR, "boom"))
+
+    def test_setPowerStateRecordsIt(self) -> None:
+        store = self.open()
+        self.active(store, "x")
+        self.clock.advance(2)
+        record = store.set_power_state("x", PowerState.SHUTDOWN)
+        self.assertEqual((record.power_state, record.updated_at), (PowerState.SHUTDOWN, 1002.0))
+        self.assertEqual(store.get_instance("x").power_state, PowerState.SHUTDOWN)
+
+    def test_unchangedPowerStateDoesNotTouchTheInstance(self) -> None:
+        store = self.open()
+        self.active(store, "x")
+        before = store.get_instance("x")
+        self.clock.advance(2)
+        self.assertEqual(store.set_power_state("x", PowerState.RUNNING), before)
+
+    def test_statesOfAnUnknownInstanceAreNotFound(self) -> None:
+        store = self.open()
+        self.assertRaises(NotFound, store.set_error, "ghost", "boom")
+        self.assertRaises(NotFound, store.set_power_state, "ghost", PowerState.RUNNING)
+        self.assertRaises(
+            NotFound, store.advance_task, "ghost", TaskState.SPAWNING, TaskState.REBUILDING
+        )
+        self.assertRaises(NotFound, store.finish_task, "ghost", TaskState.SPAWNING, VMState.ACTIVE)
+
+
+class ConfigTests(_StoreTestCase):
+    """Config updates and the ready key."""
+
+    def test_updateConfigSetsAndDeletesKeys(self) -> None:
+        store = self.open()
+        store.create_instance("x", {"user.keep": "1", "user.drop": "2"}, {})
+        record = store.update_config(
+            "x", {"user.drop": None, "user.new": "3", "user.absent": None}
+        )
+        self.assertEqual(record.config, {"user.keep": "1", "user.new": "3"})
+        self.assertEqual(store.get_instance("x").config, record.config)
+
+    def test_updateConfigOfAnUnknownInstanceIsNotFound(self) -> None:
+        store = self.open()
+        self.assertRaises(NotFound, store.update_config, "ghost", {"user.a": "1"})
+
+    def test_readyKeyMakesARunningInstanceReady(self) -> None:
+        store = self.open()
+        self.active(store, "x")
+        self.assertEqual(store.update_config("x", {READY_KEY: "true"}).status.name, "Ready")
+
+    def test_clearReadyEverywhereRemovesTheKeyAndCountsThem(self) -> None:
+        store = self.open()
+        self.active(store, "a", {READY_KEY: "true", "user.a": "1"})
+        self.active(store, "b", {READY_KEY: "false"})
+        self.active(store, "c", {"user.note": f"{READY_KEY} is mentioned only in a value"})
+        self.active(store, "d")
+        self.assertEqual(store.clear_ready_everywhere(), 2)
+        self.assertEqual(
+            {r.name: r.config for r in store.list_instances()},
+            {
+                "a": {"user.a": "1"},
+                "b": {},
+                "c": {"user.note": f"{READY_KEY} is mentioned only in a value"},
+                "d": {},
+            },
+        )
+        self.assertEqual(store.get_instance("a").status.name, "Running")
+        self.assertEqual(store.clear_ready_everywhere(), 0)
+
+
+class ActionHistoryTests(_StoreTestCase):
+    """Nova-style instance actions with their steps."""
+
+    def test_actionWithStepsInOrderAndTimestampsFromTheClock(self) -> None:
+        store = self.open()
+        action = store.start_action("x", "resize", "req-7")
+        self.clock.advance(1)
+        step = store.start_step(action, "resize-queued")
+        self.clock.advance(2)
+        store.finish_step(step, "success")
+        store.add_step(action, "resize-prep", "error", "no memory")
+        self.clock.advance(3)
+        store.finish_action(action, "error", "no memory")
+        self.assertEqual(
+            store.list_actions("x"),
+            [
+                ActionRecord(
+                    id=action,
+                    instance="x",
+                    action="resize",
+                    request_id="req-7",
+                    started_at=1000.0,
+                    finished_at=1006.0,
+                    result="error",
+                    error="no memory",
+                    steps=(
+                        ActionStep("resize-queued", 1001.0, 1003.0, "success", None),
+                        ActionStep("resize-prep", 1003.0, 1003.0, "error", "no memory"),
+                    ),
+                )
+            ],
+        )
+
+    def test_actionsAreListedNewestFirstPerInstance(self) -> None:
+        store = self.open()
+        first = store.start_action("x", "create", "req-1")
+        store.start_action("y", "create", "req-2")
+        self.clock.advance(1)
+        second = store.start_action("x", "stop", "req-3")
+        third = store.start_action("x", "start", "req-4")
+        self.assertEqual([a.id for a in store.list_actions("x")], [third, second, first])
+        self.assertEqual(store.list_actions("nobody"), [])
+
+    def test_unfinishedActionsAreTheOnesWithoutAnEnd(self) -> None:
+        store = self.open()
+        done = store.start_action("x", "create", "req-1")
+        store.finish_action(done, "success")
+        open_x = store.start_action("x", "stop", "req-2")
+        store.start_step(open_x, "powering-off")
+        open_y = store.start_action("y", "create", "req-3")
+        unfinished = store.unfinished_actions()
+        self.assertEqual([a.id for a in unfinished], [open_x, open_y])
+        self.assertEqual(
+            unfinished[0].steps, (ActionStep("powering-off", 1000.0, None, None, None),)
+        )
+
+    def test_stepsOfAnUnknownActionAreNotFound(self) -> None:
+        store = self.open()
+        self.assertRaises(NotFound, store.start_step, 99, "spawning")
+        self.assertRaises(NotFound, store.add_step, 99, "spawning", "success")
+        self.assertRaises(NotFound, store.finish_step, 99, "success")
+        self.assertRaises(NotFound, store.finish_action, 99, "success")
+
+    def test_resultIsSuccessOrError(self) -> None:
+        store = self.open()
+        action = store.start_action("x", "create", "req-1")
+        self.assertRaises(ValueError, store.finish_action, action, "Success")
+        self.assertRaises(ValueError, store.add_step, action, "spawning", "ok")
+        self.assertEqual(store.unfinished_actions()[0].steps, ())
+
+
+class SnapshotTests(_StoreTestCase):
+    """Snapshot records, unique per instance."""
+
+    def test_createdSnapshotIsListed(self) -> None:
+        store = self.open()
+        store.create_instance("x", {}, {})
+        created = store.create_snapshot("x", "snap0", True, {"devices": ["vmready"]})
+        self.clock.advance(1)
+        store.create_snapshot("x", "snap1", False, {})
+        self.assertEqual(
+            created,
+            {
+                "instance": "x",
+                "name": "snap0",
+                "stateful": True,
+                "created_at": 1000.0,
+                "metadata": {"devices": ["vmready"]},
+            },
+        )
+        self.assertEqual([s["name"] for s in store.list_snapshots("x")], ["snap0", "snap1"])
+        self.assertEqual(store.list_snapshots("x")[0], created)
+
+    def test_snapshotNamesAreUniquePerInstance(self) -> None:
+        store = self.open()
+        store.create_instance("x", {}, {})
+        store.create_instance("y", {}, {})
+        store.create_snapshot("x", "snap0", False, {})
+        error = self.assertRaises(Conflict, store.create_snapshot, "x", "snap0", True, {})
+        self.assertEqual(error.message, "Snapshot snap0 of instance x already exists")
+        store.create_snapshot("y", "snap0", True, {})
+        self.assertEqual([s["stateful"] for s in store.list_snapshots("x")], [False])
+
+    def test_snapshotsOfAnUnknownInstanceAreNotFound(self) -> None:
+        store = self.open()
+        self.assertRaises(NotFound, store.create_snapshot, "ghost", "snap0", False, {})
+        self.assertRaises(NotFound, store.list_snapshots, "ghost")
+
+
+class DurabilityTests(_StoreTestCase):
+    """What a writer reported committed survives kill -9 of that writer."""
+
+    ROUNDS = len(STAGES) + 1
+
+    def test_killDashNineLosesNothingThatWasCommitted(self) -> None:
+        reported: dict[str, int] = {}
+        last_reported: set[str] = set()
+        for round_number in range(self.ROUNDS):
+            # Each round is killed at a different stage of the writer's loop.
+            lines = self._runAndKill(f"r{round_number}", 40 + round_number)
+            for line in lines:
+                name, stage_name = line.split()
+                reported[name] = STAGES.index(stage_name)
+            last_reported.add(lines[-1].split()[0])
+
+        store = self.open()
+        with _raw(self.path) as raw:
+            self.assertEqual(raw.execute("PRAGMA integrity_check").fetchall(), [("ok",)])
+        found = {record.name: record for record in store.list_instances()}
+        for name, stage in reported.items():
+            self.assertIn(name, found)
+            progress = self._progress(store, found[name])
+            if name in last_reported:
+                # The writer may have committed once more between its last line and the kill.
+                self.assertIn(progress, (stage, stage + 1), name)
+            else:
+                self.assertEqual(progress, stage, name)
+        unreported = {
+            name: self._progress(store, found[name]) for name in set(found) - set(reported)
+        }
+        self.assertLessEqual(len(unreported), self.ROUNDS)
+        self.assertEqual(set(unreported.values()) | {0}, {0})
+
+    def _progress(self, store: Store, record: InstanceRecord) -> int:
+        """How far the writer's loop got for record, as an index into STAGES, checking states."""
+        self.assertEqual(record.config["user.n"], str(int(record.name.split("-")[1])))
+        actions = store.list_actions(record.name)
+        progress = STAGES.index("created")
+        if actions:
+            [action] = actions
+            progress = STAGES.index("action-started")
+            if action.steps:
+                self.assertEqual([step.name for step in action.steps], ["spawning"])
+                progress = STAGES.index("step-added")
+        if record.vm_state is VMState.ACTIVE:
+            self.assertEqual(progress, STAGES.index("step-added"))
+            self.assertEqual(
+                (record.task_state, record.power_state, record.ready),
+                (None, PowerState.RUNNING, True),
+            )
+            progress = STAGES.index("active")
+            if actions[0].finished_at is not None:
+                self.assertEqual(actions[0].result, "success")
+                progress = STAGES.index("action-finished")
+        else:
+            self.assertEqual(
+                (record.vm_state, record.task_state), (VMState.BUILDING, TaskState.SPAWNING)
+            )
+            self.assertIsNone(actions[0].finished_at if actions else None)
+        return progress
+
+    def _runAndKill(self, prefix: str, commits: int) -> list[str]:
+        """Run a writer until it has reported commits commits, SIGKILL it, return its lines."""
+        stderr_path = os.path.join(self.directory, f"{prefix}.stderr")
+        with open(stderr_path, "wb") as stderr:
+            child = subprocess.Popen(
+                [sys.executable, "-c", _WRITER_CHILD, self.path, prefix, "100000"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                env=_child_environment(),
+            )
+        # A watchdog, not a timing assertion: a hung writer fails the test instead of hanging it.
+        watchdog = threading.Timer(120, child.kill)
+        watchdog.start()
+        try:
+            stdout: IO[bytes] | None = child.stdout
+            assert stdout is not None
+            lines: list[bytes] = []
+            while len(lines) < commits:
+                line = stdout.readline()
+                if not line:
+                    break
+                lines.append(line)
+            child.send_signal(signal.SIGKILL)
+            lines.extend(stdout.readlines())
+            child.wait()
+        finally:
+            watchdog.cancel()
+            for pipe in (child.stdin, child.stdout):
+                if pipe is not None:
+                    pipe.close()
+        self.assertEqual(child.returncode, -signal.SIGKILL, _read(stderr_path).decode())
+        self.assertGreaterEqual(len(lines), commits, _read(stderr_path).decode())
+        # A line cut off by the kill is not a report.
+        return [line.decode() for line in lines if line.endswith(b"\n")]
