@@ -44,8 +44,10 @@ class EventBus:
         self._clock = clock
         self._subscribers: list[tuple[Listener, frozenset[str] | None]] = []
 
-    def subscribe(self, listener: Listener, types: frozenset[str] | None = None) -> Callable[[], None]:
-        """Deliver future events (of ``types``, or all) to ``listener``; returns the unsubscriber."""
+    def subscribe(
+        self, listener: Listener, types: frozenset[str] | None = None
+    ) -> Callable[[], None]:
+        """Deliver future events (of ``types``, or all) to ``listener``; returns the unsubscribe."""
         entry = (listener, types)
         self._subscribers.append(entry)
 
@@ -67,7 +69,9 @@ class EventBus:
                 self.log.failure("event subscriber failed on a {type} event", type=type)
         return event
 
-    def lifecycle(self, action: str, instance: str, context: dict[str, Any] | None = None) -> Event:
+    def lifecycle(
+        self, action: str, instance: str, context: dict[str, Any] | None = None
+    ) -> Event:
         """An LXD lifecycle event about an instance (``instance-started``, ``instance-ready``…)."""
         return self.publish(
             LIFECYCLE,

@@ -67,7 +67,9 @@ class StoreError(Exception):
 def task_conflict(action: str, name: str, task_state: str | None, vm_state: str) -> Conflict:
     """The 409 for an action that lost the race or is not allowed in the current state."""
     if task_state is not None:
-        return Conflict(f"Cannot '{action}' instance {name} while it is in task_state {task_state}")
+        return Conflict(
+            f"Cannot '{action}' instance {name} while it is in task_state {task_state}"
+        )
     return Conflict(f"Cannot '{action}' instance {name} while it is in vm_state {vm_state}")
 
 
