@@ -47,7 +47,7 @@ class EventBus:
     def subscribe(
         self, listener: Listener, types: frozenset[str] | None = None
     ) -> Callable[[], None]:
-        """Deliver future events (of ``types``, or all) to ``listener``; returns the unsubscribe."""
+        """Deliver future events (of ``types``, or all) to ``listener``; returns an undo."""
         entry = (listener, types)
         self._subscribers.append(entry)
 
