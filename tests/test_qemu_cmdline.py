@@ -1,0 +1,211 @@
+"""Tests for vmready.qemu_cmdline, the QEMU command line built from a VMSpec."""
+
+from __future__ import annotations
+
+import os
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from fakeqemu import CommandLineError, parse_command_line
+from vmready.qemu_cmdline import (
+    AGENT_PORT,
+    AGENT_RING,
+    LEGACY_PORT,
+    SerialPort,
+    VMSpec,
+    build_command_line,
+    serial_arguments,
+)
+
+PROGRAM = ["qemu-system-x86_64"]
+
+
+def make_spec(**overrides: object) -> VMSpec:
+    """The spec the tests start from, with ``overrides``."""
+    fields: dict[str, object] = {
+        "name": "web1",
+        "uuid": "4f3c2d1e-0000-4000-8000-000000000001",
+        "memory_mib": 256,
+        "cpus": 2,
+        "run_dir": "/run/vmready/4f3c2d1e",
+    }
+    fields.update(overrides)
+    return VMSpec(**fields)  # type: ignore[arg-type]
+
+
+class VMSpecTests(SynchronousTestCase):
+    """A spec names the files of its run directory."""
+
+    def test_filesLiveInTheRunDirectory(self) -> None:
+        spec = make_spec()
+        self.assertEqual(spec.qmp_socket, "/run/vmready/4f3c2d1e/qmp.sock")
+        self.assertEqual(spec.pidfile, "/run/vmready/4f3c2d1e/vm.pid")
+        self.assertEqual(spec.guest_dir, "/run/vmready/4f3c2d1e/qmp.sock.guest")
+
+    def test_relativeRunDirectoryIsMadeAbsolute(self) -> None:
+        # QEMU changes to / when it daemonizes; a relative path would point there.
+        spec = make_spec(run_dir="vms/web1")
+        self.assertEqual(spec.run_dir, os.path.join(os.getcwd(), "vms", "web1"))
+
+    def test_defaultRingAndLayout(self) -> None:
+        spec = make_spec()
+        self.assertEqual(spec.ring_size, 65536)
+        self.assertEqual(spec.serial_ports, (SerialPort(AGENT_PORT, AGENT_RING),))
+
+    def test_memoryAndCpusMustBePositive(self) -> None:
+        self.assertRaises(ValueError, make_spec, memory_mib=0)
+        self.assertRaises(ValueError, make_spec, cpus=0)
+
+
+class CommandLineTests(SynchronousTestCase):
+    """build_command_line gives the argv DESIGN.md describes, option for option."""
+
+    def test_fullCommandLine(self) -> None:
+        self.assertEqual(
+            build_command_line(make_spec(), PROGRAM, ["kvm", "tcg"]),
+            [
+                "qemu-system-x86_64",
+                "-name",
+                "guest=web1",
+                "-machine",
+                "q35",
+                "-accel",
+                "kvm",
+                "-accel",
+                "tcg",
+                "-nodefaults",
+                "-display",
+                "none",
+                "-m",
+                "256M",
+                "-smp",
+                "2",
+                "-qmp",
+                "unix:/run/vmready/4f3c2d1e/qmp.sock,server=on,wait=off",
+                "-device",
+                "virtio-serial-pci,id=vs0",
+                "-chardev",
+                "ringbuf,id=vmready,size=65536",
+                "-device",
+                "virtserialport,chardev=vmready,name=com.canonical.lxd,bus=vs0.0",
+                "-daemonize",
+                "-pidfile",
+                "/run/vmready/4f3c2d1e/vm.pid",
+            ],
+        )
+
+    def test_programPrefixIsKeptWhole(self) -> None:
+        argv = build_command_line(make_spec(), ["/usr/bin/python3", "-m", "fakeqemu"], ["tcg"])
+        self.assertEqual(argv[:5], ["/usr/bin/python3", "-m", "fakeqemu", "-name", "guest=web1"])
+
+    def test_oneAccelOptionPerCandidateInOrder(self) -> None:
+        argv = build_command_line(make_spec(), PROGRAM, ["tcg"])
+        self.assertEqual(_values(argv, "-accel"), ["tcg"])
+        argv = build_command_line(make_spec(), PROGRAM, ["kvm", "tcg"])
+        self.assertEqual(_values(argv, "-accel"), ["kvm", "tcg"])
+
+    def test_ringSizeComesFromTheSpec(self) -> None:
+        argv = build_command_line(make_spec(ring_size=4096), PROGRAM, ["tcg"])
+        self.assertEqual(_values(argv, "-chardev"), ["ringbuf,id=vmready,size=4096"])
+
+    def test_pausedStartsWithS(self) -> None:
+        argv = build_command_line(make_spec(), PROGRAM, ["tcg"], paused=True)
+        self.assertEqual(argv[-1], "-S")
+        self.assertNotIn("-S", build_command_line(make_spec(), PROGRAM, ["tcg"]))
+
+    def test_incomingRestoresWithExecCat(self) -> None:
+        argv = build_command_line(make_spec(), PROGRAM, ["tcg"], incoming="/data/snap 1.state")
+        self.assertEqual(argv[-2:], ["-incoming", "exec:cat '/data/snap 1.state'"])
+
+    def test_pausedIncoming(self) -> None:
+        argv = build_command_line(make_spec(), PROGRAM, ["tcg"], paused=True, incoming="/s")
+        self.assertEqual(argv[-3:], ["-S", "-incoming", "exec:cat /s"])
+
+    def test_noUuidOption(self) -> None:
+        # fakeqemu refuses -uuid; the uuid is vmready's, not the guest's.
+        self.assertNotIn("-uuid", build_command_line(make_spec(), PROGRAM, ["tcg"]))
+
+    def test_commasAreDoubledInOptionStrings(self) -> None:
+        argv = build_command_line(make_spec(name="a,b", run_dir="/run/x,y"), PROGRAM, ["tcg"])
+        self.assertEqual(_values(argv, "-name"), ["guest=a,,b"])
+        self.assertEqual(_values(argv, "-qmp"), ["unix:/run/x,,y/qmp.sock,server=on,wait=off"])
+        # -pidfile is a plain path, not an option string.
+        self.assertEqual(_values(argv, "-pidfile"), ["/run/x,y/vm.pid"])
+
+    def test_emptyProgramIsRefused(self) -> None:
+        self.assertRaises(ValueError, build_command_line, make_spec(), [], ["tcg"])
+
+
+class SerialLayoutTests(SynchronousTestCase):
+    """The serial wiring is data: other layouts are other tuples of SerialPort."""
+
+    def test_legacyWiring(self) -> None:
+        self.assertEqual(
+            serial_arguments([SerialPort(LEGACY_PORT, AGENT_RING)], 16),
+            [
+                "-device",
+                "virtio-serial-pci,id=vs0",
+                "-chardev",
+                "ringbuf,id=vmready,size=16",
+                "-device",
+                "virtserialport,chardev=vmready,name=org.linuxcontainers.lxd,bus=vs0.0",
+            ],
+        )
+
+    def test_unwiredPortAfterWiredOne(self) -> None:
+        self.assertEqual(
+            serial_arguments([SerialPort(AGENT_PORT, AGENT_RING), SerialPort(LEGACY_PORT)], 16),
+            [
+                "-device",
+                "virtio-serial-pci,id=vs0",
+                "-chardev",
+                "ringbuf,id=vmready,size=16",
+                "-device",
+                "virtserialport,chardev=vmready,name=com.canonical.lxd,bus=vs0.0",
+                "-device",
+                "virtserialport,name=org.linuxcontainers.lxd,bus=vs0.0",
+            ],
+        )
+
+    def test_noPortsNoBus(self) -> None:
+        self.assertEqual(serial_arguments([], 16), [])
+
+
+class FakeQemuAcceptsTests(SynchronousTestCase):
+    """fakeqemu's own parser takes the command line as built (no process needed)."""
+
+    def test_defaultLayoutIsWiredAsDesigned(self) -> None:
+        argv = build_command_line(make_spec(), PROGRAM, ["tcg"], paused=True, incoming="/s")
+        config = parse_command_line(argv[1:])
+        self.assertEqual(config.name, "web1")
+        self.assertEqual(config.machine_type, "pc-q35-7.2")
+        self.assertEqual(config.memory_bytes, 256 << 20)
+        self.assertEqual(config.cpus, 2)
+        self.assertTrue(config.daemonize)
+        self.assertTrue(config.start_paused)
+        self.assertEqual(config.incoming_path, "/s")
+        self.assertEqual(config.qmp_sockets, ("/run/vmready/4f3c2d1e/qmp.sock",))
+        self.assertEqual(
+            [(port.bus_name, port.name, port.chardev) for port in config.serial_ports],
+            [("vs0.0", AGENT_PORT, AGENT_RING)],
+        )
+
+    def test_legacyPortBesideTheAgentPortIsAccepted(self) -> None:
+        spec = make_spec(
+            serial_ports=(SerialPort(AGENT_PORT, AGENT_RING), SerialPort(LEGACY_PORT))
+        )
+        config = parse_command_line(build_command_line(spec, PROGRAM, ["tcg"])[1:])
+        self.assertEqual(
+            [(port.name, port.chardev) for port in config.serial_ports],
+            [(AGENT_PORT, AGENT_RING), (LEGACY_PORT, None)],
+        )
+
+    def test_nonPowerOfTwoRingIsLeftForTheHypervisorToRefuse(self) -> None:
+        argv = build_command_line(make_spec(ring_size=1000), PROGRAM, ["tcg"])
+        with self.assertRaises(CommandLineError) as caught:
+            parse_command_line(argv[1:])
+        self.assertIn("size of ringbuf chardev must be power of two", str(caught.exception))
+
+
+def _values(argv: list[str], option: str) -> list[str]:
+    return [argv[i + 1] for i, word in enumerate(argv) if word == option]

@@ -1,0 +1,767 @@
+"""Runs VMs: QEMU (or fakeqemu) processes started from a ``VMSpec`` and followed over QMP.
+
+``HypervisorDriver.launch`` spawns the hypervisor with ``-daemonize`` without
+blocking the reactor.  QEMU reports a refused command line or a failed start on
+stderr *before* it daemonizes; those lines (warnings dropped) become the
+``HypervisorError`` the user sees.  Once daemonized, QEMU's stdin, stdout and
+stderr are ``/dev/null``: whatever goes wrong afterwards — a failed
+``-incoming`` restore, a crash, a ``kill -9`` — is seen only as the QMP monitor
+disconnecting.  ``RunningVM`` turns that into a ``gone`` event whose detail and
+power state say whether QEMU announced a ``SHUTDOWN`` first.
+
+The pidfile is trusted only for a live process whose command line names this
+VM's QMP socket, so a stale pidfile whose pid was reused is never signalled,
+and a fakeqemu VM hosted by ``fakeqemu-host`` (whose pidfile names the shared
+host) is never killed by signal: it has no pid of its own here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import errno
+import os
+import shlex
+import shutil
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+from twisted.internet.defer import CancelledError, Deferred, TimeoutError, succeed
+from twisted.internet.error import ProcessExitedAlready
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.protocol import ProcessProtocol
+from twisted.internet.task import deferLater
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from vmready.model import HypervisorError
+from vmready.qemu_cmdline import (
+    AGENT_PORT,
+    AGENT_RING,
+    AGENT_SERIAL_PORTS,
+    DEFAULT_RING_SIZE,
+    LEGACY_PORT,
+    SerialPort,
+    VMSpec,
+    build_command_line,
+    qmp_address,
+)
+from vmready.qmp import QMPClientProtocol, QMPDisconnected, QMPError, QMPEvent, connect_qmp
+from vmready.states import PowerState
+
+__all__ = [
+    "AGENT_PORT",
+    "AGENT_RING",
+    "AGENT_SERIAL_PORTS",
+    "DEFAULT_RING_SIZE",
+    "HYPERVISORS",
+    "LEGACY_PORT",
+    "UNEXPECTED_EXIT",
+    "HypervisorDriver",
+    "RunningVM",
+    "SerialPort",
+    "VMEvent",
+    "VMEventKind",
+    "VMSpec",
+    "accelerators_for_host",
+    "build_command_line",
+    "error_lines",
+    "gone_event",
+    "power_state_for",
+    "vm_event_for",
+]
+
+HYPERVISORS = ("fakeqemu", "qemu")
+QEMU_PROGRAM = "qemu-system-x86_64"
+UNEXPECTED_EXIT = (
+    "QEMU process exited unexpectedly (QMP monitor disconnected without a SHUTDOWN event)"
+)
+_OUTPUT_CAP = 64 * 1024
+_EXIT_POLL_SECONDS = 0.05
+
+
+class VMEventKind(enum.StrEnum):
+    """What happened to a VM, as vmready tells its listeners."""
+
+    STOP = "stop"
+    RESUME = "resume"
+    SHUTDOWN = "shutdown"
+    RESET = "reset"
+    POWERDOWN = "powerdown"
+    PANICKED = "panicked"
+    GONE = "gone"
+
+
+@attrs.frozen
+class VMEvent:
+    """One VM event: its kind, a sentence for people, and the power state it implies (or None)."""
+
+    kind: VMEventKind
+    detail: str
+    power_state: PowerState | None
+
+
+_RUN_STATES = {
+    "running": PowerState.RUNNING,
+    "colo": PowerState.RUNNING,
+    "paused": PowerState.PAUSED,
+    "prelaunch": PowerState.PAUSED,
+    "postmigrate": PowerState.PAUSED,
+    "inmigrate": PowerState.PAUSED,
+    "finish-migrate": PowerState.PAUSED,
+    "restore-vm": PowerState.PAUSED,
+    "save-vm": PowerState.PAUSED,
+    "suspended": PowerState.PAUSED,
+    "debug": PowerState.PAUSED,
+    "shutdown": PowerState.SHUTDOWN,
+    "guest-panicked": PowerState.CRASHED,
+    "internal-error": PowerState.CRASHED,
+    "io-error": PowerState.CRASHED,
+    "watchdog": PowerState.CRASHED,
+}
+
+
+def power_state_for(run_state: str) -> PowerState:
+    """The power state for a ``query-status`` run state (NOSTATE for one vmready does not know)."""
+    return _RUN_STATES.get(run_state, PowerState.NOSTATE)
+
+
+def _initiator(event: QMPEvent) -> str:
+    return "guest" if event.data.get("guest") else "host"
+
+
+def vm_event_for(event: QMPEvent) -> VMEvent | None:
+    """The VMEvent a QMP event stands for, or None for events vmready does not follow."""
+    reason = str(event.data.get("reason", "unknown"))
+    if event.name == "STOP":
+        return VMEvent(VMEventKind.STOP, "paused", PowerState.PAUSED)
+    if event.name == "RESUME":
+        return VMEvent(VMEventKind.RESUME, "running", PowerState.RUNNING)
+    if event.name == "SHUTDOWN":
+        detail = f"shut down by the {_initiator(event)} ({reason})"
+        return VMEvent(VMEventKind.SHUTDOWN, detail, PowerState.SHUTDOWN)
+    if event.name == "RESET":
+        return VMEvent(VMEventKind.RESET, f"reset by the {_initiator(event)} ({reason})", None)
+    if event.name == "POWERDOWN":
+        return VMEvent(VMEventKind.POWERDOWN, "ACPI power button pressed", None)
+    if event.name == "GUEST_PANICKED":
+        action = str(event.data.get("action", "unknown"))
+        detail = f"guest kernel panicked (action: {action})"
+        return VMEvent(VMEventKind.PANICKED, detail, PowerState.CRASHED)
+    return None
+
+
+def gone_event(shutdown: QMPEvent | None, killed: str | None = None) -> VMEvent:
+    """The ``gone`` event for a VM whose monitor closed and whose process ended.
+
+    ``shutdown`` is the SHUTDOWN event QEMU announced first, if any; ``killed``
+    says why vmready itself killed the process, if it did.
+    """
+    if shutdown is not None:
+        reason = str(shutdown.data.get("reason", "unknown"))
+        power = PowerState.CRASHED if reason == "guest-panic" else PowerState.SHUTDOWN
+        return VMEvent(VMEventKind.GONE, f"shut down ({reason})", power)
+    if killed is not None:
+        return VMEvent(
+            VMEventKind.GONE, f"killed by vmready with SIGKILL ({killed})", PowerState.SHUTDOWN
+        )
+    return VMEvent(VMEventKind.GONE, UNEXPECTED_EXIT, PowerState.CRASHED)
+
+
+def error_lines(stderr: str) -> list[str]:
+    """The hypervisor's stderr as the user should see it: every non-empty line but warnings."""
+    lines = []
+    for line in stderr.splitlines():
+        if not line.strip():
+            continue
+        head, sep, rest = line.partition(": ")
+        text = rest if sep and " " not in head else line
+        if line.startswith("warning: ") or text.startswith("warning: "):
+            continue
+        lines.append(line)
+    return lines
+
+
+def accelerators_for_host(device: str = "/dev/kvm") -> list[str]:
+    """``["kvm", "tcg"]`` where the KVM device opens for reading and writing, else ``["tcg"]``."""
+    try:
+        fd = os.open(device, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return ["tcg"]
+    os.close(fd)
+    return ["kvm", "tcg"]
+
+
+def _read_pidfile(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _is_vm_process(pid: int, qmp_socket: str) -> bool:
+    """Whether ``pid`` is alive (not a zombie) and its command line serves ``qmp_socket``."""
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        # ESRCH: no such process; EPERM: someone else's, so not a VM we started.
+        return False
+    if not os.path.isdir("/proc/self"):
+        return True  # no procfs: a live pid is all we can know
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+    except OSError:
+        return False
+    end_of_name = stat.rfind(b")")
+    if stat[end_of_name + 2 : end_of_name + 3] in (b"Z", b"X"):
+        return False  # exited, not yet reaped by its parent (init, for a daemonized QEMU)
+    marker = os.fsencode(qmp_address(qmp_socket) + ",")
+    return any(marker in argument for argument in cmdline.split(b"\0"))
+
+
+def _owned_pid(spec: VMSpec) -> int | None:
+    """The pidfile's pid if it is this VM's own live process, else None."""
+    pid = _read_pidfile(spec.pidfile)
+    if pid is not None and _is_vm_process(pid, spec.qmp_socket):
+        return pid
+    return None
+
+
+def _socket_listens(path: str) -> bool:
+    """Whether something accepts connections on the unix socket ``path`` (never blocks)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.setblocking(False)
+    try:
+        result = probe.connect_ex(path)
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return result in (0, errno.EAGAIN, errno.EINPROGRESS)
+
+
+def _remove_stale_files(spec: VMSpec) -> None:
+    for path in (spec.qmp_socket, spec.pidfile):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    shutil.rmtree(spec.guest_dir, ignore_errors=True)
+
+
+class _Launcher(ProcessProtocol):
+    """The foreground hypervisor process: its stderr and how it ended."""
+
+    def __init__(self) -> None:
+        self.stderr = b""
+        self.stdout = b""
+        self.timed_out = False
+        self.ended: Deferred[tuple[int | None, int | None]] = Deferred()
+
+    def connectionMade(self) -> None:
+        assert self.transport is not None
+        self.transport.closeStdin()
+
+    def outReceived(self, data: bytes) -> None:
+        self.stdout = (self.stdout + data)[:_OUTPUT_CAP]
+
+    def errReceived(self, data: bytes) -> None:
+        self.stderr = (self.stderr + data)[:_OUTPUT_CAP]
+
+    def processEnded(self, reason: Failure) -> None:
+        value = reason.value
+        code = getattr(value, "exitCode", None)
+        signal_number = getattr(value, "signal", None)
+        self.ended.callback((code, signal_number))
+
+    def give_up(self) -> None:
+        """Kill the launcher and stop waiting for its pipes."""
+        self.timed_out = True
+        assert self.transport is not None
+        with contextlib.suppress(ProcessExitedAlready):
+            self.transport.signalProcess("KILL")
+        self.transport.loseConnection()
+
+
+class RunningVM:
+    """A VM process vmready started or adopted, followed through its QMP monitor."""
+
+    log = Logger()
+    # How long a process may take to exit once its monitor closed before it is killed.
+    exit_grace = 10.0
+    # How long ``quit`` may go unanswered before the process is killed.
+    quit_timeout = 10.0
+    # How long a killed process may take to disappear.
+    kill_timeout = 30.0
+
+    def __init__(
+        self, reactor: Any, spec: VMSpec, qmp: QMPClientProtocol, pid: int | None
+    ) -> None:
+        self.spec = spec
+        self.qmp = qmp
+        self.pid = pid
+        self._reactor = reactor
+        self._listeners: list[Callable[[VMEvent], None]] = []
+        self._shutdown: QMPEvent | None = None
+        self._killed: str | None = None
+        self._gone: VMEvent | None = None
+        self._gone_waiters: list[Deferred[VMEvent]] = []
+        self._detached = False
+        self._watching_exit = False
+        qmp.subscribe(self._qmp_event)
+        qmp.when_closed().addCallback(self._monitor_closed)
+
+    # -- following the VM -------------------------------------------------
+
+    def subscribe(self, listener: Callable[[VMEvent], None]) -> Callable[[], None]:
+        """Call ``listener`` with every VMEvent, ending with ``gone``; returns the unsubscriber."""
+        self._listeners.append(listener)
+
+        def unsubscribe() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+        return unsubscribe
+
+    @property
+    def gone(self) -> bool:
+        """Whether the VM process has ended."""
+        return self._gone is not None
+
+    def when_gone(self) -> Deferred[VMEvent]:
+        """Fires with the ``gone`` event once the VM process has ended."""
+        if self._gone is not None:
+            return succeed(self._gone)
+
+        def forget(waiter: Deferred[VMEvent]) -> None:
+            if waiter in self._gone_waiters:
+                self._gone_waiters.remove(waiter)
+
+        waiter: Deferred[VMEvent] = Deferred(forget)
+        self._gone_waiters.append(waiter)
+        return waiter
+
+    def detach(self) -> Deferred[None]:
+        """Hang up the monitor and leave the VM running (daemon shutdown); fires once closed.
+
+        Closing ``qmp`` directly does the same.  A detached handle reports no
+        more events (``when_gone`` never fires); ``adopt`` gives a new one.
+        """
+        self._detached = True
+        self.qmp.close()
+        return self.qmp.when_closed()
+
+    def _qmp_event(self, event: QMPEvent) -> None:
+        if event.name == "SHUTDOWN":
+            self._shutdown = event
+        vm_event = vm_event_for(event)
+        if vm_event is not None:
+            self._notify(vm_event)
+
+    def _notify(self, event: VMEvent) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(event)
+            except Exception:
+                self.log.failure(
+                    "VM event listener failed on {kind} of {name}",
+                    kind=event.kind,
+                    name=self.spec.name,
+                )
+
+    def _monitor_closed(self, _: object) -> None:
+        transport = self.qmp.transport
+        if self._detached or getattr(transport, "disconnecting", False):
+            # We hung up (detach, or a QMP protocol error): the VM itself is not gone.
+            self._detached = True
+            self.log.info("stopped following VM {name}; it keeps running", name=self.spec.name)
+            return
+        self._watch_exit()
+
+    def _watch_exit(self) -> None:
+        if self._watching_exit or self._gone is not None:
+            return
+        self._watching_exit = True
+        Deferred.fromCoroutine(self._await_exit()).addErrback(
+            lambda failure: self.log.failure(
+                "following the exit of VM {name} failed", failure, name=self.spec.name
+            )
+        )
+
+    async def _await_exit(self) -> None:
+        deadline = self._reactor.seconds() + self.exit_grace
+        hung = False
+        while self.pid is not None and _is_vm_process(self.pid, self.spec.qmp_socket):
+            if self._reactor.seconds() >= deadline:
+                hung = True
+                self.log.warn(
+                    "VM {name} (process {pid}) closed its monitor but did not exit; killing it",
+                    name=self.spec.name,
+                    pid=self.pid,
+                )
+                self._send_sigkill()
+                break
+            await deferLater(self._reactor, _EXIT_POLL_SECONDS, lambda: None)
+        event = gone_event(self._shutdown, self._killed)
+        if hung and self._shutdown is None and self._killed is None:
+            event = VMEvent(
+                VMEventKind.GONE,
+                f"QEMU closed its QMP monitor without a SHUTDOWN event and did not exit "
+                f"within {self.exit_grace:g}s; vmready killed it",
+                PowerState.CRASHED,
+            )
+        self._announce_gone(event)
+
+    def _announce_gone(self, event: VMEvent) -> None:
+        self._gone = event
+        self.log.info("VM {name} is gone: {detail}", name=self.spec.name, detail=event.detail)
+        self._notify(event)
+        waiters, self._gone_waiters = self._gone_waiters, []
+        for waiter in waiters:
+            waiter.callback(event)
+
+    # -- commands ---------------------------------------------------------
+
+    async def _command(self, command: str, arguments: dict[str, Any] | None = None) -> Any:
+        try:
+            return await self.qmp.execute(command, arguments)
+        except QMPError as e:
+            raise HypervisorError(f"QEMU refused {command} for {self.spec.name}: {e.desc}") from e
+        except QMPDisconnected as e:
+            why = self._gone.detail if self._gone is not None else str(e)
+            raise HypervisorError(f"cannot run {command} on {self.spec.name}: {why}") from e
+
+    async def query_power_state(self) -> PowerState:
+        """What QEMU says the VM is doing (``query-status``); a gone VM reports how it went."""
+        if self._gone is not None:
+            return self._gone.power_state or PowerState.NOSTATE
+        try:
+            status = await self.qmp.execute("query-status")
+        except QMPError as e:
+            raise HypervisorError(
+                f"QEMU refused query-status for {self.spec.name}: {e.desc}"
+            ) from e
+        except QMPDisconnected as e:
+            if self._detached:
+                raise HypervisorError(
+                    f"the QMP monitor of {self.spec.name} is closed; its state is unknown"
+                ) from e
+            gone = await self.when_gone()
+            return gone.power_state or PowerState.NOSTATE
+        return power_state_for(str(status.get("status", "")))
+
+    async def pause(self) -> None:
+        """Pause the vCPUs (QMP ``stop``)."""
+        await self._command("stop")
+
+    async def resume(self) -> None:
+        """Resume the vCPUs (QMP ``cont``)."""
+        await self._command("cont")
+
+    async def shutdown(self, timeout: float, clock: IReactorTime | None = None) -> str:
+        """Stop the VM: ACPI button, then quit or SIGKILL after ``timeout``; "clean" or "forced".
+
+        "clean" means the VM went away by itself within ``timeout`` (the gone
+        event says how); a VM without a guest OS ignores the button, so it ends
+        "forced".
+        """
+        timer: IReactorTime = clock if clock is not None else self._reactor
+        if self._gone is not None:
+            return "clean"
+        # Whether the VM may still go by itself: its monitor is open or just closed.
+        may_go = self.qmp.is_open or self._watching_exit
+        if self.qmp.is_open:
+            try:
+                await self.qmp.execute("system_powerdown")
+            except QMPError as e:
+                self.log.warn(
+                    "QEMU refused system_powerdown for {name}: {error}",
+                    name=self.spec.name,
+                    error=e.desc,
+                )
+            except QMPDisconnected:
+                pass  # it is already on its way out; wait for it below
+            else:
+                self.log.info("pressed the ACPI power button of {name}", name=self.spec.name)
+        if may_go and not self._detached:
+            try:
+                await self.when_gone().addTimeout(timeout, timer)
+            except TimeoutError:
+                self.log.info(
+                    "VM {name} did not power off within {timeout}s; forcing it",
+                    name=self.spec.name,
+                    timeout=timeout,
+                )
+            else:
+                return "clean"
+        await self._force(timer)
+        return "forced"
+
+    async def force_stop(self) -> None:
+        """Stop the VM now: ``quit``, or SIGKILL when the monitor does not answer."""
+        await self._force(self._reactor)
+
+    async def _force(self, timer: IReactorTime) -> None:
+        if self._gone is not None:
+            return
+        quitting = False
+        why = "its QMP monitor is closed"
+        if self.qmp.is_open:
+            why = "its QMP monitor did not answer quit"
+            try:
+                await self.qmp.execute("quit").addTimeout(self.quit_timeout, timer)
+                quitting = True
+            except QMPDisconnected:
+                quitting = True  # the monitor closed as QEMU exited
+            except (QMPError, TimeoutError) as e:
+                self.log.warn("quit failed for {name}: {error}", name=self.spec.name, error=e)
+        if not quitting:
+            self._kill(why)
+        try:
+            await self.when_gone().addTimeout(self.kill_timeout, timer)
+            return
+        except TimeoutError:
+            if not quitting:
+                raise HypervisorError(
+                    f"VM {self.spec.name} (process {self.pid}) survived SIGKILL "
+                    f"for {self.kill_timeout:g}s"
+                ) from None
+        self._kill(f"it did not exit within {self.kill_timeout:g}s of quit")
+        try:
+            await self.when_gone().addTimeout(self.kill_timeout, timer)
+        except TimeoutError:
+            raise HypervisorError(
+                f"VM {self.spec.name} (process {self.pid}) survived SIGKILL "
+                f"for {self.kill_timeout:g}s"
+            ) from None
+
+    def _kill(self, why: str) -> None:
+        if self.pid is None:
+            raise HypervisorError(
+                f"cannot force-stop {self.spec.name}: {why}, and it has no process id "
+                f"of its own to kill"
+            )
+        self._killed = why
+        self._send_sigkill()
+        if not self.qmp.is_open:
+            # No monitor left to report the exit: follow the process itself.
+            self._watch_exit()
+
+    def _send_sigkill(self) -> None:
+        if self.pid is None or not _is_vm_process(self.pid, self.spec.qmp_socket):
+            return
+        self.log.warn("killing VM {name} (process {pid})", name=self.spec.name, pid=self.pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+    async def migrate_to_file(self, path: str, timeout: float = 600.0) -> None:
+        """Save the VM's state to ``path`` (QMP ``migrate`` to ``exec:cat``); it ends paused.
+
+        Waits for the MIGRATION event saying completed or failed; a failure is a
+        HypervisorError with QEMU's description.  ``resume`` continues the VM.
+        """
+        await self._command(
+            "migrate-set-capabilities",
+            {"capabilities": [{"capability": "events", "state": True}]},
+        )
+        # Fires with the migration's final status, or with the gone event's detail.
+        finished: Deferred[str] = Deferred()
+
+        def on_event(event: QMPEvent) -> None:
+            status = event.data.get("status")
+            final = status in ("completed", "failed", "cancelled")
+            if event.name == "MIGRATION" and final and not finished.called:
+                finished.callback(str(status))
+
+        def on_gone(event: VMEvent) -> VMEvent:
+            if not finished.called:
+                finished.callback(f"gone: {event.detail}")
+            return event
+
+        unsubscribe = self.qmp.subscribe(on_event)
+        gone = self.when_gone().addCallback(on_gone)
+        gone.addErrback(lambda failure: failure.trap(CancelledError))
+        try:
+            await self._command("migrate", {"uri": f"exec:cat > {shlex.quote(path)}"})
+            try:
+                status = await finished.addTimeout(timeout, self._reactor)
+            except TimeoutError:
+                raise HypervisorError(
+                    f"saving the state of {self.spec.name} to {path} did not finish "
+                    f"within {timeout:g}s"
+                ) from None
+        finally:
+            unsubscribe()
+            gone.cancel()
+        if status.startswith("gone: "):
+            raise HypervisorError(
+                f"VM {self.spec.name} went away while saving its state to {path}: "
+                f"{status.removeprefix('gone: ')}"
+            )
+        if status != "completed":
+            info = await self._command("query-migrate")
+            desc = info.get("error-desc", f"migration {status}")
+            raise HypervisorError(f"saving the state of {self.spec.name} to {path} failed: {desc}")
+
+
+class HypervisorDriver:
+    """Starts VMs on fakeqemu or real QEMU, and re-adopts the ones still running."""
+
+    log = Logger()
+    # How long the foreground hypervisor may take to daemonize.
+    start_timeout = 60.0
+    # How long a freshly started VM's monitor may take to answer.
+    connect_timeout = 30.0
+    # How long an adopted VM's monitor may take to answer.
+    adopt_timeout = 5.0
+
+    def __init__(self, reactor: Any, kind: str, binary: str | None = None) -> None:
+        if kind == "fakeqemu":
+            program = [binary] if binary else [sys.executable, "-m", "fakeqemu"]
+        elif kind == "qemu":
+            program = [binary or QEMU_PROGRAM]
+        else:
+            raise ValueError(
+                f"unknown hypervisor {kind!r}: expected one of {', '.join(HYPERVISORS)}"
+            )
+        self.reactor = reactor
+        self.kind = kind
+        self.program: list[str] = program
+        # What messages call the hypervisor ("python3" would say nothing).
+        self.program_name = (
+            os.path.basename(binary)
+            if binary
+            else {
+                "fakeqemu": "fakeqemu",
+                "qemu": QEMU_PROGRAM,
+            }[kind]
+        )
+        self.accelerators: list[str] = accelerators_for_host()
+
+    def command_line(
+        self, spec: VMSpec, paused: bool = False, incoming: str | None = None
+    ) -> list[str]:
+        """The argv ``launch`` runs for ``spec``."""
+        return build_command_line(spec, self.program, self.accelerators, paused, incoming)
+
+    async def launch(
+        self, spec: VMSpec, paused: bool = False, incoming: str | None = None
+    ) -> RunningVM:
+        """Start ``spec``'s VM; ``paused`` adds ``-S``, ``incoming`` restores that state file."""
+        executable = shutil.which(self.program[0])
+        if executable is None:
+            raise HypervisorError(
+                f"cannot start {spec.name}: the hypervisor program {self.program[0]!r} "
+                f"is not installed"
+            )
+        self._prepare_run_dir(spec)
+        argv = self.command_line(spec, paused, incoming)
+        self.log.info("starting VM {name}: {command}", name=spec.name, command=shlex.join(argv))
+        launcher = _Launcher()
+        self.reactor.spawnProcess(launcher, executable, argv, env=dict(os.environ))
+        timer: IDelayedCall = self.reactor.callLater(self.start_timeout, launcher.give_up)
+        try:
+            code, signal_number = await launcher.ended
+        finally:
+            if timer.active():
+                timer.cancel()
+        if launcher.timed_out:
+            self._kill_leftover(spec)
+            raise HypervisorError(
+                f"{self.program_name} did not finish starting {spec.name} "
+                f"within {self.start_timeout:g}s"
+            )
+        if code != 0:
+            raise HypervisorError(self._failure_message(launcher, code, signal_number))
+        pid = _owned_pid(spec)
+        try:
+            client = await connect_qmp(self.reactor, spec.qmp_socket, self.connect_timeout)
+        except QMPDisconnected as e:
+            self._kill_leftover(spec)
+            raise HypervisorError(
+                f"{self.program_name} started {spec.name} but its QMP monitor did not answer "
+                f"({e}); QEMU's stderr is closed once it daemonizes, so it said nothing more"
+            ) from e
+        self.log.info("VM {name} runs as process {pid}", name=spec.name, pid=pid)
+        return RunningVM(self.reactor, spec, client, pid)
+
+    async def adopt(self, spec: VMSpec) -> RunningVM | None:
+        """Re-attach to ``spec``'s VM if it still runs, not restarting it; else None.
+
+        When it does not run, its stale socket, pidfile and guest directory are
+        removed.  A VM whose process is alive but whose monitor does not answer
+        (another client holds it) is neither adopted nor reported absent: that
+        is a HypervisorError.
+        """
+        pid = _owned_pid(spec)
+        if pid is None and not os.path.exists(spec.qmp_socket):
+            _remove_stale_files(spec)
+            return None
+        try:
+            client = await connect_qmp(self.reactor, spec.qmp_socket, self.adopt_timeout)
+        except QMPDisconnected as e:
+            if pid is not None and _is_vm_process(pid, spec.qmp_socket):
+                raise HypervisorError(
+                    f"the VM of {spec.name} runs as process {pid} but its QMP monitor "
+                    f"does not answer: {e}"
+                ) from e
+            self.log.info(
+                "VM {name} is not running ({error}); removing its stale files",
+                name=spec.name,
+                error=e,
+            )
+            _remove_stale_files(spec)
+            return None
+        self.log.info("adopted VM {name} (process {pid})", name=spec.name, pid=pid)
+        return RunningVM(self.reactor, spec, client, pid)
+
+    def _prepare_run_dir(self, spec: VMSpec) -> None:
+        try:
+            os.makedirs(spec.run_dir, mode=0o700, exist_ok=True)
+            os.chmod(spec.run_dir, 0o700)
+        except OSError as e:
+            raise HypervisorError(
+                f"cannot create the run directory {spec.run_dir} of {spec.name}: {e.strerror}"
+            ) from e
+        pid = _owned_pid(spec)
+        if pid is not None:
+            raise HypervisorError(
+                f"cannot start {spec.name}: its VM is already running as process {pid}"
+            )
+        if _socket_listens(spec.qmp_socket):
+            # A VM without a pid of its own (on a fakeqemu host) still serves its monitor.
+            raise HypervisorError(
+                f"cannot start {spec.name}: its QMP socket {spec.qmp_socket} is in use "
+                f"by a running VM"
+            )
+        for path in (spec.qmp_socket, spec.pidfile):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+    def _kill_leftover(self, spec: VMSpec) -> None:
+        pid = _owned_pid(spec)
+        if pid is not None:
+            self.log.warn(
+                "killing half-started VM {name} (process {pid})", name=spec.name, pid=pid
+            )
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def _failure_message(
+        self, launcher: _Launcher, code: int | None, signal_number: int | None
+    ) -> str:
+        lines = error_lines(launcher.stderr.decode("utf-8", "replace"))
+        if lines:
+            return "\n".join(lines)
+        program = self.program_name
+        if signal_number is not None:
+            return f"{program} was killed by signal {signal_number} while starting"
+        said = launcher.stdout.decode("utf-8", "replace").strip()
+        suffix = f": {said}" if said else " without saying why"
+        return f"{program} exited with status {code}{suffix}"
