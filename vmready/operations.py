@@ -7,7 +7,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from twisted.internet.defer import Deferred, succeed
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 from vmready.events import OPERATION, EventBus
@@ -83,6 +83,7 @@ class Operations:
         self._clock = clock
         self._events = events
         self._operations: dict[str, Operation] = {}
+        self._expiries: dict[str, IDelayedCall] = {}
 
     def run(
         self,
@@ -96,20 +97,36 @@ class Operations:
         self._publish(operation)
 
         def finished(error: str | None) -> None:
+            # Arm the expiry before waking waiters: they may shut everything down at once.
+            self._expiries[operation.id] = self._clock.callLater(
+                RETAIN_SECONDS, self._forget, operation.id
+            )
             operation.finish(self._clock.seconds(), error)
             self._publish(operation)
-            self._clock.callLater(RETAIN_SECONDS, self._operations.pop, operation.id, None)
 
         def failed(failure: Any) -> None:
             value = failure.value
             if isinstance(value, VMReadyError):
                 finished(value.message)
             else:
-                self.log.failure("operation {description} failed", failure, description=description)
+                self.log.failure(
+                    "operation {description} failed", failure, description=description
+                )
                 finished(f"internal error: {value}")
 
         Deferred.fromCoroutine(work()).addCallbacks(lambda _: finished(None), failed)
         return operation
+
+    def _forget(self, operation_id: str) -> None:
+        self._operations.pop(operation_id, None)
+        self._expiries.pop(operation_id, None)
+
+    def stop(self) -> None:
+        """Cancel the retention timers (daemon shutdown)."""
+        for expiry in self._expiries.values():
+            if expiry.active():
+                expiry.cancel()
+        self._expiries.clear()
 
     def get(self, operation_id: str) -> Operation:
         """The operation, or NotFound."""

@@ -1,0 +1,410 @@
+"""The lifecycle end to end: real store, real driver, real fakeqemu VM processes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
+from twisted.internet.protocol import Protocol
+from twisted.internet.task import deferLater
+from twisted.trial.unittest import TestCase
+
+from vmready.events import Event, EventBus
+from vmready.hypervisor import HypervisorDriver
+from vmready.lifecycle import Lifecycle
+from vmready.model import BadRequest, Conflict, InstanceRecord
+from vmready.states import READY_KEY, PowerState, VMState
+from vmready.store import Store
+
+STOP_TIMEOUT = 0.3
+
+
+def _async(test: Callable[[Any], Coroutine[Any, Any, None]]) -> Callable[[Any], Deferred[None]]:
+    def run(self: Any) -> Deferred[None]:
+        return ensureDeferred(test(self))
+
+    run.__name__ = test.__name__
+    return run
+
+
+class ACPIGuest(Protocol):
+    """A guest OS that powers off when the ACPI button is pressed."""
+
+    def __init__(self) -> None:
+        self.buffer = b""
+        self.ready: Deferred[None] = Deferred()
+
+    def connectionMade(self) -> None:
+        assert self.transport is not None
+        self.transport.write(b"hello\n")  # the answer proves the host registered us
+
+    def dataReceived(self, data: bytes) -> None:
+        self.buffer += data
+        if b"\n" in self.buffer and not self.ready.called:
+            self.ready.callback(None)
+        if b"POWERDOWN\n" in self.buffer:
+            assert self.transport is not None
+            self.transport.write(b"poweroff\n")
+
+
+class LifecycleTestCase(TestCase):
+    """A lifecycle on a fresh store, driving fakeqemu."""
+
+    def setUp(self) -> None:
+        self.directory = tempfile.mkdtemp(prefix="vmr-lc-", dir="/tmp")
+        self.addCleanup(shutil.rmtree, self.directory, True)
+        self.store = Store.open(os.path.join(self.directory, "vmready.sqlite"))
+        self.addCleanup(self.store.close)
+        self.lifecycle = self.new_lifecycle()
+        self.addCleanup(self._kill_everything)
+
+    def new_lifecycle(self) -> Lifecycle:
+        """A lifecycle as a (re)started daemon builds it, on the same store and run dir."""
+        self.events: list[Event] = []
+        bus = EventBus(reactor.seconds)
+        bus.subscribe(self.events.append)
+        driver = HypervisorDriver(reactor, "fakeqemu")
+        return Lifecycle(
+            reactor,
+            self.store,
+            driver,
+            bus,
+            os.path.join(self.directory, "run"),
+            stop_timeout=STOP_TIMEOUT,
+        )
+
+    async def _kill_everything(self) -> None:
+        for vm in list(self.lifecycle.vms.values()):
+            if not vm.gone:
+                await vm.force_stop()
+        await self.lifecycle.shutdown()
+
+    async def wait(self, operation: Any) -> Any:
+        """Wait for an operation; return it."""
+        return await operation.when_done()
+
+    async def launch(self, name: str = "vm1", **config: str) -> InstanceRecord:
+        """Create an instance and wait until it is ACTIVE."""
+        operation = self.lifecycle.create(name, config)
+        await self.wait(operation)
+        self.assertEqual(operation.error, "")
+        return self.lifecycle.get(name)
+
+    def display_sequence(self, name: str) -> list[str]:
+        """The display statuses the instance-state events showed, repeats collapsed."""
+        shown = [
+            e.metadata["context"]["display_status"]
+            for e in self.events
+            if e.metadata.get("action") == "instance-state"
+            and e.metadata.get("source") == f"/1.0/instances/{name}"
+        ]
+        return [s for i, s in enumerate(shown) if i == 0 or shown[i - 1] != s]
+
+    def lifecycle_actions(self, name: str) -> list[str]:
+        """Lifecycle event actions about ``name``, other than instance-state."""
+        return [
+            e.metadata["action"]
+            for e in self.events
+            if e.type == "lifecycle"
+            and e.metadata.get("source") == f"/1.0/instances/{name}"
+            and e.metadata["action"] != "instance-state"
+        ]
+
+    def vm_option(self, name: str, option: str) -> str:
+        """A value from the running VM's real command line (from /proc), past the program."""
+        pid = self.lifecycle.vms[name].pid
+        assert pid is not None
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode().split("\0")
+        arguments = argv[argv.index("-name") :]
+        return arguments[arguments.index(option) + 1]
+
+
+class CreateAndPowerTests(LifecycleTestCase):
+    """Create, stop, start, restart, freeze: the sequences users see."""
+
+    @_async
+    async def test_createGoesBuildThenActiveNeverShutdown(self) -> None:
+        record = await self.launch()
+        self.assertEqual(
+            (record.vm_state, record.task_state, record.power_state),
+            (VMState.ACTIVE, None, PowerState.RUNNING),
+        )
+        self.assertEqual(self.display_sequence("vm1"), ["BUILD", "ACTIVE"])
+        self.assertEqual(record.status.name, "Running")
+        self.assertEqual(self.lifecycle_actions("vm1"), ["instance-created", "instance-started"])
+        history = self.store.list_actions("vm1")
+        self.assertEqual([(a.action, a.result) for a in history], [("create", "success")])
+        self.assertEqual([s.name for s in history[0].steps], ["spawning"])
+
+    @_async
+    async def test_createRefusesBadNamesAndConfig(self) -> None:
+        for name, config in (
+            ("1bad", {}),
+            ("ok", {"limits.memory": "lots"}),
+            ("ok", {"limits.cpu": "0"}),
+            ("ok", {"volatile.x": "y"}),
+        ):
+            with self.assertRaises(BadRequest):
+                self.lifecycle.create(name, config)
+        self.assertEqual(self.store.list_instances(), [])
+
+    @_async
+    async def test_failedSpawnIsAPersistingError(self) -> None:
+        self.lifecycle.driver = HypervisorDriver(reactor, "fakeqemu", "/nonexistent/qemu")
+        operation = self.lifecycle.create("vm1", {})
+        await self.wait(operation)
+        record = self.lifecycle.get("vm1")
+        self.assertEqual(record.vm_state, VMState.ERROR)
+        self.assertTrue(record.error)
+        self.assertEqual(operation.error, record.error)
+        self.assertEqual(self.display_sequence("vm1"), ["BUILD", "ERROR"])
+        await self.lifecycle.sync_power_states()
+        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ERROR)
+
+    @_async
+    async def test_stopWithoutGuestIsForcedAfterTimeoutAndClearsReady(self) -> None:
+        await self.launch()
+        self.store.update_config("vm1", {READY_KEY: "true"})
+        self.assertEqual(self.lifecycle.get("vm1").status.name, "Ready")
+        vm = self.lifecycle.vms["vm1"]
+        await self.wait(self.lifecycle.act("vm1", "stop"))
+        record = self.lifecycle.get("vm1")
+        self.assertEqual((record.vm_state, record.status.name), (VMState.STOPPED, "Stopped"))
+        self.assertEqual(record.config[READY_KEY], "false")
+        self.assertTrue(vm.gone)
+        steps = [s.name for s in self.store.list_actions("vm1")[0].steps]
+        self.assertIn(f"forced stop after {STOP_TIMEOUT:g}s timeout", steps)
+        self.assertEqual(self.display_sequence("vm1"), ["BUILD", "ACTIVE", "SHUTOFF"])
+
+    @_async
+    async def test_stopWithACPIGuestIsClean(self) -> None:
+        await self.launch()
+        guest = ACPIGuest()
+        control = os.path.join(self.lifecycle.vms["vm1"].spec.guest_dir, "control")
+        await connectProtocol(UNIXClientEndpoint(reactor, control), guest)
+        await guest.ready
+        await self.wait(self.lifecycle.act("vm1", "stop", timeout=30))
+        steps = [s.name for s in self.store.list_actions("vm1")[0].steps]
+        self.assertIn("clean stop", steps)
+        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.STOPPED)
+
+    @_async
+    async def test_startAfterStopRunsANewVM(self) -> None:
+        await self.launch()
+        await self.wait(self.lifecycle.act("vm1", "stop", force=True))
+        await self.wait(self.lifecycle.act("vm1", "start"))
+        record = self.lifecycle.get("vm1")
+        self.assertEqual(
+            (record.vm_state, record.power_state), (VMState.ACTIVE, PowerState.RUNNING)
+        )
+        self.assertIn("vm1", self.lifecycle.vms)
+
+    @_async
+    async def test_restartReplacesTheVMProcess(self) -> None:
+        await self.launch()
+        before = self.lifecycle.vms["vm1"].pid
+        await self.wait(self.lifecycle.act("vm1", "restart", force=True))
+        after = self.lifecycle.vms["vm1"].pid
+        self.assertNotEqual(before, after)
+        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ACTIVE)
+
+    @_async
+    async def test_freezeAndUnfreezePauseTheVCPUs(self) -> None:
+        await self.launch()
+        await self.wait(self.lifecycle.act("vm1", "freeze"))
+        record = self.lifecycle.get("vm1")
+        self.assertEqual((record.status.name, int(record.status.code)), ("Frozen", 110))
+        vm = self.lifecycle.vms["vm1"]
+        self.assertEqual(await vm.query_power_state(), PowerState.PAUSED)
+        await self.wait(self.lifecycle.act("vm1", "unfreeze"))
+        self.assertEqual(await vm.query_power_state(), PowerState.RUNNING)
+        self.assertEqual(self.lifecycle.get("vm1").status.name, "Running")
+
+
+class TransitionTests(LifecycleTestCase):
+    """Rebuild, resize, delete, and conflicts."""
+
+    @_async
+    async def test_rebuildShowsRebuildThenActive(self) -> None:
+        await self.launch()
+        await self.wait(self.lifecycle.act("vm1", "rebuild"))
+        self.assertEqual(self.display_sequence("vm1"), ["BUILD", "ACTIVE", "REBUILD", "ACTIVE"])
+
+    @_async
+    async def test_resizeWalksEverySeedStatusAndTheVMGetsTheNewSize(self) -> None:
+        await self.launch(**{"limits.memory": "256", "limits.cpu": "1"})
+        await self.wait(self.lifecycle.act("vm1", "resize", memory="512", cpus=2))
+        self.assertEqual(
+            self.display_sequence("vm1")[1:],
+            ["ACTIVE", "QUEUE_RESIZE", "PREP_RESIZE", "RESIZE", "VERIFY_RESIZE"],
+        )
+        self.assertEqual(self.vm_option("vm1", "-m"), "512M")
+        self.assertEqual(self.vm_option("vm1", "-smp"), "2")
+        await self.wait(self.lifecycle.act("vm1", "confirm-resize"))
+        record = self.lifecycle.get("vm1")
+        self.assertEqual(
+            (record.vm_state, record.memory_mib, record.cpus), (VMState.ACTIVE, 512, 2)
+        )
+        self.assertNotIn("volatile.resize.previous.memory", record.config)
+
+    @_async
+    async def test_revertResizeGivesTheVMItsOldSizeBack(self) -> None:
+        await self.launch(**{"limits.memory": "256"})
+        await self.wait(self.lifecycle.act("vm1", "resize", memory="1GiB"))
+        self.assertEqual(self.lifecycle.get("vm1").memory_mib, 1024)
+        await self.wait(self.lifecycle.act("vm1", "revert-resize"))
+        self.assertEqual(self.vm_option("vm1", "-m"), "256M")
+        self.assertEqual(self.display_sequence("vm1")[-1], "ACTIVE")
+        self.assertEqual(self.lifecycle.get("vm1").memory_mib, 256)
+
+    @_async
+    async def test_deleteGoesActiveToDeletedWithoutBuild(self) -> None:
+        record = await self.launch()
+        vm = self.lifecycle.vms["vm1"]
+        run_dir = vm.spec.run_dir
+        await self.wait(self.lifecycle.act("vm1", "delete"))
+        self.assertEqual(self.display_sequence("vm1"), ["BUILD", "ACTIVE", "DELETED"])
+        self.assertIsNone(self.store.find_instance("vm1"))
+        self.assertTrue(vm.gone)
+        self.assertFalse(os.path.exists(run_dir))
+        self.assertEqual(self.store.list_actions("vm1")[0].action, "delete")
+        self.assertTrue(record.uuid)
+
+    @_async
+    async def test_racingActionLosesWith409(self) -> None:
+        await self.launch()
+        operation = self.lifecycle.act("vm1", "stop", force=True)
+        with self.assertRaises(Conflict) as caught:
+            self.lifecycle.act("vm1", "rebuild")
+        self.assertEqual(
+            caught.exception.message,
+            "Cannot 'rebuild' instance vm1 while it is in task_state powering-off",
+        )
+        await self.wait(operation)
+
+    @_async
+    async def test_actionNotAllowedInVMStateIs409(self) -> None:
+        await self.launch()
+        with self.assertRaises(Conflict) as caught:
+            self.lifecycle.act("vm1", "start")
+        self.assertEqual(
+            caught.exception.message, "Cannot 'start' instance vm1 while it is in vm_state active"
+        )
+
+
+class VMDeathTests(LifecycleTestCase):
+    """A VM that goes away on its own: clean power-off vs. death."""
+
+    @_async
+    async def test_killedVMIsAnErrorThatPersists(self) -> None:
+        await self.launch()
+        self.store.update_config("vm1", {READY_KEY: "true"})
+        vm = self.lifecycle.vms["vm1"]
+        assert vm.pid is not None
+        os.kill(vm.pid, signal.SIGKILL)
+        await vm.when_gone()
+        await _until(lambda: self.lifecycle.get("vm1").vm_state is VMState.ERROR)
+        record = self.lifecycle.get("vm1")
+        self.assertIn("exited unexpectedly", record.error or "")
+        self.assertEqual(record.config[READY_KEY], "false")
+        await self.lifecycle.sync_power_states()
+        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ERROR)
+        self.assertEqual(self.store.list_actions("vm1")[0].action, "vm-exited")
+
+    @_async
+    async def test_guestPowerOffStopsTheInstance(self) -> None:
+        await self.launch()
+        vm = self.lifecycle.vms["vm1"]
+        control = os.path.join(vm.spec.guest_dir, "control")
+        guest = ACPIGuest()
+        await connectProtocol(UNIXClientEndpoint(reactor, control), guest)
+        await guest.ready
+        assert guest.transport is not None
+        guest.transport.write(b"poweroff\n")
+        await vm.when_gone()
+        await _until(lambda: self.lifecycle.get("vm1").vm_state is VMState.STOPPED)
+        self.assertEqual(self.lifecycle.get("vm1").config[READY_KEY], "false")
+
+
+class PowerSyncAndRecoveryTests(LifecycleTestCase):
+    """The poller and a daemon restart."""
+
+    @_async
+    async def test_syncStopsAnActiveInstanceWhoseVMIsGoneAndSaysWhy(self) -> None:
+        await self.launch()
+        vm = self.lifecycle.vms.pop("vm1")
+        await vm.force_stop()
+        await self.lifecycle.sync_power_states()
+        record = self.lifecycle.get("vm1")
+        self.assertEqual(record.vm_state, VMState.STOPPED)
+        history = self.store.list_actions("vm1")
+        self.assertEqual(history[0].action, "power-sync")
+        self.assertIn("VM not running", history[0].steps[0].error or "")
+
+    @_async
+    async def test_syncSkipsInstancesWithATaskInProgress(self) -> None:
+        await self.launch()
+        vm = self.lifecycle.vms.pop("vm1")
+        await vm.force_stop()
+        self.store.claim_task("vm1", "test", frozenset({VMState.ACTIVE}), _task("rebuilding"))
+        await self.lifecycle.sync_power_states()
+        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ACTIVE)
+
+    @_async
+    async def test_restartedDaemonReadoptsTheRunningVMAndClearsReady(self) -> None:
+        await self.launch()
+        self.store.update_config("vm1", {READY_KEY: "true"})
+        pid = self.lifecycle.vms["vm1"].pid
+        await self.lifecycle.shutdown()
+        self.lifecycle = self.new_lifecycle()
+        await self.lifecycle.recover()
+        self.assertEqual(self.lifecycle.vms["vm1"].pid, pid)
+        record = self.lifecycle.get("vm1")
+        self.assertNotIn(READY_KEY, record.config)
+        self.assertEqual((record.vm_state, record.status.name), (VMState.ACTIVE, "Running"))
+
+    @_async
+    async def test_restartResolvesAnInstanceLeftMidTask(self) -> None:
+        await self.launch()
+        await self.lifecycle.shutdown()
+        self.store.claim_task("vm1", "rebuild", frozenset({VMState.ACTIVE}), _task("rebuilding"))
+        self.lifecycle = self.new_lifecycle()
+        await self.lifecycle.recover()
+        record = self.lifecycle.get("vm1")
+        self.assertIsNone(record.task_state)
+        self.assertEqual(record.vm_state, VMState.ERROR)
+        self.assertEqual(record.error, "daemon stopped during rebuilding")
+
+    @_async
+    async def test_restartRollsBackAStartWhoseVMNeverCameUp(self) -> None:
+        await self.launch()
+        await self.wait(self.lifecycle.act("vm1", "stop", force=True))
+        await self.lifecycle.shutdown()
+        self.store.claim_task("vm1", "start", frozenset({VMState.STOPPED}), _task("powering-on"))
+        self.lifecycle = self.new_lifecycle()
+        await self.lifecycle.recover()
+        record = self.lifecycle.get("vm1")
+        self.assertEqual((record.vm_state, record.task_state), (VMState.STOPPED, None))
+
+
+def _task(value: str) -> Any:
+    from vmready.states import TaskState
+
+    return TaskState(value)
+
+
+async def _until(condition: Callable[[], bool], attempts: int = 400) -> None:
+    """Bounded wait for an asynchronous consequence."""
+    for _ in range(attempts):
+        if condition():
+            return
+        await deferLater(reactor, 0.025, lambda: None)
+    raise AssertionError("condition not reached")

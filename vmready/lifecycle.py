@@ -1,0 +1,608 @@
+"""The instance lifecycle: actions as claimed tasks, truthful events, errors that stay.
+
+Every action follows ``vmready.states.ACTIONS``: it *claims* its first
+task_state with a compare-and-swap in the store (so of two racing actions one
+wins and the other gets a 409 at once, before any operation exists), walks its
+task_states — each change published as an ``instance-state`` lifecycle event
+and recorded as a step in the action history — and ends in its vm_state.  A
+failure ends in vm_state ``error`` with the reason, and nothing but an explicit
+action (rebuild, delete, start after a failed stop…) moves it from there.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+
+from vmready.events import EventBus
+from vmready.hypervisor import HypervisorDriver, RunningVM, VMEvent, VMSpec
+from vmready.model import BadRequest, HypervisorError, InstanceRecord, VMReadyError
+from vmready.operations import Operation, Operations
+from vmready.states import ACTIONS, READY_KEY, PowerState, TaskState, VMState
+from vmready.store import Store
+
+DEFAULT_STOP_TIMEOUT = 30.0
+MIN_MEMORY_MIB = 16
+MAX_MEMORY_MIB = 1024 * 1024
+MAX_CPUS = 64
+_NAME = re.compile(r"[a-zA-Z][a-zA-Z0-9-]{0,62}")
+_PREVIOUS_MEMORY = "volatile.resize.previous.memory"
+_PREVIOUS_CPU = "volatile.resize.previous.cpu"
+_USER_KEYS = re.compile(r"(limits\.memory|limits\.cpu|user\..+|cloud-init\..+)")
+
+
+def validate_name(name: str) -> None:
+    """Instance names as LXD allows them: a letter, then letters, digits, hyphens; 63 at most."""
+    if not _NAME.fullmatch(name) or name.endswith("-"):
+        raise BadRequest(
+            f"Invalid instance name {name!r}: use 1-63 letters, digits and hyphens, "
+            "starting with a letter and not ending with a hyphen"
+        )
+
+
+def validate_config(config: dict[str, Any]) -> dict[str, str]:
+    """Check user-settable keys and values; returns them as strings."""
+    checked: dict[str, str] = {}
+    for key, value in config.items():
+        if not isinstance(key, str) or not _USER_KEYS.fullmatch(key):
+            raise BadRequest(
+                f"Invalid config key {key!r}: allowed are limits.memory, limits.cpu, user.*, "
+                "cloud-init.*"
+            )
+        if not isinstance(value, str | int) or isinstance(value, bool):
+            raise BadRequest(f"Invalid value for {key}: expected a string")
+        checked[key] = str(value)
+    if "limits.memory" in checked:
+        checked["limits.memory"] = str(parse_memory(checked["limits.memory"]))
+    if "limits.cpu" in checked:
+        checked["limits.cpu"] = str(parse_cpus(checked["limits.cpu"]))
+    return checked
+
+
+def parse_memory(value: str) -> int:
+    """limits.memory: MiB as a number, or with a MiB/GiB/MB/GB suffix; returns MiB."""
+    match = re.fullmatch(r"\s*(\d+)\s*(MiB|GiB|MB|GB|M|G)?\s*", str(value))
+    if match is None:
+        raise BadRequest(f"Invalid limits.memory {value!r}: expected MiB, e.g. 512 or 2GiB")
+    number, unit = int(match.group(1)), match.group(2) or "MiB"
+    mib = number * 1024 if unit in ("GiB", "GB", "G") else number
+    if not MIN_MEMORY_MIB <= mib <= MAX_MEMORY_MIB:
+        raise BadRequest(
+            f"Invalid limits.memory {value!r}: "
+            f"must be {MIN_MEMORY_MIB} MiB to {MAX_MEMORY_MIB} MiB"
+        )
+    return mib
+
+
+def parse_cpus(value: str) -> int:
+    """limits.cpu: a count of vCPUs."""
+    try:
+        cpus = int(str(value).strip())
+    except ValueError:
+        raise BadRequest(f"Invalid limits.cpu {value!r}: expected a number of CPUs") from None
+    if not 1 <= cpus <= MAX_CPUS:
+        raise BadRequest(f"Invalid limits.cpu {value!r}: must be 1 to {MAX_CPUS}")
+    return cpus
+
+
+class ActionContext:
+    """One running action: its history record, its task walk, its events."""
+
+    def __init__(self, lifecycle: Lifecycle, name: str, action: str, task: TaskState) -> None:
+        self.lifecycle = lifecycle
+        self.name = name
+        self.action = action
+        self.task = task
+        store = lifecycle.store
+        self.action_id = store.start_action(name, action, str(uuid.uuid4()))
+        self._step_id = store.start_step(self.action_id, task.value)
+
+    def advance(self, task: TaskState) -> None:
+        """Move to the next task_state: store CAS, history step, event."""
+        store = self.lifecycle.store
+        store.finish_step(self._step_id, "success")
+        record = store.advance_task(self.name, self.task, task)
+        self.task = task
+        self._step_id = store.start_step(self.action_id, task.value)
+        self.lifecycle.publish_state(record)
+
+    def note(self, step: str, result: str = "success", error: str | None = None) -> None:
+        """Record an instantaneous step (e.g. a forced stop after a timeout)."""
+        self.lifecycle.store.add_step(self.action_id, step, result, error)
+
+    def finish(
+        self,
+        vm_state: VMState,
+        power_state: PowerState | None = None,
+        config_updates: dict[str, str | None] | None = None,
+    ) -> InstanceRecord:
+        """End the task in ``vm_state``."""
+        store = self.lifecycle.store
+        store.finish_step(self._step_id, "success")
+        record = store.finish_task(self.name, self.task, vm_state, power_state, config_updates)
+        store.finish_action(self.action_id, "success")
+        self.lifecycle.publish_state(record)
+        return record
+
+    def fail(self, reason: str) -> None:
+        """End the task in vm_state error with ``reason``; the error persists."""
+        store = self.lifecycle.store
+        store.finish_step(self._step_id, "error", reason)
+        store.finish_action(self.action_id, "error", reason)
+        if store.find_instance(self.name) is None:
+            return
+        record = store.set_error(self.name, reason, PowerState.NOSTATE)
+        self.lifecycle.publish_state(record)
+        self.lifecycle.events.lifecycle("instance-error", self.name, {"error": reason})
+
+
+class Lifecycle:
+    """Runs actions on instances against a store and a hypervisor driver."""
+
+    log = Logger()
+
+    def __init__(
+        self,
+        reactor: Any,
+        store: Store,
+        driver: HypervisorDriver,
+        events: EventBus,
+        run_root: str,
+        stop_timeout: float = DEFAULT_STOP_TIMEOUT,
+    ) -> None:
+        self.reactor = reactor
+        self.clock: IReactorTime = reactor
+        self.store = store
+        self.driver = driver
+        self.events = events
+        self.operations = Operations(reactor, events)
+        self.run_root = run_root
+        self.stop_timeout = stop_timeout
+        self.vms: dict[str, RunningVM] = {}
+        self._unsubscribe: dict[str, Callable[[], None]] = {}
+
+    # -- views ------------------------------------------------------------
+
+    def get(self, name: str) -> InstanceRecord:
+        """The instance, or NotFound."""
+        return self.store.get_instance(name)
+
+    def list(self) -> list[InstanceRecord]:
+        """Every instance."""
+        return self.store.list_instances()
+
+    def spec_for(self, record: InstanceRecord) -> VMSpec:
+        """The hypervisor's view of an instance."""
+        return VMSpec(
+            name=record.name,
+            uuid=record.uuid,
+            memory_mib=record.memory_mib,
+            cpus=record.cpus,
+            run_dir=os.path.join(self.run_root, record.uuid[:8]),
+        )
+
+    def publish_state(self, record: InstanceRecord) -> None:
+        """An ``instance-state`` event with everything a watcher needs to show the instance."""
+        self.events.lifecycle(
+            "instance-state",
+            record.name,
+            {
+                "status": record.status.name,
+                "status_code": int(record.status.code),
+                "display_status": record.display_status,
+                "vm_state": record.vm_state.value,
+                "task_state": record.task_state.value if record.task_state else None,
+                "power_state": record.power_state.value,
+            },
+        )
+
+    # -- actions ----------------------------------------------------------
+
+    def create(self, name: str, config: dict[str, Any]) -> Operation:
+        """Create and boot an instance: BUILD → ACTIVE (or ERROR with the reason)."""
+        validate_name(name)
+        checked = validate_config(config)
+        record = self.store.create_instance(name, checked, {})
+        context = ActionContext(self, name, "create", TaskState.SPAWNING)
+        self.publish_state(record)
+        self.events.lifecycle("instance-created", name)
+
+        async def work() -> None:
+            await self._guarded(context, self._spawn(context, record))
+
+        return self.operations.run(f"Creating instance {name}", name, work)
+
+    async def _spawn(self, context: ActionContext, record: InstanceRecord) -> None:
+        await self._launch(record)
+        context.finish(VMState.ACTIVE, PowerState.RUNNING)
+        self.events.lifecycle("instance-started", record.name)
+
+    def act(self, name: str, action: str, **params: Any) -> Operation:
+        """Run a named action; a 409 is raised here, synchronously, if it cannot start."""
+        spec = ACTIONS.get(action)
+        if spec is None or action == "create":
+            raise BadRequest(f"Unknown action {action!r}")
+        runner = getattr(self, "_do_" + action.replace("-", "_"))
+        prepared = self._prepare(action, params)
+        record = self.store.claim_task(name, action, spec.allowed_from, spec.tasks[0])
+        context = ActionContext(self, name, action, spec.tasks[0])
+        self.publish_state(record)
+
+        async def work() -> None:
+            await self._guarded(context, runner(context, record, **prepared))
+
+        return self.operations.run(f"{action.capitalize()} instance {name}", name, work)
+
+    def _prepare(self, action: str, params: dict[str, Any]) -> dict[str, Any]:
+        """Validate an action's parameters before anything is claimed."""
+        if action in ("stop", "restart"):
+            timeout = params.get("timeout", self.stop_timeout)
+            if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout < 0:
+                raise BadRequest(f"Invalid timeout {timeout!r}: expected seconds (0 or more)")
+            force = params.get("force", False)
+            if not isinstance(force, bool):
+                raise BadRequest(f"Invalid force {force!r}: expected true or false")
+            return {"timeout": float(timeout), "force": force}
+        if action == "resize":
+            memory = params.get("memory")
+            cpus = params.get("cpus")
+            if memory is None and cpus is None:
+                raise BadRequest("resize needs memory and/or cpus")
+            return {
+                "memory": parse_memory(str(memory)) if memory is not None else None,
+                "cpus": parse_cpus(str(cpus)) if cpus is not None else None,
+            }
+        unexpected = sorted(params)
+        if unexpected:
+            raise BadRequest(f"Unexpected parameters for {action}: {', '.join(unexpected)}")
+        return {}
+
+    async def _guarded(self, context: ActionContext, work: Awaitable[None]) -> None:
+        """Run an action's body; any failure ends the task in error with its reason."""
+        try:
+            await work
+        except VMReadyError as e:
+            context.fail(e.message)
+            raise
+        except Exception as e:
+            self.log.failure(
+                "action {action} on {name} failed", action=context.action, name=context.name
+            )
+            context.fail(f"internal error: {e}")
+            raise
+
+    async def _do_start(self, context: ActionContext, record: InstanceRecord) -> None:
+        await self._launch(record)
+        context.finish(VMState.ACTIVE, PowerState.RUNNING)
+        self.events.lifecycle("instance-started", record.name)
+
+    async def _do_stop(
+        self, context: ActionContext, record: InstanceRecord, timeout: float, force: bool
+    ) -> None:
+        await self._power_off(context, record.name, timeout, force)
+        context.finish(VMState.STOPPED, PowerState.SHUTDOWN, {READY_KEY: "false"})
+        self.events.lifecycle("instance-stopped", record.name)
+
+    async def _do_restart(
+        self, context: ActionContext, record: InstanceRecord, timeout: float, force: bool
+    ) -> None:
+        await self._power_off(context, record.name, timeout, force)
+        self.store.update_config(record.name, {READY_KEY: "false"})
+        await self._launch(self.store.get_instance(record.name))
+        context.finish(VMState.ACTIVE, PowerState.RUNNING)
+        self.events.lifecycle("instance-restarted", record.name)
+
+    async def _do_freeze(self, context: ActionContext, record: InstanceRecord) -> None:
+        await self._vm(record.name).pause()
+        context.finish(VMState.PAUSED, PowerState.PAUSED)
+        self.events.lifecycle("instance-paused", record.name)
+
+    async def _do_unfreeze(self, context: ActionContext, record: InstanceRecord) -> None:
+        await self._vm(record.name).resume()
+        context.finish(VMState.ACTIVE, PowerState.RUNNING)
+        self.events.lifecycle("instance-resumed", record.name)
+
+    async def _do_rebuild(self, context: ActionContext, record: InstanceRecord) -> None:
+        if record.name in self.vms:
+            await self._power_off(context, record.name, 0, force=True)
+        self.store.update_config(record.name, {READY_KEY: "false"})
+        await self._launch(self.store.get_instance(record.name))
+        context.finish(VMState.ACTIVE, PowerState.RUNNING)
+        self.events.lifecycle("instance-rebuilt", record.name)
+
+    async def _do_resize(
+        self,
+        context: ActionContext,
+        record: InstanceRecord,
+        memory: int | None,
+        cpus: int | None,
+    ) -> None:
+        context.advance(TaskState.RESIZE_PREP)
+        updates: dict[str, str | None] = {
+            _PREVIOUS_MEMORY: str(record.memory_mib),
+            _PREVIOUS_CPU: str(record.cpus),
+            "limits.memory": str(memory if memory is not None else record.memory_mib),
+            "limits.cpu": str(cpus if cpus is not None else record.cpus),
+        }
+        was_running = record.name in self.vms
+        context.advance(TaskState.RESIZE_MIGRATING)
+        resized = await self._relaunch_with(context, record.name, updates, was_running)
+        context.advance(TaskState.RESIZE_FINISH)
+        power = PowerState.RUNNING if was_running else PowerState.SHUTDOWN
+        context.finish(VMState.RESIZED, power)
+        self.events.lifecycle(
+            "instance-resized",
+            record.name,
+            {"memory_mib": resized.memory_mib, "cpus": resized.cpus},
+        )
+
+    async def _do_confirm_resize(self, context: ActionContext, record: InstanceRecord) -> None:
+        context.finish(
+            VMState.ACTIVE,
+            config_updates={_PREVIOUS_MEMORY: None, _PREVIOUS_CPU: None},
+        )
+        self.events.lifecycle("instance-resize-confirmed", record.name)
+
+    async def _do_revert_resize(self, context: ActionContext, record: InstanceRecord) -> None:
+        updates: dict[str, str | None] = {
+            "limits.memory": record.config.get(_PREVIOUS_MEMORY, str(record.memory_mib)),
+            "limits.cpu": record.config.get(_PREVIOUS_CPU, str(record.cpus)),
+            _PREVIOUS_MEMORY: None,
+            _PREVIOUS_CPU: None,
+        }
+        was_running = record.name in self.vms
+        await self._relaunch_with(context, record.name, updates, was_running)
+        power = PowerState.RUNNING if was_running else PowerState.SHUTDOWN
+        context.finish(VMState.ACTIVE, power)
+        self.events.lifecycle("instance-resize-reverted", record.name)
+
+    async def _do_delete(self, context: ActionContext, record: InstanceRecord) -> None:
+        if record.name in self.vms:
+            await self._power_off(context, record.name, 0, force=True)
+        self.store.finish_step(context._step_id, "success")
+        self.store.finish_action(context.action_id, "success")
+        self.store.delete_instance(record.name)
+        shutil.rmtree(self.spec_for(record).run_dir, ignore_errors=True)
+        self.events.lifecycle(
+            "instance-state",
+            record.name,
+            {"status": "Deleted", "display_status": "DELETED", "vm_state": "deleted"},
+        )
+        self.events.lifecycle("instance-deleted", record.name)
+
+    # -- hypervisor plumbing ----------------------------------------------
+
+    def _vm(self, name: str) -> RunningVM:
+        vm = self.vms.get(name)
+        if vm is None or vm.gone:
+            raise HypervisorError(f"Instance {name} has no running VM")
+        return vm
+
+    async def _launch(self, record: InstanceRecord) -> RunningVM:
+        vm = await self.driver.launch(self.spec_for(record))
+        self._attach(record.name, vm)
+        return vm
+
+    async def _relaunch_with(
+        self,
+        context: ActionContext,
+        name: str,
+        updates: dict[str, str | None],
+        was_running: bool,
+    ) -> InstanceRecord:
+        if was_running:
+            await self._power_off(context, name, self.stop_timeout, force=False)
+        record = self.store.update_config(name, {**updates, READY_KEY: "false"})
+        if was_running:
+            await self._launch(record)
+        return record
+
+    async def _power_off(
+        self, context: ActionContext, name: str, timeout: float, force: bool
+    ) -> None:
+        vm = self.vms.get(name)
+        if vm is None or vm.gone:
+            context.note("power-off", "success", "no VM was running")
+            self._detach(name)
+            return
+        self._detach(name)
+        if force:
+            await vm.force_stop()
+            context.note("forced stop")
+            return
+        how = await vm.shutdown(timeout, self.clock)
+        context.note("clean stop" if how == "clean" else f"forced stop after {timeout:g}s timeout")
+
+    def _attach(self, name: str, vm: RunningVM) -> None:
+        self._detach(name)
+        self.vms[name] = vm
+        self._unsubscribe[name] = vm.subscribe(lambda event: self._vm_event(name, vm, event))
+
+    def _detach(self, name: str) -> None:
+        unsubscribe = self._unsubscribe.pop(name, None)
+        if unsubscribe is not None:
+            unsubscribe()
+        self.vms.pop(name, None)
+
+    def _vm_event(self, name: str, vm: RunningVM, event: VMEvent) -> None:
+        """QMP events of a VM we did not ask for: follow power state; a death is an error."""
+        record = self.store.find_instance(name)
+        if record is None or self.vms.get(name) is not vm:
+            return
+        if record.task_state is not None:
+            return  # the running action owns the VM now
+        if event.kind == "gone":
+            self._detach(name)
+            self._vm_went_away(record, event)
+            return
+        if event.power_state is not None and event.power_state is not record.power_state:
+            self.publish_state(self.store.set_power_state(name, event.power_state))
+
+    def _vm_went_away(self, record: InstanceRecord, event: VMEvent) -> None:
+        # The driver judges the exit: SHUTDOWN for a shutdown QEMU announced, CRASHED otherwise.
+        clean = event.power_state is PowerState.SHUTDOWN
+        action_id = self.store.start_action(record.name, "vm-exited", str(uuid.uuid4()))
+        self.store.update_config(record.name, {READY_KEY: "false"})
+        if clean:
+            self.store.add_step(action_id, "vm-exited", "success", event.detail)
+            self.store.finish_action(action_id, "success", event.detail)
+            updated = self.store.claim_task(
+                record.name, "vm-exited", frozenset({record.vm_state}), TaskState.POWERING_OFF
+            )
+            updated = self.store.finish_task(
+                record.name, TaskState.POWERING_OFF, VMState.STOPPED, PowerState.SHUTDOWN
+            )
+            self.publish_state(updated)
+            self.events.lifecycle("instance-shutdown", record.name, {"reason": event.detail})
+            return
+        self.store.add_step(action_id, "vm-exited", "error", event.detail)
+        self.store.finish_action(action_id, "error", event.detail)
+        updated = self.store.set_error(record.name, event.detail, PowerState.CRASHED)
+        self.publish_state(updated)
+        self.events.lifecycle("instance-error", record.name, {"error": event.detail})
+
+    # -- power sync and restart -------------------------------------------
+
+    async def sync_power_states(self) -> None:
+        """One reconciliation round; errors and instances with a task are left alone."""
+        for record in self.store.list_instances():
+            if record.vm_state is VMState.ERROR or record.task_state is not None:
+                continue
+            try:
+                await self._sync_one(record)
+            except VMReadyError as e:
+                self.log.warn("power sync of {name}: {error}", name=record.name, error=e.message)
+
+    async def _sync_one(self, record: InstanceRecord) -> None:
+        vm = self.vms.get(record.name)
+        should_run = record.vm_state in (VMState.ACTIVE, VMState.PAUSED, VMState.RESIZED) and (
+            record.power_state is not PowerState.SHUTDOWN
+        )
+        if vm is None or vm.gone:
+            if should_run:
+                adopted = await self.driver.adopt(self.spec_for(record))
+                if adopted is not None:
+                    self._attach(record.name, adopted)
+                    return
+                self._record_sync(record, "VM not running: no QEMU process answers its monitor")
+            return
+        if not should_run:
+            self._detach(record.name)
+            await vm.force_stop()
+            self._sync_step(
+                record.name, "VM was running while the instance is stopped; stopped it"
+            )
+            return
+        power = await vm.query_power_state()
+        if power is not record.power_state:
+            self.publish_state(self.store.set_power_state(record.name, power))
+
+    def _record_sync(self, record: InstanceRecord, why: str) -> None:
+        self._sync_step(record.name, why)
+        updated = self.store.claim_task(
+            record.name, "power-sync", frozenset({record.vm_state}), TaskState.POWERING_OFF
+        )
+        updated = self.store.finish_task(
+            record.name,
+            TaskState.POWERING_OFF,
+            VMState.STOPPED,
+            PowerState.SHUTDOWN,
+            {READY_KEY: "false"},
+        )
+        self.publish_state(updated)
+        self.events.lifecycle("instance-stopped", record.name, {"reason": why})
+
+    def _sync_step(self, name: str, why: str) -> None:
+        action_id = self.store.start_action(name, "power-sync", str(uuid.uuid4()))
+        self.store.add_step(action_id, "power-sync", "success", why)
+        self.store.finish_action(action_id, "success", why)
+
+    async def recover(self) -> None:
+        """At daemon start: clear Ready, close interrupted actions, re-adopt or resolve VMs."""
+        cleared = self.store.clear_ready_everywhere()
+        self.log.info("cleared {key} on {count} instances", key=READY_KEY, count=cleared)
+        for action in self.store.unfinished_actions():
+            self.store.finish_action(action.id, "error", "daemon stopped during the action")
+        for record in self.store.list_instances():
+            try:
+                await self._recover_one(record)
+            except VMReadyError as e:
+                self.log.warn("recovering {name}: {error}", name=record.name, error=e.message)
+
+    async def _recover_one(self, record: InstanceRecord) -> None:
+        adopted = await self.driver.adopt(self.spec_for(record))
+        if adopted is not None:
+            self._attach(record.name, adopted)
+        task = record.task_state
+        if task is None:
+            if adopted is None and record.vm_state in (
+                VMState.ACTIVE,
+                VMState.PAUSED,
+                VMState.RESIZED,
+            ):
+                self._record_sync(record, "VM was not running when the daemon started")
+            elif adopted is not None and record.vm_state is VMState.STOPPED:
+                self._detach(record.name)
+                await adopted.force_stop()
+            return
+        reason = f"daemon stopped during {task.value}"
+        if task is TaskState.DELETING:
+            if adopted is not None:
+                self._detach(record.name)
+                await adopted.force_stop()
+            self.store.delete_instance(record.name)
+            self.events.lifecycle("instance-deleted", record.name, {"reason": reason})
+            return
+        if task in (TaskState.POWERING_OFF,):
+            if adopted is not None:
+                self._detach(record.name)
+                await adopted.force_stop()
+            self._resolve(record, task, VMState.STOPPED, PowerState.SHUTDOWN)
+            return
+        if adopted is not None and task in (
+            TaskState.SPAWNING,
+            TaskState.POWERING_ON,
+            TaskState.REBOOTING,
+            TaskState.UNPAUSING,
+            TaskState.PAUSING,
+        ):
+            power = await adopted.query_power_state()
+            vm_state = VMState.PAUSED if power is PowerState.PAUSED else VMState.ACTIVE
+            self._resolve(record, task, vm_state, power)
+            return
+        if task is TaskState.POWERING_ON:
+            self._resolve(record, task, VMState.STOPPED, PowerState.SHUTDOWN)
+            return
+        if adopted is not None:
+            self._detach(record.name)
+            await adopted.force_stop()
+        updated = self.store.set_error(record.name, reason, PowerState.NOSTATE)
+        self.publish_state(updated)
+
+    def _resolve(
+        self, record: InstanceRecord, task: TaskState, vm_state: VMState, power: PowerState
+    ) -> None:
+        action_id = self.store.start_action(record.name, "recover", str(uuid.uuid4()))
+        self.store.add_step(
+            action_id, "recover", "success", f"daemon stopped during {task.value}; now {vm_state}"
+        )
+        self.store.finish_action(action_id, "success")
+        self.publish_state(self.store.finish_task(record.name, task, vm_state, power))
+
+    def shutdown(self) -> Deferred[None]:
+        """Daemon stopping: let go of the VMs (they keep running), without touching the store."""
+        self.operations.stop()
+        detaching = []
+        for name in list(self.vms):
+            vm = self.vms[name]
+            self._detach(name)
+            detaching.append(vm.detach())
+        return gatherResults(detaching).addCallback(lambda _: None)
