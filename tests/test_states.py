@@ -40,7 +40,9 @@ class DeriveStatusTests(SynchronousTestCase):
         self.assertEqual((status.name, int(status.code)), ("Frozen", 110))
 
     def test_tasksShowStartingAndStopping(self) -> None:
-        starting = derive_status(VMState.STOPPED, TaskState.POWERING_ON, PowerState.SHUTDOWN, False)
+        starting = derive_status(
+            VMState.STOPPED, TaskState.POWERING_ON, PowerState.SHUTDOWN, False
+        )
         stopping = derive_status(VMState.ACTIVE, TaskState.POWERING_OFF, PowerState.RUNNING, False)
         self.assertEqual(
             (int(starting.code), int(stopping.code)), (StatusCode.STARTING, StatusCode.STOPPING)
@@ -62,9 +64,9 @@ class DisplayStatusTests(SynchronousTestCase):
         self.assertEqual(display_status(VMState.ACTIVE, TaskState.REBUILDING), "REBUILD")
 
     def test_resizeWalksQueuePrepResizeVerify(self) -> None:
-        walk = [
-            display_status(VMState.ACTIVE, task) for task in ACTIONS["resize"].tasks
-        ] + [display_status(VMState.RESIZED, None)]
+        walk = [display_status(VMState.ACTIVE, task) for task in ACTIONS["resize"].tasks] + [
+            display_status(VMState.RESIZED, None)
+        ]
         collapsed = [s for i, s in enumerate(walk) if i == 0 or walk[i - 1] != s]
         self.assertEqual(collapsed, ["QUEUE_RESIZE", "PREP_RESIZE", "RESIZE", "VERIFY_RESIZE"])
 

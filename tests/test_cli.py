@@ -1,0 +1,618 @@
+"""Tests for vmready.cli: the real CLI against the operator API on a unix socket, in-process."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+from typing import Any
+
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IListeningPort, IReactorUNIX
+from twisted.internet.task import deferLater
+from twisted.internet.utils import getProcessOutputAndValue
+from twisted.trial.unittest import SynchronousTestCase, TestCase
+from twisted.web.iweb import IRequest
+from twisted.web.resource import IResource
+from twisted.web.server import Site
+
+import vmready
+from tests.fixtures import make_lifecycle
+from vmready.api import OperatorAPI
+from vmready.cli import build_parser, run, to_yaml
+from vmready.lifecycle import Lifecycle
+from vmready.states import READY_KEY
+
+_SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(vmready.__file__)))
+_HINT = "(is it running? start it with: twistd -n vmready)"
+
+
+class RecordingSite(Site):
+    """A Site that remembers every request line and can say when one arrives."""
+
+    def __init__(self, resource: IResource) -> None:
+        super().__init__(resource)
+        self.requests: list[str] = []
+        self.channels: list[Any] = []
+        self._waiting: list[tuple[str, Deferred[None]]] = []
+
+    def getResourceFor(self, request: IRequest) -> IResource:
+        """Record ``METHOD /uri`` (waking whoever waits for it), then route as usual."""
+        line = f"{request.method.decode()} {request.uri.decode()}"
+        self.requests.append(line)
+        self.channels.append(request.channel)  # type: ignore[attr-defined]
+        for entry in list(self._waiting):
+            if entry[0] == line:
+                self._waiting.remove(entry)
+                # Once this turn, in which the request is rendered, is over.
+                reactor.callLater(0, entry[1].callback, None)
+        resource: IResource = super().getResourceFor(request)
+        return resource
+
+    def when_request(self, line: str) -> Deferred[None]:
+        """Fires just after ``METHOD /uri`` arrived and was handled."""
+        arrived: Deferred[None] = Deferred()
+        self._waiting.append((line, arrived))
+        return arrived
+
+
+class _BrokenPipe(io.StringIO):
+    """stdout that goes away after ``lines`` writes (like ``| head``)."""
+
+    def __init__(self, lines: int) -> None:
+        super().__init__()
+        self.lines = lines
+
+    def write(self, text: str) -> int:
+        if self.lines <= 0:
+            raise BrokenPipeError(32, "Broken pipe")
+        self.lines -= 1
+        return super().write(text)
+
+
+class CLITestCase(TestCase):
+    """The operator API over a real Lifecycle, listening on a temporary unix socket."""
+
+    timeout = 60
+
+    def setUp(self) -> None:
+        self.lifecycle: Lifecycle = make_lifecycle(self)
+        self.dir = tempfile.mkdtemp(prefix="vmready-cli-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        self.socket = os.path.join(self.dir, "vmready.sock")
+        self.site = RecordingSite(OperatorAPI(self.lifecycle, "fakeqemu").app.resource())
+        # Site is a ServerFactory of its own channel type; listenUNIX's stub wants Factory[Any].
+        site: Any = self.site
+        self.port: IListeningPort = IReactorUNIX(reactor).listenUNIX(self.socket, site)
+        self.addCleanup(self._close)
+
+    async def _close(self) -> None:
+        stopped = self.port.stopListening()
+        if stopped is not None:
+            await stopped
+        for channel in self.site.channels:
+            if channel.transport is not None and channel.connected:
+                channel.transport.abortConnection()
+        await deferLater(reactor, 0, lambda: None)
+
+    async def cli(self, *argv: str, out: io.StringIO | None = None) -> tuple[int, str, str]:
+        """Run ``vmready --socket <socket> argv…``; exit status, stdout, stderr."""
+        stdout = io.StringIO() if out is None else out
+        stderr = io.StringIO()
+        code = await run(reactor, ["--socket", self.socket, *argv], stdout, stderr)
+        return code, stdout.getvalue(), stderr.getvalue()
+
+    def background(self, *argv: str, out: io.StringIO | None = None) -> Deferred[Any]:
+        """The same, started now and finished later."""
+        return Deferred.fromCoroutine(self.cli(*argv, out=out))
+
+    async def launch(self, name: str = "web1", *options: str) -> None:
+        """``vmready launch``, which must succeed."""
+        code, out, err = await self.cli("launch", name, *options)
+        self.assertEqual((code, err), (0, ""), out)
+
+    def declare_ready(self, name: str = "web1") -> None:
+        """What the guest API does when the workload says Ready."""
+        self.lifecycle.store.update_config(name, {READY_KEY: "true"})
+        self.lifecycle.events.lifecycle("instance-ready", name)
+
+
+class ListAndInfoTests(CLITestCase):
+    """``list`` and ``info`` in every format."""
+
+    async def test_listTable(self) -> None:
+        await self.launch("web1")
+        await self.launch("db", "--memory", "512", "--cpus", "2")
+        code, out, _ = await self.cli("list")
+        self.assertEqual(code, 0)
+        self.assertEqual(
+            out,
+            "NAME  STATUS   DISPLAY  TASK  POWER    MEMORY  CPUS\n"
+            "db    RUNNING  ACTIVE   -     running  512MiB  2\n"
+            "web1  RUNNING  ACTIVE   -     running  256MiB  1\n",
+        )
+
+    async def test_listShowsStoppedAndReadyUpperCase(self) -> None:
+        await self.launch("web1")
+        await self.launch("web2")
+        self.assertEqual((await self.cli("stop", "web2", "--force"))[0], 0)
+        self.declare_ready("web1")
+        _, out, _ = await self.cli("list")
+        rows = [line.split()[:4] for line in out.splitlines()[1:]]
+        self.assertEqual(
+            rows, [["web1", "READY", "ACTIVE", "-"], ["web2", "STOPPED", "SHUTOFF", "-"]]
+        )
+
+    async def test_listEmptyIsJustTheHeader(self) -> None:
+        self.assertEqual(
+            await self.cli("list"), (0, "NAME  STATUS  DISPLAY  TASK  POWER  MEMORY  CPUS\n", "")
+        )
+
+    async def test_listJSONIsTheAPIObjects(self) -> None:
+        await self.launch("web1")
+        code, out, _ = await self.cli("list", "--format", "json")
+        self.assertEqual(code, 0)
+        instances = json.loads(out)
+        self.assertEqual([i["name"] for i in instances], ["web1"])
+        self.assertEqual(instances[0]["status"], "Running")
+        self.assertEqual(instances[0]["limits"], {"memory_mib": 256, "cpus": 1})
+
+    async def test_formatBeforeTheCommandToo(self) -> None:
+        await self.launch("web1")
+        code, out, _ = await self.cli("--format", "json", "list")
+        self.assertEqual((code, json.loads(out)[0]["name"]), (0, "web1"))
+
+    async def test_listYAML(self) -> None:
+        await self.launch("web1", "-c", "user.role=web server")
+        code, out, _ = await self.cli("list", "--format", "yaml")
+        self.assertEqual(code, 0)
+        self.assertIn("- name: web1\n", out)
+        self.assertIn("  status: Running\n", out)
+        self.assertIn("  config:\n    user.role: web server\n", out)
+        self.assertIn("  task_state: null\n", out)
+        self.assertIn("  location: none\n", out)
+
+    async def test_infoTable(self) -> None:
+        await self.launch("web1", "-c", "user.role=db")
+        code, out, _ = await self.cli("info", "web1")
+        self.assertEqual(code, 0)
+        lines = out.splitlines()
+        self.assertEqual(lines[0], "Name: web1")
+        self.assertIn("Status: RUNNING", lines)
+        self.assertIn("Display status: ACTIVE", lines)
+        self.assertIn("Task state: -", lines)
+        self.assertIn("Memory: 256MiB", lines)
+        self.assertEqual(lines[-2:], ["Config:", "  user.role: db"])
+
+    async def test_infoShowsThePersistedError(self) -> None:
+        await self.launch("web1")
+        self.patch(self.lifecycle.driver, "program", ["/nonexistent/qemu"])
+        await self.cli("rebuild", "web1")
+        _, out, _ = await self.cli("info", "web1")
+        self.assertIn("Status: ERROR", out.splitlines())
+        self.assertIn("Error: cannot start web1: the hypervisor program", out)
+
+    async def test_infoUnknownInstanceExits2(self) -> None:
+        self.assertEqual(
+            await self.cli("info", "nope"), (2, "", "vmready: Error: Instance nope not found\n")
+        )
+
+
+class ActionCommandTests(CLITestCase):
+    """launch, start, stop, restart, freeze, unfreeze, rebuild, resize, delete, actions."""
+
+    async def test_launchSetsMemoryCPUsAndConfig(self) -> None:
+        code, out, err = await self.cli(
+            "launch", "web1", "--memory", "512", "--cpus", "2", "-c", "user.role=db"
+        )
+        self.assertEqual((code, out, err), (0, "Creating web1\nweb1: RUNNING (ACTIVE)\n", ""))
+        self.assertEqual(
+            self.lifecycle.get("web1").config,
+            {"limits.memory": "512", "limits.cpu": "2", "user.role": "db"},
+        )
+
+    async def test_launchRejectedByTheDaemonExits1(self) -> None:
+        code, _, err = await self.cli("launch", "web1", "-c", "volatile.x=1")
+        self.assertEqual(code, 1)
+        self.assertTrue(err.startswith("vmready: Error: Invalid config key 'volatile.x'"), err)
+
+    async def test_launchConfigWithoutEqualsIsAUsageError(self) -> None:
+        code, _, err = await self.cli("launch", "web1", "-c", "user.role")
+        self.assertEqual(code, 2)
+        self.assertIn("vmready: error: -c expects key=value, got 'user.role'\n", err)
+
+    async def test_launchWaitReturnsOnceReady(self) -> None:
+        reported = self.site.when_request("GET /1.0/instances/web1")
+        launching = self.background("launch", "web1", "--wait", "--timeout", "30")
+        await reported
+        self.assertNoResult(launching)
+        self.declare_ready()
+        code, out, err = await launching
+        self.assertEqual(
+            (code, out, err), (0, "Creating web1\nweb1: RUNNING (ACTIVE)\nweb1: READY\n", "")
+        )
+
+    async def test_everyActionReportsTheResultingStatus(self) -> None:
+        await self.launch("web1")
+        steps = [
+            (["stop", "web1", "--force"], "web1: STOPPED (SHUTOFF)\n"),
+            (["start", "web1"], "web1: RUNNING (ACTIVE)\n"),
+            (["restart", "web1", "--force"], "web1: RUNNING (ACTIVE)\n"),
+            (["freeze", "web1"], "web1: FROZEN (PAUSED)\n"),
+            (["unfreeze", "web1"], "web1: RUNNING (ACTIVE)\n"),
+            (["rebuild", "web1"], "web1: RUNNING (ACTIVE)\n"),
+            (["resize", "web1", "--memory", "512"], "web1: RUNNING (VERIFY_RESIZE)\n"),
+            (["confirm-resize", "web1"], "web1: RUNNING (ACTIVE)\n"),
+            (["resize", "web1", "--cpus", "2"], "web1: RUNNING (VERIFY_RESIZE)\n"),
+            (["revert-resize", "web1"], "web1: RUNNING (ACTIVE)\n"),
+        ]
+        for argv, expected in steps:
+            self.assertEqual(await self.cli(*argv), (0, expected, ""), argv)
+        record = self.lifecycle.get("web1")
+        self.assertEqual((record.memory_mib, record.cpus), (512, 1))
+
+    async def test_stopTimeoutIsPassedOn(self) -> None:
+        await self.launch("web1")
+        self.assertEqual((await self.cli("stop", "web1", "--timeout", "0"))[0], 0)
+        history = self.lifecycle.store.list_actions("web1")
+        self.assertIn("forced stop after 0s timeout", [step.name for step in history[0].steps])
+
+    async def test_noWaitReturnsWithTheOperation(self) -> None:
+        await self.launch("web1")
+        code, out, _ = await self.cli("stop", "web1", "--force", "--no-wait")
+        self.assertEqual(code, 0)
+        self.assertRegex(out, r"^Operation /1\.0/operations/[0-9a-f-]{36}: Stop instance web1\n$")
+        for operation in self.lifecycle.operations.list():
+            await operation.when_done()
+
+    async def test_resizeNeedsMemoryOrCPUs(self) -> None:
+        code, _, err = await self.cli("resize", "web1")
+        self.assertEqual(code, 2)
+        self.assertIn("resize needs --memory and/or --cpus", err)
+
+    async def test_conflictExits1WithTheDaemonsWords(self) -> None:
+        await self.launch("web1")
+        self.assertEqual(
+            await self.cli("start", "web1"),
+            (
+                1,
+                "",
+                "vmready: Error: Cannot 'start' instance web1 while it is in vm_state active\n",
+            ),
+        )
+
+    async def test_failedOperationPrintsItsError(self) -> None:
+        await self.launch("web1")
+        self.patch(self.lifecycle.driver, "program", ["/nonexistent/qemu"])
+        code, out, err = await self.cli("rebuild", "web1")
+        self.assertEqual((code, out), (1, ""))
+        self.assertEqual(
+            err,
+            "vmready: Error: cannot start web1: the hypervisor program '/nonexistent/qemu' "
+            "is not installed\n",
+        )
+
+    async def test_deleteRefusesARunningInstanceWithoutForce(self) -> None:
+        await self.launch("web1")
+        self.assertEqual(
+            await self.cli("delete", "web1"),
+            (1, "", "vmready: Error: instance web1 is RUNNING: stop it first or pass --force\n"),
+        )
+        self.assertEqual(await self.cli("delete", "web1", "--force"), (0, "Deleted web1\n", ""))
+        self.assertEqual((await self.cli("info", "web1"))[0], 2)
+
+    async def test_actionsTable(self) -> None:
+        await self.launch("web1")
+        await self.cli("stop", "web1", "--force")
+        code, out, _ = await self.cli("actions", "web1")
+        self.assertEqual(code, 0)
+        lines = out.splitlines()
+        self.assertEqual(lines[0].split(), ["ACTION", "RESULT", "STARTED", "FINISHED", "ERROR"])
+        self.assertEqual(
+            [line.split()[:2] for line in lines[1:]],
+            [
+                ["stop", "success"],
+                ["powering-off", "success"],
+                ["forced", "stop"],
+                ["create", "success"],
+                ["spawning", "success"],
+            ],
+        )
+
+    async def test_actionsJSON(self) -> None:
+        await self.launch("web1")
+        code, out, _ = await self.cli("actions", "web1", "--format", "json")
+        history = json.loads(out)
+        self.assertEqual((code, [a["action"] for a in history]), (0, ["create"]))
+        self.assertEqual(history[0]["steps"][0]["name"], "spawning")
+
+
+class MonitorTests(CLITestCase):
+    """``monitor``: live events until stdout or the daemon goes away."""
+
+    async def test_jsonLinesUntilStdoutCloses(self) -> None:
+        out = _BrokenPipe(lines=2)
+        subscribed = self.site.when_request("GET /1.0/events")
+        monitoring = self.background("monitor", "--format", "json", out=out)
+        await subscribed
+        await self.launch("web1")
+        code, printed, err = await monitoring
+        self.assertEqual((code, err), (0, ""))
+        events = [json.loads(line) for line in printed.splitlines()]
+        self.assertEqual(
+            [(event["type"], event["metadata"]["action"]) for event in events],
+            [("lifecycle", "instance-state"), ("lifecycle", "instance-created")],
+        )
+
+    async def test_readableLinesFilteredByType(self) -> None:
+        out = _BrokenPipe(lines=2)
+        subscribed = self.site.when_request("GET /1.0/events?type=lifecycle")
+        monitoring = self.background("monitor", "--type", "lifecycle", out=out)
+        await subscribed
+        await self.launch("web1")
+        code, printed, _ = await monitoring
+        self.assertEqual(code, 0)
+        lines = printed.splitlines()
+        self.assertRegex(
+            lines[0],
+            r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d lifecycle instance-state web1 status=Starting "
+            r"status_code=106 display_status=BUILD vm_state=building task_state=spawning "
+            r"power_state=nostate$",
+        )
+        self.assertRegex(lines[1], r" lifecycle instance-created web1$")
+
+    async def test_unknownTypeExits1WithTheDaemonsWords(self) -> None:
+        code, _, err = await self.cli("monitor", "--type", "logging")
+        self.assertEqual(code, 1)
+        self.assertEqual(
+            err, "vmready: Error: Invalid event type 'logging': expected lifecycle, operation\n"
+        )
+
+    async def test_daemonGoingAwayEndsTheMonitor(self) -> None:
+        subscribed = self.site.when_request("GET /1.0/events")
+        monitoring = self.background("monitor")
+        await subscribed
+        await deferLater(reactor, 0, lambda: None)
+        for channel in self.site.channels:
+            channel.transport.loseConnection()
+        code, _, err = await monitoring
+        self.assertEqual(code, 2)
+        self.assertTrue(err.startswith("vmready: the event stream "), err)
+
+
+class WaitTests(CLITestCase):
+    """``wait NAME status=…``: subscribes first, checks once, wakes on the event."""
+
+    async def test_alreadyMetReturnsAtOnceAfterSubscribing(self) -> None:
+        await self.launch("web1")
+        self.site.requests.clear()
+        self.assertEqual(
+            await self.cli("wait", "web1", "status=running"), (0, "web1: RUNNING\n", "")
+        )
+        self.assertEqual(
+            self.site.requests, ["GET /1.0/events?type=lifecycle", "GET /1.0/instances/web1"]
+        )
+
+    async def test_wakesOnTheEventWithoutPolling(self) -> None:
+        await self.launch("web1")
+        self.site.requests.clear()
+        checked = self.site.when_request("GET /1.0/instances/web1")
+        waiting = self.background("wait", "web1", "STATUS=Stopped", "--timeout", "30")
+        await checked
+        await deferLater(reactor, 0.2, lambda: None)
+        self.assertNoResult(waiting)
+        await self.lifecycle.act("web1", "stop", force=True).when_done()
+        self.assertEqual(await waiting, (0, "web1: STOPPED\n", ""))
+        self.assertEqual(
+            self.site.requests, ["GET /1.0/events?type=lifecycle", "GET /1.0/instances/web1"]
+        )
+
+    async def test_readyIsSignalledByTheReadyEvent(self) -> None:
+        await self.launch("web1")
+        checked = self.site.when_request("GET /1.0/instances/web1")
+        waiting = self.background("wait", "web1", "status=ready")
+        await checked
+        self.declare_ready()
+        self.assertEqual(await waiting, (0, "web1: READY\n", ""))
+
+    async def test_runningIsMetByReady(self) -> None:
+        await self.launch("web1")
+        self.declare_ready()
+        self.assertEqual(
+            await self.cli("wait", "web1", "status=running"), (0, "web1: READY\n", "")
+        )
+
+    async def test_timeoutExits1(self) -> None:
+        await self.launch("web1")
+        self.assertEqual(
+            await self.cli("wait", "web1", "status=stopped", "--timeout", "0.2"),
+            (
+                1,
+                "",
+                "vmready: timed out after 0.2s waiting for web1 status=stopped "
+                "(status: RUNNING)\n",
+            ),
+        )
+
+    async def test_unknownInstanceExits2(self) -> None:
+        self.assertEqual(
+            await self.cli("wait", "nope", "status=running"),
+            (2, "", "vmready: Error: Instance nope not found\n"),
+        )
+
+    async def test_deletedWhileWaitingExits3(self) -> None:
+        await self.launch("web1")
+        checked = self.site.when_request("GET /1.0/instances/web1")
+        waiting = self.background("wait", "web1", "status=stopped")
+        await checked
+        await self.lifecycle.act("web1", "delete").when_done()
+        self.assertEqual(
+            await waiting, (3, "", "vmready: instance web1 was deleted while waiting\n")
+        )
+
+    async def test_errorWhileWaitingExits3WithTheReason(self) -> None:
+        await self.launch("web1")
+        checked = self.site.when_request("GET /1.0/instances/web1")
+        waiting = self.background("wait", "web1", "status=ready")
+        await checked
+        vm = self.lifecycle.vms["web1"]
+        assert vm.pid is not None
+        os.kill(vm.pid, signal.SIGKILL)
+        code, out, err = await waiting
+        self.assertEqual((code, out), (3, ""))
+        self.assertTrue(
+            err.startswith("vmready: instance web1 went to ERROR while waiting: "), err
+        )
+        self.assertEqual(err.count("\n"), 1)
+
+    async def test_waitingForErrorIsMetByError(self) -> None:
+        await self.launch("web1")
+        self.patch(self.lifecycle.driver, "program", ["/nonexistent/qemu"])
+        await self.cli("rebuild", "web1")
+        self.assertEqual(await self.cli("wait", "web1", "status=error"), (0, "web1: ERROR\n", ""))
+
+    async def test_unknownConditionIsAUsageError(self) -> None:
+        for condition in ("status=happy", "ip=10.0.0.1", "running"):
+            code, _, err = await self.cli("wait", "web1", condition)
+            self.assertEqual(code, 2, condition)
+            self.assertIn("vmready: error: unknown ", err)
+        self.assertEqual(self.site.requests, [])
+
+    def test_helpDocumentsTheExitCodes(self) -> None:
+        parser = build_parser()
+        stdout = io.StringIO()
+        self.patch(sys, "stdout", stdout)
+        self.assertRaises(SystemExit, parser.parse_args, ["wait", "-h"])
+        text = stdout.getvalue()
+        self.assertIn("never polls", text)
+        for line in (
+            "0  the condition was met",
+            "1  timed out (--timeout)",
+            "2  usage error, unknown instance, or the daemon is unreachable or failed",
+            "3  the instance was deleted or went to Error while waiting for another status",
+        ):
+            self.assertIn(line, text)
+
+
+class NoDaemonTests(TestCase):
+    """One clear line when nothing listens on the socket."""
+
+    def setUp(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="vmready-cli-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        self.socket = os.path.join(self.dir, "vmready.sock")
+
+    async def test_missingSocket(self) -> None:
+        err = io.StringIO()
+        code = await run(reactor, ["--socket", self.socket, "list"], io.StringIO(), err)
+        self.assertEqual(code, 2)
+        self.assertEqual(
+            err.getvalue(),
+            f"vmready: cannot reach the vmready daemon at {self.socket}: "
+            f"No such file or directory {_HINT}\n",
+        )
+
+    async def test_staleSocket(self) -> None:
+        stale = socket.socket(socket.AF_UNIX)
+        stale.bind(self.socket)
+        stale.close()
+        err = io.StringIO()
+        code = await run(
+            reactor, ["--socket", self.socket, "wait", "x", "status=ready"], None, err
+        )
+        self.assertEqual(code, 2)
+        self.assertEqual(
+            err.getvalue(),
+            f"vmready: cannot reach the vmready daemon at {self.socket}: "
+            f"Connection refused {_HINT}\n",
+        )
+
+    async def test_socketFromTheEnvironment(self) -> None:
+        self.patch(os, "environ", {**os.environ, "VMREADY_SOCKET": self.socket})
+        err = io.StringIO()
+        self.assertEqual(await run(reactor, ["list"], io.StringIO(), err), 2)
+        self.assertIn(f"daemon at {self.socket}: ", err.getvalue())
+
+    async def test_socketInTheDataDir(self) -> None:
+        environ = {k: v for k, v in os.environ.items() if k != "VMREADY_SOCKET"}
+        self.patch(os, "environ", {**environ, "VMREADY_DATA_DIR": self.dir})
+        err = io.StringIO()
+        self.assertEqual(await run(reactor, ["list"], io.StringIO(), err), 2)
+        self.assertIn(f"daemon at {self.socket}: ", err.getvalue())
+
+    async def test_consoleScriptPrintsOneLineAndExits2(self) -> None:
+        out, err, code = await getProcessOutputAndValue(
+            sys.executable,
+            ["-m", "vmready.cli", "--socket", self.socket, "list"],
+            env={**os.environ, "PYTHONPATH": _SOURCE_ROOT},
+            path=_SOURCE_ROOT,
+        )
+        self.assertEqual((code, out), (2, b""))
+        self.assertEqual(
+            err.decode(),
+            f"vmready: cannot reach the vmready daemon at {self.socket}: "
+            f"No such file or directory {_HINT}\n",
+        )
+
+
+class ConsoleScriptTests(CLITestCase):
+    """``python -m vmready.cli`` as a separate process against the listening API."""
+
+    async def test_listAsJSONInASubprocess(self) -> None:
+        await self.launch("web1")
+        out, err, code = await getProcessOutputAndValue(
+            sys.executable,
+            ["-m", "vmready.cli", "--socket", self.socket, "list", "--format", "json"],
+            env={**os.environ, "PYTHONPATH": _SOURCE_ROOT},
+            path=_SOURCE_ROOT,
+        )
+        self.assertEqual((code, err), (0, b""))
+        self.assertEqual([i["name"] for i in json.loads(out)], ["web1"])
+
+    async def test_usageErrorExits2(self) -> None:
+        _, err, code = await getProcessOutputAndValue(
+            sys.executable,
+            ["-m", "vmready.cli", "--socket", self.socket, "explode"],
+            env={**os.environ, "PYTHONPATH": _SOURCE_ROOT},
+            path=_SOURCE_ROOT,
+        )
+        self.assertEqual(code, 2)
+        self.assertIn(b"vmready: error: argument COMMAND: invalid choice: 'explode'", err)
+
+
+class YAMLTests(SynchronousTestCase):
+    """The tiny YAML emitter."""
+
+    def test_nestedMappingsAndSequences(self) -> None:
+        self.assertEqual(
+            to_yaml({"name": "web1", "limits": {"cpus": 2}, "tags": ["a", {"b": 1, "c": None}]}),
+            "name: web1\nlimits:\n  cpus: 2\ntags:\n  - a\n  - b: 1\n    c: null\n",
+        )
+
+    def test_emptyCollections(self) -> None:
+        self.assertEqual(to_yaml({"config": {}, "steps": []}), "config: {}\nsteps: []\n")
+        self.assertEqual(to_yaml([]), "[]\n")
+
+    def test_ambiguousStringsAreQuoted(self) -> None:
+        self.assertEqual(
+            to_yaml(["true", "no", "512", "", "a: b", "#x", "-1", "2024-01-01T00:00:00Z"]),
+            '- "true"\n- "no"\n- "512"\n- ""\n- "a: b"\n- "#x"\n- "-1"\n'
+            '- "2024-01-01T00:00:00Z"\n',
+        )
+
+    def test_scalars(self) -> None:
+        self.assertEqual(
+            to_yaml([True, 1.5, None, "line\nbreak"]), '- true\n- 1.5\n- null\n- "line\\nbreak"\n'
+        )
+
+    def test_plainStringsStayPlain(self) -> None:
+        self.assertEqual(
+            to_yaml({"source": "/1.0/instances/web1", "user.role": "web server"}),
+            "source: /1.0/instances/web1\nuser.role: web server\n",
+        )

@@ -1,0 +1,163 @@
+"""``twistd vmready`` as a real process: startup refusals, and surviving kill -9."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from vmready.store import Store
+
+TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
+DEADLINE = 60.0
+
+
+def twistd(data_dir: str, *extra: str) -> list[str]:
+    """The daemon's command line, in the foreground, without a pidfile."""
+    return [TWISTD, "-n", "--pidfile", "", "vmready", "--data-dir", data_dir, *extra]
+
+
+class StartupRefusalTests(SynchronousTestCase):
+    """The daemon refuses to start with one line naming the reason, and exits 1."""
+
+    def setUp(self) -> None:
+        self.directory = tempfile.mkdtemp(prefix="vmr-d-", dir="/tmp")
+        self.addCleanup(shutil.rmtree, self.directory, True)
+
+    def refusal(self, *args: str) -> str:
+        result = subprocess.run(
+            args, capture_output=True, text=True, timeout=DEADLINE, check=False
+        )
+        self.assertEqual(result.returncode, 1, result.stderr)
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        self.assertEqual(len(lines), 1, result.stderr)
+        return lines[0]
+
+    def test_unwritableDataDir(self) -> None:
+        blocker = os.path.join(self.directory, "file")
+        with open(blocker, "w"):
+            pass
+        line = self.refusal(*twistd(os.path.join(blocker, "sub")))
+        self.assertEqual(line, f"vmready: data dir {blocker}/sub is not writable: Not a directory")
+
+    def test_storeFromANewerVmready(self) -> None:
+        path = os.path.join(self.directory, "vmready.sqlite")
+        Store.open(path).close()
+        with sqlite3.connect(path) as connection:
+            connection.execute("INSERT INTO vmready_schema(version, applied_at) VALUES (99, 0)")
+        line = self.refusal(*twistd(self.directory))
+        self.assertEqual(
+            line,
+            f"vmready: store {path} has schema version 99, newer than this vmready "
+            "understands (1); upgrade vmready",
+        )
+
+    def test_addressInUse(self) -> None:
+        path = os.path.join(self.directory, "taken.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        listener.listen(1)
+        self.addCleanup(listener.close)
+        line = self.refusal(*twistd(self.directory, "--listen", f"unix:{path}"))
+        self.assertEqual(
+            line,
+            f"vmready: address unix:{path} is in use: another vmready daemon is listening there",
+        )
+
+
+class DaemonProcessTests(SynchronousTestCase):
+    """The daemon with the CLI, killed with SIGKILL and started again."""
+
+    def setUp(self) -> None:
+        self.directory = tempfile.mkdtemp(prefix="vmr-d-", dir="/tmp")
+        self.addCleanup(shutil.rmtree, self.directory, True)
+        self.socket_path = os.path.join(self.directory, "vmready.sock")
+        self.daemons: list[subprocess.Popen[bytes]] = []
+        self.addCleanup(self._stop_all)
+
+    def _stop_all(self) -> None:
+        if self.daemons and self.daemons[-1].poll() is None:
+            self.cli("delete", "demo", "--force", check=False)
+        for daemon in self.daemons:
+            if daemon.poll() is None:
+                daemon.kill()
+            daemon.wait(timeout=DEADLINE)
+        run = os.path.join(self.directory, "run")
+        for root, _, files in os.walk(run):
+            if "vm.pid" in files:
+                with open(os.path.join(root, "vm.pid")) as f:
+                    try:
+                        os.kill(int(f.read().strip()), signal.SIGKILL)
+                    except (OSError, ValueError):
+                        continue
+
+    def start_daemon(self) -> subprocess.Popen[bytes]:
+        daemon = subprocess.Popen(
+            twistd(self.directory, "--power-sync-interval", "0.5", "--stop-timeout", "1"),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.daemons.append(daemon)
+        deadline = time.monotonic() + DEADLINE
+        while time.monotonic() < deadline:
+            if daemon.poll() is not None:
+                self.fail(f"daemon exited with {daemon.returncode}")
+            if self.cli("list", check=False).returncode == 0:
+                return daemon
+            time.sleep(0.1)
+        self.fail("daemon did not answer")
+
+    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [sys.executable, "-m", "vmready.cli", "--socket", self.socket_path, *args],
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE,
+            check=False,
+        )
+        if check:
+            self.assertEqual(result.returncode, 0, result.stderr)
+        return result
+
+    def info(self, name: str) -> dict[str, Any]:
+        result = self.cli("info", name, "--format", "json")
+        document: dict[str, Any] = json.loads(result.stdout)
+        return document
+
+    def test_killedDaemonLosesNothingAndReadoptsTheVM(self) -> None:
+        daemon = self.start_daemon()
+        self.cli("launch", "demo", "--memory", "128")
+        self.cli("wait", "demo", "status=running", "--timeout", "60")
+        before = self.info("demo")
+        pidfile = os.path.join(self.directory, "run", before["uuid"][:8], "vm.pid")
+        with open(pidfile) as f:
+            vm_pid = int(f.read())
+        daemon.send_signal(signal.SIGKILL)
+        daemon.wait(timeout=DEADLINE)
+        os.kill(vm_pid, 0)  # the VM outlived its daemon
+        self.start_daemon()
+        after = self.info("demo")
+        self.assertEqual((after["uuid"], after["status"]), (before["uuid"], "Running"))
+        with open(pidfile) as f:
+            self.assertEqual(int(f.read()), vm_pid)
+        listing = self.cli("list").stdout
+        self.assertIn("RUNNING", listing)
+        self.assertIn("demo", listing)
+
+    def test_daemonNotRunningIsOneClearLine(self) -> None:
+        result = self.cli("list", check=False)
+        self.assertEqual(result.returncode, 2)
+        lines = result.stderr.strip().splitlines()
+        self.assertEqual(len(lines), 1)
+        self.assertIn(self.socket_path, lines[0])
+        self.assertIn("is it running?", lines[0])

@@ -1,0 +1,5 @@
+"""Registers ``twistd vmready``."""
+
+from twisted.application.service import ServiceMaker
+
+vmready = ServiceMaker("vmready", "vmready.daemon_tap", "The vmready host daemon.", "vmready")

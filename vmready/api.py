@@ -1,0 +1,523 @@
+"""The operator API: LXD-shaped REST over the lifecycle, served by Klein.
+
+Every response uses LXD's envelope.  Synchronous answers are
+``{"type": "sync", "status": "Success", "status_code": 200, …, "metadata": …}``;
+actions answer 202 with ``{"type": "async", "operation": "/1.0/operations/<id>", …}``
+and a ``Location`` header; errors are ``{"type": "error", "error": …, "error_code": …}``
+with the same HTTP status.  Request bodies are JSON objects of at most
+``MAX_BODY_BYTES`` (1 MiB); larger ones get 413.
+
+Routes:
+
+- ``GET /``, ``GET /1.0`` — API versions, server information (hypervisor kind).
+- ``GET /1.0/instances`` (``?recursion=1`` for objects), ``POST /1.0/instances``.
+- ``GET``/``PATCH``/``DELETE /1.0/instances/<name>``.
+- ``GET``/``PUT /1.0/instances/<name>/state`` — start, stop, restart, freeze, unfreeze.
+- ``POST /1.0/instances/<name>/actions/<rebuild|resize|confirm-resize|revert-resize>``.
+- ``GET /1.0/instances/<name>/actions`` — the action history.
+- ``GET /1.0/events?type=lifecycle,operation`` — newline-delimited JSON, kept open.
+- ``GET /1.0/operations``, ``GET /1.0/operations/<id>``, ``GET /1.0/operations/<id>/wait``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+from typing import Any
+
+from klein import Klein
+from twisted.internet.defer import Deferred, race
+from twisted.internet.task import deferLater
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.iweb import IRequest
+from werkzeug.exceptions import HTTPException
+
+import vmready
+from vmready.events import EVENT_TYPES, Event
+from vmready.lifecycle import Lifecycle, validate_config
+from vmready.model import (
+    DEFAULT_CPUS,
+    DEFAULT_MEMORY_MIB,
+    BadRequest,
+    Conflict,
+    InstanceRecord,
+    NotFound,
+    PayloadTooLarge,
+    VMReadyError,
+    task_conflict,
+)
+from vmready.operations import Operation
+from vmready.states import StatusCode, VMState
+
+__all__ = ["MAX_BODY_BYTES", "OperatorAPI", "instance_json", "rfc3339", "state_json"]
+
+# The documented cap on request bodies (413 above it).
+MAX_BODY_BYTES = 1024 * 1024
+
+STATE_ACTIONS = ("start", "stop", "restart", "freeze", "unfreeze")
+INSTANCE_ACTIONS = ("rebuild", "resize", "confirm-resize", "revert-resize")
+# LXD's "timeout": -1 means "the daemon's default".
+_DEFAULT_TIMEOUT = -1
+_ERROR_CODE_DEFAULT = 500
+# vm_states with a VM whose size PATCH must not change behind its back.
+_LIVE_STATES = frozenset({VMState.ACTIVE, VMState.PAUSED, VMState.RESIZED})
+
+
+def rfc3339(timestamp: float) -> str:
+    """A Unix timestamp as LXD writes times: RFC 3339 in UTC."""
+    stamp = datetime.datetime.fromtimestamp(timestamp, tz=datetime.UTC)
+    return stamp.isoformat().replace("+00:00", "Z")
+
+
+def instance_url(name: str) -> str:
+    """The API path of an instance."""
+    return f"/1.0/instances/{name}"
+
+
+def operation_url(operation: Operation) -> str:
+    """The API path of an operation."""
+    return f"/1.0/operations/{operation.id}"
+
+
+def state_json(record: InstanceRecord) -> dict[str, Any]:
+    """``/1.0/instances/<name>/state``: the derived status beside the three stored fields."""
+    status = record.status
+    return {
+        "status": status.name,
+        "status_code": int(status.code),
+        "display_status": record.display_status,
+        "vm_state": record.vm_state.value,
+        "task_state": record.task_state.value if record.task_state is not None else None,
+        "power_state": record.power_state.value,
+        "ready": record.ready,
+        "memory": {"total": record.memory_mib * 1024 * 1024, "total_mib": record.memory_mib},
+        "cpu": {"count": record.cpus},
+    }
+
+
+def instance_json(record: InstanceRecord) -> dict[str, Any]:
+    """``/1.0/instances/<name>``: LXD's instance object plus vmready's state fields."""
+    status = record.status
+    return {
+        "name": record.name,
+        "uuid": record.uuid,
+        "type": "virtual-machine",
+        "location": "none",
+        "project": "default",
+        "status": status.name,
+        "status_code": int(status.code),
+        "display_status": record.display_status,
+        "vm_state": record.vm_state.value,
+        "task_state": record.task_state.value if record.task_state is not None else None,
+        "power_state": record.power_state.value,
+        "error": record.error or "",
+        "config": dict(record.config),
+        "devices": {name: dict(device) for name, device in record.devices.items()},
+        "limits": {"memory_mib": record.memory_mib, "cpus": record.cpus},
+        "created_at": rfc3339(record.created_at),
+        "last_used_at": rfc3339(record.updated_at),
+        "updated_at": rfc3339(record.updated_at),
+    }
+
+
+def _json_response(request: IRequest, code: int, body: Any) -> bytes:
+    """The one place a response body is serialised (Klein would send a dict as nothing)."""
+    request.setResponseCode(code)
+    request.setHeader(b"Content-Type", b"application/json")
+    return json.dumps(body).encode("utf-8") + b"\n"
+
+
+def _sync(request: IRequest, metadata: Any) -> bytes:
+    """LXD's synchronous success envelope."""
+    return _json_response(
+        request,
+        200,
+        {
+            "type": "sync",
+            "status": "Success",
+            "status_code": int(StatusCode.SUCCESS),
+            "operation": "",
+            "error_code": 0,
+            "error": "",
+            "metadata": metadata,
+        },
+    )
+
+
+def _async(request: IRequest, operation: Operation) -> bytes:
+    """LXD's asynchronous envelope: 202, the operation, and a Location header."""
+    url = operation_url(operation)
+    request.setHeader(b"Location", url.encode("utf-8"))
+    return _json_response(
+        request,
+        202,
+        {
+            "type": "async",
+            "status": "Operation created",
+            "status_code": int(StatusCode.OPERATION_CREATED),
+            "operation": url,
+            "error_code": 0,
+            "error": "",
+            "metadata": operation.to_json(),
+        },
+    )
+
+
+def _error(request: IRequest, code: int, message: str) -> bytes:
+    """LXD's error envelope."""
+    return _json_response(request, code, {"type": "error", "error": message, "error_code": code})
+
+
+def read_json_body(request: IRequest, limit: int = MAX_BODY_BYTES) -> dict[str, Any]:
+    """The request body as a JSON object, read at most ``limit`` bytes (413 beyond it)."""
+    too_large = PayloadTooLarge(f"Request body too large (limit {limit} bytes)")
+    declared = request.getHeader(b"Content-Length")
+    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+        raise too_large
+    content = request.content
+    if content is None:
+        raw = b""
+    else:
+        content.seek(0)
+        raw = content.read(limit + 1)
+    if len(raw) > limit:
+        raise too_large
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw, parse_constant=_not_json)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise BadRequest(f"Invalid request body: {e}") from None
+    except RecursionError:
+        raise BadRequest("Invalid request body: nested too deeply") from None
+    if not isinstance(body, dict):
+        raise BadRequest(f"Invalid request body: expected a JSON object, got {_kind(body)}")
+    return body
+
+
+def _not_json(constant: str) -> Any:
+    """Python's json accepts NaN and Infinity; JSON does not."""
+    raise ValueError(f"{constant} is not valid JSON")
+
+
+def _kind(value: Any) -> str:
+    """How a JSON value is called in an error message."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def _field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], what: str) -> Any:
+    """``body[name]`` if present and of ``kind``; a 400 naming the field otherwise."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _as_tuple(kind)):
+        raise BadRequest(f"Invalid field {name!r}: expected {what}, got {_kind(value)}")
+    return value
+
+
+def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def _query(request: IRequest, name: str) -> str | None:
+    """One query parameter as text, or None."""
+    values = request.args.get(name.encode("ascii"))
+    if not values:
+        return None
+    value: bytes = values[-1]
+    return value.decode("utf-8", errors="replace")
+
+
+def _recursion(request: IRequest) -> int:
+    """``?recursion=N`` (0 when absent)."""
+    raw = _query(request, "recursion")
+    if raw is None or raw == "":
+        return 0
+    try:
+        return int(raw)
+    except ValueError:
+        raise BadRequest(f"Invalid recursion {raw!r}: expected 0 or 1") from None
+
+
+def _seconds(raw: str | None, name: str) -> float | None:
+    """A query parameter in seconds; None when absent or -1 (LXD's "no limit")."""
+    if raw is None or raw == "":
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise BadRequest(f"Invalid {name} {raw!r}: expected seconds") from None
+    if not math.isfinite(seconds):
+        raise BadRequest(f"Invalid {name} {raw!r}: expected seconds")
+    if seconds == _DEFAULT_TIMEOUT:
+        return None
+    if seconds < 0:
+        raise BadRequest(f"Invalid {name} {raw!r}: expected seconds (0 or more, or -1)")
+    return seconds
+
+
+def _event_types(raw: str | None) -> frozenset[str] | None:
+    """``?type=lifecycle,operation``: the set asked for, or None for every type."""
+    if raw is None or not raw.strip():
+        return None
+    wanted = frozenset(part.strip() for part in raw.split(",") if part.strip())
+    unknown = sorted(wanted - EVENT_TYPES)
+    if unknown:
+        raise BadRequest(
+            f"Invalid event type {unknown[0]!r}: expected {', '.join(sorted(EVENT_TYPES))}"
+        )
+    return wanted
+
+
+class OperatorAPI:
+    """The operator API over one ``Lifecycle``; serve ``OperatorAPI(...).app.resource()``."""
+
+    app = Klein()
+    log = Logger()
+
+    def __init__(self, lifecycle: Lifecycle, hypervisor: str) -> None:
+        self.lifecycle = lifecycle
+        self.hypervisor = hypervisor
+
+    # -- errors: the one place an exception becomes a response ------------
+
+    @app.handle_errors(Exception)
+    def _handle_error(self, request: IRequest, failure: Failure) -> bytes:
+        """VMReadyError → its status and message; routing errors → theirs; else a logged 500."""
+        error = failure.value
+        if isinstance(error, VMReadyError):
+            return _error(request, error.http_status, error.message)
+        if isinstance(error, HTTPException):
+            code = error.code or _ERROR_CODE_DEFAULT
+            if code == 405:
+                return _error(request, code, "method not allowed")
+            return _error(request, code, "not found" if code == 404 else str(error.name).lower())
+        self.log.failure(
+            "{method} {path} failed",
+            failure,
+            method=request.method.decode("ascii", "replace"),
+            path=request.path.decode("utf-8", "replace"),
+        )
+        return _error(request, _ERROR_CODE_DEFAULT, "internal error")
+
+    # -- server -----------------------------------------------------------
+
+    @app.route("/", methods=["GET"])
+    def root(self, request: IRequest) -> bytes:
+        """The API versions this server speaks."""
+        return _sync(request, ["/1.0"])
+
+    @app.route("/1.0", methods=["GET"])
+    def server(self, request: IRequest) -> bytes:
+        """Server information: API version and the hypervisor in use."""
+        return _sync(
+            request,
+            {
+                "api_version": "1.0",
+                "api_status": "stable",
+                "api_extensions": [],
+                "auth": "trusted",
+                "public": False,
+                "environment": {
+                    "server": "vmready",
+                    "server_version": vmready.__version__,
+                    "server_pid": os.getpid(),
+                    "hypervisor": self.hypervisor,
+                    "driver": self.hypervisor,
+                    "instance_types": ["virtual-machine"],
+                },
+            },
+        )
+
+    # -- instances --------------------------------------------------------
+
+    @app.route("/1.0/instances", methods=["GET"])
+    def list_instances(self, request: IRequest) -> bytes:
+        """Every instance, as URLs or (``recursion=1``) objects."""
+        records = sorted(self.lifecycle.list(), key=lambda record: record.name)
+        if _recursion(request) >= 1:
+            return _sync(request, [instance_json(record) for record in records])
+        return _sync(request, [instance_url(record.name) for record in records])
+
+    @app.route("/1.0/instances", methods=["POST"])
+    def create_instance(self, request: IRequest) -> bytes:
+        """Create and boot an instance; answers with its operation."""
+        body = read_json_body(request)
+        name = _field(body, "name", str, "a string")
+        if name is None:
+            raise BadRequest("Invalid field 'name': an instance name is required")
+        config = _field(body, "config", dict, "an object") or {}
+        kind = _field(body, "type", str, "a string")
+        if kind not in (None, "", "virtual-machine"):
+            raise BadRequest(
+                f"Invalid field 'type': only 'virtual-machine' is supported, not {kind!r}"
+            )
+        return _async(request, self.lifecycle.create(name, config))
+
+    @app.route("/1.0/instances/<name>", methods=["GET"])
+    def get_instance(self, request: IRequest, name: str) -> bytes:
+        """One instance."""
+        return _sync(request, instance_json(self.lifecycle.get(name)))
+
+    @app.route("/1.0/instances/<name>", methods=["PATCH"])
+    def patch_instance(self, request: IRequest, name: str) -> bytes:
+        """Set user-settable config keys (``null`` removes one); answers with the instance."""
+        body = read_json_body(request)
+        config = _field(body, "config", dict, "an object")
+        if config is None:
+            raise BadRequest("Invalid field 'config': an object of keys to set is required")
+        record = self.lifecycle.get(name)
+        changes = _config_changes(config)
+        if record.task_state is not None:
+            raise task_conflict("update", name, record.task_state.value, record.vm_state.value)
+        limits = sorted(key for key in changes if key.startswith("limits."))
+        if limits and record.vm_state in _LIVE_STATES:
+            # The VM would keep its old size while the config claims the new one.
+            raise Conflict(
+                f"Cannot change {limits[0]} of instance {name} while it is "
+                f"{record.vm_state.value}: use the resize action"
+            )
+        updated = self.lifecycle.store.update_config(name, changes)
+        self.lifecycle.events.lifecycle("instance-updated", name, {"config": changes})
+        return _sync(request, instance_json(updated))
+
+    @app.route("/1.0/instances/<name>", methods=["DELETE"])
+    def delete_instance(self, request: IRequest, name: str) -> bytes:
+        """Delete an instance (its VM is stopped first); answers with the operation."""
+        self.lifecycle.get(name)
+        return _async(request, self.lifecycle.act(name, "delete"))
+
+    @app.route("/1.0/instances/<name>/state", methods=["GET"])
+    def get_state(self, request: IRequest, name: str) -> bytes:
+        """The instance's status and the three fields it is derived from."""
+        return _sync(request, state_json(self.lifecycle.get(name)))
+
+    @app.route("/1.0/instances/<name>/state", methods=["PUT"])
+    def put_state(self, request: IRequest, name: str) -> bytes:
+        """start, stop, restart, freeze or unfreeze, with LXD's force and timeout."""
+        body = read_json_body(request)
+        action = _field(body, "action", str, "a string")
+        if action not in STATE_ACTIONS:
+            raise BadRequest(
+                f"Invalid field 'action': expected one of {', '.join(STATE_ACTIONS)}, "
+                f"got {action!r}"
+            )
+        force = _field(body, "force", bool, "true or false")
+        timeout = _field(body, "timeout", (int, float), "a number of seconds")
+        self.lifecycle.get(name)
+        params: dict[str, Any] = {}
+        if action in ("stop", "restart"):
+            if force is not None:
+                params["force"] = force
+            if timeout is not None and timeout != _DEFAULT_TIMEOUT:
+                params["timeout"] = timeout
+        return _async(request, self.lifecycle.act(name, action, **params))
+
+    @app.route("/1.0/instances/<name>/actions/<action>", methods=["POST"])
+    def run_action(self, request: IRequest, name: str, action: str) -> bytes:
+        """rebuild, resize (``{"memory", "cpus"}``), confirm-resize, revert-resize."""
+        if action not in INSTANCE_ACTIONS:
+            raise NotFound(
+                f"Unknown action {action!r}: expected one of {', '.join(INSTANCE_ACTIONS)}"
+            )
+        body = read_json_body(request)
+        allowed = ("memory", "cpus") if action == "resize" else ()
+        unexpected = sorted(set(body) - set(allowed))
+        if unexpected:
+            raise BadRequest(f"Invalid field {unexpected[0]!r}: {action} takes no such parameter")
+        params: dict[str, Any] = {}
+        for key in allowed:
+            value = _field(body, key, (str, int), "a number or a string")
+            if value is not None:
+                params[key] = value
+        self.lifecycle.get(name)
+        return _async(request, self.lifecycle.act(name, action, **params))
+
+    @app.route("/1.0/instances/<name>/actions", methods=["GET"])
+    def list_actions(self, request: IRequest, name: str) -> bytes:
+        """The instance's action history (kept after delete), newest first, with steps."""
+        actions = self.lifecycle.store.list_actions(name)
+        if not actions:
+            self.lifecycle.get(name)
+        return _sync(request, [action.to_json() for action in actions])
+
+    # -- events -----------------------------------------------------------
+
+    @app.route("/1.0/events", methods=["GET"])
+    def events(self, request: IRequest) -> Deferred[None]:
+        """Newline-delimited JSON events until the client goes away."""
+        types = _event_types(_query(request, "type"))
+        request.setResponseCode(200)
+        request.setHeader(b"Content-Type", b"application/x-ndjson")
+
+        def deliver(event: Event) -> None:
+            request.write(json.dumps(event.to_json()).encode("utf-8") + b"\n")
+
+        unsubscribe = self.lifecycle.events.subscribe(deliver, types)
+        # Headers now: a client that saw them knows it is subscribed.
+        request.write(b"")
+
+        # Klein cancels this when the connection is lost; it never fires otherwise.
+        return Deferred(lambda _: unsubscribe())
+
+    # -- operations -------------------------------------------------------
+
+    @app.route("/1.0/operations", methods=["GET"])
+    def list_operations(self, request: IRequest) -> bytes:
+        """Operations grouped by status, as URLs or (``recursion=1``) objects."""
+        recursion = _recursion(request)
+        grouped: dict[str, list[Any]] = {}
+        for operation in sorted(self.lifecycle.operations.list(), key=lambda op: op.created_at):
+            item = operation.to_json()
+            key = str(item["status"]).lower()
+            grouped.setdefault(key, []).append(
+                item if recursion >= 1 else operation_url(operation)
+            )
+        return _sync(request, grouped)
+
+    @app.route("/1.0/operations/<operation_id>", methods=["GET"])
+    def get_operation(self, request: IRequest, operation_id: str) -> bytes:
+        """One operation."""
+        return _sync(request, self.lifecycle.operations.get(operation_id).to_json())
+
+    @app.route("/1.0/operations/<operation_id>/wait", methods=["GET"])
+    async def wait_operation(self, request: IRequest, operation_id: str) -> bytes:
+        """The operation once done, or as it is when ``?timeout=S`` runs out (-1: no limit)."""
+        operation = self.lifecycle.operations.get(operation_id)
+        timeout = _seconds(_query(request, "timeout"), "timeout")
+        if not operation.done:
+            done = operation.when_done()
+            if timeout is None:
+                await done
+            else:
+                await race([done, deferLater(self.lifecycle.clock, timeout, lambda: operation)])
+        return _sync(request, operation.to_json())
+
+
+def _config_changes(config: dict[str, Any]) -> dict[str, str | None]:
+    """A PATCH's config as store updates, checked with the lifecycle's rules."""
+    setting = {key: value for key, value in config.items() if value is not None}
+    changes: dict[str, str | None] = dict(validate_config(setting))
+    for key in config:
+        if config[key] is None:
+            # Removing a key is allowed exactly when setting it is: check the key
+            # with a value that is valid for it.
+            validate_config({key: _REMOVAL_PROBE.get(key, "")})
+            changes[key] = None
+    return changes
+
+
+_REMOVAL_PROBE = {"limits.memory": str(DEFAULT_MEMORY_MIB), "limits.cpu": str(DEFAULT_CPUS)}
