@@ -315,6 +315,12 @@ class VMDeathTests(LifecycleTestCase):
         record = self.lifecycle.get("vm1")
         self.assertIn("exited unexpectedly", record.error or "")
         self.assertEqual(record.config[READY_KEY], "false")
+        last_state = [
+            e.metadata["context"] for e in self.events if e.metadata["action"] == "instance-state"
+        ][-1]
+        self.assertEqual(
+            (last_state["display_status"], last_state["error"]), ("ERROR", record.error)
+        )
         await self.lifecycle.sync_power_states()
         self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ERROR)
         self.assertEqual(self.store.list_actions("vm1")[0].action, "vm-exited")

@@ -37,17 +37,13 @@ from werkzeug.exceptions import HTTPException
 
 import vmready
 from vmready.events import EVENT_TYPES, Event
-from vmready.lifecycle import Lifecycle, validate_config
+from vmready.lifecycle import Lifecycle
 from vmready.model import (
-    DEFAULT_CPUS,
-    DEFAULT_MEMORY_MIB,
     BadRequest,
-    Conflict,
     InstanceRecord,
     NotFound,
     PayloadTooLarge,
     VMReadyError,
-    task_conflict,
 )
 from vmready.operations import Operation
 from vmready.states import StatusCode, VMState
@@ -379,20 +375,7 @@ class OperatorAPI:
         config = _field(body, "config", dict, "an object")
         if config is None:
             raise BadRequest("Invalid field 'config': an object of keys to set is required")
-        record = self.lifecycle.get(name)
-        changes = _config_changes(config)
-        if record.task_state is not None:
-            raise task_conflict("update", name, record.task_state.value, record.vm_state.value)
-        limits = sorted(key for key in changes if key.startswith("limits."))
-        if limits and record.vm_state in _LIVE_STATES:
-            # The VM would keep its old size while the config claims the new one.
-            raise Conflict(
-                f"Cannot change {limits[0]} of instance {name} while it is "
-                f"{record.vm_state.value}: use the resize action"
-            )
-        updated = self.lifecycle.store.update_config(name, changes)
-        self.lifecycle.events.lifecycle("instance-updated", name, {"config": changes})
-        return _sync(request, instance_json(updated))
+        return _sync(request, instance_json(self.lifecycle.update_config(name, config)))
 
     @app.route("/1.0/instances/<name>", methods=["DELETE"])
     def delete_instance(self, request: IRequest, name: str) -> bytes:
@@ -505,19 +488,3 @@ class OperatorAPI:
             else:
                 await race([done, deferLater(self.lifecycle.clock, timeout, lambda: operation)])
         return _sync(request, operation.to_json())
-
-
-def _config_changes(config: dict[str, Any]) -> dict[str, str | None]:
-    """A PATCH's config as store updates, checked with the lifecycle's rules."""
-    setting = {key: value for key, value in config.items() if value is not None}
-    changes: dict[str, str | None] = dict(validate_config(setting))
-    for key in config:
-        if config[key] is None:
-            # Removing a key is allowed exactly when setting it is: check the key
-            # with a value that is valid for it.
-            validate_config({key: _REMOVAL_PROBE.get(key, "")})
-            changes[key] = None
-    return changes
-
-
-_REMOVAL_PROBE = {"limits.memory": str(DEFAULT_MEMORY_MIB), "limits.cpu": str(DEFAULT_CPUS)}

@@ -484,7 +484,9 @@ def _event_line(event: dict[str, Any]) -> str:
         name = str(metadata.get("source", "")).removeprefix("/1.0/instances/")
         context = metadata.get("context") or {}
         details = " ".join(
-            f"{key}={_dash(value)}" for key, value in context.items() if not _is_block(value)
+            f"{key}={_dash(value)}"
+            for key, value in context.items()
+            if not _is_block(value) and not (key == "error" and not value)
         )
         return f"{stamp} {kind} {metadata.get('action', '?')} {name} {details}".rstrip()
     if kind == "operation":

@@ -24,7 +24,14 @@ from twisted.logger import Logger
 
 from vmready.events import EventBus
 from vmready.hypervisor import HypervisorDriver, RunningVM, VMEvent, VMSpec
-from vmready.model import BadRequest, HypervisorError, InstanceRecord, VMReadyError
+from vmready.model import (
+    BadRequest,
+    Conflict,
+    HypervisorError,
+    InstanceRecord,
+    VMReadyError,
+    task_conflict,
+)
 from vmready.operations import Operation, Operations
 from vmready.states import ACTIONS, READY_KEY, PowerState, TaskState, VMState
 from vmready.store import Store
@@ -65,6 +72,21 @@ def validate_config(config: dict[str, Any]) -> dict[str, str]:
     if "limits.cpu" in checked:
         checked["limits.cpu"] = str(parse_cpus(checked["limits.cpu"]))
     return checked
+
+
+def config_changes(config: dict[str, Any]) -> dict[str, str | None]:
+    """A config update as store changes: values validated, ``None`` (remove) for known keys."""
+    setting = {key: value for key, value in config.items() if value is not None}
+    changes: dict[str, str | None] = dict(validate_config(setting))
+    for key, value in config.items():
+        if value is None:
+            # Removing a key is allowed exactly when setting it is: check the key alone.
+            validate_config({key: _REMOVAL_PROBE.get(key, "")})
+            changes[key] = None
+    return changes
+
+
+_REMOVAL_PROBE = {"limits.memory": str(MIN_MEMORY_MIB), "limits.cpu": "1"}
 
 
 def parse_memory(value: str) -> int:
@@ -189,6 +211,23 @@ class Lifecycle:
             run_dir=os.path.join(self.run_root, record.uuid[:8]),
         )
 
+    def update_config(self, name: str, config: dict[str, Any]) -> InstanceRecord:
+        """Set user-settable keys (``None`` removes one); limits change only through resize."""
+        changes = config_changes(config)
+        record = self.store.get_instance(name)
+        if record.task_state is not None:
+            raise task_conflict("update", name, record.task_state.value, record.vm_state.value)
+        limits = sorted(key for key in changes if key.startswith("limits."))
+        if limits and record.vm_state in (VMState.ACTIVE, VMState.PAUSED, VMState.RESIZED):
+            # The VM would keep its old size while the config claimed the new one.
+            raise Conflict(
+                f"Cannot change {limits[0]} of instance {name} while it is "
+                f"{record.vm_state.value}: use the resize action"
+            )
+        updated = self.store.update_config(name, changes)
+        self.events.lifecycle("instance-updated", name, {"config": changes})
+        return updated
+
     def publish_state(self, record: InstanceRecord) -> None:
         """An ``instance-state`` event with everything a watcher needs to show the instance."""
         self.events.lifecycle(
@@ -201,6 +240,7 @@ class Lifecycle:
                 "vm_state": record.vm_state.value,
                 "task_state": record.task_state.value if record.task_state else None,
                 "power_state": record.power_state.value,
+                "error": record.error or "",
             },
         )
 
@@ -586,6 +626,7 @@ class Lifecycle:
             await adopted.force_stop()
         updated = self.store.set_error(record.name, reason, PowerState.NOSTATE)
         self.publish_state(updated)
+        self.events.lifecycle("instance-error", record.name, {"error": reason})
 
     def _resolve(
         self, record: InstanceRecord, task: TaskState, vm_state: VMState, power: PowerState
