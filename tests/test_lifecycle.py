@@ -316,7 +316,9 @@ class VMDeathTests(LifecycleTestCase):
         self.assertIn("exited unexpectedly", record.error or "")
         self.assertEqual(record.config[READY_KEY], "false")
         last_state = [
-            e.metadata["context"] for e in self.events if e.metadata["action"] == "instance-state"
+            e.metadata["context"]
+            for e in self.events
+            if e.metadata.get("action") == "instance-state"
         ][-1]
         self.assertEqual(
             (last_state["display_status"], last_state["error"]), ("ERROR", record.error)
