@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -40,3 +41,47 @@ class DemoTests(SynchronousTestCase):
         positions = [steps.index(line) for line in expected]
         self.assertEqual(positions, sorted(positions))
         self.assertFalse(os.path.exists(os.path.join(workdir, "vm.pid")))
+
+
+class RunDemoTests(SynchronousTestCase):
+    """``./dev run``: the daemon on its defaults and a demo instance that reaches RUNNING."""
+
+    def setUp(self) -> None:
+        self.data_dir = tempfile.mkdtemp(prefix="vmr-run-", dir="/tmp")
+        self.addCleanup(shutil.rmtree, self.data_dir, True)
+        self.addCleanup(self._kill_vms)
+
+    def _kill_vms(self) -> None:
+        run = os.path.join(self.data_dir, "run")
+        for entry in os.listdir(run) if os.path.isdir(run) else []:
+            pidfile = os.path.join(run, entry, "vm.pid")
+            if os.path.exists(pidfile):
+                with open(pidfile) as f:
+                    try:
+                        os.kill(int(f.read().strip()), signal.SIGKILL)
+                    except (OSError, ValueError):
+                        continue
+
+    def run_demo(self) -> list[str]:
+        result = subprocess.run(
+            [sys.executable, "-m", "vmready.rundemo", "--data-dir", self.data_dir, "--exit"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        return result.stdout.splitlines()
+
+    def test_firstRunLaunchesDemoAndShowsItRunning(self) -> None:
+        lines = self.run_demo()
+        self.assertIn("$ vmready launch demo --memory 256 --cpus 1", lines)
+        self.assertIn("demo: RUNNING", lines)
+        row = next(line for line in lines if line.startswith("demo "))
+        self.assertEqual(row.split()[:3], ["demo", "RUNNING", "ACTIVE"])
+
+    def test_secondRunReadoptsTheVMThatOutlivedTheDaemon(self) -> None:
+        self.run_demo()
+        lines = self.run_demo()
+        self.assertIn("vmready: instance demo is Running: its VM outlived the last daemon", lines)
+        self.assertNotIn("$ vmready launch demo --memory 256 --cpus 1", lines)

@@ -10,6 +10,7 @@ VMs outlive the daemon, as QEMU VMs do: the next run re-adopts them.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -20,13 +21,16 @@ DEMO = "demo"
 START_TIMEOUT = 60.0
 
 
-def cli(socket_path: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run the vmready CLI against the demo daemon, echoing the command."""
+def cli(
+    socket_path: str, *args: str, check: bool = True, quiet: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """Run the vmready CLI against the demo daemon, echoing the command unless ``quiet``."""
     command = [sys.executable, "-m", "vmready.cli", "--socket", socket_path, *args]
-    print(f"$ vmready {' '.join(args)}", flush=True)
     result = subprocess.run(command, text=True, capture_output=True, check=False)
-    sys.stdout.write(result.stdout)
-    sys.stderr.write(result.stderr)
+    if not quiet:
+        print(f"$ vmready {' '.join(args)}", flush=True)
+        sys.stdout.write(result.stdout)
+        sys.stderr.write(result.stderr)
     if check and result.returncode != 0:
         raise SystemExit(f"vmready {' '.join(args)} failed with status {result.returncode}")
     return result
@@ -55,22 +59,32 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     socket_path = os.path.join(args.data_dir, "vmready.sock")
     twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
-    command = [twistd, "-n", "--pidfile", "", "vmready", "--data-dir", args.data_dir]
-    command += ["--hypervisor", args.hypervisor]
+    os.makedirs(args.data_dir, exist_ok=True)
+    log = os.path.join(args.data_dir, "vmready.log")
+    command = [twistd, "-n", "--pidfile", "", "--logfile", log, "vmready"]
+    command += ["--data-dir", args.data_dir, "--hypervisor", args.hypervisor]
     print(f"vmready: starting the daemon: twistd -n vmready --data-dir {args.data_dir}")
+    print(f"vmready: its log is {log}")
     daemon = subprocess.Popen(command)
     try:
         wait_for_socket(daemon, socket_path)
-        existing = cli(socket_path, "info", DEMO, check=False)
+        existing = cli(socket_path, "info", DEMO, "--format", "json", check=False, quiet=True)
         if existing.returncode == 0:
-            cli(socket_path, "start", DEMO, check=False)
+            status = json.loads(existing.stdout).get("status")
+            if status in ("Stopped", "Error"):
+                cli(socket_path, "start", DEMO)
+            else:
+                print(f"vmready: instance {DEMO} is {status}: its VM outlived the last daemon")
         else:
             cli(socket_path, "launch", DEMO, "--memory", "256", "--cpus", "1")
         cli(socket_path, "wait", DEMO, "status=running", "--timeout", "60")
         cli(socket_path, "list")
         if args.exit:
             return
-        print("vmready: the daemon is running; press Ctrl-C to stop it (VMs keep running).")
+        print(
+            "vmready: the daemon is running; press Ctrl-C to stop it (VMs keep running).\n"
+            f"vmready: in another terminal: .venv/bin/vmready --socket {socket_path} list"
+        )
         daemon.wait()
     except KeyboardInterrupt:
         print()
