@@ -358,6 +358,20 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
         self.assertIn("VM not running", history[0].steps[0].error or "")
 
     @_async
+    async def test_syncStopsAVMThatRunsForAStoppedInstance(self) -> None:
+        await self.launch()
+        vm = self.lifecycle.vms["vm1"]
+        # The store says stopped (say, an operator fixed the row by hand) while the VM runs.
+        self.store.claim_task("vm1", "test", frozenset({VMState.ACTIVE}), _task("powering-off"))
+        self.store.finish_task("vm1", _task("powering-off"), VMState.STOPPED, PowerState.SHUTDOWN)
+        await self.lifecycle.sync_power_states()
+        await vm.when_gone()
+        record = self.lifecycle.get("vm1")
+        self.assertEqual(record.vm_state, VMState.STOPPED)
+        self.assertNotIn("vm1", self.lifecycle.vms)
+        self.assertIn("stopped it", self.store.list_actions("vm1")[0].steps[0].error or "")
+
+    @_async
     async def test_syncSkipsInstancesWithATaskInProgress(self) -> None:
         await self.launch()
         vm = self.lifecycle.vms.pop("vm1")
