@@ -1,0 +1,128 @@
+"""Tests for vmready.agentlink: the host's polling and handshake decisions."""
+
+from __future__ import annotations
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from vmready.agentlink import AgentLink, PollIntervals, StatusChanged, WriteConnect
+from vmready.ringbuffer import AgentStatus
+
+INTERVALS = PollIntervals(connecting=0.05, started=0.25, connected=1.0, connect_timeout=10.0)
+CONNECT = WriteConnect(b"CONNECT 2:49152\n")
+
+
+def link() -> AgentLink:
+    return AgentLink("vm1", ring_size=4096, port=49152, intervals=INTERVALS)
+
+
+class PollingTests(SynchronousTestCase):
+    """How often the ring buffer is read in each situation."""
+
+    def test_noPollingWhileTheVMIsNotRunning(self) -> None:
+        agent = link()
+        self.assertIsNone(agent.next_poll_delay())
+        agent.vm_started()
+        agent.vm_stopped()
+        self.assertIsNone(agent.next_poll_delay())
+
+    def test_pollAtOnceWhenTheVMStartsAndAfterEveryQMPEvent(self) -> None:
+        agent = link()
+        agent.vm_started(advertise=False)
+        self.assertEqual(agent.next_poll_delay(), 0.0)
+        agent.ring_read(b"", now=0)
+        self.assertEqual(agent.next_poll_delay(), INTERVALS.started)
+        agent.qmp_event()
+        self.assertEqual(agent.next_poll_delay(), 0.0)
+
+    def test_fastWhileConnectOutstandingSlowestOnceConnected(self) -> None:
+        agent = link()
+        agent.vm_started(advertise=False)
+        agent.ring_read(b"STARTED\n", now=1)
+        agent.connect_written(now=1)
+        self.assertEqual(agent.next_poll_delay(), INTERVALS.connecting)
+        agent.ring_read(b"CONNECTED\n", now=1.2)
+        self.assertFalse(agent.connect_outstanding)
+        self.assertEqual(agent.next_poll_delay(), INTERVALS.connected)
+
+    def test_unansweredConnectExpiresBackToStartedPace(self) -> None:
+        agent = link()
+        agent.vm_started()
+        agent.connect_written(now=0)
+        agent.ring_read(b"", now=0)
+        agent.tick(now=9.9)
+        self.assertEqual(agent.next_poll_delay(), INTERVALS.connecting)
+        agent.tick(now=10.0)
+        self.assertEqual(agent.next_poll_delay(), INTERVALS.started)
+
+    def test_intervalsMustBePositive(self) -> None:
+        with self.assertRaises(ValueError):
+            PollIntervals(connected=0)
+
+
+class HandshakeTests(SynchronousTestCase):
+    """CONNECT on every STARTED and at every (re)start; status changes announced once."""
+
+    def test_daemonStartAdvertisesToARunningVM(self) -> None:
+        self.assertEqual(link().vm_started(), [CONNECT])
+
+    def test_startedGetsAConnectAndAnAnnouncement(self) -> None:
+        agent = link()
+        agent.vm_started(advertise=False)
+        commands = agent.ring_read(b"STARTED\n", now=0)
+        self.assertEqual(
+            commands, [StatusChanged(AgentStatus.UNKNOWN, AgentStatus.STARTED), CONNECT]
+        )
+        self.assertEqual(commands[0].event_action, "instance-agent-started")  # type: ignore[union-attr]
+
+    def test_repeatedStartedHeartbeatIsRetriedButNotReannounced(self) -> None:
+        agent = link()
+        agent.vm_started(advertise=False)
+        agent.ring_read(b"STARTED\n", now=0)
+        self.assertEqual(agent.ring_read(b"STARTED\n", now=5), [CONNECT])
+
+    def test_connectedIsAnnouncedAndNeedsNoConnect(self) -> None:
+        agent = link()
+        agent.vm_started(advertise=False)
+        agent.ring_read(b"STARTED\n", now=0)
+        self.assertEqual(
+            agent.ring_read(b"CONNECTED\n", now=1),
+            [StatusChanged(AgentStatus.STARTED, AgentStatus.CONNECTED)],
+        )
+
+    def test_ourOwnConnectEchoIsIgnored(self) -> None:
+        agent = link()
+        agent.vm_started(advertise=False)
+        agent.ring_read(b"CONNECTED\n", now=0)
+        self.assertEqual(agent.ring_read(b"CONNECT 2:49152\n", now=1), [])
+        self.assertEqual(agent.status, AgentStatus.CONNECTED)
+
+    def test_agentStoppingIsAnnounced(self) -> None:
+        agent = link()
+        agent.vm_started(advertise=False)
+        agent.ring_read(b"CONNECTED\n", now=0)
+        self.assertEqual(
+            agent.ring_read(b"STOPPED\n", now=1),
+            [StatusChanged(AgentStatus.CONNECTED, AgentStatus.STOPPED)],
+        )
+
+    def test_vmStopMeansTheAgentStopped(self) -> None:
+        agent = link()
+        agent.vm_started(advertise=False)
+        agent.ring_read(b"CONNECTED\n", now=0)
+        self.assertEqual(
+            agent.vm_stopped(), [StatusChanged(AgentStatus.CONNECTED, AgentStatus.STOPPED)]
+        )
+        self.assertEqual(agent.vm_stopped(), [])
+
+    def test_garbageIsLoggedAndIgnored(self) -> None:
+        agent = link()
+        agent.vm_started(advertise=False)
+        commands = agent.ring_read(b"\xff\xfe\nhello\nCONNECT x:y\n" + b"A" * 5000 + b"\n", now=0)
+        self.assertEqual(commands, [])
+        self.assertEqual(agent.status, AgentStatus.UNKNOWN)
+
+    def test_overflowedReadStillFindsTheLatestStatus(self) -> None:
+        agent = AgentLink("vm1", ring_size=16, port=49152, intervals=INTERVALS)
+        agent.vm_started(advertise=False)
+        commands = agent.ring_read(b"TED\nCONNECTED\nST", now=0)
+        self.assertEqual(commands, [StatusChanged(AgentStatus.UNKNOWN, AgentStatus.CONNECTED)])
