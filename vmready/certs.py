@@ -1,0 +1,125 @@
+"""Certificates for the guest API: the daemon's server certificate and one per instance.
+
+The daemon's certificate and key are created at first start and kept in the
+data dir (``server.crt``, ``server.key`` with mode 0600).  Every instance gets
+its own self-signed client certificate at creation; the daemon remembers its
+SHA-256 fingerprint and identifies a caller by that alone, as LXD does.  The
+agent pins the daemon's certificate the same way.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import tempfile
+
+import attrs
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+SERVER_CERT = "server.crt"
+SERVER_KEY = "server.key"
+DEFAULT_DAYS = 3650
+
+
+@attrs.frozen
+class CertificatePair:
+    """A PEM certificate, its PEM private key, and the certificate's fingerprint."""
+
+    cert_pem: bytes
+    key_pem: bytes
+
+    @property
+    def fingerprint(self) -> str:
+        """SHA-256 of the DER certificate, lower-case hex."""
+        return fingerprint(self.cert_pem)
+
+
+def fingerprint(cert_pem: bytes) -> str:
+    """SHA-256 of a PEM certificate's DER form, lower-case hex (how callers are identified)."""
+    certificate = x509.load_pem_x509_certificate(cert_pem)
+    return certificate.fingerprint(hashes.SHA256()).hex()
+
+
+def generate(
+    common_name: str, days: int = DEFAULT_DAYS, now: datetime.datetime | None = None
+) -> CertificatePair:
+    """A fresh self-signed ECDSA P-384 certificate valid for ``days`` from ``now``."""
+    if days <= 0:
+        raise ValueError("a certificate must be valid for at least one day")
+    now = now or datetime.datetime.now(datetime.UTC)
+    key = ec.generate_private_key(ec.SECP384R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(common_name)]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .sign(key, hashes.SHA384())
+    )
+    return CertificatePair(
+        certificate.public_bytes(serialization.Encoding.PEM),
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ),
+    )
+
+
+def is_valid_at(cert_pem: bytes, when: datetime.datetime) -> bool:
+    """Whether ``when`` falls inside the certificate's validity period."""
+    certificate = x509.load_pem_x509_certificate(cert_pem)
+    return certificate.not_valid_before_utc <= when <= certificate.not_valid_after_utc
+
+
+def write_private(path: str, data: bytes) -> None:
+    """Write a secret atomically, readable by the owner only (0600) from the first byte."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, temporary = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+
+
+def ensure_server_certificate(data_dir: str, common_name: str = "vmready") -> CertificatePair:
+    """The daemon's certificate: loaded from the data dir, or created there at first start."""
+    cert_path = os.path.join(data_dir, SERVER_CERT)
+    key_path = os.path.join(data_dir, SERVER_KEY)
+    if os.path.exists(cert_path) and os.path.exists(key_path):
+        with open(cert_path, "rb") as c, open(key_path, "rb") as k:
+            pair = CertificatePair(c.read(), k.read())
+        os.chmod(key_path, 0o600)
+        return pair
+    pair = generate(common_name)
+    write_private(key_path, pair.key_pem)
+    write_private(cert_path, pair.cert_pem)
+    os.chmod(cert_path, 0o644)
+    return pair
+
+
+def write_config_drive(directory: str, client: CertificatePair, server_cert_pem: bytes) -> None:
+    """What the guest's agent needs, laid out as a config drive would hand it over.
+
+    ``agent.crt`` and ``agent.key`` (0600) are the instance's client identity;
+    ``server.crt`` is the daemon's certificate, which the agent pins.
+    """
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    write_private(os.path.join(directory, "agent.key"), client.key_pem)
+    write_private(os.path.join(directory, "agent.crt"), client.cert_pem)
+    write_private(os.path.join(directory, "server.crt"), server_cert_pem)
