@@ -161,3 +161,22 @@ class DaemonProcessTests(SynchronousTestCase):
         self.assertEqual(len(lines), 1)
         self.assertIn(self.socket_path, lines[0])
         self.assertIn("is it running?", lines[0])
+
+
+class FileLimitTests(SynchronousTestCase):
+    """A daemon with a thousand VMs needs a thousand descriptors for their monitors."""
+
+    def test_softLimitIsRaisedToTheHardLimit(self) -> None:
+        script = (
+            "import resource\n"
+            "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+            "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
+            "from vmready.daemon_tap import raise_file_limit\n"
+            "raise_file_limit()\n"
+            "print(*resource.getrlimit(resource.RLIMIT_NOFILE))\n"
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, check=True
+        )
+        soft, hard = result.stdout.split()
+        self.assertEqual(soft, hard)

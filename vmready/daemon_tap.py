@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import socket
 import sys
 import tempfile
@@ -86,6 +87,13 @@ def check_listen_address(endpoint: str) -> None:
     _fail(f"address unix:{path} is in use: another vmready daemon is listening there")
 
 
+def raise_file_limit() -> None:
+    """The daemon holds a QMP connection per running VM: lift the soft descriptor limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def makeService(options: Options) -> VMReadyService:
     """Check what can be checked before twistd daemonizes, then build the service."""
     from twisted.internet import reactor
@@ -98,6 +106,7 @@ def makeService(options: Options) -> VMReadyService:
     except StoreError as e:
         _fail(str(e))
     check_listen_address(options["listen"])
+    raise_file_limit()
     config = DaemonConfig(
         data_dir=data_dir,
         listen=options["listen"],
