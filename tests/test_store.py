@@ -622,6 +622,47 @@ class TaskTests(_StoreTestCase):
         self.assertRaises(NotFound, store.finish_task, "ghost", TaskState.SPAWNING, VMState.ACTIVE)
 
 
+class SettleTests(_StoreTestCase):
+    """Changes outside an action: one conditional write that never beats a task or an error."""
+
+    RUNNING = frozenset({VMState.ACTIVE, VMState.PAUSED, VMState.RESIZED})
+
+    def test_settleMovesAnIdleRunningInstance(self) -> None:
+        store = self.open()
+        self.active(store, "web", {"volatile.last_state.ready": "true"})
+        record = store.settle(
+            "web",
+            self.RUNNING,
+            VMState.STOPPED,
+            PowerState.SHUTDOWN,
+            {"volatile.last_state.ready": "false"},
+        )
+        assert record is not None
+        self.assertEqual(
+            (record.vm_state, record.power_state, record.config["volatile.last_state.ready"]),
+            (VMState.STOPPED, PowerState.SHUTDOWN, "false"),
+        )
+
+    def test_settleLeavesAnInstanceWithATaskAlone(self) -> None:
+        store = self.open()
+        self.active(store, "web")
+        store.claim_task("web", "rebuild", frozenset({VMState.ACTIVE}), TaskState.REBUILDING)
+        self.assertIsNone(store.settle("web", self.RUNNING, VMState.STOPPED, PowerState.SHUTDOWN))
+        self.assertEqual(store.get_instance("web").task_state, TaskState.REBUILDING)
+
+    def test_settleNeverOverwritesAnError(self) -> None:
+        store = self.open()
+        self.active(store, "web")
+        store.set_error("web", "disk on fire")
+        self.assertIsNone(store.settle("web", self.RUNNING, VMState.STOPPED, PowerState.SHUTDOWN))
+        record = store.get_instance("web")
+        self.assertEqual((record.vm_state, record.error), (VMState.ERROR, "disk on fire"))
+
+    def test_settleOfAMissingInstanceIsNone(self) -> None:
+        store = self.open()
+        self.assertIsNone(store.settle("nope", self.RUNNING, VMState.STOPPED, PowerState.SHUTDOWN))
+
+
 class ConfigTests(_StoreTestCase):
     """Config updates and the ready key."""
 

@@ -91,6 +91,8 @@ class Action:
     allowed_from: frozenset[VMState]
     tasks: tuple[TaskState, ...]
     ends_in: VMState
+    # Where it ends instead when the instance has no running VM (a stopped resize).
+    ends_in_when_stopped: VMState | None = None
 
 
 _ANY_LIVE = frozenset(VMState) - {VMState.DELETED}
@@ -136,12 +138,14 @@ ACTIONS: dict[str, Action] = {
             frozenset({VMState.RESIZED}),
             (TaskState.RESIZE_CONFIRMING,),
             VMState.ACTIVE,
+            ends_in_when_stopped=VMState.STOPPED,
         ),
         Action(
             "revert-resize",
             frozenset({VMState.RESIZED}),
             (TaskState.RESIZE_REVERTING,),
             VMState.ACTIVE,
+            ends_in_when_stopped=VMState.STOPPED,
         ),
         Action("delete", _ANY_LIVE, (TaskState.DELETING,), VMState.DELETED),
     )
@@ -217,9 +221,14 @@ def transition_diagram() -> str:
     """A Mermaid state diagram of ACTIONS, for the docs."""
     lines = ["stateDiagram-v2"]
     for action in ACTIONS.values():
+        steps = " → ".join(action.tasks)
         for source in sorted(action.allowed_from):
-            steps = " → ".join(action.tasks)
             lines.append(f"    {source} --> {action.ends_in}: {action.name} ({steps})")
+            if action.ends_in_when_stopped is not None:
+                lines.append(
+                    f"    {source} --> {action.ends_in_when_stopped}: "
+                    f"{action.name} ({steps}, no VM running)"
+                )
     lines.append("    active --> stopped: VM exited cleanly (guest power-off, SHUTDOWN event)")
     lines.append("    active --> error: VM died (no SHUTDOWN event) or any action failed")
     return "\n".join(lines)

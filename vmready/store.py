@@ -328,6 +328,35 @@ class Store:
             )
             return self._get(name)
 
+    def settle(
+        self,
+        name: str,
+        allowed_from: frozenset[VMState],
+        vm_state: VMState,
+        power_state: PowerState,
+        config_updates: dict[str, str | None] | None = None,
+    ) -> InstanceRecord | None:
+        """Move an idle instance to ``vm_state`` without an action (a VM exited, the poller).
+
+        One conditional ``UPDATE … WHERE task_state IS NULL AND vm_state IN (…)``:
+        an instance with a task in progress, or in a state not listed (error, say),
+        is left untouched and None is returned.
+        """
+        states = sorted(state.value for state in allowed_from)
+        placeholders = ", ".join("?" for _ in states)
+        with self._transaction():
+            current = self.find_instance(name)
+            if current is None:
+                return None
+            config = _updated(current.config, config_updates or {})
+            changed = self._db.execute(
+                "UPDATE instances SET vm_state = ?, power_state = ?, config = ?, "
+                "error = NULL, updated_at = ? "
+                f"WHERE name = ? AND task_state IS NULL AND vm_state IN ({placeholders})",
+                (vm_state.value, power_state.value, _dump(config), self._clock(), name, *states),
+            ).rowcount
+            return self._get(name) if changed else None
+
     def clear_ready_everywhere(self) -> int:
         """Remove the ready key from every instance (daemon start); return how many had it."""
         needle = json.dumps(READY_KEY)
