@@ -492,7 +492,7 @@ class StateTests(APITestCase):
             ),
             (
                 {"action": "stop", "timeout": -5},
-                "Invalid timeout -5: expected seconds (0 or more)",
+                "Invalid timeout -5: expected seconds from 0 to 3600",
             ),
         ]
         for body, message in cases:

@@ -16,6 +16,8 @@ from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from vmready.daemon_tap import check_listen_address
+from vmready.lifecycle import run_dir_name
 from vmready.store import Store
 
 TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
@@ -72,6 +74,137 @@ class StartupRefusalTests(SynchronousTestCase):
         self.assertEqual(
             line,
             f"vmready: address unix:{path} is in use: another vmready daemon is listening there",
+        )
+
+    def test_tcpPortInUse(self) -> None:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.addCleanup(listener.close)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        endpoint = f"tcp:{listener.getsockname()[1]}:interface=127.0.0.1"
+        line = self.refusal(*twistd(self.directory, "--listen", endpoint))
+        self.assertEqual(line, f"vmready: cannot listen on {endpoint}: Address already in use")
+
+    def test_unixEndpointWithAClientOnlyOption(self) -> None:
+        endpoint = f"unix:path={self.directory}/api.sock"
+        line = self.refusal(*twistd(self.directory, "--listen", endpoint))
+        self.assertTrue(
+            line.startswith(f"vmready: --listen {endpoint} is not a usable endpoint string: "),
+            line,
+        )
+        self.assertIn("'path'", line)
+
+    def test_unknownEndpointType(self) -> None:
+        line = self.refusal(*twistd(self.directory, "--listen", "bogus:x"))
+        self.assertEqual(
+            line,
+            "vmready: --listen bogus:x is not a usable endpoint string: "
+            "Unknown endpoint type: 'bogus'",
+        )
+
+    def test_fileAtTheSocketPathIsKept(self) -> None:
+        path = os.path.join(self.directory, "important.txt")
+        with open(path, "w") as f:
+            f.write("keep me")
+        line = self.refusal(*twistd(self.directory, "--listen", f"unix:{path}"))
+        self.assertEqual(
+            line,
+            f"vmready: --listen unix:{path}: {path} exists and is not a socket; not replacing it",
+        )
+        with open(path) as f:
+            self.assertEqual(f.read(), "keep me")
+
+
+class ListenAddressTests(SynchronousTestCase):
+    """check_listen_address: what makeService refuses before twistd starts, and what it clears."""
+
+    def setUp(self) -> None:
+        self.directory = tempfile.mkdtemp(prefix="vmr-dm-", dir="/tmp")
+        self.addCleanup(shutil.rmtree, self.directory, True)
+
+    def refusal(self, listen: str) -> str:
+        with self.assertRaises(SystemExit) as caught:
+            check_listen_address(listen)
+        return str(caught.exception.code)
+
+    def test_staleSocketIsRemoved(self) -> None:
+        path = os.path.join(self.directory, "stale.sock")
+        left_behind = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        left_behind.bind(path)
+        left_behind.close()  # bound, never listened: a connect is refused, as after kill -9
+        check_listen_address(f"unix:{path}")
+        self.assertFalse(os.path.exists(path))
+
+    def test_ordinaryFileIsRefusedAndKept(self) -> None:
+        path = os.path.join(self.directory, "important.txt")
+        with open(path, "w") as f:
+            f.write("keep me")
+        self.assertEqual(
+            self.refusal(f"unix:{path}"),
+            f"vmready: --listen unix:{path}: {path} exists and is not a socket; not replacing it",
+        )
+        with open(path) as f:
+            self.assertEqual(f.read(), "keep me")
+
+    def test_symlinkIsRefusedAndKept(self) -> None:
+        target = os.path.join(self.directory, "target.txt")
+        with open(target, "w"):
+            pass
+        path = os.path.join(self.directory, "link.sock")
+        os.symlink(target, path)
+        self.assertIn("is not a socket", self.refusal(f"unix:{path}"))
+        self.assertTrue(os.path.islink(path))
+
+    def test_missingDirectoryIsRefused(self) -> None:
+        path = os.path.join(self.directory, "nowhere", "api.sock")
+        self.assertEqual(
+            self.refusal(f"unix:{path}"),
+            f"vmready: --listen unix:{path}: directory {os.path.dirname(path)} does not exist",
+        )
+
+    def test_overlongSocketPathIsRefused(self) -> None:
+        path = os.path.join(self.directory, "s" * 120)
+        self.assertEqual(
+            self.refusal(f"unix:{path}"),
+            f"vmready: --listen unix:{path}: socket path is longer than 107 bytes",
+        )
+
+    def test_escapedColonInASocketPath(self) -> None:
+        path = os.path.join(self.directory, "a:b.sock")
+        with open(path, "w"):
+            pass
+        listen = "unix:" + path.replace(":", "\\:")
+        self.assertEqual(
+            self.refusal(listen),
+            f"vmready: --listen {listen}: {path} exists and is not a socket; not replacing it",
+        )
+
+    def test_takenTcpPortIsRefused(self) -> None:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.addCleanup(listener.close)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        listen = f"tcp:{listener.getsockname()[1]}:interface=127.0.0.1"
+        self.assertEqual(
+            self.refusal(listen), f"vmready: cannot listen on {listen}: Address already in use"
+        )
+
+    def test_freeTcpPortIsAcceptedAndLeftFree(self) -> None:
+        probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+        probe.close()
+        check_listen_address(f"tcp:{port}:interface=127.0.0.1")
+        again = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.addCleanup(again.close)
+        again.bind(("127.0.0.1", port))
+        again.listen(1)
+
+    def test_unparseableEndpointIsRefused(self) -> None:
+        self.assertEqual(
+            self.refusal("tcp:http"),
+            "vmready: --listen tcp:http is not a usable endpoint string: "
+            "invalid literal for int() with base 10: 'http'",
         )
 
 
@@ -139,7 +272,7 @@ class DaemonProcessTests(SynchronousTestCase):
         self.cli("launch", "demo", "--memory", "128")
         self.cli("wait", "demo", "status=running", "--timeout", "60")
         before = self.info("demo")
-        pidfile = os.path.join(self.directory, "run", before["uuid"][:8], "vm.pid")
+        pidfile = os.path.join(self.directory, "run", run_dir_name(before["uuid"]), "vm.pid")
         with open(pidfile) as f:
             vm_pid = int(f.read())
         daemon.send_signal(signal.SIGKILL)

@@ -1,17 +1,48 @@
-"""VMReadyService in-process: recovery first, then the power-sync timer (or none)."""
+"""VMReadyService in-process: recovery first, then the API and the power-sync timer."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import tempfile
+from collections.abc import Callable
+from typing import Any
 
 from twisted.application.internet import TimerService
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.error import CannotListenError
 from twisted.trial.unittest import TestCase
 
+from vmready import daemon
+from vmready.cli import Client, DaemonUnreachable
 from vmready.daemon import DaemonConfig, VMReadyService
+from vmready.lifecycle import Lifecycle
+
+
+def recovery_waits_for(gate: Deferred[None]) -> type[Lifecycle]:
+    """A Lifecycle whose recovery starts only once ``gate`` fires (and fails if it fails)."""
+
+    class GatedLifecycle(Lifecycle):
+        async def recover(self) -> None:
+            await gate
+            await super().recover()
+
+    return GatedLifecycle
+
+
+class StopRecordingReactor:
+    """The global reactor, except that a request to stop it is recorded, not obeyed."""
+
+    def __init__(self) -> None:
+        self.when_running: list[Callable[[], object]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(reactor, name)
+
+    def callWhenRunning(self, f: Callable[[], object]) -> None:
+        self.when_running.append(f)
 
 
 class DaemonServiceTests(TestCase):
@@ -21,18 +52,24 @@ class DaemonServiceTests(TestCase):
         self.directory = tempfile.mkdtemp(prefix="vmr-svc-", dir="/tmp")
         self.addCleanup(shutil.rmtree, self.directory, True)
 
-    async def started(self, interval: float) -> VMReadyService:
-        socket_path = os.path.join(self.directory, "api.sock")
+    def service(
+        self, interval: float = 0, listen: str = "", the_reactor: Any = reactor
+    ) -> VMReadyService:
+        self.socket_path = os.path.join(self.directory, "api.sock")
         service = VMReadyService(
-            reactor,
+            the_reactor,
             DaemonConfig(
                 data_dir=self.directory,
-                listen=f"unix:{socket_path}",
+                listen=listen or f"unix:{self.socket_path}",
                 power_sync_interval=interval,
             ),
         )
-        service.startService()
         self.addCleanup(service.stopService)
+        return service
+
+    async def started(self, interval: float) -> VMReadyService:
+        service = self.service(interval)
+        service.startService()
         await service.recovered
         return service
 
@@ -63,5 +100,52 @@ class DaemonServiceTests(TestCase):
             await self.started(0)
             self.assertTrue(os.path.exists(os.path.join(self.directory, "vmready.sqlite")))
             self.assertTrue(os.path.exists(os.path.join(self.directory, "api.sock")))
+
+        return ensureDeferred(check())
+
+    def test_apiListensOnlyOnceRecoveryIsOver(self) -> Deferred[None]:
+        async def check() -> None:
+            gate: Deferred[None] = Deferred()
+            self.patch(daemon, "Lifecycle", recovery_waits_for(gate))
+            service = self.service()
+            service.startService()
+            client = Client(reactor, self.socket_path)
+            with self.assertRaises(DaemonUnreachable):
+                await client.get("/1.0")
+            gate.callback(None)
+            await service.recovered
+            self.assertIn("api_status", await client.get("/1.0"))
+
+        return ensureDeferred(check())
+
+    def test_apiListensEvenIfRecoveryFails(self) -> Deferred[None]:
+        async def check() -> None:
+            gate: Deferred[None] = Deferred()
+            self.patch(daemon, "Lifecycle", recovery_waits_for(gate))
+            service = self.service()
+            service.startService()
+            gate.errback(RuntimeError("the store is on fire"))
+            with self.assertRaises(RuntimeError):
+                await service.recovered
+            self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+            self.assertIn("api_status", await Client(reactor, self.socket_path).get("/1.0"))
+
+        return ensureDeferred(check())
+
+    def test_addressTakenWhenRecoveryEndsStopsTheDaemon(self) -> Deferred[None]:
+        async def check() -> None:
+            # makeService found the address free; another process took it since.
+            taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self.addCleanup(taken.close)
+            taken.bind(("127.0.0.1", 0))
+            taken.listen(1)
+            listen = f"tcp:{taken.getsockname()[1]}:interface=127.0.0.1"
+            recording = StopRecordingReactor()
+            service = self.service(listen=listen, the_reactor=recording)
+            service.startService()
+            await service.recovered
+            self.assertEqual(len(self.flushLoggedErrors(CannotListenError)), 1)
+            self.assertEqual(recording.when_running, [reactor.stop])
+            self.assertEqual([child for child in service if child.running], [])
 
         return ensureDeferred(check())

@@ -13,9 +13,12 @@ import os
 import shutil
 import signal
 import stat
+import subprocess
 import sys
 import tempfile
+import time
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from twisted.internet import reactor
@@ -23,6 +26,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
 from twisted.internet.interfaces import IReactorUNIX
 from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.task import deferLater
 from twisted.protocols.basic import LineOnlyReceiver
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
@@ -31,6 +35,7 @@ from vmready.hypervisor import (
     AGENT_RING,
     UNEXPECTED_EXIT,
     HypervisorDriver,
+    MonitorTimeout,
     RunningVM,
     VMEvent,
     VMEventKind,
@@ -61,6 +66,24 @@ async def bounded(deferred: Deferred[_T], seconds: float = WAIT) -> _T:
 def qmp_event(name: str, **data: Any) -> QMPEvent:
     """A QMP event as the client hands it over."""
     return QMPEvent(name=name, data=data, timestamp=0.0)
+
+
+async def eventually(condition: Callable[[], bool], seconds: float = WAIT) -> None:
+    """Return once ``condition()`` holds; fail the test with a TimeoutError after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"condition still false after {seconds:g}s")
+        await deferLater(reactor, 0.01, lambda: None)
+
+
+def process_is_stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped by a signal (state T in /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
+    except (OSError, IndexError):
+        return False
 
 
 def vm_process_alive(pid: int, qmp_socket: str) -> bool:
@@ -196,6 +219,30 @@ class VMTestCase(TestCase):
                 os.kill(pid, signal.SIGKILL)
         shutil.rmtree(self.directory, ignore_errors=True)
 
+    async def hang(self, spec: VMSpec, pid: int | None) -> int:
+        """SIGSTOP ``spec``'s VM process: it keeps its monitor socket but answers nothing.
+
+        The process is SIGKILLed at cleanup if it is still there.
+        """
+        assert pid is not None
+
+        def kill() -> None:
+            if vm_process_alive(pid, spec.qmp_socket):
+                os.kill(pid, signal.SIGKILL)
+
+        self.addCleanup(kill)
+        os.kill(pid, signal.SIGSTOP)
+        await eventually(lambda: process_is_stopped(pid))
+        return pid
+
+    async def hung_vm(self, spec: VMSpec | None = None) -> RunningVM:
+        """A running VM whose process is then stopped, with a 0.5s command timeout."""
+        driver = self.make_driver()
+        driver.command_timeout = 0.5
+        vm = await self.launch(spec, driver)
+        await self.hang(vm.spec, vm.pid)
+        return vm
+
     def write_program(self, name: str, script: str) -> str:
         """An executable shell script standing in for a hypervisor binary."""
         path = os.path.join(self.directory, name)
@@ -310,6 +357,118 @@ class PowerChecks(_ChecksBase):
         with self.assertRaises(HypervisorError) as caught:
             await vm.pause()
         self.assertIn(UNEXPECTED_EXIT, caught.exception.message)
+
+    async def test_pauseOfAHungVMFailsAfterTheCommandTimeout(self) -> None:
+        vm = await self.hung_vm()
+        with self.assertRaises(HypervisorError) as caught:
+            await vm.pause()
+        self.assertEqual(
+            caught.exception.message, "QEMU monitor of VM vm1 did not answer stop within 0.5s"
+        )
+
+    async def test_resumeOfAHungVMFailsAfterTheCommandTimeout(self) -> None:
+        vm = await self.hung_vm()
+        with self.assertRaises(HypervisorError) as caught:
+            await vm.resume()
+        self.assertEqual(
+            caught.exception.message, "QEMU monitor of VM vm1 did not answer cont within 0.5s"
+        )
+
+    async def test_powerStateOfAHungVMFailsAfterTheCommandTimeout(self) -> None:
+        vm = await self.hung_vm()
+        with self.assertRaises(MonitorTimeout) as caught:
+            await vm.query_power_state()
+        self.assertIsInstance(caught.exception, HypervisorError)
+        self.assertEqual(
+            caught.exception.message,
+            "QEMU monitor of VM vm1 did not answer query-status within 0.5s",
+        )
+
+    async def test_shutdownOfAHungVMKillsIt(self) -> None:
+        vm = await self.hung_vm()
+        self.assertEqual(await bounded(Deferred.fromCoroutine(vm.shutdown(2.0))), "forced")
+        self.assertTrue(vm.gone)
+        self.assertEqual(
+            await vm.when_gone(),
+            VMEvent(
+                VMEventKind.GONE,
+                "killed by vmready with SIGKILL "
+                "(its QMP monitor did not answer system_powerdown within 0.5s)",
+                PowerState.SHUTDOWN,
+            ),
+        )
+        assert vm.pid is not None
+        self.assertFalse(vm_process_alive(vm.pid, vm.spec.qmp_socket))
+
+    async def test_shutdownDeadlineCoversThePowerButtonCommand(self) -> None:
+        vm = await self.hung_vm()
+        vm.command_timeout = 1.0
+        # system_powerdown is cut off by the 0.2s stop deadline, so quit is tried next.
+        self.assertEqual(await bounded(Deferred.fromCoroutine(vm.shutdown(0.2))), "forced")
+        self.assertEqual(
+            (await vm.when_gone()).detail,
+            "killed by vmready with SIGKILL (its QMP monitor did not answer quit within 1s)",
+        )
+        assert vm.pid is not None
+        self.assertFalse(vm_process_alive(vm.pid, vm.spec.qmp_socket))
+
+    async def test_forceStopOfAHungVMKillsIt(self) -> None:
+        vm = await self.hung_vm()
+        await bounded(Deferred.fromCoroutine(vm.force_stop()))
+        self.assertEqual(
+            await vm.when_gone(),
+            VMEvent(
+                VMEventKind.GONE,
+                "killed by vmready with SIGKILL (its QMP monitor did not answer quit within 0.5s)",
+                PowerState.SHUTDOWN,
+            ),
+        )
+        assert vm.pid is not None
+        self.assertFalse(vm_process_alive(vm.pid, vm.spec.qmp_socket))
+
+    async def test_adoptOfAHungVMNamesItsProcess(self) -> None:
+        spec = self.spec()
+        vm = await self.launch(spec)
+        await bounded(vm.detach())  # the daemon stops; then the VM hangs
+        pid = await self.hang(spec, vm.pid)
+        other = self.make_driver()
+        other.adopt_timeout = 0.5
+        with self.assertRaises(HypervisorError) as caught:
+            await other.adopt(spec)
+        self.assertIn(
+            f"the VM of vm1 runs as process {pid} but its QMP monitor did not answer: ",
+            caught.exception.message,
+        )
+        self.assertTrue(vm_process_alive(pid, spec.qmp_socket))
+
+    async def test_killOwnedKillsAHungVM(self) -> None:
+        spec = self.spec()
+        vm = await self.launch(spec)
+        await bounded(vm.detach())
+        pid = await self.hang(spec, vm.pid)
+        self.assertTrue(await bounded(self.driver.kill_owned(spec)))
+        self.assertFalse(vm_process_alive(pid, spec.qmp_socket))
+        self.assertIsNone(await self.make_driver().adopt(spec))
+
+    async def test_killOwnedKillsAVMWhoseMonitorSocketVanished(self) -> None:
+        spec = self.spec()
+        vm = await self.launch(spec)
+        await bounded(vm.detach())
+        os.unlink(spec.qmp_socket)
+        self.assertTrue(await bounded(self.driver.kill_owned(spec)))
+        assert vm.pid is not None
+        self.assertFalse(vm_process_alive(vm.pid, spec.qmp_socket))
+        self.assertFalse(await self.driver.kill_owned(spec))
+
+    async def test_killOwnedSignalsBeforeItIsAwaited(self) -> None:
+        spec = self.spec()
+        vm = await self.launch(spec)
+        await bounded(vm.detach())
+        pid = vm.pid
+        assert pid is not None
+        killed = self.driver.kill_owned(spec)
+        await eventually(lambda: not vm_process_alive(pid, spec.qmp_socket))
+        self.assertTrue(await bounded(killed))
 
     async def test_adoptReattachesToTheSameProcess(self) -> None:
         spec = self.spec()
@@ -520,23 +679,6 @@ class FakeQemuStopTests(VMTestCase):
         await vm.force_stop()
         self.assertEqual(await vm.shutdown(0.5), "clean")
 
-    async def test_hungMonitorIsKilled(self) -> None:
-        spec = self.spec()
-        vm = await self.launch(spec)
-        assert vm.pid is not None
-        os.kill(vm.pid, signal.SIGSTOP)  # the process holds its socket but answers nothing
-        vm.quit_timeout = 0.5
-        await vm.force_stop()
-        self.assertEqual(
-            await vm.when_gone(),
-            VMEvent(
-                VMEventKind.GONE,
-                "killed by vmready with SIGKILL (its QMP monitor did not answer quit)",
-                PowerState.SHUTDOWN,
-            ),
-        )
-        self.assertFalse(vm_process_alive(vm.pid, spec.qmp_socket))
-
     async def test_detachedVMKeepsRunning(self) -> None:
         spec = self.spec()
         vm = await self.launch(spec)
@@ -580,6 +722,21 @@ class FakeQemuAdoptTests(VMTestCase):
 
     async def test_adoptWithNothingThereIsNone(self) -> None:
         self.assertIsNone(await self.driver.adopt(self.spec()))
+
+    async def test_killOwnedWithNothingRunningIsFalse(self) -> None:
+        self.assertFalse(await self.driver.kill_owned(self.spec()))
+
+    async def test_killOwnedSparesAProcessThatIsNotTheVM(self) -> None:
+        spec = self.spec()
+        os.makedirs(spec.run_dir)
+        # A stale pidfile whose pid now belongs to some other process.
+        other = subprocess.Popen(["sleep", "60"])
+        self.addCleanup(other.wait)
+        self.addCleanup(other.kill)
+        with open(spec.pidfile, "w") as f:
+            f.write(f"{other.pid}\n")
+        self.assertFalse(await self.driver.kill_owned(spec))
+        self.assertIsNone(other.poll())
 
     async def test_adoptOfAVMWhoseMonitorIsHeldIsAnError(self) -> None:
         spec = self.spec()

@@ -266,6 +266,35 @@ class TransitionTests(LifecycleTestCase):
         self.assertEqual(self.lifecycle.get("vm1").memory_mib, 256)
 
     @_async
+    async def test_stoppedResizeThenConfirmEndsStoppedAndCanStart(self) -> None:
+        await self.launch(**{"limits.memory": "256"})
+        await self.wait(self.lifecycle.act("vm1", "stop", force=True))
+        await self.wait(self.lifecycle.act("vm1", "resize", memory="512"))
+        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.RESIZED)
+        await self.wait(self.lifecycle.act("vm1", "confirm-resize"))
+        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.STOPPED)
+        await self.wait(self.lifecycle.act("vm1", "start"))
+        self.assertEqual(self.vm_option("vm1", "-m"), "512M")
+
+    @_async
+    async def test_stoppedResizeThenRevertEndsStoppedWithTheOldSize(self) -> None:
+        await self.launch(**{"limits.memory": "256"})
+        await self.wait(self.lifecycle.act("vm1", "stop", force=True))
+        await self.wait(self.lifecycle.act("vm1", "resize", memory="512"))
+        await self.wait(self.lifecycle.act("vm1", "revert-resize"))
+        record = self.lifecycle.get("vm1")
+        self.assertEqual((record.vm_state, record.memory_mib), (VMState.STOPPED, 256))
+        self.assertNotIn("vm1", self.lifecycle.vms)
+
+    @_async
+    async def test_nonFiniteOrHugeStopTimeoutIsRefused(self) -> None:
+        await self.launch()
+        for timeout in (float("inf"), float("nan"), 1e400, 10**9, -1):
+            with self.assertRaises(BadRequest):
+                self.lifecycle.act("vm1", "stop", timeout=timeout)
+        self.assertIsNone(self.lifecycle.get("vm1").task_state)
+
+    @_async
     async def test_deleteGoesActiveToDeletedWithoutBuild(self) -> None:
         record = await self.launch()
         vm = self.lifecycle.vms["vm1"]
@@ -377,8 +406,44 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
         vm = self.lifecycle.vms.pop("vm1")
         await vm.force_stop()
         self.store.claim_task("vm1", "test", frozenset({VMState.ACTIVE}), _task("rebuilding"))
+        actions_before = len(self.store.list_actions("vm1"))
         await self.lifecycle.sync_power_states()
-        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ACTIVE)
+        record = self.lifecycle.get("vm1")
+        self.assertEqual(
+            (record.vm_state, record.task_state), (VMState.ACTIVE, _task("rebuilding"))
+        )
+        self.assertEqual(len(self.store.list_actions("vm1")), actions_before)
+        self.assertNotIn("vm1", self.lifecycle.vms)
+
+    @_async
+    async def test_syncLeavesAnInstanceInErrorAndItsVMAlone(self) -> None:
+        await self.launch()
+        vm = self.lifecycle.vms["vm1"]
+        self.store.set_error("vm1", "operator says no")
+        await self.lifecycle.sync_power_states()
+        self.assertFalse(vm.gone)
+        self.assertEqual(await vm.query_power_state(), PowerState.RUNNING)
+        record = self.lifecycle.get("vm1")
+        self.assertEqual((record.vm_state, record.error), (VMState.ERROR, "operator says no"))
+
+    @_async
+    async def test_errorSurvivesItsVMExiting(self) -> None:
+        await self.launch()
+        vm = self.lifecycle.vms["vm1"]
+        self.store.set_error("vm1", "resize failed: disk on fire")
+        guest = ACPIGuest()
+        control = os.path.join(vm.spec.guest_dir, "control")
+        await connectProtocol(UNIXClientEndpoint(reactor, control), guest)
+        await guest.ready
+        assert guest.transport is not None
+        guest.transport.write(b"poweroff\n")
+        await vm.when_gone()
+        await _until(lambda: "vm1" not in self.lifecycle.vms)
+        record = self.lifecycle.get("vm1")
+        self.assertEqual(
+            (record.vm_state, record.error), (VMState.ERROR, "resize failed: disk on fire")
+        )
+        self.assertEqual(self.store.list_actions("vm1")[0].action, "vm-exited")
 
     @_async
     async def test_restartedDaemonReadoptsTheRunningVMAndClearsReady(self) -> None:
@@ -406,6 +471,54 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
         self.assertEqual(record.error, "daemon stopped during rebuilding")
 
     @_async
+    async def test_restartFinishesAnInterruptedDelete(self) -> None:
+        record = await self.launch()
+        vm = self.lifecycle.vms["vm1"]
+        pid = vm.pid
+        run_dir = vm.spec.run_dir
+        await self.lifecycle.shutdown()
+        self.store.claim_task("vm1", "delete", frozenset({VMState.ACTIVE}), _task("deleting"))
+        self.lifecycle = self.new_lifecycle()
+        await self.lifecycle.recover()
+        self.assertIsNone(self.store.find_instance("vm1"))
+        self.assertFalse(os.path.exists(run_dir))
+        self.assertEqual(self.display_sequence("vm1"), ["DELETED"])
+        assert pid is not None
+        await _until(lambda: not _alive(pid))
+        self.assertTrue(record.uuid)
+
+    @_async
+    async def test_restartWithAnUnansweringVMEndsTheTaskInError(self) -> None:
+        await self.launch()
+        vm = self.lifecycle.vms["vm1"]
+        pid = vm.pid
+        assert pid is not None
+        await self.lifecycle.shutdown()
+        self.store.claim_task("vm1", "stop", frozenset({VMState.ACTIVE}), _task("powering-off"))
+        os.kill(pid, signal.SIGSTOP)
+        self.addCleanup(_kill_quietly, pid)
+        self.lifecycle = self.new_lifecycle()
+        self.lifecycle.driver.adopt_timeout = 1.0
+        await self.lifecycle.recover()
+        record = self.lifecycle.get("vm1")
+        self.assertEqual((record.vm_state, record.task_state), (VMState.ERROR, None))
+        self.assertIn("daemon stopped during powering-off", record.error or "")
+        await _until(lambda: not _alive(pid))
+
+    @_async
+    async def test_stopKillsAVMWhoseMonitorSocketVanished(self) -> None:
+        await self.launch()
+        vm = self.lifecycle.vms["vm1"]
+        pid = vm.pid
+        assert pid is not None
+        await self.lifecycle.shutdown()
+        os.unlink(vm.spec.qmp_socket)
+        self.lifecycle = self.new_lifecycle()
+        await self.wait(self.lifecycle.act("vm1", "stop", force=True))
+        await _until(lambda: not _alive(pid))
+        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.STOPPED)
+
+    @_async
     async def test_restartRollsBackAStartWhoseVMNeverCameUp(self) -> None:
         await self.launch()
         await self.wait(self.lifecycle.act("vm1", "stop", force=True))
@@ -415,6 +528,22 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
         await self.lifecycle.recover()
         record = self.lifecycle.get("vm1")
         self.assertEqual((record.vm_state, record.task_state), (VMState.STOPPED, None))
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _kill_quietly(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        return
 
 
 def _task(value: str) -> Any:

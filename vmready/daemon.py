@@ -11,6 +11,7 @@ from twisted.application.internet import TimerService
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from twisted.web.server import Site
 
 from vmready.api import OperatorAPI
@@ -33,7 +34,12 @@ class DaemonConfig:
 
 
 class VMReadyService(MultiService):
-    """Opens the store, recovers every instance, then serves the API and syncs power state."""
+    """Opens the store, recovers every instance, then serves the API and syncs power state.
+
+    The API listens only once recovery is over, so no request races the
+    re-adoption of a VM; ``recovered`` fires then (with recovery's failure, if
+    it failed: the daemon serves anyway, for an operator to look).
+    """
 
     log = Logger()
 
@@ -50,7 +56,7 @@ class VMReadyService(MultiService):
         self.store = Store.open(os.path.join(config.data_dir, "vmready.sqlite"))
         events = EventBus(self.reactor.seconds)
         driver = HypervisorDriver(self.reactor, config.hypervisor, config.qemu_binary)
-        self.lifecycle = Lifecycle(
+        lifecycle = self.lifecycle = Lifecycle(
             self.reactor,
             self.store,
             driver,
@@ -58,17 +64,16 @@ class VMReadyService(MultiService):
             os.path.join(config.data_dir, "run"),
             stop_timeout=config.stop_timeout,
         )
-        api = OperatorAPI(self.lifecycle, config.hypervisor)
-        strports.service(config.listen, Site(api.app.resource())).setServiceParent(self)
+        site = Site(OperatorAPI(lifecycle, config.hypervisor).app.resource())
         super().startService()
-        Deferred.fromCoroutine(self.lifecycle.recover()).addCallbacks(
-            self._recovered, self._recovery_failed
+        Deferred.fromCoroutine(lifecycle.recover()).addCallbacks(
+            self._recovered, self._recovery_failed, callbackArgs=(site,), errbackArgs=(site,)
         )
 
-    def _recovered(self, _: object) -> None:
-        self.log.info("recovered {count} instances", count=len(self.store.list_instances()))  # type: ignore[union-attr]
+    def _recovered(self, _: object, site: Site) -> None:
+        assert self.store is not None and self.lifecycle is not None
+        self.log.info("recovered {count} instances", count=len(self.store.list_instances()))
         if self.config.power_sync_interval > 0:
-            assert self.lifecycle is not None
             lifecycle = self.lifecycle
             timer = TimerService(
                 self.config.power_sync_interval,
@@ -76,11 +81,24 @@ class VMReadyService(MultiService):
             )
             timer.clock = self.reactor
             timer.setServiceParent(self)
+        self._listen(site)
         self.recovered.callback(None)
 
-    def _recovery_failed(self, failure: Any) -> None:
+    def _recovery_failed(self, failure: Failure, site: Site) -> None:
         self.log.failure("recovering instances failed", failure)
+        self._listen(site)
         self.recovered.errback(failure)
+
+    def _listen(self, site: Site) -> None:
+        """Serve the API on ``--listen``; a daemon that cannot do that stops."""
+        listener = strports.service(self.config.listen, site)
+        try:
+            listener.setServiceParent(self)
+        except Exception:
+            # makeService checked the address, but something took it since.
+            self.log.failure("cannot listen on {listen}; stopping", listen=self.config.listen)
+            listener.disownServiceParent()
+            self.reactor.callWhenRunning(self.reactor.stop)
 
     def stopService(self) -> Deferred[None]:
         stopped: Deferred[None] = Deferred.fromCoroutine(self._stop())

@@ -5,10 +5,18 @@ from __future__ import annotations
 import os
 import resource
 import socket
+import stat
 import sys
 import tempfile
-from typing import Any
+from typing import NoReturn
 
+from twisted.internet.endpoints import (
+    SSL4ServerEndpoint,
+    TCP4ServerEndpoint,
+    TCP6ServerEndpoint,
+    UNIXServerEndpoint,
+    serverFromString,
+)
 from twisted.python import usage
 
 from vmready.daemon import DaemonConfig, VMReadyService
@@ -17,6 +25,7 @@ from vmready.paths import default_data_dir
 from vmready.store import Store
 
 HYPERVISORS = ("fakeqemu", "qemu")
+_UNIX_PATH_MAX = 108  # sizeof(sockaddr_un.sun_path) on Linux, the terminating NUL included
 
 
 class Options(usage.Options):
@@ -55,7 +64,7 @@ class Options(usage.Options):
             self["listen"] = f"unix:{path}"
 
 
-def _fail(reason: str) -> Any:
+def _fail(reason: str) -> NoReturn:
     """Stop twistd before it starts, with one line on stderr and status 1."""
     raise SystemExit(f"vmready: {reason}")
 
@@ -69,22 +78,68 @@ def check_data_dir(path: str) -> None:
         _fail(f"data dir {path} is not writable: {e.strerror or e}")
 
 
-def check_listen_address(endpoint: str) -> None:
-    """Refuse an address another process already serves; clear a stale unix socket."""
-    if not endpoint.startswith("unix:"):
+def check_listen_address(listen: str) -> None:
+    """Refuse an endpoint string that twistd could not listen on; clear a stale unix socket."""
+    from twisted.internet import reactor
+
+    try:
+        endpoint = serverFromString(reactor, listen)
+    except Exception as e:  # each endpoint parser fails in its own way: report any of them
+        _fail(f"--listen {listen} is not a usable endpoint string: {e}")
+    if isinstance(endpoint, UNIXServerEndpoint):
+        _check_unix_socket_path(listen, endpoint._address)
+    elif isinstance(endpoint, TCP4ServerEndpoint | TCP6ServerEndpoint | SSL4ServerEndpoint):
+        family = socket.AF_INET6 if isinstance(endpoint, TCP6ServerEndpoint) else socket.AF_INET
+        _check_tcp_port_free(listen, family, endpoint._interface, endpoint._port)
+
+
+def _check_unix_socket_path(listen: str, path: str) -> None:
+    """A unix socket can be made at ``path``: nobody serves it, and nothing else is there."""
+    if not path:
+        _fail(f"--listen {listen} names no socket path")
+    if len(os.fsencode(path)) >= _UNIX_PATH_MAX:
+        _fail(f"--listen {listen}: socket path is longer than {_UNIX_PATH_MAX - 1} bytes")
+    directory = os.path.dirname(path) or "."
+    if not os.path.isdir(directory):
+        _fail(f"--listen {listen}: directory {directory} does not exist")
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
         return
-    path = endpoint[len("unix:") :].split(":")[0].replace("\\", "")
-    if not os.path.exists(path):
-        return
+    if not stat.S_ISSOCK(mode):
+        _fail(f"--listen {listen}: {path} exists and is not a socket; not replacing it")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.connect(path)
-    except OSError:
-        os.unlink(path)  # a socket left behind by a daemon that is gone
+    except ConnectionRefusedError:
+        _remove_stale_socket(listen, path)
         return
+    except OSError as e:
+        _fail(f"--listen {listen}: cannot check socket {path}: {e.strerror or e}")
     finally:
         probe.close()
     _fail(f"address unix:{path} is in use: another vmready daemon is listening there")
+
+
+def _remove_stale_socket(listen: str, path: str) -> None:
+    """Remove a socket left behind by a daemon that is gone."""
+    try:
+        os.unlink(path)
+    except OSError as e:
+        _fail(f"--listen {listen}: cannot remove stale socket {path}: {e.strerror or e}")
+
+
+def _check_tcp_port_free(listen: str, family: int, interface: str, port: int) -> None:
+    """Listen on the port for a moment, as twistd will, so a taken port is refused now."""
+    probe = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Twisted's ports do
+        probe.bind((interface, port))
+        probe.listen(1)
+    except OSError as e:
+        _fail(f"cannot listen on {listen}: {e.strerror or e}")
+    finally:
+        probe.close()
 
 
 def raise_file_limit() -> None:

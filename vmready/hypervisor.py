@@ -13,6 +13,12 @@ The pidfile is trusted only for a live process whose command line names this
 VM's QMP socket, so a stale pidfile whose pid was reused is never signalled,
 and a fakeqemu VM hosted by ``fakeqemu-host`` (whose pidfile names the shared
 host) is never killed by signal: it has no pid of its own here.
+
+Every QMP command ``RunningVM`` sends is bounded by its ``command_timeout``: a
+stopped or hung QEMU keeps its socket open and answers nothing, which is a
+``MonitorTimeout`` rather than a wait forever.  Stopping such a VM ends in
+SIGKILL; ``HypervisorDriver.kill_owned`` does the same for a VM no
+``RunningVM`` follows (its monitor socket vanished, or it does not answer).
 """
 
 from __future__ import annotations
@@ -57,11 +63,13 @@ __all__ = [
     "AGENT_PORT",
     "AGENT_RING",
     "AGENT_SERIAL_PORTS",
+    "DEFAULT_COMMAND_TIMEOUT",
     "DEFAULT_RING_SIZE",
     "HYPERVISORS",
     "LEGACY_PORT",
     "UNEXPECTED_EXIT",
     "HypervisorDriver",
+    "MonitorTimeout",
     "RunningVM",
     "SerialPort",
     "VMEvent",
@@ -80,8 +88,21 @@ QEMU_PROGRAM = "qemu-system-x86_64"
 UNEXPECTED_EXIT = (
     "QEMU process exited unexpectedly (QMP monitor disconnected without a SHUTDOWN event)"
 )
+# How long a QMP command may go unanswered before vmready gives up on it.
+DEFAULT_COMMAND_TIMEOUT = 10.0
+# How long a SIGKILLed VM process may take to disappear.
+DEFAULT_KILL_TIMEOUT = 30.0
 _OUTPUT_CAP = 64 * 1024
 _EXIT_POLL_SECONDS = 0.05
+
+
+class MonitorTimeout(HypervisorError):
+    """A VM's QMP monitor did not answer a command in time (QEMU is stopped or hung)."""
+
+    def __init__(self, name: str, command: str, timeout: float) -> None:
+        super().__init__(f"QEMU monitor of VM {name} did not answer {command} within {timeout:g}s")
+        self.command = command
+        self.timeout = timeout
 
 
 class VMEventKind(enum.StrEnum):
@@ -295,17 +316,22 @@ class RunningVM:
     log = Logger()
     # How long a process may take to exit once its monitor closed before it is killed.
     exit_grace = 10.0
-    # How long ``quit`` may go unanswered before the process is killed.
-    quit_timeout = 10.0
     # How long a killed process may take to disappear.
-    kill_timeout = 30.0
+    kill_timeout = DEFAULT_KILL_TIMEOUT
 
     def __init__(
-        self, reactor: Any, spec: VMSpec, qmp: QMPClientProtocol, pid: int | None
+        self,
+        reactor: Any,
+        spec: VMSpec,
+        qmp: QMPClientProtocol,
+        pid: int | None,
+        command_timeout: float = DEFAULT_COMMAND_TIMEOUT,
     ) -> None:
         self.spec = spec
         self.qmp = qmp
         self.pid = pid
+        # How long any QMP command may go unanswered (timed on ``reactor``).
+        self.command_timeout = command_timeout
         self._reactor = reactor
         self._listeners: list[Callable[[VMEvent], None]] = []
         self._shutdown: QMPEvent | None = None
@@ -375,9 +401,12 @@ class RunningVM:
                     name=self.spec.name,
                 )
 
+    def _hung_up(self) -> bool:
+        """Whether vmready itself closed the monitor (detach, or a QMP protocol error)."""
+        return self._detached or bool(getattr(self.qmp.transport, "disconnecting", False))
+
     def _monitor_closed(self, _: object) -> None:
-        transport = self.qmp.transport
-        if self._detached or getattr(transport, "disconnecting", False):
+        if self._hung_up():
             # We hung up (detach, or a QMP protocol error): the VM itself is not gone.
             self._detached = True
             self.log.info("stopped following VM {name}; it keeps running", name=self.spec.name)
@@ -428,9 +457,24 @@ class RunningVM:
 
     # -- commands ---------------------------------------------------------
 
+    async def _execute(
+        self,
+        command: str,
+        arguments: dict[str, Any] | None = None,
+        clock: IReactorTime | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """``command``'s return value; MonitorTimeout after ``timeout`` (``command_timeout``)."""
+        limit = self.command_timeout if timeout is None else timeout
+        timer: IReactorTime = clock if clock is not None else self._reactor
+        try:
+            return await self.qmp.execute(command, arguments).addTimeout(limit, timer)
+        except TimeoutError:
+            raise MonitorTimeout(self.spec.name, command, limit) from None
+
     async def _command(self, command: str, arguments: dict[str, Any] | None = None) -> Any:
         try:
-            return await self.qmp.execute(command, arguments)
+            return await self._execute(command, arguments)
         except QMPError as e:
             raise HypervisorError(f"QEMU refused {command} for {self.spec.name}: {e.desc}") from e
         except QMPDisconnected as e:
@@ -442,13 +486,13 @@ class RunningVM:
         if self._gone is not None:
             return self._gone.power_state or PowerState.NOSTATE
         try:
-            status = await self.qmp.execute("query-status")
+            status = await self._execute("query-status")
         except QMPError as e:
             raise HypervisorError(
                 f"QEMU refused query-status for {self.spec.name}: {e.desc}"
             ) from e
         except QMPDisconnected as e:
-            if self._detached:
+            if self._hung_up():
                 raise HypervisorError(
                     f"the QMP monitor of {self.spec.name} is closed; its state is unknown"
                 ) from e
@@ -469,16 +513,21 @@ class RunningVM:
 
         "clean" means the VM went away by itself within ``timeout`` (the gone
         event says how); a VM without a guest OS ignores the button, so it ends
-        "forced".
+        "forced".  ``timeout`` counts from the call, so it covers sending the
+        button (``system_powerdown``) too.  A monitor that does not answer that
+        within ``command_timeout`` gets the VM killed at once; in all, a hung
+        VM is gone within ``timeout + command_timeout + kill_timeout``.
         """
         timer: IReactorTime = clock if clock is not None else self._reactor
         if self._gone is not None:
             return "clean"
+        deadline = timer.seconds() + timeout
         # Whether the VM may still go by itself: its monitor is open or just closed.
         may_go = self.qmp.is_open or self._watching_exit
         if self.qmp.is_open:
+            limit = min(timeout, self.command_timeout)
             try:
-                await self.qmp.execute("system_powerdown")
+                await self._execute("system_powerdown", clock=timer, timeout=limit)
             except QMPError as e:
                 self.log.warn(
                     "QEMU refused system_powerdown for {name}: {error}",
@@ -487,11 +536,21 @@ class RunningVM:
                 )
             except QMPDisconnected:
                 pass  # it is already on its way out; wait for it below
+            except MonitorTimeout as e:
+                if limit < self.command_timeout:
+                    may_go = False  # the stop deadline passed first: on to quit
+                else:
+                    # The monitor is hung: quit would go unanswered too.
+                    self.log.warn("{error}; killing it", error=e.message)
+                    why = f"its QMP monitor did not answer system_powerdown within {limit:g}s"
+                    await self._kill_and_wait(why, timer)
+                    return "forced"
             else:
                 self.log.info("pressed the ACPI power button of {name}", name=self.spec.name)
         if may_go and not self._detached:
             try:
-                await self.when_gone().addTimeout(timeout, timer)
+                remaining = max(0.0, deadline - timer.seconds())
+                await self.when_gone().addTimeout(remaining, timer)
             except TimeoutError:
                 self.log.info(
                     "VM {name} did not power off within {timeout}s; forcing it",
@@ -504,35 +563,37 @@ class RunningVM:
         return "forced"
 
     async def force_stop(self) -> None:
-        """Stop the VM now: ``quit``, or SIGKILL when the monitor does not answer."""
+        """Stop the VM now: ``quit``, or SIGKILL when the monitor does not answer it in time."""
         await self._force(self._reactor)
 
     async def _force(self, timer: IReactorTime) -> None:
         if self._gone is not None:
             return
-        quitting = False
-        why = "its QMP monitor is closed"
-        if self.qmp.is_open:
-            why = "its QMP monitor did not answer quit"
-            try:
-                await self.qmp.execute("quit").addTimeout(self.quit_timeout, timer)
-                quitting = True
-            except QMPDisconnected:
-                quitting = True  # the monitor closed as QEMU exited
-            except (QMPError, TimeoutError) as e:
-                self.log.warn("quit failed for {name}: {error}", name=self.spec.name, error=e)
-        if not quitting:
-            self._kill(why)
+        if not self.qmp.is_open:
+            await self._kill_and_wait("its QMP monitor is closed", timer)
+            return
+        try:
+            await self._execute("quit", clock=timer)
+        except QMPDisconnected:
+            pass  # the monitor closed as QEMU exited
+        except QMPError as e:
+            self.log.warn("QEMU refused quit for {name}: {error}", name=self.spec.name, error=e)
+            await self._kill_and_wait(f"QEMU refused quit: {e.desc}", timer)
+            return
+        except MonitorTimeout as e:
+            self.log.warn("{error}; killing it", error=e.message)
+            why = f"its QMP monitor did not answer quit within {e.timeout:g}s"
+            await self._kill_and_wait(why, timer)
+            return
         try:
             await self.when_gone().addTimeout(self.kill_timeout, timer)
-            return
         except TimeoutError:
-            if not quitting:
-                raise HypervisorError(
-                    f"VM {self.spec.name} (process {self.pid}) survived SIGKILL "
-                    f"for {self.kill_timeout:g}s"
-                ) from None
-        self._kill(f"it did not exit within {self.kill_timeout:g}s of quit")
+            why = f"it did not exit within {self.kill_timeout:g}s of quit"
+            await self._kill_and_wait(why, timer)
+
+    async def _kill_and_wait(self, why: str, timer: IReactorTime) -> None:
+        """SIGKILL the VM's process because ``why`` and wait for it to be gone."""
+        self._kill(why)
         try:
             await self.when_gone().addTimeout(self.kill_timeout, timer)
         except TimeoutError:
@@ -620,6 +681,10 @@ class HypervisorDriver:
     connect_timeout = 30.0
     # How long an adopted VM's monitor may take to answer.
     adopt_timeout = 5.0
+    # How long each QMP command of the VMs this driver starts or adopts may go unanswered.
+    command_timeout = DEFAULT_COMMAND_TIMEOUT
+    # How long a process killed by ``kill_owned`` may take to disappear.
+    kill_timeout = DEFAULT_KILL_TIMEOUT
 
     def __init__(self, reactor: Any, kind: str, binary: str | None = None) -> None:
         if kind == "fakeqemu":
@@ -689,15 +754,16 @@ class HypervisorDriver:
                 f"({e}); QEMU's stderr is closed once it daemonizes, so it said nothing more"
             ) from e
         self.log.info("VM {name} runs as process {pid}", name=spec.name, pid=pid)
-        return RunningVM(self.reactor, spec, client, pid)
+        return RunningVM(self.reactor, spec, client, pid, self.command_timeout)
 
     async def adopt(self, spec: VMSpec) -> RunningVM | None:
         """Re-attach to ``spec``'s VM if it still runs, not restarting it; else None.
 
         When it does not run, its stale socket, pidfile and guest directory are
         removed.  A VM whose process is alive but whose monitor does not answer
-        (another client holds it) is neither adopted nor reported absent: that
-        is a HypervisorError.
+        (another client holds it, QEMU is stopped or hung, or the socket is gone)
+        is neither adopted nor reported absent: that is a HypervisorError naming
+        the process, and ``kill_owned`` is how to be rid of it.
         """
         pid = _owned_pid(spec)
         if pid is None and not os.path.exists(spec.qmp_socket):
@@ -709,7 +775,7 @@ class HypervisorDriver:
             if pid is not None and _is_vm_process(pid, spec.qmp_socket):
                 raise HypervisorError(
                     f"the VM of {spec.name} runs as process {pid} but its QMP monitor "
-                    f"does not answer: {e}"
+                    f"did not answer: {e}"
                 ) from e
             self.log.info(
                 "VM {name} is not running ({error}); removing its stale files",
@@ -719,7 +785,38 @@ class HypervisorDriver:
             _remove_stale_files(spec)
             return None
         self.log.info("adopted VM {name} (process {pid})", name=spec.name, pid=pid)
-        return RunningVM(self.reactor, spec, client, pid)
+        return RunningVM(self.reactor, spec, client, pid, self.command_timeout)
+
+    def kill_owned(self, spec: VMSpec) -> Deferred[bool]:
+        """SIGKILL ``spec``'s VM process when no RunningVM follows it; fires with whether one was.
+
+        For a VM whose monitor socket vanished or does not answer.  Only a live
+        process whose command line names ``spec``'s QMP socket is signalled: a
+        stale pidfile, a reused pid or a VM hosted by ``fakeqemu-host`` is left
+        alone (False).  The signal is sent before this returns; the Deferred
+        fires once the process is gone, or fails with a HypervisorError if it
+        survives ``kill_timeout``.  Stale files stay for ``adopt`` or ``launch``
+        to remove.
+        """
+        pid = _owned_pid(spec)
+        if pid is None:
+            return succeed(False)
+        self.log.warn("killing VM {name} (process {pid})", name=spec.name, pid=pid)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return succeed(False)  # it ended on its own meanwhile
+        return Deferred.fromCoroutine(self._await_killed(spec, pid))
+
+    async def _await_killed(self, spec: VMSpec, pid: int) -> bool:
+        deadline = self.reactor.seconds() + self.kill_timeout
+        while _is_vm_process(pid, spec.qmp_socket):
+            if self.reactor.seconds() >= deadline:
+                raise HypervisorError(
+                    f"VM {spec.name} (process {pid}) survived SIGKILL for {self.kill_timeout:g}s"
+                )
+            await deferLater(self.reactor, _EXIT_POLL_SECONDS, lambda: None)
+        return True
 
     def _prepare_run_dir(self, spec: VMSpec) -> None:
         try:

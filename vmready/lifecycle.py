@@ -11,6 +11,7 @@ action (rebuild, delete, start after a failed stop…) moves it from there.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -37,13 +38,29 @@ from vmready.states import ACTIONS, READY_KEY, PowerState, TaskState, VMState
 from vmready.store import Store
 
 DEFAULT_STOP_TIMEOUT = 30.0
+MAX_STOP_TIMEOUT = 3600.0
 MIN_MEMORY_MIB = 16
 MAX_MEMORY_MIB = 1024 * 1024
 MAX_CPUS = 64
 _NAME = re.compile(r"[a-zA-Z][a-zA-Z0-9-]{0,62}")
+_RUNNING_STATES = frozenset({VMState.ACTIVE, VMState.PAUSED, VMState.RESIZED})
+_TASKS_RESOLVED_BY_A_RUNNING_VM = frozenset(
+    {
+        TaskState.SPAWNING,
+        TaskState.POWERING_ON,
+        TaskState.REBOOTING,
+        TaskState.PAUSING,
+        TaskState.UNPAUSING,
+    }
+)
 _PREVIOUS_MEMORY = "volatile.resize.previous.memory"
 _PREVIOUS_CPU = "volatile.resize.previous.cpu"
 _USER_KEYS = re.compile(r"(limits\.memory|limits\.cpu|user\..+|cloud-init\..+)")
+
+
+def run_dir_name(instance_uuid: str) -> str:
+    """An instance's run directory: 64 bits of its uuid, short enough for socket paths."""
+    return instance_uuid.replace("-", "")[:16]
 
 
 def validate_name(name: str) -> None:
@@ -66,6 +83,10 @@ def validate_config(config: dict[str, Any]) -> dict[str, str]:
             )
         if not isinstance(value, str | int) or isinstance(value, bool):
             raise BadRequest(f"Invalid value for {key}: expected a string")
+        try:
+            str(value).encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRequest(f"Invalid value for {key}: not valid Unicode text") from None
         checked[key] = str(value)
     if "limits.memory" in checked:
         checked["limits.memory"] = str(parse_memory(checked["limits.memory"]))
@@ -154,6 +175,12 @@ class ActionContext:
         self.lifecycle.publish_state(record)
         return record
 
+    def complete(self) -> None:
+        """Close the history record when the instance itself is about to go (delete)."""
+        store = self.lifecycle.store
+        store.finish_step(self._step_id, "success")
+        store.finish_action(self.action_id, "success")
+
     def fail(self, reason: str) -> None:
         """End the task in vm_state error with ``reason``; the error persists."""
         store = self.lifecycle.store
@@ -208,7 +235,7 @@ class Lifecycle:
             uuid=record.uuid,
             memory_mib=record.memory_mib,
             cpus=record.cpus,
-            run_dir=os.path.join(self.run_root, record.uuid[:8]),
+            run_dir=os.path.join(self.run_root, run_dir_name(record.uuid)),
         )
 
     def update_config(self, name: str, config: dict[str, Any]) -> InstanceRecord:
@@ -218,7 +245,7 @@ class Lifecycle:
         if record.task_state is not None:
             raise task_conflict("update", name, record.task_state.value, record.vm_state.value)
         limits = sorted(key for key in changes if key.startswith("limits."))
-        if limits and record.vm_state in (VMState.ACTIVE, VMState.PAUSED, VMState.RESIZED):
+        if limits and record.vm_state in _RUNNING_STATES:
             # The VM would keep its old size while the config claimed the new one.
             raise Conflict(
                 f"Cannot change {limits[0]} of instance {name} while it is "
@@ -285,8 +312,15 @@ class Lifecycle:
         """Validate an action's parameters before anything is claimed."""
         if action in ("stop", "restart"):
             timeout = params.get("timeout", self.stop_timeout)
-            if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout < 0:
-                raise BadRequest(f"Invalid timeout {timeout!r}: expected seconds (0 or more)")
+            if (
+                not isinstance(timeout, int | float)
+                or isinstance(timeout, bool)
+                or not math.isfinite(timeout)
+                or not 0 <= timeout <= MAX_STOP_TIMEOUT
+            ):
+                raise BadRequest(
+                    f"Invalid timeout {timeout!r}: expected seconds from 0 to {MAX_STOP_TIMEOUT:g}"
+                )
             force = params.get("force", False)
             if not isinstance(force, bool):
                 raise BadRequest(f"Invalid force {force!r}: expected true or false")
@@ -351,8 +385,7 @@ class Lifecycle:
         self.events.lifecycle("instance-resumed", record.name)
 
     async def _do_rebuild(self, context: ActionContext, record: InstanceRecord) -> None:
-        if record.name in self.vms:
-            await self._power_off(context, record.name, 0, force=True)
+        await self._power_off(context, record.name, 0, force=True)
         self.store.update_config(record.name, {READY_KEY: "false"})
         await self._launch(self.store.get_instance(record.name))
         context.finish(VMState.ACTIVE, PowerState.RUNNING)
@@ -372,7 +405,7 @@ class Lifecycle:
             "limits.memory": str(memory if memory is not None else record.memory_mib),
             "limits.cpu": str(cpus if cpus is not None else record.cpus),
         }
-        was_running = record.name in self.vms
+        was_running = self._has_vm(record.name)
         context.advance(TaskState.RESIZE_MIGRATING)
         resized = await self._relaunch_with(context, record.name, updates, was_running)
         context.advance(TaskState.RESIZE_FINISH)
@@ -385,8 +418,9 @@ class Lifecycle:
         )
 
     async def _do_confirm_resize(self, context: ActionContext, record: InstanceRecord) -> None:
+        running = self._has_vm(record.name)
         context.finish(
-            VMState.ACTIVE,
+            VMState.ACTIVE if running else VMState.STOPPED,
             config_updates={_PREVIOUS_MEMORY: None, _PREVIOUS_CPU: None},
         )
         self.events.lifecycle("instance-resize-confirmed", record.name)
@@ -398,27 +432,44 @@ class Lifecycle:
             _PREVIOUS_MEMORY: None,
             _PREVIOUS_CPU: None,
         }
-        was_running = record.name in self.vms
+        was_running = self._has_vm(record.name)
         await self._relaunch_with(context, record.name, updates, was_running)
-        power = PowerState.RUNNING if was_running else PowerState.SHUTDOWN
-        context.finish(VMState.ACTIVE, power)
+        if was_running:
+            context.finish(VMState.ACTIVE, PowerState.RUNNING)
+        else:
+            context.finish(VMState.STOPPED, PowerState.SHUTDOWN)
         self.events.lifecycle("instance-resize-reverted", record.name)
 
     async def _do_delete(self, context: ActionContext, record: InstanceRecord) -> None:
-        if record.name in self.vms:
-            await self._power_off(context, record.name, 0, force=True)
-        self.store.finish_step(context._step_id, "success")
-        self.store.finish_action(context.action_id, "success")
+        await self._power_off(context, record.name, 0, force=True)
+        context.complete()
+        self._forget(record)
+
+    def _forget(self, record: InstanceRecord, reason: str | None = None) -> None:
+        """The instance is gone: its row, its run directory, and a DELETED event."""
         self.store.delete_instance(record.name)
         shutil.rmtree(self.spec_for(record).run_dir, ignore_errors=True)
         self.events.lifecycle(
             "instance-state",
             record.name,
-            {"status": "Deleted", "display_status": "DELETED", "vm_state": "deleted"},
+            {
+                "status": "Deleted",
+                "display_status": "DELETED",
+                "vm_state": VMState.DELETED.value,
+                "task_state": None,
+                "power_state": PowerState.NOSTATE.value,
+                "error": "",
+            },
         )
-        self.events.lifecycle("instance-deleted", record.name)
+        self.events.lifecycle(
+            "instance-deleted", record.name, {"reason": reason} if reason else {}
+        )
 
     # -- hypervisor plumbing ----------------------------------------------
+
+    def _has_vm(self, name: str) -> bool:
+        vm = self.vms.get(name)
+        return vm is not None and not vm.gone
 
     def _vm(self, name: str) -> RunningVM:
         vm = self.vms.get(name)
@@ -450,8 +501,12 @@ class Lifecycle:
     ) -> None:
         vm = self.vms.get(name)
         if vm is None or vm.gone:
-            context.note("power-off", "success", "no VM was running")
             self._detach(name)
+            record = self.store.get_instance(name)
+            if await self.driver.kill_owned(self.spec_for(record)):
+                context.note("killed a VM process whose monitor vmready had lost")
+            else:
+                context.note("power-off", "success", "no VM was running")
             return
         self._detach(name)
         if force:
@@ -489,81 +544,105 @@ class Lifecycle:
     def _vm_went_away(self, record: InstanceRecord, event: VMEvent) -> None:
         # The driver judges the exit: SHUTDOWN for a shutdown QEMU announced, CRASHED otherwise.
         clean = event.power_state is PowerState.SHUTDOWN
-        action_id = self.store.start_action(record.name, "vm-exited", str(uuid.uuid4()))
-        self.store.update_config(record.name, {READY_KEY: "false"})
-        if clean:
-            self.store.add_step(action_id, "vm-exited", "success", event.detail)
-            self.store.finish_action(action_id, "success", event.detail)
-            updated = self.store.claim_task(
-                record.name, "vm-exited", frozenset({record.vm_state}), TaskState.POWERING_OFF
+        self._history(record.name, "vm-exited", event.detail, ok=clean)
+        ready_false: dict[str, str | None] = {READY_KEY: "false"}
+        if record.vm_state is VMState.ERROR:
+            # The error stays; only note that its VM is gone too.
+            self.store.update_config(record.name, ready_false)
+            self.publish_state(
+                self.store.set_power_state(record.name, event.power_state or PowerState.CRASHED)
             )
-            updated = self.store.finish_task(
-                record.name, TaskState.POWERING_OFF, VMState.STOPPED, PowerState.SHUTDOWN
-            )
-            self.publish_state(updated)
-            self.events.lifecycle("instance-shutdown", record.name, {"reason": event.detail})
             return
-        self.store.add_step(action_id, "vm-exited", "error", event.detail)
-        self.store.finish_action(action_id, "error", event.detail)
-        updated = self.store.set_error(record.name, event.detail, PowerState.CRASHED)
+        if clean:
+            updated = self.store.settle(
+                record.name, _RUNNING_STATES, VMState.STOPPED, PowerState.SHUTDOWN, ready_false
+            )
+            if updated is not None:
+                self.publish_state(updated)
+                self.events.lifecycle("instance-shutdown", record.name, {"reason": event.detail})
+            return
+        self.store.update_config(record.name, ready_false)
+        self._fail_idle(record, event.detail, PowerState.CRASHED)
+
+    def _fail_idle(self, record: InstanceRecord, reason: str, power: PowerState) -> None:
+        """An instance with no task goes to error with ``reason``; the error persists."""
+        updated = self.store.set_error(record.name, reason, power)
         self.publish_state(updated)
-        self.events.lifecycle("instance-error", record.name, {"error": event.detail})
+        self.events.lifecycle("instance-error", record.name, {"error": reason})
+
+    def _history(self, name: str, action: str, detail: str, ok: bool = True) -> None:
+        """A one-step action in the history, for things that happen outside an action."""
+        result = "success" if ok else "error"
+        action_id = self.store.start_action(name, action, str(uuid.uuid4()))
+        self.store.add_step(action_id, action, result, detail)
+        self.store.finish_action(action_id, result, detail)
 
     # -- power sync and restart -------------------------------------------
 
     async def sync_power_states(self) -> None:
-        """One reconciliation round; errors and instances with a task are left alone."""
-        for record in self.store.list_instances():
-            if record.vm_state is VMState.ERROR or record.task_state is not None:
-                continue
-            try:
-                await self._sync_one(record)
-            except VMReadyError as e:
-                self.log.warn("power sync of {name}: {error}", name=record.name, error=e.message)
+        """One reconciliation round, all instances at once; errors and tasks are left alone."""
+        idle = [
+            record
+            for record in self.store.list_instances()
+            if record.vm_state is not VMState.ERROR and record.task_state is None
+        ]
+        await gatherResults(
+            [Deferred.fromCoroutine(self._sync_guarded(record)) for record in idle],
+            consumeErrors=True,
+        )
+
+    async def _sync_guarded(self, record: InstanceRecord) -> None:
+        try:
+            await self._sync_one(record)
+        except VMReadyError as e:
+            self.log.warn("power sync of {name}: {error}", name=record.name, error=e.message)
 
     async def _sync_one(self, record: InstanceRecord) -> None:
         vm = self.vms.get(record.name)
-        should_run = record.vm_state in (VMState.ACTIVE, VMState.PAUSED, VMState.RESIZED) and (
+        should_run = record.vm_state in _RUNNING_STATES and (
             record.power_state is not PowerState.SHUTDOWN
         )
         if vm is None or vm.gone:
             if should_run:
-                adopted = await self.driver.adopt(self.spec_for(record))
-                if adopted is not None:
-                    self._attach(record.name, adopted)
-                    return
-                self._record_sync(record, "VM not running: no QEMU process answers its monitor")
+                await self._adopt_or_settle(record, "VM not running: no QEMU process answers")
             return
         if not should_run:
             self._detach(record.name)
             await vm.force_stop()
-            self._sync_step(
-                record.name, "VM was running while the instance is stopped; stopped it"
+            self._history(
+                record.name,
+                "power-sync",
+                "VM was running while the instance is stopped; stopped it",
             )
             return
         power = await vm.query_power_state()
-        if power is not record.power_state:
+        current = self.store.find_instance(record.name)
+        if current is not None and current.task_state is None and power is not current.power_state:
             self.publish_state(self.store.set_power_state(record.name, power))
 
-    def _record_sync(self, record: InstanceRecord, why: str) -> None:
-        self._sync_step(record.name, why)
-        updated = self.store.claim_task(
-            record.name, "power-sync", frozenset({record.vm_state}), TaskState.POWERING_OFF
-        )
-        updated = self.store.finish_task(
+    async def _adopt_or_settle(self, record: InstanceRecord, why: str) -> None:
+        """Re-attach the instance's VM; if none runs, it is stopped; if it won't answer, error."""
+        try:
+            adopted = await self.driver.adopt(self.spec_for(record))
+        except HypervisorError as e:
+            current = self.store.find_instance(record.name)
+            if current is not None and current.task_state is None:
+                self._fail_idle(current, e.message, PowerState.NOSTATE)
+            return
+        if adopted is not None:
+            self._attach(record.name, adopted)
+            return
+        updated = self.store.settle(
             record.name,
-            TaskState.POWERING_OFF,
+            _RUNNING_STATES,
             VMState.STOPPED,
             PowerState.SHUTDOWN,
             {READY_KEY: "false"},
         )
-        self.publish_state(updated)
-        self.events.lifecycle("instance-stopped", record.name, {"reason": why})
-
-    def _sync_step(self, name: str, why: str) -> None:
-        action_id = self.store.start_action(name, "power-sync", str(uuid.uuid4()))
-        self.store.add_step(action_id, "power-sync", "success", why)
-        self.store.finish_action(action_id, "success", why)
+        if updated is not None:
+            self._history(record.name, "power-sync", why)
+            self.publish_state(updated)
+            self.events.lifecycle("instance-stopped", record.name, {"reason": why})
 
     async def recover(self) -> None:
         """At daemon start: clear Ready, close interrupted actions, re-adopt or resolve VMs."""
@@ -578,55 +657,51 @@ class Lifecycle:
                 self.log.warn("recovering {name}: {error}", name=record.name, error=e.message)
 
     async def _recover_one(self, record: InstanceRecord) -> None:
-        adopted = await self.driver.adopt(self.spec_for(record))
-        if adopted is not None:
-            self._attach(record.name, adopted)
         task = record.task_state
         if task is None:
-            if adopted is None and record.vm_state in (
-                VMState.ACTIVE,
-                VMState.PAUSED,
-                VMState.RESIZED,
-            ):
-                self._record_sync(record, "VM was not running when the daemon started")
-            elif adopted is not None and record.vm_state is VMState.STOPPED:
-                self._detach(record.name)
-                await adopted.force_stop()
+            if record.vm_state in _RUNNING_STATES:
+                await self._adopt_or_settle(record, "VM was not running when the daemon started")
+            elif record.vm_state is VMState.STOPPED:
+                # A stopped instance must not have a VM: stop any that runs.
+                await self.driver.kill_owned(self.spec_for(record))
             return
         reason = f"daemon stopped during {task.value}"
-        if task is TaskState.DELETING:
-            if adopted is not None:
-                self._detach(record.name)
-                await adopted.force_stop()
-            self.store.delete_instance(record.name)
-            self.events.lifecycle("instance-deleted", record.name, {"reason": reason})
+        try:
+            adopted = await self.driver.adopt(self.spec_for(record))
+        except HypervisorError as e:
+            await self.driver.kill_owned(self.spec_for(record))
+            self._fail_idle(record, f"{reason}; {e.message}", PowerState.NOSTATE)
             return
-        if task in (TaskState.POWERING_OFF,):
-            if adopted is not None:
-                self._detach(record.name)
-                await adopted.force_stop()
+        if adopted is not None:
+            self._attach(record.name, adopted)
+        if task is TaskState.DELETING:
+            await self._stop_adopted(record.name, adopted)
+            self._forget(record, reason)
+            return
+        if task is TaskState.POWERING_OFF:
+            await self._stop_adopted(record.name, adopted)
             self._resolve(record, task, VMState.STOPPED, PowerState.SHUTDOWN)
             return
-        if adopted is not None and task in (
-            TaskState.SPAWNING,
-            TaskState.POWERING_ON,
-            TaskState.REBOOTING,
-            TaskState.UNPAUSING,
-            TaskState.PAUSING,
-        ):
+        if adopted is not None and task in _TASKS_RESOLVED_BY_A_RUNNING_VM:
             power = await adopted.query_power_state()
             vm_state = VMState.PAUSED if power is PowerState.PAUSED else VMState.ACTIVE
             self._resolve(record, task, vm_state, power)
             return
-        if task is TaskState.POWERING_ON:
+        if task is TaskState.POWERING_ON and adopted is None:
             self._resolve(record, task, VMState.STOPPED, PowerState.SHUTDOWN)
             return
+        await self._stop_adopted(record.name, adopted)
+        self._resolve_error(record, reason)
+
+    async def _stop_adopted(self, name: str, adopted: RunningVM | None) -> None:
         if adopted is not None:
-            self._detach(record.name)
+            self._detach(name)
             await adopted.force_stop()
-        updated = self.store.set_error(record.name, reason, PowerState.NOSTATE)
-        self.publish_state(updated)
-        self.events.lifecycle("instance-error", record.name, {"error": reason})
+
+    def _resolve_error(self, record: InstanceRecord, reason: str) -> None:
+        """A task that cannot be finished after a restart ends in error, saying so."""
+        self._history(record.name, "recover", reason, ok=False)
+        self._fail_idle(record, reason, PowerState.NOSTATE)
 
     def _resolve(
         self, record: InstanceRecord, task: TaskState, vm_state: VMState, power: PowerState
