@@ -149,3 +149,23 @@ class DaemonServiceTests(TestCase):
             self.assertEqual([child for child in service if child.running], [])
 
         return ensureDeferred(check())
+
+
+class OptionsTests(TestCase):
+    """twistd vmready's options: safe defaults, bounded values."""
+
+    def test_defaultSocketIsOwnerOnly(self) -> None:
+        from vmready.daemon_tap import Options
+
+        options = Options()
+        options.parseOptions(["--data-dir", "/tmp/vmr-opt"])
+        self.assertEqual(options["listen"], "unix:/tmp/vmr-opt/vmready.sock:mode=600")
+
+    def test_stopTimeoutMustBeFiniteAndBounded(self) -> None:
+        from twisted.python import usage
+
+        from vmready.daemon_tap import Options
+
+        for value in ("-1", "5000", "inf", "nan", "soon"):
+            with self.assertRaises(usage.UsageError):
+                Options().parseOptions(["--stop-timeout", value])

@@ -384,7 +384,8 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
         self.assertEqual(record.vm_state, VMState.STOPPED)
         history = self.store.list_actions("vm1")
         self.assertEqual(history[0].action, "power-sync")
-        self.assertIn("VM not running", history[0].steps[0].error or "")
+        self.assertIn("VM not running", history[0].steps[0].name)
+        self.assertEqual((history[0].result, history[0].error), ("success", None))
 
     @_async
     async def test_syncStopsAVMThatRunsForAStoppedInstance(self) -> None:
@@ -398,7 +399,20 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
         record = self.lifecycle.get("vm1")
         self.assertEqual(record.vm_state, VMState.STOPPED)
         self.assertNotIn("vm1", self.lifecycle.vms)
-        self.assertIn("stopped it", self.store.list_actions("vm1")[0].steps[0].error or "")
+        self.assertIn("stopped it", self.store.list_actions("vm1")[0].steps[0].name)
+
+    @_async
+    async def test_syncStopsAnUnfollowedVMOfAStoppedInstance(self) -> None:
+        await self.launch()
+        pid = self.lifecycle.vms["vm1"].pid
+        assert pid is not None
+        await self.lifecycle.shutdown()  # the daemon lets go; the VM keeps running
+        self.lifecycle = self.new_lifecycle()
+        self.store.claim_task("vm1", "test", frozenset({VMState.ACTIVE}), _task("powering-off"))
+        self.store.finish_task("vm1", _task("powering-off"), VMState.STOPPED, PowerState.SHUTDOWN)
+        await self.lifecycle.sync_power_states()
+        await _until(lambda: not _alive(pid))
+        self.assertIn("stopped it", self.store.list_actions("vm1")[0].steps[0].name)
 
     @_async
     async def test_syncSkipsInstancesWithATaskInProgress(self) -> None:

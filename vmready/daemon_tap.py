@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import resource
 import socket
@@ -20,6 +21,7 @@ from twisted.internet.endpoints import (
 from twisted.python import usage
 
 from vmready.daemon import DaemonConfig, VMReadyService
+from vmready.lifecycle import MAX_STOP_TIMEOUT
 from vmready.model import StoreError
 from vmready.paths import default_data_dir
 from vmready.store import Store
@@ -58,10 +60,15 @@ class Options(usage.Options):
                 self[option] = float(self[option])
             except ValueError:
                 raise usage.UsageError(f"--{option} must be a number of seconds") from None
+            if not math.isfinite(self[option]):
+                raise usage.UsageError(f"--{option} must be a finite number of seconds")
+        if not 0 <= self["stop-timeout"] <= MAX_STOP_TIMEOUT:
+            raise usage.UsageError(f"--stop-timeout must be 0 to {MAX_STOP_TIMEOUT:g} seconds")
         self["data-dir"] = os.path.abspath(self["data-dir"] or default_data_dir())
         if not self["listen"]:
+            # Whoever can reach the operator socket controls every VM: owner only.
             path = os.path.join(self["data-dir"], "vmready.sock").replace(":", "\\:")
-            self["listen"] = f"unix:{path}"
+            self["listen"] = f"unix:{path}:mode=600"
 
 
 def _fail(reason: str) -> NoReturn:

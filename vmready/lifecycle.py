@@ -572,10 +572,14 @@ class Lifecycle:
 
     def _history(self, name: str, action: str, detail: str, ok: bool = True) -> None:
         """A one-step action in the history, for things that happen outside an action."""
-        result = "success" if ok else "error"
         action_id = self.store.start_action(name, action, str(uuid.uuid4()))
-        self.store.add_step(action_id, action, result, detail)
-        self.store.finish_action(action_id, result, detail)
+        if ok:
+            # A success has no error: the reason goes in the step's name.
+            self.store.add_step(action_id, f"{action}: {detail}", "success")
+            self.store.finish_action(action_id, "success")
+        else:
+            self.store.add_step(action_id, action, "error", detail)
+            self.store.finish_action(action_id, "error", detail)
 
     # -- power sync and restart -------------------------------------------
 
@@ -605,6 +609,12 @@ class Lifecycle:
         if vm is None or vm.gone:
             if should_run:
                 await self._adopt_or_settle(record, "VM not running: no QEMU process answers")
+            elif await self.driver.kill_owned(self.spec_for(record)):
+                self._history(
+                    record.name,
+                    "power-sync",
+                    "a VM was running while the instance is stopped; stopped it",
+                )
             return
         if not should_run:
             self._detach(record.name)
@@ -612,7 +622,7 @@ class Lifecycle:
             self._history(
                 record.name,
                 "power-sync",
-                "VM was running while the instance is stopped; stopped it",
+                "a VM was running while the instance is stopped; stopped it",
             )
             return
         power = await vm.query_power_state()
@@ -706,11 +716,7 @@ class Lifecycle:
     def _resolve(
         self, record: InstanceRecord, task: TaskState, vm_state: VMState, power: PowerState
     ) -> None:
-        action_id = self.store.start_action(record.name, "recover", str(uuid.uuid4()))
-        self.store.add_step(
-            action_id, "recover", "success", f"daemon stopped during {task.value}; now {vm_state}"
-        )
-        self.store.finish_action(action_id, "success")
+        self._history(record.name, "recover", f"daemon stopped during {task.value}; now {vm_state}")
         self.publish_state(self.store.finish_task(record.name, task, vm_state, power))
 
     def shutdown(self) -> Deferred[None]:
