@@ -716,7 +716,8 @@ class Lifecycle:
     def _resolve(
         self, record: InstanceRecord, task: TaskState, vm_state: VMState, power: PowerState
     ) -> None:
-        self._history(record.name, "recover", f"daemon stopped during {task.value}; now {vm_state}")
+        detail = f"daemon stopped during {task.value}; now {vm_state}"
+        self._history(record.name, "recover", detail)
         self.publish_state(self.store.finish_task(record.name, task, vm_state, power))
 
     def shutdown(self) -> Deferred[None]:
