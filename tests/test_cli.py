@@ -10,17 +10,20 @@ import signal
 import socket
 import sys
 import tempfile
-from typing import Any
+from typing import IO, Any
 
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IListeningPort, IReactorUNIX
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.error import ProcessDone, ProcessTerminated
+from twisted.internet.interfaces import IListeningPort, IReactorProcess, IReactorUNIX
+from twisted.internet.protocol import ProcessProtocol
 from twisted.internet.task import deferLater
 from twisted.internet.utils import getProcessOutputAndValue
+from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.iweb import IRequest
-from twisted.web.resource import IResource
-from twisted.web.server import Site
+from twisted.web.resource import IResource, Resource
+from twisted.web.server import NOT_DONE_YET, Site
 
 import vmready
 from tests.fixtures import make_lifecycle
@@ -76,17 +79,78 @@ class _BrokenPipe(io.StringIO):
         return super().write(text)
 
 
-class CLITestCase(TestCase):
-    """The operator API over a real Lifecycle, listening on a temporary unix socket."""
+def _envelope(metadata: Any) -> tuple[int, bytes]:
+    """A sync answer, as the daemon serialises it (``json.dumps``: surrogates as escapes)."""
+    body = {"type": "sync", "status": "Success", "status_code": 200, "metadata": metadata}
+    return 200, json.dumps(body).encode()
+
+
+def _error(code: int, error: str) -> tuple[int, bytes]:
+    """An error answer."""
+    return code, json.dumps({"type": "error", "error": error, "error_code": code}).encode()
+
+
+class _CannedAPI(Resource):
+    """A daemon answering from a table, ``/uri`` → (HTTP status, body) or None: never answer."""
+
+    isLeaf = True
+
+    def __init__(self, answers: dict[str, tuple[int, bytes] | None]) -> None:
+        super().__init__()
+        self.answers = answers
+
+    def render(self, request: IRequest) -> bytes | int:
+        """The canned answer; 404 for an unknown URI."""
+        uri = request.uri.decode()
+        answer = self.answers.get(uri, _error(404, f"{uri} not found"))
+        if answer is None:
+            return NOT_DONE_YET
+        request.setResponseCode(answer[0])
+        request.setHeader(b"Content-Type", b"application/json")
+        return answer[1]
+
+
+class _ConsoleProcess(ProcessProtocol):
+    """``python -m vmready.cli …`` as a child process: its output and its exit status."""
+
+    def __init__(self) -> None:
+        self.out = b""
+        self.err = b""
+        self.ended: Deferred[int | None] = Deferred()
+        self.first_line: Deferred[None] = Deferred()
+
+    def outReceived(self, data: bytes) -> None:
+        """Keep stdout; the first complete line fires ``first_line``."""
+        self.out += data
+        if b"\n" in self.out and not self.first_line.called:
+            self.first_line.callback(None)
+
+    def errReceived(self, data: bytes) -> None:
+        """Keep stderr."""
+        self.err += data
+
+    def signal(self, name: str) -> None:
+        """Send the signal ``name`` (``"INT"``, ``"TERM"``)."""
+        assert self.transport is not None
+        self.transport.signalProcess(name)
+
+    def processEnded(self, reason: Failure) -> None:
+        """Fires ``ended`` with the exit status (None if a signal killed it)."""
+        assert isinstance(reason.value, ProcessDone | ProcessTerminated)
+        self.ended.callback(reason.value.exitCode)
+
+
+class UnixAPITestCase(TestCase):
+    """A test API served on a temporary unix socket, and the CLI pointed at it."""
 
     timeout = 60
 
-    def setUp(self) -> None:
-        self.lifecycle: Lifecycle = make_lifecycle(self)
-        self.dir = tempfile.mkdtemp(prefix="vmready-cli-")
+    def serve(self, resource: IResource) -> None:
+        """Listen with ``resource`` on ``self.socket``, recording requests in ``self.site``."""
+        self.dir = tempfile.mkdtemp(prefix="vmr-cli-")
         self.addCleanup(shutil.rmtree, self.dir, True)
         self.socket = os.path.join(self.dir, "vmready.sock")
-        self.site = RecordingSite(OperatorAPI(self.lifecycle, "fakeqemu").app.resource())
+        self.site = RecordingSite(resource)
         # Site is a ServerFactory of its own channel type; listenUNIX's stub wants Factory[Any].
         site: Any = self.site
         self.port: IListeningPort = IReactorUNIX(reactor).listenUNIX(self.socket, site)
@@ -111,6 +175,39 @@ class CLITestCase(TestCase):
     def background(self, *argv: str, out: io.StringIO | None = None) -> Deferred[Any]:
         """The same, started now and finished later."""
         return Deferred.fromCoroutine(self.cli(*argv, out=out))
+
+    def console(self, *argv: str) -> _ConsoleProcess:
+        """``python -m vmready.cli --socket <socket> argv…`` started as a child process."""
+        child = _ConsoleProcess()
+        process = IReactorProcess(reactor).spawnProcess(
+            child,
+            sys.executable,
+            [sys.executable, "-m", "vmready.cli", "--socket", self.socket, *argv],
+            env={**os.environ, "PYTHONPATH": _SOURCE_ROOT},
+            path=_SOURCE_ROOT,
+        )
+
+        async def reap() -> None:
+            if not child.ended.called:
+                process.signalProcess("KILL")
+                await child.ended
+
+        self.addCleanup(reap)
+        return child
+
+    def drop_connections(self) -> None:
+        """What ``kill -9`` of the daemon does to its clients' connections."""
+        for channel in self.site.channels:
+            if channel.transport is not None:
+                channel.transport.abortConnection()
+
+
+class CLITestCase(UnixAPITestCase):
+    """The operator API over a real Lifecycle, listening on a temporary unix socket."""
+
+    def setUp(self) -> None:
+        self.lifecycle: Lifecycle = make_lifecycle(self)
+        self.serve(OperatorAPI(self.lifecycle, "fakeqemu").app.resource())
 
     async def launch(self, name: str = "web1", *options: str) -> None:
         """``vmready launch``, which must succeed."""
@@ -221,6 +318,12 @@ class ActionCommandTests(CLITestCase):
         code, _, err = await self.cli("launch", "web1", "-c", "volatile.x=1")
         self.assertEqual(code, 1)
         self.assertTrue(err.startswith("vmready: Error: Invalid config key 'volatile.x'"), err)
+
+    async def test_launchRefusedByTheDaemonPrintsNoProgress(self) -> None:
+        code, out, err = await self.cli("launch", "bad name")
+        self.assertEqual((code, out), (1, ""))
+        self.assertTrue(err.startswith("vmready: Error: Invalid instance name 'bad name'"), err)
+        self.assertEqual(err.count("\n"), 1)
 
     async def test_launchConfigWithoutEqualsIsAUsageError(self) -> None:
         code, _, err = await self.cli("launch", "web1", "-c", "user.role")
@@ -374,16 +477,31 @@ class MonitorTests(CLITestCase):
             err, "vmready: Error: Invalid event type 'logging': expected lifecycle, operation\n"
         )
 
-    async def test_daemonGoingAwayEndsTheMonitor(self) -> None:
+    async def test_daemonGoingAwayEndsTheMonitorWithOneLine(self) -> None:
         subscribed = self.site.when_request("GET /1.0/events")
         monitoring = self.background("monitor")
         await subscribed
         await deferLater(reactor, 0, lambda: None)
         for channel in self.site.channels:
             channel.transport.loseConnection()
+        self.assertEqual(
+            await monitoring,
+            (2, "", f"vmready: lost the connection to the vmready daemon at {self.socket}\n"),
+        )
+
+    async def test_daemonKilledEndsTheMonitorWithOneLine(self) -> None:
+        out = io.StringIO()
+        subscribed = self.site.when_request("GET /1.0/events")
+        monitoring = self.background("monitor", out=out)
+        await subscribed
+        await self.launch("web1")
+        self.assertIn(" lifecycle instance-created web1\n", out.getvalue())
+        self.drop_connections()
         code, _, err = await monitoring
-        self.assertEqual(code, 2)
-        self.assertTrue(err.startswith("vmready: the event stream "), err)
+        self.assertEqual(
+            (code, err),
+            (2, f"vmready: lost the connection to the vmready daemon at {self.socket}\n"),
+        )
 
 
 class WaitTests(CLITestCase):
@@ -477,6 +595,45 @@ class WaitTests(CLITestCase):
         await self.cli("rebuild", "web1")
         self.assertEqual(await self.cli("wait", "web1", "status=error"), (0, "web1: ERROR\n", ""))
 
+    async def test_daemonKilledWhileWaitingExits2WithOneLine(self) -> None:
+        await self.launch("web1")
+        checked = self.site.when_request("GET /1.0/instances/web1")
+        waiting = self.background("wait", "web1", "status=stopped")
+        await checked
+        await deferLater(reactor, 0, lambda: None)
+        self.assertNoResult(waiting)
+        self.drop_connections()
+        self.assertEqual(
+            await waiting,
+            (2, "", f"vmready: lost the connection to the vmready daemon at {self.socket}\n"),
+        )
+
+    async def test_nonFiniteOrNegativeTimeoutIsAUsageError(self) -> None:
+        await self.launch("web1")
+        self.site.requests.clear()
+        for value in ("nan", "NaN", "inf", "-inf", "infinity", "1e999", "-1"):
+            code, out, err = await self.cli("wait", "web1", "status=stopped", f"--timeout={value}")
+            self.assertEqual((code, out), (2, ""), value)
+            self.assertTrue(
+                err.endswith(
+                    f"vmready: error: argument --timeout: expected 0 or more seconds, "
+                    f"got {value!r}\n"
+                ),
+                err,
+            )
+        self.assertEqual(self.site.requests, [])
+
+    async def test_everyTimeoutOptionRejectsNonFiniteSeconds(self) -> None:
+        for argv in (
+            ["stop", "web1", "--timeout", "inf"],
+            ["restart", "web1", "--timeout", "nan"],
+            ["launch", "web2", "--wait", "--timeout", "nan"],
+        ):
+            code, _, err = await self.cli(*argv)
+            self.assertEqual(code, 2, argv)
+            self.assertIn("vmready: error: argument --timeout: expected 0 or more seconds", err)
+        self.assertEqual(self.site.requests, [])
+
     async def test_unknownConditionIsAUsageError(self) -> None:
         for condition in ("status=happy", "ip=10.0.0.1", "running"):
             code, _, err = await self.cli("wait", "web1", condition)
@@ -496,6 +653,7 @@ class WaitTests(CLITestCase):
             "1  timed out (--timeout)",
             "2  usage error, unknown instance, or the daemon is unreachable or failed",
             "3  the instance was deleted or went to Error while waiting for another status",
+            "130  interrupted (SIGINT, Ctrl-C); 143 for SIGTERM",
         ):
             self.assertIn(line, text)
 
@@ -504,7 +662,7 @@ class NoDaemonTests(TestCase):
     """One clear line when nothing listens on the socket."""
 
     def setUp(self) -> None:
-        self.dir = tempfile.mkdtemp(prefix="vmready-cli-")
+        self.dir = tempfile.mkdtemp(prefix="vmr-cli-")
         self.addCleanup(shutil.rmtree, self.dir, True)
         self.socket = os.path.join(self.dir, "vmready.sock")
 
@@ -561,6 +719,80 @@ class NoDaemonTests(TestCase):
         )
 
 
+def _strict_utf8() -> tuple[IO[str], io.BytesIO]:
+    """A text stream like a UTF-8 terminal's (strict encoding), and the bytes written to it."""
+    raw = io.BytesIO()
+    return io.TextIOWrapper(raw, encoding="utf-8", errors="strict", write_through=True), raw
+
+
+class OddDaemonAnswersTests(UnixAPITestCase):
+    """Whatever the daemon answers, the CLI prints it or a message, never a traceback."""
+
+    _INSTANCE = {
+        "name": "web1",
+        "uuid": "0b7c4e5e-0000-4000-8000-000000000001",
+        "status": "Error",
+        "display_status": "ERROR",
+        "limits": {"memory_mib": 256, "cpus": 1},
+        "config": {"user.note": "\ud800"},
+        "error": "odd \udfff",
+    }
+
+    def setUp(self) -> None:
+        self.api = _CannedAPI({"/1.0/instances/web1": _envelope(self._INSTANCE)})
+        self.serve(self.api)
+
+    async def strict_cli(self, *argv: str) -> tuple[int, str, str]:
+        """``cli`` printing to strict UTF-8 streams, as a terminal would."""
+        (out, out_bytes), (err, err_bytes) = _strict_utf8(), _strict_utf8()
+        code = await run(reactor, ["--socket", self.socket, *argv], out, err)
+        return code, out_bytes.getvalue().decode(), err_bytes.getvalue().decode()
+
+    async def test_loneSurrogatesInATableAreEscaped(self) -> None:
+        code, out, err = await self.strict_cli("info", "web1")
+        self.assertEqual((code, err), (0, ""))
+        self.assertIn("Error: odd \\udfff\n", out)
+        self.assertTrue(out.endswith("Config:\n  user.note: \\ud800\n"), out)
+
+    async def test_loneSurrogatesInYAMLAreEscaped(self) -> None:
+        code, out, err = await self.strict_cli("info", "web1", "--format", "yaml")
+        self.assertEqual((code, err), (0, ""))
+        self.assertIn('config:\n  user.note: "\\ud800"\n', out)
+
+    async def test_loneSurrogatesInAnErrorAreEscaped(self) -> None:
+        self.api.answers["/1.0/instances/web2"] = _error(400, "bad \ud800")
+        self.assertEqual(
+            await self.strict_cli("info", "web2"), (1, "", "vmready: Error: bad \\ud800\n")
+        )
+
+    async def test_undecodableNameFromArgvIsSentAsItsBytes(self) -> None:
+        # What Python makes of ``vmready info $'\xff'``.
+        name = os.fsdecode(b"\xff")
+        code, out, err = await self.strict_cli("info", name)
+        self.assertEqual(self.site.requests, ["GET /1.0/instances/%FF"])
+        self.assertEqual(
+            (code, out, err), (2, "", "vmready: Error: /1.0/instances/%FF not found\n")
+        )
+
+    async def test_undecodableEventTypeFromArgvIsSentAsItsBytes(self) -> None:
+        code, _, err = await self.strict_cli("monitor", "--type", os.fsdecode(b"\xff"))
+        self.assertEqual(self.site.requests, ["GET /1.0/events?type=%FF"])
+        self.assertEqual((code, err), (2, "vmready: Error: /1.0/events?type=%FF not found\n"))
+
+    async def test_aCancelledRequestReportsNothing(self) -> None:
+        # How a signal ends a command: main() cancels it; it must unwind without a word.
+        self.api.answers["/1.0/instances/web2"] = None
+        out, err = io.StringIO(), io.StringIO()
+        asked = self.site.when_request("GET /1.0/instances/web2")
+        command = Deferred.fromCoroutine(
+            run(reactor, ["--socket", self.socket, "info", "web2"], out, err)
+        )
+        await asked
+        command.cancel()
+        self.failureResultOf(command, CancelledError)
+        self.assertEqual((out.getvalue(), err.getvalue()), ("", ""))
+
+
 class ConsoleScriptTests(CLITestCase):
     """``python -m vmready.cli`` as a separate process against the listening API."""
 
@@ -574,6 +806,55 @@ class ConsoleScriptTests(CLITestCase):
         )
         self.assertEqual((code, err), (0, b""))
         self.assertEqual([i["name"] for i in json.loads(out)], ["web1"])
+
+    async def test_ctrlCDuringMonitorExits130Quietly(self) -> None:
+        subscribed = self.site.when_request("GET /1.0/events")
+        monitor = self.console("monitor", "--format", "json")
+        await subscribed
+        await self.launch("web1")
+        await monitor.first_line
+        monitor.signal("INT")
+        self.assertEqual((await monitor.ended, monitor.err), (130, b""))
+        self.assertEqual(json.loads(monitor.out.splitlines()[0])["type"], "lifecycle")
+
+    async def test_sigtermDuringMonitorExits143Quietly(self) -> None:
+        subscribed = self.site.when_request("GET /1.0/events")
+        monitor = self.console("monitor", "--format", "json")
+        await subscribed
+        await self.launch("web1")
+        await monitor.first_line
+        monitor.signal("TERM")
+        self.assertEqual((await monitor.ended, monitor.err), (143, b""))
+
+    async def test_ctrlCDuringWaitExits130Quietly(self) -> None:
+        await self.launch("web1")
+        checked = self.site.when_request("GET /1.0/instances/web1")
+        waiting = self.console("wait", "web1", "status=stopped")
+        await checked
+        await deferLater(reactor, 0.2, lambda: None)
+        waiting.signal("INT")
+        self.assertEqual((await waiting.ended, waiting.out, waiting.err), (130, b"", b""))
+
+    async def test_sigtermDuringWaitExits143Quietly(self) -> None:
+        await self.launch("web1")
+        checked = self.site.when_request("GET /1.0/instances/web1")
+        waiting = self.console("wait", "web1", "status=stopped")
+        await checked
+        await deferLater(reactor, 0.2, lambda: None)
+        waiting.signal("TERM")
+        self.assertEqual((await waiting.ended, waiting.out, waiting.err), (143, b"", b""))
+
+    async def test_daemonKilledDuringMonitorIsOneLine(self) -> None:
+        subscribed = self.site.when_request("GET /1.0/events")
+        monitor = self.console("monitor", "--format", "json")
+        await subscribed
+        await self.launch("web1")
+        await monitor.first_line
+        self.drop_connections()
+        self.assertEqual(
+            (await monitor.ended, monitor.err.decode()),
+            (2, f"vmready: lost the connection to the vmready daemon at {self.socket}\n"),
+        )
 
     async def test_usageErrorExits2(self) -> None:
         _, err, code = await getProcessOutputAndValue(

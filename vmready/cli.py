@@ -4,8 +4,10 @@ Every command is one or a few requests to the operator API.  Actions wait for
 their operation by default and report its error; ``wait`` subscribes to the
 event stream first and then wakes on the event, never polling.  Exit status:
 0 success; 1 the daemon refused or the action failed (``wait``: timed out);
-2 usage error, unknown instance or no daemon; 3 (``wait`` only) the instance
-was deleted or went to Error while waiting for another status.
+2 usage error, unknown instance, no daemon or lost the daemon; 3 (``wait``
+only) the instance was deleted or went to Error while waiting for another
+status; 128 + the signal's number when interrupted: 130 for SIGINT (Ctrl-C),
+143 for SIGTERM.  An interrupted command prints nothing more.
 """
 
 from __future__ import annotations
@@ -13,15 +15,18 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import re
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from io import BytesIO
+from types import FrameType
 from typing import IO, Any, NoReturn
 from urllib.parse import quote, urlencode
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.endpoints import UNIXClientEndpoint
 from twisted.internet.error import ConnectError, ConnectionDone
 from twisted.internet.interfaces import IDelayedCall, IStreamClientEndpoint
@@ -47,7 +52,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_GONE = 3
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = 130  # 128 + SIGINT; SIGTERM ends with 128 + 15
 
 FORMATS = ("table", "json", "yaml")
 # Statuses ``wait`` understands; "running" is also met by Ready (Ready counts as running).
@@ -127,8 +132,9 @@ class _LineStream(Protocol):
 
     MAX_LINE = 4 * 1024 * 1024
 
-    def __init__(self, on_line: Callable[[bytes], None]) -> None:
+    def __init__(self, on_line: Callable[[bytes], None], daemon: str) -> None:
         self._on_line = on_line
+        self._daemon = daemon
         self._buffer = b""
         self.closing = False
         self.ended: Deferred[str | None] = Deferred()
@@ -150,13 +156,14 @@ class _LineStream(Protocol):
             self.transport.stopProducing()  # type: ignore[attr-defined]
 
     def connectionLost(self, reason: Failure = Failure(ConnectionDone())) -> None:  # noqa: B008
-        """Fires ``ended`` with None when we closed it, else with why it ended."""
+        """Fires ``ended`` with None when we closed it, else with why it ended (for the user)."""
         if self.closing:
             self.ended.callback(None)
         elif reason.check(ResponseDone):
-            self.ended.callback("the daemon closed the event stream")
+            self.ended.callback(f"{self._daemon} closed the event stream")
         else:
-            self.ended.callback(f"the event stream broke: {reason.getErrorMessage()}")
+            # ResponseFailed's message is a list of Failure reprs: say what happened instead.
+            self.ended.callback(f"lost the connection to {self._daemon}")
 
 
 class _BodyReader(Protocol):
@@ -178,24 +185,30 @@ class _BodyReader(Protocol):
             self.done.errback(reason)
 
 
-async def _read_body(response: IResponse) -> bytes:
-    """The whole body of ``response``."""
-    reader = _BodyReader()
-    response.deliverBody(reader)
-    try:
-        return await reader.done
-    except ResponseFailed as e:
-        reasons = "; ".join(reason.getErrorMessage() for reason in e.reasons)
-        raise CommandError(f"the daemon dropped the connection: {reasons}", EXIT_USAGE) from None
-
-
 class Client:
     """The operator API over the daemon's unix socket, with LXD's envelopes unwrapped."""
 
     def __init__(self, reactor: Any, socket_path: str) -> None:
         self.reactor = reactor
         self.socket_path = socket_path
+        self.daemon = f"the vmready daemon at {socket_path}"
         self._agent = Agent.usingEndpointFactory(reactor, _UnixSocket(reactor, socket_path))
+
+    def _failed(self, error: ResponseFailed) -> Exception:
+        """What to raise for a request or response that broke off."""
+        if any(reason.check(CancelledError) for reason in error.reasons):
+            # We cancelled it (a signal ends the command): not the daemon's doing.
+            return CancelledError()
+        return CommandError(f"lost the connection to {self.daemon}", EXIT_USAGE)
+
+    async def _read_body(self, response: IResponse) -> bytes:
+        """The whole body of ``response``."""
+        reader = _BodyReader()
+        response.deliverBody(reader)
+        try:
+            return await reader.done
+        except ResponseFailed as e:
+            raise self._failed(e) from None
 
     async def _send(self, method: str, path: str, body: Any = None) -> IResponse:
         headers = Headers({b"User-Agent": [b"vmready-cli"]})
@@ -211,15 +224,12 @@ class Client:
         except ConnectError as e:
             raise DaemonUnreachable(self.socket_path, _connect_reason(e)) from None
         except ResponseFailed as e:
-            reasons = "; ".join(reason.getErrorMessage() for reason in e.reasons)
-            raise CommandError(
-                f"the daemon dropped the connection: {reasons}", EXIT_USAGE
-            ) from None
+            raise self._failed(e) from None
 
     async def request(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
         """One request; the whole envelope, or APIError for an error envelope."""
         response = await self._send(method, path, body)
-        raw = await _read_body(response)
+        raw = await self._read_body(response)
         try:
             envelope = json.loads(raw)
         except ValueError:
@@ -257,10 +267,11 @@ class Client:
         self, types: Sequence[str], on_event: Callable[[dict[str, Any]], None]
     ) -> _LineStream:
         """Subscribe to ``/1.0/events``; returns once the daemon has subscribed us."""
-        query = f"?{urlencode({'type': ','.join(types)})}" if types else ""
+        arguments = {"type": ",".join(types)}
+        query = f"?{urlencode(arguments, errors='surrogateescape')}" if types else ""
         response = await self._send("GET", f"/1.0/events{query}")
         if response.code != 200:
-            raw = await _read_body(response)
+            raw = await self._read_body(response)
             try:
                 error = str(json.loads(raw).get("error"))
             except (ValueError, AttributeError):
@@ -275,7 +286,7 @@ class Client:
             if isinstance(event, dict):
                 on_event(event)
 
-        stream = _LineStream(line)
+        stream = _LineStream(line, self.daemon)
         response.deliverBody(stream)
         return stream
 
@@ -376,6 +387,15 @@ def _dash(value: Any) -> str:
     return "-" if value is None or value == "" else str(value)
 
 
+def _write(stream: IO[str], text: str) -> None:
+    """Write and flush ``text``; what the stream cannot encode is written as escapes."""
+    # JSON may decode to lone surrogates (a "\ud800" escape), argv holds undecodable bytes
+    # as surrogates, and stdout may not be UTF-8: none of that may crash the output.
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    stream.write(text.encode(encoding, "backslashreplace").decode(encoding))
+    stream.flush()
+
+
 class Output:
     """Where and how a command prints: stdout/stderr and the chosen format."""
 
@@ -384,25 +404,30 @@ class Output:
         self.err = err
         self.format = format
 
+    def text(self, text: str) -> None:
+        """Text on stdout, as is."""
+        _write(self.out, text)
+
     def line(self, text: str) -> None:
         """One line on stdout."""
-        self.out.write(text + "\n")
-        self.out.flush()
+        self.text(text + "\n")
 
     def data(self, value: Any, table: Callable[[Any], str]) -> None:
         """Data in the chosen format; ``table`` renders the table format."""
         if self.format == "json":
-            self.out.write(json.dumps(value, indent=2) + "\n")
+            self.text(json.dumps(value, indent=2) + "\n")
         elif self.format == "yaml":
-            self.out.write(to_yaml(value))
+            self.text(to_yaml(value))
         else:
-            self.out.write(table(value))
-        self.out.flush()
+            self.text(table(value))
+
+    def usage(self, usage: str) -> None:
+        """A usage line on stderr, as is."""
+        _write(self.err, usage)
 
     def error(self, message: str) -> None:
         """One line on stderr, prefixed ``vmready:``."""
-        self.err.write(f"vmready: {message}\n")
-        self.err.flush()
+        _write(self.err, f"vmready: {message}\n")
 
 
 def _instances_table(instances: list[dict[str, Any]]) -> str:
@@ -502,7 +527,8 @@ def _event_line(event: dict[str, Any]) -> str:
 
 
 def _instance_path(name: str, *rest: str) -> str:
-    return "/".join(["/1.0/instances", quote(name, safe=""), *rest])
+    # argv may hold undecodable bytes (as surrogates): send them as they were.
+    return "/".join(["/1.0/instances", quote(name, safe="", errors="surrogateescape"), *rest])
 
 
 async def _instance(client: Client, name: str) -> dict[str, Any]:
@@ -545,10 +571,11 @@ async def _cmd_launch(client: Client, output: Output, args: argparse.Namespace) 
         ready = Waiter(client, args.name, "ready")
         await ready.subscribe()
     try:
-        output.line(f"Creating {args.name}")
         operation = await client.operation(
             "POST", "/1.0/instances", {"name": args.name, "config": config}
         )
+        # Only now: the daemon accepted the name and config.
+        output.line(f"Creating {args.name}")
         code = await _finish_action(client, output, args.name, operation, args)
         if ready is None or code != EXIT_OK:
             return code
@@ -619,8 +646,7 @@ async def _cmd_monitor(client: Client, output: Output, args: argparse.Namespace)
             if output.format == "json":
                 output.line(json.dumps(event))
             elif output.format == "yaml":
-                output.out.write("---\n" + to_yaml(event))
-                output.out.flush()
+                output.text("---\n" + to_yaml(event))
             else:
                 output.line(_event_line(event))
         except OSError:
@@ -630,7 +656,10 @@ async def _cmd_monitor(client: Client, output: Output, args: argparse.Namespace)
 
     stream = await client.events(types, show)
     printing_failed.addCallback(lambda _: stream.close())
-    why = await stream.ended
+    try:
+        why = await stream.ended
+    finally:
+        stream.close()  # when cancelled (a signal): before the reactor drops the connection
     if why is not None:
         raise CommandError(why, EXIT_USAGE)
     return EXIT_OK
@@ -750,7 +779,7 @@ class Waiter:
 
     def _stream_ended(self, why: str | None) -> None:
         if why is not None:
-            self._settle(EXIT_USAGE, f"{why} at {self.client.socket_path}")
+            self._settle(EXIT_USAGE, why)
 
     def _settle(self, code: int, message: str | None) -> None:
         if not self.outcome.called:
@@ -799,11 +828,13 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _seconds(text: str) -> float:
+    """A ``--timeout``: a finite number, 0 or more (argparse names the option)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if value < 0:
+    # float() also accepts "nan" and "inf", which no timer can take.
+    if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"expected 0 or more seconds, got {text!r}")
     return value
 
@@ -821,6 +852,7 @@ exit status:
   1  timed out (--timeout)
   2  usage error, unknown instance, or the daemon is unreachable or failed
   3  the instance was deleted or went to Error while waiting for another status
+  130  interrupted (SIGINT, Ctrl-C); 143 for SIGTERM
 """
 
 
@@ -850,7 +882,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Operate vmready instances through the daemon's API.",
         epilog=(
             "exit status: 0 success; 1 the daemon refused or the action failed; "
-            "2 usage error, unknown instance or no daemon; see 'vmready wait -h' for wait"
+            "2 usage error, unknown instance or no daemon; 130 interrupted (143: SIGTERM); "
+            "see 'vmready wait -h' for wait"
         ),
     )
     parser.add_argument(
@@ -958,7 +991,7 @@ async def run(
         result: int = await _COMMANDS[args.command](client, output, args)
         return result
     except _UsageError as e:
-        err.write(e.usage)
+        output.usage(e.usage)
         output.error(f"error: {e}")
         return EXIT_USAGE
     except CommandError as e:
@@ -969,30 +1002,81 @@ async def run(
         return e.code if isinstance(e.code, int) else EXIT_USAGE
 
 
+class _ConsoleRun:
+    """One command line run in the reactor, ended by its result or by SIGINT/SIGTERM.
+
+    A signal cancels the command, so its event stream and requests close as it
+    unwinds and it reports nothing, then stops the reactor: exit 128 + signal.
+    The reactor is stopped once, by whichever comes first.
+    """
+
+    def __init__(self, reactor: Any, argv: Sequence[str]) -> None:
+        self._reactor = reactor
+        self._argv = argv
+        self._command: Deferred[int] | None = None
+        self._stopping = False
+        self.exit_code: int | None = None
+        self.failure: Failure | None = None
+
+    def start(self) -> None:
+        """Take over SIGINT and SIGTERM from the reactor's handlers, then run the command."""
+        self._reactor.addSystemEventTrigger("before", "shutdown", self._shutting_down)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            # An ignored SIGINT (a background job of a non-interactive shell) stays ignored.
+            if signal.getsignal(signum) != signal.SIG_IGN:
+                signal.signal(signum, self._signalled)
+        self._command = Deferred.fromCoroutine(run(self._reactor, self._argv))
+        self._command.addBoth(self._finished)
+
+    def _signalled(self, signum: int, frame: FrameType | None) -> None:
+        # Runs between any two bytecodes: hand over to the reactor, as Twisted's handlers do.
+        self._reactor.callFromThread(self.interrupt, 128 + signum)
+
+    def interrupt(self, exit_code: int) -> None:
+        """End with ``exit_code`` unless the command already ended: cancel it, stop the reactor."""
+        if self.exit_code is None:
+            self.exit_code = exit_code
+            if self._command is not None:
+                self._command.cancel()
+        self._stop()
+
+    def _finished(self, result: int | Failure) -> None:
+        if self.exit_code is None:
+            if isinstance(result, Failure):
+                self.failure = result
+                self.exit_code = EXIT_FAILED
+            else:
+                self.exit_code = result
+        # Else interrupted: how the cancelled command ended (CancelledError) is no news.
+        self._stop()
+
+    def _shutting_down(self) -> None:
+        # The reactor stops, maybe not by us: nothing may call stop() again.
+        self._stopping = True
+        self.interrupt(EXIT_INTERRUPTED)
+
+    def _stop(self) -> None:
+        if not self._stopping:
+            self._stopping = True
+            self._reactor.stop()
+
+
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """The ``vmready`` console script."""
     from twisted.internet import reactor
 
-    outcome: list[int | Failure] = []
-
-    def finished(result: int | Failure) -> None:
-        outcome.append(result)
-        reactor.stop()
-
-    def start() -> None:
-        command = sys.argv[1:] if argv is None else argv
-        Deferred.fromCoroutine(run(reactor, command)).addBoth(finished)
-
-    reactor.callWhenRunning(start)
-    reactor.run()
-    if not outcome:
+    console = _ConsoleRun(reactor, sys.argv[1:] if argv is None else argv)
+    reactor.callWhenRunning(console.start)
+    try:
+        reactor.run()
+    except KeyboardInterrupt:
+        # Ctrl-C before ``start`` took SIGINT over.
         sys.exit(EXIT_INTERRUPTED)
-    result = outcome[0]
-    if isinstance(result, Failure):
-        sys.stderr.write(f"vmready: internal error: {result.getErrorMessage()}\n")
-        result.printTraceback(sys.stderr)
+    if console.failure is not None:
+        sys.stderr.write(f"vmready: internal error: {console.failure.getErrorMessage()}\n")
+        console.failure.printTraceback(sys.stderr)
         sys.exit(EXIT_FAILED)
-    sys.exit(result)
+    sys.exit(EXIT_INTERRUPTED if console.exit_code is None else console.exit_code)
 
 
 if __name__ == "__main__":
