@@ -205,6 +205,21 @@ class QMPClientProtocolErrorTests(SynchronousTestCase):
             self.assertIn(command, str(error))
             self.assertIn("monitor is gone", str(error))
 
+    def test_malformedEventIsAProtocolErrorNotACrash(self) -> None:
+        self._greet()
+        events: list[QMPEvent] = []
+        self.client.subscribe(events.append)
+        self.client.dataReceived(b'{"event": "STOP", "data": [1], "timestamp": 5}\r\n')
+        self.assertTrue(self.transport.disconnecting)
+        self.assertEqual(events, [])
+
+    def test_replyWithUnhashableIdIsIgnored(self) -> None:
+        self._greet()
+        pending = self.client.execute("query-status")
+        self.client.dataReceived(b'{"return": {}, "id": [1, 2]}\r\n')
+        self.assertNoResult(pending)
+        self.assertFalse(self.transport.disconnecting)
+
     def test_secondGreetingIsAProtocolError(self) -> None:
         self._greet()
         self.client.dataReceived(b'{"QMP": {"version": {}, "capabilities": []}}\r\n')

@@ -189,10 +189,24 @@ class QMPClientProtocol(LineOnlyReceiver):
             waiter.errback(reason)
 
     def _event(self, message: dict[str, Any]) -> None:
-        stamp = message.get("timestamp") or {}
+        stamp = message.get("timestamp", {})
+        data = message.get("data", {})
+        name = message["event"]
+        well_formed = (
+            isinstance(name, str)
+            and isinstance(data, dict)
+            and isinstance(stamp, dict)
+            and all(
+                isinstance(stamp.get(k, 0), int) and not isinstance(stamp.get(k, 0), bool)
+                for k in ("seconds", "microseconds")
+            )
+        )
+        if not well_formed:
+            self._protocol_error(f"QMP peer sent a malformed event: {str(message)[:120]}")
+            return
         event = QMPEvent(
-            name=str(message["event"]),
-            data=message.get("data") or {},
+            name=name,
+            data=data,
             timestamp=stamp.get("seconds", 0) + stamp.get("microseconds", 0) / 1_000_000,
         )
         for listener in list(self._listeners):
@@ -202,7 +216,8 @@ class QMPClientProtocol(LineOnlyReceiver):
                 self.log.failure("QMP event listener failed on {event}", event=event.name)
 
     def _reply(self, message: dict[str, Any]) -> None:
-        pending = self._pending.pop(message.get("id"), None)  # type: ignore[arg-type]
+        request_id = message.get("id")
+        pending = self._pending.pop(request_id, None) if isinstance(request_id, int) else None
         if pending is None:
             self.log.warn("QMP reply matches no command: {message!r}", message=message)
             return
