@@ -208,6 +208,20 @@ class CreateAndPowerTests(LifecycleTestCase):
         self.assertIn("vm1", self.lifecycle.vms)
 
     @_async
+    async def test_startFromErrorAdoptsAVMThatStillRuns(self) -> None:
+        await self.launch()
+        pid = self.lifecycle.vms["vm1"].pid
+        await self.lifecycle.shutdown()  # the daemon loses track; the VM keeps running
+        self.lifecycle = self.new_lifecycle()
+        self.store.set_error("vm1", "lost track of the VM")
+        operation = self.lifecycle.act("vm1", "start")
+        await self.wait(operation)
+        self.assertEqual(operation.error, "")
+        record = self.lifecycle.get("vm1")
+        self.assertEqual((record.vm_state, record.error), (VMState.ACTIVE, None))
+        self.assertEqual(self.lifecycle.vms["vm1"].pid, pid)
+
+    @_async
     async def test_restartReplacesTheVMProcess(self) -> None:
         await self.launch()
         before = self.lifecycle.vms["vm1"].pid

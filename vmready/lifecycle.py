@@ -354,9 +354,37 @@ class Lifecycle:
             raise
 
     async def _do_start(self, context: ActionContext, record: InstanceRecord) -> None:
-        await self._launch(record)
-        context.finish(VMState.ACTIVE, PowerState.RUNNING)
+        leaving_error = record.vm_state is VMState.ERROR
+        if (
+            leaving_error
+            and not self._has_vm(record.name)
+            and await self._take_over_running_vm(context, record)
+        ):
+            power = await self._vm(record.name).query_power_state()
+            vm_state = VMState.PAUSED if power is PowerState.PAUSED else VMState.ACTIVE
+            context.finish(vm_state, power)
+        else:
+            # A stray VM of a stopped instance may run an old configuration: replace it.
+            if await self.driver.kill_owned(self.spec_for(record)):
+                context.note("killed a stray VM before starting")
+            await self._launch(record)
+            context.finish(VMState.ACTIVE, PowerState.RUNNING)
         self.events.lifecycle("instance-started", record.name)
+
+    async def _take_over_running_vm(self, context: ActionContext, record: InstanceRecord) -> bool:
+        """Before starting: a VM that still runs (an instance left in error) is adopted."""
+        spec = self.spec_for(record)
+        try:
+            adopted = await self.driver.adopt(spec)
+        except HypervisorError as e:
+            await self.driver.kill_owned(spec)
+            context.note(f"killed a VM whose monitor did not answer: {e.message}")
+            return False
+        if adopted is None:
+            return False
+        self._attach(record.name, adopted)
+        context.note("adopted the VM that was still running")
+        return True
 
     async def _do_stop(
         self, context: ActionContext, record: InstanceRecord, timeout: float, force: bool
