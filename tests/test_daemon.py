@@ -85,6 +85,20 @@ class StartupRefusalTests(SynchronousTestCase):
         line = self.refusal(*twistd(self.directory, "--listen", endpoint))
         self.assertEqual(line, f"vmready: cannot listen on {endpoint}: Address already in use")
 
+    def test_tcpPortOutOfRange(self) -> None:
+        line = self.refusal(*twistd(self.directory, "--listen", "tcp:99999"))
+        self.assertEqual(line, "vmready: cannot listen on tcp:99999: port 99999 is not in 0-65535")
+
+    def test_socketLockHeldByALiveProcess(self) -> None:
+        path = os.path.join(self.directory, "vmready.sock")
+        os.symlink(str(os.getpid()), path + ".lock")  # Twisted's lock: a symlink to a pid
+        line = self.refusal(*twistd(self.directory))
+        self.assertEqual(
+            line,
+            f"vmready: address unix:{path} is locked by process {os.getpid()} ({path}.lock); "
+            "another vmready daemon is starting or running there",
+        )
+
     def test_unixEndpointWithAClientOnlyOption(self) -> None:
         endpoint = f"unix:path={self.directory}/api.sock"
         line = self.refusal(*twistd(self.directory, "--listen", endpoint))

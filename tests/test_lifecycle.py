@@ -17,7 +17,7 @@ from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 
 from vmready.events import Event, EventBus
-from vmready.hypervisor import HypervisorDriver
+from vmready.hypervisor import HypervisorDriver, MonitorTimeout
 from vmready.lifecycle import Lifecycle
 from vmready.model import BadRequest, Conflict, InstanceRecord
 from vmready.states import READY_KEY, PowerState, VMState
@@ -303,7 +303,7 @@ class TransitionTests(LifecycleTestCase):
     @_async
     async def test_nonFiniteOrHugeStopTimeoutIsRefused(self) -> None:
         await self.launch()
-        for timeout in (float("inf"), float("nan"), 1e400, 10**9, -1):
+        for timeout in (float("inf"), float("nan"), 1e400, 10**9, 10**400, -1):
             with self.assertRaises(BadRequest):
                 self.lifecycle.act("vm1", "stop", timeout=timeout)
         self.assertIsNone(self.lifecycle.get("vm1").task_state)
@@ -444,6 +444,20 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
         self.assertNotIn("vm1", self.lifecycle.vms)
 
     @_async
+    async def test_syncLeavesAStartingInstancesVMAlone(self) -> None:
+        await self.launch()
+        await self.wait(self.lifecycle.act("vm1", "stop", force=True))
+        record = self.store.claim_task(
+            "vm1", "start", frozenset({VMState.STOPPED}), _task("powering-on")
+        )
+        # The start's VM is up but not yet followed: the poller must keep its hands off.
+        vm = await self.lifecycle.driver.launch(self.lifecycle.spec_for(record))
+        self.addCleanup(vm.force_stop)
+        await self.lifecycle.sync_power_states()
+        self.assertFalse(vm.gone)
+        self.assertEqual(await vm.query_power_state(), PowerState.RUNNING)
+
+    @_async
     async def test_syncLeavesAnInstanceInErrorAndItsVMAlone(self) -> None:
         await self.launch()
         vm = self.lifecycle.vms["vm1"]
@@ -545,6 +559,48 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
         await self.wait(self.lifecycle.act("vm1", "stop", force=True))
         await _until(lambda: not _alive(pid))
         self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.STOPPED)
+
+    @_async
+    async def test_restartKeepsAStoppedResizeAwaitingConfirmation(self) -> None:
+        await self.launch(**{"limits.memory": "256"})
+        await self.wait(self.lifecycle.act("vm1", "stop", force=True))
+        await self.wait(self.lifecycle.act("vm1", "resize", memory="512"))
+        await self.lifecycle.shutdown()
+        self.lifecycle = self.new_lifecycle()
+        await self.lifecycle.recover()
+        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.RESIZED)
+        await self.wait(self.lifecycle.act("vm1", "revert-resize"))
+        record = self.lifecycle.get("vm1")
+        self.assertEqual((record.vm_state, record.memory_mib), (VMState.STOPPED, 256))
+
+    @_async
+    async def test_restartWithAMonitorThatGreetsButHangsEndsTheTaskInError(self) -> None:
+        await self.launch()
+        pid = self.lifecycle.vms["vm1"].pid
+        assert pid is not None
+        await self.lifecycle.shutdown()
+        self.store.claim_task("vm1", "freeze", frozenset({VMState.ACTIVE}), _task("pausing"))
+        self.lifecycle = self.new_lifecycle()
+        driver = self.lifecycle.driver
+        adopt = driver.adopt
+
+        async def adopt_hanging(spec: Any) -> Any:
+            vm = await adopt(spec)
+            assert vm is not None
+
+            async def hangs() -> PowerState:
+                raise MonitorTimeout("vm1", "query-status", 10)
+
+            vm.query_power_state = hangs  # type: ignore[method-assign]
+            return vm
+
+        driver.adopt = adopt_hanging  # type: ignore[method-assign]
+        await self.lifecycle.recover()
+        record = self.lifecycle.get("vm1")
+        self.assertEqual((record.vm_state, record.task_state), (VMState.ERROR, None))
+        self.assertIn("daemon stopped during pausing", record.error or "")
+        self.assertIn("did not answer query-status", record.error or "")
+        await _until(lambda: not _alive(pid))
 
     @_async
     async def test_restartRollsBackAStartWhoseVMNeverCameUp(self) -> None:

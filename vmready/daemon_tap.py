@@ -19,6 +19,7 @@ from twisted.internet.endpoints import (
     serverFromString,
 )
 from twisted.python import usage
+from twisted.python.lockfile import FilesystemLock
 
 from vmready.daemon import DaemonConfig, VMReadyService
 from vmready.lifecycle import MAX_STOP_TIMEOUT
@@ -109,6 +110,7 @@ def _check_unix_socket_path(listen: str, path: str) -> None:
     directory = os.path.dirname(path) or "."
     if not os.path.isdir(directory):
         _fail(f"--listen {listen}: directory {directory} does not exist")
+    _check_socket_lock(listen, path)
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
@@ -128,6 +130,22 @@ def _check_unix_socket_path(listen: str, path: str) -> None:
     _fail(f"address unix:{path} is in use: another vmready daemon is listening there")
 
 
+def _check_socket_lock(listen: str, path: str) -> None:
+    """Twisted guards a unix socket with ``<path>.lock``: a live holder would stop us later."""
+    lock = FilesystemLock(path + ".lock")
+    try:
+        acquired = lock.lock()
+    except OSError as e:
+        _fail(f"--listen {listen}: cannot check the lock {path}.lock: {e.strerror or e}")
+    if not acquired:
+        holder = os.readlink(path + ".lock") if os.path.islink(path + ".lock") else "?"
+        _fail(
+            f"address unix:{path} is locked by process {holder} ({path}.lock); "
+            "another vmready daemon is starting or running there"
+        )
+    lock.unlock()
+
+
 def _remove_stale_socket(listen: str, path: str) -> None:
     """Remove a socket left behind by a daemon that is gone."""
     try:
@@ -143,6 +161,8 @@ def _check_tcp_port_free(listen: str, family: int, interface: str, port: int) ->
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Twisted's ports do
         probe.bind((interface, port))
         probe.listen(1)
+    except OverflowError:
+        _fail(f"cannot listen on {listen}: port {port} is not in 0-65535")
     except OSError as e:
         _fail(f"cannot listen on {listen}: {e.strerror or e}")
     finally:

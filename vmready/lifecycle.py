@@ -11,7 +11,6 @@ action (rebuild, delete, start after a failed stop…) moves it from there.
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import shutil
@@ -83,6 +82,10 @@ def validate_config(config: dict[str, Any]) -> dict[str, str]:
             )
         if not isinstance(value, str | int) or isinstance(value, bool):
             raise BadRequest(f"Invalid value for {key}: expected a string")
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRequest(f"Invalid config key {key!r}: not valid Unicode text") from None
         try:
             str(value).encode("utf-8")
         except UnicodeEncodeError:
@@ -315,7 +318,7 @@ class Lifecycle:
             if (
                 not isinstance(timeout, int | float)
                 or isinstance(timeout, bool)
-                or not math.isfinite(timeout)
+                # also refuses nan, inf and integers too large for a float
                 or not 0 <= timeout <= MAX_STOP_TIMEOUT
             ):
                 raise BadRequest(
@@ -692,15 +695,37 @@ class Lifecycle:
             try:
                 await self._recover_one(record)
             except VMReadyError as e:
-                self.log.warn("recovering {name}: {error}", name=record.name, error=e.message)
+                await self._recovery_failed(record, e.message)
+
+    async def _recovery_failed(self, record: InstanceRecord, why: str) -> None:
+        """Whatever went wrong re-adopting an instance, it must not stay mid-task: error."""
+        self.log.warn("recovering {name}: {error}", name=record.name, error=why)
+        vm = self.vms.get(record.name)
+        self._detach(record.name)
+        if vm is not None:
+            await vm.detach()
+        try:
+            await self.driver.kill_owned(self.spec_for(record))
+        except HypervisorError as e:
+            why = f"{why}; {e.message}"
+        current = self.store.find_instance(record.name)
+        if current is None:
+            return
+        task = current.task_state
+        reason = f"daemon stopped during {task.value}; {why}" if task else why
+        self._history(record.name, "recover", reason, ok=False)
+        self._fail_idle(current, reason, PowerState.NOSTATE)
 
     async def _recover_one(self, record: InstanceRecord) -> None:
         task = record.task_state
         if task is None:
-            if record.vm_state in _RUNNING_STATES:
+            should_run = record.vm_state in _RUNNING_STATES and (
+                record.power_state is not PowerState.SHUTDOWN
+            )
+            if should_run:
                 await self._adopt_or_settle(record, "VM was not running when the daemon started")
-            elif record.vm_state is VMState.STOPPED:
-                # A stopped instance must not have a VM: stop any that runs.
+            elif record.vm_state is not VMState.ERROR:
+                # Stopped (or resized while stopped): it must not have a VM; stop any that runs.
                 await self.driver.kill_owned(self.spec_for(record))
             return
         reason = f"daemon stopped during {task.value}"
