@@ -458,6 +458,20 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
         self.assertEqual(await vm.query_power_state(), PowerState.RUNNING)
 
     @_async
+    async def test_syncRecordsAMonitorThatStoppedAnsweringAsAnError(self) -> None:
+        self.lifecycle.driver.command_timeout = 0.5
+        await self.launch()
+        pid = self.lifecycle.vms["vm1"].pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        self.addCleanup(_kill_quietly, pid)
+        await self.lifecycle.sync_power_states()
+        record = self.lifecycle.get("vm1")
+        self.assertEqual(record.vm_state, VMState.ERROR)
+        self.assertIn("did not answer query-status", record.error or "")
+        self.assertEqual(self.store.list_actions("vm1")[0].action, "power-sync")
+
+    @_async
     async def test_syncLeavesAnInstanceInErrorAndItsVMAlone(self) -> None:
         await self.launch()
         vm = self.lifecycle.vms["vm1"]

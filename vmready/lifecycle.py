@@ -537,7 +537,7 @@ class Lifecycle:
             if await self.driver.kill_owned(self.spec_for(record)):
                 context.note("killed a VM process whose monitor vmready had lost")
             else:
-                context.note("power-off", "success", "no VM was running")
+                context.note("power-off: no VM was running")
             return
         self._detach(name)
         if force:
@@ -656,7 +656,16 @@ class Lifecycle:
                 "a VM was running while the instance is stopped; stopped it",
             )
             return
-        power = await vm.query_power_state()
+        try:
+            power = await vm.query_power_state()
+        except HypervisorError as e:
+            # A monitor that stops answering is not a running VM anyone can manage.
+            current = self.store.find_instance(record.name)
+            if current is not None and current.task_state is None:
+                self._detach(record.name)
+                self._history(record.name, "power-sync", e.message, ok=False)
+                self._fail_idle(current, e.message, PowerState.NOSTATE)
+            return
         current = self.store.find_instance(record.name)
         if current is not None and current.task_state is None and power is not current.power_state:
             self.publish_state(self.store.set_power_state(record.name, power))
