@@ -19,7 +19,7 @@ from twisted.web.server import Request
 from twisted.web.test.requesthelper import DummyChannel
 
 from tests.fixtures import STOP_TIMEOUT, make_lifecycle
-from vmready.api import MAX_BODY_BYTES, OperatorAPI, read_json_body
+from vmready.api import MAX_BODY_BYTES, EventStream, OperatorAPI, read_json_body
 from vmready.events import Event
 from vmready.lifecycle import Lifecycle
 from vmready.model import BadRequest, PayloadTooLarge
@@ -748,3 +748,63 @@ class OperationTests(APITestCase):
                 400,
                 f"Invalid timeout {value!r}: expected seconds",
             )
+
+
+class _RecordingRequest:
+    """Records what an EventStream does to its request."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.lost = False
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def loseConnection(self) -> None:
+        self.lost = True
+
+
+class EventStreamBackpressureTests(SynchronousTestCase):
+    """A /1.0/events reader that stops reading is cut off instead of buffered forever."""
+
+    def event(self, size: int) -> Event:
+        return Event(
+            "lifecycle", 0.0, {"action": "instance-updated", "context": {"x": "y" * size}}
+        )
+
+    def stream(self) -> tuple[EventStream, _RecordingRequest]:
+        request = _RecordingRequest()
+        return EventStream(request), request  # type: ignore[arg-type]
+
+    def test_eventsAreWrittenAsJSONLines(self) -> None:
+        stream, request = self.stream()
+        stream.deliver(self.event(3))
+        self.assertEqual(json.loads(request.written[0])["metadata"]["context"], {"x": "yyy"})
+        self.assertTrue(request.written[0].endswith(b"\n"))
+
+    def test_pausedReaderIsCutOffPastTheLimit(self) -> None:
+        stream, request = self.stream()
+        stream.pauseProducing()
+        size = EventStream.MAX_PAUSED_BYTES // 4
+        for _ in range(10):
+            stream.deliver(self.event(size))
+        self.assertTrue(request.lost)
+        self.assertLessEqual(len(request.written), 4)
+        written = sum(len(chunk) for chunk in request.written)
+        self.assertLessEqual(written, EventStream.MAX_PAUSED_BYTES)
+
+    def test_readerThatCatchesUpIsKept(self) -> None:
+        stream, request = self.stream()
+        size = EventStream.MAX_PAUSED_BYTES // 4
+        for _ in range(10):
+            stream.pauseProducing()
+            stream.deliver(self.event(size))
+            stream.resumeProducing()
+        self.assertFalse(request.lost)
+        self.assertEqual(len(request.written), 10)
+
+    def test_nothingIsWrittenAfterStop(self) -> None:
+        stream, request = self.stream()
+        stream.stopProducing()
+        stream.deliver(self.event(1))
+        self.assertEqual(request.written, [])

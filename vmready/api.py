@@ -25,15 +25,18 @@ import datetime
 import json
 import math
 import os
-from typing import Any
+from typing import Any, cast
 
 from klein import Klein
 from twisted.internet.defer import Deferred, race
+from twisted.internet.interfaces import IPushProducer
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from twisted.web import http
 from twisted.web.iweb import IRequest
 from werkzeug.exceptions import HTTPException
+from zope.interface import implementer
 
 import vmready
 from vmready.events import EVENT_TYPES, Event
@@ -278,6 +281,53 @@ def _event_types(raw: str | None) -> frozenset[str] | None:
     return wanted
 
 
+@implementer(IPushProducer)
+class EventStream:
+    """Feeds one ``/1.0/events`` client; one that stops reading is cut off, not buffered.
+
+    The transport pauses us when its buffer is full.  Events that arrive while
+    paused are still written (so none is silently skipped), but past
+    ``MAX_PAUSED_BYTES`` of them the stream is closed: the client reconnects
+    and re-reads state, and the daemon's memory stays bounded.
+    """
+
+    MAX_PAUSED_BYTES = 4 * 1024 * 1024
+    log = Logger()
+
+    def __init__(self, request: http.Request) -> None:
+        self.request = request
+        self.paused = False
+        self.paused_bytes = 0
+        self.closed = False
+
+    def pauseProducing(self) -> None:
+        """The client's buffer is full."""
+        self.paused = True
+
+    def resumeProducing(self) -> None:
+        """The client caught up."""
+        self.paused = False
+        self.paused_bytes = 0
+
+    def stopProducing(self) -> None:
+        """The connection is going away."""
+        self.closed = True
+
+    def deliver(self, event: Event) -> None:
+        """Write one event as a JSON line, or end a stream whose reader fell too far behind."""
+        if self.closed:
+            return
+        line = json.dumps(event.to_json()).encode("utf-8") + b"\n"
+        if self.paused:
+            self.paused_bytes += len(line)
+            if self.paused_bytes > self.MAX_PAUSED_BYTES:
+                self.closed = True
+                self.log.warn("closing an event stream whose reader stopped reading")
+                self.request.loseConnection()
+                return
+        self.request.write(line)
+
+
 class OperatorAPI:
     """The operator API over one ``Lifecycle``; serve ``OperatorAPI(...).app.resource()``."""
 
@@ -446,10 +496,11 @@ class OperatorAPI:
         request.setResponseCode(200)
         request.setHeader(b"Content-Type", b"application/x-ndjson")
 
-        def deliver(event: Event) -> None:
-            request.write(json.dumps(event.to_json()).encode("utf-8") + b"\n")
-
-        unsubscribe = self.lifecycle.events.subscribe(deliver, types)
+        # Klein hands us twisted.web's Request, which is also the connection's consumer.
+        web_request = cast(http.Request, request)
+        stream = EventStream(web_request)
+        web_request.registerProducer(stream, True)
+        unsubscribe = self.lifecycle.events.subscribe(stream.deliver, types)
         # Headers now: a client that saw them knows it is subscribed.
         request.write(b"")
 
