@@ -120,8 +120,7 @@ def launch_all(control: str, sockets: Sequence[str], launchers: int) -> float:
 
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=launchers) as pool:
-        for _ in pool.map(launch, range(len(sockets))):
-            pass
+        list(pool.map(launch, range(len(sockets))))
     return time.monotonic() - started
 
 

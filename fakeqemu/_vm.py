@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from collections.abc import Callable, Mapping
@@ -56,11 +57,9 @@ def write_state_file(path: str, data: bytes) -> None:
 
 def _remove_stale_socket(path: str) -> None:
     # QEMU replaces a leftover socket at its listening path.
-    try:
+    with contextlib.suppress(FileNotFoundError):
         if stat.S_ISSOCK(os.lstat(path).st_mode):
             os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 def _strerror(error: object) -> str:

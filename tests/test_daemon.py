@@ -47,8 +47,7 @@ class StartupRefusalTests(SynchronousTestCase):
 
     def test_unwritableDataDir(self) -> None:
         blocker = os.path.join(self.directory, "file")
-        with open(blocker, "w"):
-            pass
+        open(blocker, "w").close()
         line = self.refusal(*twistd(os.path.join(blocker, "sub")))
         self.assertEqual(line, f"vmready: data dir {blocker}/sub is not writable: Not a directory")
 
@@ -162,8 +161,7 @@ class ListenAddressTests(SynchronousTestCase):
 
     def test_symlinkIsRefusedAndKept(self) -> None:
         target = os.path.join(self.directory, "target.txt")
-        with open(target, "w"):
-            pass
+        open(target, "w").close()
         path = os.path.join(self.directory, "link.sock")
         os.symlink(target, path)
         self.assertIn("is not a socket", self.refusal(f"unix:{path}"))
@@ -185,8 +183,7 @@ class ListenAddressTests(SynchronousTestCase):
 
     def test_escapedColonInASocketPath(self) -> None:
         path = os.path.join(self.directory, "a:b.sock")
-        with open(path, "w"):
-            pass
+        open(path, "w").close()
         listen = "unix:" + path.replace(":", "\\:")
         self.assertEqual(
             self.refusal(listen),

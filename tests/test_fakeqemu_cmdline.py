@@ -58,8 +58,7 @@ class _CommandLineTestCase(SynchronousTestCase):
     def existing_file(self) -> str:
         """A path that opens read-write, standing in for /dev/kvm."""
         path: str = self.mktemp()
-        with open(path, "wb"):
-            pass
+        open(path, "wb").close()
         return path
 
 

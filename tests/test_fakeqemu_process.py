@@ -682,7 +682,8 @@ class MigrationTests(ProcessTestCase):
             try:
                 answered.append(await client.execute("query-status"))
             except QMPDisconnected:
-                pass  # connected, then the monitor went away: what a client must see
+                # connected, then the monitor went away: what a client must see
+                continue
             finally:
                 await self._hang_up(client)
         return answered
@@ -720,8 +721,7 @@ class MigrationTests(ProcessTestCase):
     @deferred_test
     async def test_emptyIncomingFileLeavesTheVMWaiting(self) -> None:
         empty = self.path("empty.state")
-        with open(empty, "wb"):
-            pass
+        open(empty, "wb").close()
         process = await self.waiting_for_stream(f"exec:cat {empty}")
         process.send_signal("TERM")
         self.assertEqual(

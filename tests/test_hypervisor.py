@@ -857,8 +857,7 @@ class HostProbeTests(SynchronousTestCase):
 
     def test_kvmFirstWhenTheDeviceOpens(self) -> None:
         device = self.mktemp()
-        with open(device, "w"):
-            pass
+        open(device, "w").close()
         self.assertEqual(accelerators_for_host(device), ["kvm", "tcg"])
 
     def test_tcgOnlyWhenTheDeviceDoesNotOpen(self) -> None:

@@ -14,6 +14,7 @@ import base64
 import os
 import subprocess
 import sys
+import uuid
 from typing import Any
 
 from twisted.internet.defer import Deferred
@@ -21,48 +22,31 @@ from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol
 from twisted.internet.task import deferLater, react
 
+from vmready.hypervisor import AGENT_PORT, AGENT_RING, VMSpec, accelerators_for_host
+from vmready.qemu_cmdline import build_command_line
 from vmready.qmp import QMPClientProtocol, QMPEvent, connect_qmp
 from vmready.ringbuffer import AgentStatus, HostEcho, RingBufferReader, StatusLine, format_connect
 
-RING = "vmready"
+RING = AGENT_RING
 RING_SIZE = 4096
-AGENT_PORT = "com.canonical.lxd"
 DEMO_VSOCK_PORT = 49152
 
 
-def fakeqemu_command(workdir: str, name: str) -> list[str]:
+def demo_spec(workdir: str, name: str) -> VMSpec:
+    """The demo VM: vmready's own serial layout, from the one command-line builder."""
+    return VMSpec(
+        name=name,
+        uuid=str(uuid.uuid4()),
+        memory_mib=256,
+        cpus=1,
+        run_dir=workdir,
+        ring_size=RING_SIZE,
+    )
+
+
+def fakeqemu_command(spec: VMSpec) -> list[str]:
     """The QEMU command line vmready gives a VM, run on fakeqemu."""
-    return [
-        sys.executable,
-        "-m",
-        "fakeqemu",
-        "-name",
-        name,
-        "-machine",
-        "q35",
-        "-accel",
-        "kvm",
-        "-accel",
-        "tcg",
-        "-nodefaults",
-        "-display",
-        "none",
-        "-m",
-        "256",
-        "-smp",
-        "1",
-        "-qmp",
-        f"unix:{os.path.join(workdir, 'qmp.sock')},server=on,wait=off",
-        "-device",
-        "virtio-serial-pci,id=vs0",
-        "-chardev",
-        f"ringbuf,id={RING},size={RING_SIZE}",
-        "-device",
-        f"virtserialport,chardev={RING},name={AGENT_PORT},bus=vs0.0",
-        "-daemonize",
-        "-pidfile",
-        os.path.join(workdir, "vm.pid"),
-    ]
+    return build_command_line(spec, [sys.executable, "-m", "fakeqemu"], accelerators_for_host())
 
 
 class ScriptedGuest(Protocol):
@@ -106,10 +90,11 @@ async def run_demo(reactor: Any, workdir: str, name: str) -> None:
     """Start the VM, watch it, do the handshake, then shut it down."""
     os.makedirs(workdir, exist_ok=True)
     print(f"vmready demo: starting VM {name!r} on fakeqemu in {workdir}")
-    started = subprocess.run(fakeqemu_command(workdir, name), capture_output=True, text=True)
+    spec = demo_spec(workdir, name)
+    started = subprocess.run(fakeqemu_command(spec), capture_output=True, text=True)
     if started.returncode != 0:
         raise SystemExit(f"fakeqemu refused to start: {started.stderr.strip()}")
-    client = await connect_qmp(reactor, os.path.join(workdir, "qmp.sock"))
+    client = await connect_qmp(reactor, spec.qmp_socket)
     events: list[QMPEvent] = []
     client.subscribe(events.append)
     status = await client.execute("query-status")
@@ -117,7 +102,7 @@ async def run_demo(reactor: Any, workdir: str, name: str) -> None:
     step(f"QMP: query-status → {status['status']}")
 
     guest = ScriptedGuest()
-    guest_socket = os.path.join(workdir, "qmp.sock.guest", "virtio-ports", AGENT_PORT)
+    guest_socket = os.path.join(spec.guest_dir, "virtio-ports", AGENT_PORT)
     await connectProtocol(UNIXClientEndpoint(reactor, guest_socket), guest)
     step(f"guest: agent opened /dev/virtio-ports/{AGENT_PORT}")
     guest.say(b"STARTED")

@@ -535,7 +535,7 @@ class RunningVM:
                     error=e.desc,
                 )
             except QMPDisconnected:
-                pass  # it is already on its way out; wait for it below
+                self.log.info("{name} is already going away", name=self.spec.name)
             except MonitorTimeout as e:
                 if limit < self.command_timeout:
                     may_go = False  # the stop deadline passed first: on to quit
@@ -575,7 +575,7 @@ class RunningVM:
         try:
             await self._execute("quit", clock=timer)
         except QMPDisconnected:
-            pass  # the monitor closed as QEMU exited
+            self.log.info("{name}: the monitor closed as QEMU exited", name=self.spec.name)
         except QMPError as e:
             self.log.warn("QEMU refused quit for {name}: {error}", name=self.spec.name, error=e)
             await self._kill_and_wait(f"QEMU refused quit: {e.desc}", timer)
