@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -30,6 +29,7 @@ from twisted.internet import task
 from twisted.internet.defer import Deferred, gatherResults
 
 from fakeqemu._hostclient import HostClient, HostUnreachable
+from vmready.limits import raise_file_limit
 from vmready.qmp import QMPClientProtocol, connect_qmp
 
 BIN_DIRECTORY = os.path.dirname(os.path.abspath(sys.executable))
@@ -167,13 +167,6 @@ async def measure_monitors(
         for client in clients:
             client.close()
         await gatherResults([client.when_closed() for client in clients])
-
-
-def raise_file_limit() -> None:
-    """This process holds one connection per VM."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

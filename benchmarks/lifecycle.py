@@ -37,7 +37,6 @@ import argparse
 import math
 import os
 import re
-import resource
 import shutil
 import signal
 import statistics
@@ -60,6 +59,7 @@ from vmready.daemon_tap import Options
 from vmready.events import EventBus
 from vmready.hypervisor import HypervisorDriver
 from vmready.lifecycle import Lifecycle
+from vmready.limits import raise_file_limit
 from vmready.states import READY_KEY, PowerState, TaskState, VMState
 from vmready.store import Store
 
@@ -508,13 +508,6 @@ async def run(args: argparse.Namespace, processes: Processes, directory: str) ->
     await measure_start(processes, directory, args.rows)
     for count in args.counts:
         await measure_count(processes, os.path.join(directory, f"n{count}"), count, args)
-
-
-def raise_file_limit() -> None:
-    """This process and the daemon (which inherits it) hold one connection per VM."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def counts(text: str) -> list[int]:

@@ -315,7 +315,7 @@ class FileLimitTests(SynchronousTestCase):
             "import resource\n"
             "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
             "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
-            "from vmready.daemon_tap import raise_file_limit\n"
+            "from vmready.limits import raise_file_limit\n"
             "raise_file_limit()\n"
             "print(*resource.getrlimit(resource.RLIMIT_NOFILE))\n"
         )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import resource
 import socket
 import stat
 import sys
@@ -23,6 +22,7 @@ from twisted.python.lockfile import FilesystemLock
 
 from vmready.daemon import DaemonConfig, VMReadyService
 from vmready.lifecycle import MAX_STOP_TIMEOUT
+from vmready.limits import raise_file_limit
 from vmready.model import StoreError
 from vmready.paths import default_data_dir
 from vmready.store import Store
@@ -167,13 +167,6 @@ def _check_tcp_port_free(listen: str, family: int, interface: str, port: int) ->
         _fail(f"cannot listen on {listen}: {e.strerror or e}")
     finally:
         probe.close()
-
-
-def raise_file_limit() -> None:
-    """The daemon holds a QMP connection per running VM: lift the soft descriptor limit."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def makeService(options: Options) -> VMReadyService:

@@ -19,31 +19,21 @@ from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 
+from vmready.hypervisor import accelerators_for_host
+from vmready.qemu_cmdline import AGENT_PORT, AGENT_RING, LEGACY_PORT
 from vmready.qmp import QMPClientProtocol, QMPEvent, connect_qmp
 
 REQUIRE_QEMU_VARIABLE = "VMREADY_REQUIRE_QEMU"
 QEMU_BINARY_VARIABLE = "VMREADY_QEMU_BINARY"
 START_TIMEOUT = 60.0
 
-# The serial layout vmready gives a VM: one bus, the agent's port on a small ring.
-AGENT_RING = "vmready"
-AGENT_PORT = "com.canonical.lxd"
-LEGACY_PORT = "org.linuxcontainers.lxd"
-
-
-def kvm_usable() -> bool:
-    """Whether /dev/kvm opens for reading and writing, as QEMU's kvm accelerator needs."""
-    try:
-        fd = os.open("/dev/kvm", os.O_RDWR)
-    except OSError:
-        return False
-    os.close(fd)
-    return True
+# Re-exported from the one command-line builder: the serial layout vmready gives a VM.
+__all__ = ["AGENT_PORT", "AGENT_RING", "LEGACY_PORT"]
 
 
 def accelerator() -> str:
-    """kvm where /dev/kvm opens, else tcg."""
-    return "kvm" if kvm_usable() else "tcg"
+    """kvm where /dev/kvm opens, else tcg: the first accelerator vmready would try."""
+    return accelerators_for_host()[0]
 
 
 @attrs.frozen
