@@ -665,6 +665,7 @@ class Lifecycle:
                 self._detach(record.name)
                 self._history(record.name, "power-sync", e.message, ok=False)
                 self._fail_idle(current, e.message, PowerState.NOSTATE)
+                await vm.detach()  # hang up on the monitor; the VM itself is left as it is
             return
         current = self.store.find_instance(record.name)
         if current is not None and current.task_state is None and power is not current.power_state:
