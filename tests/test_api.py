@@ -417,6 +417,7 @@ class StateTests(APITestCase):
                 "task_state": None,
                 "power_state": "running",
                 "ready": False,
+                "agent": {"status": "unknown"},
                 "memory": {"total": 512 * 1024 * 1024, "total_mib": 512},
                 "cpu": {"count": 2},
             },

@@ -118,21 +118,27 @@ class _StoreTestCase(SynchronousTestCase):
         store.finish_task(name, TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING)
 
 
+_NEXT = Store.SCHEMA_VERSION + 1
+
+
 class SchemaTests(_StoreTestCase):
     """Opening a store creates, migrates, or refuses it with one clear line."""
 
     def test_newStoreHasTheSchemaAndRecordsItsVersion(self) -> None:
         store = self.open()
         self.assertEqual(store.schema_version, Store.SCHEMA_VERSION)
-        self.assertEqual(Store.SCHEMA_VERSION, 1)
+        self.assertEqual(Store.SCHEMA_VERSION, 2)
         self.assertEqual(store.path, self.path)
         with _raw(self.path) as raw:
             versions = raw.execute("SELECT version, applied_at FROM vmready_schema").fetchall()
             tables = {
                 row[0] for row in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")
             }
-        self.assertEqual(versions, [(1, 1000.0)])
-        self.assertEqual(tables, {"vmready_schema", "instances", "actions", "steps", "snapshots"})
+        self.assertEqual(versions, [(1, 1000.0), (2, 1000.0)])
+        self.assertEqual(
+            tables,
+            {"vmready_schema", "instances", "actions", "steps", "snapshots", "agent_certificates"},
+        )
 
     def test_migrationsAreOrderedAndEndAtTheSchemaVersion(self) -> None:
         versions = [version for version, _ in MIGRATIONS]
@@ -150,7 +156,10 @@ class SchemaTests(_StoreTestCase):
         second = self.open()
         self.assertEqual(second.get_instance("web"), created)
         with _raw(self.path) as raw:
-            self.assertEqual(raw.execute("SELECT count(*) FROM vmready_schema").fetchone(), (1,))
+            self.assertEqual(
+                raw.execute("SELECT count(*) FROM vmready_schema").fetchone(),
+                (Store.SCHEMA_VERSION,),
+            )
 
     def test_pendingMigrationIsAppliedAndKeepsData(self) -> None:
         Store.open(self.path).close()
@@ -162,20 +171,23 @@ class SchemaTests(_StoreTestCase):
             )
 
         class NextStore(Store):
-            SCHEMA_VERSION = 2
+            SCHEMA_VERSION = _NEXT
             MIGRATIONS: ClassVar[list[tuple[int, str]]] = [
                 *MIGRATIONS,
-                (2, "CREATE TABLE extra (x TEXT); ALTER TABLE instances ADD COLUMN note TEXT;"),
+                (
+                    _NEXT,
+                    "CREATE TABLE extra (x TEXT); ALTER TABLE instances ADD COLUMN note TEXT;",
+                ),
             ]
 
         store = NextStore.open(self.path)
         self.addCleanup(store.close)
-        self.assertEqual(store.schema_version, 2)
+        self.assertEqual(store.schema_version, _NEXT)
         self.assertEqual(store.get_instance("old").vm_state, VMState.STOPPED)
         with _raw(self.path) as raw:
             self.assertEqual(
                 raw.execute("SELECT version FROM vmready_schema ORDER BY version").fetchall(),
-                [(1,), (2,)],
+                [(version,) for version in range(1, _NEXT + 1)],
             )
             self.assertEqual(raw.execute("SELECT note FROM instances").fetchall(), [(None,)])
 
@@ -183,20 +195,20 @@ class SchemaTests(_StoreTestCase):
         Store.open(self.path).close()
 
         class BrokenStore(Store):
-            SCHEMA_VERSION = 2
+            SCHEMA_VERSION = _NEXT
             MIGRATIONS: ClassVar[list[tuple[int, str]]] = [
                 *MIGRATIONS,
-                (2, "CREATE TABLE extra (x TEXT); ALTER TABLE nowhere ADD COLUMN y TEXT;"),
+                (_NEXT, "CREATE TABLE extra (x TEXT); ALTER TABLE nowhere ADD COLUMN y TEXT;"),
             ]
 
         error = self.assertRaises(StoreError, BrokenStore.open, self.path)
         self.assertEqual(
             str(error),
-            f"cannot open store {self.path}: migration to schema version 2 failed:"
+            f"cannot open store {self.path}: migration to schema version {_NEXT} failed:"
             " no such table: nowhere",
         )
         store = self.open()
-        self.assertEqual(store.schema_version, 1)
+        self.assertEqual(store.schema_version, Store.SCHEMA_VERSION)
         with _raw(self.path) as raw:
             self.assertEqual(
                 raw.execute("SELECT name FROM sqlite_master WHERE name = 'extra'").fetchall(), []
@@ -212,7 +224,7 @@ class SchemaTests(_StoreTestCase):
         error = self.assertRaises(StoreError, Store.open, self.path)
         self.assertEqual(
             str(error),
-            f"store {self.path} has schema version 7, newer than this vmready understands (1);"
+            f"store {self.path} has schema version 7, newer than this vmready understands (2);"
             " upgrade vmready",
         )
         self.assertEqual(len(str(error).splitlines()), 1)
@@ -280,8 +292,24 @@ class SchemaTests(_StoreTestCase):
     def test_emptyFileBecomesAStore(self) -> None:
         open(self.path, "wb").close()
         store = self.open()
-        self.assertEqual(store.schema_version, 1)
+        self.assertEqual(store.schema_version, Store.SCHEMA_VERSION)
         self.assertEqual(store.list_instances(), [])
+
+    def test_versionOneStoreGainsAgentCertificatesAndKeepsItsInstances(self) -> None:
+        class VersionOne(Store):
+            SCHEMA_VERSION = 1
+            MIGRATIONS: ClassVar[list[tuple[int, str]]] = MIGRATIONS[:1]
+
+        old = VersionOne.open(self.path)
+        old.create_instance("web", {}, {})
+        old.close()
+        store = self.open()
+        self.assertEqual(store.schema_version, 2)
+        self.assertEqual(store.get_instance("web").name, "web")
+        store.set_agent_certificate("web", "ab" * 32)
+        found = store.instance_for_fingerprint("ab" * 32)
+        assert found is not None
+        self.assertEqual(found.name, "web")
 
 
 class InstanceTests(_StoreTestCase):
@@ -910,3 +938,41 @@ class DurabilityTests(_StoreTestCase):
         self.assertGreaterEqual(len(lines), commits, _read(stderr_path).decode())
         # A line cut off by the kill is not a report.
         return [line.decode() for line in lines if line.endswith(b"\n")]
+
+
+class AgentCertificateTests(_StoreTestCase):
+    """Which instance a client certificate fingerprint belongs to."""
+
+    def test_unknownFingerprintIsNoInstance(self) -> None:
+        store = self.open()
+        store.create_instance("web", {}, {})
+        self.assertIsNone(store.instance_for_fingerprint("00" * 32))
+
+    def test_reissuingReplacesTheOldFingerprint(self) -> None:
+        store = self.open()
+        store.create_instance("web", {}, {})
+        store.set_agent_certificate("web", "aa" * 32)
+        store.set_agent_certificate("web", "bb" * 32)
+        self.assertIsNone(store.instance_for_fingerprint("aa" * 32))
+        found = store.instance_for_fingerprint("bb" * 32)
+        assert found is not None
+        self.assertEqual(found.name, "web")
+
+    def test_deletingTheInstanceRevokesItsCertificate(self) -> None:
+        store = self.open()
+        store.create_instance("web", {}, {})
+        store.set_agent_certificate("web", "aa" * 32)
+        store.delete_instance("web")
+        store.create_instance("web", {}, {})
+        self.assertIsNone(store.instance_for_fingerprint("aa" * 32))
+
+    def test_certificateForAnUnknownInstanceIsRefused(self) -> None:
+        store = self.open()
+        self.assertRaises(NotFound, store.set_agent_certificate, "ghost", "aa" * 32)
+
+    def test_oneFingerprintBelongsToOneInstance(self) -> None:
+        store = self.open()
+        store.create_instance("web", {}, {})
+        store.create_instance("db", {}, {})
+        store.set_agent_certificate("web", "aa" * 32)
+        self.assertRaises(sqlite3.IntegrityError, store.set_agent_certificate, "db", "aa" * 32)

@@ -125,9 +125,23 @@ class AgentLink:
         self.reader.status = AgentStatus.STOPPED
         return [StatusChanged(previous, AgentStatus.STOPPED)]
 
+    def vm_paused(self) -> None:
+        """The vCPUs stopped (freeze): the agent cannot speak, so do not poll; its status stays."""
+        self.vm_running = False
+        self._poll_now = False
+
+    def vm_resumed(self) -> None:
+        """The vCPUs run again: poll at once, without a new CONNECT (the port is unchanged)."""
+        self.vm_running = True
+        self._poll_now = True
+
     def qmp_event(self) -> None:
         """Something happened to the VM: read the ring buffer once more, right away."""
         self._poll_now = True
+
+    def read_failed(self) -> None:
+        """A ``ringbuf-read`` failed: try again at the usual pace, not at once (no busy loop)."""
+        self._poll_now = False
 
     def connect_written(self, now: float) -> None:
         """The CONNECT line reached QEMU: poll fast until the agent answers."""

@@ -49,6 +49,7 @@ from vmready.model import (
     VMReadyError,
 )
 from vmready.operations import Operation
+from vmready.ringbuffer import AgentStatus
 from vmready.states import StatusCode, VMState
 
 __all__ = ["MAX_BODY_BYTES", "OperatorAPI", "instance_json", "rfc3339", "state_json"]
@@ -81,7 +82,7 @@ def operation_url(operation: Operation) -> str:
     return f"/1.0/operations/{operation.id}"
 
 
-def state_json(record: InstanceRecord) -> dict[str, Any]:
+def state_json(record: InstanceRecord, agent: AgentStatus = AgentStatus.UNKNOWN) -> dict[str, Any]:
     """``/1.0/instances/<name>/state``: the derived status beside the three stored fields."""
     status = record.status
     return {
@@ -92,12 +93,15 @@ def state_json(record: InstanceRecord) -> dict[str, Any]:
         "task_state": record.task_state.value if record.task_state is not None else None,
         "power_state": record.power_state.value,
         "ready": record.ready,
+        "agent": {"status": agent.value},
         "memory": {"total": record.memory_mib * 1024 * 1024, "total_mib": record.memory_mib},
         "cpu": {"count": record.cpus},
     }
 
 
-def instance_json(record: InstanceRecord) -> dict[str, Any]:
+def instance_json(
+    record: InstanceRecord, agent: AgentStatus = AgentStatus.UNKNOWN
+) -> dict[str, Any]:
     """``/1.0/instances/<name>``: LXD's instance object plus vmready's state fields."""
     status = record.status
     return {
@@ -113,6 +117,7 @@ def instance_json(record: InstanceRecord) -> dict[str, Any]:
         "task_state": record.task_state.value if record.task_state is not None else None,
         "power_state": record.power_state.value,
         "error": record.error or "",
+        "agent": {"status": agent.value},
         "config": dict(record.config),
         "devices": {name: dict(device) for name, device in record.devices.items()},
         "limits": {"memory_mib": record.memory_mib, "cpus": record.cpus},
@@ -340,6 +345,9 @@ class OperatorAPI:
 
     # -- errors: the one place an exception becomes a response ------------
 
+    def _instance_json(self, record: InstanceRecord) -> dict[str, Any]:
+        return instance_json(record, self.lifecycle.agent_status(record.name))
+
     @app.handle_errors(Exception)
     def _handle_error(self, request: IRequest, failure: Failure) -> bytes:
         """VMReadyError → its status and message; routing errors → theirs; else a logged 500."""
@@ -395,7 +403,7 @@ class OperatorAPI:
         """Every instance, as URLs or (``recursion=1``) objects."""
         records = sorted(self.lifecycle.list(), key=lambda record: record.name)
         if _recursion(request) >= 1:
-            return _sync(request, [instance_json(record) for record in records])
+            return _sync(request, [self._instance_json(record) for record in records])
         return _sync(request, [instance_url(record.name) for record in records])
 
     @app.route("/1.0/instances", methods=["POST"])
@@ -416,7 +424,7 @@ class OperatorAPI:
     @app.route("/1.0/instances/<name>", methods=["GET"])
     def get_instance(self, request: IRequest, name: str) -> bytes:
         """One instance."""
-        return _sync(request, instance_json(self.lifecycle.get(name)))
+        return _sync(request, self._instance_json(self.lifecycle.get(name)))
 
     @app.route("/1.0/instances/<name>", methods=["PATCH"])
     def patch_instance(self, request: IRequest, name: str) -> bytes:
@@ -425,7 +433,7 @@ class OperatorAPI:
         config = _field(body, "config", dict, "an object")
         if config is None:
             raise BadRequest("Invalid field 'config': an object of keys to set is required")
-        return _sync(request, instance_json(self.lifecycle.update_config(name, config)))
+        return _sync(request, self._instance_json(self.lifecycle.update_config(name, config)))
 
     @app.route("/1.0/instances/<name>", methods=["DELETE"])
     def delete_instance(self, request: IRequest, name: str) -> bytes:
@@ -436,7 +444,9 @@ class OperatorAPI:
     @app.route("/1.0/instances/<name>/state", methods=["GET"])
     def get_state(self, request: IRequest, name: str) -> bytes:
         """The instance's status and the three fields it is derived from."""
-        return _sync(request, state_json(self.lifecycle.get(name)))
+        return _sync(
+            request, state_json(self.lifecycle.get(name), self.lifecycle.agent_status(name))
+        )
 
     @app.route("/1.0/instances/<name>/state", methods=["PUT"])
     def put_state(self, request: IRequest, name: str) -> bytes:

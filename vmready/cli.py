@@ -66,7 +66,11 @@ WAIT_STATUSES = (
     "stopping",
     "freezing",
 )
-_SATISFIES = {"running": frozenset({"running", "ready"})}
+AGENT_CONDITION = "agent"
+_SATISFIES = {
+    "running": frozenset({"running", "ready"}),
+    AGENT_CONDITION: frozenset({"connected"}),
+}
 _RUNNING_STATUSES = frozenset({"running", "ready", "frozen", "freezing", "starting", "stopping"})
 _START_HINT = "is it running? start it with: twistd -n vmready"
 _HOST = "http://vmready"
@@ -456,6 +460,7 @@ def _info_table(instance: dict[str, Any]) -> str:
         f"VM state: {_dash(instance.get('vm_state'))}",
         f"Task state: {_dash(instance.get('task_state'))}",
         f"Power state: {_dash(instance.get('power_state'))}",
+        f"Agent: {_dash((instance.get('agent') or {}).get('status'))}",
         f"Memory: {instance['limits']['memory_mib']}MiB",
         f"CPUs: {instance['limits']['cpus']}",
         f"Created: {_time(instance.get('created_at'))}",
@@ -666,9 +671,11 @@ async def _cmd_monitor(client: Client, output: Output, args: argparse.Namespace)
 
 
 def _parse_condition(condition: str) -> str:
+    if condition.strip().lower() == "agent":
+        return AGENT_CONDITION
     key, sep, value = condition.partition("=")
     if not sep or key.strip().lower() != "status":
-        raise _UsageError(f"unknown condition {condition!r}: expected status=<status>")
+        raise _UsageError(f"unknown condition {condition!r}: expected status=<status> or agent")
     status = value.strip().lower()
     if status not in WAIT_STATUSES:
         raise _UsageError(
@@ -711,7 +718,12 @@ class Waiter:
             if not self.outcome.called:
                 raise CommandError(f"Error: {e.error}", EXIT_USAGE) from None
         else:
-            status = str(instance["status"]).lower()
+            if self.status == AGENT_CONDITION:
+                status = str((instance.get("agent") or {}).get("status", "unknown")).lower()
+                if instance.get("status") == "Error":
+                    status = "error"
+            else:
+                status = str(instance["status"]).lower()
             # A match is a match; anything else only counts when no event overtook the
             # answer (then it may be older than what the events said).
             if status in self.wanted or not self.saw_event:
@@ -726,6 +738,12 @@ class Waiter:
                 timer.cancel()
         if code == EXIT_FAILED:
             now = (self.last_status or "unknown").upper()
+            if self.status == AGENT_CONDITION:
+                raise CommandError(
+                    f"timed out after {timeout:g}s waiting for the agent of {self.name} "
+                    f"to connect (agent: {now})",
+                    EXIT_FAILED,
+                )
             raise CommandError(
                 f"timed out after {timeout:g}s waiting for {self.name} status={self.status} "
                 f"(status: {now})",
@@ -733,6 +751,9 @@ class Waiter:
             )
         if code != EXIT_OK:
             raise CommandError(message or "wait failed", code)
+        if self.status == AGENT_CONDITION:
+            output.line(f"{self.name}: agent {(self.last_status or 'connected').upper()}")
+            return EXIT_OK
         output.line(f"{self.name}: {(self.last_status or self.status).upper()}")
         return EXIT_OK
 
@@ -743,6 +764,10 @@ class Waiter:
         context = metadata.get("context") or {}
         action = metadata.get("action")
         self.saw_event = True
+        if self.status == AGENT_CONDITION and action not in ("instance-deleted", "instance-error"):
+            if str(action).startswith("instance-agent-") and context.get("status"):
+                self._observe(str(context["status"]).lower(), None)
+            return
         if action == "instance-deleted":
             self._observe("deleted", None)
         elif action == "instance-error":
@@ -842,7 +867,8 @@ def _seconds(text: str) -> float:
 _WAIT_HELP = """\
 CONDITION is status=<status>, case-insensitive, one of:
   running (also met by ready), ready, stopped, frozen, error, starting,
-  stopping, freezing.
+  stopping, freezing;
+or "agent": the instance's guest agent is connected to the daemon.
 
 wait subscribes to the daemon's events first, then checks the instance once,
 then wakes on the matching lifecycle event; it never polls.
@@ -959,14 +985,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     wait = commands.add_parser(
         "wait",
-        help="wait until an instance reaches a status",
+        help="wait until an instance reaches a status, or its agent connects",
         description="Wait until an instance reaches a status.",
         epilog=_WAIT_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=[common],
     )
     wait.add_argument("name")
-    wait.add_argument("condition", metavar="CONDITION", help="status=<status>")
+    wait.add_argument("condition", metavar="CONDITION", help="status=<status>, or agent")
     wait.add_argument(
         "--timeout", type=_seconds, metavar="SECONDS", help="give up after this many seconds"
     )

@@ -1,7 +1,13 @@
-"""The vmready daemon as a Twisted service: store, driver, lifecycle, API, power sync."""
+"""The vmready daemon as a Twisted service: store, driver, lifecycle, APIs, power sync.
+
+Start-up order matters: the guest API listens first (on a new random port),
+so recovery can advertise that port to every running VM's agent as it
+re-adopts the VM; the operator API listens only once recovery is over.
+"""
 
 from __future__ import annotations
 
+import glob
 import os
 from typing import Any
 
@@ -10,15 +16,23 @@ from twisted.application import strports
 from twisted.application.internet import TimerService
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import serverFromString
+from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.server import Site
 
+from vmready.agentlink import PollIntervals
 from vmready.api import OperatorAPI
+from vmready.certs import ensure_server_certificate
 from vmready.events import EventBus
+from vmready.guestapi import GuestAPI, guest_site, guest_tls_factory
 from vmready.hypervisor import HypervisorDriver
-from vmready.lifecycle import Lifecycle
+from vmready.lifecycle import GuestLink, Lifecycle
 from vmready.store import Store
+from vmready.vsock import HybridVSockAddress
+
+GUEST_SOCKET_BASE = "guest-api.sock"
 
 
 @attrs.frozen
@@ -31,6 +45,17 @@ class DaemonConfig:
     qemu_binary: str | None = None
     power_sync_interval: float = 10.0
     stop_timeout: float = 30.0
+    # The guest API's endpoint string; None: hvsock:path=<data_dir>/guest-api.sock.
+    guest_listen: str | None = None
+    agent_poll: PollIntervals = attrs.field(factory=PollIntervals)
+
+    @property
+    def guest_endpoint(self) -> str:
+        """The guest API's endpoint string."""
+        if self.guest_listen:
+            return self.guest_listen
+        base = os.path.join(self.data_dir, GUEST_SOCKET_BASE).replace(":", "\\:")
+        return f"hvsock:path={base}"
 
 
 class VMReadyService(MultiService):
@@ -50,6 +75,7 @@ class VMReadyService(MultiService):
         self.store: Store | None = None
         self.lifecycle: Lifecycle | None = None
         self.recovered: Deferred[None] = Deferred()
+        self.guest_port: IListeningPort | None = None
 
     def startService(self) -> None:
         config = self.config
@@ -66,9 +92,63 @@ class VMReadyService(MultiService):
         )
         site = Site(OperatorAPI(lifecycle, config.hypervisor).app.resource())
         super().startService()
-        Deferred.fromCoroutine(lifecycle.recover()).addCallbacks(
+        Deferred.fromCoroutine(self._start_guest_api()).addCallbacks(
+            lambda _: self._start_recovery(site), self._guest_api_failed
+        )
+
+    def _start_recovery(self, site: Site) -> None:
+        Deferred.fromCoroutine(self._recover()).addCallbacks(
             self._recovered, self._recovery_failed, callbackArgs=(site,), errbackArgs=(site,)
         )
+
+    def _guest_api_failed(self, failure: Failure) -> None:
+        """Without the guest API no agent can report: the daemon stops, saying why."""
+        self.log.error(
+            "cannot serve the guest API on {endpoint}: {error}; stopping",
+            endpoint=self.config.guest_endpoint,
+            error=failure.getErrorMessage(),
+        )
+        self.recovered.errback(failure)
+        self.reactor.callWhenRunning(self.reactor.stop)
+
+    async def _start_guest_api(self) -> None:
+        """Listen for agents on a fresh random port; the lifecycle advertises it."""
+        assert self.store is not None and self.lifecycle is not None
+        server = ensure_server_certificate(self.config.data_dir)
+        endpoint_string = self.config.guest_endpoint
+        self._remove_stale_guest_sockets()
+        factory = guest_tls_factory(server, self.store, guest_site(GuestAPI(self.lifecycle)))
+        port = self.guest_port = await serverFromString(self.reactor, endpoint_string).listen(
+            factory
+        )
+        address = port.getHost()
+        transport = (
+            f"hvsock:{address.path}" if isinstance(address, HybridVSockAddress) else "vsock"
+        )
+        self.lifecycle.guest = GuestLink(
+            address.port, server.cert_pem, transport, self.config.agent_poll
+        )
+        self.log.info(
+            "guest API on {endpoint}: agents are told CONNECT 2:{port}",
+            endpoint=endpoint_string,
+            port=address.port,
+        )
+
+    def _remove_stale_guest_sockets(self) -> None:
+        """Sockets of a daemon that was killed (one daemon per data dir holds the lock)."""
+        base = os.path.join(self.config.data_dir, GUEST_SOCKET_BASE)
+        for path in glob.glob(glob.escape(base) + "_*"):
+            try:
+                os.unlink(path)
+            except OSError as e:
+                self.log.warn("cannot remove stale {path}: {error}", path=path, error=e)
+
+    async def _recover(self) -> None:
+        assert self.lifecycle is not None
+        issued = self.lifecycle.ensure_agent_identities()
+        if issued:
+            self.log.info("issued agent certificates to {count} instances", count=issued)
+        await self.lifecycle.recover()
 
     def _recovered(self, _: object, site: Site) -> None:
         assert self.store is not None and self.lifecycle is not None
@@ -106,6 +186,10 @@ class VMReadyService(MultiService):
 
     async def _stop(self) -> None:
         await super().stopService()
+        if self.guest_port is not None:
+            stopped = self.guest_port.stopListening()
+            if stopped is not None:
+                await stopped
         if self.lifecycle is not None:
             await self.lifecycle.shutdown()
         if self.store is not None:

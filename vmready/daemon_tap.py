@@ -20,15 +20,18 @@ from twisted.internet.endpoints import (
 from twisted.python import usage
 from twisted.python.lockfile import FilesystemLock
 
-from vmready.daemon import DaemonConfig, VMReadyService
+from vmready.agentlink import PollIntervals
+from vmready.daemon import GUEST_SOCKET_BASE, DaemonConfig, VMReadyService
 from vmready.lifecycle import MAX_STOP_TIMEOUT
 from vmready.limits import raise_file_limit
 from vmready.model import StoreError
 from vmready.paths import default_data_dir
 from vmready.store import Store
+from vmready.vsock import HybridVSockServerEndpoint, VSockServerEndpoint
 
 HYPERVISORS = ("fakeqemu", "qemu")
 _UNIX_PATH_MAX = 108  # sizeof(sockaddr_un.sun_path) on Linux, the terminating NUL included
+_DEFAULT_POLL = PollIntervals()
 
 
 class Options(usage.Options):
@@ -51,6 +54,31 @@ class Options(usage.Options):
             "Seconds between power-state reconciliations; 0 or less disables it.",
         ],
         ["stop-timeout", None, "30", "Seconds a clean stop waits before forcing."],
+        [
+            "guest-listen",
+            None,
+            None,
+            "Guest API endpoint string, vsock:port=0 or hvsock:path=<base> "
+            "(default: hvsock:path=<data-dir>/guest-api.sock).",
+        ],
+        [
+            "agent-poll-connecting",
+            None,
+            str(_DEFAULT_POLL.connecting),
+            "Seconds between agent ring-buffer reads while a CONNECT is unanswered.",
+        ],
+        [
+            "agent-poll-started",
+            None,
+            str(_DEFAULT_POLL.started),
+            "Seconds between agent ring-buffer reads while the agent is STARTED or unknown.",
+        ],
+        [
+            "agent-poll-connected",
+            None,
+            str(_DEFAULT_POLL.connected),
+            "Seconds between agent ring-buffer reads once the agent is CONNECTED.",
+        ],
     ]
 
     def postOptions(self) -> None:
@@ -63,6 +91,13 @@ class Options(usage.Options):
                 raise usage.UsageError(f"--{option} must be a number of seconds") from None
             if not math.isfinite(self[option]):
                 raise usage.UsageError(f"--{option} must be a finite number of seconds")
+        for option in ("agent-poll-connecting", "agent-poll-started", "agent-poll-connected"):
+            try:
+                self[option] = float(self[option])
+            except ValueError:
+                raise usage.UsageError(f"--{option} must be a number of seconds") from None
+            if not (math.isfinite(self[option]) and 0 < self[option] <= 3600):
+                raise usage.UsageError(f"--{option} must be more than 0 and at most 3600 seconds")
         if not 0 <= self["stop-timeout"] <= MAX_STOP_TIMEOUT:
             raise usage.UsageError(f"--stop-timeout must be 0 to {MAX_STOP_TIMEOUT:g} seconds")
         self["data-dir"] = os.path.abspath(self["data-dir"] or default_data_dir())
@@ -70,6 +105,18 @@ class Options(usage.Options):
             # Whoever can reach the operator socket controls every VM: owner only.
             path = os.path.join(self["data-dir"], "vmready.sock").replace(":", "\\:")
             self["listen"] = f"unix:{path}:mode=600"
+        if not self["guest-listen"]:
+            base = os.path.join(self["data-dir"], GUEST_SOCKET_BASE).replace(":", "\\:")
+            self["guest-listen"] = f"hvsock:path={base}"
+
+    @property
+    def poll_intervals(self) -> PollIntervals:
+        """The agent ring-buffer polling intervals the options chose."""
+        return PollIntervals(
+            connecting=self["agent-poll-connecting"],
+            started=self["agent-poll-started"],
+            connected=self["agent-poll-connected"],
+        )
 
 
 def _fail(reason: str) -> NoReturn:
@@ -99,6 +146,28 @@ def check_listen_address(listen: str) -> None:
     elif isinstance(endpoint, TCP4ServerEndpoint | TCP6ServerEndpoint | SSL4ServerEndpoint):
         family = socket.AF_INET6 if isinstance(endpoint, TCP6ServerEndpoint) else socket.AF_INET
         _check_tcp_port_free(listen, family, endpoint._interface, endpoint._port)
+
+
+def check_guest_listen_address(listen: str) -> None:
+    """Refuse a guest API endpoint string that cannot work, in one line."""
+    from twisted.internet import reactor
+
+    try:
+        endpoint = serverFromString(reactor, listen)
+    except Exception as e:  # each endpoint parser fails in its own way: report any of them
+        _fail(f"--guest-listen {listen} is not a usable endpoint string: {e}")
+    if isinstance(endpoint, HybridVSockServerEndpoint):
+        longest = f"{endpoint.path}_{2**32 - 1}"
+        if len(os.fsencode(longest)) >= _UNIX_PATH_MAX:
+            _fail(
+                f"--guest-listen {listen}: socket path {longest} would be longer than "
+                f"{_UNIX_PATH_MAX - 1} bytes; choose a shorter path="
+            )
+        directory = os.path.dirname(endpoint.path) or "."
+        if not os.path.isdir(directory):
+            _fail(f"--guest-listen {listen}: directory {directory} does not exist")
+    elif not isinstance(endpoint, VSockServerEndpoint):
+        _fail(f"--guest-listen {listen}: the guest API listens on vsock: or hvsock: only")
 
 
 def _check_unix_socket_path(listen: str, path: str) -> None:
@@ -181,6 +250,7 @@ def makeService(options: Options) -> VMReadyService:
     except StoreError as e:
         _fail(str(e))
     check_listen_address(options["listen"])
+    check_guest_listen_address(options["guest-listen"])
     raise_file_limit()
     config = DaemonConfig(
         data_dir=data_dir,
@@ -189,6 +259,12 @@ def makeService(options: Options) -> VMReadyService:
         qemu_binary=options["qemu-binary"],
         power_sync_interval=options["power-sync-interval"],
         stop_timeout=options["stop-timeout"],
+        guest_listen=options["guest-listen"],
+        agent_poll=options.poll_intervals,
     )
-    print(f"vmready: data dir {data_dir}, API on {options['listen']}", file=sys.stderr)
+    print(
+        f"vmready: data dir {data_dir}, API on {options['listen']}, "
+        f"guest API on {options['guest-listen']}",
+        file=sys.stderr,
+    )
     return VMReadyService(reactor, config)

@@ -23,6 +23,8 @@ SIGKILL; ``HypervisorDriver.kill_owned`` does the same for a VM no
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import enum
 import errno
@@ -499,6 +501,25 @@ class RunningVM:
             gone = await self.when_gone()
             return gone.power_state or PowerState.NOSTATE
         return power_state_for(str(status.get("status", "")))
+
+    async def ringbuf_read(self, device: str, size: int) -> bytes:
+        """Drain up to ``size`` bytes from a ring-buffer chardev (read as base64: no byte lost)."""
+        data = await self._command(
+            "ringbuf-read", {"device": device, "size": size, "format": "base64"}
+        )
+        try:
+            return base64.b64decode(str(data), validate=True)
+        except binascii.Error as e:
+            raise HypervisorError(
+                f"QEMU answered ringbuf-read of {self.spec.name} with invalid base64: {e}"
+            ) from e
+
+    async def ringbuf_write(self, device: str, data: bytes) -> None:
+        """Append ``data`` to a ring-buffer chardev; QEMU also delivers it to the guest's port."""
+        await self._command(
+            "ringbuf-write",
+            {"device": device, "data": base64.b64encode(data).decode("ascii"), "format": "base64"},
+        )
 
     async def pause(self) -> None:
         """Pause the vCPUs (QMP ``stop``)."""

@@ -11,6 +11,7 @@ action (rebuild, delete, start after a failed stop…) moves it from there.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -18,12 +19,16 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import attrs
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
+from vmready.agentlink import AgentLink, PollIntervals, StatusChanged
+from vmready.agentmonitor import AgentMonitor
+from vmready.certs import CertificatePair, generate, write_config_drive
 from vmready.events import EventBus
-from vmready.hypervisor import HypervisorDriver, RunningVM, VMEvent, VMSpec
+from vmready.hypervisor import HypervisorDriver, RunningVM, VMEvent, VMEventKind, VMSpec
 from vmready.model import (
     BadRequest,
     Conflict,
@@ -33,6 +38,8 @@ from vmready.model import (
     task_conflict,
 )
 from vmready.operations import Operation, Operations
+from vmready.qemu_cmdline import AGENT_PORT, LEGACY_PORT
+from vmready.ringbuffer import AgentStatus
 from vmready.states import ACTIONS, READY_KEY, PowerState, TaskState, VMState
 from vmready.store import Store
 
@@ -55,6 +62,21 @@ _TASKS_RESOLVED_BY_A_RUNNING_VM = frozenset(
 _PREVIOUS_MEMORY = "volatile.resize.previous.memory"
 _PREVIOUS_CPU = "volatile.resize.previous.cpu"
 _USER_KEYS = re.compile(r"(limits\.memory|limits\.cpu|user\..+|cloud-init\..+)")
+
+
+CONFIG_DRIVE = "config-drive"
+AGENT_CONFIG = "agent.json"
+
+
+@attrs.frozen
+class GuestLink:
+    """How guests reach the daemon's guest API, known once it listens."""
+
+    port: int
+    server_cert_pem: bytes
+    # What an agent is told to dial in its config drive: "vsock" or "hvsock:<path>".
+    transport: str
+    intervals: PollIntervals = attrs.field(factory=PollIntervals)
 
 
 def run_dir_name(instance_uuid: str) -> str:
@@ -220,6 +242,10 @@ class Lifecycle:
         self.stop_timeout = stop_timeout
         self.vms: dict[str, RunningVM] = {}
         self._unsubscribe: dict[str, Callable[[], None]] = {}
+        # Set by the daemon once the guest API listens; without it no agent is followed.
+        self.guest: GuestLink | None = None
+        self.monitors: dict[str, AgentMonitor] = {}
+        self._last_agent_status: dict[str, AgentStatus] = {}
 
     # -- views ------------------------------------------------------------
 
@@ -230,6 +256,17 @@ class Lifecycle:
     def list(self) -> list[InstanceRecord]:
         """Every instance."""
         return self.store.list_instances()
+
+    def agent_status(self, name: str) -> AgentStatus:
+        """What the instance's agent last said (``stopped`` once its VM is gone)."""
+        monitor = self.monitors.get(name)
+        if monitor is not None:
+            return monitor.status
+        return self._last_agent_status.get(name, AgentStatus.UNKNOWN)
+
+    def config_drive(self, record: InstanceRecord) -> str:
+        """The directory handed to the guest as its config drive (certificates, agent.json)."""
+        return os.path.join(self.spec_for(record).run_dir, CONFIG_DRIVE)
 
     def spec_for(self, record: InstanceRecord) -> VMSpec:
         """The hypervisor's view of an instance."""
@@ -258,6 +295,69 @@ class Lifecycle:
         self.events.lifecycle("instance-updated", name, {"config": changes})
         return updated
 
+    def set_ready(self, name: str, ready: bool) -> InstanceRecord:
+        """The guest's workload declared itself Ready (or withdrew it: Started).
+
+        Ready sets ``volatile.last_state.ready`` to "true" and emits
+        ``instance-ready`` every time; Started sets "false" with no event.  An
+        instance without a running VM cannot be ready: Conflict.
+        """
+        record = self.store.get_instance(name)
+        if not self._has_vm(name):
+            raise Conflict(f"Instance {name} is not running")
+        if record.ready != ready or READY_KEY not in record.config:
+            record = self.store.update_config(name, {READY_KEY: "true" if ready else "false"})
+            self.publish_state(record)
+        if ready:
+            self.events.lifecycle("instance-ready", name)
+        return record
+
+    def issue_agent_identity(self, record: InstanceRecord) -> CertificatePair | None:
+        """A fresh client certificate for the instance's agent, and its config drive.
+
+        The store keeps only the fingerprint: whoever presents this certificate
+        is this instance, and nothing else is.  Without a guest API (no
+        ``guest``) there is nothing to issue.
+        """
+        guest = self.guest
+        if guest is None:
+            return None
+        pair = generate(f"vmready-agent-{record.name}")
+        self.store.set_agent_certificate(record.name, pair.fingerprint)
+        self._write_config_drive(record, pair, guest)
+        return pair
+
+    def _write_config_drive(
+        self, record: InstanceRecord, pair: CertificatePair, guest: GuestLink
+    ) -> None:
+        directory = self.config_drive(record)
+        write_config_drive(directory, pair, guest.server_cert_pem)
+        spec = self.spec_for(record)
+        settings: dict[str, str] = {"instance": record.name, "transport": guest.transport}
+        if self.driver.kind == "fakeqemu":
+            # A fakeqemu guest is a host process: its devices are sockets in the run dir.
+            guest_root = os.path.join(spec.run_dir, "guest")
+            settings.update(
+                virtio_ports=os.path.join(spec.guest_dir, "virtio-ports"),
+                devlxd_socket=os.path.join(guest_root, "lxd.sock"),
+                state_dir=os.path.join(guest_root, "run"),
+            )
+        path = os.path.join(directory, AGENT_CONFIG)
+        with open(path + ".tmp", "w") as f:
+            json.dump(settings, f, indent=2, sort_keys=True)
+            f.write("\n")
+        os.replace(path + ".tmp", path)
+
+    def ensure_agent_identities(self) -> int:
+        """Issue certificates to instances that have none (created before the guest API)."""
+        issued = 0
+        for record in self.store.list_instances():
+            drive = self.config_drive(record)
+            missing = not os.path.exists(os.path.join(drive, AGENT_CONFIG))
+            if missing and self.issue_agent_identity(record) is not None:
+                issued += 1
+        return issued
+
     def publish_state(self, record: InstanceRecord) -> None:
         """An ``instance-state`` event with everything a watcher needs to show the instance."""
         self.events.lifecycle(
@@ -282,6 +382,7 @@ class Lifecycle:
         checked = validate_config(config)
         record = self.store.create_instance(name, checked, {})
         context = ActionContext(self, name, "create", TaskState.SPAWNING)
+        self.issue_agent_identity(record)
         self.publish_state(record)
         self.events.lifecycle("instance-created", name)
 
@@ -385,7 +486,7 @@ class Lifecycle:
             return False
         if adopted is None:
             return False
-        self._attach(record.name, adopted)
+        self._attach(record.name, adopted, advertise=True)
         context.note("adopted the VM that was still running")
         return True
 
@@ -477,8 +578,9 @@ class Lifecycle:
         self._forget(record)
 
     def _forget(self, record: InstanceRecord, reason: str | None = None) -> None:
-        """The instance is gone: its row, its run directory, and a DELETED event."""
+        """The instance is gone: its row (revoking its certificate), run dir, DELETED event."""
         self.store.delete_instance(record.name)
+        self._last_agent_status.pop(record.name, None)
         shutil.rmtree(self.spec_for(record).run_dir, ignore_errors=True)
         self.events.lifecycle(
             "instance-state",
@@ -547,22 +649,63 @@ class Lifecycle:
         how = await vm.shutdown(timeout, self.clock)
         context.note("clean stop" if how == "clean" else f"forced stop after {timeout:g}s timeout")
 
-    def _attach(self, name: str, vm: RunningVM) -> None:
+    def _attach(self, name: str, vm: RunningVM, advertise: bool = False) -> None:
+        """Follow ``vm``; ``advertise``: write CONNECT at once (its agent may know an old port)."""
         self._detach(name)
         self.vms[name] = vm
-        self._unsubscribe[name] = vm.subscribe(lambda event: self._vm_event(name, vm, event))
+        undo = [vm.subscribe(lambda event: self._vm_event(name, vm, event))]
+        monitor = self._follow_agent(name, vm)
+        if monitor is not None:
+            undo.append(vm.qmp.subscribe(lambda _event: monitor.qmp_event()))
+            monitor.start(advertise)
 
-    def _detach(self, name: str) -> None:
+        def unsubscribe() -> None:
+            for step in undo:
+                step()
+
+        self._unsubscribe[name] = unsubscribe
+
+    def _follow_agent(self, name: str, vm: RunningVM) -> AgentMonitor | None:
+        guest = self.guest
+        chardev = agent_chardev(vm.spec)
+        if guest is None or chardev is None:
+            return None
+        link = AgentLink(name, vm.spec.ring_size, guest.port, guest.intervals)
+        monitor = AgentMonitor(
+            self.clock, vm, link, chardev, lambda change: self._agent_changed(name, change)
+        )
+        self.monitors[name] = monitor
+        return monitor
+
+    def _agent_changed(self, name: str, change: StatusChanged) -> None:
+        self._last_agent_status[name] = change.current
+        self.events.lifecycle(
+            change.event_action,
+            name,
+            {"status": change.current.value, "previous": change.previous.value},
+        )
+
+    def _detach(self, name: str, announce: bool = True) -> None:
         unsubscribe = self._unsubscribe.pop(name, None)
         if unsubscribe is not None:
             unsubscribe()
         self.vms.pop(name, None)
+        monitor = self.monitors.pop(name, None)
+        if monitor is not None:
+            monitor.stop(announce)
+            self._last_agent_status[name] = monitor.status
 
     def _vm_event(self, name: str, vm: RunningVM, event: VMEvent) -> None:
         """QMP events of a VM we did not ask for: follow power state; a death is an error."""
         record = self.store.find_instance(name)
         if record is None or self.vms.get(name) is not vm:
             return
+        monitor = self.monitors.get(name)
+        if monitor is not None:
+            if event.kind is VMEventKind.STOP:
+                monitor.paused()
+            elif event.kind is VMEventKind.RESUME:
+                monitor.resumed()
         if record.task_state is not None:
             return  # the running action owns the VM now
         if event.kind == "gone":
@@ -570,6 +713,9 @@ class Lifecycle:
             self._vm_went_away(record, event)
             return
         if event.power_state is not None and event.power_state is not record.power_state:
+            if event.power_state in (PowerState.SHUTDOWN, PowerState.CRASHED) and record.ready:
+                # Not ready from the moment it stops, before its process is gone.
+                self.store.update_config(name, {READY_KEY: "false"})
             self.publish_state(self.store.set_power_state(name, event.power_state))
 
     def _vm_went_away(self, record: InstanceRecord, event: VMEvent) -> None:
@@ -681,7 +827,7 @@ class Lifecycle:
                 self._fail_idle(current, e.message, PowerState.NOSTATE)
             return
         if adopted is not None:
-            self._attach(record.name, adopted)
+            self._attach(record.name, adopted, advertise=True)
             return
         updated = self.store.settle(
             record.name,
@@ -746,7 +892,7 @@ class Lifecycle:
             self._fail_idle(record, f"{reason}; {e.message}", PowerState.NOSTATE)
             return
         if adopted is not None:
-            self._attach(record.name, adopted)
+            self._attach(record.name, adopted, advertise=True)
         if task is TaskState.DELETING:
             await self._stop_adopted(record.name, adopted)
             self._forget(record, reason)
@@ -789,6 +935,15 @@ class Lifecycle:
         detaching = []
         for name in list(self.vms):
             vm = self.vms[name]
-            self._detach(name)
+            self._detach(name, announce=False)
             detaching.append(vm.detach())
         return gatherResults(detaching).addCallback(lambda _: None)
+
+
+def agent_chardev(spec: VMSpec) -> str | None:
+    """The ring buffer the VM's agent writes to: the one wired to its agent port, new or old."""
+    for wanted in (AGENT_PORT, LEGACY_PORT):
+        for port in spec.serial_ports:
+            if port.name == wanted and port.chardev is not None:
+                return port.chardev
+    return None

@@ -99,6 +99,16 @@ MIGRATIONS: list[tuple[int, str]] = [
         );
         """,
     ),
+    (
+        2,
+        """
+        CREATE TABLE agent_certificates (
+            instance TEXT PRIMARY KEY REFERENCES instances (name) ON DELETE CASCADE,
+            fingerprint TEXT NOT NULL UNIQUE,
+            issued_at REAL NOT NULL
+        );
+        """,
+    ),
 ]
 
 _INSTANCE_COLUMNS = (
@@ -111,7 +121,7 @@ _STEP_COLUMNS = "action_id, name, started_at, finished_at, result, error"
 class Store:
     """vmready's SQLite store; open it with ``Store.open``."""
 
-    SCHEMA_VERSION: ClassVar[int] = 1
+    SCHEMA_VERSION: ClassVar[int] = 2
     MIGRATIONS: ClassVar[list[tuple[int, str]]] = MIGRATIONS
 
     def __init__(
@@ -383,6 +393,27 @@ class Store:
         deleted = self._db.execute("DELETE FROM instances WHERE name = ?", (name,)).rowcount
         if not deleted:
             raise _instance_not_found(name)
+
+    # Agent certificates
+
+    def set_agent_certificate(self, name: str, fingerprint: str) -> None:
+        """Record (or replace) the fingerprint of the client certificate issued to an instance."""
+        with self._transaction():
+            self._get(name)
+            self._db.execute(
+                "INSERT INTO agent_certificates (instance, fingerprint, issued_at)"
+                " VALUES (?, ?, ?)"
+                " ON CONFLICT (instance) DO UPDATE SET"
+                " fingerprint = excluded.fingerprint, issued_at = excluded.issued_at",
+                (name, fingerprint, self._clock()),
+            )
+
+    def instance_for_fingerprint(self, fingerprint: str) -> InstanceRecord | None:
+        """The instance whose agent certificate has this fingerprint (None: unknown or revoked)."""
+        row = self._db.execute(
+            "SELECT instance FROM agent_certificates WHERE fingerprint = ?", (fingerprint,)
+        ).fetchone()
+        return None if row is None else self._find(row[0])
 
     # Action history
 

@@ -1,0 +1,284 @@
+"""The agent link and the Ready state in the lifecycle, against real fakeqemu VMs.
+
+A guest program stands in for the agent: it holds the VM's virtio port (the
+fakeqemu guest socket) and writes status lines into the ring buffer, as the
+agent does; the daemon's side is the real monitor over real QMP.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
+from twisted.internet.protocol import Protocol
+from twisted.python.failure import Failure
+
+from tests.test_lifecycle import STOP_TIMEOUT, LifecycleTestCase, _async, _until
+from vmready.agentlink import PollIntervals
+from vmready.certs import fingerprint, generate
+from vmready.lifecycle import GuestLink, Lifecycle
+from vmready.model import Conflict
+from vmready.qemu_cmdline import AGENT_PORT
+from vmready.ringbuffer import AgentStatus
+from vmready.states import READY_KEY, StatusCode
+
+FAST = PollIntervals(connecting=0.02, started=0.05, connected=0.1, connect_timeout=5.0)
+SERVER = generate("vmready-test-server")
+
+
+class SerialGuest(Protocol):
+    """A guest process holding the agent's virtio port: what it wrote, what it received."""
+
+    def __init__(self) -> None:
+        self.received = b""
+        self.closed: Deferred[None] = Deferred()
+
+    def say(self, line: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(line)
+
+    def dataReceived(self, data: bytes) -> None:
+        self.received += data
+
+    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # noqa: B008
+        self.closed.callback(None)
+
+
+class AgentLinkTestCase(LifecycleTestCase):
+    port = 40001
+
+    def new_lifecycle(self) -> Lifecycle:
+        lifecycle = super().new_lifecycle()
+        type(self).port += 1
+        lifecycle.guest = GuestLink(self.port, SERVER.cert_pem, "hvsock:/nonexistent", FAST)
+        return lifecycle
+
+    async def guest(self, name: str = "vm1") -> SerialGuest:
+        """Open the instance's agent port as the agent would."""
+        spec = self.lifecycle.spec_for(self.lifecycle.get(name))
+        path = os.path.join(spec.guest_dir, "virtio-ports", AGENT_PORT)
+        guest = SerialGuest()
+        await connectProtocol(UNIXClientEndpoint(reactor, path), guest)
+
+        def hang_up() -> Deferred[None] | None:
+            if guest.transport is not None and not guest.closed.called:
+                guest.transport.loseConnection()
+                return guest.closed
+            return None
+
+        self.addCleanup(hang_up)
+        return guest
+
+    def agent_events(self, name: str = "vm1") -> list[str]:
+        return [a for a in self.lifecycle_actions(name) if a.startswith("instance-agent-")]
+
+    async def connected_guest(self, name: str = "vm1") -> SerialGuest:
+        guest = await self.guest(name)
+        guest.say(b"STARTED\n")
+        await _until(lambda: b"CONNECT" in guest.received)
+        guest.say(b"CONNECTED\n")
+        await _until(lambda: self.lifecycle.agent_status(name) is AgentStatus.CONNECTED)
+        return guest
+
+
+class IdentityTests(AgentLinkTestCase):
+    """Every instance gets its own certificate, handed over as a config drive."""
+
+    @_async
+    async def test_createWritesAConfigDriveWithTheInstancesOwnCertificate(self) -> None:
+        record = await self.launch()
+        drive = self.lifecycle.config_drive(record)
+        with open(os.path.join(drive, "agent.crt"), "rb") as f:
+            certificate = f.read()
+        with open(os.path.join(drive, "server.crt"), "rb") as f:
+            self.assertEqual(f.read(), SERVER.cert_pem)
+        self.assertEqual(stat.S_IMODE(os.stat(os.path.join(drive, "agent.key")).st_mode), 0o600)
+        found = self.store.instance_for_fingerprint(fingerprint(certificate))
+        assert found is not None
+        self.assertEqual(found.name, "vm1")
+        with open(os.path.join(drive, "agent.json")) as f:
+            settings = json.load(f)
+        spec = self.lifecycle.spec_for(record)
+        self.assertEqual(
+            settings,
+            {
+                "instance": "vm1",
+                "transport": "hvsock:/nonexistent",
+                "virtio_ports": os.path.join(spec.guest_dir, "virtio-ports"),
+                "devlxd_socket": os.path.join(spec.run_dir, "guest", "lxd.sock"),
+                "state_dir": os.path.join(spec.run_dir, "guest", "run"),
+            },
+        )
+
+    @_async
+    async def test_twoInstancesGetDifferentCertificates(self) -> None:
+        first = await self.launch("vm1")
+        second = await self.launch("vm2")
+        pems = []
+        for record in (first, second):
+            with open(os.path.join(self.lifecycle.config_drive(record), "agent.crt"), "rb") as f:
+                pems.append(f.read())
+        self.assertNotEqual(fingerprint(pems[0]), fingerprint(pems[1]))
+
+    @_async
+    async def test_deleteRevokesTheCertificate(self) -> None:
+        record = await self.launch()
+        with open(os.path.join(self.lifecycle.config_drive(record), "agent.crt"), "rb") as f:
+            certificate = f.read()
+        await self.wait(self.lifecycle.act("vm1", "delete"))
+        self.assertIsNone(self.store.instance_for_fingerprint(fingerprint(certificate)))
+
+    @_async
+    async def test_instancesFromBeforeTheGuestAPIGetAnIdentityAtStart(self) -> None:
+        self.lifecycle.guest = None
+        record = await self.launch()
+        self.assertFalse(os.path.exists(self.lifecycle.config_drive(record)))
+        await self.lifecycle.shutdown()
+        self.lifecycle = self.new_lifecycle()
+        self.assertEqual(self.lifecycle.ensure_agent_identities(), 1)
+        self.assertEqual(self.lifecycle.ensure_agent_identities(), 0)
+        drive = self.lifecycle.config_drive(record)
+        self.assertTrue(os.path.exists(os.path.join(drive, "agent.crt")))
+
+
+class HandshakeTests(AgentLinkTestCase):
+    """STARTED → CONNECT → CONNECTED over the real ring buffer, with lifecycle events."""
+
+    @_async
+    async def test_startedIsAnsweredWithConnectToTheDaemonsPort(self) -> None:
+        await self.launch()
+        guest = await self.guest()
+        guest.say(b"STARTED\n")
+        await _until(lambda: b"\n" in guest.received)
+        self.assertEqual(guest.received, f"CONNECT 2:{self.port}\n".encode())
+        self.assertEqual(self.lifecycle.agent_status("vm1"), AgentStatus.STARTED)
+        self.assertEqual(self.agent_events(), ["instance-agent-started"])
+
+    @_async
+    async def test_connectedIsShownAndAnnounced(self) -> None:
+        await self.launch()
+        await self.connected_guest()
+        self.assertEqual(
+            self.agent_events(), ["instance-agent-started", "instance-agent-connected"]
+        )
+
+    @_async
+    async def test_stoppingTheVMStopsTheAgent(self) -> None:
+        await self.launch()
+        await self.connected_guest()
+        await self.wait(self.lifecycle.act("vm1", "stop", force=True))
+        self.assertEqual(self.lifecycle.agent_status("vm1"), AgentStatus.STOPPED)
+        self.assertEqual(self.agent_events()[-1], "instance-agent-stopped")
+
+    @_async
+    async def test_agentSayingStoppedIsAnnounced(self) -> None:
+        await self.launch()
+        guest = await self.connected_guest()
+        guest.say(b"STOPPED\n")
+        await _until(lambda: self.lifecycle.agent_status("vm1") is AgentStatus.STOPPED)
+        self.assertEqual(self.agent_events()[-1], "instance-agent-stopped")
+
+    @_async
+    async def test_daemonRestartAdvertisesTheNewPortToARunningAgent(self) -> None:
+        await self.launch()
+        guest = await self.connected_guest()
+        old_port = self.port
+        await self.lifecycle.shutdown()
+        guest.received = b""
+        self.lifecycle = self.new_lifecycle()
+        self.assertNotEqual(self.port, old_port)
+        await self.lifecycle.recover()
+        await _until(lambda: b"\n" in guest.received)
+        self.assertEqual(guest.received, f"CONNECT 2:{self.port}\n".encode())
+        guest.say(b"CONNECTED\n")
+        await _until(lambda: self.lifecycle.agent_status("vm1") is AgentStatus.CONNECTED)
+
+    @_async
+    async def test_garbageOnTheSerialLineIsIgnored(self) -> None:
+        await self.launch()
+        guest = await self.guest()
+        guest.say(b"\xff\xfe\x00 nonsense\nCONNECT 99999999999:1\n" + b"x" * 100_000 + b"\n")
+        guest.say(b"STARTED\n")
+        await _until(lambda: b"CONNECT" in guest.received)
+        self.assertEqual(guest.received, f"CONNECT 2:{self.port}\n".encode())
+        self.assertEqual(self.lifecycle.agent_status("vm1"), AgentStatus.STARTED)
+
+
+class ReadyTests(AgentLinkTestCase):
+    """PATCH Ready/Started as the lifecycle carries it out, and every way Ready is cleared."""
+
+    @_async
+    async def test_readySetsTheKeyAndStatusAndAnnouncesEveryTime(self) -> None:
+        await self.launch()
+        record = self.lifecycle.set_ready("vm1", True)
+        self.assertEqual(record.config[READY_KEY], "true")
+        self.assertEqual((record.status.name, record.status.code), ("Ready", StatusCode.READY))
+        self.lifecycle.set_ready("vm1", True)
+        ready_events = [a for a in self.lifecycle_actions("vm1") if a == "instance-ready"]
+        self.assertEqual(len(ready_events), 2)
+
+    @_async
+    async def test_startedClearsReadyWithoutAnEvent(self) -> None:
+        await self.launch()
+        self.lifecycle.set_ready("vm1", True)
+        record = self.lifecycle.set_ready("vm1", False)
+        self.assertEqual(record.config[READY_KEY], "false")
+        self.assertEqual(record.status.name, "Running")
+        self.assertEqual(self.lifecycle_actions("vm1").count("instance-ready"), 1)
+
+    @_async
+    async def test_aStoppedInstanceCannotBeReady(self) -> None:
+        await self.launch()
+        await self.wait(self.lifecycle.act("vm1", "stop", force=True))
+        with self.assertRaises(Conflict):
+            self.lifecycle.set_ready("vm1", True)
+
+    @_async
+    async def test_apiStopSetsReadyFalse(self) -> None:
+        await self.launch()
+        self.lifecycle.set_ready("vm1", True)
+        await self.wait(self.lifecycle.act("vm1", "stop", timeout=STOP_TIMEOUT))
+        self.assertEqual(self.lifecycle.get("vm1").config[READY_KEY], "false")
+
+    @_async
+    async def test_guestPowerOffSetsReadyFalse(self) -> None:
+        await self.launch()
+        self.lifecycle.set_ready("vm1", True)
+        spec = self.lifecycle.spec_for(self.lifecycle.get("vm1"))
+        control = Protocol()
+        await connectProtocol(
+            UNIXClientEndpoint(reactor, os.path.join(spec.guest_dir, "control")), control
+        )
+        assert control.transport is not None
+        control.transport.write(b"poweroff\n")
+        await _until(lambda: self.lifecycle.get("vm1").status.name == "Stopped")
+        self.assertEqual(self.lifecycle.get("vm1").config[READY_KEY], "false")
+
+    @_async
+    async def test_vmKilledSetsReadyFalse(self) -> None:
+        await self.launch()
+        self.lifecycle.set_ready("vm1", True)
+        pid = self.lifecycle.vms["vm1"].pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        await _until(lambda: self.lifecycle.get("vm1").status.name == "Error")
+        self.assertEqual(self.lifecycle.get("vm1").config[READY_KEY], "false")
+
+    @_async
+    async def test_daemonStartRemovesTheKeyAndTheAgentReestablishesIt(self) -> None:
+        await self.launch()
+        await self.connected_guest()
+        self.lifecycle.set_ready("vm1", True)
+        await self.lifecycle.shutdown()
+        self.lifecycle = self.new_lifecycle()
+        await self.lifecycle.recover()
+        record = self.lifecycle.get("vm1")
+        self.assertNotIn(READY_KEY, record.config)
+        self.assertEqual(record.status.name, "Running")
+        self.lifecycle.set_ready("vm1", True)  # what the agent does once it reconnected
+        self.assertEqual(self.lifecycle.get("vm1").status.name, "Ready")

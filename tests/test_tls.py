@@ -1,0 +1,257 @@
+"""Tests for vmready.tls: real mutual TLS over a loopback unix socket."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+from OpenSSL import SSL
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol, wrapClientTLS
+from twisted.internet.interfaces import IOpenSSLClientConnectionCreator
+from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.ssl import CertificateOptions
+from twisted.protocols.tls import TLSMemoryBIOFactory
+from twisted.python.failure import Failure
+from twisted.trial.unittest import SynchronousTestCase, TestCase
+
+from vmready.certs import CertificatePair, fingerprint, generate
+from vmready.guestapi import certificate_authorizer
+from vmready.store import Store
+from vmready.tls import MutualServerTLS, PinnedServerTLS, peer_certificate_pem
+
+_NOW = datetime.datetime.now(datetime.UTC)
+# Generating P-384 keys is the slow part: one set for the whole module.
+_SERVER = generate("vmready")
+_OTHER_SERVER = generate("vmready")
+_AGENT = generate("web1")
+_STRANGER = generate("web1")
+_EXPIRED_AGENT = generate("web1", days=1, now=_NOW - datetime.timedelta(days=2))
+
+
+class _Server(Protocol):
+    """Records what reached the application and the peer certificate; echoes."""
+
+    def __init__(self) -> None:
+        self.received = b""
+        self.peer: bytes | None = None
+        self.reason: Failure | None = None
+        self.lost: Deferred[None] = Deferred()
+
+    def dataReceived(self, data: bytes) -> None:
+        self.received += data
+        self.peer = peer_certificate_pem(self.transport)
+        assert self.transport is not None
+        self.transport.write(b"echo:" + data)
+
+    def connectionLost(self, reason: Failure | None = None) -> None:
+        self.reason = reason
+        self.lost.callback(None)
+
+
+class _Client(Protocol):
+    """Says hello, hangs up after the first answer; records what came back."""
+
+    def __init__(self) -> None:
+        self.received = b""
+        self.reason: Failure | None = None
+        self.lost: Deferred[None] = Deferred()
+
+    def connectionMade(self) -> None:
+        assert self.transport is not None
+        self.transport.write(b"hello")
+
+    def dataReceived(self, data: bytes) -> None:
+        self.received += data
+        assert self.transport is not None
+        self.transport.loseConnection()
+
+    def connectionLost(self, reason: Failure | None = None) -> None:
+        self.reason = reason
+        self.lost.callback(None)
+
+
+class LoopbackTLSTests(TestCase):
+    """A MutualServerTLS listener and PinnedServerTLS (or other) clients on a unix socket."""
+
+    timeout = 20
+
+    def setUp(self) -> None:
+        # Unix socket paths must stay under 107 bytes: not trial's deep temp dir.
+        directory = tempfile.mkdtemp(prefix="vmr-tls-", dir="/tmp")
+        self.addCleanup(shutil.rmtree, directory, True)
+        self.path = os.path.join(directory, "s")
+        self.servers: list[_Server] = []
+        self.asked: list[bytes] = []
+
+    def known(self, *agents: CertificatePair) -> Callable[[bytes], bool]:
+        """An authorize that accepts exactly these certificates, remembering what it was asked."""
+        fingerprints = {agent.fingerprint for agent in agents}
+
+        def authorize(cert_pem: bytes) -> bool:
+            self.asked.append(cert_pem)
+            return fingerprint(cert_pem) in fingerprints
+
+        return authorize
+
+    def listen(
+        self, authorize: Callable[[bytes], bool], server: CertificatePair = _SERVER
+    ) -> None:
+        """Serve mutual TLS on the socket until the test ends."""
+
+        def build() -> _Server:
+            protocol = _Server()
+            self.servers.append(protocol)
+            return protocol
+
+        port = reactor.listenUNIX(  # type: ignore[attr-defined]
+            self.path,
+            TLSMemoryBIOFactory(
+                MutualServerTLS(server, authorize), False, Factory.forProtocol(build)
+            ),
+        )
+        self.addCleanup(port.stopListening)
+
+    async def connect(self, creator: IOpenSSLClientConnectionCreator) -> _Client:
+        """One client connection, once both ends of it have closed."""
+        client = _Client()
+        endpoint = wrapClientTLS(creator, UNIXClientEndpoint(reactor, self.path))
+        await connectProtocol(endpoint, client)
+        await client.lost
+        for server in self.servers:
+            await server.lost
+        return client
+
+    def assertRefused(self, client: _Client) -> None:
+        """The connection ended in a TLS error before any application data passed."""
+        self.assertEqual(client.received, b"")
+        self.assertEqual([server.received for server in self.servers], [b""])
+        assert client.reason is not None
+        self.assertIsInstance(client.reason.value, SSL.Error)
+
+    async def test_knownClientIsAcceptedAndServerSeesItsCertificate(self) -> None:
+        self.listen(self.known(_AGENT))
+        client = await self.connect(PinnedServerTLS(_AGENT, _SERVER.cert_pem))
+        self.assertEqual(client.received, b"echo:hello")
+        self.assertEqual(self.servers[0].peer, _AGENT.cert_pem)
+
+    async def test_authorizeIsAskedAboutTheClientCertificate(self) -> None:
+        self.listen(self.known(_AGENT))
+        await self.connect(PinnedServerTLS(_AGENT, _SERVER.cert_pem))
+        self.assertEqual(set(self.asked), {_AGENT.cert_pem})
+
+    async def test_theContextServesConnectionAfterConnection(self) -> None:
+        # pyOpenSSL refuses to change a context once used: it must be configured once.
+        self.listen(self.known(_AGENT))
+        for _ in range(3):
+            client = await self.connect(PinnedServerTLS(_AGENT, _SERVER.cert_pem))
+            self.assertEqual(client.received, b"echo:hello")
+            self.servers.clear()
+
+    async def test_unknownClientCertificateIsRefused(self) -> None:
+        self.listen(self.known(_AGENT))
+        self.assertRefused(await self.connect(PinnedServerTLS(_STRANGER, _SERVER.cert_pem)))
+
+    async def test_clientWithoutCertificateIsRefused(self) -> None:
+        self.listen(self.known(_AGENT))
+        self.assertRefused(await self.connect(CertificateOptions()))
+        self.assertEqual(self.asked, [])
+
+    async def test_expiredClientCertificateIsRefused(self) -> None:
+        directory = tempfile.mkdtemp(prefix="vmr-tls-store-", dir="/tmp")
+        self.addCleanup(shutil.rmtree, directory, True)
+        store = Store.open(os.path.join(directory, "vmready.sqlite"))
+        self.addCleanup(store.close)
+        store.create_instance("web1", {}, {})
+        store.set_agent_certificate("web1", _EXPIRED_AGENT.fingerprint)
+        self.listen(certificate_authorizer(store))
+        self.assertRefused(await self.connect(PinnedServerTLS(_EXPIRED_AGENT, _SERVER.cert_pem)))
+
+    async def test_agentRefusesAServerThatIsNotThePinnedOne(self) -> None:
+        self.listen(self.known(_AGENT), server=_OTHER_SERVER)
+        self.assertRefused(await self.connect(PinnedServerTLS(_AGENT, _SERVER.cert_pem)))
+
+    async def test_agentRefusesThePinnedServerOutsideItsValidity(self) -> None:
+        self.listen(self.known(_AGENT))
+        years_later = _NOW + datetime.timedelta(days=20 * 365)
+        agent = PinnedServerTLS(_AGENT, _SERVER.cert_pem, clock=lambda: years_later)
+        self.assertRefused(await self.connect(agent))
+
+
+class _MemoryPair:
+    """A server and a client TLS connection joined by memory BIOs (no sockets, no reactor)."""
+
+    def __init__(self, server: SSL.Connection, client: SSL.Connection) -> None:
+        self.server = server
+        self.client = client
+        server.set_accept_state()
+
+    def pump(self) -> None:
+        """Move bytes both ways until neither side has anything to say."""
+        moved = True
+        while moved:
+            moved = False
+            for source, target in ((self.client, self.server), (self.server, self.client)):
+                try:
+                    data = source.bio_read(65536)
+                except SSL.WantReadError:
+                    continue
+                if data:
+                    target.bio_write(data)
+                    moved = True
+
+    def exchange(self) -> bytes:
+        """Handshake, then one message each way (the client gets its session tickets)."""
+        for _ in range(10):
+            for connection in (self.client, self.server):
+                with contextlib.suppress(SSL.WantReadError):
+                    connection.do_handshake()
+            self.pump()
+        self.client.send(b"ping")
+        self.pump()
+        received: bytes = self.server.recv(4)
+        self.server.send(b"pong")
+        self.pump()
+        self.client.recv(4)
+        return received
+
+
+class SessionResumptionTests(SynchronousTestCase):
+    """A client resuming an earlier TLS session must still face ``authorize``."""
+
+    def test_resumedSessionOfARevokedClientIsRefused(self) -> None:
+        allowed = [True]
+        server = MutualServerTLS(_SERVER, lambda cert_pem: allowed[0])
+        agent = PinnedServerTLS(_AGENT, _SERVER.cert_pem)
+        first = _MemoryPair(
+            server.serverConnectionForTLS(None), agent.clientConnectionForTLS(None)
+        )
+        self.assertEqual(first.exchange(), b"ping")
+        session = first.client.get_session()
+        assert session is not None
+
+        allowed[0] = False
+        client = agent.clientConnectionForTLS(None)
+        client.set_session(session)
+        second = _MemoryPair(server.serverConnectionForTLS(None), client)
+        self.assertRaises(SSL.Error, second.exchange)
+
+
+class PeerCertificateTests(SynchronousTestCase):
+    """``peer_certificate_pem`` on transports that are not TLS."""
+
+    def test_plainTransportHasNoPeerCertificate(self) -> None:
+        self.assertIsNone(peer_certificate_pem(object()))
+
+    def test_noTransportHasNoPeerCertificate(self) -> None:
+        self.assertIsNone(peer_certificate_pem(None))
+
+    def test_transportWithoutPeerCertificateHasNone(self) -> None:
+        transport: Any = type("T", (), {"getPeerCertificate": lambda self: None})()
+        self.assertIsNone(peer_certificate_pem(transport))

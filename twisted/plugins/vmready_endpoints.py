@@ -1,0 +1,13 @@
+"""Registers the ``vsock:`` and ``hvsock:`` endpoint strings (servers and clients)."""
+
+from vmready.vsock import (
+    HybridVSockClientParser,
+    HybridVSockServerParser,
+    VSockClientParser,
+    VSockServerParser,
+)
+
+vsock_server = VSockServerParser()
+vsock_client = VSockClientParser()
+hvsock_server = HybridVSockServerParser()
+hvsock_client = HybridVSockClientParser()
