@@ -44,7 +44,7 @@ class DemoTests(SynchronousTestCase):
 
 
 class RunDemoTests(SynchronousTestCase):
-    """``./dev run``: the daemon on its defaults and a demo instance that reaches RUNNING."""
+    """``./dev run``: the daemon on its defaults and a demo instance that reaches READY."""
 
     def setUp(self) -> None:
         self.data_dir = tempfile.mkdtemp(prefix="vmr-run-", dir="/tmp")
@@ -54,8 +54,12 @@ class RunDemoTests(SynchronousTestCase):
     def _kill_vms(self) -> None:
         run = os.path.join(self.data_dir, "run")
         for entry in os.listdir(run) if os.path.isdir(run) else []:
-            pidfile = os.path.join(run, entry, "vm.pid")
-            if os.path.exists(pidfile):
+            for pidfile in (
+                os.path.join(run, entry, "vm.pid"),
+                os.path.join(run, entry, "guest", "agent.pid"),
+            ):
+                if not os.path.exists(pidfile):
+                    continue
                 with open(pidfile) as f:
                     try:
                         os.kill(int(f.read().strip()), signal.SIGKILL)
@@ -73,15 +77,27 @@ class RunDemoTests(SynchronousTestCase):
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
         return result.stdout.splitlines()
 
-    def test_firstRunLaunchesDemoAndShowsItRunning(self) -> None:
+    def test_firstRunLaunchesDemoAndItsAgentMakesItReady(self) -> None:
         lines = self.run_demo()
-        self.assertIn("$ vmready launch demo --memory 256 --cpus 1", lines)
-        self.assertIn("demo: RUNNING", lines)
+        steps = [
+            "$ vmready launch demo --memory 256 --cpus 1",
+            "demo: RUNNING",
+            "demo: agent CONNECTED",
+            "$ vmready-agent notify ready   # in the guest, by its workload",
+            "demo: READY",
+        ]
+        positions = [lines.index(line) for line in steps]
+        self.assertEqual(positions, sorted(positions))
         row = next(line for line in lines if line.startswith("demo "))
-        self.assertEqual(row.split()[:3], ["demo", "RUNNING", "ACTIVE"])
+        self.assertEqual(row.split()[:3], ["demo", "READY", "ACTIVE"])
 
-    def test_secondRunReadoptsTheVMThatOutlivedTheDaemon(self) -> None:
+    def test_secondRunReadoptsTheVMAndItsAgentReReportsReady(self) -> None:
         self.run_demo()
         lines = self.run_demo()
-        self.assertIn("vmready: instance demo is Running: its VM outlived the last daemon", lines)
+        outlived = [line for line in lines if line.endswith("its VM outlived the last daemon")]
+        self.assertEqual(len(outlived), 1, lines)
         self.assertNotIn("$ vmready launch demo --memory 256 --cpus 1", lines)
+        self.assertIn("vmready: demo is READY again: its agent re-reported Ready by itself", lines)
+        self.assertNotIn("$ vmready-agent notify ready   # in the guest, by its workload", lines)
+        row = next(line for line in lines if line.startswith("demo "))
+        self.assertEqual(row.split()[:3], ["demo", "READY", "ACTIVE"])

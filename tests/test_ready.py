@@ -21,7 +21,7 @@ from twisted.python.failure import Failure
 from tests.test_lifecycle import STOP_TIMEOUT, LifecycleTestCase, _async, _until
 from vmready.agentlink import PollIntervals
 from vmready.certs import fingerprint, generate
-from vmready.lifecycle import GuestLink, Lifecycle
+from vmready.lifecycle import GuestLink, Lifecycle, fakeqemu_guest_paths
 from vmready.model import Conflict
 from vmready.qemu_cmdline import AGENT_PORT
 from vmready.ringbuffer import AgentStatus
@@ -114,6 +114,16 @@ class IdentityTests(AgentLinkTestCase):
                 "state_dir": os.path.join(spec.run_dir, "guest", "run"),
             },
         )
+
+    @_async
+    async def test_everyBootStartsWithAnEmptyGuestTmpfs(self) -> None:
+        record = await self.launch()
+        state_dir = fakeqemu_guest_paths(self.lifecycle.spec_for(record))["state_dir"]
+        os.makedirs(state_dir)
+        with open(os.path.join(state_dir, "ready"), "w") as f:
+            f.write("ready\n")
+        await self.wait(self.lifecycle.act("vm1", "restart", force=True))
+        self.assertFalse(os.path.exists(os.path.join(state_dir, "ready")))
 
     @_async
     async def test_twoInstancesGetDifferentCertificates(self) -> None:

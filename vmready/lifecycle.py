@@ -336,12 +336,7 @@ class Lifecycle:
         settings: dict[str, str] = {"instance": record.name, "transport": guest.transport}
         if self.driver.kind == "fakeqemu":
             # A fakeqemu guest is a host process: its devices are sockets in the run dir.
-            guest_root = os.path.join(spec.run_dir, "guest")
-            settings.update(
-                virtio_ports=os.path.join(spec.guest_dir, "virtio-ports"),
-                devlxd_socket=os.path.join(guest_root, "lxd.sock"),
-                state_dir=os.path.join(guest_root, "run"),
-            )
+            settings.update(fakeqemu_guest_paths(spec))
         path = os.path.join(directory, AGENT_CONFIG)
         with open(path + ".tmp", "w") as f:
             json.dump(settings, f, indent=2, sort_keys=True)
@@ -611,7 +606,11 @@ class Lifecycle:
         return vm
 
     async def _launch(self, record: InstanceRecord) -> RunningVM:
-        vm = await self.driver.launch(self.spec_for(record))
+        spec = self.spec_for(record)
+        if self.driver.kind == "fakeqemu":
+            # A new boot: what the guest kept in its tmpfs (the agent's Ready memory) is gone.
+            shutil.rmtree(fakeqemu_guest_paths(spec)["state_dir"], ignore_errors=True)
+        vm = await self.driver.launch(spec)
         self._attach(record.name, vm)
         return vm
 
@@ -947,3 +946,13 @@ def agent_chardev(spec: VMSpec) -> str | None:
             if port.name == wanted and port.chardev is not None:
                 return port.chardev
     return None
+
+
+def fakeqemu_guest_paths(spec: VMSpec) -> dict[str, str]:
+    """Where a fakeqemu guest's agent finds its ports, serves its socket, keeps its tmpfs."""
+    guest_root = os.path.join(spec.run_dir, "guest")
+    return {
+        "virtio_ports": os.path.join(spec.guest_dir, "virtio-ports"),
+        "devlxd_socket": os.path.join(guest_root, "lxd.sock"),
+        "state_dir": os.path.join(guest_root, "run"),
+    }

@@ -1,10 +1,14 @@
-"""``./dev run``: the daemon on its defaults, and a demo instance that reaches RUNNING.
+"""``./dev run``: the daemon on its defaults, and a demo instance that reaches READY.
 
 Starts ``twistd -n vmready`` (fakeqemu, SQLite in the data dir), waits for its
 API socket, launches the instance ``demo`` with the ``vmready`` CLI (or starts
-it again if an earlier run left it stopped), waits for RUNNING, shows
-``vmready list``, and then keeps the daemon in the foreground until Ctrl-C.
-VMs outlive the daemon, as QEMU VMs do: the next run re-adopts them.
+it again if an earlier run left it stopped), waits for RUNNING, then plays the
+guest: starts ``vmready-agent`` on the demo's config drive (a fakeqemu guest is
+a host process), waits for the agent link, and declares the workload Ready
+with ``vmready-agent notify ready``.  It shows ``vmready list`` and keeps the
+daemon in the foreground until Ctrl-C.  VMs and their agents outlive the
+daemon, as guests do: the next run re-adopts the VM, the agent reconnects to
+the new daemon and re-reports Ready by itself.
 """
 
 from __future__ import annotations
@@ -17,8 +21,11 @@ import subprocess
 import sys
 import time
 
+from vmready.lifecycle import AGENT_CONFIG, CONFIG_DRIVE, run_dir_name
+
 DEMO = "demo"
 START_TIMEOUT = 60.0
+AGENT_PIDFILE = "agent.pid"
 
 
 def cli(
@@ -46,6 +53,61 @@ def wait_for_socket(daemon: subprocess.Popen[bytes], path: str) -> None:
             return
         time.sleep(0.1)
     raise SystemExit(f"the daemon did not open {path} within {START_TIMEOUT:g}s")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def ensure_agent(data_dir: str, instance: dict[str, object]) -> str:
+    """The demo's guest agent, started unless it still runs; returns its guest API socket."""
+    run_dir = os.path.join(data_dir, "run", run_dir_name(str(instance["uuid"])))
+    drive = os.path.join(run_dir, CONFIG_DRIVE)
+    with open(os.path.join(drive, AGENT_CONFIG)) as f:
+        settings = json.load(f)
+    guest_root = os.path.dirname(settings["devlxd_socket"])
+    os.makedirs(guest_root, mode=0o700, exist_ok=True)
+    pidfile = os.path.join(guest_root, AGENT_PIDFILE)
+    try:
+        with open(pidfile) as f:
+            pid = int(f.read().strip())
+    except (OSError, ValueError):
+        pid = 0
+    if pid and _alive(pid):
+        print(f"vmready: the demo's agent (process {pid}) is still running in its guest")
+        return str(settings["devlxd_socket"])
+    log = os.path.join(guest_root, "agent.log")
+    command = [sys.executable, "-m", "vmready.agent.main", "--config-drive", drive]
+    print(f"vmready: starting the guest agent: vmready-agent --config-drive {drive}")
+    print(f"vmready: its log is {log}")
+    with open(log, "ab") as output:
+        agent = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=output,
+            start_new_session=True,  # it lives in the guest, not in this terminal
+        )
+    with open(pidfile, "w") as f:
+        f.write(f"{agent.pid}\n")
+    return str(settings["devlxd_socket"])
+
+
+def declare_ready(devlxd_socket: str) -> None:
+    """What a workload in the guest does once it is up: ``vmready-agent notify ready``."""
+    print("$ vmready-agent notify ready   # in the guest, by its workload", flush=True)
+    command = [sys.executable, "-m", "vmready.agent.main", "notify", "ready"]
+    result = subprocess.run(
+        [*command, "--socket", devlxd_socket], text=True, capture_output=True, check=False
+    )
+    sys.stdout.write(result.stdout)
+    sys.stderr.write(result.stderr)
+    if result.returncode != 0:
+        raise SystemExit(f"vmready-agent notify ready failed with status {result.returncode}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -78,6 +140,19 @@ def main(argv: list[str] | None = None) -> None:
         else:
             cli(socket_path, "launch", DEMO, "--memory", "256", "--cpus", "1")
         cli(socket_path, "wait", DEMO, "status=running", "--timeout", "60")
+        instance = json.loads(
+            cli(socket_path, "info", DEMO, "--format", "json", quiet=True).stdout
+        )
+        devlxd_socket = ensure_agent(args.data_dir, instance)
+        cli(socket_path, "wait", DEMO, "agent", "--timeout", "60")
+        again = cli(
+            socket_path, "wait", DEMO, "status=ready", "--timeout", "3", check=False, quiet=True
+        )
+        if again.returncode == 0:
+            print(f"vmready: {DEMO} is READY again: its agent re-reported Ready by itself")
+        else:
+            declare_ready(devlxd_socket)
+            cli(socket_path, "wait", DEMO, "status=ready", "--timeout", "60")
         cli(socket_path, "list")
         if args.exit:
             return

@@ -1,0 +1,277 @@
+"""The agent end to end: a fake serial peer, a real TLS fake host, a guest program's socket."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Callable
+from typing import Any, cast
+
+import treq
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import UNIXClientEndpoint
+from twisted.internet.interfaces import IPushProducer
+from twisted.internet.protocol import Protocol
+from twisted.internet.task import deferLater
+from twisted.python.failure import Failure
+from twisted.trial.unittest import TestCase
+from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.iweb import IAgent
+
+from vmready.agent.config import AgentConfig, Transport
+from vmready.agent.host import OneEndpoint
+from vmready.agent.memory import ReadyMemory
+from vmready.agent.serial import PORT_NAME
+from vmready.agent.service import AgentService, build_agent
+from vmready.agent.testing import FakeGuestHost, FakeSerialPeer
+from vmready.certs import generate
+
+CLIENT = generate("demo")
+SERVER = generate("vmready")
+IMPOSTOR = generate("vmready")
+
+
+async def eventually(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Wait until ``predicate()`` holds (polling: some states have no event to wait on)."""
+    for _ in range(int(timeout / 0.01)):
+        if predicate():
+            return
+        await deferLater(reactor, 0.01)
+    raise AssertionError("condition not met in time")
+
+
+class LineCollector(Protocol):
+    """A guest program reading an event stream."""
+
+    def __init__(self) -> None:
+        self.data = b""
+        self.ended: Deferred[None] = Deferred()
+
+    def dataReceived(self, data: bytes) -> None:
+        self.data += data
+
+    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # noqa: B008
+        self.ended.callback(None)
+
+    def close(self) -> None:
+        cast(IPushProducer, self.transport).stopProducing()
+
+
+class AgentEndToEndTests(TestCase):
+    """One agent, one fake host on a hybrid vsock port, one fake serial peer."""
+
+    def setUp(self) -> None:
+        self.base = tempfile.mkdtemp(prefix="vra-")
+        self.addCleanup(shutil.rmtree, self.base, True)
+        self.host_path = os.path.join(self.base, "g.sock")
+        self.socket = os.path.join(self.base, "lxd", "sock")
+        self.state_dir = os.path.join(self.base, "run")
+        self.peer = FakeSerialPeer(reactor, os.path.join(self.base, "vp", PORT_NAME))
+        self.peer.start()
+        self.addCleanup(self.peer.stop)
+        self.hosts: list[FakeGuestHost] = []
+        self.addCleanup(self.stop_hosts)
+
+    async def stop_hosts(self) -> None:
+        for host in self.hosts:
+            await host.stop()
+
+    async def start_host(self, server: Any = SERVER) -> FakeGuestHost:
+        host = FakeGuestHost(
+            reactor, server, CLIENT.cert_pem, self.host_path, config={"user.foo": "bar"}
+        )
+        await host.start()
+        self.hosts.append(host)
+        return host
+
+    def start_agent(self) -> AgentService:
+        config = AgentConfig(
+            identity=CLIENT,
+            server_cert_pem=SERVER.cert_pem,
+            transport=Transport("hvsock", self.host_path),
+            socket=self.socket,
+            state_dir=self.state_dir,
+            virtio_ports=os.path.join(self.base, "vp"),
+            heartbeat=30.0,
+            retries=1,
+        )
+        agent = build_agent(reactor, config)
+        agent.startService()
+        self.addCleanup(self.stop_agent, agent)
+        return agent
+
+    async def stop_agent(self, agent: AgentService) -> None:
+        if agent.running:
+            await agent.stopService()
+
+    async def connected(self, host: FakeGuestHost) -> None:
+        """Advertise ``host`` on the serial line and wait for CONNECTED."""
+        await self.peer.attached()
+        seen = self.peer.wait_for(b"CONNECTED")
+        self.peer.send(host.connect_line)
+        await seen
+
+    def guest_agent(self) -> IAgent:
+        pool = HTTPConnectionPool(reactor, persistent=False)
+        endpoint = UNIXClientEndpoint(reactor, self.socket)
+        agent: IAgent = Agent.usingEndpointFactory(reactor, OneEndpoint(endpoint), pool=pool)
+        return agent
+
+    async def guest(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+        """A guest program's request on the agent's socket: status and body."""
+        response = await treq.request(
+            method, "http://lxd" + path, data=body, agent=self.guest_agent()
+        )
+        return response.code, await response.content()
+
+    async def test_agentSaysStartedThenConnectedAfterConnect(self) -> None:
+        host = await self.start_host()
+        self.start_agent()
+        await self.peer.wait_for(b"STARTED", since=0)
+        await self.connected(host)
+        self.assertEqual(self.peer.lines[:2], [b"STARTED", b"CONNECTED"])
+
+    async def test_connectedAgentHoldsTheHostsEventStream(self) -> None:
+        host = await self.start_host()
+        self.start_agent()
+        await self.connected(host)
+        self.assertEqual(host.event_streams, 1)
+
+    async def test_socketIsOwnerOnly(self) -> None:
+        self.start_agent()
+        self.assertEqual(stat.S_IMODE(os.stat(self.socket).st_mode), 0o600)
+
+    async def test_guestRequestBeforeConnectIs503(self) -> None:
+        self.start_agent()
+        self.assertEqual(
+            await self.guest("GET", "/1.0"),
+            (503, b"host not reachable: the host has not sent CONNECT yet\n"),
+        )
+
+    async def test_guestReadsConfigThroughTheAgent(self) -> None:
+        host = await self.start_host()
+        self.start_agent()
+        await self.connected(host)
+        self.assertEqual(await self.guest("GET", "/1.0/config/user.foo"), (200, b"bar"))
+
+    async def test_readyPatchedOnTheSocketReachesTheHost(self) -> None:
+        host = await self.start_host()
+        self.start_agent()
+        await self.connected(host)
+        self.assertEqual(await self.guest("PATCH", "/1.0", b'{"state":"Ready"}'), (200, b"{}\n"))
+        self.assertEqual(host.patches, ["Ready"])
+        self.assertTrue(ReadyMemory(self.state_dir).is_ready())
+
+    async def test_hostStoppingMakesTheAgentSayStarted(self) -> None:
+        host = await self.start_host()
+        self.start_agent()
+        await self.connected(host)
+        started = self.peer.wait_for(b"STARTED")
+        await host.stop()
+        await started
+
+    async def test_guestRequestAfterTheHostStoppedIs503(self) -> None:
+        host = await self.start_host()
+        self.start_agent()
+        await self.connected(host)
+        started = self.peer.wait_for(b"STARTED")
+        await host.stop()
+        await started
+        code, body = await self.guest("GET", "/1.0")
+        self.assertEqual(code, 503)
+        self.assertTrue(
+            body.startswith(
+                f"host not reachable: lost the link to the host at {self.host_path}_".encode()
+            ),
+            body,
+        )
+
+    async def test_hostRestartThenConnectReassertsReady(self) -> None:
+        host = await self.start_host()
+        self.start_agent()
+        await self.connected(host)
+        await self.guest("PATCH", "/1.0", b'{"state":"Ready"}')
+        started = self.peer.wait_for(b"STARTED")
+        await host.stop()
+        await started
+        restarted = await self.start_host()
+        self.assertEqual(restarted.state, "Started")
+        patched = restarted.when_patched("Ready")
+        await self.connected(restarted)
+        await patched
+        self.assertEqual(restarted.state, "Ready")
+
+    async def test_readyIsReassertedByARestartedAgent(self) -> None:
+        host = await self.start_host()
+        first = self.start_agent()
+        await self.connected(host)
+        await self.guest("PATCH", "/1.0", b'{"state":"Ready"}')
+        await first.stopService()
+        await eventually(lambda: self.peer.client is None)
+        host.state = "Started"  # as a daemon that restarted meanwhile would say
+        patched = host.when_patched("Ready")
+        restarted = self.peer.wait_for(b"STARTED")
+        self.start_agent()
+        await restarted
+        await self.connected(host)
+        await patched
+        self.assertEqual(host.patches, ["Ready", "Ready"])
+
+    async def test_eventsAreRelayedAsTheyArrive(self) -> None:
+        host = await self.start_host()
+        self.start_agent()
+        await self.connected(host)
+        response = await self.guest_agent().request(b"GET", b"http://lxd/1.0/events")
+        self.assertEqual(response.code, 200)
+        reader = LineCollector()
+        response.deliverBody(reader)
+        await eventually(lambda: host.event_streams == 2)  # the link watch and the guest's
+        host.send_event({"type": "config", "metadata": {"key": "user.foo"}})
+        await eventually(lambda: reader.data.endswith(b"\n"))
+        self.assertEqual(reader.data, b'{"type": "config", "metadata": {"key": "user.foo"}}\n')
+        reader.close()
+        await reader.ended
+
+    async def test_guestLeavingTheEventStreamClosesTheHostStream(self) -> None:
+        host = await self.start_host()
+        self.start_agent()
+        await self.connected(host)
+        response = await self.guest_agent().request(b"GET", b"http://lxd/1.0/events")
+        reader = LineCollector()
+        response.deliverBody(reader)
+        await eventually(lambda: host.event_streams == 2)
+        reader.close()
+        await eventually(lambda: host.event_streams == 1)
+
+    async def test_unpinnedHostCertificateIsNeverConnected(self) -> None:
+        host = await self.start_host(server=IMPOSTOR)
+        self.start_agent()
+        await self.peer.wait_for(b"STARTED", since=0)
+        started = self.peer.wait_for(b"STARTED")
+        self.peer.send(host.connect_line)
+        await started
+        self.assertNotIn(b"CONNECTED", self.peer.lines)
+        code, body = await self.guest("GET", "/1.0")
+        self.assertEqual(code, 503)
+        self.assertIn(b"TLS handshake failed", body)
+
+    async def test_serialResetReopensThePortAndSaysConnected(self) -> None:
+        host = await self.start_host()
+        self.start_agent()
+        await self.connected(host)
+        again = self.peer.wait_for(b"CONNECTED")
+        await self.peer.drop_client()
+        await again
+        self.assertEqual(self.peer.connections, 2)
+
+    async def test_stopSaysStoppedAndClosesTheLink(self) -> None:
+        host = await self.start_host()
+        agent = self.start_agent()
+        await self.connected(host)
+        stopped = self.peer.wait_for(b"STOPPED")
+        await agent.stopService()
+        await stopped
+        await eventually(lambda: host.event_streams == 0)

@@ -1,0 +1,197 @@
+"""The ``vmready-agent`` command as a real process: start, SIGTERM, notify, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from typing import Any
+
+from twisted.application.service import IServiceMaker
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.error import ProcessDone, ProcessTerminated
+from twisted.internet.protocol import ProcessProtocol
+from twisted.plugin import getPlugins
+from twisted.python.failure import Failure
+from twisted.trial.unittest import SynchronousTestCase, TestCase
+
+from vmready.agent.notify import NotifyRequest, UsageError, parse_notify
+from vmready.agent.serial import PORT_NAME
+from vmready.agent.tap import Options
+from vmready.agent.testing import FakeGuestHost, FakeSerialPeer
+from vmready.certs import generate, write_config_drive
+
+CLIENT = generate("demo")
+SERVER = generate("vmready")
+AGENT = [sys.executable, "-m", "vmready.agent.main"]
+
+
+class Process(ProcessProtocol):
+    """A child process: its stderr, and its exit status once it ends."""
+
+    def __init__(self) -> None:
+        self.stderr = b""
+        self.ended: Deferred[int] = Deferred()
+
+    def errReceived(self, data: bytes) -> None:
+        self.stderr += data
+
+    def processEnded(self, reason: Failure) -> None:
+        ended = reason.value
+        if isinstance(ended, ProcessDone):
+            self.ended.callback(0)
+        elif isinstance(ended, ProcessTerminated):
+            code = ended.exitCode
+            self.ended.callback(code if code is not None else -ended.signal)
+
+
+class AgentProcessTests(TestCase):
+    """vmready-agent run as a child process against a fake host and serial peer."""
+
+    def setUp(self) -> None:
+        self.base = tempfile.mkdtemp(prefix="vra-")
+        self.addCleanup(shutil.rmtree, self.base, True)
+        self.drive = os.path.join(self.base, "drive")
+        self.socket = os.path.join(self.base, "lxd", "sock")
+        host_path = os.path.join(self.base, "g.sock")
+        write_config_drive(self.drive, CLIENT, SERVER.cert_pem)
+        with open(os.path.join(self.drive, "agent.json"), "w") as f:
+            json.dump(
+                {
+                    "instance": "demo",
+                    "virtio_ports": os.path.join(self.base, "vp"),
+                    "transport": f"hvsock:{host_path}",
+                    "devlxd_socket": self.socket,
+                    "state_dir": os.path.join(self.base, "run"),
+                },
+                f,
+            )
+        self.peer = FakeSerialPeer(reactor, os.path.join(self.base, "vp", PORT_NAME))
+        self.peer.start()
+        self.addCleanup(self.peer.stop)
+        self.host = FakeGuestHost(reactor, SERVER, CLIENT.cert_pem, host_path)
+        self.addCleanup(self.host.stop)
+
+    def spawn(self, *args: str) -> Process:
+        process = Process()
+        transport = reactor.spawnProcess(
+            process, sys.executable, [*AGENT, *args], env=os.environ.copy()
+        )
+
+        async def reap() -> None:
+            if not process.ended.called:
+                transport.signalProcess("KILL")
+            await process.ended
+
+        self.addCleanup(reap)
+        return process
+
+    async def connected_agent(self) -> Process:
+        await self.host.start()
+        agent = self.spawn("--config-drive", self.drive, "--heartbeat", "30")
+        await self.peer.wait_for(b"STARTED", since=0)
+        await self.peer.attached()
+        connected = self.peer.wait_for(b"CONNECTED")
+        self.peer.send(self.host.connect_line)
+        await connected
+        return agent
+
+    async def test_sigtermMakesTheAgentSayStoppedAndExitZero(self) -> None:
+        agent = await self.connected_agent()
+        stopped = self.peer.wait_for(b"STOPPED")
+        os.kill(self._pid(agent), 15)
+        await stopped
+        self.assertEqual(await agent.ended, 0)
+
+    async def test_notifyReadyReachesTheHost(self) -> None:
+        await self.connected_agent()
+        notify = self.spawn("notify", "ready", "--socket", self.socket)
+        self.assertEqual((await notify.ended, notify.stderr), (0, b""))
+        self.assertEqual(self.host.patches, ["Ready"])
+
+    async def test_notifyWithoutALinkExitsOneWithTheReason(self) -> None:
+        self.spawn("--config-drive", self.drive, "--heartbeat", "30")
+        await self.peer.wait_for(b"STARTED", since=0)
+        notify = self.spawn("notify", "started", "--socket", self.socket)
+        self.assertEqual(
+            (await notify.ended, notify.stderr),
+            (1, b"vmready-agent: host not reachable: the host has not sent CONNECT yet\n"),
+        )
+
+    async def test_notifyWithoutAnAgentExitsOne(self) -> None:
+        notify = self.spawn("notify", "ready", "--socket", self.socket)
+        self.assertEqual(
+            (await notify.ended, notify.stderr),
+            (
+                1,
+                f"vmready-agent: cannot reach the agent at {self.socket}: "
+                "No such file or directory\n".encode(),
+            ),
+        )
+
+    async def test_notifyWithAnUnknownStateIsAUsageError(self) -> None:
+        notify = self.spawn("notify", "maybe")
+        self.assertEqual(await notify.ended, 2)
+        self.assertTrue(
+            notify.stderr.startswith(
+                b"vmready-agent: the state is 'ready' or 'started', not 'maybe'\n"
+            )
+        )
+
+    async def test_missingConfigDriveExitsOneWithOneLine(self) -> None:
+        missing = os.path.join(self.base, "nope")
+        agent = self.spawn("--config-drive", missing)
+        self.assertEqual(
+            (await agent.ended, agent.stderr),
+            (1, f"vmready-agent: config drive {missing} is not a directory\n".encode()),
+        )
+
+    async def test_badOptionValueIsAUsageError(self) -> None:
+        agent = self.spawn("--config-drive", self.drive, "--heartbeat", "soon")
+        self.assertEqual(await agent.ended, 2)
+        self.assertTrue(
+            agent.stderr.startswith(
+                b"vmready-agent: --heartbeat must be a number of seconds, not 'soon'\n"
+            )
+        )
+
+    @staticmethod
+    def _pid(process: Process) -> int:
+        pid: Any = process.transport.pid  # type: ignore[union-attr]
+        return int(pid)
+
+
+class TwistdPluginTests(SynchronousTestCase):
+    def test_twistdKnowsVmreadyAgent(self) -> None:
+        names = [maker.tapname for maker in getPlugins(IServiceMaker)]
+        self.assertIn("vmready-agent", names)
+
+    def test_optionsTakeTheCommandLineNames(self) -> None:
+        options = Options()
+        options.parseOptions(["--serial", "/dev/vport1p1", "--transport", "hvsock:/d/g.sock"])
+        self.assertEqual(
+            (options["serial"], options["transport"], options["heartbeat"], options["retries"]),
+            ("/dev/vport1p1", "hvsock:/d/g.sock", 5.0, 3),
+        )
+
+
+class NotifyArgumentTests(SynchronousTestCase):
+    def test_stateNameIsCapitalisedForTheHost(self) -> None:
+        self.assertEqual(parse_notify(["ready"]).state, "Ready")
+
+    def test_optionsMayFollowTheState(self) -> None:
+        request = parse_notify(["started", "--socket", "/tmp/s", "--timeout", "5"])
+        self.assertEqual(request, NotifyRequest("Started", "/tmp/s", 5.0))
+
+    def test_socketDefaultsToTheDevlxdPath(self) -> None:
+        self.assertEqual(parse_notify(["ready"]).socket, "/dev/lxd/sock")
+
+    def test_unknownStateIsAUsageError(self) -> None:
+        error = self.assertRaises(UsageError, parse_notify, ["Ready"])
+        self.assertEqual(str(error), "the state is 'ready' or 'started', not 'Ready'")
+
+    def test_missingStateIsAUsageError(self) -> None:
+        self.assertRaises(UsageError, parse_notify, [])

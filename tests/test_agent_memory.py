@@ -1,0 +1,50 @@
+"""Tests for vmready.agent.memory: the workload's Ready, remembered for this boot."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from vmready.agent.memory import READY_FILE, ReadyMemory
+
+
+class ReadyMemoryTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.base = tempfile.mkdtemp(prefix="vra-")
+        self.addCleanup(shutil.rmtree, self.base, True)
+        self.state_dir = os.path.join(self.base, "run", "vmready-agent")
+
+    def test_nothingRememberedAtFirst(self) -> None:
+        self.assertFalse(ReadyMemory(self.state_dir).is_ready())
+
+    def test_readyIsRemembered(self) -> None:
+        memory = ReadyMemory(self.state_dir)
+        memory.remember(True)
+        self.assertTrue(memory.is_ready())
+
+    def test_readySurvivesAnAgentRestart(self) -> None:
+        ReadyMemory(self.state_dir).remember(True)
+        self.assertTrue(ReadyMemory(self.state_dir).is_ready())
+
+    def test_startedForgetsReady(self) -> None:
+        memory = ReadyMemory(self.state_dir)
+        memory.remember(True)
+        memory.remember(False)
+        self.assertFalse(ReadyMemory(self.state_dir).is_ready())
+
+    def test_startedWithoutReadyIsHarmless(self) -> None:
+        ReadyMemory(self.state_dir).remember(False)
+        self.assertFalse(os.path.exists(self.state_dir))
+
+    def test_stateDirIsCreatedOwnerOnly(self) -> None:
+        ReadyMemory(self.state_dir).remember(True)
+        self.assertEqual(os.stat(self.state_dir).st_mode & 0o777, 0o700)
+
+    def test_onlyTheReadyFileIsLeftBehind(self) -> None:
+        memory = ReadyMemory(self.state_dir)
+        memory.remember(True)
+        memory.remember(True)
+        self.assertEqual(os.listdir(self.state_dir), [READY_FILE])

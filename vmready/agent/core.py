@@ -1,0 +1,328 @@
+"""The agent's side of the ring-buffer handshake, without I/O.
+
+``AgentCore`` decides what the in-guest agent says on its serial port and when
+it dials the host, from what it read there and how its dials went:
+
+- it says its current status (``STARTED`` or ``CONNECTED``) whenever the serial
+  port (re)opens and on every heartbeat, at once when the status changes, and
+  ``STOPPED`` when it exits;
+- ``CONNECT <cid>:<port>`` makes it dial that address; a dial is connect, TLS,
+  ``GET /1.0`` and the link watch (a held ``GET /1.0/events``).  A failed dial is
+  retried ``retries`` times with a doubling delay, then it says ``STARTED`` and
+  waits for the next CONNECT;
+- a CONNECT for the address it is already dialing or connected to is the
+  host repeating itself (it answers every ``STARTED`` with one) and is ignored;
+  a CONNECT for another address (the daemon restarted on a new port) drops the
+  old link and dials the new one;
+- when the link watch drops it says ``STARTED`` and waits for the next CONNECT;
+- after every successful dial it asks for the workload's remembered Ready to be
+  reasserted, because a restarted daemon forgot it.
+
+The service feeds it inputs and carries out the returned commands; tests do the
+same with a list.  Every dial has an id, so a late result of an abandoned dial
+is recognised and ignored.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+
+import attrs
+from twisted.logger import Logger
+
+from vmready.ringbuffer import (
+    MAX_LINE_BYTES,
+    AgentStatus,
+    DiscardedFragment,
+    HostEcho,
+    Noise,
+    OverlongLine,
+    RingBufferReader,
+    StatusLine,
+    UndecodableLine,
+)
+
+__all__ = [
+    "AbandonDial",
+    "AgentCore",
+    "Backoff",
+    "CloseLink",
+    "Command",
+    "Dial",
+    "HostAddress",
+    "Phase",
+    "ReassertReady",
+    "WriteStatus",
+]
+
+NO_CONNECT_YET = "the host has not sent CONNECT yet"
+
+
+@attrs.frozen
+class HostAddress:
+    """Where the host said its guest API listens (``CONNECT <cid>:<port>``)."""
+
+    cid: int
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.cid}:{self.port}"
+
+
+@attrs.frozen
+class Backoff:
+    """Delays between dial attempts: ``first``, doubling, never above ``longest``."""
+
+    first: float = 0.5
+    longest: float = 5.0
+
+    def __attrs_post_init__(self) -> None:
+        if not 0 <= self.first <= self.longest:
+            raise ValueError("backoff delays must satisfy 0 <= first <= longest")
+
+    def delay(self, retry: int) -> float:
+        """Seconds before retry number ``retry`` (1 for the first retry)."""
+        return float(min(self.first * 2 ** (retry - 1), self.longest))
+
+
+@attrs.frozen
+class WriteStatus:
+    """Write this status line to the serial port."""
+
+    status: AgentStatus
+
+    @property
+    def line(self) -> bytes:
+        """The bytes on the wire: ``STARTED\\n`` and so on."""
+        return self.status.name.encode("ascii") + b"\n"
+
+
+@attrs.frozen
+class Dial:
+    """After ``delay`` seconds, connect to ``address``, validate it and open the link watch."""
+
+    dial_id: int
+    address: HostAddress
+    delay: float = 0.0
+
+
+@attrs.frozen
+class AbandonDial:
+    """Cancel dial ``dial_id``, whether it waits for its delay or is under way."""
+
+    dial_id: int
+
+
+@attrs.frozen
+class CloseLink:
+    """Close the link watch opened by dial ``dial_id``."""
+
+    dial_id: int
+
+
+@attrs.frozen
+class ReassertReady:
+    """Dial ``dial_id`` made a new link: if the workload declared Ready, tell the host again."""
+
+    dial_id: int
+    address: HostAddress
+
+
+Command = WriteStatus | Dial | AbandonDial | CloseLink | ReassertReady
+
+
+class Phase(enum.Enum):
+    """Where the agent is in reaching the host."""
+
+    WAITING = "waiting for CONNECT"
+    DIALING = "dialing"
+    CONNECTED = "connected"
+    STOPPED = "stopped"
+
+
+class AgentCore:
+    """The agent's handshake state, driven by inputs, answering with commands."""
+
+    log = Logger()
+
+    def __init__(
+        self,
+        retries: int = 3,
+        backoff: Backoff | None = None,
+        describe: Callable[[HostAddress], str] = str,
+    ) -> None:
+        """``describe`` names an address in reasons (``vsock 2:1234``, a socket path)."""
+        if retries < 0:
+            raise ValueError("retries must be zero or more")
+        self.retries = retries
+        self.backoff = backoff or Backoff()
+        self.describe = describe
+        self.phase = Phase.WAITING
+        self.status = AgentStatus.STARTED
+        self.address: HostAddress | None = None
+        self.unreachable_reason = NO_CONNECT_YET
+        self._reader = RingBufferReader(MAX_LINE_BYTES)
+        self._dial_id = 0
+        self._attempt = 0
+
+    @property
+    def link(self) -> HostAddress | None:
+        """The host's address while a validated link is up, else None."""
+        return self.address if self.phase is Phase.CONNECTED else None
+
+    def serial_opened(self) -> list[Command]:
+        """The serial port is (again) open: say where we are."""
+        return self._say_current()
+
+    def heartbeat(self) -> list[Command]:
+        """A heartbeat is due: repeat the current status, so a restarted host notices us."""
+        return self._say_current()
+
+    def data_received(self, data: bytes) -> list[Command]:
+        """Bytes the host wrote to the ring buffer, in whatever pieces they came."""
+        if self.phase is Phase.STOPPED:
+            return []
+        commands: list[Command] = []
+        for record in self._reader.feed(data):
+            if isinstance(record, HostEcho):
+                commands += self.connect_received(HostAddress(record.cid, record.port))
+            elif isinstance(record, StatusLine):
+                self.log.info(
+                    "ignoring status line {status} on the serial port (not ours to act on)",
+                    status=record.status.name,
+                )
+            elif isinstance(record, Noise):
+                self.log.warn("ignoring serial line {text!r}", text=record.text)
+            elif isinstance(record, UndecodableLine):
+                self.log.warn(
+                    "ignoring a serial line that is not UTF-8: {data!r}", data=record.data
+                )
+            elif isinstance(record, OverlongLine):
+                self.log.warn(
+                    "ignoring a {length}-byte serial line (longer than {limit} bytes)",
+                    length=record.length,
+                    limit=MAX_LINE_BYTES,
+                )
+            elif isinstance(record, DiscardedFragment):  # only with buffer_size; never here
+                continue
+        return commands
+
+    def connect_received(self, address: HostAddress) -> list[Command]:
+        """The host wrote ``CONNECT <cid>:<port>``."""
+        if self.phase is Phase.STOPPED:
+            return []
+        if self.phase in (Phase.DIALING, Phase.CONNECTED) and address == self.address:
+            self.log.debug(
+                "ignoring CONNECT {address}: already {phase} there",
+                address=address,
+                phase=self.phase.value,
+            )
+            return []
+        commands = self._leave_current_link()
+        self.address = address
+        self.phase = Phase.DIALING
+        self._attempt = 1
+        self._dial_id += 1
+        self.log.info(
+            "host says CONNECT {address}: dialing {where}", address=address, where=self._where
+        )
+        self.unreachable_reason = f"connecting to the host at {self._where}"
+        commands.append(Dial(self._dial_id, address))
+        return commands
+
+    def dial_succeeded(self, dial_id: int) -> list[Command]:
+        """Dial ``dial_id`` reached and validated the host, and its link watch is open."""
+        if dial_id != self._dial_id or self.phase is not Phase.DIALING:
+            return [CloseLink(dial_id)]
+        assert self.address is not None
+        self.log.info("connected to the host at {where}", where=self._where)
+        self.phase = Phase.CONNECTED
+        self.unreachable_reason = ""
+        return [
+            *self._set_status(AgentStatus.CONNECTED),
+            ReassertReady(self._dial_id, self.address),
+        ]
+
+    def dial_failed(self, dial_id: int, reason: str) -> list[Command]:
+        """Dial ``dial_id`` failed: retry after a delay, or give up and wait for a CONNECT."""
+        if dial_id != self._dial_id or self.phase is not Phase.DIALING:
+            return []
+        assert self.address is not None
+        self.unreachable_reason = f"cannot connect to the host at {self._where}: {reason}"
+        if self._attempt <= self.retries:
+            delay = self.backoff.delay(self._attempt)
+            self.log.warn(
+                "cannot connect to the host at {where} ({reason}); retry {retry} of {retries} "
+                "in {delay}s",
+                where=self._where,
+                reason=reason,
+                retry=self._attempt,
+                retries=self.retries,
+                delay=delay,
+            )
+            self._attempt += 1
+            self._dial_id += 1
+            return [Dial(self._dial_id, self.address, delay)]
+        self.log.warn(
+            "giving up on the host at {where} after {attempts} attempts ({reason}); "
+            "waiting for the next CONNECT",
+            where=self._where,
+            attempts=self._attempt,
+            reason=reason,
+        )
+        self.phase = Phase.WAITING
+        self.status = AgentStatus.STARTED
+        return [WriteStatus(AgentStatus.STARTED)]  # said even unchanged: it asks for a CONNECT
+
+    def link_lost(self, dial_id: int, reason: str) -> list[Command]:
+        """The link watch opened by dial ``dial_id`` ended: the host went away."""
+        if dial_id != self._dial_id or self.phase is not Phase.CONNECTED:
+            return []
+        self.log.warn(
+            "lost the link to the host at {where} ({reason}); waiting for the next CONNECT",
+            where=self._where,
+            reason=reason,
+        )
+        self.phase = Phase.WAITING
+        self.unreachable_reason = f"lost the link to the host at {self._where}: {reason}"
+        return self._set_status(AgentStatus.STARTED)
+
+    @property
+    def _where(self) -> str:
+        return self.describe(self.address) if self.address is not None else "(none)"
+
+    def stop(self) -> list[Command]:
+        """The agent exits: drop the link and say STOPPED."""
+        if self.phase is Phase.STOPPED:
+            return []
+        commands = self._leave_current_link(say_started=False)
+        self.phase = Phase.STOPPED
+        self.unreachable_reason = "the agent is stopping"
+        self.status = AgentStatus.STOPPED
+        commands.append(WriteStatus(AgentStatus.STOPPED))
+        return commands
+
+    def _say_current(self) -> list[Command]:
+        if self.phase is Phase.STOPPED:
+            return []
+        return [WriteStatus(self.status)]
+
+    def _set_status(self, status: AgentStatus) -> list[Command]:
+        """Change the status; a change is said at once."""
+        if status is self.status:
+            return []
+        self.status = status
+        return [WriteStatus(status)]
+
+    def _leave_current_link(self, say_started: bool = True) -> list[Command]:
+        """Abandon the dial under way or close the link, before dialing elsewhere or stopping."""
+        if self.phase is Phase.DIALING:
+            self.phase = Phase.WAITING
+            return [AbandonDial(self._dial_id)]
+        if self.phase is Phase.CONNECTED:
+            self.phase = Phase.WAITING
+            if not say_started:
+                return [CloseLink(self._dial_id)]
+            return [CloseLink(self._dial_id), *self._set_status(AgentStatus.STARTED)]
+        return []
