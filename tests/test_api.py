@@ -24,6 +24,7 @@ from vmready.events import Event
 from vmready.lifecycle import Lifecycle
 from vmready.model import BadRequest, PayloadTooLarge
 from vmready.operations import Operation
+from vmready.ringbuffer import AgentStatus
 from vmready.states import READY_KEY
 
 _RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
@@ -422,6 +423,18 @@ class StateTests(APITestCase):
                 "cpu": {"count": 2},
             },
         )
+
+    async def test_agentStatusIsInTheInstanceAndItsState(self) -> None:
+        await self.launch("web1")
+        self.patch(self.lifecycle, "agent_status", lambda name: AgentStatus.CONNECTED)
+        self.lifecycle.set_ready("web1", True)
+        instance = (await self.call("GET", "/1.0/instances/web1")).metadata
+        self.assertEqual(instance["agent"], {"status": "connected"})
+        self.assertEqual((instance["status"], instance["status_code"]), ("Ready", 113))
+        listed = (await self.call("GET", "/1.0/instances?recursion=1")).metadata
+        self.assertEqual(listed[0]["agent"], {"status": "connected"})
+        state = await self.state()
+        self.assertEqual((state["agent"], state["ready"]), ({"status": "connected"}, True))
 
     async def test_stopStartRestartFreezeUnfreeze(self) -> None:
         await self.launch("web1")

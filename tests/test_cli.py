@@ -30,7 +30,7 @@ from tests.fixtures import make_lifecycle
 from vmready.api import OperatorAPI
 from vmready.cli import build_parser, run, to_yaml
 from vmready.lifecycle import Lifecycle
-from vmready.states import READY_KEY
+from vmready.ringbuffer import AgentStatus
 
 _SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(vmready.__file__)))
 _HINT = "(is it running? start it with: twistd -n vmready)"
@@ -216,8 +216,14 @@ class CLITestCase(UnixAPITestCase):
 
     def declare_ready(self, name: str = "web1") -> None:
         """What the guest API does when the workload says Ready."""
-        self.lifecycle.store.update_config(name, {READY_KEY: "true"})
-        self.lifecycle.events.lifecycle("instance-ready", name)
+        self.lifecycle.set_ready(name, True)
+
+    def agent_says(self, status: AgentStatus, name: str = "web1") -> None:
+        """What the daemon's agent monitor does when the agent's status line changes."""
+        self.patch(self.lifecycle, "agent_status", lambda _name: status)
+        self.lifecycle.events.lifecycle(
+            f"instance-agent-{status.value}", name, {"status": status.value}
+        )
 
 
 class ListAndInfoTests(CLITestCase):
@@ -285,7 +291,18 @@ class ListAndInfoTests(CLITestCase):
         self.assertIn("Display status: ACTIVE", lines)
         self.assertIn("Task state: -", lines)
         self.assertIn("Memory: 256MiB", lines)
+        self.assertIn("Agent: unknown", lines)
         self.assertEqual(lines[-2:], ["Config:", "  user.role: db"])
+
+    async def test_infoShowsTheAgentStatusAndListShowsReady(self) -> None:
+        await self.launch("web1")
+        self.agent_says(AgentStatus.CONNECTED)
+        self.declare_ready()
+        _, out, _ = await self.cli("info", "web1")
+        self.assertIn("Agent: connected", out.splitlines())
+        self.assertIn("Status: READY", out.splitlines())
+        _, out, _ = await self.cli("list")
+        self.assertEqual(out.splitlines()[1].split()[:2], ["web1", "READY"])
 
     async def test_infoShowsThePersistedError(self) -> None:
         await self.launch("web1")
@@ -588,6 +605,52 @@ class WaitTests(CLITestCase):
             err.startswith("vmready: instance web1 went to ERROR while waiting: "), err
         )
         self.assertEqual(err.count("\n"), 1)
+
+    async def test_agentWaitWakesWhenTheAgentConnects(self) -> None:
+        await self.launch("web1")
+        checked = self.site.when_request("GET /1.0/instances/web1")
+        waiting = self.background("wait", "web1", "agent", "--timeout", "30")
+        await checked
+        self.agent_says(AgentStatus.STARTED)
+        await deferLater(reactor, 0.1, lambda: None)
+        self.assertNoResult(waiting)
+        self.agent_says(AgentStatus.CONNECTED)
+        self.assertEqual(await waiting, (0, "web1: agent CONNECTED\n", ""))
+
+    async def test_agentAlreadyConnectedReturnsAtOnce(self) -> None:
+        await self.launch("web1")
+        self.agent_says(AgentStatus.CONNECTED)
+        self.assertEqual(
+            await self.cli("wait", "web1", "AGENT"), (0, "web1: agent CONNECTED\n", "")
+        )
+
+    async def test_agentWaitTimeoutSaysWhatTheAgentLastSaid(self) -> None:
+        await self.launch("web1")
+        self.agent_says(AgentStatus.STARTED)
+        self.assertEqual(
+            await self.cli("wait", "web1", "agent", "--timeout", "0.2"),
+            (
+                1,
+                "",
+                "vmready: timed out after 0.2s waiting for the agent of web1 to connect "
+                "(agent: STARTED)\n",
+            ),
+        )
+
+    async def test_agentWaitExits3WhenTheInstanceIsDeleted(self) -> None:
+        await self.launch("web1")
+        checked = self.site.when_request("GET /1.0/instances/web1")
+        waiting = self.background("wait", "web1", "agent")
+        await checked
+        await self.lifecycle.act("web1", "delete").when_done()
+        self.assertEqual(
+            await waiting, (3, "", "vmready: instance web1 was deleted while waiting\n")
+        )
+
+    async def test_unknownConditionNamesBothForms(self) -> None:
+        code, _, err = await self.cli("wait", "web1", "agents")
+        self.assertEqual(code, 2)
+        self.assertIn("unknown condition 'agents': expected status=<status> or agent", err)
 
     async def test_waitingForErrorIsMetByError(self) -> None:
         await self.launch("web1")

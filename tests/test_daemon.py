@@ -16,7 +16,7 @@ from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from vmready.daemon_tap import check_listen_address
+from vmready.daemon_tap import check_guest_listen_address, check_listen_address
 from vmready.lifecycle import run_dir_name
 from vmready.store import Store
 
@@ -126,6 +126,64 @@ class StartupRefusalTests(SynchronousTestCase):
         )
         with open(path) as f:
             self.assertEqual(f.read(), "keep me")
+
+
+class GuestListenAddressTests(SynchronousTestCase):
+    """check_guest_listen_address: the guest API listens on vsock or hybrid vsock, or nowhere."""
+
+    def setUp(self) -> None:
+        self.directory = tempfile.mkdtemp(prefix="vmr-dg-", dir="/tmp")
+        self.addCleanup(shutil.rmtree, self.directory, True)
+
+    def refusal(self, listen: str) -> str:
+        with self.assertRaises(SystemExit) as caught:
+            check_guest_listen_address(listen)
+        return str(caught.exception.code)
+
+    def test_tcpIsRefused(self) -> None:
+        self.assertEqual(
+            self.refusal("tcp:0"),
+            "vmready: --guest-listen tcp:0: the guest API listens on vsock: or hvsock: only",
+        )
+
+    def test_unparseableIsRefused(self) -> None:
+        line = self.refusal("hvsock:path=/x:port=many")
+        self.assertTrue(
+            line.startswith(
+                "vmready: --guest-listen hvsock:path=/x:port=many is not a usable endpoint string:"
+            ),
+            line,
+        )
+
+    def test_missingDirectoryIsRefused(self) -> None:
+        base = os.path.join(self.directory, "nowhere", "guest")
+        self.assertEqual(
+            self.refusal(f"hvsock:path={base}"),
+            f"vmready: --guest-listen hvsock:path={base}: "
+            f"directory {os.path.dirname(base)} does not exist",
+        )
+
+    def test_pathTooLongForItsPortSuffixIsRefused(self) -> None:
+        base = os.path.join(self.directory, "g" * 90)
+        line = self.refusal(f"hvsock:path={base}")
+        self.assertIn("would be longer than 107 bytes; choose a shorter path=", line)
+
+    def test_hybridVsockInAnExistingDirectoryIsAccepted(self) -> None:
+        check_guest_listen_address(f"hvsock:path={self.directory}/guest-api.sock")
+        check_guest_listen_address("vsock:port=0")
+
+    def test_pollIntervalMustBePositive(self) -> None:
+        result = subprocess.run(
+            twistd(self.directory, "--agent-poll-connected", "0"),
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE,
+            check=False,
+        )
+        self.assertNotEqual(result.returncode, 0)
+        said = result.stdout + result.stderr  # twistd prints its usage text on stdout
+        self.assertIn("--agent-poll-connected must be more than 0 and at most 3600 seconds", said)
+        self.assertNotIn("Traceback", said)
 
 
 class ListenAddressTests(SynchronousTestCase):
