@@ -66,7 +66,14 @@ from vmready.api import MAX_BODY_BYTES, EventStream, rfc3339
 from vmready.certs import CertificatePair, fingerprint, is_valid_at
 from vmready.events import LIFECYCLE, Event
 from vmready.lifecycle import Lifecycle
-from vmready.model import BadRequest, InstanceRecord, NotFound, PayloadTooLarge, VMReadyError
+from vmready.model import (
+    BadRequest,
+    Forbidden,
+    InstanceRecord,
+    NotFound,
+    PayloadTooLarge,
+    VMReadyError,
+)
 from vmready.states import StatusCode
 from vmready.store import Store
 from vmready.tls import MutualServerTLS, peer_certificate_pem
@@ -94,12 +101,6 @@ GUEST_EVENT_TYPES = frozenset({"config", "device"})
 _GUEST_PREFIXES = ("user.", "cloud-init.")
 _READY = "Ready"
 _STARTED = "Started"
-
-
-class Forbidden(VMReadyError):
-    """The caller may not see this (an unknown certificate, or a key outside user.*)."""
-
-    http_status = 403
 
 
 def _utcnow() -> datetime.datetime:

@@ -48,6 +48,12 @@ class Conflict(VMReadyError):
     http_status = 409
 
 
+class Forbidden(VMReadyError):
+    """The caller may not see this (an unknown certificate, or a key outside user.*)."""
+
+    http_status = 403
+
+
 class PayloadTooLarge(VMReadyError):
     """The request body is over the documented cap."""
 
