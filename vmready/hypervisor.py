@@ -82,6 +82,7 @@ __all__ = [
     "error_lines",
     "gone_event",
     "power_state_for",
+    "read_log_lines",
     "vm_event_for",
 ]
 
@@ -207,6 +208,16 @@ def error_lines(stderr: str) -> list[str]:
             continue
         lines.append(line)
     return lines
+
+
+def read_log_lines(spec: VMSpec, limit: int = _OUTPUT_CAP) -> list[str]:
+    """What QEMU wrote to its ``-D`` log (where a daemonized QEMU reports errors), warnings out."""
+    try:
+        with open(spec.log_file, "rb") as f:
+            data = f.read(limit)
+    except OSError:
+        return []
+    return error_lines(data.decode("utf-8", "replace"))
 
 
 def accelerators_for_host(device: str = "/dev/kvm") -> list[str]:
@@ -764,7 +775,7 @@ class HypervisorDriver:
                 f"within {self.start_timeout:g}s"
             )
         if code != 0:
-            raise HypervisorError(self._failure_message(launcher, code, signal_number))
+            raise HypervisorError(self._failure_message(spec, launcher, code, signal_number))
         pid = _owned_pid(spec)
         try:
             client = await connect_qmp(self.reactor, spec.qmp_socket, self.connect_timeout)
@@ -872,9 +883,14 @@ class HypervisorDriver:
                 os.kill(pid, signal.SIGKILL)
 
     def _failure_message(
-        self, launcher: _Launcher, code: int | None, signal_number: int | None
+        self,
+        spec: VMSpec,
+        launcher: _Launcher,
+        code: int | None,
+        signal_number: int | None,
     ) -> str:
-        lines = error_lines(launcher.stderr.decode("utf-8", "replace"))
+        # Once it parsed its options, a QEMU told to daemonize with -D reports there.
+        lines = error_lines(launcher.stderr.decode("utf-8", "replace")) + read_log_lines(spec)
         if lines:
             return "\n".join(lines)
         program = self.program_name
