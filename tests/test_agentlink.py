@@ -80,6 +80,12 @@ class HandshakeTests(SynchronousTestCase):
         agent.ring_read(b"STARTED\n", now=0)
         self.assertEqual(agent.ring_read(b"STARTED\n", now=5), [CONNECT])
 
+    def test_manyStartedLinesInOneReadGetOneConnect(self) -> None:
+        agent = link()
+        agent.vm_started(advertise=False)
+        commands = agent.ring_read(b"STARTED\n" * 5000, now=0)
+        self.assertEqual(commands.count(CONNECT), 1)
+
     def test_connectedIsAnnouncedAndNeedsNoConnect(self) -> None:
         agent = link()
         agent.vm_started(advertise=False)

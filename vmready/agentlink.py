@@ -154,7 +154,10 @@ class AgentLink:
         commands: list[Command] = []
         for record in self.reader.feed(chunk, buffer_size=self.ring_size):
             if isinstance(record, StatusLine):
-                if record.status is AgentStatus.STARTED:
+                if record.status is AgentStatus.STARTED and not any(
+                    isinstance(command, WriteConnect) for command in commands
+                ):
+                    # One answer per read, however many STARTED lines piled up.
                     commands.append(self._connect())
                 elif record.status is AgentStatus.CONNECTED:
                     self.connect_sent_at = None
