@@ -32,6 +32,7 @@ from vmready.hypervisor import HypervisorDriver
 from vmready.lifecycle import GuestLink, Lifecycle
 from vmready.store import Store
 from vmready.vsock import HybridVSockAddress, HybridVSockServerEndpoint
+from vmready.web import local_site
 
 GUEST_SOCKET_BASE = "guest-api.sock"
 
@@ -91,7 +92,7 @@ class VMReadyService(MultiService):
             os.path.join(config.data_dir, "run"),
             stop_timeout=config.stop_timeout,
         )
-        site = Site(OperatorAPI(lifecycle, config.hypervisor).app.resource())
+        site = local_site(OperatorAPI(lifecycle, config.hypervisor).app.resource())
         super().startService()
         Deferred.fromCoroutine(self._start_guest_api()).addCallbacks(
             lambda _: self._start_recovery(site), self._guest_api_failed
