@@ -5,6 +5,7 @@ from __future__ import annotations
 from twisted.trial.unittest import SynchronousTestCase
 
 from vmready.agent.core import (
+    MAX_COOLDOWN_HEARTBEATS,
     NO_CONNECT_YET,
     AbandonDial,
     AgentCore,
@@ -122,10 +123,39 @@ class ConnectTests(SynchronousTestCase):
         dial = dial_of(agent.connect_received(HOST))
         self.assertEqual(agent.dial_failed(dial.dial_id, "refused"), [STARTED])
 
-    def test_connectAfterGivingUpDialsAgain(self) -> None:
+    def test_connectAfterGivingUpDialsAgainAfterAHeartbeat(self) -> None:
         agent = core(retries=0)
         dial = dial_of(agent.connect_received(HOST))
         agent.dial_failed(dial.dial_id, "refused")
+        # The host answers the STARTED at once; that CONNECT waits out one heartbeat.
+        self.assertEqual(agent.connect_received(HOST), [])
+        agent.heartbeat()
+        self.assertEqual(dial_of(agent.connect_received(HOST)).address, HOST)
+
+    def test_repeatedGiveUpsWaitLongerUpToACap(self) -> None:
+        agent = core(retries=0)
+        agent.dial_failed(dial_of(agent.connect_received(HOST)).dial_id, "refused")
+        waits = []
+        for _ in range(6):
+            beats = 0
+            while not (commands := agent.connect_received(HOST)):
+                agent.heartbeat()
+                beats += 1
+            waits.append(beats)
+            agent.dial_failed(dial_of(commands).dial_id, "refused")
+        self.assertEqual(waits, [1, 2, 4, 8, MAX_COOLDOWN_HEARTBEATS, MAX_COOLDOWN_HEARTBEATS])
+
+    def test_connectToAnotherAddressAfterGivingUpDialsAtOnce(self) -> None:
+        agent = core(retries=0)
+        agent.dial_failed(dial_of(agent.connect_received(HOST)).dial_id, "refused")
+        self.assertEqual(dial_of(agent.connect_received(NEW_HOST)).address, NEW_HOST)
+
+    def test_successEndsTheCooldown(self) -> None:
+        agent = core(retries=0)
+        agent.dial_failed(dial_of(agent.connect_received(HOST)).dial_id, "refused")
+        agent.heartbeat()
+        connected(agent)
+        agent.link_lost(agent._dial_id, "host went away")
         self.assertEqual(dial_of(agent.connect_received(HOST)).address, HOST)
 
     def test_repeatedConnectWhileDialingIsIgnored(self) -> None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import cast
+
+from twisted.logger import ILogObserver, Logger
 from twisted.trial.unittest import SynchronousTestCase
 
 from vmready.agentlink import AgentLink, PollIntervals, StatusChanged, WriteConnect
-from vmready.ringbuffer import AgentStatus
+from vmready.ringbuffer import AgentStatus, Noise
 
 INTERVALS = PollIntervals(connecting=0.05, started=0.25, connected=1.0, connect_timeout=10.0)
 CONNECT = WriteConnect(b"CONNECT 2:49152\n")
@@ -80,6 +83,12 @@ class HandshakeTests(SynchronousTestCase):
         agent.ring_read(b"STARTED\n", now=0)
         self.assertEqual(agent.ring_read(b"STARTED\n", now=5), [CONNECT])
 
+    def test_manyStartedLinesInOneReadGetOneConnect(self) -> None:
+        agent = link()
+        agent.vm_started(advertise=False)
+        commands = agent.ring_read(b"STARTED\n" * 5000, now=0)
+        self.assertEqual(commands.count(CONNECT), 1)
+
     def test_connectedIsAnnouncedAndNeedsNoConnect(self) -> None:
         agent = link()
         agent.vm_started(advertise=False)
@@ -126,3 +135,26 @@ class HandshakeTests(SynchronousTestCase):
         agent.vm_started(advertise=False)
         commands = agent.ring_read(b"TED\nCONNECTED\nST", now=0)
         self.assertEqual(commands, [StatusChanged(AgentStatus.UNKNOWN, AgentStatus.CONNECTED)])
+
+
+class NoiseTests(SynchronousTestCase):
+    """Whatever a guest writes, the daemon's log gets one line per read."""
+
+    def test_manyBadLinesInOneReadAreLoggedOnce(self) -> None:
+        said: list[dict[str, object]] = []
+        self.patch(AgentLink, "log", Logger(observer=cast(ILogObserver, said.append)))
+        agent = link()
+        agent.vm_started(advertise=False)
+        agent.ring_read(b"x\n" * 20000 + b"\xff\n" + b"y" * 1000 + b"\n", now=0)
+        self.assertEqual(len(said), 1)
+        # A read as big as the ring may have overflowed: its first line is not trusted.
+        self.assertEqual(said[0]["count"], 20001)
+        self.assertEqual(said[0]["first"], Noise("x"))
+
+    def test_longNoiseIsShortenedInTheLog(self) -> None:
+        said: list[dict[str, object]] = []
+        self.patch(AgentLink, "log", Logger(observer=cast(ILogObserver, said.append)))
+        agent = link()
+        agent.vm_started(advertise=False)
+        agent.ring_read(b"z" * 200 + b"\n", now=0)
+        self.assertEqual(said[0]["first"], Noise("z" * 80 + "…"))

@@ -151,6 +151,86 @@ class DaemonServiceTests(TestCase):
         return ensureDeferred(check())
 
 
+class GuestAPIStartTests(DaemonServiceTests):
+    """The guest API: a new random port at each start, its certificate, stale sockets."""
+
+    def guest_sockets(self) -> list[str]:
+        return sorted(n for n in os.listdir(self.directory) if n.startswith("guest-api.sock_"))
+
+    def test_eachStartListensOnANewRandomPortAndAdvertisesIt(self) -> Deferred[None]:
+        async def check() -> None:
+            first = await self.started(0)
+            assert first.lifecycle is not None and first.lifecycle.guest is not None
+            port = first.lifecycle.guest.port
+            self.assertEqual(self.guest_sockets(), [f"guest-api.sock_{port}"])
+            self.assertEqual(
+                first.lifecycle.guest.transport,
+                f"hvsock:{os.path.join(self.directory, 'guest-api.sock')}",
+            )
+            await first.stopService()
+            self.assertEqual(self.guest_sockets(), [])
+            second = await self.started(0)
+            assert second.lifecycle is not None and second.lifecycle.guest is not None
+            self.assertNotEqual(second.lifecycle.guest.port, port)
+
+        return ensureDeferred(check())
+
+    def test_serverCertificateIsMadeOnceWithAPrivateKey(self) -> Deferred[None]:
+        async def check() -> None:
+            first = await self.started(0)
+            key = os.path.join(self.directory, "server.key")
+            self.assertEqual(os.stat(key).st_mode & 0o777, 0o600)
+            with open(os.path.join(self.directory, "server.crt"), "rb") as f:
+                certificate = f.read()
+            await first.stopService()
+            second = await self.started(0)
+            assert second.lifecycle is not None and second.lifecycle.guest is not None
+            self.assertEqual(second.lifecycle.guest.server_cert_pem, certificate)
+
+        return ensureDeferred(check())
+
+    def test_staleSocketsOfAKilledDaemonAreRemovedLiveAndForeignOnesKept(self) -> Deferred[None]:
+        async def check() -> None:
+            stale = os.path.join(self.directory, "guest-api.sock_4242")
+            dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            dead.bind(stale)
+            dead.close()  # the file stays; nothing listens: what kill -9 leaves behind
+            live_path = os.path.join(self.directory, "guest-api.sock_4343")
+            live = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.addCleanup(live.close)
+            live.bind(live_path)
+            live.listen(1)
+            notes = os.path.join(self.directory, "guest-api.sock_notes")
+            open(notes, "w").close()
+            await self.started(0)
+            self.assertFalse(os.path.exists(stale))
+            self.assertTrue(os.path.exists(live_path))
+            self.assertTrue(os.path.exists(notes))
+
+        return ensureDeferred(check())
+
+    def test_guestAPIThatCannotListenStopsTheDaemon(self) -> Deferred[None]:
+        async def check() -> None:
+            recording = StopRecordingReactor()
+            service = VMReadyService(
+                recording,
+                DaemonConfig(
+                    data_dir=self.directory,
+                    listen=f"unix:{os.path.join(self.directory, 'api.sock')}",
+                    power_sync_interval=0,
+                    guest_listen=f"hvsock:path={self.directory}/missing/dir/g",
+                ),
+            )
+            self.addCleanup(service.stopService)
+            service.startService()
+            with self.assertRaises(CannotListenError):
+                await service.recovered
+            self.assertEqual(recording.when_running, [reactor.stop])
+            self.assertFalse(os.path.exists(os.path.join(self.directory, "api.sock")))
+
+        return ensureDeferred(check())
+
+
 class OptionsTests(TestCase):
     """twistd vmready's options: safe defaults, bounded values."""
 

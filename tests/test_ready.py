@@ -269,6 +269,40 @@ class ReadyTests(AgentLinkTestCase):
         await _until(lambda: self.lifecycle.get("vm1").status.name == "Stopped")
         self.assertEqual(self.lifecycle.get("vm1").config[READY_KEY], "false")
 
+    async def guest_control(self, command: bytes) -> None:
+        spec = self.lifecycle.spec_for(self.lifecycle.get("vm1"))
+        control = Protocol()
+        await connectProtocol(
+            UNIXClientEndpoint(reactor, os.path.join(spec.guest_dir, "control")), control
+        )
+        assert control.transport is not None
+        control.transport.write(command)
+        self.addCleanup(control.transport.loseConnection)
+
+    @_async
+    async def test_guestRebootClearsReadyAndTheAgentStartsOver(self) -> None:
+        record = await self.launch()
+        await self.connected_guest()
+        self.lifecycle.set_ready("vm1", True)
+        state_dir = fakeqemu_guest_paths(self.lifecycle.spec_for(record))["state_dir"]
+        os.makedirs(state_dir, exist_ok=True)
+        await self.guest_control(b"reboot\n")
+        await _until(lambda: not self.lifecycle.get("vm1").ready)
+        self.assertEqual(self.lifecycle.get("vm1").config[READY_KEY], "false")
+        self.assertEqual(self.lifecycle.get("vm1").status.name, "Running")
+        self.assertFalse(os.path.exists(state_dir))
+        self.assertEqual(self.lifecycle.agent_status("vm1"), AgentStatus.UNKNOWN)
+        self.assertEqual(self.agent_events()[-1], "instance-agent-stopped")
+        # The new boot's agent is followed like the first one.
+        await self.connected_guest()
+
+    @_async
+    async def test_guestShutdownStopsTheAgentAtOnce(self) -> None:
+        await self.launch()
+        await self.connected_guest()
+        await self.guest_control(b"poweroff\n")
+        await _until(lambda: self.lifecycle.agent_status("vm1") is AgentStatus.STOPPED)
+
     @_async
     async def test_vmKilledSetsReadyFalse(self) -> None:
         await self.launch()

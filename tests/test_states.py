@@ -23,6 +23,11 @@ class DeriveStatusTests(SynchronousTestCase):
         status = derive_status(VMState.ACTIVE, None, PowerState.RUNNING, ready=False)
         self.assertEqual((status.name, status.code), ("Running", StatusCode.RUNNING))
 
+    def test_readyKeyDuringATransitionIsRunning(self) -> None:
+        for task in (TaskState.REBOOTING, TaskState.REBUILDING, TaskState.RESIZE_MIGRATING):
+            status = derive_status(VMState.ACTIVE, task, PowerState.RUNNING, ready=True)
+            self.assertEqual(status.name, "Running", task)
+
     def test_runningWithReadyKeyIsReady113(self) -> None:
         status = derive_status(VMState.ACTIVE, None, PowerState.RUNNING, ready=True)
         self.assertEqual((status.name, int(status.code)), ("Ready", 113))

@@ -8,7 +8,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from OpenSSL import SSL
 from twisted.internet import reactor
@@ -17,6 +17,7 @@ from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol, wrap
 from twisted.internet.interfaces import IOpenSSLClientConnectionCreator
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.ssl import CertificateOptions
+from twisted.logger import ILogObserver, Logger
 from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
@@ -157,6 +158,14 @@ class LoopbackTLSTests(TestCase):
     async def test_unknownClientCertificateIsRefused(self) -> None:
         self.listen(self.known(_AGENT))
         self.assertRefused(await self.connect(PinnedServerTLS(_STRANGER, _SERVER.cert_pem)))
+
+    async def test_refusedCertificateIsLoggedWithItsFingerprint(self) -> None:
+        said: list[dict[str, object]] = []
+        self.patch(MutualServerTLS, "log", Logger(observer=cast(ILogObserver, said.append)))
+        self.listen(self.known(_AGENT))
+        self.assertRefused(await self.connect(PinnedServerTLS(_STRANGER, _SERVER.cert_pem)))
+        self.assertEqual([event["fingerprint"] for event in said], [_STRANGER.fingerprint])
+        self.assertIn("refused a guest API client certificate", str(said[0]["log_format"]))
 
     async def test_clientWithoutCertificateIsRefused(self) -> None:
         self.listen(self.known(_AGENT))

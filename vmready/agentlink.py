@@ -152,20 +152,29 @@ class AgentLink:
         self._poll_now = False
         previous = self.reader.status
         commands: list[Command] = []
+        ignored: list[Noise | UndecodableLine | OverlongLine] = []
         for record in self.reader.feed(chunk, buffer_size=self.ring_size):
             if isinstance(record, StatusLine):
-                if record.status is AgentStatus.STARTED:
+                if record.status is AgentStatus.STARTED and not any(
+                    isinstance(command, WriteConnect) for command in commands
+                ):
+                    # One answer per read, however many STARTED lines piled up.
                     commands.append(self._connect())
                 elif record.status is AgentStatus.CONNECTED:
                     self.connect_sent_at = None
             elif isinstance(record, HostEcho | DiscardedFragment):
                 continue
             elif isinstance(record, Noise | UndecodableLine | OverlongLine):
-                self.log.warn(
-                    "{name}: ignoring {record!r} on the agent's serial line",
-                    name=self.name,
-                    record=record,
-                )
+                ignored.append(record)
+        if ignored:
+            # One line per read, however much noise the guest wrote: a guest cannot flood
+            # the daemon's log (a 64 KiB read could otherwise log 30,000 lines).
+            self.log.warn(
+                "{name}: ignored {count} line(s) on the agent's serial line, the first: {first!r}",
+                name=self.name,
+                count=len(ignored),
+                first=_shortened(ignored[0]),
+            )
         current = self.reader.status
         if current is not previous:
             commands.insert(0, StatusChanged(previous, current))
@@ -194,3 +203,12 @@ class AgentLink:
 
     def _connect(self) -> WriteConnect:
         return WriteConnect(format_connect(HOST_CID, self.port))
+
+
+def _shortened(record: Noise | UndecodableLine | OverlongLine) -> object:
+    """A record as a log line shows it: at most 80 characters of what the guest wrote."""
+    if isinstance(record, Noise) and len(record.text) > 80:
+        return Noise(record.text[:80] + "…")
+    if isinstance(record, UndecodableLine) and len(record.data) > 80:
+        return UndecodableLine(record.data[:80])
+    return record

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
+import socket
 from typing import Any
 
 import attrs
@@ -31,7 +32,8 @@ from vmready.hypervisor import HypervisorDriver
 from vmready.lifecycle import GuestLink, Lifecycle
 from vmready.qemu_cmdline import CURRENT_LAYOUT, SERIAL_LAYOUTS
 from vmready.store import Store
-from vmready.vsock import HybridVSockAddress
+from vmready.vsock import HybridVSockAddress, HybridVSockServerEndpoint
+from vmready.web import local_site
 
 GUEST_SOCKET_BASE = "guest-api.sock"
 
@@ -94,7 +96,7 @@ class VMReadyService(MultiService):
             stop_timeout=config.stop_timeout,
             serial_layout=SERIAL_LAYOUTS[config.serial_layout],
         )
-        site = Site(OperatorAPI(lifecycle, config.hypervisor).app.resource())
+        site = local_site(OperatorAPI(lifecycle, config.hypervisor).app.resource())
         super().startService()
         Deferred.fromCoroutine(self._start_guest_api()).addCallbacks(
             lambda _: self._start_recovery(site), self._guest_api_failed
@@ -140,8 +142,12 @@ class VMReadyService(MultiService):
 
     def _remove_stale_guest_sockets(self) -> None:
         """Sockets of a daemon that was killed (one daemon per data dir holds the lock)."""
-        base = os.path.join(self.config.data_dir, GUEST_SOCKET_BASE)
-        for path in glob.glob(glob.escape(base) + "_*"):
+        endpoint = serverFromString(self.reactor, self.config.guest_endpoint)
+        if not isinstance(endpoint, HybridVSockServerEndpoint):
+            return
+        for path in glob.glob(glob.escape(endpoint.path) + "_*"):
+            if not path.removeprefix(endpoint.path + "_").isdigit() or _answers(path):
+                continue  # not a guest API socket, or a live one (another daemon's)
             try:
                 os.unlink(path)
             except OSError as e:
@@ -198,3 +204,15 @@ class VMReadyService(MultiService):
             await self.lifecycle.shutdown()
         if self.store is not None:
             self.store.close()
+
+
+def _answers(path: str) -> bool:
+    """Whether something accepts connections on the unix socket ``path``."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True

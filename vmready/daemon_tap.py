@@ -33,6 +33,12 @@ from vmready.vsock import HybridVSockServerEndpoint, VSockServerEndpoint
 HYPERVISORS = ("fakeqemu", "qemu")
 _UNIX_PATH_MAX = 108  # sizeof(sockaddr_un.sun_path) on Linux, the terminating NUL included
 _DEFAULT_POLL = PollIntervals()
+_POLL_OPTIONS = (
+    "agent-poll-connecting",
+    "agent-poll-started",
+    "agent-poll-connected",
+    "agent-connect-timeout",
+)
 
 
 class Options(usage.Options):
@@ -87,6 +93,12 @@ class Options(usage.Options):
             str(_DEFAULT_POLL.connected),
             "Seconds between agent ring-buffer reads once the agent is CONNECTED.",
         ],
+        [
+            "agent-connect-timeout",
+            None,
+            str(_DEFAULT_POLL.connect_timeout),
+            "Seconds of fast polling after a CONNECT before waiting for STARTED again.",
+        ],
     ]
 
     def postOptions(self) -> None:
@@ -103,7 +115,7 @@ class Options(usage.Options):
                 raise usage.UsageError(f"--{option} must be a number of seconds") from None
             if not math.isfinite(self[option]):
                 raise usage.UsageError(f"--{option} must be a finite number of seconds")
-        for option in ("agent-poll-connecting", "agent-poll-started", "agent-poll-connected"):
+        for option in _POLL_OPTIONS:
             try:
                 self[option] = float(self[option])
             except ValueError:
@@ -128,6 +140,7 @@ class Options(usage.Options):
             connecting=self["agent-poll-connecting"],
             started=self["agent-poll-started"],
             connected=self["agent-poll-connected"],
+            connect_timeout=self["agent-connect-timeout"],
         )
 
 

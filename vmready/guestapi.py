@@ -77,6 +77,7 @@ from vmready.model import (
 from vmready.states import StatusCode
 from vmready.store import Store
 from vmready.tls import MutualServerTLS, peer_certificate_pem
+from vmready.web import local_site
 
 __all__ = [
     "FORBIDDEN_MESSAGE",
@@ -494,7 +495,7 @@ class GuestAPI:
 
 def guest_site(api: GuestAPI) -> Site:
     """The HTTP site serving ``api`` (wrap it with ``guest_tls_factory``)."""
-    site = Site(api.app.resource())
+    site = local_site(api.app.resource())
     site.displayTracebacks = False
     return site
 

@@ -852,7 +852,7 @@ class Lifecycle:
         undo = [vm.subscribe(lambda event: self._vm_event(name, vm, event))]
         monitor = self._follow_agent(name, vm)
         if monitor is not None:
-            undo.append(vm.qmp.subscribe(lambda _event: monitor.qmp_event()))
+            undo.append(vm.qmp.subscribe(lambda _event: self._qmp_event(name)))
             monitor.start(advertise)
 
         def unsubscribe() -> None:
@@ -872,6 +872,12 @@ class Lifecycle:
         )
         self.monitors[name] = monitor
         return monitor
+
+    def _qmp_event(self, name: str) -> None:
+        """Any QMP event: the instance's agent monitor (whichever follows it now) reads at once."""
+        monitor = self.monitors.get(name)
+        if monitor is not None:
+            monitor.qmp_event()
 
     def _agent_changed(self, name: str, change: StatusChanged) -> None:
         self._last_agent_status[name] = change.current
@@ -899,8 +905,8 @@ class Lifecycle:
         record = self.store.find_instance(name)
         if record is None or self.vms.get(name) is not vm:
             return
-        if event.kind is VMEventKind.GONE:
-            # Whoever owns the instance now, a VM that is gone has no agent to poll.
+        if event.kind in (VMEventKind.GONE, VMEventKind.SHUTDOWN, VMEventKind.PANICKED):
+            # The guest OS is gone or going, whoever owns the instance now: so is its agent.
             self._stop_following_agent(name)
         monitor = self.monitors.get(name)
         if monitor is not None:
@@ -910,7 +916,10 @@ class Lifecycle:
                 monitor.resumed()
         if record.task_state is not None:
             return  # the running action owns the VM now
-        if event.kind == "gone":
+        if event.kind is VMEventKind.RESET:
+            self._guest_rebooted(record, vm)
+            return
+        if event.kind is VMEventKind.GONE:
             self._detach(name)
             self._vm_went_away(record, event)
             return
@@ -919,6 +928,17 @@ class Lifecycle:
                 # Not ready from the moment it stops, before its process is gone.
                 self.store.update_config(name, {READY_KEY: "false"})
             self.publish_state(self.store.set_power_state(name, event.power_state))
+
+    def _guest_rebooted(self, record: InstanceRecord, vm: RunningVM) -> None:
+        """A reset is a new boot: its workload has not said Ready yet; its agent starts over."""
+        if record.ready:
+            self.publish_state(self.store.update_config(record.name, {READY_KEY: "false"}))
+        if self.driver.kind == "fakeqemu":
+            shutil.rmtree(fakeqemu_guest_paths(vm.spec)["state_dir"], ignore_errors=True)
+        self._stop_following_agent(record.name)
+        monitor = self._follow_agent(record.name, vm)
+        if monitor is not None:
+            monitor.start(advertise=False)
 
     def _vm_went_away(self, record: InstanceRecord, event: VMEvent) -> None:
         # The driver judges the exit: SHUTDOWN for a shutdown QEMU announced, CRASHED otherwise.

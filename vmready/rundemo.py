@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data-dir", default=os.path.abspath(".vmready-data"))
     parser.add_argument("--hypervisor", default="fakeqemu", choices=("fakeqemu", "qemu"))
     parser.add_argument(
-        "--exit", action="store_true", help="stop the daemon once the demo is RUNNING"
+        "--exit", action="store_true", help="stop the daemon once the demo is READY (and listed)"
     )
     args = parser.parse_args(argv)
     socket_path = os.path.join(args.data_dir, "vmready.sock")

@@ -184,7 +184,7 @@ def derive_status(
     power_state: PowerState,
     ready: bool,
 ) -> Status:
-    """LXD's status for the stored fields: Ready only when running and the ready key is set."""
+    """LXD's status for the stored fields: Ready only when running, idle, and the key is set."""
     if vm_state is VMState.ERROR:
         return Status("Error", StatusCode.ERROR)
     if task_state in (TaskState.POWERING_ON, TaskState.SPAWNING):
@@ -196,7 +196,8 @@ def derive_status(
     if vm_state is VMState.PAUSED or power_state is PowerState.PAUSED:
         return Status("Frozen", StatusCode.FROZEN)
     if power_state is PowerState.RUNNING and vm_state in (VMState.ACTIVE, VMState.RESIZED):
-        if ready:
+        # A transition (restart, rebuild, resize…) takes the workload down: not Ready then.
+        if ready and task_state is None:
             return Status("Ready", StatusCode.READY)
         return Status("Running", StatusCode.RUNNING)
     return Status("Stopped", StatusCode.STOPPED)

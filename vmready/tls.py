@@ -25,6 +25,7 @@ from twisted.internet.interfaces import (
     IOpenSSLClientConnectionCreator,
     IOpenSSLServerConnectionCreator,
 )
+from twisted.logger import Logger
 from zope.interface import implementer
 
 from vmready.certs import CertificatePair, fingerprint, is_valid_at
@@ -65,6 +66,8 @@ def _base_context(own: CertificatePair) -> SSL.Context:
 class MutualServerTLS:
     """The daemon's side: present ``server``; require a client certificate ``authorize`` likes."""
 
+    log = Logger()
+
     def __init__(self, server: CertificatePair, authorize: Authorize) -> None:
         self.authorize = authorize
         context = _base_context(server)
@@ -82,7 +85,15 @@ class MutualServerTLS:
         # decision is ours, on the leaf alone.
         if depth != 0:
             return False
-        return self.authorize(_pem(certificate))
+        pem = _pem(certificate)
+        if self.authorize(pem):
+            return True
+        self.log.warn(
+            "refused a guest API client certificate {fingerprint} "
+            "(unknown, revoked or outside its validity period)",
+            fingerprint=fingerprint(pem),
+        )
+        return False
 
     def serverConnectionForTLS(self, tlsProtocol: Any) -> SSL.Connection:
         """A connection using the one configured context."""

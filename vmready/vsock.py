@@ -495,6 +495,10 @@ class HybridVSockServerEndpoint:
                 socket_path, factory, backlog=self.backlog, mode=self.mode, wantPID=False
             )
         except error.CannotListenError as e:
+            # Twisted's unix port starts the factory before it binds, and does not undo
+            # that when the bind fails: stop it, or it keeps running (Site's log timer).
+            if getattr(factory, "numPorts", 0) > 0:
+                factory.doStop()
             # Twisted's message reads "any:<path>"; say which transport this was.
             raise error.CannotListenError("hvsock", socket_path, e.socketError) from e
         return HybridVSockListeningPort(listening, address)

@@ -141,6 +141,9 @@ class Phase(enum.Enum):
     STOPPED = "stopped"
 
 
+MAX_COOLDOWN_HEARTBEATS = 12
+
+
 class AgentCore:
     """The agent's handshake state, driven by inputs, answering with commands."""
 
@@ -165,6 +168,12 @@ class AgentCore:
         self._reader = RingBufferReader(MAX_LINE_BYTES)
         self._dial_id = 0
         self._attempt = 0
+        # After giving up on an address, its CONNECTs wait out this many heartbeats
+        # (doubling each time, up to MAX_COOLDOWN_HEARTBEATS), so a host that cannot be
+        # reached is not redialed in a tight loop; another address is dialed at once.
+        self._give_ups = 0
+        self._cooling: HostAddress | None = None
+        self._cooldown = 0
 
     @property
     def link(self) -> HostAddress | None:
@@ -177,6 +186,8 @@ class AgentCore:
 
     def heartbeat(self) -> list[Command]:
         """A heartbeat is due: repeat the current status, so a restarted host notices us."""
+        if self._cooldown > 0:
+            self._cooldown -= 1
         return self._say_current()
 
     def data_received(self, data: bytes) -> list[Command]:
@@ -219,6 +230,13 @@ class AgentCore:
                 phase=self.phase.value,
             )
             return []
+        if address == self._cooling and self._cooldown > 0:
+            self.log.debug(
+                "ignoring CONNECT {address} for {beats} more heartbeats: it just failed",
+                address=address,
+                beats=self._cooldown,
+            )
+            return []
         commands = self._leave_current_link()
         self.address = address
         self.phase = Phase.DIALING
@@ -239,6 +257,7 @@ class AgentCore:
         self.log.info("connected to the host at {where}", where=self._where)
         self.phase = Phase.CONNECTED
         self.unreachable_reason = ""
+        self._give_ups, self._cooling, self._cooldown = 0, None, 0
         return [
             *self._set_status(AgentStatus.CONNECTED),
             ReassertReady(self._dial_id, self.address),
@@ -273,6 +292,9 @@ class AgentCore:
         )
         self.phase = Phase.WAITING
         self.status = AgentStatus.STARTED
+        self._give_ups += 1
+        self._cooling = self.address
+        self._cooldown = min(2 ** (self._give_ups - 1), MAX_COOLDOWN_HEARTBEATS)
         return [WriteStatus(AgentStatus.STARTED)]  # said even unchanged: it asks for a CONNECT
 
     def link_lost(self, dial_id: int, reason: str) -> list[Command]:

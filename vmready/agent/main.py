@@ -40,6 +40,15 @@ _CHATTY_FACTORIES = (
 )
 
 
+class CommandOptions(Options):
+    """The options of the ``vmready-agent`` command itself (its usage names both forms)."""
+
+    synopsis = (
+        "Usage: vmready-agent [options]\n"
+        "       vmready-agent notify ready|started [--socket PATH] [--timeout SECONDS]"
+    )
+
+
 def _say(message: str) -> None:
     print(f"{PROGRAM}: {message}", file=sys.stderr)
 
@@ -80,7 +89,7 @@ def run_notify(args: Sequence[str]) -> NoReturn:
 
 def run_agent(args: Sequence[str]) -> int:
     """Run the agent until it is stopped; its exit status."""
-    options = Options()
+    options = CommandOptions()
     if not _parse(options, args, PROGRAM):
         return EXIT_USAGE
     from twisted.internet import reactor

@@ -43,6 +43,7 @@ from vmready.agent.host import (
     read_body,
     send_request,
 )
+from vmready.web import LocalRequest
 
 __all__ = [
     "MAX_REQUEST_BODY",
@@ -138,7 +139,7 @@ def _declared_state(body: bytes) -> str | None:
     return state if state in ("Ready", "Started") else None
 
 
-class CappedRequest(Request):
+class CappedRequest(LocalRequest):
     """A request that keeps at most ``max_body`` bytes of body in memory, and notes any excess."""
 
     max_body = MAX_REQUEST_BODY

@@ -23,10 +23,8 @@ from vmready.agent.service import AgentService, build_agent
 class Options(usage.Options):
     """Options for ``vmready-agent`` and ``twistd vmready-agent``."""
 
-    synopsis = (
-        "Usage: vmready-agent [options]\n"
-        "       vmready-agent notify ready|started [--socket PATH] [--timeout SECONDS]"
-    )
+    # twistd prints "Usage: twistd [options] vmready-agent" before this.
+    synopsis = "[options]"
     longdesc = (
         "The in-guest vmready agent: reports STARTED/CONNECTED/STOPPED on the virtio "
         "serial port, dials the host when it writes CONNECT, and serves the guest API "

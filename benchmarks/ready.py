@@ -1,0 +1,1146 @@
+"""What an honest Ready costs: latency, agent-status detection, guest API and ring-buffer polling.
+
+One ``fakeqemu-host`` runs every VM; the daemon is ``VMReadyService`` exactly as
+``twistd vmready --data-dir D`` builds it (``vmready.daemon_tap.makeService``,
+default options, so the default ``PollIntervals`` and a 10 s power sync), run
+in a child process of this script (``--role daemon``) with ``FAKEQEMU_HOST`` set,
+so that it can answer "how many ring-buffer reads so far" from its
+``AgentMonitor.reads`` counters.  The agents are the real ``vmready.agent``
+(``load_config`` + ``build_agent`` on each instance's config drive, default
+heartbeat and retries), many per process in ``--agent-workers`` child processes
+(``--role agents``).  This process is the guest program, the operator's
+``wait`` client and the guest API load generator.  The instance count grows
+in stages (``--counts``, default 1, 100, 1000): each stage creates the missing
+instances through the operator API, starts their agents, waits until the
+daemon reports every agent CONNECTED, and then measures with all of them
+connected and being polled:
+
+- **ring-buffer reads/s**: the sum of every ``AgentMonitor.reads`` in the
+  daemon, read at both ends of a ``--reads-window`` while nothing else
+  happens, divided by the window; with the daemon's and fakeqemu-host's CPU
+  use over the same window;
+- **ready latency**: a ``vmready.cli.Waiter`` for ``ready`` (what
+  ``vmready wait NAME ready`` runs) subscribes to the operator API's events;
+  then the guest program sends ``PATCH /1.0 {"state":"Ready"}`` to the
+  instance's agent socket (``vmready.agent.notify``: twisted.web's Agent on a
+  unix endpoint); the latency runs from just before the PATCH is sent until
+  the waiter's event arrives (whichever of the ``instance-state`` Ready or the
+  ``instance-ready`` event comes first: the former).  PATCHes are one at a time
+  (sequential), every instance of the stage once, each from Started (an
+  instance left Ready by an earlier stage is set back to Started first,
+  untimed); with one instance the PATCH is repeated ``--single-repeats``
+  times, an untimed Started between.  The PATCH's own answer time (the guest's
+  view) is shown too;
+- **agent-status detection**: an agent is stopped (it writes ``STOPPED``) and,
+  once the daemon has announced that, started again (it writes ``STARTED`` as
+  its serial port opens, then ``CONNECTED`` after the host's CONNECT and its
+  dial).  The worker stamps each status line just before the agent hands it
+  to its serial port; the latency runs from that stamp until the
+  ``instance-agent-<status>`` event reaches an operator API event stream in
+  this process.  Stamps cross processes: ``time.perf_counter`` is
+  ``CLOCK_MONOTONIC`` on Linux, one clock for the whole machine.  Each line is
+  read at the pace the daemon's ``AgentLink`` sets for the state it was in:
+  STOPPED while CONNECTED (``connected`` interval), STARTED while STOPPED
+  (``started``), CONNECTED while a CONNECT is outstanding (``connecting``);
+  ``--cycles`` cycles per stage, on as many different instances as there are,
+  ``--wave`` at a time (one at a time with one instance), each change after a
+  random pause of up to 1 s so that the line falls at a random phase of the
+  daemon's polling (without it, a restart right after the daemon's read would
+  always wait a full interval);
+- **guest API requests/s** (first stage only, so the daemon is quiet): this
+  process sends ``GET /1.0`` to the daemon's guest API exactly as an agent
+  does (``HostConnector``: ``PinnedServerTLS`` with the instance's client
+  certificate over ``HybridVSockClientEndpoint``, a new connection per
+  request), and the same to a bare Twisted server in its own child process
+  (``--role bare``): a plain ``twisted.web`` ``Site`` answering the daemon's
+  ``GET /1.0`` body bytes, behind ``MutualServerTLS`` with the daemon's
+  certificate (accepting exactly that client certificate) on the same hybrid
+  vsock transport, logging to a file as the daemon does.  With 1 and
+  ``--rps-concurrency`` requests in flight, ``--rps-rounds`` rounds of
+  ``--rps-seconds`` per server (each after a 0.5 s warm-up), alternating
+  between the two so that a passing load on this shared machine does not
+  favour one side; the median round is shown, and the ratio daemon / bare of
+  the medians.  CPU use of server and client over the round says which side
+  was the limit.
+
+Everything started here (host, daemon, agent workers, bare server, the
+directory under /tmp) is torn down at the end.  Figures only: nothing here
+passes or fails.
+
+    .venv/bin/python benchmarks/ready.py            # 1, 100 and 1,000 instances
+    .venv/bin/python benchmarks/ready.py --quick    # 1, 10 and 40, short windows
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import glob
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+import attrs
+from twisted.internet import reactor as installed_reactor
+from twisted.internet import stdio, task
+from twisted.internet.defer import Deferred, DeferredSemaphore, gatherResults
+from twisted.internet.error import ProcessDone, ProcessTerminated
+from twisted.internet.protocol import ProcessProtocol
+from twisted.logger import (
+    FilteringLogObserver,
+    ILogObserver,
+    LogEvent,
+    LogLevel,
+    LogLevelFilterPredicate,
+    formatEvent,
+    globalLogBeginner,
+    globalLogPublisher,
+    textFileLogObserver,
+)
+from twisted.protocols.basic import LineReceiver
+from twisted.protocols.tls import TLSMemoryBIOFactory
+from twisted.python.failure import Failure
+from twisted.web.iweb import IAgent
+from twisted.web.resource import Resource
+from twisted.web.server import Request, Site
+from zope.interface import provider
+
+from fakeqemu._hostclient import HostClient, HostUnreachable
+from vmready.agent.config import AgentConfig, Transport, load_config
+from vmready.agent.core import HostAddress
+from vmready.agent.host import HostConnector, read_body, send_request
+from vmready.agent.notify import notify
+from vmready.agent.service import AgentService, build_agent
+from vmready.agentlink import PollIntervals
+from vmready.certs import SERVER_CERT, SERVER_KEY, CertificatePair, fingerprint
+from vmready.cli import Client, Waiter
+from vmready.daemon import VMReadyService
+from vmready.daemon_tap import Options, makeService
+from vmready.limits import raise_file_limit
+from vmready.tls import MutualServerTLS
+from vmready.vsock import HybridVSockAddress, HybridVSockServerEndpoint
+
+SCRIPT = os.path.abspath(__file__)
+BIN_DIRECTORY = os.path.dirname(os.path.abspath(sys.executable))
+FAKEQEMU_HOST = os.path.join(BIN_DIRECTORY, "fakeqemu-host")
+START_TIMEOUT = 120.0
+CALL_TIMEOUT = 300.0
+EVENT_TIMEOUT = 30.0
+CREATE_CONCURRENCY = 16
+AGENT_CHUNK = 50
+POLL_SECONDS = 0.05
+# Seconds, at most, of random pause before an agent is stopped or started in a cycle.
+PHASE_JITTER = 1.0
+STOP_TIMEOUT = 60.0
+# The agent's first status line and the two the cycles time.
+STOPPED_LINE = b"STOPPED\n"
+STARTED_LINE = b"STARTED\n"
+CONNECTED_LINE = b"CONNECTED\n"
+CHATTY_FACTORIES = (
+    "twisted.web.client._HTTP11ClientFactory",
+    "twisted.internet.endpoints.OneShotFactory",
+)
+
+reactor: Any = installed_reactor
+DEFAULT_POLL = PollIntervals()
+Handler = Callable[..., Coroutine[Any, Any, Any]]
+
+
+# -- figures ------------------------------------------------------------------
+
+
+def nearest_rank(samples: Sequence[float], fraction: float) -> float:
+    """The nearest-rank percentile: the smallest sample with ``fraction`` of them at or below."""
+    ordered = sorted(samples)
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+def plural(count: int, word: str) -> str:
+    """``1 instance``, ``2 instances``."""
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def ms(seconds: float) -> str:
+    """Seconds as a millisecond figure."""
+    return f"{seconds * 1000:.1f} ms"
+
+
+def p50_p99(samples: Sequence[float]) -> str:
+    """``p50 …, p99 …, max …`` of latency samples."""
+    if not samples:
+        return "no samples"
+    return (
+        f"p50 {ms(nearest_rank(samples, 0.5))}, p99 {ms(nearest_rank(samples, 0.99))}, "
+        f"max {ms(max(samples))}"
+    )
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time ``pid`` has used (its own, not its children's)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    fields = stat.rpartition(b")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def report(line: str = "") -> None:
+    """One line of the benchmark's output."""
+    print(line, flush=True)
+
+
+@provider(ILogObserver)
+def show_problems(event: LogEvent) -> None:
+    """In-process vmready warnings and failures go to stderr; the rest is not shown."""
+    level = event.get("log_level")
+    namespace = str(event.get("log_namespace", ""))
+    if namespace.startswith("vmready") and level is not None and level >= LogLevel.warn:
+        text = formatEvent(event)
+        failure = event.get("log_failure")
+        if failure is not None:
+            text += "\n" + failure.getTraceback()
+        print(f"  [log] {text}", file=sys.stderr, flush=True)
+
+
+async def sleep(seconds: float) -> None:
+    """Let the reactor run for ``seconds``."""
+    await task.deferLater(reactor, seconds, lambda: None)
+
+
+# -- child processes: a JSON line per command on stdin, a JSON line per answer on stdout ----
+
+
+class ChildError(Exception):
+    """A child process answered a command with an error, or went away."""
+
+
+class ControlChannel(LineReceiver):
+    """The child's end: runs each command's handler, answers with its result or error."""
+
+    delimiter = b"\n"
+    MAX_LENGTH = 64 * 1024 * 1024
+
+    def __init__(self, handlers: dict[str, Handler]) -> None:
+        self.handlers = handlers
+
+    def lineReceived(self, line: bytes) -> None:
+        message = json.loads(line)
+        ident = message["id"]
+        handler = self.handlers.get(message["cmd"])
+        if handler is None:
+            self._answer({"id": ident, "error": f"unknown command {message['cmd']!r}"})
+            return
+        running = Deferred.fromCoroutine(handler(**message.get("args", {})))
+        running.addCallbacks(
+            lambda result: self._answer({"id": ident, "result": result}),
+            lambda failure: self._answer(
+                {"id": ident, "error": f"{failure.type.__name__}: {failure.getErrorMessage()}"}
+            ),
+        )
+
+    def _answer(self, message: dict[str, Any]) -> None:
+        assert self.transport is not None
+        self.transport.write(json.dumps(message).encode("utf-8") + b"\n")
+
+    def connectionLost(self, reason: Failure | None = None) -> None:
+        # The benchmark went away (or closed our stdin): stop, cleanly.
+        if reactor.running:
+            reactor.stop()
+
+
+class Child(ProcessProtocol):
+    """The parent's end of one child process: ``call`` a command, ``terminate`` it."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.ended: Deferred[None] = Deferred()
+        self.exit_code: int | None = None
+        self._buffer = b""
+        self._pending: dict[int, Deferred[Any]] = {}
+        self._next = 0
+
+    @property
+    def pid(self) -> int:
+        """The child's process id."""
+        assert self.transport is not None and self.transport.pid is not None
+        return int(self.transport.pid)
+
+    @property
+    def running(self) -> bool:
+        """The child has not exited yet."""
+        return not self.ended.called
+
+    def outReceived(self, data: bytes) -> None:
+        self._buffer += data
+        *lines, self._buffer = self._buffer.split(b"\n")
+        for line in lines:
+            message = json.loads(line)
+            waiter = self._pending.pop(message["id"], None)
+            if waiter is None:
+                continue
+            if "error" in message:
+                waiter.errback(ChildError(f"{self.label}: {message['error']}"))
+            else:
+                waiter.callback(message["result"])
+
+    def processEnded(self, reason: Failure) -> None:
+        if isinstance(reason.value, ProcessDone | ProcessTerminated):
+            self.exit_code = reason.value.exitCode
+        pending, self._pending = self._pending, {}
+        for waiter in pending.values():
+            waiter.errback(ChildError(f"{self.label} exited ({reason.getErrorMessage()})"))
+        self.ended.callback(None)
+
+    def call(self, command: str, timeout: float = CALL_TIMEOUT, **args: Any) -> Deferred[Any]:
+        """Send ``command``; fires with the child's answer."""
+        if not self.running or self.transport is None:
+            raise ChildError(f"{self.label} is not running")
+        self._next += 1
+        waiter: Deferred[Any] = Deferred()
+        self._pending[self._next] = waiter
+        line = json.dumps({"id": self._next, "cmd": command, "args": args}).encode("utf-8")
+        self.transport.write(line + b"\n")
+        return waiter.addTimeout(timeout, reactor)
+
+    async def terminate(self, timeout: float = STOP_TIMEOUT) -> None:
+        """SIGTERM, then SIGKILL after ``timeout``; returns once it exited."""
+        if not self.running:
+            return
+        assert self.transport is not None
+        self.transport.signalProcess("TERM")
+        deadline = time.monotonic() + timeout
+        while self.running:
+            if time.monotonic() > deadline:
+                self.transport.signalProcess("KILL")
+                break
+            await sleep(POLL_SECONDS)
+        await self.ended
+
+
+class Children:
+    """Every process this benchmark started, so that nothing outlives it."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.started: list[Child] = []
+
+    def spawn(
+        self,
+        label: str,
+        argv: Sequence[str],
+        log_name: str,
+        environment: dict[str, str] | None = None,
+        control: bool = True,
+    ) -> Child:
+        """Start ``argv``; stderr (and stdout, without ``control``) to ``log_name``."""
+        child = Child(label)
+        with open(os.path.join(self.directory, log_name), "ab") as log:
+            fds: dict[int, int | str] = {0: "w", 1: "r" if control else log.fileno()}
+            fds[2] = log.fileno()
+            reactor.spawnProcess(
+                child,
+                argv[0],
+                list(argv),
+                env=dict(os.environ) if environment is None else environment,
+                childFDs=fds,
+            )
+        self.started.append(child)
+        return child
+
+    def spawn_role(
+        self, label: str, role: str, *extra: str, env: dict[str, str] | None = None
+    ) -> Child:
+        """This script as a child in ``role``."""
+        argv = [sys.executable, SCRIPT, "--role", role, *extra]
+        return self.spawn(label, argv, f"{label}.log", env)
+
+    def kill_left_over(self) -> None:
+        """Last resort once the reactor is gone: SIGKILL every child still running."""
+        for child in self.started:
+            if child.running and child.transport is not None and child.transport.pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(child.transport.pid), signal.SIGKILL)
+
+
+def serve_control(handlers: dict[str, Handler]) -> None:
+    """Answer the parent's commands on stdin/stdout."""
+    stdio.StandardIO(ControlChannel(handlers), reactor=reactor)
+
+
+def log_to(path: str, level: LogLevel) -> None:
+    """Log this child at ``level`` and above to ``path`` (as twistd or the agent would)."""
+    levels = LogLevelFilterPredicate(defaultLogLevel=level)
+    for chatty in CHATTY_FACTORIES:
+        levels.setLogLevelForNamespace(chatty, LogLevel.warn)
+    log = open(path, "a")  # noqa: SIM115 - open for the life of the process
+    globalLogBeginner.beginLoggingTo(
+        [FilteringLogObserver(textFileLogObserver(log), [levels])], redirectStandardIO=False
+    )
+
+
+# -- the daemon child -------------------------------------------------------------
+
+
+def run_daemon(data_dir: str) -> None:
+    """``--role daemon``: the service ``twistd -n vmready --data-dir`` would run, plus counters."""
+    options = Options()
+    options.parseOptions(["--data-dir", data_dir])
+    service: VMReadyService = makeService(options)  # raises the file limit too
+    log_to(os.path.join(data_dir, "vmready.log"), LogLevel.info)
+    recovered: Deferred[None] = Deferred()
+
+    def settled(result: object) -> None:
+        # Recovery's failure is in the daemon's log; the benchmark goes on, as the daemon does.
+        recovered.callback(None)
+
+    service.recovered.addBoth(settled)
+
+    async def ready() -> dict[str, Any]:
+        if not recovered.called:
+            await recovered
+        lifecycle = service.lifecycle
+        assert lifecycle is not None and lifecycle.guest is not None
+        return {"pid": os.getpid(), "guest_port": lifecycle.guest.port}
+
+    async def reads() -> dict[str, Any]:
+        lifecycle = service.lifecycle
+        assert lifecycle is not None
+        monitors = list(lifecycle.monitors.values())
+        return {
+            "at": time.perf_counter(),
+            "reads": sum(monitor.reads for monitor in monitors),
+            "monitors": len(monitors),
+            "statuses": dict(Counter(monitor.status.value for monitor in monitors)),
+        }
+
+    serve_control({"ready": ready, "reads": reads})
+    reactor.callWhenRunning(service.startService)
+    reactor.addSystemEventTrigger("before", "shutdown", service.stopService)
+    reactor.run()
+
+
+# -- the agent worker child ----------------------------------------------------------
+
+
+class StampedAgent:
+    """One real agent whose status lines are time-stamped as it hands them to the serial port."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.name = config.instance or config.socket
+        self.service: AgentService = build_agent(reactor, config)
+        self._expected: dict[bytes, Deferred[float]] = {}
+        keeper = self.service.serial
+        assert keeper is not None
+        write = keeper.write
+
+        def stamped(data: bytes) -> bool:
+            now = time.perf_counter()
+            written = write(data)
+            if written:
+                waiter = self._expected.pop(data, None)
+                if waiter is not None:
+                    waiter.callback(now)
+            return written
+
+        # The one instrument: the keeper's write, wrapped; the agent is otherwise untouched.
+        keeper.write = stamped  # type: ignore[method-assign]
+
+        def fatal(reason: str) -> None:
+            print(f"agent {self.name} gave up: {reason}", file=sys.stderr, flush=True)
+
+        self.service.on_fatal = fatal
+
+    def expect(self, line: bytes) -> Deferred[float]:
+        """Fires with the time ``line`` is next written to the serial port."""
+        waiter: Deferred[float] = Deferred()
+        self._expected[line] = waiter
+        return waiter
+
+
+def run_agents(directory: str) -> None:
+    """``--role agents``: many agents in one process, started and cycled on command."""
+    raise_file_limit()
+    log_to(os.path.join(directory, f"agents-{os.getpid()}.log"), LogLevel.info)
+    agents: dict[str, StampedAgent] = {}
+
+    async def start(drives: list[str]) -> int:
+        for drive in drives:
+            agent = StampedAgent(load_config({"config-drive": drive}))
+            agents[agent.name] = agent
+            agent.service.startService()
+        return len(drives)
+
+    async def stop_agent(name: str) -> dict[str, float]:
+        agent = agents[name]
+        stopped = agent.expect(STOPPED_LINE)
+        await agent.service.stopService()
+        return {"stopped": await stopped.addTimeout(EVENT_TIMEOUT, reactor)}
+
+    async def start_agent(name: str) -> dict[str, float]:
+        agent = agents[name] = StampedAgent(agents[name].config)
+        started, connected = agent.expect(STARTED_LINE), agent.expect(CONNECTED_LINE)
+        agent.service.startService()
+        return {
+            "started": await started.addTimeout(EVENT_TIMEOUT, reactor),
+            "connected": await connected.addTimeout(EVENT_TIMEOUT, reactor),
+        }
+
+    async def stop_all() -> int:
+        running = [agent.service for agent in agents.values() if agent.service.running]
+        await gatherResults([service.stopService() for service in running])
+        return len(running)
+
+    serve_control(
+        {
+            "start": start,
+            "stop_agent": stop_agent,
+            "start_agent": start_agent,
+            "stop_all": stop_all,
+        }
+    )
+    reactor.run()
+
+
+# -- the bare TLS server child -------------------------------------------------------
+
+
+class FixedAnswer(Resource):
+    """Every GET answers the same JSON bytes."""
+
+    isLeaf = True
+
+    def __init__(self, body: bytes) -> None:
+        super().__init__()
+        self.body = body
+
+    def render_GET(self, request: Request) -> bytes:
+        request.setHeader(b"Content-Type", b"application/json")
+        return self.body
+
+
+def run_bare(directory: str) -> None:
+    """``--role bare``: a plain twisted.web Site behind the daemon's mutual TLS, nothing else."""
+    raise_file_limit()
+    log_to(os.path.join(directory, "bare-server.log"), LogLevel.info)
+
+    async def serve(data_dir: str, client_cert: str, body: str, path: str) -> int:
+        with open(os.path.join(data_dir, SERVER_CERT), "rb") as c:
+            cert_pem = c.read()
+        with open(os.path.join(data_dir, SERVER_KEY), "rb") as k:
+            key_pem = k.read()
+        with open(client_cert, "rb") as f:
+            allowed = fingerprint(f.read())
+        tls = MutualServerTLS(
+            CertificatePair(cert_pem, key_pem), lambda pem: fingerprint(pem) == allowed
+        )
+        site = Site(FixedAnswer(body.encode("utf-8")))
+        port = await HybridVSockServerEndpoint(reactor, path).listen(
+            TLSMemoryBIOFactory(tls, False, site)
+        )
+        address = port.getHost()
+        assert isinstance(address, HybridVSockAddress)
+        return address.port
+
+    serve_control({"serve": serve})
+    reactor.run()
+
+
+# -- the parent: set-up ------------------------------------------------------------
+
+
+async def start_host(children: Children, directory: str) -> tuple[Child, str]:
+    """A ``fakeqemu-host`` serving on ``<directory>/host.ctl``, once it answers."""
+    control = os.path.join(directory, "host.ctl")
+    host = children.spawn(
+        "fakeqemu-host", [FAKEQEMU_HOST, "--control", control, "serve"], "host.log", control=False
+    )
+    deadline = time.monotonic() + START_TIMEOUT
+    while True:
+        try:
+            with HostClient(control) as client:
+                client.call("list")
+            return host, control
+        except HostUnreachable:
+            if not host.running or time.monotonic() > deadline:
+                raise SystemExit("fakeqemu-host did not start; see host.log") from None
+            await sleep(POLL_SECONDS)
+
+
+class EventWatch:
+    """One operator API event stream: when each expected event arrived, and each agent's status."""
+
+    def __init__(self) -> None:
+        self.agent: dict[str, str] = {}
+        self._expected: dict[tuple[str, str], list[Deferred[float]]] = {}
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        """A lifecycle event: stamp it first, then look at it."""
+        now = time.perf_counter()
+        metadata = event.get("metadata") or {}
+        action = str(metadata.get("action", ""))
+        name = str(metadata.get("source", "")).removeprefix("/1.0/instances/")
+        if action.startswith("instance-agent-"):
+            self.agent[name] = action.removeprefix("instance-agent-")
+        for waiter in self._expected.pop((name, action), []):
+            waiter.callback(now)
+
+    def expect(self, name: str, action: str) -> Deferred[float]:
+        """Fires with the arrival time of the next ``action`` event about ``name``."""
+        waiter: Deferred[float] = Deferred()
+        self._expected.setdefault((name, action), []).append(waiter)
+        return waiter.addTimeout(EVENT_TIMEOUT, reactor)
+
+    def connected(self, names: Sequence[str]) -> int:
+        """How many of ``names`` the events last showed CONNECTED."""
+        return sum(self.agent.get(name) == "connected" for name in names)
+
+
+@attrs.define
+class Bench:
+    """Everything the stages share."""
+
+    args: argparse.Namespace
+    directory: str
+    data_dir: str
+    children: Children
+    client: Client
+    watch: EventWatch
+    daemon: Child
+    host: Child
+    workers: list[Child]
+    guest_port: int
+    drives: dict[str, str] = attrs.field(factory=dict)
+    worker_of: dict[str, Child] = attrs.field(factory=dict)
+    names: list[str] = attrs.field(factory=list)
+    ready: set[str] = attrs.field(factory=set)
+    summary: list[str] = attrs.field(factory=list)
+
+    def say(self, line: str, summary: bool = False) -> None:
+        """Print a figure (and keep it for the summary)."""
+        report(line)
+        if summary:
+            self.summary.append(line.removeprefix("  "))
+
+    def socket_of(self, name: str) -> str:
+        """The devlxd socket of ``name``'s agent."""
+        with open(os.path.join(self.drives[name], "agent.json")) as f:
+            return str(json.load(f)["devlxd_socket"])
+
+
+async def create(client: Client, name: str) -> None:
+    """POST one instance and wait for its operation; RuntimeError if it failed."""
+    operation = await client.operation("POST", "/1.0/instances", {"name": name, "config": {}})
+    done = await client.wait_operation(operation)
+    if done.get("status") != "Success":
+        raise RuntimeError(f"creating {name} failed: {done.get('err')}")
+
+
+def find_drives(data_dir: str) -> dict[str, str]:
+    """Instance name → config drive directory, from every drive's agent.json."""
+    drives: dict[str, str] = {}
+    for path in glob.glob(os.path.join(data_dir, "run", "*", "config-drive", "agent.json")):
+        with open(path) as f:
+            drives[str(json.load(f)["instance"])] = os.path.dirname(path)
+    return drives
+
+
+async def grow(bench: Bench, count: int) -> None:
+    """Create instances up to ``count``, start their agents, wait until all are CONNECTED."""
+    new = [f"r{index}" for index in range(len(bench.names), count)]
+    if not new:
+        return
+    started = time.perf_counter()
+    semaphore = DeferredSemaphore(CREATE_CONCURRENCY)
+    await gatherResults(
+        [semaphore.run(lambda n: Deferred.fromCoroutine(create(bench.client, n)), n) for n in new]
+    )
+    created = time.perf_counter() - started
+    bench.drives.update(find_drives(bench.data_dir))
+    bench.names.extend(new)
+    started = time.perf_counter()
+    for offset in range(0, len(new), AGENT_CHUNK):
+        chunk = new[offset : offset + AGENT_CHUNK]
+        calls = []
+        for index, worker in enumerate(bench.workers):
+            mine = chunk[index :: len(bench.workers)]
+            for name in mine:
+                bench.worker_of[name] = worker
+            if mine:
+                calls.append(worker.call("start", drives=[bench.drives[n] for n in mine]))
+        await gatherResults(calls)
+        # Let a chunk connect before the next dials: a gentler start than all at once.
+        await wait_connected(
+            bench, bench.names[: len(bench.names) - len(new) + offset + len(chunk)]
+        )
+    connected = time.perf_counter() - started
+    statuses = Counter(
+        str((instance.get("agent") or {}).get("status"))
+        for instance in await bench.client.get("/1.0/instances?recursion=1")
+    )
+    report(
+        f"  set-up:       {plural(len(new), 'instance')} created (ACTIVE) in {created:.1f} s "
+        f"({CREATE_CONCURRENCY} in flight); their agents started and CONNECTED in "
+        f"{connected:.1f} s; the daemon's agent statuses now: {dict(statuses)}"
+    )
+
+
+async def wait_connected(bench: Bench, names: Sequence[str]) -> None:
+    """Until the events showed every agent of ``names`` CONNECTED."""
+    deadline = time.monotonic() + START_TIMEOUT
+    while bench.watch.connected(names) < len(names):
+        if time.monotonic() > deadline:
+            missing = [n for n in names if bench.watch.agent.get(n) != "connected"]
+            raise SystemExit(f"agents not CONNECTED after {START_TIMEOUT:g}s: {missing[:10]}")
+        await sleep(POLL_SECONDS)
+
+
+# -- the parent: measurements ----------------------------------------------------------
+
+
+async def measure_reads(bench: Bench, count: int) -> None:
+    """Ring-buffer reads per second over a quiet window, from the daemon's counters."""
+    window = bench.args.reads_window
+    daemon_cpu, host_cpu = cpu_seconds(bench.daemon.pid), cpu_seconds(bench.host.pid)
+    before = await bench.daemon.call("reads")
+    await sleep(window)
+    after = await bench.daemon.call("reads")
+    daemon_cpu = cpu_seconds(bench.daemon.pid) - daemon_cpu
+    host_cpu = cpu_seconds(bench.host.pid) - host_cpu
+    seconds = after["at"] - before["at"]
+    rate = (after["reads"] - before["reads"]) / seconds
+    bench.say(
+        f"  ring-buffer reads, {plural(count, 'instance')}: {rate:.1f} ringbuf-reads/s at "
+        f"steady state (sum of AgentMonitor.reads over {seconds:.1f} s; "
+        f"{plural(after['monitors'], 'monitor')}, "
+        f"agents {after['statuses']}; {count / DEFAULT_POLL.connected:.0f}/s is one read per "
+        f"'connected' interval of {DEFAULT_POLL.connected:g} s)",
+        summary=count == bench.args.counts[-1],
+    )
+    bench.say(
+        f"  CPU over that window: daemon {100 * daemon_cpu / seconds:.1f}%, fakeqemu-host "
+        f"{100 * host_cpu / seconds:.1f}% of one CPU",
+        summary=count == bench.args.counts[-1],
+    )
+
+
+async def set_state(bench: Bench, name: str, state: str) -> None:
+    """The guest program's PATCH, untimed."""
+    await notify(reactor, bench.socket_of(name), state, EVENT_TIMEOUT)
+    if state == "Ready":
+        bench.ready.add(name)
+    else:
+        bench.ready.discard(name)
+
+
+async def one_ready(bench: Bench, name: str) -> tuple[float, float]:
+    """One timed Ready: (PATCH sent → wait client's event, PATCH sent → PATCH answered)."""
+    socket = bench.socket_of(name)
+    waiter = Waiter(bench.client, name, "ready")
+    await waiter.subscribe()
+    arrived: list[float] = []
+
+    def stamp(outcome: tuple[int, str | None]) -> tuple[int, str | None]:
+        arrived.append(time.perf_counter())
+        return outcome
+
+    try:
+        outcome = waiter.outcome.addCallback(stamp)
+        sent = time.perf_counter()
+        await notify(reactor, socket, "Ready", EVENT_TIMEOUT)
+        answered = time.perf_counter()
+        code, message = await outcome.addTimeout(EVENT_TIMEOUT, reactor)
+        if code != 0:
+            raise RuntimeError(f"the wait client for {name} ended: {message}")
+    finally:
+        waiter.close()
+    bench.ready.add(name)
+    return arrived[0] - sent, answered - sent
+
+
+async def measure_ready(bench: Bench, count: int) -> None:
+    """Ready latency with every instance of the stage connected: one PATCH at a time."""
+    for name in sorted(bench.ready):
+        await set_state(bench, name, "Started")
+    events: list[float] = []
+    answers: list[float] = []
+    if count == 1:
+        plan = [bench.names[0]] * bench.args.single_repeats
+        how = f"{len(plan)} PATCHes of the one instance, one at a time, an untimed Started between"
+    else:
+        plan = list(bench.names[:count])
+        how = f"{len(plan)} PATCHes, one per instance, one at a time"
+    for index, name in enumerate(plan):
+        if name in bench.ready:
+            await set_state(bench, name, "Started")
+        try:
+            to_event, to_answer = await one_ready(bench, name)
+        except Exception as e:  # one failed PATCH is reported, not fatal
+            report(f"  PATCH {index} ({name}) failed: {type(e).__name__}: {e}")
+            continue
+        events.append(to_event)
+        answers.append(to_answer)
+    bench.say(
+        f"  ready latency, {plural(count, 'instance')}: {p50_p99(events)} "
+        f"(guest PATCH to the agent socket sent → Ready event at a waiting `wait` client; {how})",
+        summary=True,
+    )
+    bench.say(f"    the PATCH's own answer at the guest: {p50_p99(answers)}")
+
+
+@attrs.define
+class Detections:
+    """Status line written → ``instance-agent-<status>`` event arrived, per status."""
+
+    stopped: list[float] = attrs.field(factory=list)
+    started: list[float] = attrs.field(factory=list)
+    connected: list[float] = attrs.field(factory=list)
+
+
+async def cycle(bench: Bench, name: str, found: Detections) -> None:
+    """Stop ``name``'s agent, wait for the daemon to see it, start it again; three samples."""
+    worker = bench.worker_of[name]
+    # A random pause before each change, so the line falls at a random phase of the polling.
+    await sleep(random.uniform(0.0, PHASE_JITTER))
+    stopped_event = bench.watch.expect(name, "instance-agent-stopped")
+    written = await worker.call("stop_agent", name=name)
+    found.stopped.append(await stopped_event - written["stopped"])
+    started_event = bench.watch.expect(name, "instance-agent-started")
+    connected_event = bench.watch.expect(name, "instance-agent-connected")
+    await sleep(random.uniform(0.0, PHASE_JITTER))
+    written = await worker.call("start_agent", name=name)
+    found.started.append(await started_event - written["started"])
+    found.connected.append(await connected_event - written["connected"])
+
+
+async def measure_detection(bench: Bench, count: int) -> None:
+    """Agent-status detection latency over ``--cycles`` stop/start cycles."""
+    cycles = bench.args.cycles
+    found = Detections()
+    if count == 1:
+        for _ in range(cycles):
+            await cycle(bench, bench.names[0], found)
+        how = f"{cycles} stop/start cycles of the one agent, one at a time"
+    else:
+        step = max(1, count // cycles)
+        chosen = bench.names[:count][::step][:cycles]
+        wave = bench.args.wave
+        for offset in range(0, len(chosen), wave):
+            await gatherResults(
+                [
+                    Deferred.fromCoroutine(cycle(bench, name, found))
+                    for name in chosen[offset : offset + wave]
+                ]
+            )
+        how = f"{len(chosen)} stop/start cycles of different agents, {wave} at a time"
+    poll = DEFAULT_POLL
+    bench.say(
+        f"  agent-status detection, {plural(count, 'instance')} ({how}): "
+        "status line written → event at an operator API event stream",
+        summary=True,
+    )
+    bench.say(
+        f"    instance-agent-stopped:   {p50_p99(found.stopped)} "
+        f"(read every {poll.connected:g} s while CONNECTED)",
+        summary=True,
+    )
+    bench.say(
+        f"    instance-agent-started:   {p50_p99(found.started)} "
+        f"(read every {poll.started:g} s while STOPPED)",
+        summary=True,
+    )
+    bench.say(
+        f"    instance-agent-connected: {p50_p99(found.connected)} "
+        f"(read every {poll.connecting:g} s while a CONNECT is outstanding)",
+        summary=True,
+    )
+
+
+@attrs.define
+class Throughput:
+    """Requests completed in a window, and the CPU both sides used."""
+
+    requests: int
+    errors: int
+    seconds: float
+    server_cpu: float
+    client_cpu: float
+
+    @property
+    def rate(self) -> float:
+        """Requests per second."""
+        return self.requests / self.seconds
+
+    def describe(self) -> str:
+        """``N req/s (server x% CPU, client y%)``."""
+        errors = f", {self.errors} errors" if self.errors else ""
+        return (
+            f"{self.rate:.0f} req/s (server {100 * self.server_cpu / self.seconds:.0f}% of a CPU, "
+            f"this client {100 * self.client_cpu / self.seconds:.0f}%{errors})"
+        )
+
+
+async def hammer(agent: IAgent, seconds: float, concurrency: int, server_pid: int) -> Throughput:
+    """``GET /1.0`` through ``agent`` (a new connection per request) for ``seconds``."""
+    done = [0, 0]
+    deadline = time.perf_counter() + seconds
+
+    async def loop() -> None:
+        while time.perf_counter() < deadline:
+            try:
+                response = await send_request(agent, b"GET", "/1.0")
+                await read_body(response)
+            except Exception:  # counted, not fatal
+                done[1] += 1
+                continue
+            done[0 if response.code == 200 else 1] += 1
+
+    server_cpu, client_cpu = cpu_seconds(server_pid), cpu_seconds(os.getpid())
+    started = time.perf_counter()
+    await gatherResults([Deferred.fromCoroutine(loop()) for _ in range(concurrency)])
+    elapsed = time.perf_counter() - started
+    return Throughput(
+        done[0],
+        done[1],
+        elapsed,
+        cpu_seconds(server_pid) - server_cpu,
+        cpu_seconds(os.getpid()) - client_cpu,
+    )
+
+
+async def measure_guest_api(bench: Bench) -> None:
+    """Guest API GET /1.0 per second, daemon against a bare Twisted TLS server."""
+    name = bench.names[0]
+    config = load_config({"config-drive": bench.drives[name]})
+    daemon_agent = HostConnector(
+        reactor, config.transport, config.identity, config.server_cert_pem
+    ).agent(HostAddress(2, bench.guest_port))
+    response = await send_request(daemon_agent, b"GET", "/1.0")
+    body = await read_body(response)
+    bare = bench.children.spawn_role("bare-server", "bare", bench.directory)
+    try:
+        bare_path = os.path.join(bench.directory, "bare.sock")
+        bare_port = await bare.call(
+            "serve",
+            data_dir=bench.data_dir,
+            client_cert=os.path.join(bench.drives[name], "agent.crt"),
+            body=body.decode("utf-8"),
+            path=bare_path,
+        )
+        bare_agent = HostConnector(
+            reactor, Transport("hvsock", bare_path), config.identity, config.server_cert_pem
+        ).agent(HostAddress(2, bare_port))
+        response = await send_request(bare_agent, b"GET", "/1.0")
+        same = await read_body(response) == body
+        seconds, rounds = bench.args.rps_seconds, bench.args.rps_rounds
+        bench.say(
+            f"  guest API GET /1.0, one mutual-TLS connection per request (as the agent "
+            f"connects); the bare server answers {'the same' if same else 'DIFFERENT'} "
+            f"{len(body)} body bytes; {rounds} rounds of {seconds:g} s per server, alternating, "
+            f"each after a 0.5 s warm-up; median round (CPU of that round), range:",
+            summary=True,
+        )
+        servers = (
+            ("vmready daemon", daemon_agent, bench.daemon.pid),
+            ("bare Twisted TLS Site", bare_agent, bare.pid),
+        )
+        for concurrency in sorted({1, bench.args.rps_concurrency}):
+            results: list[list[Throughput]] = [[] for _ in servers]
+            for _ in range(rounds):
+                for (_, agent, pid), mine in zip(servers, results, strict=True):
+                    await hammer(agent, 0.5, concurrency, pid)
+                    mine.append(await hammer(agent, seconds, concurrency, pid))
+            medians = []
+            for (server, _, _), mine in zip(servers, results, strict=True):
+                ordered = sorted(mine, key=lambda result: result.rate)
+                median = ordered[(len(ordered) - 1) // 2]
+                medians.append(median.rate)
+                bench.say(
+                    f"    {concurrency} in flight, {server + ':':23} {median.describe()}, "
+                    f"range {ordered[0].rate:.0f}-{ordered[-1].rate:.0f} req/s",
+                    summary=True,
+                )
+            bench.say(
+                f"    {concurrency} in flight, ratio daemon/bare:   {medians[0] / medians[1]:.2f}",
+                summary=True,
+            )
+    finally:
+        await bare.terminate()
+
+
+# -- the parent: the run -------------------------------------------------------------
+
+
+PROBLEM_LEVELS = ("#warn]", "#error]", "#critical]", "Traceback")
+
+
+def log_problems(directory: str) -> None:
+    """Warnings and errors the children logged: a count per log, and a few examples."""
+    found = False
+    paths = sorted(glob.glob(os.path.join(directory, "**", "*.log"), recursive=True))
+    for path in paths:
+        with open(path, errors="replace") as f:
+            problems = [line.rstrip() for line in f if any(p in line for p in PROBLEM_LEVELS)]
+        if not problems:
+            continue
+        found = True
+        kinds = Counter(line.partition("] ")[2][:100] for line in problems)
+        report(f"  {os.path.relpath(path, directory)}: {plural(len(problems), 'problem line')}")
+        for text, seen in kinds.most_common(3):
+            report(f"    {seen} x {text}")
+    if not found:
+        report("  none")
+
+
+async def run(args: argparse.Namespace, children: Children, directory: str) -> list[str]:
+    """All stages, in order; the summary lines."""
+    host, control = await start_host(children, directory)
+    data_dir = os.path.join(directory, "d")
+    os.makedirs(data_dir, mode=0o700)
+    environment = dict(os.environ)
+    environment.pop("FAKEQEMU_GUEST_DIR", None)
+    environment["FAKEQEMU_HOST"] = control
+    daemon = children.spawn_role("daemon", "daemon", data_dir, env=environment)
+    info = await daemon.call("ready", timeout=START_TIMEOUT)
+    client = Client(reactor, os.path.join(data_dir, "vmready.sock"))
+    watch = EventWatch()
+    stream = await client.events(["lifecycle"], watch.on_event)
+    workers = [
+        children.spawn_role(f"agents{index}", "agents", directory)
+        for index in range(args.agent_workers)
+    ]
+    bench = Bench(
+        args, directory, data_dir, children, client, watch, daemon, host, workers,
+        int(info["guest_port"]),
+    )  # fmt: skip
+    poll = DEFAULT_POLL
+    report(
+        f"vmready ready benchmark: fakeqemu, {os.cpu_count()} CPUs, counts "
+        f"{', '.join(str(c) for c in args.counts)}; daemon pid {daemon.pid} "
+        f"(VMReadyService as twistd builds it, default options: agent polls every "
+        f"{poll.connecting:g} s connecting / {poll.started:g} s started / "
+        f"{poll.connected:g} s connected, power sync every "
+        f"{Options()['power-sync-interval']} s); fakeqemu-host pid {host.pid}; "
+        f"{len(workers)} agent worker processes (default heartbeat and retries)"
+    )
+    try:
+        for count in args.counts:
+            report(f"\n{plural(count, 'instance')}")
+            await grow(bench, count)
+            await sleep(1.0)
+            await measure_reads(bench, count)
+            await measure_ready(bench, count)
+            await measure_detection(bench, count)
+            if count == args.counts[0]:
+                await measure_guest_api(bench)
+    finally:
+        started = time.perf_counter()
+        for worker in workers:
+            if worker.running:
+                try:
+                    await worker.call("stop_all", timeout=STOP_TIMEOUT)
+                except Exception as e:
+                    report(f"  stopping {worker.label}: {e}")
+        stream.close()
+        await stream.ended
+        for child in [*workers, daemon, host]:
+            await child.terminate()
+        report("\nwarnings and errors the children logged")
+        log_problems(directory)
+        report(
+            f"\nteardown: agents, daemon and fakeqemu-host (with every VM) stopped in "
+            f"{time.perf_counter() - started:.1f} s"
+        )
+    return bench.summary
+
+
+def counts(text: str) -> list[int]:
+    """``1,100,1000`` as an increasing list of counts."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of counts: {text!r}") from None
+    if not values or min(values) < 1 or values != sorted(set(values)):
+        raise argparse.ArgumentTypeError(f"counts must be increasing and 1 or more: {text!r}")
+    return values
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line; ``--quick`` changes the defaults."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="small counts and short windows")
+    parser.add_argument("--counts", type=counts, help="instance counts (default 1,100,1000)")
+    parser.add_argument("--agent-workers", type=int, default=2, help="agent processes (2)")
+    parser.add_argument("--single-repeats", type=int, help="PATCHes with 1 instance (50)")
+    parser.add_argument("--cycles", type=int, help="agent stop/start cycles per stage (20)")
+    parser.add_argument("--wave", type=int, default=10, help="cycles at once (10)")
+    parser.add_argument("--reads-window", type=float, help="seconds of read counting (10)")
+    parser.add_argument("--rps-seconds", type=float, help="seconds per guest API round (4)")
+    parser.add_argument("--rps-concurrency", type=int, default=8, help="requests in flight (8)")
+    parser.add_argument("--rps-rounds", type=int, help="alternating rounds per server (3)")
+    parser.add_argument("--keep", action="store_true", help="keep the directory and its logs")
+    parser.add_argument("--role", choices=("daemon", "agents", "bare"), help=argparse.SUPPRESS)
+    parser.add_argument("role_directory", nargs="?", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    quick = args.quick
+    defaults = {
+        "counts": [1, 10, 40] if quick else [1, 100, 1000],
+        "single_repeats": 10 if quick else 50,
+        "cycles": 5 if quick else 20,
+        "reads_window": 3.0 if quick else 10.0,
+        "rps_seconds": 2.0 if quick else 4.0,
+        "rps_rounds": 1 if quick else 3,
+    }
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the benchmark (or, with ``--role``, one of its child processes)."""
+    args = parse(argv)
+    if args.role == "daemon":
+        run_daemon(args.role_directory)
+        return
+    if args.role == "agents":
+        run_agents(args.role_directory)
+        return
+    if args.role == "bare":
+        run_bare(args.role_directory)
+        return
+    raise_file_limit()
+    globalLogPublisher.addObserver(show_problems)
+    directory = tempfile.mkdtemp(prefix="vmrr-", dir="/tmp")
+    children = Children(directory)
+    started = time.perf_counter()
+    summary: list[str] = []
+
+    async def entry() -> None:
+        summary.extend(await run(args, children, directory))
+
+    try:
+        task.react(lambda _reactor: Deferred.fromCoroutine(entry()), [])
+    finally:
+        children.kill_left_over()
+        if args.keep:
+            report(f"kept {directory}")
+        else:
+            shutil.rmtree(directory, ignore_errors=True)
+        if summary:
+            report("\nsummary")
+            for line in summary:
+                report(f"  {line}")
+        report(f"\ntotal: {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
