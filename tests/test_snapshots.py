@@ -30,15 +30,15 @@ from vmready.qemu_cmdline import (
     LEGACY_PORT,
     SerialLayout,
 )
-from vmready.states import PowerState, VMState
+from vmready.states import PowerState, TaskState, VMState
 from vmready.store import Store
 
 STOP_TIMEOUT = 0.3
+# What QEMU writes to its -D log, each line after its program name (DESIGN.md, measured).
 QEMU_LINES = [
-    "qemu-system-x86_64: Failed to load virtio-console:virtio",
-    "qemu-system-x86_64: error while loading state for instance 0x0 of device "
-    "'0000:00:01.0/virtio-console'",
-    "qemu-system-x86_64: load of migration failed: Invalid argument",
+    "Failed to load virtio-console:virtio",
+    "error while loading state for instance 0x0 of device '0000:00:01.0/virtio-console'",
+    "load of migration failed: Invalid argument",
 ]
 
 
@@ -84,12 +84,14 @@ class SnapshotTestCase(TestCase):
         for record in self.store.list_instances():
             await self.lifecycle.driver.kill_owned(self.lifecycle.spec_for(record))
 
-    async def run(self, operation: Any) -> Any:
+    async def finish(self, operation: Any) -> Any:
         done = await operation.when_done()
         return done
 
     async def launch(self, name: str = "vm1", **config: str) -> InstanceRecord:
-        operation = await self.run(self.lifecycle.create(name, {"limits.memory": "64", **config}))
+        operation = await self.finish(
+            self.lifecycle.create(name, {"limits.memory": "64", **config})
+        )
         self.assertEqual(operation.error, "")
         return self.lifecycle.get(name)
 
@@ -144,7 +146,7 @@ class RenameChecks(SnapshotTestCase):
         # Read through the chardev it was started with: nothing refused, nothing there yet.
         self.assertEqual(await adopted.ringbuf_read(AGENT_RING, 64), b"")
         # A restart gives it the new layout, recorded.
-        await self.run(self.lifecycle.act("vm1", "restart", force=True))
+        await self.finish(self.lifecycle.act("vm1", "restart", force=True))
         self.assertEqual(self.lifecycle.get("vm1").config[LAYOUT_KEY], "current")
         self.assertEqual(self.lifecycle.vms["vm1"].spec.serial_ports, CURRENT_LAYOUT.ports)
         self.assertIn(AGENT_PORT, " ".join(self.command_line(record)))
@@ -162,19 +164,25 @@ class SnapshotChecks(SnapshotTestCase):
     @_async
     async def test_statelessSnapshotBringsTheConfigBack(self) -> None:
         await self.launch(**{"user.role": "db"})
-        await self.run(self.lifecycle.act("vm1", "snapshot", name="before"))
+        await self.finish(self.lifecycle.act("vm1", "snapshot", snapshot="before"))
         self.lifecycle.update_config("vm1", {"user.role": "web", "user.extra": "1"})
-        operation = await self.run(self.lifecycle.act("vm1", "restore", name="before"))
+        operation = await self.finish(self.lifecycle.act("vm1", "restore", snapshot="before"))
         self.assertEqual(operation.error, "")
         record = self.lifecycle.get("vm1")
-        self.assertEqual((record.config["user.role"], "user.extra" in record.config), ("db", False))
-        self.assertEqual((record.vm_state, record.power_state), (VMState.ACTIVE, PowerState.RUNNING))
+        self.assertEqual(
+            (record.config["user.role"], "user.extra" in record.config), ("db", False)
+        )
+        self.assertEqual(
+            (record.vm_state, record.power_state), (VMState.ACTIVE, PowerState.RUNNING)
+        )
 
     @_async
     async def test_statefulSnapshotSavesTheStateAndTheVMRunsOn(self) -> None:
         record = await self.launch()
         pid = self.lifecycle.vms["vm1"].pid
-        operation = await self.run(self.lifecycle.act("vm1", "snapshot", name="s1", stateful=True))
+        operation = await self.finish(
+            self.lifecycle.act("vm1", "snapshot", snapshot="s1", stateful=True)
+        )
         self.assertEqual(operation.error, "")
         vm = self.lifecycle.vms["vm1"]
         self.assertEqual((vm.pid, await vm.query_power_state()), (pid, PowerState.RUNNING))
@@ -193,12 +201,16 @@ class SnapshotChecks(SnapshotTestCase):
     @_async
     async def test_statefulRestoreIntoTheSameLayoutResumesTheVM(self) -> None:
         await self.launch()
-        await self.run(self.lifecycle.act("vm1", "snapshot", name="s1", stateful=True))
+        await self.finish(self.lifecycle.act("vm1", "snapshot", snapshot="s1", stateful=True))
         pid = self.lifecycle.vms["vm1"].pid
-        operation = await self.run(self.lifecycle.act("vm1", "restore", name="s1", stateful=True))
+        operation = await self.finish(
+            self.lifecycle.act("vm1", "restore", snapshot="s1", stateful=True)
+        )
         self.assertEqual(operation.error, "")
         record = self.lifecycle.get("vm1")
-        self.assertEqual((record.vm_state, record.power_state), (VMState.ACTIVE, PowerState.RUNNING))
+        self.assertEqual(
+            (record.vm_state, record.power_state), (VMState.ACTIVE, PowerState.RUNNING)
+        )
         vm = self.lifecycle.vms["vm1"]
         self.assertNotEqual(vm.pid, pid)
         self.assertEqual(await vm.query_power_state(), PowerState.RUNNING)
@@ -206,7 +218,9 @@ class SnapshotChecks(SnapshotTestCase):
     async def legacy_snapshot_then_upgrade(self) -> InstanceRecord:
         await self.upgrade(LEGACY_LAYOUT)
         await self.launch()
-        operation = await self.run(self.lifecycle.act("vm1", "snapshot", name="old", stateful=True))
+        operation = await self.finish(
+            self.lifecycle.act("vm1", "snapshot", snapshot="old", stateful=True)
+        )
         self.assertEqual(operation.error, "")
         await self.upgrade(CURRENT_LAYOUT)
         return self.lifecycle.get("vm1")
@@ -218,7 +232,7 @@ class SnapshotChecks(SnapshotTestCase):
         files = self.files(record)
         snapshots = self.store.list_snapshots("vm1")
         with self.assertRaises(Conflict) as caught:
-            self.lifecycle.act("vm1", "restore", name="old", stateful=True)
+            self.lifecycle.act("vm1", "restore", snapshot="old", stateful=True)
         message = caught.exception.message
         self.assertIn("serial layout legacy (org.linuxcontainers.lxd on the agent ring", message)
         self.assertIn("would now start with layout current (com.canonical.lxd on the", message)
@@ -235,13 +249,14 @@ class SnapshotChecks(SnapshotTestCase):
     async def test_forcedRestoreFailsWithQEMUsLinesAndAPersistingError(self) -> None:
         record = await self.legacy_snapshot_then_upgrade()
         files = self.files(record)
-        operation = await self.run(
-            self.lifecycle.act("vm1", "restore", name="old", stateful=True, force=True)
+        operation = await self.finish(
+            self.lifecycle.act("vm1", "restore", snapshot="old", stateful=True, force=True)
         )
         state = os.path.join(self.snapshot_dir(record, "old"), "state")
+        said = [f"{self.lifecycle.driver.program_name}: {line}" for line in QEMU_LINES]
         self.assertEqual(
             operation.error.splitlines(),
-            [f"Failed restoring state from {state}: {QEMU_LINES[0]}", *QEMU_LINES[1:]],
+            [f"Failed restoring state from {state}: {said[0]}", *said[1:]],
         )
         failed = self.lifecycle.get("vm1")
         self.assertEqual(failed.vm_state, VMState.ERROR)
@@ -252,26 +267,28 @@ class SnapshotChecks(SnapshotTestCase):
         await self.lifecycle.sync_power_states()
         self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ERROR)
         # A stateless restore recovers it.
-        recovered = await self.run(self.lifecycle.act("vm1", "restore", name="old"))
+        recovered = await self.finish(self.lifecycle.act("vm1", "restore", snapshot="old"))
         self.assertEqual(recovered.error, "")
         self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.STOPPED)
-        started = await self.run(self.lifecycle.act("vm1", "start"))
+        started = await self.finish(self.lifecycle.act("vm1", "start"))
         self.assertEqual(started.error, "")
         self.assertEqual(self.lifecycle.get("vm1").config[LAYOUT_KEY], "current")
 
     @_async
     async def test_startRecoversAFailedForcedRestore(self) -> None:
         await self.legacy_snapshot_then_upgrade()
-        await self.run(self.lifecycle.act("vm1", "restore", name="old", stateful=True, force=True))
+        await self.finish(
+            self.lifecycle.act("vm1", "restore", snapshot="old", stateful=True, force=True)
+        )
         self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ERROR)
-        started = await self.run(self.lifecycle.act("vm1", "start"))
+        started = await self.finish(self.lifecycle.act("vm1", "start"))
         self.assertEqual(started.error, "")
         self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ACTIVE)
 
     @_async
     async def test_statelessRestoreOfALegacySnapshotWorksAfterTheUpgrade(self) -> None:
         await self.legacy_snapshot_then_upgrade()
-        operation = await self.run(self.lifecycle.act("vm1", "restore", name="old"))
+        operation = await self.finish(self.lifecycle.act("vm1", "restore", snapshot="old"))
         self.assertEqual(operation.error, "")
         record = self.lifecycle.get("vm1")
         self.assertEqual((record.vm_state, record.config[LAYOUT_KEY]), (VMState.ACTIVE, "current"))
@@ -283,56 +300,86 @@ class SnapshotRefusalTests(SnapshotTestCase):
     @_async
     async def test_statefulSnapshotOfAStoppedInstanceIsRefused(self) -> None:
         await self.launch()
-        await self.run(self.lifecycle.act("vm1", "stop", force=True))
+        await self.finish(self.lifecycle.act("vm1", "stop", force=True))
         with self.assertRaises(Conflict):
-            self.lifecycle.act("vm1", "snapshot", name="s", stateful=True)
+            self.lifecycle.act("vm1", "snapshot", snapshot="s", stateful=True)
         self.assertIsNone(self.lifecycle.get("vm1").task_state)
 
     @_async
     async def test_duplicateSnapshotNameIsRefused(self) -> None:
         await self.launch()
-        await self.run(self.lifecycle.act("vm1", "snapshot", name="s"))
+        await self.finish(self.lifecycle.act("vm1", "snapshot", snapshot="s"))
         with self.assertRaises(Conflict):
-            self.lifecycle.act("vm1", "snapshot", name="s")
+            self.lifecycle.act("vm1", "snapshot", snapshot="s")
 
     @_async
     async def test_unknownSnapshotIsNotFound(self) -> None:
         await self.launch()
         with self.assertRaises(NotFound):
-            self.lifecycle.act("vm1", "restore", name="nope")
+            self.lifecycle.act("vm1", "restore", snapshot="nope")
 
     @_async
     async def test_statefulRestoreOfAStatelessSnapshotIsABadRequest(self) -> None:
         await self.launch()
-        await self.run(self.lifecycle.act("vm1", "snapshot", name="s"))
+        await self.finish(self.lifecycle.act("vm1", "snapshot", snapshot="s"))
         with self.assertRaises(BadRequest):
-            self.lifecycle.act("vm1", "restore", name="s", stateful=True)
+            self.lifecycle.act("vm1", "restore", snapshot="s", stateful=True)
 
     @_async
     async def test_badSnapshotNamesAreRefused(self) -> None:
         await self.launch()
         for name in ("", "../x", "a/b", ".", "x" * 64, 7):
             with self.assertRaises(BadRequest):
-                self.lifecycle.act("vm1", "snapshot", name=name)
+                self.lifecycle.act("vm1", "snapshot", snapshot=name)
 
     @_async
     async def test_deleteRemovesTheSnapshots(self) -> None:
         record = await self.launch()
-        await self.run(self.lifecycle.act("vm1", "snapshot", name="s", stateful=True))
+        await self.finish(self.lifecycle.act("vm1", "snapshot", snapshot="s", stateful=True))
         self.assertNotEqual(self.files(record), {})
-        await self.run(self.lifecycle.act("vm1", "delete"))
+        await self.finish(self.lifecycle.act("vm1", "delete"))
         self.assertEqual(self.files(record), {})
 
     @_async
     async def test_missingStateFileIsRefusedBeforeAnythingStops(self) -> None:
         record = await self.launch()
-        await self.run(self.lifecycle.act("vm1", "snapshot", name="s", stateful=True))
+        await self.finish(self.lifecycle.act("vm1", "snapshot", snapshot="s", stateful=True))
         os.unlink(os.path.join(self.snapshot_dir(record, "s"), "state"))
         with self.assertRaises(Conflict) as caught:
-            self.lifecycle.act("vm1", "restore", name="s", stateful=True)
+            self.lifecycle.act("vm1", "restore", snapshot="s", stateful=True)
         self.assertIn("is missing", caught.exception.message)
         await _until(lambda: self.lifecycle.get("vm1").task_state is None)
         self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ACTIVE)
+
+
+class InterruptedSnapshotTests(SnapshotTestCase):
+    """A daemon that died while saving a VM's state leaves it running, and no snapshot."""
+
+    @_async
+    async def test_restartAfterAnInterruptedSnapshotResumesTheVM(self) -> None:
+        await self.launch()
+        await self.lifecycle.vms["vm1"].pause()  # as migrate leaves it
+        self.store.claim_task(
+            "vm1", "snapshot", frozenset({VMState.ACTIVE}), TaskState.SNAPSHOTTING
+        )
+        await self.upgrade(CURRENT_LAYOUT)
+        record = self.lifecycle.get("vm1")
+        self.assertEqual((record.vm_state, record.task_state), (VMState.ACTIVE, None))
+        self.assertEqual(await self.lifecycle.vms["vm1"].query_power_state(), PowerState.RUNNING)
+        self.assertEqual(self.store.list_snapshots("vm1"), [])
+
+    @_async
+    async def test_restartAfterAnInterruptedRestoreIsAnErrorThatStartRecovers(self) -> None:
+        await self.launch()
+        await self.finish(self.lifecycle.act("vm1", "snapshot", snapshot="s"))
+        self.store.claim_task("vm1", "restore", frozenset({VMState.ACTIVE}), TaskState.RESTORING)
+        await self.upgrade(CURRENT_LAYOUT)
+        record = self.lifecycle.get("vm1")
+        self.assertEqual(record.vm_state, VMState.ERROR)
+        self.assertIn("daemon stopped during restoring", record.error or "")
+        self.assertEqual([s["name"] for s in self.store.list_snapshots("vm1")], ["s"])
+        started = await self.finish(self.lifecycle.act("vm1", "start"))
+        self.assertEqual(started.error, "")
 
 
 class FakeqemuRename(RenameChecks):

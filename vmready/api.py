@@ -469,7 +469,7 @@ class OperatorAPI:
         snapshot = _field(body, "restore", str, "a snapshot name")
         if snapshot is None:
             raise BadRequest("Invalid field 'restore': the name of a snapshot is required")
-        params = {"name": snapshot}
+        params = {"snapshot": snapshot}
         for flag in ("stateful", "force"):
             value = _field(body, flag, bool, "true or false")
             if value is not None:
@@ -495,7 +495,7 @@ class OperatorAPI:
         snapshot = _field(body, "name", str, "a snapshot name")
         if snapshot is None:
             raise BadRequest("Invalid field 'name': the snapshot's name is required")
-        params: dict[str, Any] = {"name": snapshot}
+        params: dict[str, Any] = {"snapshot": snapshot}
         stateful = _field(body, "stateful", bool, "true or false")
         if stateful is not None:
             params["stateful"] = stateful

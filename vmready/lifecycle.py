@@ -11,6 +11,7 @@ action (rebuild, delete, start after a failed stop…) moves it from there.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -476,12 +477,12 @@ class Lifecycle:
                 "cpus": parse_cpus(str(cpus)) if cpus is not None else None,
             }
         if action in ("snapshot", "restore"):
-            allowed = {"name", "stateful"} | ({"force"} if action == "restore" else set())
+            allowed = {"snapshot", "stateful"} | ({"force"} if action == "restore" else set())
             unexpected = sorted(set(params) - allowed)
             if unexpected:
                 raise BadRequest(f"Unexpected parameters for {action}: {', '.join(unexpected)}")
-            prepared: dict[str, Any] = {"name": validate_snapshot_name(params.get("name"))}
-            for flag in sorted(allowed - {"name"}):
+            prepared: dict[str, Any] = {"snapshot": validate_snapshot_name(params.get("snapshot"))}
+            for flag in sorted(allowed - {"snapshot"}):
                 value = params.get(flag, False)
                 if not isinstance(value, bool):
                     raise BadRequest(f"Invalid {flag} {value!r}: expected true or false")
@@ -494,7 +495,7 @@ class Lifecycle:
 
     def _preflight(self, action: str, record: InstanceRecord, params: dict[str, Any]) -> None:
         """What can be known before a snapshot or restore touches anything: refuse it now."""
-        name = params["name"]
+        name = params["snapshot"]
         if action == "snapshot":
             if self.store.find_snapshot(record.name, name) is not None:
                 raise Conflict(f"Snapshot {name} of instance {record.name} already exists")
@@ -673,8 +674,9 @@ class Lifecycle:
         return attrs.evolve(record, config=_restored_config(record.config, metadata))
 
     async def _do_snapshot(
-        self, context: ActionContext, record: InstanceRecord, name: str, stateful: bool
+        self, context: ActionContext, record: InstanceRecord, snapshot: str, stateful: bool
     ) -> None:
+        name = snapshot
         directory = snapshot_directory(self.snapshot_root, run_dir_name(record.uuid), name)
         running = self._has_vm(record.name)
         spec = self.spec_for(record)
@@ -711,14 +713,15 @@ class Lifecycle:
         self,
         context: ActionContext,
         record: InstanceRecord,
-        name: str,
+        snapshot: str,
         stateful: bool,
         force: bool,
     ) -> None:
-        snapshot = self.store.find_snapshot(record.name, name)
-        if snapshot is None:
+        name = snapshot
+        found = self.store.find_snapshot(record.name, name)
+        if found is None:
             raise NotFound(f"Snapshot {name} of instance {record.name} not found")
-        metadata = snapshot["metadata"]
+        metadata = found["metadata"]
         was_running = self._has_vm(record.name)
         if was_running or record.vm_state is VMState.ERROR:
             await self._power_off(context, record.name, 0, force=True)
@@ -742,7 +745,10 @@ class Lifecycle:
         if not os.path.isfile(path):
             # QEMU would wait for the stream forever (measured): say what is missing instead.
             raise HypervisorError(f"Failed restoring state from {path}: the file is missing")
-        vm = await self._launch(record, incoming=path)
+        try:
+            vm = await self._launch(record, incoming=path)
+        except HypervisorError as e:
+            raise HypervisorError(f"Failed restoring state from {path}: {e.message}") from e
         deadline = self.clock.seconds() + RESTORE_TIMEOUT
         while not vm.gone:
             power = await vm.query_power_state()
@@ -756,6 +762,7 @@ class Lifecycle:
                 )
             await deferLater(self.clock, _RESTORE_POLL_SECONDS, lambda: None)
         gone = await vm.when_gone()
+        await self.driver.wait_released(vm.spec)
         # A daemonized QEMU reports a failed load only in its -D log.
         lines = read_log_lines(vm.spec)
         said = "\n".join(lines) if lines else gone.detail
@@ -1005,8 +1012,12 @@ class Lifecycle:
         should_run = record.vm_state in _RUNNING_STATES and (
             record.power_state is not PowerState.SHUTDOWN
         )
+        # QEMU announced SHUTDOWN (a guest power-off) and has not exited yet.
+        shutting_down = (
+            record.vm_state in _RUNNING_STATES and record.power_state is PowerState.SHUTDOWN
+        )
         if vm is None or vm.gone:
-            if should_run:
+            if should_run or shutting_down:
                 await self._adopt_or_settle(record, "VM not running: no QEMU process answers")
             elif await self.driver.kill_owned(self.spec_for(record)):
                 self._history(
@@ -1015,6 +1026,8 @@ class Lifecycle:
                     "a VM was running while the instance is stopped; stopped it",
                 )
             return
+        if shutting_down:
+            return  # its exit settles the instance (stopped, with the guest's reason)
         if not should_run:
             self._detach(record.name)
             await vm.force_stop()
@@ -1122,6 +1135,18 @@ class Lifecycle:
         if task is TaskState.POWERING_OFF:
             await self._stop_adopted(record.name, adopted)
             self._resolve(record, task, VMState.STOPPED, PowerState.SHUTDOWN)
+            return
+        if task is TaskState.SNAPSHOTTING:
+            # The snapshot was not recorded (its row is written last); the VM may be paused
+            # mid-save: let it run on. A partial directory is replaced by the next snapshot.
+            if adopted is None:
+                self._resolve(record, task, VMState.STOPPED, PowerState.SHUTDOWN)
+                return
+            with contextlib.suppress(HypervisorError):
+                await adopted.resume()
+            power = await adopted.query_power_state()
+            vm_state = VMState.PAUSED if power is PowerState.PAUSED else VMState.ACTIVE
+            self._resolve(record, task, vm_state, power)
             return
         if adopted is not None and task in _TASKS_RESOLVED_BY_A_RUNNING_VM:
             power = await adopted.query_power_state()
