@@ -3,6 +3,15 @@
 Errors carry QEMU's own wording (measured on QEMU 7.2) so a caller that handles
 real QEMU's refusals handles fakeqemu's the same way.  Options QEMU knows but
 fakeqemu does not emulate are refused, never ignored.
+
+QEMU checks its command line in two passes, and where an error goes depends on
+which pass finds it: errors in the option loop itself (an unknown option, a
+malformed ``-m`` or ``-name``, a bad identifier, a duplicate ID) always go to
+stderr; everything checked after the loop (the machine type, chardev backends,
+accelerators, devices, the ``-incoming`` URI) is found only once the ``-D``
+log file is open, and with ``-daemonize`` that file has replaced stderr.
+:func:`parse_arguments` is the first pass, :meth:`ParsedArguments.configure`
+the second, each finding what QEMU's does, in QEMU's order.
 """
 
 from __future__ import annotations
@@ -65,9 +74,58 @@ _IDENTIFIER_ERROR = (
     "Parameter 'id' expects an identifier\n"
     "Identifiers consist of letters, digits, '-', '.', '_', starting with a letter."
 )
+# QEMU 7.2's DisplayType names on Linux; fakeqemu has none of them but ``none``.
+_DISPLAY_TYPES = frozenset(
+    {"default", "none", "gtk", "sdl", "egl-headless", "curses", "spice-app", "dbus"}
+)
+# Every key QEMU 7.2's -chardev accepts for some backend; ringbuf reads only ``size``.
+_CHARDEV_KEYS = frozenset(
+    {
+        "backend",
+        "id",
+        "path",
+        "host",
+        "port",
+        "fd",
+        "local",
+        "localaddr",
+        "localport",
+        "to",
+        "ipv4",
+        "ipv6",
+        "wait",
+        "server",
+        "delay",
+        "nodelay",
+        "reconnect",
+        "telnet",
+        "tn3270",
+        "websocket",
+        "width",
+        "height",
+        "cols",
+        "rows",
+        "mux",
+        "signal",
+        "name",
+        "debug",
+        "size",
+        "chardev",
+        "append",
+        "logfile",
+        "logappend",
+        "mouse",
+        "clipboard",
+        "tls-creds",
+        "tls-authz",
+        "abstract",
+        "tight",
+    }
+)
 _FLAG_OPTIONS = frozenset({"nodefaults", "S", "daemonize", "version"})
 _VALUE_OPTIONS = frozenset(
     {
+        "D",
         "name",
         "machine",
         "M",
@@ -85,7 +143,20 @@ _VALUE_OPTIONS = frozenset(
 
 
 class CommandLineError(Exception):
-    """The command line is refused; ``str(e)`` is QEMU's text without the program prefix."""
+    """The command line is refused; ``str(e)`` is QEMU's text without the program prefix.
+
+    ``warnings`` are the messages QEMU printed before it gave up (an accelerator
+    that failed to initialize, a deprecated topology), in order.
+    """
+
+    def __init__(self, message: str, warnings: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.warnings = tuple(warnings)
+
+    @property
+    def messages(self) -> list[str]:
+        """Everything QEMU prints for this refusal: the warnings, then the error."""
+        return [*self.warnings, str(self)]
 
 
 @attrs.frozen
@@ -135,6 +206,7 @@ class MachineConfig:
     serial_buses: tuple[SerialBusSpec, ...] = ()
     serial_ports: tuple[SerialPortSpec, ...] = ()
     incoming_path: str | None = None
+    logfile: str | None = None
     warnings: tuple[str, ...] = ()
     show_version: bool = False
 
@@ -217,16 +289,25 @@ def kvm_available() -> bool:
 
 
 class _Builder:
-    """Accumulates options in command-line order, validating as QEMU does."""
+    """QEMU's two passes: ``option`` is the option loop, ``build`` what follows it."""
 
     def __init__(self) -> None:
         self.values: dict[str, object] = {}
         self.machine_opts: dict[str, str] = {}
-        self.accelerators: list[tuple[str, str]] = []
-        self.qmp: list[str] = []
-        self.ringbufs: dict[str, RingbufSpec] = {}
-        self.devices: list[tuple[str, dict[str, str]]] = []
+        self.smp_opts: dict[str, str] = {}
+        self.display: str = "none"
+        # (option value, accelerator name, its properties), in command-line order.
+        self.accelerators: list[tuple[str, str, dict[str, str]]] = []
+        # -chardev and -qmp create their chardevs in one pass, in command-line order.
+        self.backends: list[tuple[str, str, dict[str, str]]] = []
+        self.chardev_ids: set[str] = set()
+        # (option value, driver, properties).
+        self.devices: list[tuple[str, str, dict[str, str]]] = []
+        self.device_ids: set[str] = set()
+        self.incoming: str | None = None
         self.warnings: list[str] = []
+
+    # -- the option loop: errors here go to stderr, whatever -D says ------
 
     def option(self, option: str, value: str | None) -> None:
         where = f"-{option}" if value is None else f"-{option} {value}"
@@ -234,8 +315,6 @@ class _Builder:
         try:
             handler(value)
         except CommandLineError as e:
-            if str(e).startswith("!"):
-                raise CommandLineError(str(e)[1:]) from None
             raise CommandLineError(f"{where}: {e}") from None
 
     def _opt_nodefaults(self, _: None) -> None:
@@ -253,6 +332,9 @@ class _Builder:
     def _opt_pidfile(self, value: str) -> None:
         self.values["pidfile"] = value
 
+    def _opt_D(self, value: str) -> None:  # QEMU's option is -D
+        self.values["logfile"] = value
+
     def _opt_name(self, value: str) -> None:
         opts = parse_options(value, "guest")
         for key in opts:
@@ -265,12 +347,7 @@ class _Builder:
 
     def _opt_accel(self, value: str) -> None:
         opts = parse_options(value, "accel")
-        accel = opts.pop("accel", "")
-        if accel not in _ACCELERATORS:
-            raise CommandLineError(f"invalid accelerator {accel}")
-        for key in opts:
-            raise CommandLineError(f"Property '{accel}-accel.{key}' not found")
-        self.accelerators.append((accel, value))
+        self.accelerators.append((value, opts.pop("accel", ""), opts))
 
     def _opt_m(self, value: str) -> None:
         opts = parse_options(value, "size")
@@ -283,169 +360,192 @@ class _Builder:
             raise CommandLineError(_SIZE_ERROR) from None
 
     def _opt_smp(self, value: str) -> None:
-        opts = parse_options(value, "cpus")
+        # Checked with the machine's other properties, after the option loop.
+        self.smp_opts.update(parse_options(value, "cpus"))
+
+    def _opt_display(self, value: str) -> None:
+        opts = parse_options(value, "type")
+        kind = opts.pop("type", "")
+        if kind not in _DISPLAY_TYPES:
+            raise CommandLineError(f"Parameter 'type' does not accept value '{kind}'")
         for key in opts:
-            if key not in ("cpus", "maxcpus", "sockets", "cores", "threads"):
-                raise CommandLineError(f"!Parameter 'smp.{key}' is unexpected")
+            raise CommandLineError(f"Parameter '{key}' is unexpected")
+        self.display = kind
+
+    def _opt_qmp(self, value: str) -> None:
+        parts = split_options(value)
+        params = parse_options(",".join(parts[1:]), None) if parts[1:] else {}
+        for key in params:
+            if key not in ("server", "wait"):
+                raise CommandLineError(
+                    f"Invalid parameter '{key}'\n"
+                    f"{program_name()}: -qmp {value}: parse error: {value}"
+                )
+        self.backends.append(("qmp", value, params))
+
+    def _opt_chardev(self, value: str) -> None:
+        opts = parse_options(value, "backend")
+        _check_identifier(opts)
+        chardev_id = opts.get("id")
+        if chardev_id is not None:
+            if chardev_id in self.chardev_ids:
+                raise CommandLineError(f"Duplicate ID '{chardev_id}' for chardev")
+            self.chardev_ids.add(chardev_id)
+        for key in opts:
+            if key not in _CHARDEV_KEYS:
+                raise CommandLineError(f"Invalid parameter '{key}'")
+        if "size" in opts:
+            try:
+                parse_size(opts["size"], 1)
+            except ValueError:
+                raise CommandLineError(_SIZE_ERROR) from None
+        self.backends.append(("chardev", value, opts))
+
+    def _opt_device(self, value: str) -> None:
+        opts = parse_options(value, "driver")
+        _check_identifier(opts)
+        device_id = opts.get("id")
+        if device_id is not None:
+            if device_id in self.device_ids:
+                raise CommandLineError(f"Duplicate ID '{device_id}' for device")
+            self.device_ids.add(device_id)
+        driver = opts.pop("driver", "")
+        self.devices.append(
+            (value, {"virtio-serial": "virtio-serial-pci"}.get(driver, driver), opts)
+        )
+
+    def _opt_incoming(self, value: str) -> None:
+        self.incoming = value
+
+    # -- after the option loop: where -D and -daemonize send errors -------
+
+    def build(self) -> MachineConfig:
+        """The checks QEMU makes after its option loop, in its order (-incoming last)."""
+        self.warnings = []  # every warning comes from these checks
         try:
-            cpus = int(opts.get("cpus", "1"))
+            machine_type = self._machine_type()
+            self._check_display()
+            ringbufs, qmp_sockets = self._backends()
+            cpus = self._smp()
+            self._machine_properties(machine_type)
+            accelerator = self._accelerator()
+            buses, ports = self._serial_devices(machine_type, ringbufs)
+            incoming_path = self._incoming_path()
+        except CommandLineError as e:
+            raise CommandLineError(str(e), self.warnings) from None
+        return MachineConfig(
+            machine_type=machine_type,
+            accelerator=accelerator,
+            cpus=cpus,
+            qmp_sockets=tuple(qmp_sockets),
+            ringbufs=tuple(ringbufs.values()),
+            serial_buses=tuple(buses),
+            serial_ports=tuple(ports),
+            incoming_path=incoming_path,
+            warnings=tuple(self.warnings),
+            **self.values,  # type: ignore[arg-type]
+        )
+
+    def _machine_type(self) -> str:
+        machine_type = MACHINE_ALIASES.get(self.machine_opts.get("type", "pc"))
+        if machine_type is None:
+            raise CommandLineError(
+                "unsupported machine type\nUse -machine help to list supported machines"
+            )
+        return machine_type
+
+    def _check_display(self) -> None:
+        if self.display != "none":
+            raise CommandLineError(f"Display '{self.display}' is not available.")
+
+    def _backends(self) -> tuple[dict[str, RingbufSpec], list[str]]:
+        ringbufs: dict[str, RingbufSpec] = {}
+        qmp_sockets: list[str] = []
+        for option, value, opts in self.backends:
+            try:
+                if option == "qmp":
+                    qmp_sockets.append(_qmp_socket(value, opts))
+                else:
+                    spec = _ringbuf(opts)
+                    ringbufs[spec.id] = spec
+            except CommandLineError as e:
+                raise CommandLineError(f"-{option} {value}: {e}") from None
+        return ringbufs, qmp_sockets
+
+    def _smp(self) -> int:
+        for key in self.smp_opts:
+            if key not in ("cpus", "maxcpus", "sockets", "cores", "threads"):
+                raise CommandLineError(f"Parameter 'smp.{key}' is unexpected")
+        try:
+            cpus = int(self.smp_opts.get("cpus", "1"))
         except ValueError:
-            raise CommandLineError("!Parameter 'smp.cpus' expects integer") from None
+            raise CommandLineError("Parameter 'smp.cpus' expects integer") from None
         if cpus == 0:
             self.warnings.append(
                 "warning: Deprecated CPU topology (considered invalid): "
                 "CPU topology parameters must be greater than zero"
             )
             cpus = 1
-        self.values["cpus"] = cpus
+        return cpus
 
-    def _opt_display(self, value: str) -> None:
-        opts = parse_options(value, "type")
-        kind = opts.pop("type", "")
-        if kind != "none":
-            raise CommandLineError(f"!Display '{kind}' is not available.")
-        for key in opts:
-            raise CommandLineError(f"Parameter '{key}' is unexpected")
-
-    def _opt_qmp(self, value: str) -> None:
-        parts = split_options(value)
-        address, params = parts[0], parse_options(",".join(parts[1:]), None) if parts[1:] else {}
-        for key in params:
-            if key not in ("server", "wait"):
-                raise CommandLineError(f"Invalid parameter '{key}'")
-        if not address.startswith("unix:"):
-            raise CommandLineError("fakeqemu serves QMP only on unix: sockets")
-        path = address[len("unix:") :]
-        if params.get("server", "off") != "on":
-            raise CommandLineError(
-                f"Failed to connect to '{path}': fakeqemu only listens (server=on)"
-            )
-        if params.get("wait", "on") != "off":
-            raise CommandLineError("fakeqemu does not wait for a QMP client: add wait=off")
-        if len(os.fsencode(path)) > _MAX_UNIX_PATH:
-            raise CommandLineError(
-                f"UNIX socket path '{path}' is too long\nPath must be less than 108 bytes"
-            )
-        self.qmp.append(path)
-
-    def _opt_chardev(self, value: str) -> None:
-        opts = parse_options(value, "backend")
-        _check_identifier(opts)
-        backend = opts.pop("backend", "")
-        if backend != "ringbuf":
-            if backend in ("socket", "file", "null", "pty", "stdio", "pipe", "memory", "udp"):
-                raise CommandLineError(f"fakeqemu does not emulate the '{backend}' char driver")
-            raise CommandLineError(f"'{backend}' is not a valid char driver name")
-        chardev_id = opts.pop("id", None)
-        if chardev_id is None:
-            raise CommandLineError("chardev: no id specified")
-        size_text = opts.pop("size", None)
-        for key in opts:
-            raise CommandLineError(f"Invalid parameter '{key}'")
-        size = DEFAULT_RINGBUF_SIZE
-        if size_text is not None:
-            try:
-                size = parse_size(size_text, 1)
-            except ValueError:
-                raise CommandLineError(_SIZE_ERROR) from None
-        if size & (size - 1):
-            raise CommandLineError("size of ringbuf chardev must be power of two")
-        if chardev_id in self.ringbufs:
-            raise CommandLineError(f"Duplicate ID '{chardev_id}' for chardev")
-        self.ringbufs[chardev_id] = RingbufSpec(chardev_id, size)
-
-    def _opt_device(self, value: str) -> None:
-        opts = parse_options(value, "driver")
-        _check_identifier(opts)
-        driver = opts.pop("driver", "")
-        driver = {"virtio-serial": "virtio-serial-pci"}.get(driver, driver)
-        allowed = {
-            "virtio-serial-pci": {"id", "max_ports", "bus", "addr"},
-            "virtserialport": {"id", "chardev", "name", "bus", "nr"},
-        }
-        if driver not in allowed:
-            if driver in _UNMODELLED_DEVICES:
-                raise CommandLineError(f"fakeqemu does not emulate device model '{driver}'")
-            raise CommandLineError(f"'{driver}' is not a valid device model name")
-        for key in opts:
-            if key not in allowed[driver]:
-                raise CommandLineError(f"Property '{driver}.{key}' not found")
-        self.devices.append((driver, opts))
-
-    def _opt_incoming(self, value: str) -> None:
-        if value.startswith("exec:"):
-            words = shlex.split(value[len("exec:") :])
-            if len(words) == 2 and words[0] == "cat":
-                self.values["incoming_path"] = words[1]
-                return
-            raise CommandLineError("fakeqemu accepts only 'exec:cat PATH' as an exec: migration")
-        if value.startswith(("tcp:", "unix:", "fd:", "rdma:", "defer")):
-            raise CommandLineError("fakeqemu restores only from 'exec:cat PATH'")
-        raise CommandLineError(f"unknown migration protocol: {value}")
-
-    def build(self) -> MachineConfig:
-        machine_type = self._machine_type()
-        accelerator = self._accelerator()
-        buses, ports = self._serial_devices(machine_type)
-        return MachineConfig(
-            machine_type=machine_type,
-            accelerator=accelerator,
-            qmp_sockets=tuple(self.qmp),
-            ringbufs=tuple(self.ringbufs.values()),
-            serial_buses=tuple(buses),
-            serial_ports=tuple(ports),
-            warnings=tuple(self.warnings),
-            **self.values,  # type: ignore[arg-type]
-        )
-
-    def _machine_type(self) -> str:
-        opts = dict(self.machine_opts)
-        requested = opts.pop("type", "pc")
-        machine_type = MACHINE_ALIASES.get(requested)
-        if machine_type is None:
-            raise CommandLineError(
-                "unsupported machine type\nUse -machine help to list supported machines"
-            )
-        for key in opts:
-            prefix = _MACHINE_PROPERTY_PREFIX[machine_type]
-            raise CommandLineError(f"Property '{prefix}.{key}' not found")
-        return machine_type
+    def _machine_properties(self, machine_type: str) -> None:
+        for key in self.machine_opts:
+            if key != "type":
+                prefix = _MACHINE_PROPERTY_PREFIX[machine_type]
+                raise CommandLineError(f"Property '{prefix}.{key}' not found")
 
     def _accelerator(self) -> str:
         if not self.accelerators:
             return "tcg"
+        # QEMU tries each in turn, reporting each failure, until one initializes.
         failures: list[str] = []
-        for accel, value in self.accelerators:
-            if accel != "kvm" or kvm_available():
-                if failures:
-                    self.warnings.extend([*failures, f"falling back to {accel}"])
-                return accel
-            # QEMU's kvm_init prints its first line without the program name.
-            failures.append(
-                "Could not access KVM kernel module: No such file or directory\n"
-                f"{program_name()}: -accel {value}: failed to initialize kvm: "
-                "No such file or directory"
-            )
-        raise CommandLineError("\n".join(failures))
+        for value, accel, properties in self.accelerators:
+            if accel not in _ACCELERATORS:
+                failures.append(f"-accel {value}: invalid accelerator {accel}")
+                continue
+            for key in properties:
+                # Setting a property that does not exist is fatal, not a reason to fall back.
+                self.warnings.extend(failures)
+                raise CommandLineError(f"-accel {value}: Property '{accel}-accel.{key}' not found")
+            if accel == "kvm" and not kvm_available():
+                # QEMU's kvm_init prints its first line without the program name.
+                failures.append(
+                    "Could not access KVM kernel module: No such file or directory\n"
+                    f"{program_name()}: -accel {value}: failed to initialize kvm: "
+                    "No such file or directory"
+                )
+                continue
+            if failures:
+                self.warnings.extend([*failures, f"falling back to {accel}"])
+            return accel
+        self.warnings.extend(failures[:-1])
+        raise CommandLineError(failures[-1])
 
     def _serial_devices(
-        self, machine_type: str
+        self, machine_type: str, ringbufs: dict[str, RingbufSpec]
     ) -> tuple[list[SerialBusSpec], list[SerialPortSpec]]:
         buses: list[SerialBusSpec] = []
         ports: list[SerialPortSpec] = []
-        device_ids: set[str] = set()
         used_chardevs: set[str] = set()
         port_names: set[str] = set()
         next_slot = self._first_pci_slot(machine_type)
         unnamed_buses = 0
-        for driver, opts in self.devices:
-            where = f"-device {_unparse(driver, opts)}"
+        allowed = {
+            "virtio-serial-pci": {"id", "max_ports", "bus", "addr"},
+            "virtserialport": {"id", "chardev", "name", "bus", "nr"},
+        }
+        for value, driver, opts in self.devices:
             try:
+                if driver not in allowed:
+                    if driver in _UNMODELLED_DEVICES:
+                        raise CommandLineError(
+                            f"fakeqemu does not emulate device model '{driver}'"
+                        )
+                    raise CommandLineError(f"'{driver}' is not a valid device model name")
+                for key in opts:
+                    if key not in allowed[driver]:
+                        raise CommandLineError(f"Property '{driver}.{key}' not found")
                 device_id = opts.get("id")
-                if device_id is not None:
-                    if device_id in device_ids:
-                        raise CommandLineError(f"Duplicate ID '{device_id}' for device")
-                    device_ids.add(device_id)
                 if driver == "virtio-serial-pci":
                     if machine_type == "none":
                         raise CommandLineError("No 'PCI' bus found for device 'virtio-serial-pci'")
@@ -467,9 +567,11 @@ class _Builder:
                     )
                     next_slot += 1
                 else:
-                    ports.append(self._serial_port(opts, buses, ports, used_chardevs, port_names))
+                    ports.append(
+                        self._serial_port(opts, ringbufs, buses, ports, used_chardevs, port_names)
+                    )
             except CommandLineError as e:
-                raise CommandLineError(f"{where}: {e}") from None
+                raise CommandLineError(f"-device {value}: {e}") from None
         return buses, ports
 
     def _first_pci_slot(self, machine_type: str) -> int:
@@ -480,6 +582,7 @@ class _Builder:
     def _serial_port(
         self,
         opts: dict[str, str],
+        ringbufs: dict[str, RingbufSpec],
         buses: list[SerialBusSpec],
         ports: list[SerialPortSpec],
         used_chardevs: set[str],
@@ -495,7 +598,7 @@ class _Builder:
         bus = matching[0]
         chardev = opts.get("chardev")
         if chardev is not None:
-            if chardev not in self.ringbufs:
+            if chardev not in ringbufs:
                 raise CommandLineError(
                     f"Property 'virtserialport.chardev' can't find value '{chardev}'"
                 )
@@ -529,6 +632,54 @@ class _Builder:
             )
         return SerialPortSpec(bus_name, nr, name, chardev, opts.get("id"))
 
+    def _incoming_path(self) -> str | None:
+        value = self.incoming
+        if value is None:
+            return None
+        if value.startswith("exec:"):
+            words = shlex.split(value[len("exec:") :])
+            if len(words) == 2 and words[0] == "cat":
+                return words[1]
+            message = "fakeqemu accepts only 'exec:cat PATH' as an exec: migration"
+        elif value.startswith(("tcp:", "unix:", "fd:", "rdma:", "defer")):
+            message = "fakeqemu restores only from 'exec:cat PATH'"
+        else:
+            message = f"unknown migration protocol: {value}"
+        raise CommandLineError(f"-incoming {value}: {message}")
+
+
+def _qmp_socket(value: str, params: dict[str, str]) -> str:
+    """The path a ``-qmp`` monitor listens on, or fakeqemu's refusal of it."""
+    address = split_options(value)[0]
+    if not address.startswith("unix:"):
+        raise CommandLineError("fakeqemu serves QMP only on unix: sockets")
+    path = address[len("unix:") :]
+    if params.get("server", "off") != "on":
+        raise CommandLineError(f"Failed to connect to '{path}': fakeqemu only listens (server=on)")
+    if params.get("wait", "on") != "off":
+        raise CommandLineError("fakeqemu does not wait for a QMP client: add wait=off")
+    if len(os.fsencode(path)) > _MAX_UNIX_PATH:
+        raise CommandLineError(
+            f"UNIX socket path '{path}' is too long\nPath must be less than 108 bytes"
+        )
+    return path
+
+
+def _ringbuf(opts: dict[str, str]) -> RingbufSpec:
+    """Create a ``-chardev`` backend as QEMU does once its options parsed."""
+    backend = opts.get("backend", "")
+    if backend != "ringbuf":
+        if backend in ("socket", "file", "null", "pty", "stdio", "pipe", "memory", "udp"):
+            raise CommandLineError(f"fakeqemu does not emulate the '{backend}' char driver")
+        raise CommandLineError(f"'{backend}' is not a valid char driver name")
+    chardev_id = opts.get("id")
+    if chardev_id is None:
+        raise CommandLineError("chardev: no id specified")
+    size = parse_size(opts["size"], 1) if "size" in opts else DEFAULT_RINGBUF_SIZE
+    if size & (size - 1):
+        raise CommandLineError("size of ringbuf chardev must be power of two")
+    return RingbufSpec(chardev_id, size)
+
 
 def _uint32_property(key: str, value: str) -> int:
     try:
@@ -545,8 +696,13 @@ def _check_identifier(opts: dict[str, str]) -> None:
         raise CommandLineError(_IDENTIFIER_ERROR)
 
 
-def _unparse(driver: str, opts: dict[str, str]) -> str:
-    return ",".join([driver, *(f"{k}={v}" for k, v in opts.items())])
+def format_messages(prog: str, messages: Sequence[str]) -> str:
+    """QEMU's stderr form: each message prefixed with the program, continuation lines bare."""
+    text = ""
+    for message in messages:
+        first, *rest = message.split("\n")
+        text += f"{prog}: {first}\n" + "".join(line + "\n" for line in rest)
+    return text
 
 
 def program_name() -> str:
@@ -559,11 +715,46 @@ def program_name() -> str:
     return base
 
 
-def parse_command_line(argv: Sequence[str]) -> MachineConfig:
-    """Turn QEMU arguments (without the program name) into a validated MachineConfig."""
+class ParsedArguments:
+    """A command line through QEMU's option loop, not yet checked as a whole."""
+
+    def __init__(self, builder: _Builder) -> None:
+        self._builder = builder
+
+    def _value(self, key: str) -> object:
+        return self._builder.values.get(key)
+
+    @property
+    def show_version(self) -> bool:
+        """``-version``: print it and exit, before anything else."""
+        return bool(self._value("show_version"))
+
+    @property
+    def daemonize(self) -> bool:
+        """``-daemonize``: with ``logfile``, the log file takes stderr's place."""
+        return bool(self._value("daemonize"))
+
+    @property
+    def logfile(self) -> str | None:
+        """``-D FILE`` (the last one given), which QEMU opens before ``configure``'s checks."""
+        value = self._value("logfile")
+        return value if isinstance(value, str) else None
+
+    def configure(self) -> MachineConfig:
+        """QEMU's checks after the option loop; raises CommandLineError with its warnings."""
+        if self.show_version:
+            return MachineConfig(show_version=True)
+        return self._builder.build()
+
+
+def parse_arguments(argv: Sequence[str]) -> ParsedArguments:
+    """QEMU's option loop: raises CommandLineError for what QEMU reports while parsing."""
     builder = _Builder()
     for option, value in _iterate_arguments(argv):
         builder.option(option, value)
-    if builder.values.get("show_version"):
-        return MachineConfig(show_version=True)
-    return builder.build()
+    return ParsedArguments(builder)
+
+
+def parse_command_line(argv: Sequence[str]) -> MachineConfig:
+    """Turn QEMU arguments (without the program name) into a validated MachineConfig."""
+    return parse_arguments(argv).configure()

@@ -32,7 +32,12 @@ from twisted.logger import Logger
 from twisted.protocols.basic import LineOnlyReceiver
 from twisted.python.failure import Failure
 
-from fakeqemu._cmdline import CommandLineError, MachineConfig, parse_command_line
+from fakeqemu._cmdline import (
+    CommandLineError,
+    MachineConfig,
+    format_messages,
+    parse_command_line,
+)
 from fakeqemu._vm import RunningVM, StartError, guest_directory, write_state_file
 
 HOST_VARIABLE = "FAKEQEMU_HOST"
@@ -58,7 +63,22 @@ def resolve_paths(config: MachineConfig, cwd: str) -> MachineConfig:
         qmp_sockets=tuple(absolute(p) for p in config.qmp_sockets),
         pidfile=absolute(config.pidfile) if config.pidfile else None,
         incoming_path=absolute(config.incoming_path) if config.incoming_path else None,
+        logfile=absolute(config.logfile) if config.logfile else None,
     )
+
+
+DEFAULT_PROGRAM = "fakeqemu-system-x86_64"
+
+
+def append_to_logfile(path: str, text: str) -> None:
+    """Add what a daemonized VM prints to its ``-D`` file (its launcher truncated it)."""
+    if not text:
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        os.write(fd, text.encode("utf-8", "replace"))
+    finally:
+        os.close(fd)
 
 
 @attrs.define
@@ -69,6 +89,7 @@ class HostedVM:
     vm: RunningVM
     attached: bool = False
     output: list[str] = attrs.Factory(list)
+    program: str = DEFAULT_PROGRAM
     waiters: list[Deferred[dict[str, Any]]] = attrs.Factory(list)
     result: dict[str, Any] | None = None
 
@@ -91,8 +112,14 @@ class VMHost:
         cwd: str,
         environ: Mapping[str, str],
         attached: bool = False,
+        program: str = DEFAULT_PROGRAM,
     ) -> HostedVM:
-        """Start a VM from a QEMU command line, as a fresh process in ``cwd`` would."""
+        """Start a VM from a QEMU command line, as a fresh process in ``cwd`` would.
+
+        ``program`` is the name the launcher's messages start with.  A daemonized VM
+        with ``-D FILE`` prints to FILE, as QEMU's daemon does (FILE is its stderr);
+        what it prints while starting goes back to the launcher, which prints it there.
+        """
         try:
             config = resolve_paths(parse_command_line(argv), cwd)
         except CommandLineError as e:
@@ -110,15 +137,19 @@ class VMHost:
             write_state_file(os.path.join(cwd, path), data)
 
         output: list[str] = []
+        started = False
 
         def print_output(text: str) -> None:
             self.log.info("VM {vm_id}: {text}", vm_id=vm_id, text=text.rstrip("\n"))
-            output.append(text)
+            if started and config.daemonize and config.logfile:
+                append_to_logfile(config.logfile, text)
+            else:
+                output.append(text)
 
         vm = RunningVM(
             config, self.reactor, guest_dir, self._exited(vm_id), write_file, print_output
         )
-        hosted = HostedVM(vm_id, vm, attached, output)
+        hosted = HostedVM(vm_id, vm, attached, output, program)
         try:
             hosted.vm.start()
         except StartError as e:
@@ -134,6 +165,7 @@ class VMHost:
                     f"cannot create PID file: Could not create '{config.pidfile}': {e.strerror}",
                 ) from None
         self.vms[vm_id] = hosted
+        started = True
         self.log.info("launched VM {vm_id} ({name})", vm_id=vm_id, name=config.name)
         return hosted
 
@@ -144,6 +176,10 @@ class VMHost:
                 return
             hosted.result = {"status": status, "stderr": lines}
             self.log.info("VM {vm_id} exited with {status}", vm_id=vm_id, status=status)
+            config = hosted.vm.config
+            if config.daemonize and config.logfile:
+                with contextlib.suppress(OSError):
+                    append_to_logfile(config.logfile, format_messages(hosted.program, lines))
             pidfile = hosted.vm.config.pidfile
             if pidfile and status >= 0:
                 # QEMU removes its pidfile when it exits, but not when killed or aborted.
@@ -242,7 +278,8 @@ class HostControlProtocol(LineOnlyReceiver):
                 raise HostError("GenericError", "'env' must be an object")
             attached = arguments.get("attached", False) is True
             cwd = str(arguments.get("cwd", "/"))
-            hosted = self._host.launch(argv, cwd, environ, attached)
+            program = str(arguments.get("program", DEFAULT_PROGRAM))
+            hosted = self._host.launch(argv, cwd, environ, attached, program)
             if attached:
                 self._attached.append(hosted.vm_id)
             return {

@@ -13,7 +13,8 @@ from fakeqemu._cmdline import (
     QEMU_VERSION,
     CommandLineError,
     MachineConfig,
-    parse_command_line,
+    format_messages,
+    parse_arguments,
     program_name,
 )
 from fakeqemu._host import HOST_VARIABLE
@@ -21,15 +22,6 @@ from fakeqemu._hostclient import HostClient, HostRequestError, HostUnreachable
 from fakeqemu._vm import GUEST_DIR_VARIABLE, RunningVM, StartError, guest_directory
 
 _DRAIN_SECONDS = 2.0
-
-
-def format_messages(prog: str, messages: list[str]) -> str:
-    """QEMU's stderr form: each message prefixed with the program, continuation lines bare."""
-    text = ""
-    for message in messages:
-        first, *rest = message.split("\n")
-        text += f"{prog}: {first}\n" + "".join(line + "\n" for line in rest)
-    return text
 
 
 def _print_lines(prog: str, messages: list[str]) -> None:
@@ -50,20 +42,45 @@ def main(argv: list[str] | None = None) -> NoReturn:
     args = sys.argv[1:] if argv is None else argv
     prog = program_name()
     try:
-        config = parse_command_line(args)
+        parsed = parse_arguments(args)
     except CommandLineError as e:
         _print_lines(prog, [str(e)])
         sys.exit(1)
-    if config.show_version:
+    if parsed.show_version:
         major, minor, micro = QEMU_VERSION
         print(f"QEMU emulator version {major}.{minor}.{micro} (fakeqemu {__version__})")
         print("fakeqemu emulates QEMU's monitor, ring buffers and virtio serial ports only")
         sys.exit(0)
+    if parsed.logfile is not None:
+        _open_logfile(parsed.logfile, parsed.daemonize, prog)
+    try:
+        config = parsed.configure()
+    except CommandLineError as e:
+        _print_lines(prog, e.messages)
+        sys.exit(1)
     _print_lines(prog, list(config.warnings))
     host = os.environ.get(HOST_VARIABLE)
     if host:
         _die_like(_run_on_host(host, args, config, prog))
     _die_like(_run_standalone(config, prog))
+
+
+def _open_logfile(path: str, daemonize: bool, prog: str) -> None:
+    """``-D FILE`` as QEMU 7.2 opens it, between its option loop and its other checks.
+
+    The file is truncated at every start.  With ``-daemonize`` it takes stderr's
+    place from here on: every later error, warning and exit message of this process
+    and of the daemon it becomes lands in it, and none on the caller's stderr.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    except OSError as e:
+        _print_lines(prog, [f"Error opening logfile {path}: {e.strerror}"])
+        sys.exit(1)
+    if daemonize:
+        sys.stderr.flush()
+        os.dup2(fd, 2)
+    os.close(fd)
 
 
 _FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -90,6 +107,7 @@ def _run_on_host(control: str, args: list[str], config: MachineConfig, prog: str
                 cwd=os.getcwd(),
                 env=environ,
                 attached=not config.daemonize,
+                program=prog,
             )
         except HostRequestError as e:
             # A start failure is one QEMU message per line; a command-line error is one message.
@@ -145,9 +163,10 @@ def _daemonize() -> int:
     return write_end
 
 
-def _detach_stdio() -> None:
+def _detach_stdio(keep_stderr: bool) -> None:
+    """Point the daemon's standard streams at /dev/null; a ``-D`` log file keeps stderr."""
     null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
+    for fd in (0, 1) if keep_stderr else (0, 1, 2):
         os.dup2(null, fd)
     os.close(null)
 
@@ -206,7 +225,7 @@ def _run_standalone(config: MachineConfig, prog: str) -> int:
     if ready_fd is not None:
         os.write(ready_fd, b"\0")
         os.close(ready_fd)
-        _detach_stdio()
+        _detach_stdio(keep_stderr=config.logfile is not None)
     reactor.run(installSignalHandlers=False)
     if config.pidfile:
         with contextlib.suppress(OSError):

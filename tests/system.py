@@ -325,10 +325,10 @@ class System:
 
     # -- the daemon ---------------------------------------------------------
 
-    def start_daemon(self) -> subprocess.Popen[bytes]:
+    def start_daemon(self, *options: str) -> subprocess.Popen[bytes]:
         """``twistd -n vmready`` on the data dir; returns once its operator API answers."""
         command = [TWISTD, "-n", "--pidfile", "", "--logfile", self.log_path, "vmready"]
-        command += ["--data-dir", self.directory, *POLLING]
+        command += ["--data-dir", self.directory, *POLLING, *options]
         command += ["--stop-timeout", "2", "--power-sync-interval", "1"]
         daemon = self.daemon = self._spawn(command, "twistd.out")
 
@@ -435,10 +435,12 @@ class System:
             self.run_dir(name), "qmp.sock.guest", "virtio-ports", "com.canonical.lxd"
         )
 
-    def start_agent(self, name: str, log_name: str = "agent.log") -> subprocess.Popen[bytes]:
-        """``vmready-agent --config-drive <drive>`` as its own process, in the VM's guest."""
+    def start_agent(
+        self, name: str, log_name: str = "agent.log", *options: str
+    ) -> subprocess.Popen[bytes]:
+        """``vmready-agent --config-drive <drive> [options]`` as its own process, in the guest."""
         drive = os.path.join(self.run_dir(name), CONFIG_DRIVE)
-        command = [sys.executable, "-m", "vmready.agent.main", "--config-drive", drive]
+        command = [sys.executable, "-m", "vmready.agent.main", "--config-drive", drive, *options]
         return self._spawn(command, log_name)
 
     def agent_log(self, log_name: str = "agent.log") -> str:

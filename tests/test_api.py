@@ -24,6 +24,7 @@ from vmready.events import Event
 from vmready.lifecycle import Lifecycle
 from vmready.model import BadRequest, PayloadTooLarge
 from vmready.operations import Operation
+from vmready.qemu_cmdline import LEGACY_LAYOUT
 from vmready.ringbuffer import AgentStatus
 from vmready.states import READY_KEY
 
@@ -187,7 +188,13 @@ class CreateTests(APITestCase):
             ("active", None, "running"),
         )
         self.assertEqual(
-            instance["config"], {"limits.memory": "512", "limits.cpu": "2", "user.role": "db"}
+            instance["config"],
+            {
+                "limits.memory": "512",
+                "limits.cpu": "2",
+                "user.role": "db",
+                "volatile.serial.layout": "current",
+            },
         )
         self.assertEqual(instance["limits"], {"memory_mib": 512, "cpus": 2})
         self.assertEqual(
@@ -345,8 +352,9 @@ class PatchTests(APITestCase):
             "PATCH", "/1.0/instances/web1", {"config": {"user.a": None, "user.b": "2"}}
         )
         self.assertEqual(reply.code, 200)
-        self.assertEqual(reply.metadata["config"], {"user.b": "2"})
-        self.assertEqual(self.lifecycle.get("web1").config, {"user.b": "2"})
+        expected = {"user.b": "2", "volatile.serial.layout": "current"}
+        self.assertEqual(reply.metadata["config"], expected)
+        self.assertEqual(self.lifecycle.get("web1").config, expected)
         self.assertEqual([event.metadata["action"] for event in seen], ["instance-updated"])
 
     async def test_volatileKeysAreNotSettable(self) -> None:
@@ -822,3 +830,70 @@ class EventStreamBackpressureTests(SynchronousTestCase):
         stream.stopProducing()
         stream.deliver(self.event(1))
         self.assertEqual(request.written, [])
+
+
+SNAPSHOTS = "/1.0/instances/web1/snapshots"
+
+
+class SnapshotAPITests(APITestCase):
+    """``/1.0/instances/<name>/snapshots`` and LXD's restore (``PUT`` with ``restore``)."""
+
+    async def test_snapshotListAndRestore(self) -> None:
+        await self.launch("web1", {"user.role": "db"})
+        await self.settle(
+            await self.call(
+                "POST", "/1.0/instances/web1/snapshots", {"name": "s1", "stateful": True}
+            )
+        )
+        listed = (await self.call("GET", "/1.0/instances/web1/snapshots")).metadata
+        self.assertEqual(
+            [(s["name"], s["stateful"], s["serial_layout"]) for s in listed],
+            [("s1", True, "current")],
+        )
+        await self.call("PATCH", "/1.0/instances/web1", {"config": {"user.role": "web"}})
+        await self.settle(await self.call("PUT", "/1.0/instances/web1", {"restore": "s1"}))
+        self.assertEqual(self.lifecycle.get("web1").config["user.role"], "db")
+
+    async def test_statefulRestoreIntoAnotherLayoutIs409AndChangesNothing(self) -> None:
+        await self.launch("web1")
+        await self.settle(
+            await self.call(
+                "POST", "/1.0/instances/web1/snapshots", {"name": "s1", "stateful": True}
+            )
+        )
+        self.patch(self.lifecycle, "serial_layout", LEGACY_LAYOUT)
+        before = self.lifecycle.get("web1")
+        reply = await self.call("PUT", "/1.0/instances/web1", {"restore": "s1", "stateful": True})
+        self.assertEqual(reply.code, 409)
+        self.assertIn(
+            "Cannot restore the state of snapshot s1 of instance web1", reply.body["error"]
+        )
+        self.assertEqual(self.lifecycle.get("web1"), before)
+
+    async def test_badSnapshotRequestsAreRefused(self) -> None:
+        await self.launch("web1")
+        self.assertError(
+            await self.call("POST", "/1.0/instances/web1/snapshots", {}),
+            400,
+            "Invalid field 'name': the snapshot's name is required",
+        )
+        self.assertError(
+            await self.call("POST", "/1.0/instances/web1/snapshots", {"name": "s", "x": 1}),
+            400,
+            "Invalid field 'x': expected name, stateful",
+        )
+        self.assertError(
+            await self.call("PUT", "/1.0/instances/web1", {"restore": "nope"}),
+            404,
+            "Snapshot nope of instance web1 not found",
+        )
+        self.assertError(
+            await self.call("PUT", "/1.0/instances/web1", {"restore": "s", "stateful": "yes"}),
+            400,
+            "Invalid field 'stateful': expected true or false, got a string",
+        )
+
+    async def test_instanceShowsItsSerialLayout(self) -> None:
+        await self.launch("web1")
+        instance = (await self.call("GET", "/1.0/instances/web1")).metadata
+        self.assertEqual(instance["serial_layout"]["name"], "current")

@@ -30,6 +30,7 @@ from tests.fixtures import make_lifecycle
 from vmready.api import OperatorAPI
 from vmready.cli import build_parser, run, to_yaml
 from vmready.lifecycle import Lifecycle
+from vmready.qemu_cmdline import LEGACY_LAYOUT
 from vmready.ringbuffer import AgentStatus
 
 _SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(vmready.__file__)))
@@ -292,7 +293,14 @@ class ListAndInfoTests(CLITestCase):
         self.assertIn("Task state: -", lines)
         self.assertIn("Memory: 256MiB", lines)
         self.assertIn("Agent: unknown", lines)
-        self.assertEqual(lines[-2:], ["Config:", "  user.role: db"])
+        self.assertIn(
+            "Serial layout: current (com.canonical.lxd on the agent ring buffer, "
+            "org.linuxcontainers.lxd unwired)",
+            lines,
+        )
+        self.assertEqual(
+            lines[-3:], ["Config:", "  user.role: db", "  volatile.serial.layout: current"]
+        )
 
     async def test_infoShowsTheAgentStatusAndListShowsReady(self) -> None:
         await self.launch("web1")
@@ -328,7 +336,12 @@ class ActionCommandTests(CLITestCase):
         self.assertEqual((code, out, err), (0, "Creating web1\nweb1: RUNNING (ACTIVE)\n", ""))
         self.assertEqual(
             self.lifecycle.get("web1").config,
-            {"limits.memory": "512", "limits.cpu": "2", "user.role": "db"},
+            {
+                "limits.memory": "512",
+                "limits.cpu": "2",
+                "user.role": "db",
+                "volatile.serial.layout": "current",
+            },
         )
 
     async def test_launchRejectedByTheDaemonExits1(self) -> None:
@@ -960,3 +973,33 @@ class YAMLTests(SynchronousTestCase):
             to_yaml({"source": "/1.0/instances/web1", "user.role": "web server"}),
             "source: /1.0/instances/web1\nuser.role: web server\n",
         )
+
+
+class SnapshotCommandTests(CLITestCase):
+    """snapshot, snapshots, restore."""
+
+    async def test_snapshotListRestore(self) -> None:
+        await self.launch("web1", "-c", "user.role=db")
+        self.assertEqual(
+            await self.cli("snapshot", "web1", "s1", "--stateful"),
+            (0, "web1: RUNNING (ACTIVE)\n", ""),
+        )
+        code, out, _ = await self.cli("snapshots", "web1")
+        self.assertEqual(code, 0)
+        self.assertEqual(out.splitlines()[0].split(), ["NAME", "STATEFUL", "LAYOUT", "CREATED"])
+        self.assertEqual(out.splitlines()[1].split()[:3], ["s1", "yes", "current"])
+        self.assertEqual(
+            await self.cli("restore", "web1", "s1", "--stateful"),
+            (0, "web1: RUNNING (ACTIVE)\n", ""),
+        )
+
+    async def test_refusedStatefulRestoreIsOneLineAndExit1(self) -> None:
+        await self.launch("web1")
+        await self.cli("snapshot", "web1", "s1", "--stateful")
+        self.patch(self.lifecycle, "serial_layout", LEGACY_LAYOUT)
+        code, out, err = await self.cli("restore", "web1", "s1", "--stateful")
+        self.assertEqual((code, out), (1, ""))
+        self.assertTrue(
+            err.startswith("vmready: Error: Cannot restore the state of snapshot s1"), err
+        )
+        self.assertEqual(err.count("\n"), 1)

@@ -17,6 +17,7 @@ from fakeqemu._cmdline import (
     RingbufSpec,
     SerialBusSpec,
     SerialPortSpec,
+    parse_arguments,
     parse_command_line,
     program_name,
     split_options,
@@ -183,6 +184,173 @@ class SimpleOptionTests(_CommandLineTestCase):
         self.assertTrue(parse("-version", "-machine", "nope").show_version)
 
 
+class LogfileOptionTests(_CommandLineTestCase):
+    """-D FILE: recorded, the last one wins; QEMU opens it between its two passes."""
+
+    def test_logfileIsRecorded(self) -> None:
+        self.assertEqual(parse("-D", "/tmp/vm.log").logfile, "/tmp/vm.log")
+
+    def test_noLogfileByDefault(self) -> None:
+        self.assertIsNone(parse().logfile)
+
+    def test_lastLogfileWins(self) -> None:
+        self.assertEqual(parse("-D", "/tmp/a.log", "-D", "/tmp/b.log").logfile, "/tmp/b.log")
+
+    def test_logfileNeedsAnArgument(self) -> None:
+        self.assertEqual(self.refusal("-D"), "-D: requires an argument")
+
+    def test_firstPassKnowsTheLogfileAndDaemonizeBeforeTheChecks(self) -> None:
+        parsed = parse_arguments(
+            ["-chardev", "ringbuf,id=r,size=3", "-daemonize", "-D", "/tmp/vm.log"]
+        )
+        self.assertEqual((parsed.logfile, parsed.daemonize), ("/tmp/vm.log", True))
+        error = self.assertRaises(CommandLineError, parsed.configure)
+        self.assertEqual(
+            str(error),
+            "-chardev ringbuf,id=r,size=3: size of ringbuf chardev must be power of two",
+        )
+
+
+class TwoPassTests(_CommandLineTestCase):
+    """Which errors QEMU finds in its option loop, and the order of the checks after it.
+
+    Measured on QEMU 7.2 with ``-daemonize -D FILE``: option-loop errors reach
+    stderr and leave FILE untouched; the others land in FILE.
+    """
+
+    def first_pass_refusal(self, *argv: str) -> str:
+        """The message the option loop (parse_arguments) refuses ``argv`` with."""
+        error = self.assertRaises(CommandLineError, parse_arguments, list(argv))
+        return str(error)
+
+    def second_pass_refusal(self, *argv: str) -> str:
+        """The message ``argv`` passes the option loop with, then is refused with."""
+        parsed = parse_arguments(list(argv))
+        error = self.assertRaises(CommandLineError, parsed.configure)
+        return str(error)
+
+    def test_optionLoopErrors(self) -> None:
+        self.assertEqual(
+            [
+                self.first_pass_refusal("-bogus"),
+                self.first_pass_refusal("-m", "12x").split("\n")[0],
+                self.first_pass_refusal("-name", "x,foo=1"),
+                self.first_pass_refusal("-display", "none,foo=1"),
+                self.first_pass_refusal("-chardev", "ringbuf,id=1x").split("\n")[0],
+                self.first_pass_refusal("-chardev", "ringbuf,id=r,foo=1"),
+                self.first_pass_refusal("-chardev", "ringbuf,id=r,size=3x").split("\n")[0],
+                self.first_pass_refusal("-chardev", "ringbuf,id=r", "-chardev", "ringbuf,id=r"),
+                self.first_pass_refusal("-device", "virtio-serial-pci,id=1a").split("\n")[0],
+                self.first_pass_refusal(
+                    "-device", "virtio-serial-pci,id=a", "-device", "virtio-serial-pci,id=a"
+                ),
+            ],
+            [
+                "-bogus: invalid option",
+                "-m 12x: Parameter 'size' expects a non-negative number below 2^64",
+                "-name x,foo=1: Invalid parameter 'foo'",
+                "-display none,foo=1: Parameter 'foo' is unexpected",
+                "-chardev ringbuf,id=1x: Parameter 'id' expects an identifier",
+                "-chardev ringbuf,id=r,foo=1: Invalid parameter 'foo'",
+                "-chardev ringbuf,id=r,size=3x: "
+                "Parameter 'size' expects a non-negative number below 2^64",
+                "-chardev ringbuf,id=r: Duplicate ID 'r' for chardev",
+                "-device virtio-serial-pci,id=1a: Parameter 'id' expects an identifier",
+                "-device virtio-serial-pci,id=a: Duplicate ID 'a' for device",
+            ],
+        )
+
+    def test_checksAfterTheOptionLoop(self) -> None:
+        self.assertEqual(
+            [
+                self.second_pass_refusal("-machine", "bogus").split("\n")[0],
+                self.second_pass_refusal("-display", "gtk"),
+                self.second_pass_refusal("-chardev", "bogus,id=x"),
+                self.second_pass_refusal("-chardev", "ringbuf"),
+                self.second_pass_refusal("-chardev", "ringbuf,id=x,size=3"),
+                self.second_pass_refusal("-smp", "foo=1"),
+                self.second_pass_refusal("-machine", "q35,foo=1"),
+                self.second_pass_refusal("-accel", "bogus"),
+                self.second_pass_refusal("-device", "bogus"),
+                self.second_pass_refusal("-incoming", "file:/x"),
+            ],
+            [
+                "unsupported machine type",
+                "Display 'gtk' is not available.",
+                "-chardev bogus,id=x: 'bogus' is not a valid char driver name",
+                "-chardev ringbuf: chardev: no id specified",
+                "-chardev ringbuf,id=x,size=3: size of ringbuf chardev must be power of two",
+                "Parameter 'smp.foo' is unexpected",
+                "Property 'pc-q35-7.2-machine.foo' not found",
+                "-accel bogus: invalid accelerator bogus",
+                "-device bogus: 'bogus' is not a valid device model name",
+                "-incoming file:/x: unknown migration protocol: file:/x",
+            ],
+        )
+
+    def test_machineTypeIsCheckedFirst(self) -> None:
+        self.assertEqual(
+            self.refusal("-chardev", "ringbuf,id=x,size=3", "-display", "gtk", "-machine", "nope"),
+            "unsupported machine type\nUse -machine help to list supported machines",
+        )
+
+    def test_displayBeforeChardevs(self) -> None:
+        self.assertEqual(
+            self.refusal("-chardev", "ringbuf,id=x,size=3", "-display", "gtk"),
+            "Display 'gtk' is not available.",
+        )
+
+    def test_chardevsAndMonitorsInCommandLineOrder(self) -> None:
+        long_path = "/tmp/" + "x" * 120
+        monitor = f"unix:{long_path},server=on,wait=off"
+        self.assertEqual(
+            [
+                self.refusal("-qmp", monitor, "-chardev", "ringbuf,id=x,size=3").split(":")[0],
+                self.refusal("-chardev", "ringbuf,id=x,size=3", "-qmp", monitor).split(":")[0],
+            ],
+            ["-qmp unix", "-chardev ringbuf,id=x,size=3"],
+        )
+
+    def test_chardevsBeforeTopologyBeforeMachineProperties(self) -> None:
+        self.assertEqual(
+            [
+                self.refusal("-machine", "q35,foo=1", "-smp", "foo=1", "-chardev", "ringbuf"),
+                self.refusal("-machine", "q35,foo=1", "-smp", "foo=1"),
+                self.refusal("-machine", "q35,foo=1", "-accel", "bogus"),
+            ],
+            [
+                "-chardev ringbuf: chardev: no id specified",
+                "Parameter 'smp.foo' is unexpected",
+                "Property 'pc-q35-7.2-machine.foo' not found",
+            ],
+        )
+
+    def test_acceleratorBeforeDevicesBeforeIncoming(self) -> None:
+        self.assertEqual(
+            [
+                self.refusal("-device", "bogus", "-accel", "bogus"),
+                self.refusal("-incoming", "file:/x", "-device", "bogus"),
+            ],
+            [
+                "-accel bogus: invalid accelerator bogus",
+                "-device bogus: 'bogus' is not a valid device model name",
+            ],
+        )
+
+    def test_warningsBeforeARefusalAreKept(self) -> None:
+        error = self.assertRaises(
+            CommandLineError, parse_command_line, ["-smp", "0", "-device", "bogus"]
+        )
+        self.assertEqual(
+            error.messages,
+            [
+                "warning: Deprecated CPU topology (considered invalid): "
+                "CPU topology parameters must be greater than zero",
+                "-device bogus: 'bogus' is not a valid device model name",
+            ],
+        )
+
+
 class AcceleratorTests(_CommandLineTestCase):
     """-accel: tried in order; kvm needs its device to open."""
 
@@ -227,6 +395,42 @@ class AcceleratorTests(_CommandLineTestCase):
             ),
         )
 
+    def test_unknownAcceleratorFallsBackToTheNext(self) -> None:
+        config = parse("-accel", "bogus", "-accel", "tcg")
+        self.assertEqual(
+            (config.accelerator, config.warnings),
+            ("tcg", ("-accel bogus: invalid accelerator bogus", "falling back to tcg")),
+        )
+
+    def test_unknownAcceleratorAfterAWorkingOneIsNeverLookedAt(self) -> None:
+        self.assertEqual(parse("-accel", "tcg", "-accel", "bogus").warnings, ())
+
+    def test_everyFailedAcceleratorIsReported(self) -> None:
+        error = self.assertRaises(
+            CommandLineError, parse_command_line, ["-accel", "bogus", "-accel", "bogus2"]
+        )
+        self.assertEqual(
+            error.messages,
+            [
+                "-accel bogus: invalid accelerator bogus",
+                "-accel bogus2: invalid accelerator bogus2",
+            ],
+        )
+
+    def test_unknownPropertyIsFatalEvenWithAFallback(self) -> None:
+        error = self.assertRaises(
+            CommandLineError,
+            parse_command_line,
+            ["-accel", "bogus", "-accel", "tcg,foo=1", "-accel", "kvm"],
+        )
+        self.assertEqual(
+            error.messages,
+            [
+                "-accel bogus: invalid accelerator bogus",
+                "-accel tcg,foo=1: Property 'tcg-accel.foo' not found",
+            ],
+        )
+
     def test_noFallbackWarningWhenKvmOpens(self) -> None:
         self.kvm_device(self.existing_file())
         self.assertEqual(parse("-accel", "kvm", "-accel", "tcg").warnings, ())
@@ -268,7 +472,9 @@ class QmpOptionTests(_CommandLineTestCase):
     def test_qmpUnknownParameterIsRefused(self) -> None:
         self.assertEqual(
             self.refusal("-qmp", "unix:/tmp/q,server=on,wait=off,foo=bar"),
-            "-qmp unix:/tmp/q,server=on,wait=off,foo=bar: Invalid parameter 'foo'",
+            "-qmp unix:/tmp/q,server=on,wait=off,foo=bar: Invalid parameter 'foo'\n"
+            f"{program_name()}: -qmp unix:/tmp/q,server=on,wait=off,foo=bar: "
+            "parse error: unix:/tmp/q,server=on,wait=off,foo=bar",
         )
 
     def test_overlongSocketPathIsRefused(self) -> None:
@@ -531,6 +737,13 @@ class GeneralRefusalTests(_CommandLineTestCase):
     def test_unknownAccelerator(self) -> None:
         self.assertEqual(self.refusal("-accel", "foo"), "-accel foo: invalid accelerator foo")
 
+    def test_unknownDisplayType(self) -> None:
+        # Not a display QEMU has at all: refused while parsing, unlike gtk.
+        self.assertEqual(
+            self.refusal(*BASE, "-display", "bogus"),
+            "-display bogus: Parameter 'type' does not accept value 'bogus'",
+        )
+
     def test_unknownAcceleratorProperty(self) -> None:
         self.assertEqual(
             [self.refusal("-accel", f"{a},foo=1") for a in ("kvm", "tcg")],
@@ -593,6 +806,13 @@ class ChardevRefusalTests(_CommandLineTestCase):
         self.assertEqual(
             self.refusal(*BASE, "-chardev", "socket,id=a"),
             "-chardev socket,id=a: fakeqemu does not emulate the 'socket' char driver",
+        )
+
+    def test_ringbufIgnoresOtherBackendsParameters(self) -> None:
+        # QEMU parses every chardev key for every backend; ringbuf reads only size.
+        self.assertEqual(
+            parse(*BASE, "-chardev", "ringbuf,id=a,path=/tmp/x").ringbufs,
+            (RingbufSpec("a", 65536),),
         )
 
     def test_unknownRingbufParameter(self) -> None:

@@ -35,7 +35,9 @@ from tests.test_fakeqemu_process import (
     monitor_closed,
     pause,
     qmp_option,
+    read_file,
     stderr_lines,
+    wait_until,
 )
 from vmready.qmp import connect_qmp
 
@@ -534,6 +536,165 @@ class LauncherTests(InProcessHostTestCase):
             await pause()
             status = (await client.execute("query-status"))["status"]
         self.assertEqual(status, "running")
+
+
+class LauncherLogfileTests(InProcessHostTestCase):
+    """``-D FILE`` on a hosted VM: the launcher opens FILE as QEMU would; the host adds to it."""
+
+    def log_path(self, directory: str | None = None) -> str:
+        """A log file holding a line from an earlier run."""
+        path = os.path.join(directory or self.directory, "vm.log")
+        with open(path, "wb") as f:
+            f.write(b"an earlier run\n")
+        return path
+
+    async def wait_for_log(self, path: str, expected: bytes) -> None:
+        """Poll until the log file holds exactly ``expected``."""
+        await wait_until(lambda: read_file(path) == expected, f"{expected!r} in {path}")
+
+    @deferred_test
+    async def test_daemonizedLateErrorGoesOnlyToTheLogfile(self) -> None:
+        log = self.log_path()
+        launcher = self.launcher(
+            ["-machine", "none", "-chardev", "ringbuf,id=r,size=3", "-daemonize", "-D", log]
+        )
+        self.assertEqual(
+            (await launcher.exit_status(), launcher.stderr, read_file(log), self.host.list()),
+            (
+                1,
+                b"",
+                stderr_lines(
+                    "-chardev ringbuf,id=r,size=3: size of ringbuf chardev must be power of two"
+                ),
+                [],
+            ),
+        )
+
+    @deferred_test
+    async def test_optionLoopErrorStaysOnStderr(self) -> None:
+        log = self.log_path()
+        launcher = self.launcher(["-daemonize", "-D", log, "-bogus"])
+        self.assertEqual(
+            (await launcher.exit_status(), launcher.stderr, read_file(log)),
+            (1, stderr_lines("-bogus: invalid option"), b"an earlier run\n"),
+        )
+
+    @deferred_test
+    async def test_unopenableLogfileIsRefusedOnStderr(self) -> None:
+        log = self.path("no-such-directory/vm.log")
+        launcher = self.launcher(["-machine", "none", "-daemonize", "-D", log])
+        self.assertEqual(
+            (await launcher.exit_status(), launcher.stderr),
+            (1, stderr_lines(f"Error opening logfile {log}: No such file or directory")),
+        )
+
+    @deferred_test
+    async def test_startErrorOfADaemonizedVMGoesToTheLogfile(self) -> None:
+        log, missing = self.log_path(), self.path("no-such-directory/qmp")
+        launcher = self.launcher(
+            ["-machine", "none", *qmp_option(missing), "-daemonize", "-D", log]
+        )
+        self.assertEqual(
+            (await launcher.exit_status(), launcher.stderr, read_file(log)),
+            (
+                1,
+                b"",
+                stderr_lines(
+                    f"-qmp unix:{missing},server=on,wait=off: "
+                    f"Failed to bind socket to {missing}: No such file or directory"
+                ),
+            ),
+        )
+
+    @deferred_test
+    async def test_exitLinesOfADaemonizedVMGoToItsLogfile(self) -> None:
+        qmp, log = self.path("qmp"), self.log_path()
+        launcher = self.launcher([*agent_devices(), *qmp_option(qmp), "-daemonize", "-D", log])
+        self.assertEqual(
+            (await launcher.exit_status(), launcher.stderr, read_file(log)), (0, b"", b"")
+        )
+        client = await self.monitor(qmp)
+        (vm,) = self.host.list()
+        await (await self.control_client()).call("terminate", vm=vm["vm"], signal=15)
+        await monitor_closed(client)
+        await self.wait_for_log(log, stderr_lines("terminating on signal 15"))
+
+    @deferred_test
+    async def test_foregroundVMsExitLinesStayOnTheLaunchersStderr(self) -> None:
+        qmp, log = self.path("qmp"), self.log_path()
+        launcher = self.launcher([*agent_devices(), *qmp_option(qmp), "-D", log])
+        await self.monitor(qmp, launcher)
+        launcher.send_signal("TERM")
+        self.assertEqual(
+            (await launcher.exit_status(), launcher.stderr, read_file(log)),
+            (0, stderr_lines("terminating on signal 15"), b""),
+        )
+
+    @deferred_test
+    async def test_daemonizedRefusedRestoreLogsQEMUsLines(self) -> None:
+        source, state = self.path("source.qmp"), self.path("vm.state")
+        await self.launch([*agent_devices(), *qmp_option(source)])
+        monitor = await self.monitor(source)
+        await monitor.execute("migrate", {"uri": f"exec:cat > {state}"})
+        deadline = reactor.seconds() + DEADLINE
+        while (await monitor.execute("query-migrate")).get("status") != "completed":
+            self.assertLess(reactor.seconds(), deadline, "migration never completed")
+            await pause()
+        log = self.log_path()
+        launcher = self.launcher(
+            [
+                *agent_devices(legacy_port=True),
+                *qmp_option(self.path("target.qmp")),
+                "-incoming",
+                f"exec:cat {state}",
+                "-daemonize",
+                "-D",
+                log,
+            ]
+        )
+        self.assertEqual((await launcher.exit_status(), launcher.stderr), (0, b""))
+        await self.wait_for_log(
+            log,
+            stderr_lines(
+                "Failed to load virtio-console:virtio",
+                "error while loading state for instance 0x0 of device "
+                "'0000:00:01.0/virtio-console'",
+                "load of migration failed: Invalid argument",
+            ),
+        )
+        self.assertEqual([vm["qmp"] for vm in self.host.list()], [[source]])
+
+    @deferred_test
+    async def test_missingIncomingFileComplaintLandsInTheLogfile(self) -> None:
+        qmp, missing, log = self.path("qmp"), self.path("missing.state"), self.log_path()
+        launcher = self.launcher(
+            [
+                *agent_devices(),
+                *qmp_option(qmp),
+                "-incoming",
+                f"exec:cat {missing}",
+                "-daemonize",
+                "-D",
+                log,
+            ]
+        )
+        self.assertEqual(
+            (await launcher.exit_status(), launcher.stderr, read_file(log)),
+            (0, b"", f"cat: {missing}: No such file or directory\n".encode()),
+        )
+
+    @deferred_test
+    async def test_relativeLogfileResolvesAgainstTheLaunchersDirectory(self) -> None:
+        workdir = self.path("work")
+        os.mkdir(workdir)
+        log = self.log_path(workdir)
+        launcher = self.launcher(
+            [*agent_devices(), *qmp_option("vm.qmp"), "-daemonize", "-D", "vm.log"], cwd=workdir
+        )
+        self.assertEqual(await launcher.exit_status(), 0)
+        (vm,) = self.host.list()
+        self.host.get(vm["vm"]).vm.crash("virtio: zero sized buffers")
+        await self.wait_for_log(log, stderr_lines("virtio: zero sized buffers"))
 
 
 class HostProcessTests(HostTestCase):

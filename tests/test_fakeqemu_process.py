@@ -524,6 +524,168 @@ class LifecycleTests(ProcessTestCase):
         self.assertEqual(await process.exit_status(), -signal.SIGKILL)
 
 
+def read_file(path: str) -> bytes | None:
+    """A file's bytes, or None if there is no such file."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+class LogfileTests(ProcessTestCase):
+    """``-D FILE`` as QEMU 7.2 honours it.
+
+    Errors found after the option loop go to FILE instead of stderr when
+    daemonized; option-loop errors stay on stderr; FILE is truncated at start.
+    """
+
+    def log_path(self) -> str:
+        """The test's log file, holding a line from an earlier run."""
+        path = self.path("vm.log")
+        with open(path, "wb") as f:
+            f.write(b"an earlier run\n")
+        return path
+
+    @deferred_test
+    async def test_daemonizedLateErrorGoesOnlyToTheLogfile(self) -> None:
+        log = self.log_path()
+        launcher = self.spawn(
+            ["-chardev", "ringbuf,id=r,size=3", "-daemonize", "-D", log, "-machine", "none"]
+        )
+        self.assertEqual(
+            (await launcher.exit_status(), launcher.stderr, read_file(log)),
+            (
+                1,
+                b"",
+                stderr_lines(
+                    "-chardev ringbuf,id=r,size=3: size of ringbuf chardev must be power of two"
+                ),
+            ),
+        )
+
+    @deferred_test
+    async def test_daemonizedUnsupportedMachineGoesToTheLogfile(self) -> None:
+        log = self.log_path()
+        launcher = self.spawn(["-machine", "pc-q35-2.0", "-daemonize", "-D", log])
+        self.assertEqual(
+            (await launcher.exit_status(), launcher.stderr, read_file(log)),
+            (
+                1,
+                b"",
+                stderr_lines("unsupported machine type")
+                + b"Use -machine help to list supported machines\n",
+            ),
+        )
+
+    @deferred_test
+    async def test_optionLoopErrorStaysOnStderrAndLeavesTheLogfileAlone(self) -> None:
+        log = self.log_path()
+        launcher = self.spawn(["-daemonize", "-D", log, "-chardev", "ringbuf,id=r,foo=1"])
+        self.assertEqual(
+            (await launcher.exit_status(), launcher.stderr, read_file(log)),
+            (
+                1,
+                stderr_lines("-chardev ringbuf,id=r,foo=1: Invalid parameter 'foo'"),
+                b"an earlier run\n",
+            ),
+        )
+
+    @deferred_test
+    async def test_unopenableLogfileIsRefusedOnStderr(self) -> None:
+        log = self.path("no-such-directory/vm.log")
+        launcher = self.spawn(["-machine", "none", "-daemonize", "-D", log])
+        self.assertEqual(
+            (await launcher.exit_status(), launcher.stderr),
+            (1, stderr_lines(f"Error opening logfile {log}: No such file or directory")),
+        )
+
+    @deferred_test
+    async def test_withoutDaemonizeErrorsGoToStderrAndTheLogfileIsEmptied(self) -> None:
+        log = self.log_path()
+        launcher = self.spawn(["-machine", "none", "-chardev", "ringbuf,id=r,size=3", "-D", log])
+        self.assertEqual(
+            (await launcher.exit_status(), launcher.stderr, read_file(log)),
+            (
+                1,
+                stderr_lines(
+                    "-chardev ringbuf,id=r,size=3: size of ringbuf chardev must be power of two"
+                ),
+                b"",
+            ),
+        )
+
+    @deferred_test
+    async def test_warningsOfADaemonizedStartGoToTheLogfile(self) -> None:
+        log, pidfile = self.log_path(), self.path("vm.pid")
+        launcher = self.spawn(
+            ["-machine", "none", "-smp", "0", "-daemonize", "-pidfile", pidfile, "-D", log]
+        )
+        self.kill_daemon_at_cleanup(pidfile)
+        self.assertEqual(
+            (await launcher.exit_status(), launcher.stderr, read_file(log)),
+            (
+                0,
+                b"",
+                stderr_lines(
+                    "warning: Deprecated CPU topology (considered invalid): "
+                    "CPU topology parameters must be greater than zero"
+                ),
+            ),
+        )
+
+    @deferred_test
+    async def test_startErrorOfADaemonGoesToTheLogfile(self) -> None:
+        log, missing = self.log_path(), self.path("no-such-directory/qmp")
+        launcher = self.spawn(["-machine", "none", *qmp_option(missing), "-daemonize", "-D", log])
+        self.assertEqual(
+            (await launcher.exit_status(), launcher.stderr, read_file(log)),
+            (
+                1,
+                b"",
+                stderr_lines(
+                    f"-qmp unix:{missing},server=on,wait=off: "
+                    f"Failed to bind socket to {missing}: No such file or directory"
+                ),
+            ),
+        )
+
+    @deferred_test
+    async def test_daemonKeepsTheLogfileAsItsStderr(self) -> None:
+        qmp, pidfile, log = self.path("qmp"), self.path("vm.pid"), self.log_path()
+        launcher = self.spawn(
+            [*agent_devices(), *qmp_option(qmp), "-daemonize", "-pidfile", pidfile, "-D", log]
+        )
+        self.kill_daemon_at_cleanup(pidfile)
+        self.assertEqual((await launcher.exit_status(), launcher.stderr), (0, b""))
+        daemon_pid = read_pid(pidfile)
+        assert daemon_pid is not None
+        await wait_until(
+            lambda: standard_streams(daemon_pid) == [os.devnull, os.devnull, log],
+            "the daemon to keep the log file as its stderr",
+        )
+        client = await self.monitor(qmp)
+        await client.execute("quit")
+        await monitor_closed(client)
+        await wait_until(lambda: read_pid(pidfile) is None, "the daemon to exit")
+        # A successful start and a quit write nothing; the earlier run's line is gone.
+        self.assertEqual(read_file(log), b"")
+
+    @deferred_test
+    async def test_sigtermLineOfADaemonLandsInTheLogfile(self) -> None:
+        qmp, pidfile, log = self.path("qmp"), self.path("vm.pid"), self.log_path()
+        launcher = self.spawn(
+            [*agent_devices(), *qmp_option(qmp), "-daemonize", "-pidfile", pidfile, "-D", log]
+        )
+        self.kill_daemon_at_cleanup(pidfile)
+        self.assertEqual(await launcher.exit_status(), 0)
+        daemon_pid = read_pid(pidfile)
+        assert daemon_pid is not None
+        os.kill(daemon_pid, signal.SIGTERM)
+        await wait_until(lambda: read_pid(pidfile) is None, "the daemon to exit")
+        self.assertEqual(read_file(log), stderr_lines("terminating on signal 15"))
+
+
 GUEST_AGENT = """
 import socket, sys
 guest = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -716,6 +878,60 @@ class MigrationTests(ProcessTestCase):
                 f"cat: {missing}: No such file or directory\n".encode()
                 + stderr_lines("terminating on signal 15"),
             ),
+        )
+
+    @deferred_test
+    async def test_daemonizedRefusedRestoreLogsQEMUsLinesAndExits(self) -> None:
+        state = await self.save_state()
+        qmp, pidfile, log = self.path("target.qmp"), self.path("target.pid"), self.path("vm.log")
+        launcher = self.spawn(
+            [
+                *agent_devices(legacy_port=True),
+                *qmp_option(qmp),
+                "-incoming",
+                f"exec:cat {state}",
+                "-daemonize",
+                "-pidfile",
+                pidfile,
+                "-D",
+                log,
+            ]
+        )
+        self.kill_daemon_at_cleanup(pidfile)
+        # As QEMU's: the launcher has returned before the daemon loads the stream.
+        self.assertEqual((await launcher.exit_status(), launcher.stderr), (0, b""))
+        expected = stderr_lines(
+            "Failed to load virtio-console:virtio",
+            "error while loading state for instance 0x0 of device '0000:00:01.0/virtio-console'",
+            "load of migration failed: Invalid argument",
+        )
+        await wait_until(lambda: read_file(log) == expected, "the restore's lines in the log")
+        await wait_until(lambda: read_pid(pidfile) is None, "the daemon to exit")
+        await self.assertFailure(connect_qmp(reactor, qmp, timeout=DEADLINE), QMPDisconnected)
+
+    @deferred_test
+    async def test_missingIncomingFileComplaintLandsInTheLogfile(self) -> None:
+        missing, qmp, pidfile = self.path("missing.state"), self.path("qmp"), self.path("vm.pid")
+        log = self.path("vm.log")
+        launcher = self.spawn(
+            [
+                *agent_devices(),
+                *qmp_option(qmp),
+                "-incoming",
+                f"exec:cat {missing}",
+                "-daemonize",
+                "-pidfile",
+                pidfile,
+                "-D",
+                log,
+            ]
+        )
+        self.kill_daemon_at_cleanup(pidfile)
+        self.assertEqual((await launcher.exit_status(), launcher.stderr), (0, b""))
+        client = await self.monitor(qmp)
+        self.assertEqual(
+            ((await client.execute("query-status"))["status"], read_file(log)),
+            ("inmigrate", f"cat: {missing}: No such file or directory\n".encode()),
         )
 
     @deferred_test

@@ -416,6 +416,31 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
         self.assertIn("stopped it", self.store.list_actions("vm1")[0].steps[0].name)
 
     @_async
+    async def test_syncLeavesAGuestThatIsPoweringOffToFinish(self) -> None:
+        await self.launch()
+        vm = self.lifecycle.vms["vm1"]
+        # QEMU announced SHUTDOWN (a guest power-off) and has not exited yet.
+        self.store.set_power_state("vm1", PowerState.SHUTDOWN)
+        await self.lifecycle.sync_power_states()
+        self.assertIs(self.lifecycle.vms["vm1"], vm)
+        self.assertFalse(vm.gone)
+        await vm.force_stop()  # what the guest's power-off ends in: the VM exits
+        await _until(lambda: self.lifecycle.get("vm1").vm_state is VMState.STOPPED)
+        self.assertIn("instance-shutdown", self.lifecycle_actions("vm1"))
+
+    @_async
+    async def test_syncSettlesAPoweredOffInstanceWhoseVMIsGone(self) -> None:
+        await self.launch()
+        vm = self.lifecycle.vms.pop("vm1")  # the daemon lost it in the window
+        await vm.force_stop()
+        self.store.set_power_state("vm1", PowerState.SHUTDOWN)
+        await self.lifecycle.sync_power_states()
+        record = self.lifecycle.get("vm1")
+        self.assertEqual(
+            (record.vm_state, record.power_state), (VMState.STOPPED, PowerState.SHUTDOWN)
+        )
+
+    @_async
     async def test_syncStopsAnUnfollowedVMOfAStoppedInstance(self) -> None:
         await self.launch()
         pid = self.lifecycle.vms["vm1"].pid

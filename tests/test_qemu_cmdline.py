@@ -10,6 +10,7 @@ from fakeqemu import CommandLineError, parse_command_line
 from vmready.qemu_cmdline import (
     AGENT_PORT,
     AGENT_RING,
+    LEGACY_LAYOUT,
     LEGACY_PORT,
     SerialPort,
     VMSpec,
@@ -50,7 +51,9 @@ class VMSpecTests(SynchronousTestCase):
     def test_defaultRingAndLayout(self) -> None:
         spec = make_spec()
         self.assertEqual(spec.ring_size, 65536)
-        self.assertEqual(spec.serial_ports, (SerialPort(AGENT_PORT, AGENT_RING),))
+        self.assertEqual(
+            spec.serial_ports, (SerialPort(AGENT_PORT, AGENT_RING), SerialPort(LEGACY_PORT))
+        )
 
     def test_memoryAndCpusMustBePositive(self) -> None:
         self.assertRaises(ValueError, make_spec, memory_mib=0)
@@ -88,9 +91,13 @@ class CommandLineTests(SynchronousTestCase):
                 "ringbuf,id=vmready,size=65536",
                 "-device",
                 "virtserialport,chardev=vmready,name=com.canonical.lxd,bus=vs0.0",
+                "-device",
+                "virtserialport,name=org.linuxcontainers.lxd,bus=vs0.0",
                 "-daemonize",
                 "-pidfile",
                 "/run/vmready/4f3c2d1e/vm.pid",
+                "-D",
+                "/run/vmready/4f3c2d1e/qemu.log",
             ],
         )
 
@@ -187,7 +194,27 @@ class FakeQemuAcceptsTests(SynchronousTestCase):
         self.assertEqual(config.qmp_sockets, ("/run/vmready/4f3c2d1e/qmp.sock",))
         self.assertEqual(
             [(port.bus_name, port.name, port.chardev) for port in config.serial_ports],
-            [("vs0.0", AGENT_PORT, AGENT_RING)],
+            [("vs0.0", AGENT_PORT, AGENT_RING), ("vs0.0", LEGACY_PORT, None)],
+        )
+        self.assertEqual(config.logfile, "/run/vmready/4f3c2d1e/qemu.log")
+
+    def test_legacyLayoutWiresTheOldNameOnly(self) -> None:
+        argv = build_command_line(make_spec(serial_ports=LEGACY_LAYOUT.ports), PROGRAM, ["tcg"])
+        config = parse_command_line(argv[1:])
+        self.assertEqual(
+            [(port.name, port.chardev) for port in config.serial_ports],
+            [(LEGACY_PORT, AGENT_RING)],
+        )
+
+    def test_deviceSetNamesMachineMemoryCpusAndPorts(self) -> None:
+        self.assertEqual(
+            make_spec(serial_ports=LEGACY_LAYOUT.ports).device_set(),
+            {
+                "machine": "q35",
+                "memory_mib": 256,
+                "cpus": 2,
+                "serial_ports": [{"name": LEGACY_PORT, "chardev": AGENT_RING}],
+            },
         )
 
     def test_legacyPortBesideTheAgentPortIsAccepted(self) -> None:

@@ -91,9 +91,9 @@ class ActionTableTests(SynchronousTestCase):
             self.assertNotIn(VMState.DELETED, action.allowed_from, action.name)
             self.assertTrue(action.tasks, action.name)
 
-    def test_errorIsLeftOnlyByExplicitStartRebuildOrDelete(self) -> None:
+    def test_errorIsLeftOnlyByExplicitStartRebuildRestoreOrDelete(self) -> None:
         leaving = sorted(a.name for a in ACTIONS.values() if VMState.ERROR in a.allowed_from)
-        self.assertEqual(leaving, ["delete", "rebuild", "start"])
+        self.assertEqual(leaving, ["delete", "rebuild", "restore", "start"])
 
     def test_diagramNamesEveryAction(self) -> None:
         diagram = transition_diagram()

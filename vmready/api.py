@@ -40,7 +40,7 @@ from zope.interface import implementer
 
 import vmready
 from vmready.events import EVENT_TYPES, Event
-from vmready.lifecycle import Lifecycle
+from vmready.lifecycle import LAYOUT_KEY, Lifecycle
 from vmready.model import (
     BadRequest,
     InstanceRecord,
@@ -49,6 +49,7 @@ from vmready.model import (
     VMReadyError,
 )
 from vmready.operations import Operation
+from vmready.qemu_cmdline import SERIAL_LAYOUTS
 from vmready.ringbuffer import AgentStatus
 from vmready.states import StatusCode, VMState
 
@@ -99,6 +100,19 @@ def state_json(record: InstanceRecord, agent: AgentStatus = AgentStatus.UNKNOWN)
     }
 
 
+def snapshot_json(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """One snapshot as the API shows it."""
+    metadata = snapshot["metadata"]
+    return {
+        "name": snapshot["name"],
+        "stateful": snapshot["stateful"],
+        "created_at": rfc3339(snapshot["created_at"]),
+        "serial_layout": metadata.get("layout"),
+        "device_set": metadata.get("device_set"),
+        "config": metadata.get("config", {}),
+    }
+
+
 def instance_json(
     record: InstanceRecord, agent: AgentStatus = AgentStatus.UNKNOWN
 ) -> dict[str, Any]:
@@ -118,6 +132,7 @@ def instance_json(
         "power_state": record.power_state.value,
         "error": record.error or "",
         "agent": {"status": agent.value},
+        "serial_layout": _layout_json(record),
         "config": dict(record.config),
         "devices": {name: dict(device) for name, device in record.devices.items()},
         "limits": {"memory_mib": record.memory_mib, "cpus": record.cpus},
@@ -125,6 +140,15 @@ def instance_json(
         "last_used_at": rfc3339(record.updated_at),
         "updated_at": rfc3339(record.updated_at),
     }
+
+
+def _layout_json(record: InstanceRecord) -> dict[str, str] | None:
+    """The serial layout the instance's VM was last started with (None: never started)."""
+    name = record.config.get(LAYOUT_KEY)
+    if name is None:
+        return None
+    layout = SERIAL_LAYOUTS.get(name)
+    return {"name": name, "description": layout.description if layout else "unknown"}
 
 
 def _json_response(request: IRequest, code: int, body: Any) -> bytes:
@@ -434,6 +458,49 @@ class OperatorAPI:
         if config is None:
             raise BadRequest("Invalid field 'config': an object of keys to set is required")
         return _sync(request, self._instance_json(self.lifecycle.update_config(name, config)))
+
+    @app.route("/1.0/instances/<name>", methods=["PUT"])
+    def put_instance(self, request: IRequest, name: str) -> bytes:
+        """LXD's restore: ``{"restore": SNAP, "stateful": bool, "force": bool}``."""
+        body = read_json_body(request)
+        unexpected = sorted(set(body) - {"restore", "stateful", "force"})
+        if unexpected:
+            raise BadRequest(f"Invalid field {unexpected[0]!r}: expected restore, stateful, force")
+        snapshot = _field(body, "restore", str, "a snapshot name")
+        if snapshot is None:
+            raise BadRequest("Invalid field 'restore': the name of a snapshot is required")
+        params = {"snapshot": snapshot}
+        for flag in ("stateful", "force"):
+            value = _field(body, flag, bool, "true or false")
+            if value is not None:
+                params[flag] = value
+        self.lifecycle.get(name)
+        return _async(request, self.lifecycle.act(name, "restore", **params))
+
+    @app.route("/1.0/instances/<name>/snapshots", methods=["GET"])
+    def list_snapshots(self, request: IRequest, name: str) -> bytes:
+        """The instance's snapshots, oldest first."""
+        return _sync(
+            request,
+            [snapshot_json(snapshot) for snapshot in self.lifecycle.store.list_snapshots(name)],
+        )
+
+    @app.route("/1.0/instances/<name>/snapshots", methods=["POST"])
+    def create_snapshot(self, request: IRequest, name: str) -> bytes:
+        """Take a snapshot: ``{"name": SNAP, "stateful": bool}``."""
+        body = read_json_body(request)
+        unexpected = sorted(set(body) - {"name", "stateful"})
+        if unexpected:
+            raise BadRequest(f"Invalid field {unexpected[0]!r}: expected name, stateful")
+        snapshot = _field(body, "name", str, "a snapshot name")
+        if snapshot is None:
+            raise BadRequest("Invalid field 'name': the snapshot's name is required")
+        params: dict[str, Any] = {"snapshot": snapshot}
+        stateful = _field(body, "stateful", bool, "true or false")
+        if stateful is not None:
+            params["stateful"] = stateful
+        self.lifecycle.get(name)
+        return _async(request, self.lifecycle.act(name, "snapshot", **params))
 
     @app.route("/1.0/instances/<name>", methods=["DELETE"])
     def delete_instance(self, request: IRequest, name: str) -> bytes:

@@ -450,6 +450,12 @@ def _instances_table(instances: list[dict[str, Any]]) -> str:
     return _table(["NAME", "STATUS", "DISPLAY", "TASK", "POWER", "MEMORY", "CPUS"], rows)
 
 
+def _layout_line(layout: Any) -> str:
+    if not isinstance(layout, dict):
+        return "- (never started)"
+    return f"{layout.get('name')} ({layout.get('description')})"
+
+
 def _info_table(instance: dict[str, Any]) -> str:
     lines = [
         f"Name: {instance['name']}",
@@ -461,6 +467,7 @@ def _info_table(instance: dict[str, Any]) -> str:
         f"Task state: {_dash(instance.get('task_state'))}",
         f"Power state: {_dash(instance.get('power_state'))}",
         f"Agent: {_dash((instance.get('agent') or {}).get('status'))}",
+        f"Serial layout: {_layout_line(instance.get('serial_layout'))}",
         f"Memory: {instance['limits']['memory_mib']}MiB",
         f"CPUs: {instance['limits']['cpus']}",
         f"Created: {_time(instance.get('created_at'))}",
@@ -478,6 +485,19 @@ def _info_table(instance: dict[str, Any]) -> str:
             settings = ", ".join(f"{k}={v}" for k, v in sorted(devices[name].items()))
             lines.append(f"  {name}: {settings}")
     return "\n".join(lines) + "\n"
+
+
+def _snapshots_table(snapshots: list[dict[str, Any]]) -> str:
+    rows = [
+        [
+            str(snapshot["name"]),
+            "yes" if snapshot.get("stateful") else "no",
+            _dash(snapshot.get("serial_layout")),
+            _time(snapshot.get("created_at")),
+        ]
+        for snapshot in snapshots
+    ]
+    return _table(["NAME", "STATEFUL", "LAYOUT", "CREATED"], rows)
 
 
 def _actions_table(actions: list[dict[str, Any]]) -> str:
@@ -623,6 +643,24 @@ async def _cmd_instance_action(client: Client, output: Output, args: argparse.Na
     path = _instance_path(args.name, "actions", args.command)
     operation = await client.operation("POST", path, body)
     return await _finish_action(client, output, args.name, operation, args)
+
+
+async def _cmd_snapshot(client: Client, output: Output, args: argparse.Namespace) -> int:
+    body = {"name": args.snapshot, "stateful": args.stateful}
+    operation = await client.operation("POST", _instance_path(args.name, "snapshots"), body)
+    return await _finish_action(client, output, args.name, operation, args)
+
+
+async def _cmd_restore(client: Client, output: Output, args: argparse.Namespace) -> int:
+    body = {"restore": args.snapshot, "stateful": args.stateful, "force": args.force}
+    operation = await client.operation("PUT", _instance_path(args.name), body)
+    return await _finish_action(client, output, args.name, operation, args)
+
+
+async def _cmd_snapshots(client: Client, output: Output, args: argparse.Namespace) -> int:
+    snapshots = await client.get(_instance_path(args.name, "snapshots"))
+    output.data(snapshots, _snapshots_table)
+    return EXIT_OK
 
 
 async def _cmd_delete(client: Client, output: Output, args: argparse.Namespace) -> int:
@@ -835,6 +873,9 @@ _COMMANDS: dict[str, Callable[[Client, Output, argparse.Namespace], Any]] = {
     "confirm-resize": _cmd_instance_action,
     "revert-resize": _cmd_instance_action,
     "delete": _cmd_delete,
+    "snapshot": _cmd_snapshot,
+    "restore": _cmd_restore,
+    "snapshots": _cmd_snapshots,
     "actions": _cmd_actions,
     "monitor": _cmd_monitor,
     "wait": _cmd_wait,
@@ -975,6 +1016,28 @@ def build_parser() -> argparse.ArgumentParser:
     delete = add("delete", "delete an instance", action)
     delete.add_argument("name")
     delete.add_argument("--force", action="store_true", help="delete even if it is running")
+    snapshot = add(
+        "snapshot", "take a snapshot of an instance (its config; --stateful: its VM)", action
+    )
+    snapshot.add_argument("name")
+    snapshot.add_argument("snapshot", metavar="SNAPSHOT")
+    snapshot.add_argument(
+        "--stateful",
+        action="store_true",
+        help="also save the running VM's state (it pauses while QEMU writes it)",
+    )
+    restore = add("restore", "restore an instance from one of its snapshots", action)
+    restore.add_argument("name")
+    restore.add_argument("snapshot", metavar="SNAPSHOT")
+    restore.add_argument(
+        "--stateful", action="store_true", help="resume the VM from the saved state"
+    )
+    restore.add_argument(
+        "--force",
+        action="store_true",
+        help="with --stateful: let QEMU try even if the device set changed since the snapshot",
+    )
+    add("snapshots", "list an instance's snapshots").add_argument("name")
     add("actions", "show an instance's action history").add_argument("name")
     monitor = add("monitor", "print events as they happen, until interrupted")
     monitor.add_argument(

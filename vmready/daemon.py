@@ -30,6 +30,7 @@ from vmready.events import EventBus
 from vmready.guestapi import GuestAPI, guest_site, guest_tls_factory
 from vmready.hypervisor import HypervisorDriver
 from vmready.lifecycle import GuestLink, Lifecycle
+from vmready.qemu_cmdline import CURRENT_LAYOUT, SERIAL_LAYOUTS
 from vmready.store import Store
 from vmready.vsock import HybridVSockAddress, HybridVSockServerEndpoint
 from vmready.web import local_site
@@ -50,6 +51,8 @@ class DaemonConfig:
     # The guest API's endpoint string; None: hvsock:path=<data_dir>/guest-api.sock.
     guest_listen: str | None = None
     agent_poll: PollIntervals = attrs.field(factory=PollIntervals)
+    # The serial wiring of VMs this daemon starts ("legacy" reproduces an older daemon).
+    serial_layout: str = CURRENT_LAYOUT.name
 
     @property
     def guest_endpoint(self) -> str:
@@ -91,6 +94,7 @@ class VMReadyService(MultiService):
             events,
             os.path.join(config.data_dir, "run"),
             stop_timeout=config.stop_timeout,
+            serial_layout=SERIAL_LAYOUTS[config.serial_layout],
         )
         site = local_site(OperatorAPI(lifecycle, config.hypervisor).app.resource())
         super().startService()

@@ -26,6 +26,7 @@ from vmready.lifecycle import MAX_STOP_TIMEOUT
 from vmready.limits import raise_file_limit
 from vmready.model import StoreError
 from vmready.paths import default_data_dir
+from vmready.qemu_cmdline import CURRENT_LAYOUT, SERIAL_LAYOUTS
 from vmready.store import Store
 from vmready.vsock import HybridVSockServerEndpoint, VSockServerEndpoint
 
@@ -61,6 +62,13 @@ class Options(usage.Options):
         ],
         ["stop-timeout", None, "30", "Seconds a clean stop waits before forcing."],
         [
+            "serial-layout",
+            None,
+            CURRENT_LAYOUT.name,
+            "Serial wiring for VMs this daemon starts: current (com.canonical.lxd) or legacy "
+            "(org.linuxcontainers.lxd, as before the rename; to reproduce upgrades).",
+        ],
+        [
             "guest-listen",
             None,
             None,
@@ -94,6 +102,10 @@ class Options(usage.Options):
     ]
 
     def postOptions(self) -> None:
+        if self["serial-layout"] not in SERIAL_LAYOUTS:
+            raise usage.UsageError(
+                f"--serial-layout must be one of {', '.join(sorted(SERIAL_LAYOUTS))}"
+            )
         if self["hypervisor"] not in HYPERVISORS:
             raise usage.UsageError(f"--hypervisor must be one of {', '.join(HYPERVISORS)}")
         for option in ("power-sync-interval", "stop-timeout"):
@@ -274,6 +286,7 @@ def makeService(options: Options) -> VMReadyService:
         stop_timeout=options["stop-timeout"],
         guest_listen=options["guest-listen"],
         agent_poll=options.poll_intervals,
+        serial_layout=options["serial-layout"],
     )
     print(
         f"vmready: data dir {data_dir}, API on {options['listen']}, "

@@ -82,6 +82,7 @@ __all__ = [
     "error_lines",
     "gone_event",
     "power_state_for",
+    "read_log_lines",
     "vm_event_for",
 ]
 
@@ -209,6 +210,16 @@ def error_lines(stderr: str) -> list[str]:
     return lines
 
 
+def read_log_lines(spec: VMSpec, limit: int = _OUTPUT_CAP) -> list[str]:
+    """What QEMU wrote to its ``-D`` log (where a daemonized QEMU reports errors), warnings out."""
+    try:
+        with open(spec.log_file, "rb") as f:
+            data = f.read(limit)
+    except OSError:
+        return []
+    return error_lines(data.decode("utf-8", "replace"))
+
+
 def accelerators_for_host(device: str = "/dev/kvm") -> list[str]:
     """``["kvm", "tcg"]`` where the KVM device opens for reading and writing, else ``["tcg"]``."""
     try:
@@ -255,6 +266,21 @@ def _owned_pid(spec: VMSpec) -> int | None:
     pid = _read_pidfile(spec.pidfile)
     if pid is not None and _is_vm_process(pid, spec.qmp_socket):
         return pid
+    return None
+
+
+def _find_vm_process(spec: VMSpec) -> int | None:
+    """This VM's live process found by its command line, for when the pidfile is gone.
+
+    A QEMU whose ``-incoming`` load fails removes its pidfile while it exits,
+    sometimes before the launcher looked (measured): its process must still be
+    waited for, or the next start finds its monitor socket still answering.
+    """
+    if not os.path.isdir("/proc/self"):
+        return None
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and _is_vm_process(int(entry), spec.qmp_socket):
+            return int(entry)
     return None
 
 
@@ -690,6 +716,16 @@ class RunningVM:
             info = await self._command("query-migrate")
             desc = info.get("error-desc", f"migration {status}")
             raise HypervisorError(f"saving the state of {self.spec.name} to {path} failed: {desc}")
+        # QEMU passes through finish-migrate after the completed event (measured), and
+        # refuses cont there ("Migration is not finalized yet"): wait for postmigrate.
+        deadline = self._reactor.seconds() + self.command_timeout
+        while (await self._command("query-status")).get("status") == "finish-migrate":
+            if self._reactor.seconds() >= deadline:
+                raise HypervisorError(
+                    f"QEMU did not finish the migration of {self.spec.name} "
+                    f"within {self.command_timeout:g}s of completing it"
+                )
+            await deferLater(self._reactor, _EXIT_POLL_SECONDS, lambda: None)
 
 
 class HypervisorDriver:
@@ -764,12 +800,23 @@ class HypervisorDriver:
                 f"within {self.start_timeout:g}s"
             )
         if code != 0:
-            raise HypervisorError(self._failure_message(launcher, code, signal_number))
-        pid = _owned_pid(spec)
+            raise HypervisorError(self._failure_message(spec, launcher, code, signal_number))
+        pid = _owned_pid(spec) or _find_vm_process(spec)
         try:
             client = await connect_qmp(self.reactor, spec.qmp_socket, self.connect_timeout)
         except QMPDisconnected as e:
-            self._kill_leftover(spec)
+            if pid is not None and _is_vm_process(pid, spec.qmp_socket):
+                self.log.warn(
+                    "killing half-started VM {name} (process {pid})", name=spec.name, pid=pid
+                )
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                await self._await_killed(spec, pid)
+            await self.wait_released(spec)
+            lines = read_log_lines(spec)
+            if lines:
+                # It started, then failed (a restore that could not load): QEMU said why in -D.
+                raise HypervisorError("\n".join(lines)) from e
             raise HypervisorError(
                 f"{self.program_name} started {spec.name} but its QMP monitor did not answer "
                 f"({e}); QEMU's stderr is closed once it daemonizes, so it said nothing more"
@@ -807,6 +854,18 @@ class HypervisorDriver:
             return None
         self.log.info("adopted VM {name} (process {pid})", name=spec.name, pid=pid)
         return RunningVM(self.reactor, spec, client, pid, self.command_timeout)
+
+    async def wait_released(self, spec: VMSpec) -> None:
+        """Wait (up to ``kill_timeout``) until nothing answers on ``spec``'s QMP socket.
+
+        A QEMU that failed an ``-incoming`` load is gone before its socket is:
+        the ``exec:`` migration child inherited the listening socket and holds
+        it until it notices (measured, about a second); a start in between
+        would see the socket in use.
+        """
+        deadline = self.reactor.seconds() + self.kill_timeout
+        while _socket_listens(spec.qmp_socket) and self.reactor.seconds() < deadline:
+            await deferLater(self.reactor, _EXIT_POLL_SECONDS, lambda: None)
 
     def kill_owned(self, spec: VMSpec) -> Deferred[bool]:
         """SIGKILL ``spec``'s VM process when no RunningVM follows it; fires with whether one was.
@@ -872,9 +931,14 @@ class HypervisorDriver:
                 os.kill(pid, signal.SIGKILL)
 
     def _failure_message(
-        self, launcher: _Launcher, code: int | None, signal_number: int | None
+        self,
+        spec: VMSpec,
+        launcher: _Launcher,
+        code: int | None,
+        signal_number: int | None,
     ) -> str:
-        lines = error_lines(launcher.stderr.decode("utf-8", "replace"))
+        # Once it parsed its options, a QEMU told to daemonize with -D reports there.
+        lines = error_lines(launcher.stderr.decode("utf-8", "replace")) + read_log_lines(spec)
         if lines:
             return "\n".join(lines)
         program = self.program_name

@@ -11,6 +11,7 @@ action (rebuild, delete, start after a failed stop…) moves it from there.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -22,24 +23,48 @@ from typing import Any
 import attrs
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
 from vmready.agentlink import AgentLink, PollIntervals, StatusChanged
 from vmready.agentmonitor import AgentMonitor
 from vmready.certs import CertificatePair, generate, write_config_drive
 from vmready.events import EventBus
-from vmready.hypervisor import HypervisorDriver, RunningVM, VMEvent, VMEventKind, VMSpec
+from vmready.hypervisor import (
+    HypervisorDriver,
+    RunningVM,
+    VMEvent,
+    VMEventKind,
+    VMSpec,
+    read_log_lines,
+)
 from vmready.model import (
     BadRequest,
     Conflict,
     HypervisorError,
     InstanceRecord,
+    NotFound,
     VMReadyError,
     task_conflict,
 )
 from vmready.operations import Operation, Operations
-from vmready.qemu_cmdline import AGENT_PORT, LEGACY_PORT
+from vmready.qemu_cmdline import (
+    AGENT_PORT,
+    CURRENT_LAYOUT,
+    LEGACY_PORT,
+    SERIAL_LAYOUTS,
+    SerialLayout,
+)
 from vmready.ringbuffer import AgentStatus
+from vmready.snapshots import (
+    STATE_FILE,
+    describe_layout,
+    remove_instance_snapshots,
+    snapshot_directory,
+    state_mismatch,
+    validate_snapshot_name,
+    write_metadata,
+)
 from vmready.states import ACTIONS, READY_KEY, PowerState, TaskState, VMState
 from vmready.store import Store
 
@@ -61,6 +86,9 @@ _TASKS_RESOLVED_BY_A_RUNNING_VM = frozenset(
 )
 _PREVIOUS_MEMORY = "volatile.resize.previous.memory"
 _PREVIOUS_CPU = "volatile.resize.previous.cpu"
+LAYOUT_KEY = "volatile.serial.layout"
+_RESTORE_POLL_SECONDS = 0.05
+RESTORE_TIMEOUT = 600.0
 _USER_KEYS = re.compile(r"(limits\.memory|limits\.cpu|user\..+|cloud-init\..+)")
 
 
@@ -231,6 +259,8 @@ class Lifecycle:
         events: EventBus,
         run_root: str,
         stop_timeout: float = DEFAULT_STOP_TIMEOUT,
+        serial_layout: SerialLayout = CURRENT_LAYOUT,
+        snapshot_root: str | None = None,
     ) -> None:
         self.reactor = reactor
         self.clock: IReactorTime = reactor
@@ -240,6 +270,11 @@ class Lifecycle:
         self.operations = Operations(reactor, events)
         self.run_root = run_root
         self.stop_timeout = stop_timeout
+        # The serial wiring new VMs get; a running VM keeps the one it was started with.
+        self.serial_layout = serial_layout
+        self.snapshot_root = snapshot_root or os.path.join(
+            os.path.dirname(os.path.abspath(run_root)), "snapshots"
+        )
         self.vms: dict[str, RunningVM] = {}
         self._unsubscribe: dict[str, Callable[[], None]] = {}
         # Set by the daemon once the guest API listens; without it no agent is followed.
@@ -268,14 +303,20 @@ class Lifecycle:
         """The directory handed to the guest as its config drive (certificates, agent.json)."""
         return os.path.join(self.spec_for(record).run_dir, CONFIG_DRIVE)
 
-    def spec_for(self, record: InstanceRecord) -> VMSpec:
-        """The hypervisor's view of an instance."""
+    def layout_of(self, record: InstanceRecord) -> SerialLayout:
+        """The serial layout the instance's VM was last started with (this daemon's if never)."""
+        recorded = SERIAL_LAYOUTS.get(record.config.get(LAYOUT_KEY, ""))
+        return recorded if recorded is not None else self.serial_layout
+
+    def spec_for(self, record: InstanceRecord, layout: SerialLayout | None = None) -> VMSpec:
+        """The hypervisor's view of an instance (with the serial layout its VM runs with)."""
         return VMSpec(
             name=record.name,
             uuid=record.uuid,
             memory_mib=record.memory_mib,
             cpus=record.cpus,
             run_dir=os.path.join(self.run_root, run_dir_name(record.uuid)),
+            serial_ports=(layout or self.layout_of(record)).ports,
         )
 
     def update_config(self, name: str, config: dict[str, Any]) -> InstanceRecord:
@@ -398,6 +439,8 @@ class Lifecycle:
             raise BadRequest(f"Unknown action {action!r}")
         runner = getattr(self, "_do_" + action.replace("-", "_"))
         prepared = self._prepare(action, params)
+        if action in ("snapshot", "restore"):
+            self._preflight(action, self.store.get_instance(name), prepared)
         record = self.store.claim_task(name, action, spec.allowed_from, spec.tasks[0])
         context = ActionContext(self, name, action, spec.tasks[0])
         self.publish_state(record)
@@ -433,10 +476,65 @@ class Lifecycle:
                 "memory": parse_memory(str(memory)) if memory is not None else None,
                 "cpus": parse_cpus(str(cpus)) if cpus is not None else None,
             }
+        if action in ("snapshot", "restore"):
+            allowed = {"snapshot", "stateful"} | ({"force"} if action == "restore" else set())
+            unexpected = sorted(set(params) - allowed)
+            if unexpected:
+                raise BadRequest(f"Unexpected parameters for {action}: {', '.join(unexpected)}")
+            prepared: dict[str, Any] = {"snapshot": validate_snapshot_name(params.get("snapshot"))}
+            for flag in sorted(allowed - {"snapshot"}):
+                value = params.get(flag, False)
+                if not isinstance(value, bool):
+                    raise BadRequest(f"Invalid {flag} {value!r}: expected true or false")
+                prepared[flag] = value
+            return prepared
         unexpected = sorted(params)
         if unexpected:
             raise BadRequest(f"Unexpected parameters for {action}: {', '.join(unexpected)}")
         return {}
+
+    def _preflight(self, action: str, record: InstanceRecord, params: dict[str, Any]) -> None:
+        """What can be known before a snapshot or restore touches anything: refuse it now."""
+        name = params["snapshot"]
+        if action == "snapshot":
+            if self.store.find_snapshot(record.name, name) is not None:
+                raise Conflict(f"Snapshot {name} of instance {record.name} already exists")
+            if params["stateful"] and (
+                record.vm_state is not VMState.ACTIVE or not self._has_vm(record.name)
+            ):
+                raise Conflict(
+                    f"Cannot take a stateful snapshot of instance {record.name}: it is not "
+                    "running (a stateful snapshot saves the running VM's memory)"
+                )
+            return
+        snapshot = self.store.find_snapshot(record.name, name)
+        if snapshot is None:
+            raise NotFound(f"Snapshot {name} of instance {record.name} not found")
+        if not params["stateful"]:
+            return
+        if not snapshot["stateful"]:
+            raise BadRequest(
+                f"Snapshot {name} of instance {record.name} is stateless: it has no VM state "
+                "to restore; restore it without --stateful"
+            )
+        metadata = snapshot["metadata"]
+        directory = snapshot_directory(self.snapshot_root, run_dir_name(record.uuid), name)
+        if not os.path.isfile(os.path.join(directory, STATE_FILE)):
+            raise Conflict(
+                f"Cannot restore the state of snapshot {name} of instance {record.name}: "
+                f"its state file {os.path.join(directory, STATE_FILE)} is missing"
+            )
+        target = self._restored_record(record, metadata)
+        mismatch = state_mismatch(metadata.get("device_set", {}), self._launch_spec(target))
+        if mismatch is not None and not params["force"]:
+            raise Conflict(
+                f"Cannot restore the state of snapshot {name} of instance {record.name}: it "
+                f"was saved with serial layout {describe_layout(metadata.get('layout'))} and "
+                f"the VM would now start with layout {describe_layout(self.serial_layout.name)}"
+                f" ({mismatch}); QEMU cannot load a state into a different device set. "
+                f"Restore without --stateful to get the snapshot's config back and boot "
+                f"afresh, or add --force to let QEMU try anyway."
+            )
 
     async def _guarded(self, context: ActionContext, work: Awaitable[None]) -> None:
         """Run an action's body; any failure ends the task in error with its reason."""
@@ -567,6 +665,109 @@ class Lifecycle:
             context.finish(VMState.STOPPED, PowerState.SHUTDOWN)
         self.events.lifecycle("instance-resize-reverted", record.name)
 
+    def _launch_spec(self, record: InstanceRecord) -> dict[str, Any]:
+        """The device set the VM would have if it started now."""
+        return self.spec_for(record, self.serial_layout).device_set()
+
+    def _restored_record(self, record: InstanceRecord, metadata: dict[str, Any]) -> InstanceRecord:
+        """The instance as it will be once the snapshot's config is back (not stored)."""
+        return attrs.evolve(record, config=_restored_config(record.config, metadata))
+
+    async def _do_snapshot(
+        self, context: ActionContext, record: InstanceRecord, snapshot: str, stateful: bool
+    ) -> None:
+        name = snapshot
+        directory = snapshot_directory(self.snapshot_root, run_dir_name(record.uuid), name)
+        running = self._has_vm(record.name)
+        spec = self.spec_for(record)
+        metadata: dict[str, Any] = {
+            "config": {key: value for key, value in record.config.items() if _snapshotted(key)},
+            "layout": self.layout_of(record).name,
+            "device_set": spec.device_set(),
+            "state": STATE_FILE if stateful else None,
+        }
+        shutil.rmtree(directory, ignore_errors=True)  # a leftover of a snapshot that failed
+        os.makedirs(directory, mode=0o700)
+        try:
+            if stateful:
+                vm = self._vm(record.name)
+                try:
+                    await vm.migrate_to_file(os.path.join(directory, STATE_FILE))
+                finally:
+                    if not vm.gone:
+                        await vm.resume()
+            write_metadata(directory, metadata)
+            self.store.create_snapshot(record.name, name, stateful, metadata)
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+        if running:
+            context.finish(VMState.ACTIVE, PowerState.RUNNING)
+        else:
+            context.finish(VMState.STOPPED)
+        self.events.lifecycle(
+            "instance-snapshot-created", record.name, {"snapshot": name, "stateful": stateful}
+        )
+
+    async def _do_restore(
+        self,
+        context: ActionContext,
+        record: InstanceRecord,
+        snapshot: str,
+        stateful: bool,
+        force: bool,
+    ) -> None:
+        name = snapshot
+        found = self.store.find_snapshot(record.name, name)
+        if found is None:
+            raise NotFound(f"Snapshot {name} of instance {record.name} not found")
+        metadata = found["metadata"]
+        was_running = self._has_vm(record.name)
+        if was_running or record.vm_state is VMState.ERROR:
+            await self._power_off(context, record.name, 0, force=True)
+        updates = _config_updates(record.config, _restored_config(record.config, metadata))
+        restored = self.store.update_config(record.name, {**updates, READY_KEY: "false"})
+        if stateful:
+            directory = snapshot_directory(self.snapshot_root, run_dir_name(record.uuid), name)
+            await self._load_state(context, restored, os.path.join(directory, STATE_FILE))
+            context.finish(VMState.ACTIVE, PowerState.RUNNING)
+        elif was_running:
+            await self._launch(restored)
+            context.finish(VMState.ACTIVE, PowerState.RUNNING)
+        else:
+            context.finish(VMState.STOPPED, PowerState.SHUTDOWN)
+        self.events.lifecycle(
+            "instance-restored", record.name, {"snapshot": name, "stateful": stateful}
+        )
+
+    async def _load_state(self, context: ActionContext, record: InstanceRecord, path: str) -> None:
+        """Start the VM from a saved state; QEMU's own lines if it cannot load it."""
+        if not os.path.isfile(path):
+            # QEMU would wait for the stream forever (measured): say what is missing instead.
+            raise HypervisorError(f"Failed restoring state from {path}: the file is missing")
+        try:
+            vm = await self._launch(record, incoming=path)
+        except HypervisorError as e:
+            raise HypervisorError(f"Failed restoring state from {path}: {e.message}") from e
+        deadline = self.clock.seconds() + RESTORE_TIMEOUT
+        while not vm.gone:
+            power = await vm.query_power_state()
+            if power is PowerState.RUNNING:
+                context.note(f"loaded the state from {path}")
+                return
+            if self.clock.seconds() >= deadline:
+                raise HypervisorError(
+                    f"Failed restoring state from {path}: QEMU did not finish loading it "
+                    f"within {RESTORE_TIMEOUT:g}s"
+                )
+            await deferLater(self.clock, _RESTORE_POLL_SECONDS, lambda: None)
+        gone = await vm.when_gone()
+        await self.driver.wait_released(vm.spec)
+        # A daemonized QEMU reports a failed load only in its -D log.
+        lines = read_log_lines(vm.spec)
+        said = "\n".join(lines) if lines else gone.detail
+        raise HypervisorError(f"Failed restoring state from {path}: {said}")
+
     async def _do_delete(self, context: ActionContext, record: InstanceRecord) -> None:
         await self._power_off(context, record.name, 0, force=True)
         context.complete()
@@ -576,6 +777,7 @@ class Lifecycle:
         """The instance is gone: its row (revoking its certificate), run dir, DELETED event."""
         self.store.delete_instance(record.name)
         self._last_agent_status.pop(record.name, None)
+        remove_instance_snapshots(self.snapshot_root, run_dir_name(record.uuid))
         shutil.rmtree(self.spec_for(record).run_dir, ignore_errors=True)
         self.events.lifecycle(
             "instance-state",
@@ -605,12 +807,14 @@ class Lifecycle:
             raise HypervisorError(f"Instance {name} has no running VM")
         return vm
 
-    async def _launch(self, record: InstanceRecord) -> RunningVM:
+    async def _launch(self, record: InstanceRecord, incoming: str | None = None) -> RunningVM:
+        """Start the VM with this daemon's serial layout, recorded in the instance."""
+        record = self.store.update_config(record.name, {LAYOUT_KEY: self.serial_layout.name})
         spec = self.spec_for(record)
         if self.driver.kind == "fakeqemu":
             # A new boot: what the guest kept in its tmpfs (the agent's Ready memory) is gone.
             shutil.rmtree(fakeqemu_guest_paths(spec)["state_dir"], ignore_errors=True)
-        vm = await self.driver.launch(spec)
+        vm = await self.driver.launch(spec, incoming=incoming)
         self._attach(record.name, vm)
         return vm
 
@@ -808,8 +1012,12 @@ class Lifecycle:
         should_run = record.vm_state in _RUNNING_STATES and (
             record.power_state is not PowerState.SHUTDOWN
         )
+        # QEMU announced SHUTDOWN (a guest power-off) and has not exited yet.
+        shutting_down = (
+            record.vm_state in _RUNNING_STATES and record.power_state is PowerState.SHUTDOWN
+        )
         if vm is None or vm.gone:
-            if should_run:
+            if should_run or shutting_down:
                 await self._adopt_or_settle(record, "VM not running: no QEMU process answers")
             elif await self.driver.kill_owned(self.spec_for(record)):
                 self._history(
@@ -818,6 +1026,8 @@ class Lifecycle:
                     "a VM was running while the instance is stopped; stopped it",
                 )
             return
+        if shutting_down:
+            return  # its exit settles the instance (stopped, with the guest's reason)
         if not should_run:
             self._detach(record.name)
             await vm.force_stop()
@@ -926,6 +1136,18 @@ class Lifecycle:
             await self._stop_adopted(record.name, adopted)
             self._resolve(record, task, VMState.STOPPED, PowerState.SHUTDOWN)
             return
+        if task is TaskState.SNAPSHOTTING:
+            # The snapshot was not recorded (its row is written last); the VM may be paused
+            # mid-save: let it run on. A partial directory is replaced by the next snapshot.
+            if adopted is None:
+                self._resolve(record, task, VMState.STOPPED, PowerState.SHUTDOWN)
+                return
+            with contextlib.suppress(HypervisorError):
+                await adopted.resume()
+            power = await adopted.query_power_state()
+            vm_state = VMState.PAUSED if power is PowerState.PAUSED else VMState.ACTIVE
+            self._resolve(record, task, vm_state, power)
+            return
         if adopted is not None and task in _TASKS_RESOLVED_BY_A_RUNNING_VM:
             power = await adopted.query_power_state()
             vm_state = VMState.PAUSED if power is PowerState.PAUSED else VMState.ACTIVE
@@ -982,3 +1204,22 @@ def fakeqemu_guest_paths(spec: VMSpec) -> dict[str, str]:
         "devlxd_socket": os.path.join(guest_root, "lxd.sock"),
         "state_dir": os.path.join(guest_root, "run"),
     }
+
+
+def _snapshotted(key: str) -> bool:
+    """The config a snapshot keeps and a restore brings back: what users set."""
+    return _USER_KEYS.fullmatch(key) is not None
+
+
+def _restored_config(current: dict[str, str], metadata: dict[str, Any]) -> dict[str, str]:
+    """The config after restoring: the snapshot's user keys, the current volatile ones."""
+    kept = {key: value for key, value in current.items() if not _snapshotted(key)}
+    saved = metadata.get("config") or {}
+    return {**kept, **{str(k): str(v) for k, v in saved.items() if _snapshotted(str(k))}}
+
+
+def _config_updates(before: dict[str, str], after: dict[str, str]) -> dict[str, str | None]:
+    """The store updates that turn ``before`` into ``after``."""
+    updates: dict[str, str | None] = {key: None for key in before if key not in after}
+    updates.update({key: value for key, value in after.items() if before.get(key) != value})
+    return updates

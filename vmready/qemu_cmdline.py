@@ -24,9 +24,13 @@ __all__ = [
     "AGENT_PORT",
     "AGENT_RING",
     "AGENT_SERIAL_PORTS",
+    "CURRENT_LAYOUT",
     "DEFAULT_RING_SIZE",
+    "LEGACY_LAYOUT",
     "LEGACY_PORT",
     "SERIAL_BUS",
+    "SERIAL_LAYOUTS",
+    "SerialLayout",
     "SerialPort",
     "VMSpec",
     "build_command_line",
@@ -42,6 +46,7 @@ SERIAL_BUS = "vs0"
 DEFAULT_RING_SIZE = 65536
 
 QMP_SOCKET_NAME = "qmp.sock"
+QEMU_LOG_NAME = "qemu.log"
 PIDFILE_NAME = "vm.pid"
 GUEST_DIR_SUFFIX = ".guest"
 
@@ -54,7 +59,32 @@ class SerialPort:
     chardev: str | None = None
 
 
-AGENT_SERIAL_PORTS: tuple[SerialPort, ...] = (SerialPort(AGENT_PORT, AGENT_RING),)
+@attrs.frozen
+class SerialLayout:
+    """A named serial wiring a VM can be started with (recorded, and shown to operators)."""
+
+    name: str
+    ports: tuple[SerialPort, ...]
+    description: str
+
+
+# Since the rename: the agent's ring buffer on com.canonical.lxd, plus an unwired port
+# by the old name so that older guest images still find one.
+CURRENT_LAYOUT = SerialLayout(
+    "current",
+    (SerialPort(AGENT_PORT, AGENT_RING), SerialPort(LEGACY_PORT)),
+    f"{AGENT_PORT} on the agent ring buffer, {LEGACY_PORT} unwired",
+)
+# Before the rename: the ring buffer on org.linuxcontainers.lxd, and nothing else.
+LEGACY_LAYOUT = SerialLayout(
+    "legacy",
+    (SerialPort(LEGACY_PORT, AGENT_RING),),
+    f"{LEGACY_PORT} on the agent ring buffer (before the rename)",
+)
+SERIAL_LAYOUTS: dict[str, SerialLayout] = {
+    layout.name: layout for layout in (CURRENT_LAYOUT, LEGACY_LAYOUT)
+}
+AGENT_SERIAL_PORTS: tuple[SerialPort, ...] = CURRENT_LAYOUT.ports
 
 
 def _absolute(path: str) -> str:
@@ -86,6 +116,27 @@ class VMSpec:
     def pidfile(self) -> str:
         """Where QEMU writes its process id."""
         return os.path.join(self.run_dir, PIDFILE_NAME)
+
+    @property
+    def log_file(self) -> str:
+        """QEMU's ``-D`` log: once daemonized, QEMU reports its errors only there."""
+        return os.path.join(self.run_dir, QEMU_LOG_NAME)
+
+    def device_set(self) -> dict[str, object]:
+        """What a saved VM state depends on: machine, memory, vCPUs and serial ports.
+
+        QEMU loads a state only into the same devices (an added port fails).  The
+        port names are part of it too: a renamed port would load in QEMU, but
+        the agent inside the saved guest holds the port by its old name.
+        """
+        return {
+            "machine": "q35",
+            "memory_mib": self.memory_mib,
+            "cpus": self.cpus,
+            "serial_ports": [
+                {"name": port.name, "chardev": port.chardev} for port in self.serial_ports
+            ],
+        }
 
     @property
     def guest_dir(self) -> str:
@@ -158,6 +209,8 @@ def build_command_line(
         "-daemonize",
         "-pidfile",
         spec.pidfile,
+        "-D",
+        spec.log_file,
     ]
     if paused:
         args.append("-S")

@@ -49,6 +49,8 @@ class TaskState(enum.StrEnum):
     RESIZE_CONFIRMING = "resize-confirming"
     RESIZE_REVERTING = "resize-reverting"
     DELETING = "deleting"
+    SNAPSHOTTING = "image-snapshot"
+    RESTORING = "restoring"
 
 
 class PowerState(enum.StrEnum):
@@ -93,6 +95,8 @@ class Action:
     ends_in: VMState
     # Where it ends instead when the instance has no running VM (a stopped resize).
     ends_in_when_stopped: VMState | None = None
+    # It ends where it started (a snapshot): ``ends_in`` is then only the usual case.
+    returns_to_start: bool = False
 
 
 _ANY_LIVE = frozenset(VMState) - {VMState.DELETED}
@@ -147,6 +151,20 @@ ACTIONS: dict[str, Action] = {
             VMState.ACTIVE,
             ends_in_when_stopped=VMState.STOPPED,
         ),
+        Action(
+            "snapshot",
+            frozenset({VMState.ACTIVE, VMState.STOPPED}),
+            (TaskState.SNAPSHOTTING,),
+            VMState.ACTIVE,
+            returns_to_start=True,
+        ),
+        Action(
+            "restore",
+            frozenset({VMState.ACTIVE, VMState.STOPPED, VMState.PAUSED, VMState.ERROR}),
+            (TaskState.RESTORING,),
+            VMState.ACTIVE,
+            ends_in_when_stopped=VMState.STOPPED,
+        ),
         Action("delete", _ANY_LIVE, (TaskState.DELETING,), VMState.DELETED),
     )
 }
@@ -194,6 +212,8 @@ _TASK_DISPLAY = {
     TaskState.RESIZE_FINISH: "RESIZE",
     TaskState.RESIZE_REVERTING: "REVERT_RESIZE",
     TaskState.REBOOTING: "REBOOT",
+    TaskState.SNAPSHOTTING: "SNAPSHOT",
+    TaskState.RESTORING: "RESTORE",
 }
 _VM_DISPLAY = {
     VMState.BUILDING: "BUILD",
@@ -224,6 +244,9 @@ def transition_diagram() -> str:
     for action in ACTIONS.values():
         steps = " → ".join(action.tasks)
         for source in sorted(action.allowed_from):
+            if action.returns_to_start:
+                lines.append(f"    {source} --> {source}: {action.name} ({steps})")
+                continue
             lines.append(f"    {source} --> {action.ends_in}: {action.name} ({steps})")
             if action.ends_in_when_stopped is not None:
                 lines.append(

@@ -503,6 +503,15 @@ class Store:
             ).fetchone()
         return _snapshot(row)
 
+    def find_snapshot(self, instance: str, name: str) -> dict[str, Any] | None:
+        """Snapshot ``name`` of instance, or None."""
+        row = self._db.execute(
+            "SELECT instance, name, stateful, created_at, metadata FROM snapshots"
+            " WHERE instance = ? AND name = ?",
+            (instance, name),
+        ).fetchone()
+        return None if row is None else _snapshot(row)
+
     def list_snapshots(self, instance: str) -> list[dict[str, Any]]:
         """The snapshots of instance, oldest first; NotFound if there is no such instance."""
         with self._transaction(immediate=False):

@@ -43,6 +43,8 @@ class Backend:
     name: str
     program: tuple[str, ...]
     has_guest_sockets: bool
+    # What its messages start with, as QEMU's: the basename of its argv[0].
+    message_prefix: str
 
     def unavailable_reason(self) -> str | None:
         """Why this backend cannot run here, or None."""
@@ -51,10 +53,25 @@ class Backend:
         return None
 
 
-FAKEQEMU = Backend("fakeqemu", (sys.executable, "-m", "fakeqemu"), has_guest_sockets=True)
-REAL_QEMU = Backend(
-    "qemu", (os.environ.get(QEMU_BINARY_VARIABLE, "qemu-system-x86_64"),), has_guest_sockets=False
+FAKEQEMU = Backend(
+    "fakeqemu",
+    (sys.executable, "-m", "fakeqemu"),
+    has_guest_sockets=True,
+    message_prefix="fakeqemu",
 )
+_QEMU_BINARY = os.environ.get(QEMU_BINARY_VARIABLE, "qemu-system-x86_64")
+REAL_QEMU = Backend(
+    "qemu", (_QEMU_BINARY,), has_guest_sockets=False, message_prefix=os.path.basename(_QEMU_BINARY)
+)
+
+
+def qemu_text(backend: Backend, *messages: str) -> str:
+    """What ``backend`` prints for ``messages``: each prefixed, continuation lines bare."""
+    text = ""
+    for message in messages:
+        first, *rest = message.split("\n")
+        text += f"{backend.message_prefix}: {first}\n" + "".join(line + "\n" for line in rest)
+    return text
 
 
 def serial_devices(
@@ -108,13 +125,38 @@ class VMWorkspace:
         return os.path.join(self.path, name)
 
     def cleanup(self) -> None:
-        """Kill whatever VM is left and remove the directory."""
+        """Kill whatever VM of this workspace is left and remove the directory."""
         for pid in self.pids:
+            # A VM that exited by itself may have left its pid to another process.
+            if not self._is_ours(pid):
+                continue
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 continue
         shutil.rmtree(self.path, ignore_errors=True)
+
+    def _is_ours(self, pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                return os.fsencode(self.path) in f.read()
+        except OSError:
+            return False
+
+    def write(self, name: str, text: str) -> str:
+        """Create a file in the workspace holding ``text``; its path."""
+        path = self.file(name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def read(self, name: str) -> str | None:
+        """A workspace file's text, or None if there is no such file."""
+        try:
+            with open(self.file(name)) as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
 
 
 def base_arguments(name: str = "conformance", accel: str | None = None) -> list[str]:
@@ -149,10 +191,15 @@ def run_foreground(
     return ProcessResult(completed.returncode, completed.stderr)
 
 
-def start_daemonized(
+def launch_daemonized(
     backend: Backend, workspace: VMWorkspace, args: Sequence[str], socket_name: str = "qmp.sock"
-) -> str:
-    """Start a daemonized VM; returns its QMP socket path once QEMU has returned."""
+) -> ProcessResult:
+    """Run a daemonizing launch with a monitor at ``socket_name`` and a pidfile beside it.
+
+    The launch's own result; the daemon it left, if its pidfile names one, is
+    killed at cleanup.  A daemon may already have exited (a failed restore), so
+    the pidfile may be gone.
+    """
     socket_path = workspace.file(socket_name)
     pidfile = workspace.file(socket_name + ".pid")
     result = run_foreground(
@@ -166,11 +213,24 @@ def start_daemonized(
             pidfile,
         ],
     )
+    try:
+        with open(pidfile) as f:
+            workspace.pids.append(int(f.read().strip()))
+    except (OSError, ValueError):
+        pass
+    return result
+
+
+def start_daemonized(
+    backend: Backend, workspace: VMWorkspace, args: Sequence[str], socket_name: str = "qmp.sock"
+) -> str:
+    """Start a daemonized VM; returns its QMP socket path once QEMU has returned."""
+    result = launch_daemonized(backend, workspace, args, socket_name)
     if result.returncode != 0:
         raise AssertionError(f"{backend.name} refused to start: {result.stderr}")
-    with open(pidfile) as f:
-        workspace.pids.append(int(f.read().strip()))
-    return socket_path
+    if not os.path.exists(workspace.file(socket_name + ".pid")):
+        raise AssertionError(f"{backend.name} started but its daemon is already gone")
+    return workspace.file(socket_name)
 
 
 async def monitor(socket_path: str) -> QMPClientProtocol:

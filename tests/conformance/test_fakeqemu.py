@@ -28,6 +28,12 @@ class FakeQemuMigration(checks.MigrationChecks):
     backend = FAKEQEMU
 
 
+class FakeQemuLogfile(checks.LogfileChecks):
+    """-D log file checks on fakeqemu."""
+
+    backend = FAKEQEMU
+
+
 class FakeQemuIncomingWait(checks.IncomingWaitChecks):
     """Awaited-stream checks on fakeqemu."""
 

@@ -32,6 +32,12 @@ class QemuMigration(checks.MigrationChecks):
     backend = REAL_QEMU
 
 
+class QemuLogfile(checks.LogfileChecks):
+    """-D log file checks on real QEMU."""
+
+    backend = REAL_QEMU
+
+
 class QemuIncomingWait(checks.IncomingWaitChecks):
     """Awaited-stream checks on real QEMU."""
 

@@ -1,0 +1,415 @@
+"""The ring-buffer rename and stateful snapshots, on fakeqemu and on real QEMU.
+
+The same checks run against both hypervisors: a stateful snapshot taken of a
+VM started with the legacy serial layout cannot be loaded into the current
+layout; vmready refuses that before it touches anything, and with ``force``
+lets QEMU try and reports QEMU's own lines, leaving the instance in error.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Any
+
+from twisted.internet import reactor
+from twisted.trial.unittest import TestCase
+
+from tests.conformance.support import REAL_QEMU, REQUIRE_QEMU_VARIABLE
+from tests.test_lifecycle import _async, _until
+from vmready.events import Event, EventBus
+from vmready.hypervisor import HypervisorDriver
+from vmready.lifecycle import LAYOUT_KEY, Lifecycle, run_dir_name
+from vmready.model import BadRequest, Conflict, InstanceRecord, NotFound
+from vmready.qemu_cmdline import (
+    AGENT_PORT,
+    AGENT_RING,
+    CURRENT_LAYOUT,
+    LEGACY_LAYOUT,
+    LEGACY_PORT,
+    SerialLayout,
+)
+from vmready.states import PowerState, TaskState, VMState
+from vmready.store import Store
+
+STOP_TIMEOUT = 0.3
+# What QEMU writes to its -D log, each line after its program name (DESIGN.md, measured).
+QEMU_LINES = [
+    "Failed to load virtio-console:virtio",
+    "error while loading state for instance 0x0 of device '0000:00:01.0/virtio-console'",
+    "load of migration failed: Invalid argument",
+]
+
+
+class SnapshotTestCase(TestCase):
+    """A lifecycle (rebuilt as an upgraded daemon would be) on one store and data dir."""
+
+    hypervisor = "fakeqemu"
+
+    def setUp(self) -> None:
+        self.directory = tempfile.mkdtemp(prefix="vmr-sn-", dir="/tmp")
+        self.addCleanup(shutil.rmtree, self.directory, True)
+        self.store = Store.open(os.path.join(self.directory, "vmready.sqlite"))
+        self.addCleanup(self.store.close)
+        self.lifecycle = self.new_lifecycle(CURRENT_LAYOUT)
+        self.addCleanup(self._kill_everything)
+
+    def new_lifecycle(self, layout: SerialLayout) -> Lifecycle:
+        """A daemon starting VMs with ``layout``, on the same store, run and snapshot dirs."""
+        self.events: list[Event] = []
+        bus = EventBus(reactor.seconds)
+        bus.subscribe(self.events.append)
+        return Lifecycle(
+            reactor,
+            self.store,
+            HypervisorDriver(reactor, self.hypervisor),
+            bus,
+            os.path.join(self.directory, "run"),
+            stop_timeout=STOP_TIMEOUT,
+            serial_layout=layout,
+        )
+
+    async def upgrade(self, layout: SerialLayout = CURRENT_LAYOUT) -> None:
+        """Stop this daemon (VMs keep running) and start one with ``layout``."""
+        await self.lifecycle.shutdown()
+        self.lifecycle = self.new_lifecycle(layout)
+        await self.lifecycle.recover()
+
+    async def _kill_everything(self) -> None:
+        for vm in list(self.lifecycle.vms.values()):
+            if not vm.gone:
+                await vm.force_stop()
+        await self.lifecycle.shutdown()
+        for record in self.store.list_instances():
+            await self.lifecycle.driver.kill_owned(self.lifecycle.spec_for(record))
+
+    async def finish(self, operation: Any) -> Any:
+        done = await operation.when_done()
+        return done
+
+    async def launch(self, name: str = "vm1", **config: str) -> InstanceRecord:
+        operation = await self.finish(
+            self.lifecycle.create(name, {"limits.memory": "64", **config})
+        )
+        self.assertEqual(operation.error, "")
+        return self.lifecycle.get(name)
+
+    def snapshot_dir(self, record: InstanceRecord, name: str) -> str:
+        return os.path.join(self.directory, "snapshots", run_dir_name(record.uuid), name)
+
+    def files(self, record: InstanceRecord) -> dict[str, bytes]:
+        """Everything in the instance's snapshot directory, by relative path."""
+        root = os.path.join(self.directory, "snapshots", run_dir_name(record.uuid))
+        found = {}
+        for directory, _, names in os.walk(root):
+            for name in names:
+                path = os.path.join(directory, name)
+                with open(path, "rb") as f:
+                    found[os.path.relpath(path, root)] = f.read()
+        return found
+
+
+class RenameChecks(SnapshotTestCase):
+    """Serial layouts before and after the rename, and a daemon upgraded under running VMs."""
+
+    @_async
+    async def test_newVMsGetTheNewPortWiredAndTheOldNameUnwired(self) -> None:
+        record = await self.launch()
+        self.assertEqual(record.config[LAYOUT_KEY], "current")
+        ports = self.lifecycle.spec_for(record).serial_ports
+        self.assertEqual(
+            [(port.name, port.chardev) for port in ports],
+            [(AGENT_PORT, AGENT_RING), (LEGACY_PORT, None)],
+        )
+        self.assertIn(f"name={LEGACY_PORT}", " ".join(self.command_line(record)))
+
+    @_async
+    async def test_legacyDaemonWiresTheOldPortOnly(self) -> None:
+        await self.upgrade(LEGACY_LAYOUT)
+        record = await self.launch()
+        self.assertEqual(record.config[LAYOUT_KEY], "legacy")
+        line = " ".join(self.command_line(record))
+        self.assertIn(f"chardev={AGENT_RING},name={LEGACY_PORT}", line)
+        self.assertNotIn(AGENT_PORT, line)
+
+    @_async
+    async def test_upgradedDaemonKeepsTheLayoutARunningVMWasStartedWith(self) -> None:
+        await self.upgrade(LEGACY_LAYOUT)
+        record = await self.launch()
+        pid = self.lifecycle.vms["vm1"].pid
+        await self.upgrade(CURRENT_LAYOUT)
+        adopted = self.lifecycle.vms["vm1"]
+        self.assertEqual(adopted.pid, pid)
+        self.assertEqual(self.lifecycle.get("vm1").config[LAYOUT_KEY], "legacy")
+        self.assertEqual(adopted.spec.serial_ports, LEGACY_LAYOUT.ports)
+        # Read through the chardev it was started with: nothing refused, nothing there yet.
+        self.assertEqual(await adopted.ringbuf_read(AGENT_RING, 64), b"")
+        # A restart gives it the new layout, recorded.
+        await self.finish(self.lifecycle.act("vm1", "restart", force=True))
+        self.assertEqual(self.lifecycle.get("vm1").config[LAYOUT_KEY], "current")
+        self.assertEqual(self.lifecycle.vms["vm1"].spec.serial_ports, CURRENT_LAYOUT.ports)
+        self.assertIn(AGENT_PORT, " ".join(self.command_line(record)))
+
+    def command_line(self, record: InstanceRecord) -> list[str]:
+        pid = self.lifecycle.vms[record.name].pid
+        assert pid is not None
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode().split("\0")
+
+
+class SnapshotChecks(SnapshotTestCase):
+    """Snapshots: stateless always restore; stateful ones only into the same device set."""
+
+    @_async
+    async def test_statelessSnapshotBringsTheConfigBack(self) -> None:
+        await self.launch(**{"user.role": "db"})
+        await self.finish(self.lifecycle.act("vm1", "snapshot", snapshot="before"))
+        self.lifecycle.update_config("vm1", {"user.role": "web", "user.extra": "1"})
+        operation = await self.finish(self.lifecycle.act("vm1", "restore", snapshot="before"))
+        self.assertEqual(operation.error, "")
+        record = self.lifecycle.get("vm1")
+        self.assertEqual(
+            (record.config["user.role"], "user.extra" in record.config), ("db", False)
+        )
+        self.assertEqual(
+            (record.vm_state, record.power_state), (VMState.ACTIVE, PowerState.RUNNING)
+        )
+
+    @_async
+    async def test_statefulSnapshotSavesTheStateAndTheVMRunsOn(self) -> None:
+        record = await self.launch()
+        pid = self.lifecycle.vms["vm1"].pid
+        operation = await self.finish(
+            self.lifecycle.act("vm1", "snapshot", snapshot="s1", stateful=True)
+        )
+        self.assertEqual(operation.error, "")
+        vm = self.lifecycle.vms["vm1"]
+        self.assertEqual((vm.pid, await vm.query_power_state()), (pid, PowerState.RUNNING))
+        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ACTIVE)
+        snapshot = self.store.find_snapshot("vm1", "s1")
+        assert snapshot is not None
+        self.assertTrue(snapshot["stateful"])
+        self.assertEqual(snapshot["metadata"]["layout"], "current")
+        self.assertEqual(
+            snapshot["metadata"]["device_set"]["serial_ports"],
+            [{"name": AGENT_PORT, "chardev": AGENT_RING}, {"name": LEGACY_PORT, "chardev": None}],
+        )
+        self.assertEqual(sorted(self.files(record)), ["s1/snapshot.json", "s1/state"])
+        self.assertGreater(len(self.files(record)["s1/state"]), 0)
+
+    @_async
+    async def test_statefulRestoreIntoTheSameLayoutResumesTheVM(self) -> None:
+        await self.launch()
+        await self.finish(self.lifecycle.act("vm1", "snapshot", snapshot="s1", stateful=True))
+        pid = self.lifecycle.vms["vm1"].pid
+        operation = await self.finish(
+            self.lifecycle.act("vm1", "restore", snapshot="s1", stateful=True)
+        )
+        self.assertEqual(operation.error, "")
+        record = self.lifecycle.get("vm1")
+        self.assertEqual(
+            (record.vm_state, record.power_state), (VMState.ACTIVE, PowerState.RUNNING)
+        )
+        vm = self.lifecycle.vms["vm1"]
+        self.assertNotEqual(vm.pid, pid)
+        self.assertEqual(await vm.query_power_state(), PowerState.RUNNING)
+
+    async def legacy_snapshot_then_upgrade(self) -> InstanceRecord:
+        await self.upgrade(LEGACY_LAYOUT)
+        await self.launch()
+        operation = await self.finish(
+            self.lifecycle.act("vm1", "snapshot", snapshot="old", stateful=True)
+        )
+        self.assertEqual(operation.error, "")
+        await self.upgrade(CURRENT_LAYOUT)
+        return self.lifecycle.get("vm1")
+
+    @_async
+    async def test_statefulRestoreIntoANewLayoutIsRefusedBeforeAnythingChanges(self) -> None:
+        record = await self.legacy_snapshot_then_upgrade()
+        pid = self.lifecycle.vms["vm1"].pid
+        files = self.files(record)
+        snapshots = self.store.list_snapshots("vm1")
+        with self.assertRaises(Conflict) as caught:
+            self.lifecycle.act("vm1", "restore", snapshot="old", stateful=True)
+        message = caught.exception.message
+        self.assertIn("serial layout legacy (org.linuxcontainers.lxd on the agent ring", message)
+        self.assertIn("would now start with layout current (com.canonical.lxd on the", message)
+        self.assertIn("Restore without --stateful", message)
+        self.assertIn("--force", message)
+        after = self.lifecycle.get("vm1")
+        self.assertEqual(after, record)
+        self.assertEqual(self.lifecycle.vms["vm1"].pid, pid)
+        self.assertEqual(await self.lifecycle.vms["vm1"].query_power_state(), PowerState.RUNNING)
+        self.assertEqual(self.files(record), files)
+        self.assertEqual(self.store.list_snapshots("vm1"), snapshots)
+
+    @_async
+    async def test_forcedRestoreFailsWithQEMUsLinesAndAPersistingError(self) -> None:
+        record = await self.legacy_snapshot_then_upgrade()
+        files = self.files(record)
+        operation = await self.finish(
+            self.lifecycle.act("vm1", "restore", snapshot="old", stateful=True, force=True)
+        )
+        state = os.path.join(self.snapshot_dir(record, "old"), "state")
+        said = [f"{self.lifecycle.driver.program_name}: {line}" for line in QEMU_LINES]
+        self.assertEqual(
+            operation.error.splitlines(),
+            [f"Failed restoring state from {state}: {said[0]}", *said[1:]],
+        )
+        failed = self.lifecycle.get("vm1")
+        self.assertEqual(failed.vm_state, VMState.ERROR)
+        self.assertEqual(failed.error, operation.error)
+        self.assertEqual(self.files(record), files)
+        self.assertEqual([s["name"] for s in self.store.list_snapshots("vm1")], ["old"])
+        # The poller never turns it into "stopped".
+        await self.lifecycle.sync_power_states()
+        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ERROR)
+        # A stateless restore recovers it.
+        recovered = await self.finish(self.lifecycle.act("vm1", "restore", snapshot="old"))
+        self.assertEqual(recovered.error, "")
+        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.STOPPED)
+        started = await self.finish(self.lifecycle.act("vm1", "start"))
+        self.assertEqual(started.error, "")
+        self.assertEqual(self.lifecycle.get("vm1").config[LAYOUT_KEY], "current")
+
+    @_async
+    async def test_startRecoversAFailedForcedRestore(self) -> None:
+        await self.legacy_snapshot_then_upgrade()
+        await self.finish(
+            self.lifecycle.act("vm1", "restore", snapshot="old", stateful=True, force=True)
+        )
+        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ERROR)
+        started = await self.finish(self.lifecycle.act("vm1", "start"))
+        self.assertEqual(started.error, "")
+        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ACTIVE)
+
+    @_async
+    async def test_statelessRestoreOfALegacySnapshotWorksAfterTheUpgrade(self) -> None:
+        await self.legacy_snapshot_then_upgrade()
+        operation = await self.finish(self.lifecycle.act("vm1", "restore", snapshot="old"))
+        self.assertEqual(operation.error, "")
+        record = self.lifecycle.get("vm1")
+        self.assertEqual((record.vm_state, record.config[LAYOUT_KEY]), (VMState.ACTIVE, "current"))
+
+
+class SnapshotRefusalTests(SnapshotTestCase):
+    """What is refused before a task is claimed (fakeqemu only: no hypervisor behaviour)."""
+
+    @_async
+    async def test_statefulSnapshotOfAStoppedInstanceIsRefused(self) -> None:
+        await self.launch()
+        await self.finish(self.lifecycle.act("vm1", "stop", force=True))
+        with self.assertRaises(Conflict):
+            self.lifecycle.act("vm1", "snapshot", snapshot="s", stateful=True)
+        self.assertIsNone(self.lifecycle.get("vm1").task_state)
+
+    @_async
+    async def test_duplicateSnapshotNameIsRefused(self) -> None:
+        await self.launch()
+        await self.finish(self.lifecycle.act("vm1", "snapshot", snapshot="s"))
+        with self.assertRaises(Conflict):
+            self.lifecycle.act("vm1", "snapshot", snapshot="s")
+
+    @_async
+    async def test_unknownSnapshotIsNotFound(self) -> None:
+        await self.launch()
+        with self.assertRaises(NotFound):
+            self.lifecycle.act("vm1", "restore", snapshot="nope")
+
+    @_async
+    async def test_statefulRestoreOfAStatelessSnapshotIsABadRequest(self) -> None:
+        await self.launch()
+        await self.finish(self.lifecycle.act("vm1", "snapshot", snapshot="s"))
+        with self.assertRaises(BadRequest):
+            self.lifecycle.act("vm1", "restore", snapshot="s", stateful=True)
+
+    @_async
+    async def test_badSnapshotNamesAreRefused(self) -> None:
+        await self.launch()
+        for name in ("", "../x", "a/b", ".", "x" * 64, 7):
+            with self.assertRaises(BadRequest):
+                self.lifecycle.act("vm1", "snapshot", snapshot=name)
+
+    @_async
+    async def test_deleteRemovesTheSnapshots(self) -> None:
+        record = await self.launch()
+        await self.finish(self.lifecycle.act("vm1", "snapshot", snapshot="s", stateful=True))
+        self.assertNotEqual(self.files(record), {})
+        await self.finish(self.lifecycle.act("vm1", "delete"))
+        self.assertEqual(self.files(record), {})
+
+    @_async
+    async def test_missingStateFileIsRefusedBeforeAnythingStops(self) -> None:
+        record = await self.launch()
+        await self.finish(self.lifecycle.act("vm1", "snapshot", snapshot="s", stateful=True))
+        os.unlink(os.path.join(self.snapshot_dir(record, "s"), "state"))
+        with self.assertRaises(Conflict) as caught:
+            self.lifecycle.act("vm1", "restore", snapshot="s", stateful=True)
+        self.assertIn("is missing", caught.exception.message)
+        await _until(lambda: self.lifecycle.get("vm1").task_state is None)
+        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ACTIVE)
+
+
+class InterruptedSnapshotTests(SnapshotTestCase):
+    """A daemon that died while saving a VM's state leaves it running, and no snapshot."""
+
+    @_async
+    async def test_restartAfterAnInterruptedSnapshotResumesTheVM(self) -> None:
+        await self.launch()
+        await self.lifecycle.vms["vm1"].pause()  # as migrate leaves it
+        self.store.claim_task(
+            "vm1", "snapshot", frozenset({VMState.ACTIVE}), TaskState.SNAPSHOTTING
+        )
+        await self.upgrade(CURRENT_LAYOUT)
+        record = self.lifecycle.get("vm1")
+        self.assertEqual((record.vm_state, record.task_state), (VMState.ACTIVE, None))
+        self.assertEqual(await self.lifecycle.vms["vm1"].query_power_state(), PowerState.RUNNING)
+        self.assertEqual(self.store.list_snapshots("vm1"), [])
+
+    @_async
+    async def test_restartAfterAnInterruptedRestoreIsAnErrorThatStartRecovers(self) -> None:
+        await self.launch()
+        await self.finish(self.lifecycle.act("vm1", "snapshot", snapshot="s"))
+        self.store.claim_task("vm1", "restore", frozenset({VMState.ACTIVE}), TaskState.RESTORING)
+        await self.upgrade(CURRENT_LAYOUT)
+        record = self.lifecycle.get("vm1")
+        self.assertEqual(record.vm_state, VMState.ERROR)
+        self.assertIn("daemon stopped during restoring", record.error or "")
+        self.assertEqual([s["name"] for s in self.store.list_snapshots("vm1")], ["s"])
+        started = await self.finish(self.lifecycle.act("vm1", "start"))
+        self.assertEqual(started.error, "")
+
+
+class FakeqemuRename(RenameChecks):
+    """Layouts on fakeqemu."""
+
+
+class FakeqemuSnapshots(SnapshotChecks):
+    """Snapshots on fakeqemu."""
+
+
+class QemuSnapshotTestCase(SnapshotTestCase):
+    """Real qemu-system-x86_64: skipped where it is missing, failed if CI requires it."""
+
+    hypervisor = "qemu"
+
+    def setUp(self) -> None:
+        reason = REAL_QEMU.unavailable_reason()
+        if reason is not None:
+            if os.environ.get(REQUIRE_QEMU_VARIABLE) == "1":
+                self.fail(f"{REQUIRE_QEMU_VARIABLE}=1 but QEMU cannot run: {reason}")
+            self.skipTest(reason)
+        super().setUp()
+
+
+class QemuRename(QemuSnapshotTestCase, RenameChecks):
+    """Layouts on real QEMU."""
+
+
+class QemuSnapshots(QemuSnapshotTestCase, SnapshotChecks):
+    """Snapshots on real QEMU."""
+
+
+del RenameChecks, SnapshotChecks  # run only through a hypervisor
