@@ -21,13 +21,14 @@ from tests.test_lifecycle import _async, _until
 from vmready.events import Event, EventBus
 from vmready.hypervisor import HypervisorDriver
 from vmready.lifecycle import LAYOUT_KEY, Lifecycle, run_dir_name
-from vmready.model import BadRequest, Conflict, InstanceRecord, NotFound
+from vmready.model import BadRequest, Conflict, HypervisorError, InstanceRecord, NotFound
 from vmready.qemu_cmdline import (
     AGENT_PORT,
     AGENT_RING,
     CURRENT_LAYOUT,
     LEGACY_LAYOUT,
     LEGACY_PORT,
+    UNRECORDED_LAYOUT,
     SerialLayout,
 )
 from vmready.states import PowerState, TaskState, VMState
@@ -380,6 +381,74 @@ class InterruptedSnapshotTests(SnapshotTestCase):
         self.assertEqual([s["name"] for s in self.store.list_snapshots("vm1")], ["s"])
         started = await self.finish(self.lifecycle.act("vm1", "start"))
         self.assertEqual(started.error, "")
+
+
+class UnrecordedLayoutTests(SnapshotTestCase):
+    """A VM started by a vmready that recorded no layout: the wiring it really has."""
+
+    @_async
+    async def test_adoptedVMWithoutARecordedLayoutIsUnrecordedAndRefusesAStatefulRestore(
+        self,
+    ) -> None:
+        await self.upgrade(UNRECORDED_LAYOUT)  # what every earlier vmready started
+        await self.launch()
+        self.store.update_config("vm1", {LAYOUT_KEY: None})  # and it recorded nothing
+        await self.upgrade(CURRENT_LAYOUT)
+        record = self.lifecycle.get("vm1")
+        self.assertEqual(record.config[LAYOUT_KEY], "unrecorded")
+        self.assertEqual(self.lifecycle.vms["vm1"].spec.serial_ports, UNRECORDED_LAYOUT.ports)
+        await self.finish(self.lifecycle.act("vm1", "snapshot", snapshot="s", stateful=True))
+        with self.assertRaises(Conflict) as caught:
+            self.lifecycle.act("vm1", "restore", snapshot="s", stateful=True)
+        self.assertIn("serial layout unrecorded", caught.exception.message)
+
+
+class FailedSnapshotTests(SnapshotTestCase):
+    """A snapshot that fails leaves a running VM running and the instance as it was."""
+
+    @_async
+    async def test_failedStatefulSnapshotKeepsTheInstanceActiveAndRecordsNothing(self) -> None:
+        record = await self.launch()
+        vm = self.lifecycle.vms["vm1"]
+
+        async def disk_full(path: str, timeout: float = 600.0) -> None:
+            raise HypervisorError("saving the state of vm1 failed: No space left on device")
+
+        self.patch(vm, "migrate_to_file", disk_full)
+        operation = await self.finish(
+            self.lifecycle.act("vm1", "snapshot", snapshot="s", stateful=True)
+        )
+        self.assertIn("No space left on device", operation.error)
+        after = self.lifecycle.get("vm1")
+        self.assertEqual(
+            (after.vm_state, after.task_state, after.error), (VMState.ACTIVE, None, None)
+        )
+        self.assertIs(self.lifecycle.vms["vm1"], vm)
+        self.assertEqual(self.store.list_snapshots("vm1"), [])
+        self.assertEqual(self.files(record), {})
+        self.assertEqual(self.store.list_actions("vm1")[0].result, "error")
+        self.assertIn(
+            "instance-snapshot-failed",
+            [e.metadata["action"] for e in self.events if e.type == "lifecycle"],
+        )
+
+    @_async
+    async def test_startFromErrorKeepsAVMThatStillRunsAndIsFollowed(self) -> None:
+        await self.launch()
+        vm = self.lifecycle.vms["vm1"]
+        self.store.set_error("vm1", "something went wrong", PowerState.RUNNING)
+        started = await self.finish(self.lifecycle.act("vm1", "start"))
+        self.assertEqual(started.error, "")
+        self.assertIs(self.lifecycle.vms["vm1"], vm)
+        self.assertFalse(vm.gone)
+        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ACTIVE)
+
+    @_async
+    async def test_forceWithoutStatefulIsABadRequest(self) -> None:
+        await self.launch()
+        await self.finish(self.lifecycle.act("vm1", "snapshot", snapshot="s"))
+        with self.assertRaises(BadRequest):
+            self.lifecycle.act("vm1", "restore", snapshot="s", force=True)
 
 
 class FakeqemuRename(RenameChecks):

@@ -26,7 +26,7 @@ from vmready.lifecycle import MAX_STOP_TIMEOUT
 from vmready.limits import raise_file_limit
 from vmready.model import StoreError
 from vmready.paths import default_data_dir
-from vmready.qemu_cmdline import CURRENT_LAYOUT, SERIAL_LAYOUTS
+from vmready.qemu_cmdline import CURRENT_LAYOUT, STARTABLE_LAYOUTS
 from vmready.store import Store
 from vmready.vsock import HybridVSockServerEndpoint, VSockServerEndpoint
 
@@ -102,9 +102,9 @@ class Options(usage.Options):
     ]
 
     def postOptions(self) -> None:
-        if self["serial-layout"] not in SERIAL_LAYOUTS:
+        if self["serial-layout"] not in STARTABLE_LAYOUTS:
             raise usage.UsageError(
-                f"--serial-layout must be one of {', '.join(sorted(SERIAL_LAYOUTS))}"
+                f"--serial-layout must be one of {', '.join(STARTABLE_LAYOUTS)}"
             )
         if self["hypervisor"] not in HYPERVISORS:
             raise usage.UsageError(f"--hypervisor must be one of {', '.join(HYPERVISORS)}")

@@ -53,6 +53,7 @@ from vmready.qemu_cmdline import (
     CURRENT_LAYOUT,
     LEGACY_PORT,
     SERIAL_LAYOUTS,
+    UNRECORDED_LAYOUT,
     SerialLayout,
 )
 from vmready.ringbuffer import AgentStatus
@@ -200,6 +201,8 @@ class ActionContext:
         store = lifecycle.store
         self.action_id = store.start_action(name, action, str(uuid.uuid4()))
         self._step_id = store.start_step(self.action_id, task.value)
+        # Whether the task was ended (finished, abandoned or failed): nothing more to do.
+        self.ended = False
 
     def advance(self, task: TaskState) -> None:
         """Move to the next task_state: store CAS, history step, event."""
@@ -225,8 +228,22 @@ class ActionContext:
         store.finish_step(self._step_id, "success")
         record = store.finish_task(self.name, self.task, vm_state, power_state, config_updates)
         store.finish_action(self.action_id, "success")
+        self.ended = True
         self.lifecycle.publish_state(record)
         return record
+
+    def abandon(self, vm_state: VMState, power_state: PowerState | None, reason: str) -> None:
+        """The action failed but left the instance as it was: back to ``vm_state``, no error.
+
+        The failure is in the action history and the operation; the instance
+        does not go to error (a failed snapshot of a VM that runs on, say).
+        """
+        store = self.lifecycle.store
+        store.finish_step(self._step_id, "error", reason)
+        record = store.finish_task(self.name, self.task, vm_state, power_state)
+        store.finish_action(self.action_id, "error", reason)
+        self.ended = True
+        self.lifecycle.publish_state(record)
 
     def complete(self) -> None:
         """Close the history record when the instance itself is about to go (delete)."""
@@ -236,6 +253,7 @@ class ActionContext:
 
     def fail(self, reason: str) -> None:
         """End the task in vm_state error with ``reason``; the error persists."""
+        self.ended = True
         store = self.lifecycle.store
         store.finish_step(self._step_id, "error", reason)
         store.finish_action(self.action_id, "error", reason)
@@ -304,9 +322,13 @@ class Lifecycle:
         return os.path.join(self.spec_for(record).run_dir, CONFIG_DRIVE)
 
     def layout_of(self, record: InstanceRecord) -> SerialLayout:
-        """The serial layout the instance's VM was last started with (this daemon's if never)."""
+        """The serial layout the instance's VM was last started with.
+
+        Never started by a vmready that records layouts: ``unrecorded``, the
+        wiring every earlier vmready gave its VMs.
+        """
         recorded = SERIAL_LAYOUTS.get(record.config.get(LAYOUT_KEY, ""))
-        return recorded if recorded is not None else self.serial_layout
+        return recorded if recorded is not None else UNRECORDED_LAYOUT
 
     def spec_for(self, record: InstanceRecord, layout: SerialLayout | None = None) -> VMSpec:
         """The hypervisor's view of an instance (with the serial layout its VM runs with)."""
@@ -487,6 +509,8 @@ class Lifecycle:
                 if not isinstance(value, bool):
                     raise BadRequest(f"Invalid {flag} {value!r}: expected true or false")
                 prepared[flag] = value
+            if prepared.get("force") and not prepared["stateful"]:
+                raise BadRequest("force applies to a stateful restore only: add stateful")
             return prepared
         unexpected = sorted(params)
         if unexpected:
@@ -541,17 +565,27 @@ class Lifecycle:
         try:
             await work
         except VMReadyError as e:
-            context.fail(e.message)
+            if not context.ended:
+                context.fail(e.message)
             raise
         except Exception as e:
             self.log.failure(
                 "action {action} on {name} failed", action=context.action, name=context.name
             )
-            context.fail(f"internal error: {e}")
+            if not context.ended:
+                context.fail(f"internal error: {e}")
             raise
 
     async def _do_start(self, context: ActionContext, record: InstanceRecord) -> None:
         leaving_error = record.vm_state is VMState.ERROR
+        if leaving_error and self._has_vm(record.name):
+            # In error, but its VM still runs and is followed: keep it, do not replace it.
+            context.note("kept the VM that was still running")
+            power = await self._vm(record.name).query_power_state()
+            vm_state = VMState.PAUSED if power is PowerState.PAUSED else VMState.ACTIVE
+            context.finish(vm_state, power)
+            self.events.lifecycle("instance-started", record.name)
+            return
         if (
             leaving_error
             and not self._has_vm(record.name)
@@ -698,6 +732,20 @@ class Lifecycle:
                         await vm.resume()
             write_metadata(directory, metadata)
             self.store.create_snapshot(record.name, name, stateful, metadata)
+        except VMReadyError as e:
+            shutil.rmtree(directory, ignore_errors=True)
+            vm_alive = self._has_vm(record.name)
+            if vm_alive == running:
+                # The VM runs on as before (or was never running): nothing to put in error.
+                context.abandon(
+                    VMState.ACTIVE if running else VMState.STOPPED,
+                    PowerState.RUNNING if running else None,
+                    e.message,
+                )
+                self.events.lifecycle(
+                    "instance-snapshot-failed", record.name, {"snapshot": name, "error": e.message}
+                )
+            raise
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
             raise
@@ -854,6 +902,10 @@ class Lifecycle:
 
     def _attach(self, name: str, vm: RunningVM, advertise: bool = False) -> None:
         """Follow ``vm``; ``advertise``: write CONNECT at once (its agent may know an old port)."""
+        record = self.store.find_instance(name)
+        if record is not None and LAYOUT_KEY not in record.config:
+            # Adopted from a vmready that did not record layouts: say which one it runs.
+            self.store.update_config(name, {LAYOUT_KEY: UNRECORDED_LAYOUT.name})
         self._detach(name)
         self.vms[name] = vm
         undo = [vm.subscribe(lambda event: self._vm_event(name, vm, event))]

@@ -30,6 +30,8 @@ __all__ = [
     "LEGACY_PORT",
     "SERIAL_BUS",
     "SERIAL_LAYOUTS",
+    "STARTABLE_LAYOUTS",
+    "UNRECORDED_LAYOUT",
     "SerialLayout",
     "SerialPort",
     "VMSpec",
@@ -81,9 +83,18 @@ LEGACY_LAYOUT = SerialLayout(
     (SerialPort(LEGACY_PORT, AGENT_RING),),
     f"{LEGACY_PORT} on the agent ring buffer (before the rename)",
 )
+# What vmready started VMs with before it recorded layouts: the new port alone. A VM
+# found running without a recorded layout has this one (it can only come from then).
+UNRECORDED_LAYOUT = SerialLayout(
+    "unrecorded",
+    (SerialPort(AGENT_PORT, AGENT_RING),),
+    f"{AGENT_PORT} on the agent ring buffer, alone (started before layouts were recorded)",
+)
 SERIAL_LAYOUTS: dict[str, SerialLayout] = {
-    layout.name: layout for layout in (CURRENT_LAYOUT, LEGACY_LAYOUT)
+    layout.name: layout for layout in (CURRENT_LAYOUT, LEGACY_LAYOUT, UNRECORDED_LAYOUT)
 }
+# The layouts a daemon can be told to start VMs with.
+STARTABLE_LAYOUTS = (CURRENT_LAYOUT.name, LEGACY_LAYOUT.name)
 AGENT_SERIAL_PORTS: tuple[SerialPort, ...] = CURRENT_LAYOUT.ports
 
 

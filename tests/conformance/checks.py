@@ -668,6 +668,8 @@ class LogfileChecks(BackendTestCase):
         )
         client = await monitor(self.workspace.file("qmp.sock"))
         self.addCleanup(client.close)
+        # cat runs beside QEMU and complains when it gets to it: wait for the line.
+        await _poll_until(lambda: bool(self.logged()), "cat's complaint in the log file")
         self.assertEqual(
             (
                 result.returncode,
