@@ -13,6 +13,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from vmready.certs import (
     SERVER_CERT,
     SERVER_KEY,
+    CertificateError,
     ensure_server_certificate,
     fingerprint,
     generate,
@@ -51,6 +52,60 @@ class ServerCertificateTests(SynchronousTestCase):
         os.chmod(key, 0o644)
         ensure_server_certificate(self.directory)
         self.assertEqual(_mode(key), 0o600)
+
+
+class BrokenServerCertificateTests(SynchronousTestCase):
+    """Half a pair, a foreign key or garbage is refused, never silently replaced."""
+
+    def setUp(self) -> None:
+        self.directory = tempfile.mkdtemp(prefix="vmr-cert-", dir="/tmp")
+        self.addCleanup(shutil.rmtree, self.directory, True)
+        self.pair = ensure_server_certificate(self.directory)
+        self.cert = os.path.join(self.directory, SERVER_CERT)
+        self.key = os.path.join(self.directory, SERVER_KEY)
+
+    def assertRefusedAndKept(self, *wording: str) -> None:
+        before = {
+            name: _read(os.path.join(self.directory, name)) for name in os.listdir(self.directory)
+        }
+        error = self.assertRaises(CertificateError, ensure_server_certificate, self.directory)
+        for words in wording:
+            self.assertIn(words, str(error))
+        self.assertEqual(len(str(error).splitlines()), 1)
+        after = {
+            name: _read(os.path.join(self.directory, name)) for name in os.listdir(self.directory)
+        }
+        self.assertEqual(after, before)
+
+    def test_missingKeyIsRefused(self) -> None:
+        os.unlink(self.key)
+        self.assertRefusedAndKept(f"{self.cert} exists but {self.key} is missing: restore it")
+
+    def test_missingCertificateIsRefused(self) -> None:
+        os.unlink(self.cert)
+        self.assertRefusedAndKept(f"{self.key} exists but {self.cert} is missing")
+
+    def test_anotherCertificatesKeyIsRefused(self) -> None:
+        with open(self.key, "wb") as f:
+            f.write(generate("other").key_pem)
+        self.assertRefusedAndKept(f"{self.key} is not the key of {self.cert}")
+
+    def test_garbageIsRefused(self) -> None:
+        with open(self.key, "wb") as f:
+            f.write(b"not a key")
+        self.assertRefusedAndKept("is not a PEM certificate and key")
+
+    def test_removingBothIssuesANewPair(self) -> None:
+        os.unlink(self.key)
+        os.unlink(self.cert)
+        self.assertNotEqual(
+            ensure_server_certificate(self.directory).fingerprint, self.pair.fingerprint
+        )
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
 
 
 class InstanceCertificateTests(SynchronousTestCase):

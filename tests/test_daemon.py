@@ -63,6 +63,26 @@ class StartupRefusalTests(SynchronousTestCase):
             "understands (2); upgrade vmready",
         )
 
+    def test_serverKeyMissingIsRefusedNotReplaced(self) -> None:
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                f"from vmready.certs import ensure_server_certificate as e; e({self.directory!r})",
+            ],
+            check=True,
+        )
+        key = os.path.join(self.directory, "server.key")
+        os.unlink(key)
+        line = self.refusal(*twistd(self.directory))
+        cert = os.path.join(self.directory, "server.crt")
+        self.assertEqual(
+            line,
+            f"vmready: {cert} exists but {key} is missing: restore it (every agent pins this "
+            f"certificate), or remove {cert} too to issue a new pair",
+        )
+        self.assertFalse(os.path.exists(key))
+
     def test_addressInUse(self) -> None:
         path = os.path.join(self.directory, "taken.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -12,10 +12,12 @@ import os
 import signal
 import stat
 
+import attrs
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol
+from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 
 from tests.test_lifecycle import STOP_TIMEOUT, LifecycleTestCase, _async, _until
@@ -154,6 +156,19 @@ class IdentityTests(AgentLinkTestCase):
         self.assertEqual(self.lifecycle.ensure_agent_identities(), 0)
         drive = self.lifecycle.config_drive(record)
         self.assertTrue(os.path.exists(os.path.join(drive, "agent.crt")))
+        await self.lifecycle.recover()  # follow the VM again, so the cleanup stops it
+
+
+class NewServerCertificateTests(AgentLinkTestCase):
+    @_async
+    async def test_aNewDaemonCertificateIsWrittenToEveryConfigDrive(self) -> None:
+        record = await self.launch()
+        renewed = generate("vmready-renewed")
+        assert self.lifecycle.guest is not None
+        self.lifecycle.guest = attrs.evolve(self.lifecycle.guest, server_cert_pem=renewed.cert_pem)
+        self.lifecycle.ensure_agent_identities()
+        with open(os.path.join(self.lifecycle.config_drive(record), "server.crt"), "rb") as f:
+            self.assertEqual(f.read(), renewed.cert_pem)
 
 
 class HandshakeTests(AgentLinkTestCase):
@@ -217,6 +232,42 @@ class HandshakeTests(AgentLinkTestCase):
         await _until(lambda: b"CONNECT" in guest.received)
         self.assertEqual(guest.received, f"CONNECT 2:{self.port}\n".encode())
         self.assertEqual(self.lifecycle.agent_status("vm1"), AgentStatus.STARTED)
+
+
+class FrozenVMTests(AgentLinkTestCase):
+    """A frozen VM's agent cannot speak: its ring buffer is not read, even after a restart."""
+
+    @_async
+    async def test_frozenVMAdoptedAtDaemonStartIsNotPolled(self) -> None:
+        await self.launch()
+        await self.connected_guest()
+        await self.wait(self.lifecycle.act("vm1", "freeze"))
+        await self.lifecycle.shutdown()
+        self.lifecycle = self.new_lifecycle()
+        await self.lifecycle.recover()
+        monitor = self.lifecycle.monitors["vm1"]
+        await deferLater(reactor, 0.5, lambda: None)  # ten 'connecting' intervals
+        self.assertEqual(monitor.reads, 0)
+        await self.wait(self.lifecycle.act("vm1", "unfreeze"))
+        await _until(lambda: monitor.reads > 0)
+
+
+class SilentAgentTests(AgentLinkTestCase):
+    """An agent that stops repeating its status is taken as stopped (killed with SIGKILL)."""
+
+    @_async
+    async def test_agentThatFallsSilentIsAnnouncedStopped(self) -> None:
+        self.lifecycle.guest = GuestLink(
+            self.port,
+            SERVER.cert_pem,
+            "hvsock:/nonexistent",
+            attrs.evolve(FAST, silence_timeout=0.5),
+        )
+        await self.launch()
+        await self.connected_guest()
+        # ... and the guest says nothing more: no heartbeat.
+        await _until(lambda: self.lifecycle.agent_status("vm1") is AgentStatus.STOPPED)
+        self.assertEqual(self.agent_events()[-1], "instance-agent-stopped")
 
 
 class ReadyTests(AgentLinkTestCase):
@@ -314,7 +365,7 @@ class ReadyTests(AgentLinkTestCase):
         self.assertEqual(self.lifecycle.get("vm1").config[READY_KEY], "false")
 
     @_async
-    async def test_daemonStartRemovesTheKeyAndTheAgentReestablishesIt(self) -> None:
+    async def test_daemonStartRemovesTheKeyAndReadyCanBeDeclaredAgain(self) -> None:
         await self.launch()
         await self.connected_guest()
         self.lifecycle.set_ready("vm1", True)

@@ -46,9 +46,11 @@ class PollIntervals:
     started: float = 0.25
     connected: float = 1.0
     connect_timeout: float = 10.0
+    # An agent repeats its status every heartbeat (5 s); this long without a line, it is gone.
+    silence_timeout: float = 15.0
 
     def __attrs_post_init__(self) -> None:
-        for name in ("connecting", "started", "connected", "connect_timeout"):
+        for name in ("connecting", "started", "connected", "connect_timeout", "silence_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"poll interval {name} must be positive")
 
@@ -96,6 +98,8 @@ class AgentLink:
         self.vm_running = False
         self.connect_sent_at: float | None = None
         self._poll_now = False
+        # When the agent last said anything, counted only while the VM runs (None: not yet).
+        self._last_heard: float | None = None
 
     @property
     def status(self) -> AgentStatus:
@@ -111,12 +115,14 @@ class AgentLink:
         """The VM runs (launched, or adopted at daemon start): advertise our address at once."""
         self.vm_running = True
         self._poll_now = True
+        self._last_heard = None
         return [self._connect()] if advertise else []
 
     def vm_stopped(self) -> list[Command]:
         """The VM is gone or paused for good: stop polling; the agent is stopped with it."""
         self.vm_running = False
         self.connect_sent_at = None
+        self._last_heard = None
         previous = self.reader.status
         self.reader = RingBufferReader()  # the next boot is a new stream
         if previous in (AgentStatus.UNKNOWN, AgentStatus.STOPPED):
@@ -129,15 +135,21 @@ class AgentLink:
         """The vCPUs stopped (freeze): the agent cannot speak, so do not poll; its status stays."""
         self.vm_running = False
         self._poll_now = False
+        self._last_heard = None  # a paused agent is silent, not gone
 
     def vm_resumed(self) -> None:
         """The vCPUs run again: poll at once, without a new CONNECT (the port is unchanged)."""
         self.vm_running = True
         self._poll_now = True
+        self._last_heard = None
 
     def qmp_event(self) -> None:
         """Something happened to the VM: read the ring buffer once more, right away."""
         self._poll_now = True
+
+    def read_started(self) -> None:
+        """A ``ringbuf-read`` is on its way: an event from now on asks for another one."""
+        self._poll_now = False
 
     def read_failed(self) -> None:
         """A ``ringbuf-read`` failed: try again at the usual pace, not at once (no busy loop)."""
@@ -149,12 +161,13 @@ class AgentLink:
 
     def ring_read(self, chunk: bytes, now: float) -> list[Command]:
         """One drained ``ringbuf-read`` (raw bytes): status changes and CONNECTs to write."""
-        self._poll_now = False
         previous = self.reader.status
         commands: list[Command] = []
         ignored: list[Noise | UndecodableLine | OverlongLine] = []
+        heard = False
         for record in self.reader.feed(chunk, buffer_size=self.ring_size):
             if isinstance(record, StatusLine):
+                heard = True
                 if record.status is AgentStatus.STARTED and not any(
                     isinstance(command, WriteConnect) for command in commands
                 ):
@@ -175,6 +188,20 @@ class AgentLink:
                 count=len(ignored),
                 first=_shortened(ignored[0]),
             )
+        if heard or self._last_heard is None:
+            self._last_heard = now
+        elif (
+            self.reader.status in (AgentStatus.STARTED, AgentStatus.CONNECTED)
+            and now - self._last_heard >= self.intervals.silence_timeout
+        ):
+            # Killed without a word (SIGKILL, a guest hang): its heartbeat stopped.
+            self.log.info(
+                "{name}: the agent said nothing for {silence:g}s; taking it as stopped",
+                name=self.name,
+                silence=now - self._last_heard,
+            )
+            self.reader.status = AgentStatus.STOPPED
+            self.connect_sent_at = None
         current = self.reader.status
         if current is not previous:
             commands.insert(0, StatusChanged(previous, current))

@@ -115,6 +115,7 @@ class AgentMonitor:
     def _poll(self) -> None:
         self._timer = None
         self._busy = True
+        self.link.read_started()
         Deferred.fromCoroutine(self._read_once()).addBoth(self._polled)
 
     def _polled(self, result: Any) -> None:
@@ -137,7 +138,7 @@ class AgentMonitor:
         self.link.tick(self.clock.seconds())
 
     def _read_failed(self, error: HypervisorError) -> None:
-        if "not found" in error.message:
+        if f"Device '{self.chardev}' not found" in error.message:
             # A VM started without this chardev (another serial layout): nothing to poll.
             self._missing_device = True
             self.log.warn(

@@ -97,15 +97,50 @@ def write_private(path: str, data: bytes) -> None:
         raise
 
 
-def ensure_server_certificate(data_dir: str, common_name: str = "vmready") -> CertificatePair:
-    """The daemon's certificate: loaded from the data dir, or created there at first start."""
-    cert_path = os.path.join(data_dir, SERVER_CERT)
-    key_path = os.path.join(data_dir, SERVER_KEY)
-    if os.path.exists(cert_path) and os.path.exists(key_path):
+class CertificateError(Exception):
+    """The daemon's certificate files cannot be used; the message says what to do."""
+
+
+def _load_pair(cert_path: str, key_path: str) -> CertificatePair:
+    """The pair in the data dir, checked: readable, PEM, and the key is the certificate's."""
+    try:
         with open(cert_path, "rb") as c, open(key_path, "rb") as k:
             pair = CertificatePair(c.read(), k.read())
+        certificate = x509.load_pem_x509_certificate(pair.cert_pem)
+        key = serialization.load_pem_private_key(pair.key_pem, password=None)
+    except OSError as e:
+        raise CertificateError(f"cannot read {e.filename}: {e.strerror}") from e
+    except ValueError as e:
+        raise CertificateError(
+            f"{cert_path} or {key_path} is not a PEM certificate and key: {e}"
+        ) from e
+    raw = serialization.PublicFormat.SubjectPublicKeyInfo
+    if key.public_key().public_bytes(serialization.Encoding.DER, raw) != (
+        certificate.public_key().public_bytes(serialization.Encoding.DER, raw)
+    ):
+        raise CertificateError(f"{key_path} is not the key of {cert_path}")
+    return pair
+
+
+def ensure_server_certificate(data_dir: str, common_name: str = "vmready") -> CertificatePair:
+    """The daemon's certificate: loaded from the data dir, or created there at first start.
+
+    Half a pair is refused (CertificateError), never replaced: every agent pins
+    ``server.crt``, so a new pair must be a deliberate choice (remove both files).
+    """
+    cert_path = os.path.join(data_dir, SERVER_CERT)
+    key_path = os.path.join(data_dir, SERVER_KEY)
+    have_cert, have_key = os.path.exists(cert_path), os.path.exists(key_path)
+    if have_cert and have_key:
+        pair = _load_pair(cert_path, key_path)
         os.chmod(key_path, 0o600)
         return pair
+    if have_cert or have_key:
+        present, missing = (cert_path, key_path) if have_cert else (key_path, cert_path)
+        raise CertificateError(
+            f"{present} exists but {missing} is missing: restore it (every agent pins this "
+            f"certificate), or remove {present} too to issue a new pair"
+        )
     pair = generate(common_name)
     write_private(key_path, pair.key_pem)
     write_private(cert_path, pair.cert_pem)

@@ -21,6 +21,7 @@ from twisted.python import usage
 from twisted.python.lockfile import FilesystemLock
 
 from vmready.agentlink import PollIntervals
+from vmready.certs import CertificateError, ensure_server_certificate
 from vmready.daemon import GUEST_SOCKET_BASE, DaemonConfig, VMReadyService
 from vmready.lifecycle import MAX_STOP_TIMEOUT
 from vmready.limits import raise_file_limit
@@ -38,6 +39,7 @@ _POLL_OPTIONS = (
     "agent-poll-started",
     "agent-poll-connected",
     "agent-connect-timeout",
+    "agent-silence-timeout",
 )
 
 
@@ -94,6 +96,13 @@ class Options(usage.Options):
             "Seconds between agent ring-buffer reads once the agent is CONNECTED.",
         ],
         [
+            "agent-silence-timeout",
+            None,
+            str(_DEFAULT_POLL.silence_timeout),
+            "Seconds without a status line from a running VM's agent before it is taken as "
+            "stopped (agents repeat their status every 5 s).",
+        ],
+        [
             "agent-connect-timeout",
             None,
             str(_DEFAULT_POLL.connect_timeout),
@@ -141,6 +150,7 @@ class Options(usage.Options):
             started=self["agent-poll-started"],
             connected=self["agent-poll-connected"],
             connect_timeout=self["agent-connect-timeout"],
+            silence_timeout=self["agent-silence-timeout"],
         )
 
 
@@ -276,6 +286,10 @@ def makeService(options: Options) -> VMReadyService:
         _fail(str(e))
     check_listen_address(options["listen"])
     check_guest_listen_address(options["guest-listen"])
+    try:
+        ensure_server_certificate(data_dir)
+    except CertificateError as e:
+        _fail(str(e))
     raise_file_limit()
     config = DaemonConfig(
         data_dir=data_dir,

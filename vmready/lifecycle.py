@@ -28,7 +28,7 @@ from twisted.logger import Logger
 
 from vmready.agentlink import AgentLink, PollIntervals, StatusChanged
 from vmready.agentmonitor import AgentMonitor
-from vmready.certs import CertificatePair, generate, write_config_drive
+from vmready.certs import CertificatePair, generate, write_config_drive, write_private
 from vmready.events import EventBus
 from vmready.hypervisor import (
     HypervisorDriver,
@@ -407,14 +407,34 @@ class Lifecycle:
         os.replace(path + ".tmp", path)
 
     def ensure_agent_identities(self) -> int:
-        """Issue certificates to instances that have none (created before the guest API)."""
+        """Issue certificates to instances that have none (created before the guest API).
+
+        A config drive whose ``server.crt`` is not the daemon's (the operator
+        issued a new pair) gets the new one, so its agent can pin it again.
+        """
         issued = 0
         for record in self.store.list_instances():
             drive = self.config_drive(record)
+            self._refresh_pinned_certificate(record, drive)
             missing = not os.path.exists(os.path.join(drive, AGENT_CONFIG))
             if missing and self.issue_agent_identity(record) is not None:
                 issued += 1
         return issued
+
+    def _refresh_pinned_certificate(self, record: InstanceRecord, drive: str) -> None:
+        guest = self.guest
+        path = os.path.join(drive, "server.crt")
+        if guest is None or not os.path.exists(path):
+            return
+        with open(path, "rb") as f:
+            if f.read() == guest.server_cert_pem:
+                return
+        write_private(path, guest.server_cert_pem)
+        self.log.warn(
+            "{name}: the daemon's certificate changed; wrote the new one to its config drive "
+            "(its agent reads it when it restarts)",
+            name=record.name,
+        )
 
     def publish_state(self, record: InstanceRecord) -> None:
         """An ``instance-state`` event with everything a watcher needs to show the instance."""
@@ -462,7 +482,10 @@ class Lifecycle:
         runner = getattr(self, "_do_" + action.replace("-", "_"))
         prepared = self._prepare(action, params)
         if action in ("snapshot", "restore"):
-            self._preflight(action, self.store.get_instance(name), prepared)
+            current = self.store.get_instance(name)
+            if current.task_state is not None:
+                raise task_conflict(action, name, current.task_state.value, current.vm_state.value)
+            self._preflight(action, current, prepared)
         record = self.store.claim_task(name, action, spec.allowed_from, spec.tasks[0])
         context = ActionContext(self, name, action, spec.tasks[0])
         self.publish_state(record)
@@ -913,6 +936,11 @@ class Lifecycle:
         if monitor is not None:
             undo.append(vm.qmp.subscribe(lambda _event: self._qmp_event(name)))
             monitor.start(advertise)
+            frozen = record is not None and (
+                record.vm_state is VMState.PAUSED or record.power_state is PowerState.PAUSED
+            )
+            if frozen:
+                monitor.paused()  # adopted frozen: its agent cannot speak until unfrozen
 
         def unsubscribe() -> None:
             for step in undo:
