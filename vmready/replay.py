@@ -527,7 +527,14 @@ class ReplaySession:
         self._run_until(max(self.clock.seconds(), last) + _SETTLE_SECONDS)
 
     def _feed(self, entry: Entry) -> None:
-        if entry.kind == "serial-out" and self.guest is not None and self.guest.open:
+        if entry.kind == "ring-read" and self._reads and self._reads[0] is entry:
+            # The recorded host read at this moment: so does this one (a poll at once, as
+            # after a QMP event), so what it reads is seen in step with the guest's requests.
+            monitor = self.lifecycle.monitors.get(self.name) if self.lifecycle else None
+            if monitor is not None:
+                monitor.qmp_event()
+                self._settle()
+        elif entry.kind == "serial-out" and self.guest is not None and self.guest.open:
             self.guest.write(data_from_fields(entry.fields))
             self._settle()
         elif entry.kind in ("guest-request", "host-request"):
