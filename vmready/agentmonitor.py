@@ -20,7 +20,7 @@ from vmready.agentlink import AgentLink, StatusChanged, WriteConnect
 from vmready.model import HypervisorError
 from vmready.ringbuffer import AgentStatus
 
-__all__ = ["AgentMonitor", "RingBufferDevice"]
+__all__ = ["AgentMonitor", "RingBufferDevice", "RingRecorder"]
 
 
 class RingBufferDevice(Protocol):
@@ -31,6 +31,16 @@ class RingBufferDevice(Protocol):
 
     async def ringbuf_write(self, device: str, data: bytes) -> None:
         """Append ``data`` (QEMU delivers it to the guest)."""
+
+
+class RingRecorder(Protocol):
+    """Where a recorded instance's ring-buffer traffic goes (``InstanceRecorder``)."""
+
+    def ring_read(self, chunk: bytes) -> None:
+        """A drained read."""
+
+    def ring_write(self, data: bytes) -> None:
+        """A write QEMU accepted."""
 
 
 StatusListener = Callable[[StatusChanged], None]
@@ -49,12 +59,15 @@ class AgentMonitor:
         link: AgentLink,
         chardev: str,
         on_status: StatusListener,
+        recorder: RingRecorder | None = None,
     ) -> None:
         self.clock = clock
         self.vm = vm
         self.link = link
         self.chardev = chardev
         self.on_status = on_status
+        # None unless the instance is recorded: then nothing here costs anything more.
+        self.recorder = recorder
         self.reads = 0
         self._timer: IDelayedCall | None = None
         self._busy = False
@@ -132,6 +145,8 @@ class AgentMonitor:
         if self._stopped:
             return
         self.reads += 1
+        if self.recorder is not None:
+            self.recorder.ring_read(chunk)
         now = self.clock.seconds()
         commands = self.link.ring_read(chunk, now)
         await self._write_all(commands)
@@ -175,6 +190,8 @@ class AgentMonitor:
                         error=e.message,
                     )
                     continue
+                if self.recorder is not None:
+                    self.recorder.ring_write(command.line)
                 self.link.connect_written(self.clock.seconds())
 
     def _announce(self, change: StatusChanged) -> None:

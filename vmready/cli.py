@@ -1059,7 +1059,69 @@ def build_parser() -> argparse.ArgumentParser:
     wait.add_argument(
         "--timeout", type=_seconds, metavar="SECONDS", help="give up after this many seconds"
     )
+    replay = commands.add_parser(
+        "replay",
+        help="replay a recorded session against a fresh in-memory daemon (no daemon needed)",
+        description=(
+            "Replay a transcript (recorded by twistd vmready --record-dir, vmready.record=true "
+            "or vmready-agent --record) against a fresh daemon core and a fakeqemu VM on a "
+            "deterministic clock, and compare what the host does with the recording."
+        ),
+        epilog=(
+            "exit status: 0 the host did what it did in the recording; 1 it diverged (the "
+            "first divergence is printed); 2 the transcript is malformed or of an "
+            "unsupported version (its line is named)"
+        ),
+    )
+    replay.add_argument("file", metavar="FILE", help="the transcript (JSON lines)")
+    replay.add_argument(
+        "--realtime",
+        action="store_true",
+        help="replay at the recorded pace, printing each record (default: as fast as possible)",
+    )
     return parser
+
+
+async def _cmd_replay(reactor: Any, output: Output, args: argparse.Namespace) -> int:
+    """``vmready replay FILE``: runs in this process; the daemon is not involved."""
+    from twisted.internet.task import deferLater
+
+    from vmready.replay import ReplaySession
+    from vmready.transcript import TranscriptError, data_from_fields, read_transcript
+
+    try:
+        transcript = read_transcript(args.file)
+        if transcript.header.get("continues"):
+            raise TranscriptError(
+                transcript.source,
+                1,
+                "this file continues a rotated transcript mid-session; replay it joined to "
+                "the files before it (cat NAME.jsonl.2 NAME.jsonl.1 NAME.jsonl > whole.jsonl)",
+            )
+    except TranscriptError as e:
+        output.error(str(e))
+        return EXIT_USAGE
+    session = ReplaySession(transcript)
+    try:
+        previous = 0.0
+        for entry in session.steps():
+            if args.realtime:
+                if entry.t > previous:
+                    await deferLater(reactor, entry.t - previous, lambda: None)
+                previous = max(previous, entry.t)
+                shown = entry.fields.get("text")
+                if shown is None and entry.kind in ("ring-read", "ring-write"):
+                    shown = data_from_fields(entry.fields).decode("utf-8", "replace")
+                detail = {
+                    k: v for k, v in entry.fields.items() if k not in ("text", "data", "body")
+                }
+                text = json.dumps(shown) if shown is not None else json.dumps(detail)
+                output.line(f"t={entry.t:.3f}s line {entry.line}: {entry.kind} {text[:100]}")
+        result = session.result()
+    finally:
+        session.close()
+    output.line(result.describe())
+    return EXIT_OK if result.matched else EXIT_FAILED
 
 
 async def run(
@@ -1076,6 +1138,8 @@ async def run(
     try:
         args = parser.parse_args(list(argv))
         output.format = args.format
+        if args.command == "replay":
+            return await _cmd_replay(reactor, output, args)
         client = Client(reactor, args.socket or default_socket())
         result: int = await _COMMANDS[args.command](client, output, args)
         return result

@@ -31,7 +31,9 @@ from vmready.guestapi import GuestAPI, guest_site, guest_tls_factory
 from vmready.hypervisor import HypervisorDriver
 from vmready.lifecycle import GuestLink, Lifecycle
 from vmready.qemu_cmdline import CURRENT_LAYOUT, SERIAL_LAYOUTS
+from vmready.recording import Recorders
 from vmready.store import Store
+from vmready.transcript import DEFAULT_KEEP, DEFAULT_MAX_BYTES
 from vmready.vsock import HybridVSockAddress, HybridVSockServerEndpoint
 from vmready.web import local_site
 
@@ -53,6 +55,15 @@ class DaemonConfig:
     agent_poll: PollIntervals = attrs.field(factory=PollIntervals)
     # The serial wiring of VMs this daemon starts ("legacy" reproduces an older daemon).
     serial_layout: str = CURRENT_LAYOUT.name
+    # Where transcripts go; None: <data_dir>/transcripts, for instances with vmready.record=true.
+    record_dir: str | None = None
+    record_max_bytes: int = DEFAULT_MAX_BYTES
+    record_keep: int = DEFAULT_KEEP
+
+    @property
+    def transcript_dir(self) -> str:
+        """Where instances' transcripts are written."""
+        return self.record_dir or os.path.join(self.data_dir, "transcripts")
 
     @property
     def guest_endpoint(self) -> str:
@@ -81,6 +92,7 @@ class VMReadyService(MultiService):
         self.lifecycle: Lifecycle | None = None
         self.recovered: Deferred[None] = Deferred()
         self.guest_port: IListeningPort | None = None
+        self.recorders: Recorders | None = None
 
     def startService(self) -> None:
         config = self.config
@@ -95,6 +107,14 @@ class VMReadyService(MultiService):
             os.path.join(config.data_dir, "run"),
             stop_timeout=config.stop_timeout,
             serial_layout=SERIAL_LAYOUTS[config.serial_layout],
+        )
+        # Always present: an instance may ask to be recorded (vmready.record=true).
+        self.recorders = lifecycle.recorders = Recorders(
+            lifecycle,
+            config.transcript_dir,
+            record_all=config.record_dir is not None,
+            max_bytes=config.record_max_bytes,
+            keep=config.record_keep,
         )
         site = local_site(OperatorAPI(lifecycle, config.hypervisor).app.resource())
         super().startService()
@@ -123,7 +143,9 @@ class VMReadyService(MultiService):
         server = ensure_server_certificate(self.config.data_dir)
         endpoint_string = self.config.guest_endpoint
         self._remove_stale_guest_sockets()
-        factory = guest_tls_factory(server, self.store, guest_site(GuestAPI(self.lifecycle)))
+        factory = guest_tls_factory(
+            server, self.store, guest_site(GuestAPI(self.lifecycle), self.recorders)
+        )
         port = self.guest_port = await serverFromString(self.reactor, endpoint_string).listen(
             factory
         )
@@ -202,6 +224,8 @@ class VMReadyService(MultiService):
                 await stopped
         if self.lifecycle is not None:
             await self.lifecycle.shutdown()
+        if self.recorders is not None:
+            self.recorders.close()
         if self.store is not None:
             self.store.close()
 

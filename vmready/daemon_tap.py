@@ -29,6 +29,7 @@ from vmready.model import StoreError
 from vmready.paths import default_data_dir
 from vmready.qemu_cmdline import CURRENT_LAYOUT, STARTABLE_LAYOUTS
 from vmready.store import Store
+from vmready.transcript import DEFAULT_KEEP, DEFAULT_MAX_BYTES
 from vmready.vsock import HybridVSockServerEndpoint, VSockServerEndpoint
 
 HYPERVISORS = ("fakeqemu", "qemu")
@@ -108,6 +109,21 @@ class Options(usage.Options):
             str(_DEFAULT_POLL.connect_timeout),
             "Seconds of fast polling after a CONNECT before waiting for STARTED again.",
         ],
+        [
+            "record-dir",
+            None,
+            None,
+            "Record every instance's session to <dir>/<instance>.jsonl (an instance's "
+            "vmready.record=false opts it out; vmready.record=true records it even without "
+            "this option, to <data-dir>/transcripts).",
+        ],
+        [
+            "record-max-bytes",
+            None,
+            str(DEFAULT_MAX_BYTES),
+            "Rotate a transcript to <file>.1 once it passes this size.",
+        ],
+        ["record-keep", None, str(DEFAULT_KEEP), "Rotated transcripts kept per instance."],
     ]
 
     def postOptions(self) -> None:
@@ -133,6 +149,15 @@ class Options(usage.Options):
                 raise usage.UsageError(f"--{option} must be more than 0 and at most 3600 seconds")
         if not 0 <= self["stop-timeout"] <= MAX_STOP_TIMEOUT:
             raise usage.UsageError(f"--stop-timeout must be 0 to {MAX_STOP_TIMEOUT:g} seconds")
+        for option, least in (("record-max-bytes", 1024), ("record-keep", 0)):
+            try:
+                self[option] = int(self[option])
+            except ValueError:
+                raise usage.UsageError(f"--{option} must be a whole number") from None
+            if self[option] < least:
+                raise usage.UsageError(f"--{option} must be at least {least}")
+        if self["record-dir"]:
+            self["record-dir"] = os.path.abspath(self["record-dir"])
         self["data-dir"] = os.path.abspath(self["data-dir"] or default_data_dir())
         if not self["listen"]:
             # Whoever can reach the operator socket controls every VM: owner only.
@@ -301,6 +326,9 @@ def makeService(options: Options) -> VMReadyService:
         guest_listen=options["guest-listen"],
         agent_poll=options.poll_intervals,
         serial_layout=options["serial-layout"],
+        record_dir=options["record-dir"],
+        record_max_bytes=options["record-max-bytes"],
+        record_keep=options["record-keep"],
     )
     print(
         f"vmready: data dir {data_dir}, API on {options['listen']}, "

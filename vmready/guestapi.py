@@ -59,6 +59,7 @@ from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.failure import Failure
 from twisted.web import http
 from twisted.web.iweb import IRequest
+from twisted.web.resource import IResource
 from twisted.web.server import Site
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
@@ -74,6 +75,7 @@ from vmready.model import (
     PayloadTooLarge,
     VMReadyError,
 )
+from vmready.recording import Recorders, RecordingGuestResource
 from vmready.states import StatusCode
 from vmready.store import Store
 from vmready.tls import MutualServerTLS, peer_certificate_pem
@@ -493,9 +495,12 @@ class GuestAPI:
         return done
 
 
-def guest_site(api: GuestAPI) -> Site:
-    """The HTTP site serving ``api`` (wrap it with ``guest_tls_factory``)."""
-    site = local_site(api.app.resource())
+def guest_site(api: GuestAPI, recorders: Recorders | None = None) -> Site:
+    """The HTTP site serving ``api`` (wrap it with ``guest_tls_factory``), maybe recorded."""
+    resource: IResource = api.app.resource()
+    if recorders is not None:
+        resource = RecordingGuestResource(resource, api.identify, recorders)
+    site = local_site(resource)
     site.displayTracebacks = False
     return site
 

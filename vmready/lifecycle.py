@@ -56,6 +56,7 @@ from vmready.qemu_cmdline import (
     UNRECORDED_LAYOUT,
     SerialLayout,
 )
+from vmready.recording import RECORD_KEY, RecorderLookup
 from vmready.ringbuffer import AgentStatus
 from vmready.snapshots import (
     STATE_FILE,
@@ -90,7 +91,7 @@ _PREVIOUS_CPU = "volatile.resize.previous.cpu"
 LAYOUT_KEY = "volatile.serial.layout"
 _RESTORE_POLL_SECONDS = 0.05
 RESTORE_TIMEOUT = 600.0
-_USER_KEYS = re.compile(r"(limits\.memory|limits\.cpu|user\..+|cloud-init\..+)")
+_USER_KEYS = re.compile(r"(limits\.memory|limits\.cpu|user\..+|cloud-init\..+|vmready\.record)")
 
 
 CONFIG_DRIVE = "config-drive"
@@ -129,7 +130,7 @@ def validate_config(config: dict[str, Any]) -> dict[str, str]:
         if not isinstance(key, str) or not _USER_KEYS.fullmatch(key):
             raise BadRequest(
                 f"Invalid config key {key!r}: allowed are limits.memory, limits.cpu, user.*, "
-                "cloud-init.*"
+                "cloud-init.*, vmready.record"
             )
         if not isinstance(value, str | int) or isinstance(value, bool):
             raise BadRequest(f"Invalid value for {key}: expected a string")
@@ -142,6 +143,10 @@ def validate_config(config: dict[str, Any]) -> dict[str, str]:
         except UnicodeEncodeError:
             raise BadRequest(f"Invalid value for {key}: not valid Unicode text") from None
         checked[key] = str(value)
+    if checked.get(RECORD_KEY, "false") not in ("true", "false"):
+        raise BadRequest(
+            f"Invalid value for {RECORD_KEY}: {checked[RECORD_KEY]!r}: expected true or false"
+        )
     if "limits.memory" in checked:
         checked["limits.memory"] = str(parse_memory(checked["limits.memory"]))
     if "limits.cpu" in checked:
@@ -161,7 +166,7 @@ def config_changes(config: dict[str, Any]) -> dict[str, str | None]:
     return changes
 
 
-_REMOVAL_PROBE = {"limits.memory": str(MIN_MEMORY_MIB), "limits.cpu": "1"}
+_REMOVAL_PROBE = {"limits.memory": str(MIN_MEMORY_MIB), "limits.cpu": "1", RECORD_KEY: "false"}
 
 
 def parse_memory(value: str) -> int:
@@ -298,6 +303,8 @@ class Lifecycle:
         # Set by the daemon once the guest API listens; without it no agent is followed.
         self.guest: GuestLink | None = None
         self.monitors: dict[str, AgentMonitor] = {}
+        # Set by the daemon when sessions may be recorded (``vmready.recording.Recorders``).
+        self.recorders: RecorderLookup | None = None
         self._last_agent_status: dict[str, AgentStatus] = {}
 
     # -- views ------------------------------------------------------------
@@ -454,11 +461,13 @@ class Lifecycle:
 
     # -- actions ----------------------------------------------------------
 
-    def create(self, name: str, config: dict[str, Any]) -> Operation:
+    def create(
+        self, name: str, config: dict[str, Any], instance_uuid: str | None = None
+    ) -> Operation:
         """Create and boot an instance: BUILD → ACTIVE (or ERROR with the reason)."""
         validate_name(name)
         checked = validate_config(config)
-        record = self.store.create_instance(name, checked, {})
+        record = self.store.create_instance(name, checked, {}, instance_uuid)
         context = ActionContext(self, name, "create", TaskState.SPAWNING)
         self.issue_agent_identity(record)
         self.publish_state(record)
@@ -932,6 +941,9 @@ class Lifecycle:
         self._detach(name)
         self.vms[name] = vm
         undo = [vm.subscribe(lambda event: self._vm_event(name, vm, event))]
+        recorder = self.recorders.recorder_for(name) if self.recorders is not None else None
+        if recorder is not None:
+            undo.append(vm.qmp.subscribe(lambda event: recorder.qmp_event(event.name, event.data)))
         monitor = self._follow_agent(name, vm)
         if monitor is not None:
             undo.append(vm.qmp.subscribe(lambda _event: self._qmp_event(name)))
@@ -954,8 +966,14 @@ class Lifecycle:
         if guest is None or chardev is None:
             return None
         link = AgentLink(name, vm.spec.ring_size, guest.port, guest.intervals)
+        recorder = self.recorders.recorder_for(name) if self.recorders is not None else None
         monitor = AgentMonitor(
-            self.clock, vm, link, chardev, lambda change: self._agent_changed(name, change)
+            self.clock,
+            vm,
+            link,
+            chardev,
+            lambda change: self._agent_changed(name, change),
+            recorder,
         )
         self.monitors[name] = monitor
         return monitor

@@ -200,9 +200,16 @@ class Store:
     # Instances
 
     def create_instance(
-        self, name: str, config: dict[str, str], devices: dict[str, dict[str, str]]
+        self,
+        name: str,
+        config: dict[str, str],
+        devices: dict[str, dict[str, str]],
+        instance_uuid: str | None = None,
     ) -> InstanceRecord:
-        """Add an instance, building with a spawning task; Conflict if the name is taken."""
+        """Add an instance, building with a spawning task; Conflict if the name is taken.
+
+        ``instance_uuid``: this uuid instead of a new one (a replayed session's).
+        """
         _check_config(config)
         _check_devices(devices)
         now = self._clock()
@@ -214,7 +221,7 @@ class Store:
                 " VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?)",
                 (
                     name,
-                    str(uuid.uuid4()),
+                    instance_uuid or str(uuid.uuid4()),
                     VMState.BUILDING.value,
                     TaskState.SPAWNING.value,
                     PowerState.NOSTATE.value,

@@ -105,6 +105,8 @@ class AgentConfig:
     heartbeat: float = DEFAULT_HEARTBEAT
     retries: int = DEFAULT_RETRIES
     instance: str | None = None
+    # ``--record FILE``: write the agent's side of the session there (a transcript).
+    record: str | None = None
 
 
 def _read(drive: str, name: str) -> bytes:
@@ -219,4 +221,5 @@ def load_config(options: Mapping[str, Any]) -> AgentConfig:
         heartbeat=parse_seconds(merged.get("heartbeat", DEFAULT_HEARTBEAT), "heartbeat"),
         retries=parse_count(merged.get("retries", DEFAULT_RETRIES), "retries"),
         instance=merged.get("instance"),
+        record=os.path.abspath(merged["record"]) if merged.get("record") else None,
     )

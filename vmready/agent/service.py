@@ -47,6 +47,7 @@ from vmready.agent.host import (
 )
 from vmready.agent.memory import ReadyMemory
 from vmready.agent.proxy import GuestAPIProxy, HostRoute, HostUnreachable, proxy_site
+from vmready.agent.recording import AgentRecorder, RecordingAgent, RecordingSerialKeeper
 from vmready.agent.serial import SerialKeeper, choose_port
 
 __all__ = ["DIAL_TIMEOUT", "AgentService", "build_agent", "prepare_socket_path"]
@@ -259,10 +260,22 @@ def build_agent(reactor: Any, config: AgentConfig) -> AgentService:
     except Exception as e:  # pyOpenSSL refuses the pair in its own ways
         raise ConfigError(f"the agent's certificate and key are unusable: {e}") from None
     core = AgentCore(retries=config.retries, describe=connector.describe)
+    agent_for: Callable[[HostAddress], IAgent] = connector.agent
+    recorder: AgentRecorder | None = None
+    if config.record is not None:
+        try:
+            recorder = AgentRecorder(config.record, config.instance)
+        except OSError as e:
+            raise ConfigError(f"cannot record to {config.record}: {e.strerror or e}") from None
+        recording = recorder
+
+        def agent_for(address: HostAddress) -> IAgent:
+            return RecordingAgent(connector.agent(address), recording)
+
     service = AgentService(
         reactor,
         core,
-        connector.agent,
+        agent_for,
         connector.describe,
         ReadyMemory(config.state_dir),
         config.heartbeat,
@@ -275,9 +288,18 @@ def build_agent(reactor: Any, config: AgentConfig) -> AgentService:
     def locate() -> str:
         return forced if forced is not None else choose_port(config.virtio_ports)
 
-    service.attach_serial(
-        SerialKeeper(
-            reactor, locate, service.serial_data, service.serial_opened, service.serial_gave_up
-        )
-    )
+    on_data = service.serial_data
+    keeper_class = SerialKeeper
+    if recorder is not None:
+        keeper_class = RecordingSerialKeeper
+        recording_to = recorder
+
+        def on_data(data: bytes) -> None:
+            recording_to.serial_in(data)
+            service.serial_data(data)
+
+    keeper = keeper_class(reactor, locate, on_data, service.serial_opened, service.serial_gave_up)
+    if isinstance(keeper, RecordingSerialKeeper) and recorder is not None:
+        keeper.recorder = recorder
+    service.attach_serial(keeper)
     return service

@@ -56,6 +56,13 @@ class Options(usage.Options):
         ],
         ["heartbeat", None, str(DEFAULT_HEARTBEAT), "Seconds between status lines."],
         ["retries", None, str(DEFAULT_RETRIES), "Retries of a failing dial before waiting."],
+        [
+            "record",
+            None,
+            None,
+            "Record the agent's side of the session (serial lines, requests to the host) to "
+            "this transcript file, for vmready replay.",
+        ],
     ]
 
     def postOptions(self) -> None:

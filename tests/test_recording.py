@@ -1,0 +1,115 @@
+"""The daemon's recorders: who is recorded, at no cost when nobody is, and the config key."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from twisted.internet.task import Clock
+from twisted.python import usage
+from twisted.trial.unittest import SynchronousTestCase
+
+from vmready.daemon_tap import Options
+from vmready.events import EventBus
+from vmready.lifecycle import Lifecycle, validate_config
+from vmready.model import BadRequest
+from vmready.recording import Recorders, transcript_path
+from vmready.store import Store
+
+
+class RecordersTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.store = Store.open(":memory:", clock=self.clock.seconds)
+        self.addCleanup(self.store.close)
+        self.lifecycle = Lifecycle(
+            self.clock,
+            self.store,
+            None,  # type: ignore[arg-type]
+            EventBus(self.clock.seconds),
+            self.mktemp(),
+        )
+        self.directory = self.mktemp()
+
+    def recorders(self, record_all: bool) -> Recorders:
+        recorders = Recorders(self.lifecycle, self.directory, record_all=record_all)
+        self.addCleanup(recorders.close)
+        return recorders
+
+    def test_recordingOffWritesNothing(self) -> None:
+        recorders = self.recorders(record_all=False)
+        self.store.create_instance("vm1", {}, {})
+        self.assertFalse(recorders.maybe_recording)
+        self.assertIsNone(recorders.recorder_for("vm1"))
+        self.assertFalse(os.path.exists(self.directory))
+
+    def test_theDaemonOptionRecordsEveryInstance(self) -> None:
+        recorders = self.recorders(record_all=True)
+        self.store.create_instance("vm1", {"user.a": "b"}, {})
+        recorder = recorders.recorder_for("vm1")
+        assert recorder is not None
+        recorder.ring_write(b"CONNECT 2:9\n")
+        recorder.close()
+        with open(transcript_path(self.directory, "vm1")) as f:
+            header, record = (json.loads(line) for line in f)
+        self.assertEqual(
+            (header["side"], header["instance"], header["origin"], header["config"]),
+            ("host", "vm1", "create", {"user.a": "b"}),
+        )
+        self.assertEqual((record["kind"], record["text"]), ("ring-write", "CONNECT 2:9\n"))
+
+    def test_theInstanceKeyOptsOut(self) -> None:
+        recorders = self.recorders(record_all=True)
+        self.store.create_instance("vm1", {"vmready.record": "false"}, {})
+        self.assertIsNone(recorders.recorder_for("vm1"))
+
+    def test_theInstanceKeyOptsIn(self) -> None:
+        self.store.create_instance("vm1", {"vmready.record": "true"}, {})
+        self.store.create_instance("vm2", {}, {})
+        recorders = self.recorders(record_all=False)
+        self.assertIsNotNone(recorders.recorder_for("vm1"))
+        self.assertIsNone(recorders.recorder_for("vm2"))
+
+    def test_lifecycleEventsOfTheInstanceAreRecorded(self) -> None:
+        recorders = self.recorders(record_all=True)
+        self.store.create_instance("vm1", {}, {})
+        self.lifecycle.events.lifecycle("instance-ready", "vm1")
+        recorders.close()
+        with open(transcript_path(self.directory, "vm1")) as f:
+            kinds = [json.loads(line).get("action") for line in f]
+        self.assertEqual(kinds, [None, "instance-ready"])
+
+    def test_secretConfigIsRedactedInTheHeader(self) -> None:
+        recorders = self.recorders(record_all=True)
+        self.store.create_instance("vm1", {"user.api-key": "k"}, {})
+        recorders.recorder_for("vm1")
+        recorders.close()
+        with open(transcript_path(self.directory, "vm1")) as f:
+            header = json.loads(f.readline())
+        self.assertEqual(header["config"], {"user.api-key": "[REDACTED]"})
+
+
+class ConfigKeyTests(SynchronousTestCase):
+    def test_theRecordKeyTakesTrueOrFalse(self) -> None:
+        self.assertEqual(validate_config({"vmready.record": "true"}), {"vmready.record": "true"})
+        error = self.assertRaises(BadRequest, validate_config, {"vmready.record": "yes"})
+        self.assertIn("expected true or false", error.message)
+
+    def test_otherVmreadyKeysAreRefused(self) -> None:
+        self.assertRaises(BadRequest, validate_config, {"vmready.other": "x"})
+
+
+class DaemonOptionTests(SynchronousTestCase):
+    def test_recordOptionsAreParsed(self) -> None:
+        options = Options()
+        options.parseOptions(
+            ["--data-dir", "/tmp/d", "--record-dir", "rec", "--record-max-bytes", "4096"]
+        )
+        self.assertEqual(
+            (options["record-dir"], options["record-max-bytes"], options["record-keep"]),
+            (os.path.abspath("rec"), 4096, 3),
+        )
+
+    def test_aTinyBoundIsRefused(self) -> None:
+        options = Options()
+        self.assertRaises(usage.UsageError, options.parseOptions, ["--record-max-bytes", "10"])

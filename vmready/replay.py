@@ -1,0 +1,683 @@
+"""Replay a recorded session against a fresh daemon core and compare what the host does.
+
+``replay(path)`` builds the real core — an in-memory ``Store``, an ``EventBus``,
+a ``Lifecycle`` whose driver runs fakeqemu in-process (``fakeqemu.testing.InMemoryVM``),
+the ``GuestAPI`` — all on one ``task.Clock``, then walks the transcript in time
+order, stepping the clock from one timer to the next so the daemon polls,
+times out and answers exactly as it would, only without waiting:
+
+- the guest's side is fed as recorded.  From a host transcript, each non-empty
+  ``ring-read`` is what the host's next ``ringbuf-read`` at or after its time
+  returns, byte for byte (overflow fragments included; the host's own echoes
+  are part of what was recorded).  From an agent transcript, each
+  ``serial-out`` is written into the VM's port at its time, as the agent did.
+  ``guest-request``/``host-request`` records are sent through the guest API at
+  their time; a ``daemon-start`` (or, agent side, a CONNECT naming a new
+  port) replaces the core with a new one on the same store, as a restart does;
+- what the host does is collected: its ring-buffer writes, its HTTP answers
+  and (host transcripts) the instance's lifecycle events, and compared with
+  the recorded ones channel by channel, in order, not by timestamp.
+
+The first divergence is the one with the earliest recorded time.
+``ReplayResult.describe()`` says it in one line; ``vmready replay`` prints it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import attrs
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.task import Clock
+from twisted.web.client import readBody
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IBodyProducer, IRequest, IResponse
+from zope.interface import implementer
+
+from fakeqemu._ringbuf import RingBuffer
+from fakeqemu.testing import FakeGuest, InMemoryVM
+from vmready.agentlink import PollIntervals
+from vmready.events import LIFECYCLE, Event, EventBus
+from vmready.guestapi import GuestAPI
+from vmready.hypervisor import RunningVM, VMSpec
+from vmready.lifecycle import GuestLink, Lifecycle, agent_chardev, validate_config
+from vmready.model import InstanceRecord
+from vmready.qemu_cmdline import CURRENT_LAYOUT, SERIAL_LAYOUTS, build_command_line
+from vmready.qmp import QMPClientProtocol
+from vmready.recording import EVENTS_PATH, SessionHooks
+from vmready.ringbuffer import parse_connect
+from vmready.states import PowerState, TaskState, VMState
+from vmready.store import Store
+from vmready.transcript import (
+    Entry,
+    Transcript,
+    TranscriptError,
+    body_fields,
+    body_from_fields,
+    data_from_fields,
+    looks_secret,
+    read_transcript,
+    redact_json,
+)
+
+__all__ = ["Divergence", "ReplayResult", "ReplaySession", "replay"]
+
+# After the last record: how long the host may still act on what it was fed.
+_SETTLE_SECONDS = 3.0
+# How long past the last record a ring-read may wait for the host's next read.
+_DELIVERY_GRACE = 30.0
+_MAX_STEPS = 1_000_000
+_FIXED_UUID = "00000000-0000-4000-8000-000000000000"
+_SERVER_PEM = b"replay: no certificate\n"
+_BODY_FIELDS = ("body", "body_b64", "body_length", "truncated")
+
+
+@attrs.frozen
+class Divergence:
+    """Where the replayed host first did something else than the recorded one."""
+
+    t: float
+    line: int | None
+    expected: str
+    got: str
+
+    def describe(self) -> str:
+        """One line: ``first divergence at t=3.214s (line 42): expected …, got …``."""
+        where = f" (line {self.line})" if self.line is not None else ""
+        return (
+            f"first divergence at t={self.t:.3f}s{where}: expected {self.expected}, got {self.got}"
+        )
+
+
+@attrs.frozen
+class ReplayResult:
+    """The outcome of one replay."""
+
+    source: str
+    side: str
+    instance: str
+    records: int
+    compared: dict[str, int]
+    divergence: Divergence | None
+
+    @property
+    def matched(self) -> bool:
+        """Whether the host did everything it did in the recording, and nothing else."""
+        return self.divergence is None
+
+    def describe(self) -> str:
+        """What ``vmready replay`` prints."""
+        if self.divergence is not None:
+            return f"transcript {self.source} diverged: {self.divergence.describe()}"
+        counts = ", ".join(f"{count} {channel}" for channel, count in self.compared.items())
+        return (
+            f"transcript {self.source} matched: {self.records} records ({self.side} side, "
+            f"instance {self.instance}); compared {counts}"
+        )
+
+
+@attrs.frozen
+class _Output:
+    """One thing the replayed host did."""
+
+    t: float
+    key: Any
+    text: str
+
+
+@attrs.frozen
+class _Expected:
+    """One thing the recorded host did."""
+
+    entry: Entry
+    key: Any
+    text: str
+
+
+def _quoted(data: bytes) -> str:
+    return json.dumps(data.decode("utf-8", "replace"))
+
+
+def _short(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _normalised(value: Any) -> Any:
+    return json.loads(json.dumps(redact_json(value)))
+
+
+def _body_key(fields: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple((name, fields[name]) for name in _BODY_FIELDS if name in fields)
+
+
+def _answer_text(status: int, fields: dict[str, Any] | None) -> str:
+    if fields is None:
+        return f"HTTP {status} (event stream)"
+    body = fields.get("body")
+    shown = json.dumps(body) if isinstance(body, str) else "<binary body>"
+    return _short(f"HTTP {status} {shown}")
+
+
+@implementer(IBodyProducer)
+class _Body:
+    """A request body for the in-memory agent."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.length = len(body)
+
+    def startProducing(self, consumer: Any) -> Deferred[None]:
+        consumer.write(self.body)
+        return succeed(None)
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+    def stopProducing(self) -> None:
+        pass
+
+
+class _ScriptedRing(RingBuffer):
+    """The agent's ring buffer in a host-transcript replay: reads return what was recorded.
+
+    Whatever the replayed host wrote (its echoes) is dropped: the recorded reads
+    already hold the echoes the real host read back.
+    """
+
+    def __init__(self, size: int, session: ReplaySession) -> None:
+        super().__init__(size)
+        self.session = session
+
+    def read(self, size: int) -> bytes:
+        super().read(len(self))
+        return self.session.next_recorded_read(size)
+
+
+class _Hooks:
+    """The replay's recorder: it captures the host's ring-buffer writes."""
+
+    def __init__(self, session: ReplaySession) -> None:
+        self.session = session
+
+    def ring_read(self, chunk: bytes) -> None:
+        pass
+
+    def ring_write(self, data: bytes) -> None:
+        self.session.host_wrote(data)
+
+    def qmp_event(self, name: str, data: dict[str, Any]) -> None:
+        pass
+
+
+class _HookLookup:
+    def __init__(self, hooks: _Hooks) -> None:
+        self.hooks = hooks
+
+    def recorder_for(self, name: str) -> SessionHooks | None:
+        return self.hooks
+
+
+class ReplayDriver:
+    """A hypervisor driver whose VMs are in-memory fakeqemu machines on the replay clock."""
+
+    kind = "replay"
+
+    def __init__(self, session: ReplaySession) -> None:
+        self.session = session
+        self.machines: dict[str, InMemoryVM] = {}
+
+    def _connect(self, spec: VMSpec, vm: InMemoryVM) -> RunningVM:
+        client = QMPClientProtocol()
+        vm.connect_qmp(client)
+        return RunningVM(self.session.clock, spec, client, None)
+
+    async def launch(
+        self, spec: VMSpec, paused: bool = False, incoming: str | None = None
+    ) -> RunningVM:
+        """Start ``spec``'s VM in memory."""
+        argv = build_command_line(spec, ["fakeqemu"], ["tcg"], paused, incoming)[1:]
+        vm = InMemoryVM(argv, self.session.clock)
+        self.machines[spec.name] = vm
+        self.session.vm_started(spec, vm)
+        return self._connect(spec, vm)
+
+    async def adopt(self, spec: VMSpec) -> RunningVM | None:
+        """A new monitor connection to the VM that still runs (a restarted daemon's)."""
+        vm = self.machines.get(spec.name)
+        if vm is None or vm.exits:
+            return None
+        return self._connect(spec, vm)
+
+    def kill_owned(self, spec: VMSpec) -> Deferred[bool]:
+        """Nothing runs that the replay does not follow."""
+        return succeed(False)
+
+    async def wait_released(self, spec: VMSpec) -> None:
+        """Nothing to wait for in memory."""
+
+
+class ReplaySession:
+    """One replay: the core, the clock, the guest's inputs, the host's outputs."""
+
+    def __init__(self, transcript: Transcript, clock: Clock | None = None) -> None:
+        self.transcript = transcript
+        self.header = transcript.header
+        self.side = transcript.side
+        self.name = str(self.header["instance"])
+        self.clock = clock if clock is not None else Clock()
+        self._base = tempfile.mkdtemp(prefix="vmready-replay-")
+        self.store = Store.open(":memory:", clock=self.clock.seconds)
+        self.events = EventBus(self.clock.seconds)
+        self.events.subscribe(self._event, frozenset({LIFECYCLE}))
+        self.driver = ReplayDriver(self)
+        self.hooks = _Hooks(self)
+        self.lifecycle: Lifecycle | None = None
+        self.agent: Any = None
+        self.guest: FakeGuest | None = None
+        self.vm: InMemoryVM | None = None
+        self.port = 0
+        self._reads: list[Entry] = []
+        self._outputs: dict[str, list[_Output]] = {"ring-write": [], "http": [], "state": []}
+        self._answers: dict[int, _Output] = {}
+        self._pending_requests: list[Deferred[Any]] = []
+        self._serial_in = b""
+        layout = str(self.header.get("layout", CURRENT_LAYOUT.name))
+        self.layout = SERIAL_LAYOUTS.get(layout, CURRENT_LAYOUT)
+        self.intervals = self._intervals()
+
+    # -- the core ---------------------------------------------------------
+
+    def _intervals(self) -> PollIntervals:
+        poll = self.header.get("poll")
+        if not isinstance(poll, dict):
+            return PollIntervals()
+        try:
+            return PollIntervals(**{k: float(v) for k, v in poll.items()})
+        except (TypeError, ValueError):
+            return PollIntervals()
+
+    def _identify(self, request: IRequest) -> InstanceRecord | None:
+        return self.store.find_instance(self.name)
+
+    def _build_core(self, port: int) -> Lifecycle:
+        from treq.testing import RequestTraversalAgent
+
+        self.port = port
+        lifecycle = Lifecycle(
+            self.clock,
+            self.store,
+            self.driver,  # type: ignore[arg-type]
+            self.events,
+            f"{self._base}/run",
+            serial_layout=self.layout,
+        )
+        lifecycle.guest = GuestLink(port, _SERVER_PEM, "hvsock:/replay", self.intervals)
+        lifecycle.recorders = _HookLookup(self.hooks)
+        self.lifecycle = lifecycle
+        self.agent = RequestTraversalAgent(GuestAPI(lifecycle, self._identify).app.resource())
+        return lifecycle
+
+    def vm_started(self, spec: VMSpec, vm: InMemoryVM) -> None:
+        """A VM booted: wire the guest's side to it."""
+        self.vm = vm
+        chardev = agent_chardev(spec)
+        if chardev is None:
+            return
+        if self.side == "host":
+            original = vm.machine.ringbufs[chardev]
+            scripted = vm.machine.ringbufs[chardev] = _ScriptedRing(original.size, self)
+            for port in vm.machine.ports:
+                if port.ringbuf is original:
+                    port.ringbuf = scripted
+            return
+        for wired in spec.serial_ports:
+            if wired.chardev == chardev:
+                self.guest = vm.connect_guest(wired.name)
+
+    def _config(self) -> dict[str, str]:
+        config = self.header.get("config") or {}
+        wanted = {str(k): str(v) for k, v in config.items() if not str(k).startswith("vmready.")}
+        return validate_config(wanted)
+
+    def _start(self) -> None:
+        if self.side == "agent":
+            port = self._first_agent_port()
+            self._build_core(port).create(self.name, {}, _FIXED_UUID)
+            return
+        port = int(self.header.get("host_port") or 0)
+        instance_uuid = str(self.header.get("uuid") or _FIXED_UUID)
+        if self.header.get("origin", "create") == "create":
+            self._build_core(port).create(self.name, self._config(), instance_uuid)
+            return
+        # A session that began with a running VM (recorded from a daemon start): boot it
+        # unrecorded, then let a fresh core adopt it as a starting daemon does.
+        self.store.create_instance(self.name, self._config(), {}, instance_uuid)
+        self.store.finish_task(self.name, TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING)
+        lifecycle = self._build_core(port)
+        record = self.store.get_instance(self.name)
+        Deferred.fromCoroutine(self.driver.launch(lifecycle.spec_for(record))).addCallback(
+            lambda vm: vm.detach()
+        )
+        self._settle()
+        self._restart(port)
+
+    def _restart(self, port: int) -> None:
+        """The daemon restarts: the old core lets go, a new one recovers on the same store."""
+        old = self.lifecycle
+        if old is not None:
+            old.shutdown()
+            self._settle()
+        lifecycle = self._build_core(port)
+        Deferred.fromCoroutine(lifecycle.recover())
+        self._settle()
+
+    def _first_agent_port(self) -> int:
+        for entry in self.transcript.entries:
+            if entry.kind == "serial-in":
+                for port in self._connect_ports(data_from_fields(entry.fields)):
+                    return port
+        return 0
+
+    @staticmethod
+    def _connect_ports(data: bytes) -> list[int]:
+        ports = []
+        for line in data.decode("utf-8", "replace").splitlines():
+            with contextlib.suppress(ValueError):
+                ports.append(parse_connect(line)[1])
+        return ports
+
+    # -- time -------------------------------------------------------------
+
+    def _settle(self) -> None:
+        """Deliver every pending byte (QMP, guest port, HTTP) until all is quiet."""
+        for _ in range(100):
+            if self.vm is not None:
+                self.vm.flush()
+            for vm in self.driver.machines.values():
+                vm.flush()
+            if self.agent is not None:
+                self.agent.flush()
+            self.clock.advance(0)
+            if self.vm is not None:
+                self.vm.flush()
+            if not self._busy():
+                return
+
+    def _busy(self) -> bool:
+        return bool(self.clock.getDelayedCalls()) and any(
+            call.getTime() <= self.clock.seconds() for call in self.clock.getDelayedCalls()
+        )
+
+    def _run_until(self, target: float) -> None:
+        """Step the clock timer by timer up to ``target``, settling after each."""
+        self._settle()
+        for _ in range(_MAX_STEPS):
+            calls = [call for call in self.clock.getDelayedCalls() if call.active()]
+            upcoming = min((call.getTime() for call in calls), default=None)
+            if upcoming is None or upcoming > target:
+                break
+            self.clock.advance(max(0.0, upcoming - self.clock.seconds()))
+            self._settle()
+        if target > self.clock.seconds():
+            self.clock.advance(target - self.clock.seconds())
+            self._settle()
+
+    # -- inputs -----------------------------------------------------------
+
+    def next_recorded_read(self, size: int) -> bytes:
+        """What the host's ``ringbuf-read`` now returns: the next recorded read that is due."""
+        if self._reads and self._reads[0].t <= self.clock.seconds() + 1e-9:
+            return data_from_fields(self._reads.pop(0).fields)[:size]
+        return b""
+
+    def _send(self, entry: Entry) -> None:
+        method = str(entry.fields["method"])
+        path = str(entry.fields["path"])
+        body = body_from_fields(entry.fields)
+        request_id = int(entry.fields["id"])
+        stream = method == "GET" and path.split("?")[0] == EVENTS_PATH
+        headers = Headers({b"Content-Type": [b"application/json"]}) if body else None
+        producer = _Body(body) if body or method in ("PATCH", "PUT", "POST") else None
+        sent: Deferred[IResponse] = self.agent.request(
+            method.encode("ascii"), b"http://vmready" + path.encode("utf-8"), headers, producer
+        )
+        secret = path.startswith("/1.0/config/") and looks_secret(path)
+
+        def answered(response: IResponse) -> Deferred[None] | None:
+            status = int(response.code)
+            if stream:
+                self._answered(request_id, status, None)
+                return None
+
+            def read(raw: bytes) -> None:
+                self._answered(request_id, status, body_fields(raw, secret))
+
+            return readBody(response).addCallback(read)
+
+        done = sent.addCallback(answered)
+        done.addErrback(lambda failure: self._answered(request_id, 0, None, failure.value))
+        self._pending_requests.append(done)
+
+    def _answered(
+        self,
+        request_id: int,
+        status: int,
+        fields: dict[str, Any] | None,
+        error: BaseException | None = None,
+    ) -> None:
+        if error is not None:
+            output = _Output(self.clock.seconds(), ("failed",), f"no answer ({error})")
+        else:
+            key = (status, None if fields is None else _body_key(fields))
+            output = _Output(self.clock.seconds(), key, _answer_text(status, fields))
+        self._answers[request_id] = output
+
+    # -- outputs ----------------------------------------------------------
+
+    def host_wrote(self, data: bytes) -> None:
+        """The host wrote to the agent's ring buffer (for an agent transcript: its port)."""
+        for line in data.splitlines(keepends=True):
+            self._outputs["ring-write"].append(
+                _Output(self.clock.seconds(), line, f"ring-write {_quoted(line)}")
+            )
+
+    def _event(self, event: Event) -> None:
+        if self.side != "host":
+            return
+        if event.metadata.get("source") != f"/1.0/instances/{self.name}":
+            return
+        action = str(event.metadata.get("action", ""))
+        context = _normalised(dict(event.metadata.get("context") or {}))
+        self._outputs["state"].append(
+            _Output(self.clock.seconds(), (action, context), _state_text(action, context))
+        )
+
+    # -- the walk ---------------------------------------------------------
+
+    def steps(self) -> Iterator[Entry]:
+        """Replay record by record; yields each record once it was replayed."""
+        entries = sorted(self.transcript.entries, key=lambda entry: entry.t)
+        # Known in advance: each is handed to the first host read at or after its time.
+        self._reads = [e for e in entries if e.kind == "ring-read" and data_from_fields(e.fields)]
+        self._start()
+        for entry in entries:
+            if self.side == "host" and entry.kind == "daemon-start":
+                self._run_until(entry.t)
+                self._restart(int(entry.fields["port"]))
+            elif self.side == "agent" and entry.kind == "serial-in":
+                self._run_until(entry.t)
+                for port in self._connect_ports(data_from_fields(entry.fields)):
+                    if port != self.port:
+                        self._restart(port)
+            else:
+                self._run_until(entry.t)
+                self._feed(entry)
+            yield entry
+        last = entries[-1].t if entries else 0.0
+        while self._reads and self.clock.seconds() < last + _DELIVERY_GRACE:
+            self._run_until(self.clock.seconds() + 0.1)
+        self._run_until(max(self.clock.seconds(), last) + _SETTLE_SECONDS)
+
+    def _feed(self, entry: Entry) -> None:
+        if entry.kind == "ring-read" and self._reads and self._reads[0] is entry:
+            # The recorded host read at this moment: so does this one (a poll at once, as
+            # after a QMP event), so what it reads is seen in step with the guest's requests.
+            monitor = self.lifecycle.monitors.get(self.name) if self.lifecycle else None
+            if monitor is not None:
+                monitor.qmp_event()
+                self._settle()
+        elif entry.kind == "serial-out" and self.guest is not None and self.guest.open:
+            self.guest.write(data_from_fields(entry.fields))
+            self._settle()
+        elif entry.kind in ("guest-request", "host-request"):
+            if self._failed_in_recording(entry):
+                return
+            self._send(entry)
+            self._settle()
+
+    def _failed_in_recording(self, entry: Entry) -> bool:
+        """An agent request that never reached the host (its answer is status 0): skip it."""
+        for other in self.transcript.entries:
+            if other.kind == "host-response" and other.fields.get("id") == entry.fields["id"]:
+                return int(other.fields["status"]) == 0
+        return False
+
+    def close(self) -> None:
+        """Let go of everything (nothing real runs; only the temporary run dir remains)."""
+        if self.lifecycle is not None:
+            self.lifecycle.shutdown()
+            self._settle()
+            self.lifecycle.operations.stop()
+        for call in self.clock.getDelayedCalls():
+            if call.active():
+                call.cancel()
+        self.store.close()
+        shutil.rmtree(self._base, ignore_errors=True)
+
+    # -- comparing --------------------------------------------------------
+
+    def _expected(self) -> dict[str, list[_Expected]]:
+        expected: dict[str, list[_Expected]] = {"ring-write": [], "http": [], "state": []}
+        requests = {
+            entry.fields["id"]: entry
+            for entry in self.transcript.entries
+            if entry.kind in ("guest-request", "host-request")
+        }
+        for entry in self.transcript.entries:
+            fields = entry.fields
+            if entry.kind in ("ring-write", "serial-in"):
+                for line in data_from_fields(fields).splitlines(keepends=True):
+                    if entry.kind == "serial-in" and not self._connect_ports(line):
+                        continue
+                    expected["ring-write"].append(
+                        _Expected(entry, line, f"ring-write {_quoted(line)}")
+                    )
+            elif entry.kind in ("guest-response", "host-response"):
+                status = int(fields["status"])
+                if status == 0 or fields["id"] not in requests:
+                    continue
+                body = None if fields.get("stream") else _body_key(fields)
+                text = _answer_text(status, None if fields.get("stream") else fields)
+                expected["http"].append(_Expected(entry, (fields["id"], (status, body)), text))
+            elif entry.kind == "state":
+                context = _normalised(fields["context"])
+                action = str(fields["action"])
+                expected["state"].append(
+                    _Expected(entry, (action, context), _state_text(action, context))
+                )
+        return expected
+
+    def result(self) -> ReplayResult:
+        """Compare what the host did with the recording."""
+        expected = self._expected()
+        requests = {
+            entry.fields["id"]: entry
+            for entry in self.transcript.entries
+            if entry.kind in ("guest-request", "host-request")
+        }
+        got: dict[str, list[_Output]] = dict(self._outputs)
+        got["http"] = [
+            attrs.evolve(
+                self._answers[key.key[0]], key=(key.key[0], self._answers[key.key[0]].key)
+            )
+            if key.key[0] in self._answers
+            else _Output(key.entry.t, (key.key[0], None), "no answer")
+            for key in expected["http"]
+        ]
+        divergences = []
+        for channel, wanted in expected.items():
+            outputs = got[channel]
+            for index in range(max(len(wanted), len(outputs))):
+                want = wanted[index] if index < len(wanted) else None
+                have = outputs[index] if index < len(outputs) else None
+                if want is not None and have is not None and want.key == have.key:
+                    continue
+                if want is None:
+                    assert have is not None
+                    divergences.append(Divergence(have.t, None, "nothing more", have.text))
+                    break
+                got_text = have.text if have is not None else f"no {channel}"
+                if channel == "http":
+                    request = requests[want.key[0]]
+                    label = f"{request.fields['method']} {request.fields['path']}"
+                    divergences.append(
+                        Divergence(
+                            want.entry.t,
+                            want.entry.line,
+                            f"{want.text} to {label}",
+                            got_text,
+                        )
+                    )
+                else:
+                    divergences.append(
+                        Divergence(want.entry.t, want.entry.line, want.text, got_text)
+                    )
+                break
+        divergence = min(divergences, key=lambda d: d.t, default=None)
+        return ReplayResult(
+            self.transcript.source,
+            self.side,
+            self.name,
+            len(self.transcript.entries),
+            {channel: len(items) for channel, items in expected.items() if items},
+            divergence,
+        )
+
+
+def _state_text(action: str, context: dict[str, Any]) -> str:
+    return _short(f"state {action} {json.dumps(context, sort_keys=True)}")
+
+
+def replay(
+    source: str | Iterable[str] | Transcript,
+    clock: Clock | None = None,
+    on_step: Callable[[Entry], None] | None = None,
+) -> ReplayResult:
+    """Replay a transcript (a path, its lines, or a read ``Transcript``) as fast as possible.
+
+    Raises ``TranscriptError`` for a malformed or unsupported transcript.
+    """
+    transcript = source if isinstance(source, Transcript) else read_transcript(source)
+    if transcript.header.get("continues"):
+        raise TranscriptError(
+            transcript.source,
+            1,
+            "this file continues a rotated transcript mid-session; replay it joined to the "
+            "files before it (cat NAME.jsonl.2 NAME.jsonl.1 NAME.jsonl > whole.jsonl)",
+        )
+    session = ReplaySession(transcript, clock)
+    try:
+        for entry in session.steps():
+            if on_step is not None:
+                on_step(entry)
+        return session.result()
+    finally:
+        session.close()
