@@ -1,0 +1,48 @@
+"""Recording as it happens today: a real daemon and agent record a session that replays.
+
+The fixtures in ``tests/transcripts/`` were recorded once; this records a fresh
+boot-to-Ready session on every run (``twistd vmready --record-dir`` and
+``vmready-agent --record``) and replays both sides, so a change to what the
+daemon records, or to what it does, cannot slip past the suite.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from tests.system import System
+from vmready.replay import replay
+from vmready.transcript import read_transcript
+
+NAME = "web1"
+
+
+class LiveRecordingTests(SynchronousTestCase):
+    def test_bootToReadyRecordedNowReplaysOnBothSides(self) -> None:
+        system = System(self)
+        record_dir = os.path.join(system.directory, "transcripts")
+        system.start_daemon("--record-dir", record_dir)
+        events = system.events()
+        system.cli("launch", NAME, "--memory", "128")
+        agent_file = os.path.join(record_dir, "agent.jsonl")
+        agent = system.start_agent(NAME, "agent.log", "--record", agent_file)
+        events.wait_for_action(NAME, "instance-agent-connected")
+        self.assertEqual(system.notify(NAME).returncode, 0)
+        events.wait_for_action(NAME, "instance-ready")
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=30)
+        events.wait_for_action(NAME, "instance-agent-stopped")
+        system.stop_daemon()
+
+        host_file = os.path.join(record_dir, f"{NAME}.jsonl")
+        kinds = {entry.kind for entry in read_transcript(host_file).entries}
+        self.assertTrue({"ring-read", "ring-write", "guest-request", "state"} <= kinds, kinds)
+        for path in (host_file, agent_file):
+            result = replay(path)
+            self.assertTrue(result.matched, result.describe())
+        with open(host_file) as f:
+            recorded = f.read()
+        self.assertNotIn("BEGIN", recorded)  # no certificate or key ever written
