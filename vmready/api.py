@@ -52,6 +52,7 @@ from vmready.operations import Operation
 from vmready.qemu_cmdline import SERIAL_LAYOUTS
 from vmready.ringbuffer import AgentStatus
 from vmready.states import StatusCode, VMState
+from vmready.web import json_response, sync_response
 
 __all__ = ["MAX_BODY_BYTES", "OperatorAPI", "instance_json", "rfc3339", "state_json"]
 
@@ -151,35 +152,11 @@ def _layout_json(record: InstanceRecord) -> dict[str, str] | None:
     return {"name": name, "description": layout.description if layout else "unknown"}
 
 
-def _json_response(request: IRequest, code: int, body: Any) -> bytes:
-    """The one place a response body is serialised (Klein would send a dict as nothing)."""
-    request.setResponseCode(code)
-    request.setHeader(b"Content-Type", b"application/json")
-    return json.dumps(body).encode("utf-8") + b"\n"
-
-
-def _sync(request: IRequest, metadata: Any) -> bytes:
-    """LXD's synchronous success envelope."""
-    return _json_response(
-        request,
-        200,
-        {
-            "type": "sync",
-            "status": "Success",
-            "status_code": int(StatusCode.SUCCESS),
-            "operation": "",
-            "error_code": 0,
-            "error": "",
-            "metadata": metadata,
-        },
-    )
-
-
 def _async(request: IRequest, operation: Operation) -> bytes:
     """LXD's asynchronous envelope: 202, the operation, and a Location header."""
     url = operation_url(operation)
     request.setHeader(b"Location", url.encode("utf-8"))
-    return _json_response(
+    return json_response(
         request,
         202,
         {
@@ -196,7 +173,7 @@ def _async(request: IRequest, operation: Operation) -> bytes:
 
 def _error(request: IRequest, code: int, message: str) -> bytes:
     """LXD's error envelope."""
-    return _json_response(request, code, {"type": "error", "error": message, "error_code": code})
+    return json_response(request, code, {"type": "error", "error": message, "error_code": code})
 
 
 def read_json_body(request: IRequest, limit: int = MAX_BODY_BYTES) -> dict[str, Any]:
@@ -396,12 +373,12 @@ class OperatorAPI:
     @app.route("/", methods=["GET"])
     def root(self, request: IRequest) -> bytes:
         """The API versions this server speaks."""
-        return _sync(request, ["/1.0"])
+        return sync_response(request, ["/1.0"])
 
     @app.route("/1.0", methods=["GET"])
     def server(self, request: IRequest) -> bytes:
         """Server information: API version and the hypervisor in use."""
-        return _sync(
+        return sync_response(
             request,
             {
                 "api_version": "1.0",
@@ -427,8 +404,8 @@ class OperatorAPI:
         """Every instance, as URLs or (``recursion=1``) objects."""
         records = sorted(self.lifecycle.list(), key=lambda record: record.name)
         if _recursion(request) >= 1:
-            return _sync(request, [self._instance_json(record) for record in records])
-        return _sync(request, [instance_url(record.name) for record in records])
+            return sync_response(request, [self._instance_json(record) for record in records])
+        return sync_response(request, [instance_url(record.name) for record in records])
 
     @app.route("/1.0/instances", methods=["POST"])
     def create_instance(self, request: IRequest) -> bytes:
@@ -448,7 +425,7 @@ class OperatorAPI:
     @app.route("/1.0/instances/<name>", methods=["GET"])
     def get_instance(self, request: IRequest, name: str) -> bytes:
         """One instance."""
-        return _sync(request, self._instance_json(self.lifecycle.get(name)))
+        return sync_response(request, self._instance_json(self.lifecycle.get(name)))
 
     @app.route("/1.0/instances/<name>", methods=["PATCH"])
     def patch_instance(self, request: IRequest, name: str) -> bytes:
@@ -457,7 +434,9 @@ class OperatorAPI:
         config = _field(body, "config", dict, "an object")
         if config is None:
             raise BadRequest("Invalid field 'config': an object of keys to set is required")
-        return _sync(request, self._instance_json(self.lifecycle.update_config(name, config)))
+        return sync_response(
+            request, self._instance_json(self.lifecycle.update_config(name, config))
+        )
 
     @app.route("/1.0/instances/<name>", methods=["PUT"])
     def put_instance(self, request: IRequest, name: str) -> bytes:
@@ -480,7 +459,7 @@ class OperatorAPI:
     @app.route("/1.0/instances/<name>/snapshots", methods=["GET"])
     def list_snapshots(self, request: IRequest, name: str) -> bytes:
         """The instance's snapshots, oldest first."""
-        return _sync(
+        return sync_response(
             request,
             [snapshot_json(snapshot) for snapshot in self.lifecycle.store.list_snapshots(name)],
         )
@@ -511,7 +490,7 @@ class OperatorAPI:
     @app.route("/1.0/instances/<name>/state", methods=["GET"])
     def get_state(self, request: IRequest, name: str) -> bytes:
         """The instance's status and the three fields it is derived from."""
-        return _sync(
+        return sync_response(
             request, state_json(self.lifecycle.get(name), self.lifecycle.agent_status(name))
         )
 
@@ -562,7 +541,7 @@ class OperatorAPI:
         actions = self.lifecycle.store.list_actions(name)
         if not actions:
             self.lifecycle.get(name)
-        return _sync(request, [action.to_json() for action in actions])
+        return sync_response(request, [action.to_json() for action in actions])
 
     # -- events -----------------------------------------------------------
 
@@ -597,12 +576,12 @@ class OperatorAPI:
             grouped.setdefault(key, []).append(
                 item if recursion >= 1 else operation_url(operation)
             )
-        return _sync(request, grouped)
+        return sync_response(request, grouped)
 
     @app.route("/1.0/operations/<operation_id>", methods=["GET"])
     def get_operation(self, request: IRequest, operation_id: str) -> bytes:
         """One operation."""
-        return _sync(request, self.lifecycle.operations.get(operation_id).to_json())
+        return sync_response(request, self.lifecycle.operations.get(operation_id).to_json())
 
     @app.route("/1.0/operations/<operation_id>/wait", methods=["GET"])
     async def wait_operation(self, request: IRequest, operation_id: str) -> bytes:
@@ -615,4 +594,4 @@ class OperatorAPI:
                 await done
             else:
                 await race([done, deferLater(self.lifecycle.clock, timeout, lambda: operation)])
-        return _sync(request, operation.to_json())
+        return sync_response(request, operation.to_json())

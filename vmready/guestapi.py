@@ -76,10 +76,9 @@ from vmready.model import (
     VMReadyError,
 )
 from vmready.recording import Recorders, RecordingGuestResource
-from vmready.states import StatusCode
 from vmready.store import Store
 from vmready.tls import MutualServerTLS, peer_certificate_pem
-from vmready.web import local_site
+from vmready.web import json_response, local_site, sync_response
 
 __all__ = [
     "FORBIDDEN_MESSAGE",
@@ -215,33 +214,9 @@ class GuestEventFeed:
 # -- responses ---------------------------------------------------------------
 
 
-def _json_response(request: IRequest, code: int, body: Any) -> bytes:
-    """The one place a response body is serialised."""
-    request.setResponseCode(code)
-    request.setHeader(b"Content-Type", b"application/json")
-    return json.dumps(body).encode("utf-8") + b"\n"
-
-
-def _sync(request: IRequest, metadata: Any) -> bytes:
-    """LXD's synchronous success envelope."""
-    return _json_response(
-        request,
-        200,
-        {
-            "type": "sync",
-            "status": "Success",
-            "status_code": int(StatusCode.SUCCESS),
-            "operation": "",
-            "error_code": 0,
-            "error": "",
-            "metadata": metadata,
-        },
-    )
-
-
 def _error(request: IRequest, code: int, message: str) -> bytes:
     """LXD's error envelope, as devlxd sends it over vsock."""
-    return _json_response(
+    return json_response(
         request,
         code,
         {
@@ -394,13 +369,13 @@ class GuestAPI:
     def root(self, request: IRequest) -> bytes:
         """The API versions this server speaks."""
         self.caller(request)
-        return _sync(request, ["/1.0"])
+        return sync_response(request, ["/1.0"])
 
     @app.route("/1.0", methods=["GET"])
     def get_state(self, request: IRequest) -> bytes:
         """The instance as its guest sees it: Ready once its workload said so, else Started."""
         record = self.caller(request)
-        return _sync(
+        return sync_response(
             request,
             {
                 "api_version": "1.0",
@@ -418,14 +393,14 @@ class GuestAPI:
         if state not in (_READY, _STARTED):
             raise BadRequest(f"Invalid state {_go_quote(state)}")
         self.lifecycle.set_ready(record.name, state == _READY)
-        return _sync(request, {})
+        return sync_response(request, {})
 
     @app.route("/1.0/config", methods=["GET"])
     def list_config(self, request: IRequest) -> bytes:
         """The URLs of the config keys the guest may read."""
         record = self.caller(request)
         keys = sorted(key for key in record.config if _guest_visible(key))
-        return _sync(request, [f"/1.0/config/{key}" for key in keys])
+        return sync_response(request, [f"/1.0/config/{key}" for key in keys])
 
     @app.route("/1.0/config/<path:key>", methods=["GET"])
     def get_config(self, request: IRequest, key: str) -> bytes:
@@ -436,14 +411,14 @@ class GuestAPI:
         value = record.config.get(key, "")
         if value == "":
             raise NotFound("not found")
-        return _sync(request, value)
+        return sync_response(request, value)
 
     @app.route("/1.0/meta-data", methods=["GET"])
     def meta_data(self, request: IRequest) -> bytes:
         """cloud-init's meta-data: the instance's uuid and hostname, then user.meta-data."""
         record = self.caller(request)
         extra = record.config.get("user.meta-data", "")
-        return _sync(
+        return sync_response(
             request, f"instance-id: {record.uuid}\nlocal-hostname: {record.name}\n{extra}"
         )
 
@@ -451,7 +426,9 @@ class GuestAPI:
     def devices(self, request: IRequest) -> bytes:
         """The instance's devices."""
         record = self.caller(request)
-        return _sync(request, {name: dict(device) for name, device in record.devices.items()})
+        return sync_response(
+            request, {name: dict(device) for name, device in record.devices.items()}
+        )
 
     @app.route("/1.0/events", methods=["GET"])
     def events(self, request: IRequest) -> Deferred[None]:

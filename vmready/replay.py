@@ -36,11 +36,11 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 from twisted.web.client import readBody
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IBodyProducer, IRequest, IResponse
-from zope.interface import implementer
+from twisted.web.iweb import IRequest, IResponse
 
 from fakeqemu._ringbuf import RingBuffer
 from fakeqemu.testing import FakeGuest, InMemoryVM
+from vmready.agent.host import BytesProducer
 from vmready.agentlink import PollIntervals
 from vmready.events import LIFECYCLE, Event, EventBus
 from vmready.guestapi import GuestAPI
@@ -161,28 +161,6 @@ def _answer_text(status: int, fields: dict[str, Any] | None) -> str:
     body = fields.get("body")
     shown = json.dumps(body) if isinstance(body, str) else "<binary body>"
     return _short(f"HTTP {status} {shown}")
-
-
-@implementer(IBodyProducer)
-class _Body:
-    """A request body for the in-memory agent."""
-
-    def __init__(self, body: bytes) -> None:
-        self.body = body
-        self.length = len(body)
-
-    def startProducing(self, consumer: Any) -> Deferred[None]:
-        consumer.write(self.body)
-        return succeed(None)
-
-    def pauseProducing(self) -> None:
-        pass
-
-    def resumeProducing(self) -> None:
-        pass
-
-    def stopProducing(self) -> None:
-        pass
 
 
 class _ScriptedRing(RingBuffer):
@@ -445,7 +423,7 @@ class ReplaySession:
         request_id = int(entry.fields["id"])
         stream = method == "GET" and path.split("?")[0] == EVENTS_PATH
         headers = Headers({b"Content-Type": [b"application/json"]}) if body else None
-        producer = _Body(body) if body or method in ("PATCH", "PUT", "POST") else None
+        producer = BytesProducer(body) if body or method in ("PATCH", "PUT", "POST") else None
         sent: Deferred[IResponse] = self.agent.request(
             method.encode("ascii"), b"http://vmready" + path.encode("utf-8"), headers, producer
         )

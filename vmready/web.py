@@ -1,4 +1,6 @@
-"""The one Request class vmready's HTTP servers use: fit for unix sockets and vsock.
+"""What vmready's HTTP servers share: their Request class and LXD's JSON envelope.
+
+The Request class is fit for unix sockets and vsock.
 
 ``Request.getRequestHostname`` falls back to ``getHost().host`` when a client
 sends no ``Host`` header (valid HTTP/1.0, e.g. ``nc -U``), and a unix or vsock
@@ -8,10 +10,16 @@ request is answered as addressed to ``localhost``.
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
+from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource
 from twisted.web.server import Request, Site
 
-__all__ = ["LocalRequest", "local_site"]
+from vmready.states import StatusCode
+
+__all__ = ["LocalRequest", "json_response", "local_site", "sync_response"]
 
 
 class LocalRequest(Request):
@@ -28,3 +36,27 @@ class LocalRequest(Request):
 def local_site(resource: IResource) -> Site:
     """A Site for ``resource`` that answers requests without a Host header."""
     return Site(resource, requestFactory=LocalRequest)
+
+
+def json_response(request: IRequest, code: int, body: Any) -> bytes:
+    """The one place a response body is serialised (Klein would send a dict as nothing)."""
+    request.setResponseCode(code)
+    request.setHeader(b"Content-Type", b"application/json")
+    return json.dumps(body).encode("utf-8") + b"\n"
+
+
+def sync_response(request: IRequest, metadata: Any) -> bytes:
+    """LXD's synchronous success envelope around ``metadata``."""
+    return json_response(
+        request,
+        200,
+        {
+            "type": "sync",
+            "status": "Success",
+            "status_code": int(StatusCode.SUCCESS),
+            "operation": "",
+            "error_code": 0,
+            "error": "",
+            "metadata": metadata,
+        },
+    )
