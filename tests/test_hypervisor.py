@@ -511,6 +511,11 @@ class PowerChecks(_ChecksBase):
         await vm.force_stop()
 
         restored = await self.launch(self.spec("vm2"), incoming=state)
+        # QEMU loads the state after it daemonized (paused in inmigrate meanwhile).
+        for _ in range(600):
+            if await restored.query_power_state() is PowerState.RUNNING:
+                break
+            await deferLater(reactor, 0.05, lambda: None)
         self.assertEqual(await restored.query_power_state(), PowerState.RUNNING)
 
     async def test_unwritableTargetFails(self) -> None:
