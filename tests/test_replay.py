@@ -257,6 +257,29 @@ class RecordedInputTests(SynchronousTestCase):
             (len(lines), "guest poweroff", "guest poweroff impossible: its VM is not running"),
         )
 
+    def as_if_the_guest(self, event: str, data: dict[str, Any]) -> str:
+        """What the host did instead, had the guest of guest-poweroff.jsonl done ``event``."""
+
+        def change(record: dict[str, Any]) -> bool:
+            if record["kind"] != "qmp-event":
+                return False
+            record.update(event=event, data=data)
+            return True
+
+        lines, _ = altered("guest-poweroff.jsonl", change)
+        result = replay(lines)
+        assert result.divergence is not None, result.describe()
+        return result.divergence.got
+
+    def test_aRecordedGuestRebootIsOneInTheReplay(self) -> None:
+        got = self.as_if_the_guest("RESET", {"guest": True, "reason": "guest-reset"})
+        # A new boot: Ready is gone, the instance runs on.
+        self.assertIn('"status": "Running"', got)
+
+    def test_aRecordedGuestPanicIsOneInTheReplay(self) -> None:
+        got = self.as_if_the_guest("GUEST_PANICKED", {"action": "poweroff"})
+        self.assertIn('"power_state": "crashed"', got)
+
     def test_hostInitiatedEventsAreNotInputs(self) -> None:
         from vmready.replay import guest_power_action
         from vmready.transcript import Entry
