@@ -57,6 +57,34 @@ class FakeGuest(Protocol):
         self.transport.loseConnection()
 
 
+class _ClientTransport(FakeTransport):
+    """A client's in-memory transport that is ``disconnecting`` only once its own side hangs up.
+
+    iosim also marks a client's transport ``disconnecting`` when the server
+    closed the connection; a real transport does not, and a client that tells
+    "I hung up" from "the other end went away" by it (vmready's ``RunningVM``:
+    a VM that exited, or a monitor it let go) must see what it would see on a
+    real socket.
+    """
+
+    _hung_up = False
+
+    @property  # type: ignore[override]
+    def disconnecting(self) -> bool:
+        return self._hung_up
+
+    @disconnecting.setter
+    def disconnecting(self, value: bool) -> None:
+        # iosim's pump sets it when the peer closed: not this side's doing.
+        pass
+
+    def loseConnection(self) -> None:
+        self._hung_up = True
+
+    def abortConnection(self) -> None:
+        self._hung_up = True
+
+
 class InMemoryVM:
     """A fakeqemu VM from a QEMU command line, driven entirely in memory."""
 
@@ -93,7 +121,7 @@ class InMemoryVM:
             server,
             FakeTransport(server, isServer=True),
             client,
-            FakeTransport(client, isServer=False),
+            _ClientTransport(client, isServer=False),
             clock=self.clock,
         )
         self._pumps.append(pump)

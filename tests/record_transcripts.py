@@ -159,3 +159,30 @@ class RecordTranscripts(SynchronousTestCase):
         self.saw("instance-ready")
         self.stop_agent(agent)
         self.keep("bad-input-barrage.jsonl")
+
+    def test_guestPowerOffMidSession(self) -> None:
+        self.system.cli("launch", NAME, "--memory", "128")
+        agent = self.agent()
+        self.ready()
+        # The guest OS powers itself off (fakeqemu: SHUTDOWN from the guest, then it exits).
+        self.assertEqual(self.system.control(NAME, "poweroff"), b"ok\n")
+        self.saw("instance-agent-stopped", "instance-shutdown")
+        # Its agent went down with it.
+        agent.kill()
+        agent.wait(timeout=30)
+        self.keep("guest-poweroff.jsonl")
+
+    def test_operatorRestart(self) -> None:
+        self.system.cli("launch", NAME, "--memory", "128")
+        agent = self.agent()
+        self.ready()
+        # The guest (and its agent) go down with the forced restart; a new boot's agent starts.
+        agent.kill()
+        agent.wait(timeout=30)
+        self.system.cli("restart", NAME, "--force")
+        self.saw("instance-restarted")
+        agent = self.agent()
+        # A new boot: Ready again only once its workload says so.
+        self.ready()
+        self.stop_agent(agent)
+        self.keep("operator-restart.jsonl")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 from twisted.python import usage
 from twisted.trial.unittest import SynchronousTestCase
@@ -12,9 +13,17 @@ from twisted.trial.unittest import SynchronousTestCase
 from vmready.daemon_tap import Options
 from vmready.events import EventBus
 from vmready.lifecycle import Lifecycle, validate_config
-from vmready.model import BadRequest
+from vmready.model import BadRequest, Conflict
 from vmready.recording import Recorders, transcript_path
+from vmready.states import PowerState, TaskState, VMState
 from vmready.store import Store
+
+
+class _NothingRuns:
+    """A driver with no VM to stop."""
+
+    def kill_owned(self, spec: object) -> Deferred[bool]:
+        return succeed(False)
 
 
 class RecordersTests(SynchronousTestCase):
@@ -78,6 +87,44 @@ class RecordersTests(SynchronousTestCase):
         with open(transcript_path(self.directory, "vm1")) as f:
             kinds = [json.loads(line).get("action") for line in f]
         self.assertEqual(kinds, [None, "instance-ready"])
+
+    def running(self, name: str, config: dict[str, str] | None = None) -> None:
+        self.store.create_instance(name, config or {}, {})
+        self.store.finish_task(name, TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING)
+
+    def test_anOperatorActionIsRecordedBeforeTheStateItCauses(self) -> None:
+        recorders = self.recorders(record_all=True)
+        self.lifecycle.recorders = recorders
+        self.running("vm1")
+        self.lifecycle.driver = _NothingRuns()  # type: ignore[assignment]
+        self.lifecycle.act("vm1", "stop", force=True, timeout=7)
+        self.clock.advance(0)
+        recorders.close()
+        with open(transcript_path(self.directory, "vm1")) as f:
+            records = [json.loads(line) for line in f][1:]
+        self.assertEqual(
+            (records[0]["kind"], records[0]["action"], records[0]["params"]),
+            ("operator-action", "stop", {"timeout": 7.0, "force": True}),
+        )
+        self.assertEqual(
+            (records[1]["kind"], records[1]["context"]["task_state"]), ("state", "powering-off")
+        )
+        self.assertIn("instance-stopped", [record.get("action") for record in records])
+
+    def test_aRefusedActionOrAnUnrecordedInstanceIsNotRecorded(self) -> None:
+        recorders = self.recorders(record_all=True)
+        self.lifecycle.recorders = recorders
+        self.running("vm1", {"vmready.record": "false"})
+        self.store.create_instance("vm2", {}, {})  # still building: a restart is refused
+        self.assertIsNotNone(recorders.recorder_for("vm2"))
+        self.assertRaises(Conflict, self.lifecycle.act, "vm2", "restart")
+        self.lifecycle.act("vm1", "freeze")
+        self.clock.advance(0)
+        recorders.close()
+        self.assertFalse(os.path.exists(transcript_path(self.directory, "vm1")))
+        with open(transcript_path(self.directory, "vm2")) as f:
+            kinds = [json.loads(line).get("kind") for line in f][1:]
+        self.assertNotIn("operator-action", kinds)
 
     def test_secretConfigIsRedactedInTheHeader(self) -> None:
         recorders = self.recorders(record_all=True)

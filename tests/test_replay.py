@@ -26,12 +26,31 @@ FIXTURES = [
     "agent-crash.jsonl",
     "ring-overflow.jsonl",
     "bad-input-barrage.jsonl",
+    "guest-poweroff.jsonl",
+    "operator-restart.jsonl",
 ]
 
 
 def lines_of(name: str) -> list[str]:
     with open(os.path.join(HERE, name)) as f:
         return f.read().splitlines()
+
+
+def without(name: str, unwanted: Any) -> list[str]:
+    """The fixture's lines without the records ``unwanted`` accepts."""
+    lines = lines_of(name)
+    kept = lines[:1] + [line for line in lines[1:] if not unwanted(json.loads(line))]
+    assert len(kept) < len(lines), f"nothing in {name} to remove"
+    return kept
+
+
+def first_line(lines: list[str], wanted: Any) -> tuple[int, dict[str, Any]]:
+    """The line number (from 1) and record of the first record ``wanted`` accepts."""
+    for index, line in enumerate(lines[1:], start=2):
+        record = json.loads(line)
+        if wanted(record):
+            return index, record
+    raise AssertionError("no such record")
 
 
 def altered(name: str, change: Any) -> tuple[list[str], int]:
@@ -66,6 +85,33 @@ class FixtureTests(SynchronousTestCase):
 
     def test_badInputBarrageMatches(self) -> None:
         self.assertMatches("bad-input-barrage.jsonl")
+
+    def test_guestPowerOffMidSessionMatches(self) -> None:
+        self.assertMatches("guest-poweroff.jsonl")
+
+    def test_operatorRestartMatches(self) -> None:
+        self.assertMatches("operator-restart.jsonl")
+
+    def test_theGuestPowerOffIsFedAndTheHostFollows(self) -> None:
+        result = replay(os.path.join(HERE, "guest-poweroff.jsonl"))
+        self.assertEqual(result.compared["action"], 1)
+        records = [json.loads(line) for line in lines_of("guest-poweroff.jsonl")[1:]]
+        shutdown = [r for r in records if r["kind"] == "qmp-event" and r["event"] == "SHUTDOWN"]
+        self.assertEqual(shutdown[0]["data"], {"guest": True, "reason": "guest-shutdown"})
+        actions = [r.get("action") for r in records if r["kind"] == "state"]
+        self.assertEqual(
+            actions[-3:], ["instance-state", "instance-state", "instance-shutdown"], actions
+        )
+        self.assertIn("instance-agent-stopped", actions)
+
+    def test_theOperatorRestartIsReplayed(self) -> None:
+        records = [json.loads(line) for line in lines_of("operator-restart.jsonl")[1:]]
+        [action] = [r for r in records if r["kind"] == "operator-action"]
+        self.assertEqual(action["action"], "restart")
+        self.assertTrue(action["params"]["force"])
+        actions = [r.get("action") for r in records if r["kind"] == "state"]
+        self.assertEqual(actions.count("instance-ready"), 2)
+        self.assertIn("instance-restarted", actions)
 
     def test_agentSideRecordingReplaysAgainstTheHost(self) -> None:
         result = replay(os.path.join(HERE, "boot-to-ready.agent.jsonl"))
@@ -150,6 +196,110 @@ class DivergenceTests(SynchronousTestCase):
         )
 
 
+class RecordedInputTests(SynchronousTestCase):
+    """The guest's power actions and the operator's are inputs: without them it diverges."""
+
+    def test_withoutTheGuestPowerOffItDivergesWhereTheHostReactedToIt(self) -> None:
+        def is_poweroff(record: dict[str, Any]) -> bool:
+            return bool(record["kind"] == "qmp-event" and record["event"] == "SHUTDOWN")
+
+        lines = without("guest-poweroff.jsonl", is_poweroff)
+        line, record = first_line(lines, lambda r: r.get("action") == "instance-agent-stopped")
+        result = replay(lines)
+        assert result.divergence is not None, result.describe()
+        self.assertEqual(
+            (result.divergence.line, result.divergence.t, result.divergence.got),
+            (line, record["t"], "no state"),
+        )
+        self.assertTrue(
+            result.divergence.expected.startswith("state instance-agent-stopped "),
+            result.divergence,
+        )
+
+    def test_withoutTheOperatorRestartItDivergesWhereTheRestartBegan(self) -> None:
+        lines = without("operator-restart.jsonl", lambda r: r["kind"] == "operator-action")
+        line, _ = first_line(
+            lines, lambda r: r["kind"] == "state" and r["context"].get("task_state") == "rebooting"
+        )
+        result = replay(lines)
+        assert result.divergence is not None, result.describe()
+        self.assertEqual(result.divergence.line, line)
+        self.assertIn('"task_state": "rebooting"', result.divergence.expected)
+
+    def test_anOperatorActionTheCoreRefusesDiverges(self) -> None:
+        def change(record: dict[str, Any]) -> bool:
+            if record["kind"] != "operator-action":
+                return False
+            record["params"]["timeout"] = -1
+            return True
+
+        lines, line = altered("operator-restart.jsonl", change)
+        result = replay(lines)
+        assert result.divergence is not None, result.describe()
+        self.assertEqual(result.divergence.line, line)
+        self.assertEqual(
+            result.divergence.expected, 'operator restart {"force": true, "timeout": -1}'
+        )
+        self.assertTrue(
+            result.divergence.got.startswith("operator restart refused (Invalid timeout -1"),
+            result.divergence.got,
+        )
+
+    def test_aGuestPowerOffOfAVMThatIsGoneDiverges(self) -> None:
+        lines = lines_of("guest-poweroff.jsonl")
+        _, shutdown = first_line(lines, lambda r: r["kind"] == "qmp-event")
+        last = json.loads(lines[-1])["t"]
+        lines.append(json.dumps({**shutdown, "t": last + 1}))
+        result = replay(lines)
+        assert result.divergence is not None, result.describe()
+        self.assertEqual(
+            (result.divergence.line, result.divergence.expected, result.divergence.got),
+            (len(lines), "guest poweroff", "guest poweroff impossible: its VM is not running"),
+        )
+
+    def as_if_the_guest(self, event: str, data: dict[str, Any]) -> str:
+        """What the host did instead, had the guest of guest-poweroff.jsonl done ``event``."""
+
+        def change(record: dict[str, Any]) -> bool:
+            if record["kind"] != "qmp-event":
+                return False
+            record.update(event=event, data=data)
+            return True
+
+        lines, _ = altered("guest-poweroff.jsonl", change)
+        result = replay(lines)
+        assert result.divergence is not None, result.describe()
+        return result.divergence.got
+
+    def test_aRecordedGuestRebootIsOneInTheReplay(self) -> None:
+        got = self.as_if_the_guest("RESET", {"guest": True, "reason": "guest-reset"})
+        # A new boot: Ready is gone, the instance runs on.
+        self.assertIn('"status": "Running"', got)
+
+    def test_aRecordedGuestPanicIsOneInTheReplay(self) -> None:
+        got = self.as_if_the_guest("GUEST_PANICKED", {"action": "poweroff"})
+        self.assertIn('"power_state": "crashed"', got)
+
+    def test_hostInitiatedEventsAreNotInputs(self) -> None:
+        from vmready.replay import guest_power_action
+        from vmready.transcript import Entry
+
+        def action(event: str, data: dict[str, Any]) -> str | None:
+            return guest_power_action(Entry(2, 1.0, "qmp-event", {"event": event, "data": data}))
+
+        self.assertEqual(
+            action("SHUTDOWN", {"guest": True, "reason": "guest-shutdown"}), "poweroff"
+        )
+        self.assertEqual(action("RESET", {"guest": True, "reason": "guest-reset"}), "reboot")
+        self.assertEqual(action("GUEST_PANICKED", {"action": "poweroff"}), "panic")
+        # The panic's own SHUTDOWN is part of the panic.
+        self.assertIsNone(action("SHUTDOWN", {"guest": True, "reason": "guest-panic"}))
+        self.assertIsNone(action("SHUTDOWN", {"guest": False, "reason": "host-qmp-quit"}))
+        self.assertIsNone(action("RESET", {"guest": False, "reason": "host-qmp-system-reset"}))
+        for event in ("POWERDOWN", "STOP", "RESUME"):
+            self.assertIsNone(action(event, {}))
+
+
 class MalformedTests(SynchronousTestCase):
     """A transcript that cannot be replayed is refused, naming its line."""
 
@@ -184,6 +334,18 @@ class MalformedTests(SynchronousTestCase):
         lines = lines_of("boot-to-ready.jsonl")
         lines[3] = '{"t": 1, "kind": "teleport"}'
         self.assertIn("line 4: unknown record kind 'teleport'", str(self.refusal(lines)))
+
+    def test_anUnknownKindSuggestsANewerVmready(self) -> None:
+        lines = lines_of("boot-to-ready.jsonl")
+        lines[3] = '{"t": 1, "kind": "teleport"}'
+        self.assertIn("a kind added by a newer vmready?", str(self.refusal(lines)))
+
+    def test_anOperatorActionNeedsItsParams(self) -> None:
+        lines = lines_of("boot-to-ready.jsonl")
+        lines[3] = '{"t": 1, "kind": "operator-action", "action": "stop"}'
+        self.assertIn(
+            'line 4: a operator-action record needs "params" (dict)', str(self.refusal(lines))
+        )
 
     def test_aRecordMissingAFieldIsRefused(self) -> None:
         lines = lines_of("boot-to-ready.jsonl")
@@ -250,6 +412,34 @@ class CommandLineTests(SynchronousTestCase):
         self.assertTrue(
             err.startswith(f"vmready: transcript {os.path.basename(path)} line 7: not JSON ("), err
         )
+
+    def test_realtimeReplaysEachRecordAtItsRecordedTime(self) -> None:
+        from vmready.replay import ReplaySession
+
+        reactor = Clock()
+        played: list[tuple[float, float, int]] = []
+        original = ReplaySession.play
+
+        def play(session: ReplaySession, entry: Any) -> None:
+            played.append((reactor.seconds(), entry.t, len(out.getvalue().splitlines())))
+            original(session, entry)
+
+        self.patch(ReplaySession, "play", play)
+        out, err = io.StringIO(), io.StringIO()
+        argv = ["replay", "--realtime", os.path.join(HERE, "boot-to-ready.jsonl")]
+        done = Deferred.fromCoroutine(run(reactor, argv, out, err))
+        while not done.called:
+            reactor.advance(0.05)
+        self.assertEqual(self.successResultOf(done), 0)
+        self.assertEqual(len(played), 19)
+        for index, (now, t, printed) in enumerate(played):
+            # Waited for its time first, and nothing about it was printed before.
+            self.assertGreaterEqual(now, t)
+            self.assertLess(now, t + 0.05 + 1e-9)
+            self.assertEqual(printed, index)
+        lines = out.getvalue().splitlines()
+        self.assertTrue(lines[0].startswith("t=0.000s line 2: state "), lines[0])
+        self.assertTrue(lines[-1].startswith("transcript boot-to-ready.jsonl matched"))
 
     def test_aMissingFileExitsTwo(self) -> None:
         code, _, err = self.run_replay("/nonexistent/x.jsonl")

@@ -1082,12 +1082,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _replayed_line(entry: Any) -> str:
+    """What ``vmready replay --realtime`` prints for a record it just replayed."""
+    from vmready.transcript import data_from_fields
+
+    shown = entry.fields.get("text")
+    if shown is None and entry.kind in ("ring-read", "ring-write"):
+        shown = data_from_fields(entry.fields).decode("utf-8", "replace")
+    detail = {k: v for k, v in entry.fields.items() if k not in ("text", "data", "body")}
+    text = json.dumps(shown) if shown is not None else json.dumps(detail)
+    return f"t={entry.t:.3f}s line {entry.line}: {entry.kind} {text[:100]}"
+
+
 async def _cmd_replay(reactor: Any, output: Output, args: argparse.Namespace) -> int:
     """``vmready replay FILE``: runs in this process; the daemon is not involved."""
     from twisted.internet.task import deferLater
 
     from vmready.replay import ReplaySession
-    from vmready.transcript import TranscriptError, data_from_fields, read_transcript
+    from vmready.transcript import TranscriptError, read_transcript
 
     try:
         transcript = read_transcript(args.file)
@@ -1103,20 +1115,18 @@ async def _cmd_replay(reactor: Any, output: Output, args: argparse.Namespace) ->
         return EXIT_USAGE
     session = ReplaySession(transcript)
     try:
-        previous = 0.0
-        for entry in session.steps():
+        session.begin()
+        started = reactor.seconds() if args.realtime else 0.0
+        for entry in session.records:
             if args.realtime:
-                if entry.t > previous:
-                    await deferLater(reactor, entry.t - previous, lambda: None)
-                previous = max(previous, entry.t)
-                shown = entry.fields.get("text")
-                if shown is None and entry.kind in ("ring-read", "ring-write"):
-                    shown = data_from_fields(entry.fields).decode("utf-8", "replace")
-                detail = {
-                    k: v for k, v in entry.fields.items() if k not in ("text", "data", "body")
-                }
-                text = json.dumps(shown) if shown is not None else json.dumps(detail)
-                output.line(f"t={entry.t:.3f}s line {entry.line}: {entry.kind} {text[:100]}")
+                # Each record at its recorded time: wait, replay it, then say it.
+                delay = started + entry.t - reactor.seconds()
+                if delay > 0:
+                    await deferLater(reactor, delay, lambda: None)
+            session.play(entry)
+            if args.realtime:
+                output.line(_replayed_line(entry))
+        session.finish()
         result = session.result()
     finally:
         session.close()

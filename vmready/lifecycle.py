@@ -497,6 +497,10 @@ class Lifecycle:
             self._preflight(action, current, prepared)
         record = self.store.claim_task(name, action, spec.allowed_from, spec.tasks[0])
         context = ActionContext(self, name, action, spec.tasks[0])
+        recorder = self.recorders.recorder_for(name) if self.recorders is not None else None
+        if recorder is not None:
+            # Before the state it causes: an input of the session, replayed as such.
+            recorder.operator_action(action, prepared)
         self.publish_state(record)
 
         async def work() -> None:
@@ -943,7 +947,12 @@ class Lifecycle:
         undo = [vm.subscribe(lambda event: self._vm_event(name, vm, event))]
         recorder = self.recorders.recorder_for(name) if self.recorders is not None else None
         if recorder is not None:
-            undo.append(vm.qmp.subscribe(lambda event: recorder.qmp_event(event.name, event.data)))
+            # Recorded as it arrives, before the core (or the VM handle) reacts to it.
+            undo.append(
+                vm.qmp.subscribe(
+                    lambda event: recorder.qmp_event(event.name, event.data), first=True
+                )
+            )
         monitor = self._follow_agent(name, vm)
         if monitor is not None:
             undo.append(vm.qmp.subscribe(lambda _event: self._qmp_event(name)))

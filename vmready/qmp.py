@@ -105,9 +105,16 @@ class QMPClientProtocol(LineOnlyReceiver):
         self._ready_waiters.append(waiter)
         return waiter
 
-    def subscribe(self, listener: EventListener) -> Callable[[], None]:
-        """Call ``listener`` with every event; returns the unsubscriber."""
-        self._listeners.append(listener)
+    def subscribe(self, listener: EventListener, first: bool = False) -> Callable[[], None]:
+        """Call ``listener`` with every event; returns the unsubscriber.
+
+        ``first``: before every listener already there (a recorder that must
+        see an event before anything reacts to it).
+        """
+        if first:
+            self._listeners.insert(0, listener)
+        else:
+            self._listeners.append(listener)
 
         def unsubscribe() -> None:
             if listener in self._listeners:

@@ -10,9 +10,10 @@ instance that is not recorded costs nothing but that question.
 
 What is recorded, and where it is hooked: every non-empty ``ringbuf-read`` and
 every ``ringbuf-write`` (``AgentMonitor``), QMP events (``Lifecycle._attach``),
-guest API requests and answers (``RecordingGuestResource`` around the guest
-API), the instance's lifecycle events (the event bus), and a ``daemon-start``
-when a restarted daemon continues an instance's transcript.
+operators' actions (``Lifecycle.act``, once the action claimed the task), guest
+API requests and answers (``RecordingGuestResource`` around the guest API), the
+instance's lifecycle events (the event bus), and a ``daemon-start`` when a
+restarted daemon continues an instance's transcript.
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ class SessionHooks(Protocol):
     def qmp_event(self, name: str, data: dict[str, Any]) -> None:
         """An asynchronous QMP event."""
 
+    def operator_action(self, action: str, params: dict[str, Any]) -> None:
+        """An operator's action (start, stop, restart …) claimed the instance's task."""
+
 
 class RecorderLookup(Protocol):
     """Hands out the hooks of recorded instances (``Recorders``; the replay has its own)."""
@@ -102,6 +106,14 @@ class InstanceRecorder:
     def qmp_event(self, name: str, data: dict[str, Any]) -> None:
         """An asynchronous QMP event of the instance's VM."""
         self.writer.write("qmp-event", event=name, data=redact_json(data))
+
+    def operator_action(self, action: str, params: dict[str, Any]) -> None:
+        """An operator's action on the instance, with its validated parameters.
+
+        The replay cannot know what an operator did: this is one of the host's
+        inputs, and ``vmready replay`` runs the same action at the same time.
+        """
+        self.writer.write("operator-action", action=action, params=redact_json(params))
 
     def state(self, action: str, context: dict[str, Any]) -> None:
         """A lifecycle event of the instance (``instance-state``, ``instance-agent-*`` …)."""

@@ -46,7 +46,7 @@ from vmready.events import LIFECYCLE, Event, EventBus
 from vmready.guestapi import GuestAPI
 from vmready.hypervisor import RunningVM, VMSpec
 from vmready.lifecycle import GuestLink, Lifecycle, agent_chardev, validate_config
-from vmready.model import InstanceRecord
+from vmready.model import InstanceRecord, VMReadyError
 from vmready.qemu_cmdline import CURRENT_LAYOUT, SERIAL_LAYOUTS, build_command_line
 from vmready.qmp import QMPClientProtocol
 from vmready.recording import EVENTS_PATH, SessionHooks
@@ -65,7 +65,7 @@ from vmready.transcript import (
     redact_json,
 )
 
-__all__ = ["Divergence", "ReplayResult", "ReplaySession", "replay"]
+__all__ = ["Divergence", "ReplayResult", "ReplaySession", "guest_power_action", "replay"]
 
 # After the last record: how long the host may still act on what it was fed.
 _SETTLE_SECONDS = 3.0
@@ -194,6 +194,9 @@ class _Hooks:
     def qmp_event(self, name: str, data: dict[str, Any]) -> None:
         pass
 
+    def operator_action(self, action: str, params: dict[str, Any]) -> None:
+        pass
+
 
 class _HookLookup:
     def __init__(self, hooks: _Hooks) -> None:
@@ -263,13 +266,20 @@ class ReplaySession:
         self.vm: InMemoryVM | None = None
         self.port = 0
         self._reads: list[Entry] = []
-        self._outputs: dict[str, list[_Output]] = {"ring-write": [], "http": [], "state": []}
+        self._outputs: dict[str, list[_Output]] = {
+            "ring-write": [],
+            "http": [],
+            "state": [],
+            "action": [],
+        }
         self._answers: dict[int, _Output] = {}
         self._pending_requests: list[Deferred[Any]] = []
         self._serial_in = b""
         layout = str(self.header.get("layout", CURRENT_LAYOUT.name))
         self.layout = SERIAL_LAYOUTS.get(layout, CURRENT_LAYOUT)
         self.intervals = self._intervals()
+        # The records in the order they are replayed: by recorded time.
+        self.records = sorted(transcript.entries, key=lambda entry: entry.t)
 
     # -- the core ---------------------------------------------------------
 
@@ -480,29 +490,41 @@ class ReplaySession:
 
     # -- the walk ---------------------------------------------------------
 
-    def steps(self) -> Iterator[Entry]:
-        """Replay record by record; yields each record once it was replayed."""
-        entries = sorted(self.transcript.entries, key=lambda entry: entry.t)
+    def begin(self) -> None:
+        """Build the core (and boot or adopt the VM) as the recorded session began."""
         # Known in advance: each is handed to the first host read at or after its time.
-        self._reads = [e for e in entries if e.kind == "ring-read" and data_from_fields(e.fields)]
+        self._reads = [
+            e for e in self.records if e.kind == "ring-read" and data_from_fields(e.fields)
+        ]
         self._start()
-        for entry in entries:
-            if self.side == "host" and entry.kind == "daemon-start":
-                self._run_until(entry.t)
-                self._restart(int(entry.fields["port"]))
-            elif self.side == "agent" and entry.kind == "serial-in":
-                self._run_until(entry.t)
-                for port in self._connect_ports(data_from_fields(entry.fields)):
-                    if port != self.port:
-                        self._restart(port)
-            else:
-                self._run_until(entry.t)
-                self._feed(entry)
-            yield entry
-        last = entries[-1].t if entries else 0.0
+
+    def play(self, entry: Entry) -> None:
+        """Run the core up to ``entry``'s recorded time, then replay it."""
+        self._run_until(entry.t)
+        if self.side == "host" and entry.kind == "daemon-start":
+            self._restart(int(entry.fields["port"]))
+        elif self.side == "agent" and entry.kind == "serial-in":
+            for port in self._connect_ports(data_from_fields(entry.fields)):
+                if port != self.port:
+                    self._restart(port)
+        else:
+            self._feed(entry)
+
+    def finish(self) -> None:
+        """Let the host act on what it was fed: late reads, then a few settling seconds."""
+        records = self.records
+        last = records[-1].t if records else 0.0
         while self._reads and self.clock.seconds() < last + _DELIVERY_GRACE:
             self._run_until(self.clock.seconds() + 0.1)
         self._run_until(max(self.clock.seconds(), last) + _SETTLE_SECONDS)
+
+    def steps(self) -> Iterator[Entry]:
+        """Replay record by record; yields each record once it was replayed."""
+        self.begin()
+        for entry in self.records:
+            self.play(entry)
+            yield entry
+        self.finish()
 
     def _feed(self, entry: Entry) -> None:
         if entry.kind == "ring-read" and self._reads and self._reads[0] is entry:
@@ -520,6 +542,46 @@ class ReplaySession:
                 return
             self._send(entry)
             self._settle()
+        elif entry.kind == "operator-action":
+            self._operate(entry)
+        elif entry.kind == "qmp-event":
+            action = guest_power_action(entry)
+            if action is not None:
+                self._guest_does(entry, action)
+
+    def _operate(self, entry: Entry) -> None:
+        """An operator's recorded action: the same ``Lifecycle.act`` call, now."""
+        action = str(entry.fields["action"])
+        params = dict(entry.fields["params"])
+        key: Any = ("operator", action)
+        text = _operator_text(action, params)
+        assert self.lifecycle is not None
+        try:
+            self.lifecycle.act(self.name, action, **params)
+        except VMReadyError as e:
+            key, text = (*key, "refused"), f"operator {action} refused ({_short(str(e), 100)})"
+        self._outputs["action"].append(_Output(self.clock.seconds(), key, text))
+        self._settle()
+
+    def _guest_does(self, entry: Entry, action: str) -> None:
+        """The guest OS powers off, reboots or panics, through fakeqemu's control channel."""
+        key: Any = ("guest", action)
+        text = f"guest {action}"
+        vm = self.vm
+        control = vm.connect_control() if vm is not None and not vm.exits else None
+        self._settle()
+        if control is None or not control.open:
+            key, text = (*key, "failed"), f"guest {action} impossible: its VM is not running"
+        else:
+            control.write(action.encode("ascii") + b"\n")
+            self._settle()
+            if control.received != b"ok\n":
+                answer = control.received.decode("utf-8", "replace").strip()
+                key, text = (*key, "failed"), f"guest {action} failed ({answer or 'no answer'})"
+            if control.open:
+                control.close()
+                self._settle()
+        self._outputs["action"].append(_Output(self.clock.seconds(), key, text))
 
     def _failed_in_recording(self, entry: Entry) -> bool:
         """An agent request that never reached the host (its answer is status 0): skip it."""
@@ -543,7 +605,12 @@ class ReplaySession:
     # -- comparing --------------------------------------------------------
 
     def _expected(self) -> dict[str, list[_Expected]]:
-        expected: dict[str, list[_Expected]] = {"ring-write": [], "http": [], "state": []}
+        expected: dict[str, list[_Expected]] = {
+            "ring-write": [],
+            "http": [],
+            "state": [],
+            "action": [],
+        }
         requests = {
             entry.fields["id"]: entry
             for entry in self.transcript.entries
@@ -565,6 +632,16 @@ class ReplaySession:
                 body = None if fields.get("stream") else _body_key(fields)
                 text = _answer_text(status, None if fields.get("stream") else fields)
                 expected["http"].append(_Expected(entry, (fields["id"], (status, body)), text))
+            elif entry.kind == "operator-action":
+                action = str(fields["action"])
+                expected["action"].append(
+                    _Expected(
+                        entry, ("operator", action), _operator_text(action, fields["params"])
+                    )
+                )
+            elif entry.kind == "qmp-event" and guest_power_action(entry) is not None:
+                action = str(guest_power_action(entry))
+                expected["action"].append(_Expected(entry, ("guest", action), f"guest {action}"))
             elif entry.kind == "state":
                 context = _normalised(fields["context"])
                 action = str(fields["action"])
@@ -628,6 +705,34 @@ class ReplaySession:
             {channel: len(items) for channel, items in expected.items() if items},
             divergence,
         )
+
+
+def guest_power_action(entry: Entry) -> str | None:
+    """The guest's own power action a recorded ``qmp-event`` shows, as fakeqemu's control word.
+
+    ``SHUTDOWN`` with ``"guest": true`` is the guest powering off, ``RESET`` with
+    ``"guest": true`` the guest rebooting, ``GUEST_PANICKED`` a kernel panic (its
+    own ``SHUTDOWN``, reason ``guest-panic``, is part of the panic).  Every other
+    event is the VM's answer to the host's own actions: not an input.
+    """
+    if entry.kind != "qmp-event":
+        return None
+    event = entry.fields.get("event")
+    data = entry.fields.get("data")
+    data = data if isinstance(data, dict) else {}
+    if event == "GUEST_PANICKED":
+        return "panic"
+    if data.get("guest") is not True:
+        return None
+    if event == "SHUTDOWN" and data.get("reason") != "guest-panic":
+        return "poweroff"
+    if event == "RESET":
+        return "reboot"
+    return None
+
+
+def _operator_text(action: str, params: Any) -> str:
+    return _short(f"operator {action} {json.dumps(params, sort_keys=True)}")
 
 
 def _state_text(action: str, context: dict[str, Any]) -> str:

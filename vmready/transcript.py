@@ -69,6 +69,7 @@ HOST_KINDS = frozenset(
         "guest-response",
         "state",
         "daemon-start",
+        "operator-action",
     }
 )
 AGENT_KINDS = frozenset({"serial-in", "serial-out", "host-request", "host-response"})
@@ -367,6 +368,7 @@ _REQUIRED: dict[str, dict[str, tuple[type, ...]]] = {
     "host-response": {"id": (int,), "status": (int,)},
     "state": {"action": _STRING, "context": (dict,)},
     "daemon-start": {"port": (int,)},
+    "operator-action": {"action": _STRING, "params": (dict,)},
 }
 _DATA_KINDS = frozenset({"ring-read", "ring-write", "serial-in", "serial-out"})
 
@@ -424,7 +426,10 @@ def _check_entry(source: str, number: int, side: str, value: Any) -> Entry:
     kind = value.get("kind")
     if kind not in _SIDES[side]:
         raise TranscriptError(
-            source, number, f"unknown record kind {kind!r} in a {side}-side transcript"
+            source,
+            number,
+            f"unknown record kind {kind!r} in a {side}-side transcript (a kind added by a "
+            "newer vmready? replay it with the vmready that recorded it, or a newer one)",
         )
     for field, types in _REQUIRED[kind].items():
         if not isinstance(value.get(field), types) or isinstance(value.get(field), bool):
