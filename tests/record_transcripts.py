@@ -1,8 +1,8 @@
-"""Record the transcripts in ``tests/transcripts/`` from real sessions (not part of the suite).
+"""Record the transcripts in ``tests/fixtures/transcripts/`` from real sessions (not part of the suite).
 
 Each scenario runs the real daemon (``twistd vmready --record-dir``), fakeqemu
 VMs and, where there is one, the real agent (``vmready-agent --record``), and
-copies the transcripts they wrote into ``tests/transcripts/``.  Run it again
+copies the transcripts they wrote into ``tests/fixtures/transcripts/``.  Run it again
 after a change to what the host does on purpose::
 
     VMREADY_RECORD_TRANSCRIPTS=1 trial tests.record_transcripts
@@ -22,7 +22,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from tests.system import EventReader, GuestPort, System, eventually
 
 NAME = "web1"
-HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "transcripts")
+HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "transcripts")
 # A steady pace: the overflow needs a burst to land between two reads.
 PACE = ("--agent-poll-started", "0.5", "--agent-poll-connected", "0.5")
 

@@ -1,6 +1,6 @@
 """Recording as it happens today: a real daemon and agent record a session that replays.
 
-The fixtures in ``tests/transcripts/`` were recorded once; this records a fresh
+The fixtures in ``tests/fixtures/transcripts/`` were recorded once; this records a fresh
 boot-to-Ready session on every run (``twistd vmready --record-dir`` and
 ``vmready-agent --record``) and replays both sides, so a change to what the
 daemon records, or to what it does, cannot slip past the suite.

@@ -1,6 +1,6 @@
 """Replaying recorded sessions: every fixture matches, altered ones diverge, bad ones are refused.
 
-The transcripts in ``tests/transcripts/`` were recorded from real sessions by
+The transcripts in ``tests/fixtures/transcripts/`` were recorded from real sessions by
 ``tests/record_transcripts.py`` (the daemon, fakeqemu and the real agent).
 """
 
@@ -19,7 +19,7 @@ from vmready.cli import run
 from vmready.replay import replay
 from vmready.transcript import TranscriptError
 
-HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "transcripts")
+HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "transcripts")
 FIXTURES = [
     "boot-to-ready.jsonl",
     "daemon-restart.jsonl",
