@@ -1,4 +1,4 @@
-"""Record the transcripts in ``tests/fixtures/transcripts/`` from real sessions (not part of the suite).
+"""Record the transcripts in ``tests/fixtures/transcripts/`` from real sessions (opt-in).
 
 Each scenario runs the real daemon (``twistd vmready --record-dir``), fakeqemu
 VMs and, where there is one, the real agent (``vmready-agent --record``), and
