@@ -18,6 +18,7 @@ from vmready.replay import replay
 from vmready.transcript import read_transcript
 
 NAME = "web1"
+SECRET = "s3cret-api-key-value"
 
 
 class LiveRecordingTests(SynchronousTestCase):
@@ -46,3 +47,37 @@ class LiveRecordingTests(SynchronousTestCase):
         with open(host_file) as f:
             recorded = f.read()
         self.assertNotIn("BEGIN", recorded)  # no certificate or key ever written
+
+    def test_secretsQMPEventsAndDaemonRestartsAreRecorded(self) -> None:
+        system = System(self)
+        record_dir = os.path.join(system.directory, "transcripts")
+        system.start_daemon("--record-dir", record_dir)
+        events = system.events()
+        system.cli("launch", NAME, "--memory", "128", "-c", f"user.api-key={SECRET}")
+        system.start_agent(NAME, "agent.log")
+        events.wait_for_action(NAME, "instance-agent-connected")
+        # The guest reads a secret-named key: it gets it, the transcript never has it.
+        answer = system.guest_request(NAME, "GET", "/1.0/config/user.api-key")
+        self.assertIn(SECRET, answer.body.decode())
+        events.close()
+        system.stop_daemon()
+        system.start_daemon("--record-dir", record_dir)  # continues the transcript
+        events = system.events()
+        self.assertEqual(system.control(NAME, "poweroff"), b"ok\n")
+        events.wait_for_action(NAME, "instance-shutdown")
+        system.stop_daemon()
+
+        host_file = os.path.join(record_dir, f"{NAME}.jsonl")
+        with open(host_file) as f:
+            self.assertNotIn(SECRET, f.read())
+        entries = read_transcript(host_file).entries
+        kinds = [entry.kind for entry in entries]
+        self.assertEqual(kinds.count("daemon-start"), 1)
+        self.assertIn("guest-request", kinds[: kinds.index("daemon-start")], "the secret was read")
+        shutdowns = [
+            entry
+            for entry in entries
+            if entry.kind == "qmp-event" and entry.fields["event"] == "SHUTDOWN"
+        ]
+        self.assertTrue(shutdowns, kinds)
+        self.assertGreater(shutdowns[0].line, kinds.index("daemon-start"))

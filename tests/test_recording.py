@@ -10,13 +10,50 @@ from twisted.internet.task import Clock
 from twisted.python import usage
 from twisted.trial.unittest import SynchronousTestCase
 
+from tests.test_agentmonitor import INTERVALS, FakeRing
+from vmready.agentlink import AgentLink
+from vmready.agentmonitor import AgentMonitor
 from vmready.daemon_tap import Options
 from vmready.events import EventBus
 from vmready.lifecycle import Lifecycle, validate_config
 from vmready.model import BadRequest, Conflict
+from vmready.qemu_cmdline import CURRENT_LAYOUT, LEGACY_LAYOUT
+from vmready.qmp import QMPEvent
 from vmready.recording import Recorders, transcript_path
 from vmready.states import PowerState, TaskState, VMState
 from vmready.store import Store
+
+
+class _Subscribers:
+    """Listeners of a fake VM or its QMP connection."""
+
+    def __init__(self) -> None:
+        self.listeners: list[object] = []
+
+    def subscribe(self, listener: object, first: bool = False) -> object:
+        self.listeners.append(listener)
+        return lambda: self.listeners.remove(listener)
+
+
+class _FakeVM:
+    """What ``Lifecycle._attach`` follows: a VM's events and its QMP events."""
+
+    def __init__(self, spec: object) -> None:
+        self.spec = spec
+        self.events = _Subscribers()
+        self.qmp = _Subscribers()
+
+    def subscribe(self, listener: object) -> object:
+        return self.events.subscribe(listener)
+
+    def qmp_event(self, name: str) -> None:
+        for listener in list(self.qmp.listeners):
+            listener(QMPEvent(name, {}, 0.0))  # type: ignore[operator]
+
+
+def kinds_of(path: str) -> list[str]:
+    with open(path) as f:
+        return [json.loads(line).get("kind") for line in f][1:]
 
 
 class _NothingRuns:
@@ -134,6 +171,85 @@ class RecordersTests(SynchronousTestCase):
         with open(transcript_path(self.directory, "vm1")) as f:
             header = json.loads(f.readline())
         self.assertEqual(header["config"], {"user.api-key": "[REDACTED]"})
+
+    def test_requestIdsContinueAfterADaemonRestart(self) -> None:
+        self.store.create_instance("vm1", {}, {})
+        first = Recorders(self.lifecycle, self.directory, record_all=True)
+        recorder = first.recorder_for("vm1")
+        assert recorder is not None
+        self.assertEqual(recorder.guest_request("GET", "/1.0", b""), 1)
+        self.assertEqual(recorder.guest_request("GET", "/1.0", b""), 2)
+        first.close()
+        again = self.recorders(record_all=True)  # the daemon restarted
+        recorder = again.recorder_for("vm1")
+        assert recorder is not None
+        self.assertEqual(recorder.guest_request("GET", "/1.0", b""), 3)
+        again.close()
+        self.assertEqual(kinds_of(transcript_path(self.directory, "vm1")).count("daemon-start"), 1)
+
+    def test_recordingSwitchedOffAndOnGoesOnRecordingTheRunningVM(self) -> None:
+        recorders = self.recorders(record_all=False)
+        self.lifecycle.recorders = recorders
+        self.running("vm1", {"vmready.record": "true"})
+        vm = _FakeVM(self.lifecycle.spec_for(self.store.get_instance("vm1")))
+        self.lifecycle._attach("vm1", vm)  # type: ignore[arg-type]
+        ring = FakeRing()
+        monitor = AgentMonitor(
+            self.clock,
+            ring,
+            AgentLink("vm1", ring_size=4096, port=49152, intervals=INTERVALS),
+            "vmready",
+            lambda change: None,
+            lambda: recorders.recorder_for("vm1"),
+        )
+        self.lifecycle.update_config("vm1", {"vmready.record": "false"})
+        self.lifecycle.update_config("vm1", {"vmready.record": "true"})
+        vm.qmp_event("SHUTDOWN")
+        ring.pending.append(b"STARTED\n")
+        monitor.start(advertise=False)
+        self.clock.advance(0)
+        monitor.stop()
+        recorders.close()
+        kinds = kinds_of(transcript_path(self.directory, "vm1"))
+        self.assertNotIn("daemon-start", kinds)  # the daemon never restarted
+        self.assertEqual(
+            [k for k in kinds if k != "state"], ["qmp-event", "ring-read", "ring-write"]
+        )
+
+    def test_aNewVMsHeaderNamesTheLayoutItWillRunWith(self) -> None:
+        self.lifecycle.serial_layout = LEGACY_LAYOUT
+        recorders = self.recorders(record_all=True)
+        self.store.create_instance("vm1", {}, {})
+        recorders.recorder_for("vm1")
+        recorders.close()
+        with open(transcript_path(self.directory, "vm1")) as f:
+            header = json.loads(f.readline())
+        self.assertEqual(header["layout"], LEGACY_LAYOUT.name)
+        self.assertNotEqual(LEGACY_LAYOUT.name, CURRENT_LAYOUT.name)
+
+    def test_aPemBlockSplitAcrossRingReadsIsRedactedWhole(self) -> None:
+        recorders = self.recorders(record_all=True)
+        self.store.create_instance("vm1", {}, {})
+        recorder = recorders.recorder_for("vm1")
+        assert recorder is not None
+        recorder.ring_read(b"x -----BEGIN PRIVATE KEY-----\nAAAA")
+        recorder.ring_read(b"SECRETHALF\n-----END PRIVATE KEY-----\nSTARTED\n")
+        recorders.close()
+        with open(transcript_path(self.directory, "vm1")) as f:
+            written = f.read()
+        self.assertNotIn("SECRETHALF", written)
+        self.assertNotIn("AAAA", written)
+        self.assertIn("STARTED", written)
+
+    def test_cloudInitUserDataIsRedacted(self) -> None:
+        recorders = self.recorders(record_all=True)
+        self.store.create_instance(
+            "vm1", {"cloud-init.user-data": "#cloud-config\npassword: hunter2"}, {}
+        )
+        recorders.recorder_for("vm1")
+        recorders.close()
+        with open(transcript_path(self.directory, "vm1")) as f:
+            self.assertNotIn("hunter2", f.read())
 
 
 class ConfigKeyTests(SynchronousTestCase):

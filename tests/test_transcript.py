@@ -7,10 +7,13 @@ import os
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from vmready.agent.recording import AgentRecorder
 from vmready.certs import generate
 from vmready.transcript import (
     REDACTED,
     REDACTED_PEM,
+    PemRedactor,
+    TranscriptError,
     TranscriptWriter,
     body_fields,
     body_from_fields,
@@ -79,6 +82,43 @@ class WriterTests(SynchronousTestCase):
         self.assertEqual([line.get("kind") for line in lines], [None, "ring-read", "daemon-start"])
         self.assertGreaterEqual(float(str(lines[2]["t"])), 5.0)
 
+    def test_aContinuedWriterKnowsTheHighestRequestId(self) -> None:
+        writer = self.writer()
+        writer.write("guest-request", id=7, method="GET", path="/1.0")
+        writer.write("guest-response", id=7, status=200)
+        writer.close()
+        self.assertEqual(self.writer().last_id, 7)
+
+    def test_aSecondAgentRecordingToTheSameFileNumbersOn(self) -> None:
+        first = AgentRecorder(self.path, "vm1", self.clock)
+        self.assertEqual(first.host_request("GET", "/1.0", b""), 1)
+        first.close()
+        again = AgentRecorder(self.path, "vm1", self.clock)
+        self.assertEqual(again.host_request("GET", "/1.0", b""), 2)
+        again.close()
+
+    def test_aTornLastLineIsCutOffBeforeContinuing(self) -> None:
+        writer = self.writer()
+        writer.write("ring-read", text="STARTED\n")
+        writer.close()
+        with open(self.path, "a") as f:
+            f.write('{"t": 3, "kind": "ring-re')  # killed mid-write
+        again = self.writer()
+        again.write("daemon-start", port=2)
+        again.close()
+        transcript = read_transcript(self.path)
+        self.assertEqual([e.kind for e in transcript.entries], ["ring-read", "daemon-start"])
+
+    def test_invalidUTF8NamesItsLine(self) -> None:
+        writer = self.writer()
+        writer.write("ring-read", text="STARTED\n")
+        writer.close()
+        with open(self.path, "ab") as f:
+            f.write(b'{"t": 1, "kind": "ring-read", "text": "\xff"}\n')
+        error = self.assertRaises(TranscriptError, read_transcript, self.path)
+        self.assertEqual(error.line, 3)
+        self.assertIn("not UTF-8", error.message)
+
     def test_anotherInstancesTranscriptIsRotatedAway(self) -> None:
         with open(self.path, "w") as f:
             f.write(
@@ -131,6 +171,27 @@ class RedactionTests(SynchronousTestCase):
         self.assertIn(REDACTED_PEM, fields["body"])
         raw = data_fields(b"noise " + pair.key_pem + b"\n")
         self.assertNotIn("PRIVATE KEY", json.dumps(raw))
+
+    def test_aPemBlockSplitAcrossChunksIsRedactedWhole(self) -> None:
+        pem = generate("vm1").key_pem
+        redactor = PemRedactor()
+        chunks = [b"before " + pem[:40], pem[40:100], pem[100:] + b"after\n", b"next\n"]
+        out = [data_fields(chunk, redactor)["text"] for chunk in chunks]
+        self.assertEqual(out[0], "before " + REDACTED_PEM)
+        self.assertEqual(out[1:], [REDACTED_PEM, REDACTED_PEM + "\nafter\n", "next\n"])
+
+    def test_aMarkerSplitAcrossChunksIsFound(self) -> None:
+        redactor = PemRedactor()
+        parts = [b"x -----BEG", b"IN CERTIFICATE-----\nSECRET\n-----EN", b"D CERTIFICATE-----ok"]
+        out = b"".join(redactor.feed(part) for part in parts)
+        self.assertNotIn(b"SECRET", out)
+        self.assertTrue(out.endswith(b"ok"), out)
+
+    def test_aBlockWithNoEndIsRedactedUpToTheLimit(self) -> None:
+        redactor = PemRedactor(limit=100)
+        self.assertEqual(redactor.feed(b"-----BEGIN X-----\n" + b"s" * 60), REDACTED_PEM.encode())
+        self.assertEqual(redactor.feed(b"s" * 60), REDACTED_PEM.encode())  # crosses the limit
+        self.assertEqual(redactor.feed(b"plain\n"), b"plain\n")
 
     def test_secretNamedFieldsAreRedactedAtAnyDepth(self) -> None:
         value = {"a": {"api_token": "t", "Password": "p", "x": [{"client-cert": "c"}]}, "ok": 1}

@@ -59,15 +59,16 @@ class AgentMonitor:
         link: AgentLink,
         chardev: str,
         on_status: StatusListener,
-        recorder: RingRecorder | None = None,
+        recorder: Callable[[], RingRecorder | None] | None = None,
     ) -> None:
         self.clock = clock
         self.vm = vm
         self.link = link
         self.chardev = chardev
         self.on_status = on_status
-        # None unless the instance is recorded: then nothing here costs anything more.
-        self.recorder = recorder
+        # Looked up at each read and write (recording may be switched off and on while
+        # the VM runs); None when sessions are never recorded: then nothing here costs more.
+        self.recorder_for = recorder
         self.reads = 0
         self._timer: IDelayedCall | None = None
         self._busy = False
@@ -145,8 +146,9 @@ class AgentMonitor:
         if self._stopped:
             return
         self.reads += 1
-        if self.recorder is not None:
-            self.recorder.ring_read(chunk)
+        recorder = self.recorder_for() if self.recorder_for is not None else None
+        if recorder is not None:
+            recorder.ring_read(chunk)
         now = self.clock.seconds()
         commands = self.link.ring_read(chunk, now)
         await self._write_all(commands)
@@ -190,8 +192,9 @@ class AgentMonitor:
                         error=e.message,
                     )
                     continue
-                if self.recorder is not None:
-                    self.recorder.ring_write(command.line)
+                recorder = self.recorder_for() if self.recorder_for is not None else None
+                if recorder is not None:
+                    recorder.ring_write(command.line)
                 self.link.connect_written(self.clock.seconds())
 
     def _announce(self, change: StatusChanged) -> None:

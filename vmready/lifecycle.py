@@ -56,6 +56,7 @@ from vmready.qemu_cmdline import (
     UNRECORDED_LAYOUT,
     SerialLayout,
 )
+from vmready.qmp import QMPEvent
 from vmready.recording import RECORD_KEY, RecorderLookup
 from vmready.ringbuffer import AgentStatus
 from vmready.snapshots import (
@@ -945,14 +946,16 @@ class Lifecycle:
         self._detach(name)
         self.vms[name] = vm
         undo = [vm.subscribe(lambda event: self._vm_event(name, vm, event))]
-        recorder = self.recorders.recorder_for(name) if self.recorders is not None else None
-        if recorder is not None:
-            # Recorded as it arrives, before the core (or the VM handle) reacts to it.
-            undo.append(
-                vm.qmp.subscribe(
-                    lambda event: recorder.qmp_event(event.name, event.data), first=True
-                )
-            )
+        recorders = self.recorders
+        if recorders is not None:
+            # Recorded as it arrives, before the core (or the VM handle) reacts to it; the
+            # recorder is looked up each time (recording may be switched off and on).
+            def record_event(event: QMPEvent) -> None:
+                recorder = recorders.recorder_for(name)
+                if recorder is not None:
+                    recorder.qmp_event(event.name, event.data)
+
+            undo.append(vm.qmp.subscribe(record_event, first=True))
         monitor = self._follow_agent(name, vm)
         if monitor is not None:
             undo.append(vm.qmp.subscribe(lambda _event: self._qmp_event(name)))
@@ -975,14 +978,14 @@ class Lifecycle:
         if guest is None or chardev is None:
             return None
         link = AgentLink(name, vm.spec.ring_size, guest.port, guest.intervals)
-        recorder = self.recorders.recorder_for(name) if self.recorders is not None else None
+        recorders = self.recorders
         monitor = AgentMonitor(
             self.clock,
             vm,
             link,
             chardev,
             lambda change: self._agent_changed(name, change),
-            recorder,
+            (lambda: recorders.recorder_for(name)) if recorders is not None else None,
         )
         self.monitors[name] = monitor
         return monitor

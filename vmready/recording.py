@@ -3,17 +3,20 @@
 ``Recorders`` decides per instance whether it is recorded — ``vmready.record``
 ("true"/"false") in the instance's config wins, else the daemon's
 ``--record-dir`` records every instance — and hands out one
-``InstanceRecorder`` per recorded instance.  The core's hooks ask for a
-recorder once (the agent monitor when it is built, the QMP subscription when a
-VM is attached) and skip all recording work when they get None, so an
-instance that is not recorded costs nothing but that question.
+``InstanceRecorder`` per recorded instance.  The core's hooks ask for the
+recorder at each call (recording can be switched off and on while a VM runs;
+the answer is a dict look-up once decided) and skip all recording work when
+they get None, so an instance that is not recorded costs nothing but that
+question.
 
 What is recorded, and where it is hooked: every non-empty ``ringbuf-read`` and
 every ``ringbuf-write`` (``AgentMonitor``), QMP events (``Lifecycle._attach``),
 operators' actions (``Lifecycle.act``, once the action claimed the task), guest
 API requests and answers (``RecordingGuestResource`` around the guest API), the
 instance's lifecycle events (the event bus), and a ``daemon-start`` when a
-restarted daemon continues an instance's transcript.
+restarted daemon continues an instance's transcript (not when recording is
+switched back on in the same daemon: nothing marks that).  Request ids go on
+from the highest one in a continued file.
 """
 
 from __future__ import annotations
@@ -31,9 +34,12 @@ from zope.interface import implementer
 
 from vmready.events import LIFECYCLE, Event
 from vmready.model import InstanceRecord
+from vmready.qemu_cmdline import SerialLayout
+from vmready.states import VMState
 from vmready.transcript import (
     DEFAULT_KEEP,
     DEFAULT_MAX_BYTES,
+    PemRedactor,
     TranscriptWriter,
     body_fields,
     data_fields,
@@ -57,6 +63,8 @@ __all__ = [
 RECORD_KEY = "vmready.record"
 EVENTS_PATH = "/1.0/events"
 _SOURCE_PREFIX = "/1.0/instances/"
+# A VM in these states runs with the layout it was started with.
+_RUNNING = frozenset({VMState.ACTIVE, VMState.PAUSED, VMState.RESIZED})
 
 
 class SessionHooks(Protocol):
@@ -92,16 +100,20 @@ class InstanceRecorder:
 
     def __init__(self, writer: TranscriptWriter) -> None:
         self.writer = writer
-        self._next_id = 0
+        # Ids go on from the continued file's: unique per file, so answers pair right.
+        self._next_id = writer.last_id
+        # One per stream: a PEM block split across chunks is redacted whole.
+        self._reads = PemRedactor()
+        self._writes = PemRedactor()
 
     def ring_read(self, chunk: bytes) -> None:
         """A drained ``ringbuf-read`` (only non-empty ones are worth a line)."""
         if chunk:
-            self.writer.write("ring-read", **data_fields(chunk))
+            self.writer.write("ring-read", **data_fields(chunk, self._reads))
 
     def ring_write(self, data: bytes) -> None:
         """A ``ringbuf-write`` that QEMU accepted."""
-        self.writer.write("ring-write", **data_fields(data))
+        self.writer.write("ring-write", **data_fields(data, self._writes))
 
     def qmp_event(self, name: str, data: dict[str, Any]) -> None:
         """An asynchronous QMP event of the instance's VM."""
@@ -170,6 +182,9 @@ class Recorders:
         self._monotonic = monotonic
         self._wall = wall
         self._decided: dict[str, InstanceRecorder | None] = {}
+        # Instances whose transcript this daemon already opened: continuing one of them
+        # again (recording switched off and on) is no daemon start.
+        self._opened: set[str] = set()
         self._keyed = self._any_keyed()
         self._unsubscribe = lifecycle.events.subscribe(self._event, frozenset({LIFECYCLE}))
 
@@ -218,7 +233,8 @@ class Recorders:
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
         lifecycle = self.lifecycle
         guest = lifecycle.guest
-        spec = lifecycle.spec_for(record)
+        layout = self.layout_for(record)
+        spec = lifecycle.spec_for(record, layout)
         creating = record.vm_state.value == "building"
         header: dict[str, Any] = {
             "side": "host",
@@ -235,7 +251,7 @@ class Recorders:
                     if not key.startswith("volatile.")
                 }
             ),
-            "layout": lifecycle.layout_of(record).name,
+            "layout": layout.name,
             "ring_size": spec.ring_size,
             "chardev": agent_chardev(spec),
         }
@@ -256,10 +272,21 @@ class Recorders:
             wall=self._wall,
         )
         recorder = InstanceRecorder(writer)
-        if writer.appended:
+        if writer.appended and record.name not in self._opened:
             recorder.daemon_start(guest.port if guest is not None else None)
+        self._opened.add(record.name)
         self.log.info("recording {name} to {path}", name=record.name, path=writer.path)
         return recorder
+
+    def layout_for(self, record: InstanceRecord) -> SerialLayout:
+        """The serial layout the instance's VM runs with, or will when it is next started.
+
+        A running VM keeps the layout it was started with; any other is started
+        with this daemon's (``Lifecycle._launch`` records it only then).
+        """
+        if record.vm_state in _RUNNING:
+            return self.lifecycle.layout_of(record)
+        return self.lifecycle.serial_layout
 
     def _event(self, event: Event) -> None:
         source = str(event.metadata.get("source", ""))

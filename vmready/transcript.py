@@ -6,10 +6,12 @@ daemon writes one per instance (``side`` "host"), the agent one for its guest
 (``side`` "agent"); ``vmready replay`` reads either.  ``docs/transcripts.md``
 specifies every record kind and field; this module is that specification in code.
 
-Nothing secret is ever written: PEM blocks anywhere become ``[REDACTED PEM]``,
+Nothing secret is ever written: PEM blocks anywhere become ``[REDACTED PEM]``
+(in a stream of chunks, ``PemRedactor`` redacts a block split across them),
 and in JSON bodies and config the value of any field whose name looks like a
-secret (key, token, password, secret, authorization, cert…) becomes
-``[REDACTED]``, as does the value of such a config key read over the guest API.
+secret (key, token, password, secret, authorization, cert, user-data,
+vendor-data…) becomes ``[REDACTED]``, as does the value of such a config key
+read over the guest API.
 """
 
 from __future__ import annotations
@@ -34,10 +36,12 @@ __all__ = [
     "DEFAULT_MAX_BYTES",
     "FORMAT",
     "HOST_KINDS",
+    "PEM_BLOCK_LIMIT",
     "REDACTED",
     "REDACTED_PEM",
     "VERSION",
     "Entry",
+    "PemRedactor",
     "Transcript",
     "TranscriptError",
     "TranscriptWriter",
@@ -59,6 +63,10 @@ DEFAULT_KEEP = 3
 BODY_LIMIT = 64 * 1024
 REDACTED = "[REDACTED]"
 REDACTED_PEM = "[REDACTED PEM]"
+# A PEM block spread over several chunks is redacted up to its END line, or this many bytes.
+PEM_BLOCK_LIMIT = 64 * 1024
+# Record kinds whose "id" pairs a request with its answer (unique within a file).
+_ID_KINDS = frozenset({"guest-request", "guest-response", "host-request", "host-response"})
 
 HOST_KINDS = frozenset(
     {
@@ -76,12 +84,17 @@ AGENT_KINDS = frozenset({"serial-in", "serial-out", "host-request", "host-respon
 _SIDES = {"host": HOST_KINDS, "agent": AGENT_KINDS}
 
 _SECRET_NAME = re.compile(
-    r"key|token|passw|secret|authori[sz]ation|cert|credential|private", re.IGNORECASE
+    r"key|token|passw|secret|authori[sz]ation|cert|credential|private|user-?data|vendor-?data",
+    re.IGNORECASE,
 )
 _PEM = re.compile(r"-----BEGIN [A-Z0-9 ]+-----.*?(?:-----END [A-Z0-9 ]+-----|\Z)", re.DOTALL)
 _PEM_BYTES = re.compile(
     rb"-----BEGIN [A-Z0-9 ]+-----.*?(?:-----END [A-Z0-9 ]+-----|\Z)", re.DOTALL
 )
+_PEM_BEGIN = re.compile(rb"-----BEGIN [A-Z0-9 ]{1,100}-----")
+_PEM_END = re.compile(rb"-----END [A-Z0-9 ]{1,100}-----")
+# How much of a stream's earlier bytes a marker split across chunks may start in.
+_MARKER_TAIL = 120
 
 
 class TranscriptError(Exception):
@@ -129,9 +142,73 @@ def _redact_bytes(data: bytes) -> bytes:
     return _PEM_BYTES.sub(REDACTED_PEM.encode(), data)
 
 
-def data_fields(data: bytes) -> dict[str, Any]:
-    """Raw bytes as a record stores them: ``text`` when UTF-8, else ``data`` (base64)."""
-    data = _redact_bytes(data)
+class PemRedactor:
+    """Redacts PEM blocks in one stream of chunks (a ring buffer's reads, a serial port's writes).
+
+    Redaction chunk by chunk would leak the part of a block that arrives in a
+    later chunk: once a ``-----BEGIN …-----`` line has been seen, everything up
+    to the matching ``-----END …-----`` is redacted, in whichever chunk it is
+    (each chunk holding some of it says ``[REDACTED PEM]``).  A block with no
+    END is redacted for ``PEM_BLOCK_LIMIT`` bytes (the chunk crossing the limit
+    whole), then the stream is written again.  Markers split across chunks are
+    found too; nothing is held back, so every chunk is written when it happens.
+    """
+
+    def __init__(self, limit: int = PEM_BLOCK_LIMIT) -> None:
+        self.limit = limit
+        self.inside = False
+        self._redacted = 0
+        self._tail = b""
+
+    def feed(self, data: bytes) -> bytes:
+        """``data`` redacted, given what came before it in this stream."""
+        window = self._tail + data
+        if not self.inside and b"-----" not in window:
+            self._tail = window[-_MARKER_TAIL:]
+            return data
+        cursor = len(self._tail)
+        out = bytearray()
+        marked = False
+        while cursor < len(window):
+            if not self.inside:
+                begin = _first_ending_after(_PEM_BEGIN, window, cursor)
+                if begin is None:
+                    out += window[cursor:]
+                    break
+                out += window[cursor : max(cursor, begin.start())]
+                self.inside, self._redacted, cursor = True, 0, begin.end()
+                continue
+            if not marked:
+                out += REDACTED_PEM.encode()
+                marked = True
+            end = _first_ending_after(_PEM_END, window, cursor)
+            if end is None:
+                self._redacted += len(window) - cursor
+                if self._redacted > self.limit:
+                    self.inside = False  # no END in sight: the rest of the stream is its own
+                break
+            self._redacted += end.end() - cursor
+            self.inside, cursor, marked = False, end.end(), False
+        if self.inside and not marked:
+            out += REDACTED_PEM.encode()
+        self._tail = window[-_MARKER_TAIL:]
+        return bytes(out)
+
+
+def _first_ending_after(pattern: re.Pattern[bytes], window: bytes, cursor: int) -> Any:
+    start = max(0, cursor - _MARKER_TAIL)
+    for match in pattern.finditer(window, start):
+        if match.end() > cursor:
+            return match
+    return None
+
+
+def data_fields(data: bytes, redactor: PemRedactor | None = None) -> dict[str, Any]:
+    """Raw bytes as a record stores them: ``text`` when UTF-8, else ``data`` (base64).
+
+    ``redactor``: the stream's, so that a PEM block split across chunks is redacted whole.
+    """
+    data = redactor.feed(data) if redactor is not None else _redact_bytes(data)
     try:
         return {"text": data.decode("utf-8")}
     except UnicodeDecodeError:
@@ -216,7 +293,9 @@ class TranscriptWriter:
     since); anything else at ``path`` is rotated away first.  Past
     ``max_bytes`` the file becomes ``path.1`` (``path.1`` becomes ``path.2`` …,
     ``keep`` old files at most) and a new file starts with a header marked
-    ``"continues": true``, ``t`` continuing.
+    ``"continues": true``, ``t`` continuing.  ``last_id`` is the highest
+    request ``id`` in the continued file (0 for a new one), so that a recorder
+    continuing it numbers its requests on from there: ids are unique per file.
     """
 
     def __init__(
@@ -243,6 +322,8 @@ class TranscriptWriter:
             "started": _rfc3339(wall()),
         }
         self._offset = 0.0
+        # The highest request id in the file continued: the recorder's ids go on from it.
+        self.last_id = 0
         self.appended = self._continue_existing()
         self._base = monotonic()
         self._file: IO[str] | None = open(path, "a", encoding="utf-8")  # noqa: SIM115
@@ -250,18 +331,28 @@ class TranscriptWriter:
             self._write_line(self._header)
 
     def _continue_existing(self) -> bool:
-        """Continue a transcript of the same side and instance; rotate anything else away."""
+        """Continue a transcript of the same side and instance; rotate anything else away.
+
+        A last line cut short (the writer was killed, or the disk filled, mid-line)
+        is cut off first, so that the records appended after it stay readable.
+        """
         if not os.path.exists(self.path):
             return False
+        header: Any = None
+        last_t = 0.0
         try:
-            with open(self.path, encoding="utf-8") as f:
-                header = json.loads(f.readline())
-                last_t = 0.0
-                for line in f:
-                    try:
-                        last_t = float(json.loads(line).get("t", last_t))
-                    except (ValueError, AttributeError, TypeError):
-                        continue
+            with open(self.path, "rb") as f:
+                lines = f.read().split(b"\n")
+            torn = lines.pop()  # b"" when the file ends with its newline
+            header = json.loads(lines[0].decode("utf-8")) if lines else None
+            for line in lines[1:]:
+                try:
+                    value = json.loads(line.decode("utf-8"))
+                    last_t = float(value.get("t", last_t))
+                except (ValueError, AttributeError, TypeError):
+                    continue
+                if value.get("kind") in _ID_KINDS and isinstance(value.get("id"), int):
+                    self.last_id = max(self.last_id, value["id"])
         except (OSError, ValueError, UnicodeDecodeError):
             header = None
         same = (
@@ -273,9 +364,13 @@ class TranscriptWriter:
             )
         )
         if not same:
+            self.last_id = 0
             self._rotate_files()
             return False
         assert isinstance(header, dict)
+        if torn:
+            with open(self.path, "r+b") as f:
+                f.truncate(os.path.getsize(self.path) - len(torn))
         self._header["started"] = header.get("started", self._header["started"])
         started = _parse_rfc3339(str(header.get("started", "")))
         since = self._wall() - started if started is not None else 0.0
@@ -373,16 +468,14 @@ _REQUIRED: dict[str, dict[str, tuple[type, ...]]] = {
 _DATA_KINDS = frozenset({"ring-read", "ring-write", "serial-in", "serial-out"})
 
 
-def _lines(source: str | Iterable[str]) -> tuple[str, Iterator[str]]:
+def _lines(source: str | Iterable[str]) -> tuple[str, Iterator[str | bytes]]:
     if isinstance(source, str):
         name = os.path.basename(source)
         try:
-            with open(source, encoding="utf-8") as f:
-                return name, iter(f.read().splitlines())
+            with open(source, "rb") as f:
+                return name, iter(f.read().split(b"\n"))
         except OSError as e:
             raise TranscriptError(name, 0, f"cannot read it: {e.strerror or e}") from None
-        except UnicodeDecodeError as e:
-            raise TranscriptError(name, 0, f"not UTF-8 text ({e})") from None
     return "<lines>", iter(source)
 
 
@@ -452,7 +545,11 @@ def read_transcript(source: str | Iterable[str]) -> Transcript:
     name, lines = _lines(source)
     header: dict[str, Any] | None = None
     entries: list[Entry] = []
-    for number, line in enumerate(lines, start=1):
+    for number, raw in enumerate(lines, start=1):
+        try:
+            line = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        except UnicodeDecodeError as e:
+            raise TranscriptError(name, number, f"not UTF-8 text ({e})") from None
         if not line.strip():
             continue
         try:

@@ -27,6 +27,7 @@ from vmready.recording import EVENTS_PATH
 from vmready.transcript import (
     DEFAULT_KEEP,
     DEFAULT_MAX_BYTES,
+    PemRedactor,
     TranscriptWriter,
     body_fields,
     data_fields,
@@ -54,15 +55,19 @@ class AgentRecorder:
             max_bytes=max_bytes,
             keep=keep,
         )
-        self._next_id = 0
+        # Ids go on from the continued file's (a second --record to the same file).
+        self._next_id = self.writer.last_id
+        # One per stream: a PEM block split across chunks is redacted whole.
+        self._in = PemRedactor()
+        self._out = PemRedactor()
 
     def serial_in(self, data: bytes) -> None:
         """Bytes the agent read from its port (the host's CONNECT lines)."""
-        self.writer.write("serial-in", **data_fields(data))
+        self.writer.write("serial-in", **data_fields(data, self._in))
 
     def serial_out(self, data: bytes) -> None:
         """Bytes the agent wrote to its port (STARTED, CONNECTED, STOPPED)."""
-        self.writer.write("serial-out", **data_fields(data))
+        self.writer.write("serial-out", **data_fields(data, self._out))
 
     def host_request(self, method: str, path: str, body: bytes) -> int:
         """A request to the host's guest API; returns its id."""
