@@ -441,7 +441,255 @@ class CommandLineTests(SynchronousTestCase):
         self.assertTrue(lines[0].startswith("t=0.000s line 2: state "), lines[0])
         self.assertTrue(lines[-1].startswith("transcript boot-to-ready.jsonl matched"))
 
+    def test_aBadHeaderExitsTwoNamingLineOne(self) -> None:
+        lines = with_header(lines_of("boot-to-ready.jsonl"), host_port="abc")
+        path = self.write(lines)
+        code, out, err = self.run_replay(path)
+        self.assertEqual((code, out), (2, ""))
+        self.assertIn(f'transcript {os.path.basename(path)} line 1: "host_port"', err)
+
+    def test_aRotatedAwayStartExitsTwo(self) -> None:
+        lines = lines_of("boot-to-ready.jsonl")
+        header = {**json.loads(lines[0]), "continues": True, "t": 1.2}
+        lines = [json.dumps(header), *lines[1:8], json.dumps(header), *lines[8:]]
+        code, _, err = self.run_replay(self.write(lines))
+        self.assertEqual(code, 2)
+        self.assertIn("the start of this session was rotated away", err)
+
+    def test_realtimeRefusesABadHeaderToo(self) -> None:
+        lines = with_header(lines_of("boot-to-ready.jsonl"), config="x")
+        code, _, err = self.run_replay("--realtime", self.write(lines))
+        self.assertEqual(code, 2)
+        self.assertIn('line 1: "config" must be an object', err)
+
     def test_aMissingFileExitsTwo(self) -> None:
         code, _, err = self.run_replay("/nonexistent/x.jsonl")
         self.assertEqual(code, 2)
         self.assertIn("x.jsonl line 0: cannot read it", err)
+
+
+def sync(metadata: Any) -> str:
+    """A guest API answer's body, as the host serialises it."""
+    envelope = {
+        "type": "sync",
+        "status": "Success",
+        "status_code": 200,
+        "operation": "",
+        "error_code": 0,
+        "error": "",
+        "metadata": metadata,
+    }
+    return json.dumps(envelope) + "\n"
+
+
+def record(t: float, kind: str, **fields: Any) -> str:
+    return json.dumps({"t": t, "kind": kind, **fields})
+
+
+def with_header(lines: list[str], **changes: Any) -> list[str]:
+    """The lines with the header's fields changed."""
+    header = json.loads(lines[0])
+    header.update(changes)
+    return [json.dumps(header), *lines[1:]]
+
+
+class ComparedTests(SynchronousTestCase):
+    """What the host answers and does is compared in full, to the end."""
+
+    def test_anAlteredResponseBodyDivergesNamingItsLine(self) -> None:
+        def change(record: dict[str, Any]) -> bool:
+            if record["kind"] != "guest-response" or record.get("stream"):
+                return False
+            record["body"] = record["body"].replace('"Started"', '"Stopped"')
+            return True
+
+        lines, line = altered("boot-to-ready.jsonl", change)
+        result = replay(lines)
+        assert result.divergence is not None, result.describe()
+        self.assertEqual(result.divergence.line, line)
+        self.assertTrue(result.divergence.expected.endswith(" to GET /1.0"))
+
+    def test_aLongBodyShowsItsFirstDifferenceOnBothSides(self) -> None:
+        def change(record: dict[str, Any]) -> bool:
+            if record["kind"] != "guest-response" or record.get("stream"):
+                return False
+            record["body"] = record["body"].replace('"Started"', '"Stopped"')
+            return True
+
+        lines, _ = altered("boot-to-ready.jsonl", change)
+        divergence = replay(lines).divergence
+        assert divergence is not None
+        # The bodies only differ past the first 160 characters: a window shows where.
+        self.assertIn('\\"state\\": \\"St⟨o⟩pped\\"}}\\n"', divergence.expected)
+        self.assertIn('\\"state\\": \\"St⟨a⟩rted\\"}}\\n"', divergence.got)
+        self.assertTrue(divergence.expected.startswith("…"), divergence.expected)
+        self.assertTrue(divergence.expected.endswith(" to GET /1.0"), divergence.expected)
+        self.assertNotEqual(divergence.expected.split(" to ")[0], divergence.got)
+        for text in (divergence.expected, divergence.got):
+            self.assertLess(len(text), 120, text)
+
+    def test_aHostActionAfterTheLastRecordIsReported(self) -> None:
+        # Cut after the agent connected: the host, hearing nothing more, takes it as
+        # stopped (here after a second of silence) — after the last record.
+        lines = lines_of("boot-to-ready.jsonl")
+        header = json.loads(lines[0])
+        lines = with_header(lines, poll={**header["poll"], "silence_timeout": 1.0})
+        line, _ = first_line(lines, lambda r: r.get("action") == "instance-agent-connected")
+        result = replay(lines[:line])
+        assert result.divergence is not None, result.describe()
+        self.assertEqual(result.divergence.expected, "nothing more")
+        self.assertTrue(
+            result.divergence.got.startswith("state instance-agent-stopped "),
+            result.divergence.got,
+        )
+        self.assertGreater(result.divergence.t, json.loads(lines[line - 1])["t"])
+
+
+class AgentSideTests(SynchronousTestCase):
+    """An agent's recording: the instance primed from its answers, restarts followed."""
+
+    def agent_lines(self, extra: list[str]) -> list[str]:
+        """boot-to-ready.agent.jsonl up to CONNECTED, then ``extra``, then STOPPED."""
+        lines = lines_of("boot-to-ready.agent.jsonl")
+        connected, _ = first_line(lines, lambda r: r.get("text") == "CONNECTED\n")
+        return [*lines[:connected], *extra, record(5.0, "serial-out", text="STOPPED\n")]
+
+    def test_configAndMetaDataAnswersArePrimedFromTheRecording(self) -> None:
+        uuid = "85aa3c18-49c6-4c36-aa87-c93da4de77d4"
+        lines = self.agent_lines(
+            [
+                record(1.0, "host-request", id=10, method="GET", path="/1.0/config", body=""),
+                record(
+                    1.01,
+                    "host-response",
+                    id=10,
+                    status=200,
+                    body=sync(
+                        [
+                            "/1.0/config/user.empty",
+                            "/1.0/config/user.greeting",
+                            "/1.0/config/user.meta-data",
+                        ]
+                    ),
+                ),
+                record(
+                    1.1,
+                    "host-request",
+                    id=11,
+                    method="GET",
+                    path="/1.0/config/user.greeting",
+                    body="",
+                ),
+                record(1.11, "host-response", id=11, status=200, body=sync("hello")),
+                record(1.2, "host-request", id=12, method="GET", path="/1.0/meta-data", body=""),
+                record(
+                    1.21,
+                    "host-response",
+                    id=12,
+                    status=200,
+                    body=sync(f"instance-id: {uuid}\nlocal-hostname: web1\nfoo: bar\n"),
+                ),
+            ]
+        )
+        result = replay(lines)
+        self.assertTrue(result.matched, result.describe())
+        self.assertEqual(result.compared["http"], 5)
+
+    def test_whatTheHostDecidesIsStillCompared(self) -> None:
+        # limits.* are not the guest's to read: the host refuses, whatever was recorded.
+        lines = self.agent_lines(
+            [
+                record(
+                    1.0,
+                    "host-request",
+                    id=10,
+                    method="GET",
+                    path="/1.0/config/limits.memory",
+                    body="",
+                ),
+                record(1.01, "host-response", id=10, status=200, body=sync("128")),
+            ]
+        )
+        result = replay(lines)
+        assert result.divergence is not None, result.describe()
+        self.assertEqual(result.divergence.line, len(lines) - 1)
+        self.assertTrue(result.divergence.got.startswith("HTTP 403 "), result.divergence.got)
+
+    def test_aDaemonRestartStopsTheOldCoreWhenTheAgentLostIt(self) -> None:
+        # The daemon went away after the agent connected: the agent's events stream
+        # ended, it says STARTED again (unanswered) until a new daemon's CONNECT: one
+        # as the new daemon adopts the VM, one answering the STARTED it reads then.
+        lines = self.agent_lines(
+            [
+                record(2.0, "serial-out", text="STARTED\n"),
+                record(3.0, "serial-in", text="CONNECT 2:555\nCONNECT 2:555\n"),
+                record(3.1, "serial-out", text="CONNECTED\n"),
+            ]
+        )
+        result = replay(lines)
+        self.assertTrue(result.matched, result.describe())
+        self.assertEqual(result.compared["ring-write"], 3)
+
+
+class HeaderTests(SynchronousTestCase):
+    """A header the core cannot be built from is refused, naming line 1."""
+
+    def refusal(self, lines: list[str]) -> TranscriptError:
+        error: TranscriptError = self.assertRaises(TranscriptError, replay, lines)
+        return error
+
+    def assertRefusedHeader(self, expected: str, **changes: Any) -> None:
+        error = self.refusal(with_header(lines_of("boot-to-ready.jsonl"), **changes))
+        self.assertEqual(error.line, 1)
+        self.assertIn(expected, str(error))
+
+    def test_aConfigThatIsNotAnObject(self) -> None:
+        self.assertRefusedHeader("line 1: \"config\" must be an object, got 'x'", config="x")
+
+    def test_aHostPortThatIsNotANumber(self) -> None:
+        self.assertRefusedHeader(
+            "line 1: \"host_port\" must be a port number, got 'abc'", host_port="abc"
+        )
+
+    def test_anInvalidConfigValue(self) -> None:
+        self.assertRefusedHeader('line 1: "config": ', config={"limits.memory": "abc"})
+
+    def test_aUuidThatIsNotAString(self) -> None:
+        self.assertRefusedHeader('line 1: "uuid" must be a string', uuid=7)
+
+    def test_aTimeThatIsNotANumberNamesItsLine(self) -> None:
+        for bad in ("NaN", "Infinity"):
+            lines = lines_of("boot-to-ready.jsonl")
+            lines[4] = '{"t": ' + bad + ', "kind": "ring-read", "text": ""}'
+            error = self.refusal(lines)
+            self.assertEqual(error.line, 5)
+            self.assertIn('line 5: "t" must be seconds', str(error))
+
+
+class RotatedTests(SynchronousTestCase):
+    """Joined rotated files: one session from its start, or refused clearly."""
+
+    def joined(self, second: dict[str, Any]) -> list[str]:
+        lines = lines_of("boot-to-ready.jsonl")
+        header = json.loads(lines[0])
+        return [lines[0], *lines[1:8], json.dumps({**header, **second}), *lines[8:]]
+
+    def test_joinedFilesReplay(self) -> None:
+        result = replay(self.joined({"continues": True, "t": 1.2}))
+        self.assertTrue(result.matched, result.describe())
+
+    def test_aSessionWhoseStartWasRotatedAwayIsRefused(self) -> None:
+        lines = self.joined({"continues": True, "t": 1.2})
+        lines = with_header(lines, continues=True, t=0.5)
+        error = self.assertRaises(TranscriptError, replay, lines)
+        self.assertEqual(error.line, 1)
+        self.assertIn("the start of this session was rotated away", str(error))
+        self.assertIn("--record-keep", str(error))
+        self.assertNotIn("cat NAME.jsonl", str(error))
+
+    def test_aContinuationOfAnotherInstanceIsRefused(self) -> None:
+        other = "0b7c1b2e-0000-4000-8000-000000000001"
+        lines = self.joined({"continues": True, "t": 1.2, "uuid": other})
+        error = self.assertRaises(TranscriptError, replay, lines)
+        self.assertEqual(error.line, 9)
+        self.assertIn(f"a header of another instance named 'web1' (uuid {other}", str(error))

@@ -1096,40 +1096,20 @@ def _replayed_line(entry: Any) -> str:
 
 async def _cmd_replay(reactor: Any, output: Output, args: argparse.Namespace) -> int:
     """``vmready replay FILE``: runs in this process; the daemon is not involved."""
-    from twisted.internet.task import deferLater
-
-    from vmready.replay import ReplaySession
-    from vmready.transcript import TranscriptError, read_transcript
+    from vmready.replay import replay, replay_realtime
+    from vmready.transcript import TranscriptError
 
     try:
-        transcript = read_transcript(args.file)
-        if transcript.header.get("continues"):
-            raise TranscriptError(
-                transcript.source,
-                1,
-                "this file continues a rotated transcript mid-session; replay it joined to "
-                "the files before it (cat NAME.jsonl.2 NAME.jsonl.1 NAME.jsonl > whole.jsonl)",
+        if args.realtime:
+            # Each record at its recorded time: wait, replay it, then say it.
+            result = await replay_realtime(
+                args.file, reactor, lambda entry: output.line(_replayed_line(entry))
             )
+        else:
+            result = replay(args.file)
     except TranscriptError as e:
         output.error(str(e))
         return EXIT_USAGE
-    session = ReplaySession(transcript)
-    try:
-        session.begin()
-        started = reactor.seconds() if args.realtime else 0.0
-        for entry in session.records:
-            if args.realtime:
-                # Each record at its recorded time: wait, replay it, then say it.
-                delay = started + entry.t - reactor.seconds()
-                if delay > 0:
-                    await deferLater(reactor, delay, lambda: None)
-            session.play(entry)
-            if args.realtime:
-                output.line(_replayed_line(entry))
-        session.finish()
-        result = session.result()
-    finally:
-        session.close()
     output.line(result.describe())
     return EXIT_OK if result.matched else EXIT_FAILED
 

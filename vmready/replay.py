@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import shutil
 import tempfile
+import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -45,7 +47,13 @@ from vmready.agentlink import PollIntervals
 from vmready.events import LIFECYCLE, Event, EventBus
 from vmready.guestapi import GuestAPI
 from vmready.hypervisor import RunningVM, VMSpec
-from vmready.lifecycle import GuestLink, Lifecycle, agent_chardev, validate_config
+from vmready.lifecycle import (
+    GuestLink,
+    Lifecycle,
+    agent_chardev,
+    validate_config,
+    validate_name,
+)
 from vmready.model import InstanceRecord, VMReadyError
 from vmready.qemu_cmdline import CURRENT_LAYOUT, SERIAL_LAYOUTS, build_command_line
 from vmready.qmp import QMPClientProtocol
@@ -54,6 +62,7 @@ from vmready.ringbuffer import parse_connect
 from vmready.states import PowerState, TaskState, VMState
 from vmready.store import Store
 from vmready.transcript import (
+    FORMAT,
     Entry,
     Transcript,
     TranscriptError,
@@ -65,7 +74,15 @@ from vmready.transcript import (
     redact_json,
 )
 
-__all__ = ["Divergence", "ReplayResult", "ReplaySession", "guest_power_action", "replay"]
+__all__ = [
+    "Divergence",
+    "ReplayResult",
+    "ReplaySession",
+    "guest_power_action",
+    "open_session",
+    "replay",
+    "replay_realtime",
+]
 
 # After the last record: how long the host may still act on what it was fed.
 _SETTLE_SECONDS = 3.0
@@ -75,6 +92,12 @@ _MAX_STEPS = 1_000_000
 _FIXED_UUID = "00000000-0000-4000-8000-000000000000"
 _SERVER_PEM = b"replay: no certificate\n"
 _BODY_FIELDS = ("body", "body_b64", "body_length", "truncated")
+# A divergence's texts: whole up to this length; past it, a window around the first
+# differing character, this many characters either side.
+_TEXT_LIMIT = 160
+_WINDOW = 40
+_CONFIG_PREFIX = "/1.0/config/"
+_META_DATA_PATH = "/1.0/meta-data"
 
 
 @attrs.frozen
@@ -143,8 +166,32 @@ def _quoted(data: bytes) -> str:
     return json.dumps(data.decode("utf-8", "replace"))
 
 
-def _short(text: str, limit: int = 160) -> str:
+def _short(text: str, limit: int = _TEXT_LIMIT) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _contrast(expected: str, got: str) -> tuple[str, str]:
+    """Both texts, short enough for one line, with their first difference visible.
+
+    Texts that differ early are cut at ``_TEXT_LIMIT``; otherwise each becomes
+    ``…<_WINDOW characters before>⟨first differing character⟩<_WINDOW after>…``.
+    """
+    if len(expected) <= _TEXT_LIMIT and len(got) <= _TEXT_LIMIT:
+        return expected, got
+    index = next(
+        (i for i, (a, b) in enumerate(zip(expected, got, strict=False)) if a != b),
+        min(len(expected), len(got)),
+    )
+    if index < _TEXT_LIMIT - _WINDOW:
+        return _short(expected), _short(got)
+
+    def window(text: str) -> str:
+        start = index - _WINDOW
+        after = text[index + 1 : index + 1 + _WINDOW]
+        tail = "…" if index + 1 + _WINDOW < len(text) else ""
+        return f"…{text[start:index]}⟨{text[index : index + 1]}⟩{after}{tail}"
+
+    return window(expected), window(got)
 
 
 def _normalised(value: Any) -> Any:
@@ -159,8 +206,13 @@ def _answer_text(status: int, fields: dict[str, Any] | None) -> str:
     if fields is None:
         return f"HTTP {status} (event stream)"
     body = fields.get("body")
-    shown = json.dumps(body) if isinstance(body, str) else "<binary body>"
-    return _short(f"HTTP {status} {shown}")
+    if isinstance(body, str):
+        shown = json.dumps(body)
+    else:
+        shown = f"<binary body, base64 {fields.get('body_b64', '')}>"
+    if fields.get("truncated"):
+        shown += f" (cut, {fields.get('body_length')} bytes)"
+    return f"HTTP {status} {shown}"
 
 
 class _ScriptedRing(RingBuffer):
@@ -253,6 +305,11 @@ class ReplaySession:
         self.header = transcript.header
         self.side = transcript.side
         self.name = str(self.header["instance"])
+        _check_records(transcript)
+        self.config = self._checked_header()
+        self.uuid = str(self.header.get("uuid") or _FIXED_UUID)
+        if self.side == "agent":
+            self._prime_from_answers()
         self.clock = clock if clock is not None else Clock()
         self._base = tempfile.mkdtemp(prefix="vmready-replay-")
         self.store = Store.open(":memory:", clock=self.clock.seconds)
@@ -275,6 +332,8 @@ class ReplaySession:
         self._answers: dict[int, _Output] = {}
         self._pending_requests: list[Deferred[Any]] = []
         self._serial_in = b""
+        # Agent side: the recorded agent lost its host, so the replayed core is down.
+        self._core_down = False
         layout = str(self.header.get("layout", CURRENT_LAYOUT.name))
         self.layout = SERIAL_LAYOUTS.get(layout, CURRENT_LAYOUT)
         self.intervals = self._intervals()
@@ -330,24 +389,102 @@ class ReplaySession:
             if wired.chardev == chardev:
                 self.guest = vm.connect_guest(wired.name)
 
-    def _config(self) -> dict[str, str]:
-        config = self.header.get("config") or {}
-        wanted = {str(k): str(v) for k, v in config.items() if not str(k).startswith("vmready.")}
-        return validate_config(wanted)
+    def _bad_header(self, message: str) -> TranscriptError:
+        return TranscriptError(self.transcript.source, 1, message)
+
+    def _checked_header(self) -> dict[str, str]:
+        """The header's fields the core is built from, checked: TranscriptError if not usable."""
+        header = self.header
+        if self.side == "host":
+            try:
+                validate_name(self.name)
+            except VMReadyError as e:
+                raise self._bad_header(f'"instance": {e}') from None
+        config = header.get("config")
+        if config is None:
+            config = {}
+        if not isinstance(config, dict):
+            raise self._bad_header(f'"config" must be an object, got {config!r}')
+        port = header.get("host_port")
+        if port is not None and (
+            not isinstance(port, int) or isinstance(port, bool) or not 0 <= port < 2**32
+        ):
+            raise self._bad_header(f'"host_port" must be a port number, got {port!r}')
+        for field in ("uuid", "origin", "layout"):
+            value = header.get(field)
+            if value is not None and not isinstance(value, str):
+                raise self._bad_header(f'"{field}" must be a string, got {value!r}')
+        wanted = {str(k): v for k, v in config.items() if not str(k).startswith("vmready.")}
+        try:
+            return validate_config(wanted)
+        except VMReadyError as e:
+            raise self._bad_header(f'"config": {e}') from None
+
+    def _prime_from_answers(self) -> None:
+        """Agent side: the instance as the host's recorded answers show it.
+
+        The agent's header does not say how the instance was configured: its
+        successful ``GET /1.0/config/<key>`` answers give those values (keys only
+        listed by ``GET /1.0/config`` are set empty), its ``GET /1.0/meta-data``
+        answer the uuid, the name and ``user.meta-data``.  Everything else the
+        host answers is still compared as recorded.
+        """
+        requests = {e.fields["id"]: e for e in self.transcript.entries if e.kind == "host-request"}
+        config: dict[str, str] = {}
+        listed: set[str] = set()
+        for entry in self.transcript.entries:
+            request = requests.get(entry.fields.get("id"))
+            if entry.kind != "host-response" or request is None:
+                continue
+            if entry.fields["status"] != 200 or request.fields["method"] != "GET":
+                continue
+            if entry.fields.get("truncated") or not isinstance(entry.fields.get("body"), str):
+                continue
+            try:
+                metadata = json.loads(entry.fields["body"]).get("metadata")
+            except (ValueError, AttributeError):
+                continue
+            path = urllib.parse.urlsplit(str(request.fields["path"])).path
+            if path.startswith(_CONFIG_PREFIX) and isinstance(metadata, str):
+                config[urllib.parse.unquote(path[len(_CONFIG_PREFIX) :])] = metadata
+            elif path == "/1.0/config" and isinstance(metadata, list):
+                listed.update(
+                    str(url)[len(_CONFIG_PREFIX) :]
+                    for url in metadata
+                    if str(url).startswith(_CONFIG_PREFIX)
+                )
+            elif path == _META_DATA_PATH and isinstance(metadata, str):
+                head, _, extra = metadata.partition("\n")
+                host, _, extra = extra.partition("\n")
+                if head.startswith("instance-id: ") and host.startswith("local-hostname: "):
+                    self.uuid = head[len("instance-id: ") :]
+                    self.name = host[len("local-hostname: ") :]
+                    if extra:
+                        config["user.meta-data"] = extra
+        for key in listed:
+            config.setdefault(key, "")
+        try:
+            self.config = validate_config(
+                {k: v for k, v in config.items() if k.startswith(("user.", "cloud-init."))}
+            )
+        except VMReadyError as e:
+            raise self._bad_header(
+                f"the recorded config answers cannot be replayed: {e}"
+            ) from None
 
     def _start(self) -> None:
         if self.side == "agent":
             port = self._first_agent_port()
-            self._build_core(port).create(self.name, {}, _FIXED_UUID)
+            self._build_core(port).create(self.name, self.config, self.uuid)
             return
         port = int(self.header.get("host_port") or 0)
-        instance_uuid = str(self.header.get("uuid") or _FIXED_UUID)
+        instance_uuid = self.uuid
         if self.header.get("origin", "create") == "create":
-            self._build_core(port).create(self.name, self._config(), instance_uuid)
+            self._build_core(port).create(self.name, self.config, instance_uuid)
             return
         # A session that began with a running VM (recorded from a daemon start): boot it
         # unrecorded, then let a fresh core adopt it as a starting daemon does.
-        self.store.create_instance(self.name, self._config(), {}, instance_uuid)
+        self.store.create_instance(self.name, self.config, {}, instance_uuid)
         self.store.finish_task(self.name, TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING)
         lifecycle = self._build_core(port)
         record = self.store.get_instance(self.name)
@@ -359,13 +496,50 @@ class ReplaySession:
 
     def _restart(self, port: int) -> None:
         """The daemon restarts: the old core lets go, a new one recovers on the same store."""
-        old = self.lifecycle
-        if old is not None:
-            old.shutdown()
-            self._settle()
+        self._stop_core()
+        self._core_down = False
         lifecycle = self._build_core(port)
         Deferred.fromCoroutine(lifecycle.recover())
         self._settle()
+
+    def _stop_core(self) -> None:
+        """The daemon goes away: its core lets go of the VM (which keeps running)."""
+        if self.lifecycle is not None and not self._core_down:
+            self.lifecycle.shutdown()
+            self._settle()
+        self._core_down = True
+
+    def _host_lost(self, entry: Entry) -> bool:
+        """Agent side: whether the agent's ``serial-out`` at ``entry`` shows its host is gone.
+
+        The agent writes ``STARTED`` again, after ``CONNECTED``, once its held
+        ``/1.0/events`` stream ended: the daemon went away when the next CONNECT the
+        agent read names another port (a new daemon), or when none follows at all.
+        """
+        if self._core_down or self.port == 0:
+            return False
+        written = data_from_fields(entry.fields).splitlines()
+        if b"STARTED" not in written or not self._connected_before(entry):
+            return False
+        for later in self.records:
+            if later.t < entry.t or later.kind != "serial-in":
+                continue
+            ports = self._connect_ports(data_from_fields(later.fields))
+            if ports:
+                return ports[0] != self.port
+        return True
+
+    def _connected_before(self, entry: Entry) -> bool:
+        """Whether the agent's last STARTED/CONNECTED line before ``entry`` was CONNECTED."""
+        last = b""
+        for earlier in self.records:
+            if earlier is entry:
+                break
+            if earlier.kind == "serial-out":
+                for line in data_from_fields(earlier.fields).splitlines():
+                    if line in (b"STARTED", b"CONNECTED"):
+                        last = line
+        return last == b"CONNECTED"
 
     def _first_agent_port(self) -> int:
         for entry in self.transcript.entries:
@@ -505,9 +679,11 @@ class ReplaySession:
             self._restart(int(entry.fields["port"]))
         elif self.side == "agent" and entry.kind == "serial-in":
             for port in self._connect_ports(data_from_fields(entry.fields)):
-                if port != self.port:
+                if port != self.port or self._core_down:
                     self._restart(port)
         else:
+            if self.side == "agent" and entry.kind == "serial-out" and self._host_lost(entry):
+                self._stop_core()
             self._feed(entry)
 
     def finish(self) -> None:
@@ -518,12 +694,18 @@ class ReplaySession:
             self._run_until(self.clock.seconds() + 0.1)
         self._run_until(max(self.clock.seconds(), last) + _SETTLE_SECONDS)
 
-    def steps(self) -> Iterator[Entry]:
-        """Replay record by record; yields each record once it was replayed."""
+    def walk(self, on_step: Callable[[Entry], None] | None = None) -> Iterator[float]:
+        """Replay record by record: yields each record's time before replaying it.
+
+        The caller may wait until then (``--realtime``); ``on_step`` is told of
+        each record once it was replayed.
+        """
         self.begin()
         for entry in self.records:
+            yield entry.t
             self.play(entry)
-            yield entry
+            if on_step is not None:
+                on_step(entry)
         self.finish()
 
     def _feed(self, entry: Entry) -> None:
@@ -593,8 +775,7 @@ class ReplaySession:
     def close(self) -> None:
         """Let go of everything (nothing real runs; only the temporary run dir remains)."""
         if self.lifecycle is not None:
-            self.lifecycle.shutdown()
-            self._settle()
+            self._stop_core()
             self.lifecycle.operations.stop()
         for call in self.clock.getDelayedCalls():
             if call.active():
@@ -677,24 +858,15 @@ class ReplaySession:
                     continue
                 if want is None:
                     assert have is not None
-                    divergences.append(Divergence(have.t, None, "nothing more", have.text))
+                    divergences.append(Divergence(have.t, None, "nothing more", _short(have.text)))
                     break
-                got_text = have.text if have is not None else f"no {channel}"
+                want_text, got_text = _contrast(
+                    want.text, have.text if have is not None else f"no {channel}"
+                )
                 if channel == "http":
                     request = requests[want.key[0]]
-                    label = f"{request.fields['method']} {request.fields['path']}"
-                    divergences.append(
-                        Divergence(
-                            want.entry.t,
-                            want.entry.line,
-                            f"{want.text} to {label}",
-                            got_text,
-                        )
-                    )
-                else:
-                    divergences.append(
-                        Divergence(want.entry.t, want.entry.line, want.text, got_text)
-                    )
+                    want_text += f" to {request.fields['method']} {request.fields['path']}"
+                divergences.append(Divergence(want.entry.t, want.entry.line, want_text, got_text))
                 break
         divergence = min(divergences, key=lambda d: d.t, default=None)
         return ReplayResult(
@@ -732,11 +904,96 @@ def guest_power_action(entry: Entry) -> str | None:
 
 
 def _operator_text(action: str, params: Any) -> str:
-    return _short(f"operator {action} {json.dumps(params, sort_keys=True)}")
+    return f"operator {action} {json.dumps(params, sort_keys=True)}"
 
 
 def _state_text(action: str, context: dict[str, Any]) -> str:
-    return _short(f"state {action} {json.dumps(context, sort_keys=True)}")
+    return f"state {action} {json.dumps(context, sort_keys=True)}"
+
+
+def _check_records(transcript: Transcript) -> None:
+    """What the reader lets through but a replay cannot use: a time that is not a number."""
+    for entry in transcript.entries:
+        if not math.isfinite(entry.t):
+            raise TranscriptError(
+                transcript.source,
+                entry.line,
+                f'"t" must be seconds (0 or more), got {entry.t!r}',
+            )
+
+
+def _headers(source: str | list[str]) -> list[tuple[int, dict[str, Any]]]:
+    """Each header in the file (several where rotated files were joined), with its line."""
+    if isinstance(source, str):
+        try:
+            with open(source, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except (OSError, UnicodeDecodeError):
+            return []
+    else:
+        lines = source
+    found = []
+    for number, line in enumerate(lines, start=1):
+        if '"format"' not in line:
+            continue
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict) and value.get("format") == FORMAT:
+            found.append((number, value))
+    return found
+
+
+def _check_joined(transcript: Transcript, headers: list[tuple[int, dict[str, Any]]]) -> None:
+    """Refuse a session whose start is not in the file, or files of two instances joined."""
+    first = headers[0][1] if headers else transcript.header
+    uuid = first.get("uuid")
+    for number, header in headers[1:]:
+        if uuid is not None and header.get("uuid") is not None and header["uuid"] != uuid:
+            raise TranscriptError(
+                transcript.source,
+                number,
+                f"a header of another instance named {transcript.header['instance']!r} "
+                f"(uuid {header['uuid']}, the session's is {uuid}: deleted and created "
+                "again?); join only the files of one session",
+            )
+    if not first.get("continues"):
+        return
+    if len(headers) > 1:
+        raise TranscriptError(
+            transcript.source,
+            1,
+            "the start of this session was rotated away (its oldest kept file continues "
+            "an older one; see --record-keep): it cannot be replayed",
+        )
+    raise TranscriptError(
+        transcript.source,
+        1,
+        "this file continues a rotated transcript mid-session; replay it joined to the "
+        "files before it (cat NAME.jsonl.2 NAME.jsonl.1 NAME.jsonl > whole.jsonl); if "
+        "none is left, the start of the session was rotated away (--record-keep) and it "
+        "cannot be replayed",
+    )
+
+
+def open_session(
+    source: str | Iterable[str] | Transcript, clock: Clock | None = None
+) -> ReplaySession:
+    """Read and check a transcript (a path, its lines, or a read ``Transcript``) for replay.
+
+    Raises ``TranscriptError`` (naming the file and line) for a malformed or
+    unsupported transcript, one whose start was rotated away, or a header the
+    core cannot be built from.
+    """
+    if isinstance(source, Transcript):
+        transcript, headers = source, []
+    else:
+        lines = source if isinstance(source, str) else list(source)
+        transcript = read_transcript(lines)
+        headers = _headers(lines)
+    _check_joined(transcript, headers)
+    return ReplaySession(transcript, clock)
 
 
 def replay(
@@ -748,19 +1005,34 @@ def replay(
 
     Raises ``TranscriptError`` for a malformed or unsupported transcript.
     """
-    transcript = source if isinstance(source, Transcript) else read_transcript(source)
-    if transcript.header.get("continues"):
-        raise TranscriptError(
-            transcript.source,
-            1,
-            "this file continues a rotated transcript mid-session; replay it joined to the "
-            "files before it (cat NAME.jsonl.2 NAME.jsonl.1 NAME.jsonl > whole.jsonl)",
-        )
-    session = ReplaySession(transcript, clock)
+    session = open_session(source, clock)
     try:
-        for entry in session.steps():
-            if on_step is not None:
-                on_step(entry)
+        for _ in session.walk(on_step):
+            pass
+        return session.result()
+    finally:
+        session.close()
+
+
+async def replay_realtime(
+    source: str | Iterable[str] | Transcript,
+    reactor: Any,
+    on_step: Callable[[Entry], None] | None = None,
+) -> ReplayResult:
+    """``replay`` at the recorded pace: each record waits for its time on ``reactor``.
+
+    Each record is replayed once ``reactor`` reached its recorded time (counted
+    from the call), then ``on_step`` is told of it.
+    """
+    from twisted.internet.task import deferLater
+
+    session = open_session(source)
+    try:
+        started = reactor.seconds()
+        for t in session.walk(on_step):
+            delay = started + t - reactor.seconds()
+            if delay > 0:
+                await deferLater(reactor, delay, lambda: None)
         return session.result()
     finally:
         session.close()
