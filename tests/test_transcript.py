@@ -119,6 +119,16 @@ class WriterTests(SynchronousTestCase):
         self.assertEqual(error.line, 3)
         self.assertIn("not UTF-8", error.message)
 
+    def test_nonFiniteTimeNamesItsLine(self) -> None:
+        writer = self.writer()
+        writer.write("ring-read", text="STARTED\n")
+        writer.close()
+        with open(self.path, "a") as f:
+            f.write('{"t": NaN, "kind": "ring-read", "text": "x"}\n')
+        error = self.assertRaises(TranscriptError, read_transcript, self.path)
+        self.assertEqual(error.line, 3)
+        self.assertIn('"t" must be seconds', error.message)
+
     def test_anotherInstancesTranscriptIsRotatedAway(self) -> None:
         with open(self.path, "w") as f:
             f.write(

@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import datetime
 import json
+import math
 import os
 import re
 import time
@@ -514,7 +515,7 @@ def _check_entry(source: str, number: int, side: str, value: Any) -> Entry:
     if not isinstance(value, dict):
         raise TranscriptError(source, number, "a record must be a JSON object")
     t = value.get("t")
-    if not isinstance(t, int | float) or isinstance(t, bool) or t < 0:
+    if not isinstance(t, int | float) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
         raise TranscriptError(source, number, f'"t" must be seconds (0 or more), got {t!r}')
     kind = value.get("kind")
     if kind not in _SIDES[side]:
