@@ -34,7 +34,6 @@ down at the end.  Figures only: nothing here passes or fails.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 import shutil
@@ -50,9 +49,9 @@ from typing import IO, Any, TypeVar
 from twisted.internet import reactor as installed_reactor
 from twisted.internet import task
 from twisted.internet.defer import Deferred, DeferredSemaphore, TimeoutError, gatherResults
-from twisted.logger import ILogObserver, LogEvent, LogLevel, formatEvent, globalLogPublisher
-from zope.interface import provider
+from twisted.logger import globalLogPublisher
 
+from benchmarks._measure import cpu_seconds, ms, nearest_rank, report, show_problems, sleep
 from fakeqemu._hostclient import HostClient, HostUnreachable
 from vmready.cli import Client, CommandError
 from vmready.daemon_tap import Options
@@ -82,12 +81,6 @@ T = TypeVar("T")
 # -- figures ------------------------------------------------------------------
 
 
-def nearest_rank(samples: Sequence[float], fraction: float) -> float:
-    """The nearest-rank percentile: the smallest sample with ``fraction`` of them at or below."""
-    ordered = sorted(samples)
-    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
-
-
 def proc_status_kib(pid: int, field: str) -> int:
     """A KiB field (``VmHWM``, ``VmRSS``) of /proc/<pid>/status."""
     with open(f"/proc/{pid}/status") as f:
@@ -95,16 +88,6 @@ def proc_status_kib(pid: int, field: str) -> int:
             if line.startswith(field + ":"):
                 return int(line.split()[1])
     raise RuntimeError(f"no {field} for pid {pid}")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time ``pid`` has used (its own, not its children's)."""
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        stat = f.read()
-    # Fields after the parenthesised command name start at field 3 (state).
-    fields = stat.rpartition(b")")[2].split()
-    utime, stime = int(fields[11]), int(fields[12])
-    return (utime + stime) / os.sysconf("SC_CLK_TCK")
 
 
 def open_fds(pid: int) -> int:
@@ -115,34 +98,6 @@ def open_fds(pid: int) -> int:
 def mib(kib: float) -> str:
     """KiB as a MiB figure."""
     return f"{kib / 1024:.1f} MiB"
-
-
-def ms(seconds: float) -> str:
-    """Seconds as a millisecond figure."""
-    return f"{seconds * 1000:.1f} ms"
-
-
-def report(line: str) -> None:
-    """One line of the benchmark's output."""
-    print(line, flush=True)
-
-
-@provider(ILogObserver)
-def show_problems(event: LogEvent) -> None:
-    """In-process vmready warnings and failures go to stderr; the rest is not shown."""
-    level = event.get("log_level")
-    namespace = str(event.get("log_namespace", ""))
-    if namespace.startswith("vmready") and level is not None and level >= LogLevel.warn:
-        text = formatEvent(event)
-        failure = event.get("log_failure")
-        if failure is not None:
-            text += "\n" + failure.getTraceback()
-        print(f"  [log] {text}", file=sys.stderr, flush=True)
-
-
-async def sleep(seconds: float) -> None:
-    """Let the reactor run for ``seconds``."""
-    await task.deferLater(reactor, seconds, lambda: None)
 
 
 async def timed(step: Awaitable[T]) -> tuple[float, T]:

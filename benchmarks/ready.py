@@ -77,7 +77,6 @@ import argparse
 import contextlib
 import glob
 import json
-import math
 import os
 import random
 import shutil
@@ -97,11 +96,8 @@ from twisted.internet.error import ProcessDone, ProcessTerminated
 from twisted.internet.protocol import ProcessProtocol
 from twisted.logger import (
     FilteringLogObserver,
-    ILogObserver,
-    LogEvent,
     LogLevel,
     LogLevelFilterPredicate,
-    formatEvent,
     globalLogBeginner,
     globalLogPublisher,
     textFileLogObserver,
@@ -112,8 +108,8 @@ from twisted.python.failure import Failure
 from twisted.web.iweb import IAgent
 from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
-from zope.interface import provider
 
+from benchmarks._measure import cpu_seconds, ms, nearest_rank, report, show_problems, sleep
 from fakeqemu._hostclient import HostClient, HostUnreachable
 from vmready.agent.config import AgentConfig, Transport, load_config
 from vmready.agent.core import HostAddress
@@ -158,20 +154,9 @@ Handler = Callable[..., Coroutine[Any, Any, Any]]
 # -- figures ------------------------------------------------------------------
 
 
-def nearest_rank(samples: Sequence[float], fraction: float) -> float:
-    """The nearest-rank percentile: the smallest sample with ``fraction`` of them at or below."""
-    ordered = sorted(samples)
-    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
-
-
 def plural(count: int, word: str) -> str:
     """``1 instance``, ``2 instances``."""
     return f"{count} {word}{'' if count == 1 else 's'}"
-
-
-def ms(seconds: float) -> str:
-    """Seconds as a millisecond figure."""
-    return f"{seconds * 1000:.1f} ms"
 
 
 def p50_p99(samples: Sequence[float]) -> str:
@@ -182,37 +167,6 @@ def p50_p99(samples: Sequence[float]) -> str:
         f"p50 {ms(nearest_rank(samples, 0.5))}, p99 {ms(nearest_rank(samples, 0.99))}, "
         f"max {ms(max(samples))}"
     )
-
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time ``pid`` has used (its own, not its children's)."""
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        stat = f.read()
-    fields = stat.rpartition(b")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def report(line: str = "") -> None:
-    """One line of the benchmark's output."""
-    print(line, flush=True)
-
-
-@provider(ILogObserver)
-def show_problems(event: LogEvent) -> None:
-    """In-process vmready warnings and failures go to stderr; the rest is not shown."""
-    level = event.get("log_level")
-    namespace = str(event.get("log_namespace", ""))
-    if namespace.startswith("vmready") and level is not None and level >= LogLevel.warn:
-        text = formatEvent(event)
-        failure = event.get("log_failure")
-        if failure is not None:
-            text += "\n" + failure.getTraceback()
-        print(f"  [log] {text}", file=sys.stderr, flush=True)
-
-
-async def sleep(seconds: float) -> None:
-    """Let the reactor run for ``seconds``."""
-    await task.deferLater(reactor, seconds, lambda: None)
 
 
 # -- child processes: a JSON line per command on stdin, a JSON line per answer on stdout ----

@@ -1,0 +1,63 @@
+"""What the benchmark scripts share: percentiles, CPU time, output, and the reactor's sleep.
+
+The scripts import it as ``benchmarks._measure``: they run from the checkout,
+whose root the editable install puts on ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from twisted.internet import reactor as installed_reactor
+from twisted.internet import task
+from twisted.logger import ILogObserver, LogEvent, LogLevel, formatEvent
+from zope.interface import provider
+
+reactor: Any = installed_reactor
+
+
+def nearest_rank(samples: Sequence[float], fraction: float) -> float:
+    """The nearest-rank percentile: the smallest sample with ``fraction`` of them at or below."""
+    ordered = sorted(samples)
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time ``pid`` has used (its own, not its children's)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    # Fields after the parenthesised command name start at field 3 (state).
+    fields = stat.rpartition(b")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def ms(seconds: float) -> str:
+    """Seconds as a millisecond figure."""
+    return f"{seconds * 1000:.1f} ms"
+
+
+def report(line: str = "") -> None:
+    """One line of the benchmark's output."""
+    print(line, flush=True)
+
+
+@provider(ILogObserver)
+def show_problems(event: LogEvent) -> None:
+    """In-process vmready warnings and failures go to stderr; the rest is not shown."""
+    level = event.get("log_level")
+    namespace = str(event.get("log_namespace", ""))
+    if namespace.startswith("vmready") and level is not None and level >= LogLevel.warn:
+        text = formatEvent(event)
+        failure = event.get("log_failure")
+        if failure is not None:
+            text += "\n" + failure.getTraceback()
+        print(f"  [log] {text}", file=sys.stderr, flush=True)
+
+
+async def sleep(seconds: float) -> None:
+    """Let the reactor run for ``seconds``."""
+    await task.deferLater(reactor, seconds, lambda: None)
