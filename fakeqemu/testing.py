@@ -75,8 +75,7 @@ class _ClientTransport(FakeTransport):
 
     @disconnecting.setter
     def disconnecting(self, value: bool) -> None:
-        # iosim's pump sets it when the peer closed: not this side's doing.
-        pass
+        """Ignored: iosim's pump sets it when the peer closed, which is not this side's doing."""
 
     def loseConnection(self) -> None:
         self._hung_up = True

@@ -7,7 +7,6 @@ import re
 from io import BytesIO
 from typing import Any
 
-import attrs
 from treq.testing import StubTreq
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
@@ -18,7 +17,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.server import Request
 from twisted.web.test.requesthelper import DummyChannel
 
-from tests.fixtures import STOP_TIMEOUT, make_lifecycle
+from tests.fixtures import STOP_TIMEOUT, Reply, make_lifecycle
 from vmready.api import MAX_BODY_BYTES, EventStream, OperatorAPI, read_json_body
 from vmready.events import Event
 from vmready.lifecycle import Lifecycle
@@ -30,20 +29,6 @@ from vmready.states import READY_KEY
 
 _RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
 _NO_BODY = object()
-
-
-@attrs.frozen
-class Reply:
-    """What a client sees of one response."""
-
-    code: int
-    body: Any
-    headers: dict[str, list[str]]
-
-    @property
-    def metadata(self) -> Any:
-        """The envelope's metadata."""
-        return self.body["metadata"]
 
 
 class _Lines(Protocol):

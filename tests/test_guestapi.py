@@ -10,7 +10,6 @@ import shutil
 import tempfile
 from typing import Any
 
-import attrs
 from OpenSSL import SSL
 from treq.client import HTTPClient
 from treq.testing import StubTreq
@@ -33,7 +32,7 @@ from twisted.web.client import (
 from twisted.web.iweb import IAgentEndpointFactory, IRequest
 from zope.interface import implementer
 
-from tests.fixtures import make_lifecycle
+from tests.fixtures import Reply, make_lifecycle
 from vmready.api import MAX_BODY_BYTES, EventStream
 from vmready.certs import CertificatePair, generate
 from vmready.events import LIFECYCLE, Event
@@ -64,20 +63,6 @@ _WEB2 = generate("web2")
 _STRANGER = generate("web1")
 # The header through which in-memory tests say who is calling (StubTreq has no TLS).
 _CALLER = b"X-Test-Caller"
-
-
-@attrs.frozen
-class Reply:
-    """What the guest sees of one response."""
-
-    code: int
-    body: Any
-    headers: dict[str, list[str]]
-
-    @property
-    def metadata(self) -> Any:
-        """The envelope's metadata."""
-        return self.body["metadata"]
 
 
 def _sync(metadata: Any) -> dict[str, Any]:

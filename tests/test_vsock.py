@@ -455,8 +455,7 @@ class HybridVSockTests(TestCase):
 
     async def test_portZeroSkipsRandomPortsWhoseFileExists(self) -> None:
         _stale_socket(f"{self.base}_4321")
-        with open(f"{self.base}_4322", "w"):
-            pass
+        open(f"{self.base}_4322", "w").close()
         candidates: Iterator[int] = iter([4321, 4322, 4323])
         self.patch(vsock, "_random_hybrid_port", lambda: next(candidates))
         port = await _listen(self, HybridVSockServerEndpoint(reactor, self.base))

@@ -338,7 +338,7 @@ class RecordingGuestResource:
         return self
 
     def putChild(self, path: bytes, child: IResource) -> None:
-        raise NotImplementedError("the guest API has fixed routes")
+        raise TypeError("the recorded guest API has fixed routes: add routes to GuestAPI")
 
     def render(self, irequest: IRequest) -> Any:
         request = cast(Request, irequest)

@@ -238,16 +238,16 @@ class _Hooks:
         self.session = session
 
     def ring_read(self, chunk: bytes) -> None:
-        pass
+        """Reads are the replay's input (it serves them from the transcript): not compared."""
 
     def ring_write(self, data: bytes) -> None:
         self.session.host_wrote(data)
 
     def qmp_event(self, name: str, data: dict[str, Any]) -> None:
-        pass
+        """QMP events are inputs (the guest's) or consequences compared as state: not here."""
 
     def operator_action(self, action: str, params: dict[str, Any]) -> None:
-        pass
+        """Operator actions are the replay's input: it performs them, so nothing to compare."""
 
 
 class _HookLookup:
@@ -1007,8 +1007,8 @@ def replay(
     """
     session = open_session(source, clock)
     try:
-        for _ in session.walk(on_step):
-            pass
+        for _entry in session.walk(on_step):
+            continue  # walking replays; the result is read once it is done
         return session.result()
     finally:
         session.close()

@@ -36,6 +36,7 @@ clients.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import errno
 import os
@@ -485,9 +486,8 @@ class HybridVSockServerEndpoint:
         if state is _PathState.STALE:
             _log.info("replacing stale hybrid vsock socket {path}", path=socket_path)
             try:
-                os.unlink(socket_path)
-            except FileNotFoundError:
-                pass
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(socket_path)
             except OSError as e:
                 raise error.CannotListenError("hvsock", socket_path, e) from e
         try:

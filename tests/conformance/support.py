@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -213,11 +214,8 @@ def launch_daemonized(
             pidfile,
         ],
     )
-    try:
-        with open(pidfile) as f:
-            workspace.pids.append(int(f.read().strip()))
-    except (OSError, ValueError):
-        pass
+    with contextlib.suppress(OSError, ValueError), open(pidfile) as f:
+        workspace.pids.append(int(f.read().strip()))
     return result
 
 

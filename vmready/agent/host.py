@@ -174,13 +174,13 @@ class BytesProducer:
         return succeed(None)
 
     def pauseProducing(self) -> None:
-        pass
+        """Nothing to pause: the whole body was written at once."""
 
     def resumeProducing(self) -> None:
-        pass
+        """Nothing to resume: the whole body was written at once."""
 
     def stopProducing(self) -> None:
-        pass
+        """Nothing to stop: the whole body was written at once."""
 
 
 def send_request(
