@@ -32,8 +32,9 @@ from typing import IO, Any, NamedTuple, TypeVar
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from vmready.configdrive import AGENT_CONFIG
 from vmready.daemon import GUEST_SOCKET_BASE
-from vmready.lifecycle import AGENT_CONFIG, CONFIG_DRIVE, run_dir_name
+from vmready.lifecycle import CONFIG_DRIVE, run_dir_name
 from vmready.states import READY_KEY
 
 __all__ = [

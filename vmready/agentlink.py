@@ -89,10 +89,13 @@ class AgentLink:
         ring_size: int,
         port: int,
         intervals: PollIntervals | None = None,
+        connect: bytes | None = None,
     ) -> None:
+        """``connect`` is the line to advertise (default: ``CONNECT 2:<port>``)."""
         self.name = name
         self.ring_size = ring_size
         self.port = port
+        self.connect_line = connect if connect is not None else format_connect(HOST_CID, port)
         self.intervals = intervals or PollIntervals()
         self.reader = RingBufferReader()
         self.vm_running = False
@@ -229,7 +232,7 @@ class AgentLink:
         return self.intervals.started
 
     def _connect(self) -> WriteConnect:
-        return WriteConnect(format_connect(HOST_CID, self.port))
+        return WriteConnect(self.connect_line)
 
 
 def _shortened(record: Noise | UndecodableLine | OverlongLine) -> object:

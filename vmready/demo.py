@@ -22,7 +22,7 @@ from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol
 from twisted.internet.task import deferLater, react
 
-from vmready.hypervisor import AGENT_PORT, AGENT_RING, VMSpec, accelerators_for_host
+from vmready.hypervisor import AGENT_PORT, AGENT_RING, VMSpec
 from vmready.qemu_cmdline import build_command_line
 from vmready.qmp import QMPClientProtocol, QMPEvent, connect_qmp
 from vmready.ringbuffer import AgentStatus, HostEcho, RingBufferReader, StatusLine, format_connect
@@ -46,7 +46,7 @@ def demo_spec(workdir: str, name: str) -> VMSpec:
 
 def fakeqemu_command(spec: VMSpec) -> list[str]:
     """The QEMU command line vmready gives a VM, run on fakeqemu."""
-    return build_command_line(spec, [sys.executable, "-m", "fakeqemu"], accelerators_for_host())
+    return build_command_line(spec, [sys.executable, "-m", "fakeqemu"])
 
 
 class ScriptedGuest(Protocol):

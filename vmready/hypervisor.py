@@ -81,6 +81,7 @@ __all__ = [
     "build_command_line",
     "error_lines",
     "gone_event",
+    "kvm_device_problem",
     "power_state_for",
     "read_log_lines",
     "vm_event_for",
@@ -220,14 +221,19 @@ def read_log_lines(spec: VMSpec, limit: int = _OUTPUT_CAP) -> list[str]:
     return error_lines(data.decode("utf-8", "replace"))
 
 
-def accelerators_for_host(device: str = "/dev/kvm") -> list[str]:
-    """``["kvm", "tcg"]`` where the KVM device opens for reading and writing, else ``["tcg"]``."""
+def kvm_device_problem(device: str = "/dev/kvm") -> str | None:
+    """Why KVM cannot be used here (``/dev/kvm`` does not open read-write), or None."""
     try:
         fd = os.open(device, os.O_RDWR | os.O_CLOEXEC)
-    except OSError:
-        return ["tcg"]
+    except OSError as e:
+        return f"{device} cannot be opened: {e.strerror}"
     os.close(fd)
-    return ["kvm", "tcg"]
+    return None
+
+
+def accelerators_for_host(device: str = "/dev/kvm") -> list[str]:
+    """``["kvm", "tcg"]`` where the KVM device opens for reading and writing, else ``["tcg"]``."""
+    return ["tcg"] if kvm_device_problem(device) else ["kvm", "tcg"]
 
 
 def _read_pidfile(path: str) -> int | None:
@@ -764,13 +770,12 @@ class HypervisorDriver:
                 "qemu": QEMU_PROGRAM,
             }[kind]
         )
-        self.accelerators: list[str] = accelerators_for_host()
 
     def command_line(
         self, spec: VMSpec, paused: bool = False, incoming: str | None = None
     ) -> list[str]:
         """The argv ``launch`` runs for ``spec``."""
-        return build_command_line(spec, self.program, self.accelerators, paused, incoming)
+        return build_command_line(spec, self.program, paused, incoming)
 
     async def launch(
         self, spec: VMSpec, paused: bool = False, incoming: str | None = None
