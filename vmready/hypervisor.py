@@ -352,6 +352,8 @@ class RunningVM:
     exit_grace = 10.0
     # How long a killed process may take to disappear.
     kill_timeout = DEFAULT_KILL_TIMEOUT
+    # Seconds between ACPI button presses while a clean stop waits.
+    powerdown_repeat = 5.0
 
     def __init__(
         self,
@@ -601,19 +603,42 @@ class RunningVM:
             else:
                 self.log.info("pressed the ACPI power button of {name}", name=self.spec.name)
         if may_go and not self._detached:
-            try:
-                remaining = max(0.0, deadline - timer.seconds())
-                await self.when_gone().addTimeout(remaining, timer)
-            except TimeoutError:
-                self.log.info(
-                    "VM {name} did not power off within {timeout}s; forcing it",
-                    name=self.spec.name,
-                    timeout=timeout,
-                )
-            else:
+            if await self._await_power_off(deadline, timer):
                 return "clean"
+            self.log.info(
+                "VM {name} did not power off within {timeout}s; forcing it",
+                name=self.spec.name,
+                timeout=timeout,
+            )
         await self._force(timer)
         return "forced"
+
+    async def _await_power_off(self, deadline: float, timer: IReactorTime) -> bool:
+        """Wait until the VM is gone or ``deadline``, pressing the button again now and then.
+
+        A guest that is still booting (or whose power daemon is not up yet)
+        drops the ACPI request without a trace, so one press is not enough.
+        """
+        while True:
+            remaining = deadline - timer.seconds()
+            if remaining <= 0:
+                return False
+            try:
+                await self.when_gone().addTimeout(min(remaining, self.powerdown_repeat), timer)
+            except TimeoutError:
+                pass
+            else:
+                return True
+            if deadline - timer.seconds() > 0 and self.qmp.is_open:
+                try:
+                    await self._execute(
+                        "system_powerdown", clock=timer, timeout=self.command_timeout
+                    )
+                except (QMPError, QMPDisconnected, MonitorTimeout):
+                    continue  # it is going, or the deadline will force it
+                self.log.info(
+                    "pressed the ACPI power button of {name} again", name=self.spec.name
+                )
 
     async def force_stop(self) -> None:
         """Stop the VM now: ``quit``, or SIGKILL when the monitor does not answer it in time."""
