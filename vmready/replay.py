@@ -42,7 +42,6 @@ from twisted.web.iweb import IRequest, IResponse
 
 from fakeqemu._ringbuf import RingBuffer
 from fakeqemu.testing import FakeGuest, InMemoryVM
-from vmready.agent.host import BytesProducer
 from vmready.agentlink import PollIntervals
 from vmready.events import LIFECYCLE, Event, EventBus
 from vmready.guestapi import GuestAPI
@@ -73,6 +72,7 @@ from vmready.transcript import (
     read_transcript,
     redact_json,
 )
+from vmready.web import BytesProducer
 
 __all__ = [
     "Divergence",
