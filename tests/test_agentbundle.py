@@ -39,6 +39,7 @@ EXPECTED = {
     "vmready/agent/httpwire.py",
     "vmready/agent/main.py",
     "vmready/agent/memory.py",
+    "vmready/agent/minimum.py",
     "vmready/agent/network.py",
     "vmready/agent/notify.py",
     "vmready/agent/proxy.py",
@@ -58,6 +59,15 @@ def python39() -> str | None:
     candidates.append(shutil.which("python3.9") or "")
     for candidate in candidates:
         if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def older_python() -> str | None:
+    """A Python older than 3.9 (pyenv's), to see the agent refuse it."""
+    pattern = os.path.expanduser("~/.pyenv/versions/3.[678].*/bin/python3")
+    for candidate in sorted(glob.glob(pattern)):
+        if os.access(candidate, os.X_OK):
             return candidate
     return None
 
@@ -227,6 +237,17 @@ class IsolatedRunTests(SynchronousTestCase):
         self.assertEqual(
             result.stderr.splitlines()[0],
             "vmready-agent: --heartbeat must be a positive number of seconds, not '0'",
+        )
+
+    def test_anOlderPythonIsRefusedInOneLine(self) -> None:
+        python = older_python()
+        if python is None:
+            raise SkipTest("no Python older than 3.9 here (pyenv's 3.6, 3.7 or 3.8)")
+        result = run_isolated(python, self.zipapp, "--help")
+        self.assertEqual(result.returncode, 1)
+        self.assertRegex(
+            result.stderr,
+            r"\Avmready-agent: needs Python 3\.9 or newer, and this is Python 3\.[678]\.\d+\n\Z",
         )
 
     def test_helpRunsUnderPython39(self) -> None:

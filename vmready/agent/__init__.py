@@ -12,15 +12,20 @@ host's guest API), ``tls`` (the pinned TLS context), ``network`` (the fallback
 transport's NIC), ``httpwire`` (the HTTP/1.1 codec both ends use), ``proxy``
 (the devlxd socket), ``memory`` (the workload's Ready for this boot),
 ``recording`` (``--record``), ``config`` (config drive and options),
+``minimum`` (the interpreter it needs, checked first),
 ``service`` (all of them wired together on asyncio), ``notify`` (the
 ``notify`` command) and ``main`` (the command line).
 """
 
 import logging
 
-from vmready.agent.config import AgentConfig, ConfigError, load_config
-from vmready.agent.core import AgentCore, HostAddress, TcpAddress, VsockAddress
-from vmready.agent.service import Agent, build_agent
+from vmready.agent.minimum import require_supported_python
+
+require_supported_python()  # before anything that needs a newer Python, or ssl
+
+from vmready.agent.config import AgentConfig, ConfigError, load_config  # noqa: E402
+from vmready.agent.core import AgentCore, HostAddress, TcpAddress, VsockAddress  # noqa: E402
+from vmready.agent.service import Agent, build_agent  # noqa: E402
 
 # A library's manners: nothing printed unless the program (main) configures logging.
 logging.getLogger(__name__).addHandler(logging.NullHandler())
