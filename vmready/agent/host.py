@@ -334,8 +334,8 @@ class LinkWatch:
     async def _watch(self) -> None:
         events = self.response.chunks()
         try:
-            async for _ in events:
-                pass  # events are not the agent's business; the stream shows the host is there
+            async for _event in events:
+                continue  # events are not the agent's business; the stream shows the host is there
             reason = "the host ended the event stream"
         except asyncio.CancelledError:
             reason = "closed by the agent"

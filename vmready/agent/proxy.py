@@ -187,10 +187,10 @@ class GuestAPIProxy:
             self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
         exchange = _Exchange(reader, writer)
         try:
-            async with self._slots:
-                await self._serve(exchange)
-        except (ConnectionError, asyncio.CancelledError):
-            pass  # the guest program went away, or the agent stops: nobody to answer
+            # A guest program that went away, or the agent stopping: nobody to answer.
+            with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+                async with self._slots:
+                    await self._serve(exchange)
         except Exception as e:  # a bug in the agent: one line for the log and for the caller
             log.error(
                 "serving a guest program failed: internal error %s: %s (at %s)",

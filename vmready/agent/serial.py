@@ -19,6 +19,7 @@ the delays, so a busy port ends in giving up too, not in a loop.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import logging
 import os
@@ -141,7 +142,7 @@ def find_port(
     raise SerialPortMissing(f"{_names(names)} in {where}")
 
 
-class SerialChannel:
+class SerialChannel(abc.ABC):
     """An open port: ``write`` queues bytes; ``on_lost`` is told once, when it ends."""
 
     def __init__(self, on_data: OnData, on_lost: OnLost) -> None:
@@ -150,17 +151,17 @@ class SerialChannel:
         self.ended = False
         self._closing = False
 
+    @abc.abstractmethod
     def write(self, data: bytes) -> None:
         """Queue ``data`` for the port."""
-        raise NotImplementedError("each kind of port writes in its own way")
 
+    @abc.abstractmethod
     def close(self) -> None:
         """End once what was written is flushed."""
-        raise NotImplementedError("each kind of port closes in its own way")
 
+    @abc.abstractmethod
     def abort(self) -> None:
         """End now, dropping anything unwritten."""
-        raise NotImplementedError("each kind of port aborts in its own way")
 
     def _end(self, reason: str) -> None:
         if self.ended:
