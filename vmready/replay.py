@@ -43,7 +43,6 @@ from twisted.web.iweb import IRequest, IResponse
 
 from fakeqemu._ringbuf import RingBuffer
 from fakeqemu.testing import FakeGuest, InMemoryVM
-from vmready.agent.host import BytesProducer
 from vmready.agentlink import PollIntervals
 from vmready.bootsource import BOOT_KEYS
 from vmready.events import LIFECYCLE, Event, EventBus
@@ -75,6 +74,7 @@ from vmready.transcript import (
     read_transcript,
     redact_json,
 )
+from vmready.web import BytesProducer
 
 __all__ = [
     "Divergence",
