@@ -32,7 +32,7 @@ from typing import IO, Any, NamedTuple, TypeVar
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from vmready.configdrive import AGENT_CONFIG
+from vmready.configdrive import AGENT_CONFIG, AGENT_ZIPAPP
 from vmready.daemon import GUEST_SOCKET_BASE
 from vmready.lifecycle import CONFIG_DRIVE, run_dir_name
 from vmready.states import READY_KEY
@@ -441,7 +441,9 @@ class System:
     ) -> subprocess.Popen[bytes]:
         """``vmready-agent --config-drive <drive> [options]`` as its own process, in the guest."""
         drive = os.path.join(self.run_dir(name), CONFIG_DRIVE)
-        command = [sys.executable, "-m", "vmready.agent.main", "--config-drive", drive, *options]
+        # As a guest runs it: the drive's zipapp, without the host's site-packages.
+        zipapp = os.path.join(drive, AGENT_ZIPAPP)
+        command = [sys.executable, "-S", "-I", zipapp, "--config-drive", drive, *options]
         return self._spawn(command, log_name)
 
     def agent_log(self, log_name: str = "agent.log") -> str:

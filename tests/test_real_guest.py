@@ -39,9 +39,12 @@ say() { echo "GUEST: $*"; }
 say "boot $(cat /proc/sys/kernel/random/boot_id)"
 for p in /proc/[0-9]*; do
     line=$(tr '\0' ' ' < "$p/cmdline" 2>/dev/null)
-    case "$line" in *vmready-agent.pyz*--config-drive*) say "agent cmdline: $line";; esac
+    case "$line" in
+        *vmready-agent.pyz*--config-drive*) say "agent cmdline: $line";;
+    esac
 done
-if python3 -c 'import twisted' 2>/dev/null; then say "twisted: importable"; else say "twisted: absent"; fi
+if python3 -c 'import twisted' 2>/dev/null; then say "twisted: importable"
+else say "twisted: absent"; fi
 n=0
 until vmready-agent notify ready --timeout 5; do
     n=$((n + 1))
@@ -131,8 +134,10 @@ def _unavailable() -> str | None:
     """Why a real guest cannot run here, or None."""
     missing = [tool for tool in TOOLS if shutil.which(tool) is None]
     if missing:
-        return f"{', '.join(missing)} not installed (Debian: qemu-system-x86 qemu-utils socat " \
+        return (
+            f"{', '.join(missing)} not installed (Debian: qemu-system-x86 qemu-utils socat "
             "mmdebstrap busybox-static)"
+        )
     return None
 
 
@@ -162,11 +167,12 @@ class RealGuestTests(SynchronousTestCase):
         return system.cli("console", name, "--show-log").stdout
 
     def wait_for_console(self, system: System, name: str, text: str) -> str:
+        def shown() -> str | None:
+            log = self.console(system, name)
+            return log if text in log else None
+
         return eventually(
-            lambda: (log := self.console(system, name)) and text in log and log,
-            f"{text!r} on the console of {name}",
-            timeout=BOOT_DEADLINE,
-            interval=0.5,
+            shown, f"{text!r} on the console of {name}", timeout=BOOT_DEADLINE, interval=0.5
         )
 
     def set_config(self, system: System, name: str, config: dict[str, str | None]) -> None:

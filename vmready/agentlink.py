@@ -31,6 +31,7 @@ from vmready.ringbuffer import (
     OverlongLine,
     RingBufferReader,
     StatusLine,
+    TcpHostEcho,
     UndecodableLine,
     format_connect,
 )
@@ -178,7 +179,7 @@ class AgentLink:
                     commands.append(self._connect())
                 elif record.status is AgentStatus.CONNECTED:
                     self.connect_sent_at = None
-            elif isinstance(record, HostEcho | DiscardedFragment):
+            elif isinstance(record, HostEcho | TcpHostEcho | DiscardedFragment):
                 continue
             elif isinstance(record, Noise | UndecodableLine | OverlongLine):
                 ignored.append(record)

@@ -27,6 +27,7 @@ from twisted.python.failure import Failure
 from twisted.web.server import Site
 
 from vmready.accel import KVMVerdicts
+from vmready.agentbundle import build_zipapp
 from vmready.agentlink import PollIntervals
 from vmready.api import OperatorAPI
 from vmready.bootsource import BootSource
@@ -300,8 +301,15 @@ class VMReadyService(MultiService):
 
 
 def drive_contents(data_dir: str) -> DriveContents:
-    """What every config drive carries besides the instance's identity: the agent, the loader."""
-    return DriveContents()
+    """What every config drive carries besides the instance's identity: the agent, the loader.
+
+    The agent's zipapp is built afresh at every start (deterministically: the
+    same sources give the same bytes), so a guest boots the agent of the
+    daemon that starts it.
+    """
+    directory = os.path.join(data_dir, "agent")
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    return DriveContents(agent_zipapp=build_zipapp(directory))
 
 
 async def _program_version(reactor: Any, program: list[str]) -> str:

@@ -636,9 +636,7 @@ class RunningVM:
                     )
                 except (QMPError, QMPDisconnected, MonitorTimeout):
                     continue  # it is going, or the deadline will force it
-                self.log.info(
-                    "pressed the ACPI power button of {name} again", name=self.spec.name
-                )
+                self.log.info("pressed the ACPI power button of {name} again", name=self.spec.name)
 
     async def force_stop(self) -> None:
         """Stop the VM now: ``quit``, or SIGKILL when the monitor does not answer it in time."""

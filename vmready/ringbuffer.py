@@ -268,10 +268,3 @@ class RingBufferReader:
             except ValueError:
                 return Noise(text)
         return Noise(text)
-
-
-def format_tcp_connect(host: str, port: int) -> bytes:
-    """The line that tells an agent on the fallback transport to dial TCP ``host:port``."""
-    if not 0 < port < 65536:
-        raise ValueError(f"TCP port out of range: {port}")
-    return f"CONNECT tcp:{host}:{port}\n".encode("ascii")

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-from vmready.configdrive import AGENT_CONFIG
+from vmready.configdrive import AGENT_CONFIG, AGENT_ZIPAPP
 from vmready.lifecycle import CONFIG_DRIVE, run_dir_name
 
 DEMO = "demo"
@@ -85,8 +85,10 @@ def ensure_agent(data_dir: str, instance: dict[str, object]) -> str:
         print(f"vmready: the demo's agent (process {pid}) is still running in its guest")
         return str(settings["devlxd_socket"])
     log = os.path.join(guest_root, "agent.log")
-    command = [sys.executable, "-m", "vmready.agent.main", "--config-drive", drive]
-    print(f"vmready: starting the guest agent: vmready-agent --config-drive {drive}")
+    # As a guest runs it: the zipapp from its config drive, without the host's site-packages.
+    zipapp = os.path.join(drive, AGENT_ZIPAPP)
+    command = [sys.executable, "-S", "-I", zipapp, "--config-drive", drive]
+    print(f"vmready: starting the guest agent: python3 -S -I {zipapp} --config-drive {drive}")
     print(f"vmready: its log is {log}")
     with open(log, "ab") as output:
         agent = subprocess.Popen(
