@@ -79,7 +79,8 @@ class Options(usage.Options):
             None,
             None,
             "Guest API endpoint string, vsock:port=0 or hvsock:path=<base> "
-            "(default: hvsock:path=<data-dir>/guest-api.sock).",
+            "(default: vsock:port=0 when VMs get the vsock transport, else "
+            "hvsock:path=<data-dir>/guest-api.sock).",
         ],
         [
             "agent-poll-connecting",
@@ -208,9 +209,6 @@ class Options(usage.Options):
             # Whoever can reach the operator socket controls every VM: owner only.
             path = os.path.join(self["data-dir"], "vmready.sock").replace(":", "\\:")
             self["listen"] = f"unix:{path}:mode=600"
-        if not self["guest-listen"]:
-            base = os.path.join(self["data-dir"], GUEST_SOCKET_BASE).replace(":", "\\:")
-            self["guest-listen"] = f"hvsock:path={base}"
 
     @property
     def default_boot(self) -> BootSource:
@@ -365,16 +363,21 @@ def makeService(options: Options) -> VMReadyService:
     except StoreError as e:
         _fail(str(e))
     check_listen_address(options["listen"])
+    hypervisor = options["hypervisor"]
+    try:
+        transport = choose_transport(hypervisor, options["guest-transport"], vhost_vsock_problem())
+    except TransportError as e:
+        _fail(f"--guest-transport {options['guest-transport']}: {e}")
+    if not options["guest-listen"]:
+        # vsock VMs dial AF_VSOCK; everything else (hvsock guests, the forward) needs none.
+        base = os.path.join(data_dir, GUEST_SOCKET_BASE).replace(":", "\\:")
+        vsock = transport == "vsock"
+        options["guest-listen"] = "vsock:port=0" if vsock else f"hvsock:path={base}"
     check_guest_listen_address(options["guest-listen"])
     try:
         ensure_server_certificate(data_dir)
     except CertificateError as e:
         _fail(str(e))
-    hypervisor = options["hypervisor"]
-    try:
-        choose_transport(hypervisor, options["guest-transport"], vhost_vsock_problem())
-    except TransportError as e:
-        _fail(f"--guest-transport {options['guest-transport']}: {e}")
     default_boot = options.default_boot
     try:
         check_files(default_boot)

@@ -528,7 +528,10 @@ class Lifecycle:
         transport = transport or record.config.get(TRANSPORT_KEY, self.settings.transport)
         spec = self.spec_for(record, layout=layout, transport=transport)
         wired = agent_port_name(spec)
-        settings: dict[str, str] = {"instance": record.name, "transport": guest.transport}
+        # A real guest dials vsock (a forward CONNECT names its own address); a fakeqemu
+        # guest, a host process, dials the daemon's hybrid vsock sockets.
+        dial = guest.transport if self.driver.kind == "fakeqemu" else "vsock"
+        settings: dict[str, str] = {"instance": record.name, "transport": dial}
         if wired is not None:
             settings["port"] = wired
         if transport == "forward":
