@@ -94,6 +94,12 @@ class CommandLineTests(SynchronousTestCase):
                 "-device",
                 "virtserialport,name=org.linuxcontainers.lxd,bus=vs0.0,id=org.linuxcontainers.lxd",
                 "-chardev",
+                "socket,id=vmready-connect,path=/run/vmready/4f3c2d1e/connect.sock,"
+                "server=on,wait=off",
+                "-device",
+                "virtserialport,chardev=vmready-connect,name=vmready.connect,bus=vs0.0,"
+                "id=vmready.connect",
+                "-chardev",
                 "file,id=console,path=/run/vmready/4f3c2d1e/console.log,append=on",
                 "-serial",
                 "chardev:console",
@@ -205,7 +211,7 @@ class CommandLineTests(SynchronousTestCase):
         self.assertEqual(_values(argv, "-name"), ["guest=a,,b"])
         self.assertEqual(_values(argv, "-qmp"), ["unix:/run/x,,y/qmp.sock,server=on,wait=off"])
         self.assertEqual(
-            _values(argv, "-chardev")[1], "file,id=console,path=/run/x,,y/console.log,append=on"
+            _values(argv, "-chardev")[2], "file,id=console,path=/run/x,,y/console.log,append=on"
         )
         # -pidfile is a plain path, not an option string.
         self.assertEqual(_values(argv, "-pidfile"), ["/run/x,y/vm.pid"])
@@ -285,6 +291,7 @@ class FakeQemuAcceptsTests(SynchronousTestCase):
             {
                 "machine": "q35",
                 "accel": "tcg",
+                "connect_port": True,
                 "memory_mib": 256,
                 "cpus": 2,
                 "serial_ports": [{"name": LEGACY_PORT, "chardev": AGENT_RING}],

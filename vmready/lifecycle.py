@@ -45,6 +45,7 @@ from vmready.configdrive import (
     write_identity,
     write_settings,
 )
+from vmready.connectport import ConnectPort
 from vmready.console import (
     DEFAULT_CONSOLE_MAX_BYTES,
     console_size,
@@ -1291,6 +1292,8 @@ class Lifecycle:
             connect=connect_line(transport, guest.port),
         )
         recorders = self.recorders
+        # A VM started before vmready gave VMs a vmready.connect port has none.
+        has_port = os.path.exists(vm.spec.connect_socket)
         monitor = AgentMonitor(
             self.clock,
             vm,
@@ -1298,6 +1301,7 @@ class Lifecycle:
             chardev,
             lambda change: self._agent_changed(name, change),
             (lambda: recorders.recorder_for(name)) if recorders is not None else None,
+            ConnectPort(self.reactor, vm.spec.connect_socket, name) if has_port else None,
         )
         self.monitors[name] = monitor
         return monitor

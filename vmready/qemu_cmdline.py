@@ -32,6 +32,7 @@ __all__ = [
     "AGENT_RING",
     "AGENT_SERIAL_PORTS",
     "CONFIG_DRIVE_TAG",
+    "CONNECT_PORT",
     "CONSOLE_LOG_NAME",
     "CURRENT_LAYOUT",
     "DEFAULT_RING_SIZE",
@@ -73,6 +74,11 @@ FORWARD_GUEST_PORT = 8443
 FORWARD_NETWORK = "10.0.2.0/24"
 FORWARD_NETDEV = "vmready-net"
 CONSOLE_CHARDEV = "console"
+# Host → guest: QEMU's ringbuf-write never reaches the guest, so CONNECT lines go to a
+# port of their own, backed by a unix socket the daemon connects to.
+CONNECT_PORT = "vmready.connect"
+CONNECT_CHARDEV = "vmready-connect"
+CONNECT_SOCKET_NAME = "connect.sock"
 ROOT_NODE = "root"
 
 
@@ -192,6 +198,11 @@ class VMSpec:
         return os.path.join(self.run_dir, QEMU_LOG_NAME)
 
     @property
+    def connect_socket(self) -> str:
+        """The unix socket behind the ``vmready.connect`` port (QEMU serves it)."""
+        return os.path.join(self.run_dir, CONNECT_SOCKET_NAME)
+
+    @property
     def console_log(self) -> str:
         """Where the guest's serial console (ttyS0) is appended."""
         return os.path.join(self.run_dir, CONSOLE_LOG_NAME)
@@ -212,6 +223,7 @@ class VMSpec:
             "serial_ports": [
                 {"name": port.name, "chardev": port.chardev} for port in self.serial_ports
             ],
+            "connect_port": True,
             "console": True,
             "pvpanic": True,
             "config_drive": self.config_drive is not None,
@@ -258,7 +270,17 @@ def serial_arguments(ports: Sequence[SerialPort], ring_size: int) -> list[str]:
 
 def device_arguments(spec: VMSpec) -> list[str]:
     """Console log, pvpanic, config drive, transport, root disk: devices past the serial bus."""
-    args = [
+    args = []
+    if spec.serial_ports:
+        args += [
+            "-chardev",
+            f"socket,id={CONNECT_CHARDEV},path={escape_option(spec.connect_socket)},"
+            "server=on,wait=off",
+            "-device",
+            f"virtserialport,chardev={CONNECT_CHARDEV},name={CONNECT_PORT},"
+            f"bus={SERIAL_BUS}.0,id={CONNECT_PORT}",
+        ]
+    args += [
         "-chardev",
         f"file,id={CONSOLE_CHARDEV},path={escape_option(spec.console_log)},append=on",
         "-serial",

@@ -106,6 +106,7 @@ def state_mismatch(recorded: dict[str, Any], now: dict[str, Any]) -> str | None:
 # vmready that did not record one has None for it, and loads into nothing newer.
 _DEVICES = (
     ("accel", "accelerator"),
+    ("connect_port", "vmready.connect port"),
     ("console", "serial console"),
     ("pvpanic", "pvpanic device"),
     ("config_drive", "config drive"),
