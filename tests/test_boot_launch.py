@@ -87,7 +87,8 @@ class RefusedLaunchTests(TestCase):
             where = os.path.join(self.directory, left)
             self.assertEqual(os.listdir(where) if os.path.isdir(where) else [], [], left)
         self.assertEqual(self.lifecycle.vms, {})
-        return caught.exception.message
+        message: str = caught.exception.message
+        return message
 
     @_async
     async def test_missingImage(self) -> None:
@@ -174,7 +175,8 @@ class RefusedLaunchTests(TestCase):
             await self.lifecycle.create("vm1", {"boot.image": overlay})
         self.assertEqual(self.store.list_instances(), [])
         self.assertEqual(os.listdir(os.path.dirname(overlay)), [os.path.basename(overlay)])
-        return caught.exception.message
+        message: str = caught.exception.message
+        return message
 
     @_async
     async def test_theDaemonsDefaultIsCheckedToo(self) -> None:

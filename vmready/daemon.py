@@ -36,6 +36,7 @@ from vmready.configdrive import DriveContents
 from vmready.console import DEFAULT_CONSOLE_MAX_BYTES
 from vmready.events import EventBus
 from vmready.guestapi import GuestAPI, guest_site, guest_tls_factory
+from vmready.guestfiles import loader_files
 from vmready.hypervisor import HypervisorDriver, kvm_device_problem
 from vmready.lifecycle import DEFAULT_KVM_PROBE_TIMEOUT, GuestLink, LaunchSettings, Lifecycle
 from vmready.qemu_cmdline import CURRENT_LAYOUT, SERIAL_LAYOUTS
@@ -309,7 +310,7 @@ def drive_contents(data_dir: str) -> DriveContents:
     """
     directory = os.path.join(data_dir, "agent")
     os.makedirs(directory, mode=0o755, exist_ok=True)
-    return DriveContents(agent_zipapp=build_zipapp(directory))
+    return DriveContents(agent_zipapp=build_zipapp(directory), loader=loader_files())
 
 
 async def _program_version(reactor: Any, program: list[str]) -> str:
