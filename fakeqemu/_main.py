@@ -19,7 +19,7 @@ from fakeqemu._cmdline import (
 )
 from fakeqemu._host import HOST_VARIABLE
 from fakeqemu._hostclient import HostClient, HostRequestError, HostUnreachable
-from fakeqemu._vm import GUEST_DIR_VARIABLE, RunningVM, StartError, guest_directory
+from fakeqemu._vm import RunningVM, StartError, guest_directory
 
 _DRAIN_SECONDS = 2.0
 
@@ -87,7 +87,7 @@ _FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def _run_on_host(control: str, args: list[str], config: MachineConfig, prog: str) -> int:
-    environ = {k: v for k, v in os.environ.items() if k == GUEST_DIR_VARIABLE}
+    environ = dict(os.environ)
     if not config.daemonize:
         # QEMU handles these from its first moment; hold them until the VM they are
         # for exists, rather than die of one while its monitor already answers.
