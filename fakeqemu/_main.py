@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     if parsed.show_version:
         major, minor, micro = QEMU_VERSION
         print(f"QEMU emulator version {major}.{minor}.{micro} (fakeqemu {__version__})")
-        print("fakeqemu emulates QEMU's monitor, ring buffers and virtio serial ports only")
+        print("fakeqemu emulates QEMU's monitor and vmready's devices; it runs no guest code")
         sys.exit(0)
     if parsed.logfile is not None:
         _open_logfile(parsed.logfile, parsed.daemonize, prog)
