@@ -834,8 +834,8 @@ class DeviceRefusalTests(_CommandLineTestCase):
     def test_unmodelledDeviceIsNotEmulated(self) -> None:
         # fakeqemu's own refusal for a device QEMU has.
         self.assertEqual(
-            self.refusal(*BASE, "-device", "virtio-net-pci"),
-            "-device virtio-net-pci: fakeqemu does not emulate device model 'virtio-net-pci'",
+            self.refusal(*BASE, "-device", "virtio-rng-pci"),
+            "-device virtio-rng-pci: fakeqemu does not emulate device model 'virtio-rng-pci'",
         )
 
     def test_unknownDeviceProperty(self) -> None:
