@@ -53,10 +53,13 @@ from vmready.guestfiles import executable, loader_files
 __all__ = [
     "CACHE_VARIABLE",
     "CommandResult",
+    "CommandRunner",
     "GuestImage",
     "GuestImageError",
     "default_cache_dir",
     "ensure_guest",
+    "launch_command",
+    "run_command",
 ]
 
 # Bump when the builder makes a different image from the same inputs.
