@@ -641,6 +641,85 @@ class CacheTests(SynchronousTestCase):
         self.assertEqual([guest.key for guest in results], [self.key])
 
 
+class MountedLeftoversTests(SynchronousTestCase):
+    """A killed mmdebstrap leaves the host's /dev, /proc and /sys mounted in its tree: unmount
+    them before removing it, never remove across them."""
+
+    def setUp(self) -> None:
+        self.cache = os.path.realpath(self.mktemp())
+        self.stale = os.path.join(self.cache, ".build-0123456789abcdef-x1")
+        os.makedirs(os.path.join(self.stale, "root", "sys"))
+        self.mountinfo = os.path.join(self.cache, "mountinfo")
+        self.mounted = [
+            "/",
+            "/proc",
+            f"{self.stale}/root/proc",
+            f"{self.stale}/root/sys",
+            f"{self.stale}/root/sys/fs/cgroup",
+            f"{self.cache}/other dir",
+        ]
+        self.write_mountinfo()
+        self.log: list[str] = []
+        self.commands: list[list[str]] = []
+
+    def write_mountinfo(self) -> None:
+        with open(self.mountinfo, "w") as f:
+            for i, point in enumerate(self.mounted):
+                escaped = point.replace(" ", "\\040")
+                f.write(f"{i + 20} 1 0:{i} / {escaped} rw,relatime shared:1 - proc proc rw\n")
+
+    def umount(self, argv: Sequence[str], cwd: str | None = None) -> CommandResult:
+        self.commands.append(list(argv))
+        self.mounted.remove(argv[-1])
+        self.write_mountinfo()
+        return CommandResult(0, b"", b"")
+
+    def test_mountsUnderAPathDeepestFirst(self) -> None:
+        self.assertEqual(
+            guestimage.mounts_under(self.stale, self.mountinfo),
+            [
+                f"{self.stale}/root/sys/fs/cgroup",
+                f"{self.stale}/root/proc",
+                f"{self.stale}/root/sys",
+            ],
+        )
+
+    def test_escapedMountPointsAreDecoded(self) -> None:
+        self.assertEqual(
+            guestimage.mounts_under(f"{self.cache}/other dir", self.mountinfo),
+            [f"{self.cache}/other dir"],
+        )
+
+    def test_staleBuildsAreUnmountedThenRemoved(self) -> None:
+        guestimage.remove_stale_builds(self.cache, self.umount, self.log.append, self.mountinfo)
+        self.assertEqual(
+            self.commands,
+            [
+                ["umount", "--lazy", f"{self.stale}/root/sys/fs/cgroup"],
+                ["umount", "--lazy", f"{self.stale}/root/proc"],
+                ["umount", "--lazy", f"{self.stale}/root/sys"],
+            ],
+        )
+        self.assertFalse(os.path.exists(self.stale))
+
+    def test_whatStaysMountedIsNotRemoved(self) -> None:
+        def umount_that_fails_silently(
+            argv: Sequence[str], cwd: str | None = None
+        ) -> CommandResult:
+            return CommandResult(0, b"", b"")
+
+        with self.assertRaises(GuestImageError) as caught:
+            guestimage.remove_stale_builds(
+                self.cache, umount_that_fails_silently, self.log.append, self.mountinfo
+            )
+        self.assertEqual(
+            str(caught.exception),
+            f"removing {self.stale} failed: {self.stale}/root/sys/fs/cgroup is still mounted; "
+            f"unmount it (umount --recursive {self.stale}) and remove {self.stale}",
+        )
+        self.assertTrue(os.path.isdir(os.path.join(self.stale, "root", "sys")))
+
+
 # --- The loader --------------------------------------------------------------------------
 
 

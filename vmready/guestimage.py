@@ -33,8 +33,10 @@ import hashlib
 import json
 import lzma
 import os
+import re
 import shlex
 import shutil
+import signal
 import stat
 import struct
 import subprocess
@@ -51,10 +53,13 @@ from vmready.guestfiles import executable, loader_files
 __all__ = [
     "CACHE_VARIABLE",
     "CommandResult",
+    "CommandRunner",
     "GuestImage",
     "GuestImageError",
     "default_cache_dir",
     "ensure_guest",
+    "launch_command",
+    "run_command",
 ]
 
 # Bump when the builder makes a different image from the same inputs.
@@ -66,12 +71,17 @@ ROOT_PACKAGES = ("systemd-sysv", "python3", "udev", "dbus", "iproute2", "kmod")
 DISK_SIZE = "2G"
 HOSTNAME = "vmready-demo"
 CACHE_VARIABLE = "VMREADY_GUEST_CACHE"
+# How long an interrupted command gets to clean up after SIGTERM.
+STOP_GRACE = 60.0
 
 # What the initramfs loads, in this order after each module's own dependencies.
 # crc32c_generic must come before ext4, which asks the crypto API for "crc32c"
 # (a soft dependency no depends= names) and otherwise fails: "Cannot load crc32c driver".
 INITRAMFS_MODULES = (
     "virtio_pci",
+    # Only when the VM has a virtio-rng device: it makes the kernel's RNG ready at
+    # once, instead of seconds into the boot (Python's ssl waits for it).
+    "virtio_rng",
     "virtio_blk",
     "crc32c_generic",
     "ext4",
@@ -86,14 +96,14 @@ INITRAMFS_MODULES = (
     "evdev",
     # systemd mounts autofs points (binfmt_misc) and complains without it.
     "autofs4",
-    # Used only when the VM has a virtio-rng device: it seeds the kernel's RNG at once.
-    "virtio_rng",
 )
 
 # console=ttyS0: the VM's only console (QEMU runs with -nodefaults, and ttyS0 goes
 # to the console log). quiet keeps the kernel's and systemd's chatter off the slow
-# emulated serial line; errors still reach it.
-KERNEL_APPEND = "root=/dev/vda rw console=ttyS0 quiet net.ifnames=0"
+# emulated serial line; errors still reach it. net.ifnames=0: the NIC stays eth0
+# (the agent finds it by MAC anyway). mitigations=off: the demo guest runs one
+# workload, and the CPU vulnerability mitigations cost seconds of boot under TCG.
+KERNEL_APPEND = "root=/dev/vda rw console=ttyS0 quiet net.ifnames=0 mitigations=off"
 
 KERNEL_FILE = "vmlinuz"
 PVH_KERNEL_FILE = "vmlinux"
@@ -133,6 +143,7 @@ MASKED_UNITS = (
     "modprobe@drm.service",
     "modprobe@efi_pstore.service",
     "modprobe@fuse.service",
+    "modprobe@loop.service",
     "systemd-modules-load.service",
     "kmod-static-nodes.service",
     # Kernel debugging and tuning filesystems nothing in the guest uses.
@@ -141,6 +152,7 @@ MASKED_UNITS = (
     "sys-kernel-config.mount",
     "sys-fs-fuse-connections.mount",
     "dev-hugepages.mount",
+    "dev-mqueue.mount",
     "systemd-pstore.service",
     # binfmt_misc is a module the rootfs does not have.
     "proc-sys-fs-binfmt_misc.automount",
@@ -213,8 +225,10 @@ while [ ! -b "$root" ]; do
     sleep 0.1
 done
 mkdir -p /newroot
-out=$(mount -t ext4 -o rw "$root" /newroot 2>&1) ||
-    fail "cannot mount $root read-write as ext4: $out $(dmesg | tail -n 2)"
+out=$(mount -t ext4 -o rw "$root" /newroot 2>&1) || {
+    why=$(dmesg | grep -i -e ext4 -e "${root#/dev/}" | tail -n 2)
+    fail "cannot mount $root read-write as ext4: $out $why"
+}
 [ -e "/newroot$init" ] || [ -L "/newroot$init" ] || fail "the root disk $root has no $init"
 
 say "mounted $root; starting $init"
@@ -229,6 +243,7 @@ BUSYBOX_APPLETS = (
     "cat",
     "dmesg",
     "echo",
+    "grep",
     "insmod",
     "ls",
     "mkdir",
@@ -254,6 +269,16 @@ fi
 if [ "$(head -c 2 "$user_data")" != "#!" ]; then
     echo "vmready-user-data: the user-data does not begin with #!; not running it"
     exit 0
+fi
+# The workload talks to the agent: wait until it serves the guest API (starting
+# sooner only takes the CPU from the agent's own start), at most 60 s.
+tries=0
+while [ ! -S /dev/lxd/sock ] && [ "$tries" -lt 300 ]; do
+    sleep 0.2
+    tries=$((tries + 1))
+done
+if [ ! -S /dev/lxd/sock ]; then
+    echo "vmready-user-data: the agent does not serve /dev/lxd/sock after 60 s; running anyway"
 fi
 script=/run/vmready-user-data
 cp "$user_data" "$script"
@@ -326,12 +351,32 @@ CommandRunner = Callable[[Sequence[str], str | None], CommandResult]
 
 
 def run_command(argv: Sequence[str], cwd: str | None = None) -> CommandResult:
-    """Run ``argv`` to completion with no input, capturing its output."""
+    """Run ``argv`` to completion with no input, capturing its output.
+
+    Interrupted (Ctrl-C, an exception in another thread's signal handler), it
+    asks the command to stop with SIGTERM and waits for it: mmdebstrap then
+    unmounts what it mounted in the tree before the tree is removed.
+    """
     env = dict(os.environ, LC_ALL="C.UTF-8", DEBIAN_FRONTEND="noninteractive")
-    completed = subprocess.run(
-        list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, check=False
+    process = subprocess.Popen(
+        list(argv),
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
-    return CommandResult(completed.returncode, completed.stdout, completed.stderr)
+    try:
+        stdout, stderr = process.communicate()
+    except BaseException:
+        process.terminate()
+        try:
+            process.communicate(timeout=STOP_GRACE)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+        raise
+    return CommandResult(process.returncode, stdout, stderr)
 
 
 def default_cache_dir() -> str:
@@ -836,12 +881,55 @@ def build_lock(cache_dir: str, log: Callable[[str], None]) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def remove_stale_builds(cache_dir: str, log: Callable[[str], None]) -> None:
+def mounts_under(path: str, mountinfo: str = "/proc/self/mountinfo") -> list[str]:
+    """The mount points at or below ``path``, deepest first."""
+    top = os.path.realpath(path)
+    points = []
+    with open(mountinfo, encoding="utf-8") as f:
+        for line in f:
+            # The mount point is the fifth field, with spaces and the like as \ooo.
+            field = line.split()[4]
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+            if point == top or point.startswith(top + "/"):
+                points.append(point)
+    return sorted(points, key=len, reverse=True)
+
+
+def remove_tree(
+    path: str,
+    run: CommandRunner,
+    log: Callable[[str], None],
+    mountinfo: str = "/proc/self/mountinfo",
+) -> None:
+    """Remove a build's directory, unmounting first what a killed mmdebstrap left mounted in it.
+
+    Never removes across a mount: the tree may hold the host's /dev nodes, /proc
+    and /sys (cgroups among them) bind-mounted into the chroot.
+    """
+    for point in mounts_under(path, mountinfo):
+        log(f"guest image: unmounting {point}, left mounted by an interrupted build")
+        _step(run, f"unmounting {point}", ["umount", "--lazy", point])
+    left = mounts_under(path, mountinfo)
+    if left:
+        raise GuestImageError(
+            f"removing {path} failed: {left[0]} is still mounted; unmount it "
+            f"(umount --recursive {path}) and remove {path}"
+        )
+    if os.path.lexists(path):
+        shutil.rmtree(path)
+
+
+def remove_stale_builds(
+    cache_dir: str,
+    run: CommandRunner,
+    log: Callable[[str], None],
+    mountinfo: str = "/proc/self/mountinfo",
+) -> None:
     """Remove what killed builds left (call with the lock held: no build is running)."""
     for name in sorted(os.listdir(cache_dir)):
         if name.startswith(BUILD_PREFIX):
             log(f"guest image: removing {name}, left by an interrupted build")
-            shutil.rmtree(os.path.join(cache_dir, name), ignore_errors=True)
+            remove_tree(os.path.join(cache_dir, name), run, log, mountinfo)
 
 
 @contextlib.contextmanager
@@ -959,7 +1047,7 @@ def make_root_disk(workdir: str, run: CommandRunner, log: Callable[[str], None])
         convert = ["qemu-img", "convert", "-f", "raw", "-O", "qcow2", raw, image]
         _step(run, "converting the root disk to qcow2", convert)
     os.unlink(raw)
-    shutil.rmtree(root)
+    remove_tree(root, run, log)
     shutil.rmtree(loader_dir)
 
 
@@ -1011,10 +1099,10 @@ def ensure_guest(
     with build_lock(cache_dir, log):
         if _complete(final):
             return guest_image(final, key)
-        remove_stale_builds(cache_dir, log)
+        remove_stale_builds(cache_dir, run, log)
         if os.path.exists(final):
             log(f"guest image: {final} is incomplete; building it again")
-            shutil.rmtree(final)
+            remove_tree(final, run, log)
         workdir = tempfile.mkdtemp(prefix=f"{BUILD_PREFIX}{key}-", dir=cache_dir)
         started = time.monotonic()
         log(f"guest image: building {key} in {workdir}")
@@ -1024,7 +1112,8 @@ def ensure_guest(
             os.chmod(workdir, 0o755)
             os.rename(workdir, final)
         except BaseException:
-            shutil.rmtree(workdir, ignore_errors=True)
+            with contextlib.suppress(GuestImageError, OSError):
+                remove_tree(workdir, run, log)
             raise
         log(f"guest image: built {final} in {time.monotonic() - started:.0f}s")
     return guest_image(final, key)
@@ -1063,6 +1152,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     options = parser.parse_args(argv)
     cache = options.cache or default_cache_dir()
+
+    def stop(signum: int, frame: object) -> None:
+        # Unwind like Ctrl-C: the running command is stopped, the build removed.
+        raise SystemExit(f"vmready.guestimage: stopped by signal {signum}; nothing was cached")
+
+    signal.signal(signal.SIGTERM, stop)
 
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
