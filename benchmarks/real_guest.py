@@ -119,7 +119,7 @@ def boot_once(socket_path: str, events: Events, name: str, guest: Any) -> dict[s
         "limits.memory": "512",
         "limits.cpu": "2",
         "boot.image": guest.image,
-        "boot.kernel": guest.kernel,
+        "boot.kernel": guest.vmlinux or guest.kernel,
         "boot.initrd": guest.initrd,
         "boot.append": guest.append,
         "cloud-init.user-data": WORKLOAD,

@@ -21,6 +21,7 @@ from twisted.internet import reactor
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from tests.conformance.support import REQUIRE_QEMU_VARIABLE
+from tests.test_guestimage import fake_pvh_kernel
 from vmready.bootsource import (
     APPEND_KEY,
     IMAGE_KEY,
@@ -305,6 +306,19 @@ class KernelTests(SynchronousTestCase):
 
     def test_bzImageIsAKernel(self) -> None:
         check_kernel(fake_kernel(os.path.join(self.directory, "vmlinuz")))
+
+    def test_elfKernelWithAPvhEntryIsAKernel(self) -> None:
+        check_kernel(write(os.path.join(self.directory, "vmlinux"), fake_pvh_kernel()))
+
+    def test_elfWithoutAPvhEntryIsRefused(self) -> None:
+        path = write(os.path.join(self.directory, "vmlinux"), fake_pvh_kernel(pvh=False))
+        with self.assertRaises(BadRequest) as caught:
+            check_kernel(path)
+        self.assertEqual(
+            caught.exception.message,
+            f"kernel {path} is an ELF file without a PVH entry note: QEMU boots an "
+            "uncompressed kernel only through PVH (use the bzImage, /boot/vmlinuz-*)",
+        )
 
     def test_textFileIsNotAKernel(self) -> None:
         path = write(os.path.join(self.directory, "notes.txt"), b"not a kernel\n" * 100)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import gzip
+import io
 import os
 import shutil
 import socket
@@ -27,6 +28,7 @@ from collections.abc import Sequence
 from twisted.trial.unittest import SynchronousTestCase
 
 from vmready import guestimage
+from vmready.bootsource import has_pvh_entry
 from vmready.guestfiles import LOADER_FILES, executable, loader_files
 from vmready.guestimage import (
     ArchiveEntry,
@@ -37,7 +39,6 @@ from vmready.guestimage import (
     Package,
     ensure_guest,
     gzip_bytes,
-    has_pvh_entry,
     initramfs_entries,
     kernel_modules,
     load_order,
@@ -389,7 +390,7 @@ class KernelTests(SynchronousTestCase):
         self.assertEqual(uncompressed_kernel(fake_bzimage(lzma.compress(kernel))), kernel)
 
     def test_aKernelWithoutPVHEntryIsRefused(self) -> None:
-        self.assertFalse(has_pvh_entry(fake_pvh_kernel(pvh=False)))
+        self.assertFalse(has_pvh_entry(io.BytesIO(fake_pvh_kernel(pvh=False))))
         with self.assertRaises(GuestImageError) as caught:
             uncompressed_kernel(fake_bzimage(gzip_compress(fake_pvh_kernel(pvh=False))), "vmlinuz")
         self.assertEqual(
@@ -994,7 +995,7 @@ class RealBuildTests(SynchronousTestCase):
         self.assertEqual(kernel[0x1FE:0x200], b"\x55\xaa")
         self.assertEqual(kernel[0x202:0x206], b"HdrS")
         with open(self.guest.vmlinux, "rb") as f:
-            self.assertTrue(has_pvh_entry(f.read()))
+            self.assertTrue(has_pvh_entry(f))
 
     def test_theInitramfsHoldsInitBusyboxAndTheModules(self) -> None:
         with open(self.guest.initrd, "rb") as f:

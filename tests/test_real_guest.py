@@ -203,7 +203,7 @@ class RealGuestTests(SynchronousTestCase):
             "--image",
             self.guest.image,
             "--kernel",
-            self.guest.kernel,
+            self.guest.vmlinux or self.guest.kernel,
             "--initrd",
             self.guest.initrd,
             "--append",

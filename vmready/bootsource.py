@@ -26,8 +26,9 @@ import os
 import re
 import signal
 import stat
+import struct
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 import attrs
 from twisted.internet.utils import getProcessOutputAndValue
@@ -50,6 +51,7 @@ __all__ = [
     "check_initrd",
     "check_kernel",
     "check_raw_image",
+    "has_pvh_entry",
     "parse_image_info",
 ]
 
@@ -62,6 +64,7 @@ IMAGE_FORMATS = ("qcow2", "raw")
 # x86's COMMAND_LINE_SIZE is 2048 bytes, the terminating NUL included.
 MAX_APPEND_BYTES = 2047
 QEMU_IMG = "qemu-img"
+_XEN_ELFNOTE_PHYS32_ENTRY = 18
 # Longer backing chains than this are refused (each layer is one qemu-img run).
 MAX_CHAIN = 16
 # A backing name with a protocol prefix (nbd:, http:, json:{…}) rather than a path.
@@ -194,13 +197,63 @@ def _is_kernel(head: bytes) -> bool:
 
 
 def check_kernel(path: str) -> None:
-    """``path`` is a Linux bzImage (the boot sector's 0xAA55 and the setup header's ``HdrS``)."""
+    """``path`` is a Linux kernel QEMU boots: a bzImage, or an ELF ``vmlinux`` with a PVH entry.
+
+    An uncompressed PVH kernel skips the decompression a bzImage does first,
+    which is seconds under TCG.
+    """
     head = _read_head(path, "kernel", 0x206)
-    if not _is_kernel(head):
+    if _is_kernel(head):
+        return
+    if head[:4] == b"\x7fELF":
+        with open(path, "rb") as f:
+            if has_pvh_entry(f):
+                return
         raise BadRequest(
-            f"kernel {path} is not a Linux kernel: no bzImage header "
-            "(expected a vmlinuz such as /boot/vmlinuz-*)"
+            f"kernel {path} is an ELF file without a PVH entry note: QEMU boots an "
+            "uncompressed kernel only through PVH (use the bzImage, /boot/vmlinuz-*)"
         )
+    raise BadRequest(
+        f"kernel {path} is not a Linux kernel: no bzImage header "
+        "(expected a vmlinuz such as /boot/vmlinuz-*)"
+    )
+
+
+def has_pvh_entry(elf: BinaryIO) -> bool:
+    """Whether the 64-bit little-endian ELF file ``elf`` carries Xen's PVH entry note.
+
+    Reads the program headers, then only the PT_NOTE segments (a vmlinux is
+    tens of MiB).
+    """
+    elf.seek(0)
+    header = elf.read(64)
+    if header[:4] != b"\x7fELF" or header[4:6] != b"\x02\x01" or len(header) < 64:
+        return False
+    (table,) = struct.unpack_from("<Q", header, 0x20)
+    entry_size, count = struct.unpack_from("<HH", header, 0x36)
+    if entry_size < 56 or count > 256:
+        return False
+    elf.seek(table)
+    headers = elf.read(entry_size * count)
+    for i in range(count):
+        try:
+            kind, _flags, offset, _v, _p, size = struct.unpack_from(
+                "<IIQQQQ", headers, i * entry_size
+            )
+        except struct.error:
+            return False
+        if kind != 4 or size > 1 << 20:  # PT_NOTE, and a sane size
+            continue
+        elf.seek(offset)
+        notes = elf.read(size)
+        at = 0
+        while at + 12 <= len(notes):
+            name_size, desc_size, note_type = struct.unpack_from("<III", notes, at)
+            name = notes[at + 12 : at + 12 + name_size]
+            if name == b"Xen\0" and note_type == _XEN_ELFNOTE_PHYS32_ENTRY:
+                return True
+            at += 12 + (name_size + 3) // 4 * 4 + (desc_size + 3) // 4 * 4
+    return False
 
 
 def check_initrd(path: str) -> None:

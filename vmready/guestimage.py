@@ -30,6 +30,7 @@ import contextlib
 import fcntl
 import gzip
 import hashlib
+import io
 import json
 import lzma
 import os
@@ -48,6 +49,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import attrs
 
+from vmready.bootsource import has_pvh_entry
 from vmready.guestfiles import executable, loader_files
 
 __all__ = [
@@ -786,31 +788,6 @@ def is_bzimage(kernel: bytes) -> bool:
     return kernel[0x202:0x206] == b"HdrS"
 
 
-def has_pvh_entry(elf: bytes) -> bool:
-    """Whether a 64-bit ELF kernel has Xen's PVH entry note (QEMU's ``-kernel`` boots it)."""
-    if elf[:4] != b"\x7fELF" or elf[4:6] != b"\x02\x01":
-        return False
-    try:
-        (table,) = struct.unpack_from("<Q", elf, 0x20)
-        entry_size, count = struct.unpack_from("<HH", elf, 0x36)
-        for i in range(count):
-            kind, _flags, offset, _vaddr, _paddr, size = struct.unpack_from(
-                "<IIQQQQ", elf, table + i * entry_size
-            )
-            if kind != 4:  # PT_NOTE
-                continue
-            at, end = offset, offset + size
-            while at + 12 <= end:
-                name_size, desc_size, note_type = struct.unpack_from("<III", elf, at)
-                name = elf[at + 12 : at + 12 + name_size]
-                if name == b"Xen\0" and note_type == 18:  # XEN_ELFNOTE_PHYS32_ENTRY
-                    return True
-                at += 12 + (name_size + 3) // 4 * 4 + (desc_size + 3) // 4 * 4
-    except struct.error:
-        return False
-    return False
-
-
 def uncompressed_kernel(bzimage: bytes, what: str = "the kernel") -> bytes:
     """The ELF kernel a bzImage carries (its XZ or gzip payload), which must have a PVH entry."""
     step = f"uncompressing {what}"
@@ -832,7 +809,7 @@ def uncompressed_kernel(bzimage: bytes, what: str = "the kernel") -> bytes:
             )
     except (lzma.LZMAError, zlib.error) as e:
         raise GuestImageError(f"{step} failed: its payload does not decompress ({e})") from e
-    if not has_pvh_entry(elf):
+    if not has_pvh_entry(io.BytesIO(elf)):
         raise GuestImageError(f"{step} failed: the kernel has no PVH entry point (CONFIG_PVH)")
     return elf
 

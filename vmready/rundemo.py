@@ -173,7 +173,7 @@ def launch_real_demo(socket_path: str, data_dir: str) -> None:
         "--image",
         guest.image,
         "--kernel",
-        guest.kernel,
+        guest.vmlinux or guest.kernel,
         "--initrd",
         guest.initrd,
         "--append",
