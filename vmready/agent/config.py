@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from vmready.agent.connectport import CONNECT_PORT_NAME
 from vmready.agent.network import DEFAULT_SYSFS_NET, NetworkPlan, parse_network
 from vmready.agent.serial import (
     DEFAULT_DEV,
@@ -63,6 +64,7 @@ SETTINGS = "agent.json"
 _DRIVE_KEYS = {
     "instance": "instance",
     "port": "port",
+    "connect_port": "connect-port",
     "virtio_ports": "virtio-ports",
     "transport": "transport",
     "devlxd_socket": "socket",
@@ -117,6 +119,8 @@ class AgentConfig:
     dev_dir: str = DEFAULT_DEV
     # The port names to try, in order: the one the host wired first.
     ports: tuple[str, ...] = port_names(None)
+    # The port the host writes its CONNECT lines to.
+    connect_port: str = CONNECT_PORT_NAME
     serial: str | None = None
     heartbeat: float = DEFAULT_HEARTBEAT
     retries: int = DEFAULT_RETRIES
@@ -248,6 +252,7 @@ def load_config(options: Mapping[str, Any]) -> AgentConfig:
         # A named ports directory is a fakeqemu guest's: the host's sysfs is not its own.
         virtio_sysfs=None if virtio_ports else DEFAULT_SYSFS_PORTS,
         ports=_port(merged.get("port"), drive),
+        connect_port=merged.get("connect-port") or CONNECT_PORT_NAME,
         serial=os.path.abspath(merged["serial"]) if merged.get("serial") else None,
         heartbeat=parse_seconds(merged.get("heartbeat", DEFAULT_HEARTBEAT), "heartbeat"),
         retries=parse_count(merged.get("retries", DEFAULT_RETRIES), "retries"),

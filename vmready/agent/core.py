@@ -186,6 +186,8 @@ class AgentCore:
         self.address: HostAddress | None = None
         self.unreachable_reason = NO_CONNECT_YET
         self._reader = RingBufferReader(MAX_LINE_BYTES)
+        # The connect port is its own stream: a line never continues across the two ports.
+        self._connect_reader = RingBufferReader(MAX_LINE_BYTES)
         self._dial_id = 0
         self._attempt = 0
         # After giving up on an address, its CONNECTs wait out this many heartbeats
@@ -211,11 +213,18 @@ class AgentCore:
         return self._say_current()
 
     def data_received(self, data: bytes) -> list[Command]:
-        """Bytes the host wrote to the ring buffer, in whatever pieces they came."""
+        """Bytes that arrived on the status port, in whatever pieces they came."""
+        return self._records(self._reader, data)
+
+    def connect_port_data(self, data: bytes) -> list[Command]:
+        """Bytes the host wrote to the ``vmready.connect`` port (its CONNECT lines)."""
+        return self._records(self._connect_reader, data)
+
+    def _records(self, reader: RingBufferReader, data: bytes) -> list[Command]:
         if self.phase is Phase.STOPPED:
             return []
         commands: list[Command] = []
-        for record in self._reader.feed(data):
+        for record in reader.feed(data):
             if isinstance(record, HostEcho):
                 commands += self.connect_received(VsockAddress(record.cid, record.port))
             elif isinstance(record, TcpHostEcho):

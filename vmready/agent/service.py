@@ -20,6 +20,7 @@ from collections.abc import Awaitable
 from typing import Callable
 
 from vmready.agent.config import AgentConfig, ConfigError
+from vmready.agent.connectport import ConnectPortReader
 from vmready.agent.core import (
     AbandonDial,
     AgentCore,
@@ -87,6 +88,7 @@ class Agent:
         self.reassert: Reasserter = reassert or self._patch_ready
         self.recorder = recorder
         self.serial: SerialKeeper | None = None
+        self.connect_port: ConnectPortReader | None = None
         self.proxy = GuestAPIProxy(self.route, self.remember_state)
         self.socket_path: str | None = None
         self.exit_code = 0
@@ -102,6 +104,10 @@ class Agent:
     def attach_serial(self, serial: SerialKeeper) -> None:
         """Use ``serial`` (built with this agent's callbacks) as the port."""
         self.serial = serial
+
+    def attach_connect_port(self, reader: ConnectPortReader) -> None:
+        """Read the host's CONNECT lines with ``reader`` (built with ``connect_data``)."""
+        self.connect_port = reader
 
     def attach_socket(self, listening: socket.socket, path: str) -> None:
         """Serve the guest API on ``listening``, the bound unix socket at ``path``."""
@@ -120,6 +126,8 @@ class Agent:
             self._server = await asyncio.start_unix_server(self.proxy.handle, sock=self._listening)
         if self.serial is not None:
             self.serial.start()
+        if self.connect_port is not None:
+            self.connect_port.start()
         self._beat_handle = loop.call_later(self.heartbeat, self.beat)
 
     def request_stop(self) -> None:
@@ -144,6 +152,8 @@ class Agent:
         await asyncio.gather(*closing)
         for task in list(self._background):
             task.cancel()
+        if self.connect_port is not None:
+            await self.connect_port.stop()
         if self.serial is not None:
             await self.serial.stop()
         if self._server is not None:
@@ -181,6 +191,12 @@ class Agent:
         if self.recorder is not None:
             self.recorder.serial_in(data)
         self.execute(self.core.data_received(data))
+
+    def connect_data(self, data: bytes) -> None:
+        """Bytes from the host arrived on the connect port."""
+        if self.recorder is not None:
+            self.recorder.serial_in(data)
+        self.execute(self.core.connect_port_data(data))
 
     def serial_gave_up(self, reason: str) -> None:
         """The serial port is gone for good: exit with an error."""
@@ -370,4 +386,10 @@ def build_agent(config: AgentConfig) -> Agent:
     agent.attach_serial(
         SerialKeeper(locate, agent.serial_data, agent.serial_opened, agent.serial_gave_up)
     )
+
+    def locate_connect_port() -> FoundPort:
+        names = (config.connect_port,)
+        return find_port(names, config.virtio_ports, config.virtio_sysfs, config.dev_dir)
+
+    agent.attach_connect_port(ConnectPortReader(locate_connect_port, agent.connect_data))
     return agent
