@@ -1,4 +1,4 @@
-"""``-chardev`` backends fakeqemu models (``ringbuf``, ``file``) and ``-serial``.
+"""``-chardev`` backends fakeqemu models (``ringbuf``, ``file``, unix ``socket``) and ``-serial``.
 
 QEMU creates every chardev after its option loop, in command-line order, and
 a ``file`` chardev opens (creating, and without ``append=on`` truncating) its
@@ -23,7 +23,7 @@ from fakeqemu._ringbuf import DEFAULT_RINGBUF_SIZE
 
 # Backends QEMU 7.2 has that fakeqemu does not model.
 _UNMODELLED_BACKENDS = frozenset(
-    {"socket", "null", "pty", "stdio", "pipe", "memory", "udp", "serial", "tty", "parallel"}
+    {"null", "pty", "stdio", "pipe", "memory", "udp", "serial", "tty", "parallel"}
 )
 # ``-serial`` shorthands QEMU understands (qemu_chr_parse_compat) that fakeqemu does not model.
 _UNMODELLED_SERIAL_NAMES = frozenset(
@@ -61,7 +61,19 @@ class FileChardevSpec:
     append: bool
 
 
-ChardevSpec = RingbufSpec | FileChardevSpec
+@attrs.frozen
+class SocketChardevSpec:
+    """``-chardev socket,id=ID,path=P,server=on,wait=off``: a unix socket QEMU serves.
+
+    One client at a time: a second one's connection is accepted by the kernel
+    and waits, unserved, until the first leaves (measured on QEMU 7.2).
+    """
+
+    id: str
+    path: str
+
+
+ChardevSpec = RingbufSpec | FileChardevSpec | SocketChardevSpec
 
 
 def check_chardev_option(opts: dict[str, str]) -> None:
@@ -84,7 +96,7 @@ def create_chardev(opts: dict[str, str], cwd: str) -> ChardevSpec:
     relative path is relative to (the launching process's).
     """
     backend = opts.get("backend", "")
-    if backend not in ("ringbuf", "file"):
+    if backend not in ("ringbuf", "file", "socket"):
         if backend in _UNMODELLED_BACKENDS:
             raise CommandLineError(f"fakeqemu does not emulate the '{backend}' char driver")
         raise CommandLineError(f"'{backend}' is not a valid char driver name")
@@ -93,6 +105,8 @@ def create_chardev(opts: dict[str, str], cwd: str) -> ChardevSpec:
         raise CommandLineError("chardev: no id specified")
     if backend == "file":
         return _create_file(chardev_id, opts, cwd)
+    if backend == "socket":
+        return _socket(chardev_id, opts)
     size = parse_size(opts["size"], 1) if "size" in opts else DEFAULT_RINGBUF_SIZE
     if size & (size - 1):
         raise CommandLineError("size of ringbuf chardev must be power of two")
@@ -111,6 +125,25 @@ def _create_file(chardev_id: str, opts: dict[str, str], cwd: str) -> FileChardev
         raise CommandLineError(f"Could not open '{path}': {e.strerror}") from None
     os.close(fd)
     return FileChardevSpec(chardev_id, path, append)
+
+
+def _socket(chardev_id: str, opts: dict[str, str]) -> SocketChardevSpec:
+    """A unix server socket that does not wait for its client; other forms are not emulated."""
+    path = opts.get("path")
+    unmodelled = sorted(set(opts) & {"host", "port", "fd", "telnet", "tn3270", "websocket"})
+    if path is None or unmodelled:
+        raise CommandLineError(
+            "fakeqemu emulates socket chardevs only as unix servers: "
+            "socket,id=ID,path=P,server=on,wait=off"
+        )
+    server = parse_bool("server", opts["server"]) if "server" in opts else False
+    wait = parse_bool("wait", opts["wait"]) if "wait" in opts else True
+    if not server or wait:
+        raise CommandLineError(
+            "fakeqemu emulates socket chardevs only as unix servers that do not wait "
+            "for their client: server=on,wait=off"
+        )
+    return SocketChardevSpec(chardev_id, path)
 
 
 def serial_chardev(value: str, chardevs: dict[str, ChardevSpec]) -> str | None:

@@ -27,6 +27,7 @@ from fakeqemu._chardev import (
     ChardevSpec,
     FileChardevSpec,
     RingbufSpec,
+    SocketChardevSpec,
     check_chardev_option,
     create_chardev,
     serial_chardev,
@@ -76,6 +77,7 @@ __all__ = [
     "SerialBusSpec",
     "SerialPortSpec",
     "ShareSpec",
+    "SocketChardevSpec",
     "format_messages",
     "kvm_available",
     "parse_arguments",
@@ -197,6 +199,7 @@ class MachineConfig:
     qmp_sockets: tuple[str, ...] = ()
     ringbufs: tuple[RingbufSpec, ...] = ()
     file_chardevs: tuple[FileChardevSpec, ...] = ()
+    socket_chardevs: tuple[SocketChardevSpec, ...] = ()
     # -serial chardev:ID: the chardev behind the first UART (the guest's ttyS0).
     serial_chardev: str | None = None
     serial_buses: tuple[SerialBusSpec, ...] = ()
@@ -495,6 +498,9 @@ class _Builder:
         return MachineConfig(
             ringbufs=tuple(c for c in chardevs.values() if isinstance(c, RingbufSpec)),
             file_chardevs=tuple(c for c in chardevs.values() if isinstance(c, FileChardevSpec)),
+            socket_chardevs=tuple(
+                c for c in chardevs.values() if isinstance(c, SocketChardevSpec)
+            ),
             netdevs=tuple(netdevs.values()),
             blockdevs=tuple(blockdevs.values()),
             serial_buses=devices.serial_buses,

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import attrs
 
 from fakeqemu._blockdev import BlockdevSpec, DiskSpec, realize_virtio_blk
-from fakeqemu._chardev import ChardevSpec, RingbufSpec
+from fakeqemu._chardev import ChardevSpec, RingbufSpec, SocketChardevSpec
 from fakeqemu._fsdev import FsdevSpec, ShareSpec, realize_9p_device
 from fakeqemu._qemuopts import CommandLineError, uint32_property, uint64_property
 from fakeqemu._usernet import NetdevSpec, NicSpec, realize_nic
@@ -259,9 +259,11 @@ class DeviceRealizer:
                     f"Property 'virtserialport.chardev' can't take value '{value}': "
                     f"Device '{value}' is in use"
                 )
-            if not isinstance(self._chardevs[value], RingbufSpec):
+            if not isinstance(self._chardevs[value], RingbufSpec | SocketChardevSpec):
                 # fakeqemu's own refusal: QEMU would write the port's output to the file.
-                raise CommandLineError("fakeqemu wires virtserialport only to ringbuf chardevs")
+                raise CommandLineError(
+                    "fakeqemu wires virtserialport only to ringbuf and socket chardevs"
+                )
             chardev.append(value)
 
         self._set_properties(

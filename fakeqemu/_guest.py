@@ -161,6 +161,49 @@ class GuestPortFactory(Factory):
         return GuestPortProtocol(self._machine, self._port)
 
 
+class HostChardevProtocol(Protocol):
+    """A host process connected to a ``socket`` chardev (vmready's daemon, say)."""
+
+    def __init__(self, machine: Machine, chardev_id: str) -> None:
+        self._machine = machine
+        self._chardev_id = chardev_id
+        self._detach: Callable[[], None] | None = None
+
+    def connectionMade(self) -> None:
+        self._detach = self._machine.chardev_connected(self._chardev_id, self)
+        if self._detach is None:
+            assert self.transport is not None
+            self.transport.loseConnection()
+
+    def write(self, data: bytes) -> None:
+        """Bytes the guest wrote on the port."""
+        if self.transport is not None:
+            self.transport.write(data)
+
+    def close(self) -> None:
+        """The machine is gone."""
+        if self.transport is not None:
+            self.transport.loseConnection()
+
+    def dataReceived(self, data: bytes) -> None:
+        self._machine.host_wrote(self._chardev_id, self, data)
+
+    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # noqa: B008
+        if self._detach is not None:
+            self._detach()
+
+
+class HostChardevFactory(Factory):
+    """Builds the protocol for one socket chardev's listening socket."""
+
+    def __init__(self, machine: Machine, chardev_id: str) -> None:
+        self._machine = machine
+        self._chardev_id = chardev_id
+
+    def buildProtocol(self, addr: object) -> HostChardevProtocol:
+        return HostChardevProtocol(self._machine, self._chardev_id)
+
+
 class GuestControlFactory(Factory):
     """Builds the protocol for the control socket."""
 

@@ -68,6 +68,8 @@ class ChardevFile(Protocol):
         """The machine is gone."""
 
 
+# How much a socket chardev's client may send while no guest holds the port.
+_PENDING_LIMIT = 1024 * 1024
 # pvpanic's ``events`` bit for a guest kernel panic (bit 1 is "crash loaded").
 PVPANIC_PANICKED = 1
 
@@ -95,6 +97,10 @@ class SerialPort:
     spec: SerialPortSpec
     ringbuf: RingBuffer | None
     guest: GuestSink | None = None
+    # A socket chardev's id, when the port is wired to one instead of a ring buffer.
+    socket_chardev: str | None = None
+    # Bytes the socket's client sent while no guest held the port (QEMU reads them later).
+    pending: bytearray = attrs.Factory(bytearray)
 
     @property
     def guest_name(self) -> str:
@@ -128,8 +134,17 @@ class Machine:
         self._forwards: list[GuestSink] = []
         # A guest kernel that panicked without a pvpanic device to tell the host: it hangs.
         self.guest_hung = False
+        self.socket_chardevs = {spec.id: spec for spec in config.socket_chardevs}
+        # Each socket chardev's clients: the first is served, the others wait their turn.
+        self._chardev_clients: dict[str, list[GuestSink]] = {}
+        # What a waiting client sent before its turn, delivered once it is served.
+        self._waiting_bytes: dict[int, bytearray] = {}
         self.ports = [
-            SerialPort(spec, self.ringbufs[spec.chardev] if spec.chardev else None)
+            SerialPort(
+                spec,
+                self.ringbufs.get(spec.chardev) if spec.chardev else None,
+                socket_chardev=spec.chardev if spec.chardev in self.socket_chardevs else None,
+            )
             for spec in config.serial_ports
         ]
         self._listeners: list[EventListener] = []
@@ -236,6 +251,10 @@ class Machine:
         self._controllers.clear()
         for chardev_file in self._chardev_files.values():
             chardev_file.close()
+        clients, self._chardev_clients = self._chardev_clients, {}
+        for queue in clients.values():
+            for client in queue:
+                client.close()
         if self._exit_handler is not None:
             self._exit_handler(status, stderr_lines)
 
@@ -313,6 +332,9 @@ class Machine:
             return False
         port.guest = sink
         self._port_changed(port, True)
+        if port.pending:
+            waiting, port.pending = bytes(port.pending), bytearray()
+            sink.write(waiting)
         return True
 
     def close_port(self, port: SerialPort, sink: GuestSink) -> None:
@@ -328,9 +350,62 @@ class Machine:
             self.emit("VSERPORT_CHANGE", {"open": is_open, "id": port.spec.device_id})
 
     def guest_wrote(self, port: SerialPort, data: bytes) -> None:
-        """Bytes from the guest land in the wired ring buffer, or nowhere."""
-        if port.ringbuf is not None and self.exited is None and not self.guest_hung:
+        """Bytes from the guest land in the wired ring buffer, the socket's client, or nowhere."""
+        if self.exited is not None or self.guest_hung:
+            return
+        if port.ringbuf is not None:
             port.ringbuf.write(data)
+        elif port.socket_chardev is not None:
+            client = self._served(port.socket_chardev)
+            if client is not None:
+                client.write(data)
+
+    # -- socket chardevs (host side) --------------------------------------
+
+    def _served(self, chardev_id: str) -> GuestSink | None:
+        queue = self._chardev_clients.get(chardev_id)
+        return queue[0] if queue else None
+
+    def chardev_connected(self, chardev_id: str, sink: GuestSink) -> Callable[[], None] | None:
+        """A host process connects to a socket chardev; returns the detacher (None: gone).
+
+        One client is served at a time; a second waits, unserved, until the
+        first leaves (QEMU 7.2 leaves it in the listen backlog: measured).
+        """
+        if self.exited is not None or chardev_id not in self.socket_chardevs:
+            return None
+        self._chardev_clients.setdefault(chardev_id, []).append(sink)
+        return lambda: self._chardev_disconnected(chardev_id, sink)
+
+    def _chardev_disconnected(self, chardev_id: str, sink: GuestSink) -> None:
+        queue = self._chardev_clients.get(chardev_id, [])
+        was_served = bool(queue) and queue[0] is sink
+        if sink in queue:
+            queue.remove(sink)
+        self._waiting_bytes.pop(id(sink), None)
+        if was_served and queue:
+            waiting = self._waiting_bytes.pop(id(queue[0]), None)
+            if waiting:
+                self._deliver_from_host(chardev_id, bytes(waiting))
+
+    def host_wrote(self, chardev_id: str, sink: GuestSink, data: bytes) -> None:
+        """A socket chardev's client sent bytes: to the guest's port, once it is served."""
+        if self.exited is not None:
+            return
+        if self._served(chardev_id) is not sink:
+            self._waiting_bytes.setdefault(id(sink), bytearray()).extend(data)
+            return
+        self._deliver_from_host(chardev_id, data)
+
+    def _deliver_from_host(self, chardev_id: str, data: bytes) -> None:
+        for port in self.ports:
+            if port.socket_chardev != chardev_id:
+                continue
+            if port.guest is not None and not self.guest_hung:
+                port.guest.write(data)
+            elif len(port.pending) + len(data) <= _PENDING_LIMIT:
+                # Nobody holds the port: QEMU leaves the bytes unread until someone does.
+                port.pending.extend(data)
 
     def attach_console(self, sink: GuestSink) -> Callable[[], None] | None:
         """A guest process opens the serial console (ttyS0); returns the detacher.
@@ -393,7 +468,11 @@ class Machine:
         """The ring buffer chardev named ``device``, with QEMU's lookup errors."""
         if device in self.ringbufs:
             return self.ringbufs[device]
-        if device in self.monitor_labels() or device in self._chardev_files:
+        if (
+            device in self.monitor_labels()
+            or device in self._chardev_files
+            or device in self.socket_chardevs
+        ):
             raise MachineError(f"{device} is not a ringbuf device")
         raise MachineError(f"Device '{device}' not found")
 
@@ -409,17 +488,13 @@ class Machine:
         return ring.read(size)
 
     def ringbuf_write(self, device: str, data: bytes) -> None:
-        """``ringbuf-write``: append to the buffer and deliver to the guest end."""
-        ring = self.ringbuf_device(device)
-        ring.write(data)
-        if self.guest_hung:
-            return
-        for port in self.ports:
-            if port.ringbuf is ring and port.guest is not None:
-                port.guest.write(data)
-        if device == self.config.serial_chardev:
-            for console in list(self._consoles):
-                console.write(data)
+        """``ringbuf-write``: append to the buffer, and nothing more.
+
+        The host reads its own bytes back with ``ringbuf-read``; no guest ever
+        sees them: QEMU's ring buffer has no path from the host to the guest
+        (``qmp_ringbuf_write`` only fills the buffer; measured with a real guest).
+        """
+        self.ringbuf_device(device).write(data)
 
     def query_chardev(self) -> list[dict[str, Any]]:
         """``query-chardev``: ring buffers and files, then the monitors.
@@ -441,6 +516,18 @@ class Machine:
                     "frontend-open": file_spec.id == serial,
                     "filename": "file",
                     "label": file_spec.id,
+                }
+            )
+        for socket_spec in self.config.socket_chardevs:
+            served = "" if self._served(socket_spec.id) is not None else "disconnected:"
+            result.append(
+                {
+                    "frontend-open": any(
+                        p.socket_chardev == socket_spec.id and p.guest is not None
+                        for p in self.ports
+                    ),
+                    "filename": f"{served}unix:{socket_spec.path},server=on",
+                    "label": socket_spec.id,
                 }
             )
         for label, path in zip(self.monitor_labels(), self.config.qmp_sockets, strict=True):

@@ -23,6 +23,7 @@ from fakeqemu._guest import (
     GuestConsoleFactory,
     GuestControlFactory,
     GuestPortFactory,
+    HostChardevFactory,
 )
 from fakeqemu._guestfwd import (
     FORWARDS_DIRECTORY,
@@ -147,6 +148,7 @@ class RunningVM:
         try:
             for path in self.config.qmp_sockets:
                 self._listen_qmp(path)
+            self._listen_chardevs()
             self._listen_guest()
         except StartError:
             self._abandon()
@@ -176,6 +178,22 @@ class RunningVM:
                     f"Failed to bind socket to {path}: {_strerror(e.socketError)}"
                 ]
             ) from e
+
+    def _listen_chardevs(self) -> None:
+        """Each ``socket`` chardev's unix socket, where a host process connects."""
+        for spec in self.config.socket_chardevs:
+            path = self.config.host_path(spec.path)
+            _remove_stale_socket(path)
+            factory = HostChardevFactory(self.machine, spec.id)
+            try:
+                self._listening.append(self.reactor.listenUNIX(path, factory))
+            except CannotListenError as e:
+                raise StartError(
+                    [
+                        f"-chardev socket,id={spec.id},path={spec.path},server=on,wait=off: "
+                        f"Failed to bind socket to {spec.path}: {_strerror(e.socketError)}"
+                    ]
+                ) from e
 
     def _listen_guest(self) -> None:
         paths = self.guest_socket_paths()

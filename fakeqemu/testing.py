@@ -34,7 +34,12 @@ from twisted.test.iosim import FakeTransport, IOPump, connect
 
 from fakeqemu._chardev import open_chardev_files
 from fakeqemu._cmdline import parse_command_line
-from fakeqemu._guest import GuestConsoleProtocol, GuestControlProtocol, GuestPortProtocol
+from fakeqemu._guest import (
+    GuestConsoleProtocol,
+    GuestControlProtocol,
+    GuestPortProtocol,
+    HostChardevProtocol,
+)
 from fakeqemu._guestfwd import ForwardedConnection
 from fakeqemu._machine import Machine
 from fakeqemu._qmp import QMPServerFactory
@@ -208,6 +213,14 @@ class InMemoryVM:
         guest = FakeGuest()
         self._connect(GuestConsoleProtocol(self.machine), guest)
         return guest
+
+    def connect_chardev(self, chardev_id: str) -> FakeGuest:
+        """Connect as a host process to the ``socket`` chardev ``chardev_id`` (its unix socket)."""
+        if chardev_id not in self.machine.socket_chardevs:
+            raise KeyError(f"no socket chardev {chardev_id!r} on the command line")
+        client = FakeGuest()
+        self._connect(HostChardevProtocol(self.machine, chardev_id), client)
+        return client
 
     def connect_forward(self, address: str) -> FakeGuest:
         """Connect as the guest to ``IP:PORT`` through its guestfwd rule (``tcp/IP:PORT``).

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -10,6 +12,7 @@ from fakeqemu import CommandLineError, parse_command_line
 from vmready.qemu_cmdline import (
     AGENT_PORT,
     AGENT_RING,
+    CONNECT_PORT,
     LEGACY_LAYOUT,
     LEGACY_PORT,
     GuestForward,
@@ -258,10 +261,21 @@ class SerialLayoutTests(SynchronousTestCase):
 
 
 class FakeQemuAcceptsTests(SynchronousTestCase):
-    """fakeqemu's own parser takes the command line as built (no process needed)."""
+    """fakeqemu's own parser takes the command line as built (no process needed).
+
+    The parser opens the console file as QEMU does, so the run directory exists.
+    """
+
+    def setUp(self) -> None:
+        # Short: the sockets in it must fit in 107 bytes.
+        self.run_dir = tempfile.mkdtemp(prefix="vmr-qc-", dir="/tmp")
+        self.addCleanup(shutil.rmtree, self.run_dir, True)
+
+    def spec(self, **overrides: object) -> VMSpec:
+        return make_spec(run_dir=self.run_dir, **overrides)
 
     def test_defaultLayoutIsWiredAsDesigned(self) -> None:
-        argv = build_command_line(make_spec(), PROGRAM, paused=True, incoming="/s")
+        argv = build_command_line(self.spec(), PROGRAM, paused=True, incoming="/s")
         config = parse_command_line(argv[1:])
         self.assertEqual(config.name, "web1")
         self.assertEqual(config.machine_type, "pc-q35-7.2")
@@ -270,24 +284,28 @@ class FakeQemuAcceptsTests(SynchronousTestCase):
         self.assertTrue(config.daemonize)
         self.assertTrue(config.start_paused)
         self.assertEqual(config.incoming_path, "/s")
-        self.assertEqual(config.qmp_sockets, ("/run/vmready/4f3c2d1e/qmp.sock",))
+        self.assertEqual(config.qmp_sockets, (os.path.join(self.run_dir, "qmp.sock"),))
         self.assertEqual(
             [(port.bus_name, port.name, port.chardev) for port in config.serial_ports],
-            [("vs0.0", AGENT_PORT, AGENT_RING), ("vs0.0", LEGACY_PORT, None)],
+            [
+                ("vs0.0", AGENT_PORT, AGENT_RING),
+                ("vs0.0", LEGACY_PORT, None),
+                ("vs0.0", CONNECT_PORT, "vmready-connect"),
+            ],
         )
-        self.assertEqual(config.logfile, "/run/vmready/4f3c2d1e/qemu.log")
+        self.assertEqual(config.logfile, os.path.join(self.run_dir, "qemu.log"))
 
     def test_legacyLayoutWiresTheOldNameOnly(self) -> None:
-        argv = build_command_line(make_spec(serial_ports=LEGACY_LAYOUT.ports), PROGRAM)
+        argv = build_command_line(self.spec(serial_ports=LEGACY_LAYOUT.ports), PROGRAM)
         config = parse_command_line(argv[1:])
         self.assertEqual(
             [(port.name, port.chardev) for port in config.serial_ports],
-            [(LEGACY_PORT, AGENT_RING)],
+            [(LEGACY_PORT, AGENT_RING), (CONNECT_PORT, "vmready-connect")],
         )
 
     def test_deviceSetNamesEverythingAStateDependsOn(self) -> None:
         self.assertEqual(
-            make_spec(serial_ports=LEGACY_LAYOUT.ports, disk="/d.qcow2").device_set(),
+            self.spec(serial_ports=LEGACY_LAYOUT.ports, disk="/d.qcow2").device_set(),
             {
                 "machine": "q35",
                 "accel": "tcg",
@@ -304,17 +322,17 @@ class FakeQemuAcceptsTests(SynchronousTestCase):
         )
 
     def test_legacyPortBesideTheAgentPortIsAccepted(self) -> None:
-        spec = make_spec(
+        spec = self.spec(
             serial_ports=(SerialPort(AGENT_PORT, AGENT_RING), SerialPort(LEGACY_PORT))
         )
         config = parse_command_line(build_command_line(spec, PROGRAM)[1:])
         self.assertEqual(
             [(port.name, port.chardev) for port in config.serial_ports],
-            [(AGENT_PORT, AGENT_RING), (LEGACY_PORT, None)],
+            [(AGENT_PORT, AGENT_RING), (LEGACY_PORT, None), (CONNECT_PORT, "vmready-connect")],
         )
 
     def test_nonPowerOfTwoRingIsLeftForTheHypervisorToRefuse(self) -> None:
-        argv = build_command_line(make_spec(ring_size=1000), PROGRAM)
+        argv = build_command_line(self.spec(ring_size=1000), PROGRAM)
         with self.assertRaises(CommandLineError) as caught:
             parse_command_line(argv[1:])
         self.assertIn("size of ringbuf chardev must be power of two", str(caught.exception))
