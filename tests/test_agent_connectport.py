@@ -99,8 +99,9 @@ class ConnectPortReaderTests(SynchronousTestCase):
             reader.start()
             for port in (41001, 41002):
                 await asyncio.sleep(30)  # no daemon for a while: the reader keeps waiting
-                self.tree.host_writes(f"CONNECT 2:{port}\n".encode())
-                await wait_until(lambda p=port: f"2:{p}".encode() in b"".join(self.received))
+                line = f"CONNECT 2:{port}\n".encode()
+                self.tree.host_writes(line)
+                await wait_until(lambda: line in b"".join(self.received))  # noqa: B023
             await reader.stop()
 
         run_virtual(self, scenario)

@@ -22,8 +22,9 @@ from twisted.internet.protocol import Protocol
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 
+from fakeqemu.testing import write_kernel
 from tests.conformance.support import REQUIRE_QEMU_VARIABLE
-from tests.test_boot_launch import _async, fake_kernel
+from tests.test_boot_launch import _async
 from tests.test_lifecycle import ACPIGuest
 from vmready.accel import KVMVerdicts
 from vmready.events import Event, EventBus
@@ -84,7 +85,8 @@ class LaunchTestCase(TestCase):
         os.makedirs(self.files)
         self.image = os.path.join(self.files, "base.qcow2")
         subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", self.image, "8M"], check=True)
-        self.kernel = fake_kernel(os.path.join(self.files, "vmlinuz"))
+        self.kernel = os.path.join(self.files, "vmlinuz")
+        write_kernel(self.kernel)
         self.lifecycle = self.new_lifecycle()
         self.addCleanup(self._kill_everything)
 

@@ -50,6 +50,8 @@ from vmready.web import local_site
 GUEST_SOCKET_BASE = "guest-api.sock"
 FORWARD_SOCKET_NAME = "guest-fwd.sock"
 KVM_VERDICT_FILE = "kvm-verdict.json"
+POWER_SYNC_TIMER = "power-sync"
+CONSOLE_TIMER = "console-rotation"
 
 
 @attrs.frozen
@@ -150,9 +152,7 @@ class VMReadyService(MultiService):
             transport=transport,
             kvm=lifecycle.kvm_problem or "the device opens (a first guest proves it runs)",
         )
-        consoles = TimerService(config.console_check_interval, lifecycle.rotate_consoles)
-        consoles.clock = self.reactor
-        consoles.setServiceParent(self)
+
         # Always present: an instance may ask to be recorded (vmready.record=true).
         self.recorders = lifecycle.recorders = Recorders(
             lifecycle,
@@ -179,8 +179,8 @@ class VMReadyService(MultiService):
             endpoint=self.config.guest_endpoint,
             error=failure.getErrorMessage(),
         )
-        self.recovered.errback(failure)
         self.reactor.callWhenRunning(self.reactor.stop)
+        self.recovered.errback(failure)
 
     async def _start_guest_api(self) -> None:
         """Listen for agents on a fresh random port (and the forward socket); advertise it."""
@@ -255,12 +255,17 @@ class VMReadyService(MultiService):
     def _recovered(self, _: object, site: Site) -> None:
         assert self.store is not None and self.lifecycle is not None
         self.log.info("recovered {count} instances", count=len(self.store.list_instances()))
+        consoles = TimerService(self.config.console_check_interval, self.lifecycle.rotate_consoles)
+        consoles.setName(CONSOLE_TIMER)
+        consoles.clock = self.reactor
+        consoles.setServiceParent(self)
         if self.config.power_sync_interval > 0:
             lifecycle = self.lifecycle
             timer = TimerService(
                 self.config.power_sync_interval,
                 lambda: Deferred.fromCoroutine(lifecycle.sync_power_states()),
             )
+            timer.setName(POWER_SYNC_TIMER)
             timer.clock = self.reactor
             timer.setServiceParent(self)
         self._listen(site)
