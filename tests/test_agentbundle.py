@@ -34,6 +34,7 @@ EXPECTED = {
     "vmready/transcript.py",
     "vmready/agent/__init__.py",
     "vmready/agent/config.py",
+    "vmready/agent/connectport.py",
     "vmready/agent/core.py",
     "vmready/agent/host.py",
     "vmready/agent/httpwire.py",

@@ -184,7 +184,8 @@ class ConsoleTests(_GuestSideTestCase):
         self.execute("system_reset")
         self.assertFalse(console.open)
 
-    def test_ringBufferConsoleTakesHostWrites(self) -> None:
+    def test_ringBufferConsoleKeepsHostWritesFromTheGuest(self) -> None:
+        # As QEMU's char-ringbuf.c: ringbuf-write stores, the UART never reads it.
         vm = InMemoryVM(
             [
                 "-machine",
@@ -203,7 +204,7 @@ class ConsoleTests(_GuestSideTestCase):
         vm.flush()
         self.assertEqual(
             (console.received, vm.machine.ringbuf_read("console", 64)),
-            (b"root\n", b"login: root\n"),
+            (b"", b"login: root\n"),
         )
 
     def test_noConsoleWithoutSerial(self) -> None:

@@ -731,14 +731,28 @@ class GuestSocketTests(ProcessTestCase):
         self.assertEqual(drained, "STARTED\n")
 
     @deferred_test
-    async def test_ringbufWriteArrivesAtTheGuestSocket(self) -> None:
-        _, client, qmp = await self.start_vm()
-        guest = await self.open_socket(self.guest_socket(qmp, AGENT_PORT), SocketEnd())
-        await self.wait_for_frontend(client, True)
-        await client.execute(
-            "ringbuf-write", {"device": AGENT_RING, "data": "CONNECT 2:1234\n", "format": "utf8"}
+    async def test_aSocketChardevCarriesHostBytesToTheGuestSocket(self) -> None:
+        qmp = self.path("qmp")
+        connect = self.path("connect.sock")
+        process = self.spawn(
+            [
+                *agent_devices(),
+                *qmp_option(qmp),
+                "-chardev",
+                f"socket,id=vmready-connect,path={connect},server=on,wait=off",
+                "-device",
+                "virtserialport,chardev=vmready-connect,name=vmready.connect,bus=vs0.0,"
+                "id=vmready.connect",
+            ]
         )
+        await self.monitor(qmp, process)
+        guest = await self.open_socket(self.guest_socket(qmp, "vmready.connect"), SocketEnd())
+        host = await self.open_socket(connect, SocketEnd())
+        assert host.transport is not None and guest.transport is not None
+        host.transport.write(b"CONNECT 2:1234\n")
+        guest.transport.write(b"ok\n")
         await wait_until(lambda: len(guest.received) >= 15, "the host's bytes at the guest")
+        await wait_until(lambda: host.received == b"ok\n", "the guest's bytes at the host")
         self.assertEqual(guest.received, b"CONNECT 2:1234\n")
 
     @deferred_test

@@ -255,6 +255,13 @@ class VMReadyService(MultiService):
     def _recovered(self, _: object, site: Site) -> None:
         assert self.store is not None and self.lifecycle is not None
         self.log.info("recovered {count} instances", count=len(self.store.list_instances()))
+        if self._listen(site):
+            self._start_timers()
+        self.recovered.callback(None)
+
+    def _start_timers(self) -> None:
+        """Console rotation and power sync: only for a daemon that serves its API."""
+        assert self.lifecycle is not None
         consoles = TimerService(self.config.console_check_interval, self.lifecycle.rotate_consoles)
         consoles.setName(CONSOLE_TIMER)
         consoles.clock = self.reactor
@@ -268,15 +275,13 @@ class VMReadyService(MultiService):
             timer.setName(POWER_SYNC_TIMER)
             timer.clock = self.reactor
             timer.setServiceParent(self)
-        self._listen(site)
-        self.recovered.callback(None)
 
     def _recovery_failed(self, failure: Failure, site: Site) -> None:
         self.log.failure("recovering instances failed", failure)
         self._listen(site)
         self.recovered.errback(failure)
 
-    def _listen(self, site: Site) -> None:
+    def _listen(self, site: Site) -> bool:
         """Serve the API on ``--listen``; a daemon that cannot do that stops."""
         listener = strports.service(self.config.listen, site)
         try:
@@ -286,6 +291,8 @@ class VMReadyService(MultiService):
             self.log.failure("cannot listen on {listen}; stopping", listen=self.config.listen)
             listener.disownServiceParent()
             self.reactor.callWhenRunning(self.reactor.stop)
+            return False
+        return True
 
     def stopService(self) -> Deferred[None]:
         stopped: Deferred[None] = Deferred.fromCoroutine(self._stop())

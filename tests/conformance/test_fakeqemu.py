@@ -74,3 +74,9 @@ class FakeQemuDeviceGuest(device_checks.DeviceGuestChecks):
     """Guest-side device checks: fakeqemu only, since real QEMU needs a booted guest OS."""
 
     backend = FAKEQEMU
+
+
+class FakeQemuSocketChardev(checks.SocketChardevChecks):
+    """Socket chardev checks on fakeqemu."""
+
+    backend = FAKEQEMU

@@ -66,3 +66,9 @@ class QemuDeviceMigration(device_checks.DeviceMigrationChecks):
     """Restoring a VM with the contract's devices, on real QEMU."""
 
     backend = REAL_QEMU
+
+
+class QemuSocketChardev(checks.SocketChardevChecks):
+    """Socket chardev checks on real QEMU."""
+
+    backend = REAL_QEMU
