@@ -192,9 +192,7 @@ class ConnectionTests(SynchronousTestCase):
         guest = self.vm.connect_guest(PORT)
         guest.write(b"hi\n")
         self.vm.flush()
-        client.send(
-            {"execute": "ringbuf-read", "arguments": {"device": "vmready", "size": 10}}
-        )
+        client.send({"execute": "ringbuf-read", "arguments": {"device": "vmready", "size": 10}})
         self.vm.flush()
         self.assertEqual(client.replies(), [{"return": "hi\n"}])
 
