@@ -402,9 +402,14 @@ def makeService(options: Options) -> VMReadyService:
         kvm_probe_timeout=options["kvm-probe-timeout"],
         console_max_bytes=options["console-max-bytes"],
     )
+    reached = {
+        "forward": f"reached by guests through {config.forward_socket} (the forward transport)",
+        "vsock": "reached by guests over vsock",
+        "hvsock": "reached by fakeqemu guests as unix sockets",
+    }[transport]
     print(
         f"vmready: data dir {data_dir}, API on {options['listen']}, "
-        f"guest API on {options['guest-listen']}",
+        f"guest API on {options['guest-listen']}, {reached}",
         file=sys.stderr,
     )
     return VMReadyService(reactor, config)
