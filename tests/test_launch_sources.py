@@ -33,6 +33,7 @@ from vmready.lifecycle import LaunchSettings, Lifecycle
 from vmready.model import InstanceRecord
 from vmready.states import READY_KEY, VMState
 from vmready.store import Store
+from vmready.transport import CID_KEY, TRANSPORT_KEY
 
 KVM_ABORTS = """#!/bin/sh
 # A QEMU that aborts under KVM, as nested KVM does on some hosts; TCG runs fakeqemu.
@@ -186,6 +187,62 @@ class OverlayTests(LaunchTestCase):
         await self.lifecycle.act("vm1", "rebuild").when_done()
         await self.lifecycle.act("vm1", "delete").when_done()
         self.assertEqual(read(self.image), before)
+
+
+class VsockCIDTests(LaunchTestCase):
+    """On the vsock transport each VM gets a guest CID of its own, kept across restarts."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        # fakeqemu opens this as QEMU opens /dev/vhost-vsock (absent on this kind of machine).
+        device = os.path.join(self.files, "vhost-vsock")
+        with open(device, "wb"):
+            pass
+        previous = os.environ.get("FAKEQEMU_VHOST_VSOCK_DEVICE")
+        os.environ["FAKEQEMU_VHOST_VSOCK_DEVICE"] = device
+        self.addCleanup(self._restore_environment, previous)
+        self.lifecycle = self.new_lifecycle(settings=LaunchSettings(transport="vsock"))
+
+    @staticmethod
+    def _restore_environment(previous: str | None) -> None:
+        if previous is None:
+            os.environ.pop("FAKEQEMU_VHOST_VSOCK_DEVICE", None)
+        else:
+            os.environ["FAKEQEMU_VHOST_VSOCK_DEVICE"] = previous
+
+    def qemu_cid(self, name: str) -> int:
+        """The guest-cid on the command line of the instance's running QEMU."""
+        with open(self.lifecycle.vms[name].spec.pidfile) as f:
+            pid = int(f.read())
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            words = f.read().decode().split("\0")
+        device = next(w for w in words if w.startswith("vhost-vsock-pci,"))
+        return int(dict(kv.split("=", 1) for kv in device.split(",")[1:])["guest-cid"])
+
+    @_async
+    async def test_eachInstanceGetsItsOwnCIDOnItsCommandLine(self) -> None:
+        first = await self.launch("vm1", **{"boot.accel": "tcg"})
+        second = await self.launch("vm2", **{"boot.accel": "tcg"})
+        cids = [int(r.config[CID_KEY]) for r in (first, second)]
+        self.assertEqual(len(set(cids)), 2)
+        self.assertTrue(all(3 <= cid < 2**32 - 1 for cid in cids), cids)
+        self.assertEqual([self.qemu_cid("vm1"), self.qemu_cid("vm2")], cids)
+        self.assertEqual(first.config[TRANSPORT_KEY], "vsock")
+
+    @_async
+    async def test_theCIDIsKeptAcrossRestartsAndDaemons(self) -> None:
+        cid = int((await self.launch(**{"boot.accel": "tcg"})).config[CID_KEY])
+        await self.lifecycle.act("vm1", "restart", force=True).when_done()
+        after_restart = self.qemu_cid("vm1")
+        await self.lifecycle.shutdown()
+        self.lifecycle = self.new_lifecycle(settings=LaunchSettings(transport="vsock"))
+        await self.lifecycle.recover()
+        await self.lifecycle.act("vm1", "stop", force=True).when_done()
+        await self.lifecycle.act("vm1", "start").when_done()
+        self.assertEqual(
+            (after_restart, self.qemu_cid("vm1"), self.lifecycle.get("vm1").config[CID_KEY]),
+            (cid, cid, str(cid)),
+        )
 
 
 class ConsoleWriter(Protocol):
