@@ -8,8 +8,9 @@ so that it can answer "how many ring-buffer reads so far" from its
 ``AgentMonitor.reads`` counters.  The agents are the real ``vmready.agent``
 (``load_config`` + ``build_agent`` on each instance's config drive, default
 heartbeat and retries), many per process in ``--agent-workers`` child processes
-(``--role agents``).  This process is the guest program, the operator's
-``wait`` client and the guest API load generator.  The instance count grows
+(``--role agents``), all on one asyncio loop in a thread of that process beside
+the reactor that serves the benchmark's commands.  This process is the guest
+program, the operator's ``wait`` client and the guest API load generator.  The instance count grows
 in stages (``--counts``, default 1, 100, 1000): each stage creates the missing
 instances through the operator API, starts their agents, waits until the
 daemon reports every agent CONNECTED, and then measures with all of them
@@ -22,10 +23,11 @@ connected and being polled:
 - **ready latency**: a ``vmready.cli.Waiter`` for ``ready`` (what
   ``vmready wait NAME ready`` runs) subscribes to the operator API's events;
   then the guest program sends ``PATCH /1.0 {"state":"Ready"}`` to the
-  instance's agent socket (``vmready.agent.notify``: twisted.web's Agent on a
-  unix endpoint); the latency runs from just before the PATCH is sent until
-  the waiter's event arrives (whichever of the ``instance-state`` Ready or the
-  ``instance-ready`` event comes first: the former).  PATCHes are one at a time
+  instance's agent socket (what ``vmready-agent notify`` sends, here from
+  twisted.web's Agent on a unix endpoint); the latency runs from just before
+  the PATCH is sent until the waiter's event arrives (whichever of the
+  ``instance-state`` Ready or the ``instance-ready`` event comes first: the
+  former).  PATCHes are one at a time
   (sequential), every instance of the stage once, each from Started (an
   instance left Ready by an earlier stage is set back to Started first,
   untimed); with one instance the PATCH is repeated ``--single-repeats``
@@ -48,10 +50,10 @@ connected and being polled:
   daemon's polling (without it, a restart right after the daemon's read would
   always wait a full interval);
 - **guest API requests/s** (first stage only, so the daemon is quiet): this
-  process sends ``GET /1.0`` to the daemon's guest API exactly as an agent
-  does (``HostConnector``: ``PinnedServerTLS`` with the instance's client
-  certificate over ``HybridVSockClientEndpoint``, a new connection per
-  request), and the same to a bare Twisted server in its own child process
+  process sends ``GET /1.0`` to the daemon's guest API as an agent does
+  (the instance's client certificate, the daemon's pinned, a new connection
+  per request; here from twisted.web: ``PinnedServerTLS`` over
+  ``HybridVSockClientEndpoint``), and the same to a bare Twisted server in its own child process
   (``--role bare``): a plain ``twisted.web`` ``Site`` answering the daemon's
   ``GET /1.0`` body bytes, behind ``MutualServerTLS`` with the daemon's
   certificate (accepting exactly that client certificate) on the same hybrid
@@ -74,6 +76,7 @@ passes or fails.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import glob
 import json
@@ -83,6 +86,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
@@ -92,6 +96,7 @@ import attrs
 from twisted.internet import reactor as installed_reactor
 from twisted.internet import stdio, task
 from twisted.internet.defer import Deferred, DeferredSemaphore, gatherResults
+from twisted.internet.endpoints import UNIXClientEndpoint, wrapClientTLS
 from twisted.internet.error import ProcessDone, ProcessTerminated
 from twisted.internet.protocol import ProcessProtocol
 from twisted.logger import (
@@ -105,25 +110,28 @@ from twisted.logger import (
 from twisted.protocols.basic import LineReceiver
 from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.failure import Failure
-from twisted.web.iweb import IAgent
+from twisted.web.client import Agent, readBody
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IAgent, IAgentEndpointFactory
 from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
+from zope.interface import implementer
 
 from benchmarks._measure import cpu_seconds, ms, nearest_rank, report, show_problems, sleep
 from fakeqemu._hostclient import HostClient, HostUnreachable
-from vmready.agent.config import AgentConfig, Transport, load_config
-from vmready.agent.core import HostAddress
-from vmready.agent.host import HostConnector, read_body, send_request
-from vmready.agent.notify import notify
-from vmready.agent.service import AgentService, build_agent
+from vmready.agent.config import AgentConfig, load_config
+from vmready.agent.main import configure_logging
+from vmready.agent.service import Agent as GuestAgent
+from vmready.agent.service import build_agent
 from vmready.agentlink import PollIntervals
 from vmready.certs import SERVER_CERT, SERVER_KEY, CertificatePair, fingerprint
 from vmready.cli import Client, Waiter
 from vmready.daemon import VMReadyService
 from vmready.daemon_tap import Options, makeService
 from vmready.limits import raise_file_limit
-from vmready.tls import MutualServerTLS
-from vmready.vsock import HybridVSockAddress, HybridVSockServerEndpoint
+from vmready.tls import MutualServerTLS, PinnedServerTLS
+from vmready.vsock import HybridVSockAddress, HybridVSockClientEndpoint, HybridVSockServerEndpoint
+from vmready.web import BytesProducer
 
 SCRIPT = os.path.abspath(__file__)
 BIN_DIRECTORY = os.path.dirname(os.path.abspath(sys.executable))
@@ -384,15 +392,38 @@ def run_daemon(data_dir: str) -> None:
 # -- the agent worker child ----------------------------------------------------------
 
 
+class AgentLoop:
+    """The agents' asyncio loop, in a thread beside the reactor that serves the commands."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="agents", daemon=True).start()
+
+    def run(self, coroutine: Coroutine[Any, Any, Any]) -> Deferred[Any]:
+        """``coroutine`` run on the agents' loop; its result as a Deferred on the reactor."""
+        result: Deferred[Any] = Deferred()
+
+        def done(future: Any) -> None:
+            error = future.exception()
+            if error is not None:
+                reactor.callFromThread(result.errback, error)
+            else:
+                reactor.callFromThread(result.callback, future.result())
+
+        asyncio.run_coroutine_threadsafe(coroutine, self.loop).add_done_callback(done)
+        return result
+
+
 class StampedAgent:
     """One real agent whose status lines are time-stamped as it hands them to the serial port."""
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
         self.name = config.instance or config.socket
-        self.service: AgentService = build_agent(reactor, config)
-        self._expected: dict[bytes, Deferred[float]] = {}
-        keeper = self.service.serial
+        self.agent: GuestAgent = build_agent(config)
+        self.running = False
+        self._expected: dict[bytes, asyncio.Future[float]] = {}
+        keeper = self.agent.serial
         assert keeper is not None
         write = keeper.write
 
@@ -401,57 +432,79 @@ class StampedAgent:
             written = write(data)
             if written:
                 waiter = self._expected.pop(data, None)
-                if waiter is not None:
-                    waiter.callback(now)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(now)
             return written
 
         # The one instrument: the keeper's write, wrapped; the agent is otherwise untouched.
         keeper.write = stamped  # type: ignore[method-assign]
 
-        def fatal(reason: str) -> None:
-            print(f"agent {self.name} gave up: {reason}", file=sys.stderr, flush=True)
-
-        self.service.on_fatal = fatal
-
-    def expect(self, line: bytes) -> Deferred[float]:
-        """Fires with the time ``line`` is next written to the serial port."""
-        waiter: Deferred[float] = Deferred()
+    def expect(self, line: bytes) -> asyncio.Future[float]:
+        """Resolves to the time ``line`` is next written to the serial port (in the loop)."""
+        waiter: asyncio.Future[float] = asyncio.get_running_loop().create_future()
         self._expected[line] = waiter
         return waiter
+
+    async def start(self) -> None:
+        """Start the agent (in the agents' loop)."""
+        await self.agent.start()
+        self.running = True
+
+    async def stop(self) -> None:
+        """Stop the agent (in the agents' loop)."""
+        self.running = False
+        await self.agent.stop()
 
 
 def run_agents(directory: str) -> None:
     """``--role agents``: many agents in one process, started and cycled on command."""
     raise_file_limit()
     log_to(os.path.join(directory, f"agents-{os.getpid()}.log"), LogLevel.info)
+    configure_logging()  # the agents' own lines, to stderr: the same log file
     agents: dict[str, StampedAgent] = {}
+    loop = AgentLoop()
 
-    async def start(drives: list[str]) -> int:
+    async def start_all(drives: list[str]) -> int:
         for drive in drives:
             agent = StampedAgent(load_config({"config-drive": drive}))
             agents[agent.name] = agent
-            agent.service.startService()
+            await agent.start()
         return len(drives)
 
-    async def stop_agent(name: str) -> dict[str, float]:
-        agent = agents[name]
+    async def start(drives: list[str]) -> int:
+        started: int = await loop.run(start_all(drives))
+        return started
+
+    async def stop_one(agent: StampedAgent) -> dict[str, float]:
         stopped = agent.expect(STOPPED_LINE)
-        await agent.service.stopService()
-        return {"stopped": await stopped.addTimeout(EVENT_TIMEOUT, reactor)}
+        await agent.stop()
+        return {"stopped": await asyncio.wait_for(stopped, EVENT_TIMEOUT)}
+
+    async def stop_agent(name: str) -> dict[str, float]:
+        result: dict[str, float] = await loop.run(stop_one(agents[name]))
+        return result
+
+    async def start_one(agent: StampedAgent) -> dict[str, float]:
+        started, connected = agent.expect(STARTED_LINE), agent.expect(CONNECTED_LINE)
+        await agent.start()
+        return {
+            "started": await asyncio.wait_for(started, EVENT_TIMEOUT),
+            "connected": await asyncio.wait_for(connected, EVENT_TIMEOUT),
+        }
 
     async def start_agent(name: str) -> dict[str, float]:
         agent = agents[name] = StampedAgent(agents[name].config)
-        started, connected = agent.expect(STARTED_LINE), agent.expect(CONNECTED_LINE)
-        agent.service.startService()
-        return {
-            "started": await started.addTimeout(EVENT_TIMEOUT, reactor),
-            "connected": await connected.addTimeout(EVENT_TIMEOUT, reactor),
-        }
+        result: dict[str, float] = await loop.run(start_one(agent))
+        return result
+
+    async def stop_running() -> int:
+        running = [agent for agent in agents.values() if agent.running]
+        await asyncio.gather(*(agent.stop() for agent in running))
+        return len(running)
 
     async def stop_all() -> int:
-        running = [agent.service for agent in agents.values() if agent.service.running]
-        await gatherResults([service.stopService() for service in running])
-        return len(running)
+        stopped: int = await loop.run(stop_running())
+        return stopped
 
     serve_control(
         {
@@ -506,6 +559,53 @@ def run_bare(directory: str) -> None:
 
     serve_control({"serve": serve})
     reactor.run()
+
+
+# -- the parent: twisted.web clients for the guest's two conversations ---------------------
+
+
+@implementer(IAgentEndpointFactory)
+class OneEndpoint:
+    """Every URL goes to the same endpoint."""
+
+    def __init__(self, endpoint: Any) -> None:
+        self._endpoint = endpoint
+
+    def endpointForURI(self, uri: Any) -> Any:
+        return self._endpoint
+
+
+async def notify(socket_path: str, state: str, timeout: float) -> None:
+    """What ``vmready-agent notify`` sends: ``PATCH /1.0`` on the agent's socket."""
+    agent = Agent.usingEndpointFactory(
+        reactor, OneEndpoint(UNIXClientEndpoint(reactor, socket_path))
+    )
+    body = json.dumps({"state": state}).encode("utf-8")
+    headers = Headers({b"Content-Type": [b"application/json"]})
+    sending = agent.request(b"PATCH", b"http://lxd/1.0", headers, BytesProducer(body))
+    response = await sending.addTimeout(timeout, reactor)
+    answer = await readBody(response).addTimeout(timeout, reactor)
+    if not 200 <= response.code < 300:
+        raise RuntimeError(f"PATCH /1.0 answered {response.code}: {answer!r}")
+
+
+def guest_api_client(drive: str, socket_base: str, port: int) -> IAgent:
+    """The guest API at hybrid vsock ``socket_base``/``port``, with the drive's client pair."""
+    with (
+        open(os.path.join(drive, "agent.crt"), "rb") as c,
+        open(os.path.join(drive, "agent.key"), "rb") as k,
+        open(os.path.join(drive, "server.crt"), "rb") as s,
+    ):
+        tls = PinnedServerTLS(CertificatePair(c.read(), k.read()), s.read())
+    endpoint = wrapClientTLS(tls, HybridVSockClientEndpoint(reactor, socket_base, port))
+    client: IAgent = Agent.usingEndpointFactory(reactor, OneEndpoint(endpoint))
+    return client
+
+
+async def get_state(client: IAgent) -> tuple[int, bytes]:
+    """``GET /1.0`` on a new connection: the status and the body."""
+    response = await client.request(b"GET", b"http://vmready-host/1.0")
+    return response.code, await readBody(response)
 
 
 # -- the parent: set-up ------------------------------------------------------------
@@ -688,7 +788,7 @@ async def measure_reads(bench: Bench, count: int) -> None:
 
 async def set_state(bench: Bench, name: str, state: str) -> None:
     """The guest program's PATCH, untimed."""
-    await notify(reactor, bench.socket_of(name), state, EVENT_TIMEOUT)
+    await notify(bench.socket_of(name), state, EVENT_TIMEOUT)
     if state == "Ready":
         bench.ready.add(name)
     else:
@@ -709,7 +809,7 @@ async def one_ready(bench: Bench, name: str) -> tuple[float, float]:
     try:
         outcome = waiter.outcome.addCallback(stamp)
         sent = time.perf_counter()
-        await notify(reactor, socket, "Ready", EVENT_TIMEOUT)
+        await notify(socket, "Ready", EVENT_TIMEOUT)
         answered = time.perf_counter()
         code, message = await outcome.addTimeout(EVENT_TIMEOUT, reactor)
         if code != 0:
@@ -850,12 +950,11 @@ async def hammer(agent: IAgent, seconds: float, concurrency: int, server_pid: in
     async def loop() -> None:
         while time.perf_counter() < deadline:
             try:
-                response = await send_request(agent, b"GET", "/1.0")
-                await read_body(response)
+                code, _ = await get_state(agent)
             except Exception:  # counted, not fatal
                 done[1] += 1
                 continue
-            done[0 if response.code == 200 else 1] += 1
+            done[0 if code == 200 else 1] += 1
 
     server_cpu, client_cpu = cpu_seconds(server_pid), cpu_seconds(os.getpid())
     started = time.perf_counter()
@@ -873,27 +972,24 @@ async def hammer(agent: IAgent, seconds: float, concurrency: int, server_pid: in
 async def measure_guest_api(bench: Bench) -> None:
     """Guest API GET /1.0 per second, daemon against a bare Twisted TLS server."""
     name = bench.names[0]
-    config = load_config({"config-drive": bench.drives[name]})
-    daemon_agent = HostConnector(
-        reactor, config.transport, config.identity, config.server_cert_pem
-    ).agent(HostAddress(2, bench.guest_port))
-    response = await send_request(daemon_agent, b"GET", "/1.0")
-    body = await read_body(response)
+    drive = bench.drives[name]
+    with open(os.path.join(drive, "agent.json")) as f:
+        daemon_base = str(json.load(f)["transport"]).removeprefix("hvsock:")
+    daemon_agent = guest_api_client(drive, daemon_base, bench.guest_port)
+    _, body = await get_state(daemon_agent)
     bare = bench.children.spawn_role("bare-server", "bare", bench.directory)
     try:
         bare_path = os.path.join(bench.directory, "bare.sock")
         bare_port = await bare.call(
             "serve",
             data_dir=bench.data_dir,
-            client_cert=os.path.join(bench.drives[name], "agent.crt"),
+            client_cert=os.path.join(drive, "agent.crt"),
             body=body.decode("utf-8"),
             path=bare_path,
         )
-        bare_agent = HostConnector(
-            reactor, Transport("hvsock", bare_path), config.identity, config.server_cert_pem
-        ).agent(HostAddress(2, bare_port))
-        response = await send_request(bare_agent, b"GET", "/1.0")
-        same = await read_body(response) == body
+        bare_agent = guest_api_client(drive, bare_path, bare_port)
+        _, bare_body = await get_state(bare_agent)
+        same = bare_body == body
         seconds, rounds = bench.args.rps_seconds, bench.args.rps_rounds
         bench.say(
             f"  guest API GET /1.0, one mutual-TLS connection per request (as the agent "
@@ -933,7 +1029,15 @@ async def measure_guest_api(bench: Bench) -> None:
 # -- the parent: the run -------------------------------------------------------------
 
 
-PROBLEM_LEVELS = ("#warn]", "#error]", "#critical]", "Traceback")
+PROBLEM_LEVELS = (
+    "#warn]",
+    "#error]",
+    "#critical]",
+    "Traceback",
+    "vmready-agent: warning: ",
+    "vmready-agent: error: ",
+    "vmready-agent: critical: ",
+)
 
 
 def log_problems(directory: str) -> None:
@@ -946,7 +1050,7 @@ def log_problems(directory: str) -> None:
         if not problems:
             continue
         found = True
-        kinds = Counter(line.partition("] ")[2][:100] for line in problems)
+        kinds = Counter((line.partition("] ")[2] or line)[:100] for line in problems)
         report(f"  {os.path.relpath(path, directory)}: {plural(len(problems), 'problem line')}")
         for text, seen in kinds.most_common(3):
             report(f"    {seen} x {text}")

@@ -17,13 +17,76 @@ the second, each finding what QEMU's does, in QEMU's order.
 from __future__ import annotations
 
 import os
-import re
 import shlex
 from collections.abc import Iterator, Sequence
 
 import attrs
 
-from fakeqemu._ringbuf import DEFAULT_RINGBUF_SIZE
+from fakeqemu._blockdev import BlockdevSpec, DiskSpec, open_blockdev, parse_blockdev_option
+from fakeqemu._chardev import (
+    ChardevSpec,
+    FileChardevSpec,
+    RingbufSpec,
+    SocketChardevSpec,
+    check_chardev_option,
+    create_chardev,
+    serial_chardev,
+)
+from fakeqemu._cpu import check_cpu_model
+from fakeqemu._devices import (
+    DeviceRealizer,
+    Devices,
+    PciDeviceSpec,
+    SerialBusSpec,
+    SerialPortSpec,
+)
+from fakeqemu._fsdev import FsdevSpec, ShareSpec, check_fsdev_option, create_fsdev
+from fakeqemu._kernel import KernelSpec, check_kernel_options, load_linux
+from fakeqemu._qemuopts import (
+    IDENTIFIER_ERROR,
+    SIZE_ERROR,
+    CommandLineError,
+    check_identifier,
+    format_messages,
+    parse_option_list,
+    parse_options,
+    parse_size,
+    program_name,
+    split_options,
+)
+from fakeqemu._usernet import GuestForwardSpec, NetdevSpec, NicSpec, create_user_netdev
+
+__all__ = [
+    "IDENTIFIER_ERROR",
+    "QEMU_PACKAGE",
+    "QEMU_VERSION",
+    "SIZE_ERROR",
+    "BlockdevSpec",
+    "CommandLineError",
+    "DiskSpec",
+    "FileChardevSpec",
+    "FsdevSpec",
+    "GuestForwardSpec",
+    "KernelSpec",
+    "MachineConfig",
+    "NetdevSpec",
+    "NicSpec",
+    "ParsedArguments",
+    "PciDeviceSpec",
+    "RingbufSpec",
+    "SerialBusSpec",
+    "SerialPortSpec",
+    "ShareSpec",
+    "SocketChardevSpec",
+    "format_messages",
+    "kvm_available",
+    "parse_arguments",
+    "parse_command_line",
+    "parse_options",
+    "parse_size",
+    "program_name",
+    "split_options",
+]
 
 QEMU_VERSION = (7, 2, 22)
 QEMU_PACKAGE = "fakeqemu"
@@ -43,37 +106,6 @@ _MACHINE_PROPERTY_PREFIX = {
 _ACCELERATORS = ("kvm", "tcg", "qtest")
 _DEFAULT_MEMORY = 128 * 1024 * 1024
 _MAX_UNIX_PATH = 107
-_MAX_VIRTIO_SERIAL_PORTS = 511
-# QEMU devices a user may reasonably pass that fakeqemu does not model.
-_UNMODELLED_DEVICES = frozenset(
-    {
-        "virtio-net-pci",
-        "virtio-blk-pci",
-        "virtio-scsi-pci",
-        "virtio-rng-pci",
-        "virtio-balloon-pci",
-        "vhost-vsock-pci",
-        "virtconsole",
-        "e1000",
-        "e1000e",
-        "VGA",
-        "qxl-vga",
-        "usb-tablet",
-        "qemu-xhci",
-        "pcie-root-port",
-    }
-)
-_SIZE_SUFFIX = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_SIZE_ERROR = (
-    "Parameter 'size' expects a non-negative number below 2^64\n"
-    "Optional suffix k, M, G, T, P or E means kilo-, mega-, giga-, tera-, peta-\n"
-    "and exabytes, respectively."
-)
-_IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9._-]*")
-_IDENTIFIER_ERROR = (
-    "Parameter 'id' expects an identifier\n"
-    "Identifiers consist of letters, digits, '-', '.', '_', starting with a letter."
-)
 # QEMU 7.2's DisplayType names on Linux; fakeqemu has none of them but ``none``.
 _DISPLAY_TYPES = frozenset(
     {"default", "none", "gtk", "sdl", "egl-headless", "curses", "spice-app", "dbus"}
@@ -130,62 +162,24 @@ _VALUE_OPTIONS = frozenset(
         "machine",
         "M",
         "accel",
+        "cpu",
         "m",
         "smp",
         "display",
         "qmp",
         "chardev",
+        "serial",
+        "fsdev",
+        "netdev",
+        "blockdev",
         "device",
+        "kernel",
+        "initrd",
+        "append",
         "incoming",
         "pidfile",
     }
 )
-
-
-class CommandLineError(Exception):
-    """The command line is refused; ``str(e)`` is QEMU's text without the program prefix.
-
-    ``warnings`` are the messages QEMU printed before it gave up (an accelerator
-    that failed to initialize, a deprecated topology), in order.
-    """
-
-    def __init__(self, message: str, warnings: Sequence[str] = ()) -> None:
-        super().__init__(message)
-        self.warnings = tuple(warnings)
-
-    @property
-    def messages(self) -> list[str]:
-        """Everything QEMU prints for this refusal: the warnings, then the error."""
-        return [*self.warnings, str(self)]
-
-
-@attrs.frozen
-class RingbufSpec:
-    """``-chardev ringbuf,id=ID,size=N``."""
-
-    id: str
-    size: int
-
-
-@attrs.frozen
-class SerialBusSpec:
-    """``-device virtio-serial-pci``: one virtio-serial bus and its PCI address."""
-
-    device_id: str | None
-    bus_name: str
-    max_ports: int
-    pci_address: str
-
-
-@attrs.frozen
-class SerialPortSpec:
-    """``-device virtserialport``: a port on a bus, optionally wired to a chardev."""
-
-    bus_name: str
-    nr: int
-    name: str | None
-    chardev: str | None
-    device_id: str | None
 
 
 @attrs.frozen
@@ -195,6 +189,7 @@ class MachineConfig:
     name: str | None = None
     machine_type: str = "pc-i440fx-7.2"
     accelerator: str = "tcg"
+    cpu_model: str | None = None
     memory_bytes: int = _DEFAULT_MEMORY
     cpus: int = 1
     nodefaults: bool = False
@@ -203,59 +198,43 @@ class MachineConfig:
     pidfile: str | None = None
     qmp_sockets: tuple[str, ...] = ()
     ringbufs: tuple[RingbufSpec, ...] = ()
+    file_chardevs: tuple[FileChardevSpec, ...] = ()
+    socket_chardevs: tuple[SocketChardevSpec, ...] = ()
+    # -serial chardev:ID: the chardev behind the first UART (the guest's ttyS0).
+    serial_chardev: str | None = None
     serial_buses: tuple[SerialBusSpec, ...] = ()
     serial_ports: tuple[SerialPortSpec, ...] = ()
+    # The pvpanic device's ``events`` bits (1: panicked, 2: crash loaded); None: no device.
+    pvpanic_events: int | None = None
+    shares: tuple[ShareSpec, ...] = ()
+    netdevs: tuple[NetdevSpec, ...] = ()
+    nics: tuple[NicSpec, ...] = ()
+    vsock_cid: int | None = None
+    blockdevs: tuple[BlockdevSpec, ...] = ()
+    disks: tuple[DiskSpec, ...] = ()
+    kernel: KernelSpec | None = None
+    pci_devices: tuple[PciDeviceSpec, ...] = ()
     incoming_path: str | None = None
     logfile: str | None = None
     warnings: tuple[str, ...] = ()
     show_version: bool = False
+    # The directory relative paths of the command line are relative to (the launcher's).
+    cwd: str = "."
 
+    @property
+    def guest_forwards(self) -> tuple[GuestForwardSpec, ...]:
+        """The ``guestfwd`` rules a guest can reach: those of netdevs a NIC is attached to."""
+        attached = {nic.netdev for nic in self.nics}
+        return tuple(
+            forward
+            for netdev in self.netdevs
+            if netdev.id in attached
+            for forward in netdev.forwards
+        )
 
-def split_options(text: str) -> list[str]:
-    """Split a QemuOpts string on commas, with ``,,`` standing for a literal comma."""
-    parts: list[str] = []
-    current: list[str] = []
-    i = 0
-    while i < len(text):
-        char = text[i]
-        if char == ",":
-            if text[i + 1 : i + 2] == ",":
-                current.append(",")
-                i += 2
-                continue
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(char)
-        i += 1
-    parts.append("".join(current))
-    return parts
-
-
-def parse_options(text: str, implied_key: str | None) -> dict[str, str]:
-    """Parse ``a,b=c`` into a dict; a bare first item is ``implied_key``'s value."""
-    result: dict[str, str] = {}
-    for index, part in enumerate(split_options(text)):
-        if "=" in part:
-            key, value = part.split("=", 1)
-        elif index == 0 and implied_key is not None:
-            key, value = implied_key, part
-        elif part.startswith("no") and len(part) > 2:
-            key, value = part[2:], "off"
-        else:
-            key, value = part, "on"
-        result[key] = value
-    return result
-
-
-def parse_size(value: str, default_unit: int) -> int:
-    """Parse a QEMU size (``64``, ``64M``, ``1G``); a bare number is in ``default_unit``."""
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([bBkKmMgGtT]?)", value.strip())
-    if match is None:
-        raise ValueError(value)
-    number, suffix = match.groups()
-    unit = _SIZE_SUFFIX[suffix.upper()] if suffix else default_unit
-    return int(float(number) * unit)
+    def host_path(self, path: str) -> str:
+        """``path`` from the command line, as the process that gave it would open it."""
+        return os.path.join(self.cwd, path)
 
 
 def _iterate_arguments(argv: Sequence[str]) -> Iterator[tuple[str, str | None]]:
@@ -298,12 +277,22 @@ class _Builder:
         self.display: str = "none"
         # (option value, accelerator name, its properties), in command-line order.
         self.accelerators: list[tuple[str, str, dict[str, str]]] = []
+        self.cpu: str | None = None
         # -chardev and -qmp create their chardevs in one pass, in command-line order.
         self.backends: list[tuple[str, str, dict[str, str]]] = []
         self.chardev_ids: set[str] = set()
+        self.serials: list[str] = []
+        self.fsdevs: list[tuple[str, dict[str, str]]] = []
+        self.fsdev_ids: set[str] = set()
+        self.netdevs: list[tuple[str, list[tuple[str, str]]]] = []
+        self.netdev_ids: set[str] = set()
+        self.blockdevs: list[tuple[str, dict[str, str]]] = []
         # (option value, driver, properties).
         self.devices: list[tuple[str, str, dict[str, str]]] = []
         self.device_ids: set[str] = set()
+        self.kernel: str | None = None
+        self.initrd: str | None = None
+        self.append: str | None = None
         self.incoming: str | None = None
         self.warnings: list[str] = []
 
@@ -316,6 +305,10 @@ class _Builder:
             handler(value)
         except CommandLineError as e:
             raise CommandLineError(f"{where}: {e}") from None
+
+    def after_loop(self) -> None:
+        """What QEMU checks right after its option loop, before it opens ``-D``."""
+        check_kernel_options(self.kernel, self.initrd, self.append)
 
     def _opt_nodefaults(self, _: None) -> None:
         self.values["nodefaults"] = True
@@ -349,6 +342,9 @@ class _Builder:
         opts = parse_options(value, "accel")
         self.accelerators.append((value, opts.pop("accel", ""), opts))
 
+    def _opt_cpu(self, value: str) -> None:
+        self.cpu = value
+
     def _opt_m(self, value: str) -> None:
         opts = parse_options(value, "size")
         for key in opts:
@@ -357,7 +353,7 @@ class _Builder:
         try:
             self.values["memory_bytes"] = parse_size(opts["size"], 1 << 20)
         except ValueError:
-            raise CommandLineError(_SIZE_ERROR) from None
+            raise CommandLineError(SIZE_ERROR) from None
 
     def _opt_smp(self, value: str) -> None:
         # Checked with the machine's other properties, after the option loop.
@@ -385,64 +381,138 @@ class _Builder:
 
     def _opt_chardev(self, value: str) -> None:
         opts = parse_options(value, "backend")
-        _check_identifier(opts)
-        chardev_id = opts.get("id")
-        if chardev_id is not None:
-            if chardev_id in self.chardev_ids:
-                raise CommandLineError(f"Duplicate ID '{chardev_id}' for chardev")
-            self.chardev_ids.add(chardev_id)
+        self._new_id(opts, self.chardev_ids, "chardev")
         for key in opts:
             if key not in _CHARDEV_KEYS:
                 raise CommandLineError(f"Invalid parameter '{key}'")
-        if "size" in opts:
-            try:
-                parse_size(opts["size"], 1)
-            except ValueError:
-                raise CommandLineError(_SIZE_ERROR) from None
+        check_chardev_option(opts)
         self.backends.append(("chardev", value, opts))
+
+    def _opt_serial(self, value: str) -> None:
+        self.serials.append(value)
+
+    def _opt_fsdev(self, value: str) -> None:
+        opts = parse_options(value, "fsdriver")
+        self._new_id(opts, self.fsdev_ids, "fsdev")
+        check_fsdev_option(opts)
+        self.fsdevs.append((value, opts))
+
+    def _opt_netdev(self, value: str) -> None:
+        options = parse_option_list(value, "type")
+        self._new_id(dict(options), self.netdev_ids, "netdev")
+        self.netdevs.append((value, options))
+
+    def _opt_blockdev(self, value: str) -> None:
+        self.blockdevs.append((value, parse_blockdev_option(value)))
 
     def _opt_device(self, value: str) -> None:
         opts = parse_options(value, "driver")
-        _check_identifier(opts)
-        device_id = opts.get("id")
-        if device_id is not None:
-            if device_id in self.device_ids:
-                raise CommandLineError(f"Duplicate ID '{device_id}' for device")
-            self.device_ids.add(device_id)
+        self._new_id(opts, self.device_ids, "device")
         driver = opts.pop("driver", "")
-        self.devices.append(
-            (value, {"virtio-serial": "virtio-serial-pci"}.get(driver, driver), opts)
-        )
+        self.devices.append((value, driver, opts))
+
+    def _opt_kernel(self, value: str) -> None:
+        self.kernel = value
+
+    def _opt_initrd(self, value: str) -> None:
+        self.initrd = value
+
+    def _opt_append(self, value: str) -> None:
+        self.append = value
 
     def _opt_incoming(self, value: str) -> None:
         self.incoming = value
 
+    @staticmethod
+    def _new_id(opts: dict[str, str], taken: set[str], kind: str) -> None:
+        """An ``id=`` must be an identifier, unique among its kind (QemuOpts's checks)."""
+        check_identifier(opts)
+        new_id = opts.get("id")
+        if new_id is not None:
+            if new_id in taken:
+                raise CommandLineError(f"Duplicate ID '{new_id}' for {kind}")
+            taken.add(new_id)
+
     # -- after the option loop: where -D and -daemonize send errors -------
 
-    def build(self) -> MachineConfig:
+    def build(self, cwd: str) -> MachineConfig:
         """The checks QEMU makes after its option loop, in its order (-incoming last)."""
         self.warnings = []  # every warning comes from these checks
         try:
-            machine_type = self._machine_type()
-            self._check_display()
-            ringbufs, qmp_sockets = self._backends()
-            cpus = self._smp()
-            self._machine_properties(machine_type)
-            accelerator = self._accelerator()
-            buses, ports = self._serial_devices(machine_type, ringbufs)
-            incoming_path = self._incoming_path()
+            return self._build(cwd)
         except CommandLineError as e:
             raise CommandLineError(str(e), self.warnings) from None
-        return MachineConfig(
+
+    def _build(self, cwd: str) -> MachineConfig:
+        machine_type = self._machine_type()
+        self._check_display()
+        chardevs, qmp_sockets = self._backends(cwd)
+        fsdevs = self._fsdevs()
+        blockdevs = self._blockdevs(cwd)
+        cpus = self._smp()
+        self._machine_properties(machine_type)
+        accelerator = self._accelerator()
+        netdevs = self._netdevs()
+        serial = self._serial(chardevs)
+        cpu_model = check_cpu_model(self.cpu, accelerator) if self.cpu is not None else None
+        kernel = self._kernel(machine_type, cwd)
+        realizer = DeviceRealizer(
+            machine_type,
+            bool(self.values.get("nodefaults")),
+            chardevs,
+            serial,
+            fsdevs,
+            netdevs,
+            blockdevs,
+            cwd,
+        )
+        for value, driver, opts in self.devices:
+            realizer.realize(value, driver, opts)
+        self.warnings.extend(realizer.peer_warnings())
+        incoming_path = self._incoming_path()
+        return self._config(
             machine_type=machine_type,
             accelerator=accelerator,
+            cpu_model=cpu_model,
             cpus=cpus,
             qmp_sockets=tuple(qmp_sockets),
-            ringbufs=tuple(ringbufs.values()),
-            serial_buses=tuple(buses),
-            serial_ports=tuple(ports),
+            chardevs=chardevs,
+            serial_chardev=serial,
+            netdevs=netdevs,
+            blockdevs=blockdevs,
+            devices=realizer.devices(),
+            kernel=kernel,
             incoming_path=incoming_path,
+            cwd=cwd,
+        )
+
+    def _config(
+        self,
+        *,
+        chardevs: dict[str, ChardevSpec],
+        netdevs: dict[str, NetdevSpec],
+        blockdevs: dict[str, BlockdevSpec],
+        devices: Devices,
+        **fields: object,
+    ) -> MachineConfig:
+        return MachineConfig(
+            ringbufs=tuple(c for c in chardevs.values() if isinstance(c, RingbufSpec)),
+            file_chardevs=tuple(c for c in chardevs.values() if isinstance(c, FileChardevSpec)),
+            socket_chardevs=tuple(
+                c for c in chardevs.values() if isinstance(c, SocketChardevSpec)
+            ),
+            netdevs=tuple(netdevs.values()),
+            blockdevs=tuple(blockdevs.values()),
+            serial_buses=devices.serial_buses,
+            serial_ports=devices.serial_ports,
+            pvpanic_events=devices.pvpanic_events,
+            shares=devices.shares,
+            nics=devices.nics,
+            vsock_cid=devices.vsock_cid,
+            disks=devices.disks,
+            pci_devices=devices.pci_devices,
             warnings=tuple(self.warnings),
+            **fields,  # type: ignore[arg-type]
             **self.values,  # type: ignore[arg-type]
         )
 
@@ -458,19 +528,40 @@ class _Builder:
         if self.display != "none":
             raise CommandLineError(f"Display '{self.display}' is not available.")
 
-    def _backends(self) -> tuple[dict[str, RingbufSpec], list[str]]:
-        ringbufs: dict[str, RingbufSpec] = {}
+    def _backends(self, cwd: str) -> tuple[dict[str, ChardevSpec], list[str]]:
+        chardevs: dict[str, ChardevSpec] = {}
         qmp_sockets: list[str] = []
         for option, value, opts in self.backends:
             try:
                 if option == "qmp":
                     qmp_sockets.append(_qmp_socket(value, opts))
                 else:
-                    spec = _ringbuf(opts)
-                    ringbufs[spec.id] = spec
+                    spec = create_chardev(opts, cwd)
+                    chardevs[spec.id] = spec
             except CommandLineError as e:
                 raise CommandLineError(f"-{option} {value}: {e}") from None
-        return ringbufs, qmp_sockets
+        return chardevs, qmp_sockets
+
+    def _fsdevs(self) -> dict[str, FsdevSpec]:
+        fsdevs: dict[str, FsdevSpec] = {}
+        for value, opts in self.fsdevs:
+            try:
+                spec = create_fsdev(opts)
+            except CommandLineError as e:
+                raise CommandLineError(f"-fsdev {value}: {e}") from None
+            fsdevs[spec.id] = spec
+        return fsdevs
+
+    def _blockdevs(self, cwd: str) -> dict[str, BlockdevSpec]:
+        blockdevs: dict[str, BlockdevSpec] = {}
+        node_names: set[str] = set()
+        for value, opts in self.blockdevs:
+            try:
+                spec = open_blockdev(opts, node_names, cwd)
+            except CommandLineError as e:
+                raise CommandLineError(f"-blockdev {value}: {e}") from None
+            blockdevs[spec.node_name] = spec
+        return blockdevs
 
     def _smp(self) -> int:
         for key in self.smp_opts:
@@ -521,116 +612,35 @@ class _Builder:
         self.warnings.extend(failures[:-1])
         raise CommandLineError(failures[-1])
 
-    def _serial_devices(
-        self, machine_type: str, ringbufs: dict[str, RingbufSpec]
-    ) -> tuple[list[SerialBusSpec], list[SerialPortSpec]]:
-        buses: list[SerialBusSpec] = []
-        ports: list[SerialPortSpec] = []
-        used_chardevs: set[str] = set()
-        port_names: set[str] = set()
-        next_slot = self._first_pci_slot(machine_type)
-        unnamed_buses = 0
-        allowed = {
-            "virtio-serial-pci": {"id", "max_ports", "bus", "addr"},
-            "virtserialport": {"id", "chardev", "name", "bus", "nr"},
-        }
-        for value, driver, opts in self.devices:
+    def _netdevs(self) -> dict[str, NetdevSpec]:
+        netdevs: dict[str, NetdevSpec] = {}
+        for value, options in self.netdevs:
             try:
-                if driver not in allowed:
-                    if driver in _UNMODELLED_DEVICES:
-                        raise CommandLineError(
-                            f"fakeqemu does not emulate device model '{driver}'"
-                        )
-                    raise CommandLineError(f"'{driver}' is not a valid device model name")
-                for key in opts:
-                    if key not in allowed[driver]:
-                        raise CommandLineError(f"Property '{driver}.{key}' not found")
-                device_id = opts.get("id")
-                if driver == "virtio-serial-pci":
-                    if machine_type == "none":
-                        raise CommandLineError("No 'PCI' bus found for device 'virtio-serial-pci'")
-                    # QEMU numbers only the buses of devices without an id.
-                    if device_id:
-                        bus_name = f"{device_id}.0"
-                    else:
-                        bus_name = f"virtio-serial-bus.{unnamed_buses}"
-                        unnamed_buses += 1
-                    max_ports = _uint32_property("max_ports", opts.get("max_ports", "31"))
-                    if max_ports == 0:
-                        raise CommandLineError("Maximum number of serial ports not specified")
-                    if max_ports > _MAX_VIRTIO_SERIAL_PORTS:
-                        raise CommandLineError(
-                            f"maximum ports supported: {_MAX_VIRTIO_SERIAL_PORTS}"
-                        )
-                    buses.append(
-                        SerialBusSpec(device_id, bus_name, max_ports, f"0000:00:{next_slot:02x}.0")
-                    )
-                    next_slot += 1
-                else:
-                    ports.append(
-                        self._serial_port(opts, ringbufs, buses, ports, used_chardevs, port_names)
-                    )
+                spec = create_user_netdev(value, options)
             except CommandLineError as e:
-                raise CommandLineError(f"-device {value}: {e}") from None
-        return buses, ports
+                raise CommandLineError(f"-netdev {value}: {e}") from None
+            netdevs[spec.id] = spec
+        return netdevs
 
-    def _first_pci_slot(self, machine_type: str) -> int:
-        # QEMU's defaults (VGA, a NIC) take slots unless -nodefaults.
-        base = 1 if machine_type == "pc-q35-7.2" else 2
-        return base if self.values.get("nodefaults") else base + 2
+    def _serial(self, chardevs: dict[str, ChardevSpec]) -> str | None:
+        connected: str | None = None
+        for index, value in enumerate(self.serials):
+            chardev = serial_chardev(value, chardevs)
+            if index and chardev is not None:
+                # fakeqemu's own refusal: QEMU would add another UART.
+                raise CommandLineError(f"-serial {value}: fakeqemu emulates one serial port")
+            if index == 0:
+                connected = chardev
+        return connected
 
-    def _serial_port(
-        self,
-        opts: dict[str, str],
-        ringbufs: dict[str, RingbufSpec],
-        buses: list[SerialBusSpec],
-        ports: list[SerialPortSpec],
-        used_chardevs: set[str],
-        port_names: set[str],
-    ) -> SerialPortSpec:
-        if not buses:
-            raise CommandLineError("No 'virtio-serial-bus' bus found for device 'virtserialport'")
-        # Without bus=, QEMU picks the most recently created virtio-serial bus.
-        bus_name = opts.get("bus", buses[-1].bus_name)
-        matching = [b for b in buses if b.bus_name == bus_name]
-        if not matching:
-            raise CommandLineError(f"Bus '{bus_name}' not found")
-        bus = matching[0]
-        chardev = opts.get("chardev")
-        if chardev is not None:
-            if chardev not in ringbufs:
-                raise CommandLineError(
-                    f"Property 'virtserialport.chardev' can't find value '{chardev}'"
-                )
-            if chardev in used_chardevs:
-                raise CommandLineError(
-                    f"Property 'virtserialport.chardev' can't take value '{chardev}': "
-                    f"Device '{chardev}' is in use"
-                )
-            used_chardevs.add(chardev)
-        name = opts.get("name")
-        if name is not None:
-            if name in port_names:
-                raise CommandLineError(f"virtio-serial-bus: A port already exists by name {name}")
-            port_names.add(name)
-        taken = {p.nr for p in ports if p.bus_name == bus_name}
-        if "nr" in opts:
-            nr = _uint32_property("nr", opts["nr"])
-            if nr == 0:
-                raise CommandLineError(
-                    "Port number 0 on virtio-serial devices reserved for virtconsole devices "
-                    "for backward compatibility."
-                )
-            if nr in taken:
-                raise CommandLineError(f"virtio-serial-bus: A port already exists at id {nr}")
-        else:
-            nr = next(n for n in range(1, bus.max_ports + 1) if n not in taken)
-        if nr >= bus.max_ports:
-            raise CommandLineError(
-                "virtio-serial-bus: Out-of-range port id specified, "
-                f"max. allowed: {bus.max_ports - 1}"
-            )
-        return SerialPortSpec(bus_name, nr, name, chardev, opts.get("id"))
+    def _kernel(self, machine_type: str, cwd: str) -> KernelSpec | None:
+        if self.kernel is None:
+            return None
+        spec = KernelSpec(self.kernel, self.initrd, self.append or "")
+        memory = self.values.get("memory_bytes", _DEFAULT_MEMORY)
+        assert isinstance(memory, int)
+        load_linux(spec, machine_type, memory, cwd)
+        return spec
 
     def _incoming_path(self) -> str | None:
         value = self.incoming
@@ -665,56 +675,6 @@ def _qmp_socket(value: str, params: dict[str, str]) -> str:
     return path
 
 
-def _ringbuf(opts: dict[str, str]) -> RingbufSpec:
-    """Create a ``-chardev`` backend as QEMU does once its options parsed."""
-    backend = opts.get("backend", "")
-    if backend != "ringbuf":
-        if backend in ("socket", "file", "null", "pty", "stdio", "pipe", "memory", "udp"):
-            raise CommandLineError(f"fakeqemu does not emulate the '{backend}' char driver")
-        raise CommandLineError(f"'{backend}' is not a valid char driver name")
-    chardev_id = opts.get("id")
-    if chardev_id is None:
-        raise CommandLineError("chardev: no id specified")
-    size = parse_size(opts["size"], 1) if "size" in opts else DEFAULT_RINGBUF_SIZE
-    if size & (size - 1):
-        raise CommandLineError("size of ringbuf chardev must be power of two")
-    return RingbufSpec(chardev_id, size)
-
-
-def _uint32_property(key: str, value: str) -> int:
-    try:
-        number = int(value, 0)
-    except ValueError:
-        raise CommandLineError(f"Parameter '{key}' expects integer") from None
-    if not 0 <= number < 1 << 32:
-        raise CommandLineError(f"Parameter '{key}' expects uint32_t")
-    return number
-
-
-def _check_identifier(opts: dict[str, str]) -> None:
-    if "id" in opts and not _IDENTIFIER.fullmatch(opts["id"]):
-        raise CommandLineError(_IDENTIFIER_ERROR)
-
-
-def format_messages(prog: str, messages: Sequence[str]) -> str:
-    """QEMU's stderr form: each message prefixed with the program, continuation lines bare."""
-    text = ""
-    for message in messages:
-        first, *rest = message.split("\n")
-        text += f"{prog}: {first}\n" + "".join(line + "\n" for line in rest)
-    return text
-
-
-def program_name() -> str:
-    """The name QEMU-style messages start with: the basename of argv[0], as QEMU does."""
-    import sys
-
-    base = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-    if not base or base in ("__main__.py", "-c", "trial", "python", "python3"):
-        return "fakeqemu"
-    return base
-
-
 class ParsedArguments:
     """A command line through QEMU's option loop, not yet checked as a whole."""
 
@@ -740,11 +700,15 @@ class ParsedArguments:
         value = self._value("logfile")
         return value if isinstance(value, str) else None
 
-    def configure(self) -> MachineConfig:
-        """QEMU's checks after the option loop; raises CommandLineError with its warnings."""
+    def configure(self, cwd: str | None = None) -> MachineConfig:
+        """QEMU's checks after the option loop; raises CommandLineError with its warnings.
+
+        Files the command line names (chardev files, exports, images, kernels) are
+        opened relative to ``cwd``, the launching process's directory (default: ours).
+        """
         if self.show_version:
             return MachineConfig(show_version=True)
-        return self._builder.build()
+        return self._builder.build(os.getcwd() if cwd is None else cwd)
 
 
 def parse_arguments(argv: Sequence[str]) -> ParsedArguments:
@@ -752,9 +716,11 @@ def parse_arguments(argv: Sequence[str]) -> ParsedArguments:
     builder = _Builder()
     for option, value in _iterate_arguments(argv):
         builder.option(option, value)
+    if not builder.values.get("show_version"):
+        builder.after_loop()
     return ParsedArguments(builder)
 
 
-def parse_command_line(argv: Sequence[str]) -> MachineConfig:
+def parse_command_line(argv: Sequence[str], cwd: str | None = None) -> MachineConfig:
     """Turn QEMU arguments (without the program name) into a validated MachineConfig."""
-    return parse_arguments(argv).configure()
+    return parse_arguments(argv).configure(cwd)

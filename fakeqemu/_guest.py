@@ -4,9 +4,12 @@
 ``/dev/virtio-ports/<port name>``: what a connected client writes lands in the
 port's ring buffer, and ``ringbuf-write`` data arrives on it.  One client may
 hold a port at a time, as one process may open a virtio port in Linux.
-``<guest dir>/control`` is the guest's power management: it receives
-``POWERDOWN`` when the host presses the ACPI button and accepts ``poweroff``,
-``reboot`` and ``panic``.
+``<guest dir>/console`` stands for the guest's ``/dev/ttyS0``, the serial port
+``-serial chardev:ID`` connects: what a client writes goes to that chardev (a
+``file`` chardev's file, say); several clients may hold it at once, as several
+processes may open a tty.  ``<guest dir>/control`` is the guest's power
+management: it receives ``POWERDOWN`` when the host presses the ACPI button and
+accepts ``poweroff``, ``reboot`` and ``panic``.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from fakeqemu._machine import Machine, SerialPort
 
 PORTS_DIRECTORY = "virtio-ports"
 CONTROL_SOCKET = "control"
+CONSOLE_SOCKET = "console"
+SHARES_DIRECTORY = "9p"
 
 
 class GuestPortProtocol(Protocol):
@@ -82,6 +87,9 @@ class GuestControlProtocol(LineOnlyReceiver):
 
     def lineReceived(self, line: bytes) -> None:
         word = line.strip().decode("ascii", "replace")
+        if self._machine.guest_hung:
+            self.sendLine(b"error: the guest kernel panicked and hangs (no pvpanic device)")
+            return
         actions = self._machine.guest_actions()
         action = actions.get(word)
         if action is None:
@@ -99,6 +107,49 @@ class GuestControlProtocol(LineOnlyReceiver):
             self._detach()
 
 
+class GuestConsoleProtocol(Protocol):
+    """One guest process holding the serial console (ttyS0) open."""
+
+    def __init__(self, machine: Machine) -> None:
+        self._machine = machine
+        self._detach: Callable[[], None] | None = None
+
+    def connectionMade(self) -> None:
+        self._detach = self._machine.attach_console(self)
+        if self._detach is None:
+            assert self.transport is not None
+            self.transport.loseConnection()
+
+    def write(self, data: bytes) -> None:
+        """Bytes from the host for the guest (a ``ringbuf`` chardev's ``ringbuf-write``)."""
+        if self.transport is not None:
+            self.transport.write(data)
+
+    def close(self) -> None:
+        """The guest end is gone (reset or machine exit)."""
+        if self.transport is not None:
+            self.transport.loseConnection()
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._detach is not None:
+            self._machine.console_wrote(data)
+
+    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # noqa: B008
+        if self._detach is not None:
+            self._detach()
+            self._detach = None
+
+
+class GuestConsoleFactory(Factory):
+    """Builds the protocol for the console socket."""
+
+    def __init__(self, machine: Machine) -> None:
+        self._machine = machine
+
+    def buildProtocol(self, addr: object) -> GuestConsoleProtocol:
+        return GuestConsoleProtocol(self._machine)
+
+
 class GuestPortFactory(Factory):
     """Builds the protocol for one port's socket."""
 
@@ -108,6 +159,49 @@ class GuestPortFactory(Factory):
 
     def buildProtocol(self, addr: object) -> GuestPortProtocol:
         return GuestPortProtocol(self._machine, self._port)
+
+
+class HostChardevProtocol(Protocol):
+    """A host process connected to a ``socket`` chardev (vmready's daemon, say)."""
+
+    def __init__(self, machine: Machine, chardev_id: str) -> None:
+        self._machine = machine
+        self._chardev_id = chardev_id
+        self._detach: Callable[[], None] | None = None
+
+    def connectionMade(self) -> None:
+        self._detach = self._machine.chardev_connected(self._chardev_id, self)
+        if self._detach is None:
+            assert self.transport is not None
+            self.transport.loseConnection()
+
+    def write(self, data: bytes) -> None:
+        """Bytes the guest wrote on the port."""
+        if self.transport is not None:
+            self.transport.write(data)
+
+    def close(self) -> None:
+        """The machine is gone."""
+        if self.transport is not None:
+            self.transport.loseConnection()
+
+    def dataReceived(self, data: bytes) -> None:
+        self._machine.host_wrote(self._chardev_id, self, data)
+
+    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # noqa: B008
+        if self._detach is not None:
+            self._detach()
+
+
+class HostChardevFactory(Factory):
+    """Builds the protocol for one socket chardev's listening socket."""
+
+    def __init__(self, machine: Machine, chardev_id: str) -> None:
+        self._machine = machine
+        self._chardev_id = chardev_id
+
+    def buildProtocol(self, addr: object) -> HostChardevProtocol:
+        return HostChardevProtocol(self._machine, self._chardev_id)
 
 
 class GuestControlFactory(Factory):

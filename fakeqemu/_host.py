@@ -121,7 +121,7 @@ class VMHost:
         what it prints while starting goes back to the launcher, which prints it there.
         """
         try:
-            config = resolve_paths(parse_command_line(argv), cwd)
+            config = resolve_paths(parse_command_line(argv, cwd), cwd)
         except CommandLineError as e:
             raise HostError("CommandLineError", str(e)) from None
         if config.show_version:
@@ -147,7 +147,15 @@ class VMHost:
                 output.append(text)
 
         vm = RunningVM(
-            config, self.reactor, guest_dir, self._exited(vm_id), write_file, print_output
+            config,
+            self.reactor,
+            guest_dir,
+            self._exited(vm_id),
+            write_file,
+            print_output,
+            # The launcher's environment stands for QEMU's (guestfwd commands inherit it).
+            environ=environ,
+            program=program,
         )
         hosted = HostedVM(vm_id, vm, attached, output, program)
         try:

@@ -1,14 +1,15 @@
-"""The emulated machine: run state, ring buffers, virtio serial ports, events, migration.
+"""The emulated machine: run state, chardevs, virtio serial ports, the guest, events, migration.
 
 No I/O happens here.  Time comes from an injected ``IReactorTime``; events go
-to subscribers; bytes for a guest go to whatever sink the guest attached; the
-process-level effects (exit, files) are requested through callbacks.
+to subscribers; bytes for a guest go to whatever sink the guest attached; bytes
+for a ``file`` chardev go to the sink its runner opened; the process-level
+effects (exit, files) are requested through callbacks.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import attrs
@@ -57,6 +58,22 @@ class GuestSink(Protocol):
         """The guest end goes away (reset, reboot, machine exit)."""
 
 
+class ChardevFile(Protocol):
+    """Where a ``file`` chardev's output goes: the file QEMU holds open for the VM's life."""
+
+    def write(self, data: bytes) -> None:
+        """Append bytes to the file."""
+
+    def close(self) -> None:
+        """The machine is gone."""
+
+
+# How much a socket chardev's client may send while no guest holds the port.
+_PENDING_LIMIT = 1024 * 1024
+# pvpanic's ``events`` bit for a guest kernel panic (bit 1 is "crash loaded").
+PVPANIC_PANICKED = 1
+
+
 class RunState(enum.Enum):
     """QEMU's run states, as ``query-status`` names them."""
 
@@ -80,6 +97,10 @@ class SerialPort:
     spec: SerialPortSpec
     ringbuf: RingBuffer | None
     guest: GuestSink | None = None
+    # A socket chardev's id, when the port is wired to one instead of a ring buffer.
+    socket_chardev: str | None = None
+    # Bytes the socket's client sent while no guest held the port (QEMU reads them later).
+    pending: bytearray = attrs.Factory(bytearray)
 
     @property
     def guest_name(self) -> str:
@@ -97,13 +118,33 @@ class Machine:
         config: MachineConfig,
         clock: IReactorTime,
         exit_handler: ExitHandler | None = None,
+        chardev_files: Mapping[str, ChardevFile] | None = None,
     ) -> None:
         self.config = config
         self.clock = clock
         self._exit_handler = exit_handler
         self.ringbufs = {spec.id: RingBuffer(spec.size) for spec in config.ringbufs}
+        self._chardev_files = dict(chardev_files or {})
+        missing = {spec.id for spec in config.file_chardevs} - set(self._chardev_files)
+        if missing:
+            raise ValueError(f"no file opened for the file chardevs {sorted(missing)}")
+        # The guest's serial console (ttyS0): the processes that hold it open.
+        self._consoles: list[GuestSink] = []
+        # Guest connections through guestfwd rules (fakeqemu._guestfwd).
+        self._forwards: list[GuestSink] = []
+        # A guest kernel that panicked without a pvpanic device to tell the host: it hangs.
+        self.guest_hung = False
+        self.socket_chardevs = {spec.id: spec for spec in config.socket_chardevs}
+        # Each socket chardev's clients: the first is served, the others wait their turn.
+        self._chardev_clients: dict[str, list[GuestSink]] = {}
+        # What a waiting client sent before its turn, delivered once it is served.
+        self._waiting_bytes: dict[int, bytearray] = {}
         self.ports = [
-            SerialPort(spec, self.ringbufs[spec.chardev] if spec.chardev else None)
+            SerialPort(
+                spec,
+                self.ringbufs.get(spec.chardev) if spec.chardev else None,
+                socket_chardev=spec.chardev if spec.chardev in self.socket_chardevs else None,
+            )
             for spec in config.serial_ports
         ]
         self._listeners: list[EventListener] = []
@@ -171,13 +212,19 @@ class Machine:
             self.emit("STOP")
 
     def system_reset(self) -> None:
-        """``system_reset``: the guest reboots, so its open ports close."""
-        self.emit("RESET", {"guest": False, "reason": "host-qmp-system-reset"})
+        """``system_reset``: the guest reboots, so its open ports close.
+
+        QEMU resets the devices before it announces RESET, so a port with an id
+        that the guest held reports ``VSERPORT_CHANGE`` (closed) first.
+        """
         self._reboot_guest()
+        self.emit("RESET", {"guest": False, "reason": "host-qmp-system-reset"})
 
     def system_powerdown(self) -> None:
-        """``system_powerdown``: press the ACPI power button; a guest may react."""
+        """``system_powerdown``: press the ACPI button; a guest may react (a hung one cannot)."""
         self.emit("POWERDOWN")
+        if self.guest_hung:
+            return
         for controller in list(self._controllers):
             controller.write(b"POWERDOWN\n")
 
@@ -197,10 +244,17 @@ class Machine:
             return
         self.exited = status
         self.run_state = RunState.SHUTDOWN
-        self._reboot_guest()
+        # The process ends: no device is reset, so no VSERPORT_CHANGE.
+        self._close_guest_ends()
         for controller in list(self._controllers):
             controller.close()
         self._controllers.clear()
+        for chardev_file in self._chardev_files.values():
+            chardev_file.close()
+        clients, self._chardev_clients = self._chardev_clients, {}
+        for queue in clients.values():
+            for client in queue:
+                client.close()
         if self._exit_handler is not None:
             self._exit_handler(status, stderr_lines)
 
@@ -220,18 +274,40 @@ class Machine:
         self.clock.callLater(0, self.exit, 0, [])
 
     def guest_reboot(self) -> None:
-        """The guest OS reboots."""
-        self.emit("RESET", {"guest": True, "reason": "guest-reset"})
+        """The guest OS reboots: its devices reset (ports close), then QEMU reports RESET."""
         self._reboot_guest()
+        self.emit("RESET", {"guest": True, "reason": "guest-reset"})
 
     def guest_panic(self) -> None:
-        """The guest kernel panics; QEMU 7.2's default action (panic=shutdown) powers off."""
-        self.emit("GUEST_PANICKED", {"action": "poweroff"})
-        if self.running:
-            self.run_state = RunState.GUEST_PANICKED
-            self.emit("STOP")
-        self.emit("SHUTDOWN", {"guest": True, "reason": "guest-panic"})
-        self.clock.callLater(0, self.exit, 0, [])
+        """The guest kernel panics.
+
+        With a pvpanic device the kernel tells QEMU, and QEMU 7.2's default
+        ``-action panic=shutdown`` follows.  Measured with a Debian 6.1 guest
+        (``echo c > /proc/sysrq-trigger``, pvpanic-mmio loaded): GUEST_PANICKED
+        with action poweroff, then SHUTDOWN guest-panic, exit 0 -- and no STOP:
+        the vCPU only requests the stop, and QEMU exits before it handles the
+        request.  (A panic written from the main thread, through qtest, does
+        show STOP between the two.)  Without a pvpanic device the host sees
+        nothing, as on real QEMU: the kernel hangs, or with ``panic=N`` on its
+        command line (``-append``) reboots N seconds later (N < 0: at once).
+        Measured without pvpanic and with ``panic=3``: no event, then RESET
+        (guest, guest-reset) about three seconds later.  fakeqemu does not add
+        the firmware's second RESET that followed it.
+        """
+        events = self.config.pvpanic_events
+        if events is not None and events & PVPANIC_PANICKED:
+            self.emit("GUEST_PANICKED", {"action": "poweroff"})
+            self.emit("SHUTDOWN", {"guest": True, "reason": "guest-panic"})
+            self.clock.callLater(0, self.exit, 0, [])
+            return
+        self.guest_hung = True
+        timeout = self.config.kernel.panic_timeout() if self.config.kernel is not None else 0
+        if timeout:
+            self.clock.callLater(max(timeout, 0), self._reboot_after_panic)
+
+    def _reboot_after_panic(self) -> None:
+        if self.exited is None and self.guest_hung:
+            self.guest_reboot()
 
     def attach_controller(self, sink: GuestSink) -> Callable[[], None]:
         """A guest's power management listens for ACPI events; returns the detacher."""
@@ -246,27 +322,145 @@ class Machine:
         return None
 
     def open_port(self, port: SerialPort, sink: GuestSink) -> bool:
-        """The guest opens the port; a port is opened by one reader at a time."""
-        if port.guest is not None or self.exited is not None:
+        """The guest opens the port; a port is opened by one reader at a time.
+
+        QEMU reports ``VSERPORT_CHANGE`` when the guest opens a port that has an
+        ``id=``, and nothing for a port without one (measured with a Debian 6.1
+        guest: opening and closing ``/dev/vport0p1`` gave open true, then false).
+        """
+        if port.guest is not None or self.exited is not None or self.guest_hung:
             return False
         port.guest = sink
+        self._port_changed(port, True)
+        if port.pending:
+            waiting, port.pending = bytes(port.pending), bytearray()
+            sink.write(waiting)
         return True
 
     def close_port(self, port: SerialPort, sink: GuestSink) -> None:
         """The guest closed its end."""
         if port.guest is sink:
             port.guest = None
+            if self.exited is None:
+                self._port_changed(port, False)
+
+    def _port_changed(self, port: SerialPort, is_open: bool) -> None:
+        if port.spec.device_id:
+            # Measured key order: {"open": true, "id": "agentport"}.
+            self.emit("VSERPORT_CHANGE", {"open": is_open, "id": port.spec.device_id})
 
     def guest_wrote(self, port: SerialPort, data: bytes) -> None:
-        """Bytes from the guest land in the wired ring buffer, or nowhere."""
-        if port.ringbuf is not None and self.exited is None:
+        """Bytes from the guest land in the wired ring buffer, the socket's client, or nowhere."""
+        if self.exited is not None or self.guest_hung:
+            return
+        if port.ringbuf is not None:
             port.ringbuf.write(data)
+        elif port.socket_chardev is not None:
+            client = self._served(port.socket_chardev)
+            if client is not None:
+                client.write(data)
+
+    # -- socket chardevs (host side) --------------------------------------
+
+    def _served(self, chardev_id: str) -> GuestSink | None:
+        queue = self._chardev_clients.get(chardev_id)
+        return queue[0] if queue else None
+
+    def chardev_connected(self, chardev_id: str, sink: GuestSink) -> Callable[[], None] | None:
+        """A host process connects to a socket chardev; returns the detacher (None: gone).
+
+        One client is served at a time; a second waits, unserved, until the
+        first leaves (QEMU 7.2 leaves it in the listen backlog: measured).
+        """
+        if self.exited is not None or chardev_id not in self.socket_chardevs:
+            return None
+        self._chardev_clients.setdefault(chardev_id, []).append(sink)
+        return lambda: self._chardev_disconnected(chardev_id, sink)
+
+    def _chardev_disconnected(self, chardev_id: str, sink: GuestSink) -> None:
+        queue = self._chardev_clients.get(chardev_id, [])
+        was_served = bool(queue) and queue[0] is sink
+        if sink in queue:
+            queue.remove(sink)
+        self._waiting_bytes.pop(id(sink), None)
+        if was_served and queue:
+            waiting = self._waiting_bytes.pop(id(queue[0]), None)
+            if waiting:
+                self._deliver_from_host(chardev_id, bytes(waiting))
+
+    def host_wrote(self, chardev_id: str, sink: GuestSink, data: bytes) -> None:
+        """A socket chardev's client sent bytes: to the guest's port, once it is served."""
+        if self.exited is not None:
+            return
+        if self._served(chardev_id) is not sink:
+            self._waiting_bytes.setdefault(id(sink), bytearray()).extend(data)
+            return
+        self._deliver_from_host(chardev_id, data)
+
+    def _deliver_from_host(self, chardev_id: str, data: bytes) -> None:
+        for port in self.ports:
+            if port.socket_chardev != chardev_id:
+                continue
+            if port.guest is not None and not self.guest_hung:
+                port.guest.write(data)
+            elif len(port.pending) + len(data) <= _PENDING_LIMIT:
+                # Nobody holds the port: QEMU leaves the bytes unread until someone does.
+                port.pending.extend(data)
+
+    def attach_console(self, sink: GuestSink) -> Callable[[], None] | None:
+        """A guest process opens the serial console (ttyS0); returns the detacher.
+
+        None when there is nothing to open: no ``-serial``, a hung guest, or a
+        machine that is gone.  Several processes may hold a tty at once.
+        """
+        if self.config.serial_chardev is None or self.exited is not None or self.guest_hung:
+            return None
+        self._consoles.append(sink)
+        return lambda: self._consoles.remove(sink) if sink in self._consoles else None
+
+    def attach_forward(self, sink: GuestSink) -> Callable[[], None] | None:
+        """A guest process connects through a guestfwd rule; returns the detacher.
+
+        None when no guest can connect (a hung guest, a machine that is gone).
+        A reboot or the machine's exit closes the connection.
+        """
+        if self.exited is not None or self.guest_hung:
+            return None
+        self._forwards.append(sink)
+        return lambda: self._forwards.remove(sink) if sink in self._forwards else None
+
+    def console_wrote(self, data: bytes) -> None:
+        """A guest process wrote to ttyS0: the bytes go to the serial port's chardev."""
+        chardev = self.config.serial_chardev
+        if chardev is None or self.exited is not None or self.guest_hung:
+            return
+        if chardev in self._chardev_files:
+            self._chardev_files[chardev].write(data)
+        else:
+            self.ringbufs[chardev].write(data)
 
     def _reboot_guest(self) -> None:
+        """The guest's devices reset: every process holding a port or the console is gone."""
+        self.guest_hung = False
+        for port in self.ports:
+            guest, port.guest = port.guest, None
+            if guest is not None:
+                self._port_changed(port, False)
+                guest.close()
+        self._close_consoles()
+
+    def _close_guest_ends(self) -> None:
         for port in self.ports:
             guest, port.guest = port.guest, None
             if guest is not None:
                 guest.close()
+        self._close_consoles()
+
+    def _close_consoles(self) -> None:
+        consoles, self._consoles = self._consoles, []
+        forwards, self._forwards = self._forwards, []
+        for sink in [*consoles, *forwards]:
+            sink.close()
 
     # -- chardevs ---------------------------------------------------------
 
@@ -274,7 +468,11 @@ class Machine:
         """The ring buffer chardev named ``device``, with QEMU's lookup errors."""
         if device in self.ringbufs:
             return self.ringbufs[device]
-        if device in self.monitor_labels():
+        if (
+            device in self.monitor_labels()
+            or device in self._chardev_files
+            or device in self.socket_chardevs
+        ):
             raise MachineError(f"{device} is not a ringbuf device")
         raise MachineError(f"Device '{device}' not found")
 
@@ -290,20 +488,48 @@ class Machine:
         return ring.read(size)
 
     def ringbuf_write(self, device: str, data: bytes) -> None:
-        """``ringbuf-write``: append to the buffer and deliver to the guest end."""
-        ring = self.ringbuf_device(device)
-        ring.write(data)
-        for port in self.ports:
-            if port.ringbuf is ring and port.guest is not None:
-                port.guest.write(data)
+        """``ringbuf-write``: append to the buffer, and nothing more.
+
+        The host reads its own bytes back with ``ringbuf-read``; no guest ever
+        sees them: QEMU's ring buffer has no path from the host to the guest
+        (``qmp_ringbuf_write`` only fills the buffer; measured with a real guest).
+        """
+        self.ringbuf_device(device).write(data)
 
     def query_chardev(self) -> list[dict[str, Any]]:
-        """``query-chardev``: ring buffers (open while a guest holds the port) and monitors."""
+        """``query-chardev``: ring buffers and files, then the monitors.
+
+        A ring buffer on a virtio port is open while a guest holds the port; a
+        chardev behind the serial port is open from the start (measured).
+        """
         result: list[dict[str, Any]] = []
+        serial = self.config.serial_chardev
         for spec in self.config.ringbufs:
             ring = self.ringbufs[spec.id]
-            open_ = any(p.ringbuf is ring and p.guest is not None for p in self.ports)
+            open_ = spec.id == serial or any(
+                p.ringbuf is ring and p.guest is not None for p in self.ports
+            )
             result.append({"frontend-open": open_, "filename": "ringbuf", "label": spec.id})
+        for file_spec in self.config.file_chardevs:
+            result.append(
+                {
+                    "frontend-open": file_spec.id == serial,
+                    "filename": "file",
+                    "label": file_spec.id,
+                }
+            )
+        for socket_spec in self.config.socket_chardevs:
+            served = "" if self._served(socket_spec.id) is not None else "disconnected:"
+            result.append(
+                {
+                    "frontend-open": any(
+                        p.socket_chardev == socket_spec.id and p.guest is not None
+                        for p in self.ports
+                    ),
+                    "filename": f"{served}unix:{socket_spec.path},server=on",
+                    "label": socket_spec.id,
+                }
+            )
         for label, path in zip(self.monitor_labels(), self.config.qmp_sockets, strict=True):
             result.append(
                 {"frontend-open": True, "filename": f"unix:{path},server=on", "label": label}

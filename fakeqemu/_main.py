@@ -19,7 +19,7 @@ from fakeqemu._cmdline import (
 )
 from fakeqemu._host import HOST_VARIABLE
 from fakeqemu._hostclient import HostClient, HostRequestError, HostUnreachable
-from fakeqemu._vm import GUEST_DIR_VARIABLE, RunningVM, StartError, guest_directory
+from fakeqemu._vm import RunningVM, StartError, guest_directory
 
 _DRAIN_SECONDS = 2.0
 
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     if parsed.show_version:
         major, minor, micro = QEMU_VERSION
         print(f"QEMU emulator version {major}.{minor}.{micro} (fakeqemu {__version__})")
-        print("fakeqemu emulates QEMU's monitor, ring buffers and virtio serial ports only")
+        print("fakeqemu emulates QEMU's monitor and vmready's devices; it runs no guest code")
         sys.exit(0)
     if parsed.logfile is not None:
         _open_logfile(parsed.logfile, parsed.daemonize, prog)
@@ -87,7 +87,7 @@ _FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def _run_on_host(control: str, args: list[str], config: MachineConfig, prog: str) -> int:
-    environ = {k: v for k, v in os.environ.items() if k == GUEST_DIR_VARIABLE}
+    environ = dict(os.environ)
     if not config.daemonize:
         # QEMU handles these from its first moment; hold them until the VM they are
         # for exists, rather than die of one while its monitor already answers.

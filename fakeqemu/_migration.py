@@ -1,11 +1,16 @@
 """fakeqemu's migration stream: a JSON state file, checked on load as QEMU checks its own.
 
-Real QEMU refuses an incoming stream whose machine type, RAM size or
-virtio-serial port numbers differ from the destination's, and prints three
-lines naming the section that failed.  Port *names* and ring-buffer sizes are
-not in QEMU's stream, so a renamed port restores fine there and here.  Ring
-buffer contents are chardev state, which QEMU does not migrate: they are
-recorded in the file for inspection and not restored.
+Real QEMU refuses an incoming stream whose machine type, RAM size or devices
+differ from the destination's, and prints the lines naming what failed, in
+the stream's order: the machine type, then RAM (its size, then every RAM
+block, such as a NIC's option ROM ``0000:00:03.0/virtio-net-pci.rom``), then
+each device's section by PCI address (``0000:00:04.0/virtio-blk``), then a
+virtio-serial bus's port numbers.  A destination device the stream does not
+mention keeps its reset state.  Port *names*, ring-buffer sizes, the ISA
+pvpanic and the kernel are not in QEMU's stream, so a renamed port restores
+fine there and here.  Ring buffer contents are chardev state, which QEMU does
+not migrate: they are recorded in the file for inspection and not restored.
+All of it was measured on QEMU 7.2.
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ def serialize_state(config: MachineConfig, ringbuf_contents: dict[str, bytes]) -
         "machine": config.machine_type,
         "memory_bytes": config.memory_bytes,
         "cpus": config.cpus,
+        "pci_devices": [
+            {"address": d.address, "section": d.section, "rom": d.rom} for d in config.pci_devices
+        ],
         "serial_buses": [
             {
                 "bus": bus.bus_name,
@@ -91,24 +99,29 @@ def check_incoming(config: MachineConfig, path: str, data: bytes) -> dict[str, A
                 failed,
             ]
         )
-    # QEMU names each virtio-serial section by its PCI address and loads the
-    # sections in stream order.  A section the destination lacks is fatal; a
-    # destination device the stream does not mention keeps its reset state.
+    _check_ram_blocks(config, document, failed)
+    # QEMU names each device section by its PCI address and loads the sections in
+    # stream order.  A section the destination lacks is fatal.
+    local = {(d.address, d.section) for d in config.pci_devices}
     local_buses = {bus.pci_address: bus for bus in config.serial_buses}
-    for source_bus in document.get("serial_buses", []):
-        address = source_bus["pci_address"]
-        bus = local_buses.get(address)
-        if bus is None:
+    source_buses = {b["pci_address"]: b for b in document.get("serial_buses", [])}
+    for device in _source_devices(document):
+        address, section = device["address"], device["section"]
+        if (address, section) not in local:
             raise IncomingMigrationError(
                 [
-                    f"Unknown savevm section or instance '{address}/virtio-console' 0. "
+                    f"Unknown savevm section or instance '{address}/{section}' 0. "
                     "Make sure that your current VM setup matches your saved VM setup, "
                     "including any hotplugged devices",
                     failed,
                 ]
             )
+        if section != "virtio-console":
+            continue
+        bus = local_buses[address]
         local_ports = sorted(p.nr for p in config.serial_ports if p.bus_name == bus.bus_name)
-        if sorted(p["nr"] for p in source_bus["ports"]) != local_ports:
+        source_ports = source_buses.get(address, {}).get("ports", [])
+        if sorted(p["nr"] for p in source_ports) != local_ports:
             raise IncomingMigrationError(
                 [
                     "Failed to load virtio-console:virtio",
@@ -118,6 +131,32 @@ def check_incoming(config: MachineConfig, path: str, data: bytes) -> dict[str, A
                 ]
             )
     return document
+
+
+def _source_devices(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """The stream's PCI devices; a file from an older fakeqemu lists only serial buses."""
+    if "pci_devices" in document:
+        return list(document["pci_devices"])
+    return [
+        {"address": bus["pci_address"], "section": "virtio-console", "rom": None}
+        for bus in document.get("serial_buses", [])
+    ]
+
+
+def _check_ram_blocks(config: MachineConfig, document: dict[str, Any], failed: str) -> None:
+    """Every RAM block of the stream (after pc.ram) must exist at the destination."""
+    local = {f"{d.address}/{d.rom}" for d in config.pci_devices if d.rom}
+    for device in _source_devices(document):
+        if device.get("rom"):
+            block = f"{device['address']}/{device['rom']}"
+            if block not in local:
+                raise IncomingMigrationError(
+                    [
+                        f'Unknown ramblock "{block}", cannot accept migration',
+                        "error while loading state for instance 0x0 of device 'ram'",
+                        failed,
+                    ]
+                )
 
 
 def _hex(value: object) -> str:

@@ -13,12 +13,23 @@ from twisted.internet.error import CannotListenError
 from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
 
-from fakeqemu._cmdline import MachineConfig
+from fakeqemu._chardev import open_chardev_files
+from fakeqemu._cmdline import MachineConfig, format_messages, program_name
 from fakeqemu._guest import (
+    CONSOLE_SOCKET,
     CONTROL_SOCKET,
     PORTS_DIRECTORY,
+    SHARES_DIRECTORY,
+    GuestConsoleFactory,
     GuestControlFactory,
     GuestPortFactory,
+    HostChardevFactory,
+)
+from fakeqemu._guestfwd import (
+    FORWARDS_DIRECTORY,
+    CommandLauncher,
+    ForwardFactory,
+    SpawningLauncher,
 )
 from fakeqemu._machine import Machine
 from fakeqemu._qmp import QMPServerFactory
@@ -81,13 +92,23 @@ class RunningVM:
         on_exit: ExitCallback,
         write_file: Callable[[str, bytes], None] = write_state_file,
         on_output: OutputCallback | None = None,
+        environ: Mapping[str, str] | None = None,
+        launcher: CommandLauncher | None = None,
+        program: str | None = None,
     ) -> None:
         self.config = config
         self.reactor = reactor
         self.guest_dir = guest_dir
         self._on_exit = on_exit
         self._on_output = on_output
-        self.machine = Machine(config, reactor, self._machine_exited)
+        # QEMU's environment, which the commands of guestfwd rules inherit.
+        self._environ = dict(os.environ if environ is None else environ)
+        self._launcher = launcher if launcher is not None else SpawningLauncher(reactor)
+        # The name QEMU's own messages start with (the launcher's, on a fakeqemu host).
+        self._program = program if program is not None else program_name()
+        self._chardev_files = open_chardev_files(config.file_chardevs, config.cwd)
+        self.machine = Machine(config, reactor, self._machine_exited, self._chardev_files)
+        self._shares: list[str] = []
         self.qmp_factory = QMPServerFactory(self.machine, write_file)
         self._listening: list[IListeningPort] = []
         self._closing: list[Deferred[Any]] = []
@@ -95,7 +116,10 @@ class RunningVM:
         self.exit_status: int | None = None
 
     def guest_socket_paths(self) -> dict[str, str]:
-        """Guest port name → its socket path, plus ``control``."""
+        """Guest port name → its socket path, plus ``control``, ``console`` and forwards.
+
+        A guestfwd rule's socket is keyed ``tcp/<ip>:<port>``.
+        """
         if self.guest_dir is None:
             return {}
         paths = {
@@ -103,22 +127,44 @@ class RunningVM:
             for port in self.machine.ports
         }
         paths[CONTROL_SOCKET] = os.path.join(self.guest_dir, CONTROL_SOCKET)
+        if self.config.serial_chardev is not None:
+            paths[CONSOLE_SOCKET] = os.path.join(self.guest_dir, CONSOLE_SOCKET)
+        for forward in self.config.guest_forwards:
+            key = f"{FORWARDS_DIRECTORY}/{forward.socket_name}"
+            paths[key] = os.path.join(self.guest_dir, key)
         return paths
+
+    def share_paths(self) -> dict[str, str]:
+        """Mount tag → the ``9p/<tag>`` link standing for the guest's view of the export."""
+        if self.guest_dir is None:
+            return {}
+        return {
+            share.mount_tag: os.path.join(self.guest_dir, SHARES_DIRECTORY, share.mount_tag)
+            for share in self.config.shares
+        }
 
     def start(self) -> None:
         """Listen on every socket; raise StartError with QEMU-style lines if one fails."""
         try:
             for path in self.config.qmp_sockets:
                 self._listen_qmp(path)
+            self._listen_chardevs()
             self._listen_guest()
         except StartError:
-            self._stop_listening()
+            self._abandon()
             raise
         except Exception as e:
-            self._stop_listening()
+            self._abandon()
             raise StartError([f"cannot listen: {e}"]) from e
         if self.config.incoming_path is not None:
             self._start_incoming(self.config.incoming_path)
+
+    def _abandon(self) -> None:
+        """A start that failed leaves nothing listening, linked or open."""
+        self._stop_listening()
+        self._unlink_shares()
+        for chardev_file in self._chardev_files.values():
+            chardev_file.close()
 
     def _listen_qmp(self, path: str) -> None:
         _remove_stale_socket(path)
@@ -132,6 +178,22 @@ class RunningVM:
                     f"Failed to bind socket to {path}: {_strerror(e.socketError)}"
                 ]
             ) from e
+
+    def _listen_chardevs(self) -> None:
+        """Each ``socket`` chardev's unix socket, where a host process connects."""
+        for spec in self.config.socket_chardevs:
+            path = self.config.host_path(spec.path)
+            _remove_stale_socket(path)
+            factory = HostChardevFactory(self.machine, spec.id)
+            try:
+                self._listening.append(self.reactor.listenUNIX(path, factory))
+            except CannotListenError as e:
+                raise StartError(
+                    [
+                        f"-chardev socket,id={spec.id},path={spec.path},server=on,wait=off: "
+                        f"Failed to bind socket to {spec.path}: {_strerror(e.socketError)}"
+                    ]
+                ) from e
 
     def _listen_guest(self) -> None:
         paths = self.guest_socket_paths()
@@ -157,6 +219,52 @@ class RunningVM:
         self._listening.append(
             self.reactor.listenUNIX(control, GuestControlFactory(self.machine), mode=0o600)
         )
+        if CONSOLE_SOCKET in paths:
+            console = paths[CONSOLE_SOCKET]
+            _remove_stale_socket(console)
+            self._listening.append(
+                self.reactor.listenUNIX(console, GuestConsoleFactory(self.machine), mode=0o600)
+            )
+        self._listen_forwards(paths)
+        self._link_shares()
+
+    def _listen_forwards(self, paths: dict[str, str]) -> None:
+        """One socket per guestfwd rule; the last rule for an address wins, as in libslirp."""
+        assert self.guest_dir is not None
+        forwards = {forward.socket_name: forward for forward in self.config.guest_forwards}
+        if not forwards:
+            return
+        os.makedirs(os.path.join(self.guest_dir, FORWARDS_DIRECTORY), exist_ok=True)
+        # QEMU chdirs to / once daemonized; the commands it spawns start there.
+        cwd = "/" if self.config.daemonize else self.config.cwd
+        for name, forward in forwards.items():
+            path = paths[f"{FORWARDS_DIRECTORY}/{name}"]
+            _remove_stale_socket(path)
+            factory = ForwardFactory(
+                self.machine, forward, self._launcher, cwd, self._environ, self._report
+            )
+            self._listening.append(self.reactor.listenUNIX(path, factory, mode=0o600))
+
+    def _link_shares(self) -> None:
+        """``9p/<tag>``: a symlink to each export, the fake guest's view of the mount."""
+        links = self.share_paths()
+        if not links:
+            return
+        assert self.guest_dir is not None
+        os.makedirs(os.path.join(self.guest_dir, SHARES_DIRECTORY), exist_ok=True)
+        for share in self.config.shares:
+            link = links[share.mount_tag]
+            with contextlib.suppress(FileNotFoundError):
+                if os.path.islink(link):
+                    os.unlink(link)
+            os.symlink(os.path.abspath(self.config.host_path(share.fsdev.path)), link)
+            self._shares.append(link)
+
+    def _unlink_shares(self) -> None:
+        links, self._shares = self._shares, []
+        for link in links:
+            with contextlib.suppress(OSError):
+                os.unlink(link)
 
     def _start_incoming(self, path: str) -> None:
         """``-incoming "exec:cat PATH"``: load the stream once the reactor runs."""
@@ -175,6 +283,10 @@ class RunningVM:
     def _load_incoming(self, data: bytes) -> None:
         if self.machine.exited is None:
             self.machine.load_incoming(data)
+
+    def _report(self, messages: list[str]) -> None:
+        """QEMU's own messages, printed with the program prefix where its stderr goes."""
+        self._output(format_messages(self._program, messages))
 
     def _output(self, text: str) -> None:
         """Text that QEMU's stderr would show, unprefixed (it comes from a helper process)."""
@@ -202,6 +314,7 @@ class RunningVM:
         else:
             self.qmp_factory.disconnect_all()
         self._stop_listening()
+        self._unlink_shares()
         self._on_exit(status, lines)
 
     def _stop_listening(self) -> None:

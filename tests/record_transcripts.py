@@ -19,7 +19,7 @@ import subprocess
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from tests.system import EventReader, GuestPort, System, eventually
+from tests.system import EventReader, System, eventually
 
 NAME = "web1"
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "transcripts")
@@ -110,7 +110,7 @@ class RecordTranscripts(SynchronousTestCase):
 
     def test_ringBufferOverflow(self) -> None:
         self.system.cli("launch", NAME, "--memory", "128")
-        port = GuestPort(self.system.serial_port(NAME))
+        port = self.system.guest_port(NAME)
         port.send(b"STARTED\n")
         port.wait_for_line(lambda line: line.startswith(b"CONNECT"), "CONNECT")
         # More than the 64 KiB ring holds, at once: the host's next read starts mid-line.
@@ -129,7 +129,7 @@ class RecordTranscripts(SynchronousTestCase):
         self.system.cli(
             "launch", NAME, "--memory", "128", "-c", "user.api-token=s3cret", "-c", "user.motd=hi"
         )
-        port = GuestPort(self.system.serial_port(NAME))
+        port = self.system.guest_port(NAME)
         # Noise, bytes that are not UTF-8, an over-long line, a NUL, then a real status.
         port.send(b"hello?\n\xff\xfe\xfd\n" + b"z" * 300 + b"\nSTAR\x00TED\nSTARTED\n")
         port.wait_for_line(lambda line: line.startswith(b"CONNECT"), "CONNECT")

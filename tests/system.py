@@ -32,8 +32,9 @@ from typing import IO, Any, NamedTuple, TypeVar
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from vmready.configdrive import AGENT_CONFIG, AGENT_ZIPAPP
 from vmready.daemon import GUEST_SOCKET_BASE
-from vmready.lifecycle import AGENT_CONFIG, CONFIG_DRIVE, run_dir_name
+from vmready.lifecycle import CONFIG_DRIVE, run_dir_name
 from vmready.states import READY_KEY
 
 __all__ = [
@@ -220,13 +221,21 @@ def _source(event: dict[str, Any]) -> str:
 class GuestPort:
     """A guest program holding the VM's agent serial port (fakeqemu: a unix socket).
 
-    fakeqemu lets one client hold a port at a time and hangs up on a second
-    one at once, so connecting retries until the port is really ours.
+    It writes on the agent's port and reads the host's CONNECT lines from the
+    ``vmready.connect`` port (``connect``), as the agent does; without one it
+    reads the agent's port itself.  fakeqemu lets one client hold a port at a
+    time and hangs up on a second one at once, so connecting retries until the
+    port is really ours.
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, connect: str | None = None) -> None:
         self.received = b""
         self._sock = eventually(lambda: self._hold(path), f"holding the serial port {path}")
+        self._replies = (
+            self._sock
+            if connect is None
+            else eventually(lambda: self._hold(connect), f"holding the connect port {connect}")
+        )
 
     @staticmethod
     def _hold(path: str) -> socket.socket | None:
@@ -259,16 +268,17 @@ class GuestPort:
                 raise AssertionError(
                     f"timed out waiting for {what} on the serial port; got {self.received!r}"
                 )
-            readable, _, _ = select.select([self._sock], [], [], min(left, 0.5))
+            readable, _, _ = select.select([self._replies], [], [], min(left, 0.5))
             if readable:
-                chunk = self._sock.recv(65536)
+                chunk = self._replies.recv(65536)
                 if not chunk:
                     raise AssertionError(f"the serial port closed; got {self.received!r}")
                 self.received += chunk
 
     def close(self) -> None:
-        """Let go of the port."""
+        """Let go of the ports."""
         self._sock.close()
+        self._replies.close()
 
 
 class System:
@@ -435,12 +445,19 @@ class System:
             self.run_dir(name), "qmp.sock.guest", "virtio-ports", "com.canonical.lxd"
         )
 
+    def guest_port(self, name: str) -> GuestPort:
+        """A guest program on the VM's agent port that reads CONNECT where the agent does."""
+        ports = os.path.dirname(self.serial_port(name))
+        return GuestPort(self.serial_port(name), os.path.join(ports, "vmready.connect"))
+
     def start_agent(
         self, name: str, log_name: str = "agent.log", *options: str
     ) -> subprocess.Popen[bytes]:
         """``vmready-agent --config-drive <drive> [options]`` as its own process, in the guest."""
         drive = os.path.join(self.run_dir(name), CONFIG_DRIVE)
-        command = [sys.executable, "-m", "vmready.agent.main", "--config-drive", drive, *options]
+        # As a guest runs it: the drive's zipapp, without the host's site-packages.
+        zipapp = os.path.join(drive, AGENT_ZIPAPP)
+        command = [sys.executable, "-S", "-I", zipapp, "--config-drive", drive, *options]
         return self._spawn(command, log_name)
 
     def agent_log(self, log_name: str = "agent.log") -> str:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import logging
 import os
 import shutil
 import tempfile
 from typing import Any
 
+from cryptography.hazmat.primitives import serialization
 from twisted.trial.unittest import SynchronousTestCase
 
 from vmready.agent.config import (
@@ -19,6 +22,8 @@ from vmready.agent.config import (
     load_config,
     parse_transport,
 )
+from vmready.agent.network import NetworkPlan
+from vmready.agent.serial import DEFAULT_SYSFS_PORTS, LEGACY_PORT_NAME, PORT_NAME
 from vmready.certs import generate, write_config_drive
 
 CLIENT = generate("demo")
@@ -40,7 +45,10 @@ class ConfigDriveTests(SynchronousTestCase):
 
     def test_certificatesAreRead(self) -> None:
         config = self.load()
-        self.assertEqual(config.identity, CLIENT)
+        self.assertEqual(
+            (config.client_cert, config.client_key),
+            (os.path.join(self.drive, "agent.crt"), os.path.join(self.drive, "agent.key")),
+        )
         self.assertEqual(config.server_cert_pem, SERVER.cert_pem)
 
     def test_realGuestDefaultsWithoutAgentJson(self) -> None:
@@ -50,6 +58,10 @@ class ConfigDriveTests(SynchronousTestCase):
             (Transport("vsock"), DEFAULT_SOCKET, DEFAULT_STATE_DIR, DEFAULT_VIRTIO_PORTS),
         )
         self.assertEqual((config.heartbeat, config.retries, config.serial), (5.0, 3, None))
+        self.assertEqual(
+            (config.virtio_sysfs, config.ports, config.tcp_sockets, config.network),
+            (DEFAULT_SYSFS_PORTS, (PORT_NAME, LEGACY_PORT_NAME), None, None),
+        )
 
     def test_agentJsonSettingsApply(self) -> None:
         self.settings(
@@ -77,9 +89,63 @@ class ConfigDriveTests(SynchronousTestCase):
         self.settings(state_dir="run")
         self.assertEqual(self.load().state_dir, os.path.join(self.drive, "run"))
 
-    def test_unknownKeysAreIgnored(self) -> None:
+    def test_unknownKeysAreIgnoredWithAWarning(self) -> None:
         self.settings(future_setting="x")
-        self.assertEqual(self.load().instance, None)
+        with self.assertLogs("vmready.agent.config", logging.WARNING) as logged:
+            self.assertEqual(self.load().instance, None)
+        self.assertEqual(
+            logged.records[0].getMessage(),
+            f"ignoring unknown key 'future_setting' in {self.drive}/agent.json",
+        )
+
+    def test_wiredPortIsTriedFirst(self) -> None:
+        self.settings(port=LEGACY_PORT_NAME)
+        self.assertEqual(self.load().ports, (LEGACY_PORT_NAME, PORT_NAME))
+
+    def test_portThatIsAPathIsRefused(self) -> None:
+        self.settings(port="../x")
+        self.assertIn(
+            "port '../x' is not a port name", str(self.assertRaises(ConfigError, self.load))
+        )
+
+    def test_namedVirtioPortsDirectoryTurnsSysfsOff(self) -> None:
+        # A fakeqemu guest is a host process: the host's own virtio ports are not its own.
+        self.settings(virtio_ports="/q/qmp.sock.guest/virtio-ports")
+        self.assertIsNone(self.load().virtio_sysfs)
+
+    def test_virtioPortsOptionTurnsSysfsOffToo(self) -> None:
+        self.assertIsNone(self.load(**{"virtio-ports": "/elsewhere"}).virtio_sysfs)
+
+    def test_tcpSocketsDirectoryIsRelativeToTheDrive(self) -> None:
+        self.settings(tcp_sockets="tcp")
+        self.assertEqual(self.load().tcp_sockets, os.path.join(self.drive, "tcp"))
+
+    def test_networkSettingsMakeAPlan(self) -> None:
+        self.settings(network_mac="52:54:00:76:6D:01", network_address="10.0.2.15/24")
+        self.assertEqual(
+            self.load().network,
+            NetworkPlan("52:54:00:76:6d:01", ipaddress.IPv4Interface("10.0.2.15/24")),
+        )
+
+    def test_networkMacWithoutAnAddressIsRefused(self) -> None:
+        self.settings(network_mac="52:54:00:76:6d:01")
+        error = self.assertRaises(ConfigError, self.load)
+        self.assertIn("network_mac and network_address go together", str(error))
+
+    def test_badMacIsRefused(self) -> None:
+        self.settings(network_mac="52:54:00", network_address="10.0.2.15/24")
+        error = self.assertRaises(ConfigError, self.load)
+        self.assertIn("network_mac '52:54:00' is not a MAC address", str(error))
+
+    def test_addressWithoutPrefixIsRefused(self) -> None:
+        self.settings(network_mac="52:54:00:76:6d:01", network_address="10.0.2.15")
+        error = self.assertRaises(ConfigError, self.load)
+        self.assertIn("network_address '10.0.2.15' has no prefix length", str(error))
+
+    def test_addressThatIsNotIPv4IsRefused(self) -> None:
+        self.settings(network_mac="52:54:00:76:6d:01", network_address="fe80::1/64")
+        error = self.assertRaises(ConfigError, self.load)
+        self.assertIn("is not an IPv4 address/prefix", str(error))
 
     def test_missingCertificateIsOneLine(self) -> None:
         os.unlink(os.path.join(self.drive, "server.crt"))
@@ -94,13 +160,50 @@ class ConfigDriveTests(SynchronousTestCase):
         with open(os.path.join(self.drive, "agent.key"), "wb") as f:
             f.write(SERVER.key_pem)
         error = self.assertRaises(ConfigError, self.load)
-        self.assertIn("agent.key does not belong to agent.crt", str(error))
+        self.assertEqual(str(error), f"agent.key does not belong to agent.crt in {self.drive}")
 
     def test_notAPemCertificateIsRefused(self) -> None:
         with open(os.path.join(self.drive, "agent.crt"), "wb") as f:
             f.write(b"hello")
         error = self.assertRaises(ConfigError, self.load)
-        self.assertIn("is not a PEM certificate", str(error))
+        self.assertEqual(str(error), f"{self.drive}/agent.crt is not a PEM certificate")
+
+    def test_brokenPemCertificateIsRefused(self) -> None:
+        with open(os.path.join(self.drive, "server.crt"), "wb") as f:
+            f.write(b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
+        error = self.assertRaises(ConfigError, self.load)
+        self.assertEqual(str(error), f"{self.drive}/server.crt is not a PEM certificate")
+
+    def test_serverCertificateMustBeExactlyOne(self) -> None:
+        with open(os.path.join(self.drive, "server.crt"), "wb") as f:
+            f.write(SERVER.cert_pem + CLIENT.cert_pem)
+        error = self.assertRaises(ConfigError, self.load)
+        self.assertEqual(
+            str(error),
+            f"{self.drive}/server.crt holds 2 certificates; it must hold exactly one",
+        )
+
+    def test_keyThatIsNotAKeyIsRefused(self) -> None:
+        with open(os.path.join(self.drive, "agent.key"), "wb") as f:
+            f.write(b"not a key")
+        error = self.assertRaises(ConfigError, self.load)
+        self.assertEqual(
+            str(error), f"{self.drive}/agent.key is not an unencrypted PEM private key"
+        )
+
+    def test_encryptedKeyIsRefusedWithoutAsking(self) -> None:
+        key = serialization.load_pem_private_key(CLIENT.key_pem, password=None)
+        encrypted = key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"secret"),
+        )
+        with open(os.path.join(self.drive, "agent.key"), "wb") as f:
+            f.write(encrypted)
+        error = self.assertRaises(ConfigError, self.load)
+        self.assertEqual(
+            str(error), f"{self.drive}/agent.key is not an unencrypted PEM private key"
+        )
 
     def test_agentJsonThatIsNotJsonIsRefused(self) -> None:
         with open(os.path.join(self.drive, "agent.json"), "w") as f:

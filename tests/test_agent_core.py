@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from twisted.trial.unittest import SynchronousTestCase
 
 from vmready.agent.core import (
@@ -16,6 +18,8 @@ from vmready.agent.core import (
     HostAddress,
     Phase,
     ReassertReady,
+    TcpAddress,
+    VsockAddress,
     WriteStatus,
 )
 from vmready.ringbuffer import MAX_LINE_BYTES, AgentStatus
@@ -23,8 +27,9 @@ from vmready.ringbuffer import MAX_LINE_BYTES, AgentStatus
 STARTED = WriteStatus(AgentStatus.STARTED)
 CONNECTED = WriteStatus(AgentStatus.CONNECTED)
 STOPPED = WriteStatus(AgentStatus.STOPPED)
-HOST = HostAddress(2, 49152)
-NEW_HOST = HostAddress(2, 50000)
+HOST = VsockAddress(2, 49152)
+NEW_HOST = VsockAddress(2, 50000)
+TCP_HOST = TcpAddress("10.0.2.100", 8443)
 
 
 def core(retries: int = 3) -> AgentCore:
@@ -299,3 +304,97 @@ class BadInputTests(SynchronousTestCase):
         self.assertEqual(
             agent.data_received(b"\x00\x01junk\nCONNECT 2:49152\n"), [Dial(1, HOST, 0.0)]
         )
+
+
+class TcpConnectTests(SynchronousTestCase):
+    """``CONNECT tcp:<ipv4>:<port>``: the fallback transport's address."""
+
+    def test_tcpConnectLineDialsThatAddress(self) -> None:
+        agent = core()
+        self.assertEqual(
+            agent.data_received(b"CONNECT tcp:10.0.2.100:8443\n"), [Dial(1, TCP_HOST, 0.0)]
+        )
+
+    def test_repeatedTcpConnectWhileConnectedIsIgnored(self) -> None:
+        agent = core()
+        connected(agent, TCP_HOST)
+        self.assertEqual(agent.data_received(b"CONNECT tcp:10.0.2.100:8443\n"), [])
+        self.assertEqual(agent.link, TCP_HOST)
+
+    def test_tcpConnectToAnotherPortRedials(self) -> None:
+        agent = core()
+        old = connected(agent, TCP_HOST)
+        other = TcpAddress("10.0.2.100", 8444)
+        self.assertEqual(
+            agent.connect_received(other), [CloseLink(old), STARTED, Dial(old + 1, other, 0.0)]
+        )
+
+    def test_vsockConnectWhileOnTcpRedials(self) -> None:
+        agent = core()
+        old = connected(agent, TCP_HOST)
+        self.assertEqual(dial_of(agent.connect_received(HOST)).dial_id, old + 1)
+
+    def test_addressesOfTheTwoKindsNeverMatch(self) -> None:
+        self.assertNotEqual(VsockAddress(2, 8443), TcpAddress("0.0.0.2", 8443))
+
+    def test_tcpAddressReadsAsItsConnectLine(self) -> None:
+        self.assertEqual(str(TCP_HOST), "tcp:10.0.2.100:8443")
+
+
+class MalformedConnectTests(SynchronousTestCase):
+    """A malformed CONNECT is ignored, and the log says precisely what is wrong with it."""
+
+    def assertIgnoredSaying(self, line: bytes, message: str) -> None:
+        agent = core()
+        with self.assertLogs("vmready.agent.core", logging.WARNING) as logged:
+            self.assertEqual(agent.data_received(line + b"\n"), [])
+        self.assertIs(agent.phase, Phase.WAITING)
+        self.assertEqual(logged.records[0].getMessage(), message)
+
+    def test_badIPv4Address(self) -> None:
+        self.assertIgnoredSaying(
+            b"CONNECT tcp:999.0.2.100:8443",
+            "ignoring a malformed CONNECT line: '999.0.2.100' is not an IPv4 address",
+        )
+
+    def test_ipv4WithLeadingZeros(self) -> None:
+        self.assertIgnoredSaying(
+            b"CONNECT tcp:010.0.2.100:8443",
+            "ignoring a malformed CONNECT line: '010.0.2.100' is not an IPv4 address",
+        )
+
+    def test_tcpPortOutOfRange(self) -> None:
+        self.assertIgnoredSaying(
+            b"CONNECT tcp:10.0.2.100:65536",
+            "ignoring a malformed CONNECT line: TCP port 65536 is out of range (1-65535)",
+        )
+
+    def test_tcpPortZero(self) -> None:
+        self.assertIgnoredSaying(
+            b"CONNECT tcp:10.0.2.100:0",
+            "ignoring a malformed CONNECT line: TCP port 0 is out of range (1-65535)",
+        )
+
+    def test_tcpHostName(self) -> None:
+        self.assertIgnoredSaying(
+            b"CONNECT tcp:host:8443",
+            "ignoring a malformed CONNECT line: "
+            "not a 'CONNECT tcp:<ipv4>:<port>' line: 'CONNECT tcp:host:8443'",
+        )
+
+    def test_vsockPortOutOfRange(self) -> None:
+        self.assertIgnoredSaying(
+            b"CONNECT 2:4294967296",
+            "ignoring a malformed CONNECT line: vsock port 4294967296 is out of range "
+            "(0-4294967295)",
+        )
+
+    def test_garbageAfterConnect(self) -> None:
+        self.assertIgnoredSaying(
+            b"CONNECT now",
+            "ignoring a malformed CONNECT line: "
+            "'CONNECT now' is neither 'CONNECT <cid>:<port>' nor 'CONNECT tcp:<ipv4>:<port>'",
+        )
+
+    def test_otherNoiseIsQuoted(self) -> None:
+        self.assertIgnoredSaying(b"hello there", "ignoring serial line 'hello there'")

@@ -1,7 +1,14 @@
-"""The agent end to end: a fake serial peer, a real TLS fake host, a guest program's socket."""
+"""The agent end to end: a fake serial peer, a real TLS fake host, a guest program's socket.
+
+The host and the serial peer are the Twisted fakes (``tests.agentfakes``), the
+daemon's own TLS code behind them; the agent is the real one, built by
+``build_agent`` from an ``AgentConfig``, running on its own asyncio loop in a
+thread beside the reactor (``AgentThread``).
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -19,28 +26,41 @@ from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 from twisted.web.client import Agent, HTTPConnectionPool
-from twisted.web.iweb import IAgent
+from twisted.web.iweb import IAgent, IAgentEndpointFactory
+from zope.interface import implementer
 
+from tests.agentfakes import FakeGuestHost, FakeSerialPeer
+from tests.asynciotesting import AgentThread
 from vmready.agent.config import AgentConfig, Transport
-from vmready.agent.host import OneEndpoint
 from vmready.agent.memory import ReadyMemory
 from vmready.agent.serial import PORT_NAME
-from vmready.agent.service import AgentService, build_agent
-from vmready.agent.testing import FakeGuestHost, FakeSerialPeer
-from vmready.certs import generate
+from vmready.agent.service import Agent as GuestAgent
+from vmready.agent.service import build_agent
+from vmready.certs import CertificatePair, generate, write_config_drive
+from vmready.transcript import read_transcript
 
 CLIENT = generate("demo")
 SERVER = generate("vmready")
 IMPOSTOR = generate("vmready")
+STRANGER = generate("other")
 
 
-async def eventually(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+async def eventually(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
     """Wait until ``predicate()`` holds (polling: some states have no event to wait on)."""
     for _ in range(int(timeout / 0.01)):
         if predicate():
             return
         await deferLater(reactor, 0.01)
     raise AssertionError("condition not met in time")
+
+
+@implementer(IAgentEndpointFactory)
+class _OneEndpoint:
+    def __init__(self, endpoint: UNIXClientEndpoint) -> None:
+        self.endpoint = endpoint
+
+    def endpointForURI(self, uri: Any) -> UNIXClientEndpoint:
+        return self.endpoint
 
 
 class LineCollector(Protocol):
@@ -66,6 +86,8 @@ class AgentEndToEndTests(TestCase):
     def setUp(self) -> None:
         self.base = tempfile.mkdtemp(prefix="vra-")
         self.addCleanup(shutil.rmtree, self.base, True)
+        self.drive = os.path.join(self.base, "drive")
+        write_config_drive(self.drive, CLIENT, SERVER.cert_pem)
         self.host_path = os.path.join(self.base, "g.sock")
         self.socket = os.path.join(self.base, "lxd", "sock")
         self.state_dir = os.path.join(self.base, "run")
@@ -74,38 +96,48 @@ class AgentEndToEndTests(TestCase):
         self.addCleanup(self.peer.stop)
         self.hosts: list[FakeGuestHost] = []
         self.addCleanup(self.stop_hosts)
+        self.thread = AgentThread()
+        self.addCleanup(self.thread.stop)
 
     async def stop_hosts(self) -> None:
         for host in self.hosts:
             await host.stop()
 
-    async def start_host(self, server: Any = SERVER) -> FakeGuestHost:
+    async def start_host(
+        self, server: CertificatePair = SERVER, client: CertificatePair = CLIENT
+    ) -> FakeGuestHost:
         host = FakeGuestHost(
-            reactor, server, CLIENT.cert_pem, self.host_path, config={"user.foo": "bar"}
+            reactor, server, client.cert_pem, self.host_path, config={"user.foo": "bar"}
         )
         await host.start()
         self.hosts.append(host)
         return host
 
-    def start_agent(self) -> AgentService:
-        config = AgentConfig(
-            identity=CLIENT,
-            server_cert_pem=SERVER.cert_pem,
-            transport=Transport("hvsock", self.host_path),
-            socket=self.socket,
-            state_dir=self.state_dir,
-            virtio_ports=os.path.join(self.base, "vp"),
-            heartbeat=30.0,
-            retries=1,
-        )
-        agent = build_agent(reactor, config)
-        agent.startService()
+    def config(self, **changes: Any) -> AgentConfig:
+        settings: dict[str, Any] = {
+            "client_cert": os.path.join(self.drive, "agent.crt"),
+            "client_key": os.path.join(self.drive, "agent.key"),
+            "server_cert_pem": SERVER.cert_pem,
+            "transport": Transport("hvsock", self.host_path),
+            "socket": self.socket,
+            "state_dir": self.state_dir,
+            "virtio_ports": os.path.join(self.base, "vp"),
+            "virtio_sysfs": None,
+            "heartbeat": 30.0,
+            "retries": 1,
+        }
+        settings.update(changes)
+        return AgentConfig(**settings)
+
+    def start_agent(self, **changes: Any) -> GuestAgent:
+        agent = build_agent(self.config(**changes))
+        self.thread.submit(agent.start()).result(timeout=10)
         self.addCleanup(self.stop_agent, agent)
         return agent
 
-    async def stop_agent(self, agent: AgentService) -> None:
-        if agent.running:
-            await agent.stopService()
+    async def stop_agent(self, agent: GuestAgent) -> None:
+        if agent.serial is not None and agent.serial.running:
+            await self.thread.deferred(agent.stop())
 
     async def connected(self, host: FakeGuestHost) -> None:
         """Advertise ``host`` on the serial line and wait for CONNECTED."""
@@ -117,7 +149,7 @@ class AgentEndToEndTests(TestCase):
     def guest_agent(self) -> IAgent:
         pool = HTTPConnectionPool(reactor, persistent=False)
         endpoint = UNIXClientEndpoint(reactor, self.socket)
-        agent: IAgent = Agent.usingEndpointFactory(reactor, OneEndpoint(endpoint), pool=pool)
+        agent: IAgent = Agent.usingEndpointFactory(reactor, _OneEndpoint(endpoint), pool=pool)
         return agent
 
     async def guest(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
@@ -138,7 +170,7 @@ class AgentEndToEndTests(TestCase):
         host = await self.start_host()
         self.start_agent()
         await self.connected(host)
-        self.assertEqual(host.event_streams, 1)
+        await eventually(lambda: host.event_streams == 1)
 
     async def test_socketIsOwnerOnly(self) -> None:
         self.start_agent()
@@ -156,6 +188,14 @@ class AgentEndToEndTests(TestCase):
         self.start_agent()
         await self.connected(host)
         self.assertEqual(await self.guest("GET", "/1.0/config/user.foo"), (200, b"bar"))
+
+    async def test_guestGetsTheHostsErrorAsPlainText(self) -> None:
+        host = await self.start_host()
+        self.start_agent()
+        await self.connected(host)
+        self.assertEqual(
+            await self.guest("GET", "/1.0/config/ssh.key"), (403, b"not authorized\n")
+        )
 
     async def test_readyPatchedOnTheSocketReachesTheHost(self) -> None:
         host = await self.start_host()
@@ -209,7 +249,7 @@ class AgentEndToEndTests(TestCase):
         first = self.start_agent()
         await self.connected(host)
         await self.guest("PATCH", "/1.0", b'{"state":"Ready"}')
-        await first.stopService()
+        await self.thread.deferred(first.stop())
         await eventually(lambda: self.peer.client is None)
         host.state = "Started"  # as a daemon that restarted meanwhile would say
         patched = host.when_patched("Ready")
@@ -256,7 +296,21 @@ class AgentEndToEndTests(TestCase):
         self.assertNotIn(b"CONNECTED", self.peer.lines)
         code, body = await self.guest("GET", "/1.0")
         self.assertEqual(code, 503)
-        self.assertIn(b"TLS handshake failed", body)
+        self.assertIn(
+            b"TLS handshake failed (certificate verify failed: self-signed certificate)", body
+        )
+
+    async def test_hostThatDoesNotKnowTheAgentIsNeverConnected(self) -> None:
+        host = await self.start_host(client=STRANGER)
+        self.start_agent()
+        await self.peer.wait_for(b"STARTED", since=0)
+        started = self.peer.wait_for(b"STARTED")
+        self.peer.send(host.connect_line)
+        await started
+        self.assertNotIn(b"CONNECTED", self.peer.lines)
+        code, body = await self.guest("GET", "/1.0")
+        self.assertEqual(code, 503)
+        self.assertIn(b"TLS handshake failed (tlsv1 alert unknown ca)", body)
 
     async def test_serialResetReopensThePortAndSaysConnected(self) -> None:
         host = await self.start_host()
@@ -272,6 +326,27 @@ class AgentEndToEndTests(TestCase):
         agent = self.start_agent()
         await self.connected(host)
         stopped = self.peer.wait_for(b"STOPPED")
-        await agent.stopService()
+        await self.thread.deferred(agent.stop())
         await stopped
         await eventually(lambda: host.event_streams == 0)
+        self.assertFalse(os.path.exists(self.socket))
+
+    async def test_recordedSessionHasBothSides(self) -> None:
+        record = os.path.join(self.base, "agent.jsonl")
+        host = await self.start_host()
+        agent = self.start_agent(record=record, instance="demo")
+        await self.connected(host)
+        await self.guest("PATCH", "/1.0", b'{"state":"Ready"}')
+        await self.thread.deferred(agent.stop())
+        transcript = read_transcript(record)
+        self.assertEqual((transcript.side, transcript.header["instance"]), ("agent", "demo"))
+        kinds = [entry.kind for entry in transcript.entries]
+        self.assertEqual(kinds[:2], ["serial-out", "serial-in"])
+        self.assertIn("host-request", kinds)
+        patches = [
+            entry.fields
+            for entry in transcript.entries
+            if entry.kind == "host-request" and entry.fields["method"] == "PATCH"
+        ]
+        self.assertEqual(json.loads(patches[0]["body"]), {"state": "Ready"})
+        self.assertEqual(transcript.entries[-1].fields, {"text": "STOPPED\n"})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -9,19 +11,18 @@ import sys
 import tempfile
 from typing import Any
 
-from twisted.application.service import IServiceMaker
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ProcessDone, ProcessTerminated
 from twisted.internet.protocol import ProcessProtocol
-from twisted.plugin import getPlugins
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from vmready.agent.notify import NotifyRequest, UsageError, parse_notify
+from tests.agentfakes import FakeGuestHost, FakeSerialPeer
+from tests.asynciotesting import run_virtual
+from vmready.agent.main import parse_options
+from vmready.agent.notify import NotifyFailed, NotifyRequest, UsageError, notify, parse_notify
 from vmready.agent.serial import PORT_NAME
-from vmready.agent.tap import Options
-from vmready.agent.testing import FakeGuestHost, FakeSerialPeer
 from vmready.certs import generate, write_config_drive
 
 CLIENT = generate("demo")
@@ -164,18 +165,37 @@ class AgentProcessTests(TestCase):
         return int(pid)
 
 
-class TwistdPluginTests(SynchronousTestCase):
-    def test_twistdKnowsVmreadyAgent(self) -> None:
-        names = [maker.tapname for maker in getPlugins(IServiceMaker)]
-        self.assertIn("vmready-agent", names)
+class OptionTests(SynchronousTestCase):
+    """The agent's command line, parsed (argparse) into config options."""
 
     def test_optionsTakeTheCommandLineNames(self) -> None:
-        options = Options()
-        options.parseOptions(["--serial", "/dev/vport1p1", "--transport", "hvsock:/d/g.sock"])
+        options = parse_options(["--serial", "/dev/vport1p1", "--transport", "hvsock:/d/g.sock"])
         self.assertEqual(
             (options["serial"], options["transport"], options["heartbeat"], options["retries"]),
             ("/dev/vport1p1", "hvsock:/d/g.sock", 5.0, 3),
         )
+
+    def test_shortOptionsWork(self) -> None:
+        options = parse_options(["-c", "/drive", "-s", "/sock"])
+        self.assertEqual((options["config-drive"], options["socket"]), ("/drive", "/sock"))
+
+    def test_unsetOptionsAreNone(self) -> None:
+        options = parse_options([])
+        self.assertEqual(
+            (options["socket"], options["virtio-ports"], options["record"]), (None, None, None)
+        )
+
+    def test_badTransportIsAUsageError(self) -> None:
+        error = self.assertRaises(UsageError, parse_options, ["--transport", "tcp:1"])
+        self.assertEqual(str(error), "transport 'tcp:1' is neither 'vsock' nor 'hvsock:<path>'")
+
+    def test_negativeRetriesAreAUsageError(self) -> None:
+        error = self.assertRaises(UsageError, parse_options, ["--retries", "-1"])
+        self.assertEqual(str(error), "--retries must be zero or more, not '-1'")
+
+    def test_unknownOptionIsAUsageError(self) -> None:
+        error = self.assertRaises(UsageError, parse_options, ["--colour"])
+        self.assertEqual(str(error), "unrecognized arguments: --colour")
 
 
 class NotifyArgumentTests(SynchronousTestCase):
@@ -195,3 +215,81 @@ class NotifyArgumentTests(SynchronousTestCase):
 
     def test_missingStateIsAUsageError(self) -> None:
         self.assertRaises(UsageError, parse_notify, [])
+
+
+class NotifyTests(SynchronousTestCase):
+    """``notify`` against an agent socket that answers well, badly or not at all."""
+
+    def setUp(self) -> None:
+        base = tempfile.mkdtemp(prefix="vra-")
+        self.addCleanup(shutil.rmtree, base, True)
+        self.socket = os.path.join(base, "sock")
+
+    def notify_with(self, answer: bytes | None) -> str:
+        """``notify`` against a socket that reads the request and writes ``answer``."""
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b'{"state": "Ready"}')
+            if answer is None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.Event().wait()  # never answers (cancelled at the end)
+                return
+            writer.write(answer)
+            writer.close()
+
+        async def scenario() -> str:
+            server = await asyncio.start_unix_server(serve, self.socket)
+            try:
+                await notify(self.socket, "Ready", timeout=5)
+            except NotifyFailed as e:
+                return str(e)
+            finally:
+                server.close()
+            return "accepted"
+
+        result: str = run_virtual(self, scenario)
+        return result
+
+    def test_acceptedState(self) -> None:
+        answer = b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n{}\n"
+        self.assertEqual(self.notify_with(answer), "accepted")
+
+    def test_refusalIsTheAnswersFirstLine(self) -> None:
+        answer = b"HTTP/1.1 503 X\r\nContent-Length: 27\r\n\r\nhost not reachable: gone\nx\n"
+        self.assertEqual(self.notify_with(answer), "host not reachable: gone")
+
+    def test_refusalWithoutABodyNamesTheStatus(self) -> None:
+        self.assertEqual(
+            self.notify_with(b"HTTP/1.1 500 X\r\nContent-Length: 0\r\n\r\n"), "HTTP 500"
+        )
+
+    def test_closedWithoutAnswering(self) -> None:
+        self.assertEqual(
+            self.notify_with(b""),
+            f"the agent at {self.socket} closed the connection without answering",
+        )
+
+    def test_garbageAnswer(self) -> None:
+        self.assertEqual(
+            self.notify_with(b"hello\r\n\r\n"),
+            f"the agent at {self.socket} sent a malformed answer: "
+            "a status line without a status code: 'hello'",
+        )
+
+    def test_silentAgentTimesOut(self) -> None:
+        self.assertEqual(
+            self.notify_with(None), f"no answer from the agent at {self.socket} within 5s"
+        )
+
+    def test_noAgent(self) -> None:
+        async def scenario() -> str:
+            try:
+                await notify(self.socket, "Ready", timeout=5)
+            except NotifyFailed as e:
+                return str(e)
+            return "accepted"
+
+        self.assertEqual(
+            run_virtual(self, scenario),
+            f"cannot reach the agent at {self.socket}: No such file or directory",
+        )

@@ -1,28 +1,26 @@
-"""Tests for vmready.agent.proxy: the devlxd socket's answers, as a guest program sees them."""
+"""Tests for vmready.agent.proxy: the devlxd socket's answers, as a guest program sees them.
+
+The proxy serves a real unix socket on a virtual-time loop; the host behind it
+is scripted (``ScriptedEndpoint``): each test says what the host answers.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
 import shutil
 import tempfile
-from typing import Any
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, cast
 
-import treq
-from treq.testing import RequestTraversalAgent, StubTreq
-from twisted.internet import reactor
-from twisted.internet.defer import Deferred, fail
-from twisted.internet.endpoints import UNIXClientEndpoint
-from twisted.internet.error import ConnectionLost
-from twisted.internet.interfaces import IListeningPort
-from twisted.internet.task import Clock
-from twisted.python.failure import Failure
-from twisted.trial.unittest import SynchronousTestCase, TestCase
-from twisted.web.client import Agent, HTTPConnectionPool, ResponseNeverReceived
-from twisted.web.iweb import IAgent, IResponse
-from zope.interface import implementer
+from twisted.trial.unittest import SynchronousTestCase
 
-from vmready.agent.host import OneEndpoint
+from tests.asynciotesting import run_virtual
+from vmready.agent import httpwire
+from vmready.agent.host import HostEndpoint, HostError, HostResponse
 from vmready.agent.proxy import (
     MAX_REQUEST_BODY,
     Answer,
@@ -30,9 +28,7 @@ from vmready.agent.proxy import (
     HostRoute,
     HostUnreachable,
     devlxd_answer,
-    proxy_site,
 )
-from vmready.agent.testing import FakeGuestHost
 
 LABEL = "vsock 2:49152"
 
@@ -41,25 +37,29 @@ def envelope(metadata: Any) -> bytes:
     return json.dumps({"type": "sync", "status": "Success", "metadata": metadata}).encode()
 
 
+def error_envelope(code: int, error: str) -> bytes:
+    return json.dumps({"type": "error", "error": error, "error_code": code}).encode()
+
+
 class DevlxdAnswerTests(SynchronousTestCase):
     """The host's envelope, unwrapped into what LXD's devlxd socket sends."""
 
     def test_objectMetadataIsJsonWithANewline(self) -> None:
         self.assertEqual(
             devlxd_answer(200, envelope({"state": "Ready"})),
-            Answer(200, b"application/json", b'{"state": "Ready"}\n'),
+            Answer(200, "application/json", b'{"state": "Ready"}\n'),
         )
 
     def test_stringMetadataIsRaw(self) -> None:
         self.assertEqual(
             devlxd_answer(200, envelope("instance-id: x\n")),
-            Answer(200, b"application/octet-stream", b"instance-id: x\n"),
+            Answer(200, "application/octet-stream", b"instance-id: x\n"),
         )
 
     def test_errorIsPlainTextWithTheStatus(self) -> None:
-        raw = json.dumps({"type": "error", "error": "not found", "error_code": 404}).encode()
         self.assertEqual(
-            devlxd_answer(404, raw), Answer(404, b"text/plain; charset=utf-8", b"not found\n")
+            devlxd_answer(404, error_envelope(404, "not found")),
+            Answer(404, "text/plain; charset=utf-8", b"not found\n"),
         )
 
     def test_answerWithoutEnvelopeIs502(self) -> None:
@@ -70,172 +70,554 @@ class DevlxdAnswerTests(SynchronousTestCase):
         )
 
 
-@implementer(IAgent)
-class ScriptedAgent:
-    """An HTTP client to the host that answers every request with ``result``."""
+class _Transport:
+    """Just enough of a transport for a HostResponse: closing it is noted."""
 
-    def __init__(self, result: Deferred[IResponse]) -> None:
-        self.result = result
-        self.uris: list[bytes] = []
+    def __init__(self) -> None:
+        self.closed = False
 
-    def request(
-        self, method: bytes, uri: bytes, headers: Any = None, bodyProducer: Any = None
-    ) -> Deferred[IResponse]:
-        self.uris.append(uri)
-        return self.result
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def abort(self) -> None:
+        self.closed = True
+
+
+class _Writer:
+    def __init__(self) -> None:
+        self.transport = _Transport()
+
+
+@dataclass
+class Sent:
+    """A request the host got."""
+
+    method: str
+    target: str
+    body: bytes | None
+    content_type: str
+
+
+Script = Callable[[Sent], Awaitable[tuple[int, str, bytes]]]
+
+
+class ScriptedEndpoint(HostEndpoint):
+    """The host's guest API, scripted: ``script`` answers each request (or raises)."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.label = LABEL
+        self.sent: list[Sent] = []
+        self.responses: list[_Writer] = []
+        self.stream: asyncio.StreamReader | None = None
+
+    async def send(
+        self, method: str, target: str, body: bytes | None = None, content_type: str = ""
+    ) -> HostResponse:
+        request = Sent(method, target, body, content_type)
+        self.sent.append(request)
+        status, answer_type, raw = await self.script(request)
+        reader = asyncio.StreamReader()
+        headers = httpwire.Headers([("Content-Type", answer_type)])
+        if target.startswith("/1.0/events") and status == 200:
+            framing = httpwire.Framing(until_close=True)
+            self.stream = reader
+        else:
+            framing = httpwire.Framing(length=len(raw))
+            reader.feed_data(raw)
+            reader.feed_eof()
+        writer = _Writer()
+        self.responses.append(writer)
+        head = httpwire.ResponseHead((1, 1), status, "", headers)
+        return HostResponse(head, framing, reader, cast(asyncio.StreamWriter, writer))
+
+
+def answers(status: int, raw: bytes, content_type: str = "application/json") -> Script:
+    async def script(request: Sent) -> tuple[int, str, bytes]:
+        return status, content_type, raw
+
+    return script
+
+
+def fails(error: BaseException) -> Script:
+    async def script(request: Sent) -> tuple[int, str, bytes]:
+        raise error
+
+    return script
+
+
+async def never(request: Sent) -> tuple[int, str, bytes]:
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")
+
+
+@dataclass
+class Reply:
+    """What the guest program got back."""
+
+    status: int
+    headers: httpwire.Headers
+    body: bytes
+
+    @property
+    def content_type(self) -> str:
+        return self.headers.get("content-type")
 
 
 class ProxyHarness:
-    """The proxy in memory, in front of a fake host in memory."""
+    """The proxy on a unix socket, in front of a scripted host, and a guest to call it."""
 
-    def __init__(self, connected: bool = True, host_agent: IAgent | None = None) -> None:
-        self.clock = Clock()
-        self.host = FakeGuestHost(self.clock, config={"user.foo": "bar"})
-        self.host_agent = host_agent or RequestTraversalAgent(self.host.app.resource())
-        self.connected = connected
+    def __init__(self, test: SynchronousTestCase, script: Script | None = None) -> None:
+        base = tempfile.mkdtemp(prefix="vra-")
+        test.addCleanup(shutil.rmtree, base, True)
+        self.test = test
+        self.path = os.path.join(base, "sock")
+        self.endpoint = ScriptedEndpoint(script or answers(200, envelope({})))
+        self.connected = True
         self.remembered: list[str] = []
-        self.proxy = GuestAPIProxy(self.route, self.remembered.append, self.clock, timeout=30)
-        # StubTreq grows treq's functions at run time; mypy cannot see them.
-        self.client: Any = StubTreq(self.proxy)
+        self.proxy = GuestAPIProxy(self.route, self.remembered.append, timeout=30)
 
     def route(self) -> HostRoute:
         if not self.connected:
             raise HostUnreachable("the host has not sent CONNECT yet")
-        return HostRoute(self.host_agent, LABEL)
+        return HostRoute(self.endpoint, LABEL)
 
-    def flush(self) -> None:
-        for _ in range(5):
-            if isinstance(self.host_agent, RequestTraversalAgent):
-                self.host_agent.flush()
-            self.client.flush()
+    def run(self, scenario: Callable[[], Awaitable[Any]]) -> Any:
+        async def served() -> Any:
+            server = await asyncio.start_unix_server(self.proxy.handle, self.path)
+            try:
+                return await scenario()
+            finally:
+                server.close()
+                self.proxy.close_connections()
+                await server.wait_closed()
 
-    def call(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes, bytes]:
-        """Status, content type and body of one request."""
-        requesting = self.client.request(method, "http://lxd" + path, data=body)
-        self.flush()
-        response = requesting.result if requesting.called else None
-        assert response is not None, "no answer"
-        reading = response.content()
-        self.flush()
-        content_type = response.headers.getRawHeaders(b"content-type", [b""])[0]
-        return response.code, content_type, reading.result
+        return run_virtual(self.test, served)
+
+    async def raw(self, data: bytes, eof: bool = False) -> bytes:
+        """Send ``data`` as it is; everything the proxy answers until it closes."""
+        reader, writer = await asyncio.open_unix_connection(self.path)
+        writer.write(data)
+        if eof:
+            writer.write_eof()
+        answer = await reader.read()
+        writer.close()
+        return answer
+
+    async def request(
+        self, method: str, target: str, body: bytes | None = None, headers: Any = ()
+    ) -> Reply:
+        fields = [("Host", "lxd"), *headers]
+        answer = await self.raw(httpwire.encode_request(method, target, fields, body))
+        return await read_reply(answer)
+
+    def call(self, method: str, target: str, body: bytes | None = None) -> Reply:
+        reply: Reply = self.run(lambda: self.request(method, target, body))
+        return reply
+
+
+async def read_reply(answer: bytes) -> Reply:
+    """A whole answer as the guest read it (the proxy always closes after one)."""
+    reader = asyncio.StreamReader()
+    reader.feed_data(answer)
+    reader.feed_eof()
+    head = await httpwire.read_response_head(reader)
+    framing = httpwire.response_framing(head, "GET")
+    body = await httpwire.read_body(reader, framing, 1 << 20)
+    return Reply(head.status, head.headers, body)
+
+
+def parse_reply(answer: bytes) -> Reply:
+    """``read_reply``, outside any loop."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(read_reply(answer))
+    finally:
+        loop.close()
 
 
 class ProxyTests(SynchronousTestCase):
     def test_stateIsTheHostsMetadataAsJson(self) -> None:
-        code, content_type, body = ProxyHarness().call("GET", "/1.0")
-        self.assertEqual((code, content_type), (200, b"application/json"))
-        self.assertEqual(json.loads(body)["state"], "Started")
+        harness = ProxyHarness(self, answers(200, envelope({"state": "Started"})))
+        reply = harness.call("GET", "/1.0")
+        self.assertEqual((reply.status, reply.content_type), (200, "application/json"))
+        self.assertEqual(reply.body, b'{"state": "Started"}\n')
 
     def test_configValueIsRaw(self) -> None:
+        reply = ProxyHarness(self, answers(200, envelope("bar"))).call(
+            "GET", "/1.0/config/user.foo"
+        )
         self.assertEqual(
-            ProxyHarness().call("GET", "/1.0/config/user.foo"),
-            (200, b"application/octet-stream", b"bar"),
+            (reply.status, reply.content_type, reply.body),
+            (200, "application/octet-stream", b"bar"),
         )
 
     def test_hostErrorIsPlainTextWithItsStatus(self) -> None:
+        harness = ProxyHarness(self, answers(404, error_envelope(404, "not found")))
+        reply = harness.call("GET", "/1.0/config/user.missing")
         self.assertEqual(
-            ProxyHarness().call("GET", "/1.0/config/user.missing"),
-            (404, b"text/plain; charset=utf-8", b"not found\n"),
+            (reply.status, reply.content_type, reply.body),
+            (404, "text/plain; charset=utf-8", b"not found\n"),
+        )
+
+    def test_answersSayNosniffAndClose(self) -> None:
+        reply = ProxyHarness(self).call("GET", "/1.0")
+        self.assertEqual(
+            (reply.headers.get("x-content-type-options"), reply.headers.get("connection")),
+            ("nosniff", "close"),
         )
 
     def test_readyPatchReachesTheHostAndIsRemembered(self) -> None:
-        harness = ProxyHarness()
-        code, _, body = harness.call("PATCH", "/1.0", b'{"state": "Ready"}')
-        self.assertEqual((code, body), (200, b"{}\n"))
-        self.assertEqual((harness.host.patches, harness.remembered), (["Ready"], ["Ready"]))
+        harness = ProxyHarness(self)
+        reply = harness.run(
+            lambda: harness.request(
+                "PATCH", "/1.0", b'{"state": "Ready"}', [("Content-Type", "application/json")]
+            )
+        )
+        self.assertEqual((reply.status, reply.body), (200, b"{}\n"))
+        self.assertEqual(
+            harness.endpoint.sent,
+            [Sent("PATCH", "/1.0", b'{"state": "Ready"}', "application/json")],
+        )
+        self.assertEqual(harness.remembered, ["Ready"])
 
     def test_startedPatchIsRemembered(self) -> None:
-        harness = ProxyHarness()
+        harness = ProxyHarness(self)
         harness.call("PATCH", "/1.0", b'{"state": "Started"}')
         self.assertEqual(harness.remembered, ["Started"])
 
     def test_refusedPatchIsNotRemembered(self) -> None:
-        harness = ProxyHarness()
-        code, _, body = harness.call("PATCH", "/1.0", b'{"state": "Running"}')
-        self.assertEqual((code, body), (400, b'Invalid state "Running"\n'))
+        harness = ProxyHarness(self, answers(400, error_envelope(400, 'Invalid state "Running"')))
+        reply = harness.call("PATCH", "/1.0", b'{"state": "Running"}')
+        self.assertEqual((reply.status, reply.body), (400, b'Invalid state "Running"\n'))
         self.assertEqual(harness.remembered, [])
 
+    def test_aGetIsForwardedWithoutABody(self) -> None:
+        harness = ProxyHarness(self)
+        harness.call("GET", "/1.0")
+        self.assertEqual(harness.endpoint.sent, [Sent("GET", "/1.0", None, "")])
+
     def test_pathAndQueryAreForwarded(self) -> None:
-        agent = ScriptedAgent(Deferred())
-        harness = ProxyHarness(host_agent=agent)
-        harness.client.request("GET", "http://lxd/1.0/events?type=config")
-        self.assertEqual(agent.uris, [b"http://vmready-host/1.0/events?type=config"])
+        harness = ProxyHarness(self)
+        harness.call("GET", "/1.0/config?recursion=1")
+        self.assertEqual(harness.endpoint.sent[0].target, "/1.0/config?recursion=1")
+
+    def test_absoluteFormTargetIsForwardedAsAPath(self) -> None:
+        harness = ProxyHarness(self)
+        harness.call("GET", "http://lxd/1.0/meta-data?x=1")
+        self.assertEqual(harness.endpoint.sent[0].target, "/1.0/meta-data?x=1")
 
     def test_linkDownIs503WithTheReason(self) -> None:
+        harness = ProxyHarness(self)
+        harness.connected = False
+        reply = harness.call("GET", "/1.0")
         self.assertEqual(
-            ProxyHarness(connected=False).call("GET", "/1.0"),
+            (reply.status, reply.content_type, reply.body),
             (
                 503,
-                b"text/plain; charset=utf-8",
+                "text/plain; charset=utf-8",
                 b"host not reachable: the host has not sent CONNECT yet\n",
             ),
         )
 
     def test_hostDroppingTheRequestIs503(self) -> None:
-        dropped = fail(ResponseNeverReceived([Failure(ConnectionLost())]))
-        code, _, body = ProxyHarness(host_agent=ScriptedAgent(dropped)).call("GET", "/1.0")
+        harness = ProxyHarness(self, fails(HostError("the connection to the host was lost")))
+        reply = harness.call("GET", "/1.0")
         self.assertEqual(
-            (code, body),
+            (reply.status, reply.body),
             (503, b"host not reachable: vsock 2:49152: the connection to the host was lost\n"),
         )
 
     def test_agentBugIs500WithOneLine(self) -> None:
-        broken = ProxyHarness(
-            host_agent=ScriptedAgent(fail(ZeroDivisionError("division by zero")))
+        harness = ProxyHarness(self, fails(ZeroDivisionError("division by zero")))
+        with self.assertLogs("vmready.agent.proxy", logging.ERROR) as logged:
+            reply = harness.call("GET", "/1.0")
+        self.assertEqual(
+            (reply.status, reply.body), (500, b"vmready-agent internal error: division by zero\n")
         )
-        code, _, body = broken.call("GET", "/1.0")
-        self.assertEqual((code, body), (500, b"vmready-agent internal error: division by zero\n"))
-        self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 1)
+        [line] = [record.getMessage() for record in logged.records]
+        self.assertTrue(
+            line.startswith(
+                "forwarding GET /1.0 failed: internal error ZeroDivisionError: division by zero "
+                "(at "
+            ),
+            line,
+        )
+        self.assertNotIn("\n", line)
 
     def test_silentHostIs503AfterTheTimeout(self) -> None:
-        harness = ProxyHarness(host_agent=ScriptedAgent(Deferred()))
-        requesting = harness.client.request("GET", "http://lxd/1.0")
-        harness.flush()
-        harness.clock.advance(30)
-        harness.flush()
-        response = self.successResultOf(requesting)
-        reading = response.content()
-        harness.flush()
+        harness = ProxyHarness(self, never)
+
+        async def scenario() -> tuple[Reply, float]:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            reply = await harness.request("GET", "/1.0")
+            return reply, loop.time() - started
+
+        reply, waited = harness.run(scenario)
         self.assertEqual(
-            (response.code, self.successResultOf(reading)),
-            (503, b"host not reachable: no answer from vsock 2:49152 within 30s\n"),
+            (reply.status, reply.body, waited),
+            (503, b"host not reachable: no answer from vsock 2:49152 within 30s\n", 30.0),
         )
 
+    def test_answerTooLargeIs502(self) -> None:
+        harness = ProxyHarness(self, answers(200, b" " * (16 * 1024 * 1024 + 1)))
+        reply = harness.call("GET", "/1.0")
+        self.assertEqual(
+            (reply.status, reply.body),
+            (
+                502,
+                b"host sent an answer too large to relay (answer larger than 16777216 bytes)\n",
+            ),
+        )
 
-class CappedBodyTests(TestCase):
-    """Request bodies over 1 MiB, over the real socket and HTTP parser."""
+    def test_theHostsConnectionIsClosedAfterItsAnswer(self) -> None:
+        harness = ProxyHarness(self)
+        harness.call("GET", "/1.0")
+        self.assertTrue(harness.endpoint.responses[0].transport.closed)
+
+
+class EventStreamTests(SynchronousTestCase):
+    """``GET /1.0/events``: the host's stream relayed as it arrives."""
 
     def setUp(self) -> None:
-        base = tempfile.mkdtemp(prefix="vra-")
-        self.addCleanup(shutil.rmtree, base, True)
-        self.socket = os.path.join(base, "sock")
-        proxy = GuestAPIProxy(self.unreachable, lambda state: None, reactor)
-        self.port: IListeningPort = reactor.listenUNIX(self.socket, proxy_site(proxy))  # type: ignore[attr-defined]
-        self.addCleanup(self.port.stopListening)
-        self.pool = HTTPConnectionPool(reactor, persistent=False)
-        self.addCleanup(self.pool.closeCachedConnections)
-        self.agent = Agent.usingEndpointFactory(
-            reactor, OneEndpoint(UNIXClientEndpoint(reactor, self.socket)), pool=self.pool
-        )
+        self.harness = ProxyHarness(self, answers(200, b"", "application/x-ndjson"))
 
-    def unreachable(self) -> HostRoute:
-        raise HostUnreachable("no link in this test")
+    async def open_stream(
+        self, version: str = "HTTP/1.1"
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, httpwire.ResponseHead]:
+        reader, writer = await asyncio.open_unix_connection(self.harness.path)
+        writer.write(f"GET /1.0/events?type=config {version}\r\nHost: lxd\r\n\r\n".encode())
+        head = await httpwire.read_response_head(reader)
+        return reader, writer, head
 
-    async def patch_body(self, size: int) -> tuple[int, bytes]:
-        response = await treq.request(
-            "PATCH", "http://lxd/1.0", data=b" " * size, agent=self.agent
-        )
-        return response.code, await response.content()
+    def host_sends(self, data: bytes) -> None:
+        assert self.harness.endpoint.stream is not None
+        self.harness.endpoint.stream.feed_data(data)
 
-    async def test_bodyOverTheLimitIs413(self) -> None:
+    def test_eventsAreRelayedInChunksAsTheyArrive(self) -> None:
+        async def scenario() -> tuple[httpwire.ResponseHead, bytes, bytes]:
+            reader, writer, head = await self.open_stream()
+            self.host_sends(b'{"type": "config"}\n')
+            first = await reader.readexactly(len(b'13\r\n{"type": "config"}\n\r\n'))
+            assert self.harness.endpoint.stream is not None
+            self.harness.endpoint.stream.feed_eof()  # the host ends its stream
+            rest = await reader.read()
+            writer.close()
+            return head, first, rest
+
+        head, first, rest = self.harness.run(scenario)
         self.assertEqual(
-            await self.patch_body(MAX_REQUEST_BODY + 1),
-            (413, b"Request body too large (limit 1048576 bytes)\n"),
+            (head.status, head.headers.get("content-type"), head.headers.get("transfer-encoding")),
+            (200, "application/x-ndjson", "chunked"),
+        )
+        self.assertEqual(first, b'13\r\n{"type": "config"}\n\r\n')
+        self.assertEqual(rest, b"0\r\n\r\n")
+        self.assertEqual(self.harness.endpoint.sent[0].target, "/1.0/events?type=config")
+
+    def test_anHTTP10ClientGetsTheRawStream(self) -> None:
+        async def scenario() -> tuple[httpwire.ResponseHead, bytes]:
+            reader, writer, head = await self.open_stream("HTTP/1.0")
+            self.host_sends(b'{"type": "config"}\n')
+            assert self.harness.endpoint.stream is not None
+            self.harness.endpoint.stream.feed_eof()
+            body = await reader.read()
+            writer.close()
+            return head, body
+
+        head, body = self.harness.run(scenario)
+        self.assertEqual((head.version, head.headers.get("transfer-encoding")), ((1, 0), ""))
+        self.assertEqual(body, b'{"type": "config"}\n')
+
+    def test_guestLeavingClosesTheHostsStream(self) -> None:
+        async def scenario() -> None:
+            _, writer, _ = await self.open_stream()
+            writer.close()
+            response = self.harness.endpoint.responses[0]
+            while not response.transport.closed:
+                await asyncio.sleep(0.01)
+
+        self.harness.run(scenario)  # returns only once the host's stream was closed
+
+    def test_hostStreamBreakingEndsTheGuestsWithoutTheLastChunk(self) -> None:
+        async def scenario() -> bytes:
+            reader, writer, _ = await self.open_stream()
+            assert self.harness.endpoint.stream is not None
+            self.harness.endpoint.stream.set_exception(ConnectionResetError())
+            rest = await reader.read()
+            writer.close()
+            return rest
+
+        self.assertEqual(self.harness.run(scenario), b"")
+
+
+class BadRequestTests(SynchronousTestCase):
+    """Whatever a guest program sends, it gets a precise answer, never a hang or a crash."""
+
+    def setUp(self) -> None:
+        self.harness = ProxyHarness(self)
+
+    def raw(self, data: bytes, eof: bool = False) -> bytes:
+        answer: bytes = self.harness.run(lambda: self.harness.raw(data, eof))
+        return answer
+
+    def reply(self, data: bytes) -> tuple[int, bytes]:
+        reply = parse_reply(self.raw(data))
+        return reply.status, reply.body
+
+    def test_garbageRequestLine(self) -> None:
+        self.assertEqual(
+            self.reply(b"hello\r\n\r\n"),
+            (400, b"Bad request: a request line that is not 'METHOD TARGET HTTP/1.1': 'hello'\n"),
         )
 
-    async def test_bodyAtTheLimitGoesOnToTheHost(self) -> None:
+    def test_headerWithoutAColon(self) -> None:
         self.assertEqual(
-            await self.patch_body(MAX_REQUEST_BODY),
-            (503, b"host not reachable: no link in this test\n"),
+            self.reply(b"GET /1.0 HTTP/1.1\r\nHost lxd\r\n\r\n"),
+            (400, b"Bad request: a header line without a colon: 'Host lxd'\n"),
         )
+
+    def test_spaceBeforeTheColon(self) -> None:
+        self.assertEqual(
+            self.reply(b"GET /1.0 HTTP/1.1\r\nHost : lxd\r\n\r\n"),
+            (400, b"Bad request: a header name that is not a token: 'Host '\n"),
+        )
+
+    def test_foldedHeader(self) -> None:
+        status, _ = self.reply(b"GET /1.0 HTTP/1.1\r\nX: a\r\n b\r\n\r\n")
+        self.assertEqual(status, 400)
+
+    def test_unknownHTTPVersion(self) -> None:
+        self.assertEqual(
+            self.reply(b"GET /1.0 HTTP/2.0\r\n\r\n"),
+            (505, b"Bad request: HTTP version 2.0 is not supported\n"),
+        )
+
+    def test_headTooLarge(self) -> None:
+        headers = b"".join(b"X-%d: %s\r\n" % (i, b"y" * 4000) for i in range(20))
+        status, body = self.reply(b"GET /1.0 HTTP/1.1\r\n" + headers + b"\r\n")
+        self.assertEqual((status, body), (431, b"Bad request: a head longer than 65536 bytes\n"))
+
+    def test_tooManyHeaders(self) -> None:
+        headers = b"".join(b"X-%d: y\r\n" % i for i in range(101))
+        self.assertEqual(
+            self.reply(b"GET /1.0 HTTP/1.1\r\n" + headers + b"\r\n"),
+            (431, b"Bad request: more than 100 header fields\n"),
+        )
+
+    def test_targetThatIsNotAPath(self) -> None:
+        self.assertEqual(
+            self.reply(b"GET * HTTP/1.1\r\n\r\n"),
+            (400, b"Bad request: a request target that is not a path: '*'\n"),
+        )
+
+    def test_bothContentLengthAndTransferEncoding(self) -> None:
+        self.assertEqual(
+            self.reply(
+                b"PATCH /1.0 HTTP/1.1\r\nContent-Length: 2\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+            ),
+            (400, b"Bad request: the request has both Transfer-Encoding and Content-Length\n"),
+        )
+
+    def test_unsupportedTransferEncoding(self) -> None:
+        self.assertEqual(
+            self.reply(b"PATCH /1.0 HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n"),
+            (501, b"Bad request: Transfer-Encoding 'gzip' is not supported (only 'chunked')\n"),
+        )
+
+    def test_contentLengthThatIsNotANumber(self) -> None:
+        self.assertEqual(
+            self.reply(b"PATCH /1.0 HTTP/1.1\r\nContent-Length: -1\r\n\r\n"),
+            (400, b"Bad request: Content-Length must be one decimal number, not '-1'\n"),
+        )
+
+    def test_badChunkSize(self) -> None:
+        self.assertEqual(
+            self.reply(b"PATCH /1.0 HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"),
+            (400, b"Bad request: a chunk size that is not hexadecimal: 'zz'\n"),
+        )
+
+    def test_bodyCutShortGetsNoAnswer(self) -> None:
+        self.assertEqual(
+            self.raw(b"PATCH /1.0 HTTP/1.1\r\nContent-Length: 10\r\n\r\nabc", eof=True), b""
+        )
+
+    def test_connectionClosedBeforeARequestGetsNoAnswer(self) -> None:
+        self.assertEqual(self.raw(b"", eof=True), b"")
+
+    def test_chunkedBodyIsForwardedWhole(self) -> None:
+        status, _ = self.reply(
+            b"PATCH /1.0 HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b'5\r\n{"sta\r\n0d\r\nte": "Ready"}\r\n0\r\n\r\n'
+        )
+        self.assertEqual(status, 200)
+        self.assertEqual(self.harness.endpoint.sent[0].body, b'{"state": "Ready"}')
+        self.assertEqual(self.harness.remembered, ["Ready"])
+
+    def test_chunkLongerThanItsSize(self) -> None:
+        self.assertEqual(
+            self.reply(b"PATCH /1.0 HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabc\r\n"),
+            (400, b"Bad request: a chunk longer than its size (no CRLF after its data)\n"),
+        )
+
+    def test_bareLineFeedsAreTolerated(self) -> None:
+        status, _ = self.reply(b"GET /1.0 HTTP/1.1\nHost: lxd\n\n")
+        self.assertEqual(status, 200)
+
+    def test_silentClientGets408(self) -> None:
+        self.assertEqual(
+            self.reply(b"GET /1.0 HTTP/1.1\r\n"),
+            (408, b"no whole request within 60s\n"),
+        )
+
+
+class BodyLimitTests(SynchronousTestCase):
+    """Request bodies over 1 MiB are refused with 413 before anything reaches the host."""
+
+    def setUp(self) -> None:
+        self.harness = ProxyHarness(self)
+
+    def patch_body(self, body: bytes, headers: Any = ()) -> Reply:
+        reply: Reply = self.harness.run(
+            lambda: self.harness.request("PATCH", "/1.0", body, headers)
+        )
+        return reply
+
+    def test_bodyOverTheLimitIs413(self) -> None:
+        reply = self.patch_body(b" " * (MAX_REQUEST_BODY + 1))
+        self.assertEqual(
+            (reply.status, reply.body), (413, b"Request body too large (limit 1048576 bytes)\n")
+        )
+        self.assertEqual(self.harness.endpoint.sent, [])
+
+    def test_bodyAtTheLimitGoesOnToTheHost(self) -> None:
+        self.assertEqual(self.patch_body(b" " * MAX_REQUEST_BODY).status, 200)
+        self.assertEqual(len(self.harness.endpoint.sent[0].body or b""), MAX_REQUEST_BODY)
+
+    def test_chunkedBodyOverTheLimitIs413(self) -> None:
+        chunk = b" " * 65536
+        body = b"".join(b"10000\r\n" + chunk + b"\r\n" for _ in range(17)) + b"0\r\n\r\n"
+        request = b"PATCH /1.0 HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" + body
+        reply = parse_reply(self.harness.run(lambda: self.harness.raw(request)))
+        self.assertEqual(
+            (reply.status, reply.body), (413, b"Request body too large (limit 1048576 bytes)\n")
+        )
+        self.assertEqual(self.harness.endpoint.sent, [])
+
+    def test_expectContinueOverTheLimitIsRefusedBeforeTheBody(self) -> None:
+        head = (
+            b"PATCH /1.0 HTTP/1.1\r\nExpect: 100-continue\r\n"
+            + b"Content-Length: %d\r\n\r\n" % (MAX_REQUEST_BODY + 1)
+        )
+        reply = parse_reply(self.harness.run(lambda: self.harness.raw(head)))
+        self.assertEqual(reply.status, 413)
+
+    def test_expectContinueWithinTheLimitIsContinued(self) -> None:
+        request = (
+            b"PATCH /1.0 HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 18\r\n\r\n"
+            b'{"state": "Ready"}'
+        )
+        answer = self.harness.run(lambda: self.harness.raw(request))
+        self.assertTrue(answer.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n"))
+        self.assertEqual(parse_reply(answer).status, 200)  # the reader skips the interim 100

@@ -2,31 +2,29 @@
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import os
 import pty
 import shutil
 import tempfile
-from typing import Any
 
-from twisted.internet import reactor
-from twisted.internet.defer import Deferred, fail, succeed
-from twisted.internet.error import ConnectionDone
-from twisted.internet.protocol import Protocol
-from twisted.internet.task import Clock, deferLater
-from twisted.internet.testing import StringTransportWithDisconnection
-from twisted.python.failure import Failure
-from twisted.trial.unittest import SynchronousTestCase, TestCase
+from twisted.trial.unittest import SynchronousTestCase
 
+from tests.asynciotesting import run_in_loop, run_virtual
 from vmready.agent.serial import (
     LEGACY_PORT_NAME,
     PORT_NAME,
+    FoundPort,
+    OnData,
+    OnLost,
+    SerialChannel,
     SerialKeeper,
     SerialOpenError,
     SerialPortMissing,
-    choose_port,
+    find_port,
+    open_serial,
+    port_names,
 )
-from vmready.agent.testing import FakeSerialPeer
 
 
 def short_tempdir(test: SynchronousTestCase) -> str:
@@ -36,42 +34,162 @@ def short_tempdir(test: SynchronousTestCase) -> str:
     return base
 
 
-class ChoosePortTests(SynchronousTestCase):
-    def setUp(self) -> None:
-        self.ports = short_tempdir(self)
+class FakeTree:
+    """A guest's /dev/virtio-ports, /sys/class/virtio-ports and /dev, in a temp dir."""
 
-    def touch(self, name: str) -> str:
-        path = os.path.join(self.ports, name)
+    def __init__(self, test: SynchronousTestCase) -> None:
+        base = short_tempdir(test)
+        self.links = os.path.join(base, "dev", "virtio-ports")
+        self.sysfs = os.path.join(base, "sys", "class", "virtio-ports")
+        self.dev = os.path.join(base, "dev")
+        for directory in (self.links, self.sysfs):
+            os.makedirs(directory)
+
+    def udev_link(self, name: str) -> str:
+        """udev's link for the port ``name``."""
+        path = os.path.join(self.links, name)
         open(path, "w").close()
         return path
 
+    def vport(self, entry: str, name: str) -> str:
+        """A port without a link: ``/dev/<entry>``, named in sysfs."""
+        os.makedirs(os.path.join(self.sysfs, entry))
+        with open(os.path.join(self.sysfs, entry, "name"), "w") as f:
+            f.write(name + "\n")
+        path = os.path.join(self.dev, entry)
+        open(path, "w").close()
+        return path
+
+    def find(self, names: tuple[str, ...] = port_names(None), sysfs: bool = True) -> FoundPort:
+        return find_port(names, self.links, self.sysfs if sysfs else None, self.dev)
+
+
+class FindPortTests(SynchronousTestCase):
+    """Where the agent finds its port, with udev's links and without them."""
+
+    def setUp(self) -> None:
+        self.tree = FakeTree(self)
+
     def test_prefersTheCurrentName(self) -> None:
-        self.touch(LEGACY_PORT_NAME)
-        current = self.touch(PORT_NAME)
-        self.assertEqual(choose_port(self.ports), current)
+        self.tree.udev_link(LEGACY_PORT_NAME)
+        current = self.tree.udev_link(PORT_NAME)
+        self.assertEqual(self.tree.find(), FoundPort(current, PORT_NAME))
 
     def test_fallsBackToTheLegacyName(self) -> None:
-        legacy = self.touch(LEGACY_PORT_NAME)
-        self.assertEqual(choose_port(self.ports), legacy)
+        legacy = self.tree.udev_link(LEGACY_PORT_NAME)
+        self.assertEqual(self.tree.find(), FoundPort(legacy, LEGACY_PORT_NAME))
+
+    def test_theWiredNameIsTriedFirst(self) -> None:
+        self.tree.udev_link(PORT_NAME)
+        legacy = self.tree.udev_link(LEGACY_PORT_NAME)
+        self.assertEqual(self.tree.find(port_names(LEGACY_PORT_NAME)).path, legacy)
+
+    def test_withoutUdevTheNameIsLookedUpInSysfs(self) -> None:
+        self.tree.vport("vport1p1", LEGACY_PORT_NAME)
+        device = self.tree.vport("vport1p2", PORT_NAME)
+        self.assertEqual(self.tree.find(), FoundPort(device, PORT_NAME, self.tree.sysfs))
+
+    def test_withoutUdevTheLegacyNameIsFoundInSysfs(self) -> None:
+        device = self.tree.vport("vport2p1", LEGACY_PORT_NAME)
+        self.assertEqual(self.tree.find().path, device)
+
+    def test_aLinkOfTheSameNameWinsOverSysfs(self) -> None:
+        self.tree.vport("vport1p1", PORT_NAME)
+        link = self.tree.udev_link(PORT_NAME)
+        self.assertEqual(self.tree.find().path, link)
+
+    def test_theCurrentNameInSysfsWinsOverALegacyLink(self) -> None:
+        self.tree.udev_link(LEGACY_PORT_NAME)
+        device = self.tree.vport("vport1p1", PORT_NAME)
+        self.assertEqual(self.tree.find().path, device)
+
+    def test_sysfsNamingADeviceThatIsMissingIsSkipped(self) -> None:
+        os.unlink(self.tree.vport("vport1p1", PORT_NAME))
+        self.assertRaises(SerialPortMissing, self.tree.find)
+
+    def test_sysfsIsNotSearchedWhenTurnedOff(self) -> None:
+        self.tree.vport("vport1p1", PORT_NAME)
+        error = self.assertRaises(SerialPortMissing, self.tree.find, sysfs=False)
+        self.assertEqual(
+            str(error), f"neither {PORT_NAME} nor {LEGACY_PORT_NAME} in {self.tree.links}"
+        )
 
     def test_noPortSaysWhereItLooked(self) -> None:
-        error = self.assertRaises(SerialPortMissing, choose_port, self.ports)
-        self.assertEqual(str(error), f"neither {PORT_NAME} nor {LEGACY_PORT_NAME} in {self.ports}")
+        error = self.assertRaises(SerialPortMissing, self.tree.find)
+        self.assertEqual(
+            str(error),
+            f"neither {PORT_NAME} nor {LEGACY_PORT_NAME} in {self.tree.links} "
+            f"or {self.tree.sysfs}",
+        )
+
+    def test_missingSysfsIsNoError(self) -> None:
+        shutil.rmtree(self.tree.sysfs)
+        self.assertRaises(SerialPortMissing, self.tree.find)
+
+    def test_anUnknownWiredNameIsTriedBeforeTheKnownOnes(self) -> None:
+        self.assertEqual(port_names("x.y"), ("x.y", PORT_NAME, LEGACY_PORT_NAME))
+        error = self.assertRaises(SerialPortMissing, self.tree.find, port_names("x.y"))
+        self.assertIn(f"none of x.y, {PORT_NAME}, {LEGACY_PORT_NAME} in", str(error))
+
+
+class FoundPortTests(SynchronousTestCase):
+    """How the log names the port it opened."""
+
+    def test_linkOfTheCurrentName(self) -> None:
+        self.assertEqual(
+            FoundPort("/dev/virtio-ports/x", PORT_NAME).describe(), "/dev/virtio-ports/x"
+        )
+
+    def test_linkOfTheLegacyName(self) -> None:
+        found = FoundPort("/d/org.linuxcontainers.lxd", LEGACY_PORT_NAME)
+        self.assertEqual(found.describe(), "/d/org.linuxcontainers.lxd (legacy name)")
+
+    def test_foundInSysfs(self) -> None:
+        found = FoundPort("/dev/vport1p1", LEGACY_PORT_NAME, "/sys/class/virtio-ports")
+        self.assertEqual(
+            found.describe(),
+            "/dev/vport1p1 (org.linuxcontainers.lxd, found in /sys/class/virtio-ports; "
+            "legacy name)",
+        )
+
+
+class FakeChannel(SerialChannel):
+    """A port in memory: it keeps what is written; the test can close it from the far end."""
+
+    def __init__(self, on_data: OnData, on_lost: OnLost, flushes: bool = True) -> None:
+        super().__init__(on_data, on_lost)
+        self.written = bytearray()
+        self.flushes = flushes
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def close(self) -> None:
+        self._closing = True
+        if self.flushes:
+            self._end("closed by the agent")
+
+    def abort(self) -> None:
+        self._end("aborted")
+
+    def hang_up(self) -> None:
+        """The far end closes (a fakeqemu VM reset)."""
+        self._end("closed by the other end")
 
 
 class KeeperHarness:
-    """A SerialKeeper on a Clock whose openings are scripted."""
+    """A SerialKeeper on a virtual-time loop whose openings are scripted."""
 
     def __init__(self, delays: tuple[float, ...] = (1.0, 2.0), stable_after: float = 5.0) -> None:
-        self.clock = Clock()
-        self.results: list[Deferred[None] | None] = []
-        self.transports: list[StringTransportWithDisconnection] = []
+        self.refusals = 0
+        self.channels: list[FakeChannel] = []
+        self.attempts: list[float] = []
         self.opened = 0
         self.data: list[bytes] = []
         self.gave_up: list[str] = []
+        self.flushes = True
         self.keeper = SerialKeeper(
-            self.clock,
-            lambda: "/dev/virtio-ports/com.canonical.lxd",
+            lambda: FoundPort("/dev/virtio-ports/com.canonical.lxd", PORT_NAME),
             self.data.append,
             self.on_open,
             self.gave_up.append,
@@ -83,199 +201,302 @@ class KeeperHarness:
     def on_open(self) -> None:
         self.opened += 1
 
-    def open(self, reactor: Any, path: str, protocol: Protocol) -> Deferred[None]:
-        result = self.results.pop(0) if self.results else None
-        if result is not None:
-            return result
-        transport = StringTransportWithDisconnection()
-        transport.protocol = protocol
-        protocol.makeConnection(transport)
-        self.transports.append(transport)
-        return succeed(None)
+    async def open(self, path: str, on_data: OnData, on_lost: OnLost) -> SerialChannel:
+        self.attempts.append(asyncio.get_running_loop().time())
+        if self.refusals:
+            self.refusals -= 1
+            raise SerialOpenError("cannot open it: No such device")
+        channel = FakeChannel(on_data, on_lost, self.flushes)
+        self.channels.append(channel)
+        return channel
 
-    def refuse(self, count: int) -> None:
-        """The next ``count`` openings fail."""
-        for _ in range(count):
-            self.results.append(fail(SerialOpenError("cannot open it: No such device")))
+    @property
+    def gaps(self) -> list[float]:
+        """Seconds between successive opening attempts."""
+        pairs = zip(self.attempts, self.attempts[1:], strict=False)
+        return [later - earlier for earlier, later in pairs]
 
-    def close_port(self) -> None:
-        self.transports[-1].loseConnection()
+
+async def settle() -> None:
+    """Let scheduled callbacks and tasks run (no time passes)."""
+    for _ in range(5):
+        await asyncio.sleep(0)
 
 
 class SerialKeeperTests(SynchronousTestCase):
     def test_openingTellsTheAgent(self) -> None:
         harness = KeeperHarness()
-        harness.keeper.startService()
-        self.assertEqual(harness.opened, 1)
+
+        async def scenario() -> None:
+            harness.keeper.start()
+            await settle()
+
+        run_virtual(self, scenario)
+        self.assertEqual((harness.opened, harness.keeper.is_open), (1, True))
 
     def test_writesGoToThePort(self) -> None:
         harness = KeeperHarness()
-        harness.keeper.startService()
-        self.assertTrue(harness.keeper.write(b"STARTED\n"))
-        self.assertEqual(harness.transports[0].value(), b"STARTED\n")
+
+        async def scenario() -> bool:
+            harness.keeper.start()
+            await settle()
+            return harness.keeper.write(b"STARTED\n")
+
+        self.assertTrue(run_virtual(self, scenario))
+        self.assertEqual(bytes(harness.channels[0].written), b"STARTED\n")
 
     def test_writesWhileClosedAreDropped(self) -> None:
         harness = KeeperHarness()
-        harness.refuse(1)
-        harness.keeper.startService()
-        self.assertFalse(harness.keeper.write(b"STARTED\n"))
+        harness.refusals = 1
+
+        async def scenario() -> bool:
+            harness.keeper.start()
+            await settle()
+            written = harness.keeper.write(b"STARTED\n")
+            await harness.keeper.stop()
+            return written
+
+        self.assertFalse(run_virtual(self, scenario))
 
     def test_closedPortIsReopenedAfterTheFirstDelay(self) -> None:
         harness = KeeperHarness()
-        harness.keeper.startService()
-        harness.clock.advance(10)  # the port was stable
-        harness.close_port()
-        harness.clock.advance(0.9)
-        self.assertEqual(harness.opened, 1)
-        harness.clock.advance(0.1)
-        self.assertEqual(harness.opened, 2)
+
+        async def scenario() -> None:
+            harness.keeper.start()
+            await asyncio.sleep(10)  # the port was stable
+            harness.channels[0].hang_up()
+            await asyncio.sleep(5)
+            await harness.keeper.stop()
+
+        run_virtual(self, scenario)
+        self.assertEqual((harness.opened, harness.gaps), (2, [11.0]))
 
     def test_failedOpeningsWaitLongerEachTime(self) -> None:
         harness = KeeperHarness(delays=(1.0, 2.0, 4.0))
-        harness.refuse(3)
-        harness.keeper.startService()
-        for delay in (1.0, 2.0, 4.0):
-            self.assertEqual(
-                [c.getTime() - harness.clock.seconds() for c in harness.clock.getDelayedCalls()],
-                [delay],
-            )
-            harness.clock.advance(delay)
-        self.assertEqual(harness.opened, 1)
+        harness.refusals = 3
+
+        async def scenario() -> None:
+            harness.keeper.start()
+            await asyncio.sleep(20)
+            await harness.keeper.stop()
+
+        run_virtual(self, scenario)
+        self.assertEqual((harness.gaps, harness.opened), ([1.0, 2.0, 4.0], 1))
 
     def test_givesUpAfterTheLastDelayWithOneLine(self) -> None:
         harness = KeeperHarness(delays=(1.0,))
-        harness.refuse(2)
-        harness.keeper.startService()
-        harness.clock.advance(1.0)
+        harness.refusals = 2
+
+        async def scenario() -> None:
+            harness.keeper.start()
+            await asyncio.sleep(10)
+
+        run_virtual(self, scenario)
         self.assertEqual(
             harness.gave_up,
             ["serial port unusable after 2 attempts: cannot open it: No such device"],
         )
-        self.assertEqual(harness.clock.getDelayedCalls(), [])
+        self.assertEqual(len(harness.attempts), 2)
 
     def test_portThatClosesAtOnceEndsInGivingUp(self) -> None:
         # fakeqemu lets one client hold a port: a second is closed as soon as it connects.
         harness = KeeperHarness(delays=(1.0, 1.0), stable_after=5.0)
-        harness.keeper.startService()
-        for _ in range(2):
-            harness.close_port()
-            harness.clock.advance(1.0)
-        harness.close_port()
+
+        async def scenario() -> None:
+            harness.keeper.start()
+            for _ in range(3):
+                await settle()
+                harness.channels[-1].hang_up()
+                await asyncio.sleep(1.0)
+
+        run_virtual(self, scenario)
         self.assertEqual(len(harness.gave_up), 1)
         self.assertIn("closed by the other end", harness.gave_up[0])
 
     def test_portThatStayedOpenStartsTheDelaysAfresh(self) -> None:
         harness = KeeperHarness(delays=(1.0,), stable_after=5.0)
-        harness.keeper.startService()
-        for _ in range(3):
-            harness.clock.advance(5.0)
-            harness.close_port()
-            harness.clock.advance(1.0)
+
+        async def scenario() -> None:
+            harness.keeper.start()
+            for _ in range(3):
+                await asyncio.sleep(5.0)
+                harness.channels[-1].hang_up()
+                await asyncio.sleep(1.0)
+            await harness.keeper.stop()
+
+        run_virtual(self, scenario)
         self.assertEqual((harness.opened, harness.gave_up), (4, []))
 
     def test_stopClosesThePortAfterFlushing(self) -> None:
         harness = KeeperHarness()
-        harness.keeper.startService()
-        harness.keeper.write(b"STOPPED\n")
-        stopped = harness.keeper.stopService()
-        self.assertIsNone(self.successResultOf(stopped))
-        self.assertEqual(harness.transports[0].value(), b"STOPPED\n")
-        self.assertFalse(harness.transports[0].connected)
+
+        async def scenario() -> None:
+            harness.keeper.start()
+            await settle()
+            harness.keeper.write(b"STOPPED\n")
+            await harness.keeper.stop()
+
+        run_virtual(self, scenario)
+        channel = harness.channels[0]
+        self.assertEqual((bytes(channel.written), channel.ended), (b"STOPPED\n", True))
+        self.assertFalse(harness.keeper.is_open)
 
     def test_stopCancelsAPendingReopen(self) -> None:
         harness = KeeperHarness()
-        harness.refuse(1)
-        harness.keeper.startService()
-        harness.keeper.stopService()
-        self.assertEqual(harness.clock.getDelayedCalls(), [])
+        harness.refusals = 1
+
+        async def scenario() -> None:
+            harness.keeper.start()
+            await settle()
+            await harness.keeper.stop()
+            await asyncio.sleep(10)
+
+        run_virtual(self, scenario)
+        self.assertEqual(len(harness.attempts), 1)
 
     def test_portThatNeverFlushesIsClosedAfterTwoSeconds(self) -> None:
         harness = KeeperHarness()
-        harness.keeper.startService()
-        transport = harness.transports[0]
-        transport.loseConnection = lambda: None  # type: ignore[method-assign]
-        stopped = harness.keeper.stopService()
-        self.assertNoResult(stopped)
-        transport.protocol.connectionLost(Failure(ConnectionDone()))
-        self.assertIsNone(self.successResultOf(stopped))
+        harness.flushes = False
+
+        async def scenario() -> float:
+            harness.keeper.start()
+            await settle()
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            await harness.keeper.stop()
+            return loop.time() - started
+
+        self.assertEqual(run_virtual(self, scenario), 2.0)
+        self.assertTrue(harness.channels[0].ended)
 
 
-class UnixSocketPortTests(TestCase):
-    """A fakeqemu guest's port: a unix socket, one client at a time."""
+class Peer:
+    """fakeqemu's end of a virtio port: a unix socket holding one client, in the test's loop."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.received = bytearray()
+        self.clients: list[asyncio.StreamWriter] = []
+        self.connected = asyncio.Event()
+        self.got_data = asyncio.Event()
+
+    async def start(self) -> asyncio.AbstractServer:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        return await asyncio.start_unix_server(self._client, self.path)
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.clients.append(writer)
+        self.connected.set()
+        while True:
+            data = await reader.read(1024)
+            if not data:
+                return
+            self.received += data
+            self.got_data.set()
+
+
+class UnixSocketPortTests(SynchronousTestCase):
+    """A fakeqemu guest's port: a unix socket."""
 
     def setUp(self) -> None:
         self.base = short_tempdir(self)
-        self.peer = FakeSerialPeer(reactor, os.path.join(self.base, "virtio-ports", PORT_NAME))
-        self.peer.start()
-        self.addCleanup(self.peer.stop)
-        self.data: list[bytes] = []
-        self.gave_up: list[str] = []
-        self.opened: list[Deferred[None]] = []
-        self.keeper = SerialKeeper(
-            reactor,
-            lambda: choose_port(os.path.join(self.base, "virtio-ports")),
-            self.data.append,
-            self._opened,
-            self.gave_up.append,
-            delays=(0.01, 0.02),
+        self.path = os.path.join(self.base, "virtio-ports", PORT_NAME)
+
+    def test_bytesGoBothWays(self) -> None:
+        async def scenario() -> tuple[bytes, bytes]:
+            peer = Peer(self.path)
+            server = await peer.start()
+            arrived = asyncio.Event()
+            data = bytearray()
+
+            def on_data(chunk: bytes) -> None:
+                data.extend(chunk)
+                arrived.set()
+
+            channel = await open_serial(self.path, on_data, lambda reason: None)
+            await peer.connected.wait()
+            channel.write(b"STARTED\n")
+            await peer.got_data.wait()
+            peer.clients[0].write(b"CONNECT 2:1234\n")
+            await arrived.wait()
+            channel.close()
+            server.close()
+            return bytes(peer.received), bytes(data)
+
+        self.assertEqual(run_in_loop(self, scenario), (b"STARTED\n", b"CONNECT 2:1234\n"))
+
+    def test_peerClosingIsReportedOnce(self) -> None:
+        async def scenario() -> list[str]:
+            peer = Peer(self.path)
+            server = await peer.start()
+            reasons: list[str] = []
+            lost = asyncio.Event()
+
+            def on_lost(reason: str) -> None:
+                reasons.append(reason)
+                lost.set()
+
+            await open_serial(self.path, lambda data: None, on_lost)
+            await peer.connected.wait()
+            peer.clients[0].close()
+            await lost.wait()
+            server.close()
+            return reasons
+
+        self.assertEqual(run_in_loop(self, scenario), ["closed by the other end"])
+
+    def test_missingSocketIsAnOpenError(self) -> None:
+        async def scenario() -> str:
+            try:
+                await open_serial(self.path, lambda data: None, lambda reason: None)
+            except SerialOpenError as e:
+                return str(e)
+            return "opened"
+
+        self.assertEqual(
+            run_in_loop(self, scenario), f"cannot open {self.path}: No such file or directory"
         )
 
-    def _opened(self) -> None:
-        waiting, self.opened = self.opened, []
-        for waiter in waiting:
-            waiter.callback(None)
+    def test_aPlainFileIsRefused(self) -> None:
+        plain = os.path.join(self.base, "file")
+        open(plain, "w").close()
 
-    def next_open(self) -> Deferred[None]:
-        waiter: Deferred[None] = Deferred()
-        self.opened.append(waiter)
-        return waiter.addTimeout(5, reactor)
+        async def scenario() -> str:
+            try:
+                await open_serial(plain, lambda data: None, lambda reason: None)
+            except SerialOpenError as e:
+                return str(e)
+            return "opened"
 
-    async def start(self) -> None:
-        opened = self.next_open()
-        self.keeper.startService()
-        self.addCleanup(self.keeper.stopService)
-        await opened
+        self.assertEqual(
+            run_in_loop(self, scenario), f"{plain} is neither a character device nor a unix socket"
+        )
 
-    async def test_linesWrittenReachThePeer(self) -> None:
-        await self.start()
-        seen = self.peer.wait_for(b"STARTED")
-        self.keeper.write(b"STARTED\n")
-        await seen
+    def test_keeperReopensAPortTheVMReset(self) -> None:
+        async def scenario() -> int:
+            peer = Peer(self.path)
+            server = await peer.start()
+            opened = asyncio.Event()
+            keeper = SerialKeeper(
+                lambda: find_port(port_names(None), os.path.dirname(self.path), None),
+                lambda data: None,
+                opened.set,
+                lambda reason: None,
+                delays=(0.01, 0.02),
+            )
+            keeper.start()
+            await opened.wait()
+            opened.clear()
+            peer.clients[0].close()  # the VM reset
+            await opened.wait()
+            await keeper.stop()
+            server.close()
+            return len(peer.clients)
 
-    async def test_peerBytesReachTheAgent(self) -> None:
-        await self.start()
-        await self.peer.attached()
-        self.peer.send(b"CONNECT 2:1234\n")
-        while not self.data:
-            await deferLater(reactor, 0.01)
-        self.assertEqual(b"".join(self.data), b"CONNECT 2:1234\n")
-
-    async def test_resetPortIsReopened(self) -> None:
-        await self.start()
-        await self.peer.attached()
-        reopened = self.next_open()
-        await self.peer.drop_client()
-        await reopened
-        await self.peer.attached()
-        self.assertEqual(self.peer.connections, 2)
-
-    async def test_vanishedPortEndsInGivingUp(self) -> None:
-        await self.start()
-        await self.peer.attached()
-        await self.peer.stop()  # the socket file goes too
-        while not self.gave_up:
-            await deferLater(reactor, 0.01)
-        self.assertIn("neither com.canonical.lxd nor org.linuxcontainers.lxd", self.gave_up[0])
-
-    async def test_stopFlushesTheLastLine(self) -> None:
-        await self.start()
-        seen = self.peer.wait_for(b"STOPPED")
-        self.keeper.write(b"STOPPED\n")
-        await self.keeper.stopService()
-        await seen
+        self.assertEqual(run_in_loop(self, scenario), 2)
 
 
-class CharacterDevicePortTests(TestCase):
+class CharacterDevicePortTests(SynchronousTestCase):
     """A real guest's port: a character device, here a pty's far end."""
 
     def setUp(self) -> None:
@@ -283,40 +504,70 @@ class CharacterDevicePortTests(TestCase):
         self.addCleanup(os.close, self.master)
         self.path = os.ttyname(slave)
         os.close(slave)
-        os.set_blocking(self.master, False)
-        self.data: list[bytes] = []
-        self.keeper = SerialKeeper(
-            reactor, lambda: self.path, self.data.append, lambda: None, lambda r: None
-        )
-        self.keeper.startService()
-        self.addCleanup(self.keeper.stopService)
 
     async def read_master(self, size: int) -> bytes:
+        loop = asyncio.get_running_loop()
         got = b""
-        for _ in range(500):
-            with contextlib.suppress(BlockingIOError):
-                got += os.read(self.master, 1024)
-            if len(got) >= size:
-                return got
-            await deferLater(reactor, 0.01)
+        while len(got) < size:
+            readable: asyncio.Future[None] = loop.create_future()
+
+            def ready(waiter: asyncio.Future[None] = readable) -> None:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+            loop.add_reader(self.master, ready)
+            try:
+                await readable
+            finally:
+                loop.remove_reader(self.master)
+            got += os.read(self.master, 1024)
         return got
 
-    def test_deviceIsOpen(self) -> None:
-        self.assertTrue(self.keeper.is_open)
+    def test_writesReachTheDevice(self) -> None:
+        async def scenario() -> bytes:
+            channel = await open_serial(self.path, lambda data: None, lambda reason: None)
+            channel.write(b"STARTED\n")
+            got = await self.read_master(8)
+            channel.close()
+            return got
 
-    async def test_writesReachTheDevice(self) -> None:
-        self.keeper.write(b"STARTED\n")
-        self.assertEqual(await self.read_master(8), b"STARTED\n")
+        self.assertEqual(run_in_loop(self, scenario), b"STARTED\n")
 
-    async def test_deviceBytesReachTheAgent(self) -> None:
-        os.write(self.master, b"CONNECT 2:1234\n")
-        for _ in range(500):
-            if b"".join(self.data) == b"CONNECT 2:1234\n":
-                break
-            await deferLater(reactor, 0.01)
-        self.assertEqual(b"".join(self.data), b"CONNECT 2:1234\n")
+    def test_deviceBytesReachTheAgent(self) -> None:
+        async def scenario() -> bytes:
+            data = bytearray()
+            complete = asyncio.Event()
 
-    async def test_deviceIsInRawModeWithoutEcho(self) -> None:
-        os.write(self.master, b"CONNECT 2:1234\n")
-        self.keeper.write(b"STARTED\n")
-        self.assertEqual(await self.read_master(8), b"STARTED\n")
+            def on_data(chunk: bytes) -> None:
+                data.extend(chunk)
+                if data.endswith(b"\n"):
+                    complete.set()
+
+            channel = await open_serial(self.path, on_data, lambda reason: None)
+            os.write(self.master, b"CONNECT 2:1234\n")
+            await complete.wait()
+            channel.close()
+            return bytes(data)
+
+        self.assertEqual(run_in_loop(self, scenario), b"CONNECT 2:1234\n")
+
+    def test_deviceIsInRawModeWithoutEcho(self) -> None:
+        async def scenario() -> bytes:
+            channel = await open_serial(self.path, lambda data: None, lambda reason: None)
+            os.write(self.master, b"CONNECT 2:1234\n")
+            channel.write(b"STARTED\n")
+            got = await self.read_master(8)
+            channel.close()
+            return got
+
+        # Without raw mode the line discipline would echo the CONNECT back first.
+        self.assertEqual(run_in_loop(self, scenario), b"STARTED\n")
+
+    def test_closeReportsClosedByTheAgent(self) -> None:
+        async def scenario() -> list[str]:
+            reasons: list[str] = []
+            channel = await open_serial(self.path, lambda data: None, reasons.append)
+            channel.close()
+            return reasons
+
+        self.assertEqual(run_in_loop(self, scenario), ["closed by the agent"])

@@ -17,7 +17,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.server import Request
 from twisted.web.test.requesthelper import DummyChannel
 
-from tests.fixtures import STOP_TIMEOUT, Reply, make_lifecycle
+from tests.fixtures import STARTED_UNDER_TCG, STOP_TIMEOUT, Reply, make_lifecycle
 from vmready.api import MAX_BODY_BYTES, EventStream, OperatorAPI, read_json_body
 from vmready.events import Event
 from vmready.lifecycle import Lifecycle
@@ -179,6 +179,7 @@ class CreateTests(APITestCase):
                 "limits.cpu": "2",
                 "user.role": "db",
                 "volatile.serial.layout": "current",
+                **STARTED_UNDER_TCG,
             },
         )
         self.assertEqual(instance["limits"], {"memory_mib": 512, "cpus": 2})
@@ -337,7 +338,7 @@ class PatchTests(APITestCase):
             "PATCH", "/1.0/instances/web1", {"config": {"user.a": None, "user.b": "2"}}
         )
         self.assertEqual(reply.code, 200)
-        expected = {"user.b": "2", "volatile.serial.layout": "current"}
+        expected = {"user.b": "2", "volatile.serial.layout": "current", **STARTED_UNDER_TCG}
         self.assertEqual(reply.metadata["config"], expected)
         self.assertEqual(self.lifecycle.get("web1").config, expected)
         self.assertEqual([event.metadata["action"] for event in seen], ["instance-updated"])

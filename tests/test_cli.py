@@ -26,7 +26,7 @@ from twisted.web.resource import IResource, Resource
 from twisted.web.server import NOT_DONE_YET, Site
 
 import vmready
-from tests.fixtures import make_lifecycle
+from tests.fixtures import STARTED_UNDER_TCG, TCG_REASON, make_lifecycle
 from vmready.api import OperatorAPI
 from vmready.cli import build_parser, run, to_yaml
 from vmready.lifecycle import Lifecycle
@@ -298,9 +298,12 @@ class ListAndInfoTests(CLITestCase):
             "org.linuxcontainers.lxd unwired)",
             lines,
         )
-        self.assertEqual(
-            lines[-3:], ["Config:", "  user.role: db", "  volatile.serial.layout: current"]
-        )
+        self.assertIn("Boot source: nothing (no image, no kernel)", lines)
+        self.assertIn(f"Accelerator: tcg ({TCG_REASON}); requested auto", lines)
+        self.assertIn("Guest API transport: hvsock", lines)
+        config = lines[lines.index("Config:") :]
+        self.assertEqual(config[:2], ["Config:", "  user.role: db"])
+        self.assertIn("  volatile.serial.layout: current", config)
 
     async def test_infoShowsTheAgentStatusAndListShowsReady(self) -> None:
         await self.launch("web1")
@@ -341,6 +344,7 @@ class ActionCommandTests(CLITestCase):
                 "limits.cpu": "2",
                 "user.role": "db",
                 "volatile.serial.layout": "current",
+                **STARTED_UNDER_TCG,
             },
         )
 

@@ -17,7 +17,7 @@ from twisted.trial.unittest import TestCase
 
 from vmready import daemon
 from vmready.cli import Client, DaemonUnreachable
-from vmready.daemon import DaemonConfig, VMReadyService
+from vmready.daemon import POWER_SYNC_TIMER, DaemonConfig, VMReadyService
 from vmready.lifecycle import Lifecycle
 
 
@@ -74,7 +74,11 @@ class DaemonServiceTests(TestCase):
         return service
 
     def timers(self, service: VMReadyService) -> list[TimerService]:
-        return [child for child in service if isinstance(child, TimerService)]
+        return [
+            child
+            for child in service
+            if isinstance(child, TimerService) and child.name == POWER_SYNC_TIMER
+        ]
 
     def test_positiveIntervalRunsThePollerOnTheReactorClock(self) -> Deferred[None]:
         async def check() -> None:

@@ -17,6 +17,7 @@ from fakeqemu._cmdline import (
     RingbufSpec,
     SerialBusSpec,
     SerialPortSpec,
+    SocketChardevSpec,
     parse_arguments,
     parse_command_line,
     program_name,
@@ -804,8 +805,33 @@ class ChardevRefusalTests(_CommandLineTestCase):
     def test_otherCharDriversAreNotEmulated(self) -> None:
         # fakeqemu's own refusal for a backend QEMU has.
         self.assertEqual(
-            self.refusal(*BASE, "-chardev", "socket,id=a"),
-            "-chardev socket,id=a: fakeqemu does not emulate the 'socket' char driver",
+            self.refusal(*BASE, "-chardev", "pty,id=a"),
+            "-chardev pty,id=a: fakeqemu does not emulate the 'pty' char driver",
+        )
+
+    def test_socketChardevIsAUnixServerThatDoesNotWait(self) -> None:
+        config = parse(*BASE, "-chardev", "socket,id=c,path=/run/c.sock,server=on,wait=off")
+        self.assertEqual(config.socket_chardevs, (SocketChardevSpec("c", "/run/c.sock"),))
+
+    def test_otherSocketChardevFormsAreNotEmulated(self) -> None:
+        self.assertEqual(
+            [
+                self.refusal(*BASE, "-chardev", "socket,id=a"),
+                self.refusal(*BASE, "-chardev", "socket,id=a,host=h,port=1,server=on,wait=off"),
+            ],
+            [
+                "-chardev socket,id=a: fakeqemu emulates socket chardevs only as unix servers: "
+                "socket,id=ID,path=P,server=on,wait=off",
+                "-chardev socket,id=a,host=h,port=1,server=on,wait=off: fakeqemu emulates "
+                "socket chardevs only as unix servers: socket,id=ID,path=P,server=on,wait=off",
+            ],
+        )
+
+    def test_socketChardevThatWaitsForItsClientIsNotEmulated(self) -> None:
+        self.assertEqual(
+            self.refusal(*BASE, "-chardev", "socket,id=a,path=/p,server=on"),
+            "-chardev socket,id=a,path=/p,server=on: fakeqemu emulates socket chardevs only "
+            "as unix servers that do not wait for their client: server=on,wait=off",
         )
 
     def test_ringbufIgnoresOtherBackendsParameters(self) -> None:
@@ -834,8 +860,8 @@ class DeviceRefusalTests(_CommandLineTestCase):
     def test_unmodelledDeviceIsNotEmulated(self) -> None:
         # fakeqemu's own refusal for a device QEMU has.
         self.assertEqual(
-            self.refusal(*BASE, "-device", "virtio-net-pci"),
-            "-device virtio-net-pci: fakeqemu does not emulate device model 'virtio-net-pci'",
+            self.refusal(*BASE, "-device", "virtio-rng-pci"),
+            "-device virtio-rng-pci: fakeqemu does not emulate device model 'virtio-rng-pci'",
         )
 
     def test_unknownDeviceProperty(self) -> None:

@@ -517,6 +517,48 @@ class LauncherTests(InProcessHostTestCase):
         self.assertTrue(os.path.exists(self.control_socket(qmp)))
 
     @deferred_test
+    async def test_devicePathsAndForwardCommandsFollowTheLauncher(self) -> None:
+        workdir = self.path("work")
+        os.makedirs(os.path.join(workdir, "drive"))
+        launcher = self.spawn(
+            [
+                *agent_devices(),
+                *qmp_option("vm.qmp"),
+                "-chardev",
+                "file,id=console,path=console.log",
+                "-serial",
+                "chardev:console",
+                "-fsdev",
+                "local,id=d,path=drive,security_model=none",
+                "-device",
+                "virtio-9p-pci,fsdev=d,mount_tag=drive",
+                "-netdev",
+                "user,id=n,guestfwd=tcp:10.0.2.100:1-cmd:sh -c 'echo $FROM_LAUNCHER'",
+                "-device",
+                "virtio-net-pci,netdev=n",
+                "-daemonize",
+                "-pidfile",
+                "vm.pid",
+            ],
+            env={"FAKEQEMU_HOST": self.control, "FROM_LAUNCHER": "launcher's environment"},
+            cwd=workdir,
+        )
+        self.assertEqual(await launcher.exit_status(), 0)
+        guest_dir = os.path.join(workdir, "vm.qmp.guest")
+        forward = await self.open_socket(
+            os.path.join(guest_dir, "tcp", "10.0.2.100:1"), SocketEnd()
+        )
+        await forward.closed
+        self.assertEqual(
+            (
+                os.path.exists(os.path.join(workdir, "console.log")),
+                os.readlink(os.path.join(guest_dir, "9p", "drive")),
+                forward.received,
+            ),
+            (True, os.path.join(workdir, "drive"), b"launcher's environment\n"),
+        )
+
+    @deferred_test
     async def test_relativeIncomingPathResolvesAgainstTheLaunchersDirectory(self) -> None:
         workdir = self.path("work")
         os.mkdir(workdir)

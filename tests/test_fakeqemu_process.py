@@ -21,11 +21,12 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
 from twisted.internet.error import ProcessExitedAlready, ProcessTerminated
-from twisted.internet.interfaces import IProcessTransport
+from twisted.internet.interfaces import IHalfCloseableProtocol, IProcessTransport
 from twisted.internet.protocol import ProcessProtocol, Protocol, connectionDone
 from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
+from zope.interface import implementer
 
 from fakeqemu import __version__
 from fakeqemu._cmdline import QEMU_VERSION
@@ -730,14 +731,28 @@ class GuestSocketTests(ProcessTestCase):
         self.assertEqual(drained, "STARTED\n")
 
     @deferred_test
-    async def test_ringbufWriteArrivesAtTheGuestSocket(self) -> None:
-        _, client, qmp = await self.start_vm()
-        guest = await self.open_socket(self.guest_socket(qmp, AGENT_PORT), SocketEnd())
-        await self.wait_for_frontend(client, True)
-        await client.execute(
-            "ringbuf-write", {"device": AGENT_RING, "data": "CONNECT 2:1234\n", "format": "utf8"}
+    async def test_aSocketChardevCarriesHostBytesToTheGuestSocket(self) -> None:
+        qmp = self.path("qmp")
+        connect = self.path("connect.sock")
+        process = self.spawn(
+            [
+                *agent_devices(),
+                *qmp_option(qmp),
+                "-chardev",
+                f"socket,id=vmready-connect,path={connect},server=on,wait=off",
+                "-device",
+                "virtserialport,chardev=vmready-connect,name=vmready.connect,bus=vs0.0,"
+                "id=vmready.connect",
+            ]
         )
+        await self.monitor(qmp, process)
+        guest = await self.open_socket(self.guest_socket(qmp, "vmready.connect"), SocketEnd())
+        host = await self.open_socket(connect, SocketEnd())
+        assert host.transport is not None and guest.transport is not None
+        host.transport.write(b"CONNECT 2:1234\n")
+        guest.transport.write(b"ok\n")
         await wait_until(lambda: len(guest.received) >= 15, "the host's bytes at the guest")
+        await wait_until(lambda: host.received == b"ok\n", "the guest's bytes at the host")
         self.assertEqual(guest.received, b"CONNECT 2:1234\n")
 
     @deferred_test
@@ -944,3 +959,184 @@ class MigrationTests(ProcessTestCase):
             (await process.exit_status(), process.stderr),
             (0, stderr_lines("terminating on signal 15")),
         )
+
+
+@implementer(IHalfCloseableProtocol)
+class HalfClosingEnd(SocketEnd):
+    """A socket end that can shut down its sending side and still read the answer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read_closed = False
+
+    def readConnectionLost(self) -> None:
+        # The peer will send nothing more: the connection is over for us too.
+        self.read_closed = True
+        assert self.transport is not None
+        self.transport.loseConnection()
+
+    def writeConnectionLost(self) -> None:
+        """Our half-close went through; the peer may still send."""
+
+    def send(self, data: bytes) -> None:
+        """Write bytes as the guest."""
+        assert self.transport is not None
+        self.transport.write(data)
+
+    def half_close(self) -> None:
+        """Shut down our sending side, as a guest's ``shutdown(SHUT_WR)``."""
+        assert self.transport is not None
+        self.transport.loseWriteConnection()  # type: ignore[attr-defined]
+
+
+def _received(end: SocketEnd, expected: bytes) -> bool:
+    return end.received == expected
+
+
+class GuestDeviceTests(ProcessTestCase):
+    """The issue 11 devices on a real fakeqemu process: console, forwards, 9p, port ids."""
+
+    def devices(self, command: str = "sh -c 'echo out; echo err >&2; exec cat'") -> list[str]:
+        """The agent's devices, a port id, the console, a 9p export and one guestfwd rule."""
+        os.makedirs(self.path("config-drive"), exist_ok=True)
+        return [
+            *agent_devices(),
+            "-device",
+            f"virtserialport,name={LEGACY_PORT},bus=vs0.0,id=legacy",
+            "-chardev",
+            f"file,id=console,path={self.path('console.log')},append=on",
+            "-serial",
+            "chardev:console",
+            "-fsdev",
+            f"local,id=config,path={self.path('config-drive')},security_model=none,readonly=on",
+            "-device",
+            "virtio-9p-pci,fsdev=config,mount_tag=config",
+            "-netdev",
+            f"user,id=n0,restrict=on,ipv6=off,guestfwd=tcp:10.0.2.100:8443-cmd:{command}",
+            "-device",
+            "virtio-net-pci,netdev=n0,mac=52:54:00:76:6d:01",
+        ]
+
+    def guest_path(self, qmp: str, name: str) -> str:
+        """A path in the VM's guest directory."""
+        return os.path.join(qmp + ".guest", name)
+
+    async def start_vm(self, *extra: str) -> tuple[RecordedProcess, QMPClientProtocol, str]:
+        qmp = self.path("qmp")
+        process = self.spawn([*self.devices(), *qmp_option(qmp), *extra])
+        return process, await self.monitor(qmp, process), qmp
+
+    @deferred_test
+    async def test_consoleWritesLandInTheLogFile(self) -> None:
+        with open(self.path("console.log"), "wb") as f:
+            f.write(b"earlier boot\n")
+        _, _, qmp = await self.start_vm()
+        console = await self.open_socket(self.guest_path(qmp, "console"), HalfClosingEnd())
+        console.send(b"[    0.000000] Linux version 6.1.0\n")
+
+        def logged() -> bytes:
+            with open(self.path("console.log"), "rb") as f:
+                return f.read()
+
+        await wait_until(lambda: logged().endswith(b"6.1.0\n"), "the console line in the file")
+        self.assertEqual(logged(), b"earlier boot\n[    0.000000] Linux version 6.1.0\n")
+
+    @deferred_test
+    async def test_forwardRunsTheCommandWithTheConnectionAsItsStreams(self) -> None:
+        _, _, qmp = await self.start_vm()
+        guest = await self.open_socket(
+            self.guest_path(qmp, "tcp/10.0.2.100:8443"), HalfClosingEnd()
+        )
+        await wait_until(lambda: guest.received == b"out\nerr\n", "stdout and stderr at the guest")
+        guest.send(b"GET /1.0\n")
+        await wait_until(lambda: guest.received.endswith(b"GET /1.0\n"), "cat's echo")
+        guest.half_close()
+        await guest.closed
+        self.assertEqual(guest.received, b"out\nerr\nGET /1.0\n")
+
+    @deferred_test
+    async def test_eachForwardedConnectionHasItsOwnCommand(self) -> None:
+        _, _, qmp = await self.start_vm()
+        socket_path = self.guest_path(qmp, "tcp/10.0.2.100:8443")
+        first = await self.open_socket(socket_path, HalfClosingEnd())
+        second = await self.open_socket(socket_path, HalfClosingEnd())
+        for end, word in ((first, b"one\n"), (second, b"two\n")):
+            await wait_until(functools.partial(_received, end, b"out\nerr\n"), "the banner")
+            end.send(word)
+        for end, word in ((first, b"out\nerr\none\n"), (second, b"out\nerr\ntwo\n")):
+            await wait_until(functools.partial(_received, end, word), "the echo")
+        self.assertEqual(
+            (first.received, second.received), (b"out\nerr\none\n", b"out\nerr\ntwo\n")
+        )
+
+    @deferred_test
+    async def test_commandThatCannotStartIsReportedAndTheConnectionClosed(self) -> None:
+        qmp = self.path("qmp")
+        log = self.path("qemu.log")
+        pidfile = self.path("vm.pid")
+        self.kill_daemon_at_cleanup(pidfile)
+        launcher = self.spawn(
+            [
+                *self.devices(command="nonexistent-command-xyz"),
+                *qmp_option(qmp),
+                "-daemonize",
+                "-pidfile",
+                pidfile,
+                "-D",
+                log,
+            ]
+        )
+        self.assertEqual(await launcher.exit_status(), 0)
+        guest = await self.open_socket(self.guest_path(qmp, "tcp/10.0.2.100:8443"), SocketEnd())
+        await guest.closed
+        with open(log, "rb") as f:
+            self.assertEqual(
+                (guest.received, f.read()),
+                (
+                    b"",
+                    stderr_lines(
+                        "Slirp: fork_exec: Failed to execute child process "
+                        "\u201cnonexistent-command-xyz\u201d (No such file or directory)"
+                    ),
+                ),
+            )
+
+    @deferred_test
+    async def test_daemonizedVMRunsForwardCommandsFromTheRoot(self) -> None:
+        qmp = self.path("qmp")
+        pidfile = self.path("vm.pid")
+        self.kill_daemon_at_cleanup(pidfile)
+        launcher = self.spawn(
+            [*self.devices(command="pwd"), *qmp_option(qmp), "-daemonize", "-pidfile", pidfile]
+        )
+        self.assertEqual(await launcher.exit_status(), 0)
+        guest = await self.open_socket(self.guest_path(qmp, "tcp/10.0.2.100:8443"), SocketEnd())
+        await guest.closed
+        self.assertEqual(guest.received, b"/\n")
+
+    @deferred_test
+    async def test_exportIsLinkedForTheGuestUntilTheVMExits(self) -> None:
+        process, client, qmp = await self.start_vm()
+        link = self.guest_path(qmp, "9p/config")
+        target = os.readlink(link)
+        await client.execute("quit")
+        await process.exit_status()
+        self.assertEqual((target, os.path.lexists(link)), (self.path("config-drive"), False))
+
+    @deferred_test
+    async def test_portWithAnIdReportsTheGuestOpeningIt(self) -> None:
+        _, client, qmp = await self.start_vm()
+        events = EventRecorder(client)
+        guest = await self.open_socket(self.guest_socket(qmp, LEGACY_PORT), SocketEnd())
+        opened = await events.first("VSERPORT_CHANGE")
+        assert guest.transport is not None
+        guest.transport.loseConnection()
+        await wait_until(lambda: len(events.events) == 2, "the port's closing")
+        self.assertEqual(
+            [(e.name, e.data) for e in events.events],
+            [
+                ("VSERPORT_CHANGE", {"open": True, "id": "legacy"}),
+                ("VSERPORT_CHANGE", {"open": False, "id": "legacy"}),
+            ],
+        )
+        self.assertEqual(opened.data, {"open": True, "id": "legacy"})

@@ -148,11 +148,25 @@ class ConnectionTests(SynchronousTestCase):
         self.assertEqual((before, self.vm.machine.ringbufs["vmready"].peek()), (b"", b"STARTED\n"))
 
     def test_guestRecordsWhatArrives(self) -> None:
-        guest = self.vm.connect_guest(PORT)
-        self.vm.machine.ringbuf_write("vmready", b"CONNECT ")
-        self.vm.machine.ringbuf_write("vmready", b"2:1234\n")
-        self.vm.flush()
+        vm = InMemoryVM(
+            [
+                *VM_ARGV,
+                "-chardev",
+                "socket,id=c,path=/vm/c.sock,server=on,wait=off",
+                "-device",
+                "virtserialport,chardev=c,name=vmready.connect,id=vmready.connect",
+            ]
+        )
+        guest = vm.connect_guest("vmready.connect")
+        host = vm.connect_chardev("c")
+        host.write(b"CONNECT ")
+        host.write(b"2:1234\n")
+        vm.flush()
         self.assertEqual(guest.received, b"CONNECT 2:1234\n")
+
+    def test_connectingToAnUnknownChardevIsAKeyError(self) -> None:
+        with self.assertRaises(KeyError):
+            self.vm.connect_chardev("vmready")
 
     def test_guestCloseClosesThePort(self) -> None:
         guest = self.vm.connect_guest(PORT)
@@ -176,11 +190,11 @@ class ConnectionTests(SynchronousTestCase):
     def test_flushMovesBytesInEveryDirectionUntilQuiet(self) -> None:
         client = negotiated_client(self.vm)
         guest = self.vm.connect_guest(PORT)
-        client.send(
-            {"execute": "ringbuf-write", "arguments": {"device": "vmready", "data": "hi\n"}}
-        )
+        guest.write(b"hi\n")
         self.vm.flush()
-        self.assertEqual((client.replies(), guest.received), ([{"return": {}}], b"hi\n"))
+        client.send({"execute": "ringbuf-read", "arguments": {"device": "vmready", "size": 10}})
+        self.vm.flush()
+        self.assertEqual(client.replies(), [{"return": "hi\n"}])
 
     def test_advanceRunsDelayedWorkAndDeliversItsEffects(self) -> None:
         client = negotiated_client(self.vm)

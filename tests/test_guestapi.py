@@ -145,7 +145,7 @@ class GuestAPITestCase(TestCase):
 
     async def launch(self, name: str = "web1", config: dict[str, Any] | None = None) -> None:
         """Create an instance with a running fakeqemu VM."""
-        operation = await self.lifecycle.create(name, config or {}).when_done()
+        operation = await (await self.lifecycle.create(name, config or {})).when_done()
         # Waiters wake before the operation's final event goes out: let that happen too.
         await deferLater(reactor, 0, lambda: None)
         self.assertEqual(operation.error, "")

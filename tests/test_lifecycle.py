@@ -92,7 +92,7 @@ class LifecycleTestCase(TestCase):
 
     async def launch(self, name: str = "vm1", **config: str) -> InstanceRecord:
         """Create an instance and wait until it is ACTIVE."""
-        operation = self.lifecycle.create(name, config)
+        operation = await self.lifecycle.create(name, config)
         await self.wait(operation)
         self.assertEqual(operation.error, "")
         return self.lifecycle.get(name)
@@ -153,13 +153,13 @@ class CreateAndPowerTests(LifecycleTestCase):
             ("ok", {"volatile.x": "y"}),
         ):
             with self.assertRaises(BadRequest):
-                self.lifecycle.create(name, config)
+                await self.lifecycle.create(name, config)
         self.assertEqual(self.store.list_instances(), [])
 
     @_async
     async def test_failedSpawnIsAPersistingError(self) -> None:
         self.lifecycle.driver = HypervisorDriver(reactor, "fakeqemu", "/nonexistent/qemu")
-        operation = self.lifecycle.create("vm1", {})
+        operation = await self.lifecycle.create("vm1", {})
         await self.wait(operation)
         record = self.lifecycle.get("vm1")
         self.assertEqual(record.vm_state, VMState.ERROR)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -10,8 +12,10 @@ from fakeqemu import CommandLineError, parse_command_line
 from vmready.qemu_cmdline import (
     AGENT_PORT,
     AGENT_RING,
+    CONNECT_PORT,
     LEGACY_LAYOUT,
     LEGACY_PORT,
+    GuestForward,
     SerialPort,
     VMSpec,
     build_command_line,
@@ -61,19 +65,17 @@ class VMSpecTests(SynchronousTestCase):
 
 
 class CommandLineTests(SynchronousTestCase):
-    """build_command_line gives the argv DESIGN.md describes, option for option."""
+    """build_command_line gives the argv the docs describe, option for option."""
 
     def test_fullCommandLine(self) -> None:
         self.assertEqual(
-            build_command_line(make_spec(), PROGRAM, ["kvm", "tcg"]),
+            build_command_line(make_spec(), PROGRAM),
             [
                 "qemu-system-x86_64",
                 "-name",
                 "guest=web1",
                 "-machine",
                 "q35",
-                "-accel",
-                "kvm",
                 "-accel",
                 "tcg",
                 "-nodefaults",
@@ -90,9 +92,22 @@ class CommandLineTests(SynchronousTestCase):
                 "-chardev",
                 "ringbuf,id=vmready,size=65536",
                 "-device",
-                "virtserialport,chardev=vmready,name=com.canonical.lxd,bus=vs0.0",
+                "virtserialport,chardev=vmready,name=com.canonical.lxd,bus=vs0.0,"
+                "id=com.canonical.lxd",
                 "-device",
-                "virtserialport,name=org.linuxcontainers.lxd,bus=vs0.0",
+                "virtserialport,name=org.linuxcontainers.lxd,bus=vs0.0,id=org.linuxcontainers.lxd",
+                "-chardev",
+                "socket,id=vmready-connect,path=/run/vmready/4f3c2d1e/connect.sock,"
+                "server=on,wait=off",
+                "-device",
+                "virtserialport,chardev=vmready-connect,name=vmready.connect,bus=vs0.0,"
+                "id=vmready.connect",
+                "-chardev",
+                "file,id=console,path=/run/vmready/4f3c2d1e/console.log,append=on",
+                "-serial",
+                "chardev:console",
+                "-device",
+                "pvpanic",
                 "-daemonize",
                 "-pidfile",
                 "/run/vmready/4f3c2d1e/vm.pid",
@@ -101,46 +116,111 @@ class CommandLineTests(SynchronousTestCase):
             ],
         )
 
+    def test_everyDeviceOfARealGuest(self) -> None:
+        spec = make_spec(
+            config_drive="/run/vmready/4f3c2d1e/config-drive",
+            disk="/data/disks/4f3c2d1e.qcow2",
+            kernel="/boot/vmlinuz",
+            initrd="/boot/initrd.img",
+            append="root=/dev/vda rw console=ttyS0",
+            forward=GuestForward("/data/guest-fwd.sock", "52:54:00:00:00:01"),
+        )
+        argv = build_command_line(spec, PROGRAM)
+        self.assertEqual(
+            _values(argv, "-fsdev"),
+            [
+                "local,id=config,path=/run/vmready/4f3c2d1e/config-drive,"
+                "security_model=none,readonly=on"
+            ],
+        )
+        self.assertIn("virtio-9p-pci,fsdev=config,mount_tag=config", _values(argv, "-device"))
+        self.assertEqual(
+            _values(argv, "-netdev"),
+            [
+                "user,id=vmready-net,restrict=on,net=10.0.2.0/24,ipv6=off,"
+                "guestfwd=tcp:10.0.2.100:8443-cmd:socat - UNIX-CONNECT:/data/guest-fwd.sock"
+            ],
+        )
+        self.assertIn(
+            "virtio-net-pci,netdev=vmready-net,mac=52:54:00:00:00:01", _values(argv, "-device")
+        )
+        self.assertEqual(
+            _values(argv, "-blockdev"),
+            [
+                "driver=qcow2,node-name=root,file.driver=file,"
+                "file.filename=/data/disks/4f3c2d1e.qcow2"
+            ],
+        )
+        self.assertIn("virtio-blk-pci,drive=root", _values(argv, "-device"))
+        self.assertEqual(_values(argv, "-kernel"), ["/boot/vmlinuz"])
+        self.assertEqual(_values(argv, "-initrd"), ["/boot/initrd.img"])
+        self.assertEqual(_values(argv, "-append"), ["root=/dev/vda rw console=ttyS0"])
+        self.assertEqual(_values(argv, "-device").count("pvpanic"), 1)
+
+    def test_vsockTransportGivesTheInstanceCid(self) -> None:
+        argv = build_command_line(make_spec(vsock_cid=1234567), PROGRAM)
+        self.assertIn("vhost-vsock-pci,guest-cid=1234567", _values(argv, "-device"))
+        self.assertEqual(_values(argv, "-netdev"), [])
+
+    def test_forwardCommandIsQuotedAndItsCommasDoubled(self) -> None:
+        forward = GuestForward("/data dir/a,b/guest-fwd.sock", "52:54:00:00:00:01")
+        argv = build_command_line(make_spec(forward=forward), PROGRAM)
+        # QEMU splits the command shell-style (no shell runs it); QemuOpts wants ,, for a comma.
+        self.assertEqual(
+            _values(argv, "-netdev")[0].split("guestfwd=", 1)[1],
+            "tcp:10.0.2.100:8443-cmd:socat - 'UNIX-CONNECT:/data dir/a,,b/guest-fwd.sock'",
+        )
+
+    def test_initrdAndAppendOnlyWithAKernel(self) -> None:
+        argv = build_command_line(make_spec(initrd="/i", append="quiet"), PROGRAM)
+        self.assertEqual(_values(argv, "-initrd") + _values(argv, "-append"), [])
+
     def test_programPrefixIsKeptWhole(self) -> None:
-        argv = build_command_line(make_spec(), ["/usr/bin/python3", "-m", "fakeqemu"], ["tcg"])
+        argv = build_command_line(make_spec(), ["/usr/bin/python3", "-m", "fakeqemu"])
         self.assertEqual(argv[:5], ["/usr/bin/python3", "-m", "fakeqemu", "-name", "guest=web1"])
 
-    def test_oneAccelOptionPerCandidateInOrder(self) -> None:
-        argv = build_command_line(make_spec(), PROGRAM, ["tcg"])
-        self.assertEqual(_values(argv, "-accel"), ["tcg"])
-        argv = build_command_line(make_spec(), PROGRAM, ["kvm", "tcg"])
-        self.assertEqual(_values(argv, "-accel"), ["kvm", "tcg"])
+    def test_exactlyOneAcceleratorKvmWithTheHostCpu(self) -> None:
+        argv = build_command_line(make_spec(), PROGRAM)
+        self.assertEqual((_values(argv, "-accel"), _values(argv, "-cpu")), (["tcg"], []))
+        argv = build_command_line(make_spec(accel="kvm"), PROGRAM)
+        self.assertEqual((_values(argv, "-accel"), _values(argv, "-cpu")), (["kvm"], ["host"]))
+
+    def test_unknownAcceleratorIsRefused(self) -> None:
+        self.assertRaises(ValueError, make_spec, accel="hvf")
 
     def test_ringSizeComesFromTheSpec(self) -> None:
-        argv = build_command_line(make_spec(ring_size=4096), PROGRAM, ["tcg"])
-        self.assertEqual(_values(argv, "-chardev"), ["ringbuf,id=vmready,size=4096"])
+        argv = build_command_line(make_spec(ring_size=4096), PROGRAM)
+        self.assertEqual(_values(argv, "-chardev")[0], "ringbuf,id=vmready,size=4096")
 
     def test_pausedStartsWithS(self) -> None:
-        argv = build_command_line(make_spec(), PROGRAM, ["tcg"], paused=True)
+        argv = build_command_line(make_spec(), PROGRAM, paused=True)
         self.assertEqual(argv[-1], "-S")
-        self.assertNotIn("-S", build_command_line(make_spec(), PROGRAM, ["tcg"]))
+        self.assertNotIn("-S", build_command_line(make_spec(), PROGRAM))
 
     def test_incomingRestoresWithExecCat(self) -> None:
-        argv = build_command_line(make_spec(), PROGRAM, ["tcg"], incoming="/data/snap 1.state")
+        argv = build_command_line(make_spec(), PROGRAM, incoming="/data/snap 1.state")
         self.assertEqual(argv[-2:], ["-incoming", "exec:cat '/data/snap 1.state'"])
 
     def test_pausedIncoming(self) -> None:
-        argv = build_command_line(make_spec(), PROGRAM, ["tcg"], paused=True, incoming="/s")
+        argv = build_command_line(make_spec(), PROGRAM, paused=True, incoming="/s")
         self.assertEqual(argv[-3:], ["-S", "-incoming", "exec:cat /s"])
 
     def test_noUuidOption(self) -> None:
         # fakeqemu refuses -uuid; the uuid is vmready's, not the guest's.
-        self.assertNotIn("-uuid", build_command_line(make_spec(), PROGRAM, ["tcg"]))
+        self.assertNotIn("-uuid", build_command_line(make_spec(), PROGRAM))
 
     def test_commasAreDoubledInOptionStrings(self) -> None:
-        argv = build_command_line(make_spec(name="a,b", run_dir="/run/x,y"), PROGRAM, ["tcg"])
+        argv = build_command_line(make_spec(name="a,b", run_dir="/run/x,y"), PROGRAM)
         self.assertEqual(_values(argv, "-name"), ["guest=a,,b"])
         self.assertEqual(_values(argv, "-qmp"), ["unix:/run/x,,y/qmp.sock,server=on,wait=off"])
+        self.assertEqual(
+            _values(argv, "-chardev")[2], "file,id=console,path=/run/x,,y/console.log,append=on"
+        )
         # -pidfile is a plain path, not an option string.
         self.assertEqual(_values(argv, "-pidfile"), ["/run/x,y/vm.pid"])
 
     def test_emptyProgramIsRefused(self) -> None:
-        self.assertRaises(ValueError, build_command_line, make_spec(), [], ["tcg"])
+        self.assertRaises(ValueError, build_command_line, make_spec(), [])
 
 
 class SerialLayoutTests(SynchronousTestCase):
@@ -155,7 +235,8 @@ class SerialLayoutTests(SynchronousTestCase):
                 "-chardev",
                 "ringbuf,id=vmready,size=16",
                 "-device",
-                "virtserialport,chardev=vmready,name=org.linuxcontainers.lxd,bus=vs0.0",
+                "virtserialport,chardev=vmready,name=org.linuxcontainers.lxd,bus=vs0.0,"
+                "id=org.linuxcontainers.lxd",
             ],
         )
 
@@ -168,9 +249,10 @@ class SerialLayoutTests(SynchronousTestCase):
                 "-chardev",
                 "ringbuf,id=vmready,size=16",
                 "-device",
-                "virtserialport,chardev=vmready,name=com.canonical.lxd,bus=vs0.0",
+                "virtserialport,chardev=vmready,name=com.canonical.lxd,bus=vs0.0,"
+                "id=com.canonical.lxd",
                 "-device",
-                "virtserialport,name=org.linuxcontainers.lxd,bus=vs0.0",
+                "virtserialport,name=org.linuxcontainers.lxd,bus=vs0.0,id=org.linuxcontainers.lxd",
             ],
         )
 
@@ -179,10 +261,21 @@ class SerialLayoutTests(SynchronousTestCase):
 
 
 class FakeQemuAcceptsTests(SynchronousTestCase):
-    """fakeqemu's own parser takes the command line as built (no process needed)."""
+    """fakeqemu's own parser takes the command line as built (no process needed).
+
+    The parser opens the console file as QEMU does, so the run directory exists.
+    """
+
+    def setUp(self) -> None:
+        # Short: the sockets in it must fit in 107 bytes.
+        self.run_dir = tempfile.mkdtemp(prefix="vmr-qc-", dir="/tmp")
+        self.addCleanup(shutil.rmtree, self.run_dir, True)
+
+    def spec(self, **overrides: object) -> VMSpec:
+        return make_spec(run_dir=self.run_dir, **overrides)
 
     def test_defaultLayoutIsWiredAsDesigned(self) -> None:
-        argv = build_command_line(make_spec(), PROGRAM, ["tcg"], paused=True, incoming="/s")
+        argv = build_command_line(self.spec(), PROGRAM, paused=True, incoming="/s")
         config = parse_command_line(argv[1:])
         self.assertEqual(config.name, "web1")
         self.assertEqual(config.machine_type, "pc-q35-7.2")
@@ -191,44 +284,55 @@ class FakeQemuAcceptsTests(SynchronousTestCase):
         self.assertTrue(config.daemonize)
         self.assertTrue(config.start_paused)
         self.assertEqual(config.incoming_path, "/s")
-        self.assertEqual(config.qmp_sockets, ("/run/vmready/4f3c2d1e/qmp.sock",))
+        self.assertEqual(config.qmp_sockets, (os.path.join(self.run_dir, "qmp.sock"),))
         self.assertEqual(
             [(port.bus_name, port.name, port.chardev) for port in config.serial_ports],
-            [("vs0.0", AGENT_PORT, AGENT_RING), ("vs0.0", LEGACY_PORT, None)],
+            [
+                ("vs0.0", AGENT_PORT, AGENT_RING),
+                ("vs0.0", LEGACY_PORT, None),
+                ("vs0.0", CONNECT_PORT, "vmready-connect"),
+            ],
         )
-        self.assertEqual(config.logfile, "/run/vmready/4f3c2d1e/qemu.log")
+        self.assertEqual(config.logfile, os.path.join(self.run_dir, "qemu.log"))
 
     def test_legacyLayoutWiresTheOldNameOnly(self) -> None:
-        argv = build_command_line(make_spec(serial_ports=LEGACY_LAYOUT.ports), PROGRAM, ["tcg"])
+        argv = build_command_line(self.spec(serial_ports=LEGACY_LAYOUT.ports), PROGRAM)
         config = parse_command_line(argv[1:])
         self.assertEqual(
             [(port.name, port.chardev) for port in config.serial_ports],
-            [(LEGACY_PORT, AGENT_RING)],
+            [(LEGACY_PORT, AGENT_RING), (CONNECT_PORT, "vmready-connect")],
         )
 
-    def test_deviceSetNamesMachineMemoryCpusAndPorts(self) -> None:
+    def test_deviceSetNamesEverythingAStateDependsOn(self) -> None:
         self.assertEqual(
-            make_spec(serial_ports=LEGACY_LAYOUT.ports).device_set(),
+            self.spec(serial_ports=LEGACY_LAYOUT.ports, disk="/d.qcow2").device_set(),
             {
                 "machine": "q35",
+                "accel": "tcg",
+                "connect_port": True,
                 "memory_mib": 256,
                 "cpus": 2,
                 "serial_ports": [{"name": LEGACY_PORT, "chardev": AGENT_RING}],
+                "console": True,
+                "pvpanic": True,
+                "config_drive": False,
+                "disk": True,
+                "transport": "none",
             },
         )
 
     def test_legacyPortBesideTheAgentPortIsAccepted(self) -> None:
-        spec = make_spec(
+        spec = self.spec(
             serial_ports=(SerialPort(AGENT_PORT, AGENT_RING), SerialPort(LEGACY_PORT))
         )
-        config = parse_command_line(build_command_line(spec, PROGRAM, ["tcg"])[1:])
+        config = parse_command_line(build_command_line(spec, PROGRAM)[1:])
         self.assertEqual(
             [(port.name, port.chardev) for port in config.serial_ports],
-            [(AGENT_PORT, AGENT_RING), (LEGACY_PORT, None)],
+            [(AGENT_PORT, AGENT_RING), (LEGACY_PORT, None), (CONNECT_PORT, "vmready-connect")],
         )
 
     def test_nonPowerOfTwoRingIsLeftForTheHypervisorToRefuse(self) -> None:
-        argv = build_command_line(make_spec(ring_size=1000), PROGRAM, ["tcg"])
+        argv = build_command_line(self.spec(ring_size=1000), PROGRAM)
         with self.assertRaises(CommandLineError) as caught:
             parse_command_line(argv[1:])
         self.assertIn("size of ringbuf chardev must be power of two", str(caught.exception))

@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import stat
+from typing import Any
 
 import attrs
 from twisted.internet import reactor
@@ -25,7 +26,7 @@ from vmready.agentlink import PollIntervals
 from vmready.certs import fingerprint, generate
 from vmready.lifecycle import GuestLink, Lifecycle, fakeqemu_guest_paths
 from vmready.model import Conflict
-from vmready.qemu_cmdline import AGENT_PORT
+from vmready.qemu_cmdline import AGENT_PORT, CONNECT_PORT
 from vmready.ringbuffer import AgentStatus
 from vmready.states import READY_KEY, StatusCode
 
@@ -33,22 +34,48 @@ FAST = PollIntervals(connecting=0.02, started=0.05, connected=0.1, connect_timeo
 SERVER = generate("vmready-test-server")
 
 
-class SerialGuest(Protocol):
-    """A guest process holding the agent's virtio port: what it wrote, what it received."""
+class PortHolder(Protocol):
+    """A guest process holding one virtio port open: what arrived on it."""
 
     def __init__(self) -> None:
         self.received = b""
         self.closed: Deferred[None] = Deferred()
-
-    def say(self, line: bytes) -> None:
-        assert self.transport is not None
-        self.transport.write(line)
 
     def dataReceived(self, data: bytes) -> None:
         self.received += data
 
     def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # noqa: B008
         self.closed.callback(None)
+
+
+class SerialGuest:
+    """The agent's two ports, as the agent holds them: it says its status on the first
+    (into the ring buffer), the host's CONNECT lines arrive on ``vmready.connect``."""
+
+    def __init__(self, status: PortHolder, connect: PortHolder) -> None:
+        self.status = status
+        self.connect = connect
+
+    @property
+    def transport(self) -> Any:
+        return self.status.transport
+
+    @property
+    def closed(self) -> Deferred[None]:
+        return self.status.closed
+
+    @property
+    def received(self) -> bytes:
+        """What the host wrote to the agent (on the connect port)."""
+        return self.connect.received
+
+    @received.setter
+    def received(self, value: bytes) -> None:
+        self.connect.received = value
+
+    def say(self, line: bytes) -> None:
+        assert self.status.transport is not None
+        self.status.transport.write(line)
 
 
 class AgentLinkTestCase(LifecycleTestCase):
@@ -63,18 +90,21 @@ class AgentLinkTestCase(LifecycleTestCase):
     async def guest(self, name: str = "vm1") -> SerialGuest:
         """Open the instance's agent port as the agent would."""
         spec = self.lifecycle.spec_for(self.lifecycle.get(name))
-        path = os.path.join(spec.guest_dir, "virtio-ports", AGENT_PORT)
-        guest = SerialGuest()
-        await connectProtocol(UNIXClientEndpoint(reactor, path), guest)
+        holders = []
+        for port in (AGENT_PORT, CONNECT_PORT):
+            holder = PortHolder()
+            path = os.path.join(spec.guest_dir, "virtio-ports", port)
+            await connectProtocol(UNIXClientEndpoint(reactor, path), holder)
+            holders.append(holder)
 
-        def hang_up() -> Deferred[None] | None:
-            if guest.transport is not None and not guest.closed.called:
-                guest.transport.loseConnection()
-                return guest.closed
-            return None
+            def hang_up(holder: PortHolder = holder) -> Deferred[None] | None:
+                if holder.transport is not None and not holder.closed.called:
+                    holder.transport.loseConnection()
+                    return holder.closed
+                return None
 
-        self.addCleanup(hang_up)
-        return guest
+            self.addCleanup(hang_up)
+        return SerialGuest(*holders)
 
     def agent_events(self, name: str = "vm1") -> list[str]:
         return [a for a in self.lifecycle_actions(name) if a.startswith("instance-agent-")]
@@ -110,8 +140,10 @@ class IdentityTests(AgentLinkTestCase):
             settings,
             {
                 "instance": "vm1",
+                "port": AGENT_PORT,
                 "transport": "hvsock:/nonexistent",
                 "virtio_ports": os.path.join(spec.guest_dir, "virtio-ports"),
+                "tcp_sockets": os.path.join(spec.guest_dir, "tcp"),
                 "devlxd_socket": os.path.join(spec.run_dir, "guest", "lxd.sock"),
                 "state_dir": os.path.join(spec.run_dir, "guest", "run"),
             },

@@ -77,8 +77,8 @@ class AgentAcrossTheRenameTests(SynchronousTestCase):
         info = system.info("vm1")
         self.assertEqual(info["serial_layout"]["name"], "legacy")
         self.assertEqual(info["agent"]["status"], "connected")
-        # A restart gives the VM the new layout, with both ports.
+        # A restart gives the VM the new layout, with both ports (and the CONNECT port).
         system.cli("restart", "vm1", "--force")
         self.assertEqual(system.info("vm1")["serial_layout"]["name"], "current")
         ports = os.listdir(os.path.dirname(system.serial_port("vm1")))
-        self.assertEqual(sorted(ports), sorted([AGENT_PORT, LEGACY_PORT]))
+        self.assertEqual(sorted(ports), sorted([AGENT_PORT, LEGACY_PORT, "vmready.connect"]))

@@ -278,7 +278,8 @@ class RecordedInputTests(SynchronousTestCase):
 
     def test_aRecordedGuestPanicIsOneInTheReplay(self) -> None:
         got = self.as_if_the_guest("GUEST_PANICKED", {"action": "poweroff"})
-        self.assertIn('"power_state": "crashed"', got)
+        # ERROR, with the reason kept.
+        self.assertIn('"display_status": "ERROR", "error": "guest kernel panicked', got)
 
     def test_hostInitiatedEventsAreNotInputs(self) -> None:
         from vmready.replay import guest_power_action

@@ -16,9 +16,14 @@ from vmready.ringbuffer import (
     Record,
     RingBufferReader,
     StatusLine,
+    TcpHostEcho,
     UndecodableLine,
+    connect_line_problem,
     format_connect,
+    format_tcp_connect,
     parse_connect,
+    parse_connect_line,
+    parse_tcp_connect,
 )
 
 STARTED = StatusLine(AgentStatus.STARTED)
@@ -158,8 +163,66 @@ class ConnectLineTests(SynchronousTestCase):
             format_connect(2, 2**32)
 
 
+class TcpConnectLineTests(SynchronousTestCase):
+    """``CONNECT tcp:<ipv4>:<port>``, the fallback transport's form."""
+
+    def test_formatTcpConnect(self) -> None:
+        self.assertEqual(format_tcp_connect("10.0.2.100", 8443), b"CONNECT tcp:10.0.2.100:8443\n")
+
+    def test_parseTcpConnectRoundTrips(self) -> None:
+        line = format_tcp_connect("10.0.2.100", 8443).decode()
+        self.assertEqual(parse_tcp_connect(line), ("10.0.2.100", 8443))
+
+    def test_formatTcpConnectRefusesAHostName(self) -> None:
+        error = self.assertRaises(ValueError, format_tcp_connect, "host", 8443)
+        self.assertEqual(str(error), "'host' is not an IPv4 address")
+
+    def test_formatTcpConnectRefusesAPortOutOfRange(self) -> None:
+        for port in (0, 65536):
+            self.assertRaises(ValueError, format_tcp_connect, "10.0.2.100", port)
+
+    def test_readerRecognisesTheHostsOwnTcpConnect(self) -> None:
+        records = RingBufferReader().feed(b"STARTED\nCONNECT tcp:10.0.2.100:8443\n")
+        self.assertEqual(records, [STARTED, TcpHostEcho("10.0.2.100", 8443)])
+
+    def test_malformedTcpConnectIsNoise(self) -> None:
+        lines = [
+            b"CONNECT tcp:10.0.2.256:8443",
+            b"CONNECT tcp:10.0.2.100:99999",
+            b"CONNECT tcp:10.0.2.100",
+            b"CONNECT tcp::8443",
+        ]
+        records = RingBufferReader().feed(b"\n".join(lines) + b"\n")
+        self.assertEqual(records, [Noise(line.decode()) for line in lines])
+
+    def test_parseConnectLineTakesEitherForm(self) -> None:
+        self.assertEqual(parse_connect_line("CONNECT 2:5"), HostEcho(2, 5))
+        self.assertEqual(parse_connect_line("CONNECT tcp:1.2.3.4:5"), TcpHostEcho("1.2.3.4", 5))
+
+    def test_parseConnectStaysVsockOnly(self) -> None:
+        self.assertRaises(ValueError, parse_connect, "CONNECT tcp:1.2.3.4:5")
+
+    def test_problemOfAValidLineIsEmpty(self) -> None:
+        self.assertEqual(connect_line_problem("CONNECT tcp:1.2.3.4:5"), "")
+
+    def test_problemSaysWhatIsWrong(self) -> None:
+        self.assertEqual(
+            connect_line_problem("CONNECT 4294967296:1"),
+            "vsock cid 4294967296 is out of range (0-4294967295)",
+        )
+
+
 _TOKENS = st.sampled_from(
-    [b"STARTED\n", b"CONNECTED\n", b"STOPPED\n", b"CONNECT 2:5000\n", b"noise\n", b"\xff\n", b"x"]
+    [
+        b"STARTED\n",
+        b"CONNECTED\n",
+        b"STOPPED\n",
+        b"CONNECT 2:5000\n",
+        b"CONNECT tcp:10.0.2.100:8443\n",
+        b"noise\n",
+        b"\xff\n",
+        b"x",
+    ]
 )
 
 

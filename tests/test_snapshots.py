@@ -91,7 +91,7 @@ class SnapshotTestCase(TestCase):
 
     async def launch(self, name: str = "vm1", **config: str) -> InstanceRecord:
         operation = await self.finish(
-            self.lifecycle.create(name, {"limits.memory": "64", **config})
+            await self.lifecycle.create(name, {"limits.memory": "64", **config})
         )
         self.assertEqual(operation.error, "")
         return self.lifecycle.get(name)

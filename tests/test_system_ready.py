@@ -16,7 +16,7 @@ import subprocess
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from tests.system import DEADLINE, READY_KEY, EventReader, GuestPort, System
+from tests.system import DEADLINE, READY_KEY, EventReader, System
 
 NAME = "web1"
 
@@ -316,7 +316,7 @@ class FaultTests(SynchronousTestCase):
         system = self.system
         system.cli("launch", NAME, "--memory", "128")
         [port] = system.guest_api_ports()
-        guest = GuestPort(system.serial_port(NAME))
+        guest = system.guest_port(NAME)
         self.addCleanup(guest.close)
         garbage = [
             bytes(range(256)) * 4,  # binary, NULs and invalid UTF-8, newlines among it
@@ -404,7 +404,7 @@ class FaultTests(SynchronousTestCase):
     def test_noiseOnTheSerialLineDoesNotFloodTheDaemonLog(self) -> None:
         system = self.system
         system.cli("launch", NAME, "--memory", "128")
-        guest = GuestPort(system.serial_port(NAME))
+        guest = system.guest_port(NAME)
         self.addCleanup(guest.close)
         lines_before = system.daemon_log().count("\n")
         guest.send(b"x\n" * 20_000)  # 40 KB: fits in the ring, nothing is overwritten

@@ -31,6 +31,7 @@ from vmready.ringbuffer import (
     OverlongLine,
     RingBufferReader,
     StatusLine,
+    TcpHostEcho,
     UndecodableLine,
     format_connect,
 )
@@ -89,10 +90,13 @@ class AgentLink:
         ring_size: int,
         port: int,
         intervals: PollIntervals | None = None,
+        connect: bytes | None = None,
     ) -> None:
+        """``connect`` is the line to advertise (default: ``CONNECT 2:<port>``)."""
         self.name = name
         self.ring_size = ring_size
         self.port = port
+        self.connect_line = connect if connect is not None else format_connect(HOST_CID, port)
         self.intervals = intervals or PollIntervals()
         self.reader = RingBufferReader()
         self.vm_running = False
@@ -175,7 +179,7 @@ class AgentLink:
                     commands.append(self._connect())
                 elif record.status is AgentStatus.CONNECTED:
                     self.connect_sent_at = None
-            elif isinstance(record, HostEcho | DiscardedFragment):
+            elif isinstance(record, HostEcho | TcpHostEcho | DiscardedFragment):
                 continue
             elif isinstance(record, Noise | UndecodableLine | OverlongLine):
                 ignored.append(record)
@@ -229,7 +233,7 @@ class AgentLink:
         return self.intervals.started
 
     def _connect(self) -> WriteConnect:
-        return WriteConnect(format_connect(HOST_CID, self.port))
+        return WriteConnect(self.connect_line)
 
 
 def _shortened(record: Noise | UndecodableLine | OverlongLine) -> object:

@@ -20,7 +20,7 @@ from vmready.agentlink import AgentLink, StatusChanged, WriteConnect
 from vmready.model import HypervisorError
 from vmready.ringbuffer import AgentStatus
 
-__all__ = ["AgentMonitor", "RingBufferDevice", "RingRecorder"]
+__all__ = ["AgentMonitor", "ConnectWriter", "RingBufferDevice", "RingRecorder"]
 
 
 class RingBufferDevice(Protocol):
@@ -31,6 +31,16 @@ class RingBufferDevice(Protocol):
 
     async def ringbuf_write(self, device: str, data: bytes) -> None:
         """Append ``data`` (QEMU delivers it to the guest)."""
+
+
+class ConnectWriter(Protocol):
+    """Where CONNECT lines go: the VM's ``vmready.connect`` port (``ConnectPort``)."""
+
+    async def write(self, line: bytes) -> None:
+        """Send ``line`` to the guest."""
+
+    def close(self) -> None:
+        """Hang up."""
 
 
 class RingRecorder(Protocol):
@@ -60,7 +70,11 @@ class AgentMonitor:
         chardev: str,
         on_status: StatusListener,
         recorder: Callable[[], RingRecorder | None] | None = None,
+        connect: ConnectWriter | None = None,
     ) -> None:
+        """``connect`` carries CONNECT lines to the guest; without one (a VM started by a
+        vmready that gave it no ``vmready.connect`` port) they go to the ring buffer, which
+        only fakeqemu delivers and real QEMU never does."""
         self.clock = clock
         self.vm = vm
         self.link = link
@@ -70,6 +84,7 @@ class AgentMonitor:
         # the VM runs); None when sessions are never recorded: then nothing here costs more.
         self.recorder_for = recorder
         self.reads = 0
+        self.connect = connect
         self._timer: IDelayedCall | None = None
         self._busy = False
         self._stopped = False
@@ -89,6 +104,8 @@ class AgentMonitor:
         """The VM is gone (or the daemon stops: ``announce=False``): no more polling."""
         self._stopped = True
         self._cancel()
+        if self.connect is not None:
+            self.connect.close()
         changes = self.link.vm_stopped()
         if announce:
             for change in changes:
@@ -184,7 +201,10 @@ class AgentMonitor:
                 self._announce(command)
             elif isinstance(command, WriteConnect):
                 try:
-                    await self.vm.ringbuf_write(self.chardev, command.line)
+                    if self.connect is not None:
+                        await self.connect.write(command.line)
+                    else:
+                        await self.vm.ringbuf_write(self.chardev, command.line)
                 except HypervisorError as e:
                     self.log.info(
                         "{name}: writing CONNECT failed: {error}",

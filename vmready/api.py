@@ -15,6 +15,7 @@ Routes:
 - ``GET``/``PUT /1.0/instances/<name>/state`` — start, stop, restart, freeze, unfreeze.
 - ``POST /1.0/instances/<name>/actions/<rebuild|resize|confirm-resize|revert-resize>``.
 - ``GET /1.0/instances/<name>/actions`` — the action history.
+- ``GET /1.0/instances/<name>/console`` — the guest's serial console log, raw bytes.
 - ``GET /1.0/events?type=lifecycle,operation`` — newline-delimited JSON, kept open.
 - ``GET /1.0/operations``, ``GET /1.0/operations/<id>``, ``GET /1.0/operations/<id>/wait``.
 """
@@ -39,6 +40,8 @@ from werkzeug.exceptions import HTTPException
 from zope.interface import implementer
 
 import vmready
+from vmready.accel import ACCEL_KEY, ACCEL_REASON_KEY, CURRENT_ACCEL_KEY
+from vmready.bootsource import BootSource
 from vmready.events import EVENT_TYPES, Event
 from vmready.lifecycle import LAYOUT_KEY, Lifecycle
 from vmready.model import (
@@ -52,12 +55,15 @@ from vmready.operations import Operation
 from vmready.qemu_cmdline import SERIAL_LAYOUTS
 from vmready.ringbuffer import AgentStatus
 from vmready.states import StatusCode, VMState
+from vmready.transport import TRANSPORT_KEY
 from vmready.web import json_response, sync_response
 
 __all__ = ["MAX_BODY_BYTES", "OperatorAPI", "instance_json", "rfc3339", "state_json"]
 
 # The documented cap on request bodies (413 above it).
 MAX_BODY_BYTES = 1024 * 1024
+# How much of a console log GET /1.0/instances/<name>/console returns at most.
+MAX_CONSOLE_BYTES = 4 * 1024 * 1024
 
 STATE_ACTIONS = ("start", "stop", "restart", "freeze", "unfreeze")
 INSTANCE_ACTIONS = ("rebuild", "resize", "confirm-resize", "revert-resize")
@@ -134,12 +140,31 @@ def instance_json(
         "error": record.error or "",
         "agent": {"status": agent.value},
         "serial_layout": _layout_json(record),
+        "boot": boot_json(record),
         "config": dict(record.config),
         "devices": {name: dict(device) for name, device in record.devices.items()},
         "limits": {"memory_mib": record.memory_mib, "cpus": record.cpus},
         "created_at": rfc3339(record.created_at),
         "last_used_at": rfc3339(record.updated_at),
         "updated_at": rfc3339(record.updated_at),
+    }
+
+
+def boot_json(record: InstanceRecord) -> dict[str, Any]:
+    """What the instance boots, under which accelerator, and how its agent reaches the host."""
+    source = BootSource.from_config(record.config)
+    return {
+        "source": source.describe(),
+        "image": source.image,
+        "kernel": source.kernel,
+        "initrd": source.initrd,
+        "append": source.append,
+        "accel": {
+            "requested": record.config.get(ACCEL_KEY, "auto"),
+            "current": record.config.get(CURRENT_ACCEL_KEY),
+            "reason": record.config.get(ACCEL_REASON_KEY),
+        },
+        "transport": record.config.get(TRANSPORT_KEY),
     }
 
 
@@ -408,7 +433,7 @@ class OperatorAPI:
         return sync_response(request, [instance_url(record.name) for record in records])
 
     @app.route("/1.0/instances", methods=["POST"])
-    def create_instance(self, request: IRequest) -> bytes:
+    async def create_instance(self, request: IRequest) -> bytes:
         """Create and boot an instance; answers with its operation."""
         body = read_json_body(request)
         name = _field(body, "name", str, "a string")
@@ -420,7 +445,7 @@ class OperatorAPI:
             raise BadRequest(
                 f"Invalid field 'type': only 'virtual-machine' is supported, not {kind!r}"
             )
-        return _async(request, self.lifecycle.create(name, config))
+        return _async(request, await self.lifecycle.create(name, config))
 
     @app.route("/1.0/instances/<name>", methods=["GET"])
     def get_instance(self, request: IRequest, name: str) -> bytes:
@@ -534,6 +559,13 @@ class OperatorAPI:
                 params[key] = value
         self.lifecycle.get(name)
         return _async(request, self.lifecycle.act(name, action, **params))
+
+    @app.route("/1.0/instances/<name>/console", methods=["GET"])
+    def get_console(self, request: IRequest, name: str) -> bytes:
+        """The guest's serial console log (the last ``MAX_CONSOLE_BYTES``), as raw bytes."""
+        log = self.lifecycle.console_log(name, MAX_CONSOLE_BYTES)
+        request.setHeader(b"Content-Type", b"application/octet-stream")
+        return log
 
     @app.route("/1.0/instances/<name>/actions", methods=["GET"])
     def list_actions(self, request: IRequest, name: str) -> bytes:

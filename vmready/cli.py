@@ -44,6 +44,8 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory, IResponse
 from zope.interface import implementer
 
+from vmready.accel import ACCEL_CHOICES, ACCEL_KEY
+from vmready.bootsource import APPEND_KEY, IMAGE_KEY, INITRD_KEY, KERNEL_KEY
 from vmready.paths import default_socket
 
 __all__ = ["APIError", "Client", "DaemonUnreachable", "main", "run", "to_yaml"]
@@ -254,6 +256,19 @@ class Client:
         """GET and return the metadata."""
         return (await self.request("GET", path))["metadata"]
 
+    async def get_raw(self, path: str) -> bytes:
+        """GET a body that is not an envelope (a console log); APIError for an error envelope."""
+        response = await self._send("GET", path)
+        raw = await self._read_body(response)
+        if response.code >= 400:
+            try:
+                envelope = json.loads(raw)
+                error = str(envelope.get("error") or f"HTTP {response.code}")
+            except (ValueError, AttributeError):
+                error = f"HTTP {response.code}"
+            raise APIError(response.code, error)
+        return raw
+
     async def operation(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
         """Start an action; returns its operation object."""
         envelope = await self.request(method, path, body)
@@ -425,6 +440,16 @@ class Output:
         else:
             self.text(table(value))
 
+    def raw(self, data: bytes) -> None:
+        """Bytes on stdout, as the guest wrote them (through the text stream where it has none)."""
+        buffer = getattr(self.out, "buffer", None)
+        if buffer is None:
+            self.text(data.decode("utf-8", "replace"))
+            return
+        self.out.flush()
+        buffer.write(data)
+        buffer.flush()
+
     def usage(self, usage: str) -> None:
         """A usage line on stderr, as is."""
         _write(self.err, usage)
@@ -456,6 +481,22 @@ def _layout_line(layout: Any) -> str:
     return f"{layout.get('name')} ({layout.get('description')})"
 
 
+def _boot_lines(boot: Any) -> list[str]:
+    """The boot source, accelerator and transport lines of ``vmready info``."""
+    if not isinstance(boot, dict):
+        return []
+    accel = boot.get("accel") or {}
+    current = accel.get("current")
+    running = f"{current} ({accel.get('reason')})" if current else "- (never started)"
+    lines = [
+        f"Boot source: {_dash(boot.get('source'))}",
+        f"Accelerator: {running}; requested {_dash(accel.get('requested'))}",
+    ]
+    if boot.get("transport"):
+        lines.append(f"Guest API transport: {boot['transport']}")
+    return lines
+
+
 def _info_table(instance: dict[str, Any]) -> str:
     lines = [
         f"Name: {instance['name']}",
@@ -468,6 +509,7 @@ def _info_table(instance: dict[str, Any]) -> str:
         f"Power state: {_dash(instance.get('power_state'))}",
         f"Agent: {_dash((instance.get('agent') or {}).get('status'))}",
         f"Serial layout: {_layout_line(instance.get('serial_layout'))}",
+        *_boot_lines(instance.get("boot")),
         f"Memory: {instance['limits']['memory_mib']}MiB",
         f"CPUs: {instance['limits']['cpus']}",
         f"Created: {_time(instance.get('created_at'))}",
@@ -590,6 +632,19 @@ async def _cmd_launch(client: Client, output: Output, args: argparse.Namespace) 
         config["limits.memory"] = args.memory
     if args.cpus is not None:
         config["limits.cpu"] = str(args.cpus)
+    # Paths are the caller's: the daemon does not share this working directory.
+    for option, key in (
+        ("image", IMAGE_KEY),
+        ("kernel", KERNEL_KEY),
+        ("initrd", INITRD_KEY),
+    ):
+        value = getattr(args, option)
+        if value is not None:
+            config[key] = os.path.abspath(value)
+    if args.append is not None:
+        config[APPEND_KEY] = args.append
+    if args.accel is not None:
+        config[ACCEL_KEY] = args.accel
     ready: Waiter | None = None
     if args.wait:
         # Subscribe before the instance exists, so no event can be missed.
@@ -608,6 +663,16 @@ async def _cmd_launch(client: Client, output: Output, args: argparse.Namespace) 
     finally:
         if ready is not None:
             ready.close()
+
+
+async def _cmd_console(client: Client, output: Output, args: argparse.Namespace) -> int:
+    if not args.show_log:
+        raise _UsageError(
+            "vmready console attaches to nothing yet: use --show-log to print the console log"
+        )
+    log = await client.get_raw(f"{_instance_path(args.name)}/console")
+    output.raw(log)
+    return EXIT_OK
 
 
 async def _cmd_list(client: Client, output: Output, args: argparse.Namespace) -> int:
@@ -876,6 +941,7 @@ _COMMANDS: dict[str, Callable[[Client, Output, argparse.Namespace], Any]] = {
     "snapshot": _cmd_snapshot,
     "restore": _cmd_restore,
     "snapshots": _cmd_snapshots,
+    "console": _cmd_console,
     "actions": _cmd_actions,
     "monitor": _cmd_monitor,
     "wait": _cmd_wait,
@@ -979,6 +1045,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="a config key (user.*, cloud-init.*, limits.*); repeatable",
     )
+    launch.add_argument("--image", metavar="PATH", help="boot this qcow2 or raw disk image")
+    launch.add_argument("--kernel", metavar="PATH", help="boot this Linux kernel (bzImage)")
+    launch.add_argument("--initrd", metavar="PATH", help="with --kernel: its initramfs")
+    launch.add_argument("--append", metavar="TEXT", help="with --kernel: its command line")
+    launch.add_argument(
+        "--accel",
+        choices=ACCEL_CHOICES,
+        help="kvm, tcg, or auto (default: KVM where it runs guests, else TCG)",
+    )
     launch.add_argument(
         "--wait", action="store_true", help="then wait until the workload reports Ready"
     )
@@ -1036,6 +1111,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--force",
         action="store_true",
         help="with --stateful: let QEMU try even if the device set changed since the snapshot",
+    )
+    console = add("console", "show an instance's serial console")
+    console.add_argument("name")
+    console.add_argument(
+        "--show-log", action="store_true", help="print the console log (what the guest wrote)"
     )
     add("snapshots", "list an instance's snapshots").add_argument("name")
     add("actions", "show an instance's action history").add_argument("name")

@@ -7,8 +7,10 @@ re-adopts the VM; the operator API listens only once recovery is over.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
+import shutil
 import socket
 from typing import Any
 
@@ -19,25 +21,37 @@ from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IListeningPort
+from twisted.internet.utils import getProcessOutputAndValue
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.server import Site
 
+from vmready.accel import KVMVerdicts
+from vmready.agentbundle import build_zipapp
 from vmready.agentlink import PollIntervals
 from vmready.api import OperatorAPI
+from vmready.bootsource import BootSource
 from vmready.certs import ensure_server_certificate
+from vmready.configdrive import DriveContents
+from vmready.console import DEFAULT_CONSOLE_MAX_BYTES
 from vmready.events import EventBus
 from vmready.guestapi import GuestAPI, guest_site, guest_tls_factory
-from vmready.hypervisor import HypervisorDriver
-from vmready.lifecycle import GuestLink, Lifecycle
+from vmready.guestfiles import loader_files
+from vmready.hypervisor import HypervisorDriver, kvm_device_problem
+from vmready.lifecycle import DEFAULT_KVM_PROBE_TIMEOUT, GuestLink, LaunchSettings, Lifecycle
 from vmready.qemu_cmdline import CURRENT_LAYOUT, SERIAL_LAYOUTS
 from vmready.recording import Recorders
 from vmready.store import Store
 from vmready.transcript import DEFAULT_KEEP, DEFAULT_MAX_BYTES
+from vmready.transport import choose_transport, vhost_vsock_problem
 from vmready.vsock import HybridVSockAddress, HybridVSockServerEndpoint
 from vmready.web import local_site
 
 GUEST_SOCKET_BASE = "guest-api.sock"
+FORWARD_SOCKET_NAME = "guest-fwd.sock"
+KVM_VERDICT_FILE = "kvm-verdict.json"
+POWER_SYNC_TIMER = "power-sync"
+CONSOLE_TIMER = "console-rotation"
 
 
 @attrs.frozen
@@ -59,6 +73,18 @@ class DaemonConfig:
     record_dir: str | None = None
     record_max_bytes: int = DEFAULT_MAX_BYTES
     record_keep: int = DEFAULT_KEEP
+    # The guest API transport new VMs get: auto, vsock, forward or hvsock (vmready.transport).
+    guest_transport: str = "auto"
+    # What instances launched without a boot source boot.
+    default_boot: BootSource = attrs.field(factory=BootSource)
+    kvm_probe_timeout: float = DEFAULT_KVM_PROBE_TIMEOUT
+    console_max_bytes: int = DEFAULT_CONSOLE_MAX_BYTES
+    console_check_interval: float = 5.0
+
+    @property
+    def forward_socket(self) -> str:
+        """The unix socket the forward transport's guestfwd reaches (one for all VMs)."""
+        return os.path.join(self.data_dir, FORWARD_SOCKET_NAME)
 
     @property
     def transcript_dir(self) -> str:
@@ -92,6 +118,7 @@ class VMReadyService(MultiService):
         self.lifecycle: Lifecycle | None = None
         self.recovered: Deferred[None] = Deferred()
         self.guest_port: IListeningPort | None = None
+        self.forward_port: IListeningPort | None = None
         self.recorders: Recorders | None = None
 
     def startService(self) -> None:
@@ -99,6 +126,16 @@ class VMReadyService(MultiService):
         self.store = Store.open(os.path.join(config.data_dir, "vmready.sqlite"))
         events = EventBus(self.reactor.seconds)
         driver = HypervisorDriver(self.reactor, config.hypervisor, config.qemu_binary)
+        transport = choose_transport(
+            config.hypervisor, config.guest_transport, vhost_vsock_problem()
+        )
+        settings = LaunchSettings(
+            transport=transport,
+            default_boot=config.default_boot,
+            kvm_probe_timeout=config.kvm_probe_timeout,
+            console_max_bytes=config.console_max_bytes,
+            drive=drive_contents(config.data_dir),
+        )
         lifecycle = self.lifecycle = Lifecycle(
             self.reactor,
             self.store,
@@ -107,7 +144,15 @@ class VMReadyService(MultiService):
             os.path.join(config.data_dir, "run"),
             stop_timeout=config.stop_timeout,
             serial_layout=SERIAL_LAYOUTS[config.serial_layout],
+            settings=settings,
         )
+        lifecycle.kvm_problem = kvm_device_problem()
+        self.log.info(
+            "new VMs reach the guest API over {transport}; KVM: {kvm}",
+            transport=transport,
+            kvm=lifecycle.kvm_problem or "the device opens (a first guest proves it runs)",
+        )
+
         # Always present: an instance may ask to be recorded (vmready.record=true).
         self.recorders = lifecycle.recorders = Recorders(
             lifecycle,
@@ -134,12 +179,13 @@ class VMReadyService(MultiService):
             endpoint=self.config.guest_endpoint,
             error=failure.getErrorMessage(),
         )
-        self.recovered.errback(failure)
         self.reactor.callWhenRunning(self.reactor.stop)
+        self.recovered.errback(failure)
 
     async def _start_guest_api(self) -> None:
-        """Listen for agents on a fresh random port; the lifecycle advertises it."""
+        """Listen for agents on a fresh random port (and the forward socket); advertise it."""
         assert self.store is not None and self.lifecycle is not None
+        await self._judge_kvm()
         server = ensure_server_certificate(self.config.data_dir)
         endpoint_string = self.config.guest_endpoint
         self._remove_stale_guest_sockets()
@@ -149,18 +195,42 @@ class VMReadyService(MultiService):
         port = self.guest_port = await serverFromString(self.reactor, endpoint_string).listen(
             factory
         )
+        # Guests on the forward transport arrive here, one socat per connection (QEMU's
+        # guestfwd): the same TLS, the same identification by client certificate.
+        forward = self.config.forward_socket
+        _remove_stale_socket(forward)
+        escaped = forward.replace("\\", "\\\\").replace(":", "\\:")
+        self.forward_port = await serverFromString(
+            self.reactor, f"unix:{escaped}:mode=600"
+        ).listen(factory)
         address = port.getHost()
         transport = (
             f"hvsock:{address.path}" if isinstance(address, HybridVSockAddress) else "vsock"
         )
         self.lifecycle.guest = GuestLink(
-            address.port, server.cert_pem, transport, self.config.agent_poll
+            address.port, server.cert_pem, transport, self.config.agent_poll, forward
         )
         self.log.info(
             "guest API on {endpoint}: agents are told CONNECT 2:{port}",
             endpoint=endpoint_string,
             port=address.port,
         )
+
+    async def _judge_kvm(self) -> None:
+        """Load what this host taught earlier daemons about KVM (per kernel and QEMU build)."""
+        assert self.lifecycle is not None
+        driver = self.lifecycle.driver
+        version = await _program_version(self.reactor, driver.program)
+        key = f"{os.uname().release}|{driver.program_name}|{version}"
+        path = os.path.join(self.config.data_dir, KVM_VERDICT_FILE)
+        self.lifecycle.kvm = KVMVerdicts(path, key)
+        verdict = self.lifecycle.kvm.verdict
+        if verdict is not None:
+            self.log.info(
+                "KVM on this host: {works} ({reason})",
+                works="runs guests" if verdict.works else "does not run guests",
+                reason=verdict.reason,
+            )
 
     def _remove_stale_guest_sockets(self) -> None:
         """Sockets of a daemon that was killed (one daemon per data dir holds the lock)."""
@@ -185,23 +255,33 @@ class VMReadyService(MultiService):
     def _recovered(self, _: object, site: Site) -> None:
         assert self.store is not None and self.lifecycle is not None
         self.log.info("recovered {count} instances", count=len(self.store.list_instances()))
+        if self._listen(site):
+            self._start_timers()
+        self.recovered.callback(None)
+
+    def _start_timers(self) -> None:
+        """Console rotation and power sync: only for a daemon that serves its API."""
+        assert self.lifecycle is not None
+        consoles = TimerService(self.config.console_check_interval, self.lifecycle.rotate_consoles)
+        consoles.setName(CONSOLE_TIMER)
+        consoles.clock = self.reactor
+        consoles.setServiceParent(self)
         if self.config.power_sync_interval > 0:
             lifecycle = self.lifecycle
             timer = TimerService(
                 self.config.power_sync_interval,
                 lambda: Deferred.fromCoroutine(lifecycle.sync_power_states()),
             )
+            timer.setName(POWER_SYNC_TIMER)
             timer.clock = self.reactor
             timer.setServiceParent(self)
-        self._listen(site)
-        self.recovered.callback(None)
 
     def _recovery_failed(self, failure: Failure, site: Site) -> None:
         self.log.failure("recovering instances failed", failure)
         self._listen(site)
         self.recovered.errback(failure)
 
-    def _listen(self, site: Site) -> None:
+    def _listen(self, site: Site) -> bool:
         """Serve the API on ``--listen``; a daemon that cannot do that stops."""
         listener = strports.service(self.config.listen, site)
         try:
@@ -211,6 +291,8 @@ class VMReadyService(MultiService):
             self.log.failure("cannot listen on {listen}; stopping", listen=self.config.listen)
             listener.disownServiceParent()
             self.reactor.callWhenRunning(self.reactor.stop)
+            return False
+        return True
 
     def stopService(self) -> Deferred[None]:
         stopped: Deferred[None] = Deferred.fromCoroutine(self._stop())
@@ -218,16 +300,51 @@ class VMReadyService(MultiService):
 
     async def _stop(self) -> None:
         await super().stopService()
-        if self.guest_port is not None:
-            stopped = self.guest_port.stopListening()
-            if stopped is not None:
-                await stopped
+        for port in (self.guest_port, self.forward_port):
+            if port is not None:
+                stopped = port.stopListening()
+                if stopped is not None:
+                    await stopped
         if self.lifecycle is not None:
             await self.lifecycle.shutdown()
         if self.recorders is not None:
             self.recorders.close()
         if self.store is not None:
             self.store.close()
+
+
+def drive_contents(data_dir: str) -> DriveContents:
+    """What every config drive carries besides the instance's identity: the agent, the loader.
+
+    The agent's zipapp is built afresh at every start (deterministically: the
+    same sources give the same bytes), so a guest boots the agent of the
+    daemon that starts it.
+    """
+    directory = os.path.join(data_dir, "agent")
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    return DriveContents(agent_zipapp=build_zipapp(directory), loader=loader_files())
+
+
+async def _program_version(reactor: Any, program: list[str]) -> str:
+    """The hypervisor's ``--version`` line (what a KVM verdict is kept for), or "unknown"."""
+    executable = shutil.which(program[0])
+    if executable is None:
+        return "unknown"
+    try:
+        out, _err, code = await getProcessOutputAndValue(
+            executable, [*program[1:], "--version"], env=dict(os.environ), reactor=reactor
+        )
+    except Exception:
+        return "unknown"
+    lines = out.decode("utf-8", "replace").splitlines()
+    return lines[0].strip() if code == 0 and lines else "unknown"
+
+
+def _remove_stale_socket(path: str) -> None:
+    """A socket a killed daemon left behind (nobody answers on it) is removed."""
+    if os.path.exists(path) and not _answers(path):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def _answers(path: str) -> bool:

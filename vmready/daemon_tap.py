@@ -21,15 +21,18 @@ from twisted.python import usage
 from twisted.python.lockfile import FilesystemLock
 
 from vmready.agentlink import PollIntervals
+from vmready.bootsource import BootSource, check_files
 from vmready.certs import CertificateError, ensure_server_certificate
+from vmready.console import DEFAULT_CONSOLE_MAX_BYTES
 from vmready.daemon import GUEST_SOCKET_BASE, DaemonConfig, VMReadyService
-from vmready.lifecycle import MAX_STOP_TIMEOUT
+from vmready.lifecycle import DEFAULT_KVM_PROBE_TIMEOUT, MAX_STOP_TIMEOUT
 from vmready.limits import raise_file_limit
-from vmready.model import StoreError
+from vmready.model import StoreError, VMReadyError
 from vmready.paths import default_data_dir
 from vmready.qemu_cmdline import CURRENT_LAYOUT, STARTABLE_LAYOUTS
 from vmready.store import Store
 from vmready.transcript import DEFAULT_KEEP, DEFAULT_MAX_BYTES
+from vmready.transport import TransportError, choose_transport, vhost_vsock_problem
 from vmready.vsock import HybridVSockServerEndpoint, VSockServerEndpoint
 
 HYPERVISORS = ("fakeqemu", "qemu")
@@ -76,7 +79,8 @@ class Options(usage.Options):
             None,
             None,
             "Guest API endpoint string, vsock:port=0 or hvsock:path=<base> "
-            "(default: hvsock:path=<data-dir>/guest-api.sock).",
+            "(default: vsock:port=0 when VMs get the vsock transport, else "
+            "hvsock:path=<data-dir>/guest-api.sock).",
         ],
         [
             "agent-poll-connecting",
@@ -124,6 +128,31 @@ class Options(usage.Options):
             "Rotate a transcript to <file>.1 once it passes this size.",
         ],
         ["record-keep", None, str(DEFAULT_KEEP), "Rotated transcripts kept per instance."],
+        [
+            "guest-transport",
+            None,
+            "auto",
+            "How new VMs' agents reach the guest API: vsock (needs /dev/vhost-vsock), forward "
+            "(user-mode networking restricted to one forward), hvsock (fakeqemu guests); auto: "
+            "hvsock on fakeqemu, else vsock where /dev/vhost-vsock opens, else forward.",
+        ],
+        ["default-image", None, None, "The disk image instances launched without one boot."],
+        ["default-kernel", None, None, "The kernel instances launched without one boot."],
+        ["default-initrd", None, None, "The initramfs for --default-kernel."],
+        ["default-append", None, None, "The kernel command line for --default-kernel."],
+        [
+            "kvm-probe-timeout",
+            None,
+            str(DEFAULT_KVM_PROBE_TIMEOUT),
+            "Seconds a first guest under KVM may show no sign of life (console output, its "
+            "agent) before KVM is judged not to work here and it restarts under TCG.",
+        ],
+        [
+            "console-max-bytes",
+            None,
+            str(DEFAULT_CONSOLE_MAX_BYTES),
+            "Rotate a VM's console log to console.log.1 once it passes this size.",
+        ],
     ]
 
     def postOptions(self) -> None:
@@ -156,6 +185,23 @@ class Options(usage.Options):
                 raise usage.UsageError(f"--{option} must be a whole number") from None
             if self[option] < least:
                 raise usage.UsageError(f"--{option} must be at least {least}")
+        try:
+            self["kvm-probe-timeout"] = float(self["kvm-probe-timeout"])
+        except ValueError:
+            raise usage.UsageError("--kvm-probe-timeout must be a number of seconds") from None
+        if not (
+            math.isfinite(self["kvm-probe-timeout"]) and 0 < self["kvm-probe-timeout"] <= 3600
+        ):
+            raise usage.UsageError("--kvm-probe-timeout must be more than 0 and at most 3600")
+        try:
+            self["console-max-bytes"] = int(self["console-max-bytes"])
+        except ValueError:
+            raise usage.UsageError("--console-max-bytes must be a whole number") from None
+        if self["console-max-bytes"] < 4096:
+            raise usage.UsageError("--console-max-bytes must be at least 4096")
+        for option in ("default-image", "default-kernel", "default-initrd"):
+            if self[option]:
+                self[option] = os.path.abspath(self[option])
         if self["record-dir"]:
             self["record-dir"] = os.path.abspath(self["record-dir"])
         self["data-dir"] = os.path.abspath(self["data-dir"] or default_data_dir())
@@ -163,9 +209,16 @@ class Options(usage.Options):
             # Whoever can reach the operator socket controls every VM: owner only.
             path = os.path.join(self["data-dir"], "vmready.sock").replace(":", "\\:")
             self["listen"] = f"unix:{path}:mode=600"
-        if not self["guest-listen"]:
-            base = os.path.join(self["data-dir"], GUEST_SOCKET_BASE).replace(":", "\\:")
-            self["guest-listen"] = f"hvsock:path={base}"
+
+    @property
+    def default_boot(self) -> BootSource:
+        """The boot source the options name for instances launched without one."""
+        return BootSource(
+            image=self["default-image"],
+            kernel=self["default-kernel"],
+            initrd=self["default-initrd"],
+            append=self["default-append"],
+        )
 
     @property
     def poll_intervals(self) -> PollIntervals:
@@ -310,11 +363,26 @@ def makeService(options: Options) -> VMReadyService:
     except StoreError as e:
         _fail(str(e))
     check_listen_address(options["listen"])
+    hypervisor = options["hypervisor"]
+    try:
+        transport = choose_transport(hypervisor, options["guest-transport"], vhost_vsock_problem())
+    except TransportError as e:
+        _fail(f"--guest-transport {options['guest-transport']}: {e}")
+    if not options["guest-listen"]:
+        # vsock VMs dial AF_VSOCK; everything else (hvsock guests, the forward) needs none.
+        base = os.path.join(data_dir, GUEST_SOCKET_BASE).replace(":", "\\:")
+        vsock = transport == "vsock"
+        options["guest-listen"] = "vsock:port=0" if vsock else f"hvsock:path={base}"
     check_guest_listen_address(options["guest-listen"])
     try:
         ensure_server_certificate(data_dir)
     except CertificateError as e:
         _fail(str(e))
+    default_boot = options.default_boot
+    try:
+        check_files(default_boot)
+    except VMReadyError as e:
+        _fail(f"the default boot source cannot boot: {e.message}")
     raise_file_limit()
     config = DaemonConfig(
         data_dir=data_dir,
@@ -329,10 +397,19 @@ def makeService(options: Options) -> VMReadyService:
         record_dir=options["record-dir"],
         record_max_bytes=options["record-max-bytes"],
         record_keep=options["record-keep"],
+        guest_transport=options["guest-transport"],
+        default_boot=default_boot,
+        kvm_probe_timeout=options["kvm-probe-timeout"],
+        console_max_bytes=options["console-max-bytes"],
     )
+    reached = {
+        "forward": f"reached by guests through {config.forward_socket} (the forward transport)",
+        "vsock": "reached by guests over vsock",
+        "hvsock": "reached by fakeqemu guests as unix sockets",
+    }[transport]
     print(
         f"vmready: data dir {data_dir}, API on {options['listen']}, "
-        f"guest API on {options['guest-listen']}",
+        f"guest API on {options['guest-listen']}, {reached}",
         file=sys.stderr,
     )
     return VMReadyService(reactor, config)

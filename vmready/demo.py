@@ -1,10 +1,11 @@
-"""``./dev run``: boot a fakeqemu VM and walk the agent handshake over real QMP.
+"""``python -m vmready.demo``: one fakeqemu VM, the agent handshake step by step.
 
-Until the host daemon exists, this is vmready's main job: it starts a
-fakeqemu process (daemonized, as vmready will start QEMU), connects with
-vmready's QMP client, plays the guest agent through the VM's guest socket,
-and drives the ring-buffer handshake (STARTED → CONNECT → CONNECTED) with
-vmready's ring-buffer reader, printing each step.
+A lower-level walk-through than the daemon: it starts a fakeqemu process
+(daemonized, as the daemon starts QEMU) with vmready's own command line,
+connects with vmready's QMP client, plays the guest agent through the VM's
+guest sockets, and drives the handshake, printing each step: STARTED read
+from the ring buffer, CONNECT written to the ``vmready.connect`` port's
+socket (QEMU's ``ringbuf-write`` never reaches a guest), CONNECTED read back.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol
 from twisted.internet.task import deferLater, react
 
-from vmready.hypervisor import AGENT_PORT, AGENT_RING, VMSpec, accelerators_for_host
-from vmready.qemu_cmdline import build_command_line
+from vmready.hypervisor import AGENT_PORT, AGENT_RING, VMSpec
+from vmready.qemu_cmdline import CONNECT_PORT, build_command_line
 from vmready.qmp import QMPClientProtocol, QMPEvent, connect_qmp
 from vmready.ringbuffer import AgentStatus, HostEcho, RingBufferReader, StatusLine, format_connect
 
@@ -46,7 +47,7 @@ def demo_spec(workdir: str, name: str) -> VMSpec:
 
 def fakeqemu_command(spec: VMSpec) -> list[str]:
     """The QEMU command line vmready gives a VM, run on fakeqemu."""
-    return build_command_line(spec, [sys.executable, "-m", "fakeqemu"], accelerators_for_host())
+    return build_command_line(spec, [sys.executable, "-m", "fakeqemu"])
 
 
 class ScriptedGuest(Protocol):
@@ -102,24 +103,30 @@ async def run_demo(reactor: Any, workdir: str, name: str) -> None:
     step(f"QMP: query-status → {status['status']}")
 
     guest = ScriptedGuest()
-    guest_socket = os.path.join(spec.guest_dir, "virtio-ports", AGENT_PORT)
-    await connectProtocol(UNIXClientEndpoint(reactor, guest_socket), guest)
-    step(f"guest: agent opened /dev/virtio-ports/{AGENT_PORT}")
+    ports = os.path.join(spec.guest_dir, "virtio-ports")
+    await connectProtocol(UNIXClientEndpoint(reactor, os.path.join(ports, AGENT_PORT)), guest)
+    replies = ScriptedGuest()
+    await connectProtocol(UNIXClientEndpoint(reactor, os.path.join(ports, CONNECT_PORT)), replies)
+    step(f"guest: agent opened /dev/virtio-ports/{AGENT_PORT} and {CONNECT_PORT}")
     guest.say(b"STARTED")
 
     reader = RingBufferReader()
     while await read_agent(client, reader) is not AgentStatus.STARTED:
         await deferLater(reactor, 0.05, lambda: None)
     connect = format_connect(2, DEMO_VSOCK_PORT)
-    await client.execute("ringbuf-write", {"device": RING, "data": connect.decode()})
-    step(f"host: wrote {connect.decode().strip()!r} with ringbuf-write")
-    line = await guest.connect_seen
+    host = Protocol()
+    await connectProtocol(UNIXClientEndpoint(reactor, spec.connect_socket), host)
+    assert host.transport is not None
+    host.transport.write(connect)
+    step(f"host: wrote {connect.decode().strip()!r} to {CONNECT_PORT}")
+    line = await replies.connect_seen
     step(f"guest: received {line.decode()!r}; reports CONNECTED")
     guest.say(b"CONNECTED")
     while await read_agent(client, reader) is not AgentStatus.CONNECTED:
         await deferLater(reactor, 0.05, lambda: None)
     step("host: agent link is CONNECTED")
 
+    host.transport.loseConnection()
     await client.execute("quit")
     await client.when_closed()
     step(f"QMP events seen: {', '.join(e.name for e in events)}")

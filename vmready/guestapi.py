@@ -65,6 +65,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from vmready.api import MAX_BODY_BYTES, EventStream, rfc3339
 from vmready.certs import CertificatePair, fingerprint, is_valid_at
+from vmready.configdrive import meta_data as cloud_init_meta_data
 from vmready.events import LIFECYCLE, Event
 from vmready.lifecycle import Lifecycle
 from vmready.model import (
@@ -418,9 +419,7 @@ class GuestAPI:
         """cloud-init's meta-data: the instance's uuid and hostname, then user.meta-data."""
         record = self.caller(request)
         extra = record.config.get("user.meta-data", "")
-        return sync_response(
-            request, f"instance-id: {record.uuid}\nlocal-hostname: {record.name}\n{extra}"
-        )
+        return sync_response(request, cloud_init_meta_data(record.uuid, record.name, extra))
 
     @app.route("/1.0/devices", methods=["GET"])
     def devices(self, request: IRequest) -> bytes:

@@ -81,6 +81,7 @@ __all__ = [
     "build_command_line",
     "error_lines",
     "gone_event",
+    "kvm_device_problem",
     "power_state_for",
     "read_log_lines",
     "vm_event_for",
@@ -220,14 +221,19 @@ def read_log_lines(spec: VMSpec, limit: int = _OUTPUT_CAP) -> list[str]:
     return error_lines(data.decode("utf-8", "replace"))
 
 
-def accelerators_for_host(device: str = "/dev/kvm") -> list[str]:
-    """``["kvm", "tcg"]`` where the KVM device opens for reading and writing, else ``["tcg"]``."""
+def kvm_device_problem(device: str = "/dev/kvm") -> str | None:
+    """Why KVM cannot be used here (``/dev/kvm`` does not open read-write), or None."""
     try:
         fd = os.open(device, os.O_RDWR | os.O_CLOEXEC)
-    except OSError:
-        return ["tcg"]
+    except OSError as e:
+        return f"{device} cannot be opened: {e.strerror}"
     os.close(fd)
-    return ["kvm", "tcg"]
+    return None
+
+
+def accelerators_for_host(device: str = "/dev/kvm") -> list[str]:
+    """``["kvm", "tcg"]`` where the KVM device opens for reading and writing, else ``["tcg"]``."""
+    return ["tcg"] if kvm_device_problem(device) else ["kvm", "tcg"]
 
 
 def _read_pidfile(path: str) -> int | None:
@@ -346,6 +352,8 @@ class RunningVM:
     exit_grace = 10.0
     # How long a killed process may take to disappear.
     kill_timeout = DEFAULT_KILL_TIMEOUT
+    # Seconds between ACPI button presses while a clean stop waits.
+    powerdown_repeat = 5.0
 
     def __init__(
         self,
@@ -595,19 +603,40 @@ class RunningVM:
             else:
                 self.log.info("pressed the ACPI power button of {name}", name=self.spec.name)
         if may_go and not self._detached:
-            try:
-                remaining = max(0.0, deadline - timer.seconds())
-                await self.when_gone().addTimeout(remaining, timer)
-            except TimeoutError:
-                self.log.info(
-                    "VM {name} did not power off within {timeout}s; forcing it",
-                    name=self.spec.name,
-                    timeout=timeout,
-                )
-            else:
+            if await self._await_power_off(deadline, timer):
                 return "clean"
+            self.log.info(
+                "VM {name} did not power off within {timeout}s; forcing it",
+                name=self.spec.name,
+                timeout=timeout,
+            )
         await self._force(timer)
         return "forced"
+
+    async def _await_power_off(self, deadline: float, timer: IReactorTime) -> bool:
+        """Wait until the VM is gone or ``deadline``, pressing the button again now and then.
+
+        A guest that is still booting (or whose power daemon is not up yet)
+        drops the ACPI request without a trace, so one press is not enough.
+        """
+        while True:
+            remaining = deadline - timer.seconds()
+            if remaining <= 0:
+                return False
+            try:
+                await self.when_gone().addTimeout(min(remaining, self.powerdown_repeat), timer)
+            except TimeoutError:
+                pass
+            else:
+                return True
+            if deadline - timer.seconds() > 0 and self.qmp.is_open:
+                try:
+                    await self._execute(
+                        "system_powerdown", clock=timer, timeout=self.command_timeout
+                    )
+                except (QMPError, QMPDisconnected, MonitorTimeout):
+                    continue  # it is going, or the deadline will force it
+                self.log.info("pressed the ACPI power button of {name} again", name=self.spec.name)
 
     async def force_stop(self) -> None:
         """Stop the VM now: ``quit``, or SIGKILL when the monitor does not answer it in time."""
@@ -764,13 +793,12 @@ class HypervisorDriver:
                 "qemu": QEMU_PROGRAM,
             }[kind]
         )
-        self.accelerators: list[str] = accelerators_for_host()
 
     def command_line(
         self, spec: VMSpec, paused: bool = False, incoming: str | None = None
     ) -> list[str]:
         """The argv ``launch`` runs for ``spec``."""
-        return build_command_line(spec, self.program, self.accelerators, paused, incoming)
+        return build_command_line(spec, self.program, paused, incoming)
 
     async def launch(
         self, spec: VMSpec, paused: bool = False, incoming: str | None = None

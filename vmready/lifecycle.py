@@ -12,7 +12,6 @@ action (rebuild, delete, start after a failed stop…) moves it from there.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -26,9 +25,34 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
+from vmready.accel import (
+    ACCEL_CHOICES,
+    ACCEL_KEY,
+    ACCEL_REASON_KEY,
+    CURRENT_ACCEL_KEY,
+    AccelChoice,
+    KVMVerdicts,
+    choose_accel,
+)
 from vmready.agentlink import AgentLink, PollIntervals, StatusChanged
 from vmready.agentmonitor import AgentMonitor
-from vmready.certs import CertificatePair, generate, write_config_drive, write_private
+from vmready.bootsource import BootSource, ImageInfo, ImageTool, check_files
+from vmready.certs import CertificatePair, generate, write_private
+from vmready.configdrive import (
+    AGENT_CONFIG,
+    USER_DATA_KEY,
+    DriveContents,
+    write_identity,
+    write_settings,
+)
+from vmready.connectport import ConnectPort
+from vmready.console import (
+    DEFAULT_CONSOLE_MAX_BYTES,
+    console_size,
+    mark_boot,
+    read_console,
+    rotate_console,
+)
 from vmready.events import EventBus
 from vmready.hypervisor import (
     HypervisorDriver,
@@ -50,10 +74,12 @@ from vmready.model import (
 from vmready.operations import Operation, Operations
 from vmready.qemu_cmdline import (
     AGENT_PORT,
+    CONSOLE_LOG_NAME,
     CURRENT_LAYOUT,
     LEGACY_PORT,
     SERIAL_LAYOUTS,
     UNRECORDED_LAYOUT,
+    GuestForward,
     SerialLayout,
 )
 from vmready.qmp import QMPEvent
@@ -70,6 +96,14 @@ from vmready.snapshots import (
 )
 from vmready.states import ACTIONS, READY_KEY, PowerState, TaskState, VMState
 from vmready.store import Store
+from vmready.transport import (
+    CID_KEY,
+    FORWARD_GUEST_NETWORK_ADDRESS,
+    TRANSPORT_KEY,
+    allocate_cid,
+    connect_line,
+    forward_mac,
+)
 
 DEFAULT_STOP_TIMEOUT = 30.0
 MAX_STOP_TIMEOUT = 3600.0
@@ -93,10 +127,13 @@ LAYOUT_KEY = "volatile.serial.layout"
 _RESTORE_POLL_SECONDS = 0.05
 RESTORE_TIMEOUT = 600.0
 _USER_KEYS = re.compile(r"(limits\.memory|limits\.cpu|user\..+|cloud-init\..+|vmready\.record)")
+# Set at launch, kept with the instance; a rebuild boots the same source afresh.
+_LAUNCH_KEYS = re.compile(r"boot\.(image|kernel|initrd|append|accel)")
+_SIGN_OF_LIFE_POLL = 0.25
+DEFAULT_KVM_PROBE_TIMEOUT = 30.0
 
 
 CONFIG_DRIVE = "config-drive"
-AGENT_CONFIG = "agent.json"
 
 
 @attrs.frozen
@@ -108,6 +145,23 @@ class GuestLink:
     # What an agent is told to dial in its config drive: "vsock" or "hvsock:<path>".
     transport: str
     intervals: PollIntervals = attrs.field(factory=PollIntervals)
+    # The unix socket the forward transport's guestfwd reaches (None: no forward).
+    forward_socket: str | None = None
+
+
+@attrs.frozen
+class LaunchSettings:
+    """How this daemon starts VMs: default boot source, transport, KVM probing, console cap."""
+
+    # The guest API transport new VMs get: hvsock, vsock or forward (vmready.transport).
+    transport: str = "hvsock"
+    # What an instance launched without a boot source boots.
+    default_boot: BootSource = attrs.field(factory=BootSource)
+    # How long a first KVM boot may show no sign of life before it is retried under TCG.
+    kvm_probe_timeout: float = DEFAULT_KVM_PROBE_TIMEOUT
+    console_max_bytes: int = DEFAULT_CONSOLE_MAX_BYTES
+    # What every config drive carries besides the instance's identity.
+    drive: DriveContents = attrs.field(factory=DriveContents)
 
 
 def run_dir_name(instance_uuid: str) -> str:
@@ -128,10 +182,13 @@ def validate_config(config: dict[str, Any]) -> dict[str, str]:
     """Check user-settable keys and values; returns them as strings."""
     checked: dict[str, str] = {}
     for key, value in config.items():
-        if not isinstance(key, str) or not _USER_KEYS.fullmatch(key):
+        if not isinstance(key, str) or not (
+            _USER_KEYS.fullmatch(key) or _LAUNCH_KEYS.fullmatch(key)
+        ):
             raise BadRequest(
                 f"Invalid config key {key!r}: allowed are limits.memory, limits.cpu, user.*, "
-                "cloud-init.*, vmready.record"
+                "cloud-init.*, vmready.record, and at launch boot.image, boot.kernel, "
+                "boot.initrd, boot.append, boot.accel"
             )
         if not isinstance(value, str | int) or isinstance(value, bool):
             raise BadRequest(f"Invalid value for {key}: expected a string")
@@ -144,6 +201,11 @@ def validate_config(config: dict[str, Any]) -> dict[str, str]:
         except UnicodeEncodeError:
             raise BadRequest(f"Invalid value for {key}: not valid Unicode text") from None
         checked[key] = str(value)
+    if checked.get(ACCEL_KEY, "auto") not in ACCEL_CHOICES:
+        raise BadRequest(
+            f"Invalid value for {ACCEL_KEY}: {checked[ACCEL_KEY]!r}: expected "
+            f"{', '.join(ACCEL_CHOICES)}"
+        )
     if checked.get(RECORD_KEY, "false") not in ("true", "false"):
         raise BadRequest(
             f"Invalid value for {RECORD_KEY}: {checked[RECORD_KEY]!r}: expected true or false"
@@ -285,6 +347,8 @@ class Lifecycle:
         stop_timeout: float = DEFAULT_STOP_TIMEOUT,
         serial_layout: SerialLayout = CURRENT_LAYOUT,
         snapshot_root: str | None = None,
+        settings: LaunchSettings | None = None,
+        disk_root: str | None = None,
     ) -> None:
         self.reactor = reactor
         self.clock: IReactorTime = reactor
@@ -299,6 +363,15 @@ class Lifecycle:
         self.snapshot_root = snapshot_root or os.path.join(
             os.path.dirname(os.path.abspath(run_root)), "snapshots"
         )
+        # Each instance's root-disk overlay lives here, named like its run directory.
+        self.disk_root = disk_root or os.path.join(
+            os.path.dirname(os.path.abspath(run_root)), "disks"
+        )
+        self.settings = settings or LaunchSettings()
+        self.images = ImageTool(reactor)
+        # Set by the daemon: the verdict on KVM for this host (None: never try KVM on trial).
+        self.kvm: KVMVerdicts | None = None
+        self.kvm_problem: str | None = "KVM is not probed by this lifecycle"
         self.vms: dict[str, RunningVM] = {}
         self._unsubscribe: dict[str, Callable[[], None]] = {}
         # Set by the daemon once the guest API listens; without it no agent is followed.
@@ -325,9 +398,21 @@ class Lifecycle:
             return monitor.status
         return self._last_agent_status.get(name, AgentStatus.UNKNOWN)
 
+    def console_log(self, name: str, limit: int) -> bytes:
+        """The tail of the instance's console log (empty before its first boot)."""
+        record = self.store.get_instance(name)
+        run_dir = os.path.join(self.run_root, run_dir_name(record.uuid))
+        return read_console(os.path.join(run_dir, CONSOLE_LOG_NAME), limit)
+
     def config_drive(self, record: InstanceRecord) -> str:
         """The directory handed to the guest as its config drive (certificates, agent.json)."""
-        return os.path.join(self.spec_for(record).run_dir, CONFIG_DRIVE)
+        return os.path.join(self.run_root, run_dir_name(record.uuid), CONFIG_DRIVE)
+
+    def disk_path(self, record: InstanceRecord) -> str | None:
+        """The instance's root-disk overlay (None: it boots no image)."""
+        if BootSource.from_config(record.config).image is None:
+            return None
+        return os.path.join(self.disk_root, run_dir_name(record.uuid) + ".qcow2")
 
     def layout_of(self, record: InstanceRecord) -> SerialLayout:
         """The serial layout the instance's VM was last started with.
@@ -338,8 +423,26 @@ class Lifecycle:
         recorded = SERIAL_LAYOUTS.get(record.config.get(LAYOUT_KEY, ""))
         return recorded if recorded is not None else UNRECORDED_LAYOUT
 
-    def spec_for(self, record: InstanceRecord, layout: SerialLayout | None = None) -> VMSpec:
-        """The hypervisor's view of an instance (with the serial layout its VM runs with)."""
+    def spec_for(
+        self,
+        record: InstanceRecord,
+        layout: SerialLayout | None = None,
+        accel: str | None = None,
+        transport: str | None = None,
+    ) -> VMSpec:
+        """The hypervisor's view of an instance, as its VM runs (or would start) now.
+
+        The serial layout, accelerator and transport default to those the VM
+        was last started with; a launch passes the ones it starts it with.
+        """
+        boot = BootSource.from_config(record.config)
+        drive = self.config_drive(record)
+        transport = transport or record.config.get(TRANSPORT_KEY, "hvsock")
+        cid = record.config.get(CID_KEY)
+        guest = self.guest
+        forward = None
+        if transport == "forward" and guest is not None and guest.forward_socket is not None:
+            forward = GuestForward(guest.forward_socket, forward_mac(record.uuid))
         return VMSpec(
             name=record.name,
             uuid=record.uuid,
@@ -347,11 +450,25 @@ class Lifecycle:
             cpus=record.cpus,
             run_dir=os.path.join(self.run_root, run_dir_name(record.uuid)),
             serial_ports=(layout or self.layout_of(record)).ports,
+            accel=accel or record.config.get(CURRENT_ACCEL_KEY, "tcg"),
+            config_drive=drive if os.path.isdir(drive) else None,
+            disk=self.disk_path(record),
+            kernel=boot.kernel,
+            initrd=boot.initrd,
+            append=boot.append,
+            vsock_cid=int(cid) if transport == "vsock" and cid is not None else None,
+            forward=forward,
         )
 
     def update_config(self, name: str, config: dict[str, Any]) -> InstanceRecord:
         """Set user-settable keys (``None`` removes one); limits change only through resize."""
         changes = config_changes(config)
+        launch_keys = sorted(key for key in changes if _LAUNCH_KEYS.fullmatch(key))
+        if launch_keys:
+            raise BadRequest(
+                f"Cannot change {launch_keys[0]} of instance {name}: the boot source and "
+                "accelerator are chosen at launch (launch a new instance to boot another)"
+            )
         record = self.store.get_instance(name)
         if record.task_state is not None:
             raise task_conflict("update", name, record.task_state.value, record.vm_state.value)
@@ -395,24 +512,44 @@ class Lifecycle:
             return None
         pair = generate(f"vmready-agent-{record.name}")
         self.store.set_agent_certificate(record.name, pair.fingerprint)
-        self._write_config_drive(record, pair, guest)
+        write_identity(self.config_drive(record), pair, guest.server_cert_pem)
+        self.refresh_config_drive(record)
         return pair
 
-    def _write_config_drive(
-        self, record: InstanceRecord, pair: CertificatePair, guest: GuestLink
+    def refresh_config_drive(
+        self,
+        record: InstanceRecord,
+        layout: SerialLayout | None = None,
+        transport: str | None = None,
     ) -> None:
-        directory = self.config_drive(record)
-        write_config_drive(directory, pair, guest.server_cert_pem)
-        spec = self.spec_for(record)
-        settings: dict[str, str] = {"instance": record.name, "transport": guest.transport}
+        """Write the drive's settings, agent, loader and cloud-init files for the next boot."""
+        guest = self.guest
+        if guest is None:
+            return
+        transport = transport or record.config.get(TRANSPORT_KEY, self.settings.transport)
+        spec = self.spec_for(record, layout=layout, transport=transport)
+        wired = agent_port_name(spec)
+        # A real guest dials vsock (a forward CONNECT names its own address); a fakeqemu
+        # guest, a host process, dials the daemon's hybrid vsock sockets.
+        dial = guest.transport if self.driver.kind == "fakeqemu" else "vsock"
+        settings: dict[str, str] = {"instance": record.name, "transport": dial}
+        if wired is not None:
+            settings["port"] = wired
+        if transport == "forward":
+            settings["network_mac"] = forward_mac(record.uuid)
+            settings["network_address"] = FORWARD_GUEST_NETWORK_ADDRESS
         if self.driver.kind == "fakeqemu":
             # A fakeqemu guest is a host process: its devices are sockets in the run dir.
             settings.update(fakeqemu_guest_paths(spec))
-        path = os.path.join(directory, AGENT_CONFIG)
-        with open(path + ".tmp", "w") as f:
-            json.dump(settings, f, indent=2, sort_keys=True)
-            f.write("\n")
-        os.replace(path + ".tmp", path)
+        write_settings(
+            self.config_drive(record),
+            settings,
+            self.settings.drive,
+            record.uuid,
+            record.name,
+            record.config.get(USER_DATA_KEY, ""),
+            record.config.get("user.meta-data", ""),
+        )
 
     def ensure_agent_identities(self) -> int:
         """Issue certificates to instances that have none (created before the guest API).
@@ -462,12 +599,26 @@ class Lifecycle:
 
     # -- actions ----------------------------------------------------------
 
-    def create(
+    async def create(
         self, name: str, config: dict[str, Any], instance_uuid: str | None = None
     ) -> Operation:
-        """Create and boot an instance: BUILD → ACTIVE (or ERROR with the reason)."""
+        """Create and boot an instance: BUILD → ACTIVE (or ERROR with the reason).
+
+        The boot source (the daemon's default when the config names none) is
+        checked first: a file that cannot boot is a 400 before any instance,
+        overlay or process exists.
+        """
         validate_name(name)
         checked = validate_config(config)
+        if self.store.find_instance(name) is not None:
+            raise Conflict(f"Instance {name} already exists")
+        boot = BootSource.from_config(checked)
+        if boot.empty and not self.settings.default_boot.empty:
+            boot = self.settings.default_boot
+            checked.update(boot.config())
+        if checked.get(ACCEL_KEY) == "kvm" and self.kvm_problem is not None:
+            raise BadRequest(f"Cannot launch {name} with {ACCEL_KEY}=kvm: {self.kvm_problem}")
+        image = await self.check_boot_source(boot)
         record = self.store.create_instance(name, checked, {}, instance_uuid)
         context = ActionContext(self, name, "create", TaskState.SPAWNING)
         self.issue_agent_identity(record)
@@ -475,14 +626,34 @@ class Lifecycle:
         self.events.lifecycle("instance-created", name)
 
         async def work() -> None:
-            await self._guarded(context, self._spawn(context, record))
+            await self._guarded(context, self._spawn(context, record, image))
 
         return self.operations.run(f"Creating instance {name}", name, work)
 
-    async def _spawn(self, context: ActionContext, record: InstanceRecord) -> None:
+    async def check_boot_source(self, boot: BootSource) -> ImageInfo | None:
+        """Check what an instance would boot; the image's description, or BadRequest."""
+        check_files(boot, self.disk_root)
+        if boot.image is None:
+            return None
+        return await self.images.info(boot.image)
+
+    async def _spawn(
+        self, context: ActionContext, record: InstanceRecord, image: ImageInfo | None
+    ) -> None:
+        await self._make_disk(context, record, image)
         await self._launch(record)
         context.finish(VMState.ACTIVE, PowerState.RUNNING)
         self.events.lifecycle("instance-started", record.name)
+
+    async def _make_disk(
+        self, context: ActionContext, record: InstanceRecord, image: ImageInfo | None
+    ) -> None:
+        """A fresh overlay on the instance's image (its old one, if any, is replaced)."""
+        disk = self.disk_path(record)
+        if image is None or disk is None:
+            return
+        await self.images.create_overlay(image, disk)
+        context.note(f"made the root disk {disk} on {image.describe()}")
 
     def act(self, name: str, action: str, **params: Any) -> Operation:
         """Run a named action; a 409 is raised here, synchronously, if it cannot start."""
@@ -557,6 +728,13 @@ class Lifecycle:
     def _preflight(self, action: str, record: InstanceRecord, params: dict[str, Any]) -> None:
         """What can be known before a snapshot or restore touches anything: refuse it now."""
         name = params["snapshot"]
+        if self.disk_path(record) is not None:
+            # A snapshot keeps config (and memory); without the disk's contents its restore
+            # would pair a guest with a disk it never wrote: refuse rather than corrupt.
+            raise BadRequest(
+                f"Cannot {action} instance {record.name}: snapshots of instances that boot a "
+                "disk image do not capture the disk yet"
+            )
         if action == "snapshot":
             if self.store.find_snapshot(record.name, name) is not None:
                 raise Conflict(f"Snapshot {name} of instance {record.name} already exists")
@@ -586,7 +764,9 @@ class Lifecycle:
                 f"its state file {os.path.join(directory, STATE_FILE)} is missing"
             )
         target = self._restored_record(record, metadata)
-        mismatch = state_mismatch(metadata.get("device_set", {}), self._launch_spec(target))
+        saved = metadata.get("device_set", {})
+        accel = saved.get("accel") if saved.get("accel") in ("kvm", "tcg") else None
+        mismatch = state_mismatch(saved, self._launch_spec(target, accel))
         if mismatch is not None and not params["force"]:
             raise Conflict(
                 f"Cannot restore the state of snapshot {name} of instance {record.name}: it "
@@ -682,8 +862,12 @@ class Lifecycle:
 
     async def _do_rebuild(self, context: ActionContext, record: InstanceRecord) -> None:
         await self._power_off(context, record.name, 0, force=True)
-        self.store.update_config(record.name, {READY_KEY: "false"})
-        await self._launch(self.store.get_instance(record.name))
+        record = self.store.update_config(record.name, {READY_KEY: "false"})
+        boot = BootSource.from_config(record.config)
+        if boot.image is not None:
+            # The image may have changed or gone since launch: check it again.
+            await self._make_disk(context, record, await self.check_boot_source(boot))
+        await self._launch(record)
         context.finish(VMState.ACTIVE, PowerState.RUNNING)
         self.events.lifecycle("instance-rebuilt", record.name)
 
@@ -736,9 +920,13 @@ class Lifecycle:
             context.finish(VMState.STOPPED, PowerState.SHUTDOWN)
         self.events.lifecycle("instance-resize-reverted", record.name)
 
-    def _launch_spec(self, record: InstanceRecord) -> dict[str, Any]:
-        """The device set the VM would have if it started now."""
-        return self.spec_for(record, self.serial_layout).device_set()
+    def _launch_spec(self, record: InstanceRecord, accel: str | None = None) -> dict[str, Any]:
+        """The device set the VM would have if it started now (under ``accel``, if given)."""
+        spec = self.spec_for(record, self.serial_layout, accel, self.settings.transport)
+        if spec.config_drive is None and self.guest is not None:
+            # Every VM a daemon with a guest API starts gets its drive (made at launch).
+            spec = attrs.evolve(spec, config_drive=self.config_drive(record))
+        return spec.device_set()
 
     def _restored_record(self, record: InstanceRecord, metadata: dict[str, Any]) -> InstanceRecord:
         """The instance as it will be once the snapshot's config is back (not stored)."""
@@ -814,7 +1002,10 @@ class Lifecycle:
         restored = self.store.update_config(record.name, {**updates, READY_KEY: "false"})
         if stateful:
             directory = snapshot_directory(self.snapshot_root, run_dir_name(record.uuid), name)
-            await self._load_state(context, restored, os.path.join(directory, STATE_FILE))
+            saved = metadata.get("device_set", {})
+            accel = saved.get("accel") if saved.get("accel") in ("kvm", "tcg") else None
+            state = os.path.join(directory, STATE_FILE)
+            await self._load_state(context, restored, state, accel)
             context.finish(VMState.ACTIVE, PowerState.RUNNING)
         elif was_running:
             await self._launch(restored)
@@ -825,13 +1016,15 @@ class Lifecycle:
             "instance-restored", record.name, {"snapshot": name, "stateful": stateful}
         )
 
-    async def _load_state(self, context: ActionContext, record: InstanceRecord, path: str) -> None:
+    async def _load_state(
+        self, context: ActionContext, record: InstanceRecord, path: str, accel: str | None
+    ) -> None:
         """Start the VM from a saved state; QEMU's own lines if it cannot load it."""
         if not os.path.isfile(path):
             # QEMU would wait for the stream forever (measured): say what is missing instead.
             raise HypervisorError(f"Failed restoring state from {path}: the file is missing")
         try:
-            vm = await self._launch(record, incoming=path)
+            vm = await self._launch(record, incoming=path, accel=accel)
         except HypervisorError as e:
             raise HypervisorError(f"Failed restoring state from {path}: {e.message}") from e
         deadline = self.clock.seconds() + RESTORE_TIMEOUT
@@ -864,6 +1057,11 @@ class Lifecycle:
         self._last_agent_status.pop(record.name, None)
         remove_instance_snapshots(self.snapshot_root, run_dir_name(record.uuid))
         shutil.rmtree(self.spec_for(record).run_dir, ignore_errors=True)
+        disk = self.disk_path(record)
+        if disk is not None:
+            for path in (disk, disk + ".tmp"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
         self.events.lifecycle(
             "instance-state",
             record.name,
@@ -892,16 +1090,123 @@ class Lifecycle:
             raise HypervisorError(f"Instance {name} has no running VM")
         return vm
 
-    async def _launch(self, record: InstanceRecord, incoming: str | None = None) -> RunningVM:
-        """Start the VM with this daemon's serial layout, recorded in the instance."""
-        record = self.store.update_config(record.name, {LAYOUT_KEY: self.serial_layout.name})
-        spec = self.spec_for(record)
+    async def _launch(
+        self, record: InstanceRecord, incoming: str | None = None, accel: str | None = None
+    ) -> RunningVM:
+        """Start the VM with this daemon's serial layout and transport, recorded in the instance.
+
+        ``accel`` forces the accelerator (a restored state must run under the
+        one it was saved with); otherwise ``choose_accel`` picks it.
+        """
+        transport = self.settings.transport
+        updates: dict[str, str | None] = {
+            LAYOUT_KEY: self.serial_layout.name,
+            TRANSPORT_KEY: transport,
+        }
+        if transport == "vsock" and CID_KEY not in record.config:
+            updates[CID_KEY] = str(self._new_cid())
+        record = self.store.update_config(record.name, updates)
+        disk = self.disk_path(record)
+        if disk is not None and not os.path.exists(disk):
+            raise HypervisorError(
+                f"the root disk of {record.name}, {disk}, is missing; rebuild the instance to "
+                f"boot its image {BootSource.from_config(record.config).image} afresh"
+            )
+        self.refresh_config_drive(record)
         if self.driver.kind == "fakeqemu":
             # A new boot: what the guest kept in its tmpfs (the agent's Ready memory) is gone.
-            shutil.rmtree(fakeqemu_guest_paths(spec)["state_dir"], ignore_errors=True)
-        vm = await self.driver.launch(spec, incoming=incoming)
+            shutil.rmtree(fakeqemu_guest_paths(self.spec_for(record))["state_dir"], True)
+        if accel is not None:
+            choice = AccelChoice(accel, False, f"{accel.upper()}: the saved state's accelerator")
+        else:
+            verdict = self.kvm.verdict if self.kvm is not None else None
+            choice = choose_accel(record.config.get(ACCEL_KEY, "auto"), self.kvm_problem, verdict)
+        return await self._start_vm(record, choice, incoming)
+
+    async def _start_vm(
+        self, record: InstanceRecord, choice: AccelChoice, incoming: str | None
+    ) -> RunningVM:
+        """Launch under ``choice``; a KVM trial that fails is retried under TCG, saying so."""
+        spec = self.spec_for(record, accel=choice.accel)
+        doing = "restoring" if incoming is not None else "starting"
+        started_at = mark_boot(spec.console_log, f"{doing} {record.name}: {choice.reason}")
+        try:
+            vm = await self.driver.launch(spec, incoming=incoming)
+        except HypervisorError as e:
+            if not choice.probe:
+                raise
+            first = e.message.splitlines()[0] if e.message else "no reason given"
+            return await self._fall_back_to_tcg(
+                record, f"QEMU failed to start a guest under KVM: {first}", incoming
+            )
+        self.store.update_config(
+            record.name, {CURRENT_ACCEL_KEY: choice.accel, ACCEL_REASON_KEY: choice.reason}
+        )
         self._attach(record.name, vm)
-        return vm
+        booting = not BootSource.from_config(record.config).empty
+        if not (choice.probe and incoming is None and booting and self.kvm is not None):
+            return vm
+        if await self._shows_life(record.name, vm, spec.console_log, started_at):
+            self.kvm.record(True, f"guests run under KVM here (first: {record.name})")
+            return vm
+        timeout = self.settings.kvm_probe_timeout
+        reason = (
+            f"a guest under KVM showed no sign of life within {timeout:g}s "
+            "(nothing on its console, no word from its agent)"
+        )
+        self._detach(record.name)
+        await vm.force_stop()
+        return await self._fall_back_to_tcg(record, reason, incoming)
+
+    async def _fall_back_to_tcg(
+        self, record: InstanceRecord, reason: str, incoming: str | None
+    ) -> RunningVM:
+        """KVM does not run guests here: remember it, say it, and start the VM under TCG."""
+        if self.kvm is not None:
+            self.kvm.record(False, reason)
+        self.log.warn(
+            "{name}: {reason}; starting it again under TCG", name=record.name, reason=reason
+        )
+        self._history(record.name, "accelerator", f"{reason}; restarted under TCG")
+        self.events.lifecycle(
+            "instance-accelerator-changed",
+            record.name,
+            {"from": "kvm", "to": "tcg", "reason": reason},
+        )
+        return await self._start_vm(
+            record, AccelChoice("tcg", False, f"TCG: KVM failed here ({reason})"), incoming
+        )
+
+    async def _shows_life(self, name: str, vm: RunningVM, console: str, since: int) -> bool:
+        """Whether the guest writes to its console or its agent speaks within the probe time."""
+        deadline = self.clock.seconds() + self.settings.kvm_probe_timeout
+        while not vm.gone:
+            if console_size(console) > since or self.agent_status(name) is not AgentStatus.UNKNOWN:
+                return True
+            if self.clock.seconds() >= deadline:
+                return False
+            await deferLater(self.clock, _SIGN_OF_LIFE_POLL, lambda: None)
+        return False
+
+    def _new_cid(self) -> int:
+        """A vsock CID no other instance of this daemon holds."""
+        used = {
+            int(record.config[CID_KEY])
+            for record in self.store.list_instances()
+            if record.config.get(CID_KEY, "").isdigit()
+        }
+        return allocate_cid(used)
+
+    def rotate_consoles(self) -> None:
+        """Keep every running VM's console log under its cap (called on a timer)."""
+        for vm in list(self.vms.values()):
+            try:
+                if rotate_console(vm.spec.console_log, self.settings.console_max_bytes):
+                    self.log.info("rotated the console log of {name}", name=vm.spec.name)
+            except OSError as e:
+                self.log.warn(
+                    "cannot rotate the console log of {name}: {error}", name=vm.spec.name, error=e
+                )
 
     async def _relaunch_with(
         self,
@@ -977,8 +1282,18 @@ class Lifecycle:
         chardev = agent_chardev(vm.spec)
         if guest is None or chardev is None:
             return None
-        link = AgentLink(name, vm.spec.ring_size, guest.port, guest.intervals)
+        record = self.store.find_instance(name)
+        transport = record.config.get(TRANSPORT_KEY, "hvsock") if record else "hvsock"
+        link = AgentLink(
+            name,
+            vm.spec.ring_size,
+            guest.port,
+            guest.intervals,
+            connect=connect_line(transport, guest.port),
+        )
         recorders = self.recorders
+        # A VM started before vmready gave VMs a vmready.connect port has none.
+        has_port = os.path.exists(vm.spec.connect_socket)
         monitor = AgentMonitor(
             self.clock,
             vm,
@@ -986,6 +1301,7 @@ class Lifecycle:
             chardev,
             lambda change: self._agent_changed(name, change),
             (lambda: recorders.recorder_for(name)) if recorders is not None else None,
+            ConnectPort(self.reactor, vm.spec.connect_socket, name) if has_port else None,
         )
         self.monitors[name] = monitor
         return monitor
@@ -1033,6 +1349,15 @@ class Lifecycle:
                 monitor.resumed()
         if record.task_state is not None:
             return  # the running action owns the VM now
+        if event.kind is VMEventKind.PANICKED and record.vm_state is not VMState.ERROR:
+            self.store.update_config(name, {READY_KEY: "false"})
+            self._history(name, "guest-panicked", event.detail, ok=False)
+            self._fail_idle(
+                record,
+                f"{event.detail}; its console log may say why (vmready console {name} --show-log)",
+                PowerState.CRASHED,
+            )
+            return
         if event.kind is VMEventKind.RESET:
             self._guest_rebooted(record, vm)
             return
@@ -1306,11 +1631,21 @@ def agent_chardev(spec: VMSpec) -> str | None:
     return None
 
 
+def agent_port_name(spec: VMSpec) -> str | None:
+    """The name of the port wired to the agent's ring buffer (the agent tries it first)."""
+    for wanted in (AGENT_PORT, LEGACY_PORT):
+        for port in spec.serial_ports:
+            if port.name == wanted and port.chardev is not None:
+                return port.name
+    return None
+
+
 def fakeqemu_guest_paths(spec: VMSpec) -> dict[str, str]:
     """Where a fakeqemu guest's agent finds its ports, serves its socket, keeps its tmpfs."""
     guest_root = os.path.join(spec.run_dir, "guest")
     return {
         "virtio_ports": os.path.join(spec.guest_dir, "virtio-ports"),
+        "tcp_sockets": os.path.join(spec.guest_dir, "tcp"),
         "devlxd_socket": os.path.join(guest_root, "lxd.sock"),
         "state_dir": os.path.join(guest_root, "run"),
     }

@@ -1,9 +1,15 @@
 """The QEMU command line vmready gives a VM, built from a ``VMSpec`` without any I/O.
 
 The same command line runs on real ``qemu-system-x86_64`` and on fakeqemu: a
-q35 machine with no default devices, the QMP monitor on a unix socket in the
-VM's run directory, one virtio-serial bus, and the agent's ring buffer wired to
-the ``com.canonical.lxd`` port (DESIGN.md, "Ring buffer and agent states").
+q35 machine with no default devices and exactly one accelerator, the QMP
+monitor on a unix socket in the VM's run directory, one virtio-serial bus with
+the agent's ring buffer wired to the ``com.canonical.lxd`` port (every port
+with an ``id=``, so QEMU reports the guest opening and closing it), the
+guest's serial console appended to a log file, a pvpanic device, and — as the
+spec asks — the config drive over virtio-9p, a root disk, a kernel to boot
+directly, and the guest API's transport: ``vhost-vsock-pci`` with the
+instance's CID, or a user-mode network restricted to one forward
+(``GuestForward``) where the host has no ``/dev/vhost-vsock``.
 
 The serial wiring is data (``VMSpec.serial_ports``), not code: a layout is a
 tuple of ``SerialPort`` values, so a VM can be started with another layout (the
@@ -21,21 +27,29 @@ from collections.abc import Sequence
 import attrs
 
 __all__ = [
+    "ACCELERATORS",
     "AGENT_PORT",
     "AGENT_RING",
     "AGENT_SERIAL_PORTS",
+    "CONFIG_DRIVE_TAG",
+    "CONNECT_PORT",
+    "CONSOLE_LOG_NAME",
     "CURRENT_LAYOUT",
     "DEFAULT_RING_SIZE",
+    "FORWARD_GUEST_ADDRESS",
+    "FORWARD_GUEST_PORT",
     "LEGACY_LAYOUT",
     "LEGACY_PORT",
     "SERIAL_BUS",
     "SERIAL_LAYOUTS",
     "STARTABLE_LAYOUTS",
     "UNRECORDED_LAYOUT",
+    "GuestForward",
     "SerialLayout",
     "SerialPort",
     "VMSpec",
     "build_command_line",
+    "device_arguments",
     "escape_option",
     "qmp_address",
     "serial_arguments",
@@ -49,8 +63,23 @@ DEFAULT_RING_SIZE = 65536
 
 QMP_SOCKET_NAME = "qmp.sock"
 QEMU_LOG_NAME = "qemu.log"
+CONSOLE_LOG_NAME = "console.log"
 PIDFILE_NAME = "vm.pid"
 GUEST_DIR_SUFFIX = ".guest"
+CONFIG_DRIVE_TAG = "config"
+ACCELERATORS = ("kvm", "tcg")
+# The guest's end of the fallback transport: what it dials, and the one forward there is.
+FORWARD_GUEST_ADDRESS = "10.0.2.100"
+FORWARD_GUEST_PORT = 8443
+FORWARD_NETWORK = "10.0.2.0/24"
+FORWARD_NETDEV = "vmready-net"
+CONSOLE_CHARDEV = "console"
+# Host → guest: QEMU's ringbuf-write never reaches the guest, so CONNECT lines go to a
+# port of their own, backed by a unix socket the daemon connects to.
+CONNECT_PORT = "vmready.connect"
+CONNECT_CHARDEV = "vmready-connect"
+CONNECT_SOCKET_NAME = "connect.sock"
+ROOT_NODE = "root"
 
 
 @attrs.frozen
@@ -102,6 +131,30 @@ def _absolute(path: str) -> str:
     return os.path.abspath(path)
 
 
+def _absolute_or_none(path: str | None) -> str | None:
+    return None if path is None else os.path.abspath(path)
+
+
+@attrs.frozen
+class GuestForward:
+    """The fallback transport: user-mode networking that reaches one host socket, nothing else.
+
+    QEMU's restricted slirp network gives the guest no route anywhere; its
+    one ``guestfwd`` rule runs ``program`` for each connection the guest opens
+    to ``FORWARD_GUEST_ADDRESS:FORWARD_GUEST_PORT``, joining it to the
+    daemon's guest API socket ``socket``.
+    """
+
+    socket: str = attrs.field(converter=_absolute)
+    mac: str
+    program: str = "socat"
+
+    def guestfwd(self) -> str:
+        """The ``guestfwd=`` value (QEMU splits its command shell-style; no shell runs it)."""
+        command = shlex.join([self.program, "-", f"UNIX-CONNECT:{self.socket}"])
+        return f"tcp:{FORWARD_GUEST_ADDRESS}:{FORWARD_GUEST_PORT}-cmd:{command}"
+
+
 @attrs.frozen
 class VMSpec:
     """What the hypervisor needs to run one instance's VM.
@@ -117,6 +170,17 @@ class VMSpec:
     run_dir: str = attrs.field(converter=_absolute)
     ring_size: int = DEFAULT_RING_SIZE
     serial_ports: tuple[SerialPort, ...] = AGENT_SERIAL_PORTS
+    accel: str = attrs.field(default="tcg", validator=attrs.validators.in_(ACCELERATORS))
+    # The directory exported read-only to the guest as 9p tag "config" (None: no drive).
+    config_drive: str | None = attrs.field(default=None, converter=_absolute_or_none)
+    # The root disk: the instance's qcow2 overlay (None: no disk).
+    disk: str | None = attrs.field(default=None, converter=_absolute_or_none)
+    kernel: str | None = None
+    initrd: str | None = None
+    append: str | None = None
+    # The guest API's transport: a vsock CID, or the restricted forward (or neither: hvsock).
+    vsock_cid: int | None = None
+    forward: GuestForward | None = None
 
     @property
     def qmp_socket(self) -> str:
@@ -133,20 +197,40 @@ class VMSpec:
         """QEMU's ``-D`` log: once daemonized, QEMU reports its errors only there."""
         return os.path.join(self.run_dir, QEMU_LOG_NAME)
 
+    @property
+    def connect_socket(self) -> str:
+        """The unix socket behind the ``vmready.connect`` port (QEMU serves it)."""
+        return os.path.join(self.run_dir, CONNECT_SOCKET_NAME)
+
+    @property
+    def console_log(self) -> str:
+        """Where the guest's serial console (ttyS0) is appended."""
+        return os.path.join(self.run_dir, CONSOLE_LOG_NAME)
+
     def device_set(self) -> dict[str, object]:
-        """What a saved VM state depends on: machine, memory, vCPUs and serial ports.
+        """What a saved VM state depends on: machine, CPU, memory, vCPUs and devices.
 
         QEMU loads a state only into the same devices (an added port fails).  The
         port names are part of it too: a renamed port would load in QEMU, but
-        the agent inside the saved guest holds the port by its old name.
+        the agent inside the saved guest holds the port by its old name.  The
+        accelerator stands for the CPU model (KVM runs ``-cpu host``).
         """
         return {
             "machine": "q35",
+            "accel": self.accel,
             "memory_mib": self.memory_mib,
             "cpus": self.cpus,
             "serial_ports": [
                 {"name": port.name, "chardev": port.chardev} for port in self.serial_ports
             ],
+            "connect_port": True,
+            "console": True,
+            "pvpanic": True,
+            "config_drive": self.config_drive is not None,
+            "disk": self.disk is not None,
+            "transport": (
+                "vsock" if self.vsock_cid is not None else "forward" if self.forward else "none"
+            ),
         }
 
     @property
@@ -175,25 +259,82 @@ def serial_arguments(ports: Sequence[SerialPort], ring_size: int) -> list[str]:
         args += ["-chardev", f"ringbuf,id={ring},size={ring_size}"]
     for port in ports:
         wiring = f"chardev={port.chardev}," if port.chardev is not None else ""
+        name = escape_option(port.name)
+        # The id makes QEMU emit VSERPORT_CHANGE when the guest opens or closes the port.
         args += [
             "-device",
-            f"virtserialport,{wiring}name={escape_option(port.name)},bus={SERIAL_BUS}.0",
+            f"virtserialport,{wiring}name={name},bus={SERIAL_BUS}.0,id={name}",
         ]
+    return args
+
+
+def device_arguments(spec: VMSpec) -> list[str]:
+    """Console log, pvpanic, config drive, transport, root disk: devices past the serial bus."""
+    args = []
+    if spec.serial_ports:
+        args += [
+            "-chardev",
+            f"socket,id={CONNECT_CHARDEV},path={escape_option(spec.connect_socket)},"
+            "server=on,wait=off",
+            "-device",
+            f"virtserialport,chardev={CONNECT_CHARDEV},name={CONNECT_PORT},"
+            f"bus={SERIAL_BUS}.0,id={CONNECT_PORT}",
+        ]
+    args += [
+        "-chardev",
+        f"file,id={CONSOLE_CHARDEV},path={escape_option(spec.console_log)},append=on",
+        "-serial",
+        f"chardev:{CONSOLE_CHARDEV}",
+        "-device",
+        "pvpanic",
+    ]
+    if spec.config_drive is not None:
+        args += [
+            "-fsdev",
+            f"local,id={CONFIG_DRIVE_TAG},path={escape_option(spec.config_drive)},"
+            "security_model=none,readonly=on",
+            "-device",
+            f"virtio-9p-pci,fsdev={CONFIG_DRIVE_TAG},mount_tag={CONFIG_DRIVE_TAG}",
+        ]
+    if spec.forward is not None:
+        args += [
+            "-netdev",
+            f"user,id={FORWARD_NETDEV},restrict=on,net={FORWARD_NETWORK},ipv6=off,"
+            f"guestfwd={escape_option(spec.forward.guestfwd())}",
+            "-device",
+            f"virtio-net-pci,netdev={FORWARD_NETDEV},mac={spec.forward.mac}",
+        ]
+    if spec.vsock_cid is not None:
+        args += ["-device", f"vhost-vsock-pci,guest-cid={spec.vsock_cid}"]
+    if spec.disk is not None:
+        args += [
+            "-blockdev",
+            f"driver=qcow2,node-name={ROOT_NODE},file.driver=file,"
+            f"file.filename={escape_option(spec.disk)}",
+            "-device",
+            f"virtio-blk-pci,drive={ROOT_NODE}",
+        ]
+    if spec.kernel is not None:
+        args += ["-kernel", spec.kernel]
+        if spec.initrd is not None:
+            args += ["-initrd", spec.initrd]
+        if spec.append is not None:
+            args += ["-append", spec.append]
     return args
 
 
 def build_command_line(
     spec: VMSpec,
     program: Sequence[str],
-    accelerators: Sequence[str],
     paused: bool = False,
     incoming: str | None = None,
 ) -> list[str]:
     """The full argv that starts ``spec``'s VM daemonized (``-S``: paused; restoring ``incoming``).
 
-    Each accelerator gets its own ``-accel``; QEMU tries them in order.  No
-    ``-uuid``: fakeqemu does not accept it, and the spec's uuid identifies the
-    instance to vmready, not to the guest.
+    One ``-accel``, the spec's: vmready chooses it (and falls back from KVM to
+    TCG itself, saying so) rather than letting QEMU try a list in silence.
+    KVM runs the host's CPU model.  No ``-uuid``: fakeqemu does not accept
+    it, and the spec's uuid identifies the instance to vmready, not to the guest.
     """
     if not program:
         raise ValueError("the hypervisor program is empty")
@@ -203,9 +344,11 @@ def build_command_line(
         f"guest={escape_option(spec.name)}",
         "-machine",
         "q35",
+        "-accel",
+        spec.accel,
     ]
-    for accelerator in accelerators:
-        args += ["-accel", accelerator]
+    if spec.accel == "kvm":
+        args += ["-cpu", "host"]
     args += [
         "-nodefaults",
         "-display",
@@ -217,6 +360,7 @@ def build_command_line(
         "-qmp",
         f"{qmp_address(spec.qmp_socket)},server=on,wait=off",
         *serial_arguments(spec.serial_ports, spec.ring_size),
+        *device_arguments(spec),
         "-daemonize",
         "-pidfile",
         spec.pidfile,

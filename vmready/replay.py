@@ -36,14 +36,15 @@ from typing import Any
 import attrs
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
+from twisted.python.failure import Failure
 from twisted.web.client import readBody
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IRequest, IResponse
 
 from fakeqemu._ringbuf import RingBuffer
 from fakeqemu.testing import FakeGuest, InMemoryVM
-from vmready.agent.host import BytesProducer
 from vmready.agentlink import PollIntervals
+from vmready.bootsource import BOOT_KEYS
 from vmready.events import LIFECYCLE, Event, EventBus
 from vmready.guestapi import GuestAPI
 from vmready.hypervisor import RunningVM, VMSpec
@@ -73,6 +74,7 @@ from vmready.transcript import (
     read_transcript,
     redact_json,
 )
+from vmready.web import BytesProducer
 
 __all__ = [
     "Divergence",
@@ -276,7 +278,7 @@ class ReplayDriver:
         self, spec: VMSpec, paused: bool = False, incoming: str | None = None
     ) -> RunningVM:
         """Start ``spec``'s VM in memory."""
-        argv = build_command_line(spec, ["fakeqemu"], ["tcg"], paused, incoming)[1:]
+        argv = build_command_line(spec, ["fakeqemu"], paused, incoming)[1:]
         vm = InMemoryVM(argv, self.session.clock)
         self.machines[spec.name] = vm
         self.session.vm_started(spec, vm)
@@ -472,15 +474,30 @@ class ReplaySession:
                 f"the recorded config answers cannot be replayed: {e}"
             ) from None
 
+    def _create(self, lifecycle: Lifecycle, instance_uuid: str | None) -> None:
+        """Create the instance on the fresh core; its boot source is not replayed.
+
+        The replayed VM boots nothing (it runs in memory), so the recorded
+        image and kernel need not exist here: without them nothing in
+        ``create`` waits, and the operation starts at once.
+        """
+        config = {key: value for key, value in self.config.items() if key not in BOOT_KEYS}
+        failed: list[Failure] = []
+        Deferred.fromCoroutine(lifecycle.create(self.name, config, instance_uuid)).addErrback(
+            failed.append
+        )
+        if failed:
+            failed[0].raiseException()
+
     def _start(self) -> None:
         if self.side == "agent":
             port = self._first_agent_port()
-            self._build_core(port).create(self.name, self.config, self.uuid)
+            self._create(self._build_core(port), self.uuid)
             return
         port = int(self.header.get("host_port") or 0)
         instance_uuid = self.uuid
         if self.header.get("origin", "create") == "create":
-            self._build_core(port).create(self.name, self.config, instance_uuid)
+            self._create(self._build_core(port), instance_uuid)
             return
         # A session that began with a running VM (recorded from a daemon start): boot it
         # unrecorded, then let a fresh core adopt it as a starting daemon does.

@@ -3,7 +3,8 @@
 The in-guest agent writes status lines (``STARTED``, ``CONNECTED``,
 ``STOPPED``) to a virtio serial port wired to a QEMU ring buffer; the host
 drains the buffer with ``ringbuf-read`` and writes ``CONNECT <cid>:<port>``
-back with ``ringbuf-write``.  Because QEMU appends the host's writes to the
+(vsock) or ``CONNECT tcp:<ipv4>:<port>`` (the fallback transport) back with
+``ringbuf-write``.  Because QEMU appends the host's writes to the
 same buffer, the host reads its own ``CONNECT`` lines back, and because QEMU
 overwrites the oldest bytes when the buffer is full, the first line of a full
 read may be the tail of a longer line.
@@ -11,14 +12,18 @@ read may be the tail of a longer line.
 ``RingBufferReader.feed`` takes each drained chunk (raw bytes: read with
 ``format: base64`` so no byte is lost to UTF-8 replacement) and returns what it
 found, in order.  The agent status is the last complete status line.
+
+The agent bundles this module (``vmready.agentbundle``): standard library only,
+and Python 3.9 syntax.
 """
 
 from __future__ import annotations
 
 import enum
+import ipaddress
 import re
-
-import attrs
+from dataclasses import dataclass
+from typing import Union
 
 __all__ = [
     "MAX_LINE_BYTES",
@@ -30,13 +35,20 @@ __all__ = [
     "Record",
     "RingBufferReader",
     "StatusLine",
+    "TcpHostEcho",
     "UndecodableLine",
+    "connect_line_problem",
     "format_connect",
+    "format_tcp_connect",
     "parse_connect",
+    "parse_connect_line",
+    "parse_tcp_connect",
 ]
 
 MAX_LINE_BYTES = 256
 _CONNECT = re.compile(r"CONNECT (\d{1,10}):(\d{1,10})")
+_TCP_CONNECT = re.compile(r"CONNECT tcp:([0-9.]{1,15}):(\d{1,10})")
+_U32 = 2**32
 
 
 class AgentStatus(enum.Enum):
@@ -55,57 +67,75 @@ _STATUS_WORDS = {
 }
 
 
-@attrs.frozen
+@dataclass(frozen=True)
 class StatusLine:
     """A complete status line from the agent."""
 
     status: AgentStatus
 
 
-@attrs.frozen
+@dataclass(frozen=True)
 class HostEcho:
-    """The host's own ``CONNECT`` line, read back from the shared buffer."""
+    """The host's own ``CONNECT <cid>:<port>`` line, read back from the shared buffer."""
 
     cid: int
     port: int
 
 
-@attrs.frozen
+@dataclass(frozen=True)
+class TcpHostEcho:
+    """The host's own ``CONNECT tcp:<ipv4>:<port>`` line, read back from the shared buffer."""
+
+    host: str
+    port: int
+
+
+@dataclass(frozen=True)
 class Noise:
     """A complete line that is neither a status nor the host's echo."""
 
     text: str
 
 
-@attrs.frozen
+@dataclass(frozen=True)
 class DiscardedFragment:
     """The head of a read that overflowed: the tail of a line whose start was lost."""
 
     data: bytes
 
 
-@attrs.frozen
+@dataclass(frozen=True)
 class OverlongLine:
     """A line longer than MAX_LINE_BYTES, dropped; ``length`` counts the bytes seen."""
 
     length: int
 
 
-@attrs.frozen
+@dataclass(frozen=True)
 class UndecodableLine:
     """A complete line that is not UTF-8."""
 
     data: bytes
 
 
-Record = StatusLine | HostEcho | Noise | DiscardedFragment | OverlongLine | UndecodableLine
+Record = Union[
+    StatusLine, HostEcho, TcpHostEcho, Noise, DiscardedFragment, OverlongLine, UndecodableLine
+]
 
 
 def format_connect(cid: int, port: int) -> bytes:
-    """The line the host writes to tell the agent where to dial."""
-    if not (0 <= cid < 2**32 and 0 <= port < 2**32):
+    """The line the host writes to tell the agent where to dial (vsock)."""
+    if not (0 <= cid < _U32 and 0 <= port < _U32):
         raise ValueError(f"vsock address out of range: {cid}:{port}")
     return f"CONNECT {cid}:{port}\n".encode("ascii")
+
+
+def format_tcp_connect(host: str, port: int) -> bytes:
+    """The line that tells an agent on the fallback transport to dial TCP ``host:port``."""
+    _check_ipv4(host)
+    if not 0 < port < 65536:
+        raise ValueError(f"TCP port out of range: {port}")
+    return f"CONNECT tcp:{host}:{port}\n".encode("ascii")
 
 
 def parse_connect(line: str) -> tuple[int, int]:
@@ -114,9 +144,60 @@ def parse_connect(line: str) -> tuple[int, int]:
     if match is None:
         raise ValueError(f"not a CONNECT line: {line[:80]!r}")
     cid, port = int(match.group(1)), int(match.group(2))
-    if cid >= 2**32 or port >= 2**32:
+    if cid >= _U32 or port >= _U32:
         raise ValueError(f"vsock address out of range: {line[:80]!r}")
     return cid, port
+
+
+def parse_tcp_connect(line: str) -> tuple[str, int]:
+    """``CONNECT tcp:<ipv4>:<port>`` → (host, port); ValueError saying what is wrong."""
+    text = line.strip()
+    match = _TCP_CONNECT.fullmatch(text)
+    if match is None:
+        raise ValueError(f"not a 'CONNECT tcp:<ipv4>:<port>' line: {text[:80]!r}")
+    host, port = match.group(1), int(match.group(2))
+    _check_ipv4(host)
+    if not 0 < port < 65536:
+        raise ValueError(f"TCP port {port} is out of range (1-65535)")
+    return host, port
+
+
+def _check_ipv4(host: str) -> None:
+    """ValueError unless ``host`` is a dotted-quad IPv4 address in its canonical form."""
+    try:
+        canonical = str(ipaddress.IPv4Address(host))
+    except ValueError:
+        canonical = ""
+    if canonical != host:  # also refuses leading zeros, which old Pythons read as octal
+        raise ValueError(f"{host[:40]!r} is not an IPv4 address")
+
+
+def parse_connect_line(line: str) -> HostEcho | TcpHostEcho:
+    """Either form of ``CONNECT``, as a record; ValueError saying precisely what is wrong."""
+    text = line.strip()
+    if text.startswith("CONNECT tcp:"):
+        host, port = parse_tcp_connect(text)
+        return TcpHostEcho(host, port)
+    match = _CONNECT.fullmatch(text)
+    if match is None:
+        raise ValueError(
+            f"{text[:80]!r} is neither 'CONNECT <cid>:<port>' nor 'CONNECT tcp:<ipv4>:<port>'"
+        )
+    cid, port = int(match.group(1)), int(match.group(2))
+    if cid >= _U32:
+        raise ValueError(f"vsock cid {cid} is out of range (0-{_U32 - 1})")
+    if port >= _U32:
+        raise ValueError(f"vsock port {port} is out of range (0-{_U32 - 1})")
+    return HostEcho(cid, port)
+
+
+def connect_line_problem(line: str) -> str:
+    """Why a line that starts with ``CONNECT`` is not a valid one ("" if it is valid)."""
+    try:
+        parse_connect_line(line)
+    except ValueError as e:
+        return str(e)
+    return ""
 
 
 class RingBufferReader:
@@ -183,8 +264,7 @@ class RingBufferReader:
             return StatusLine(status)
         if text.startswith("CONNECT "):
             try:
-                cid, port = parse_connect(text)
+                return parse_connect_line(text)
             except ValueError:
                 return Noise(text)
-            return HostEcho(cid, port)
         return Noise(text)

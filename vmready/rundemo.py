@@ -16,15 +16,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 
-from vmready.lifecycle import AGENT_CONFIG, CONFIG_DRIVE, run_dir_name
+from vmready.configdrive import AGENT_CONFIG, AGENT_ZIPAPP
+from vmready.lifecycle import CONFIG_DRIVE, run_dir_name
 
 DEMO = "demo"
 START_TIMEOUT = 60.0
+# A real guest boots under TCG where KVM does not run guests: give it time.
+REAL_READY_TIMEOUT = 180
 AGENT_PIDFILE = "agent.pid"
 
 
@@ -81,8 +85,10 @@ def ensure_agent(data_dir: str, instance: dict[str, object]) -> str:
         print(f"vmready: the demo's agent (process {pid}) is still running in its guest")
         return str(settings["devlxd_socket"])
     log = os.path.join(guest_root, "agent.log")
-    command = [sys.executable, "-m", "vmready.agent.main", "--config-drive", drive]
-    print(f"vmready: starting the guest agent: vmready-agent --config-drive {drive}")
+    # As a guest runs it: the zipapp from its config drive, without the host's site-packages.
+    zipapp = os.path.join(drive, AGENT_ZIPAPP)
+    command = [sys.executable, "-S", "-I", zipapp, "--config-drive", drive]
+    print(f"vmready: starting the guest agent: python3 -S -I {zipapp} --config-drive {drive}")
     print(f"vmready: its log is {log}")
     with open(log, "ab") as output:
         agent = subprocess.Popen(
@@ -110,6 +116,73 @@ def declare_ready(devlxd_socket: str) -> None:
         raise SystemExit(f"vmready-agent notify ready failed with status {result.returncode}")
 
 
+# What the real-QEMU demo needs on the host, by Debian package.
+HOST_PACKAGES = {
+    "qemu-system-x86_64": "qemu-system-x86",
+    "qemu-img": "qemu-utils",
+    "socat": "socat",
+    "mmdebstrap": "mmdebstrap",
+    "busybox": "busybox-static",
+}
+# The demo guest's workload: once its agent serves /dev/lxd/sock, it declares Ready.
+DEMO_WORKLOAD = """#!/bin/sh
+# The demo's workload (cloud-init.user-data): declare Ready once the agent links.
+for attempt in $(seq 1 240); do
+    if vmready-agent notify ready --timeout 5; then
+        echo "demo workload: declared Ready (attempt $attempt)"
+        exit 0
+    fi
+    sleep 0.5
+done
+echo "demo workload: the agent never took Ready" >&2
+exit 1
+"""
+
+
+def ensure_host_packages() -> None:
+    """Install what real QEMU guests need (as root, with apt-get), or say exactly what to run."""
+    missing = sorted({pkg for tool, pkg in HOST_PACKAGES.items() if shutil.which(tool) is None})
+    if not missing:
+        return
+    command = ["apt-get", "install", "-y", "--no-install-recommends", *missing]
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        raise SystemExit(
+            f"vmready: real guests need {', '.join(missing)}; install them with: "
+            f"sudo {' '.join(command)}"
+        )
+    print(f"vmready: installing {' '.join(missing)} (apt-get)", flush=True)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for step in (["apt-get", "update", "-qq"], command):
+        if subprocess.run(step, env=env, check=False).returncode != 0:
+            raise SystemExit(f"vmready: {' '.join(step)} failed")
+
+
+def launch_real_demo(socket_path: str, data_dir: str) -> None:
+    """Build (or reuse) the demo guest and launch ``demo`` from it, its workload included."""
+    from vmready.guestimage import ensure_guest
+
+    guest = ensure_guest(os.path.join(data_dir, "images"), log=print)
+    cli(
+        socket_path,
+        "launch",
+        DEMO,
+        "--memory",
+        "512",
+        "--cpus",
+        "2",
+        "--image",
+        guest.image,
+        "--kernel",
+        guest.vmlinux or guest.kernel,
+        "--initrd",
+        guest.initrd,
+        "--append",
+        guest.append,
+        "-c",
+        f"cloud-init.user-data={DEMO_WORKLOAD}",
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``python -m vmready.rundemo``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
@@ -119,6 +192,10 @@ def main(argv: list[str] | None = None) -> None:
         "--exit", action="store_true", help="stop the daemon once the demo is READY (and listed)"
     )
     args = parser.parse_args(argv)
+    real = args.hypervisor == "qemu"
+    if real:
+        ensure_host_packages()
+    started = time.monotonic()
     socket_path = os.path.join(args.data_dir, "vmready.sock")
     twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
     os.makedirs(args.data_dir, exist_ok=True)
@@ -137,22 +214,44 @@ def main(argv: list[str] | None = None) -> None:
                 cli(socket_path, "start", DEMO)
             else:
                 print(f"vmready: instance {DEMO} is {status}: its VM outlived the last daemon")
+        elif real:
+            launch_real_demo(socket_path, args.data_dir)
         else:
             cli(socket_path, "launch", DEMO, "--memory", "256", "--cpus", "1")
-        cli(socket_path, "wait", DEMO, "status=running", "--timeout", "60")
-        instance = json.loads(
-            cli(socket_path, "info", DEMO, "--format", "json", quiet=True).stdout
-        )
-        devlxd_socket = ensure_agent(args.data_dir, instance)
-        cli(socket_path, "wait", DEMO, "agent", "--timeout", "60")
-        again = cli(
-            socket_path, "wait", DEMO, "status=ready", "--timeout", "3", check=False, quiet=True
-        )
-        if again.returncode == 0:
-            print(f"vmready: {DEMO} is READY again: its agent re-reported Ready by itself")
+        cli(socket_path, "wait", DEMO, "status=running", "--timeout", "120")
+        if real:
+            # The guest boots, its loader starts the agent, its workload declares Ready.
+            cli(socket_path, "wait", DEMO, "agent", "--timeout", str(REAL_READY_TIMEOUT))
+            cli(socket_path, "wait", DEMO, "status=ready", "--timeout", str(REAL_READY_TIMEOUT))
+            instance = json.loads(
+                cli(socket_path, "info", DEMO, "--format", "json", quiet=True).stdout
+            )
+            accel = (instance.get("boot") or {}).get("accel") or {}
+            print(
+                f"vmready: {DEMO} is READY {time.monotonic() - started:.1f}s after the daemon "
+                f"started, under {str(accel.get('current')).upper()} ({accel.get('reason')})"
+            )
         else:
-            declare_ready(devlxd_socket)
-            cli(socket_path, "wait", DEMO, "status=ready", "--timeout", "60")
+            instance = json.loads(
+                cli(socket_path, "info", DEMO, "--format", "json", quiet=True).stdout
+            )
+            devlxd_socket = ensure_agent(args.data_dir, instance)
+            cli(socket_path, "wait", DEMO, "agent", "--timeout", "60")
+            again = cli(
+                socket_path,
+                "wait",
+                DEMO,
+                "status=ready",
+                "--timeout",
+                "3",
+                check=False,
+                quiet=True,
+            )
+            if again.returncode == 0:
+                print(f"vmready: {DEMO} is READY again: its agent re-reported Ready by itself")
+            else:
+                declare_ready(devlxd_socket)
+                cli(socket_path, "wait", DEMO, "status=ready", "--timeout", "60")
         cli(socket_path, "list")
         if args.exit:
             return

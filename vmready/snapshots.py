@@ -95,4 +95,31 @@ def state_mismatch(recorded: dict[str, Any], now: dict[str, Any]) -> str | None:
             differences.append(f"{label} {recorded.get(key)} then, {now.get(key)} now")
     if recorded.get("serial_ports") != now.get("serial_ports"):
         differences.append(f"serial ports [{_ports(recorded)}] then, [{_ports(now)}] now")
+    for key, label in _DEVICES:
+        then, current = recorded.get(key), now.get(key)
+        if then != current:
+            differences.append(f"{label} {_device_state(then)} then, {_device_state(current)} now")
     return "; ".join(differences) or None
+
+
+# Devices past the serial bus, as VMSpec.device_set names them.  A state saved by a
+# vmready that did not record one has None for it, and loads into nothing newer.
+_DEVICES = (
+    ("accel", "accelerator"),
+    ("connect_port", "vmready.connect port"),
+    ("console", "serial console"),
+    ("pvpanic", "pvpanic device"),
+    ("config_drive", "config drive"),
+    ("disk", "root disk"),
+    ("transport", "guest API transport"),
+)
+
+
+def _device_state(value: Any) -> str:
+    if value is None:
+        return "not recorded"
+    if value is True:
+        return "present"
+    if value is False:
+        return "absent"
+    return str(value)

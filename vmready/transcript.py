@@ -12,6 +12,9 @@ and in JSON bodies and config the value of any field whose name looks like a
 secret (key, token, password, secret, authorization, cert, user-data,
 vendor-data…) becomes ``[REDACTED]``, as does the value of such a config key
 read over the guest API.
+
+The agent bundles this module (``vmready.agentbundle``) for ``--record``:
+standard library only, and Python 3.9 syntax.
 """
 
 from __future__ import annotations
@@ -24,9 +27,8 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import IO, Any
-
-import attrs
 
 import vmready
 
@@ -273,7 +275,7 @@ def body_from_fields(fields: dict[str, Any]) -> bytes:
 
 
 def _rfc3339(epoch: float) -> str:
-    stamp = datetime.datetime.fromtimestamp(epoch, tz=datetime.UTC)
+    stamp = datetime.datetime.fromtimestamp(epoch, tz=datetime.timezone.utc)
     return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
@@ -425,7 +427,7 @@ class TranscriptWriter:
 # -- reading ------------------------------------------------------------------
 
 
-@attrs.frozen
+@dataclass(frozen=True)
 class Entry:
     """One record: where it was in the file, when, what."""
 
@@ -435,7 +437,7 @@ class Entry:
     fields: dict[str, Any]
 
 
-@attrs.frozen
+@dataclass(frozen=True)
 class Transcript:
     """A validated transcript: its header and its records in file order."""
 
@@ -515,7 +517,7 @@ def _check_entry(source: str, number: int, side: str, value: Any) -> Entry:
     if not isinstance(value, dict):
         raise TranscriptError(source, number, "a record must be a JSON object")
     t = value.get("t")
-    if not isinstance(t, int | float) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
+    if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
         raise TranscriptError(source, number, f'"t" must be seconds (0 or more), got {t!r}')
     kind = value.get("kind")
     if kind not in _SIDES[side]:

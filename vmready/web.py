@@ -13,13 +13,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from twisted.web.iweb import IRequest
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IConsumer
+from twisted.web.iweb import IBodyProducer, IRequest
 from twisted.web.resource import IResource
 from twisted.web.server import Request, Site
+from zope.interface import implementer
 
 from vmready.states import StatusCode
 
-__all__ = ["LocalRequest", "json_response", "local_site", "sync_response"]
+__all__ = ["BytesProducer", "LocalRequest", "json_response", "local_site", "sync_response"]
 
 
 class LocalRequest(Request):
@@ -60,3 +63,25 @@ def sync_response(request: IRequest, metadata: Any) -> bytes:
             "metadata": metadata,
         },
     )
+
+
+@implementer(IBodyProducer)
+class BytesProducer:
+    """A request body already in memory, written in one go (no cooperator, no reactor)."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.length = len(body)
+
+    def startProducing(self, consumer: IConsumer) -> Deferred[None]:
+        consumer.write(self.body)
+        return succeed(None)
+
+    def pauseProducing(self) -> None:
+        """Nothing to pause: the whole body was written at once."""
+
+    def resumeProducing(self) -> None:
+        """Nothing to resume: the whole body was written at once."""
+
+    def stopProducing(self) -> None:
+        """Nothing to stop: the whole body was written at once."""

@@ -1,6 +1,6 @@
 """The conformance checks against a fakeqemu process."""
 
-from tests.conformance import checks
+from tests.conformance import checks, device_checks
 from tests.conformance.support import FAKEQEMU
 
 
@@ -42,5 +42,41 @@ class FakeQemuIncomingWait(checks.IncomingWaitChecks):
 
 class FakeQemuGuest(checks.GuestChecks):
     """Guest checks: fakeqemu only, since real QEMU needs a booted guest OS to open a port."""
+
+    backend = FAKEQEMU
+
+
+class FakeQemuContractLine(device_checks.ContractLineChecks):
+    """The issue 11 command line and its devices on fakeqemu."""
+
+    backend = FAKEQEMU
+
+
+class FakeQemuDeviceRefusals(device_checks.DeviceRefusalChecks):
+    """The new options' refusals on fakeqemu."""
+
+    backend = FAKEQEMU
+
+
+class FakeQemuDeviceLogfile(device_checks.DeviceLogfileChecks):
+    """Where the new options' refusals go with -daemonize -D, on fakeqemu."""
+
+    backend = FAKEQEMU
+
+
+class FakeQemuDeviceMigration(device_checks.DeviceMigrationChecks):
+    """Restoring a VM with the contract's devices, on fakeqemu."""
+
+    backend = FAKEQEMU
+
+
+class FakeQemuDeviceGuest(device_checks.DeviceGuestChecks):
+    """Guest-side device checks: fakeqemu only, since real QEMU needs a booted guest OS."""
+
+    backend = FAKEQEMU
+
+
+class FakeQemuSocketChardev(checks.SocketChardevChecks):
+    """Socket chardev checks on fakeqemu."""
 
     backend = FAKEQEMU

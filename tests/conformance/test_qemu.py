@@ -4,7 +4,7 @@ They skip where QEMU is not installed, unless VMREADY_REQUIRE_QEMU=1 (as CI
 sets it), which turns the skip into a failure.
 """
 
-from tests.conformance import checks
+from tests.conformance import checks, device_checks
 from tests.conformance.support import REAL_QEMU
 
 
@@ -40,5 +40,35 @@ class QemuLogfile(checks.LogfileChecks):
 
 class QemuIncomingWait(checks.IncomingWaitChecks):
     """Awaited-stream checks on real QEMU."""
+
+    backend = REAL_QEMU
+
+
+class QemuContractLine(device_checks.ContractLineChecks):
+    """The issue 11 command line and its devices on real QEMU."""
+
+    backend = REAL_QEMU
+
+
+class QemuDeviceRefusals(device_checks.DeviceRefusalChecks):
+    """The new options' refusals on real QEMU."""
+
+    backend = REAL_QEMU
+
+
+class QemuDeviceLogfile(device_checks.DeviceLogfileChecks):
+    """Where the new options' refusals go with -daemonize -D, on real QEMU."""
+
+    backend = REAL_QEMU
+
+
+class QemuDeviceMigration(device_checks.DeviceMigrationChecks):
+    """Restoring a VM with the contract's devices, on real QEMU."""
+
+    backend = REAL_QEMU
+
+
+class QemuSocketChardev(checks.SocketChardevChecks):
+    """Socket chardev checks on real QEMU."""
 
     backend = REAL_QEMU

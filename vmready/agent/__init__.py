@@ -1,24 +1,43 @@
 """The in-guest vmready agent: serial handshake with the host, and the guest API socket.
 
-``vmready-agent`` (``vmready.agent.main``) or ``twistd vmready-agent``
-(``vmready.agent.tap``) runs it.  One module per concern: ``core`` (the
-handshake rules, without I/O), ``serial`` (the virtio port), ``host`` (mutual
-TLS to the host's guest API), ``proxy`` (the devlxd socket), ``memory`` (the
-workload's Ready for this boot), ``config`` (config drive and options),
-``service`` (all of them wired together), ``notify`` (the ``notify`` command)
-and ``testing`` (a fake host and a fake serial peer for tests).
+``vmready-agent`` (``vmready.agent.main``) runs it, as an installed command,
+as ``python -m vmready.agent.main``, or from the zipapp that
+``vmready.agentbundle`` builds for real guests.  Standard library only, and
+Python 3.9 syntax: the same code runs as a host process for fakeqemu guests
+and inside a stock guest whose only Python is its own ``python3``.
+
+One module per concern: ``core`` (the handshake rules, without I/O),
+``serial`` (finding and keeping the virtio port), ``host`` (mutual TLS to the
+host's guest API), ``tls`` (the pinned TLS context), ``network`` (the fallback
+transport's NIC), ``httpwire`` (the HTTP/1.1 codec both ends use), ``proxy``
+(the devlxd socket), ``memory`` (the workload's Ready for this boot),
+``recording`` (``--record``), ``config`` (config drive and options),
+``minimum`` (the interpreter it needs, checked first),
+``service`` (all of them wired together on asyncio), ``notify`` (the
+``notify`` command) and ``main`` (the command line).
 """
 
-from vmready.agent.config import AgentConfig, ConfigError, load_config
-from vmready.agent.core import AgentCore, HostAddress
-from vmready.agent.service import AgentService, build_agent
+import logging
+
+from vmready.agent.minimum import require_supported_python
+
+require_supported_python()  # before anything that needs a newer Python, or ssl
+
+from vmready.agent.config import AgentConfig, ConfigError, load_config  # noqa: E402
+from vmready.agent.core import AgentCore, HostAddress, TcpAddress, VsockAddress  # noqa: E402
+from vmready.agent.service import Agent, build_agent  # noqa: E402
+
+# A library's manners: nothing printed unless the program (main) configures logging.
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
+    "Agent",
     "AgentConfig",
     "AgentCore",
-    "AgentService",
     "ConfigError",
     "HostAddress",
+    "TcpAddress",
+    "VsockAddress",
     "build_agent",
     "load_config",
 ]

@@ -4,9 +4,12 @@ The host writes a config drive for every instance, a directory holding:
 
 - ``agent.crt``, ``agent.key``: the instance's client certificate and key;
 - ``server.crt``: the daemon's certificate, the only one the agent accepts;
-- ``agent.json`` (optional): ``instance``, ``virtio_ports``, ``transport``,
-  ``devlxd_socket``, ``state_dir``; every key optional; relative paths are
-  relative to the drive.
+- ``agent.json`` (optional): ``instance``, ``port`` (the serial port name the
+  host wired), ``transport``, ``network_mac`` and ``network_address`` (the
+  fallback transport's NIC), and for fakeqemu guests ``virtio_ports``,
+  ``devlxd_socket``, ``state_dir`` and ``tcp_sockets``; every key optional;
+  relative paths are relative to the drive; unknown keys are ignored with a
+  warning.
 
 A command-line option wins over ``agent.json``, which wins over the defaults
 for a real guest below.
@@ -15,17 +18,22 @@ for a real guest below.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-import attrs
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-from twisted.logger import Logger
-
-from vmready.certs import CertificatePair
+from vmready.agent.connectport import CONNECT_PORT_NAME
+from vmready.agent.network import DEFAULT_SYSFS_NET, NetworkPlan, parse_network
+from vmready.agent.serial import (
+    DEFAULT_DEV,
+    DEFAULT_SYSFS_PORTS,
+    DEFAULT_VIRTIO_PORTS,
+    port_names,
+)
+from vmready.agent.tls import KeyMismatch, TLSConfigError, check_certificate, client_context
 
 __all__ = [
     "DEFAULT_CONFIG_DRIVE",
@@ -42,7 +50,6 @@ __all__ = [
 ]
 
 DEFAULT_CONFIG_DRIVE = "/var/lib/vmready-agent/config"
-DEFAULT_VIRTIO_PORTS = "/dev/virtio-ports"
 DEFAULT_TRANSPORT = "vsock"
 DEFAULT_SOCKET = "/dev/lxd/sock"
 DEFAULT_STATE_DIR = "/run/vmready-agent"
@@ -53,26 +60,31 @@ CLIENT_CERT = "agent.crt"
 CLIENT_KEY = "agent.key"
 SERVER_CERT = "server.crt"
 SETTINGS = "agent.json"
-# agent.json key → option name
+# agent.json key → option name (the command line's, or an internal one)
 _DRIVE_KEYS = {
     "instance": "instance",
+    "port": "port",
+    "connect_port": "connect-port",
     "virtio_ports": "virtio-ports",
     "transport": "transport",
     "devlxd_socket": "socket",
     "state_dir": "state-dir",
+    "tcp_sockets": "tcp-sockets",
+    "network_mac": "network-mac",
+    "network_address": "network-address",
 }
-_PATH_KEYS = ("virtio_ports", "devlxd_socket", "state_dir")
+_PATH_KEYS = ("virtio_ports", "devlxd_socket", "state_dir", "tcp_sockets")
 
-log = Logger()
+log = logging.getLogger(__name__)
 
 
 class ConfigError(Exception):
     """The configuration cannot work; the message is one line for the operator."""
 
 
-@attrs.frozen
+@dataclass(frozen=True)
 class Transport:
-    """How to reach the host: real vsock, or hybrid vsock (unix sockets ``<path>_<port>``)."""
+    """How to reach a vsock address: real vsock, or hybrid vsock (unix ``<path>_<port>``)."""
 
     kind: str  # "vsock" or "hvsock"
     path: str = ""
@@ -91,26 +103,38 @@ def parse_transport(text: str) -> Transport:
     raise ConfigError(f"transport {text!r} is neither 'vsock' nor 'hvsock:<path>'")
 
 
-@attrs.frozen
+@dataclass(frozen=True)
 class AgentConfig:
-    """Everything the agent service is built from."""
+    """Everything the agent is built from."""
 
-    identity: CertificatePair
+    client_cert: str  # paths: ssl loads the pair from files
+    client_key: str
     server_cert_pem: bytes
     transport: Transport
     socket: str = DEFAULT_SOCKET
     state_dir: str = DEFAULT_STATE_DIR
     virtio_ports: str = DEFAULT_VIRTIO_PORTS
+    # Where to look a port's name up without udev; None: only in virtio_ports (fakeqemu).
+    virtio_sysfs: str | None = DEFAULT_SYSFS_PORTS
+    dev_dir: str = DEFAULT_DEV
+    # The port names to try, in order: the one the host wired first.
+    ports: tuple[str, ...] = port_names(None)
+    # The port the host writes its CONNECT lines to.
+    connect_port: str = CONNECT_PORT_NAME
     serial: str | None = None
     heartbeat: float = DEFAULT_HEARTBEAT
     retries: int = DEFAULT_RETRIES
     instance: str | None = None
     # ``--record FILE``: write the agent's side of the session there (a transcript).
     record: str | None = None
+    # fakeqemu guests: the unix sockets standing for the guest's TCP addresses.
+    tcp_sockets: str | None = None
+    # The fallback transport's NIC, configured before a tcp: dial.
+    network: NetworkPlan | None = None
+    sysfs_net: str = DEFAULT_SYSFS_NET
 
 
-def _read(drive: str, name: str) -> bytes:
-    path = os.path.join(drive, name)
+def _read(path: str) -> bytes:
     try:
         with open(path, "rb") as f:
             return f.read()
@@ -118,36 +142,22 @@ def _read(drive: str, name: str) -> bytes:
         raise ConfigError(f"cannot read {path}: {e.strerror or e}") from None
 
 
-def _certificate(drive: str, name: str) -> bytes:
-    pem = _read(drive, name)
+def _check_identity(drive: str) -> tuple[str, str, bytes]:
+    """The client pair's paths and the server certificate, checked with ssl itself."""
+    cert, key, server = (os.path.join(drive, n) for n in (CLIENT_CERT, CLIENT_KEY, SERVER_CERT))
+    _read(key)  # a missing or unreadable key says so first
     try:
-        x509.load_pem_x509_certificate(pem)
-    except ValueError:
-        raise ConfigError(f"{os.path.join(drive, name)} is not a PEM certificate") from None
-    return pem
-
-
-def _public_der(key: Any) -> bytes:
-    der: bytes = key.public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
-    return der
-
-
-def _identity(drive: str) -> CertificatePair:
-    cert_pem = _certificate(drive, CLIENT_CERT)
-    key_pem = _read(drive, CLIENT_KEY)
-    try:
-        key = serialization.load_pem_private_key(key_pem, password=None)
-    except (ValueError, TypeError):
-        raise ConfigError(
-            f"{os.path.join(drive, CLIENT_KEY)} is not an unencrypted PEM private key"
-        ) from None
-    if _public_der(key.public_key()) != _public_der(
-        x509.load_pem_x509_certificate(cert_pem).public_key()
-    ):
-        raise ConfigError(f"{CLIENT_KEY} does not belong to {CLIENT_CERT} in {drive}")
-    return CertificatePair(cert_pem, key_pem)
+        check_certificate(_read(cert), cert)
+        server_pem = _read(server)
+        check_certificate(server_pem, server)
+        client_context(cert, key, server_pem, server)
+    except KeyMismatch:
+        raise ConfigError(f"{CLIENT_KEY} does not belong to {CLIENT_CERT} in {drive}") from None
+    except TLSConfigError as e:
+        raise ConfigError(str(e)) from None
+    except OSError as e:
+        raise ConfigError(f"cannot read {e.filename}: {e.strerror or e}") from None
+    return cert, key, server_pem
 
 
 def _settings(drive: str) -> dict[str, Any]:
@@ -156,7 +166,7 @@ def _settings(drive: str) -> dict[str, Any]:
     if not os.path.exists(path):
         return {}
     try:
-        raw = json.loads(_read(drive, SETTINGS))
+        raw = json.loads(_read(path))
     except ValueError as e:
         raise ConfigError(f"{path} is not valid JSON: {e}") from None
     if not isinstance(raw, dict):
@@ -165,7 +175,7 @@ def _settings(drive: str) -> dict[str, Any]:
     for key, value in raw.items():
         option = _DRIVE_KEYS.get(key)
         if option is None:
-            log.warn("ignoring unknown key {key!r} in {path}", key=key, path=path)
+            log.warning("ignoring unknown key %r in %s", key, path)
             continue
         if not isinstance(value, str) or not value:
             raise ConfigError(f"{path}: {key} must be a non-empty string")
@@ -197,29 +207,57 @@ def parse_count(value: Any, name: str) -> int:
     return count
 
 
+def _network(merged: Mapping[str, Any], drive: str) -> NetworkPlan | None:
+    mac, address = merged.get("network-mac"), merged.get("network-address")
+    if mac is None and address is None:
+        return None
+    if mac is None or address is None:
+        raise ConfigError(
+            f"{os.path.join(drive, SETTINGS)}: network_mac and network_address go together"
+        )
+    try:
+        return parse_network(mac, address)
+    except ValueError as e:
+        raise ConfigError(f"{os.path.join(drive, SETTINGS)}: {e}") from None
+
+
+def _port(name: str | None, drive: str) -> tuple[str, ...]:
+    if name is not None and ("/" in name or name in (".", "..")):
+        raise ConfigError(f"{os.path.join(drive, SETTINGS)}: port {name!r} is not a port name")
+    return port_names(name)
+
+
 def load_config(options: Mapping[str, Any]) -> AgentConfig:
     """Read the config drive named by ``options["config-drive"]`` and apply ``options``.
 
     ``options`` uses the command-line names (``serial``, ``virtio-ports``,
-    ``transport``, ``socket``, ``state-dir``, ``heartbeat``, ``retries``); a
-    missing or None value falls back to agent.json, then to the default.
+    ``transport``, ``socket``, ``state-dir``, ``heartbeat``, ``retries``,
+    ``record``); a missing or None value falls back to agent.json, then to the
+    default.
     """
     drive = os.path.abspath(options.get("config-drive") or DEFAULT_CONFIG_DRIVE)
     if not os.path.isdir(drive):
         raise ConfigError(f"config drive {drive} is not a directory")
-    identity = _identity(drive)
-    server_cert_pem = _certificate(drive, SERVER_CERT)
+    cert, key, server_pem = _check_identity(drive)
     merged = {**_settings(drive), **{k: v for k, v in options.items() if v is not None}}
+    virtio_ports = merged.get("virtio-ports")
     return AgentConfig(
-        identity=identity,
-        server_cert_pem=server_cert_pem,
+        client_cert=cert,
+        client_key=key,
+        server_cert_pem=server_pem,
         transport=parse_transport(merged.get("transport", DEFAULT_TRANSPORT)),
         socket=os.path.abspath(merged.get("socket", DEFAULT_SOCKET)),
         state_dir=os.path.abspath(merged.get("state-dir", DEFAULT_STATE_DIR)),
-        virtio_ports=os.path.abspath(merged.get("virtio-ports", DEFAULT_VIRTIO_PORTS)),
+        virtio_ports=os.path.abspath(virtio_ports or DEFAULT_VIRTIO_PORTS),
+        # A named ports directory is a fakeqemu guest's: the host's sysfs is not its own.
+        virtio_sysfs=None if virtio_ports else DEFAULT_SYSFS_PORTS,
+        ports=_port(merged.get("port"), drive),
+        connect_port=merged.get("connect-port") or CONNECT_PORT_NAME,
         serial=os.path.abspath(merged["serial"]) if merged.get("serial") else None,
         heartbeat=parse_seconds(merged.get("heartbeat", DEFAULT_HEARTBEAT), "heartbeat"),
         retries=parse_count(merged.get("retries", DEFAULT_RETRIES), "retries"),
         instance=merged.get("instance"),
         record=os.path.abspath(merged["record"]) if merged.get("record") else None,
+        tcp_sockets=os.path.abspath(merged["tcp-sockets"]) if merged.get("tcp-sockets") else None,
+        network=_network(merged, drive),
     )

@@ -6,7 +6,8 @@ it dials the host, from what it read there and how its dials went:
 - it says its current status (``STARTED`` or ``CONNECTED``) whenever the serial
   port (re)opens and on every heartbeat, at once when the status changes, and
   ``STOPPED`` when it exits;
-- ``CONNECT <cid>:<port>`` makes it dial that address; a dial is connect, TLS,
+- ``CONNECT <cid>:<port>`` (vsock) or ``CONNECT tcp:<ipv4>:<port>`` (the
+  fallback transport) makes it dial that address; a dial is connect, TLS,
   ``GET /1.0`` and the link watch (a held ``GET /1.0/events``).  A failed dial is
   retried ``retries`` times with a doubling delay, then it says ``STARTED`` and
   waits for the next CONNECT;
@@ -20,16 +21,17 @@ it dials the host, from what it read there and how its dials went:
 
 The service feeds it inputs and carries out the returned commands; tests do the
 same with a list.  Every dial has an id, so a late result of an abandoned dial
-is recognised and ignored.
+is recognised and ignored.  Garbage on the serial line (including a malformed
+``CONNECT``) is logged, precisely, and otherwise ignored.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
 from collections.abc import Callable
-
-import attrs
-from twisted.logger import Logger
+from dataclasses import dataclass
+from typing import Union
 
 from vmready.ringbuffer import (
     MAX_LINE_BYTES,
@@ -40,7 +42,9 @@ from vmready.ringbuffer import (
     OverlongLine,
     RingBufferReader,
     StatusLine,
+    TcpHostEcho,
     UndecodableLine,
+    connect_line_problem,
 )
 
 __all__ = [
@@ -53,15 +57,19 @@ __all__ = [
     "HostAddress",
     "Phase",
     "ReassertReady",
+    "TcpAddress",
+    "VsockAddress",
     "WriteStatus",
 ]
 
 NO_CONNECT_YET = "the host has not sent CONNECT yet"
 
+log = logging.getLogger(__name__)
 
-@attrs.frozen
-class HostAddress:
-    """Where the host said its guest API listens (``CONNECT <cid>:<port>``)."""
+
+@dataclass(frozen=True)
+class VsockAddress:
+    """Where the host said its guest API listens on vsock (``CONNECT <cid>:<port>``)."""
 
     cid: int
     port: int
@@ -70,14 +78,28 @@ class HostAddress:
         return f"{self.cid}:{self.port}"
 
 
-@attrs.frozen
+@dataclass(frozen=True)
+class TcpAddress:
+    """Where the host said its guest API listens on TCP (``CONNECT tcp:<ipv4>:<port>``)."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"tcp:{self.host}:{self.port}"
+
+
+HostAddress = Union[VsockAddress, TcpAddress]
+
+
+@dataclass(frozen=True)
 class Backoff:
     """Delays between dial attempts: ``first``, doubling, never above ``longest``."""
 
     first: float = 0.5
     longest: float = 5.0
 
-    def __attrs_post_init__(self) -> None:
+    def __post_init__(self) -> None:
         if not 0 <= self.first <= self.longest:
             raise ValueError("backoff delays must satisfy 0 <= first <= longest")
 
@@ -86,7 +108,7 @@ class Backoff:
         return float(min(self.first * 2 ** (retry - 1), self.longest))
 
 
-@attrs.frozen
+@dataclass(frozen=True)
 class WriteStatus:
     """Write this status line to the serial port."""
 
@@ -98,7 +120,7 @@ class WriteStatus:
         return self.status.name.encode("ascii") + b"\n"
 
 
-@attrs.frozen
+@dataclass(frozen=True)
 class Dial:
     """After ``delay`` seconds, connect to ``address``, validate it and open the link watch."""
 
@@ -107,21 +129,21 @@ class Dial:
     delay: float = 0.0
 
 
-@attrs.frozen
+@dataclass(frozen=True)
 class AbandonDial:
     """Cancel dial ``dial_id``, whether it waits for its delay or is under way."""
 
     dial_id: int
 
 
-@attrs.frozen
+@dataclass(frozen=True)
 class CloseLink:
     """Close the link watch opened by dial ``dial_id``."""
 
     dial_id: int
 
 
-@attrs.frozen
+@dataclass(frozen=True)
 class ReassertReady:
     """Dial ``dial_id`` made a new link: if the workload declared Ready, tell the host again."""
 
@@ -129,7 +151,7 @@ class ReassertReady:
     address: HostAddress
 
 
-Command = WriteStatus | Dial | AbandonDial | CloseLink | ReassertReady
+Command = Union[WriteStatus, Dial, AbandonDial, CloseLink, ReassertReady]
 
 
 class Phase(enum.Enum):
@@ -146,8 +168,6 @@ MAX_COOLDOWN_HEARTBEATS = 12
 
 class AgentCore:
     """The agent's handshake state, driven by inputs, answering with commands."""
-
-    log = Logger()
 
     def __init__(
         self,
@@ -166,6 +186,8 @@ class AgentCore:
         self.address: HostAddress | None = None
         self.unreachable_reason = NO_CONNECT_YET
         self._reader = RingBufferReader(MAX_LINE_BYTES)
+        # The connect port is its own stream: a line never continues across the two ports.
+        self._connect_reader = RingBufferReader(MAX_LINE_BYTES)
         self._dial_id = 0
         self._attempt = 0
         # After giving up on an address, its CONNECTs wait out this many heartbeats
@@ -191,50 +213,57 @@ class AgentCore:
         return self._say_current()
 
     def data_received(self, data: bytes) -> list[Command]:
-        """Bytes the host wrote to the ring buffer, in whatever pieces they came."""
+        """Bytes that arrived on the status port, in whatever pieces they came."""
+        return self._records(self._reader, data)
+
+    def connect_port_data(self, data: bytes) -> list[Command]:
+        """Bytes the host wrote to the ``vmready.connect`` port (its CONNECT lines)."""
+        return self._records(self._connect_reader, data)
+
+    def _records(self, reader: RingBufferReader, data: bytes) -> list[Command]:
         if self.phase is Phase.STOPPED:
             return []
         commands: list[Command] = []
-        for record in self._reader.feed(data):
+        for record in reader.feed(data):
             if isinstance(record, HostEcho):
-                commands += self.connect_received(HostAddress(record.cid, record.port))
+                commands += self.connect_received(VsockAddress(record.cid, record.port))
+            elif isinstance(record, TcpHostEcho):
+                commands += self.connect_received(TcpAddress(record.host, record.port))
             elif isinstance(record, StatusLine):
-                self.log.info(
-                    "ignoring status line {status} on the serial port (not ours to act on)",
-                    status=record.status.name,
+                log.info(
+                    "ignoring status line %s on the serial port (not ours to act on)",
+                    record.status.name,
                 )
             elif isinstance(record, Noise):
-                self.log.warn("ignoring serial line {text!r}", text=record.text)
+                problem = connect_line_problem(record.text)
+                if record.text.startswith("CONNECT ") and problem:
+                    log.warning("ignoring a malformed CONNECT line: %s", problem)
+                else:
+                    log.warning("ignoring serial line %r", record.text)
             elif isinstance(record, UndecodableLine):
-                self.log.warn(
-                    "ignoring a serial line that is not UTF-8: {data!r}", data=record.data
-                )
+                log.warning("ignoring a serial line that is not UTF-8: %r", record.data)
             elif isinstance(record, OverlongLine):
-                self.log.warn(
-                    "ignoring a {length}-byte serial line (longer than {limit} bytes)",
-                    length=record.length,
-                    limit=MAX_LINE_BYTES,
+                log.warning(
+                    "ignoring a %d-byte serial line (longer than %d bytes)",
+                    record.length,
+                    MAX_LINE_BYTES,
                 )
             elif isinstance(record, DiscardedFragment):  # only with buffer_size; never here
                 continue
         return commands
 
     def connect_received(self, address: HostAddress) -> list[Command]:
-        """The host wrote ``CONNECT <cid>:<port>``."""
+        """The host wrote ``CONNECT <cid>:<port>`` or ``CONNECT tcp:<ipv4>:<port>``."""
         if self.phase is Phase.STOPPED:
             return []
         if self.phase in (Phase.DIALING, Phase.CONNECTED) and address == self.address:
-            self.log.debug(
-                "ignoring CONNECT {address}: already {phase} there",
-                address=address,
-                phase=self.phase.value,
-            )
+            log.debug("ignoring CONNECT %s: already %s there", address, self.phase.value)
             return []
         if address == self._cooling and self._cooldown > 0:
-            self.log.debug(
-                "ignoring CONNECT {address} for {beats} more heartbeats: it just failed",
-                address=address,
-                beats=self._cooldown,
+            log.debug(
+                "ignoring CONNECT %s for %d more heartbeats: it just failed",
+                address,
+                self._cooldown,
             )
             return []
         commands = self._leave_current_link()
@@ -242,9 +271,7 @@ class AgentCore:
         self.phase = Phase.DIALING
         self._attempt = 1
         self._dial_id += 1
-        self.log.info(
-            "host says CONNECT {address}: dialing {where}", address=address, where=self._where
-        )
+        log.info("host says CONNECT %s: dialing %s", address, self._where)
         self.unreachable_reason = f"connecting to the host at {self._where}"
         commands.append(Dial(self._dial_id, address))
         return commands
@@ -254,7 +281,7 @@ class AgentCore:
         if dial_id != self._dial_id or self.phase is not Phase.DIALING:
             return [CloseLink(dial_id)]
         assert self.address is not None
-        self.log.info("connected to the host at {where}", where=self._where)
+        log.info("connected to the host at %s", self._where)
         self.phase = Phase.CONNECTED
         self.unreachable_reason = ""
         self._give_ups, self._cooling, self._cooldown = 0, None, 0
@@ -271,24 +298,22 @@ class AgentCore:
         self.unreachable_reason = f"cannot connect to the host at {self._where}: {reason}"
         if self._attempt <= self.retries:
             delay = self.backoff.delay(self._attempt)
-            self.log.warn(
-                "cannot connect to the host at {where} ({reason}); retry {retry} of {retries} "
-                "in {delay}s",
-                where=self._where,
-                reason=reason,
-                retry=self._attempt,
-                retries=self.retries,
-                delay=delay,
+            log.warning(
+                "cannot connect to the host at %s (%s); retry %d of %d in %ss",
+                self._where,
+                reason,
+                self._attempt,
+                self.retries,
+                delay,
             )
             self._attempt += 1
             self._dial_id += 1
             return [Dial(self._dial_id, self.address, delay)]
-        self.log.warn(
-            "giving up on the host at {where} after {attempts} attempts ({reason}); "
-            "waiting for the next CONNECT",
-            where=self._where,
-            attempts=self._attempt,
-            reason=reason,
+        log.warning(
+            "giving up on the host at %s after %d attempts (%s); waiting for the next CONNECT",
+            self._where,
+            self._attempt,
+            reason,
         )
         self.phase = Phase.WAITING
         self.status = AgentStatus.STARTED
@@ -301,10 +326,10 @@ class AgentCore:
         """The link watch opened by dial ``dial_id`` ended: the host went away."""
         if dial_id != self._dial_id or self.phase is not Phase.CONNECTED:
             return []
-        self.log.warn(
-            "lost the link to the host at {where} ({reason}); waiting for the next CONNECT",
-            where=self._where,
-            reason=reason,
+        log.warning(
+            "lost the link to the host at %s (%s); waiting for the next CONNECT",
+            self._where,
+            reason,
         )
         self.phase = Phase.WAITING
         self.unreachable_reason = f"lost the link to the host at {self._where}: {reason}"

@@ -1,87 +1,198 @@
 """The host's guest API as the agent reaches it: mutual TLS to the advertised address.
 
-Every request gets a new connection (``HostConnector.agent``), as LXD's agent
-does; the one long-lived connection is the link watch, a held
-``GET /1.0/events`` whose end tells the agent the host went away.  The
-transport is real vsock (``<cid>:<port>``) or hybrid vsock, where the host
-listens on the unix socket ``<path>_<port>`` and the cid is ignored.
+Every request gets a new connection, as LXD's agent does; the one long-lived
+connection is the link watch, a held ``GET /1.0/events`` whose end tells the
+agent the host went away.  An address comes from a ``CONNECT`` line:
+
+- ``<cid>:<port>`` on the ``vsock`` transport: kernel ``AF_VSOCK``;
+- ``<cid>:<port>`` on ``hvsock:<path>`` (fakeqemu guests): the unix socket
+  ``<path>_<port>``, the cid ignored;
+- ``tcp:<ipv4>:<port>`` (the fallback transport): TCP, after the NIC named in
+  ``agent.json`` is brought up with its address; for a fakeqemu guest (with
+  ``tcp_sockets``) the unix socket ``<tcp_sockets>/<ipv4>:<port>`` instead.
+
+Each connection is connected first, then wrapped in TLS (``vmready.agent.tls``),
+so every failure says which step failed.  Requests and answers use the codec
+in ``vmready.agent.httpwire``; an answer is held in memory, so it is capped.
+Every failure is a ``HostError`` whose message is one line for logs and for
+the guest's 503 answers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from typing import Any, cast
+import os
+import socket
+import ssl
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import Any, Callable
 
-from OpenSSL import SSL
-from twisted.internet import error as net_error
-from twisted.internet.defer import CancelledError, Deferred, TimeoutError, succeed
-from twisted.internet.endpoints import wrapClientTLS
-from twisted.internet.interfaces import IConsumer, IPushProducer, IStreamClientEndpoint
-from twisted.internet.protocol import Protocol
-from twisted.python.failure import Failure
-from twisted.web.client import (
-    Agent,
-    ResponseDone,
-    ResponseFailed,
-    ResponseNeverReceived,
-)
-from twisted.web.http import PotentialDataLoss
-from twisted.web.http_headers import Headers
-from twisted.web.iweb import IAgent, IAgentEndpointFactory, IBodyProducer, IResponse
-from zope.interface import implementer
-
+from vmready.agent import httpwire
 from vmready.agent.config import Transport
-from vmready.agent.core import HostAddress
-from vmready.certs import CertificatePair
-from vmready.tls import PinnedServerTLS
-from vmready.vsock import HybridVSockClientEndpoint, VSockClientEndpoint
+from vmready.agent.core import HostAddress, TcpAddress, VsockAddress
+from vmready.agent.network import NetworkPlan, NetworkSetupError, bring_up
+from vmready.agent.tls import describe_ssl_error
 
 __all__ = [
     "API_VERSION",
     "MAX_ANSWER_BYTES",
     "AnswerTooLarge",
-    "BytesProducer",
+    "HostAnswer",
     "HostConnector",
+    "HostEndpoint",
+    "HostError",
     "HostRefused",
+    "HostResponse",
     "LinkWatch",
-    "OneEndpoint",
     "describe_failure",
     "envelope_metadata",
-    "host_url",
     "open_link",
     "patch_state",
-    "read_body",
-    "send_request",
 ]
 
 API_VERSION = "1.0"
+EVENTS_PATH = "/1.0/events"
 # The host is trusted, but an answer is held in memory: bound it anyway.
 MAX_ANSWER_BYTES = 16 * 1024 * 1024
-_BASE_URL = b"http://vmready-host"
+# Connect and TLS handshake, together.
+CONNECT_TIMEOUT = 10.0
+# The name sent in Host and SNI: the certificate is pinned, never checked against it.
+HOST_NAME = "vmready-host"
+AF_VSOCK: int = getattr(socket, "AF_VSOCK", 40)
+_READ_LIMIT = 2 * httpwire.MAX_LINE_BYTES  # the stream reader's line limit
 
 
-class HostRefused(Exception):
+class HostError(Exception):
+    """Talking to the host failed; the message says why, in one line."""
+
+
+class HostRefused(HostError):
     """The host answered, but not as a vmready guest API should; the message says how."""
 
 
-class AnswerTooLarge(Exception):
+class AnswerTooLarge(HostError):
     """The host's answer passed the size limit."""
 
 
-def host_url(path: str) -> bytes:
-    """The URL to request ``path`` (with its query) from the host."""
-    return _BASE_URL + path.encode("utf-8")
+@dataclass(frozen=True)
+class HostAnswer:
+    """A whole answer from the host."""
+
+    status: int
+    content_type: str
+    body: bytes
 
 
-@implementer(IAgentEndpointFactory)
-class OneEndpoint:
-    """Every URL goes to the same endpoint: the host at one address."""
+def _lost(error: BaseException) -> HostError:
+    """The exception a broken exchange with the host becomes."""
+    if isinstance(error, ssl.SSLError):
+        return HostError(f"TLS handshake failed ({describe_ssl_error(error)})")
+    if isinstance(error, httpwire.IncompleteMessage):
+        return HostError("the host closed the connection")
+    if isinstance(error, httpwire.HTTPError):
+        return HostError(f"the host sent malformed HTTP: {error}")
+    return HostError("the connection to the host was lost")
 
-    def __init__(self, endpoint: IStreamClientEndpoint) -> None:
-        self._endpoint = endpoint
 
-    def endpointForURI(self, uri: Any) -> IStreamClientEndpoint:
-        return self._endpoint
+class HostResponse:
+    """An answer whose head has arrived; its body is read whole or streamed."""
+
+    def __init__(
+        self,
+        head: httpwire.ResponseHead,
+        framing: httpwire.Framing,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        self.status = head.status
+        self.content_type = head.headers.get("content-type")
+        self._framing = framing
+        self._reader = reader
+        self._writer = writer
+        # Told the whole body when ``read`` has it (the recorder listens here).
+        self.on_body: Callable[[bytes], None] | None = None
+
+    async def read(self, limit: int = MAX_ANSWER_BYTES) -> bytes:
+        """The whole body, then the connection is closed; AnswerTooLarge past ``limit``."""
+        try:
+            body = await httpwire.read_body(self._reader, self._framing, limit)
+        except httpwire.BodyTooLarge:
+            raise AnswerTooLarge(f"answer larger than {limit} bytes") from None
+        except (httpwire.HTTPError, OSError) as e:
+            raise _lost(e) from None
+        finally:
+            self.close()
+        if self.on_body is not None:
+            self.on_body(body)
+        return body
+
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
+        """The body's bytes as they arrive, until it ends (HostError if it breaks off)."""
+        chunks = httpwire.body_chunks(self._reader, self._framing)
+        try:
+            async for data in chunks:
+                yield data
+        except (httpwire.HTTPError, OSError) as e:
+            raise _lost(e) from None
+        finally:
+            await chunks.aclose()
+            self.close()
+
+    def close(self) -> None:
+        """Drop the connection (at once: nothing more is wanted from it)."""
+        transport = self._writer.transport
+        if not transport.is_closing():
+            transport.abort()
+
+
+class HostEndpoint:
+    """The host's guest API at one address: every request a new mutual-TLS connection."""
+
+    def __init__(self, connector: HostConnector, address: HostAddress) -> None:
+        self.connector = connector
+        self.address = address
+        self.label = connector.describe(address)
+
+    async def send(
+        self, method: str, target: str, body: bytes | None = None, content_type: str = ""
+    ) -> HostResponse:
+        """Connect, send one request and read the answer's head."""
+        reader, writer = await self.connector.connect(self.address)
+        headers = [("Host", HOST_NAME), ("User-Agent", "vmready-agent"), ("Connection", "close")]
+        if content_type:
+            headers.append(("Content-Type", content_type))
+        try:
+            writer.write(httpwire.encode_request(method, target, headers, body))
+            head = await httpwire.read_response_head(reader)
+            framing = httpwire.response_framing(head, method)
+        except (httpwire.HTTPError, OSError) as e:
+            writer.transport.abort()
+            raise _lost(e) from None
+        except BaseException:
+            writer.transport.abort()
+            raise
+        return HostResponse(head, framing, reader, writer)
+
+    async def request(
+        self,
+        method: str,
+        target: str,
+        body: bytes | None = None,
+        content_type: str = "",
+        limit: int = MAX_ANSWER_BYTES,
+    ) -> HostAnswer:
+        """One whole request and answer."""
+        response = await self.send(method, target, body, content_type)
+        try:
+            raw = await response.read(limit)
+        finally:
+            response.close()
+        return HostAnswer(response.status, response.content_type, raw)
+
+
+Bring_up = Callable[[NetworkPlan], str]
 
 
 class HostConnector:
@@ -89,152 +200,113 @@ class HostConnector:
 
     def __init__(
         self,
-        reactor: Any,
         transport: Transport,
-        identity: CertificatePair,
-        server_cert_pem: bytes,
-        connect_timeout: float = 10.0,
+        context: ssl.SSLContext,
+        pinned_der: bytes,
+        tcp_sockets: str | None = None,
+        network: NetworkPlan | None = None,
+        bring_up_network: Bring_up = bring_up,
+        connect_timeout: float = CONNECT_TIMEOUT,
     ) -> None:
-        self.reactor = reactor
         self.transport = transport
+        self.context = context
+        self.pinned_der = pinned_der
+        self.tcp_sockets = tcp_sockets
+        self.network = network
+        self.bring_up_network = bring_up_network
         self.connect_timeout = connect_timeout
-        # One creator for every connection: its OpenSSL context is configured once.
-        self._tls = PinnedServerTLS(identity, server_cert_pem)
 
     def describe(self, address: HostAddress) -> str:
-        """How an operator would name the host's address: ``vsock 2:1234``, a socket path."""
+        """How an operator would name the address: ``vsock 2:1234``, a socket path, ``tcp …``."""
+        if isinstance(address, TcpAddress):
+            if self.tcp_sockets is not None:
+                return self._tcp_socket(address)
+            return f"tcp {address.host}:{address.port}"
         if self.transport.kind == "vsock":
             return f"vsock {address}"
         return f"{self.transport.path}_{address.port}"
 
-    def endpoint(self, address: HostAddress) -> IStreamClientEndpoint:
-        """A TLS endpoint to the host at ``address``."""
-        inner: IStreamClientEndpoint
-        if self.transport.kind == "vsock":
-            inner = VSockClientEndpoint(
-                self.reactor, address.cid, address.port, timeout=self.connect_timeout
+    def at(self, address: HostAddress) -> HostEndpoint:
+        """The host's guest API at ``address``."""
+        return HostEndpoint(self, address)
+
+    def _tcp_socket(self, address: TcpAddress) -> str:
+        assert self.tcp_sockets is not None
+        return os.path.join(self.tcp_sockets, f"{address.host}:{address.port}")
+
+    async def connect(
+        self, address: HostAddress
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A TLS stream to the host at ``address``, its certificate checked; HostError."""
+        try:
+            return await asyncio.wait_for(self._connect(address), self.connect_timeout)
+        except asyncio.TimeoutError:
+            raise HostError("timed out") from None
+
+    async def _connect(
+        self, address: HostAddress
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        sock = await self._connected_socket(address)
+        try:
+            reader, writer = await asyncio.open_connection(
+                sock=sock,
+                ssl=self.context,
+                server_hostname=HOST_NAME,
+                ssl_handshake_timeout=self.connect_timeout,
+                limit=_READ_LIMIT,
             )
+        except ssl.SSLError as e:
+            sock.close()
+            raise HostError(f"TLS handshake failed ({describe_ssl_error(e)})") from None
+        except (ConnectionError, OSError):
+            sock.close()
+            raise HostError("TLS handshake failed (the host closed the connection)") from None
+        except BaseException:
+            sock.close()
+            raise
+        peer = writer.get_extra_info("ssl_object")
+        if peer is None or peer.getpeercert(binary_form=True) != self.pinned_der:
+            writer.transport.abort()
+            raise HostError("TLS handshake failed (the host's certificate is not server.crt)")
+        return reader, writer
+
+    async def _connected_socket(self, address: HostAddress) -> socket.socket:
+        """The plain connection, before TLS."""
+        target: Any
+        if isinstance(address, VsockAddress):
+            if self.transport.kind == "vsock":
+                family, target = AF_VSOCK, (address.cid, address.port)
+            else:
+                family, target = socket.AF_UNIX, f"{self.transport.path}_{address.port}"
+        elif self.tcp_sockets is not None:
+            family, target = socket.AF_UNIX, self._tcp_socket(address)
+        elif self.transport.kind == "hvsock":
+            # A fakeqemu guest is a host process: it must never dial the guest network for real.
+            raise HostError("cannot dial TCP: a fakeqemu guest (hvsock) needs tcp_sockets")
         else:
-            inner = HybridVSockClientEndpoint(
-                self.reactor, self.transport.path, address.port, timeout=self.connect_timeout
-            )
-        return wrapClientTLS(self._tls, inner)
-
-    def agent(self, address: HostAddress) -> IAgent:
-        """An HTTP client whose every request is a new TLS connection to ``address``."""
-        agent: IAgent = Agent.usingEndpointFactory(
-            self.reactor, OneEndpoint(self.endpoint(address))
-        )
-        return agent
-
-
-class _LimitedBody(Protocol):
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.done: Deferred[bytes] = Deferred()
-        self._chunks: list[bytes] = []
-        self._size = 0
-
-    def dataReceived(self, data: bytes) -> None:
-        self._size += len(data)
-        if self._size > self.limit:
-            self._chunks.clear()
-            if not self.done.called:
-                self.done.errback(AnswerTooLarge(f"answer larger than {self.limit} bytes"))
-            cast(IPushProducer, self.transport).stopProducing()
-            return
-        self._chunks.append(data)
-
-    def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:  # noqa: B008
-        if self.done.called:
-            return
-        if reason.check(ResponseDone, PotentialDataLoss):
-            self.done.callback(b"".join(self._chunks))
-        else:
-            self.done.errback(reason)
-
-
-def read_body(response: IResponse, limit: int = MAX_ANSWER_BYTES) -> Deferred[bytes]:
-    """The whole body of ``response``; AnswerTooLarge past ``limit`` bytes."""
-    reader = _LimitedBody(limit)
-    response.deliverBody(reader)
-    return reader.done
-
-
-@implementer(IBodyProducer)
-class BytesProducer:
-    """A request body already in memory, written in one go (no cooperator, no reactor)."""
-
-    def __init__(self, body: bytes) -> None:
-        self.body = body
-        self.length = len(body)
-
-    def startProducing(self, consumer: IConsumer) -> Deferred[None]:
-        consumer.write(self.body)
-        return succeed(None)
-
-    def pauseProducing(self) -> None:
-        """Nothing to pause: the whole body was written at once."""
-
-    def resumeProducing(self) -> None:
-        """Nothing to resume: the whole body was written at once."""
-
-    def stopProducing(self) -> None:
-        """Nothing to stop: the whole body was written at once."""
-
-
-def send_request(
-    agent: IAgent, method: bytes, path: str, body: bytes | None = None, content_type: bytes = b""
-) -> Deferred[IResponse]:
-    """Send one request to the host; a body is sent with its length."""
-    headers = Headers({b"User-Agent": [b"vmready-agent"]})
-    if content_type:
-        headers.addRawHeader(b"Content-Type", content_type)
-    producer = None
-    if body is not None:
-        producer = BytesProducer(body)
-    return agent.request(method, host_url(path), headers, producer)
-
-
-class LinkWatch(Protocol):
-    """The held event stream: the link is up while it lasts; ``lost`` fires with why it ended."""
-
-    def __init__(self) -> None:
-        self.lost: Deferred[str] = Deferred()
-        self._closing = False
-        self._ended = False
-        self._waiters: list[Deferred[None]] = []
-
-    def when_closed(self) -> Deferred[None]:
-        """Fires once the stream's connection is gone."""
-        waiter: Deferred[None] = Deferred()
-        if self._ended:
-            waiter.callback(None)
-        else:
-            self._waiters.append(waiter)
-        return waiter
-
-    def dataReceived(self, data: bytes) -> None:
-        """Events are not the agent's business; the stream only shows the host is there."""
-
-    def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:  # noqa: B008
-        if self._closing:
-            text = "closed by the agent"
-        elif reason.check(ResponseDone, PotentialDataLoss):
-            text = "the host ended the event stream"
-        else:
-            text = describe_failure(reason)
-        self._ended = True
-        self.lost.callback(text)
-        waiters, self._waiters = self._waiters, []
-        for waiter in waiters:
-            waiter.callback(None)
-
-    def close(self) -> None:
-        """Drop the stream (the agent dials elsewhere or stops)."""
-        self._closing = True
-        if self.transport is not None:
-            cast(IPushProducer, self.transport).stopProducing()
+            if self.network is not None:
+                try:
+                    self.bring_up_network(self.network)
+                except NetworkSetupError as e:
+                    raise HostError(str(e)) from None
+            family, target = socket.AF_INET, (address.host, address.port)
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError as e:
+            kind = "AF_VSOCK" if family == AF_VSOCK else "a"
+            raise HostError(f"cannot connect: cannot create {kind} socket: {e.strerror}") from None
+        try:
+            sock.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(sock, target)
+        except OSError as e:
+            sock.close()
+            # asyncio rewrites the OS's words ("Connect call failed …"): use the errno's.
+            reason = os.strerror(e.errno) if e.errno else str(e)
+            raise HostError(f"cannot connect: {reason}") from None
+        except BaseException:
+            sock.close()
+            raise
+        return sock
 
 
 def envelope_metadata(code: int, raw: bytes) -> Any:
@@ -250,56 +322,78 @@ def envelope_metadata(code: int, raw: bytes) -> Any:
     return envelope.get("metadata")
 
 
-async def open_link(agent: IAgent) -> LinkWatch:
-    """Validate the host (``GET /1.0`` answers api_version 1.0) and hold its event stream."""
-    response = await send_request(agent, b"GET", "/1.0")
-    metadata = envelope_metadata(response.code, await read_body(response))
-    version = metadata.get("api_version") if isinstance(metadata, dict) else None
-    if response.code != 200 or version != API_VERSION:
-        raise HostRefused(f"GET /1.0 answered api_version {version!r}, not {API_VERSION!r}")
-    response = await send_request(agent, b"GET", "/1.0/events")
-    if response.code != 200:
+class LinkWatch:
+    """The held event stream: the link is up while it lasts; ``lost`` gets why it ended."""
+
+    def __init__(self, response: HostResponse) -> None:
+        self.response = response
+        self.lost: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._closing = False
+        self._task = asyncio.ensure_future(self._watch())
+
+    async def _watch(self) -> None:
+        events = self.response.chunks()
         try:
-            envelope_metadata(response.code, await read_body(response))
+            async for _event in events:
+                continue  # events are not the agent's business; the stream shows the host is there
+            reason = "the host ended the event stream"
+        except asyncio.CancelledError:
+            reason = "closed by the agent"
+        except HostError as e:
+            reason = str(e)
+        finally:
+            await events.aclose()
+        if self._closing:
+            reason = "closed by the agent"
+        if not self.lost.done():
+            self.lost.set_result(reason)
+
+    def close(self) -> None:
+        """Drop the stream (the agent dials elsewhere or stops)."""
+        self._closing = True
+        self.response.close()
+        self._task.cancel()
+        if not self.lost.done():  # the watch may not even have started
+            self.lost.set_result("closed by the agent")
+
+    async def closed(self) -> None:
+        """Once the stream's connection is gone."""
+        await asyncio.shield(self.lost)
+
+
+async def open_link(endpoint: HostEndpoint) -> LinkWatch:
+    """Validate the host (``GET /1.0`` answers api_version 1.0) and hold its event stream."""
+    answer = await endpoint.request("GET", "/1.0")
+    metadata = envelope_metadata(answer.status, answer.body)
+    version = metadata.get("api_version") if isinstance(metadata, dict) else None
+    if answer.status != 200 or version != API_VERSION:
+        raise HostRefused(f"GET /1.0 answered api_version {version!r}, not {API_VERSION!r}")
+    response = await endpoint.send("GET", EVENTS_PATH)
+    if response.status != 200:
+        raw = await response.read()
+        try:
+            envelope_metadata(response.status, raw)
         except HostRefused as e:
             raise HostRefused(f"GET /1.0/events: {e}") from None
-        raise HostRefused(f"GET /1.0/events answered HTTP {response.code}")
-    watch = LinkWatch()
-    response.deliverBody(watch)
-    return watch
+        raise HostRefused(f"GET /1.0/events answered HTTP {response.status}")
+    return LinkWatch(response)
 
 
-async def patch_state(agent: IAgent, state: str) -> None:
+async def patch_state(endpoint: HostEndpoint, state: str) -> None:
     """``PATCH /1.0 {"state": state}``; HostRefused if the host does not accept it."""
     body = json.dumps({"state": state}).encode("utf-8")
-    response = await send_request(agent, b"PATCH", "/1.0", body, b"application/json")
-    envelope_metadata(response.code, await read_body(response))
+    answer = await endpoint.request("PATCH", "/1.0", body, "application/json")
+    envelope_metadata(answer.status, answer.body)
 
 
-def _tls_reason(e: SSL.Error) -> str:
-    details = [entry[-1] for entry in e.args[0] if entry] if e.args and e.args[0] else []
-    return "TLS handshake failed" + (f" ({details[-1]})" if details else "")
-
-
-def describe_failure(failure: Failure | BaseException) -> str:
+def describe_failure(error: BaseException) -> str:
     """One line saying why talking to the host failed, for logs and 503 answers."""
-    e = failure.value if isinstance(failure, Failure) else failure
-    if isinstance(e, ResponseNeverReceived | ResponseFailed) and e.reasons:
-        return describe_failure(e.reasons[0])
-    if isinstance(e, SSL.Error):
-        return _tls_reason(e)
-    if isinstance(e, net_error.ConnectingCancelledError | CancelledError):
-        return "cancelled"
-    if isinstance(e, net_error.TimeoutError | TimeoutError):
+    if isinstance(error, HostError):
+        return str(error)
+    if isinstance(error, asyncio.TimeoutError):
         return "timed out"
-    if isinstance(e, net_error.ConnectError):
-        # Twisted puts the OS's words in args; else the class's docstring says what happened.
-        detail = e.args[0] if e.args and e.args[0] else (e.__doc__ or type(e).__name__)
-        return f"cannot connect: {detail.strip().rstrip('.')}"
-    if isinstance(e, net_error.ConnectionDone | ResponseDone):
-        return "the host closed the connection"
-    if isinstance(e, net_error.ConnectionLost):
-        return "the connection to the host was lost"
-    if isinstance(e, HostRefused | AnswerTooLarge):
-        return str(e)
-    return str(e) or type(e).__name__
+    if isinstance(error, asyncio.CancelledError):
+        return "cancelled"
+    if isinstance(error, (ssl.SSLError, httpwire.HTTPError, OSError)):
+        return str(_lost(error))
+    return str(error) or type(error).__name__

@@ -2,51 +2,51 @@
 
 Exit status: 0 after a normal stop (SIGTERM, SIGINT); 1 when the agent cannot
 start or gives up (its serial port is gone), or when ``notify`` was refused;
-2 for a usage error.  Every failure is one line on stderr.
+2 for a usage error.  Every failure is one line on stderr, and so is every log
+message (``vmready-agent: …``; a systemd unit puts them in the journal).
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import logging
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from twisted.internet.defer import Deferred
-from twisted.internet.error import CannotListenError
-from twisted.internet.task import react
-from twisted.logger import (
-    FilteringLogObserver,
-    LogLevel,
-    LogLevelFilterPredicate,
-    globalLogBeginner,
-    textFileLogObserver,
+from vmready.agent.config import (
+    DEFAULT_CONFIG_DRIVE,
+    DEFAULT_HEARTBEAT,
+    DEFAULT_RETRIES,
+    ConfigError,
+    load_config,
+    parse_count,
+    parse_seconds,
+    parse_transport,
 )
-from twisted.python import usage
-
-from vmready.agent.config import ConfigError, load_config
 from vmready.agent.notify import SYNOPSIS, NotifyFailed, UsageError, notify, parse_notify
-from vmready.agent.service import build_agent
-from vmready.agent.tap import Options
+from vmready.agent.service import Agent, build_agent
 
-__all__ = ["main", "run_agent", "run_notify"]
+__all__ = ["main", "parse_options", "run_agent", "run_notify"]
 
 PROGRAM = "vmready-agent"
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
-_CHATTY_FACTORIES = (
-    "twisted.web.client._HTTP11ClientFactory",
-    "twisted.internet.endpoints.OneShotFactory",
+USAGE = (
+    "vmready-agent [options]\n"
+    "       vmready-agent notify ready|started [--socket PATH] [--timeout SECONDS]"
+)
+DESCRIPTION = (
+    "The in-guest vmready agent: reports STARTED/CONNECTED/STOPPED on the virtio serial "
+    "port, dials the host when it writes CONNECT, and serves the guest API (devlxd) on a "
+    "unix socket.  Settings come from the config drive's agent.json; an option given here "
+    "wins.  'vmready-agent notify ready' declares the workload Ready."
 )
 
-
-class CommandOptions(Options):
-    """The options of the ``vmready-agent`` command itself (its usage names both forms)."""
-
-    synopsis = (
-        "Usage: vmready-agent [options]\n"
-        "       vmready-agent notify ready|started [--socket PATH] [--timeout SECONDS]"
-    )
+log = logging.getLogger("vmready.agent")
 
 
 def _say(message: str) -> None:
@@ -57,79 +57,146 @@ def _usage(command: str, synopsis: str) -> None:
     print(f"Usage: {command} {synopsis}  (see {command} --help)", file=sys.stderr)
 
 
-def _parse(options: Options, args: Sequence[str], command: str) -> bool:
-    """Parse ``args`` into ``options``; False (after saying why) on a usage error."""
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROGRAM, usage=USAGE, description=DESCRIPTION)
+    add = parser.add_argument
+    add(
+        "--config-drive",
+        "-c",
+        default=DEFAULT_CONFIG_DRIVE,
+        help="directory with agent.crt, agent.key, server.crt and optional agent.json "
+        f"(default {DEFAULT_CONFIG_DRIVE})",
+    )
+    add("--serial", help="the serial port to use (device or unix socket); default: found")
+    add(
+        "--virtio-ports",
+        help="where to find com.canonical.lxd or org.linuxcontainers.lxd "
+        "(default /dev/virtio-ports, then /sys/class/virtio-ports)",
+    )
+    add("--transport", help="how to reach the host: vsock (default) or hvsock:PATH")
+    add("--socket", "-s", help="the guest API socket to serve (default /dev/lxd/sock)")
+    add(
+        "--state-dir",
+        help="where to remember Ready for this boot; a tmpfs (default /run/vmready-agent)",
+    )
+    add("--heartbeat", default=str(DEFAULT_HEARTBEAT), help="seconds between status lines")
+    add("--retries", default=str(DEFAULT_RETRIES), help="retries of a failing dial before waiting")
+    add(
+        "--record",
+        help="record the agent's side of the session (serial lines, requests to the host) "
+        "to this transcript file, for vmready replay",
+    )
+    return parser
+
+
+def parse_options(args: Sequence[str]) -> dict[str, Any]:
+    """The command line as ``load_config`` options (command-line names); UsageError."""
+    parsed = _parser().parse_args(list(args))
     try:
-        options.parseOptions(list(args))
-    except usage.UsageError as e:
-        _say(f"{e}")
-        _usage(command, "[options]")
-        return False
-    return True
+        heartbeat = parse_seconds(parsed.heartbeat, "heartbeat")
+        retries = parse_count(parsed.retries, "retries")
+        if parsed.transport is not None:
+            parse_transport(parsed.transport)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    return {
+        "config-drive": parsed.config_drive,
+        "serial": parsed.serial,
+        "virtio-ports": parsed.virtio_ports,
+        "transport": parsed.transport,
+        "socket": parsed.socket,
+        "state-dir": parsed.state_dir,
+        "heartbeat": heartbeat,
+        "retries": retries,
+        "record": parsed.record,
+    }
 
 
-def run_notify(args: Sequence[str]) -> NoReturn:
-    """``vmready-agent notify ready|started [--socket PATH]``."""
+class OneLineFormatter(logging.Formatter):
+    """``vmready-agent: [warning: ]<message>``: one line, never a traceback."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            error = record.exc_info[1]
+            message += f" ({type(error).__name__}: {error})"
+        level = "" if record.levelno <= logging.INFO else f"{record.levelname.lower()}: "
+        return f"{PROGRAM}: {level}{message}".replace("\n", " ")
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    """Every log message to stderr, one line each."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(OneLineFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+def _loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """asyncio's own complaints (a task that failed unobserved …), as one log line."""
+    error = context.get("exception")
+    detail = f": {type(error).__name__}: {error}" if error is not None else ""
+    log.error("%s%s", context.get("message", "asyncio error"), detail)
+
+
+def run_notify(args: Sequence[str]) -> int:
+    """``vmready-agent notify ready|started [--socket PATH]``; the exit status."""
     try:
         request = parse_notify(args)
     except UsageError as e:
         _say(str(e))
         _usage(f"{PROGRAM} notify", SYNOPSIS)
-        sys.exit(EXIT_USAGE)
+        return EXIT_USAGE
+    try:
+        asyncio.run(notify(request.socket, request.state, request.timeout))
+    except NotifyFailed as e:
+        _say(str(e))
+        return EXIT_FAILED
+    return EXIT_OK
 
-    async def send(reactor: Any) -> None:
-        try:
-            await notify(reactor, request.socket, request.state, request.timeout)
-        except NotifyFailed as e:
-            _say(str(e))
-            raise SystemExit(EXIT_FAILED) from None
 
-    react(lambda reactor: Deferred.fromCoroutine(send(reactor)))
+async def _serve(agent: Agent) -> int:
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(_loop_error)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, agent.request_stop)
+    return await agent.run()
 
 
 def run_agent(args: Sequence[str]) -> int:
     """Run the agent until it is stopped; its exit status."""
-    options = CommandOptions()
-    if not _parse(options, args, PROGRAM):
-        return EXIT_USAGE
-    from twisted.internet import reactor
-
     try:
-        config = load_config(options)
-        service = build_agent(reactor, config)
+        options = parse_options(args)
+    except UsageError as e:
+        _say(str(e))
+        _usage(PROGRAM, "[options]")
+        return EXIT_USAGE
+    configure_logging()
+    try:
+        agent = build_agent(load_config(options))
     except ConfigError as e:
         _say(str(e))
         return EXIT_FAILED
-    levels = LogLevelFilterPredicate(defaultLogLevel=LogLevel.info)
-    for chatty in _CHATTY_FACTORIES:  # "Starting factory" for every connection to the host
-        levels.setLogLevelForNamespace(chatty, LogLevel.warn)
-    globalLogBeginner.beginLoggingTo(
-        [FilteringLogObserver(textFileLogObserver(sys.stderr), [levels])],
-        redirectStandardIO=False,
-    )
-
-    def fatal(reason: str) -> None:
-        reactor.stop()
-
-    service.on_fatal = fatal
     try:
-        service.startService()
-    except CannotListenError as e:
-        _say(f"cannot serve the guest API on {config.socket}: {e.socketError}")
-        return EXIT_FAILED
+        return asyncio.run(_serve(agent))
+    except KeyboardInterrupt:  # before the loop took over SIGINT: a normal stop
+        return EXIT_OK
     except Exception as e:  # startup failed before anything ran: one line, not a traceback
-        _say(f"cannot start: {e}")
+        _say(f"cannot start: {type(e).__name__}: {e}")
         return EXIT_FAILED
-    reactor.addSystemEventTrigger("before", "shutdown", service.stopService)
-    reactor.run()
-    return service.exit_code
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
-    """The ``vmready-agent`` console script."""
+    """The ``vmready-agent`` console script (and the zipapp's entry point)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["notify"]:
-        run_notify(args[1:])
+        sys.exit(run_notify(args[1:]))
     sys.exit(run_agent(args))
 
 

@@ -9,24 +9,19 @@ agent has no link), 2 for a usage error.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from dataclasses import dataclass
+from typing import NoReturn
 
-import attrs
-from twisted.internet.defer import TimeoutError
-from twisted.internet.endpoints import UNIXClientEndpoint
-from twisted.internet.error import ConnectError
-from twisted.web.client import Agent, ResponseFailed, ResponseNeverReceived
-from twisted.web.iweb import IAgent
-
+from vmready.agent import httpwire
 from vmready.agent.config import DEFAULT_SOCKET, ConfigError, parse_seconds
-from vmready.agent.host import OneEndpoint, read_body, send_request
 
 __all__ = ["STATES", "NotifyFailed", "NotifyRequest", "UsageError", "notify", "parse_notify"]
 
 STATES = {"ready": "Ready", "started": "Started"}
-_MAX_ANSWER = 64 * 1024
+MAX_ANSWER = 64 * 1024
 
 
 class NotifyFailed(Exception):
@@ -42,7 +37,7 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-@attrs.frozen
+@dataclass(frozen=True)
 class NotifyRequest:
     """What ``vmready-agent notify`` was asked to do."""
 
@@ -73,23 +68,40 @@ def parse_notify(args: Sequence[str]) -> NotifyRequest:
     return NotifyRequest(STATES[parsed.state], parsed.socket, timeout)
 
 
-async def notify(reactor: Any, socket_path: str, state: str, timeout: float = 60.0) -> None:
-    """Ask the agent at ``socket_path`` to set ``state``; NotifyFailed saying why not."""
-    endpoint = UNIXClientEndpoint(reactor, socket_path, timeout=timeout)
-    agent: IAgent = Agent.usingEndpointFactory(reactor, OneEndpoint(endpoint))
+async def _exchange(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, state: str
+) -> tuple[int, bytes]:
     body = json.dumps({"state": state}).encode("utf-8")
+    headers = [
+        ("Host", "lxd"),
+        ("User-Agent", "vmready-agent"),
+        ("Content-Type", "application/json"),
+    ]
+    writer.write(httpwire.encode_request("PATCH", "/1.0", headers, body))
+    head = await httpwire.read_response_head(reader)
+    framing = httpwire.response_framing(head, "PATCH")
+    return head.status, await httpwire.read_body(reader, framing, MAX_ANSWER)
+
+
+async def notify(socket_path: str, state: str, timeout: float = 60.0) -> None:
+    """Ask the agent at ``socket_path`` to set ``state``; NotifyFailed saying why not."""
     where = f"the agent at {socket_path}"
     try:
-        sending = send_request(agent, b"PATCH", "/1.0", body, b"application/json")
-        response = await sending.addTimeout(timeout, reactor)
-        answer = await read_body(response, _MAX_ANSWER).addTimeout(timeout, reactor)
-    except ConnectError as e:
-        reason = e.args[0] if e.args and e.args[0] else type(e).__name__
-        raise NotifyFailed(f"cannot reach {where}: {reason}") from None
-    except TimeoutError:
+        reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(socket_path), timeout)
+    except asyncio.TimeoutError:
         raise NotifyFailed(f"no answer from {where} within {timeout:g}s") from None
-    except (ResponseFailed, ResponseNeverReceived):
+    except OSError as e:
+        raise NotifyFailed(f"cannot reach {where}: {e.strerror or e}") from None
+    try:
+        status, answer = await asyncio.wait_for(_exchange(reader, writer, state), timeout)
+    except asyncio.TimeoutError:
+        raise NotifyFailed(f"no answer from {where} within {timeout:g}s") from None
+    except (httpwire.IncompleteMessage, ConnectionError):
         raise NotifyFailed(f"{where} closed the connection without answering") from None
-    if not 200 <= response.code < 300:
+    except httpwire.HTTPError as e:
+        raise NotifyFailed(f"{where} sent a malformed answer: {e}") from None
+    finally:
+        writer.close()
+    if not 200 <= status < 300:
         text = answer.decode("utf-8", "replace").strip()
-        raise NotifyFailed(text.splitlines()[0] if text else f"HTTP {response.code}")
+        raise NotifyFailed(text.splitlines()[0] if text else f"HTTP {status}")

@@ -8,92 +8,80 @@ unwraps the host's LXD envelope into devlxd's unix-socket format:
   as LXD's encoder writes it), except string metadata (a config value, the
   meta-data), which is sent raw (``application/octet-stream``, as LXD does);
 - error: ``<error>\\n`` as plain text, with the host's HTTP status;
-- ``/1.0/events``: the host's stream relayed as it arrives, until either side ends.
+- ``/1.0/events``: the host's stream relayed as it arrives (chunked, or raw to
+  an HTTP/1.0 client), until either side ends.
 
 While the link to the host is down, or when the host fails mid-request, the
 answer is 503 ``host not reachable: <reason>``.  Request bodies are capped at
-1 MiB (413), held in memory, never spilled to disk.
+1 MiB (413), held in memory, never spilled to disk.  Requests that break
+HTTP's rules get a plain-text 4xx/5xx saying what was wrong.  One request per
+connection: every answer says ``Connection: close``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
-from collections.abc import Callable
-from io import BytesIO
-from typing import Any, cast
+import logging
+import traceback
+from dataclasses import dataclass
+from typing import Callable
 from urllib.parse import urlsplit
 
-import attrs
-from OpenSSL import SSL
-from twisted.internet.defer import CancelledError, Deferred, TimeoutError
-from twisted.internet.error import ConnectError, ConnectionDone, ConnectionLost
-from twisted.internet.interfaces import IPushProducer, IReactorTime
-from twisted.internet.protocol import Protocol
-from twisted.logger import Logger
-from twisted.python.failure import Failure
-from twisted.web.client import ResponseDone, ResponseFailed, ResponseNeverReceived
-from twisted.web.iweb import IAgent, IResponse
-from twisted.web.resource import Resource
-from twisted.web.server import NOT_DONE_YET, Request, Site
-
+from vmready.agent import httpwire
 from vmready.agent.host import (
     AnswerTooLarge,
-    HostRefused,
+    HostEndpoint,
+    HostError,
+    HostResponse,
     describe_failure,
-    read_body,
-    send_request,
 )
-from vmready.web import LocalRequest
 
 __all__ = [
     "MAX_REQUEST_BODY",
     "Answer",
-    "CappedRequest",
     "GuestAPIProxy",
     "HostRoute",
     "HostUnreachable",
     "devlxd_answer",
-    "proxy_site",
 ]
 
 MAX_REQUEST_BODY = 1024 * 1024
+# A body past the limit is still read (and dropped) up to this much, so that the
+# client, still sending it, sees the 413 rather than a reset connection.
+MAX_DRAIN = 4 * MAX_REQUEST_BODY
+# How long a guest program may take to send its request.
+REQUEST_TIMEOUT = 60.0
+# Guest connections served at once; more wait in the kernel's backlog.
+MAX_CONNECTIONS = 256
 EVENTS_PATH = "/1.0/events"
 STATE_PATH = "/1.0"
-JSON = b"application/json"
-RAW = b"application/octet-stream"
-TEXT = b"text/plain; charset=utf-8"
+JSON = "application/json"
+RAW = "application/octet-stream"
+TEXT = "text/plain; charset=utf-8"
 
-
-# Failures that mean the host went away mid-request (anything else is the agent's bug).
-_LINK_FAILURES = (
-    ConnectError,
-    ConnectionDone,
-    ConnectionLost,
-    ResponseFailed,
-    ResponseNeverReceived,
-    SSL.Error,
-    HostRefused,
-)
+log = logging.getLogger(__name__)
 
 
 class HostUnreachable(Exception):
     """No link to the host now; the message says why, for the 503 answer."""
 
 
-@attrs.frozen
+@dataclass(frozen=True)
 class HostRoute:
-    """How to reach the host right now: an HTTP client for it, and its name for messages."""
+    """How to reach the host right now: its guest API, and its name for messages."""
 
-    agent: IAgent
+    endpoint: HostEndpoint
     label: str
 
 
-@attrs.frozen
+@dataclass(frozen=True)
 class Answer:
     """What the guest program receives."""
 
     code: int
-    content_type: bytes
+    content_type: str
     body: bytes
 
 
@@ -119,14 +107,14 @@ def devlxd_answer(code: int, raw: bytes) -> Answer:
     return Answer(code, JSON, json.dumps(metadata).encode("utf-8") + b"\n")
 
 
-def _target(uri: bytes) -> tuple[str, str]:
+def _target(target: str) -> tuple[str, str]:
     """The path, and the path with its query, of a request target (origin or absolute form)."""
-    text = uri.decode("utf-8", "surrogateescape")
-    if not text.startswith("/"):
-        parts = urlsplit(text)
-        text = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    path = text.partition("?")[0]
-    return path, text
+    if not target.startswith("/"):
+        parts = urlsplit(target)
+        if not parts.scheme:
+            raise httpwire.HTTPError(f"a request target that is not a path: {target[:60]!r}")
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return target.partition("?")[0], target
 
 
 def _declared_state(body: bytes) -> str | None:
@@ -139,58 +127,44 @@ def _declared_state(body: bytes) -> str | None:
     return state if state in ("Ready", "Started") else None
 
 
-class CappedRequest(LocalRequest):
-    """A request that keeps at most ``max_body`` bytes of body in memory, and notes any excess."""
-
-    max_body = MAX_REQUEST_BODY
-    body_too_large = False
-    _body_size = 0
-
-    def gotLength(self, length: int | None) -> None:
-        self.content = BytesIO()
-        self.body_too_large = length is not None and length > self.max_body
-
-    def handleContentChunk(self, data: bytes) -> None:
-        self._body_size += len(data)
-        if self._body_size > self.max_body:
-            self.body_too_large = True
-        if self.body_too_large:
-            self.content = BytesIO()  # let go of what was kept
-            return
-        assert self.content is not None
-        self.content.write(data)
+def _where(error: BaseException) -> str:
+    """The innermost frame of a bug, for its one log line."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return "unknown place"
+    last = frames[-1]
+    return f"{last.filename}:{last.lineno} in {last.name}"
 
 
-class _Relay(Protocol):
-    """Copies the host's event stream to the guest program as it arrives."""
+class _Exchange:
+    """One guest connection: its streams and the HTTP version to answer in."""
 
-    def __init__(self, request: Request) -> None:
-        self.request = request
-        self.done: Deferred[None] = Deferred(lambda _: self._stop())
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.version = (1, 1)
+        self.started = False
 
-    def _stop(self) -> None:
-        if self.transport is not None:
-            cast(IPushProducer, self.transport).stopProducing()
+    async def answer(self, answer: Answer) -> None:
+        headers = [
+            ("Content-Type", answer.content_type),
+            ("Content-Length", str(len(answer.body))),
+            ("X-Content-Type-Options", "nosniff"),
+            ("Connection", "close"),
+        ]
+        self.started = True
+        self.writer.write(httpwire.encode_response_head(answer.code, headers, self.version))
+        self.writer.write(answer.body)
+        await self.writer.drain()
 
-    def dataReceived(self, data: bytes) -> None:
-        self.request.write(data)
 
-    def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:  # noqa: B008
-        if not self.done.called:
-            self.done.callback(None)
-
-
-class GuestAPIProxy(Resource):
-    """Every path, every method: forwarded to the host over a new TLS connection."""
-
-    isLeaf = True
-    log = Logger()
+class GuestAPIProxy:
+    """Serves the devlxd socket: every path, every method, forwarded to the host."""
 
     def __init__(
         self,
         route: Callable[[], HostRoute],
         remember_state: Callable[[str], None],
-        clock: IReactorTime,
         timeout: float = 30.0,
     ) -> None:
         """``route`` raises HostUnreachable while the link is down.
@@ -198,108 +172,212 @@ class GuestAPIProxy(Resource):
         ``remember_state`` is told ``"Ready"`` or ``"Started"`` after the host
         accepted a guest program's ``PATCH /1.0`` to that state.
         """
-        super().__init__()
         self.route = route
         self.remember_state = remember_state
-        self.clock = clock
         self.timeout = timeout
+        self._slots: asyncio.Semaphore | None = None  # made in the loop (Python 3.9)
+        self._connections: set[asyncio.Task[None]] = set()
 
-    def render(self, request: Request) -> Any:
-        if getattr(request, "body_too_large", False):  # only a CappedRequest knows
-            return self._answer(
-                request,
-                plain(413, f"Request body too large (limit {MAX_REQUEST_BODY} bytes)"),
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One guest connection: one request, one answer (``asyncio.start_unix_server``)."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
+        exchange = _Exchange(reader, writer)
+        try:
+            # A guest program that went away, or the agent stopping: nobody to answer.
+            with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+                async with self._slots:
+                    await self._serve(exchange)
+        except Exception as e:  # a bug in the agent: one line for the log and for the caller
+            log.error(
+                "serving a guest program failed: internal error %s: %s (at %s)",
+                type(e).__name__,
+                e,
+                _where(e),
             )
+            if not exchange.started:
+                with contextlib.suppress(ConnectionError):
+                    await exchange.answer(plain(500, f"vmready-agent internal error: {e}"))
+        finally:
+            self._connections.discard(task)
+            writer.close()  # after what was written is flushed
+
+    def close_connections(self) -> None:
+        """End every guest connection (the agent stops)."""
+        for task in list(self._connections):
+            task.cancel()
+
+    async def _serve(self, exchange: _Exchange) -> None:
+        try:
+            request = await asyncio.wait_for(self._read_request(exchange), REQUEST_TIMEOUT)
+        except asyncio.TimeoutError:
+            await exchange.answer(plain(408, f"no whole request within {REQUEST_TIMEOUT:g}s"))
+            return
+        except httpwire.BodyTooLarge:
+            await exchange.answer(
+                plain(413, f"Request body too large (limit {MAX_REQUEST_BODY} bytes)")
+            )
+            return
+        except httpwire.HTTPError as e:
+            if not isinstance(e, httpwire.IncompleteMessage):
+                await exchange.answer(plain(e.status, f"Bad request: {e}"))
+            return
+        if request is None:
+            return
+        await self._forward(exchange, *request)
+
+    async def _read_request(
+        self, exchange: _Exchange
+    ) -> tuple[httpwire.RequestHead, bytes] | None:
+        head = await httpwire.read_request_head(exchange.reader)
+        if head is None:
+            return None
+        exchange.version = min(head.version, (1, 1))
+        framing = httpwire.request_framing(head)
+        expects = head.headers.get("expect").lower()
+        if framing.length is not None and framing.length > MAX_REQUEST_BODY:
+            if expects != "100-continue" and framing.length <= MAX_DRAIN:
+                await self._drain(exchange.reader, framing)
+            raise httpwire.BodyTooLarge(MAX_REQUEST_BODY)
+        if expects == "100-continue" and not framing.empty:
+            exchange.writer.write(httpwire.encode_response_head(100, [], exchange.version))
+        try:
+            body = await httpwire.read_body(exchange.reader, framing, MAX_REQUEST_BODY)
+        except httpwire.BodyTooLarge:
+            # Chunked: what is left of the body is drained, up to a bound, before the 413.
+            await self._drain(exchange.reader, framing)
+            raise
+        return head, body
+
+    async def _drain(self, reader: asyncio.StreamReader, framing: httpwire.Framing) -> None:
+        drained = 0
+        chunks = httpwire.body_chunks(reader, framing)
+        try:
+            async for data in chunks:
+                drained += len(data)
+                if drained > MAX_DRAIN:
+                    return
+        except httpwire.HTTPError:
+            return
+        finally:
+            await chunks.aclose()
+
+    async def _forward(self, exchange: _Exchange, head: httpwire.RequestHead, body: bytes) -> None:
+        try:
+            path, full_path = _target(head.target)
+        except httpwire.HTTPError as e:
+            await exchange.answer(plain(400, f"Bad request: {e}"))
+            return
         try:
             route = self.route()
         except HostUnreachable as e:
-            return self._answer(request, plain(503, f"host not reachable: {e}"))
-        forwarding = Deferred.fromCoroutine(self._forward(request, route))
-        forwarding.addErrback(self._failed, request, route)
-        request.notifyFinish().addErrback(lambda _: forwarding.cancel())
-        return NOT_DONE_YET
-
-    async def _forward(self, request: Request, route: HostRoute) -> None:
-        path, full_path = _target(request.uri)
-        assert request.content is not None
-        request.content.seek(0)
-        body = request.content.read()
-        method = request.method
-        content_type = request.getHeader(b"content-type") or b""
-        # A body only when there is one: a GET stays bodiless.
-        sending = send_request(route.agent, method, full_path, body or None, content_type)
-        response = await sending.addTimeout(self.timeout, self.clock)
-        if path == EVENTS_PATH and response.code == 200:
-            await self._relay(request, response)
+            await exchange.answer(plain(503, f"host not reachable: {e}"))
             return
-        raw = await read_body(response).addTimeout(self.timeout, self.clock)
-        answer = devlxd_answer(response.code, raw)
-        if method == b"PATCH" and path == STATE_PATH and 200 <= answer.code < 300:
+        try:
+            answer = await self._exchange(exchange, route, head, path, full_path, body)
+        except asyncio.TimeoutError:
+            answer = plain(
+                503, f"host not reachable: no answer from {route.label} within {self.timeout:g}s"
+            )
+        except AnswerTooLarge as e:
+            answer = plain(502, f"host sent an answer too large to relay ({e})")
+        except HostError as e:
+            answer = plain(503, f"host not reachable: {route.label}: {describe_failure(e)}")
+        except (ConnectionError, asyncio.CancelledError):
+            raise
+        except Exception as e:  # a bug in the agent: one line for the log and for the caller
+            log.error(
+                "forwarding %s %s failed: internal error %s: %s (at %s)",
+                head.method,
+                head.target,
+                type(e).__name__,
+                e,
+                _where(e),
+            )
+            answer = plain(500, f"vmready-agent internal error: {e}")
+        if answer is None or exchange.started:
+            return  # a relayed stream: nothing more can be said
+        await exchange.answer(answer)
+
+    async def _exchange(
+        self,
+        exchange: _Exchange,
+        route: HostRoute,
+        head: httpwire.RequestHead,
+        path: str,
+        full_path: str,
+        body: bytes,
+    ) -> Answer | None:
+        """Send the request on; the answer for the guest (None: a stream was relayed)."""
+        content_type = head.headers.get("content-type")
+        # A body only when there is one: a GET stays bodiless.
+        response = await asyncio.wait_for(
+            route.endpoint.send(head.method, full_path, body or None, content_type), self.timeout
+        )
+        try:
+            if path == EVENTS_PATH and response.status == 200:
+                await self._relay(exchange, response)
+                return None
+            raw = await asyncio.wait_for(response.read(), self.timeout)
+        finally:
+            response.close()
+        answer = devlxd_answer(response.status, raw)
+        if head.method == "PATCH" and path == STATE_PATH and 200 <= answer.code < 300:
             state = _declared_state(body)
             if state is not None:
                 self._remember(state)
-        self._finish(request, answer)
+        return answer
 
     def _remember(self, state: str) -> None:
         try:
             self.remember_state(state)
         except OSError as e:
             # The host has the state; only a later reconnect's reassertion is at risk.
-            self.log.error(
-                "cannot remember the workload's state {state}: {error}",
-                state=state,
-                error=e.strerror or e,
-            )
+            log.error("cannot remember the workload's state %s: %s", state, e.strerror or e)
 
-    async def _relay(self, request: Request, response: IResponse) -> None:
-        request.setResponseCode(200)
-        content_type = response.headers.getRawHeaders(b"content-type", [JSON])[0]
-        request.setHeader(b"content-type", content_type)
-        request.write(b"")  # the headers now: an event may be long in coming
-        relay = _Relay(request)
-        response.deliverBody(relay)
-        await relay.done
-        if not request.finished and not request._disconnected:
-            request.finish()
+    async def _relay(self, exchange: _Exchange, response: HostResponse) -> None:
+        """Copy the host's event stream to the guest until either side ends."""
+        chunked = exchange.version >= (1, 1)
+        headers = [("Content-Type", response.content_type or JSON), ("Connection", "close")]
+        if chunked:
+            headers.append(("Transfer-Encoding", "chunked"))
+        exchange.started = True
+        writer = exchange.writer
+        # The headers now: an event may be long in coming.
+        writer.write(httpwire.encode_response_head(200, headers, exchange.version))
+        await writer.drain()
+        guest_left = asyncio.ensure_future(_until_eof(exchange.reader))
+        relay = asyncio.ensure_future(self._copy(response, writer, chunked))
+        try:
+            await asyncio.wait([guest_left, relay], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            guest_left.cancel()
+            relay.cancel()
+            outcome = await asyncio.gather(guest_left, relay, return_exceptions=True)
+        if outcome[1] is None:  # the host ended its stream: end the guest's properly
+            if chunked:
+                writer.write(httpwire.LAST_CHUNK)
+            await writer.drain()
 
-    def _failed(self, failure: Failure, request: Request, route: HostRoute) -> None:
-        """The one place a failed forward becomes an HTTP answer."""
-        if request.finished or request._disconnected or failure.check(CancelledError):
-            return None  # the guest program went away: nobody to answer
-        if failure.check(TimeoutError):
-            answer = plain(
-                503, f"host not reachable: no answer from {route.label} within {self.timeout:g}s"
-            )
-        elif failure.check(AnswerTooLarge):
-            answer = plain(502, f"host sent an answer too large to relay ({failure.value})")
-        elif failure.check(*_LINK_FAILURES):
-            reason = describe_failure(failure)
-            answer = plain(503, f"host not reachable: {route.label}: {reason}")
-        else:  # a bug in the agent: the operator needs its traceback, the caller one line
-            self.log.failure("forwarding {uri!r} failed", failure, uri=request.uri)
-            answer = plain(500, f"vmready-agent internal error: {failure.getErrorMessage()}")
-        if request.startedWriting:  # mid-stream: nothing more can be said
-            request.finish()
-            return None
-        self._finish(request, answer)
-        return None
-
-    def _answer(self, request: Request, answer: Answer) -> bytes:
-        request.setResponseCode(answer.code)
-        request.setHeader(b"content-type", answer.content_type)
-        request.setHeader(b"x-content-type-options", b"nosniff")
-        return answer.body
-
-    def _finish(self, request: Request, answer: Answer) -> None:
-        if request.finished or request._disconnected:
-            return
-        request.write(self._answer(request, answer))
-        request.finish()
+    async def _copy(
+        self, response: HostResponse, writer: asyncio.StreamWriter, chunked: bool
+    ) -> None:
+        events = response.chunks()
+        try:
+            async for data in events:
+                writer.write(httpwire.encode_chunk(data) if chunked else data)
+                await writer.drain()
+        except HostError as e:
+            log.info("the host's event stream for a guest program ended: %s", e)
+            raise
+        finally:
+            await events.aclose()
 
 
-def proxy_site(proxy: GuestAPIProxy) -> Site:
-    """The HTTP server for the devlxd socket: capped bodies, no tracebacks to callers."""
-    site = Site(proxy, requestFactory=CappedRequest)
-    site.displayTracebacks = False
-    site.noisy = False
-    return site
+async def _until_eof(reader: asyncio.StreamReader) -> None:
+    """Returns when the guest program closes its end (anything it sends meanwhile is dropped)."""
+    while await reader.read(httpwire.READ_SIZE):
+        continue

@@ -9,21 +9,19 @@ writes become the guest's input, its requests the guest API requests.
 
 from __future__ import annotations
 
+import ssl
 import time
-from collections.abc import Callable
-from typing import Any
+from typing import Callable
 
-from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IProtocol
-from twisted.internet.protocol import Protocol
-from twisted.python.failure import Failure
-from twisted.web.client import ResponseDone
-from twisted.web.http_headers import Headers
-from twisted.web.iweb import IAgent, IBodyProducer, IResponse
-from zope.interface import implementer
-
-from vmready.agent.serial import SerialKeeper
-from vmready.recording import EVENTS_PATH
+from vmready.agent.config import Transport
+from vmready.agent.core import HostAddress
+from vmready.agent.host import (
+    HostConnector,
+    HostEndpoint,
+    HostResponse,
+    describe_failure,
+)
+from vmready.agent.network import NetworkPlan
 from vmready.transcript import (
     DEFAULT_KEEP,
     DEFAULT_MAX_BYTES,
@@ -34,7 +32,9 @@ from vmready.transcript import (
     looks_secret,
 )
 
-__all__ = ["AgentRecorder", "RecordingAgent", "RecordingSerialKeeper"]
+__all__ = ["AgentRecorder", "RecordingConnector", "RecordingEndpoint"]
+
+EVENTS_PATH = "/1.0/events"
 
 
 class AgentRecorder:
@@ -97,88 +97,51 @@ class AgentRecorder:
         self.writer.close()
 
 
-class RecordingSerialKeeper(SerialKeeper):
-    """A ``SerialKeeper`` that records what the agent writes."""
+class RecordingEndpoint(HostEndpoint):
+    """The host's guest API at one address, each request and its answer recorded."""
 
-    recorder: AgentRecorder
-
-    def write(self, data: bytes) -> bool:
-        written = super().write(data)
-        if written:
-            self.recorder.serial_out(data)
-        return written
-
-
-class _Tee(Protocol):
-    """Passes a response body on and keeps a copy for the transcript."""
-
-    def __init__(self, inner: IProtocol, done: Callable[[bytes], None]) -> None:
-        self.inner = inner
-        self.done = done
-        self.chunks: list[bytes] = []
-
-    def makeConnection(self, transport: Any) -> None:
-        self.inner.makeConnection(transport)
-
-    def dataReceived(self, data: bytes) -> None:
-        self.chunks.append(data)
-        self.inner.dataReceived(data)
-
-    def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:  # noqa: B008
-        self.done(b"".join(self.chunks))
-        self.inner.connectionLost(reason)
-
-
-@implementer(IResponse)
-class _RecordedResponse:
-    """An IResponse whose body is recorded as it is delivered."""
-
-    def __init__(self, inner: IResponse, done: Callable[[bytes], None]) -> None:
-        self._inner = inner
-        self._done = done
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def deliverBody(self, protocol: IProtocol) -> None:
-        self._inner.deliverBody(_Tee(protocol, self._done))
-
-
-@implementer(IAgent)
-class RecordingAgent:
-    """An IAgent to the host that records each request and its answer."""
-
-    def __init__(self, inner: IAgent, recorder: AgentRecorder) -> None:
-        self.inner = inner
+    def __init__(
+        self, connector: HostConnector, address: HostAddress, recorder: AgentRecorder
+    ) -> None:
+        super().__init__(connector, address)
         self.recorder = recorder
 
-    def request(
+    async def send(
+        self, method: str, target: str, body: bytes | None = None, content_type: str = ""
+    ) -> HostResponse:
+        request_id = self.recorder.host_request(method, target, body or b"")
+        try:
+            response = await super().send(method, target, body, content_type)
+        except Exception as e:
+            self.recorder.host_failed(request_id, describe_failure(e))
+            raise
+        if method == "GET" and target.split("?")[0] == EVENTS_PATH:
+            self.recorder.host_response(request_id, response.status, None)
+            return response
+        secret = target.startswith("/1.0/config/") and looks_secret(target)
+        status = response.status
+
+        def answered(raw: bytes) -> None:
+            self.recorder.host_response(request_id, status, raw, secret)
+
+        response.on_body = answered
+        return response
+
+
+class RecordingConnector(HostConnector):
+    """A HostConnector whose endpoints record to ``recorder``."""
+
+    def __init__(
         self,
-        method: bytes,
-        uri: bytes,
-        headers: Headers | None = None,
-        bodyProducer: IBodyProducer | None = None,
-    ) -> Deferred[IResponse]:
-        path = uri.split(b"://", 1)[-1]
-        path = path[path.find(b"/") :] if b"/" in path else b"/"
-        body = getattr(bodyProducer, "body", b"") if bodyProducer is not None else b""
-        text_path = path.decode("utf-8", "replace")
-        request_id = self.recorder.host_request(method.decode("ascii"), text_path, body)
-        stream = method == b"GET" and text_path.split("?")[0] == EVENTS_PATH
-        secret = text_path.startswith("/1.0/config/") and looks_secret(text_path)
+        recorder: AgentRecorder,
+        transport: Transport,
+        context: ssl.SSLContext,
+        pinned_der: bytes,
+        tcp_sockets: str | None = None,
+        network: NetworkPlan | None = None,
+    ) -> None:
+        super().__init__(transport, context, pinned_der, tcp_sockets, network)
+        self.recorder = recorder
 
-        def answered(response: IResponse) -> IResponse:
-            if stream:
-                self.recorder.host_response(request_id, response.code, None)
-                return response
-            return _RecordedResponse(
-                response,
-                lambda raw: self.recorder.host_response(request_id, response.code, raw, secret),
-            )
-
-        def failed(failure: Failure) -> Failure:
-            self.recorder.host_failed(request_id, failure.getErrorMessage())
-            return failure
-
-        sent: Deferred[IResponse] = self.inner.request(method, uri, headers, bodyProducer)
-        return sent.addCallbacks(answered, failed)
+    def at(self, address: HostAddress) -> HostEndpoint:
+        return RecordingEndpoint(self, address, self.recorder)

@@ -1,10 +1,14 @@
-"""The agent's serial port: found, opened, driven by the reactor, reopened when it closes.
+"""The agent's serial port: found, opened, driven by the event loop, reopened when it closes.
 
-In a real guest the port is the virtio character device
-``/dev/virtio-ports/com.canonical.lxd`` (or the legacy
-``org.linuxcontainers.lxd``), opened non-blocking and read and written through
-a ``FileDescriptor``.  A fakeqemu guest exposes the same name as a unix socket
-(``<qmp>.guest/virtio-ports/<name>``), which is connected to instead.
+In a real guest the port is a virtio character device.  With udev it is the
+link ``/dev/virtio-ports/com.canonical.lxd`` (or the legacy
+``org.linuxcontainers.lxd``); without udev there is no link, only
+``/dev/vportNpM``, whose name is in ``/sys/class/virtio-ports/vportNpM/name``.
+``find_port`` tries each name in turn (the one the host wired first), the link
+and then sysfs.  The device is opened non-blocking, in raw mode if it is a tty,
+and read and written through ``loop.add_reader``/``add_writer``.  A fakeqemu
+guest exposes the same name as a unix socket (``<qmp>.guest/virtio-ports/<name>``),
+which is connected to instead; its sysfs is the host's, so it is never searched.
 
 ``SerialKeeper`` keeps the port open: when it closes (a fakeqemu VM reset or
 stop closes the socket) it is reopened with a growing delay; after the last
@@ -15,109 +19,269 @@ the delays, so a busy port ends in giving up too, not in a loop.
 
 from __future__ import annotations
 
+import abc
+import asyncio
+import logging
 import os
 import stat
 import termios
 import tty
-from collections.abc import Callable, Sequence
-from typing import Any
-
-from twisted.application.service import Service
-from twisted.internet import fdesc
-from twisted.internet.abstract import FileDescriptor
-from twisted.internet.defer import Deferred, fail, succeed
-from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
-from twisted.internet.error import ConnectionDone, ConnectionLost
-from twisted.internet.interfaces import IAddress, IDelayedCall
-from twisted.internet.protocol import Protocol
-from twisted.logger import Logger
-from twisted.python.failure import Failure
-from zope.interface import implementer
-
-from vmready.agent.host import describe_failure
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
+from typing import Callable
 
 __all__ = [
+    "DEFAULT_DEV",
+    "DEFAULT_SYSFS_PORTS",
+    "DEFAULT_VIRTIO_PORTS",
     "LEGACY_PORT_NAME",
     "PORT_NAME",
     "REOPEN_DELAYS",
-    "SerialDevice",
+    "FoundPort",
+    "SerialChannel",
     "SerialKeeper",
     "SerialOpenError",
     "SerialPortMissing",
-    "choose_port",
+    "find_port",
     "open_serial",
+    "port_names",
 ]
 
 PORT_NAME = "com.canonical.lxd"
 LEGACY_PORT_NAME = "org.linuxcontainers.lxd"
+DEFAULT_VIRTIO_PORTS = "/dev/virtio-ports"
+DEFAULT_SYSFS_PORTS = "/sys/class/virtio-ports"
+DEFAULT_DEV = "/dev"
 # Seconds between reopening attempts; after the last one the agent gives up.
 REOPEN_DELAYS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 # A port that stayed open this long was really ours: its loss starts the delays afresh.
 STABLE_AFTER = 2.0
+# How long a closing port may take to flush what was written (nobody may read it).
+FLUSH_TIMEOUT = 2.0
+CONNECT_TIMEOUT = 5.0
+READ_SIZE = 64 * 1024
 
-log = Logger()
+log = logging.getLogger(__name__)
+
+OnData = Callable[[bytes], None]
+OnLost = Callable[[str], None]
 
 
 class SerialPortMissing(Exception):
     """No serial port to open; the message says where the agent looked."""
 
 
-def choose_port(virtio_ports: str) -> str:
-    """The port to use in ``virtio_ports``: ``com.canonical.lxd``, else the legacy name."""
-    for name in (PORT_NAME, LEGACY_PORT_NAME):
-        path = os.path.join(virtio_ports, name)
-        if os.path.exists(path):
-            return path
-    raise SerialPortMissing(f"neither {PORT_NAME} nor {LEGACY_PORT_NAME} in {virtio_ports}")
+class SerialOpenError(Exception):
+    """The port could not be opened; the message says which and why."""
 
 
-@implementer(IAddress)
-class _DeviceAddress:
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def __repr__(self) -> str:
-        return f"<serial device {self.path}>"
-
-
-class SerialDevice(FileDescriptor):
-    """A character device (virtio port, tty) as a reactor-driven transport."""
-
-    def __init__(self, fd: int, path: str, protocol: Protocol, reactor: Any) -> None:
-        super().__init__(reactor)
-        self._fd = fd
-        self._address = _DeviceAddress(path)
-        self.protocol = protocol
-        fdesc.setNonBlocking(fd)
-        self.connected = 1
-        protocol.makeConnection(self)
-        self.startReading()
-
-    def fileno(self) -> int:
-        return self._fd
-
-    def getHost(self) -> IAddress:
-        return self._address
-
-    def getPeer(self) -> IAddress:
-        return self._address
-
-    def doRead(self) -> Any:
-        return fdesc.readFromFD(self._fd, self.protocol.dataReceived)
-
-    def writeSomeData(self, data: bytes) -> Any:
-        return fdesc.writeToFD(self._fd, data)
-
-    def connectionLost(self, reason: Failure) -> None:
-        super().connectionLost(reason)
-        fd, self._fd = self._fd, -1
-        if fd >= 0:
-            os.close(fd)
-        self.protocol.connectionLost(reason)
+def port_names(wired: str | None) -> tuple[str, ...]:
+    """The names to try, in order: the one the host wired first, then the known ones."""
+    known = (PORT_NAME, LEGACY_PORT_NAME)
+    if wired is None:
+        return known
+    return (wired, *(name for name in known if name != wired))
 
 
-def _open_device(reactor: Any, path: str, protocol: Protocol) -> None:
-    fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+@dataclass(frozen=True)
+class FoundPort:
+    """A port to open: its path, its name, and whether sysfs named it (no udev link)."""
+
+    path: str
+    name: str
+    sysfs: str | None = None
+
+    def describe(self) -> str:
+        """How the log names it: ``<path>``, ``<path> (legacy name)`` …"""
+        notes = []
+        if self.sysfs is not None:
+            notes.append(f"{self.name}, found in {self.sysfs}")
+        if self.name == LEGACY_PORT_NAME:
+            notes.append("legacy name")
+        return self.path + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def _names(names: Sequence[str]) -> str:
+    if len(names) == 2:
+        return f"neither {names[0]} nor {names[1]}"
+    return "none of " + ", ".join(names)
+
+
+def _sysfs_entry(sysfs: str, name: str) -> str | None:
+    """The ``vportNpM`` whose ``name`` file says ``name``, if any."""
+    try:
+        entries = sorted(os.listdir(sysfs))
+    except OSError:
+        return None
+    for entry in entries:
+        try:
+            with open(os.path.join(sysfs, entry, "name"), encoding="utf-8") as f:
+                if f.read().strip() == name:
+                    return entry
+        except (OSError, UnicodeDecodeError):
+            continue
+    return None
+
+
+def find_port(
+    names: Sequence[str],
+    virtio_ports: str = DEFAULT_VIRTIO_PORTS,
+    sysfs: str | None = DEFAULT_SYSFS_PORTS,
+    dev: str = DEFAULT_DEV,
+) -> FoundPort:
+    """The first of ``names`` present: as a udev link, else named in sysfs (if given)."""
+    for name in names:
+        link = os.path.join(virtio_ports, name)
+        if os.path.exists(link):
+            return FoundPort(link, name)
+        if sysfs is not None:
+            entry = _sysfs_entry(sysfs, name)
+            if entry is not None and os.path.exists(os.path.join(dev, entry)):
+                return FoundPort(os.path.join(dev, entry), name, sysfs)
+    where = virtio_ports if sysfs is None else f"{virtio_ports} or {sysfs}"
+    raise SerialPortMissing(f"{_names(names)} in {where}")
+
+
+class SerialChannel(abc.ABC):
+    """An open port: ``write`` queues bytes; ``on_lost`` is told once, when it ends."""
+
+    def __init__(self, on_data: OnData, on_lost: OnLost) -> None:
+        self.on_data = on_data
+        self.on_lost = on_lost
+        self.ended = False
+        self._closing = False
+
+    @abc.abstractmethod
+    def write(self, data: bytes) -> None:
+        """Queue ``data`` for the port."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """End once what was written is flushed."""
+
+    @abc.abstractmethod
+    def abort(self) -> None:
+        """End now, dropping anything unwritten."""
+
+    def _end(self, reason: str) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        self.on_lost("closed by the agent" if self._closing else reason)
+
+
+class _DeviceChannel(SerialChannel):
+    """A character device (virtio port, tty) driven by the loop's reader and writer."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, fd: int, on_data: OnData, on_lost: OnLost
+    ) -> None:
+        super().__init__(on_data, on_lost)
+        self.loop = loop
+        self.fd = fd
+        self._pending = bytearray()
+        loop.add_reader(fd, self._readable)
+
+    def _readable(self) -> None:
+        try:
+            data = os.read(self.fd, READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            self._finish(f"read failed: {e.strerror or e}")
+            return
+        if not data:
+            self._finish("closed by the other end")
+            return
+        self.on_data(data)
+
+    def write(self, data: bytes) -> None:
+        if self.ended or self._closing:
+            return
+        self._pending += data
+        self._flush()
+
+    def _flush(self) -> None:
+        try:
+            while self._pending:
+                written = os.write(self.fd, self._pending)
+                del self._pending[:written]
+        except (BlockingIOError, InterruptedError):
+            self.loop.add_writer(self.fd, self._flush)
+            return
+        except OSError as e:
+            self._finish(f"write failed: {e.strerror or e}")
+            return
+        self.loop.remove_writer(self.fd)
+        if self._closing:
+            self._finish("closed by the agent")
+
+    def close(self) -> None:
+        if self.ended:
+            return
+        self._closing = True
+        if not self._pending:
+            self._finish("closed by the agent")
+
+    def abort(self) -> None:
+        self._finish("closed unflushed")
+
+    def _finish(self, reason: str) -> None:
+        if self.ended:
+            return
+        self.loop.remove_reader(self.fd)
+        self.loop.remove_writer(self.fd)
+        os.close(self.fd)
+        self._end(reason)
+
+
+class _SocketChannel(SerialChannel, asyncio.Protocol):
+    """A fakeqemu port: a unix socket stream."""
+
+    transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.on_data(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end("closed by the other end" if exc is None else f"connection lost ({exc})")
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self.ended and not self._closing:
+            self.transport.write(data)
+
+    def close(self) -> None:
+        self._closing = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+
+async def open_serial(path: str, on_data: OnData, on_lost: OnLost) -> SerialChannel:
+    """Open the port at ``path``: a unix socket or a character device; SerialOpenError."""
+    loop = asyncio.get_running_loop()
+    try:
+        mode = os.stat(path).st_mode
+        if stat.S_ISSOCK(mode):
+            channel = _SocketChannel(on_data, on_lost)
+            await asyncio.wait_for(
+                loop.create_unix_connection(lambda: channel, path), CONNECT_TIMEOUT
+            )
+            return channel
+        if not stat.S_ISCHR(mode):
+            raise SerialOpenError(f"{path} is neither a character device nor a unix socket")
+        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as e:
+        raise SerialOpenError(f"cannot open {path}: {e.strerror or e}") from None
+    except asyncio.TimeoutError:
+        raise SerialOpenError(f"cannot open {path}: no answer in {CONNECT_TIMEOUT:g}s") from None
     try:
         if os.isatty(fd):
             # A serial line (or a test's pty): no echo, no line editing, bytes as they are.
@@ -125,66 +289,20 @@ def _open_device(reactor: Any, path: str, protocol: Protocol) -> None:
     except BaseException:
         os.close(fd)
         raise
-    SerialDevice(fd, path, protocol, reactor)
+    return _DeviceChannel(loop, fd, on_data, on_lost)
 
 
-class SerialOpenError(Exception):
-    """The port could not be opened; the message says which and why."""
+Locate = Callable[[], FoundPort]
+Opener = Callable[[str, OnData, OnLost], Awaitable[SerialChannel]]
 
 
-def open_serial(reactor: Any, path: str, protocol: Protocol) -> Deferred[None]:
-    """Connect ``protocol`` to the port at ``path``: a unix socket or a character device."""
-    try:
-        mode = os.stat(path).st_mode
-        if stat.S_ISSOCK(mode):
-            endpoint = UNIXClientEndpoint(reactor, path, timeout=5)
-            connecting: Deferred[None] = connectProtocol(endpoint, protocol).addCallback(
-                lambda _: None
-            )
-            return connecting
-        if not stat.S_ISCHR(mode):
-            raise SerialOpenError(f"{path} is neither a character device nor a unix socket")
-        _open_device(reactor, path, protocol)
-    except OSError as e:
-        return fail(SerialOpenError(f"cannot open {path}: {e.strerror or e}"))
-    except SerialOpenError as e:
-        return fail(e)
-    return succeed(None)
-
-
-def _why(reason: Failure) -> str:
-    if reason.check(ConnectionDone):
-        return "closed by the other end"
-    if reason.check(ConnectionLost):
-        return "connection lost"
-    return describe_failure(reason)
-
-
-class _PortProtocol(Protocol):
-    def __init__(self, keeper: SerialKeeper) -> None:
-        self.keeper = keeper
-        self.gone: Failure | None = None
-
-    def dataReceived(self, data: bytes) -> None:
-        self.keeper.on_data(data)
-
-    def connectionLost(self, reason: Failure = Failure(ConnectionDone())) -> None:  # noqa: B008
-        self.gone = reason
-        self.keeper._lost(self, reason)
-
-
-Locate = Callable[[], str]
-Opener = Callable[[Any, str, Protocol], Deferred[None]]
-
-
-class SerialKeeper(Service):
+class SerialKeeper:
     """Holds the serial port open for the agent, reopening it when it closes."""
 
     def __init__(
         self,
-        reactor: Any,
         locate: Locate,
-        on_data: Callable[[bytes], None],
+        on_data: OnData,
         on_open: Callable[[], None],
         on_give_up: Callable[[str], None],
         delays: Sequence[float] = REOPEN_DELAYS,
@@ -192,7 +310,6 @@ class SerialKeeper(Service):
         opener: Opener = open_serial,
     ) -> None:
         """``locate`` names the port to open (it may raise SerialPortMissing)."""
-        self.reactor = reactor
         self.locate = locate
         self.on_data = on_data
         self.on_open = on_open
@@ -201,103 +318,94 @@ class SerialKeeper(Service):
         self.stable_after = stable_after
         self.opener = opener
         self.path: str | None = None
-        self._protocol: _PortProtocol | None = None
+        self.running = False
+        self._channel: SerialChannel | None = None
         self._opened_at = 0.0
         self._failures = 0
-        self._retry: IDelayedCall | None = None
-        self._closed: Deferred[None] | None = None
+        self._retry: asyncio.TimerHandle | None = None
+        self._opening: asyncio.Task[None] | None = None
+        self._closed: asyncio.Future[None] | None = None
 
     @property
     def is_open(self) -> bool:
         """The port is open now."""
-        return self._protocol is not None
+        return self._channel is not None
 
-    def startService(self) -> None:
-        super().startService()
+    def start(self) -> None:
+        """Open the port (in the running loop)."""
+        self.running = True
         self._open()
 
     def write(self, data: bytes) -> bool:
         """Write to the port if it is open; False if the bytes were dropped."""
-        if self._protocol is None or self._protocol.transport is None:
+        if self._channel is None:
             return False
-        self._protocol.transport.write(data)
+        self._channel.write(data)
         return True
 
-    def stopService(self) -> Deferred[None]:
-        """Close the port once what was written is flushed (at most 2 s: nobody may read it)."""
-        super().stopService()
-        if self._retry is not None and self._retry.active():
+    async def stop(self) -> None:
+        """Close the port once what was written is flushed (at most ``FLUSH_TIMEOUT``)."""
+        self.running = False
+        if self._retry is not None:
             self._retry.cancel()
-        self._retry = None
-        protocol = self._protocol
-        if protocol is None or protocol.transport is None:
-            return succeed(None)
-        closed: Deferred[None] = Deferred()
-        self._closed = closed
-        protocol.transport.loseConnection()
-        deadline = self.reactor.callLater(2.0, self._force_close, protocol)
-        closed.addBoth(self._cancel_call, deadline)
-        return closed
-
-    @staticmethod
-    def _cancel_call(result: object, call: IDelayedCall) -> object:
-        if call.active():
-            call.cancel()
-        return result
-
-    def _force_close(self, protocol: _PortProtocol) -> None:
-        transport = protocol.transport
-        if transport is None or protocol.gone is not None:
+            self._retry = None
+        if self._opening is not None:
+            self._opening.cancel()
+        channel = self._channel
+        if channel is None:
             return
-        abort = getattr(transport, "abortConnection", None)
-        if abort is not None:
-            abort()
-        elif isinstance(transport, FileDescriptor):
-            transport.connectionLost(Failure(ConnectionDone("closed unflushed at exit")))
+        closed = self._closed = asyncio.get_running_loop().create_future()
+        channel.close()
+        try:
+            await asyncio.wait_for(asyncio.shield(closed), FLUSH_TIMEOUT)
+        except asyncio.TimeoutError:
+            channel.abort()
+            await closed
 
     def _open(self) -> None:
         self._retry = None
         try:
-            path = self.locate()
+            found = self.locate()
         except SerialPortMissing as e:
             self._failed(str(e))
             return
-        if path != self.path:
-            name = os.path.basename(path)
-            legacy = " (legacy name)" if name == LEGACY_PORT_NAME else ""
-            log.info("serial port: {path}{legacy}", path=path, legacy=legacy)
-            self.path = path
-        protocol = _PortProtocol(self)
-        opening = self.opener(self.reactor, path, protocol)
-        opening.addCallbacks(
-            lambda _: self._opened(protocol, path), lambda f: self._failed(describe_failure(f))
-        )
+        if found.path != self.path:
+            log.info("serial port: %s", found.describe())
+            self.path = found.path
+        self._opening = asyncio.ensure_future(self._connect(found.path))
 
-    def _opened(self, protocol: _PortProtocol, path: str) -> None:
-        if protocol.gone is not None:  # closed before we heard it opened: someone holds it
-            self._failed(f"{path} closed at once ({_why(protocol.gone)})")
+    async def _connect(self, path: str) -> None:
+        attempt = _Attempt(self)
+        try:
+            channel = await self.opener(path, self.on_data, attempt.lost)
+        except SerialOpenError as e:
+            self._failed(str(e))
             return
-        assert protocol.transport is not None
+        finally:
+            self._opening = None
+        if attempt.lost_before_open:  # closed before we heard it opened: someone holds it
+            self._failed(f"{path} closed at once ({attempt.lost_before_open})")
+            return
+        attempt.channel = channel
         if not self.running:
-            protocol.transport.loseConnection()
+            channel.close()
             return
-        self._protocol = protocol
-        self._opened_at = self.reactor.seconds()
+        self._channel = channel
+        self._opened_at = asyncio.get_running_loop().time()
         self.on_open()
 
-    def _lost(self, protocol: _PortProtocol, reason: Failure) -> None:
-        if protocol is not self._protocol:
-            return
-        self._protocol = None
+    def _lost(self, reason: str) -> None:
+        self._channel = None
         if self._closed is not None:
             closed, self._closed = self._closed, None
-            closed.callback(None)
+            if not closed.done():
+                closed.set_result(None)
             return
         if not self.running:
             return
-        if self.reactor.seconds() - self._opened_at >= self.stable_after:
+        if asyncio.get_running_loop().time() - self._opened_at >= self.stable_after:
             self._failures = 0
-        self._failed(f"{self.path} {_why(reason)}")
+        self._failed(f"{self.path} {reason}")
 
     def _failed(self, reason: str) -> None:
         if not self.running:
@@ -309,11 +417,27 @@ class SerialKeeper(Service):
             return
         delay = self.delays[self._failures]
         self._failures += 1
-        log.warn(
-            "serial port: {reason}; reopening in {delay}s ({attempt} of {attempts})",
-            reason=reason,
-            delay=delay,
-            attempt=self._failures,
-            attempts=len(self.delays),
+        log.warning(
+            "serial port: %s; reopening in %ss (%d of %d)",
+            reason,
+            delay,
+            self._failures,
+            len(self.delays),
         )
-        self._retry = self.reactor.callLater(delay, self._open)
+        loop = asyncio.get_running_loop()
+        self._retry = loop.call_later(delay, self._open)
+
+
+class _Attempt:
+    """One opening of the port: where its end is reported, once it is known to be open."""
+
+    def __init__(self, keeper: SerialKeeper) -> None:
+        self.keeper = keeper
+        self.channel: SerialChannel | None = None
+        self.lost_before_open = ""
+
+    def lost(self, reason: str) -> None:
+        if self.channel is None:
+            self.lost_before_open = reason
+        elif self.channel is self.keeper._channel:
+            self.keeper._lost(reason)

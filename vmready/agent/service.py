@@ -1,32 +1,26 @@
 """The running agent: the handshake core wired to the serial port, the host and the socket.
 
-``AgentService`` carries out what ``AgentCore`` decides: it writes status lines
-through the ``SerialKeeper``, dials the host with ``open_link`` (after the
-delay the core asked for, abandoning a dial the core gave up on), holds the
-link watch, reasserts a remembered Ready on every new link, and answers the
-devlxd proxy's question "where is the host now?".  ``build_agent`` puts the
-real pieces together from an ``AgentConfig``.
+``Agent`` carries out what ``AgentCore`` decides, on an asyncio loop: it writes
+status lines through the ``SerialKeeper``, says its status every heartbeat,
+dials the host (after the delay the core asked for, abandoning a dial the core
+gave up on), holds the link watch, reasserts a remembered Ready on every new
+link, and answers the devlxd proxy's question "where is the host now?".
+``build_agent`` puts the real pieces together from an ``AgentConfig``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import os
 import socket
 import stat
-from collections.abc import Callable
-from typing import Any
-
-from twisted.application import strports
-from twisted.application.internet import TimerService
-from twisted.application.service import MultiService
-from twisted.internet.defer import Deferred, gatherResults
-from twisted.internet.interfaces import IReactorTime
-from twisted.internet.task import deferLater
-from twisted.logger import Logger
-from twisted.python.failure import Failure
-from twisted.web.iweb import IAgent
+from collections.abc import Awaitable
+from typing import Callable
 
 from vmready.agent.config import AgentConfig, ConfigError
+from vmready.agent.connectport import ConnectPortReader
 from vmready.agent.core import (
     AbandonDial,
     AgentCore,
@@ -39,6 +33,7 @@ from vmready.agent.core import (
 )
 from vmready.agent.host import (
     HostConnector,
+    HostEndpoint,
     HostRefused,
     LinkWatch,
     describe_failure,
@@ -46,76 +41,146 @@ from vmready.agent.host import (
     patch_state,
 )
 from vmready.agent.memory import ReadyMemory
-from vmready.agent.proxy import GuestAPIProxy, HostRoute, HostUnreachable, proxy_site
-from vmready.agent.recording import AgentRecorder, RecordingAgent, RecordingSerialKeeper
-from vmready.agent.serial import SerialKeeper, choose_port
+from vmready.agent.proxy import GuestAPIProxy, HostRoute, HostUnreachable
+from vmready.agent.recording import AgentRecorder, RecordingConnector
+from vmready.agent.serial import FoundPort, SerialKeeper, find_port
+from vmready.agent.tls import TLSConfigError, client_context, pinned_der
 
-__all__ = ["DIAL_TIMEOUT", "AgentService", "build_agent", "prepare_socket_path"]
+__all__ = ["DIAL_TIMEOUT", "Agent", "bind_socket", "build_agent", "prepare_socket_path"]
 
 # Connect, TLS, GET /1.0 and the event stream's headers, together.
 DIAL_TIMEOUT = 15.0
 _UNIX_PATH_MAX = 107  # sun_path holds 108 bytes, the terminating NUL included
 
-Dialer = Callable[[HostAddress], Deferred[LinkWatch]]
+log = logging.getLogger(__name__)
+
+Dialer = Callable[[HostAddress], Awaitable[LinkWatch]]
+Reasserter = Callable[[HostAddress], Awaitable[None]]
 
 
-class AgentService(MultiService):
+class Agent:
     """The in-guest agent: serial handshake, link to the host, Ready memory, devlxd socket."""
-
-    log = Logger()
 
     def __init__(
         self,
-        clock: IReactorTime,
         core: AgentCore,
-        agent_for: Callable[[HostAddress], IAgent],
+        endpoint_for: Callable[[HostAddress], HostEndpoint],
         describe: Callable[[HostAddress], str],
         memory: ReadyMemory,
         heartbeat: float,
         dial_timeout: float = DIAL_TIMEOUT,
         dial: Dialer | None = None,
+        reassert: Reasserter | None = None,
+        recorder: AgentRecorder | None = None,
     ) -> None:
-        """Add the serial keeper with ``attach_serial`` and listeners with ``addService``.
+        """Add the serial keeper with ``attach_serial`` and the socket with ``attach_socket``.
 
-        ``dial`` opens a validated link (default: ``open_link`` with ``agent_for``).
+        ``dial`` opens a validated link, ``reassert`` sends Ready again (defaults:
+        ``open_link`` and ``patch_state`` on ``endpoint_for``'s endpoint).
         """
-        super().__init__()
-        self.clock = clock
         self.core = core
-        self.agent_for = agent_for
+        self.endpoint_for = endpoint_for
         self.describe = describe
         self.memory = memory
+        self.heartbeat = heartbeat
         self.dial_timeout = dial_timeout
-        self.dial = dial or self._open_link
+        self.dial: Dialer = dial or self._open_link
+        self.reassert: Reasserter = reassert or self._patch_ready
+        self.recorder = recorder
         self.serial: SerialKeeper | None = None
+        self.connect_port: ConnectPortReader | None = None
+        self.proxy = GuestAPIProxy(self.route, self.remember_state)
+        self.socket_path: str | None = None
         self.exit_code = 0
-        self.on_fatal: Callable[[str], None] = lambda reason: None
-        self._dialing: tuple[int, Deferred[LinkWatch]] | None = None
+        self._listening: socket.socket | None = None
+        self._socket_identity = (0, 0)
+        self._server: asyncio.AbstractServer | None = None
+        self._stop_requested: asyncio.Future[None] | None = None
+        self._beat_handle: asyncio.TimerHandle | None = None
+        self._dialing: tuple[int, asyncio.Task[LinkWatch]] | None = None
         self._links: dict[int, LinkWatch] = {}
-        # The first child: its first beat comes before the serial port is open and is not
-        # said; the port's opening says the status, so a start writes one STARTED.
-        self._heartbeat = TimerService(heartbeat, self.beat)
-        self._heartbeat.clock = clock
-        self._heartbeat.setServiceParent(self)
+        self._background: set[asyncio.Task[None]] = set()
 
     def attach_serial(self, serial: SerialKeeper) -> None:
-        """Use ``serial`` (built with this service's callbacks) as the port; started after it."""
+        """Use ``serial`` (built with this agent's callbacks) as the port."""
         self.serial = serial
-        serial.setServiceParent(self)
 
-    def stopService(self) -> Deferred[None]:
-        """Say STOPPED and drop the link, then close the serial port (flushed) and the socket."""
-        closing = [watch.when_closed() for watch in self._links.values()]
+    def attach_connect_port(self, reader: ConnectPortReader) -> None:
+        """Read the host's CONNECT lines with ``reader`` (built with ``connect_data``)."""
+        self.connect_port = reader
+
+    def attach_socket(self, listening: socket.socket, path: str) -> None:
+        """Serve the guest API on ``listening``, the bound unix socket at ``path``."""
+        self._listening = listening
+        self.socket_path = path
+        bound = os.lstat(path)
+        self._socket_identity = (bound.st_dev, bound.st_ino)
+
+    # -- running ------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Serve the socket, open the serial port, start the heartbeat."""
+        loop = asyncio.get_running_loop()
+        self._stop_requested = loop.create_future()
+        if self._listening is not None:
+            self._server = await asyncio.start_unix_server(self.proxy.handle, sock=self._listening)
+        if self.serial is not None:
+            self.serial.start()
+        if self.connect_port is not None:
+            self.connect_port.start()
+        self._beat_handle = loop.call_later(self.heartbeat, self.beat)
+
+    def request_stop(self) -> None:
+        """Stop soon (SIGTERM, SIGINT, or a fatal error)."""
+        if self._stop_requested is not None and not self._stop_requested.done():
+            self._stop_requested.set_result(None)
+
+    async def run(self) -> int:
+        """Start, run until asked to stop, stop; the exit status."""
+        await self.start()
+        assert self._stop_requested is not None
+        await self._stop_requested
+        await self.stop()
+        return self.exit_code
+
+    async def stop(self) -> None:
+        """Say STOPPED and drop the link, close the serial port (flushed), then the socket."""
+        if self._beat_handle is not None:
+            self._beat_handle.cancel()
+        closing = [watch.closed() for watch in self._links.values()]
         self.execute(self.core.stop())
-        closing.append(super().stopService())
-        stopped: Deferred[None] = gatherResults(closing).addCallback(lambda _: None)
-        return stopped
+        await asyncio.gather(*closing)
+        for task in list(self._background):
+            task.cancel()
+        if self.connect_port is not None:
+            await self.connect_port.stop()
+        if self.serial is not None:
+            await self.serial.stop()
+        if self._server is not None:
+            self._server.close()
+            self.proxy.close_connections()
+            await self._server.wait_closed()
+            self._server = None
+        self._remove_socket()
+        if self.recorder is not None:
+            self.recorder.close()
+
+    def _remove_socket(self) -> None:
+        if self._listening is None or self.socket_path is None:
+            return
+        with contextlib.suppress(OSError):
+            here = os.lstat(self.socket_path)
+            # Only our own socket file: another agent may have replaced it since.
+            if (here.st_dev, here.st_ino) == self._socket_identity:
+                os.unlink(self.socket_path)
+        self._listening.close()
 
     # -- inputs -------------------------------------------------------------
 
     def beat(self) -> None:
         """A heartbeat is due."""
         self.execute(self.core.heartbeat())
+        self._beat_handle = asyncio.get_running_loop().call_later(self.heartbeat, self.beat)
 
     def serial_opened(self) -> None:
         """The serial port (re)opened."""
@@ -123,25 +188,33 @@ class AgentService(MultiService):
 
     def serial_data(self, data: bytes) -> None:
         """Bytes from the host arrived on the serial port."""
+        if self.recorder is not None:
+            self.recorder.serial_in(data)
         self.execute(self.core.data_received(data))
+
+    def connect_data(self, data: bytes) -> None:
+        """Bytes from the host arrived on the connect port."""
+        if self.recorder is not None:
+            self.recorder.serial_in(data)
+        self.execute(self.core.connect_port_data(data))
 
     def serial_gave_up(self, reason: str) -> None:
         """The serial port is gone for good: exit with an error."""
-        self.log.critical("vmready-agent exits: {reason}", reason=reason)
+        log.critical("vmready-agent exits: %s", reason)
         self.exit_code = 1
-        self.on_fatal(reason)
+        self.request_stop()
 
     def route(self) -> HostRoute:
         """Where the devlxd proxy sends a request now; HostUnreachable while the link is down."""
         address = self.core.link
         if address is None:
             raise HostUnreachable(self.core.unreachable_reason)
-        return HostRoute(self.agent_for(address), self.describe(address))
+        return HostRoute(self.endpoint_for(address), self.describe(address))
 
     def remember_state(self, state: str) -> None:
         """The host accepted a guest program's state: remember Ready for this boot."""
         self.memory.remember(state == "Ready")
-        self.log.info("the workload declared {state}", state=state)
+        log.info("the workload declared %s", state)
 
     # -- commands -----------------------------------------------------------
 
@@ -155,6 +228,7 @@ class AgentService(MultiService):
             elif isinstance(command, AbandonDial):
                 if self._dialing is not None and self._dialing[0] == command.dial_id:
                     self._dialing[1].cancel()
+                    self._dialing = None
             elif isinstance(command, CloseLink):
                 watch = self._links.pop(command.dial_id, None)
                 if watch is not None:
@@ -164,66 +238,66 @@ class AgentService(MultiService):
 
     def _write(self, command: WriteStatus) -> None:
         # While the port is closed a line is dropped: its reopening says the status anew.
-        if self.serial is not None:
-            self.serial.write(command.line)
+        written = self.serial is not None and self.serial.write(command.line)
+        if written and self.recorder is not None:
+            self.recorder.serial_out(command.line)
 
     def _dial(self, command: Dial) -> None:
-        dialing = Deferred.fromCoroutine(self._dial_after(command.delay, command.address))
-        self._dialing = (command.dial_id, dialing)
-        dialing.addCallbacks(
-            self._dial_succeeded,
-            self._dial_failed,
-            callbackArgs=(command.dial_id,),
-            errbackArgs=(command.dial_id,),
-        )
+        task = asyncio.ensure_future(self._dial_after(command.delay, command.address))
+        self._dialing = (command.dial_id, task)
+        task.add_done_callback(lambda done: self._dial_done(done, command.dial_id))
 
     async def _dial_after(self, delay: float, address: HostAddress) -> LinkWatch:
         if delay > 0:
-            await deferLater(self.clock, delay)
-        return await self.dial(address).addTimeout(self.dial_timeout, self.clock)
+            await asyncio.sleep(delay)
+        return await asyncio.wait_for(self.dial(address), self.dial_timeout)
 
-    def _open_link(self, address: HostAddress) -> Deferred[LinkWatch]:
-        return Deferred.fromCoroutine(open_link(self.agent_for(address)))
+    async def _open_link(self, address: HostAddress) -> LinkWatch:
+        return await open_link(self.endpoint_for(address))
 
-    def _dial_succeeded(self, watch: LinkWatch, dial_id: int) -> None:
+    async def _patch_ready(self, address: HostAddress) -> None:
+        await patch_state(self.endpoint_for(address), "Ready")
+
+    def _dial_done(self, task: asyncio.Task[LinkWatch], dial_id: int) -> None:
         if self._dialing is not None and self._dialing[0] == dial_id:
             self._dialing = None
+        if task.cancelled():
+            return  # abandoned: the core has moved on
+        error = task.exception()
+        if error is not None:
+            self.execute(self.core.dial_failed(dial_id, describe_failure(error)))
+            return
+        watch = task.result()
         self._links[dial_id] = watch
+        watch.lost.add_done_callback(lambda lost: self._link_lost(lost.result(), dial_id))
         self.execute(self.core.dial_succeeded(dial_id))
-        watch.lost.addCallback(self._link_lost, dial_id)
 
     def _link_lost(self, reason: str, dial_id: int) -> None:
         self._links.pop(dial_id, None)
         self.execute(self.core.link_lost(dial_id, reason))
 
-    def _dial_failed(self, failure: Failure, dial_id: int) -> None:
-        if self._dialing is not None and self._dialing[0] == dial_id:
-            self._dialing = None
-        self.execute(self.core.dial_failed(dial_id, describe_failure(failure)))
-
     def _reassert_ready(self, command: ReassertReady) -> None:
         if not self.memory.is_ready():
             return
         where = self.describe(command.address)
-        self.log.info("reasserting the workload's Ready to the host at {where}", where=where)
-        asserting = Deferred.fromCoroutine(patch_state(self.agent_for(command.address), "Ready"))
-        asserting.addTimeout(self.dial_timeout, self.clock)
-        asserting.addErrback(self._reassert_failed, where)
+        log.info("reasserting the workload's Ready to the host at %s", where)
+        task = asyncio.ensure_future(self._reassert(command.address, where))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
-    def _reassert_failed(self, failure: Failure, where: str) -> None:
-        refused = " (refused)" if failure.check(HostRefused) else ""
-        self.log.warn(
-            "could not reassert Ready to the host at {where}{refused}: {reason}",
-            where=where,
-            refused=refused,
-            reason=describe_failure(failure),
-        )
-
-
-def _listen_string(path: str) -> str:
-    escaped = path.replace("\\", "\\\\").replace(":", "\\:")
-    # Owner only; the lock file lets a restarted agent replace the socket a dead one left.
-    return f"unix:{escaped}:mode=600:lockfile=1"
+    async def _reassert(self, address: HostAddress, where: str) -> None:
+        try:
+            await asyncio.wait_for(self.reassert(address), self.dial_timeout)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            refused = " (refused)" if isinstance(e, HostRefused) else ""
+            log.warning(
+                "could not reassert Ready to the host at %s%s: %s",
+                where,
+                refused,
+                describe_failure(e),
+            )
 
 
 def prepare_socket_path(path: str) -> None:
@@ -251,55 +325,71 @@ def prepare_socket_path(path: str) -> None:
     raise ConfigError(f"{path} is in use: another vmready-agent is serving it")
 
 
-def build_agent(reactor: Any, config: AgentConfig) -> AgentService:
-    """The agent for ``config``, on the real reactor, serial port and socket."""
+def bind_socket(path: str) -> socket.socket:
+    """The guest API's unix socket, bound and listening, owner only (0600) from the start."""
+    listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    # The umask, not a chmod after bind: no moment where another user could connect.
+    previous = os.umask(0o177)
     try:
-        connector = HostConnector(
-            reactor, config.transport, config.identity, config.server_cert_pem
-        )
-    except Exception as e:  # pyOpenSSL refuses the pair in its own ways
+        listening.bind(path)
+        os.chmod(path, 0o600)
+        listening.listen(128)
+    except OSError as e:
+        listening.close()
+        raise ConfigError(f"cannot serve the guest API on {path}: {e.strerror or e}") from None
+    finally:
+        os.umask(previous)
+    listening.setblocking(False)
+    return listening
+
+
+def build_agent(config: AgentConfig) -> Agent:
+    """The agent for ``config``, on the real serial port and socket; ConfigError if it cannot."""
+    try:
+        context = client_context(config.client_cert, config.client_key, config.server_cert_pem)
+        pinned = pinned_der(config.server_cert_pem)
+    except TLSConfigError as e:
         raise ConfigError(f"the agent's certificate and key are unusable: {e}") from None
-    core = AgentCore(retries=config.retries, describe=connector.describe)
-    agent_for: Callable[[HostAddress], IAgent] = connector.agent
+    except OSError as e:
+        raise ConfigError(f"cannot read {e.filename}: {e.strerror or e}") from None
     recorder: AgentRecorder | None = None
     if config.record is not None:
         try:
             recorder = AgentRecorder(config.record, config.instance)
         except OSError as e:
             raise ConfigError(f"cannot record to {config.record}: {e.strerror or e}") from None
-        recording = recorder
-
-        def agent_for(address: HostAddress) -> IAgent:
-            return RecordingAgent(connector.agent(address), recording)
-
-    service = AgentService(
-        reactor,
+    connector = HostConnector(
+        config.transport, context, pinned, config.tcp_sockets, config.network
+    )
+    if recorder is not None:
+        connector = RecordingConnector(
+            recorder, config.transport, context, pinned, config.tcp_sockets, config.network
+        )
+    core = AgentCore(retries=config.retries, describe=connector.describe)
+    agent = Agent(
         core,
-        agent_for,
+        connector.at,
         connector.describe,
         ReadyMemory(config.state_dir),
         config.heartbeat,
+        recorder=recorder,
     )
     prepare_socket_path(config.socket)
-    proxy = GuestAPIProxy(service.route, service.remember_state, reactor)
-    strports.service(_listen_string(config.socket), proxy_site(proxy)).setServiceParent(service)
+    agent.attach_socket(bind_socket(config.socket), config.socket)
     forced = config.serial
 
-    def locate() -> str:
-        return forced if forced is not None else choose_port(config.virtio_ports)
+    def locate() -> FoundPort:
+        if forced is not None:
+            return FoundPort(forced, os.path.basename(forced))
+        return find_port(config.ports, config.virtio_ports, config.virtio_sysfs, config.dev_dir)
 
-    on_data = service.serial_data
-    keeper_class = SerialKeeper
-    if recorder is not None:
-        keeper_class = RecordingSerialKeeper
-        recording_to = recorder
+    agent.attach_serial(
+        SerialKeeper(locate, agent.serial_data, agent.serial_opened, agent.serial_gave_up)
+    )
 
-        def on_data(data: bytes) -> None:
-            recording_to.serial_in(data)
-            service.serial_data(data)
+    def locate_connect_port() -> FoundPort:
+        names = (config.connect_port,)
+        return find_port(names, config.virtio_ports, config.virtio_sysfs, config.dev_dir)
 
-    keeper = keeper_class(reactor, locate, on_data, service.serial_opened, service.serial_gave_up)
-    if isinstance(keeper, RecordingSerialKeeper) and recorder is not None:
-        keeper.recorder = recorder
-    service.attach_serial(keeper)
-    return service
+    agent.attach_connect_port(ConnectPortReader(locate_connect_port, agent.connect_data))
+    return agent

@@ -1,4 +1,4 @@
-"""Fakes for testing the agent against real sockets: a host's guest API and a serial peer.
+"""Host-side fakes for testing the agent against real sockets: a guest API and a serial peer.
 
 ``FakeGuestHost`` answers the guest API as the daemon does (LXD envelopes,
 ``GET /1.0/events`` held open) behind real mutual TLS on a hybrid vsock port
@@ -8,10 +8,14 @@
 ``FakeSerialPeer`` stands in for fakeqemu's guest end of a virtio port
 (``<dir>/com.canonical.lxd``, a unix socket): it records the agent's lines,
 sends it the host's, holds one client at a time, and can drop it (a VM reset).
+
+Both run on Twisted in the test process (the agent itself knows no Twisted):
+tests run the agent beside them, in a thread or as a process.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from typing import Any, cast
@@ -26,12 +30,14 @@ from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 from twisted.web.server import Request, Site
 
-from vmready.agent.core import HostAddress
+from vmready.agent import httpwire
+from vmready.agent.core import VsockAddress
+from vmready.agent.host import HostResponse, LinkWatch
 from vmready.certs import CertificatePair, fingerprint
 from vmready.tls import MutualServerTLS
 from vmready.vsock import HybridVSockAddress, HybridVSockServerEndpoint
 
-__all__ = ["FakeGuestHost", "FakeSerialPeer"]
+__all__ = ["FakeGuestHost", "FakeSerialPeer", "MemoryLink", "memory_response"]
 
 WAIT_TIMEOUT = 10.0
 
@@ -91,9 +97,9 @@ class FakeGuestHost:
         self.port = 0
 
     @property
-    def address(self) -> HostAddress:
+    def address(self) -> VsockAddress:
         """What the host would advertise: ``CONNECT 2:<port>``."""
-        return HostAddress(2, self.port)
+        return VsockAddress(2, self.port)
 
     @property
     def connect_line(self) -> bytes:
@@ -319,3 +325,66 @@ class FakeSerialPeer:
                     waiter.callback(index)
                 elif not waiter.called:
                     self._waiters.append((wanted, start, waiter))
+
+
+# -- asyncio fakes for the agent's own tests ------------------------------------------
+
+
+class MemoryTransport:
+    """Just enough of a transport for a HostResponse read from memory: closing is noted."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def abort(self) -> None:
+        self.closed = True
+
+
+class _MemoryWriter:
+    def __init__(self) -> None:
+        self.transport = MemoryTransport()
+
+
+def memory_response(
+    status: int = 200,
+    body: bytes = b"",
+    content_type: str = "application/json",
+    stream: bool = False,
+) -> tuple[HostResponse, asyncio.StreamReader, MemoryTransport]:
+    """An answer from the host, in memory (call inside a running loop).
+
+    Its body is ``body``, complete; or, with ``stream``, whatever the test feeds
+    the returned reader until it feeds EOF (an event stream).
+    """
+    reader = asyncio.StreamReader()
+    if stream:
+        framing = httpwire.Framing(until_close=True)
+    else:
+        framing = httpwire.Framing(length=len(body))
+        reader.feed_data(body)
+        reader.feed_eof()
+    writer = _MemoryWriter()
+    head = httpwire.ResponseHead(
+        (1, 1), status, "", httpwire.Headers([("Content-Type", content_type)])
+    )
+    response = HostResponse(head, framing, reader, cast(asyncio.StreamWriter, writer))
+    return response, reader, writer.transport
+
+
+class MemoryLink:
+    """A held link watch over an event stream in memory: the test ends it or reads its state."""
+
+    def __init__(self) -> None:
+        response, self.stream, self.transport = memory_response(stream=True)
+        self.watch = LinkWatch(response)
+
+    def host_ends(self) -> None:
+        """The host ends the event stream (a daemon that exits)."""
+        self.stream.feed_eof()
+
+    def host_breaks(self) -> None:
+        """The connection breaks."""
+        self.stream.set_exception(ConnectionResetError())

@@ -1,0 +1,198 @@
+"""Launching from a boot source: what is refused, and what a refusal leaves behind (nothing).
+
+A launch whose image, kernel or initrd cannot boot is a 400 from
+``Lifecycle.create`` before any instance, overlay or VM process exists; these
+tests look at the store, the data dir and the processes afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.trial.unittest import TestCase
+
+from tests.conformance.support import REQUIRE_QEMU_VARIABLE
+from vmready.bootsource import BootSource
+from vmready.events import EventBus
+from vmready.hypervisor import HypervisorDriver
+from vmready.lifecycle import LaunchSettings, Lifecycle
+from vmready.model import BadRequest
+from vmready.store import Store
+
+
+def _async(test: Callable[[Any], Coroutine[Any, Any, None]]) -> Callable[[Any], Deferred[None]]:
+    def run(self: Any) -> Deferred[None]:
+        return ensureDeferred(test(self))
+
+    run.__name__ = test.__name__
+    return run
+
+
+def fake_kernel(path: str) -> str:
+    """A file with a bzImage's boot-sector signature and setup header magic."""
+    data = bytearray(0x400)
+    data[0x1FE:0x200] = b"\x55\xaa"
+    data[0x202:0x206] = b"HdrS"
+    with open(path, "wb") as f:
+        f.write(bytes(data))
+    return path
+
+
+class RefusedLaunchTests(TestCase):
+    """Every refusal is one clear message; nothing is left behind."""
+
+    def setUp(self) -> None:
+        if shutil.which("qemu-img") is None:
+            if os.environ.get(REQUIRE_QEMU_VARIABLE) == "1":
+                self.fail(f"{REQUIRE_QEMU_VARIABLE}=1 but qemu-img is not installed")
+            self.skipTest("qemu-img is not installed (Debian: apt-get install qemu-utils)")
+        self.directory = tempfile.mkdtemp(prefix="vmr-bl-", dir="/tmp")
+        self.addCleanup(shutil.rmtree, self.directory, True)
+        self.store = Store.open(os.path.join(self.directory, "vmready.sqlite"))
+        self.addCleanup(self.store.close)
+        self.lifecycle = self.new_lifecycle()
+
+    def new_lifecycle(self, settings: LaunchSettings | None = None) -> Lifecycle:
+        return Lifecycle(
+            reactor,
+            self.store,
+            HypervisorDriver(reactor, "fakeqemu"),
+            EventBus(reactor.seconds),
+            os.path.join(self.directory, "run"),
+            settings=settings,
+        )
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.directory, "files", name)
+
+    def write(self, name: str, data: bytes) -> str:
+        os.makedirs(os.path.dirname(self.path(name)), exist_ok=True)
+        with open(self.path(name), "wb") as f:
+            f.write(data)
+        return self.path(name)
+
+    async def refusal(self, config: dict[str, str]) -> str:
+        """The message of the 400 that launching with ``config`` gets; nothing may be left."""
+        with self.assertRaises(BadRequest) as caught:
+            await self.lifecycle.create("vm1", config)
+        self.assertEqual(self.store.list_instances(), [])
+        for left in ("run", "disks"):
+            where = os.path.join(self.directory, left)
+            self.assertEqual(os.listdir(where) if os.path.isdir(where) else [], [], left)
+        self.assertEqual(self.lifecycle.vms, {})
+        message: str = caught.exception.message
+        return message
+
+    @_async
+    async def test_missingImage(self) -> None:
+        missing = self.path("gone.qcow2")
+        self.assertEqual(
+            await self.refusal({"boot.image": missing}), f"image {missing} does not exist"
+        )
+
+    @_async
+    async def test_textFileIsNotAnImage(self) -> None:
+        text = self.write("notes.txt", b"hello\n")
+        self.assertIn(
+            f"image {text} is not a disk image", await self.refusal({"boot.image": text})
+        )
+
+    @_async
+    async def test_directoryIsNotAnImage(self) -> None:
+        os.makedirs(self.path("dir"))
+        self.assertEqual(
+            await self.refusal({"boot.image": self.path("dir")}),
+            f"image {self.path('dir')} is a directory, not a file",
+        )
+
+    @_async
+    async def test_backingChainToAMissingFile(self) -> None:
+        base = self.write("base.raw", b"\0" * 510 + b"\x55\xaa" + b"\0" * 512)
+        top = self.path("top.qcow2")
+        subprocess.run(
+            ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, top], check=True
+        )
+        os.unlink(base)
+        self.assertEqual(
+            await self.refusal({"boot.image": top}),
+            f"image {top} is backed by {base}, which does not exist",
+        )
+
+    @_async
+    async def test_kernelThatIsNotAKernel(self) -> None:
+        text = self.write("vmlinuz", b"#!/bin/sh\n")
+        self.assertIn(
+            f"kernel {text} is not a Linux kernel", await self.refusal({"boot.kernel": text})
+        )
+
+    @_async
+    async def test_initrdWithoutAKernel(self) -> None:
+        initrd = self.write("initrd.img", b"\x1f\x8b\x08\x00" + bytes(60))
+        self.assertEqual(
+            await self.refusal({"boot.initrd": initrd}),
+            "Invalid boot.initrd: it needs boot.kernel (a kernel to boot)",
+        )
+
+    @_async
+    async def test_relativePath(self) -> None:
+        self.assertEqual(
+            await self.refusal({"boot.image": "disk.qcow2"}),
+            "Invalid boot.image 'disk.qcow2': expected an absolute path",
+        )
+
+    @_async
+    async def test_unknownAccelerator(self) -> None:
+        self.assertIn("Invalid value for boot.accel", await self.refusal({"boot.accel": "hvf"}))
+
+    @_async
+    async def test_kvmWhereKvmCannotBeUsed(self) -> None:
+        self.lifecycle.kvm_problem = "/dev/kvm cannot be opened: No such file or directory"
+        self.assertEqual(
+            await self.refusal({"boot.accel": "kvm"}),
+            "Cannot launch vm1 with boot.accel=kvm: "
+            "/dev/kvm cannot be opened: No such file or directory",
+        )
+
+    @_async
+    async def test_anotherInstancesOverlayIsNotAnImage(self) -> None:
+        overlay = os.path.join(self.directory, "disks", "0123456789abcdef.qcow2")
+        os.makedirs(os.path.dirname(overlay))
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", overlay, "1M"], check=True)
+        message = await self.refusal_keeping(overlay)
+        self.assertEqual(
+            message, f"image {overlay} is an instance's disk overlay; boot its image instead"
+        )
+
+    async def refusal_keeping(self, overlay: str) -> str:
+        with self.assertRaises(BadRequest) as caught:
+            await self.lifecycle.create("vm1", {"boot.image": overlay})
+        self.assertEqual(self.store.list_instances(), [])
+        self.assertEqual(os.listdir(os.path.dirname(overlay)), [os.path.basename(overlay)])
+        message: str = caught.exception.message
+        return message
+
+    @_async
+    async def test_theDaemonsDefaultIsCheckedToo(self) -> None:
+        settings = LaunchSettings(default_boot=BootSource(kernel=self.write("k", b"not one")))
+        self.lifecycle = self.new_lifecycle(settings)
+        self.assertIn("is not a Linux kernel", await self.refusal({}))
+
+    @_async
+    async def test_bootKeysCannotChangeAfterLaunch(self) -> None:
+        os.makedirs(self.path(""), exist_ok=True)
+        kernel = fake_kernel(self.path("vmlinuz"))
+        self.store.create_instance("vm1", {"boot.kernel": kernel}, {})
+        with self.assertRaises(BadRequest) as caught:
+            self.lifecycle.update_config("vm1", {"boot.append": "quiet"})
+        self.assertEqual(
+            caught.exception.message,
+            "Cannot change boot.append of instance vm1: the boot source and accelerator are "
+            "chosen at launch (launch a new instance to boot another)",
+        )
