@@ -2,7 +2,8 @@
 
 ``<guest dir>/virtio-ports/<port name>`` stands for the guest's
 ``/dev/virtio-ports/<port name>``: what a connected client writes lands in the
-port's ring buffer, and ``ringbuf-write`` data arrives on it.  One client may
+port's ring buffer (or goes to its ``socket`` chardev's client, whose bytes
+arrive on it; ``ringbuf-write`` data never does, as in QEMU).  One client may
 hold a port at a time, as one process may open a virtio port in Linux.
 ``<guest dir>/console`` stands for the guest's ``/dev/ttyS0``, the serial port
 ``-serial chardev:ID`` connects: what a client writes goes to that chardev (a
@@ -107,37 +108,52 @@ class GuestControlProtocol(LineOnlyReceiver):
             self._detach()
 
 
-class GuestConsoleProtocol(Protocol):
-    """One guest process holding the serial console (ttyS0) open."""
+class _AttachedEnd(Protocol):
+    """A connection the machine attaches when it is made, and detaches when it is lost.
+
+    ``_attach`` returns the detacher, or None when the machine refuses the
+    connection (it is then closed at once).  The machine writes to it with
+    ``write`` and hangs it up with ``close``.
+    """
 
     def __init__(self, machine: Machine) -> None:
         self._machine = machine
         self._detach: Callable[[], None] | None = None
 
+    def _attach(self) -> Callable[[], None] | None:
+        raise NotImplementedError
+
     def connectionMade(self) -> None:
-        self._detach = self._machine.attach_console(self)
+        self._detach = self._attach()
         if self._detach is None:
             assert self.transport is not None
             self.transport.loseConnection()
 
     def write(self, data: bytes) -> None:
-        """Bytes from the host for the guest (a ``ringbuf`` chardev's ``ringbuf-write``)."""
+        """Bytes from the machine for the other end."""
         if self.transport is not None:
             self.transport.write(data)
 
     def close(self) -> None:
-        """The guest end is gone (reset or machine exit)."""
+        """The machine's end is gone (reset or machine exit)."""
         if self.transport is not None:
             self.transport.loseConnection()
+
+    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # noqa: B008
+        detach, self._detach = self._detach, None
+        if detach is not None:
+            detach()
+
+
+class GuestConsoleProtocol(_AttachedEnd):
+    """One guest process holding the serial console (ttyS0) open."""
+
+    def _attach(self) -> Callable[[], None] | None:
+        return self._machine.attach_console(self)
 
     def dataReceived(self, data: bytes) -> None:
         if self._detach is not None:
             self._machine.console_wrote(data)
-
-    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # noqa: B008
-        if self._detach is not None:
-            self._detach()
-            self._detach = None
 
 
 class GuestConsoleFactory(Factory):
@@ -161,36 +177,18 @@ class GuestPortFactory(Factory):
         return GuestPortProtocol(self._machine, self._port)
 
 
-class HostChardevProtocol(Protocol):
+class HostChardevProtocol(_AttachedEnd):
     """A host process connected to a ``socket`` chardev (vmready's daemon, say)."""
 
     def __init__(self, machine: Machine, chardev_id: str) -> None:
-        self._machine = machine
+        super().__init__(machine)
         self._chardev_id = chardev_id
-        self._detach: Callable[[], None] | None = None
 
-    def connectionMade(self) -> None:
-        self._detach = self._machine.chardev_connected(self._chardev_id, self)
-        if self._detach is None:
-            assert self.transport is not None
-            self.transport.loseConnection()
-
-    def write(self, data: bytes) -> None:
-        """Bytes the guest wrote on the port."""
-        if self.transport is not None:
-            self.transport.write(data)
-
-    def close(self) -> None:
-        """The machine is gone."""
-        if self.transport is not None:
-            self.transport.loseConnection()
+    def _attach(self) -> Callable[[], None] | None:
+        return self._machine.chardev_connected(self._chardev_id, self)
 
     def dataReceived(self, data: bytes) -> None:
         self._machine.host_wrote(self._chardev_id, self, data)
-
-    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # noqa: B008
-        if self._detach is not None:
-            self._detach()
 
 
 class HostChardevFactory(Factory):

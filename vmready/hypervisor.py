@@ -56,6 +56,7 @@ from vmready.qemu_cmdline import (
     SerialPort,
     VMSpec,
     build_command_line,
+    device_problem,
     qmp_address,
 )
 from vmready.qmp import QMPClientProtocol, QMPDisconnected, QMPError, QMPEvent, connect_qmp
@@ -223,12 +224,7 @@ def read_log_lines(spec: VMSpec, limit: int = _OUTPUT_CAP) -> list[str]:
 
 def kvm_device_problem(device: str = "/dev/kvm") -> str | None:
     """Why KVM cannot be used here (``/dev/kvm`` does not open read-write), or None."""
-    try:
-        fd = os.open(device, os.O_RDWR | os.O_CLOEXEC)
-    except OSError as e:
-        return f"{device} cannot be opened: {e.strerror}"
-    os.close(fd)
-    return None
+    return device_problem(device)
 
 
 def accelerators_for_host(device: str = "/dev/kvm") -> list[str]:

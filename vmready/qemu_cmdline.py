@@ -50,6 +50,7 @@ __all__ = [
     "VMSpec",
     "build_command_line",
     "device_arguments",
+    "device_problem",
     "escape_option",
     "qmp_address",
     "serial_arguments",
@@ -237,6 +238,16 @@ class VMSpec:
     def guest_dir(self) -> str:
         """fakeqemu's guest-side sockets (``virtio-ports/<name>``, ``control``)."""
         return self.qmp_socket + GUEST_DIR_SUFFIX
+
+
+def device_problem(device: str) -> str | None:
+    """Why QEMU could not open ``device`` (``/dev/kvm``, ``/dev/vhost-vsock``), or None."""
+    try:
+        fd = os.open(device, os.O_RDWR | os.O_CLOEXEC)
+    except OSError as e:
+        return f"{device} cannot be opened: {e.strerror}"
+    os.close(fd)
+    return None
 
 
 def escape_option(value: str) -> str:

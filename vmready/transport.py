@@ -19,11 +19,10 @@ and identification by client certificate are the same on all three.
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Collection
 
-from vmready.qemu_cmdline import FORWARD_GUEST_ADDRESS, FORWARD_GUEST_PORT
+from vmready.qemu_cmdline import FORWARD_GUEST_ADDRESS, FORWARD_GUEST_PORT, device_problem
 from vmready.ringbuffer import format_connect, format_tcp_connect
 
 __all__ = [
@@ -57,12 +56,7 @@ class TransportError(ValueError):
 
 def vhost_vsock_problem(device: str = "/dev/vhost-vsock") -> str | None:
     """Why VMs cannot get vhost-vsock here (the device does not open), or None."""
-    try:
-        fd = os.open(device, os.O_RDWR | os.O_CLOEXEC)
-    except OSError as e:
-        return f"{device} cannot be opened: {e.strerror}"
-    os.close(fd)
-    return None
+    return device_problem(device)
 
 
 def choose_transport(hypervisor: str, requested: str, vhost_problem: str | None) -> str:
