@@ -29,34 +29,62 @@ CONSOLE_SOCKET = "console"
 SHARES_DIRECTORY = "9p"
 
 
-class GuestPortProtocol(Protocol):
-    """One guest process holding a virtio serial port open."""
+class _AttachedEnd(Protocol):
+    """A connection the machine attaches when it is made, and detaches when it is lost.
 
-    def __init__(self, machine: Machine, port: SerialPort) -> None:
+    ``_attach`` returns the detacher, or None when the machine refuses the
+    connection (it is then closed at once).  The machine writes to it with
+    ``write`` and hangs it up with ``close``.
+    """
+
+    def __init__(self, machine: Machine) -> None:
         self._machine = machine
-        self._port = port
+        self._detach: Callable[[], None] | None = None
+
+    def _attach(self) -> Callable[[], None] | None:
+        raise NotImplementedError
 
     def connectionMade(self) -> None:
-        if not self._machine.open_port(self._port, self):
-            # Busy, like a second open() of a virtio port; or the machine is gone.
+        self._detach = self._attach()
+        if self._detach is None:
             assert self.transport is not None
             self.transport.loseConnection()
 
     def write(self, data: bytes) -> None:
-        """Bytes from the host for the guest."""
+        """Bytes from the machine for the other end."""
         if self.transport is not None:
             self.transport.write(data)
 
     def close(self) -> None:
-        """The guest end is gone (reset or machine exit)."""
+        """The machine's end is gone (reset or machine exit)."""
         if self.transport is not None:
             self.transport.loseConnection()
 
-    def dataReceived(self, data: bytes) -> None:
-        self._machine.guest_wrote(self._port, data)
-
     def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # noqa: B008
-        self._machine.close_port(self._port, self)
+        detach, self._detach = self._detach, None
+        if detach is not None:
+            detach()
+
+
+class GuestPortProtocol(_AttachedEnd):
+    """One guest process holding a virtio serial port open.
+
+    A second opener is refused (closed at once), like a second ``open()`` of a
+    virtio port, and what it managed to send is dropped.
+    """
+
+    def __init__(self, machine: Machine, port: SerialPort) -> None:
+        super().__init__(machine)
+        self._port = port
+
+    def _attach(self) -> Callable[[], None] | None:
+        if not self._machine.open_port(self._port, self):
+            return None  # busy, or the machine is gone
+        return lambda: self._machine.close_port(self._port, self)
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._detach is not None:
+            self._machine.guest_wrote(self._port, data)
 
 
 class GuestControlProtocol(LineOnlyReceiver):
@@ -106,43 +134,6 @@ class GuestControlProtocol(LineOnlyReceiver):
     def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # noqa: B008
         if self._detach is not None:
             self._detach()
-
-
-class _AttachedEnd(Protocol):
-    """A connection the machine attaches when it is made, and detaches when it is lost.
-
-    ``_attach`` returns the detacher, or None when the machine refuses the
-    connection (it is then closed at once).  The machine writes to it with
-    ``write`` and hangs it up with ``close``.
-    """
-
-    def __init__(self, machine: Machine) -> None:
-        self._machine = machine
-        self._detach: Callable[[], None] | None = None
-
-    def _attach(self) -> Callable[[], None] | None:
-        raise NotImplementedError
-
-    def connectionMade(self) -> None:
-        self._detach = self._attach()
-        if self._detach is None:
-            assert self.transport is not None
-            self.transport.loseConnection()
-
-    def write(self, data: bytes) -> None:
-        """Bytes from the machine for the other end."""
-        if self.transport is not None:
-            self.transport.write(data)
-
-    def close(self) -> None:
-        """The machine's end is gone (reset or machine exit)."""
-        if self.transport is not None:
-            self.transport.loseConnection()
-
-    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # noqa: B008
-        detach, self._detach = self._detach, None
-        if detach is not None:
-            detach()
 
 
 class GuestConsoleProtocol(_AttachedEnd):

@@ -858,6 +858,13 @@ class RingbufCommandTests(_VMTestCase):
         second = self.guest()
         self.assertEqual((first.open, second.open), (True, False))
 
+    def test_whatARefusedGuestSendsIsDropped(self) -> None:
+        self.guest()
+        second = self.vm.connect_guest(PORT)
+        second.write(b"SPOOFED\n")
+        self.vm.flush()
+        self.assertEqual((second.open, self.read()), (False, ""))
+
     def test_refusedGuestDoesNotDisturbTheHolder(self) -> None:
         first = self.guest()
         self.guest()
