@@ -29,8 +29,8 @@ from twisted.internet import task
 from twisted.internet.defer import Deferred, gatherResults
 
 from fakeqemu._hostclient import HostClient, HostUnreachable
-from vmready.limits import raise_file_limit
-from vmready.qmp import QMPClientProtocol, connect_qmp
+from vmready.domain.limits import raise_file_limit
+from vmready.protocols.qmp import QMPClientProtocol, connect_qmp
 
 BIN_DIRECTORY = os.path.dirname(os.path.abspath(sys.executable))
 FAKEQEMU = os.path.join(BIN_DIRECTORY, "fakeqemu-system-x86_64")

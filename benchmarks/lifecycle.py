@@ -23,7 +23,7 @@ launcher hands the VM to the host.  Then:
 Once, without VMs: **daemon start time** from spawning twistd until the API
 answers and the daemon has logged that recovery ran, with an empty store and
 with ``--rows`` (10,000) stopped instances written directly through
-``vmready.store.Store``.
+``vmready.store.sqlite.Store``.
 
 Everything started here (host, daemons, VMs, directories under /tmp) is torn
 down at the end.  Figures only: nothing here passes or fails.
@@ -53,14 +53,14 @@ from twisted.logger import globalLogPublisher
 
 from benchmarks._measure import cpu_seconds, ms, nearest_rank, report, show_problems, sleep
 from fakeqemu._hostclient import HostClient, HostUnreachable
-from vmready.cli import Client, CommandError
-from vmready.daemon_tap import Options
-from vmready.events import EventBus
-from vmready.hypervisor import HypervisorDriver
-from vmready.lifecycle import Lifecycle
-from vmready.limits import raise_file_limit
-from vmready.states import READY_KEY, PowerState, TaskState, VMState
-from vmready.store import Store
+from vmready.cli.main import Client, CommandError
+from vmready.daemon.tap import Options
+from vmready.domain.limits import raise_file_limit
+from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
+from vmready.hypervisor.driver import HypervisorDriver
+from vmready.lifecycle.core import Lifecycle
+from vmready.lifecycle.events import EventBus
+from vmready.store.sqlite import Store
 
 BIN_DIRECTORY = os.path.dirname(os.path.abspath(sys.executable))
 TWISTD = os.path.join(BIN_DIRECTORY, "twistd")

@@ -1,7 +1,7 @@
 """What an honest Ready costs: latency, agent-status detection, guest API and ring-buffer polling.
 
 One ``fakeqemu-host`` runs every VM; the daemon is ``VMReadyService`` exactly as
-``twistd vmready --data-dir D`` builds it (``vmready.daemon_tap.makeService``,
+``twistd vmready --data-dir D`` builds it (``vmready.daemon.tap.makeService``,
 default options, so the default ``PollIntervals`` and a 10 s power sync), run
 in a child process of this script (``--role daemon``) with ``FAKEQEMU_HOST`` set,
 so that it can answer "how many ring-buffer reads so far" from its
@@ -20,7 +20,7 @@ connected and being polled:
   daemon, read at both ends of a ``--reads-window`` while nothing else
   happens, divided by the window; with the daemon's and fakeqemu-host's CPU
   use over the same window;
-- **ready latency**: a ``vmready.cli.Waiter`` for ``ready`` (what
+- **ready latency**: a ``vmready.cli.main.Waiter`` for ``ready`` (what
   ``vmready wait NAME ready`` runs) subscribes to the operator API's events;
   then the guest program sends ``PATCH /1.0 {"state":"Ready"}`` to the
   instance's agent socket (what ``vmready-agent notify`` sends, here from
@@ -123,15 +123,19 @@ from vmready.agent.config import AgentConfig, load_config
 from vmready.agent.main import configure_logging
 from vmready.agent.service import Agent as GuestAgent
 from vmready.agent.service import build_agent
-from vmready.agentlink import PollIntervals
-from vmready.certs import SERVER_CERT, SERVER_KEY, CertificatePair, fingerprint
-from vmready.cli import Client, Waiter
-from vmready.daemon import VMReadyService
-from vmready.daemon_tap import Options, makeService
-from vmready.limits import raise_file_limit
-from vmready.tls import MutualServerTLS, PinnedServerTLS
-from vmready.vsock import HybridVSockAddress, HybridVSockClientEndpoint, HybridVSockServerEndpoint
-from vmready.web import BytesProducer
+from vmready.agentlink.link import PollIntervals
+from vmready.agentlink.vsock import (
+    HybridVSockAddress,
+    HybridVSockClientEndpoint,
+    HybridVSockServerEndpoint,
+)
+from vmready.api.web import BytesProducer
+from vmready.cli.main import Client, Waiter
+from vmready.daemon.service import VMReadyService
+from vmready.daemon.tap import Options, makeService
+from vmready.domain.limits import raise_file_limit
+from vmready.trust.certs import SERVER_CERT, SERVER_KEY, CertificatePair, fingerprint
+from vmready.trust.tls import MutualServerTLS, PinnedServerTLS
 
 SCRIPT = os.path.abspath(__file__)
 BIN_DIRECTORY = os.path.dirname(os.path.abspath(sys.executable))

@@ -1,6 +1,6 @@
 """How long a real guest takes from launch to READY, phase by phase, under real QEMU.
 
-Builds (or reuses) the demo guest (``vmready.guestimage``), starts a fresh
+Builds (or reuses) the demo guest (``vmready.hypervisor.guestimage``), starts a fresh
 ``twistd -n vmready --hypervisor qemu`` in a temporary data dir, then boots the
 guest ``--boots`` times, one after the other.  Each boot is one
 ``POST /1.0/instances`` with the guest's image, kernel and initrd, and a
@@ -38,7 +38,7 @@ import tempfile
 import time
 from typing import Any
 
-from vmready.guestimage import ensure_guest
+from vmready.hypervisor.guestimage import ensure_guest
 
 BIN_DIRECTORY = os.path.dirname(os.path.abspath(sys.executable))
 TWISTD = os.path.join(BIN_DIRECTORY, "twistd")
@@ -133,7 +133,16 @@ def boot_once(socket_path: str, events: Events, name: str, guest: Any) -> dict[s
     accel = request(socket_path, "GET", f"/1.0/instances/{name}")["metadata"]["boot"]["accel"]
     figures["accel"] = 1.0 if accel["current"] == "kvm" else 0.0
     subprocess.run(
-        [sys.executable, "-m", "vmready.cli", "--socket", socket_path, "delete", name, "--force"],
+        [
+            sys.executable,
+            "-m",
+            "vmready.cli.main",
+            "--socket",
+            socket_path,
+            "delete",
+            name,
+            "--force",
+        ],
         check=True,
         capture_output=True,
     )

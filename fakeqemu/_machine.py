@@ -464,6 +464,20 @@ class Machine:
 
     # -- chardevs ---------------------------------------------------------
 
+    def replace_ringbuf(self, device: str, ring: RingBuffer) -> RingBuffer:
+        """Put ``ring`` in place of the ring buffer chardev ``device``; returns the replaced one.
+
+        The ports wired to it use the new one from now on.  For tools that
+        script what a ring buffer holds (``vmready replay``): a subclass of
+        ``RingBuffer`` whose ``read`` returns recorded bytes, say.
+        """
+        original = self.ringbuf_device(device)
+        self.ringbufs[device] = ring
+        for port in self.ports:
+            if port.ringbuf is original:
+                port.ringbuf = ring
+        return original
+
     def ringbuf_device(self, device: str) -> RingBuffer:
         """The ring buffer chardev named ``device``, with QEMU's lookup errors."""
         if device in self.ringbufs:

@@ -33,9 +33,9 @@ from twisted.web.server import Request, Site
 from vmready.agent import httpwire
 from vmready.agent.core import VsockAddress
 from vmready.agent.host import HostResponse, LinkWatch
-from vmready.certs import CertificatePair, fingerprint
-from vmready.tls import MutualServerTLS
-from vmready.vsock import HybridVSockAddress, HybridVSockServerEndpoint
+from vmready.agentlink.vsock import HybridVSockAddress, HybridVSockServerEndpoint
+from vmready.trust.certs import CertificatePair, fingerprint
+from vmready.trust.tls import MutualServerTLS
 
 __all__ = ["FakeGuestHost", "FakeSerialPeer", "MemoryLink", "memory_response"]
 

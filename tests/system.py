@@ -32,10 +32,10 @@ from typing import IO, Any, NamedTuple, TypeVar
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from vmready.configdrive import AGENT_CONFIG, AGENT_ZIPAPP
-from vmready.daemon import GUEST_SOCKET_BASE
-from vmready.lifecycle import CONFIG_DRIVE, run_dir_name
-from vmready.states import READY_KEY
+from vmready.daemon.service import GUEST_SOCKET_BASE
+from vmready.domain.states import READY_KEY
+from vmready.hypervisor.configdrive import AGENT_CONFIG, AGENT_ZIPAPP
+from vmready.lifecycle.core import CONFIG_DRIVE, run_dir_name
 
 __all__ = [
     "DEADLINE",
@@ -385,7 +385,7 @@ class System:
     # -- the CLI ------------------------------------------------------------
 
     def _cli_command(self, args: tuple[str, ...]) -> list[str]:
-        return [sys.executable, "-m", "vmready.cli", "--socket", self.socket_path, *args]
+        return [sys.executable, "-m", "vmready.cli.main", "--socket", self.socket_path, *args]
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run ``vmready ARGS``; by default it must succeed."""

@@ -1,4 +1,4 @@
-"""Tests for vmready.accel: the accelerator a VM gets, and the host's verdicts on KVM."""
+"""vmready.hypervisor.accel: the accelerator a VM gets, and the host's verdicts on KVM."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 from twisted.logger import LogLevel, capturedLogs, formatEvent
 from twisted.trial.unittest import SynchronousTestCase
 
-from vmready.accel import AccelChoice, KVMVerdict, KVMVerdicts, choose_accel
+from vmready.hypervisor.accel import AccelChoice, KVMVerdict, KVMVerdicts, choose_accel
 
 NO_KVM = "/dev/kvm cannot be opened: No such file or directory"
 WORKS = KVMVerdict(True, "guests run under KVM here (first: vm1)", 100.0)

@@ -24,7 +24,7 @@ from vmready.agent.config import (
 )
 from vmready.agent.network import NetworkPlan
 from vmready.agent.serial import DEFAULT_SYSFS_PORTS, LEGACY_PORT_NAME, PORT_NAME
-from vmready.certs import generate, write_config_drive
+from vmready.trust.certs import generate, write_config_drive
 
 CLIENT = generate("demo")
 SERVER = generate("vmready")

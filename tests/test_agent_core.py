@@ -22,7 +22,7 @@ from vmready.agent.core import (
     VsockAddress,
     WriteStatus,
 )
-from vmready.ringbuffer import MAX_LINE_BYTES, AgentStatus
+from vmready.protocols.ringbuffer import MAX_LINE_BYTES, AgentStatus
 
 STARTED = WriteStatus(AgentStatus.STARTED)
 CONNECTED = WriteStatus(AgentStatus.CONNECTED)

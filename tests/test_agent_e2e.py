@@ -36,8 +36,8 @@ from vmready.agent.memory import ReadyMemory
 from vmready.agent.serial import PORT_NAME
 from vmready.agent.service import Agent as GuestAgent
 from vmready.agent.service import build_agent
-from vmready.certs import CertificatePair, generate, write_config_drive
-from vmready.transcript import read_transcript
+from vmready.protocols.transcript import read_transcript
+from vmready.trust.certs import CertificatePair, generate, write_config_drive
 
 CLIENT = generate("demo")
 SERVER = generate("vmready")

@@ -23,7 +23,7 @@ from tests.asynciotesting import run_virtual
 from vmready.agent.main import parse_options
 from vmready.agent.notify import NotifyFailed, NotifyRequest, UsageError, notify, parse_notify
 from vmready.agent.serial import PORT_NAME
-from vmready.certs import generate, write_config_drive
+from vmready.trust.certs import generate, write_config_drive
 
 CLIENT = generate("demo")
 SERVER = generate("vmready")

@@ -1,4 +1,4 @@
-"""Tests for vmready.agentbundle: the agent zipapp a stock guest runs, and the guard on it.
+"""vmready.hypervisor.agentbundle: the agent zipapp a stock guest runs, and the guard on it.
 
 The guard: an ast walk over the bundled modules fails on any import outside
 the standard library and the bundle itself.  The proof: the built zipapp runs
@@ -23,15 +23,16 @@ from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
 
 from tests.agentfakes import FakeGuestHost, FakeSerialPeer
 from tests.test_agent_main import Process
-from vmready import agentbundle
 from vmready.agent.serial import PORT_NAME
-from vmready.certs import generate, write_config_drive
+from vmready.hypervisor import agentbundle
+from vmready.trust.certs import generate, write_config_drive
 
 CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPECTED = {
     "vmready/__init__.py",
-    "vmready/ringbuffer.py",
-    "vmready/transcript.py",
+    "vmready/protocols/__init__.py",
+    "vmready/protocols/ringbuffer.py",
+    "vmready/protocols/transcript.py",
     "vmready/agent/__init__.py",
     "vmready/agent/config.py",
     "vmready/agent/connectport.py",
@@ -100,7 +101,7 @@ def foreign_imports(sources: dict[str, str], stdlib: frozenset[str]) -> list[str
                     found.append(f"{path}:{node.lineno}: a relative import")
                     continue
                 base = node.module or ""
-                # ``from vmready import certs`` imports the module vmready.certs.
+                # ``from vmready.trust import certs`` imports the module vmready.trust.certs.
                 modules = [
                     f"{base}.{a.name}" for a in node.names if _is_module(f"{base}.{a.name}")
                 ]
@@ -136,7 +137,7 @@ class BundleContentsTests(SynchronousTestCase):
 
     def test_theSameSourcesGiveTheSameBytes(self) -> None:
         first = agentbundle.build_zipapp(os.path.join(self.directory, "a.pyz"))
-        os.utime(os.path.join(CHECKOUT, "vmready", "ringbuffer.py"))  # a newer mtime
+        os.utime(os.path.join(CHECKOUT, "vmready", "protocols", "ringbuffer.py"))  # a newer mtime
         second = agentbundle.build_zipapp(os.path.join(self.directory, "b.pyz"))
         with open(first, "rb") as a, open(second, "rb") as b:
             self.assertEqual(a.read(), b.read())
@@ -188,11 +189,16 @@ class ImportGuardTests(SynchronousTestCase):
     def test_theGuardCatchesAHostModule(self) -> None:
         sources = {
             **self.sources(),
-            "vmready/agent/extra.py": "from vmready import certs\nimport vmready.tls\n",
+            "vmready/agent/extra.py": (
+                "from vmready.trust import certs\nimport vmready.trust.tls\n"
+            ),
         }
         self.assertEqual(
             foreign_imports(sources, frozenset(sys.stdlib_module_names)),
-            ["vmready/agent/extra.py:1: vmready.certs", "vmready/agent/extra.py:2: vmready.tls"],
+            [
+                "vmready/agent/extra.py:1: vmready.trust.certs",
+                "vmready/agent/extra.py:2: vmready.trust.tls",
+            ],
         )
 
 

@@ -1,4 +1,4 @@
-"""Tests for vmready.agentlink: the host's polling and handshake decisions."""
+"""Tests for vmready.agentlink.link: the host's polling and handshake decisions."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import cast
 from twisted.logger import ILogObserver, Logger
 from twisted.trial.unittest import SynchronousTestCase
 
-from vmready.agentlink import AgentLink, Command, PollIntervals, StatusChanged, WriteConnect
-from vmready.ringbuffer import AgentStatus, Noise
+from vmready.agentlink.link import AgentLink, Command, PollIntervals, StatusChanged, WriteConnect
+from vmready.protocols.ringbuffer import AgentStatus, Noise
 
 INTERVALS = PollIntervals(
     connecting=0.05, started=0.25, connected=1.0, connect_timeout=10.0, silence_timeout=15.0

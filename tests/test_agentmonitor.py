@@ -1,4 +1,4 @@
-"""Tests for vmready.agentmonitor: ring-buffer reads and CONNECT writes on a Clock."""
+"""Tests for vmready.agentlink.monitor: ring-buffer reads and CONNECT writes on a Clock."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from vmready.agentlink import AgentLink, PollIntervals, StatusChanged
-from vmready.agentmonitor import AgentMonitor
-from vmready.model import HypervisorError
-from vmready.ringbuffer import AgentStatus
+from vmready.agentlink.link import AgentLink, PollIntervals, StatusChanged
+from vmready.agentlink.monitor import AgentMonitor
+from vmready.domain.model import HypervisorError
+from vmready.protocols.ringbuffer import AgentStatus
 
 INTERVALS = PollIntervals(connecting=0.05, started=0.25, connected=1.0, connect_timeout=10.0)
 CONNECT = b"CONNECT 2:49152\n"

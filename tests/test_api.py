@@ -1,4 +1,4 @@
-"""Tests for vmready.api: the operator API in memory (StubTreq) over a real Lifecycle."""
+"""Tests for vmready.api.operator: the operator API in memory (StubTreq) over a real Lifecycle."""
 
 from __future__ import annotations
 
@@ -18,14 +18,14 @@ from twisted.web.server import Request
 from twisted.web.test.requesthelper import DummyChannel
 
 from tests.fixtures import STARTED_UNDER_TCG, STOP_TIMEOUT, Reply, make_lifecycle
-from vmready.api import MAX_BODY_BYTES, EventStream, OperatorAPI, read_json_body
-from vmready.events import Event
-from vmready.lifecycle import Lifecycle
-from vmready.model import BadRequest, PayloadTooLarge
-from vmready.operations import Operation
-from vmready.qemu_cmdline import LEGACY_LAYOUT
-from vmready.ringbuffer import AgentStatus
-from vmready.states import READY_KEY
+from vmready.api.operator import MAX_BODY_BYTES, EventStream, OperatorAPI, read_json_body
+from vmready.domain.model import BadRequest, PayloadTooLarge
+from vmready.domain.states import READY_KEY
+from vmready.hypervisor.cmdline import LEGACY_LAYOUT
+from vmready.lifecycle.core import Lifecycle
+from vmready.lifecycle.events import Event
+from vmready.lifecycle.operations import Operation
+from vmready.protocols.ringbuffer import AgentStatus
 
 _RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
 _NO_BODY = object()

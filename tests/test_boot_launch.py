@@ -19,12 +19,12 @@ from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.trial.unittest import TestCase
 
 from tests.conformance.support import REQUIRE_QEMU_VARIABLE
-from vmready.bootsource import BootSource
-from vmready.events import EventBus
-from vmready.hypervisor import HypervisorDriver
-from vmready.lifecycle import LaunchSettings, Lifecycle
-from vmready.model import BadRequest
-from vmready.store import Store
+from vmready.domain.model import BadRequest
+from vmready.hypervisor.bootsource import BootSource
+from vmready.hypervisor.driver import HypervisorDriver
+from vmready.lifecycle.core import LaunchSettings, Lifecycle
+from vmready.lifecycle.events import EventBus
+from vmready.store.sqlite import Store
 
 
 def _async(test: Callable[[Any], Coroutine[Any, Any, None]]) -> Callable[[Any], Deferred[None]]:

@@ -1,4 +1,4 @@
-"""Tests for vmready.bootsource: boot source config, file checks, and qemu-img.
+"""Tests for vmready.hypervisor.bootsource: boot source config, file checks, and qemu-img.
 
 The checks of kernels, initrds and raw images read real files made here.
 ``ImageTool`` and ``check_boot_source_now`` run the real ``qemu-img`` on tiny
@@ -22,7 +22,8 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from tests.conformance.support import REQUIRE_QEMU_VARIABLE
 from tests.test_guestimage import fake_pvh_kernel
-from vmready.bootsource import (
+from vmready.domain.model import BadRequest, HypervisorError
+from vmready.hypervisor.bootsource import (
     APPEND_KEY,
     IMAGE_KEY,
     INITRD_KEY,
@@ -38,7 +39,6 @@ from vmready.bootsource import (
     check_raw_image,
     parse_image_info,
 )
-from vmready.model import BadRequest, HypervisorError
 
 MIB = 1 << 20
 NOT_A_DISK = "holds no partition table or filesystem"

@@ -1,4 +1,4 @@
-"""Tests for vmready.certs."""
+"""Tests for vmready.trust.certs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import tempfile
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from vmready.certs import (
+from vmready.trust.certs import (
     SERVER_CERT,
     SERVER_KEY,
     CertificateError,

@@ -1,4 +1,4 @@
-"""Tests for vmready.cli: the real CLI against the operator API on a unix socket, in-process."""
+"""vmready.cli.main: the real CLI against the operator API on a unix socket, in-process."""
 
 from __future__ import annotations
 
@@ -27,11 +27,11 @@ from twisted.web.server import NOT_DONE_YET, Site
 
 import vmready
 from tests.fixtures import STARTED_UNDER_TCG, TCG_REASON, make_lifecycle
-from vmready.api import OperatorAPI
-from vmready.cli import build_parser, run, to_yaml
-from vmready.lifecycle import Lifecycle
-from vmready.qemu_cmdline import LEGACY_LAYOUT
-from vmready.ringbuffer import AgentStatus
+from vmready.api.operator import OperatorAPI
+from vmready.cli.main import build_parser, run, to_yaml
+from vmready.hypervisor.cmdline import LEGACY_LAYOUT
+from vmready.lifecycle.core import Lifecycle
+from vmready.protocols.ringbuffer import AgentStatus
 
 _SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(vmready.__file__)))
 _HINT = "(is it running? start it with: twistd -n vmready)"
@@ -112,7 +112,7 @@ class _CannedAPI(Resource):
 
 
 class _ConsoleProcess(ProcessProtocol):
-    """``python -m vmready.cli …`` as a child process: its output and its exit status."""
+    """``python -m vmready.cli.main …`` as a child process: its output and its exit status."""
 
     def __init__(self) -> None:
         self.out = b""
@@ -178,12 +178,12 @@ class UnixAPITestCase(TestCase):
         return Deferred.fromCoroutine(self.cli(*argv, out=out))
 
     def console(self, *argv: str) -> _ConsoleProcess:
-        """``python -m vmready.cli --socket <socket> argv…`` started as a child process."""
+        """``python -m vmready.cli.main --socket <socket> argv…`` started as a child process."""
         child = _ConsoleProcess()
         process = IReactorProcess(reactor).spawnProcess(
             child,
             sys.executable,
-            [sys.executable, "-m", "vmready.cli", "--socket", self.socket, *argv],
+            [sys.executable, "-m", "vmready.cli.main", "--socket", self.socket, *argv],
             env={**os.environ, "PYTHONPATH": _SOURCE_ROOT},
             path=_SOURCE_ROOT,
         )
@@ -787,7 +787,7 @@ class NoDaemonTests(TestCase):
     async def test_consoleScriptPrintsOneLineAndExits2(self) -> None:
         out, err, code = await getProcessOutputAndValue(
             sys.executable,
-            ["-m", "vmready.cli", "--socket", self.socket, "list"],
+            ["-m", "vmready.cli.main", "--socket", self.socket, "list"],
             env={**os.environ, "PYTHONPATH": _SOURCE_ROOT},
             path=_SOURCE_ROOT,
         )
@@ -874,13 +874,13 @@ class OddDaemonAnswersTests(UnixAPITestCase):
 
 
 class ConsoleScriptTests(CLITestCase):
-    """``python -m vmready.cli`` as a separate process against the listening API."""
+    """``python -m vmready.cli.main`` as a separate process against the listening API."""
 
     async def test_listAsJSONInASubprocess(self) -> None:
         await self.launch("web1")
         out, err, code = await getProcessOutputAndValue(
             sys.executable,
-            ["-m", "vmready.cli", "--socket", self.socket, "list", "--format", "json"],
+            ["-m", "vmready.cli.main", "--socket", self.socket, "list", "--format", "json"],
             env={**os.environ, "PYTHONPATH": _SOURCE_ROOT},
             path=_SOURCE_ROOT,
         )
@@ -939,7 +939,7 @@ class ConsoleScriptTests(CLITestCase):
     async def test_usageErrorExits2(self) -> None:
         _, err, code = await getProcessOutputAndValue(
             sys.executable,
-            ["-m", "vmready.cli", "--socket", self.socket, "explode"],
+            ["-m", "vmready.cli.main", "--socket", self.socket, "explode"],
             env={**os.environ, "PYTHONPATH": _SOURCE_ROOT},
             path=_SOURCE_ROOT,
         )

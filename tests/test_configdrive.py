@@ -1,4 +1,4 @@
-"""Tests for vmready.configdrive: what each guest's config drive holds, and its modes."""
+"""vmready.hypervisor.configdrive: what each guest's config drive holds, and its modes."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import stat
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from vmready.certs import CertificatePair
-from vmready.configdrive import DriveContents, meta_data, write_identity, write_settings
+from vmready.hypervisor.configdrive import DriveContents, meta_data, write_identity, write_settings
+from vmready.trust.certs import CertificatePair
 
 UUID = "6f1c3a52-9d2e-4b7a-8c11-0123456789ab"
 SETTINGS = {"instance": "vm1", "port": "com.canonical.lxd", "transport": "vsock"}

@@ -1,4 +1,4 @@
-"""Tests for vmready.console: boot marks, the size cap, and reading the tail of the log."""
+"""vmready.hypervisor.console: boot marks, the size cap, and reading the tail of the log."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import stat
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from vmready.console import console_size, mark_boot, read_console, rotate_console
+from vmready.hypervisor.console import console_size, mark_boot, read_console, rotate_console
 
 MARK = b"\n--- vmready: starting vm1: TCG ---\n"
 

@@ -16,9 +16,9 @@ from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from vmready.daemon_tap import check_guest_listen_address, check_listen_address
-from vmready.lifecycle import run_dir_name
-from vmready.store import Store
+from vmready.daemon.tap import check_guest_listen_address, check_listen_address
+from vmready.lifecycle.core import run_dir_name
+from vmready.store.sqlite import Store
 
 TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
 DEADLINE = 60.0
@@ -68,7 +68,8 @@ class StartupRefusalTests(SynchronousTestCase):
             [
                 sys.executable,
                 "-c",
-                f"from vmready.certs import ensure_server_certificate as e; e({self.directory!r})",
+                "from vmready.trust.certs import ensure_server_certificate as e; "
+                f"e({self.directory!r})",
             ],
             check=True,
         )
@@ -341,7 +342,7 @@ class DaemonProcessTests(SynchronousTestCase):
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
-            [sys.executable, "-m", "vmready.cli", "--socket", self.socket_path, *args],
+            [sys.executable, "-m", "vmready.cli.main", "--socket", self.socket_path, *args],
             capture_output=True,
             text=True,
             timeout=DEADLINE,
@@ -393,7 +394,7 @@ class FileLimitTests(SynchronousTestCase):
             "import resource\n"
             "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
             "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
-            "from vmready.limits import raise_file_limit\n"
+            "from vmready.domain.limits import raise_file_limit\n"
             "raise_file_limit()\n"
             "print(*resource.getrlimit(resource.RLIMIT_NOFILE))\n"
         )

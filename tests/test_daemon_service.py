@@ -15,10 +15,10 @@ from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.error import CannotListenError
 from twisted.trial.unittest import TestCase
 
-from vmready import daemon
-from vmready.cli import Client, DaemonUnreachable
-from vmready.daemon import POWER_SYNC_TIMER, DaemonConfig, VMReadyService
-from vmready.lifecycle import Lifecycle
+from vmready.cli.main import Client, DaemonUnreachable
+from vmready.daemon import service as daemon
+from vmready.daemon.service import POWER_SYNC_TIMER, DaemonConfig, VMReadyService
+from vmready.lifecycle.core import Lifecycle
 
 
 def recovery_waits_for(gate: Deferred[None]) -> type[Lifecycle]:
@@ -239,7 +239,7 @@ class OptionsTests(TestCase):
     """twistd vmready's options: safe defaults, bounded values."""
 
     def test_defaultSocketIsOwnerOnly(self) -> None:
-        from vmready.daemon_tap import Options
+        from vmready.daemon.tap import Options
 
         options = Options()
         options.parseOptions(["--data-dir", "/tmp/vmr-opt"])
@@ -248,7 +248,7 @@ class OptionsTests(TestCase):
     def test_stopTimeoutMustBeFiniteAndBounded(self) -> None:
         from twisted.python import usage
 
-        from vmready.daemon_tap import Options
+        from vmready.daemon.tap import Options
 
         for value in ("-1", "5000", "inf", "nan", "soon"):
             with self.assertRaises(usage.UsageError):

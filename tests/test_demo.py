@@ -13,13 +13,13 @@ from twisted.trial.unittest import SynchronousTestCase
 
 
 class DemoTests(SynchronousTestCase):
-    """``python -m vmready.demo`` walks STARTED → CONNECT → CONNECTED and shuts the VM down."""
+    """``python -m vmready.daemon.demo`` walks STARTED → CONNECT → CONNECTED, then shuts down."""
 
     def test_demoCompletesTheHandshakeAndShutsDown(self) -> None:
         workdir = tempfile.mkdtemp(prefix="vmr-demo-", dir="/tmp")
         self.addCleanup(shutil.rmtree, workdir, True)
         result = subprocess.run(
-            [sys.executable, "-m", "vmready.demo", "--workdir", workdir, "--name", "t1"],
+            [sys.executable, "-m", "vmready.daemon.demo", "--workdir", workdir, "--name", "t1"],
             capture_output=True,
             text=True,
             timeout=120,
@@ -68,7 +68,14 @@ class RunDemoTests(SynchronousTestCase):
 
     def run_demo(self) -> list[str]:
         result = subprocess.run(
-            [sys.executable, "-m", "vmready.rundemo", "--data-dir", self.data_dir, "--exit"],
+            [
+                sys.executable,
+                "-m",
+                "vmready.daemon.rundemo",
+                "--data-dir",
+                self.data_dir,
+                "--exit",
+            ],
             capture_output=True,
             text=True,
             timeout=120,

@@ -6,7 +6,7 @@ import os
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from vmready.states import transition_diagram
+from vmready.domain.states import transition_diagram
 
 DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs")
 

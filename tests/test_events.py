@@ -1,13 +1,13 @@
-"""Tests for vmready.events and vmready.operations."""
+"""Tests for vmready.lifecycle.events and vmready.lifecycle.operations."""
 
 from __future__ import annotations
 
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from vmready.events import LIFECYCLE, OPERATION, Event, EventBus
-from vmready.model import Conflict, NotFound
-from vmready.operations import RETAIN_SECONDS, Operations
+from vmready.domain.model import Conflict, NotFound
+from vmready.lifecycle.events import LIFECYCLE, OPERATION, Event, EventBus
+from vmready.lifecycle.operations import RETAIN_SECONDS, Operations
 
 
 class EventBusTests(SynchronousTestCase):

@@ -39,7 +39,7 @@ from tests.test_fakeqemu_process import (
     stderr_lines,
     wait_until,
 )
-from vmready.qmp import connect_qmp
+from vmready.protocols.qmp import connect_qmp
 
 
 class ControlClient(SocketEnd):

@@ -13,6 +13,7 @@ from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
+from fakeqemu import RingBuffer
 from fakeqemu._machine import RunState, SerialPort
 from fakeqemu.testing import FakeGuest, InMemoryVM, raw_qmp_transport
 
@@ -857,6 +858,13 @@ class RingbufCommandTests(_VMTestCase):
         first = self.guest()
         second = self.guest()
         self.assertEqual((first.open, second.open), (True, False))
+
+    def test_aReplacedRingbufTakesTheGuestsWritesAndTheReads(self) -> None:
+        guest = self.guest()
+        original = self.vm.machine.replace_ringbuf("vmready", RingBuffer(16))
+        guest.write(b"STARTED\n")
+        self.vm.flush()
+        self.assertEqual((len(original), self.read()), (0, "STARTED\n"))
 
     def test_whatARefusedGuestSendsIsDropped(self) -> None:
         self.guest()

@@ -30,7 +30,7 @@ from zope.interface import implementer
 
 from fakeqemu import __version__
 from fakeqemu._cmdline import QEMU_VERSION
-from vmready.qmp import QMPClientProtocol, QMPDisconnected, QMPEvent, connect_qmp
+from vmready.protocols.qmp import QMPClientProtocol, QMPDisconnected, QMPEvent, connect_qmp
 
 BIN_DIRECTORY = os.path.dirname(os.path.abspath(sys.executable))
 PROGRAM = "fakeqemu-system-x86_64"

@@ -1,4 +1,4 @@
-"""Tests for vmready.guestapi: the guest API in memory (StubTreq) and over real mutual TLS."""
+"""Tests for vmready.api.guest: the guest API in memory (StubTreq) and over real mutual TLS."""
 
 from __future__ import annotations
 
@@ -33,10 +33,7 @@ from twisted.web.iweb import IAgentEndpointFactory, IRequest
 from zope.interface import implementer
 
 from tests.fixtures import Reply, make_lifecycle
-from vmready.api import MAX_BODY_BYTES, EventStream
-from vmready.certs import CertificatePair, generate
-from vmready.events import LIFECYCLE, Event
-from vmready.guestapi import (
+from vmready.api.guest import (
     FORBIDDEN_MESSAGE,
     GuestAPI,
     GuestEvent,
@@ -47,11 +44,14 @@ from vmready.guestapi import (
     guest_tls_factory,
     instance_for_certificate,
 )
-from vmready.lifecycle import Lifecycle
-from vmready.model import InstanceRecord
-from vmready.states import READY_KEY, PowerState, TaskState, VMState
-from vmready.store import Store
-from vmready.tls import PinnedServerTLS
+from vmready.api.operator import MAX_BODY_BYTES, EventStream
+from vmready.domain.model import InstanceRecord
+from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
+from vmready.lifecycle.core import Lifecycle
+from vmready.lifecycle.events import LIFECYCLE, Event
+from vmready.store.sqlite import Store
+from vmready.trust.certs import CertificatePair, generate
+from vmready.trust.tls import PinnedServerTLS
 
 _RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
 _NO_BODY = object()
@@ -723,7 +723,7 @@ class GuestTLSTests(TestCase):
             return
         self.listening = True
         port = reactor.listenUNIX(  # type: ignore[attr-defined]
-            self.path, guest_tls_factory(_SERVER, self.store, guest_site(self.api))
+            self.path, guest_tls_factory(_SERVER, self.store, guest_site(self.api.app.resource()))
         )
         # Cleanups run last-registered first: pools close, connections drain, port stops.
         self.addCleanup(port.stopListening)

@@ -1,4 +1,4 @@
-"""Tests for vmready.guestimage (the demo guest's builder) and vmready.guestfiles (the loader).
+"""vmready.hypervisor.guestimage (the demo guest's builder) and vmready.guestfiles (the loader).
 
 The pure parts run everywhere, with fake module files, fake apt answers and a
 fake builder behind ``ensure_guest``'s command-runner seam. The loader's
@@ -27,10 +27,10 @@ from collections.abc import Sequence
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from vmready import guestimage
-from vmready.bootsource import has_pvh_entry
 from vmready.guestfiles import LOADER_FILES, executable, loader_files
-from vmready.guestimage import (
+from vmready.hypervisor import guestimage
+from vmready.hypervisor.bootsource import has_pvh_entry
+from vmready.hypervisor.guestimage import (
     ArchiveEntry,
     CommandResult,
     GuestImage,

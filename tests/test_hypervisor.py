@@ -1,4 +1,4 @@
-"""Tests for vmready.hypervisor: real fakeqemu (and real QEMU) processes driven over QMP.
+"""Tests for vmready.hypervisor.driver: real fakeqemu (and real QEMU) processes driven over QMP.
 
 Every VM runs in a short temporary directory under /tmp and is killed at
 cleanup.  The checks in ``PowerChecks`` run unchanged against fakeqemu and
@@ -31,7 +31,9 @@ from twisted.protocols.basic import LineOnlyReceiver
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from vmready.hypervisor import (
+from vmready.domain.model import HypervisorError
+from vmready.domain.states import PowerState
+from vmready.hypervisor.driver import (
     AGENT_RING,
     UNEXPECTED_EXIT,
     HypervisorDriver,
@@ -46,9 +48,7 @@ from vmready.hypervisor import (
     power_state_for,
     vm_event_for,
 )
-from vmready.model import HypervisorError
-from vmready.qmp import QMPEvent
-from vmready.states import PowerState
+from vmready.protocols.qmp import QMPEvent
 
 REQUIRE_QEMU_VARIABLE = "VMREADY_REQUIRE_QEMU"
 QEMU_BINARY_VARIABLE = "VMREADY_QEMU_BINARY"

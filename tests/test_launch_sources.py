@@ -26,14 +26,14 @@ from fakeqemu.testing import write_kernel
 from tests.conformance.support import REQUIRE_QEMU_VARIABLE
 from tests.test_boot_launch import _async
 from tests.test_lifecycle import ACPIGuest
-from vmready.accel import KVMVerdicts
-from vmready.events import Event, EventBus
-from vmready.hypervisor import HypervisorDriver
-from vmready.lifecycle import LaunchSettings, Lifecycle
-from vmready.model import InstanceRecord
-from vmready.states import READY_KEY, VMState
-from vmready.store import Store
-from vmready.transport import CID_KEY, TRANSPORT_KEY
+from vmready.agentlink.transport import CID_KEY, TRANSPORT_KEY
+from vmready.domain.model import InstanceRecord
+from vmready.domain.states import READY_KEY, VMState
+from vmready.hypervisor.accel import KVMVerdicts
+from vmready.hypervisor.driver import HypervisorDriver
+from vmready.lifecycle.core import LaunchSettings, Lifecycle
+from vmready.lifecycle.events import Event, EventBus
+from vmready.store.sqlite import Store
 
 KVM_ABORTS = """#!/bin/sh
 # A QEMU that aborts under KVM, as nested KVM does on some hosts; TCG runs fakeqemu.

@@ -16,12 +16,12 @@ from twisted.internet.protocol import Protocol
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 
-from vmready.events import Event, EventBus
-from vmready.hypervisor import HypervisorDriver, MonitorTimeout
-from vmready.lifecycle import Lifecycle
-from vmready.model import BadRequest, Conflict, InstanceRecord
-from vmready.states import READY_KEY, PowerState, VMState
-from vmready.store import Store
+from vmready.domain.model import BadRequest, Conflict, InstanceRecord
+from vmready.domain.states import READY_KEY, PowerState, VMState
+from vmready.hypervisor.driver import HypervisorDriver, MonitorTimeout
+from vmready.lifecycle.core import Lifecycle
+from vmready.lifecycle.events import Event, EventBus
+from vmready.store.sqlite import Store
 
 STOP_TIMEOUT = 0.3
 
@@ -670,7 +670,7 @@ def _kill_quietly(pid: int) -> None:
 
 
 def _task(value: str) -> Any:
-    from vmready.states import TaskState
+    from vmready.domain.states import TaskState
 
     return TaskState(value)
 

@@ -1,4 +1,4 @@
-"""Tests for vmready.qemu_cmdline, the QEMU command line built from a VMSpec."""
+"""Tests for vmready.hypervisor.cmdline, the QEMU command line built from a VMSpec."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import tempfile
 from twisted.trial.unittest import SynchronousTestCase
 
 from fakeqemu import CommandLineError, parse_command_line
-from vmready.qemu_cmdline import (
+from vmready.hypervisor.cmdline import (
     AGENT_PORT,
     AGENT_RING,
     CONNECT_PORT,

@@ -1,4 +1,4 @@
-"""Tests for vmready.qmp, the one QMP client."""
+"""Tests for vmready.protocols.qmp, the one QMP client."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from fakeqemu import RunningVM, parse_command_line
 from fakeqemu.testing import InMemoryVM
-from vmready.qmp import (
+from vmready.protocols.qmp import (
     QMPClientProtocol,
     QMPDisconnected,
     QMPError,

@@ -22,13 +22,13 @@ from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 
 from tests.test_lifecycle import STOP_TIMEOUT, LifecycleTestCase, _async, _until
-from vmready.agentlink import PollIntervals
-from vmready.certs import fingerprint, generate
-from vmready.lifecycle import GuestLink, Lifecycle, fakeqemu_guest_paths
-from vmready.model import Conflict
-from vmready.qemu_cmdline import AGENT_PORT, CONNECT_PORT
-from vmready.ringbuffer import AgentStatus
-from vmready.states import READY_KEY, StatusCode
+from vmready.agentlink.link import PollIntervals
+from vmready.domain.model import Conflict
+from vmready.domain.states import READY_KEY, StatusCode
+from vmready.hypervisor.cmdline import AGENT_PORT, CONNECT_PORT
+from vmready.lifecycle.core import GuestLink, Lifecycle, fakeqemu_guest_paths
+from vmready.protocols.ringbuffer import AgentStatus
+from vmready.trust.certs import fingerprint, generate
 
 FAST = PollIntervals(connecting=0.02, started=0.05, connected=0.1, connect_timeout=5.0)
 SERVER = generate("vmready-test-server")

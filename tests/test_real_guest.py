@@ -1,6 +1,6 @@
 """A real Linux guest under real QEMU: boot, agent link, Ready, restarts, power-off, panic.
 
-The guest is the demo guest ``vmready.guestimage`` builds from Debian packages
+The guest is the demo guest ``vmready.hypervisor.guestimage`` builds from Debian packages
 (Debian's kernel, a small busybox initramfs, a minbase root disk with python3
 and systemd, the vmready loader installed as LXD images carry theirs).  The
 daemon is ``twistd -n vmready --hypervisor qemu``, whose VMs reach the guest
@@ -26,7 +26,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from tests.conformance.support import REQUIRE_QEMU_VARIABLE
 from tests.system import System, eventually, unix_http
-from vmready.states import READY_KEY
+from vmready.domain.states import READY_KEY
 
 # A TCG guest on two shared cores boots in well under this; the bound is for slow days.
 BOOT_DEADLINE = 300.0
@@ -151,7 +151,7 @@ class RealGuestTests(SynchronousTestCase):
             if required:
                 self.fail(f"{REQUIRE_QEMU_VARIABLE}=1 but a real guest cannot run: {reason}")
             self.skipTest(reason)
-        from vmready.guestimage import GuestImageError, ensure_guest
+        from vmready.hypervisor.guestimage import GuestImageError, ensure_guest
 
         cache = os.environ.get(GUEST_CACHE_VARIABLE) or os.path.expanduser(
             "~/.cache/vmready/guest"

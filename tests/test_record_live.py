@@ -14,8 +14,8 @@ import signal
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.system import System
-from vmready.replay import replay
-from vmready.transcript import read_transcript
+from vmready.protocols.transcript import read_transcript
+from vmready.record.replay import replay
 
 NAME = "web1"
 SECRET = "s3cret-api-key-value"

@@ -11,17 +11,17 @@ from twisted.python import usage
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.test_agentmonitor import INTERVALS, FakeRing
-from vmready.agentlink import AgentLink
-from vmready.agentmonitor import AgentMonitor
-from vmready.daemon_tap import Options
-from vmready.events import EventBus
-from vmready.lifecycle import Lifecycle, validate_config
-from vmready.model import BadRequest, Conflict
-from vmready.qemu_cmdline import CURRENT_LAYOUT, LEGACY_LAYOUT
-from vmready.qmp import QMPEvent
-from vmready.recording import Recorders, transcript_path
-from vmready.states import PowerState, TaskState, VMState
-from vmready.store import Store
+from vmready.agentlink.link import AgentLink
+from vmready.agentlink.monitor import AgentMonitor
+from vmready.daemon.tap import Options
+from vmready.domain.model import BadRequest, Conflict
+from vmready.domain.states import PowerState, TaskState, VMState
+from vmready.hypervisor.cmdline import CURRENT_LAYOUT, LEGACY_LAYOUT
+from vmready.lifecycle.core import Lifecycle, validate_config
+from vmready.lifecycle.events import EventBus
+from vmready.protocols.qmp import QMPEvent
+from vmready.record.recording import Recorders, transcript_path
+from vmready.store.sqlite import Store
 
 
 class _Subscribers:

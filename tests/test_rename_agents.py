@@ -14,7 +14,7 @@ import os
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.system import System, eventually
-from vmready.qemu_cmdline import AGENT_PORT, LEGACY_PORT
+from vmready.hypervisor.cmdline import AGENT_PORT, LEGACY_PORT
 
 
 def legacy_port(system: System, name: str) -> str:

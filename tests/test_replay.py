@@ -15,9 +15,9 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from vmready.cli import run
-from vmready.replay import replay
-from vmready.transcript import TranscriptError
+from vmready.cli.main import run
+from vmready.protocols.transcript import TranscriptError
+from vmready.record.replay import replay
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "transcripts")
 FIXTURES = [
@@ -282,8 +282,8 @@ class RecordedInputTests(SynchronousTestCase):
         self.assertIn('"display_status": "ERROR", "error": "guest kernel panicked', got)
 
     def test_hostInitiatedEventsAreNotInputs(self) -> None:
-        from vmready.replay import guest_power_action
-        from vmready.transcript import Entry
+        from vmready.protocols.transcript import Entry
+        from vmready.record.replay import guest_power_action
 
         def action(event: str, data: dict[str, Any]) -> str | None:
             return guest_power_action(Entry(2, 1.0, "qmp-event", {"event": event, "data": data}))
@@ -415,7 +415,7 @@ class CommandLineTests(SynchronousTestCase):
         )
 
     def test_realtimeReplaysEachRecordAtItsRecordedTime(self) -> None:
-        from vmready.replay import ReplaySession
+        from vmready.record.replay import ReplaySession
 
         reactor = Clock()
         played: list[tuple[float, float, int]] = []

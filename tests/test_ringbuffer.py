@@ -1,4 +1,4 @@
-"""Tests for vmready.ringbuffer, the agent's ring-buffer line protocol."""
+"""Tests for vmready.protocols.ringbuffer, the agent's ring-buffer line protocol."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-from vmready.ringbuffer import (
+from vmready.protocols.ringbuffer import (
     MAX_LINE_BYTES,
     AgentStatus,
     DiscardedFragment,

@@ -18,11 +18,9 @@ from twisted.trial.unittest import TestCase
 
 from tests.conformance.support import REAL_QEMU, REQUIRE_QEMU_VARIABLE
 from tests.test_lifecycle import _async, _until
-from vmready.events import Event, EventBus
-from vmready.hypervisor import HypervisorDriver
-from vmready.lifecycle import LAYOUT_KEY, Lifecycle, run_dir_name
-from vmready.model import BadRequest, Conflict, HypervisorError, InstanceRecord, NotFound
-from vmready.qemu_cmdline import (
+from vmready.domain.model import BadRequest, Conflict, HypervisorError, InstanceRecord, NotFound
+from vmready.domain.states import PowerState, TaskState, VMState
+from vmready.hypervisor.cmdline import (
     AGENT_PORT,
     AGENT_RING,
     CURRENT_LAYOUT,
@@ -31,8 +29,10 @@ from vmready.qemu_cmdline import (
     UNRECORDED_LAYOUT,
     SerialLayout,
 )
-from vmready.states import PowerState, TaskState, VMState
-from vmready.store import Store
+from vmready.hypervisor.driver import HypervisorDriver
+from vmready.lifecycle.core import LAYOUT_KEY, Lifecycle, run_dir_name
+from vmready.lifecycle.events import Event, EventBus
+from vmready.store.sqlite import Store
 
 STOP_TIMEOUT = 0.3
 # What QEMU writes to its -D log, each line after its program name (DESIGN.md, measured).

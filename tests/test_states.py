@@ -1,10 +1,10 @@
-"""Tests for vmready.states: derived statuses and the lifecycle table."""
+"""Tests for vmready.domain.states: derived statuses and the lifecycle table."""
 
 from __future__ import annotations
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from vmready.states import (
+from vmready.domain.states import (
     ACTIONS,
     PowerState,
     StatusCode,

@@ -1,4 +1,4 @@
-"""Tests for vmready.store, the SQLite instance store."""
+"""Tests for vmready.store.sqlite, the SQLite instance store."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 import vmready
-from vmready.model import (
+from vmready.domain.model import (
     ActionRecord,
     ActionStep,
     BadRequest,
@@ -27,16 +27,16 @@ from vmready.model import (
     NotFound,
     StoreError,
 )
-from vmready.states import ACTIONS, READY_KEY, PowerState, TaskState, VMState
-from vmready.store import MIGRATIONS, Store
+from vmready.domain.states import ACTIONS, READY_KEY, PowerState, TaskState, VMState
+from vmready.store.sqlite import MIGRATIONS, Store
 
 _SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(vmready.__file__)))
 
 # Opens the store at argv[1] and prints the StoreError message (or "opened").
 _OPEN_CHILD = """
 import sys
-from vmready.model import StoreError
-from vmready.store import Store
+from vmready.domain.model import StoreError
+from vmready.store.sqlite import Store
 try:
     Store.open(sys.argv[1]).close()
 except StoreError as e:
@@ -50,8 +50,8 @@ else:
 # is still there to be killed.
 _WRITER_CHILD = """
 import sys
-from vmready.states import READY_KEY, PowerState, TaskState, VMState
-from vmready.store import Store
+from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
+from vmready.store.sqlite import Store
 
 store = Store.open(sys.argv[1])
 prefix = sys.argv[2]

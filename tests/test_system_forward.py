@@ -19,7 +19,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from tests.conformance.support import REQUIRE_QEMU_VARIABLE
 from tests.system import System, eventually
-from vmready.states import READY_KEY
+from vmready.domain.states import READY_KEY
 
 NAME = "fw1"
 

@@ -1,4 +1,4 @@
-"""Tests for vmready.tls: real mutual TLS over a loopback unix socket."""
+"""Tests for vmready.trust.tls: real mutual TLS over a loopback unix socket."""
 
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from vmready.certs import CertificatePair, fingerprint, generate
-from vmready.guestapi import certificate_authorizer
-from vmready.store import Store
-from vmready.tls import MutualServerTLS, PinnedServerTLS, peer_certificate_pem
+from vmready.api.guest import certificate_authorizer
+from vmready.store.sqlite import Store
+from vmready.trust.certs import CertificatePair, fingerprint, generate
+from vmready.trust.tls import MutualServerTLS, PinnedServerTLS, peer_certificate_pem
 
 _NOW = datetime.datetime.now(datetime.UTC)
 # Generating P-384 keys is the slow part: one set for the whole module.

@@ -8,8 +8,7 @@ import os
 from twisted.trial.unittest import SynchronousTestCase
 
 from vmready.agent.recording import AgentRecorder
-from vmready.certs import generate
-from vmready.transcript import (
+from vmready.protocols.transcript import (
     REDACTED,
     REDACTED_PEM,
     PemRedactor,
@@ -22,6 +21,7 @@ from vmready.transcript import (
     read_transcript,
     redact_json,
 )
+from vmready.trust.certs import generate
 
 HEADER = {"side": "host", "instance": "vm1", "uuid": "u-1", "host_port": 1}
 

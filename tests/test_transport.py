@@ -1,4 +1,4 @@
-"""Tests for vmready.transport: which transport a VM gets, and what its agent is told."""
+"""Tests for vmready.agentlink.transport: which transport a VM gets, and what its agent is told."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from vmready.transport import (
+from vmready.agentlink.transport import (
     TransportError,
     allocate_cid,
     choose_transport,

@@ -1,4 +1,4 @@
-"""Tests for vmready.vsock: the vsock and hybrid vsock endpoints and their endpoint strings."""
+"""vmready.agentlink.vsock: the vsock and hybrid vsock endpoints and their endpoint strings."""
 
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from vmready import vsock
-from vmready.vsock import (
+from vmready.agentlink import vsock
+from vmready.agentlink.vsock import (
     VMADDR_CID_ANY,
     VMADDR_CID_HOST,
     VMADDR_CID_LOCAL,

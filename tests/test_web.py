@@ -1,4 +1,4 @@
-"""Tests for vmready.web: HTTP servers on unix sockets answer requests without a Host header."""
+"""vmready.api.web: HTTP servers on unix sockets answer requests without a Host header."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 from twisted.web.iweb import IRequest
 
-from vmready.web import local_site
+from vmready.api.web import local_site
 
 app = Klein()
 

@@ -41,8 +41,8 @@ from tests.conformance.support import (
     start_daemonized,
     strip_program,
 )
-from vmready.qmp import QMPClientProtocol, QMPDisconnected, QMPError
-from vmready.ringbuffer import DiscardedFragment, HostEcho, RingBufferReader, StatusLine
+from vmready.protocols.qmp import QMPClientProtocol, QMPDisconnected, QMPError
+from vmready.protocols.ringbuffer import DiscardedFragment, HostEcho, RingBufferReader, StatusLine
 
 
 class BackendTestCase(TestCase):

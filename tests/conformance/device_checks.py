@@ -40,7 +40,7 @@ from tests.conformance.support import (
     run_foreground,
     start_daemonized,
 )
-from vmready.qmp import QMPClientProtocol
+from vmready.protocols.qmp import QMPClientProtocol
 
 FORWARD_ADDRESS = "10.0.2.100:8443"
 MAC = "52:54:00:76:6d:01"

@@ -20,9 +20,9 @@ from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 
-from vmready.hypervisor import accelerators_for_host
-from vmready.qemu_cmdline import AGENT_PORT, AGENT_RING, LEGACY_PORT
-from vmready.qmp import QMPClientProtocol, QMPEvent, connect_qmp
+from vmready.hypervisor.cmdline import AGENT_PORT, AGENT_RING, LEGACY_PORT
+from vmready.hypervisor.driver import accelerators_for_host
+from vmready.protocols.qmp import QMPClientProtocol, QMPEvent, connect_qmp
 
 REQUIRE_QEMU_VARIABLE = "VMREADY_REQUIRE_QEMU"
 QEMU_BINARY_VARIABLE = "VMREADY_QEMU_BINARY"

@@ -1,6 +1,6 @@
 """Registers the ``vsock:`` and ``hvsock:`` endpoint strings (servers and clients)."""
 
-from vmready.vsock import (
+from vmready.agentlink.vsock import (
     HybridVSockClientParser,
     HybridVSockServerParser,
     VSockClientParser,

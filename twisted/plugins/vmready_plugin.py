@@ -2,4 +2,4 @@
 
 from twisted.application.service import ServiceMaker
 
-vmready = ServiceMaker("vmready", "vmready.daemon_tap", "The vmready host daemon.", "vmready")
+vmready = ServiceMaker("vmready", "vmready.daemon.tap", "The vmready host daemon.", "vmready")

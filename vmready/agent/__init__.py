@@ -2,7 +2,7 @@
 
 ``vmready-agent`` (``vmready.agent.main``) runs it, as an installed command,
 as ``python -m vmready.agent.main``, or from the zipapp that
-``vmready.agentbundle`` builds for real guests.  Standard library only, and
+``vmready.hypervisor.agentbundle`` builds for real guests.  Standard library only, and
 Python 3.9 syntax: the same code runs as a host process for fakeqemu guests
 and inside a stock guest whose only Python is its own ``python3``.
 

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Union
 
-from vmready.ringbuffer import (
+from vmready.protocols.ringbuffer import (
     MAX_LINE_BYTES,
     AgentStatus,
     DiscardedFragment,

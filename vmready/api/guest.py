@@ -1,0 +1,490 @@
+"""The guest API ("devlxd") the daemon serves to each VM's agent over mutual TLS.
+
+The caller is identified by its client certificate alone, on every request:
+the certificate's SHA-256 fingerprint must belong to an instance in the store
+and the certificate must be inside its validity period.  A certificate of a
+deleted instance is refused at the TLS handshake (``certificate_authorizer``)
+and again by every request on a connection that was already open, with 403
+``Forbidden: unknown or revoked client certificate``.  An instance only ever
+sees and changes itself.
+
+Answers use LXD's envelope, as LXD speaks to its agent over vsock; the agent
+unwraps it for the guest.  Success is ``{"type": "sync", "status": "Success",
+"status_code": 200, "operation": "", "error_code": 0, "error": "", "metadata": …}``;
+an error is ``{"type": "error", "status": "", "status_code": 0, "operation": "",
+"error_code": N, "error": "…", "metadata": null}`` with HTTP status N.  The
+texts are LXD's where LXD has one.
+
+Routes and their errors (besides 403 above, 404 ``not found`` for an unknown
+path and 405 ``method "DELETE" not allowed`` for a wrong method):
+
+- ``GET /`` → ``["/1.0"]``.
+- ``GET /1.0`` → ``{"api_version": "1.0", "instance_type": "virtual-machine",
+  "location": …, "state": "Ready" | "Started"}``; Ready iff
+  ``volatile.last_state.ready`` is ``"true"``.
+- ``PATCH /1.0`` with ``{"state": "Ready"}`` or ``{"state": "Started"}`` (exact,
+  case-sensitive; other keys are ignored, as LXD ignores unknown fields) → ``{}``.
+  400 ``Invalid request body: <why>`` when the body is not JSON; 400
+  ``Invalid state "<v>"`` (Go's ``%q``) for any other value, where a missing or
+  non-string state reads as the empty string, as in Go; 413 ``Request body too
+  large (limit 1048576 bytes)``; 409 from the lifecycle when no VM runs.
+- ``GET /1.0/config`` → ``/1.0/config/<key>`` for each ``user.*`` and
+  ``cloud-init.*`` key, sorted, keys as they are (LXD does not escape them).
+- ``GET /1.0/config/<key>`` (key percent-decoded) → the raw value; 403
+  ``not authorized`` for any other prefix; 404 ``not found`` when unset or empty.
+- ``GET /1.0/meta-data`` → ``instance-id: <uuid>\\nlocal-hostname: <name>\\n``
+  followed by ``user.meta-data`` if set (as LXD; newer LXD uses the uuid too).
+- ``GET /1.0/devices`` → the instance's devices.
+- ``GET /1.0/events`` (``?type=config,device``, or ``type`` repeated) → newline-
+  delimited JSON, not enveloped: ``{"type": "config", "timestamp": …, "metadata":
+  {"key", "old_value", "value"}}`` per changed ``user.*``/``cloud-init.*`` key (a
+  removed key has value ``""``).  400 ``Invalid event type "<t>"``.  vmready has
+  no device hot-plug yet, so no ``device`` event is ever sent.  The stream ends
+  when the instance is deleted or its certificate stops identifying it, and a
+  reader that stops reading is cut off (``vmready.api.operator.EventStream``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Callable
+from typing import Any, cast
+
+import attrs
+from klein import Klein
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+from twisted.protocols.tls import TLSMemoryBIOFactory
+from twisted.python.failure import Failure
+from twisted.web import http
+from twisted.web.iweb import IRequest
+from twisted.web.resource import IResource
+from twisted.web.server import Site
+from werkzeug.exceptions import HTTPException, MethodNotAllowed
+
+from vmready.api.operator import MAX_BODY_BYTES, EventStream, rfc3339
+from vmready.api.web import json_response, local_site, sync_response
+from vmready.domain.model import (
+    BadRequest,
+    Forbidden,
+    InstanceRecord,
+    NotFound,
+    PayloadTooLarge,
+    VMReadyError,
+)
+from vmready.hypervisor.configdrive import meta_data as cloud_init_meta_data
+from vmready.lifecycle.core import Lifecycle
+from vmready.lifecycle.events import LIFECYCLE, Event
+from vmready.store.sqlite import Store
+from vmready.trust.certs import CertificatePair, fingerprint, is_valid_at
+from vmready.trust.tls import MutualServerTLS, peer_certificate_pem
+
+__all__ = [
+    "FORBIDDEN_MESSAGE",
+    "GUEST_EVENT_TYPES",
+    "Forbidden",
+    "GuestAPI",
+    "GuestEvent",
+    "GuestEventFeed",
+    "certificate_authorizer",
+    "certificate_identifier",
+    "guest_site",
+    "guest_tls_factory",
+    "instance_for_certificate",
+]
+
+Identify = Callable[[IRequest], InstanceRecord | None]
+Clock = Callable[[], datetime.datetime]
+
+FORBIDDEN_MESSAGE = "Forbidden: unknown or revoked client certificate"
+GUEST_EVENT_TYPES = frozenset({"config", "device"})
+# The config keys a guest may read (LXD's rule).
+_GUEST_PREFIXES = ("user.", "cloud-init.")
+_READY = "Ready"
+_STARTED = "Started"
+
+
+def _utcnow() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _guest_visible(key: str) -> bool:
+    return key.startswith(_GUEST_PREFIXES)
+
+
+# -- who is calling ----------------------------------------------------------
+
+
+def instance_for_certificate(
+    store: Store, cert_pem: bytes, when: datetime.datetime
+) -> InstanceRecord | None:
+    """The instance a client certificate identifies at ``when``, or None (unknown, revoked,
+    outside its validity period, or not a certificate at all)."""
+    try:
+        if not is_valid_at(cert_pem, when):
+            return None
+        return store.instance_for_fingerprint(fingerprint(cert_pem))
+    except ValueError:
+        return None
+
+
+def certificate_authorizer(store: Store, clock: Clock = _utcnow) -> Callable[[bytes], bool]:
+    """For ``MutualServerTLS``: accept a client certificate iff it identifies an instance now."""
+
+    def authorize(cert_pem: bytes) -> bool:
+        return instance_for_certificate(store, cert_pem, clock()) is not None
+
+    return authorize
+
+
+def certificate_identifier(store: Store, clock: Clock = _utcnow) -> Identify:
+    """The instance whose certificate the request's TLS peer presented, checked again now."""
+
+    def identify(request: IRequest) -> InstanceRecord | None:
+        cert_pem = peer_certificate_pem(getattr(request, "transport", None))
+        if cert_pem is None:
+            return None
+        return instance_for_certificate(store, cert_pem, clock())
+
+    return identify
+
+
+# -- events, without I/O -----------------------------------------------------
+
+
+@attrs.frozen
+class GuestEvent(Event):
+    """One ``/1.0/events`` line as the guest sees it (no project, unlike the operator's)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"type", "timestamp", "metadata"}``."""
+        return {
+            "type": self.type,
+            "timestamp": rfc3339(self.timestamp),
+            "metadata": self.metadata,
+        }
+
+
+class GuestEventFeed:
+    """Turns the daemon's lifecycle events into one instance's guest events.
+
+    Only ``instance-updated`` events of this instance produce anything: one
+    ``config`` event per guest-visible key whose value really changed, with the
+    value it had before (tracked here, since the lifecycle event carries only
+    the new one).
+    """
+
+    def __init__(self, instance: InstanceRecord, types: frozenset[str]) -> None:
+        self.source = f"/1.0/instances/{instance.name}"
+        self.types = types
+        self._config = {
+            key: value for key, value in instance.config.items() if _guest_visible(key)
+        }
+
+    def concerns(self, event: Event) -> bool:
+        """Whether ``event`` is a lifecycle event about this feed's instance."""
+        return event.type == LIFECYCLE and event.metadata.get("source") == self.source
+
+    def feed(self, event: Event) -> list[GuestEvent]:
+        """The guest events ``event`` means for this instance (often none)."""
+        if "config" not in self.types or not self.concerns(event):
+            return []
+        if event.metadata.get("action") != "instance-updated":
+            return []
+        changes = event.metadata.get("context", {}).get("config", {})
+        produced = []
+        for key in sorted(changes):
+            if not _guest_visible(key):
+                continue
+            old = self._config.get(key, "")
+            new = changes[key] or ""
+            if new == old:
+                continue
+            if new:
+                self._config[key] = new
+            else:
+                self._config.pop(key, None)
+            produced.append(
+                GuestEvent("config", event.timestamp, {"key": key, "old_value": old, "value": new})
+            )
+        return produced
+
+
+# -- responses ---------------------------------------------------------------
+
+
+def _error(request: IRequest, code: int, message: str) -> bytes:
+    """LXD's error envelope, as devlxd sends it over vsock."""
+    return json_response(
+        request,
+        code,
+        {
+            "type": "error",
+            "status": "",
+            "status_code": 0,
+            "operation": "",
+            "error_code": code,
+            "error": message,
+            "metadata": None,
+        },
+    )
+
+
+def _go_quote(text: str) -> str:
+    """``text`` as Go's ``%q`` writes it (``strconv.Quote``), for LXD's error texts."""
+    out = ['"']
+    for char in text:
+        if 0xD800 <= ord(char) <= 0xDFFF:
+            # Go's JSON decoder turns a lone surrogate into U+FFFD.
+            char = "\ufffd"
+        if char in ('"', "\\"):
+            out.append("\\" + char)
+        elif char.isprintable():
+            out.append(char)
+        elif char in _GO_ESCAPES:
+            out.append(_GO_ESCAPES[char])
+        elif ord(char) < 0x20 or ord(char) == 0x7F:
+            out.append(f"\\x{ord(char):02x}")
+        elif ord(char) < 0x10000:
+            out.append(f"\\u{ord(char):04x}")
+        else:
+            out.append(f"\\U{ord(char):08x}")
+    out.append('"')
+    return "".join(out)
+
+
+_GO_ESCAPES = {
+    "\a": "\\a",
+    "\b": "\\b",
+    "\f": "\\f",
+    "\n": "\\n",
+    "\r": "\\r",
+    "\t": "\\t",
+    "\v": "\\v",
+}
+
+
+def _read_body(request: IRequest, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The raw request body, at most ``limit`` bytes (413 beyond it, as the operator API)."""
+    too_large = PayloadTooLarge(f"Request body too large (limit {limit} bytes)")
+    declared = request.getHeader(b"Content-Length")
+    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+        raise too_large
+    content = request.content
+    if content is None:
+        return b""
+    content.seek(0)
+    raw: bytes = content.read(limit + 1)
+    if len(raw) > limit:
+        raise too_large
+    return raw
+
+
+def _not_json(constant: str) -> Any:
+    """Python's json accepts NaN and Infinity; JSON (and Go) do not."""
+    raise ValueError(f"{constant} is not valid JSON")
+
+
+def _requested_state(raw: bytes) -> str:
+    """The ``state`` a PATCH body asks for, decoded as Go decodes it into a string field."""
+    try:
+        body = json.loads(raw, parse_constant=_not_json)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise BadRequest(f"Invalid request body: {e}") from None
+    except RecursionError:
+        raise BadRequest("Invalid request body: nested too deeply") from None
+    state = body.get("state") if isinstance(body, dict) else None
+    return state if isinstance(state, str) else ""
+
+
+def _event_types(request: IRequest) -> frozenset[str]:
+    """``?type=config,device`` (or repeated): the set asked for; every type when absent."""
+    wanted: set[str] = set()
+    for value in request.args.get(b"type", []):
+        for part in value.decode("utf-8", errors="replace").split(","):
+            if part == "":
+                continue
+            if part not in GUEST_EVENT_TYPES:
+                raise BadRequest(f"Invalid event type {_go_quote(part)}")
+            wanted.add(part)
+    return frozenset(wanted) or GUEST_EVENT_TYPES
+
+
+# -- the API -----------------------------------------------------------------
+
+
+class GuestAPI:
+    """The guest API over one ``Lifecycle``; serve it with ``guest_site`` + ``guest_tls_factory``.
+
+    ``identify`` maps a request to the calling instance (None: refuse with 403);
+    by default it reads the TLS peer certificate (``certificate_identifier``).
+    ``location`` is what ``GET /1.0`` reports as the instance's location.
+    """
+
+    app = Klein()
+    log = Logger()
+
+    def __init__(
+        self, lifecycle: Lifecycle, identify: Identify | None = None, location: str = "none"
+    ) -> None:
+        self.lifecycle = lifecycle
+        self.identify = identify or certificate_identifier(lifecycle.store)
+        self.location = location
+
+    def caller(self, request: IRequest) -> InstanceRecord:
+        """The calling instance, identified afresh; 403 for an unknown or revoked certificate."""
+        record = self.identify(request)
+        if record is None:
+            raise Forbidden(FORBIDDEN_MESSAGE)
+        return record
+
+    # -- errors: the one place an exception becomes a response ------------
+
+    @app.handle_errors(Exception)
+    def _handle_error(self, request: IRequest, failure: Failure) -> bytes:
+        """VMReadyError → its status and message; routing errors → LXD's; else a logged 500."""
+        error = failure.value
+        if isinstance(error, VMReadyError):
+            return _error(request, error.http_status, error.message)
+        if isinstance(error, MethodNotAllowed):
+            if error.valid_methods:
+                request.setHeader(b"Allow", ", ".join(sorted(error.valid_methods)).encode())
+            method = request.method.decode("latin-1")
+            return _error(request, 405, f"method {_go_quote(method)} not allowed")
+        if isinstance(error, HTTPException):
+            code = error.code or 500
+            return _error(request, code, "not found" if code == 404 else str(error.name).lower())
+        self.log.failure(
+            "guest {method} {path} failed",
+            failure,
+            method=request.method.decode("ascii", "replace"),
+            path=request.path.decode("utf-8", "replace"),
+        )
+        return _error(request, 500, "internal server error")
+
+    # -- routes -----------------------------------------------------------
+
+    @app.route("/", methods=["GET"])
+    def root(self, request: IRequest) -> bytes:
+        """The API versions this server speaks."""
+        self.caller(request)
+        return sync_response(request, ["/1.0"])
+
+    @app.route("/1.0", methods=["GET"])
+    def get_state(self, request: IRequest) -> bytes:
+        """The instance as its guest sees it: Ready once its workload said so, else Started."""
+        record = self.caller(request)
+        return sync_response(
+            request,
+            {
+                "api_version": "1.0",
+                "instance_type": "virtual-machine",
+                "location": self.location,
+                "state": _READY if record.ready else _STARTED,
+            },
+        )
+
+    @app.route("/1.0", methods=["PATCH"])
+    def patch_state(self, request: IRequest) -> bytes:
+        """The workload declares itself Ready, or withdraws that (Started)."""
+        record = self.caller(request)
+        state = _requested_state(_read_body(request))
+        if state not in (_READY, _STARTED):
+            raise BadRequest(f"Invalid state {_go_quote(state)}")
+        self.lifecycle.set_ready(record.name, state == _READY)
+        return sync_response(request, {})
+
+    @app.route("/1.0/config", methods=["GET"])
+    def list_config(self, request: IRequest) -> bytes:
+        """The URLs of the config keys the guest may read."""
+        record = self.caller(request)
+        keys = sorted(key for key in record.config if _guest_visible(key))
+        return sync_response(request, [f"/1.0/config/{key}" for key in keys])
+
+    @app.route("/1.0/config/<path:key>", methods=["GET"])
+    def get_config(self, request: IRequest, key: str) -> bytes:
+        """One user.* or cloud-init.* value, as stored."""
+        record = self.caller(request)
+        if not _guest_visible(key):
+            raise Forbidden("not authorized")
+        value = record.config.get(key, "")
+        if value == "":
+            raise NotFound("not found")
+        return sync_response(request, value)
+
+    @app.route("/1.0/meta-data", methods=["GET"])
+    def meta_data(self, request: IRequest) -> bytes:
+        """cloud-init's meta-data: the instance's uuid and hostname, then user.meta-data."""
+        record = self.caller(request)
+        extra = record.config.get("user.meta-data", "")
+        return sync_response(request, cloud_init_meta_data(record.uuid, record.name, extra))
+
+    @app.route("/1.0/devices", methods=["GET"])
+    def devices(self, request: IRequest) -> bytes:
+        """The instance's devices."""
+        record = self.caller(request)
+        return sync_response(
+            request, {name: dict(device) for name, device in record.devices.items()}
+        )
+
+    @app.route("/1.0/events", methods=["GET"])
+    def events(self, request: IRequest) -> Deferred[None]:
+        """This instance's config (and device) events as JSON lines, until it goes away."""
+        record = self.caller(request)
+        feed = GuestEventFeed(record, _event_types(request))
+        request.setResponseCode(200)
+        request.setHeader(b"Content-Type", b"application/x-ndjson")
+
+        # Klein hands us twisted.web's Request, which is also the connection's consumer.
+        web_request = cast(http.Request, request)
+        stream = EventStream(web_request)
+        web_request.registerProducer(stream, True)
+
+        def end() -> None:
+            """The caller is no longer who it was: end the response (Klein finishes it)."""
+            unsubscribe()
+            stream.stopProducing()
+            web_request.unregisterProducer()
+            done.callback(None)
+
+        def deliver(event: Event) -> None:
+            if stream.closed:
+                # Cut off for not reading (or going away): nothing more will be written.
+                unsubscribe()
+                return
+            if not feed.concerns(event):
+                return
+            current = self.identify(request)
+            if current is None or current.uuid != record.uuid:
+                end()
+                return
+            for guest_event in feed.feed(event):
+                stream.deliver(guest_event)
+
+        unsubscribe = self.lifecycle.events.subscribe(deliver, frozenset({LIFECYCLE}))
+        # Klein cancels this when the connection is lost; ``end`` fires it otherwise.
+        done: Deferred[None] = Deferred(lambda _: unsubscribe())
+        # Headers now: a guest that saw them knows it is subscribed.
+        request.write(b"")
+        return done
+
+
+def guest_site(resource: IResource) -> Site:
+    """The HTTP site serving the guest API's ``resource`` (wrap it with ``guest_tls_factory``).
+
+    ``resource`` is ``GuestAPI(...).app.resource()``, or that wrapped by a
+    recorder (``vmready.record.recording.RecordingGuestResource``).
+    """
+    site = local_site(resource)
+    site.displayTracebacks = False
+    return site
+
+
+def guest_tls_factory(
+    server: CertificatePair, store: Store, site: Site, clock: Clock = _utcnow
+) -> TLSMemoryBIOFactory:
+    """Server-side mutual TLS around ``site``: only certificates of live instances get through."""
+    return TLSMemoryBIOFactory(
+        MutualServerTLS(server, certificate_authorizer(store, clock)), False, site
+    )

@@ -1,0 +1,1 @@
+"""The ``vmready`` command."""

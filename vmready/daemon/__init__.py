@@ -1,0 +1,1 @@
+"""``twistd vmready``: the service, its options, and ``./dev run``."""

@@ -1,0 +1,367 @@
+"""The vmready daemon as a Twisted service: store, driver, lifecycle, APIs, power sync.
+
+Start-up order matters: the guest API listens first (on a new random port),
+so recovery can advertise that port to every running VM's agent as it
+re-adopts the VM; the operator API listens only once recovery is over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import shutil
+import socket
+from typing import Any
+
+import attrs
+from twisted.application import strports
+from twisted.application.internet import TimerService
+from twisted.application.service import MultiService
+from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import serverFromString
+from twisted.internet.interfaces import IListeningPort
+from twisted.internet.utils import getProcessOutputAndValue
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.resource import IResource
+from twisted.web.server import Site
+
+from vmready.agentlink.link import PollIntervals
+from vmready.agentlink.transport import choose_transport, vhost_vsock_problem
+from vmready.agentlink.vsock import HybridVSockAddress, HybridVSockServerEndpoint
+from vmready.api.guest import GuestAPI, guest_site, guest_tls_factory
+from vmready.api.operator import OperatorAPI
+from vmready.api.web import local_site
+from vmready.guestfiles import loader_files
+from vmready.hypervisor.accel import KVMVerdicts
+from vmready.hypervisor.agentbundle import build_zipapp
+from vmready.hypervisor.bootsource import BootSource
+from vmready.hypervisor.cmdline import CURRENT_LAYOUT, SERIAL_LAYOUTS
+from vmready.hypervisor.configdrive import DriveContents
+from vmready.hypervisor.console import DEFAULT_CONSOLE_MAX_BYTES
+from vmready.hypervisor.driver import HypervisorDriver, kvm_device_problem
+from vmready.lifecycle.core import DEFAULT_KVM_PROBE_TIMEOUT, GuestLink, LaunchSettings, Lifecycle
+from vmready.lifecycle.events import EventBus
+from vmready.protocols.transcript import DEFAULT_KEEP, DEFAULT_MAX_BYTES
+from vmready.record.recording import Recorders, RecordingGuestResource
+from vmready.store.sqlite import Store
+from vmready.trust.certs import ensure_server_certificate
+
+GUEST_SOCKET_BASE = "guest-api.sock"
+FORWARD_SOCKET_NAME = "guest-fwd.sock"
+KVM_VERDICT_FILE = "kvm-verdict.json"
+POWER_SYNC_TIMER = "power-sync"
+CONSOLE_TIMER = "console-rotation"
+
+
+@attrs.frozen
+class DaemonConfig:
+    """Everything ``twistd vmready`` was told."""
+
+    data_dir: str
+    listen: str
+    hypervisor: str = "fakeqemu"
+    qemu_binary: str | None = None
+    power_sync_interval: float = 10.0
+    stop_timeout: float = 30.0
+    # The guest API's endpoint string; None: hvsock:path=<data_dir>/guest-api.sock.
+    guest_listen: str | None = None
+    agent_poll: PollIntervals = attrs.field(factory=PollIntervals)
+    # The serial wiring of VMs this daemon starts ("legacy" reproduces an older daemon).
+    serial_layout: str = CURRENT_LAYOUT.name
+    # Where transcripts go; None: <data_dir>/transcripts, for instances with vmready.record=true.
+    record_dir: str | None = None
+    record_max_bytes: int = DEFAULT_MAX_BYTES
+    record_keep: int = DEFAULT_KEEP
+    # The guest API transport new VMs get: auto, vsock, forward or hvsock (agentlink.transport).
+    guest_transport: str = "auto"
+    # What instances launched without a boot source boot.
+    default_boot: BootSource = attrs.field(factory=BootSource)
+    kvm_probe_timeout: float = DEFAULT_KVM_PROBE_TIMEOUT
+    console_max_bytes: int = DEFAULT_CONSOLE_MAX_BYTES
+    console_check_interval: float = 5.0
+
+    @property
+    def forward_socket(self) -> str:
+        """The unix socket the forward transport's guestfwd reaches (one for all VMs)."""
+        return os.path.join(self.data_dir, FORWARD_SOCKET_NAME)
+
+    @property
+    def transcript_dir(self) -> str:
+        """Where instances' transcripts are written."""
+        return self.record_dir or os.path.join(self.data_dir, "transcripts")
+
+    @property
+    def guest_endpoint(self) -> str:
+        """The guest API's endpoint string."""
+        if self.guest_listen:
+            return self.guest_listen
+        base = os.path.join(self.data_dir, GUEST_SOCKET_BASE).replace(":", "\\:")
+        return f"hvsock:path={base}"
+
+
+class VMReadyService(MultiService):
+    """Opens the store, recovers every instance, then serves the API and syncs power state.
+
+    The API listens only once recovery is over, so no request races the
+    re-adoption of a VM; ``recovered`` fires then (with recovery's failure, if
+    it failed: the daemon serves anyway, for an operator to look).
+    """
+
+    log = Logger()
+
+    def __init__(self, reactor: Any, config: DaemonConfig) -> None:
+        super().__init__()
+        self.reactor = reactor
+        self.config = config
+        self.store: Store | None = None
+        self.lifecycle: Lifecycle | None = None
+        self.recovered: Deferred[None] = Deferred()
+        self.guest_port: IListeningPort | None = None
+        self.forward_port: IListeningPort | None = None
+        self.recorders: Recorders | None = None
+
+    def startService(self) -> None:
+        config = self.config
+        self.store = Store.open(os.path.join(config.data_dir, "vmready.sqlite"))
+        events = EventBus(self.reactor.seconds)
+        driver = HypervisorDriver(self.reactor, config.hypervisor, config.qemu_binary)
+        transport = choose_transport(
+            config.hypervisor, config.guest_transport, vhost_vsock_problem()
+        )
+        settings = LaunchSettings(
+            transport=transport,
+            default_boot=config.default_boot,
+            kvm_probe_timeout=config.kvm_probe_timeout,
+            console_max_bytes=config.console_max_bytes,
+            drive=drive_contents(config.data_dir),
+        )
+        lifecycle = self.lifecycle = Lifecycle(
+            self.reactor,
+            self.store,
+            driver,
+            events,
+            os.path.join(config.data_dir, "run"),
+            stop_timeout=config.stop_timeout,
+            serial_layout=SERIAL_LAYOUTS[config.serial_layout],
+            settings=settings,
+        )
+        lifecycle.kvm_problem = kvm_device_problem()
+        self.log.info(
+            "new VMs reach the guest API over {transport}; KVM: {kvm}",
+            transport=transport,
+            kvm=lifecycle.kvm_problem or "the device opens (a first guest proves it runs)",
+        )
+
+        # Always present: an instance may ask to be recorded (vmready.record=true).
+        self.recorders = lifecycle.recorders = Recorders(
+            lifecycle,
+            config.transcript_dir,
+            record_all=config.record_dir is not None,
+            max_bytes=config.record_max_bytes,
+            keep=config.record_keep,
+        )
+        site = local_site(OperatorAPI(lifecycle, config.hypervisor).app.resource())
+        super().startService()
+        Deferred.fromCoroutine(self._start_guest_api()).addCallbacks(
+            lambda _: self._start_recovery(site), self._guest_api_failed
+        )
+
+    def _start_recovery(self, site: Site) -> None:
+        Deferred.fromCoroutine(self._recover()).addCallbacks(
+            self._recovered, self._recovery_failed, callbackArgs=(site,), errbackArgs=(site,)
+        )
+
+    def _guest_api_failed(self, failure: Failure) -> None:
+        """Without the guest API no agent can report: the daemon stops, saying why."""
+        self.log.error(
+            "cannot serve the guest API on {endpoint}: {error}; stopping",
+            endpoint=self.config.guest_endpoint,
+            error=failure.getErrorMessage(),
+        )
+        self.reactor.callWhenRunning(self.reactor.stop)
+        self.recovered.errback(failure)
+
+    async def _start_guest_api(self) -> None:
+        """Listen for agents on a fresh random port (and the forward socket); advertise it."""
+        assert self.store is not None and self.lifecycle is not None
+        await self._judge_kvm()
+        server = ensure_server_certificate(self.config.data_dir)
+        endpoint_string = self.config.guest_endpoint
+        self._remove_stale_guest_sockets()
+        factory = guest_tls_factory(server, self.store, guest_site(self._guest_resource()))
+        port = self.guest_port = await serverFromString(self.reactor, endpoint_string).listen(
+            factory
+        )
+        # Guests on the forward transport arrive here, one socat per connection (QEMU's
+        # guestfwd): the same TLS, the same identification by client certificate.
+        forward = self.config.forward_socket
+        _remove_stale_socket(forward)
+        escaped = forward.replace("\\", "\\\\").replace(":", "\\:")
+        self.forward_port = await serverFromString(
+            self.reactor, f"unix:{escaped}:mode=600"
+        ).listen(factory)
+        address = port.getHost()
+        transport = (
+            f"hvsock:{address.path}" if isinstance(address, HybridVSockAddress) else "vsock"
+        )
+        self.lifecycle.guest = GuestLink(
+            address.port, server.cert_pem, transport, self.config.agent_poll, forward
+        )
+        self.log.info(
+            "guest API on {endpoint}: agents are told CONNECT 2:{port}",
+            endpoint=endpoint_string,
+            port=address.port,
+        )
+
+    def _guest_resource(self) -> IResource:
+        """The guest API's resource, recorded when sessions may be."""
+        assert self.lifecycle is not None
+        api = GuestAPI(self.lifecycle)
+        resource: IResource = api.app.resource()
+        if self.recorders is not None:
+            resource = RecordingGuestResource(resource, api.identify, self.recorders)
+        return resource
+
+    async def _judge_kvm(self) -> None:
+        """Load what this host taught earlier daemons about KVM (per kernel and QEMU build)."""
+        assert self.lifecycle is not None
+        driver = self.lifecycle.driver
+        version = await _program_version(self.reactor, driver.program)
+        key = f"{os.uname().release}|{driver.program_name}|{version}"
+        path = os.path.join(self.config.data_dir, KVM_VERDICT_FILE)
+        self.lifecycle.kvm = KVMVerdicts(path, key)
+        verdict = self.lifecycle.kvm.verdict
+        if verdict is not None:
+            self.log.info(
+                "KVM on this host: {works} ({reason})",
+                works="runs guests" if verdict.works else "does not run guests",
+                reason=verdict.reason,
+            )
+
+    def _remove_stale_guest_sockets(self) -> None:
+        """Sockets of a daemon that was killed (one daemon per data dir holds the lock)."""
+        endpoint = serverFromString(self.reactor, self.config.guest_endpoint)
+        if not isinstance(endpoint, HybridVSockServerEndpoint):
+            return
+        for path in glob.glob(glob.escape(endpoint.path) + "_*"):
+            if not path.removeprefix(endpoint.path + "_").isdigit() or _answers(path):
+                continue  # not a guest API socket, or a live one (another daemon's)
+            try:
+                os.unlink(path)
+            except OSError as e:
+                self.log.warn("cannot remove stale {path}: {error}", path=path, error=e)
+
+    async def _recover(self) -> None:
+        assert self.lifecycle is not None
+        issued = self.lifecycle.ensure_agent_identities()
+        if issued:
+            self.log.info("issued agent certificates to {count} instances", count=issued)
+        await self.lifecycle.recover()
+
+    def _recovered(self, _: object, site: Site) -> None:
+        assert self.store is not None and self.lifecycle is not None
+        self.log.info("recovered {count} instances", count=len(self.store.list_instances()))
+        if self._listen(site):
+            self._start_timers()
+        self.recovered.callback(None)
+
+    def _start_timers(self) -> None:
+        """Console rotation and power sync: only for a daemon that serves its API."""
+        assert self.lifecycle is not None
+        consoles = TimerService(self.config.console_check_interval, self.lifecycle.rotate_consoles)
+        consoles.setName(CONSOLE_TIMER)
+        consoles.clock = self.reactor
+        consoles.setServiceParent(self)
+        if self.config.power_sync_interval > 0:
+            lifecycle = self.lifecycle
+            timer = TimerService(
+                self.config.power_sync_interval,
+                lambda: Deferred.fromCoroutine(lifecycle.sync_power_states()),
+            )
+            timer.setName(POWER_SYNC_TIMER)
+            timer.clock = self.reactor
+            timer.setServiceParent(self)
+
+    def _recovery_failed(self, failure: Failure, site: Site) -> None:
+        self.log.failure("recovering instances failed", failure)
+        self._listen(site)
+        self.recovered.errback(failure)
+
+    def _listen(self, site: Site) -> bool:
+        """Serve the API on ``--listen``; a daemon that cannot do that stops."""
+        listener = strports.service(self.config.listen, site)
+        try:
+            listener.setServiceParent(self)
+        except Exception:
+            # makeService checked the address, but something took it since.
+            self.log.failure("cannot listen on {listen}; stopping", listen=self.config.listen)
+            listener.disownServiceParent()
+            self.reactor.callWhenRunning(self.reactor.stop)
+            return False
+        return True
+
+    def stopService(self) -> Deferred[None]:
+        stopped: Deferred[None] = Deferred.fromCoroutine(self._stop())
+        return stopped
+
+    async def _stop(self) -> None:
+        await super().stopService()
+        for port in (self.guest_port, self.forward_port):
+            if port is not None:
+                stopped = port.stopListening()
+                if stopped is not None:
+                    await stopped
+        if self.lifecycle is not None:
+            await self.lifecycle.shutdown()
+        if self.recorders is not None:
+            self.recorders.close()
+        if self.store is not None:
+            self.store.close()
+
+
+def drive_contents(data_dir: str) -> DriveContents:
+    """What every config drive carries besides the instance's identity: the agent, the loader.
+
+    The agent's zipapp is built afresh at every start (deterministically: the
+    same sources give the same bytes), so a guest boots the agent of the
+    daemon that starts it.
+    """
+    directory = os.path.join(data_dir, "agent")
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    return DriveContents(agent_zipapp=build_zipapp(directory), loader=loader_files())
+
+
+async def _program_version(reactor: Any, program: list[str]) -> str:
+    """The hypervisor's ``--version`` line (what a KVM verdict is kept for), or "unknown"."""
+    executable = shutil.which(program[0])
+    if executable is None:
+        return "unknown"
+    try:
+        out, _err, code = await getProcessOutputAndValue(
+            executable, [*program[1:], "--version"], env=dict(os.environ), reactor=reactor
+        )
+    except Exception:
+        return "unknown"
+    lines = out.decode("utf-8", "replace").splitlines()
+    return lines[0].strip() if code == 0 and lines else "unknown"
+
+
+def _remove_stale_socket(path: str) -> None:
+    """A socket a killed daemon left behind (nobody answers on it) is removed."""
+    if os.path.exists(path) and not _answers(path):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def _answers(path: str) -> bool:
+    """Whether something accepts connections on the unix socket ``path``."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True

@@ -1,0 +1,415 @@
+"""``twistd vmready``: the daemon's Options and makeService, and nothing else."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import stat
+import sys
+import tempfile
+from typing import NoReturn
+
+from twisted.internet.endpoints import (
+    SSL4ServerEndpoint,
+    TCP4ServerEndpoint,
+    TCP6ServerEndpoint,
+    UNIXServerEndpoint,
+    serverFromString,
+)
+from twisted.python import usage
+from twisted.python.lockfile import FilesystemLock
+
+from vmready.agentlink.link import PollIntervals
+from vmready.agentlink.transport import TransportError, choose_transport, vhost_vsock_problem
+from vmready.agentlink.vsock import HybridVSockServerEndpoint, VSockServerEndpoint
+from vmready.daemon.service import GUEST_SOCKET_BASE, DaemonConfig, VMReadyService
+from vmready.domain.limits import raise_file_limit
+from vmready.domain.model import StoreError, VMReadyError
+from vmready.domain.paths import default_data_dir
+from vmready.hypervisor.bootsource import BootSource, check_files
+from vmready.hypervisor.cmdline import CURRENT_LAYOUT, STARTABLE_LAYOUTS
+from vmready.hypervisor.console import DEFAULT_CONSOLE_MAX_BYTES
+from vmready.lifecycle.core import DEFAULT_KVM_PROBE_TIMEOUT, MAX_STOP_TIMEOUT
+from vmready.protocols.transcript import DEFAULT_KEEP, DEFAULT_MAX_BYTES
+from vmready.store.sqlite import Store
+from vmready.trust.certs import CertificateError, ensure_server_certificate
+
+HYPERVISORS = ("fakeqemu", "qemu")
+_UNIX_PATH_MAX = 108  # sizeof(sockaddr_un.sun_path) on Linux, the terminating NUL included
+_DEFAULT_POLL = PollIntervals()
+_POLL_OPTIONS = (
+    "agent-poll-connecting",
+    "agent-poll-started",
+    "agent-poll-connected",
+    "agent-connect-timeout",
+    "agent-silence-timeout",
+)
+
+
+class Options(usage.Options):
+    """Options for ``twistd vmready``."""
+
+    optParameters = [
+        ["data-dir", "d", None, "Where the store, certificates and VM sockets live."],
+        [
+            "listen",
+            "l",
+            None,
+            "Operator API endpoint string (default: unix:<data-dir>/vmready.sock).",
+        ],
+        ["hypervisor", None, "fakeqemu", "fakeqemu (default) or qemu."],
+        ["qemu-binary", None, None, "The hypervisor binary (default: per --hypervisor)."],
+        [
+            "power-sync-interval",
+            None,
+            "10",
+            "Seconds between power-state reconciliations; 0 or less disables it.",
+        ],
+        ["stop-timeout", None, "30", "Seconds a clean stop waits before forcing."],
+        [
+            "serial-layout",
+            None,
+            CURRENT_LAYOUT.name,
+            "Serial wiring for VMs this daemon starts: current (com.canonical.lxd) or legacy "
+            "(org.linuxcontainers.lxd, as before the rename; to reproduce upgrades).",
+        ],
+        [
+            "guest-listen",
+            None,
+            None,
+            "Guest API endpoint string, vsock:port=0 or hvsock:path=<base> "
+            "(default: vsock:port=0 when VMs get the vsock transport, else "
+            "hvsock:path=<data-dir>/guest-api.sock).",
+        ],
+        [
+            "agent-poll-connecting",
+            None,
+            str(_DEFAULT_POLL.connecting),
+            "Seconds between agent ring-buffer reads while a CONNECT is unanswered.",
+        ],
+        [
+            "agent-poll-started",
+            None,
+            str(_DEFAULT_POLL.started),
+            "Seconds between agent ring-buffer reads while the agent is STARTED or unknown.",
+        ],
+        [
+            "agent-poll-connected",
+            None,
+            str(_DEFAULT_POLL.connected),
+            "Seconds between agent ring-buffer reads once the agent is CONNECTED.",
+        ],
+        [
+            "agent-silence-timeout",
+            None,
+            str(_DEFAULT_POLL.silence_timeout),
+            "Seconds without a status line from a running VM's agent before it is taken as "
+            "stopped (agents repeat their status every 5 s).",
+        ],
+        [
+            "agent-connect-timeout",
+            None,
+            str(_DEFAULT_POLL.connect_timeout),
+            "Seconds of fast polling after a CONNECT before waiting for STARTED again.",
+        ],
+        [
+            "record-dir",
+            None,
+            None,
+            "Record every instance's session to <dir>/<instance>.jsonl (an instance's "
+            "vmready.record=false opts it out; vmready.record=true records it even without "
+            "this option, to <data-dir>/transcripts).",
+        ],
+        [
+            "record-max-bytes",
+            None,
+            str(DEFAULT_MAX_BYTES),
+            "Rotate a transcript to <file>.1 once it passes this size.",
+        ],
+        ["record-keep", None, str(DEFAULT_KEEP), "Rotated transcripts kept per instance."],
+        [
+            "guest-transport",
+            None,
+            "auto",
+            "How new VMs' agents reach the guest API: vsock (needs /dev/vhost-vsock), forward "
+            "(user-mode networking restricted to one forward), hvsock (fakeqemu guests); auto: "
+            "hvsock on fakeqemu, else vsock where /dev/vhost-vsock opens, else forward.",
+        ],
+        ["default-image", None, None, "The disk image instances launched without one boot."],
+        ["default-kernel", None, None, "The kernel instances launched without one boot."],
+        ["default-initrd", None, None, "The initramfs for --default-kernel."],
+        ["default-append", None, None, "The kernel command line for --default-kernel."],
+        [
+            "kvm-probe-timeout",
+            None,
+            str(DEFAULT_KVM_PROBE_TIMEOUT),
+            "Seconds a first guest under KVM may show no sign of life (console output, its "
+            "agent) before KVM is judged not to work here and it restarts under TCG.",
+        ],
+        [
+            "console-max-bytes",
+            None,
+            str(DEFAULT_CONSOLE_MAX_BYTES),
+            "Rotate a VM's console log to console.log.1 once it passes this size.",
+        ],
+    ]
+
+    def postOptions(self) -> None:
+        if self["serial-layout"] not in STARTABLE_LAYOUTS:
+            raise usage.UsageError(
+                f"--serial-layout must be one of {', '.join(STARTABLE_LAYOUTS)}"
+            )
+        if self["hypervisor"] not in HYPERVISORS:
+            raise usage.UsageError(f"--hypervisor must be one of {', '.join(HYPERVISORS)}")
+        for option in ("power-sync-interval", "stop-timeout"):
+            try:
+                self[option] = float(self[option])
+            except ValueError:
+                raise usage.UsageError(f"--{option} must be a number of seconds") from None
+            if not math.isfinite(self[option]):
+                raise usage.UsageError(f"--{option} must be a finite number of seconds")
+        for option in _POLL_OPTIONS:
+            try:
+                self[option] = float(self[option])
+            except ValueError:
+                raise usage.UsageError(f"--{option} must be a number of seconds") from None
+            if not (math.isfinite(self[option]) and 0 < self[option] <= 3600):
+                raise usage.UsageError(f"--{option} must be more than 0 and at most 3600 seconds")
+        if not 0 <= self["stop-timeout"] <= MAX_STOP_TIMEOUT:
+            raise usage.UsageError(f"--stop-timeout must be 0 to {MAX_STOP_TIMEOUT:g} seconds")
+        for option, least in (("record-max-bytes", 1024), ("record-keep", 0)):
+            try:
+                self[option] = int(self[option])
+            except ValueError:
+                raise usage.UsageError(f"--{option} must be a whole number") from None
+            if self[option] < least:
+                raise usage.UsageError(f"--{option} must be at least {least}")
+        try:
+            self["kvm-probe-timeout"] = float(self["kvm-probe-timeout"])
+        except ValueError:
+            raise usage.UsageError("--kvm-probe-timeout must be a number of seconds") from None
+        if not (
+            math.isfinite(self["kvm-probe-timeout"]) and 0 < self["kvm-probe-timeout"] <= 3600
+        ):
+            raise usage.UsageError("--kvm-probe-timeout must be more than 0 and at most 3600")
+        try:
+            self["console-max-bytes"] = int(self["console-max-bytes"])
+        except ValueError:
+            raise usage.UsageError("--console-max-bytes must be a whole number") from None
+        if self["console-max-bytes"] < 4096:
+            raise usage.UsageError("--console-max-bytes must be at least 4096")
+        for option in ("default-image", "default-kernel", "default-initrd"):
+            if self[option]:
+                self[option] = os.path.abspath(self[option])
+        if self["record-dir"]:
+            self["record-dir"] = os.path.abspath(self["record-dir"])
+        self["data-dir"] = os.path.abspath(self["data-dir"] or default_data_dir())
+        if not self["listen"]:
+            # Whoever can reach the operator socket controls every VM: owner only.
+            path = os.path.join(self["data-dir"], "vmready.sock").replace(":", "\\:")
+            self["listen"] = f"unix:{path}:mode=600"
+
+    @property
+    def default_boot(self) -> BootSource:
+        """The boot source the options name for instances launched without one."""
+        return BootSource(
+            image=self["default-image"],
+            kernel=self["default-kernel"],
+            initrd=self["default-initrd"],
+            append=self["default-append"],
+        )
+
+    @property
+    def poll_intervals(self) -> PollIntervals:
+        """The agent ring-buffer polling intervals the options chose."""
+        return PollIntervals(
+            connecting=self["agent-poll-connecting"],
+            started=self["agent-poll-started"],
+            connected=self["agent-poll-connected"],
+            connect_timeout=self["agent-connect-timeout"],
+            silence_timeout=self["agent-silence-timeout"],
+        )
+
+
+def _fail(reason: str) -> NoReturn:
+    """Stop twistd before it starts, with one line on stderr and status 1."""
+    raise SystemExit(f"vmready: {reason}")
+
+
+def check_data_dir(path: str) -> None:
+    """The data dir exists (or can be made) and is writable."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+    except OSError as e:
+        _fail(f"data dir {path} is not writable: {e.strerror or e}")
+
+
+def check_listen_address(listen: str) -> None:
+    """Refuse an endpoint string that twistd could not listen on; clear a stale unix socket."""
+    from twisted.internet import reactor
+
+    try:
+        endpoint = serverFromString(reactor, listen)
+    except Exception as e:  # each endpoint parser fails in its own way: report any of them
+        _fail(f"--listen {listen} is not a usable endpoint string: {e}")
+    if isinstance(endpoint, UNIXServerEndpoint):
+        _check_unix_socket_path(listen, endpoint._address)
+    elif isinstance(endpoint, TCP4ServerEndpoint | TCP6ServerEndpoint | SSL4ServerEndpoint):
+        family = socket.AF_INET6 if isinstance(endpoint, TCP6ServerEndpoint) else socket.AF_INET
+        _check_tcp_port_free(listen, family, endpoint._interface, endpoint._port)
+
+
+def check_guest_listen_address(listen: str) -> None:
+    """Refuse a guest API endpoint string that cannot work, in one line."""
+    from twisted.internet import reactor
+
+    try:
+        endpoint = serverFromString(reactor, listen)
+    except Exception as e:  # each endpoint parser fails in its own way: report any of them
+        _fail(f"--guest-listen {listen} is not a usable endpoint string: {e}")
+    if isinstance(endpoint, HybridVSockServerEndpoint):
+        longest = f"{endpoint.path}_{2**32 - 1}"
+        if len(os.fsencode(longest)) >= _UNIX_PATH_MAX:
+            _fail(
+                f"--guest-listen {listen}: socket path {longest} would be longer than "
+                f"{_UNIX_PATH_MAX - 1} bytes; choose a shorter path="
+            )
+        directory = os.path.dirname(endpoint.path) or "."
+        if not os.path.isdir(directory):
+            _fail(f"--guest-listen {listen}: directory {directory} does not exist")
+    elif not isinstance(endpoint, VSockServerEndpoint):
+        _fail(f"--guest-listen {listen}: the guest API listens on vsock: or hvsock: only")
+
+
+def _check_unix_socket_path(listen: str, path: str) -> None:
+    """A unix socket can be made at ``path``: nobody serves it, and nothing else is there."""
+    if not path:
+        _fail(f"--listen {listen} names no socket path")
+    if len(os.fsencode(path)) >= _UNIX_PATH_MAX:
+        _fail(f"--listen {listen}: socket path is longer than {_UNIX_PATH_MAX - 1} bytes")
+    directory = os.path.dirname(path) or "."
+    if not os.path.isdir(directory):
+        _fail(f"--listen {listen}: directory {directory} does not exist")
+    _check_socket_lock(listen, path)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        _fail(f"--listen {listen}: {path} exists and is not a socket; not replacing it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except ConnectionRefusedError:
+        _remove_stale_socket(listen, path)
+        return
+    except OSError as e:
+        _fail(f"--listen {listen}: cannot check socket {path}: {e.strerror or e}")
+    finally:
+        probe.close()
+    _fail(f"address unix:{path} is in use: another vmready daemon is listening there")
+
+
+def _check_socket_lock(listen: str, path: str) -> None:
+    """Twisted guards a unix socket with ``<path>.lock``: a live holder would stop us later."""
+    lock = FilesystemLock(path + ".lock")
+    try:
+        acquired = lock.lock()
+    except OSError as e:
+        _fail(f"--listen {listen}: cannot check the lock {path}.lock: {e.strerror or e}")
+    if not acquired:
+        holder = os.readlink(path + ".lock") if os.path.islink(path + ".lock") else "?"
+        _fail(
+            f"address unix:{path} is locked by process {holder} ({path}.lock); "
+            "another vmready daemon is starting or running there"
+        )
+    lock.unlock()
+
+
+def _remove_stale_socket(listen: str, path: str) -> None:
+    """Remove a socket left behind by a daemon that is gone."""
+    try:
+        os.unlink(path)
+    except OSError as e:
+        _fail(f"--listen {listen}: cannot remove stale socket {path}: {e.strerror or e}")
+
+
+def _check_tcp_port_free(listen: str, family: int, interface: str, port: int) -> None:
+    """Listen on the port for a moment, as twistd will, so a taken port is refused now."""
+    probe = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Twisted's ports do
+        probe.bind((interface, port))
+        probe.listen(1)
+    except OverflowError:
+        _fail(f"cannot listen on {listen}: port {port} is not in 0-65535")
+    except OSError as e:
+        _fail(f"cannot listen on {listen}: {e.strerror or e}")
+    finally:
+        probe.close()
+
+
+def makeService(options: Options) -> VMReadyService:
+    """Check what can be checked before twistd daemonizes, then build the service."""
+    from twisted.internet import reactor
+
+    data_dir = options["data-dir"]
+    check_data_dir(data_dir)
+    store_path = os.path.join(data_dir, "vmready.sqlite")
+    try:
+        Store.open(store_path).close()
+    except StoreError as e:
+        _fail(str(e))
+    check_listen_address(options["listen"])
+    hypervisor = options["hypervisor"]
+    try:
+        transport = choose_transport(hypervisor, options["guest-transport"], vhost_vsock_problem())
+    except TransportError as e:
+        _fail(f"--guest-transport {options['guest-transport']}: {e}")
+    if not options["guest-listen"]:
+        # vsock VMs dial AF_VSOCK; everything else (hvsock guests, the forward) needs none.
+        base = os.path.join(data_dir, GUEST_SOCKET_BASE).replace(":", "\\:")
+        vsock = transport == "vsock"
+        options["guest-listen"] = "vsock:port=0" if vsock else f"hvsock:path={base}"
+    check_guest_listen_address(options["guest-listen"])
+    try:
+        ensure_server_certificate(data_dir)
+    except CertificateError as e:
+        _fail(str(e))
+    default_boot = options.default_boot
+    try:
+        check_files(default_boot)
+    except VMReadyError as e:
+        _fail(f"the default boot source cannot boot: {e.message}")
+    raise_file_limit()
+    config = DaemonConfig(
+        data_dir=data_dir,
+        listen=options["listen"],
+        hypervisor=options["hypervisor"],
+        qemu_binary=options["qemu-binary"],
+        power_sync_interval=options["power-sync-interval"],
+        stop_timeout=options["stop-timeout"],
+        guest_listen=options["guest-listen"],
+        agent_poll=options.poll_intervals,
+        serial_layout=options["serial-layout"],
+        record_dir=options["record-dir"],
+        record_max_bytes=options["record-max-bytes"],
+        record_keep=options["record-keep"],
+        guest_transport=options["guest-transport"],
+        default_boot=default_boot,
+        kvm_probe_timeout=options["kvm-probe-timeout"],
+        console_max_bytes=options["console-max-bytes"],
+    )
+    reached = {
+        "forward": f"reached by guests through {config.forward_socket} (the forward transport)",
+        "vsock": "reached by guests over vsock",
+        "hvsock": "reached by fakeqemu guests as unix sockets",
+    }[transport]
+    print(
+        f"vmready: data dir {data_dir}, API on {options['listen']}, "
+        f"guest API on {options['guest-listen']}, {reached}",
+        file=sys.stderr,
+    )
+    return VMReadyService(reactor, config)

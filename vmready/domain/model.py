@@ -1,0 +1,150 @@
+"""Records and errors shared by the store, the lifecycle, the API and the CLI."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from vmready.domain.states import (
+    READY_KEY,
+    PowerState,
+    Status,
+    TaskState,
+    VMState,
+    derive_status,
+    display_status,
+)
+
+DEFAULT_MEMORY_MIB = 256
+DEFAULT_CPUS = 1
+
+
+class VMReadyError(Exception):
+    """An error a user sees: an HTTP status and one clear message."""
+
+    http_status = 500
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class BadRequest(VMReadyError):
+    """The request is malformed or names an invalid value."""
+
+    http_status = 400
+
+
+class NotFound(VMReadyError):
+    """No such instance, action or operation."""
+
+    http_status = 404
+
+
+class Conflict(VMReadyError):
+    """The action cannot run now (another task, or the wrong vm_state)."""
+
+    http_status = 409
+
+
+class Forbidden(VMReadyError):
+    """The caller may not see this (an unknown certificate, or a key outside user.*)."""
+
+    http_status = 403
+
+
+class PayloadTooLarge(VMReadyError):
+    """The request body is over the documented cap."""
+
+    http_status = 413
+
+
+class HypervisorError(VMReadyError):
+    """The hypervisor refused or failed; the message carries its own words."""
+
+    http_status = 500
+
+
+class StoreError(Exception):
+    """The store cannot be opened or used (not a user error: the daemon must not start)."""
+
+
+def task_conflict(action: str, name: str, task_state: str | None, vm_state: str) -> Conflict:
+    """The 409 for an action that lost the race or is not allowed in the current state."""
+    if task_state is not None:
+        return Conflict(
+            f"Cannot '{action}' instance {name} while it is in task_state {task_state}"
+        )
+    return Conflict(f"Cannot '{action}' instance {name} while it is in vm_state {vm_state}")
+
+
+@attrs.frozen
+class InstanceRecord:
+    """One instance row as stored."""
+
+    name: str
+    uuid: str
+    vm_state: VMState
+    task_state: TaskState | None
+    power_state: PowerState
+    config: dict[str, str]
+    devices: dict[str, dict[str, str]]
+    created_at: float
+    updated_at: float
+    error: str | None = None
+
+    @property
+    def ready(self) -> bool:
+        """Whether the workload declared Ready (and the daemon has not cleared it)."""
+        return self.config.get(READY_KEY) == "true"
+
+    @property
+    def status(self) -> Status:
+        """The derived LXD status."""
+        return derive_status(self.vm_state, self.task_state, self.power_state, self.ready)
+
+    @property
+    def display_status(self) -> str:
+        """The derived Nova-style display status."""
+        return display_status(self.vm_state, self.task_state)
+
+    @property
+    def memory_mib(self) -> int:
+        """limits.memory in MiB."""
+        return int(self.config.get("limits.memory", DEFAULT_MEMORY_MIB))
+
+    @property
+    def cpus(self) -> int:
+        """limits.cpu."""
+        return int(self.config.get("limits.cpu", DEFAULT_CPUS))
+
+
+@attrs.frozen
+class ActionStep:
+    """One step of an action (Nova's instance action event)."""
+
+    name: str
+    started_at: float
+    finished_at: float | None
+    result: str | None
+    error: str | None
+
+
+@attrs.frozen
+class ActionRecord:
+    """One action on an instance, with its steps (Nova's instance action)."""
+
+    id: int
+    instance: str
+    action: str
+    request_id: str
+    started_at: float
+    finished_at: float | None
+    result: str | None
+    error: str | None
+    steps: tuple[ActionStep, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """The API representation."""
+        return attrs.asdict(self, recurse=True)

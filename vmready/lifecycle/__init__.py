@@ -1,0 +1,1 @@
+"""Instances over time: actions and their operations, power sync, Ready, events."""

@@ -1,0 +1,1 @@
+"""Wire formats: the agent's ring-buffer line protocol, the QMP client, the transcript format."""

@@ -1,0 +1,1 @@
+"""Record and replay agent sessions."""

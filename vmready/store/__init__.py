@@ -1,0 +1,1 @@
+"""The store: instances, actions and snapshots in SQLite."""

@@ -1,0 +1,1 @@
+"""Certificates and mutual TLS: the daemon's and each instance's identities."""

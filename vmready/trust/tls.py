@@ -1,0 +1,139 @@
+"""Mutual TLS for the guest API: who may connect, decided from certificates alone.
+
+The daemon presents its own certificate and demands one from the caller; the
+caller's certificate is accepted exactly when ``authorize`` says so (its
+fingerprint belongs to a live instance and it is inside its validity period).
+The agent presents its instance's certificate and accepts the daemon only if
+the daemon's certificate is the one pinned in its config drive.  No CA is
+involved: every certificate is self-signed and identified by its SHA-256
+fingerprint, as LXD does for its VMs.
+
+Each factory configures its OpenSSL context once, when built, and hands the
+same context to every connection (pyOpenSSL refuses to change a used context).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from OpenSSL import SSL, crypto
+from twisted.internet.interfaces import (
+    IOpenSSLClientConnectionCreator,
+    IOpenSSLServerConnectionCreator,
+)
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from vmready.trust.certs import CertificatePair, fingerprint, is_valid_at
+
+__all__ = [
+    "MutualServerTLS",
+    "PinnedServerTLS",
+    "peer_certificate_pem",
+]
+
+Authorize = Callable[[bytes], bool]
+Clock = Callable[[], datetime.datetime]
+_SESSION_CONTEXT = b"vmready-guest-api"
+
+
+def _utcnow() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _pem(certificate: crypto.X509 | x509.Certificate) -> bytes:
+    if isinstance(certificate, crypto.X509):
+        certificate = certificate.to_cryptography()
+    return certificate.public_bytes(serialization.Encoding.PEM)
+
+
+def _base_context(own: CertificatePair) -> SSL.Context:
+    context = SSL.Context(SSL.TLS_METHOD)
+    context.set_min_proto_version(SSL.TLS1_2_VERSION)
+    context.use_certificate(
+        crypto.X509.from_cryptography(x509.load_pem_x509_certificate(own.cert_pem))
+    )
+    context.use_privatekey(serialization.load_pem_private_key(own.key_pem, password=None))  # type: ignore[arg-type]
+    context.check_privatekey()
+    return context
+
+
+@implementer(IOpenSSLServerConnectionCreator)
+class MutualServerTLS:
+    """The daemon's side: present ``server``; require a client certificate ``authorize`` likes."""
+
+    log = Logger()
+
+    def __init__(self, server: CertificatePair, authorize: Authorize) -> None:
+        self.authorize = authorize
+        context = _base_context(server)
+        context.set_verify(SSL.VERIFY_PEER | SSL.VERIFY_FAIL_IF_NO_PEER_CERT, self._verify)
+        context.set_session_id(_SESSION_CONTEXT)
+        # A resumed session skips verification: a revoked certificate would slip back in.
+        context.set_session_cache_mode(SSL.SESS_CACHE_OFF)
+        context.set_options(SSL.OP_NO_TICKET)
+        self._context = context
+
+    def _verify(
+        self, connection: SSL.Connection, certificate: crypto.X509, error: int, depth: int, ok: int
+    ) -> bool:
+        # Self-signed client certificates fail OpenSSL's chain check (error 18): the
+        # decision is ours, on the leaf alone.
+        if depth != 0:
+            return False
+        pem = _pem(certificate)
+        if self.authorize(pem):
+            return True
+        self.log.warn(
+            "refused a guest API client certificate {fingerprint} "
+            "(unknown, revoked or outside its validity period)",
+            fingerprint=fingerprint(pem),
+        )
+        return False
+
+    def serverConnectionForTLS(self, tlsProtocol: Any) -> SSL.Connection:
+        """A connection using the one configured context."""
+        return SSL.Connection(self._context, None)
+
+
+@implementer(IOpenSSLClientConnectionCreator)
+class PinnedServerTLS:
+    """The agent's side: present ``client``, accept only the pinned server certificate."""
+
+    def __init__(
+        self, client: CertificatePair, server_cert_pem: bytes, clock: Clock = _utcnow
+    ) -> None:
+        self.pinned = fingerprint(server_cert_pem)
+        self.clock = clock
+        context = _base_context(client)
+        context.set_verify(SSL.VERIFY_PEER, self._verify)
+        self._context = context
+
+    def _verify(
+        self, connection: SSL.Connection, certificate: crypto.X509, error: int, depth: int, ok: int
+    ) -> bool:
+        if depth != 0:
+            return False
+        pem = _pem(certificate)
+        return fingerprint(pem) == self.pinned and is_valid_at(pem, self.clock())
+
+    def clientConnectionForTLS(self, tlsProtocol: Any) -> SSL.Connection:
+        """A connection using the one configured context."""
+        connection = SSL.Connection(self._context, None)
+        connection.set_connect_state()
+        return connection
+
+
+def peer_certificate_pem(transport: Any) -> bytes | None:
+    """The PEM certificate the peer of a TLS ``transport`` presented, or None."""
+    get = getattr(transport, "getPeerCertificate", None)
+    if get is None:
+        return None
+    certificate = get()
+    if certificate is None:
+        return None
+    return _pem(certificate)
