@@ -7,7 +7,7 @@ after a change to what the host does on purpose::
 
     VMREADY_RECORD_TRANSCRIPTS=1 trial tests.record_transcripts
 
-``tests/test_replay.py`` replays every one of them and expects a match.
+``tests/record/test_replay.py`` replays every one of them and expects a match.
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from tests.agent.test_agent_serial import FakeChannel
 from tests.agentfakes import MemoryLink
 from tests.asynciotesting import run_virtual
-from tests.test_agent_serial import FakeChannel
 from vmready.agent.config import ConfigError
 from vmready.agent.core import AgentCore, Backoff, HostAddress, VsockAddress
 from vmready.agent.host import HostError, HostRefused, LinkWatch

@@ -21,7 +21,7 @@ from twisted.internet.protocol import Protocol
 from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 
-from tests.test_lifecycle import STOP_TIMEOUT, LifecycleTestCase, _async, _until
+from tests.lifecycle.test_lifecycle import STOP_TIMEOUT, LifecycleTestCase, _async, _until
 from vmready.agentlink.link import PollIntervals
 from vmready.domain.model import Conflict
 from vmready.domain.states import READY_KEY, StatusCode

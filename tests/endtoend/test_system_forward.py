@@ -2,7 +2,7 @@
 
 Real guests on a host without ``/dev/vhost-vsock`` reach the guest API through
 QEMU's restricted user-mode network (``guestfwd`` to ``socat`` to the daemon's
-``guest-fwd.sock``); ``tests/test_real_guest.py`` proves that with a real
+``guest-fwd.sock``); ``tests/endtoend/test_real_guest.py`` proves that with a real
 kernel.  Here the same daemon option, ``--guest-transport forward``, runs on
 fakeqemu, whose guestfwd runs the very same ``socat`` command per guest
 connection: the agent is told ``CONNECT tcp:10.0.2.100:8443``, dials it through

@@ -15,7 +15,7 @@ from typing import Any
 from fakeqemu._cmdline import parse_command_line
 from fakeqemu._migration import IncomingMigrationError, check_incoming
 from fakeqemu.testing import InMemoryVM, write_kernel, write_qcow2
-from tests.test_fakeqemu_machine import EMPTY, EPOCH, RecordingQMPClient, _VMTestCase
+from tests.fakeqemu.test_fakeqemu_machine import EMPTY, EPOCH, RecordingQMPClient, _VMTestCase
 
 PORT = "com.canonical.lxd"
 LEGACY_PORT = "org.linuxcontainers.lxd"

@@ -21,7 +21,7 @@ from twisted.internet.threads import deferToThread
 
 from fakeqemu._host import HostControlFactory, HostControlProtocol, VMHost
 from fakeqemu._hostclient import HostClient, HostRequestError, HostUnreachable
-from tests.test_fakeqemu_process import (
+from tests.fakeqemu.test_fakeqemu_process import (
     AGENT_RING,
     DEADLINE,
     FAKEQEMU_HOST,

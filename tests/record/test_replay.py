@@ -19,7 +19,9 @@ from vmready.cli.main import run
 from vmready.protocols.transcript import TranscriptError
 from vmready.record.replay import replay
 
-HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "transcripts")
+HERE = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "transcripts"
+)
 FIXTURES = [
     "boot-to-ready.jsonl",
     "daemon-restart.jsonl",

@@ -24,8 +24,8 @@ from twisted.trial.unittest import TestCase
 
 from fakeqemu.testing import write_kernel
 from tests.conformance.support import REQUIRE_QEMU_VARIABLE
-from tests.test_boot_launch import _async
-from tests.test_lifecycle import ACPIGuest
+from tests.hypervisor.test_boot_launch import _async
+from tests.lifecycle.test_lifecycle import ACPIGuest
 from vmready.agentlink.transport import CID_KEY, TRANSPORT_KEY
 from vmready.domain.model import InstanceRecord
 from vmready.domain.states import READY_KEY, VMState

@@ -10,7 +10,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from fakeqemu import CommandLineError
 from fakeqemu._machine import RunState
 from fakeqemu.testing import FakeGuest, InMemoryVM, raw_qmp_transport
-from tests.test_fakeqemu_machine import GREETING, RecordingQMPClient
+from tests.fakeqemu.test_fakeqemu_machine import GREETING, RecordingQMPClient
 
 PORT = "com.canonical.lxd"
 VM_ARGV = [

@@ -21,7 +21,7 @@ from twisted.internet import reactor
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from tests.conformance.support import REQUIRE_QEMU_VARIABLE
-from tests.test_guestimage import fake_pvh_kernel
+from tests.hypervisor.test_guestimage import fake_pvh_kernel
 from vmready.domain.model import BadRequest, HypervisorError
 from vmready.hypervisor.bootsource import (
     APPEND_KEY,

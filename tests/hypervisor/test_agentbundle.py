@@ -21,13 +21,13 @@ import zipfile
 from twisted.internet import reactor
 from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
 
+from tests.agent.test_agent_main import Process
 from tests.agentfakes import FakeGuestHost, FakeSerialPeer
-from tests.test_agent_main import Process
 from vmready.agent.serial import PORT_NAME
 from vmready.hypervisor import agentbundle
 from vmready.trust.certs import generate, write_config_drive
 
-CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXPECTED = {
     "vmready/__init__.py",
     "vmready/protocols/__init__.py",

@@ -1,0 +1,1 @@
+"""Tests of whole systems: daemon, CLI, agents and VMs as processes, real guests."""

@@ -1,0 +1,1 @@
+"""Tests of fakeqemu (its own tests, which may test its inside)."""

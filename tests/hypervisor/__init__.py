@@ -1,0 +1,1 @@
+"""Tests of vmready.hypervisor."""
