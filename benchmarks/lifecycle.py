@@ -389,7 +389,7 @@ async def measure_power_sync(data_dir: str, count: int, rounds: int) -> None:
     )
     try:
         seconds, _ = await timed(lifecycle.recover())
-        adopted = len(lifecycle.vms)
+        adopted = len(lifecycle.state.vms)
         report(
             f"  re-adopt:      {adopted} of {count} running VMs in {seconds:.2f} s "
             f"(Lifecycle.recover, in-process)"

@@ -373,13 +373,13 @@ def run_daemon(data_dir: str) -> None:
         if not recovered.called:
             await recovered
         lifecycle = service.lifecycle
-        assert lifecycle is not None and lifecycle.guest is not None
-        return {"pid": os.getpid(), "guest_port": lifecycle.guest.port}
+        assert lifecycle is not None and lifecycle.state.guest is not None
+        return {"pid": os.getpid(), "guest_port": lifecycle.state.guest.port}
 
     async def reads() -> dict[str, Any]:
         lifecycle = service.lifecycle
         assert lifecycle is not None
-        monitors = list(lifecycle.monitors.values())
+        monitors = list(lifecycle.state.monitors.values())
         return {
             "at": time.perf_counter(),
             "reads": sum(monitor.reads for monitor in monitors),

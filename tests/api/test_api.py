@@ -80,7 +80,7 @@ class APITestCase(TestCase):
     def operation(self, reply: Reply) -> Operation:
         """The operation an async reply names."""
         self.assertEqual(reply.code, 202, reply.body)
-        operation: Operation = self.lifecycle.operations.get(reply.metadata["id"])
+        operation: Operation = self.lifecycle.state.operations.get(reply.metadata["id"])
         return operation
 
     async def settle(self, reply: Reply) -> Operation:
@@ -333,7 +333,7 @@ class PatchTests(APITestCase):
     async def test_setsAndDeletesUserKeys(self) -> None:
         await self.launch("web1", {"user.a": "1"})
         seen: list[Event] = []
-        self.lifecycle.events.subscribe(seen.append)
+        self.lifecycle.state.events.subscribe(seen.append)
         reply = await self.call(
             "PATCH", "/1.0/instances/web1", {"config": {"user.a": None, "user.b": "2"}}
         )
@@ -658,7 +658,7 @@ class EventStreamTests(APITestCase):
 
     async def test_disconnectUnsubscribes(self) -> None:
         unsubscribed: list[bool] = []
-        subscribe = self.lifecycle.events.subscribe
+        subscribe = self.lifecycle.state.events.subscribe
 
         def spy(listener: Any, types: frozenset[str] | None = None) -> Any:
             unsubscribe = subscribe(listener, types)
@@ -669,14 +669,14 @@ class EventStreamTests(APITestCase):
 
             return recorded
 
-        self.patch(self.lifecycle.events, "subscribe", spy)
+        self.patch(self.lifecycle.state.events, "subscribe", spy)
         lines, _ = await self.open()
         self.assertEqual(unsubscribed, [])
         assert lines.transport is not None
         lines.transport.stopProducing()  # type: ignore[attr-defined]
         self.http.flush()
         self.assertEqual(unsubscribed, [True])
-        self.lifecycle.events.lifecycle("instance-ready", "web1")
+        self.lifecycle.state.events.lifecycle("instance-ready", "web1")
 
 
 class OperationTests(APITestCase):
@@ -736,7 +736,7 @@ class OperationTests(APITestCase):
 
     async def test_waitOnAFailedOperationShowsItsError(self) -> None:
         await self.launch("web1")
-        self.patch(self.lifecycle.driver, "program", ["/nonexistent/qemu"])
+        self.patch(self.lifecycle.state.driver, "program", ["/nonexistent/qemu"])
         operation = await self.operation(
             await self.call("POST", "/1.0/instances/web1/actions/rebuild")
         ).when_done()
@@ -847,7 +847,7 @@ class SnapshotAPITests(APITestCase):
                 "POST", "/1.0/instances/web1/snapshots", {"name": "s1", "stateful": True}
             )
         )
-        self.patch(self.lifecycle, "serial_layout", LEGACY_LAYOUT)
+        self.patch(self.lifecycle.state, "serial_layout", LEGACY_LAYOUT)
         before = self.lifecycle.get("web1")
         reply = await self.call("PUT", "/1.0/instances/web1", {"restore": "s1", "stateful": True})
         self.assertEqual(reply.code, 409)

@@ -124,7 +124,7 @@ class GuestAPITestCase(TestCase):
 
     def setUp(self) -> None:
         self.lifecycle: Lifecycle = make_lifecycle(self)
-        self.store = self.lifecycle.store
+        self.store = self.lifecycle.state.store
         self.revoked: set[str] = set()
         self.api = GuestAPI(self.lifecycle, self.identify, location="host1")
         # StubTreq grows treq's functions at run time; mypy cannot see them.
@@ -295,7 +295,7 @@ class PatchStateTests(GuestAPITestCase):
     async def test_readyEmitsInstanceReadyEveryTime(self) -> None:
         await self.launch()
         seen: list[Event] = []
-        self.lifecycle.events.subscribe(seen.append, frozenset({LIFECYCLE}))
+        self.lifecycle.state.events.subscribe(seen.append, frozenset({LIFECYCLE}))
         for _ in range(2):
             await self.call("PATCH", "/1.0", {"state": "Ready"})
         ready = [e for e in seen if e.metadata["action"] == "instance-ready"]
@@ -537,17 +537,17 @@ class EventTests(GuestAPITestCase):
 
     async def test_disconnectUnsubscribes(self) -> None:
         self.add()
-        before = len(self.lifecycle.events._subscribers)
+        before = len(self.lifecycle.state.events._subscribers)
         lines, _ = await self.open_events()
-        self.assertEqual(len(self.lifecycle.events._subscribers), before + 1)
+        self.assertEqual(len(self.lifecycle.state.events._subscribers), before + 1)
         assert lines.transport is not None
         lines.transport.stopProducing()  # type: ignore[attr-defined]
         self.http.flush()
-        self.assertEqual(len(self.lifecycle.events._subscribers), before)
+        self.assertEqual(len(self.lifecycle.state.events._subscribers), before)
 
     async def test_streamEndsWhenTheInstanceIsDeleted(self) -> None:
         self.add()
-        before = len(self.lifecycle.events._subscribers)
+        before = len(self.lifecycle.state.events._subscribers)
         lines, _ = await self.open_events()
         operation = await self.lifecycle.act("web1", "delete").when_done()
         self.assertEqual(operation.error, "")
@@ -556,7 +556,7 @@ class EventTests(GuestAPITestCase):
         assert lines.reason is not None
         self.assertIsInstance(lines.reason.value, ResponseDone)
         self.assertEqual(lines.buffer, b"")
-        self.assertEqual(len(self.lifecycle.events._subscribers), before)
+        self.assertEqual(len(self.lifecycle.state.events._subscribers), before)
 
     async def test_streamEndsWhenTheCallerIsRevoked(self) -> None:
         self.add()
@@ -705,7 +705,7 @@ class GuestTLSTests(TestCase):
 
     def setUp(self) -> None:
         self.lifecycle = make_lifecycle(self)
-        self.store = self.lifecycle.store
+        self.store = self.lifecycle.state.store
         _add(self.store, "web1")
         self.store.set_agent_certificate("web1", _WEB1.fingerprint)
         _add(self.store, "web2")

@@ -222,7 +222,7 @@ class CLITestCase(UnixAPITestCase):
     def agent_says(self, status: AgentStatus, name: str = "web1") -> None:
         """What the daemon's agent monitor does when the agent's status line changes."""
         self.patch(self.lifecycle, "agent_status", lambda _name: status)
-        self.lifecycle.events.lifecycle(
+        self.lifecycle.state.events.lifecycle(
             f"instance-agent-{status.value}", name, {"status": status.value}
         )
 
@@ -317,7 +317,7 @@ class ListAndInfoTests(CLITestCase):
 
     async def test_infoShowsThePersistedError(self) -> None:
         await self.launch("web1")
-        self.patch(self.lifecycle.driver, "program", ["/nonexistent/qemu"])
+        self.patch(self.lifecycle.state.driver, "program", ["/nonexistent/qemu"])
         await self.cli("rebuild", "web1")
         _, out, _ = await self.cli("info", "web1")
         self.assertIn("Status: ERROR", out.splitlines())
@@ -397,7 +397,7 @@ class ActionCommandTests(CLITestCase):
     async def test_stopTimeoutIsPassedOn(self) -> None:
         await self.launch("web1")
         self.assertEqual((await self.cli("stop", "web1", "--timeout", "0"))[0], 0)
-        history = self.lifecycle.store.list_actions("web1")
+        history = self.lifecycle.state.store.list_actions("web1")
         self.assertIn("forced stop after 0s timeout", [step.name for step in history[0].steps])
 
     async def test_noWaitReturnsWithTheOperation(self) -> None:
@@ -405,7 +405,7 @@ class ActionCommandTests(CLITestCase):
         code, out, _ = await self.cli("stop", "web1", "--force", "--no-wait")
         self.assertEqual(code, 0)
         self.assertRegex(out, r"^Operation /1\.0/operations/[0-9a-f-]{36}: Stop instance web1\n$")
-        for operation in self.lifecycle.operations.list():
+        for operation in self.lifecycle.state.operations.list():
             await operation.when_done()
 
     async def test_resizeNeedsMemoryOrCPUs(self) -> None:
@@ -426,7 +426,7 @@ class ActionCommandTests(CLITestCase):
 
     async def test_failedOperationPrintsItsError(self) -> None:
         await self.launch("web1")
-        self.patch(self.lifecycle.driver, "program", ["/nonexistent/qemu"])
+        self.patch(self.lifecycle.state.driver, "program", ["/nonexistent/qemu"])
         code, out, err = await self.cli("rebuild", "web1")
         self.assertEqual((code, out), (1, ""))
         self.assertEqual(
@@ -613,7 +613,7 @@ class WaitTests(CLITestCase):
         checked = self.site.when_request("GET /1.0/instances/web1")
         waiting = self.background("wait", "web1", "status=ready")
         await checked
-        vm = self.lifecycle.vms["web1"]
+        vm = self.lifecycle.state.vms["web1"]
         assert vm.pid is not None
         os.kill(vm.pid, signal.SIGKILL)
         code, out, err = await waiting
@@ -671,7 +671,7 @@ class WaitTests(CLITestCase):
 
     async def test_waitingForErrorIsMetByError(self) -> None:
         await self.launch("web1")
-        self.patch(self.lifecycle.driver, "program", ["/nonexistent/qemu"])
+        self.patch(self.lifecycle.state.driver, "program", ["/nonexistent/qemu"])
         await self.cli("rebuild", "web1")
         self.assertEqual(await self.cli("wait", "web1", "status=error"), (0, "web1: ERROR\n", ""))
 
@@ -1000,7 +1000,7 @@ class SnapshotCommandTests(CLITestCase):
     async def test_refusedStatefulRestoreIsOneLineAndExit1(self) -> None:
         await self.launch("web1")
         await self.cli("snapshot", "web1", "s1", "--stateful")
-        self.patch(self.lifecycle, "serial_layout", LEGACY_LAYOUT)
+        self.patch(self.lifecycle.state, "serial_layout", LEGACY_LAYOUT)
         code, out, err = await self.cli("restore", "web1", "s1", "--stateful")
         self.assertEqual((code, out), (1, ""))
         self.assertTrue(

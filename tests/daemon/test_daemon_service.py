@@ -164,18 +164,18 @@ class GuestAPIStartTests(DaemonServiceTests):
     def test_eachStartListensOnANewRandomPortAndAdvertisesIt(self) -> Deferred[None]:
         async def check() -> None:
             first = await self.started(0)
-            assert first.lifecycle is not None and first.lifecycle.guest is not None
-            port = first.lifecycle.guest.port
+            assert first.lifecycle is not None and first.lifecycle.state.guest is not None
+            port = first.lifecycle.state.guest.port
             self.assertEqual(self.guest_sockets(), [f"guest-api.sock_{port}"])
             self.assertEqual(
-                first.lifecycle.guest.transport,
+                first.lifecycle.state.guest.transport,
                 f"hvsock:{os.path.join(self.directory, 'guest-api.sock')}",
             )
             await first.stopService()
             self.assertEqual(self.guest_sockets(), [])
             second = await self.started(0)
-            assert second.lifecycle is not None and second.lifecycle.guest is not None
-            self.assertNotEqual(second.lifecycle.guest.port, port)
+            assert second.lifecycle is not None and second.lifecycle.state.guest is not None
+            self.assertNotEqual(second.lifecycle.state.guest.port, port)
 
         return ensureDeferred(check())
 
@@ -188,8 +188,8 @@ class GuestAPIStartTests(DaemonServiceTests):
                 certificate = f.read()
             await first.stopService()
             second = await self.started(0)
-            assert second.lifecycle is not None and second.lifecycle.guest is not None
-            self.assertEqual(second.lifecycle.guest.server_cert_pem, certificate)
+            assert second.lifecycle is not None and second.lifecycle.state.guest is not None
+            self.assertEqual(second.lifecycle.state.guest.server_cert_pem, certificate)
 
         return ensureDeferred(check())
 

@@ -86,7 +86,7 @@ class RefusedLaunchTests(TestCase):
         for left in ("run", "disks"):
             where = os.path.join(self.directory, left)
             self.assertEqual(os.listdir(where) if os.path.isdir(where) else [], [], left)
-        self.assertEqual(self.lifecycle.vms, {})
+        self.assertEqual(self.lifecycle.state.vms, {})
         message: str = caught.exception.message
         return message
 
@@ -153,7 +153,7 @@ class RefusedLaunchTests(TestCase):
 
     @_async
     async def test_kvmWhereKvmCannotBeUsed(self) -> None:
-        self.lifecycle.kvm_problem = "/dev/kvm cannot be opened: No such file or directory"
+        self.lifecycle.state.kvm_problem = "/dev/kvm cannot be opened: No such file or directory"
         self.assertEqual(
             await self.refusal({"boot.accel": "kvm"}),
             "Cannot launch vm1 with boot.accel=kvm: "

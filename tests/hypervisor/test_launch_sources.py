@@ -109,7 +109,7 @@ class LaunchTestCase(TestCase):
         return lifecycle
 
     async def _kill_everything(self) -> None:
-        for vm in list(self.lifecycle.vms.values()):
+        for vm in list(self.lifecycle.state.vms.values()):
             if not vm.gone:
                 await vm.force_stop()
         await self.lifecycle.shutdown()
@@ -141,7 +141,7 @@ class OverlayTests(LaunchTestCase):
         self.assertEqual(os.path.dirname(overlay), os.path.join(self.directory, "disks"))
         made = image_info(overlay)
         self.assertEqual((made["format"], made["backing-filename"]), ("qcow2", self.image))
-        self.assertEqual(self.lifecycle.vms["vm1"].spec.disk, overlay)
+        self.assertEqual(self.lifecycle.state.vms["vm1"].spec.disk, overlay)
 
     @_async
     async def test_rebuildReplacesTheOverlay(self) -> None:
@@ -212,7 +212,7 @@ class VsockCIDTests(LaunchTestCase):
 
     def qemu_cid(self, name: str) -> int:
         """The guest-cid on the command line of the instance's running QEMU."""
-        with open(self.lifecycle.vms[name].spec.pidfile) as f:
+        with open(self.lifecycle.state.vms[name].spec.pidfile) as f:
             pid = int(f.read())
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             words = f.read().decode().split("\0")
@@ -258,9 +258,9 @@ class AcceleratorTests(LaunchTestCase):
 
     def kvm_lifecycle(self, binary: str | None = None, probe: float = 30.0) -> Lifecycle:
         lifecycle = self.new_lifecycle(binary, LaunchSettings(kvm_probe_timeout=probe))
-        lifecycle.kvm_problem = None  # as on a host where /dev/kvm opens
+        lifecycle.state.kvm_problem = None  # as on a host where /dev/kvm opens
         verdicts = os.path.join(self.directory, "kvm-verdict.json")
-        lifecycle.kvm = KVMVerdicts(verdicts, "test-host")
+        lifecycle.state.kvm = KVMVerdicts(verdicts, "test-host")
         return lifecycle
 
     def aborting_qemu(self) -> str:
@@ -284,8 +284,8 @@ class AcceleratorTests(LaunchTestCase):
             (changed[0].metadata["context"]["from"], changed[0].metadata["context"]["to"]),
             ("kvm", "tcg"),
         )
-        assert self.lifecycle.kvm is not None
-        verdict = self.lifecycle.kvm.verdict
+        assert self.lifecycle.state.kvm is not None
+        verdict = self.lifecycle.state.kvm.verdict
         assert verdict is not None
         self.assertFalse(verdict.works)
         self.assertIn("accelerator", [a.action for a in self.store.list_actions("vm1")])
@@ -316,15 +316,17 @@ class AcceleratorTests(LaunchTestCase):
     async def test_guestThatWritesToItsConsoleProvesKvm(self) -> None:
         self.lifecycle = self.kvm_lifecycle(probe=30.0)
         operation = await self.lifecycle.create("vm1", {"boot.kernel": self.kernel})
-        await until(lambda: "vm1" in self.lifecycle.vms)
-        console = os.path.join(self.lifecycle.vms["vm1"].spec.guest_dir, "console")
+        await until(lambda: "vm1" in self.lifecycle.state.vms)
+        console = os.path.join(self.lifecycle.state.vms["vm1"].spec.guest_dir, "console")
         await until(lambda: os.path.exists(console))
         await connectProtocol(UNIXClientEndpoint(reactor, console), ConsoleWriter())
         await operation.when_done()
         record = self.lifecycle.get("vm1")
         self.assertEqual(record.config["volatile.accel"], "kvm")
-        assert self.lifecycle.kvm is not None and self.lifecycle.kvm.verdict is not None
-        self.assertTrue(self.lifecycle.kvm.verdict.works)
+        assert (
+            self.lifecycle.state.kvm is not None and self.lifecycle.state.kvm.verdict is not None
+        )
+        self.assertTrue(self.lifecycle.state.kvm.verdict.works)
         self.assertIn("Linux version 6.1.0", self.lifecycle.console_log("vm1", 4096).decode())
 
     @_async
@@ -332,8 +334,8 @@ class AcceleratorTests(LaunchTestCase):
         self.lifecycle = self.kvm_lifecycle(self.aborting_qemu())
         record = await self.launch(**{"boot.kernel": self.kernel, "boot.accel": "tcg"})
         self.assertEqual(record.config["volatile.accel"], "tcg")
-        assert self.lifecycle.kvm is not None
-        self.assertIsNone(self.lifecycle.kvm.verdict)
+        assert self.lifecycle.state.kvm is not None
+        self.assertIsNone(self.lifecycle.state.kvm.verdict)
 
     @_async
     async def test_explicitKvmFailureIsTheInstancesError(self) -> None:
@@ -347,7 +349,7 @@ class AcceleratorTests(LaunchTestCase):
         self.assertIn("failed to set MSR 0x10a", record.error or "")
 
     def command_line(self, name: str) -> list[str]:
-        pid = self.lifecycle.vms[name].pid
+        pid = self.lifecycle.state.vms[name].pid
         assert pid is not None
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return f.read().decode().split("\0")
@@ -359,7 +361,7 @@ class GuestEventTests(LaunchTestCase):
     @_async
     async def test_guestPanicIsAnErrorWithItsReason(self) -> None:
         await self.launch(**{"boot.accel": "tcg"})
-        vm = self.lifecycle.vms["vm1"]
+        vm = self.lifecycle.state.vms["vm1"]
         guest = ACPIGuest()
         control = os.path.join(vm.spec.guest_dir, "control")
         await connectProtocol(UNIXClientEndpoint(reactor, control), guest)
@@ -377,7 +379,7 @@ class GuestEventTests(LaunchTestCase):
     async def test_consoleLogIsCappedAndRotated(self) -> None:
         self.lifecycle = self.new_lifecycle(settings=LaunchSettings(console_max_bytes=4096))
         await self.launch(**{"boot.accel": "tcg"})
-        vm = self.lifecycle.vms["vm1"]
+        vm = self.lifecycle.state.vms["vm1"]
         with open(vm.spec.console_log, "ab") as f:
             f.write(b"x" * 10000 + b"\nthe last line\n")
         self.lifecycle.rotate_consoles()

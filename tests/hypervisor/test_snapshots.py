@@ -78,12 +78,12 @@ class SnapshotTestCase(TestCase):
         await self.lifecycle.recover()
 
     async def _kill_everything(self) -> None:
-        for vm in list(self.lifecycle.vms.values()):
+        for vm in list(self.lifecycle.state.vms.values()):
             if not vm.gone:
                 await vm.force_stop()
         await self.lifecycle.shutdown()
         for record in self.store.list_instances():
-            await self.lifecycle.driver.kill_owned(self.lifecycle.spec_for(record))
+            await self.lifecycle.state.driver.kill_owned(self.lifecycle.spec_for(record))
 
     async def finish(self, operation: Any) -> Any:
         done = await operation.when_done()
@@ -138,9 +138,9 @@ class RenameChecks(SnapshotTestCase):
     async def test_upgradedDaemonKeepsTheLayoutARunningVMWasStartedWith(self) -> None:
         await self.upgrade(LEGACY_LAYOUT)
         record = await self.launch()
-        pid = self.lifecycle.vms["vm1"].pid
+        pid = self.lifecycle.state.vms["vm1"].pid
         await self.upgrade(CURRENT_LAYOUT)
-        adopted = self.lifecycle.vms["vm1"]
+        adopted = self.lifecycle.state.vms["vm1"]
         self.assertEqual(adopted.pid, pid)
         self.assertEqual(self.lifecycle.get("vm1").config[LAYOUT_KEY], "legacy")
         self.assertEqual(adopted.spec.serial_ports, LEGACY_LAYOUT.ports)
@@ -149,11 +149,11 @@ class RenameChecks(SnapshotTestCase):
         # A restart gives it the new layout, recorded.
         await self.finish(self.lifecycle.act("vm1", "restart", force=True))
         self.assertEqual(self.lifecycle.get("vm1").config[LAYOUT_KEY], "current")
-        self.assertEqual(self.lifecycle.vms["vm1"].spec.serial_ports, CURRENT_LAYOUT.ports)
+        self.assertEqual(self.lifecycle.state.vms["vm1"].spec.serial_ports, CURRENT_LAYOUT.ports)
         self.assertIn(AGENT_PORT, " ".join(self.command_line(record)))
 
     def command_line(self, record: InstanceRecord) -> list[str]:
-        pid = self.lifecycle.vms[record.name].pid
+        pid = self.lifecycle.state.vms[record.name].pid
         assert pid is not None
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return f.read().decode().split("\0")
@@ -180,12 +180,12 @@ class SnapshotChecks(SnapshotTestCase):
     @_async
     async def test_statefulSnapshotSavesTheStateAndTheVMRunsOn(self) -> None:
         record = await self.launch()
-        pid = self.lifecycle.vms["vm1"].pid
+        pid = self.lifecycle.state.vms["vm1"].pid
         operation = await self.finish(
             self.lifecycle.act("vm1", "snapshot", snapshot="s1", stateful=True)
         )
         self.assertEqual(operation.error, "")
-        vm = self.lifecycle.vms["vm1"]
+        vm = self.lifecycle.state.vms["vm1"]
         self.assertEqual((vm.pid, await vm.query_power_state()), (pid, PowerState.RUNNING))
         self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ACTIVE)
         snapshot = self.store.find_snapshot("vm1", "s1")
@@ -203,7 +203,7 @@ class SnapshotChecks(SnapshotTestCase):
     async def test_statefulRestoreIntoTheSameLayoutResumesTheVM(self) -> None:
         await self.launch()
         await self.finish(self.lifecycle.act("vm1", "snapshot", snapshot="s1", stateful=True))
-        pid = self.lifecycle.vms["vm1"].pid
+        pid = self.lifecycle.state.vms["vm1"].pid
         operation = await self.finish(
             self.lifecycle.act("vm1", "restore", snapshot="s1", stateful=True)
         )
@@ -212,7 +212,7 @@ class SnapshotChecks(SnapshotTestCase):
         self.assertEqual(
             (record.vm_state, record.power_state), (VMState.ACTIVE, PowerState.RUNNING)
         )
-        vm = self.lifecycle.vms["vm1"]
+        vm = self.lifecycle.state.vms["vm1"]
         self.assertNotEqual(vm.pid, pid)
         self.assertEqual(await vm.query_power_state(), PowerState.RUNNING)
 
@@ -229,7 +229,7 @@ class SnapshotChecks(SnapshotTestCase):
     @_async
     async def test_statefulRestoreIntoANewLayoutIsRefusedBeforeAnythingChanges(self) -> None:
         record = await self.legacy_snapshot_then_upgrade()
-        pid = self.lifecycle.vms["vm1"].pid
+        pid = self.lifecycle.state.vms["vm1"].pid
         files = self.files(record)
         snapshots = self.store.list_snapshots("vm1")
         with self.assertRaises(Conflict) as caught:
@@ -241,8 +241,10 @@ class SnapshotChecks(SnapshotTestCase):
         self.assertIn("--force", message)
         after = self.lifecycle.get("vm1")
         self.assertEqual(after, record)
-        self.assertEqual(self.lifecycle.vms["vm1"].pid, pid)
-        self.assertEqual(await self.lifecycle.vms["vm1"].query_power_state(), PowerState.RUNNING)
+        self.assertEqual(self.lifecycle.state.vms["vm1"].pid, pid)
+        self.assertEqual(
+            await self.lifecycle.state.vms["vm1"].query_power_state(), PowerState.RUNNING
+        )
         self.assertEqual(self.files(record), files)
         self.assertEqual(self.store.list_snapshots("vm1"), snapshots)
 
@@ -254,7 +256,7 @@ class SnapshotChecks(SnapshotTestCase):
             self.lifecycle.act("vm1", "restore", snapshot="old", stateful=True, force=True)
         )
         state = os.path.join(self.snapshot_dir(record, "old"), "state")
-        said = [f"{self.lifecycle.driver.program_name}: {line}" for line in QEMU_LINES]
+        said = [f"{self.lifecycle.state.driver.program_name}: {line}" for line in QEMU_LINES]
         self.assertEqual(
             operation.error.splitlines(),
             [f"Failed restoring state from {state}: {said[0]}", *said[1:]],
@@ -359,14 +361,16 @@ class InterruptedSnapshotTests(SnapshotTestCase):
     @_async
     async def test_restartAfterAnInterruptedSnapshotResumesTheVM(self) -> None:
         await self.launch()
-        await self.lifecycle.vms["vm1"].pause()  # as migrate leaves it
+        await self.lifecycle.state.vms["vm1"].pause()  # as migrate leaves it
         self.store.claim_task(
             "vm1", "snapshot", frozenset({VMState.ACTIVE}), TaskState.SNAPSHOTTING
         )
         await self.upgrade(CURRENT_LAYOUT)
         record = self.lifecycle.get("vm1")
         self.assertEqual((record.vm_state, record.task_state), (VMState.ACTIVE, None))
-        self.assertEqual(await self.lifecycle.vms["vm1"].query_power_state(), PowerState.RUNNING)
+        self.assertEqual(
+            await self.lifecycle.state.vms["vm1"].query_power_state(), PowerState.RUNNING
+        )
         self.assertEqual(self.store.list_snapshots("vm1"), [])
 
     @_async
@@ -396,7 +400,9 @@ class UnrecordedLayoutTests(SnapshotTestCase):
         await self.upgrade(CURRENT_LAYOUT)
         record = self.lifecycle.get("vm1")
         self.assertEqual(record.config[LAYOUT_KEY], "unrecorded")
-        self.assertEqual(self.lifecycle.vms["vm1"].spec.serial_ports, UNRECORDED_LAYOUT.ports)
+        self.assertEqual(
+            self.lifecycle.state.vms["vm1"].spec.serial_ports, UNRECORDED_LAYOUT.ports
+        )
         await self.finish(self.lifecycle.act("vm1", "snapshot", snapshot="s", stateful=True))
         with self.assertRaises(Conflict) as caught:
             self.lifecycle.act("vm1", "restore", snapshot="s", stateful=True)
@@ -409,7 +415,7 @@ class FailedSnapshotTests(SnapshotTestCase):
     @_async
     async def test_failedStatefulSnapshotKeepsTheInstanceActiveAndRecordsNothing(self) -> None:
         record = await self.launch()
-        vm = self.lifecycle.vms["vm1"]
+        vm = self.lifecycle.state.vms["vm1"]
 
         async def disk_full(path: str, timeout: float = 600.0) -> None:
             raise HypervisorError("saving the state of vm1 failed: No space left on device")
@@ -423,7 +429,7 @@ class FailedSnapshotTests(SnapshotTestCase):
         self.assertEqual(
             (after.vm_state, after.task_state, after.error), (VMState.ACTIVE, None, None)
         )
-        self.assertIs(self.lifecycle.vms["vm1"], vm)
+        self.assertIs(self.lifecycle.state.vms["vm1"], vm)
         self.assertEqual(self.store.list_snapshots("vm1"), [])
         self.assertEqual(self.files(record), {})
         self.assertEqual(self.store.list_actions("vm1")[0].result, "error")
@@ -435,11 +441,11 @@ class FailedSnapshotTests(SnapshotTestCase):
     @_async
     async def test_startFromErrorKeepsAVMThatStillRunsAndIsFollowed(self) -> None:
         await self.launch()
-        vm = self.lifecycle.vms["vm1"]
+        vm = self.lifecycle.state.vms["vm1"]
         self.store.set_error("vm1", "something went wrong", PowerState.RUNNING)
         started = await self.finish(self.lifecycle.act("vm1", "start"))
         self.assertEqual(started.error, "")
-        self.assertIs(self.lifecycle.vms["vm1"], vm)
+        self.assertIs(self.lifecycle.state.vms["vm1"], vm)
         self.assertFalse(vm.gone)
         self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ACTIVE)
 

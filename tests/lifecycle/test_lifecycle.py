@@ -81,7 +81,7 @@ class LifecycleTestCase(TestCase):
         )
 
     async def _kill_everything(self) -> None:
-        for vm in list(self.lifecycle.vms.values()):
+        for vm in list(self.lifecycle.state.vms.values()):
             if not vm.gone:
                 await vm.force_stop()
         await self.lifecycle.shutdown()
@@ -119,7 +119,7 @@ class LifecycleTestCase(TestCase):
 
     def vm_option(self, name: str, option: str) -> str:
         """A value from the running VM's real command line (from /proc), past the program."""
-        pid = self.lifecycle.vms[name].pid
+        pid = self.lifecycle.state.vms[name].pid
         assert pid is not None
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             argv = f.read().decode().split("\0")
@@ -158,7 +158,7 @@ class CreateAndPowerTests(LifecycleTestCase):
 
     @_async
     async def test_failedSpawnIsAPersistingError(self) -> None:
-        self.lifecycle.driver = HypervisorDriver(reactor, "fakeqemu", "/nonexistent/qemu")
+        self.lifecycle.state.driver = HypervisorDriver(reactor, "fakeqemu", "/nonexistent/qemu")
         operation = await self.lifecycle.create("vm1", {})
         await self.wait(operation)
         record = self.lifecycle.get("vm1")
@@ -174,7 +174,7 @@ class CreateAndPowerTests(LifecycleTestCase):
         await self.launch()
         self.store.update_config("vm1", {READY_KEY: "true"})
         self.assertEqual(self.lifecycle.get("vm1").status.name, "Ready")
-        vm = self.lifecycle.vms["vm1"]
+        vm = self.lifecycle.state.vms["vm1"]
         await self.wait(self.lifecycle.act("vm1", "stop"))
         record = self.lifecycle.get("vm1")
         self.assertEqual((record.vm_state, record.status.name), (VMState.STOPPED, "Stopped"))
@@ -188,7 +188,7 @@ class CreateAndPowerTests(LifecycleTestCase):
     async def test_stopWithACPIGuestIsClean(self) -> None:
         await self.launch()
         guest = ACPIGuest()
-        control = os.path.join(self.lifecycle.vms["vm1"].spec.guest_dir, "control")
+        control = os.path.join(self.lifecycle.state.vms["vm1"].spec.guest_dir, "control")
         await connectProtocol(UNIXClientEndpoint(reactor, control), guest)
         await guest.ready
         await self.wait(self.lifecycle.act("vm1", "stop", timeout=30))
@@ -205,12 +205,12 @@ class CreateAndPowerTests(LifecycleTestCase):
         self.assertEqual(
             (record.vm_state, record.power_state), (VMState.ACTIVE, PowerState.RUNNING)
         )
-        self.assertIn("vm1", self.lifecycle.vms)
+        self.assertIn("vm1", self.lifecycle.state.vms)
 
     @_async
     async def test_startFromErrorAdoptsAVMThatStillRuns(self) -> None:
         await self.launch()
-        pid = self.lifecycle.vms["vm1"].pid
+        pid = self.lifecycle.state.vms["vm1"].pid
         await self.lifecycle.shutdown()  # the daemon loses track; the VM keeps running
         self.lifecycle = self.new_lifecycle()
         self.store.set_error("vm1", "lost track of the VM")
@@ -219,14 +219,14 @@ class CreateAndPowerTests(LifecycleTestCase):
         self.assertEqual(operation.error, "")
         record = self.lifecycle.get("vm1")
         self.assertEqual((record.vm_state, record.error), (VMState.ACTIVE, None))
-        self.assertEqual(self.lifecycle.vms["vm1"].pid, pid)
+        self.assertEqual(self.lifecycle.state.vms["vm1"].pid, pid)
 
     @_async
     async def test_restartReplacesTheVMProcess(self) -> None:
         await self.launch()
-        before = self.lifecycle.vms["vm1"].pid
+        before = self.lifecycle.state.vms["vm1"].pid
         await self.wait(self.lifecycle.act("vm1", "restart", force=True))
-        after = self.lifecycle.vms["vm1"].pid
+        after = self.lifecycle.state.vms["vm1"].pid
         self.assertNotEqual(before, after)
         self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ACTIVE)
 
@@ -236,7 +236,7 @@ class CreateAndPowerTests(LifecycleTestCase):
         await self.wait(self.lifecycle.act("vm1", "freeze"))
         record = self.lifecycle.get("vm1")
         self.assertEqual((record.status.name, int(record.status.code)), ("Frozen", 110))
-        vm = self.lifecycle.vms["vm1"]
+        vm = self.lifecycle.state.vms["vm1"]
         self.assertEqual(await vm.query_power_state(), PowerState.PAUSED)
         await self.wait(self.lifecycle.act("vm1", "unfreeze"))
         self.assertEqual(await vm.query_power_state(), PowerState.RUNNING)
@@ -298,7 +298,7 @@ class TransitionTests(LifecycleTestCase):
         await self.wait(self.lifecycle.act("vm1", "revert-resize"))
         record = self.lifecycle.get("vm1")
         self.assertEqual((record.vm_state, record.memory_mib), (VMState.STOPPED, 256))
-        self.assertNotIn("vm1", self.lifecycle.vms)
+        self.assertNotIn("vm1", self.lifecycle.state.vms)
 
     @_async
     async def test_nonFiniteOrHugeStopTimeoutIsRefused(self) -> None:
@@ -311,7 +311,7 @@ class TransitionTests(LifecycleTestCase):
     @_async
     async def test_deleteGoesActiveToDeletedWithoutBuild(self) -> None:
         record = await self.launch()
-        vm = self.lifecycle.vms["vm1"]
+        vm = self.lifecycle.state.vms["vm1"]
         run_dir = vm.spec.run_dir
         await self.wait(self.lifecycle.act("vm1", "delete"))
         self.assertEqual(self.display_sequence("vm1"), ["BUILD", "ACTIVE", "DELETED"])
@@ -350,7 +350,7 @@ class VMDeathTests(LifecycleTestCase):
     async def test_killedVMIsAnErrorThatPersists(self) -> None:
         await self.launch()
         self.store.update_config("vm1", {READY_KEY: "true"})
-        vm = self.lifecycle.vms["vm1"]
+        vm = self.lifecycle.state.vms["vm1"]
         assert vm.pid is not None
         os.kill(vm.pid, signal.SIGKILL)
         await vm.when_gone()
@@ -373,7 +373,7 @@ class VMDeathTests(LifecycleTestCase):
     @_async
     async def test_guestPowerOffStopsTheInstance(self) -> None:
         await self.launch()
-        vm = self.lifecycle.vms["vm1"]
+        vm = self.lifecycle.state.vms["vm1"]
         control = os.path.join(vm.spec.guest_dir, "control")
         guest = ACPIGuest()
         await connectProtocol(UNIXClientEndpoint(reactor, control), guest)
@@ -391,7 +391,7 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
     @_async
     async def test_syncStopsAnActiveInstanceWhoseVMIsGoneAndSaysWhy(self) -> None:
         await self.launch()
-        vm = self.lifecycle.vms.pop("vm1")
+        vm = self.lifecycle.state.vms.pop("vm1")
         await vm.force_stop()
         await self.lifecycle.sync_power_states()
         record = self.lifecycle.get("vm1")
@@ -404,7 +404,7 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
     @_async
     async def test_syncStopsAVMThatRunsForAStoppedInstance(self) -> None:
         await self.launch()
-        vm = self.lifecycle.vms["vm1"]
+        vm = self.lifecycle.state.vms["vm1"]
         # The store says stopped (say, an operator fixed the row by hand) while the VM runs.
         self.store.claim_task("vm1", "test", frozenset({VMState.ACTIVE}), _task("powering-off"))
         self.store.finish_task("vm1", _task("powering-off"), VMState.STOPPED, PowerState.SHUTDOWN)
@@ -412,17 +412,17 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
         await vm.when_gone()
         record = self.lifecycle.get("vm1")
         self.assertEqual(record.vm_state, VMState.STOPPED)
-        self.assertNotIn("vm1", self.lifecycle.vms)
+        self.assertNotIn("vm1", self.lifecycle.state.vms)
         self.assertIn("stopped it", self.store.list_actions("vm1")[0].steps[0].name)
 
     @_async
     async def test_syncLeavesAGuestThatIsPoweringOffToFinish(self) -> None:
         await self.launch()
-        vm = self.lifecycle.vms["vm1"]
+        vm = self.lifecycle.state.vms["vm1"]
         # QEMU announced SHUTDOWN (a guest power-off) and has not exited yet.
         self.store.set_power_state("vm1", PowerState.SHUTDOWN)
         await self.lifecycle.sync_power_states()
-        self.assertIs(self.lifecycle.vms["vm1"], vm)
+        self.assertIs(self.lifecycle.state.vms["vm1"], vm)
         self.assertFalse(vm.gone)
         await vm.force_stop()  # what the guest's power-off ends in: the VM exits
         await _until(lambda: self.lifecycle.get("vm1").vm_state is VMState.STOPPED)
@@ -431,7 +431,7 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
     @_async
     async def test_syncSettlesAPoweredOffInstanceWhoseVMIsGone(self) -> None:
         await self.launch()
-        vm = self.lifecycle.vms.pop("vm1")  # the daemon lost it in the window
+        vm = self.lifecycle.state.vms.pop("vm1")  # the daemon lost it in the window
         await vm.force_stop()
         self.store.set_power_state("vm1", PowerState.SHUTDOWN)
         await self.lifecycle.sync_power_states()
@@ -443,7 +443,7 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
     @_async
     async def test_syncStopsAnUnfollowedVMOfAStoppedInstance(self) -> None:
         await self.launch()
-        pid = self.lifecycle.vms["vm1"].pid
+        pid = self.lifecycle.state.vms["vm1"].pid
         assert pid is not None
         await self.lifecycle.shutdown()  # the daemon lets go; the VM keeps running
         self.lifecycle = self.new_lifecycle()
@@ -456,7 +456,7 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
     @_async
     async def test_syncSkipsInstancesWithATaskInProgress(self) -> None:
         await self.launch()
-        vm = self.lifecycle.vms.pop("vm1")
+        vm = self.lifecycle.state.vms.pop("vm1")
         await vm.force_stop()
         self.store.claim_task("vm1", "test", frozenset({VMState.ACTIVE}), _task("rebuilding"))
         actions_before = len(self.store.list_actions("vm1"))
@@ -466,7 +466,7 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
             (record.vm_state, record.task_state), (VMState.ACTIVE, _task("rebuilding"))
         )
         self.assertEqual(len(self.store.list_actions("vm1")), actions_before)
-        self.assertNotIn("vm1", self.lifecycle.vms)
+        self.assertNotIn("vm1", self.lifecycle.state.vms)
 
     @_async
     async def test_syncLeavesAStartingInstancesVMAlone(self) -> None:
@@ -476,7 +476,7 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
             "vm1", "start", frozenset({VMState.STOPPED}), _task("powering-on")
         )
         # The start's VM is up but not yet followed: the poller must keep its hands off.
-        vm = await self.lifecycle.driver.launch(self.lifecycle.spec_for(record))
+        vm = await self.lifecycle.state.driver.launch(self.lifecycle.spec_for(record))
         self.addCleanup(vm.force_stop)
         await self.lifecycle.sync_power_states()
         self.assertFalse(vm.gone)
@@ -484,9 +484,9 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
 
     @_async
     async def test_syncRecordsAMonitorThatStoppedAnsweringAsAnError(self) -> None:
-        self.lifecycle.driver.command_timeout = 0.5
+        self.lifecycle.state.driver.command_timeout = 0.5
         await self.launch()
-        pid = self.lifecycle.vms["vm1"].pid
+        pid = self.lifecycle.state.vms["vm1"].pid
         assert pid is not None
         os.kill(pid, signal.SIGSTOP)
         self.addCleanup(_kill_quietly, pid)
@@ -499,7 +499,7 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
     @_async
     async def test_syncLeavesAnInstanceInErrorAndItsVMAlone(self) -> None:
         await self.launch()
-        vm = self.lifecycle.vms["vm1"]
+        vm = self.lifecycle.state.vms["vm1"]
         self.store.set_error("vm1", "operator says no")
         await self.lifecycle.sync_power_states()
         self.assertFalse(vm.gone)
@@ -510,7 +510,7 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
     @_async
     async def test_errorSurvivesItsVMExiting(self) -> None:
         await self.launch()
-        vm = self.lifecycle.vms["vm1"]
+        vm = self.lifecycle.state.vms["vm1"]
         self.store.set_error("vm1", "resize failed: disk on fire")
         guest = ACPIGuest()
         control = os.path.join(vm.spec.guest_dir, "control")
@@ -519,7 +519,7 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
         assert guest.transport is not None
         guest.transport.write(b"poweroff\n")
         await vm.when_gone()
-        await _until(lambda: "vm1" not in self.lifecycle.vms)
+        await _until(lambda: "vm1" not in self.lifecycle.state.vms)
         record = self.lifecycle.get("vm1")
         self.assertEqual(
             (record.vm_state, record.error), (VMState.ERROR, "resize failed: disk on fire")
@@ -530,11 +530,11 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
     async def test_restartedDaemonReadoptsTheRunningVMAndClearsReady(self) -> None:
         await self.launch()
         self.store.update_config("vm1", {READY_KEY: "true"})
-        pid = self.lifecycle.vms["vm1"].pid
+        pid = self.lifecycle.state.vms["vm1"].pid
         await self.lifecycle.shutdown()
         self.lifecycle = self.new_lifecycle()
         await self.lifecycle.recover()
-        self.assertEqual(self.lifecycle.vms["vm1"].pid, pid)
+        self.assertEqual(self.lifecycle.state.vms["vm1"].pid, pid)
         record = self.lifecycle.get("vm1")
         self.assertNotIn(READY_KEY, record.config)
         self.assertEqual((record.vm_state, record.status.name), (VMState.ACTIVE, "Running"))
@@ -554,7 +554,7 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
     @_async
     async def test_restartFinishesAnInterruptedDelete(self) -> None:
         record = await self.launch()
-        vm = self.lifecycle.vms["vm1"]
+        vm = self.lifecycle.state.vms["vm1"]
         pid = vm.pid
         run_dir = vm.spec.run_dir
         await self.lifecycle.shutdown()
@@ -571,7 +571,7 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
     @_async
     async def test_restartWithAnUnansweringVMEndsTheTaskInError(self) -> None:
         await self.launch()
-        vm = self.lifecycle.vms["vm1"]
+        vm = self.lifecycle.state.vms["vm1"]
         pid = vm.pid
         assert pid is not None
         await self.lifecycle.shutdown()
@@ -579,7 +579,7 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
         os.kill(pid, signal.SIGSTOP)
         self.addCleanup(_kill_quietly, pid)
         self.lifecycle = self.new_lifecycle()
-        self.lifecycle.driver.adopt_timeout = 1.0
+        self.lifecycle.state.driver.adopt_timeout = 1.0
         await self.lifecycle.recover()
         record = self.lifecycle.get("vm1")
         self.assertEqual((record.vm_state, record.task_state), (VMState.ERROR, None))
@@ -589,7 +589,7 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
     @_async
     async def test_stopKillsAVMWhoseMonitorSocketVanished(self) -> None:
         await self.launch()
-        vm = self.lifecycle.vms["vm1"]
+        vm = self.lifecycle.state.vms["vm1"]
         pid = vm.pid
         assert pid is not None
         await self.lifecycle.shutdown()
@@ -615,12 +615,12 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
     @_async
     async def test_restartWithAMonitorThatGreetsButHangsEndsTheTaskInError(self) -> None:
         await self.launch()
-        pid = self.lifecycle.vms["vm1"].pid
+        pid = self.lifecycle.state.vms["vm1"].pid
         assert pid is not None
         await self.lifecycle.shutdown()
         self.store.claim_task("vm1", "freeze", frozenset({VMState.ACTIVE}), _task("pausing"))
         self.lifecycle = self.new_lifecycle()
-        driver = self.lifecycle.driver
+        driver = self.lifecycle.state.driver
         adopt = driver.adopt
 
         async def adopt_hanging(spec: Any) -> Any:

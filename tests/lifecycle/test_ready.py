@@ -84,7 +84,7 @@ class AgentLinkTestCase(LifecycleTestCase):
     def new_lifecycle(self) -> Lifecycle:
         lifecycle = super().new_lifecycle()
         type(self).port += 1
-        lifecycle.guest = GuestLink(self.port, SERVER.cert_pem, "hvsock:/nonexistent", FAST)
+        lifecycle.state.guest = GuestLink(self.port, SERVER.cert_pem, "hvsock:/nonexistent", FAST)
         return lifecycle
 
     async def guest(self, name: str = "vm1") -> SerialGuest:
@@ -179,7 +179,7 @@ class IdentityTests(AgentLinkTestCase):
 
     @_async
     async def test_instancesFromBeforeTheGuestAPIGetAnIdentityAtStart(self) -> None:
-        self.lifecycle.guest = None
+        self.lifecycle.state.guest = None
         record = await self.launch()
         self.assertFalse(os.path.exists(self.lifecycle.config_drive(record)))
         await self.lifecycle.shutdown()
@@ -196,8 +196,10 @@ class NewServerCertificateTests(AgentLinkTestCase):
     async def test_aNewDaemonCertificateIsWrittenToEveryConfigDrive(self) -> None:
         record = await self.launch()
         renewed = generate("vmready-renewed")
-        assert self.lifecycle.guest is not None
-        self.lifecycle.guest = attrs.evolve(self.lifecycle.guest, server_cert_pem=renewed.cert_pem)
+        assert self.lifecycle.state.guest is not None
+        self.lifecycle.state.guest = attrs.evolve(
+            self.lifecycle.state.guest, server_cert_pem=renewed.cert_pem
+        )
         self.lifecycle.ensure_agent_identities()
         with open(os.path.join(self.lifecycle.config_drive(record), "server.crt"), "rb") as f:
             self.assertEqual(f.read(), renewed.cert_pem)
@@ -277,7 +279,7 @@ class FrozenVMTests(AgentLinkTestCase):
         await self.lifecycle.shutdown()
         self.lifecycle = self.new_lifecycle()
         await self.lifecycle.recover()
-        monitor = self.lifecycle.monitors["vm1"]
+        monitor = self.lifecycle.state.monitors["vm1"]
         await deferLater(reactor, 0.5, lambda: None)  # ten 'connecting' intervals
         self.assertEqual(monitor.reads, 0)
         await self.wait(self.lifecycle.act("vm1", "unfreeze"))
@@ -289,7 +291,7 @@ class SilentAgentTests(AgentLinkTestCase):
 
     @_async
     async def test_agentThatFallsSilentIsAnnouncedStopped(self) -> None:
-        self.lifecycle.guest = GuestLink(
+        self.lifecycle.state.guest = GuestLink(
             self.port,
             SERVER.cert_pem,
             "hvsock:/nonexistent",
@@ -390,7 +392,7 @@ class ReadyTests(AgentLinkTestCase):
     async def test_vmKilledSetsReadyFalse(self) -> None:
         await self.launch()
         self.lifecycle.set_ready("vm1", True)
-        pid = self.lifecycle.vms["vm1"].pid
+        pid = self.lifecycle.state.vms["vm1"].pid
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
         await _until(lambda: self.lifecycle.get("vm1").status.name == "Error")

@@ -119,7 +119,7 @@ class RecordersTests(SynchronousTestCase):
     def test_lifecycleEventsOfTheInstanceAreRecorded(self) -> None:
         recorders = self.recorders(record_all=True)
         self.store.create_instance("vm1", {}, {})
-        self.lifecycle.events.lifecycle("instance-ready", "vm1")
+        self.lifecycle.state.events.lifecycle("instance-ready", "vm1")
         recorders.close()
         with open(transcript_path(self.directory, "vm1")) as f:
             kinds = [json.loads(line).get("action") for line in f]
@@ -131,9 +131,9 @@ class RecordersTests(SynchronousTestCase):
 
     def test_anOperatorActionIsRecordedBeforeTheStateItCauses(self) -> None:
         recorders = self.recorders(record_all=True)
-        self.lifecycle.recorders = recorders
+        self.lifecycle.state.recorders = recorders
         self.running("vm1")
-        self.lifecycle.driver = _NothingRuns()  # type: ignore[assignment]
+        self.lifecycle.state.driver = _NothingRuns()  # type: ignore[assignment]
         self.lifecycle.act("vm1", "stop", force=True, timeout=7)
         self.clock.advance(0)
         recorders.close()
@@ -150,7 +150,7 @@ class RecordersTests(SynchronousTestCase):
 
     def test_aRefusedActionOrAnUnrecordedInstanceIsNotRecorded(self) -> None:
         recorders = self.recorders(record_all=True)
-        self.lifecycle.recorders = recorders
+        self.lifecycle.state.recorders = recorders
         self.running("vm1", {"vmready.record": "false"})
         self.store.create_instance("vm2", {}, {})  # still building: a restart is refused
         self.assertIsNotNone(recorders.recorder_for("vm2"))
@@ -189,10 +189,10 @@ class RecordersTests(SynchronousTestCase):
 
     def test_recordingSwitchedOffAndOnGoesOnRecordingTheRunningVM(self) -> None:
         recorders = self.recorders(record_all=False)
-        self.lifecycle.recorders = recorders
+        self.lifecycle.state.recorders = recorders
         self.running("vm1", {"vmready.record": "true"})
         vm = _FakeVM(self.lifecycle.spec_for(self.store.get_instance("vm1")))
-        self.lifecycle._attach("vm1", vm)  # type: ignore[arg-type]
+        self.lifecycle.watching.attach("vm1", vm)  # type: ignore[arg-type]
         ring = FakeRing()
         monitor = AgentMonitor(
             self.clock,
@@ -217,7 +217,7 @@ class RecordersTests(SynchronousTestCase):
         )
 
     def test_aNewVMsHeaderNamesTheLayoutItWillRunWith(self) -> None:
-        self.lifecycle.serial_layout = LEGACY_LAYOUT
+        self.lifecycle.state.serial_layout = LEGACY_LAYOUT
         recorders = self.recorders(record_all=True)
         self.store.create_instance("vm1", {}, {})
         recorders.recorder_for("vm1")

@@ -61,17 +61,15 @@ from twisted.web import http
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource
 from twisted.web.server import Site
-from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from vmready.api.operator import MAX_BODY_BYTES, EventStream, rfc3339
-from vmready.api.web import json_response, local_site, sync_response
+from vmready.api.web import ErrorStyle, handle_error, json_response, local_site, sync_response
 from vmready.domain.model import (
     BadRequest,
     Forbidden,
     InstanceRecord,
     NotFound,
     PayloadTooLarge,
-    VMReadyError,
 )
 from vmready.hypervisor.configdrive import meta_data as cloud_init_meta_data
 from vmready.lifecycle.core import Lifecycle
@@ -214,21 +212,22 @@ class GuestEventFeed:
 # -- responses ---------------------------------------------------------------
 
 
-def _error(request: IRequest, code: int, message: str) -> bytes:
+def _error_envelope(code: int, message: str) -> dict[str, Any]:
     """LXD's error envelope, as devlxd sends it over vsock."""
-    return json_response(
-        request,
-        code,
-        {
-            "type": "error",
-            "status": "",
-            "status_code": 0,
-            "operation": "",
-            "error_code": code,
-            "error": message,
-            "metadata": None,
-        },
-    )
+    return {
+        "type": "error",
+        "status": "",
+        "status_code": 0,
+        "operation": "",
+        "error_code": code,
+        "error": message,
+        "metadata": None,
+    }
+
+
+def _error(request: IRequest, code: int, message: str) -> bytes:
+    """An error answered outside the error handler."""
+    return json_response(request, code, _error_envelope(code, message))
 
 
 def _go_quote(text: str) -> str:
@@ -252,6 +251,14 @@ def _go_quote(text: str) -> str:
             out.append(f"\\U{ord(char):08x}")
     out.append('"')
     return "".join(out)
+
+
+GUEST_ERRORS = ErrorStyle(
+    envelope=_error_envelope,
+    method_not_allowed=lambda method: f"method {_go_quote(method)} not allowed",
+    internal="internal server error",
+    label="guest ",
+)
 
 
 _GO_ESCAPES = {
@@ -329,7 +336,7 @@ class GuestAPI:
         self, lifecycle: Lifecycle, identify: Identify | None = None, location: str = "none"
     ) -> None:
         self.lifecycle = lifecycle
-        self.identify = identify or certificate_identifier(lifecycle.store)
+        self.identify = identify or certificate_identifier(lifecycle.state.store)
         self.location = location
 
     def caller(self, request: IRequest) -> InstanceRecord:
@@ -343,25 +350,8 @@ class GuestAPI:
 
     @app.handle_errors(Exception)
     def _handle_error(self, request: IRequest, failure: Failure) -> bytes:
-        """VMReadyError → its status and message; routing errors → LXD's; else a logged 500."""
-        error = failure.value
-        if isinstance(error, VMReadyError):
-            return _error(request, error.http_status, error.message)
-        if isinstance(error, MethodNotAllowed):
-            if error.valid_methods:
-                request.setHeader(b"Allow", ", ".join(sorted(error.valid_methods)).encode())
-            method = request.method.decode("latin-1")
-            return _error(request, 405, f"method {_go_quote(method)} not allowed")
-        if isinstance(error, HTTPException):
-            code = error.code or 500
-            return _error(request, code, "not found" if code == 404 else str(error.name).lower())
-        self.log.failure(
-            "guest {method} {path} failed",
-            failure,
-            method=request.method.decode("ascii", "replace"),
-            path=request.path.decode("utf-8", "replace"),
-        )
-        return _error(request, 500, "internal server error")
+        """Errors as devlxd words them (``vmready.api.web.handle_error``)."""
+        return handle_error(request, failure, GUEST_ERRORS, self.log)
 
     # -- routes -----------------------------------------------------------
 
@@ -462,7 +452,7 @@ class GuestAPI:
             for guest_event in feed.feed(event):
                 stream.deliver(guest_event)
 
-        unsubscribe = self.lifecycle.events.subscribe(deliver, frozenset({LIFECYCLE}))
+        unsubscribe = self.lifecycle.state.events.subscribe(deliver, frozenset({LIFECYCLE}))
         # Klein cancels this when the connection is lost; ``end`` fires it otherwise.
         done: Deferred[None] = Deferred(lambda _: unsubscribe())
         # Headers now: a guest that saw them knows it is subscribed.

@@ -36,18 +36,16 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import http
 from twisted.web.iweb import IRequest
-from werkzeug.exceptions import HTTPException
 from zope.interface import implementer
 
 import vmready
 from vmready.agentlink.transport import TRANSPORT_KEY
-from vmready.api.web import json_response, sync_response
+from vmready.api.web import ErrorStyle, handle_error, json_response, sync_response
 from vmready.domain.model import (
     BadRequest,
     InstanceRecord,
     NotFound,
     PayloadTooLarge,
-    VMReadyError,
 )
 from vmready.domain.states import StatusCode, VMState
 from vmready.hypervisor.accel import ACCEL_KEY, ACCEL_REASON_KEY, CURRENT_ACCEL_KEY
@@ -196,9 +194,22 @@ def _async(request: IRequest, operation: Operation) -> bytes:
     )
 
 
-def _error(request: IRequest, code: int, message: str) -> bytes:
+def _error_envelope(code: int, message: str) -> dict[str, Any]:
     """LXD's error envelope."""
-    return json_response(request, code, {"type": "error", "error": message, "error_code": code})
+    return {"type": "error", "error": message, "error_code": code}
+
+
+def _error(request: IRequest, code: int, message: str) -> bytes:
+    """An error answered outside the error handler (a stream that cannot start, say)."""
+    return json_response(request, code, _error_envelope(code, message))
+
+
+OPERATOR_ERRORS = ErrorStyle(
+    envelope=_error_envelope,
+    method_not_allowed=lambda method: "method not allowed",
+    internal="internal error",
+    label="",
+)
 
 
 def read_json_body(request: IRequest, limit: int = MAX_BODY_BYTES) -> dict[str, Any]:
@@ -376,22 +387,8 @@ class OperatorAPI:
 
     @app.handle_errors(Exception)
     def _handle_error(self, request: IRequest, failure: Failure) -> bytes:
-        """VMReadyError → its status and message; routing errors → theirs; else a logged 500."""
-        error = failure.value
-        if isinstance(error, VMReadyError):
-            return _error(request, error.http_status, error.message)
-        if isinstance(error, HTTPException):
-            code = error.code or _ERROR_CODE_DEFAULT
-            if code == 405:
-                return _error(request, code, "method not allowed")
-            return _error(request, code, "not found" if code == 404 else str(error.name).lower())
-        self.log.failure(
-            "{method} {path} failed",
-            failure,
-            method=request.method.decode("ascii", "replace"),
-            path=request.path.decode("utf-8", "replace"),
-        )
-        return _error(request, _ERROR_CODE_DEFAULT, "internal error")
+        """Errors as the operator API words them (``vmready.api.web.handle_error``)."""
+        return handle_error(request, failure, OPERATOR_ERRORS, self.log)
 
     # -- server -----------------------------------------------------------
 
@@ -486,7 +483,10 @@ class OperatorAPI:
         """The instance's snapshots, oldest first."""
         return sync_response(
             request,
-            [snapshot_json(snapshot) for snapshot in self.lifecycle.store.list_snapshots(name)],
+            [
+                snapshot_json(snapshot)
+                for snapshot in self.lifecycle.state.store.list_snapshots(name)
+            ],
         )
 
     @app.route("/1.0/instances/<name>/snapshots", methods=["POST"])
@@ -570,7 +570,7 @@ class OperatorAPI:
     @app.route("/1.0/instances/<name>/actions", methods=["GET"])
     def list_actions(self, request: IRequest, name: str) -> bytes:
         """The instance's action history (kept after delete), newest first, with steps."""
-        actions = self.lifecycle.store.list_actions(name)
+        actions = self.lifecycle.state.store.list_actions(name)
         if not actions:
             self.lifecycle.get(name)
         return sync_response(request, [action.to_json() for action in actions])
@@ -588,7 +588,7 @@ class OperatorAPI:
         web_request = cast(http.Request, request)
         stream = EventStream(web_request)
         web_request.registerProducer(stream, True)
-        unsubscribe = self.lifecycle.events.subscribe(stream.deliver, types)
+        unsubscribe = self.lifecycle.state.events.subscribe(stream.deliver, types)
         # Headers now: a client that saw them knows it is subscribed.
         request.write(b"")
 
@@ -602,7 +602,9 @@ class OperatorAPI:
         """Operations grouped by status, as URLs or (``recursion=1``) objects."""
         recursion = _recursion(request)
         grouped: dict[str, list[Any]] = {}
-        for operation in sorted(self.lifecycle.operations.list(), key=lambda op: op.created_at):
+        for operation in sorted(
+            self.lifecycle.state.operations.list(), key=lambda op: op.created_at
+        ):
             item = operation.to_json()
             key = str(item["status"]).lower()
             grouped.setdefault(key, []).append(
@@ -613,17 +615,19 @@ class OperatorAPI:
     @app.route("/1.0/operations/<operation_id>", methods=["GET"])
     def get_operation(self, request: IRequest, operation_id: str) -> bytes:
         """One operation."""
-        return sync_response(request, self.lifecycle.operations.get(operation_id).to_json())
+        return sync_response(request, self.lifecycle.state.operations.get(operation_id).to_json())
 
     @app.route("/1.0/operations/<operation_id>/wait", methods=["GET"])
     async def wait_operation(self, request: IRequest, operation_id: str) -> bytes:
         """The operation once done, or as it is when ``?timeout=S`` runs out (-1: no limit)."""
-        operation = self.lifecycle.operations.get(operation_id)
+        operation = self.lifecycle.state.operations.get(operation_id)
         timeout = _seconds(_query(request, "timeout"), "timeout")
         if not operation.done:
             done = operation.when_done()
             if timeout is None:
                 await done
             else:
-                await race([done, deferLater(self.lifecycle.clock, timeout, lambda: operation)])
+                await race(
+                    [done, deferLater(self.lifecycle.state.clock, timeout, lambda: operation)]
+                )
         return sync_response(request, operation.to_json())

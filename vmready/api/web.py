@@ -1,4 +1,4 @@
-"""What vmready's HTTP servers share: their Request class and LXD's JSON envelope.
+"""What vmready's HTTP servers share: their Request class, LXD's envelopes, one error handler.
 
 The Request class is fit for unix sockets and vsock.
 
@@ -11,18 +11,32 @@ request is answered as addressed to ``localhost``.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
+import attrs
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IConsumer
+from twisted.logger import Logger
+from twisted.python.failure import Failure
 from twisted.web.iweb import IBodyProducer, IRequest
 from twisted.web.resource import IResource
 from twisted.web.server import Request, Site
+from werkzeug.exceptions import HTTPException, MethodNotAllowed
 from zope.interface import implementer
 
+from vmready.domain.model import VMReadyError
 from vmready.domain.states import StatusCode
 
-__all__ = ["BytesProducer", "LocalRequest", "json_response", "local_site", "sync_response"]
+__all__ = [
+    "BytesProducer",
+    "ErrorStyle",
+    "LocalRequest",
+    "handle_error",
+    "json_response",
+    "local_site",
+    "sync_response",
+]
 
 
 class LocalRequest(Request):
@@ -63,6 +77,52 @@ def sync_response(request: IRequest, metadata: Any) -> bytes:
             "metadata": metadata,
         },
     )
+
+
+@attrs.frozen
+class ErrorStyle:
+    """How one server words its errors; ``handle_error`` decides which error it is.
+
+    ``envelope`` turns a status and a message into the response body;
+    ``method_not_allowed`` words a 405 for the request's method; ``internal``
+    is the message of a 500; ``label`` starts the log line of a 500.
+    """
+
+    envelope: Callable[[int, str], Any]
+    method_not_allowed: Callable[[str], str]
+    internal: str
+    label: str
+
+
+def handle_error(request: IRequest, failure: Failure, style: ErrorStyle, log: Logger) -> bytes:
+    """The one place an exception becomes a response, for both of vmready's HTTP servers.
+
+    A ``VMReadyError`` answers its status and message; a routing error (404,
+    405 with an ``Allow`` header) answers its status; anything else is logged
+    with its traceback and answers a 500 that says nothing more.
+    """
+
+    def answer(code: int, message: str) -> bytes:
+        return json_response(request, code, style.envelope(code, message))
+
+    error = failure.value
+    if isinstance(error, VMReadyError):
+        return answer(error.http_status, error.message)
+    if isinstance(error, MethodNotAllowed):
+        if error.valid_methods:
+            request.setHeader(b"Allow", ", ".join(sorted(error.valid_methods)).encode())
+        return answer(405, style.method_not_allowed(request.method.decode("latin-1")))
+    if isinstance(error, HTTPException):
+        code = error.code or 500
+        return answer(code, "not found" if code == 404 else str(error.name).lower())
+    log.failure(
+        "{label}{method} {path} failed",
+        failure,
+        label=style.label,
+        method=request.method.decode("ascii", "replace"),
+        path=request.path.decode("utf-8", "replace"),
+    )
+    return answer(500, style.internal)
 
 
 @implementer(IBodyProducer)

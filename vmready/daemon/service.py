@@ -147,15 +147,15 @@ class VMReadyService(MultiService):
             serial_layout=SERIAL_LAYOUTS[config.serial_layout],
             settings=settings,
         )
-        lifecycle.kvm_problem = kvm_device_problem()
+        lifecycle.state.kvm_problem = kvm_device_problem()
         self.log.info(
             "new VMs reach the guest API over {transport}; KVM: {kvm}",
             transport=transport,
-            kvm=lifecycle.kvm_problem or "the device opens (a first guest proves it runs)",
+            kvm=lifecycle.state.kvm_problem or "the device opens (a first guest proves it runs)",
         )
 
         # Always present: an instance may ask to be recorded (vmready.record=true).
-        self.recorders = lifecycle.recorders = Recorders(
+        self.recorders = lifecycle.state.recorders = Recorders(
             lifecycle,
             config.transcript_dir,
             record_all=config.record_dir is not None,
@@ -206,7 +206,7 @@ class VMReadyService(MultiService):
         transport = (
             f"hvsock:{address.path}" if isinstance(address, HybridVSockAddress) else "vsock"
         )
-        self.lifecycle.guest = GuestLink(
+        self.lifecycle.state.guest = GuestLink(
             address.port, server.cert_pem, transport, self.config.agent_poll, forward
         )
         self.log.info(
@@ -227,12 +227,12 @@ class VMReadyService(MultiService):
     async def _judge_kvm(self) -> None:
         """Load what this host taught earlier daemons about KVM (per kernel and QEMU build)."""
         assert self.lifecycle is not None
-        driver = self.lifecycle.driver
+        driver = self.lifecycle.state.driver
         version = await _program_version(self.reactor, driver.program)
         key = f"{os.uname().release}|{driver.program_name}|{version}"
         path = os.path.join(self.config.data_dir, KVM_VERDICT_FILE)
-        self.lifecycle.kvm = KVMVerdicts(path, key)
-        verdict = self.lifecycle.kvm.verdict
+        self.lifecycle.state.kvm = KVMVerdicts(path, key)
+        verdict = self.lifecycle.state.kvm.verdict
         if verdict is not None:
             self.log.info(
                 "KVM on this host: {works} ({reason})",

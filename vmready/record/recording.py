@@ -163,7 +163,7 @@ class Recorders:
         # again (recording switched off and on) is no daemon start.
         self._opened: set[str] = set()
         self._keyed = self._any_keyed()
-        self._unsubscribe = lifecycle.events.subscribe(self._event, frozenset({LIFECYCLE}))
+        self._unsubscribe = lifecycle.state.events.subscribe(self._event, frozenset({LIFECYCLE}))
 
     @property
     def maybe_recording(self) -> bool:
@@ -173,7 +173,7 @@ class Recorders:
     def _any_keyed(self) -> bool:
         return any(
             record.config.get(RECORD_KEY) == "true"
-            for record in self.lifecycle.store.list_instances()
+            for record in self.lifecycle.state.store.list_instances()
         )
 
     def wanted(self, record: InstanceRecord) -> bool:
@@ -189,7 +189,7 @@ class Recorders:
             return self._decided[name]
         if not self.maybe_recording:
             return None
-        record = self.lifecycle.store.find_instance(name)
+        record = self.lifecycle.state.store.find_instance(name)
         recorder = None
         if record is not None and self.wanted(record):
             try:
@@ -209,7 +209,7 @@ class Recorders:
 
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
         lifecycle = self.lifecycle
-        guest = lifecycle.guest
+        guest = lifecycle.state.guest
         layout = self.layout_for(record)
         spec = lifecycle.spec_for(record, layout)
         creating = record.vm_state.value == "building"
@@ -263,7 +263,7 @@ class Recorders:
         """
         if record.vm_state in _RUNNING:
             return self.lifecycle.layout_of(record)
-        return self.lifecycle.serial_layout
+        return self.lifecycle.state.serial_layout
 
     def _event(self, event: Event) -> None:
         source = str(event.metadata.get("source", ""))

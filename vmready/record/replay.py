@@ -369,8 +369,8 @@ class ReplaySession:
             f"{self._base}/run",
             serial_layout=self.layout,
         )
-        lifecycle.guest = GuestLink(port, _SERVER_PEM, "hvsock:/replay", self.intervals)
-        lifecycle.recorders = _HookLookup(self.hooks)
+        lifecycle.state.guest = GuestLink(port, _SERVER_PEM, "hvsock:/replay", self.intervals)
+        lifecycle.state.recorders = _HookLookup(self.hooks)
         self.lifecycle = lifecycle
         self.agent = RequestTraversalAgent(GuestAPI(lifecycle, self._identify).app.resource())
         return lifecycle
@@ -727,7 +727,7 @@ class ReplaySession:
         if entry.kind == "ring-read" and self._reads and self._reads[0] is entry:
             # The recorded host read at this moment: so does this one (a poll at once, as
             # after a QMP event), so what it reads is seen in step with the guest's requests.
-            monitor = self.lifecycle.monitors.get(self.name) if self.lifecycle else None
+            monitor = self.lifecycle.state.monitors.get(self.name) if self.lifecycle else None
             if monitor is not None:
                 monitor.qmp_event()
                 self._settle()
@@ -791,7 +791,7 @@ class ReplaySession:
         """Let go of everything (nothing real runs; only the temporary run dir remains)."""
         if self.lifecycle is not None:
             self._stop_core()
-            self.lifecycle.operations.stop()
+            self.lifecycle.state.operations.stop()
         for call in self.clock.getDelayedCalls():
             if call.active():
                 call.cancel()

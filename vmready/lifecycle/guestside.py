@@ -1,0 +1,142 @@
+"""The guest's side of an instance: Ready, its agent identity, its config drive."""
+
+from __future__ import annotations
+
+import os
+
+from twisted.logger import Logger
+
+from vmready.agentlink.transport import (
+    FORWARD_GUEST_NETWORK_ADDRESS,
+    TRANSPORT_KEY,
+    forward_mac,
+)
+from vmready.domain.model import (
+    Conflict,
+    InstanceRecord,
+)
+from vmready.domain.states import READY_KEY
+from vmready.hypervisor.cmdline import (
+    SerialLayout,
+)
+from vmready.hypervisor.configdrive import (
+    AGENT_CONFIG,
+    USER_DATA_KEY,
+    write_identity,
+    write_settings,
+)
+from vmready.lifecycle.state import (
+    LifecycleState,
+    agent_port_name,
+    fakeqemu_guest_paths,
+)
+from vmready.trust.certs import CertificatePair, generate, write_private
+
+
+class GuestSide:
+    """The guest's side of an instance: Ready, its agent identity, its config drive."""
+
+    log = Logger()
+
+    def __init__(self, state: LifecycleState) -> None:
+        self.state = state
+
+    def set_ready(self, name: str, ready: bool) -> InstanceRecord:
+        """The guest's workload declared itself Ready (or withdrew it: Started).
+
+        Ready sets ``volatile.last_state.ready`` to "true" and emits
+        ``instance-ready`` every time; Started sets "false" with no event.  An
+        instance without a running VM cannot be ready: Conflict.
+        """
+        record = self.state.store.get_instance(name)
+        if not self.state.has_vm(name):
+            raise Conflict(f"Instance {name} is not running")
+        if record.ready != ready or READY_KEY not in record.config:
+            record = self.state.store.update_config(
+                name, {READY_KEY: "true" if ready else "false"}
+            )
+            self.state.publish_state(record)
+        if ready:
+            self.state.events.lifecycle("instance-ready", name)
+        return record
+
+    def issue_agent_identity(self, record: InstanceRecord) -> CertificatePair | None:
+        """A fresh client certificate for the instance's agent, and its config drive.
+
+        The store keeps only the fingerprint: whoever presents this certificate
+        is this instance, and nothing else is.  Without a guest API (no
+        ``guest``) there is nothing to issue.
+        """
+        guest = self.state.guest
+        if guest is None:
+            return None
+        pair = generate(f"vmready-agent-{record.name}")
+        self.state.store.set_agent_certificate(record.name, pair.fingerprint)
+        write_identity(self.state.config_drive(record), pair, guest.server_cert_pem)
+        self.refresh_config_drive(record)
+        return pair
+
+    def refresh_config_drive(
+        self,
+        record: InstanceRecord,
+        layout: SerialLayout | None = None,
+        transport: str | None = None,
+    ) -> None:
+        """Write the drive's settings, agent, loader and cloud-init files for the next boot."""
+        guest = self.state.guest
+        if guest is None:
+            return
+        transport = transport or record.config.get(TRANSPORT_KEY, self.state.settings.transport)
+        spec = self.state.spec_for(record, layout=layout, transport=transport)
+        wired = agent_port_name(spec)
+        # A real guest dials vsock (a forward CONNECT names its own address); a fakeqemu
+        # guest, a host process, dials the daemon's hybrid vsock sockets.
+        dial = guest.transport if self.state.driver.kind == "fakeqemu" else "vsock"
+        settings: dict[str, str] = {"instance": record.name, "transport": dial}
+        if wired is not None:
+            settings["port"] = wired
+        if transport == "forward":
+            settings["network_mac"] = forward_mac(record.uuid)
+            settings["network_address"] = FORWARD_GUEST_NETWORK_ADDRESS
+        if self.state.driver.kind == "fakeqemu":
+            # A fakeqemu guest is a host process: its devices are sockets in the run dir.
+            settings.update(fakeqemu_guest_paths(spec))
+        write_settings(
+            self.state.config_drive(record),
+            settings,
+            self.state.settings.drive,
+            record.uuid,
+            record.name,
+            record.config.get(USER_DATA_KEY, ""),
+            record.config.get("user.meta-data", ""),
+        )
+
+    def ensure_agent_identities(self) -> int:
+        """Issue certificates to instances that have none (created before the guest API).
+
+        A config drive whose ``server.crt`` is not the daemon's (the operator
+        issued a new pair) gets the new one, so its agent can pin it again.
+        """
+        issued = 0
+        for record in self.state.store.list_instances():
+            drive = self.state.config_drive(record)
+            self._refresh_pinned_certificate(record, drive)
+            missing = not os.path.exists(os.path.join(drive, AGENT_CONFIG))
+            if missing and self.issue_agent_identity(record) is not None:
+                issued += 1
+        return issued
+
+    def _refresh_pinned_certificate(self, record: InstanceRecord, drive: str) -> None:
+        guest = self.state.guest
+        path = os.path.join(drive, "server.crt")
+        if guest is None or not os.path.exists(path):
+            return
+        with open(path, "rb") as f:
+            if f.read() == guest.server_cert_pem:
+                return
+        write_private(path, guest.server_cert_pem)
+        self.log.warn(
+            "{name}: the daemon's certificate changed; wrote the new one to its config drive "
+            "(its agent reads it when it restarts)",
+            name=record.name,
+        )

@@ -1,0 +1,229 @@
+"""Power sync and daemon-start recovery.
+
+The store made to agree with the VMs that really run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from twisted.internet.defer import Deferred, gatherResults
+from twisted.logger import Logger
+
+from vmready.domain.model import (
+    HypervisorError,
+    InstanceRecord,
+    VMReadyError,
+)
+from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
+from vmready.hypervisor.driver import (
+    RunningVM,
+)
+from vmready.lifecycle.actions import Actions
+from vmready.lifecycle.state import (
+    _RUNNING_STATES,
+    _TASKS_RESOLVED_BY_A_RUNNING_VM,
+    LifecycleState,
+)
+from vmready.lifecycle.watching import Watching
+
+
+class Recovery:
+    """Power sync and daemon-start recovery.
+
+    The store made to agree with the VMs that really run.
+    """
+
+    log = Logger()
+
+    def __init__(self, state: LifecycleState, actions: Actions, watching: Watching) -> None:
+        self.state = state
+        self.actions = actions
+        self.watching = watching
+
+    async def sync_power_states(self) -> None:
+        """One reconciliation round, all instances at once; errors and tasks are left alone."""
+        idle = [
+            record
+            for record in self.state.store.list_instances()
+            if record.vm_state is not VMState.ERROR and record.task_state is None
+        ]
+        await gatherResults(
+            [Deferred.fromCoroutine(self._sync_guarded(record)) for record in idle],
+            consumeErrors=True,
+        )
+
+    async def _sync_guarded(self, record: InstanceRecord) -> None:
+        try:
+            await self._sync_one(record)
+        except VMReadyError as e:
+            self.log.warn("power sync of {name}: {error}", name=record.name, error=e.message)
+
+    async def _sync_one(self, record: InstanceRecord) -> None:
+        vm = self.state.vms.get(record.name)
+        should_run = record.vm_state in _RUNNING_STATES and (
+            record.power_state is not PowerState.SHUTDOWN
+        )
+        # QEMU announced SHUTDOWN (a guest power-off) and has not exited yet.
+        shutting_down = (
+            record.vm_state in _RUNNING_STATES and record.power_state is PowerState.SHUTDOWN
+        )
+        if vm is None or vm.gone:
+            if should_run or shutting_down:
+                await self._adopt_or_settle(record, "VM not running: no QEMU process answers")
+            elif await self.state.driver.kill_owned(self.state.spec_for(record)):
+                self.state.history(
+                    record.name,
+                    "power-sync",
+                    "a VM was running while the instance is stopped; stopped it",
+                )
+            return
+        if shutting_down:
+            return  # its exit settles the instance (stopped, with the guest's reason)
+        if not should_run:
+            self.watching.detach(record.name)
+            await vm.force_stop()
+            self.state.history(
+                record.name,
+                "power-sync",
+                "a VM was running while the instance is stopped; stopped it",
+            )
+            return
+        try:
+            power = await vm.query_power_state()
+        except HypervisorError as e:
+            # A monitor that stops answering is not a running VM anyone can manage.
+            current = self.state.store.find_instance(record.name)
+            if current is not None and current.task_state is None:
+                self.watching.detach(record.name)
+                self.state.history(record.name, "power-sync", e.message, ok=False)
+                self.watching.fail_idle(current, e.message, PowerState.NOSTATE)
+                await vm.detach()  # hang up on the monitor; the VM itself is left as it is
+            return
+        current = self.state.store.find_instance(record.name)
+        if current is not None and current.task_state is None and power is not current.power_state:
+            self.state.publish_state(self.state.store.set_power_state(record.name, power))
+
+    async def _adopt_or_settle(self, record: InstanceRecord, why: str) -> None:
+        """Re-attach the instance's VM; if none runs, it is stopped; if it won't answer, error."""
+        try:
+            adopted = await self.state.driver.adopt(self.state.spec_for(record))
+        except HypervisorError as e:
+            current = self.state.store.find_instance(record.name)
+            if current is not None and current.task_state is None:
+                self.watching.fail_idle(current, e.message, PowerState.NOSTATE)
+            return
+        if adopted is not None:
+            self.watching.attach(record.name, adopted, advertise=True)
+            return
+        updated = self.state.store.settle(
+            record.name,
+            _RUNNING_STATES,
+            VMState.STOPPED,
+            PowerState.SHUTDOWN,
+            {READY_KEY: "false"},
+        )
+        if updated is not None:
+            self.state.history(record.name, "power-sync", why)
+            self.state.publish_state(updated)
+            self.state.events.lifecycle("instance-stopped", record.name, {"reason": why})
+
+    async def recover(self) -> None:
+        """At daemon start: clear Ready, close interrupted actions, re-adopt or resolve VMs."""
+        cleared = self.state.store.clear_ready_everywhere()
+        self.log.info("cleared {key} on {count} instances", key=READY_KEY, count=cleared)
+        for action in self.state.store.unfinished_actions():
+            self.state.store.finish_action(action.id, "error", "daemon stopped during the action")
+        for record in self.state.store.list_instances():
+            try:
+                await self._recover_one(record)
+            except VMReadyError as e:
+                await self._recovery_failed(record, e.message)
+
+    async def _recovery_failed(self, record: InstanceRecord, why: str) -> None:
+        """Whatever went wrong re-adopting an instance, it must not stay mid-task: error."""
+        self.log.warn("recovering {name}: {error}", name=record.name, error=why)
+        vm = self.state.vms.get(record.name)
+        self.watching.detach(record.name)
+        if vm is not None:
+            await vm.detach()
+        try:
+            await self.state.driver.kill_owned(self.state.spec_for(record))
+        except HypervisorError as e:
+            why = f"{why}; {e.message}"
+        current = self.state.store.find_instance(record.name)
+        if current is None:
+            return
+        task = current.task_state
+        reason = f"daemon stopped during {task.value}; {why}" if task else why
+        self.state.history(record.name, "recover", reason, ok=False)
+        self.watching.fail_idle(current, reason, PowerState.NOSTATE)
+
+    async def _recover_one(self, record: InstanceRecord) -> None:
+        task = record.task_state
+        if task is None:
+            should_run = record.vm_state in _RUNNING_STATES and (
+                record.power_state is not PowerState.SHUTDOWN
+            )
+            if should_run:
+                await self._adopt_or_settle(record, "VM was not running when the daemon started")
+            elif record.vm_state is not VMState.ERROR:
+                # Stopped (or resized while stopped): it must not have a VM; stop any that runs.
+                await self.state.driver.kill_owned(self.state.spec_for(record))
+            return
+        reason = f"daemon stopped during {task.value}"
+        try:
+            adopted = await self.state.driver.adopt(self.state.spec_for(record))
+        except HypervisorError as e:
+            await self.state.driver.kill_owned(self.state.spec_for(record))
+            self.watching.fail_idle(record, f"{reason}; {e.message}", PowerState.NOSTATE)
+            return
+        if adopted is not None:
+            self.watching.attach(record.name, adopted, advertise=True)
+        if task is TaskState.DELETING:
+            await self._stop_adopted(record.name, adopted)
+            self.actions.forget(record, reason)
+            return
+        if task is TaskState.POWERING_OFF:
+            await self._stop_adopted(record.name, adopted)
+            self._resolve(record, task, VMState.STOPPED, PowerState.SHUTDOWN)
+            return
+        if task is TaskState.SNAPSHOTTING:
+            # The snapshot was not recorded (its row is written last); the VM may be paused
+            # mid-save: let it run on. A partial directory is replaced by the next snapshot.
+            if adopted is None:
+                self._resolve(record, task, VMState.STOPPED, PowerState.SHUTDOWN)
+                return
+            with contextlib.suppress(HypervisorError):
+                await adopted.resume()
+            power = await adopted.query_power_state()
+            vm_state = VMState.PAUSED if power is PowerState.PAUSED else VMState.ACTIVE
+            self._resolve(record, task, vm_state, power)
+            return
+        if adopted is not None and task in _TASKS_RESOLVED_BY_A_RUNNING_VM:
+            power = await adopted.query_power_state()
+            vm_state = VMState.PAUSED if power is PowerState.PAUSED else VMState.ACTIVE
+            self._resolve(record, task, vm_state, power)
+            return
+        if task is TaskState.POWERING_ON and adopted is None:
+            self._resolve(record, task, VMState.STOPPED, PowerState.SHUTDOWN)
+            return
+        await self._stop_adopted(record.name, adopted)
+        self._resolve_error(record, reason)
+
+    async def _stop_adopted(self, name: str, adopted: RunningVM | None) -> None:
+        if adopted is not None:
+            self.watching.detach(name)
+            await adopted.force_stop()
+
+    def _resolve_error(self, record: InstanceRecord, reason: str) -> None:
+        """A task that cannot be finished after a restart ends in error, saying so."""
+        self.state.history(record.name, "recover", reason, ok=False)
+        self.watching.fail_idle(record, reason, PowerState.NOSTATE)
+
+    def _resolve(
+        self, record: InstanceRecord, task: TaskState, vm_state: VMState, power: PowerState
+    ) -> None:
+        detail = f"daemon stopped during {task.value}; now {vm_state}"
+        self.state.history(record.name, "recover", detail)
+        self.state.publish_state(self.state.store.finish_task(record.name, task, vm_state, power))

@@ -1,0 +1,174 @@
+"""Snapshots and restores.
+
+Config, and for a stateful one the VM's memory through QMP migrate.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any
+
+import attrs
+from twisted.internet.task import deferLater
+from twisted.logger import Logger
+
+from vmready.domain.model import (
+    HypervisorError,
+    InstanceRecord,
+    NotFound,
+    VMReadyError,
+)
+from vmready.domain.states import READY_KEY, PowerState, VMState
+from vmready.hypervisor.driver import (
+    read_log_lines,
+)
+from vmready.hypervisor.snapshots import (
+    STATE_FILE,
+    snapshot_directory,
+    write_metadata,
+)
+from vmready.lifecycle.booting import Booting
+from vmready.lifecycle.state import (
+    _RESTORE_POLL_SECONDS,
+    RESTORE_TIMEOUT,
+    ActionContext,
+    LifecycleState,
+    _config_updates,
+    _restored_config,
+    _snapshotted,
+    run_dir_name,
+)
+
+
+class Snapshotting:
+    """Snapshots and restores.
+
+    Config, and for a stateful one the VM's memory through QMP migrate.
+    """
+
+    log = Logger()
+
+    def __init__(self, state: LifecycleState, booting: Booting) -> None:
+        self.state = state
+        self.booting = booting
+
+    def restored_record(self, record: InstanceRecord, metadata: dict[str, Any]) -> InstanceRecord:
+        """The instance as it will be once the snapshot's config is back (not stored)."""
+        return attrs.evolve(record, config=_restored_config(record.config, metadata))
+
+    async def do_snapshot(
+        self, context: ActionContext, record: InstanceRecord, snapshot: str, stateful: bool
+    ) -> None:
+        name = snapshot
+        directory = snapshot_directory(self.state.snapshot_root, run_dir_name(record.uuid), name)
+        running = self.state.has_vm(record.name)
+        spec = self.state.spec_for(record)
+        metadata: dict[str, Any] = {
+            "config": {key: value for key, value in record.config.items() if _snapshotted(key)},
+            "layout": self.state.layout_of(record).name,
+            "device_set": spec.device_set(),
+            "state": STATE_FILE if stateful else None,
+        }
+        shutil.rmtree(directory, ignore_errors=True)  # a leftover of a snapshot that failed
+        os.makedirs(directory, mode=0o700)
+        try:
+            if stateful:
+                vm = self.state.vm(record.name)
+                try:
+                    await vm.migrate_to_file(os.path.join(directory, STATE_FILE))
+                finally:
+                    if not vm.gone:
+                        await vm.resume()
+            write_metadata(directory, metadata)
+            self.state.store.create_snapshot(record.name, name, stateful, metadata)
+        except VMReadyError as e:
+            shutil.rmtree(directory, ignore_errors=True)
+            vm_alive = self.state.has_vm(record.name)
+            if vm_alive == running:
+                # The VM runs on as before (or was never running): nothing to put in error.
+                context.abandon(
+                    VMState.ACTIVE if running else VMState.STOPPED,
+                    PowerState.RUNNING if running else None,
+                    e.message,
+                )
+                self.state.events.lifecycle(
+                    "instance-snapshot-failed", record.name, {"snapshot": name, "error": e.message}
+                )
+            raise
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+        if running:
+            context.finish(VMState.ACTIVE, PowerState.RUNNING)
+        else:
+            context.finish(VMState.STOPPED)
+        self.state.events.lifecycle(
+            "instance-snapshot-created", record.name, {"snapshot": name, "stateful": stateful}
+        )
+
+    async def do_restore(
+        self,
+        context: ActionContext,
+        record: InstanceRecord,
+        snapshot: str,
+        stateful: bool,
+        force: bool,
+    ) -> None:
+        name = snapshot
+        found = self.state.store.find_snapshot(record.name, name)
+        if found is None:
+            raise NotFound(f"Snapshot {name} of instance {record.name} not found")
+        metadata = found["metadata"]
+        was_running = self.state.has_vm(record.name)
+        if was_running or record.vm_state is VMState.ERROR:
+            await self.booting.power_off(context, record.name, 0, force=True)
+        updates = _config_updates(record.config, _restored_config(record.config, metadata))
+        restored = self.state.store.update_config(record.name, {**updates, READY_KEY: "false"})
+        if stateful:
+            directory = snapshot_directory(
+                self.state.snapshot_root, run_dir_name(record.uuid), name
+            )
+            saved = metadata.get("device_set", {})
+            accel = saved.get("accel") if saved.get("accel") in ("kvm", "tcg") else None
+            state = os.path.join(directory, STATE_FILE)
+            await self._load_state(context, restored, state, accel)
+            context.finish(VMState.ACTIVE, PowerState.RUNNING)
+        elif was_running:
+            await self.booting.launch(restored)
+            context.finish(VMState.ACTIVE, PowerState.RUNNING)
+        else:
+            context.finish(VMState.STOPPED, PowerState.SHUTDOWN)
+        self.state.events.lifecycle(
+            "instance-restored", record.name, {"snapshot": name, "stateful": stateful}
+        )
+
+    async def _load_state(
+        self, context: ActionContext, record: InstanceRecord, path: str, accel: str | None
+    ) -> None:
+        """Start the VM from a saved state; QEMU's own lines if it cannot load it."""
+        if not os.path.isfile(path):
+            # QEMU would wait for the stream forever (measured): say what is missing instead.
+            raise HypervisorError(f"Failed restoring state from {path}: the file is missing")
+        try:
+            vm = await self.booting.launch(record, incoming=path, accel=accel)
+        except HypervisorError as e:
+            raise HypervisorError(f"Failed restoring state from {path}: {e.message}") from e
+        deadline = self.state.clock.seconds() + RESTORE_TIMEOUT
+        while not vm.gone:
+            power = await vm.query_power_state()
+            if power is PowerState.RUNNING:
+                context.note(f"loaded the state from {path}")
+                return
+            if self.state.clock.seconds() >= deadline:
+                raise HypervisorError(
+                    f"Failed restoring state from {path}: QEMU did not finish loading it "
+                    f"within {RESTORE_TIMEOUT:g}s"
+                )
+            await deferLater(self.state.clock, _RESTORE_POLL_SECONDS, lambda: None)
+        gone = await vm.when_gone()
+        await self.state.driver.wait_released(vm.spec)
+        # A daemonized QEMU reports a failed load only in its -D log.
+        lines = read_log_lines(vm.spec)
+        said = "\n".join(lines) if lines else gone.detail
+        raise HypervisorError(f"Failed restoring state from {path}: {said}")

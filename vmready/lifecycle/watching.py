@@ -1,0 +1,220 @@
+"""Following a running VM: its QMP events, its agent, and what its going away means."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from twisted.logger import Logger
+
+from vmready.agentlink.connectport import ConnectPort
+from vmready.agentlink.link import AgentLink, StatusChanged
+from vmready.agentlink.monitor import AgentMonitor
+from vmready.agentlink.transport import (
+    TRANSPORT_KEY,
+    connect_line,
+)
+from vmready.domain.model import (
+    InstanceRecord,
+)
+from vmready.domain.states import READY_KEY, PowerState, VMState
+from vmready.hypervisor.cmdline import (
+    UNRECORDED_LAYOUT,
+)
+from vmready.hypervisor.driver import (
+    RunningVM,
+    VMEvent,
+    VMEventKind,
+)
+from vmready.lifecycle.state import (
+    _RUNNING_STATES,
+    LAYOUT_KEY,
+    LifecycleState,
+    agent_chardev,
+    fakeqemu_guest_paths,
+)
+from vmready.protocols.qmp import QMPEvent
+
+
+class Watching:
+    """Following a running VM: its QMP events, its agent, and what its going away means."""
+
+    log = Logger()
+
+    def __init__(self, state: LifecycleState) -> None:
+        self.state = state
+
+    def attach(self, name: str, vm: RunningVM, advertise: bool = False) -> None:
+        """Follow ``vm``; ``advertise``: write CONNECT at once (its agent may know an old port)."""
+        record = self.state.store.find_instance(name)
+        if record is not None and LAYOUT_KEY not in record.config:
+            # Adopted from a vmready that did not record layouts: say which one it runs.
+            self.state.store.update_config(name, {LAYOUT_KEY: UNRECORDED_LAYOUT.name})
+        self.detach(name)
+        self.state.vms[name] = vm
+        undo = [vm.subscribe(lambda event: self._vm_event(name, vm, event))]
+        recorders = self.state.recorders
+        if recorders is not None:
+            # Recorded as it arrives, before the core (or the VM handle) reacts to it; the
+            # recorder is looked up each time (recording may be switched off and on).
+            def record_event(event: QMPEvent) -> None:
+                recorder = recorders.recorder_for(name)
+                if recorder is not None:
+                    recorder.qmp_event(event.name, event.data)
+
+            undo.append(vm.qmp.subscribe(record_event, first=True))
+        monitor = self._follow_agent(name, vm)
+        if monitor is not None:
+            undo.append(vm.qmp.subscribe(lambda _event: self._qmp_event(name)))
+            monitor.start(advertise)
+            frozen = record is not None and (
+                record.vm_state is VMState.PAUSED or record.power_state is PowerState.PAUSED
+            )
+            if frozen:
+                monitor.paused()  # adopted frozen: its agent cannot speak until unfrozen
+
+        def unsubscribe() -> None:
+            for step in undo:
+                step()
+
+        self.state.unsubscribe[name] = unsubscribe
+
+    def _follow_agent(self, name: str, vm: RunningVM) -> AgentMonitor | None:
+        guest = self.state.guest
+        chardev = agent_chardev(vm.spec)
+        if guest is None or chardev is None:
+            return None
+        record = self.state.store.find_instance(name)
+        transport = record.config.get(TRANSPORT_KEY, "hvsock") if record else "hvsock"
+        link = AgentLink(
+            name,
+            vm.spec.ring_size,
+            guest.port,
+            guest.intervals,
+            connect=connect_line(transport, guest.port),
+        )
+        recorders = self.state.recorders
+        # A VM started before vmready gave VMs a vmready.connect port has none.
+        has_port = os.path.exists(vm.spec.connect_socket)
+        monitor = AgentMonitor(
+            self.state.clock,
+            vm,
+            link,
+            chardev,
+            lambda change: self._agent_changed(name, change),
+            (lambda: recorders.recorder_for(name)) if recorders is not None else None,
+            ConnectPort(self.state.reactor, vm.spec.connect_socket, name) if has_port else None,
+        )
+        self.state.monitors[name] = monitor
+        return monitor
+
+    def _qmp_event(self, name: str) -> None:
+        """Any QMP event: the instance's agent monitor (whichever follows it now) reads at once."""
+        monitor = self.state.monitors.get(name)
+        if monitor is not None:
+            monitor.qmp_event()
+
+    def _agent_changed(self, name: str, change: StatusChanged) -> None:
+        self.state.last_agent_status[name] = change.current
+        self.state.events.lifecycle(
+            change.event_action,
+            name,
+            {"status": change.current.value, "previous": change.previous.value},
+        )
+
+    def detach(self, name: str, announce: bool = True) -> None:
+        unsubscribe = self.state.unsubscribe.pop(name, None)
+        if unsubscribe is not None:
+            unsubscribe()
+        self.state.vms.pop(name, None)
+        self._stop_following_agent(name, announce)
+
+    def _stop_following_agent(self, name: str, announce: bool = True) -> None:
+        monitor = self.state.monitors.pop(name, None)
+        if monitor is not None:
+            monitor.stop(announce)
+            self.state.last_agent_status[name] = monitor.status
+
+    def _vm_event(self, name: str, vm: RunningVM, event: VMEvent) -> None:
+        """QMP events of a VM we did not ask for: follow power state; a death is an error."""
+        record = self.state.store.find_instance(name)
+        if record is None or self.state.vms.get(name) is not vm:
+            return
+        if event.kind in (VMEventKind.GONE, VMEventKind.SHUTDOWN, VMEventKind.PANICKED):
+            # The guest OS is gone or going, whoever owns the instance now: so is its agent.
+            self._stop_following_agent(name)
+        monitor = self.state.monitors.get(name)
+        if monitor is not None:
+            if event.kind is VMEventKind.STOP:
+                monitor.paused()
+            elif event.kind is VMEventKind.RESUME:
+                monitor.resumed()
+        if record.task_state is not None:
+            return  # the running action owns the VM now
+        if event.kind is VMEventKind.PANICKED and record.vm_state is not VMState.ERROR:
+            self.state.store.update_config(name, {READY_KEY: "false"})
+            self.state.history(name, "guest-panicked", event.detail, ok=False)
+            self.fail_idle(
+                record,
+                f"{event.detail}; its console log may say why (vmready console {name} --show-log)",
+                PowerState.CRASHED,
+            )
+            return
+        if event.kind is VMEventKind.RESET:
+            self._guest_rebooted(record, vm)
+            return
+        if event.kind is VMEventKind.GONE:
+            self.detach(name)
+            self._vm_went_away(record, event)
+            return
+        if event.power_state is not None and event.power_state is not record.power_state:
+            if event.power_state in (PowerState.SHUTDOWN, PowerState.CRASHED) and record.ready:
+                # Not ready from the moment it stops, before its process is gone.
+                self.state.store.update_config(name, {READY_KEY: "false"})
+            self.state.publish_state(self.state.store.set_power_state(name, event.power_state))
+
+    def _guest_rebooted(self, record: InstanceRecord, vm: RunningVM) -> None:
+        """A reset is a new boot: its workload has not said Ready yet; its agent starts over."""
+        if record.ready:
+            self.state.publish_state(
+                self.state.store.update_config(record.name, {READY_KEY: "false"})
+            )
+        if self.state.driver.kind == "fakeqemu":
+            shutil.rmtree(fakeqemu_guest_paths(vm.spec)["state_dir"], ignore_errors=True)
+        self._stop_following_agent(record.name)
+        monitor = self._follow_agent(record.name, vm)
+        if monitor is not None:
+            monitor.start(advertise=False)
+
+    def _vm_went_away(self, record: InstanceRecord, event: VMEvent) -> None:
+        # The driver judges the exit: SHUTDOWN for a shutdown QEMU announced, CRASHED otherwise.
+        clean = event.power_state is PowerState.SHUTDOWN
+        self.state.history(record.name, "vm-exited", event.detail, ok=clean)
+        ready_false: dict[str, str | None] = {READY_KEY: "false"}
+        if record.vm_state is VMState.ERROR:
+            # The error stays; only note that its VM is gone too.
+            self.state.store.update_config(record.name, ready_false)
+            self.state.publish_state(
+                self.state.store.set_power_state(
+                    record.name, event.power_state or PowerState.CRASHED
+                )
+            )
+            return
+        if clean:
+            updated = self.state.store.settle(
+                record.name, _RUNNING_STATES, VMState.STOPPED, PowerState.SHUTDOWN, ready_false
+            )
+            if updated is not None:
+                self.state.publish_state(updated)
+                self.state.events.lifecycle(
+                    "instance-shutdown", record.name, {"reason": event.detail}
+                )
+            return
+        self.state.store.update_config(record.name, ready_false)
+        self.fail_idle(record, event.detail, PowerState.CRASHED)
+
+    def fail_idle(self, record: InstanceRecord, reason: str, power: PowerState) -> None:
+        """An instance with no task goes to error with ``reason``; the error persists."""
+        updated = self.state.store.set_error(record.name, reason, power)
+        self.state.publish_state(updated)
+        self.state.events.lifecycle("instance-error", record.name, {"error": reason})
