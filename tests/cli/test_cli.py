@@ -1,4 +1,4 @@
-"""vmready.cli.main: the real CLI against the operator API on a unix socket, in-process."""
+"""vmready.cli: the real CLI against the operator API on a unix socket, in-process."""
 
 from __future__ import annotations
 
@@ -28,7 +28,9 @@ from twisted.web.server import NOT_DONE_YET, Site
 import vmready
 from tests.fixtures import STARTED_UNDER_TCG, TCG_REASON, make_lifecycle
 from vmready.api.operator import OperatorAPI
-from vmready.cli.main import build_parser, run, to_yaml
+from vmready.cli.main import run
+from vmready.cli.output import to_yaml
+from vmready.cli.parser import build_parser
 from vmready.hypervisor.cmdline import LEGACY_LAYOUT
 from vmready.lifecycle.core import Lifecycle
 from vmready.protocols.ringbuffer import AgentStatus
