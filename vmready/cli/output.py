@@ -3,73 +3,27 @@
 from __future__ import annotations
 
 import json
-import re
+import math
 from collections.abc import Callable
 from typing import IO, Any
+
+import yaml
 
 __all__ = ["FORMATS", "Output", "to_yaml"]
 
 FORMATS = ("table", "json", "yaml")
 
 
-_PLAIN = re.compile(r"[A-Za-z_/.][A-Za-z0-9_./ :@+-]*")
-_YAML_WORDS = frozenset(
-    {"true", "false", "yes", "no", "on", "off", "null", "y", "n", "~", ".inf", ".nan"}
-)
-
-
-def _yaml_scalar(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return json.dumps(value)
-    if isinstance(value, dict):
-        return "{}"
-    if isinstance(value, list | tuple):
-        return "[]"
-    text = str(value)
-    plain = (
-        _PLAIN.fullmatch(text) is not None
-        and text.lower() not in _YAML_WORDS
-        and ": " not in text
-        and not text.endswith((":", " "))
-    )
-    return text if plain else json.dumps(text, ensure_ascii=False)
-
-
-def _is_block(value: Any) -> bool:
-    return isinstance(value, dict | list | tuple) and len(value) > 0
-
-
-def _yaml_lines(value: Any, indent: int) -> list[str]:
-    pad = " " * indent
-    if isinstance(value, dict) and value:
-        lines = []
-        for key, item in value.items():
-            if _is_block(item):
-                lines.append(f"{pad}{_yaml_scalar(str(key))}:")
-                lines.extend(_yaml_lines(item, indent + 2))
-            else:
-                lines.append(f"{pad}{_yaml_scalar(str(key))}: {_yaml_scalar(item)}")
-        return lines
-    if isinstance(value, list | tuple) and value:
-        lines = []
-        for item in value:
-            if _is_block(item):
-                nested = _yaml_lines(item, indent + 2)
-                lines.append(f"{pad}- {nested[0][indent + 2 :]}")
-                lines.extend(nested[1:])
-            else:
-                lines.append(f"{pad}- {_yaml_scalar(item)}")
-        return lines
-    return [pad + _yaml_scalar(value)]
-
-
 def to_yaml(value: Any) -> str:
-    """A small YAML emitter for JSON data: block style, strings quoted JSON-style when needed."""
-    return "\n".join(_yaml_lines(value, 0)) + "\n"
+    """JSON data as block-style YAML, keys in their order, no line folding."""
+    text: str = yaml.safe_dump(
+        value,
+        sort_keys=False,
+        default_flow_style=False,
+        allow_unicode=True,
+        width=math.inf,
+    )
+    return text
 
 
 def _write(stream: IO[str], text: str) -> None:
