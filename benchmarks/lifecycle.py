@@ -53,7 +53,8 @@ from twisted.logger import globalLogPublisher
 
 from benchmarks._measure import cpu_seconds, ms, nearest_rank, report, show_problems, sleep
 from fakeqemu._hostclient import HostClient, HostUnreachable
-from vmready.cli.main import Client, CommandError
+from vmready.cli.client import Client
+from vmready.cli.errors import CommandError
 from vmready.daemon.tap import Options
 from vmready.domain.limits import raise_file_limit
 from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState

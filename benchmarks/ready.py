@@ -20,7 +20,7 @@ connected and being polled:
   daemon, read at both ends of a ``--reads-window`` while nothing else
   happens, divided by the window; with the daemon's and fakeqemu-host's CPU
   use over the same window;
-- **ready latency**: a ``vmready.cli.main.Waiter`` for ``ready`` (what
+- **ready latency**: a ``vmready.cli.waiter.Waiter`` for ``ready`` (what
   ``vmready wait NAME ready`` runs) subscribes to the operator API's events;
   then the guest program sends ``PATCH /1.0 {"state":"Ready"}`` to the
   instance's agent socket (what ``vmready-agent notify`` sends, here from
@@ -130,7 +130,8 @@ from vmready.agentlink.vsock import (
     HybridVSockServerEndpoint,
 )
 from vmready.api.web import BytesProducer
-from vmready.cli.main import Client, Waiter
+from vmready.cli.client import Client
+from vmready.cli.waiter import Waiter
 from vmready.daemon.service import VMReadyService
 from vmready.daemon.tap import Options, makeService
 from vmready.domain.limits import raise_file_limit

@@ -1,4 +1,4 @@
-"""vmready.cli.main: the real CLI against the operator API on a unix socket, in-process."""
+"""vmready.cli: the real CLI against the operator API on a unix socket, in-process."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import sys
 import tempfile
 from typing import IO, Any
 
+import yaml
 from twisted.internet import reactor
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.error import ProcessDone, ProcessTerminated
@@ -28,7 +29,9 @@ from twisted.web.server import NOT_DONE_YET, Site
 import vmready
 from tests.fixtures import STARTED_UNDER_TCG, TCG_REASON, make_lifecycle
 from vmready.api.operator import OperatorAPI
-from vmready.cli.main import build_parser, run, to_yaml
+from vmready.cli.main import run
+from vmready.cli.output import to_yaml
+from vmready.cli.parser import build_parser
 from vmready.hypervisor.cmdline import LEGACY_LAYOUT
 from vmready.lifecycle.core import Lifecycle
 from vmready.protocols.ringbuffer import AgentStatus
@@ -272,15 +275,19 @@ class ListAndInfoTests(CLITestCase):
         code, out, _ = await self.cli("--format", "json", "list")
         self.assertEqual((code, json.loads(out)[0]["name"]), (0, "web1"))
 
-    async def test_listYAML(self) -> None:
+    async def test_listYAMLIsTheSameDataAsJSON(self) -> None:
         await self.launch("web1", "-c", "user.role=web server")
-        code, out, _ = await self.cli("list", "--format", "yaml")
-        self.assertEqual(code, 0)
+        code, out, err = await self.cli("list", "--format", "yaml")
+        self.assertEqual((code, err), (0, ""))
+        _, as_json, _ = await self.cli("list", "--format", "json")
+        instances = yaml.safe_load(out)
+        self.assertEqual(instances, json.loads(as_json))
+        # The API's key order, not sorted; block style, one key a line.
+        self.assertEqual([list(i) for i in instances], [list(i) for i in json.loads(as_json)])
+        self.assertEqual(list(instances[0])[:2], ["name", "uuid"])
         self.assertIn("- name: web1\n", out)
-        self.assertIn("  status: Running\n", out)
         self.assertIn("  config:\n    user.role: web server\n", out)
         self.assertIn("  task_state: null\n", out)
-        self.assertIn("  location: none\n", out)
 
     async def test_infoTable(self) -> None:
         await self.launch("web1", "-c", "user.role=db")
@@ -837,7 +844,10 @@ class OddDaemonAnswersTests(UnixAPITestCase):
     async def test_loneSurrogatesInYAMLAreEscaped(self) -> None:
         code, out, err = await self.strict_cli("info", "web1", "--format", "yaml")
         self.assertEqual((code, err), (0, ""))
-        self.assertIn('config:\n  user.note: "\\ud800"\n', out)
+        self.assertIn('config:\n  user.note: "\\uD800"\n', out)
+        _, as_json, _ = await self.strict_cli("info", "web1", "--format", "json")
+        self.assertEqual(yaml.safe_load(out), json.loads(as_json))
+        self.assertEqual(yaml.safe_load(out)["config"], {"user.note": "\ud800"})
 
     async def test_loneSurrogatesInAnErrorAreEscaped(self) -> None:
         self.api.answers["/1.0/instances/web2"] = _error(400, "bad \ud800")
@@ -948,33 +958,56 @@ class ConsoleScriptTests(CLITestCase):
 
 
 class YAMLTests(SynchronousTestCase):
-    """The tiny YAML emitter."""
+    """``--format yaml``: PyYAML's block style; the same data as JSON, keys in their order."""
+
+    def assertSameDataAsJSON(self, value: Any) -> str:
+        """``to_yaml(value)`` loads back to what ``--format json`` would print; its text."""
+        text = to_yaml(value)
+        self.assertEqual(yaml.safe_load(text), json.loads(json.dumps(value)))
+        return text
 
     def test_nestedMappingsAndSequences(self) -> None:
-        self.assertEqual(
-            to_yaml({"name": "web1", "limits": {"cpus": 2}, "tags": ["a", {"b": 1, "c": None}]}),
-            "name: web1\nlimits:\n  cpus: 2\ntags:\n  - a\n  - b: 1\n    c: null\n",
+        text = self.assertSameDataAsJSON(
+            {"name": "web1", "limits": {"cpus": 2}, "tags": ["a", {"b": 1, "c": None}]}
         )
+        self.assertEqual(text, "name: web1\nlimits:\n  cpus: 2\ntags:\n- a\n- b: 1\n  c: null\n")
+
+    def test_keysKeepTheirOrder(self) -> None:
+        value = {"zone": 1, "action": {"status": "Running", "context": {"z": 1, "a": 2}}}
+        loaded = yaml.safe_load(self.assertSameDataAsJSON(value))
+        self.assertEqual(list(loaded), ["zone", "action"])
+        self.assertEqual(list(loaded["action"]), ["status", "context"])
+        self.assertEqual(list(loaded["action"]["context"]), ["z", "a"])
 
     def test_emptyCollections(self) -> None:
-        self.assertEqual(to_yaml({"config": {}, "steps": []}), "config: {}\nsteps: []\n")
-        self.assertEqual(to_yaml([]), "[]\n")
-
-    def test_ambiguousStringsAreQuoted(self) -> None:
         self.assertEqual(
-            to_yaml(["true", "no", "512", "", "a: b", "#x", "-1", "2024-01-01T00:00:00Z"]),
-            '- "true"\n- "no"\n- "512"\n- ""\n- "a: b"\n- "#x"\n- "-1"\n'
-            '- "2024-01-01T00:00:00Z"\n',
+            self.assertSameDataAsJSON({"config": {}, "steps": []}), "config: {}\nsteps: []\n"
         )
+        self.assertEqual(self.assertSameDataAsJSON([]), "[]\n")
+
+    def test_ambiguousStringsStayStrings(self) -> None:
+        # Each would load as a bool, a number, null, a date, a mapping or a comment unquoted.
+        strings = ["true", "no", "on", "y", "null", "~", "512", "-1", "1e3", "0x1F", ".inf"]
+        strings += ["", "a: b", "#x", "- x", "2024-01-01T00:00:00Z", "2024-01-01", " padded "]
+        self.assertSameDataAsJSON(strings)
+        self.assertSameDataAsJSON({text: text for text in strings})
 
     def test_scalars(self) -> None:
-        self.assertEqual(
-            to_yaml([True, 1.5, None, "line\nbreak"]), '- true\n- 1.5\n- null\n- "line\\nbreak"\n'
-        )
+        self.assertSameDataAsJSON([True, False, 0, -7, 1.5, 1e300, None, "line\nbreak", "tab\t"])
+
+    def test_unicodeIsPrintedAsIs(self) -> None:
+        text = self.assertSameDataAsJSON({"user.note": "café ☕"})
+        self.assertEqual(text, "user.note: café ☕\n")
+
+    def test_longStringsAreNotFolded(self) -> None:
+        description = "com.canonical.lxd on the agent ring buffer, " * 5
+        text = self.assertSameDataAsJSON({"serial_layout": {"description": description}})
+        self.assertEqual(len(text.splitlines()), 2)
 
     def test_plainStringsStayPlain(self) -> None:
+        value = {"source": "/1.0/instances/web1", "user.role": "web server"}
         self.assertEqual(
-            to_yaml({"source": "/1.0/instances/web1", "user.role": "web server"}),
+            self.assertSameDataAsJSON(value),
             "source: /1.0/instances/web1\nuser.role: web server\n",
         )
 

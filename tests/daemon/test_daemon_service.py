@@ -15,7 +15,7 @@ from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.error import CannotListenError
 from twisted.trial.unittest import TestCase
 
-from vmready.cli.main import Client, DaemonUnreachable
+from vmready.cli.client import Client, DaemonUnreachable
 from vmready.daemon import service as daemon
 from vmready.daemon.service import POWER_SYNC_TIMER, DaemonConfig, VMReadyService
 from vmready.lifecycle.core import Lifecycle

@@ -1,0 +1,270 @@
+"""The daemon's operator API over its unix socket: requests, LXD's envelopes, the event stream."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from io import BytesIO
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.endpoints import UNIXClientEndpoint
+from twisted.internet.error import ConnectError, ConnectionDone
+from twisted.internet.interfaces import IStreamClientEndpoint
+from twisted.internet.protocol import Protocol
+from twisted.python.failure import Failure
+from twisted.web.client import (
+    URI,
+    Agent,
+    FileBodyProducer,
+    ResponseDone,
+    ResponseFailed,
+)
+from twisted.web.http import PotentialDataLoss
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IAgentEndpointFactory, IResponse
+from zope.interface import implementer
+
+from vmready.cli.errors import EXIT_FAILED, EXIT_USAGE, CommandError
+
+__all__ = [
+    "APIError",
+    "Client",
+    "DaemonUnreachable",
+    "LineStream",
+    "get_instance",
+    "instance_path",
+]
+
+_START_HINT = "is it running? start it with: twistd -n vmready"
+_HOST = "http://vmready"
+
+
+class DaemonUnreachable(CommandError):
+    """The daemon's socket cannot be connected to."""
+
+    def __init__(self, socket_path: str, reason: str) -> None:
+        super().__init__(
+            f"cannot reach the vmready daemon at {socket_path}: {reason} ({_START_HINT})",
+            EXIT_USAGE,
+        )
+
+
+class APIError(CommandError):
+    """The daemon answered with LXD's error envelope."""
+
+    def __init__(self, code: int, error: str) -> None:
+        super().__init__(f"Error: {error}", EXIT_USAGE if code == 404 else EXIT_FAILED)
+        self.code = code
+        self.error = error
+
+
+@implementer(IAgentEndpointFactory)
+class _UnixSocket:
+    """Every request goes to the daemon's unix socket, whatever the URL's host."""
+
+    def __init__(self, reactor: Any, path: str) -> None:
+        self._reactor = reactor
+        self._path = path
+
+    def endpointForURI(self, uri: URI) -> IStreamClientEndpoint:
+        """The unix socket endpoint."""
+        return UNIXClientEndpoint(self._reactor, self._path)
+
+
+class LineStream(Protocol):
+    """Receives a streamed response body and hands over each complete line."""
+
+    MAX_LINE = 4 * 1024 * 1024
+
+    def __init__(self, on_line: Callable[[bytes], None], daemon: str) -> None:
+        self._on_line = on_line
+        self._daemon = daemon
+        self._buffer = b""
+        self.closing = False
+        self.ended: Deferred[str | None] = Deferred()
+
+    def dataReceived(self, data: bytes) -> None:
+        """Split into lines; a line longer than MAX_LINE ends the stream."""
+        self._buffer += data
+        *lines, self._buffer = self._buffer.split(b"\n")
+        for line in lines:
+            if line.strip() and not self.closing:
+                self._on_line(line)
+        if len(self._buffer) > self.MAX_LINE:
+            self.close()
+
+    def close(self) -> None:
+        """Stop reading (closes the connection)."""
+        if not self.closing and self.transport is not None:
+            self.closing = True
+            self.transport.stopProducing()  # type: ignore[attr-defined]
+
+    def connectionLost(self, reason: Failure = Failure(ConnectionDone())) -> None:  # noqa: B008
+        """Fires ``ended`` with None when we closed it, else with why it ended (for the user)."""
+        if self.closing:
+            self.ended.callback(None)
+        elif reason.check(ResponseDone):
+            self.ended.callback(f"{self._daemon} closed the event stream")
+        else:
+            # ResponseFailed's message is a list of Failure reprs: say what happened instead.
+            self.ended.callback(f"lost the connection to {self._daemon}")
+
+
+class _BodyReader(Protocol):
+    """Collects a whole response body (``readBody`` warns about unix transports)."""
+
+    def __init__(self) -> None:
+        self._chunks: list[bytes] = []
+        self.done: Deferred[bytes] = Deferred()
+
+    def dataReceived(self, data: bytes) -> None:
+        """Keep the chunk."""
+        self._chunks.append(data)
+
+    def connectionLost(self, reason: Failure = Failure(ConnectionDone())) -> None:  # noqa: B008
+        """The body is complete, or the connection broke."""
+        if reason.check(ResponseDone, PotentialDataLoss):
+            self.done.callback(b"".join(self._chunks))
+        else:
+            self.done.errback(reason)
+
+
+class Client:
+    """The operator API over the daemon's unix socket, with LXD's envelopes unwrapped."""
+
+    def __init__(self, reactor: Any, socket_path: str) -> None:
+        self.reactor = reactor
+        self.socket_path = socket_path
+        self.daemon = f"the vmready daemon at {socket_path}"
+        self._agent = Agent.usingEndpointFactory(reactor, _UnixSocket(reactor, socket_path))
+
+    def _failed(self, error: ResponseFailed) -> Exception:
+        """What to raise for a request or response that broke off."""
+        if any(reason.check(CancelledError) for reason in error.reasons):
+            # We cancelled it (a signal ends the command): not the daemon's doing.
+            return CancelledError()
+        return CommandError(f"lost the connection to {self.daemon}", EXIT_USAGE)
+
+    async def _read_body(self, response: IResponse) -> bytes:
+        """The whole body of ``response``."""
+        reader = _BodyReader()
+        response.deliverBody(reader)
+        try:
+            return await reader.done
+        except ResponseFailed as e:
+            raise self._failed(e) from None
+
+    async def _send(self, method: str, path: str, body: Any = None) -> IResponse:
+        headers = Headers({b"User-Agent": [b"vmready-cli"]})
+        producer = None
+        if body is not None:
+            headers.addRawHeader(b"Content-Type", b"application/json")
+            producer = FileBodyProducer(BytesIO(json.dumps(body).encode("utf-8")))
+        try:
+            response: IResponse = await self._agent.request(
+                method.encode("ascii"), (_HOST + path).encode("utf-8"), headers, producer
+            )
+            return response
+        except ConnectError as e:
+            raise DaemonUnreachable(self.socket_path, _connect_reason(e)) from None
+        except ResponseFailed as e:
+            raise self._failed(e) from None
+
+    async def request(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        """One request; the whole envelope, or APIError for an error envelope."""
+        response = await self._send(method, path, body)
+        raw = await self._read_body(response)
+        try:
+            envelope = json.loads(raw)
+        except ValueError:
+            envelope = None
+        if not isinstance(envelope, dict):
+            raise CommandError(
+                f"unexpected answer from the daemon (HTTP {response.code}): {raw[:200]!r}",
+                EXIT_USAGE,
+            )
+        if envelope.get("type") == "error" or response.code >= 400:
+            raise APIError(
+                int(envelope.get("error_code") or response.code),
+                str(envelope.get("error") or f"HTTP {response.code}"),
+            )
+        return envelope
+
+    async def get(self, path: str) -> Any:
+        """GET and return the metadata."""
+        return (await self.request("GET", path))["metadata"]
+
+    async def get_raw(self, path: str) -> bytes:
+        """GET a body that is not an envelope (a console log); APIError for an error envelope."""
+        response = await self._send("GET", path)
+        raw = await self._read_body(response)
+        if response.code >= 400:
+            try:
+                envelope = json.loads(raw)
+                error = str(envelope.get("error") or f"HTTP {response.code}")
+            except (ValueError, AttributeError):
+                error = f"HTTP {response.code}"
+            raise APIError(response.code, error)
+        return raw
+
+    async def operation(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        """Start an action; returns its operation object."""
+        envelope = await self.request(method, path, body)
+        operation: dict[str, Any] = envelope["metadata"]
+        return operation
+
+    async def wait_operation(self, operation: dict[str, Any]) -> dict[str, Any]:
+        """The operation once it finished (``/wait`` without a limit)."""
+        done: dict[str, Any] = await self.get(
+            f"/1.0/operations/{quote(str(operation['id']), safe='')}/wait?timeout=-1"
+        )
+        return done
+
+    async def events(
+        self, types: Sequence[str], on_event: Callable[[dict[str, Any]], None]
+    ) -> LineStream:
+        """Subscribe to ``/1.0/events``; returns once the daemon has subscribed us."""
+        arguments = {"type": ",".join(types)}
+        query = f"?{urlencode(arguments, errors='surrogateescape')}" if types else ""
+        response = await self._send("GET", f"/1.0/events{query}")
+        if response.code != 200:
+            raw = await self._read_body(response)
+            try:
+                error = str(json.loads(raw).get("error"))
+            except (ValueError, AttributeError):
+                error = f"HTTP {response.code}"
+            raise APIError(response.code, error)
+
+        def line(raw: bytes) -> None:
+            try:
+                event = json.loads(raw)
+            except ValueError:
+                return
+            if isinstance(event, dict):
+                on_event(event)
+
+        stream = LineStream(line, self.daemon)
+        response.deliverBody(stream)
+        return stream
+
+
+def _connect_reason(error: ConnectError) -> str:
+    """Why a connect failed, as the OS says it ("No such file or directory")."""
+    if isinstance(error.osError, int):
+        return os.strerror(error.osError)
+    return str(error.args[0]) if error.args else str(error)
+
+
+def instance_path(name: str, *rest: str) -> str:
+    """The API path of instance ``name``, with ``rest`` appended."""
+    # argv may hold undecodable bytes (as surrogates): send them as they were.
+    return "/".join(["/1.0/instances", quote(name, safe="", errors="surrogateescape"), *rest])
+
+
+async def get_instance(client: Client, name: str) -> dict[str, Any]:
+    """The instance object of ``name``; APIError (404) for an unknown one."""
+    instance: dict[str, Any] = await client.get(instance_path(name))
+    return instance

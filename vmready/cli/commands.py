@@ -1,0 +1,259 @@
+"""The ``vmready`` commands: one function per command, each a few requests to the daemon."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet.defer import Deferred
+
+from vmready.cli import tables
+from vmready.cli.client import Client, get_instance, instance_path
+from vmready.cli.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandError, UsageError
+from vmready.cli.output import Output, to_yaml
+from vmready.cli.waiter import Waiter, parse_condition
+from vmready.hypervisor.accel import ACCEL_KEY
+from vmready.hypervisor.bootsource import APPEND_KEY, IMAGE_KEY, INITRD_KEY, KERNEL_KEY
+
+__all__ = ["COMMANDS", "cmd_replay"]
+
+_RUNNING_STATUSES = frozenset({"running", "ready", "frozen", "freezing", "starting", "stopping"})
+
+
+async def _finish_action(
+    client: Client, output: Output, name: str, operation: dict[str, Any], args: argparse.Namespace
+) -> int:
+    """Wait for the operation (unless --no-wait), report its failure or the resulting status."""
+    if args.no_wait:
+        output.line(f"Operation /1.0/operations/{operation['id']}: {operation['description']}")
+        return EXIT_OK
+    done = await client.wait_operation(operation)
+    if done.get("status_code") != 200:
+        raise CommandError(f"Error: {done.get('err') or done.get('status')}")
+    if args.command == "delete":
+        output.line(f"Deleted {name}")
+        return EXIT_OK
+    instance = await get_instance(client, name)
+    output.line(f"{name}: {str(instance['status']).upper()} ({instance['display_status']})")
+    return EXIT_OK
+
+
+async def _cmd_launch(client: Client, output: Output, args: argparse.Namespace) -> int:
+    config: dict[str, str] = {}
+    for item in args.config:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"-c expects key=value, got {item!r}")
+        config[key] = value
+    if args.memory is not None:
+        config["limits.memory"] = args.memory
+    if args.cpus is not None:
+        config["limits.cpu"] = str(args.cpus)
+    # Paths are the caller's: the daemon does not share this working directory.
+    for option, key in (
+        ("image", IMAGE_KEY),
+        ("kernel", KERNEL_KEY),
+        ("initrd", INITRD_KEY),
+    ):
+        value = getattr(args, option)
+        if value is not None:
+            config[key] = os.path.abspath(value)
+    if args.append is not None:
+        config[APPEND_KEY] = args.append
+    if args.accel is not None:
+        config[ACCEL_KEY] = args.accel
+    ready: Waiter | None = None
+    if args.wait:
+        # Subscribe before the instance exists, so no event can be missed.
+        ready = Waiter(client, args.name, "ready")
+        await ready.subscribe()
+    try:
+        operation = await client.operation(
+            "POST", "/1.0/instances", {"name": args.name, "config": config}
+        )
+        # Only now: the daemon accepted the name and config.
+        output.line(f"Creating {args.name}")
+        code = await _finish_action(client, output, args.name, operation, args)
+        if ready is None or code != EXIT_OK:
+            return code
+        return await ready.wait(args.timeout, output)
+    finally:
+        if ready is not None:
+            ready.close()
+
+
+async def _cmd_console(client: Client, output: Output, args: argparse.Namespace) -> int:
+    if not args.show_log:
+        raise UsageError(
+            "vmready console attaches to nothing yet: use --show-log to print the console log"
+        )
+    log = await client.get_raw(f"{instance_path(args.name)}/console")
+    output.raw(log)
+    return EXIT_OK
+
+
+async def _cmd_list(client: Client, output: Output, args: argparse.Namespace) -> int:
+    instances = await client.get("/1.0/instances?recursion=1")
+    output.data(instances, tables.instances_table)
+    return EXIT_OK
+
+
+async def _cmd_info(client: Client, output: Output, args: argparse.Namespace) -> int:
+    output.data(await get_instance(client, args.name), tables.info_table)
+    return EXIT_OK
+
+
+async def _cmd_state(client: Client, output: Output, args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"action": args.command}
+    if getattr(args, "force", False):
+        body["force"] = True
+    if getattr(args, "timeout", None) is not None:
+        body["timeout"] = args.timeout
+    operation = await client.operation("PUT", instance_path(args.name, "state"), body)
+    return await _finish_action(client, output, args.name, operation, args)
+
+
+async def _cmd_instance_action(client: Client, output: Output, args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {}
+    if args.command == "resize":
+        if args.memory is None and args.cpus is None:
+            raise UsageError("resize needs --memory and/or --cpus")
+        if args.memory is not None:
+            body["memory"] = args.memory
+        if args.cpus is not None:
+            body["cpus"] = args.cpus
+    path = instance_path(args.name, "actions", args.command)
+    operation = await client.operation("POST", path, body)
+    return await _finish_action(client, output, args.name, operation, args)
+
+
+async def _cmd_snapshot(client: Client, output: Output, args: argparse.Namespace) -> int:
+    body = {"name": args.snapshot, "stateful": args.stateful}
+    operation = await client.operation("POST", instance_path(args.name, "snapshots"), body)
+    return await _finish_action(client, output, args.name, operation, args)
+
+
+async def _cmd_restore(client: Client, output: Output, args: argparse.Namespace) -> int:
+    body = {"restore": args.snapshot, "stateful": args.stateful, "force": args.force}
+    operation = await client.operation("PUT", instance_path(args.name), body)
+    return await _finish_action(client, output, args.name, operation, args)
+
+
+async def _cmd_snapshots(client: Client, output: Output, args: argparse.Namespace) -> int:
+    snapshots = await client.get(instance_path(args.name, "snapshots"))
+    output.data(snapshots, tables.snapshots_table)
+    return EXIT_OK
+
+
+async def _cmd_delete(client: Client, output: Output, args: argparse.Namespace) -> int:
+    if not args.force:
+        instance = await get_instance(client, args.name)
+        if str(instance["status"]).lower() in _RUNNING_STATUSES:
+            raise CommandError(
+                f"Error: instance {args.name} is {str(instance['status']).upper()}: "
+                "stop it first or pass --force"
+            )
+    operation = await client.operation("DELETE", instance_path(args.name))
+    return await _finish_action(client, output, args.name, operation, args)
+
+
+async def _cmd_actions(client: Client, output: Output, args: argparse.Namespace) -> int:
+    output.data(await client.get(instance_path(args.name, "actions")), tables.actions_table)
+    return EXIT_OK
+
+
+async def _cmd_monitor(client: Client, output: Output, args: argparse.Namespace) -> int:
+    types = [part for value in args.type for part in value.split(",") if part]
+    printing_failed: Deferred[int] = Deferred()
+
+    def show(event: dict[str, Any]) -> None:
+        try:
+            if output.format == "json":
+                output.line(json.dumps(event))
+            elif output.format == "yaml":
+                output.text("---\n" + to_yaml(event))
+            else:
+                output.line(tables.event_line(event))
+        except OSError:
+            # stdout went away (``vmready monitor | head``): that ends the monitor.
+            if not printing_failed.called:
+                printing_failed.callback(EXIT_OK)
+
+    stream = await client.events(types, show)
+    printing_failed.addCallback(lambda _: stream.close())
+    try:
+        why = await stream.ended
+    finally:
+        stream.close()  # when cancelled (a signal): before the reactor drops the connection
+    if why is not None:
+        raise CommandError(why, EXIT_USAGE)
+    return EXIT_OK
+
+
+async def _cmd_wait(client: Client, output: Output, args: argparse.Namespace) -> int:
+    status = parse_condition(args.condition)
+    waiter = Waiter(client, args.name, status)
+    await waiter.subscribe()
+    try:
+        return await waiter.wait(args.timeout, output)
+    finally:
+        waiter.close()
+
+
+COMMANDS: dict[str, Callable[[Client, Output, argparse.Namespace], Any]] = {
+    "launch": _cmd_launch,
+    "list": _cmd_list,
+    "info": _cmd_info,
+    "start": _cmd_state,
+    "stop": _cmd_state,
+    "restart": _cmd_state,
+    "freeze": _cmd_state,
+    "unfreeze": _cmd_state,
+    "rebuild": _cmd_instance_action,
+    "resize": _cmd_instance_action,
+    "confirm-resize": _cmd_instance_action,
+    "revert-resize": _cmd_instance_action,
+    "delete": _cmd_delete,
+    "snapshot": _cmd_snapshot,
+    "restore": _cmd_restore,
+    "snapshots": _cmd_snapshots,
+    "console": _cmd_console,
+    "actions": _cmd_actions,
+    "monitor": _cmd_monitor,
+    "wait": _cmd_wait,
+}
+
+
+def _replayed_line(entry: Any) -> str:
+    """What ``vmready replay --realtime`` prints for a record it just replayed."""
+    from vmready.protocols.transcript import data_from_fields
+
+    shown = entry.fields.get("text")
+    if shown is None and entry.kind in ("ring-read", "ring-write"):
+        shown = data_from_fields(entry.fields).decode("utf-8", "replace")
+    detail = {k: v for k, v in entry.fields.items() if k not in ("text", "data", "body")}
+    text = json.dumps(shown) if shown is not None else json.dumps(detail)
+    return f"t={entry.t:.3f}s line {entry.line}: {entry.kind} {text[:100]}"
+
+
+async def cmd_replay(reactor: Any, output: Output, args: argparse.Namespace) -> int:
+    """``vmready replay FILE``: runs in this process; the daemon is not involved."""
+    from vmready.protocols.transcript import TranscriptError
+    from vmready.record.replay import replay, replay_realtime
+
+    try:
+        if args.realtime:
+            # Each record at its recorded time: wait, replay it, then say it.
+            result = await replay_realtime(
+                args.file, reactor, lambda entry: output.line(_replayed_line(entry))
+            )
+        else:
+            result = replay(args.file)
+    except TranscriptError as e:
+        output.error(str(e))
+        return EXIT_USAGE
+    output.line(result.describe())
+    return EXIT_OK if result.matched else EXIT_FAILED

@@ -1,0 +1,224 @@
+"""The ``vmready`` command line, parsed with argparse."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import NoReturn
+
+from vmready.cli.errors import UsageError
+from vmready.cli.output import FORMATS
+from vmready.hypervisor.accel import ACCEL_CHOICES
+
+__all__ = ["build_parser"]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting, so ``run`` owns the exit status."""
+
+    def error(self, message: str) -> NoReturn:
+        """A usage error."""
+        raise UsageError(message, self.format_usage())
+
+
+def _seconds(text: str) -> float:
+    """A ``--timeout``: a finite number, 0 or more (argparse names the option)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    # float() also accepts "nan" and "inf", which no timer can take.
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more seconds, got {text!r}")
+    return value
+
+
+_WAIT_HELP = """\
+CONDITION is status=<status>, case-insensitive, one of:
+  running (also met by ready), ready, stopped, frozen, error, starting,
+  stopping, freezing;
+or "agent": the instance's guest agent is connected to the daemon.
+
+wait subscribes to the daemon's events first, then checks the instance once,
+then wakes on the matching lifecycle event; it never polls.
+
+exit status:
+  0  the condition was met
+  1  timed out (--timeout)
+  2  usage error, unknown instance, or the daemon is unreachable or failed
+  3  the instance was deleted or went to Error while waiting for another status
+  130  interrupted (SIGINT, Ctrl-C); 143 for SIGTERM
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``vmready`` argument parser."""
+    common = _Parser(add_help=False)
+    common.add_argument(
+        "--socket",
+        default=argparse.SUPPRESS,
+        help="the daemon's API socket (default: $VMREADY_SOCKET or <data dir>/vmready.sock)",
+    )
+    common.add_argument(
+        "--format",
+        choices=FORMATS,
+        default=argparse.SUPPRESS,
+        help="output format where the output is data (default: table)",
+    )
+    action = _Parser(add_help=False)
+    action.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="return once the operation is created instead of waiting for it",
+    )
+
+    parser = _Parser(
+        prog="vmready",
+        description="Operate vmready instances through the daemon's API.",
+        epilog=(
+            "exit status: 0 success; 1 the daemon refused or the action failed; "
+            "2 usage error, unknown instance or no daemon; 130 interrupted (143: SIGTERM); "
+            "see 'vmready wait -h' for wait"
+        ),
+    )
+    parser.add_argument(
+        "--socket", default=None, help="the daemon's API socket (also accepted after COMMAND)"
+    )
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="table",
+        help="output format where the output is data (also accepted after COMMAND)",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(name: str, help: str, *parents: _Parser) -> argparse.ArgumentParser:
+        return commands.add_parser(name, help=help, description=help, parents=[common, *parents])
+
+    launch = add("launch", "create and start an instance", action)
+    launch.add_argument("name")
+    launch.add_argument("--memory", help="memory, MiB or with a unit (512, 2GiB)")
+    launch.add_argument("--cpus", type=int, help="number of vCPUs")
+    launch.add_argument(
+        "-c",
+        "--config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config key (user.*, cloud-init.*, limits.*); repeatable",
+    )
+    launch.add_argument("--image", metavar="PATH", help="boot this qcow2 or raw disk image")
+    launch.add_argument("--kernel", metavar="PATH", help="boot this Linux kernel (bzImage)")
+    launch.add_argument("--initrd", metavar="PATH", help="with --kernel: its initramfs")
+    launch.add_argument("--append", metavar="TEXT", help="with --kernel: its command line")
+    launch.add_argument(
+        "--accel",
+        choices=ACCEL_CHOICES,
+        help="kvm, tcg, or auto (default: KVM where it runs guests, else TCG)",
+    )
+    launch.add_argument(
+        "--wait", action="store_true", help="then wait until the workload reports Ready"
+    )
+    launch.add_argument(
+        "--timeout", type=_seconds, metavar="SECONDS", help="how long --wait waits at most"
+    )
+
+    add("list", "list instances with their status")
+    add("info", "show one instance").add_argument("name")
+    add("start", "start an instance", action).add_argument("name")
+    for name, text in (("stop", "stop an instance"), ("restart", "restart an instance")):
+        sub = add(name, text, action)
+        sub.add_argument("name")
+        sub.add_argument("--force", action="store_true", help="power off at once")
+        sub.add_argument(
+            "--timeout",
+            type=_seconds,
+            metavar="SECONDS",
+            help="how long a clean shutdown may take before it is forced (default: the daemon's)",
+        )
+    for name, text in (
+        ("freeze", "pause an instance's VM"),
+        ("unfreeze", "resume a frozen instance"),
+        ("rebuild", "rebuild an instance (also recovers one in Error)"),
+    ):
+        add(name, text, action).add_argument("name")
+    resize = add(
+        "resize", "change memory and/or vCPUs (then confirm-resize or revert-resize)", action
+    )
+    resize.add_argument("name")
+    resize.add_argument("--memory", help="new memory, MiB or with a unit")
+    resize.add_argument("--cpus", type=int, help="new number of vCPUs")
+    add("confirm-resize", "keep the new size of a resized instance", action).add_argument("name")
+    add("revert-resize", "go back to the size before the resize", action).add_argument("name")
+    delete = add("delete", "delete an instance", action)
+    delete.add_argument("name")
+    delete.add_argument("--force", action="store_true", help="delete even if it is running")
+    snapshot = add(
+        "snapshot", "take a snapshot of an instance (its config; --stateful: its VM)", action
+    )
+    snapshot.add_argument("name")
+    snapshot.add_argument("snapshot", metavar="SNAPSHOT")
+    snapshot.add_argument(
+        "--stateful",
+        action="store_true",
+        help="also save the running VM's state (it pauses while QEMU writes it)",
+    )
+    restore = add("restore", "restore an instance from one of its snapshots", action)
+    restore.add_argument("name")
+    restore.add_argument("snapshot", metavar="SNAPSHOT")
+    restore.add_argument(
+        "--stateful", action="store_true", help="resume the VM from the saved state"
+    )
+    restore.add_argument(
+        "--force",
+        action="store_true",
+        help="with --stateful: let QEMU try even if the device set changed since the snapshot",
+    )
+    console = add("console", "show an instance's serial console")
+    console.add_argument("name")
+    console.add_argument(
+        "--show-log", action="store_true", help="print the console log (what the guest wrote)"
+    )
+    add("snapshots", "list an instance's snapshots").add_argument("name")
+    add("actions", "show an instance's action history").add_argument("name")
+    monitor = add("monitor", "print events as they happen, until interrupted")
+    monitor.add_argument(
+        "--type",
+        action="append",
+        default=[],
+        help="event types to show: lifecycle, operation (default: all); repeatable",
+    )
+    wait = commands.add_parser(
+        "wait",
+        help="wait until an instance reaches a status, or its agent connects",
+        description="Wait until an instance reaches a status.",
+        epilog=_WAIT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[common],
+    )
+    wait.add_argument("name")
+    wait.add_argument("condition", metavar="CONDITION", help="status=<status>, or agent")
+    wait.add_argument(
+        "--timeout", type=_seconds, metavar="SECONDS", help="give up after this many seconds"
+    )
+    replay = commands.add_parser(
+        "replay",
+        help="replay a recorded session against a fresh in-memory daemon (no daemon needed)",
+        description=(
+            "Replay a transcript (recorded by twistd vmready --record-dir, vmready.record=true "
+            "or vmready-agent --record) against a fresh daemon core and a fakeqemu VM on a "
+            "deterministic clock, and compare what the host does with the recording."
+        ),
+        epilog=(
+            "exit status: 0 the host did what it did in the recording; 1 it diverged (the "
+            "first divergence is printed); 2 the transcript is malformed or of an "
+            "unsupported version (its line is named)"
+        ),
+    )
+    replay.add_argument("file", metavar="FILE", help="the transcript (JSON lines)")
+    replay.add_argument(
+        "--realtime",
+        action="store_true",
+        help="replay at the recorded pace, printing each record (default: as fast as possible)",
+    )
+    return parser
