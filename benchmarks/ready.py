@@ -123,12 +123,9 @@ from vmready.agent.config import AgentConfig, load_config
 from vmready.agent.main import configure_logging
 from vmready.agent.service import Agent as GuestAgent
 from vmready.agent.service import build_agent
+from vmready.agentlink.hvsock import HybridVSockClientEndpoint, HybridVSockServerEndpoint
 from vmready.agentlink.link import PollIntervals
-from vmready.agentlink.vsock import (
-    HybridVSockAddress,
-    HybridVSockClientEndpoint,
-    HybridVSockServerEndpoint,
-)
+from vmready.agentlink.vsockaddress import HybridVSockAddress
 from vmready.api.web import BytesProducer
 from vmready.cli.client import Client
 from vmready.cli.waiter import Waiter

@@ -33,7 +33,8 @@ from twisted.web.server import Request, Site
 from vmready.agent import httpwire
 from vmready.agent.core import VsockAddress
 from vmready.agent.host import HostResponse, LinkWatch
-from vmready.agentlink.vsock import HybridVSockAddress, HybridVSockServerEndpoint
+from vmready.agentlink.hvsock import HybridVSockServerEndpoint
+from vmready.agentlink.vsockaddress import HybridVSockAddress
 from vmready.trust.certs import CertificatePair, fingerprint
 from vmready.trust.tls import MutualServerTLS
 

@@ -1,4 +1,5 @@
-"""vmready.agentlink.vsock: the vsock and hybrid vsock endpoints and their endpoint strings."""
+"""vmready.agentlink.vsock, hvsock, vsockaddress, endpointstrings: the vsock and hybrid vsock
+endpoints and their endpoint strings."""
 
 from __future__ import annotations
 
@@ -33,19 +34,21 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from vmready.agentlink import vsock
+from vmready.agentlink import hvsock, vsock
+from vmready.agentlink.hvsock import HybridVSockClientEndpoint, HybridVSockServerEndpoint
 from vmready.agentlink.vsock import (
+    VSockClientEndpoint,
+    VSockServerEndpoint,
+    vsock_unavailable_reason,
+)
+from vmready.agentlink.vsockaddress import (
+    AF_VSOCK,
     VMADDR_CID_ANY,
     VMADDR_CID_HOST,
     VMADDR_CID_LOCAL,
     VMADDR_PORT_ANY,
     HybridVSockAddress,
-    HybridVSockClientEndpoint,
-    HybridVSockServerEndpoint,
     VSockAddress,
-    VSockClientEndpoint,
-    VSockServerEndpoint,
-    vsock_unavailable_reason,
 )
 
 PAYLOAD = b"GET /1.0 HTTP/1.1\r\n\r\n"
@@ -54,7 +57,7 @@ PAYLOAD = b"GET /1.0 HTTP/1.1\r\n\r\n"
 def _vsock_listen_unavailable_reason() -> str | None:
     """Why this kernel cannot even listen on AF_VSOCK (no loopback needed), or None."""
     try:
-        with socket.socket(vsock.AF_VSOCK, socket.SOCK_STREAM) as listener:
+        with socket.socket(AF_VSOCK, socket.SOCK_STREAM) as listener:
             listener.bind((VMADDR_CID_ANY, VMADDR_PORT_ANY))
             listener.listen(1)
     except OSError as e:
@@ -457,7 +460,7 @@ class HybridVSockTests(TestCase):
         _stale_socket(f"{self.base}_4321")
         open(f"{self.base}_4322", "w").close()
         candidates: Iterator[int] = iter([4321, 4322, 4323])
-        self.patch(vsock, "_random_hybrid_port", lambda: next(candidates))
+        self.patch(hvsock, "_random_hybrid_port", lambda: next(candidates))
         port = await _listen(self, HybridVSockServerEndpoint(reactor, self.base))
         self.assertEqual(_hybrid_host(port).port, 4323)
 

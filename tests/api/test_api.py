@@ -18,7 +18,9 @@ from twisted.web.server import Request
 from twisted.web.test.requesthelper import DummyChannel
 
 from tests.fixtures import STARTED_UNDER_TCG, STOP_TIMEOUT, Reply, make_lifecycle
-from vmready.api.operator import MAX_BODY_BYTES, EventStream, OperatorAPI, read_json_body
+from vmready.api.eventstream import EventStream
+from vmready.api.operator import OperatorAPI
+from vmready.api.requestbody import MAX_BODY_BYTES, read_json_body
 from vmready.domain.model import BadRequest, PayloadTooLarge
 from vmready.domain.states import READY_KEY
 from vmready.hypervisor.cmdline import LEGACY_LAYOUT

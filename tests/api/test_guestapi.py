@@ -33,6 +33,7 @@ from twisted.web.iweb import IAgentEndpointFactory, IRequest
 from zope.interface import implementer
 
 from tests.fixtures import Reply, make_lifecycle
+from vmready.api.eventstream import EventStream
 from vmready.api.guest import (
     FORBIDDEN_MESSAGE,
     GuestAPI,
@@ -44,7 +45,7 @@ from vmready.api.guest import (
     guest_tls_factory,
     instance_for_certificate,
 )
-from vmready.api.operator import MAX_BODY_BYTES, EventStream
+from vmready.api.requestbody import MAX_BODY_BYTES
 from vmready.domain.model import InstanceRecord
 from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
 from vmready.lifecycle.core import Lifecycle

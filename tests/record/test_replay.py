@@ -285,7 +285,7 @@ class RecordedInputTests(SynchronousTestCase):
 
     def test_hostInitiatedEventsAreNotInputs(self) -> None:
         from vmready.protocols.transcript import Entry
-        from vmready.record.replay import guest_power_action
+        from vmready.record.replayinputs import guest_power_action
 
         def action(event: str, data: dict[str, Any]) -> str | None:
             return guest_power_action(Entry(2, 1.0, "qmp-event", {"event": event, "data": data}))
@@ -417,7 +417,7 @@ class CommandLineTests(SynchronousTestCase):
         )
 
     def test_realtimeReplaysEachRecordAtItsRecordedTime(self) -> None:
-        from vmready.record.replay import ReplaySession
+        from vmready.record.replaysession import ReplaySession
 
         reactor = Clock()
         played: list[tuple[float, float, int]] = []

@@ -28,7 +28,8 @@ from vmready.domain.model import (
     StoreError,
 )
 from vmready.domain.states import ACTIONS, READY_KEY, PowerState, TaskState, VMState
-from vmready.store.sqlite import MIGRATIONS, Store
+from vmready.store.schema import MIGRATIONS
+from vmready.store.sqlite import Store
 
 _SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(vmready.__file__)))
 

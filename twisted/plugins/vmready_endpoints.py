@@ -1,6 +1,6 @@
 """Registers the ``vsock:`` and ``hvsock:`` endpoint strings (servers and clients)."""
 
-from vmready.agentlink.vsock import (
+from vmready.agentlink.endpointstrings import (
     HybridVSockClientParser,
     HybridVSockServerParser,
     VSockClientParser,

@@ -41,7 +41,7 @@ path and 405 ``method "DELETE" not allowed`` for a wrong method):
   removed key has value ``""``).  400 ``Invalid event type "<t>"``.  vmready has
   no device hot-plug yet, so no ``device`` event is ever sent.  The stream ends
   when the instance is deleted or its certificate stops identifying it, and a
-  reader that stops reading is cut off (``vmready.api.operator.EventStream``).
+  reader that stops reading is cut off (``vmready.api.eventstream.EventStream``).
 """
 
 from __future__ import annotations
@@ -62,7 +62,9 @@ from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource
 from twisted.web.server import Site
 
-from vmready.api.operator import MAX_BODY_BYTES, EventStream, rfc3339
+from vmready.api.eventstream import EventStream
+from vmready.api.requestbody import MAX_BODY_BYTES
+from vmready.api.views import rfc3339
 from vmready.api.web import ErrorStyle, handle_error, json_response, local_site, sync_response
 from vmready.domain.model import (
     BadRequest,

@@ -5,7 +5,8 @@ Every response uses LXD's envelope.  Synchronous answers are
 actions answer 202 with ``{"type": "async", "operation": "/1.0/operations/<id>", …}``
 and a ``Location`` header; errors are ``{"type": "error", "error": …, "error_code": …}``
 with the same HTTP status.  Request bodies are JSON objects of at most
-``MAX_BODY_BYTES`` (1 MiB); larger ones get 413.
+``MAX_BODY_BYTES`` (1 MiB); larger ones get 413 (``api.requestbody``).  The
+JSON views are ``api.views``; an event stream is ``api.eventstream``.
 
 Routes:
 
@@ -22,157 +23,42 @@ Routes:
 
 from __future__ import annotations
 
-import datetime
-import json
-import math
 import os
 from typing import Any, cast
 
 from klein import Klein
 from twisted.internet.defer import Deferred, race
-from twisted.internet.interfaces import IPushProducer
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import http
 from twisted.web.iweb import IRequest
-from zope.interface import implementer
 
 import vmready
-from vmready.agentlink.transport import TRANSPORT_KEY
-from vmready.api.web import ErrorStyle, handle_error, json_response, sync_response
-from vmready.domain.model import (
-    BadRequest,
-    InstanceRecord,
-    NotFound,
-    PayloadTooLarge,
+from vmready.api.eventstream import EventStream
+from vmready.api.requestbody import (
+    DEFAULT_TIMEOUT,
+    event_types,
+    field,
+    query_param,
+    read_json_body,
+    recursion_level,
+    seconds_param,
 )
-from vmready.domain.states import StatusCode, VMState
-from vmready.hypervisor.accel import ACCEL_KEY, ACCEL_REASON_KEY, CURRENT_ACCEL_KEY
-from vmready.hypervisor.bootsource import BootSource
-from vmready.hypervisor.cmdline import SERIAL_LAYOUTS
-from vmready.lifecycle.core import LAYOUT_KEY, Lifecycle
-from vmready.lifecycle.events import EVENT_TYPES, Event
+from vmready.api.views import instance_json, instance_url, operation_url, snapshot_json, state_json
+from vmready.api.web import ErrorStyle, handle_error, json_response, sync_response
+from vmready.domain.model import BadRequest, InstanceRecord, NotFound
+from vmready.domain.states import StatusCode
+from vmready.lifecycle.core import Lifecycle
 from vmready.lifecycle.operations import Operation
-from vmready.protocols.ringbuffer import AgentStatus
 
-__all__ = ["MAX_BODY_BYTES", "OperatorAPI", "instance_json", "rfc3339", "state_json"]
+__all__ = ["MAX_CONSOLE_BYTES", "OPERATOR_ERRORS", "OperatorAPI"]
 
-# The documented cap on request bodies (413 above it).
-MAX_BODY_BYTES = 1024 * 1024
 # How much of a console log GET /1.0/instances/<name>/console returns at most.
 MAX_CONSOLE_BYTES = 4 * 1024 * 1024
 
 STATE_ACTIONS = ("start", "stop", "restart", "freeze", "unfreeze")
 INSTANCE_ACTIONS = ("rebuild", "resize", "confirm-resize", "revert-resize")
-# LXD's "timeout": -1 means "the daemon's default".
-_DEFAULT_TIMEOUT = -1
-_ERROR_CODE_DEFAULT = 500
-# vm_states with a VM whose size PATCH must not change behind its back.
-_LIVE_STATES = frozenset({VMState.ACTIVE, VMState.PAUSED, VMState.RESIZED})
-
-
-def rfc3339(timestamp: float) -> str:
-    """A Unix timestamp as LXD writes times: RFC 3339 in UTC."""
-    stamp = datetime.datetime.fromtimestamp(timestamp, tz=datetime.UTC)
-    return stamp.isoformat().replace("+00:00", "Z")
-
-
-def instance_url(name: str) -> str:
-    """The API path of an instance."""
-    return f"/1.0/instances/{name}"
-
-
-def operation_url(operation: Operation) -> str:
-    """The API path of an operation."""
-    return f"/1.0/operations/{operation.id}"
-
-
-def state_json(record: InstanceRecord, agent: AgentStatus = AgentStatus.UNKNOWN) -> dict[str, Any]:
-    """``/1.0/instances/<name>/state``: the derived status beside the three stored fields."""
-    status = record.status
-    return {
-        "status": status.name,
-        "status_code": int(status.code),
-        "display_status": record.display_status,
-        "vm_state": record.vm_state.value,
-        "task_state": record.task_state.value if record.task_state is not None else None,
-        "power_state": record.power_state.value,
-        "ready": record.ready,
-        "agent": {"status": agent.value},
-        "memory": {"total": record.memory_mib * 1024 * 1024, "total_mib": record.memory_mib},
-        "cpu": {"count": record.cpus},
-    }
-
-
-def snapshot_json(snapshot: dict[str, Any]) -> dict[str, Any]:
-    """One snapshot as the API shows it."""
-    metadata = snapshot["metadata"]
-    return {
-        "name": snapshot["name"],
-        "stateful": snapshot["stateful"],
-        "created_at": rfc3339(snapshot["created_at"]),
-        "serial_layout": metadata.get("layout"),
-        "device_set": metadata.get("device_set"),
-        "config": metadata.get("config", {}),
-    }
-
-
-def instance_json(
-    record: InstanceRecord, agent: AgentStatus = AgentStatus.UNKNOWN
-) -> dict[str, Any]:
-    """``/1.0/instances/<name>``: LXD's instance object plus vmready's state fields."""
-    status = record.status
-    return {
-        "name": record.name,
-        "uuid": record.uuid,
-        "type": "virtual-machine",
-        "location": "none",
-        "project": "default",
-        "status": status.name,
-        "status_code": int(status.code),
-        "display_status": record.display_status,
-        "vm_state": record.vm_state.value,
-        "task_state": record.task_state.value if record.task_state is not None else None,
-        "power_state": record.power_state.value,
-        "error": record.error or "",
-        "agent": {"status": agent.value},
-        "serial_layout": _layout_json(record),
-        "boot": boot_json(record),
-        "config": dict(record.config),
-        "devices": {name: dict(device) for name, device in record.devices.items()},
-        "limits": {"memory_mib": record.memory_mib, "cpus": record.cpus},
-        "created_at": rfc3339(record.created_at),
-        "last_used_at": rfc3339(record.updated_at),
-        "updated_at": rfc3339(record.updated_at),
-    }
-
-
-def boot_json(record: InstanceRecord) -> dict[str, Any]:
-    """What the instance boots, under which accelerator, and how its agent reaches the host."""
-    source = BootSource.from_config(record.config)
-    return {
-        "source": source.describe(),
-        "image": source.image,
-        "kernel": source.kernel,
-        "initrd": source.initrd,
-        "append": source.append,
-        "accel": {
-            "requested": record.config.get(ACCEL_KEY, "auto"),
-            "current": record.config.get(CURRENT_ACCEL_KEY),
-            "reason": record.config.get(ACCEL_REASON_KEY),
-        },
-        "transport": record.config.get(TRANSPORT_KEY),
-    }
-
-
-def _layout_json(record: InstanceRecord) -> dict[str, str] | None:
-    """The serial layout the instance's VM was last started with (None: never started)."""
-    name = record.config.get(LAYOUT_KEY)
-    if name is None:
-        return None
-    layout = SERIAL_LAYOUTS.get(name)
-    return {"name": name, "description": layout.description if layout else "unknown"}
 
 
 def _async(request: IRequest, operation: Operation) -> bytes:
@@ -210,164 +96,6 @@ OPERATOR_ERRORS = ErrorStyle(
     internal="internal error",
     label="",
 )
-
-
-def read_json_body(request: IRequest, limit: int = MAX_BODY_BYTES) -> dict[str, Any]:
-    """The request body as a JSON object, read at most ``limit`` bytes (413 beyond it)."""
-    too_large = PayloadTooLarge(f"Request body too large (limit {limit} bytes)")
-    declared = request.getHeader(b"Content-Length")
-    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
-        raise too_large
-    content = request.content
-    if content is None:
-        raw = b""
-    else:
-        content.seek(0)
-        raw = content.read(limit + 1)
-    if len(raw) > limit:
-        raise too_large
-    if not raw.strip():
-        return {}
-    try:
-        body = json.loads(raw, parse_constant=_not_json)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise BadRequest(f"Invalid request body: {e}") from None
-    except RecursionError:
-        raise BadRequest("Invalid request body: nested too deeply") from None
-    if not isinstance(body, dict):
-        raise BadRequest(f"Invalid request body: expected a JSON object, got {_kind(body)}")
-    return body
-
-
-def _not_json(constant: str) -> Any:
-    """Python's json accepts NaN and Infinity; JSON does not."""
-    raise ValueError(f"{constant} is not valid JSON")
-
-
-def _kind(value: Any) -> str:
-    """How a JSON value is called in an error message."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"
-
-
-def _field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], what: str) -> Any:
-    """``body[name]`` if present and of ``kind``; a 400 naming the field otherwise."""
-    value = body.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _as_tuple(kind)):
-        raise BadRequest(f"Invalid field {name!r}: expected {what}, got {_kind(value)}")
-    return value
-
-
-def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
-    return kind if isinstance(kind, tuple) else (kind,)
-
-
-def _query(request: IRequest, name: str) -> str | None:
-    """One query parameter as text, or None."""
-    values = request.args.get(name.encode("ascii"))
-    if not values:
-        return None
-    value: bytes = values[-1]
-    return value.decode("utf-8", errors="replace")
-
-
-def _recursion(request: IRequest) -> int:
-    """``?recursion=N`` (0 when absent)."""
-    raw = _query(request, "recursion")
-    if raw is None or raw == "":
-        return 0
-    try:
-        return int(raw)
-    except ValueError:
-        raise BadRequest(f"Invalid recursion {raw!r}: expected 0 or 1") from None
-
-
-def _seconds(raw: str | None, name: str) -> float | None:
-    """A query parameter in seconds; None when absent or -1 (LXD's "no limit")."""
-    if raw is None or raw == "":
-        return None
-    try:
-        seconds = float(raw)
-    except ValueError:
-        raise BadRequest(f"Invalid {name} {raw!r}: expected seconds") from None
-    if not math.isfinite(seconds):
-        raise BadRequest(f"Invalid {name} {raw!r}: expected seconds")
-    if seconds == _DEFAULT_TIMEOUT:
-        return None
-    if seconds < 0:
-        raise BadRequest(f"Invalid {name} {raw!r}: expected seconds (0 or more, or -1)")
-    return seconds
-
-
-def _event_types(raw: str | None) -> frozenset[str] | None:
-    """``?type=lifecycle,operation``: the set asked for, or None for every type."""
-    if raw is None or not raw.strip():
-        return None
-    wanted = frozenset(part.strip() for part in raw.split(",") if part.strip())
-    unknown = sorted(wanted - EVENT_TYPES)
-    if unknown:
-        raise BadRequest(
-            f"Invalid event type {unknown[0]!r}: expected {', '.join(sorted(EVENT_TYPES))}"
-        )
-    return wanted
-
-
-@implementer(IPushProducer)
-class EventStream:
-    """Feeds one ``/1.0/events`` client; one that stops reading is cut off, not buffered.
-
-    The transport pauses us when its buffer is full.  Events that arrive while
-    paused are still written (so none is silently skipped), but past
-    ``MAX_PAUSED_BYTES`` of them the stream is closed: the client reconnects
-    and re-reads state, and the daemon's memory stays bounded.
-    """
-
-    MAX_PAUSED_BYTES = 4 * 1024 * 1024
-    log = Logger()
-
-    def __init__(self, request: http.Request) -> None:
-        self.request = request
-        self.paused = False
-        self.paused_bytes = 0
-        self.closed = False
-
-    def pauseProducing(self) -> None:
-        """The client's buffer is full."""
-        self.paused = True
-
-    def resumeProducing(self) -> None:
-        """The client caught up."""
-        self.paused = False
-        self.paused_bytes = 0
-
-    def stopProducing(self) -> None:
-        """The connection is going away."""
-        self.closed = True
-
-    def deliver(self, event: Event) -> None:
-        """Write one event as a JSON line, or end a stream whose reader fell too far behind."""
-        if self.closed:
-            return
-        line = json.dumps(event.to_json()).encode("utf-8") + b"\n"
-        if self.paused:
-            self.paused_bytes += len(line)
-            if self.paused_bytes > self.MAX_PAUSED_BYTES:
-                self.closed = True
-                self.log.warn("closing an event stream whose reader stopped reading")
-                self.request.loseConnection()
-                return
-        self.request.write(line)
 
 
 class OperatorAPI:
@@ -425,7 +153,7 @@ class OperatorAPI:
     def list_instances(self, request: IRequest) -> bytes:
         """Every instance, as URLs or (``recursion=1``) objects."""
         records = sorted(self.lifecycle.list(), key=lambda record: record.name)
-        if _recursion(request) >= 1:
+        if recursion_level(request) >= 1:
             return sync_response(request, [self._instance_json(record) for record in records])
         return sync_response(request, [instance_url(record.name) for record in records])
 
@@ -433,11 +161,11 @@ class OperatorAPI:
     async def create_instance(self, request: IRequest) -> bytes:
         """Create and boot an instance; answers with its operation."""
         body = read_json_body(request)
-        name = _field(body, "name", str, "a string")
+        name = field(body, "name", str, "a string")
         if name is None:
             raise BadRequest("Invalid field 'name': an instance name is required")
-        config = _field(body, "config", dict, "an object") or {}
-        kind = _field(body, "type", str, "a string")
+        config = field(body, "config", dict, "an object") or {}
+        kind = field(body, "type", str, "a string")
         if kind not in (None, "", "virtual-machine"):
             raise BadRequest(
                 f"Invalid field 'type': only 'virtual-machine' is supported, not {kind!r}"
@@ -453,7 +181,7 @@ class OperatorAPI:
     def patch_instance(self, request: IRequest, name: str) -> bytes:
         """Set user-settable config keys (``null`` removes one); answers with the instance."""
         body = read_json_body(request)
-        config = _field(body, "config", dict, "an object")
+        config = field(body, "config", dict, "an object")
         if config is None:
             raise BadRequest("Invalid field 'config': an object of keys to set is required")
         return sync_response(
@@ -467,12 +195,12 @@ class OperatorAPI:
         unexpected = sorted(set(body) - {"restore", "stateful", "force"})
         if unexpected:
             raise BadRequest(f"Invalid field {unexpected[0]!r}: expected restore, stateful, force")
-        snapshot = _field(body, "restore", str, "a snapshot name")
+        snapshot = field(body, "restore", str, "a snapshot name")
         if snapshot is None:
             raise BadRequest("Invalid field 'restore': the name of a snapshot is required")
         params = {"snapshot": snapshot}
         for flag in ("stateful", "force"):
-            value = _field(body, flag, bool, "true or false")
+            value = field(body, flag, bool, "true or false")
             if value is not None:
                 params[flag] = value
         self.lifecycle.get(name)
@@ -496,11 +224,11 @@ class OperatorAPI:
         unexpected = sorted(set(body) - {"name", "stateful"})
         if unexpected:
             raise BadRequest(f"Invalid field {unexpected[0]!r}: expected name, stateful")
-        snapshot = _field(body, "name", str, "a snapshot name")
+        snapshot = field(body, "name", str, "a snapshot name")
         if snapshot is None:
             raise BadRequest("Invalid field 'name': the snapshot's name is required")
         params: dict[str, Any] = {"snapshot": snapshot}
-        stateful = _field(body, "stateful", bool, "true or false")
+        stateful = field(body, "stateful", bool, "true or false")
         if stateful is not None:
             params["stateful"] = stateful
         self.lifecycle.get(name)
@@ -523,20 +251,20 @@ class OperatorAPI:
     def put_state(self, request: IRequest, name: str) -> bytes:
         """start, stop, restart, freeze or unfreeze, with LXD's force and timeout."""
         body = read_json_body(request)
-        action = _field(body, "action", str, "a string")
+        action = field(body, "action", str, "a string")
         if action not in STATE_ACTIONS:
             raise BadRequest(
                 f"Invalid field 'action': expected one of {', '.join(STATE_ACTIONS)}, "
                 f"got {action!r}"
             )
-        force = _field(body, "force", bool, "true or false")
-        timeout = _field(body, "timeout", (int, float), "a number of seconds")
+        force = field(body, "force", bool, "true or false")
+        timeout = field(body, "timeout", (int, float), "a number of seconds")
         self.lifecycle.get(name)
         params: dict[str, Any] = {}
         if action in ("stop", "restart"):
             if force is not None:
                 params["force"] = force
-            if timeout is not None and timeout != _DEFAULT_TIMEOUT:
+            if timeout is not None and timeout != DEFAULT_TIMEOUT:
                 params["timeout"] = timeout
         return _async(request, self.lifecycle.act(name, action, **params))
 
@@ -554,7 +282,7 @@ class OperatorAPI:
             raise BadRequest(f"Invalid field {unexpected[0]!r}: {action} takes no such parameter")
         params: dict[str, Any] = {}
         for key in allowed:
-            value = _field(body, key, (str, int), "a number or a string")
+            value = field(body, key, (str, int), "a number or a string")
             if value is not None:
                 params[key] = value
         self.lifecycle.get(name)
@@ -580,7 +308,7 @@ class OperatorAPI:
     @app.route("/1.0/events", methods=["GET"])
     def events(self, request: IRequest) -> Deferred[None]:
         """Newline-delimited JSON events until the client goes away."""
-        types = _event_types(_query(request, "type"))
+        types = event_types(query_param(request, "type"))
         request.setResponseCode(200)
         request.setHeader(b"Content-Type", b"application/x-ndjson")
 
@@ -600,7 +328,7 @@ class OperatorAPI:
     @app.route("/1.0/operations", methods=["GET"])
     def list_operations(self, request: IRequest) -> bytes:
         """Operations grouped by status, as URLs or (``recursion=1``) objects."""
-        recursion = _recursion(request)
+        recursion = recursion_level(request)
         grouped: dict[str, list[Any]] = {}
         for operation in sorted(
             self.lifecycle.state.operations.list(), key=lambda op: op.created_at
@@ -621,7 +349,7 @@ class OperatorAPI:
     async def wait_operation(self, request: IRequest, operation_id: str) -> bytes:
         """The operation once done, or as it is when ``?timeout=S`` runs out (-1: no limit)."""
         operation = self.lifecycle.state.operations.get(operation_id)
-        timeout = _seconds(_query(request, "timeout"), "timeout")
+        timeout = seconds_param(query_param(request, "timeout"), "timeout")
         if not operation.done:
             done = operation.when_done()
             if timeout is None:

@@ -27,9 +27,10 @@ from twisted.python.failure import Failure
 from twisted.web.resource import IResource
 from twisted.web.server import Site
 
+from vmready.agentlink.hvsock import HybridVSockServerEndpoint
 from vmready.agentlink.link import PollIntervals
 from vmready.agentlink.transport import choose_transport, vhost_vsock_problem
-from vmready.agentlink.vsock import HybridVSockAddress, HybridVSockServerEndpoint
+from vmready.agentlink.vsockaddress import HybridVSockAddress
 from vmready.api.guest import GuestAPI, guest_site, guest_tls_factory
 from vmready.api.operator import OperatorAPI
 from vmready.api.web import local_site

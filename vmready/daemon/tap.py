@@ -20,9 +20,10 @@ from twisted.internet.endpoints import (
 from twisted.python import usage
 from twisted.python.lockfile import FilesystemLock
 
+from vmready.agentlink.hvsock import HybridVSockServerEndpoint
 from vmready.agentlink.link import PollIntervals
 from vmready.agentlink.transport import TransportError, choose_transport, vhost_vsock_problem
-from vmready.agentlink.vsock import HybridVSockServerEndpoint, VSockServerEndpoint
+from vmready.agentlink.vsock import VSockServerEndpoint
 from vmready.daemon.service import GUEST_SOCKET_BASE, DaemonConfig, VMReadyService
 from vmready.domain.limits import raise_file_limit
 from vmready.domain.model import StoreError, VMReadyError

@@ -1,0 +1,128 @@
+"""The operator API's JSON views: instances, their state, boot, snapshots, as LXD shapes them."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from vmready.agentlink.transport import TRANSPORT_KEY
+from vmready.domain.model import InstanceRecord
+from vmready.hypervisor.accel import ACCEL_KEY, ACCEL_REASON_KEY, CURRENT_ACCEL_KEY
+from vmready.hypervisor.bootsource import BootSource
+from vmready.hypervisor.cmdline import SERIAL_LAYOUTS
+from vmready.lifecycle.core import LAYOUT_KEY
+from vmready.lifecycle.operations import Operation
+from vmready.protocols.ringbuffer import AgentStatus
+
+__all__ = [
+    "boot_json",
+    "instance_json",
+    "instance_url",
+    "operation_url",
+    "rfc3339",
+    "snapshot_json",
+    "state_json",
+]
+
+
+def rfc3339(timestamp: float) -> str:
+    """A Unix timestamp as LXD writes times: RFC 3339 in UTC."""
+    stamp = datetime.datetime.fromtimestamp(timestamp, tz=datetime.UTC)
+    return stamp.isoformat().replace("+00:00", "Z")
+
+
+def instance_url(name: str) -> str:
+    """The API path of an instance."""
+    return f"/1.0/instances/{name}"
+
+
+def operation_url(operation: Operation) -> str:
+    """The API path of an operation."""
+    return f"/1.0/operations/{operation.id}"
+
+
+def state_json(record: InstanceRecord, agent: AgentStatus = AgentStatus.UNKNOWN) -> dict[str, Any]:
+    """``/1.0/instances/<name>/state``: the derived status beside the three stored fields."""
+    status = record.status
+    return {
+        "status": status.name,
+        "status_code": int(status.code),
+        "display_status": record.display_status,
+        "vm_state": record.vm_state.value,
+        "task_state": record.task_state.value if record.task_state is not None else None,
+        "power_state": record.power_state.value,
+        "ready": record.ready,
+        "agent": {"status": agent.value},
+        "memory": {"total": record.memory_mib * 1024 * 1024, "total_mib": record.memory_mib},
+        "cpu": {"count": record.cpus},
+    }
+
+
+def snapshot_json(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """One snapshot as the API shows it."""
+    metadata = snapshot["metadata"]
+    return {
+        "name": snapshot["name"],
+        "stateful": snapshot["stateful"],
+        "created_at": rfc3339(snapshot["created_at"]),
+        "serial_layout": metadata.get("layout"),
+        "device_set": metadata.get("device_set"),
+        "config": metadata.get("config", {}),
+    }
+
+
+def instance_json(
+    record: InstanceRecord, agent: AgentStatus = AgentStatus.UNKNOWN
+) -> dict[str, Any]:
+    """``/1.0/instances/<name>``: LXD's instance object plus vmready's state fields."""
+    status = record.status
+    return {
+        "name": record.name,
+        "uuid": record.uuid,
+        "type": "virtual-machine",
+        "location": "none",
+        "project": "default",
+        "status": status.name,
+        "status_code": int(status.code),
+        "display_status": record.display_status,
+        "vm_state": record.vm_state.value,
+        "task_state": record.task_state.value if record.task_state is not None else None,
+        "power_state": record.power_state.value,
+        "error": record.error or "",
+        "agent": {"status": agent.value},
+        "serial_layout": _layout_json(record),
+        "boot": boot_json(record),
+        "config": dict(record.config),
+        "devices": {name: dict(device) for name, device in record.devices.items()},
+        "limits": {"memory_mib": record.memory_mib, "cpus": record.cpus},
+        "created_at": rfc3339(record.created_at),
+        "last_used_at": rfc3339(record.updated_at),
+        "updated_at": rfc3339(record.updated_at),
+    }
+
+
+def boot_json(record: InstanceRecord) -> dict[str, Any]:
+    """What the instance boots, under which accelerator, and how its agent reaches the host."""
+    source = BootSource.from_config(record.config)
+    return {
+        "source": source.describe(),
+        "image": source.image,
+        "kernel": source.kernel,
+        "initrd": source.initrd,
+        "append": source.append,
+        "accel": {
+            "requested": record.config.get(ACCEL_KEY, "auto"),
+            "current": record.config.get(CURRENT_ACCEL_KEY),
+            "reason": record.config.get(ACCEL_REASON_KEY),
+        },
+        "transport": record.config.get(TRANSPORT_KEY),
+    }
+
+
+def _layout_json(record: InstanceRecord) -> dict[str, str] | None:
+    """The serial layout the instance's VM was last started with (None: never started)."""
+    name = record.config.get(LAYOUT_KEY)
+    if name is None:
+        return None
+    layout = SERIAL_LAYOUTS.get(name)
+    return {"name": name, "description": layout.description if layout else "unknown"}

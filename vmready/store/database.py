@@ -1,0 +1,89 @@
+"""The connection the store's tables share: transactions, the clock, instance rows by name.
+
+Synchronous on purpose: the daemon calls it on the reactor thread and every
+query touches a handful of rows.  Every write that reads before it writes runs
+inside ``BEGIN IMMEDIATE``, so the database, not the caller, decides which of
+two racing writers wins.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from vmready.domain.model import InstanceRecord, NotFound
+from vmready.domain.states import PowerState, TaskState, VMState
+
+__all__ = ["INSTANCE_COLUMNS", "Database", "dump", "instance_not_found"]
+
+INSTANCE_COLUMNS = (
+    "name, uuid, vm_state, task_state, power_state, config, devices, error, created_at, updated_at"
+)
+
+
+class Database:
+    """One open SQLite connection and the clock that stamps its rows."""
+
+    def __init__(self, connection: sqlite3.Connection, clock: Callable[[], float]) -> None:
+        self.db = connection
+        self.clock = clock
+
+    def close(self) -> None:
+        """Close the database connection."""
+        self.db.close()
+
+    @contextlib.contextmanager
+    def transaction(self, immediate: bool = True) -> Iterator[None]:
+        """One transaction; IMMEDIATE takes the write lock first so reads see what is written."""
+        self.db.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
+        try:
+            yield
+            self.db.execute("COMMIT")
+        except BaseException:
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            raise
+
+    def find_instance(self, name: str) -> InstanceRecord | None:
+        """The instance called name, or None."""
+        row = self.db.execute(
+            f"SELECT {INSTANCE_COLUMNS} FROM instances WHERE name = ?", (name,)
+        ).fetchone()
+        return None if row is None else instance_from_row(row)
+
+    def get_instance(self, name: str) -> InstanceRecord:
+        """The instance called name, or NotFound."""
+        record = self.find_instance(name)
+        if record is None:
+            raise instance_not_found(name)
+        return record
+
+
+def instance_from_row(row: sqlite3.Row) -> InstanceRecord:
+    """The record of a row of ``INSTANCE_COLUMNS``."""
+    task_state = row["task_state"]
+    return InstanceRecord(
+        name=row["name"],
+        uuid=row["uuid"],
+        vm_state=VMState(row["vm_state"]),
+        task_state=None if task_state is None else TaskState(task_state),
+        power_state=PowerState(row["power_state"]),
+        config=json.loads(row["config"]),
+        devices=json.loads(row["devices"]),
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        error=row["error"],
+    )
+
+
+def dump(value: Mapping[str, Any]) -> str:
+    """A JSON column's text: keys sorted, no spaces."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def instance_not_found(name: str) -> NotFound:
+    """The 404 for an instance by name."""
+    return NotFound(f"Instance {name} not found")

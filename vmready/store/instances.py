@@ -1,0 +1,285 @@
+"""Instance rows: creating them, their tasks (compare-and-swap), states and config.
+
+Claiming a task is a compare-and-swap in a single ``UPDATE … WHERE task_state
+IS NULL``, so the database, not the caller, decides which of two racing
+actions wins.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from vmready.domain.model import BadRequest, Conflict, InstanceRecord, task_conflict
+from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
+from vmready.store.database import (
+    INSTANCE_COLUMNS,
+    Database,
+    dump,
+    instance_from_row,
+    instance_not_found,
+)
+
+__all__ = ["Instances"]
+
+
+class Instances:
+    """The ``instances`` table."""
+
+    def __init__(self, database: Database) -> None:
+        self._database = database
+
+    def create_instance(
+        self,
+        name: str,
+        config: dict[str, str],
+        devices: dict[str, dict[str, str]],
+        instance_uuid: str | None = None,
+    ) -> InstanceRecord:
+        """Add an instance, building with a spawning task; Conflict if the name is taken.
+
+        ``instance_uuid``: this uuid instead of a new one (a replayed session's).
+        """
+        _check_config(config)
+        _check_devices(devices)
+        now = self._database.clock()
+        with self._database.transaction():
+            if self._database.find_instance(name) is not None:
+                raise Conflict(f"Instance {name} already exists")
+            self._database.db.execute(
+                f"INSERT INTO instances ({INSTANCE_COLUMNS})"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?)",
+                (
+                    name,
+                    instance_uuid or str(uuid.uuid4()),
+                    VMState.BUILDING.value,
+                    TaskState.SPAWNING.value,
+                    PowerState.NOSTATE.value,
+                    dump(config),
+                    dump(devices),
+                    now,
+                    now,
+                ),
+            )
+            return self._database.get_instance(name)
+
+    def get_instance(self, name: str) -> InstanceRecord:
+        """The instance called name, or NotFound."""
+        return self._database.get_instance(name)
+
+    def find_instance(self, name: str) -> InstanceRecord | None:
+        """The instance called name, or None."""
+        return self._database.find_instance(name)
+
+    def list_instances(self) -> list[InstanceRecord]:
+        """Every instance, ordered by name."""
+        rows = self._database.db.execute(f"SELECT {INSTANCE_COLUMNS} FROM instances ORDER BY name")
+        return [instance_from_row(row) for row in rows]
+
+    def claim_task(
+        self, name: str, action: str, allowed_from: frozenset[VMState], task: TaskState
+    ) -> InstanceRecord:
+        """Start task if there is none and vm_state is in allowed_from; else the 409 saying why."""
+        states = sorted(state.value for state in allowed_from)
+        placeholders = ", ".join("?" for _ in states)
+        with self._database.transaction():
+            claimed = self._database.db.execute(
+                "UPDATE instances SET task_state = ?, updated_at = ?"
+                f" WHERE name = ? AND task_state IS NULL AND vm_state IN ({placeholders})",
+                (task.value, self._database.clock(), name, *states),
+            ).rowcount
+            current = self._database.get_instance(name)
+        if claimed:
+            return current
+        raise task_conflict(action, name, current.task_state, current.vm_state)
+
+    def advance_task(self, name: str, expected: TaskState, task: TaskState) -> InstanceRecord:
+        """Move from task_state expected to task; Conflict if the instance is not in expected."""
+        with self._database.transaction():
+            advanced = self._database.db.execute(
+                "UPDATE instances SET task_state = ?, updated_at = ?"
+                " WHERE name = ? AND task_state = ?",
+                (task.value, self._database.clock(), name, expected.value),
+            ).rowcount
+            current = self._database.get_instance(name)
+        if advanced:
+            return current
+        raise _stale_task(name, expected, current)
+
+    def finish_task(
+        self,
+        name: str,
+        expected: TaskState,
+        vm_state: VMState,
+        power_state: PowerState | None = None,
+        config_updates: dict[str, str | None] | None = None,
+    ) -> InstanceRecord:
+        """End task expected: rest in vm_state, optionally set power_state and config; atomic."""
+        with self._database.transaction():
+            current = self._database.get_instance(name)
+            if current.task_state is not expected:
+                raise _stale_task(name, expected, current)
+            config = _updated(current.config, config_updates or {})
+            error = current.error if vm_state is VMState.ERROR else None
+            self._database.db.execute(
+                "UPDATE instances SET task_state = NULL, vm_state = ?, power_state = ?,"
+                " config = ?, error = ?, updated_at = ? WHERE name = ? AND task_state = ?",
+                (
+                    vm_state.value,
+                    (power_state or current.power_state).value,
+                    dump(config),
+                    error,
+                    self._database.clock(),
+                    name,
+                    expected.value,
+                ),
+            )
+            return self._database.get_instance(name)
+
+    def set_error(
+        self, name: str, reason: str, power_state: PowerState | None = None
+    ) -> InstanceRecord:
+        """Put the instance in vm_state error with reason, ending any task."""
+        with self._database.transaction():
+            self._update_existing(
+                name,
+                "vm_state = ?, task_state = NULL, error = ?,"
+                " power_state = COALESCE(?, power_state), updated_at = ?",
+                (
+                    VMState.ERROR.value,
+                    reason,
+                    None if power_state is None else power_state.value,
+                    self._database.clock(),
+                ),
+            )
+            return self._database.get_instance(name)
+
+    def set_power_state(self, name: str, power_state: PowerState) -> InstanceRecord:
+        """Record what the hypervisor reports; an unchanged power state writes nothing."""
+        with self._database.transaction():
+            current = self._database.get_instance(name)
+            if current.power_state is power_state:
+                return current
+            self._update_existing(
+                name,
+                "power_state = ?, updated_at = ?",
+                (power_state.value, self._database.clock()),
+            )
+            return self._database.get_instance(name)
+
+    def update_config(self, name: str, updates: dict[str, str | None]) -> InstanceRecord:
+        """Set config keys (None deletes the key) in one read-modify-write transaction."""
+        with self._database.transaction():
+            current = self._database.get_instance(name)
+            config = _updated(current.config, updates)
+            self._update_existing(
+                name, "config = ?, updated_at = ?", (dump(config), self._database.clock())
+            )
+            return self._database.get_instance(name)
+
+    def settle(
+        self,
+        name: str,
+        allowed_from: frozenset[VMState],
+        vm_state: VMState,
+        power_state: PowerState,
+        config_updates: dict[str, str | None] | None = None,
+    ) -> InstanceRecord | None:
+        """Move an idle instance to ``vm_state`` without an action (a VM exited, the poller).
+
+        One conditional ``UPDATE … WHERE task_state IS NULL AND vm_state IN (…)``:
+        an instance with a task in progress, or in a state not listed (error, say),
+        is left untouched and None is returned.
+        """
+        states = sorted(state.value for state in allowed_from)
+        placeholders = ", ".join("?" for _ in states)
+        with self._database.transaction():
+            current = self._database.find_instance(name)
+            if current is None:
+                return None
+            config = _updated(current.config, config_updates or {})
+            changed = self._database.db.execute(
+                "UPDATE instances SET vm_state = ?, power_state = ?, config = ?, "
+                "error = NULL, updated_at = ? "
+                f"WHERE name = ? AND task_state IS NULL AND vm_state IN ({placeholders})",
+                (
+                    vm_state.value,
+                    power_state.value,
+                    dump(config),
+                    self._database.clock(),
+                    name,
+                    *states,
+                ),
+            ).rowcount
+            return self._database.get_instance(name) if changed else None
+
+    def clear_ready_everywhere(self) -> int:
+        """Remove the ready key from every instance (daemon start); return how many had it."""
+        needle = json.dumps(READY_KEY)
+        cleared = 0
+        with self._database.transaction():
+            # instr() only narrows the scan; the decoded config decides.
+            rows = self._database.db.execute(
+                "SELECT name, config FROM instances WHERE instr(config, ?) > 0", (needle,)
+            ).fetchall()
+            now = self._database.clock()
+            for row in rows:
+                config: dict[str, str] = json.loads(row["config"])
+                if config.pop(READY_KEY, None) is None:
+                    continue
+                self._database.db.execute(
+                    "UPDATE instances SET config = ?, updated_at = ? WHERE name = ?",
+                    (dump(config), now, row["name"]),
+                )
+                cleared += 1
+        return cleared
+
+    def delete_instance(self, name: str) -> None:
+        """Remove the instance and its snapshots; its action history stays."""
+        deleted = self._database.db.execute(
+            "DELETE FROM instances WHERE name = ?", (name,)
+        ).rowcount
+        if not deleted:
+            raise instance_not_found(name)
+
+    def _update_existing(self, name: str, assignments: str, values: tuple[Any, ...]) -> None:
+        updated = self._database.db.execute(
+            f"UPDATE instances SET {assignments} WHERE name = ?", (*values, name)
+        ).rowcount
+        if not updated:
+            raise instance_not_found(name)
+
+
+def _updated(config: dict[str, str], updates: Mapping[str, str | None]) -> dict[str, str]:
+    """config with updates applied: a None value deletes the key."""
+    result = dict(config)
+    for key, value in updates.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = value
+    _check_config(result)
+    return result
+
+
+def _check_config(config: Mapping[str, Any]) -> None:
+    for key, value in config.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise BadRequest(f"Config key {key!r} must map to a string, not {value!r}")
+
+
+def _check_devices(devices: Mapping[str, Any]) -> None:
+    for device, settings in devices.items():
+        if not isinstance(settings, dict) or not all(
+            isinstance(key, str) and isinstance(value, str) for key, value in settings.items()
+        ):
+            raise BadRequest(f"Device {device!r} must map names to strings")
+
+
+def _stale_task(name: str, expected: TaskState, current: InstanceRecord) -> Conflict:
+    """The 409 for a task step whose compare-and-swap found another task_state."""
+    return Conflict(
+        f"Instance {name} is in task_state {current.task_state or 'none'}, not {expected}"
+    )

@@ -1,0 +1,73 @@
+"""Snapshot rows: which snapshots each instance has, with their metadata."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+from vmready.domain.model import Conflict
+from vmready.store.database import Database, dump
+
+__all__ = ["Snapshots"]
+
+
+class Snapshots:
+    """The ``snapshots`` table."""
+
+    def __init__(self, database: Database) -> None:
+        self._database = database
+
+    def create_snapshot(
+        self, instance: str, name: str, stateful: bool, metadata: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Record a snapshot of instance; Conflict if the instance already has one called name."""
+        encoded = dump(metadata)
+        with self._database.transaction():
+            self._database.get_instance(instance)
+            taken = self._database.db.execute(
+                "SELECT 1 FROM snapshots WHERE instance = ? AND name = ?", (instance, name)
+            ).fetchone()
+            if taken is not None:
+                raise Conflict(f"Snapshot {name} of instance {instance} already exists")
+            self._database.db.execute(
+                "INSERT INTO snapshots (instance, name, stateful, created_at, metadata)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (instance, name, int(stateful), self._database.clock(), encoded),
+            )
+            row = self._database.db.execute(
+                "SELECT instance, name, stateful, created_at, metadata FROM snapshots"
+                " WHERE instance = ? AND name = ?",
+                (instance, name),
+            ).fetchone()
+        return _snapshot(row)
+
+    def find_snapshot(self, instance: str, name: str) -> dict[str, Any] | None:
+        """Snapshot ``name`` of instance, or None."""
+        row = self._database.db.execute(
+            "SELECT instance, name, stateful, created_at, metadata FROM snapshots"
+            " WHERE instance = ? AND name = ?",
+            (instance, name),
+        ).fetchone()
+        return None if row is None else _snapshot(row)
+
+    def list_snapshots(self, instance: str) -> list[dict[str, Any]]:
+        """The snapshots of instance, oldest first; NotFound if there is no such instance."""
+        with self._database.transaction(immediate=False):
+            self._database.get_instance(instance)
+            rows = self._database.db.execute(
+                "SELECT instance, name, stateful, created_at, metadata FROM snapshots"
+                " WHERE instance = ? ORDER BY created_at, id",
+                (instance,),
+            ).fetchall()
+        return [_snapshot(row) for row in rows]
+
+
+def _snapshot(row: sqlite3.Row) -> dict[str, Any]:
+    return {
+        "instance": row["instance"],
+        "name": row["name"],
+        "stateful": bool(row["stateful"]),
+        "created_at": row["created_at"],
+        "metadata": json.loads(row["metadata"]),
+    }
