@@ -1,28 +1,26 @@
-"""The daemon's operator API over its unix socket: requests, LXD's envelopes, the event stream."""
+"""The daemon's operator API over its unix socket: requests, LXD's envelopes, the event stream.
+
+HTTP is treq's, on Twisted's ``Agent`` with an endpoint factory that sends
+every request to the daemon's unix socket.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 from collections.abc import Callable, Sequence
-from io import BytesIO
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from treq import content
+from treq.client import HTTPClient
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.endpoints import UNIXClientEndpoint
 from twisted.internet.error import ConnectError, ConnectionDone
 from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
-from twisted.web.client import (
-    URI,
-    Agent,
-    FileBodyProducer,
-    ResponseDone,
-    ResponseFailed,
-)
-from twisted.web.http import PotentialDataLoss
+from twisted.web.client import URI, Agent, ResponseDone, ResponseFailed
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory, IResponse
 from zope.interface import implementer
@@ -113,25 +111,6 @@ class LineStream(Protocol):
             self.ended.callback(f"lost the connection to {self._daemon}")
 
 
-class _BodyReader(Protocol):
-    """Collects a whole response body (``readBody`` warns about unix transports)."""
-
-    def __init__(self) -> None:
-        self._chunks: list[bytes] = []
-        self.done: Deferred[bytes] = Deferred()
-
-    def dataReceived(self, data: bytes) -> None:
-        """Keep the chunk."""
-        self._chunks.append(data)
-
-    def connectionLost(self, reason: Failure = Failure(ConnectionDone())) -> None:  # noqa: B008
-        """The body is complete, or the connection broke."""
-        if reason.check(ResponseDone, PotentialDataLoss):
-            self.done.callback(b"".join(self._chunks))
-        else:
-            self.done.errback(reason)
-
-
 class Client:
     """The operator API over the daemon's unix socket, with LXD's envelopes unwrapped."""
 
@@ -139,7 +118,8 @@ class Client:
         self.reactor = reactor
         self.socket_path = socket_path
         self.daemon = f"the vmready daemon at {socket_path}"
-        self._agent = Agent.usingEndpointFactory(reactor, _UnixSocket(reactor, socket_path))
+        agent = Agent.usingEndpointFactory(reactor, _UnixSocket(reactor, socket_path))
+        self._http = HTTPClient(agent)
 
     def _failed(self, error: ResponseFailed) -> Exception:
         """What to raise for a request or response that broke off."""
@@ -150,22 +130,24 @@ class Client:
 
     async def _read_body(self, response: IResponse) -> bytes:
         """The whole body of ``response``."""
-        reader = _BodyReader()
-        response.deliverBody(reader)
         try:
-            return await reader.done
+            body: bytes = await content(response)
         except ResponseFailed as e:
             raise self._failed(e) from None
+        return body
 
-    async def _send(self, method: str, path: str, body: Any = None) -> IResponse:
-        headers = Headers({b"User-Agent": [b"vmready-cli"]})
-        producer = None
-        if body is not None:
-            headers.addRawHeader(b"Content-Type", b"application/json")
-            producer = FileBodyProducer(BytesIO(json.dumps(body).encode("utf-8")))
+    async def _send(
+        self, method: str, path: str, body: Any = None, stream: bool = False
+    ) -> IResponse:
+        """One request; ``stream``: the body is read as it comes (the event stream)."""
+        options: dict[str, Any] = {} if body is None else {"json": body}
         try:
-            response: IResponse = await self._agent.request(
-                method.encode("ascii"), (_HOST + path).encode("utf-8"), headers, producer
+            response: IResponse = await self._http.request(
+                method,
+                _HOST + path,
+                headers=Headers({b"User-Agent": [b"vmready-cli"]}),
+                unbuffered=stream,
+                **options,
             )
             return response
         except ConnectError as e:
@@ -229,7 +211,7 @@ class Client:
         """Subscribe to ``/1.0/events``; returns once the daemon has subscribed us."""
         arguments = {"type": ",".join(types)}
         query = f"?{urlencode(arguments, errors='surrogateescape')}" if types else ""
-        response = await self._send("GET", f"/1.0/events{query}")
+        response = await self._send("GET", f"/1.0/events{query}", stream=True)
         if response.code != 200:
             raw = await self._read_body(response)
             try:
