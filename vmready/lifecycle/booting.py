@@ -36,9 +36,7 @@ from vmready.hypervisor.console import (
     console_size,
     mark_boot,
 )
-from vmready.hypervisor.driver import (
-    RunningVM,
-)
+from vmready.hypervisor.runningvm import RunningVM
 from vmready.lifecycle.guestside import GuestSide
 from vmready.lifecycle.state import (
     _SIGN_OF_LIFE_POLL,

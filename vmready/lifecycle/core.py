@@ -30,11 +30,12 @@ from vmready.hypervisor.bootsource import BootSource, ImageInfo
 from vmready.hypervisor.cmdline import (
     CURRENT_LAYOUT,
     SerialLayout,
+    VMSpec,
 )
 from vmready.hypervisor.console import (
     rotate_console,
 )
-from vmready.hypervisor.driver import HypervisorDriver, VMSpec
+from vmready.hypervisor.driver import HypervisorDriver
 from vmready.lifecycle.actions import Actions
 from vmready.lifecycle.booting import Booting
 from vmready.lifecycle.events import EventBus

@@ -47,6 +47,7 @@ from vmready.hypervisor.cmdline import (
     UNRECORDED_LAYOUT,
     GuestForward,
     SerialLayout,
+    VMSpec,
 )
 from vmready.hypervisor.configdrive import (
     DriveContents,
@@ -55,11 +56,8 @@ from vmready.hypervisor.console import (
     DEFAULT_CONSOLE_MAX_BYTES,
     read_console,
 )
-from vmready.hypervisor.driver import (
-    HypervisorDriver,
-    RunningVM,
-    VMSpec,
-)
+from vmready.hypervisor.driver import HypervisorDriver
+from vmready.hypervisor.runningvm import RunningVM
 from vmready.lifecycle.events import EventBus
 from vmready.lifecycle.hooks import RECORD_KEY, RecorderLookup
 from vmready.lifecycle.operations import Operations

@@ -49,8 +49,8 @@ from vmready.api.web import BytesProducer
 from vmready.domain.model import InstanceRecord, VMReadyError
 from vmready.domain.states import PowerState, TaskState, VMState
 from vmready.hypervisor.bootsource import BOOT_KEYS
-from vmready.hypervisor.cmdline import CURRENT_LAYOUT, SERIAL_LAYOUTS, build_command_line
-from vmready.hypervisor.driver import RunningVM, VMSpec
+from vmready.hypervisor.cmdline import CURRENT_LAYOUT, SERIAL_LAYOUTS, VMSpec, build_command_line
+from vmready.hypervisor.runningvm import RunningVM
 from vmready.lifecycle.core import (
     GuestLink,
     Lifecycle,
