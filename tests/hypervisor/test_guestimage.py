@@ -29,7 +29,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from vmready.guestfiles import LOADER_FILES, executable, loader_files
 from vmready.hypervisor import guestimage
-from vmready.hypervisor.bootsource import has_pvh_entry
+from vmready.hypervisor.bootfiles import has_pvh_entry
 from vmready.hypervisor.guestimage import (
     ArchiveEntry,
     CommandResult,

@@ -1,4 +1,4 @@
-"""Tests for vmready.hypervisor.driver: real fakeqemu (and real QEMU) processes driven over QMP.
+"""vmready.hypervisor.driver and runningvm: real fakeqemu (and real QEMU) processes over QMP.
 
 Every VM runs in a short temporary directory under /tmp and is killed at
 cleanup.  The checks in ``PowerChecks`` run unchanged against fakeqemu and

@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 import attrs
 
 from vmready.guestfiles import executable, loader_files
-from vmready.hypervisor.bootsource import has_pvh_entry
+from vmready.hypervisor.bootfiles import has_pvh_entry
 
 __all__ = [
     "CACHE_VARIABLE",
