@@ -38,7 +38,7 @@ import tempfile
 import time
 from typing import Any
 
-from vmready.hypervisor.guestimage import ensure_guest
+from vmready.hypervisor.guestimage.build import ensure_guest
 
 BIN_DIRECTORY = os.path.dirname(os.path.abspath(sys.executable))
 TWISTD = os.path.join(BIN_DIRECTORY, "twistd")

@@ -20,8 +20,8 @@ from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 
+from vmready.hypervisor.accel import accelerators_for_host
 from vmready.hypervisor.cmdline import AGENT_PORT, AGENT_RING, LEGACY_PORT
-from vmready.hypervisor.driver import accelerators_for_host
 from vmready.protocols.qmp import QMPClientProtocol, QMPEvent, connect_qmp
 
 REQUIRE_QEMU_VARIABLE = "VMREADY_REQUIRE_QEMU"

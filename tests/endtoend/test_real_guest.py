@@ -151,7 +151,8 @@ class RealGuestTests(SynchronousTestCase):
             if required:
                 self.fail(f"{REQUIRE_QEMU_VARIABLE}=1 but a real guest cannot run: {reason}")
             self.skipTest(reason)
-        from vmready.hypervisor.guestimage import GuestImageError, ensure_guest
+        from vmready.hypervisor.guestimage.build import ensure_guest
+        from vmready.hypervisor.guestimage.commands import GuestImageError
 
         cache = os.environ.get(GUEST_CACHE_VARIABLE) or os.path.expanduser(
             "~/.cache/vmready/guest"

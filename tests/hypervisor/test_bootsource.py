@@ -1,4 +1,4 @@
-"""Tests for vmready.hypervisor.bootsource: boot source config, file checks, and qemu-img.
+"""Tests for vmready.hypervisor.bootsource, bootfiles and imagetool: config, file checks, qemu-img.
 
 The checks of kernels, initrds and raw images read real files made here.
 ``ImageTool`` and ``check_boot_source_now`` run the real ``qemu-img`` on tiny
@@ -23,22 +23,16 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from tests.conformance.support import REQUIRE_QEMU_VARIABLE
 from tests.hypervisor.test_guestimage import fake_pvh_kernel
 from vmready.domain.model import BadRequest, HypervisorError
+from vmready.hypervisor.bootfiles import check_files, check_initrd, check_kernel, check_raw_image
 from vmready.hypervisor.bootsource import (
     APPEND_KEY,
     IMAGE_KEY,
     INITRD_KEY,
     KERNEL_KEY,
     MAX_APPEND_BYTES,
-    QEMU_IMG,
     BootSource,
-    ImageInfo,
-    ImageTool,
-    check_files,
-    check_initrd,
-    check_kernel,
-    check_raw_image,
-    parse_image_info,
 )
+from vmready.hypervisor.imagetool import QEMU_IMG, ImageInfo, ImageTool, parse_image_info
 
 MIB = 1 << 20
 NOT_A_DISK = "holds no partition table or filesystem"

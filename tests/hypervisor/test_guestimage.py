@@ -28,16 +28,31 @@ from collections.abc import Sequence
 from twisted.trial.unittest import SynchronousTestCase
 
 from vmready.guestfiles import LOADER_FILES, executable, loader_files
-from vmready.hypervisor import guestimage
-from vmready.hypervisor.bootsource import has_pvh_entry
-from vmready.hypervisor.guestimage import (
-    ArchiveEntry,
-    CommandResult,
+from vmready.hypervisor.bootfiles import has_pvh_entry
+from vmready.hypervisor.guestimage import inputs as guest_inputs
+from vmready.hypervisor.guestimage.build import ensure_guest
+from vmready.hypervisor.guestimage.cache import (
     GuestImage,
+    default_cache_dir,
+    mounts_under,
+    remove_stale_builds,
+)
+from vmready.hypervisor.guestimage.commands import (
+    CommandResult,
     GuestImageError,
-    GuestInputs,
-    Package,
-    ensure_guest,
+    run_command,
+    run_step,
+)
+from vmready.hypervisor.guestimage.content import (
+    BUILDER_VERSION,
+    BUSYBOX_APPLETS,
+    INIT_SCRIPT,
+    INITRAMFS_MODULES,
+    ROOT_PACKAGES,
+    USER_DATA_UNIT,
+)
+from vmready.hypervisor.guestimage.initramfs import (
+    ArchiveEntry,
     gzip_bytes,
     initramfs_entries,
     kernel_modules,
@@ -46,9 +61,10 @@ from vmready.hypervisor.guestimage import (
     module_dependencies,
     module_name,
     newc_archive,
-    resolve_inputs,
     uncompressed_kernel,
 )
+from vmready.hypervisor.guestimage.inputs import GuestInputs, Package, image_files, resolve_inputs
+from vmready.hypervisor.guestimage.rootfs import customize_root
 
 REQUIRE_QEMU_VARIABLE = "VMREADY_REQUIRE_QEMU"
 
@@ -356,19 +372,19 @@ class InitramfsTests(SynchronousTestCase):
         self.assertEqual(members["dev/console"][2], (5, 1))
 
     def test_initPowersOffOnFailure(self) -> None:
-        init = guestimage.INIT_SCRIPT
+        init = INIT_SCRIPT
         self.assertIn("poweroff -f", init)
         for applet in ("poweroff", "insmod", "switch_root", "mount", "sleep", "dmesg"):
-            self.assertIn(applet, guestimage.BUSYBOX_APPLETS)
+            self.assertIn(applet, BUSYBOX_APPLETS)
 
     def test_initIsValidShell(self) -> None:
         path = os.path.join(self.mktemp())
         with open(path, "w") as f:
-            f.write(guestimage.INIT_SCRIPT)
+            f.write(INIT_SCRIPT)
         subprocess.run(["sh", "-n", path], check=True)
 
     def test_crc32cLoadsBeforeExt4(self) -> None:
-        wanted = list(guestimage.INITRAMFS_MODULES)
+        wanted = list(INITRAMFS_MODULES)
         self.assertLess(wanted.index("crc32c_generic"), wanted.index("ext4"))
 
     def test_gzipIsReproducible(self) -> None:
@@ -424,7 +440,7 @@ class InputsTests(SynchronousTestCase):
         self.assertEqual(resolved.kernel, Package("linux-image-6.1.0-56-amd64", "6.1.192-2"))
         self.assertEqual(resolved.kernel_release, "6.1.0-56-amd64")
         self.assertEqual(resolved.busybox, Package("busybox-static", "1:1.35.0-4+deb12u1+b1"))
-        self.assertEqual([p.name for p in resolved.root_packages], list(guestimage.ROOT_PACKAGES))
+        self.assertEqual([p.name for p in resolved.root_packages], list(ROOT_PACKAGES))
 
     def test_unknownPackagesAreNamed(self) -> None:
         packages = apt_show_packages().replace("Package: dbus\n", "Package: dbus-x11\n")
@@ -464,16 +480,16 @@ class InputsTests(SynchronousTestCase):
 
     def test_theBuilderVersionChangesTheKey(self) -> None:
         before = inputs().key
-        self.patch(guestimage, "BUILDER_VERSION", guestimage.BUILDER_VERSION + 1)
+        self.patch(guest_inputs, "BUILDER_VERSION", BUILDER_VERSION + 1)
         self.assertNotEqual(inputs().key, before)
 
     def test_theModuleListChangesTheKey(self) -> None:
         before = inputs().key
-        self.patch(guestimage, "INITRAMFS_MODULES", (*guestimage.INITRAMFS_MODULES, "vfat"))
+        self.patch(guest_inputs, "INITRAMFS_MODULES", (*INITRAMFS_MODULES, "vfat"))
         self.assertNotEqual(inputs().key, before)
 
     def test_imageFilesHoldTheLoaderAndTheDemosOwn(self) -> None:
-        files = guestimage.image_files()
+        files = image_files()
         for name in LOADER_FILES:
             self.assertEqual(files[f"loader/{name}"], loader_files()[name])
         self.assertIn("initramfs/init", files)
@@ -490,7 +506,7 @@ class StepTests(SynchronousTestCase):
             return CommandResult(1, b"", b"line 0\n" + stderr)
 
         with self.assertRaises(GuestImageError) as caught:
-            guestimage._step(run, "bootstrapping the root filesystem", ["mmdebstrap", "-q", "x"])
+            run_step(run, "bootstrapping the root filesystem", ["mmdebstrap", "-q", "x"])
         self.assertEqual(
             str(caught.exception),
             "bootstrapping the root filesystem failed: mmdebstrap -q exited with status 1: "
@@ -502,7 +518,7 @@ class StepTests(SynchronousTestCase):
             raise FileNotFoundError(2, "No such file or directory")
 
         with self.assertRaises(GuestImageError) as caught:
-            guestimage._step(run, "making the root filesystem", ["mkfs.ext4", "-d", "x"])
+            run_step(run, "making the root filesystem", ["mkfs.ext4", "-d", "x"])
         self.assertEqual(
             str(caught.exception),
             "making the root filesystem failed: cannot run mkfs.ext4: No such file or directory "
@@ -510,7 +526,7 @@ class StepTests(SynchronousTestCase):
         )
 
     def test_theRealRunnerCapturesOutput(self) -> None:
-        result = guestimage.run_command(["sh", "-c", "echo out; echo err >&2; exit 3"])
+        result = run_command(["sh", "-c", "echo out; echo err >&2; exit 3"])
         self.assertEqual(result, CommandResult(3, b"out\n", b"err\n"))
 
 
@@ -677,7 +693,7 @@ class MountedLeftoversTests(SynchronousTestCase):
 
     def test_mountsUnderAPathDeepestFirst(self) -> None:
         self.assertEqual(
-            guestimage.mounts_under(self.stale, self.mountinfo),
+            mounts_under(self.stale, self.mountinfo),
             [
                 f"{self.stale}/root/sys/fs/cgroup",
                 f"{self.stale}/root/proc",
@@ -687,12 +703,12 @@ class MountedLeftoversTests(SynchronousTestCase):
 
     def test_escapedMountPointsAreDecoded(self) -> None:
         self.assertEqual(
-            guestimage.mounts_under(f"{self.cache}/other dir", self.mountinfo),
+            mounts_under(f"{self.cache}/other dir", self.mountinfo),
             [f"{self.cache}/other dir"],
         )
 
     def test_staleBuildsAreUnmountedThenRemoved(self) -> None:
-        guestimage.remove_stale_builds(self.cache, self.umount, self.log.append, self.mountinfo)
+        remove_stale_builds(self.cache, self.umount, self.log.append, self.mountinfo)
         self.assertEqual(
             self.commands,
             [
@@ -710,7 +726,7 @@ class MountedLeftoversTests(SynchronousTestCase):
             return CommandResult(0, b"", b"")
 
         with self.assertRaises(GuestImageError) as caught:
-            guestimage.remove_stale_builds(
+            remove_stale_builds(
                 self.cache, umount_that_fails_silently, self.log.append, self.mountinfo
             )
         self.assertEqual(
@@ -890,7 +906,7 @@ class CustomizeTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.root = fake_guest_root(self.mktemp())
         loader = os.path.dirname(write_loader(self.mktemp()))
-        guestimage.customize_root(self.root, guestimage.run_command, loader)
+        customize_root(self.root, run_command, loader)
 
     def read(self, path: str) -> str:
         with open(os.path.join(self.root, path)) as f:
@@ -979,7 +995,7 @@ class RealBuildTests(SynchronousTestCase):
     """Builds (or reuses) the real demo guest and checks what is inside it."""
 
     def setUp(self) -> None:
-        self.cache = guestimage.default_cache_dir()
+        self.cache = default_cache_dir()
         reason = unavailable_reason(self.cache)
         if reason is not None:
             if os.environ.get(REQUIRE_QEMU_VARIABLE) == "1":
@@ -1040,7 +1056,7 @@ class RealBuildTests(SynchronousTestCase):
         self.assertIn(b"vmready-agent.pyz", cat("/usr/local/bin/vmready-agent"))
         self.assertEqual(
             cat("/etc/systemd/system/vmready-user-data.service"),
-            guestimage.USER_DATA_UNIT.encode(),
+            USER_DATA_UNIT.encode(),
         )
         links = subprocess.run(
             ["debugfs", "-R", "ls /etc/systemd/system/multi-user.target.wants", raw],

@@ -1,4 +1,4 @@
-"""Tests for vmready.hypervisor.driver: real fakeqemu (and real QEMU) processes driven over QMP.
+"""vmready.hypervisor.driver and runningvm: real fakeqemu (and real QEMU) processes over QMP.
 
 Every VM runs in a short temporary directory under /tmp and is killed at
 cleanup.  The checks in ``PowerChecks`` run unchanged against fakeqemu and
@@ -33,17 +33,16 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from vmready.domain.model import HypervisorError
 from vmready.domain.states import PowerState
-from vmready.hypervisor.driver import (
-    AGENT_RING,
+from vmready.hypervisor.accel import accelerators_for_host
+from vmready.hypervisor.cmdline import AGENT_RING, VMSpec
+from vmready.hypervisor.commands import MonitorTimeout
+from vmready.hypervisor.driver import HypervisorDriver
+from vmready.hypervisor.qemulog import error_lines
+from vmready.hypervisor.runningvm import RunningVM
+from vmready.hypervisor.vmevents import (
     UNEXPECTED_EXIT,
-    HypervisorDriver,
-    MonitorTimeout,
-    RunningVM,
     VMEvent,
     VMEventKind,
-    VMSpec,
-    accelerators_for_host,
-    error_lines,
     gone_event,
     power_state_for,
     vm_event_for,

@@ -18,7 +18,8 @@ from twisted.trial.unittest import TestCase
 
 from vmready.domain.model import BadRequest, Conflict, InstanceRecord
 from vmready.domain.states import READY_KEY, PowerState, VMState
-from vmready.hypervisor.driver import HypervisorDriver, MonitorTimeout
+from vmready.hypervisor.commands import MonitorTimeout
+from vmready.hypervisor.driver import HypervisorDriver
 from vmready.lifecycle.core import Lifecycle
 from vmready.lifecycle.events import Event, EventBus
 from vmready.store.sqlite import Store

@@ -23,8 +23,13 @@ from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol
 from twisted.internet.task import deferLater, react
 
-from vmready.hypervisor.cmdline import CONNECT_PORT, build_command_line
-from vmready.hypervisor.driver import AGENT_PORT, AGENT_RING, VMSpec
+from vmready.hypervisor.cmdline import (
+    AGENT_PORT,
+    AGENT_RING,
+    CONNECT_PORT,
+    VMSpec,
+    build_command_line,
+)
 from vmready.protocols.qmp import QMPClientProtocol, QMPEvent, connect_qmp
 from vmready.protocols.ringbuffer import (
     AgentStatus,

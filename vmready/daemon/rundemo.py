@@ -159,7 +159,7 @@ def ensure_host_packages() -> None:
 
 def launch_real_demo(socket_path: str, data_dir: str) -> None:
     """Build (or reuse) the demo guest and launch ``demo`` from it, its workload included."""
-    from vmready.hypervisor.guestimage import ensure_guest
+    from vmready.hypervisor.guestimage.build import ensure_guest
 
     guest = ensure_guest(os.path.join(data_dir, "images"), log=print)
     cli(

@@ -35,13 +35,13 @@ from vmready.api.guest import GuestAPI, guest_site, guest_tls_factory
 from vmready.api.operator import OperatorAPI
 from vmready.api.web import local_site
 from vmready.guestfiles import loader_files
-from vmready.hypervisor.accel import KVMVerdicts
+from vmready.hypervisor.accel import KVMVerdicts, kvm_device_problem
 from vmready.hypervisor.agentbundle import build_zipapp
 from vmready.hypervisor.bootsource import BootSource
 from vmready.hypervisor.cmdline import CURRENT_LAYOUT, SERIAL_LAYOUTS
 from vmready.hypervisor.configdrive import DriveContents
 from vmready.hypervisor.console import DEFAULT_CONSOLE_MAX_BYTES
-from vmready.hypervisor.driver import HypervisorDriver, kvm_device_problem
+from vmready.hypervisor.driver import HypervisorDriver
 from vmready.lifecycle.core import DEFAULT_KVM_PROBE_TIMEOUT, GuestLink, LaunchSettings, Lifecycle
 from vmready.lifecycle.events import EventBus
 from vmready.protocols.transcript import DEFAULT_KEEP, DEFAULT_MAX_BYTES

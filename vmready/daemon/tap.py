@@ -28,7 +28,8 @@ from vmready.daemon.service import GUEST_SOCKET_BASE, DaemonConfig, VMReadyServi
 from vmready.domain.limits import raise_file_limit
 from vmready.domain.model import StoreError, VMReadyError
 from vmready.domain.paths import default_data_dir
-from vmready.hypervisor.bootsource import BootSource, check_files
+from vmready.hypervisor.bootfiles import check_files
+from vmready.hypervisor.bootsource import BootSource
 from vmready.hypervisor.cmdline import CURRENT_LAYOUT, STARTABLE_LAYOUTS
 from vmready.hypervisor.console import DEFAULT_CONSOLE_MAX_BYTES
 from vmready.lifecycle.core import DEFAULT_KVM_PROBE_TIMEOUT, MAX_STOP_TIMEOUT

@@ -23,6 +23,8 @@ from collections.abc import Callable
 import attrs
 from twisted.logger import Logger
 
+from vmready.hypervisor.cmdline import device_problem
+
 __all__ = [
     "ACCEL_CHOICES",
     "ACCEL_KEY",
@@ -31,7 +33,9 @@ __all__ = [
     "AccelChoice",
     "KVMVerdict",
     "KVMVerdicts",
+    "accelerators_for_host",
     "choose_accel",
+    "kvm_device_problem",
 ]
 
 ACCEL_KEY = "boot.accel"
@@ -56,6 +60,16 @@ class AccelChoice:
     accel: str
     probe: bool
     reason: str
+
+
+def kvm_device_problem(device: str = "/dev/kvm") -> str | None:
+    """Why KVM cannot be used here (``/dev/kvm`` does not open read-write), or None."""
+    return device_problem(device)
+
+
+def accelerators_for_host(device: str = "/dev/kvm") -> list[str]:
+    """``["kvm", "tcg"]`` where the KVM device opens for reading and writing, else ``["tcg"]``."""
+    return ["tcg"] if kvm_device_problem(device) else ["kvm", "tcg"]
 
 
 def choose_accel(

@@ -31,14 +31,13 @@ from vmready.hypervisor.accel import (
     AccelChoice,
     choose_accel,
 )
-from vmready.hypervisor.bootsource import BootSource, ImageInfo
+from vmready.hypervisor.bootsource import BootSource
 from vmready.hypervisor.console import (
     console_size,
     mark_boot,
 )
-from vmready.hypervisor.driver import (
-    RunningVM,
-)
+from vmready.hypervisor.imagetool import ImageInfo
+from vmready.hypervisor.runningvm import RunningVM
 from vmready.lifecycle.guestside import GuestSide
 from vmready.lifecycle.state import (
     _SIGN_OF_LIFE_POLL,

@@ -26,15 +26,17 @@ from vmready.domain.states import ACTIONS, TaskState
 from vmready.hypervisor.accel import (
     ACCEL_KEY,
 )
-from vmready.hypervisor.bootsource import BootSource, ImageInfo
+from vmready.hypervisor.bootsource import BootSource
 from vmready.hypervisor.cmdline import (
     CURRENT_LAYOUT,
     SerialLayout,
+    VMSpec,
 )
 from vmready.hypervisor.console import (
     rotate_console,
 )
-from vmready.hypervisor.driver import HypervisorDriver, VMSpec
+from vmready.hypervisor.driver import HypervisorDriver
+from vmready.hypervisor.imagetool import ImageInfo
 from vmready.lifecycle.actions import Actions
 from vmready.lifecycle.booting import Booting
 from vmready.lifecycle.events import EventBus

@@ -16,9 +16,7 @@ from vmready.domain.model import (
     VMReadyError,
 )
 from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
-from vmready.hypervisor.driver import (
-    RunningVM,
-)
+from vmready.hypervisor.runningvm import RunningVM
 from vmready.lifecycle.actions import Actions
 from vmready.lifecycle.state import (
     _RUNNING_STATES,

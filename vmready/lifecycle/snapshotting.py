@@ -20,9 +20,7 @@ from vmready.domain.model import (
     VMReadyError,
 )
 from vmready.domain.states import READY_KEY, PowerState, VMState
-from vmready.hypervisor.driver import (
-    read_log_lines,
-)
+from vmready.hypervisor.qemulog import read_log_lines
 from vmready.hypervisor.snapshots import (
     STATE_FILE,
     snapshot_directory,

@@ -37,7 +37,8 @@ from vmready.hypervisor.accel import (
     CURRENT_ACCEL_KEY,
     KVMVerdicts,
 )
-from vmready.hypervisor.bootsource import BootSource, ImageInfo, ImageTool, check_files
+from vmready.hypervisor.bootfiles import check_files
+from vmready.hypervisor.bootsource import BootSource
 from vmready.hypervisor.cmdline import (
     AGENT_PORT,
     CONSOLE_LOG_NAME,
@@ -47,6 +48,7 @@ from vmready.hypervisor.cmdline import (
     UNRECORDED_LAYOUT,
     GuestForward,
     SerialLayout,
+    VMSpec,
 )
 from vmready.hypervisor.configdrive import (
     DriveContents,
@@ -55,11 +57,9 @@ from vmready.hypervisor.console import (
     DEFAULT_CONSOLE_MAX_BYTES,
     read_console,
 )
-from vmready.hypervisor.driver import (
-    HypervisorDriver,
-    RunningVM,
-    VMSpec,
-)
+from vmready.hypervisor.driver import HypervisorDriver
+from vmready.hypervisor.imagetool import ImageInfo, ImageTool
+from vmready.hypervisor.runningvm import RunningVM
 from vmready.lifecycle.events import EventBus
 from vmready.lifecycle.hooks import RECORD_KEY, RecorderLookup
 from vmready.lifecycle.operations import Operations

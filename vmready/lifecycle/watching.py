@@ -21,11 +21,8 @@ from vmready.domain.states import READY_KEY, PowerState, VMState
 from vmready.hypervisor.cmdline import (
     UNRECORDED_LAYOUT,
 )
-from vmready.hypervisor.driver import (
-    RunningVM,
-    VMEvent,
-    VMEventKind,
-)
+from vmready.hypervisor.runningvm import RunningVM
+from vmready.hypervisor.vmevents import VMEvent, VMEventKind
 from vmready.lifecycle.state import (
     _RUNNING_STATES,
     LAYOUT_KEY,

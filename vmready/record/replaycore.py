@@ -24,7 +24,7 @@ from vmready.api.guest import GuestAPI
 from vmready.domain.model import InstanceRecord
 from vmready.domain.states import PowerState, TaskState, VMState
 from vmready.hypervisor.bootsource import BOOT_KEYS
-from vmready.hypervisor.driver import VMSpec
+from vmready.hypervisor.cmdline import VMSpec
 from vmready.lifecycle.core import GuestLink, Lifecycle, agent_chardev
 from vmready.lifecycle.events import LIFECYCLE, EventBus
 from vmready.record.replaydriver import HookLookup, ReplayDriver, ReplayHooks, ScriptedRing

@@ -16,8 +16,8 @@ from twisted.internet.task import Clock
 
 from fakeqemu import RingBuffer
 from fakeqemu.testing import InMemoryVM
-from vmready.hypervisor.cmdline import build_command_line
-from vmready.hypervisor.driver import RunningVM, VMSpec
+from vmready.hypervisor.cmdline import VMSpec, build_command_line
+from vmready.hypervisor.runningvm import RunningVM
 from vmready.lifecycle.hooks import SessionHooks
 from vmready.protocols.qmp import QMPClientProtocol
 

@@ -1,0 +1,29 @@
+"""The demo guest: a small Debian VM with the vmready loader, built from Debian packages, cached.
+
+``ensure_guest(cache_dir)`` returns a kernel, an initramfs, a qcow2 root disk and
+the kernel command line to boot them with, building them first when the cache
+has no build for the current inputs:
+
+- the kernel is Debian's (``linux-image-amd64``'s current ``linux-image-<ver>-amd64``,
+  fetched with ``apt-get download``);
+- the initramfs is ``busybox-static`` plus only the kernel modules the guest
+  needs (virtio disk, console, 9p, network, vsock, pvpanic), loaded in the order
+  their own ``.modinfo`` gives; it mounts ``/dev/vda`` and hands over to systemd;
+- the root disk is a Debian bookworm ``minbase`` (``mmdebstrap``) with systemd,
+  python3, udev and dbus, the vmready loader pre-installed by its own
+  ``install.sh --root``, a stand-in for cloud-init that runs the instance's
+  ``user-data`` script, and the units that only slow a VM's boot masked.
+
+A build lives in ``<cache_dir>/<key>/``, where the key hashes every input (the
+packages' versions, the files put into the image, this builder's version). It
+is built in a temporary directory and renamed into place, under a lock, so a
+failed, interrupted or concurrent build never leaves anything that looks cached.
+
+This runs before or outside the daemon's reactor (a CLI, a test's setup), so it
+uses blocking subprocesses. ``python -m vmready.hypervisor.guestimage`` builds from a shell.
+
+The parts: ``content`` (what the guest is made of), ``inputs`` (what a build
+depends on, the cache key), ``commands`` (running commands), ``initramfs`` (the
+kernel and the initramfs), ``rootfs`` (the root filesystem), ``cache`` (built
+guests on disk), ``build`` (the steps, ``ensure_guest``) and ``__main__`` (the CLI).
+"""

@@ -1,0 +1,311 @@
+"""What the demo guest is made of: its packages, its initramfs modules, its files and settings."""
+
+from __future__ import annotations
+
+__all__ = [
+    "BUILDER_VERSION",
+    "BUILD_PREFIX",
+    "BUSYBOX_APPLETS",
+    "BUSYBOX_PACKAGE",
+    "DISK_SIZE",
+    "HOSTNAME",
+    "IMAGE_FILE",
+    "INITRAMFS_MODULES",
+    "INITRD_FILE",
+    "INIT_SCRIPT",
+    "KERNEL_APPEND",
+    "KERNEL_FILE",
+    "KERNEL_METAPACKAGE",
+    "LOCK_FILE",
+    "MANIFEST_FILE",
+    "MASKED_GENERATORS",
+    "MASKED_UNITS",
+    "PVH_KERNEL_FILE",
+    "ROOT_PACKAGES",
+    "SUITE",
+    "USER_DATA_RUNNER",
+    "USER_DATA_RUNNER_PATH",
+    "USER_DATA_UNIT",
+    "USER_DATA_UNIT_NAME",
+]
+
+
+# Bump when the builder makes a different image from the same inputs.
+BUILDER_VERSION = 1
+
+
+SUITE = "bookworm"
+
+
+KERNEL_METAPACKAGE = "linux-image-amd64"
+
+
+BUSYBOX_PACKAGE = "busybox-static"
+
+
+ROOT_PACKAGES = ("systemd-sysv", "python3", "udev", "dbus", "iproute2", "kmod")
+
+
+DISK_SIZE = "2G"
+
+
+HOSTNAME = "vmready-demo"
+
+
+# What the initramfs loads, in this order after each module's own dependencies.
+# crc32c_generic must come before ext4, which asks the crypto API for "crc32c"
+# (a soft dependency no depends= names) and otherwise fails: "Cannot load crc32c driver".
+INITRAMFS_MODULES = (
+    "virtio_pci",
+    # Only when the VM has a virtio-rng device: it makes the kernel's RNG ready at
+    # once, instead of seconds into the boot (Python's ssl waits for it).
+    "virtio_rng",
+    "virtio_blk",
+    "crc32c_generic",
+    "ext4",
+    "virtio_console",
+    "9pnet_virtio",
+    "9p",
+    "virtio_net",
+    "vmw_vsock_virtio_transport",
+    "pvpanic_mmio",
+    # The ACPI power button and its input events: logind powers off on system_powerdown.
+    "button",
+    "evdev",
+    # systemd mounts autofs points (binfmt_misc) and complains without it.
+    "autofs4",
+)
+
+
+# console=ttyS0: the VM's only console (QEMU runs with -nodefaults, and ttyS0 goes
+# to the console log). quiet keeps the kernel's and systemd's chatter off the slow
+# emulated serial line; errors still reach it. net.ifnames=0: the NIC stays eth0
+# (the agent finds it by MAC anyway). mitigations=off: the demo guest runs one
+# workload, and the CPU vulnerability mitigations cost seconds of boot under TCG.
+KERNEL_APPEND = "root=/dev/vda rw console=ttyS0 quiet net.ifnames=0 mitigations=off"
+
+
+KERNEL_FILE = "vmlinuz"
+
+
+PVH_KERNEL_FILE = "vmlinux"
+
+
+INITRD_FILE = "initrd.img"
+
+
+IMAGE_FILE = "disk.qcow2"
+
+
+MANIFEST_FILE = "guest.json"
+
+
+LOCK_FILE = ".lock"
+
+
+BUILD_PREFIX = ".build-"
+
+
+# Units a minimal VM does not need and that cost seconds under TCG.
+MASKED_UNITS = (
+    "getty@tty1.service",
+    "apt-daily.timer",
+    "apt-daily-upgrade.timer",
+    "dpkg-db-backup.timer",
+    "e2scrub_all.timer",
+    "e2scrub_reap.service",
+    "fstrim.timer",
+    "man-db.timer",
+    "systemd-timesyncd.service",
+    "systemd-hwdb-update.service",
+    "ldconfig.service",
+    "systemd-journal-catalog-update.service",
+    "systemd-update-done.service",
+    # The image's system users exist already: made when it was built.
+    "systemd-sysusers.service",
+    # Bookkeeping that competes with the agent for the CPU while the VM boots:
+    # the journal stays in /run (journald.conf.d below), no utmp records, and
+    # no random seed file (it would not make the kernel's RNG ready sooner).
+    "systemd-journal-flush.service",
+    "systemd-update-utmp.service",
+    "systemd-update-utmp-runlevel.service",
+    "systemd-random-seed.service",
+    # The rootfs has no kernel modules (the initramfs loaded what the guest needs).
+    "modprobe@configfs.service",
+    "modprobe@dm_mod.service",
+    "modprobe@drm.service",
+    "modprobe@efi_pstore.service",
+    "modprobe@fuse.service",
+    "modprobe@loop.service",
+    "systemd-modules-load.service",
+    "kmod-static-nodes.service",
+    # Kernel debugging and tuning filesystems nothing in the guest uses.
+    "sys-kernel-debug.mount",
+    "sys-kernel-tracing.mount",
+    "sys-kernel-config.mount",
+    "sys-fs-fuse-connections.mount",
+    "dev-hugepages.mount",
+    "dev-mqueue.mount",
+    "systemd-pstore.service",
+    # binfmt_misc is a module the rootfs does not have.
+    "proc-sys-fs-binfmt_misc.automount",
+    "proc-sys-fs-binfmt_misc.mount",
+    "systemd-binfmt.service",
+)
+
+
+# Generators that look for disks and devices this VM never has; each costs a
+# process at every boot (and again on every daemon-reload).
+MASKED_GENERATORS = (
+    "systemd-cryptsetup-generator",
+    "systemd-gpt-auto-generator",
+    "systemd-hibernate-resume-generator",
+    "systemd-integritysetup-generator",
+    "systemd-veritysetup-generator",
+    "systemd-rc-local-generator",
+    "systemd-run-generator",
+    "systemd-system-update-generator",
+    # Every service in the image has a systemd unit; no SysV init scripts to wrap.
+    "systemd-sysv-generator",
+)
+
+
+INIT_SCRIPT = r"""#!/bin/sh
+# /init of the vmready demo guest's initramfs (busybox): load the kernel modules
+# the guest needs, mount the root disk read-write and hand over to its init.
+# Any failure says why on the console and powers the VM off: never a silent hang.
+export PATH=/bin
+
+say() {
+    read -r up _ </proc/uptime || up=?
+    echo "vmready-initramfs: [$up] $*"
+}
+
+fail() {
+    echo "vmready-initramfs: error: $*"
+    echo "vmready-initramfs: powering off"
+    poweroff -f
+    sleep 60
+}
+
+mount -t proc proc /proc || fail "cannot mount /proc"
+mount -t sysfs sysfs /sys || fail "cannot mount /sys"
+mount -t devtmpfs devtmpfs /dev || fail "cannot mount /dev (devtmpfs)"
+exec </dev/console >/dev/console 2>&1
+
+root=/dev/vda
+init=/sbin/init
+for arg in $(cat /proc/cmdline); do
+    case $arg in
+        root=*) root=${arg#root=} ;;
+        init=*) init=${arg#init=} ;;
+    esac
+done
+case $root in
+    /dev/*) ;;
+    *) fail "root=$root: this initramfs mounts a device path such as /dev/vda" ;;
+esac
+
+say "loading $(wc -l </lib/modules/load-order) kernel modules"
+while read -r module; do
+    out=$(insmod "/lib/modules/$module.ko" 2>&1) ||
+        fail "cannot load the kernel module $module: $out $(dmesg | tail -n 2)"
+done </lib/modules/load-order
+
+tries=0
+while [ ! -b "$root" ]; do
+    tries=$((tries + 1))
+    [ "$tries" -le 100 ] ||
+        fail "the root disk $root did not appear in 10 s (block devices: $(ls /sys/class/block))"
+    sleep 0.1
+done
+mkdir -p /newroot
+out=$(mount -t ext4 -o rw "$root" /newroot 2>&1) || {
+    why=$(dmesg | grep -i -e ext4 -e "${root#/dev/}" | tail -n 2)
+    fail "cannot mount $root read-write as ext4: $out $why"
+}
+[ -e "/newroot$init" ] || [ -L "/newroot$init" ] || fail "the root disk $root has no $init"
+
+say "mounted $root; starting $init"
+for fs in dev proc sys; do
+    mount -o move "/$fs" "/newroot/$fs" || fail "cannot move /$fs to the root disk"
+done
+exec switch_root /newroot "$init" "$@"
+fail "switch_root to $root failed"
+"""
+
+
+BUSYBOX_APPLETS = (
+    "cat",
+    "dmesg",
+    "echo",
+    "grep",
+    "insmod",
+    "ls",
+    "mkdir",
+    "mount",
+    "poweroff",
+    "sh",
+    "sleep",
+    "switch_root",
+    "tail",
+    "wc",
+)
+
+
+# The demo image's stand-in for cloud-init; not part of the product's loader.
+USER_DATA_RUNNER_PATH = "/usr/local/lib/vmready-demo/run-user-data"
+
+
+USER_DATA_RUNNER = """#!/bin/sh
+# vmready demo image: run the instance's user-data once per boot when it is a
+# script (begins with #!). A small stand-in for cloud-init.
+user_data=/run/vmready-agent/cloud-init/user-data
+if [ ! -s "$user_data" ]; then
+    echo "vmready-user-data: no user-data in the config drive; nothing to run"
+    exit 0
+fi
+if [ "$(head -c 2 "$user_data")" != "#!" ]; then
+    echo "vmready-user-data: the user-data does not begin with #!; not running it"
+    exit 0
+fi
+# The workload talks to the agent: wait until it serves the guest API (starting
+# sooner only takes the CPU from the agent's own start), at most 60 s.
+tries=0
+while [ ! -S /dev/lxd/sock ] && [ "$tries" -lt 300 ]; do
+    sleep 0.2
+    tries=$((tries + 1))
+done
+if [ ! -S /dev/lxd/sock ]; then
+    echo "vmready-user-data: the agent does not serve /dev/lxd/sock after 60 s; running anyway"
+fi
+script=/run/vmready-user-data
+cp "$user_data" "$script"
+chmod 0700 "$script"
+echo "vmready-user-data: running the instance's user-data"
+exec "$script"
+"""
+
+
+USER_DATA_UNIT_NAME = "vmready-user-data.service"
+
+
+USER_DATA_UNIT = f"""# vmready demo image: run the instance's user-data (stands in for cloud-init).
+# Early, as soon as the agent has started (not at the end of boot as cloud-init's
+# scripts run): the demo's workload declares Ready through the agent.
+[Unit]
+Description=vmready demo: run the instance's user-data script
+DefaultDependencies=no
+After=vmready-agent.service local-fs.target
+Conflicts=shutdown.target
+Before=shutdown.target
+
+[Service]
+Type=simple
+ExecStart={USER_DATA_RUNNER_PATH}
+StandardOutput=journal+console
+StandardError=journal+console
+
+[Install]
+WantedBy=multi-user.target
+"""

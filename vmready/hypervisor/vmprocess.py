@@ -1,0 +1,103 @@
+"""A VM's process as the host sees it: its pidfile, its entry in ``/proc``, its monitor socket.
+
+The pidfile is trusted only for a live process whose command line names this
+VM's QMP socket, so a stale pidfile whose pid was reused is never signalled,
+and a fakeqemu VM hosted by ``fakeqemu-host`` (whose pidfile names the shared
+host) is never killed by signal: it has no pid of its own here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import socket
+
+from vmready.hypervisor.cmdline import VMSpec, qmp_address
+
+__all__ = [
+    "EXIT_POLL_SECONDS",
+    "find_vm_process",
+    "is_vm_process",
+    "owned_pid",
+    "remove_stale_files",
+    "socket_listens",
+]
+
+# How often vmready looks whether a process it waits for has ended.
+EXIT_POLL_SECONDS = 0.05
+
+
+def _read_pidfile(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def is_vm_process(pid: int, qmp_socket: str) -> bool:
+    """Whether ``pid`` is alive (not a zombie) and its command line serves ``qmp_socket``."""
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        # ESRCH: no such process; EPERM: someone else's, so not a VM we started.
+        return False
+    if not os.path.isdir("/proc/self"):
+        return True  # no procfs: a live pid is all we can know
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+    except OSError:
+        return False
+    end_of_name = stat.rfind(b")")
+    if stat[end_of_name + 2 : end_of_name + 3] in (b"Z", b"X"):
+        return False  # exited, not yet reaped by its parent (init, for a daemonized QEMU)
+    marker = os.fsencode(qmp_address(qmp_socket) + ",")
+    return any(marker in argument for argument in cmdline.split(b"\0"))
+
+
+def owned_pid(spec: VMSpec) -> int | None:
+    """The pidfile's pid if it is this VM's own live process, else None."""
+    pid = _read_pidfile(spec.pidfile)
+    if pid is not None and is_vm_process(pid, spec.qmp_socket):
+        return pid
+    return None
+
+
+def find_vm_process(spec: VMSpec) -> int | None:
+    """This VM's live process found by its command line, for when the pidfile is gone.
+
+    A QEMU whose ``-incoming`` load fails removes its pidfile while it exits,
+    sometimes before the launcher looked (measured): its process must still be
+    waited for, or the next start finds its monitor socket still answering.
+    """
+    if not os.path.isdir("/proc/self"):
+        return None
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and is_vm_process(int(entry), spec.qmp_socket):
+            return int(entry)
+    return None
+
+
+def socket_listens(path: str) -> bool:
+    """Whether something accepts connections on the unix socket ``path`` (never blocks)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.setblocking(False)
+    try:
+        result = probe.connect_ex(path)
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return result in (0, errno.EAGAIN, errno.EINPROGRESS)
+
+
+def remove_stale_files(spec: VMSpec) -> None:
+    for path in (spec.qmp_socket, spec.pidfile):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    shutil.rmtree(spec.guest_dir, ignore_errors=True)
