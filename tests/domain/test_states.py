@@ -99,3 +99,35 @@ class ActionTableTests(SynchronousTestCase):
         diagram = transition_diagram()
         for name in ACTIONS:
             self.assertIn(f": {name} (", diagram)
+
+
+class EndStateTests(SynchronousTestCase):
+    """Where each action leaves an instance comes from ``ACTIONS``, by the VM's power state."""
+
+    def end(self, action: str, power: PowerState) -> VMState:
+        return ACTIONS[action].end_state(power)
+
+    def test_aRunningVMEndsWhereTheTableSays(self) -> None:
+        self.assertEqual(
+            {name: self.end(name, PowerState.RUNNING) for name in ACTIONS},
+            {name: action.ends_in for name, action in ACTIONS.items()},
+        )
+
+    def test_withoutARunningVMTheStoppedVariantApplies(self) -> None:
+        self.assertEqual(
+            [
+                self.end("confirm-resize", PowerState.SHUTDOWN),
+                self.end("revert-resize", PowerState.SHUTDOWN),
+                self.end("restore", PowerState.SHUTDOWN),
+                self.end("snapshot", PowerState.SHUTDOWN),
+                self.end("stop", PowerState.SHUTDOWN),
+                self.end("resize", PowerState.SHUTDOWN),
+            ],
+            [VMState.STOPPED] * 5 + [VMState.RESIZED],
+        )
+
+    def test_aStartThatAdoptsAPausedVMLeavesItPaused(self) -> None:
+        self.assertEqual(
+            [self.end("start", PowerState.PAUSED), self.end("freeze", PowerState.PAUSED)],
+            [VMState.PAUSED, VMState.PAUSED],
+        )

@@ -98,6 +98,23 @@ class Action:
     # It ends where it started (a snapshot): ``ends_in`` is then only the usual case.
     returns_to_start: bool = False
 
+    def end_state(self, power: PowerState) -> VMState:
+        """Where the action leaves an instance whose VM ends in ``power``.
+
+        ``ends_in``; with no VM running, ``ends_in_when_stopped`` if the action
+        has one, or STOPPED for one that returns to where it started (a
+        snapshot of a stopped instance); an action that ends ACTIVE with a
+        paused VM (a start that adopts one) leaves it PAUSED.
+        """
+        if power not in (PowerState.RUNNING, PowerState.PAUSED):
+            if self.ends_in_when_stopped is not None:
+                return self.ends_in_when_stopped
+            if self.returns_to_start:
+                return VMState.STOPPED
+        elif power is PowerState.PAUSED and self.ends_in is VMState.ACTIVE:
+            return VMState.PAUSED
+        return self.ends_in
+
 
 _ANY_LIVE = frozenset(VMState) - {VMState.DELETED}
 

@@ -188,8 +188,7 @@ class Actions:
             # In error, but its VM still runs and is followed: keep it, do not replace it.
             context.note("kept the VM that was still running")
             power = await self.state.vm(record.name).query_power_state()
-            vm_state = VMState.PAUSED if power is PowerState.PAUSED else VMState.ACTIVE
-            context.finish(vm_state, power)
+            context.finish(power)
             self.state.events.lifecycle("instance-started", record.name)
             return
         if (
@@ -198,14 +197,13 @@ class Actions:
             and await self._take_over_running_vm(context, record)
         ):
             power = await self.state.vm(record.name).query_power_state()
-            vm_state = VMState.PAUSED if power is PowerState.PAUSED else VMState.ACTIVE
-            context.finish(vm_state, power)
+            context.finish(power)
         else:
             # A stray VM of a stopped instance may run an old configuration: replace it.
             if await self.state.driver.kill_owned(self.state.spec_for(record)):
                 context.note("killed a stray VM before starting")
             await self.booting.launch(record)
-            context.finish(VMState.ACTIVE, PowerState.RUNNING)
+            context.finish(PowerState.RUNNING)
         self.state.events.lifecycle("instance-started", record.name)
 
     async def _take_over_running_vm(self, context: ActionContext, record: InstanceRecord) -> bool:
@@ -227,7 +225,7 @@ class Actions:
         self, context: ActionContext, record: InstanceRecord, timeout: float, force: bool
     ) -> None:
         await self.booting.power_off(context, record.name, timeout, force)
-        context.finish(VMState.STOPPED, PowerState.SHUTDOWN, {READY_KEY: "false"})
+        context.finish(PowerState.SHUTDOWN, {READY_KEY: "false"})
         self.state.events.lifecycle("instance-stopped", record.name)
 
     async def do_restart(
@@ -236,17 +234,17 @@ class Actions:
         await self.booting.power_off(context, record.name, timeout, force)
         self.state.store.update_config(record.name, {READY_KEY: "false"})
         await self.booting.launch(self.state.store.get_instance(record.name))
-        context.finish(VMState.ACTIVE, PowerState.RUNNING)
+        context.finish(PowerState.RUNNING)
         self.state.events.lifecycle("instance-restarted", record.name)
 
     async def do_freeze(self, context: ActionContext, record: InstanceRecord) -> None:
         await self.state.vm(record.name).pause()
-        context.finish(VMState.PAUSED, PowerState.PAUSED)
+        context.finish(PowerState.PAUSED)
         self.state.events.lifecycle("instance-paused", record.name)
 
     async def do_unfreeze(self, context: ActionContext, record: InstanceRecord) -> None:
         await self.state.vm(record.name).resume()
-        context.finish(VMState.ACTIVE, PowerState.RUNNING)
+        context.finish(PowerState.RUNNING)
         self.state.events.lifecycle("instance-resumed", record.name)
 
     async def do_rebuild(self, context: ActionContext, record: InstanceRecord) -> None:
@@ -257,7 +255,7 @@ class Actions:
             # The image may have changed or gone since launch: check it again.
             await self.booting.make_disk(context, record, await self.state.check_boot_source(boot))
         await self.booting.launch(record)
-        context.finish(VMState.ACTIVE, PowerState.RUNNING)
+        context.finish(PowerState.RUNNING)
         self.state.events.lifecycle("instance-rebuilt", record.name)
 
     async def do_resize(
@@ -279,7 +277,7 @@ class Actions:
         resized = await self.booting.relaunch_with(context, record.name, updates, was_running)
         context.advance(TaskState.RESIZE_FINISH)
         power = PowerState.RUNNING if was_running else PowerState.SHUTDOWN
-        context.finish(VMState.RESIZED, power)
+        context.finish(power)
         self.state.events.lifecycle(
             "instance-resized",
             record.name,
@@ -289,8 +287,9 @@ class Actions:
     async def do_confirm_resize(self, context: ActionContext, record: InstanceRecord) -> None:
         running = self.state.has_vm(record.name)
         context.finish(
-            VMState.ACTIVE if running else VMState.STOPPED,
-            config_updates={_PREVIOUS_MEMORY: None, _PREVIOUS_CPU: None},
+            PowerState.RUNNING if running else PowerState.SHUTDOWN,
+            {_PREVIOUS_MEMORY: None, _PREVIOUS_CPU: None},
+            store_power=False,
         )
         self.state.events.lifecycle("instance-resize-confirmed", record.name)
 
@@ -304,9 +303,9 @@ class Actions:
         was_running = self.state.has_vm(record.name)
         await self.booting.relaunch_with(context, record.name, updates, was_running)
         if was_running:
-            context.finish(VMState.ACTIVE, PowerState.RUNNING)
+            context.finish(PowerState.RUNNING)
         else:
-            context.finish(VMState.STOPPED, PowerState.SHUTDOWN)
+            context.finish(PowerState.SHUTDOWN)
         self.state.events.lifecycle("instance-resize-reverted", record.name)
 
     async def do_delete(self, context: ActionContext, record: InstanceRecord) -> None:

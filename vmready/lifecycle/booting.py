@@ -23,7 +23,7 @@ from vmready.domain.model import (
     HypervisorError,
     InstanceRecord,
 )
-from vmready.domain.states import READY_KEY, PowerState, VMState
+from vmready.domain.states import READY_KEY, PowerState
 from vmready.hypervisor.accel import (
     ACCEL_KEY,
     ACCEL_REASON_KEY,
@@ -69,7 +69,7 @@ class Booting:
     ) -> None:
         await self.make_disk(context, record, image)
         await self.launch(record)
-        context.finish(VMState.ACTIVE, PowerState.RUNNING)
+        context.finish(PowerState.RUNNING)
         self.state.events.lifecycle("instance-started", record.name)
 
     async def make_disk(

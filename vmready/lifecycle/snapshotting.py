@@ -98,9 +98,9 @@ class Snapshotting:
             shutil.rmtree(directory, ignore_errors=True)
             raise
         if running:
-            context.finish(VMState.ACTIVE, PowerState.RUNNING)
+            context.finish(PowerState.RUNNING)
         else:
-            context.finish(VMState.STOPPED)
+            context.finish(PowerState.SHUTDOWN, store_power=False)
         self.state.events.lifecycle(
             "instance-snapshot-created", record.name, {"snapshot": name, "stateful": stateful}
         )
@@ -131,12 +131,12 @@ class Snapshotting:
             accel = saved.get("accel") if saved.get("accel") in ("kvm", "tcg") else None
             state = os.path.join(directory, STATE_FILE)
             await self._load_state(context, restored, state, accel)
-            context.finish(VMState.ACTIVE, PowerState.RUNNING)
+            context.finish(PowerState.RUNNING)
         elif was_running:
             await self.booting.launch(restored)
-            context.finish(VMState.ACTIVE, PowerState.RUNNING)
+            context.finish(PowerState.RUNNING)
         else:
-            context.finish(VMState.STOPPED, PowerState.SHUTDOWN)
+            context.finish(PowerState.SHUTDOWN)
         self.state.events.lifecycle(
             "instance-restored", record.name, {"snapshot": name, "stateful": stateful}
         )

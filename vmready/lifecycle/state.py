@@ -30,7 +30,7 @@ from vmready.domain.model import (
     InstanceRecord,
     task_conflict,
 )
-from vmready.domain.states import PowerState, TaskState, VMState
+from vmready.domain.states import ACTIONS, PowerState, TaskState, VMState
 from vmready.hypervisor.accel import (
     ACCEL_CHOICES,
     ACCEL_KEY,
@@ -248,14 +248,22 @@ class ActionContext:
 
     def finish(
         self,
-        vm_state: VMState,
-        power_state: PowerState | None = None,
+        power_state: PowerState,
         config_updates: dict[str, str | None] | None = None,
+        *,
+        store_power: bool = True,
     ) -> InstanceRecord:
-        """End the task in ``vm_state``."""
+        """End the task where ``states.ACTIONS`` says the action ends, its VM in ``power_state``.
+
+        ``store_power=False`` leaves the stored power state as it is (it only
+        chooses the end state).
+        """
+        vm_state = ACTIONS[self.action].end_state(power_state)
         store = self.lifecycle.store
         store.finish_step(self._step_id, "success")
-        record = store.finish_task(self.name, self.task, vm_state, power_state, config_updates)
+        record = store.finish_task(
+            self.name, self.task, vm_state, power_state if store_power else None, config_updates
+        )
         store.finish_action(self.action_id, "success")
         self.ended = True
         self.lifecycle.publish_state(record)
