@@ -335,6 +335,9 @@ class AgentEndToEndTests(TestCase):
         record = os.path.join(self.base, "agent.jsonl")
         host = await self.start_host()
         agent = self.start_agent(record=record, instance="demo")
+        # As a host does: CONNECT answers STARTED (CONNECT arrives on a port of its
+        # own, so one sent earlier could be read before STARTED is written).
+        await self.peer.wait_for(b"STARTED", since=0)
         await self.connected(host)
         await self.guest("PATCH", "/1.0", b'{"state":"Ready"}')
         await self.thread.deferred(agent.stop())
