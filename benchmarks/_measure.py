@@ -12,10 +12,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from twisted.internet import reactor as installed_reactor
 from twisted.internet import task
 from twisted.logger import ILogObserver, LogEvent, LogLevel, formatEvent
 from zope.interface import provider
+
+from vmready.domain.reactor import default_reactor
+
+installed_reactor = default_reactor()
 
 reactor: Any = installed_reactor
 

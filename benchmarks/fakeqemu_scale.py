@@ -24,13 +24,15 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from twisted.internet import reactor as installed_reactor
 from twisted.internet import task
 from twisted.internet.defer import Deferred, gatherResults
 
 from fakeqemu._hostclient import HostClient, HostUnreachable
 from vmready.domain.limits import raise_file_limit
+from vmready.domain.reactor import default_reactor
 from vmready.protocols.qmp import QMPClientProtocol, connect_qmp
+
+installed_reactor = default_reactor()
 
 BIN_DIRECTORY = os.path.dirname(os.path.abspath(sys.executable))
 FAKEQEMU = os.path.join(BIN_DIRECTORY, "fakeqemu-system-x86_64")

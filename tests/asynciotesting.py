@@ -22,9 +22,10 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
+
+from tests.reactor import reactor
 
 T = TypeVar("T")
 
@@ -139,9 +140,9 @@ class AgentThread:
         def done(finished: Future[T]) -> None:
             error = finished.exception()
             if error is not None:
-                reactor.callFromThread(waiter.errback, error)  # type: ignore[attr-defined]
+                reactor.callFromThread(waiter.errback, error)
             else:
-                reactor.callFromThread(waiter.callback, finished.result())  # type: ignore[attr-defined]
+                reactor.callFromThread(waiter.callback, finished.result())
 
         future.add_done_callback(done)
         return waiter

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import treq
-from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import UNIXClientEndpoint
 from twisted.internet.interfaces import IPushProducer
@@ -31,6 +30,7 @@ from zope.interface import implementer
 
 from tests.agentfakes import FakeGuestHost, FakeSerialPeer
 from tests.asynciotesting import AgentThread
+from tests.reactor import reactor
 from vmready.agent.config import AgentConfig, Transport
 from vmready.agent.memory import ReadyMemory
 from vmready.agent.serial import PORT_NAME

@@ -11,7 +11,6 @@ import sys
 import tempfile
 from typing import Any
 
-from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ProcessDone, ProcessTerminated
 from twisted.internet.protocol import ProcessProtocol
@@ -20,6 +19,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from tests.agentfakes import FakeGuestHost, FakeSerialPeer
 from tests.asynciotesting import run_virtual
+from tests.reactor import reactor
 from vmready.agent.main import parse_options
 from vmready.agent.notify import NotifyFailed, NotifyRequest, UsageError, notify, parse_notify
 from vmready.agent.serial import PORT_NAME

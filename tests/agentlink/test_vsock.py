@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
-from twisted.internet import reactor
 from twisted.internet.defer import Deferred, DeferredQueue, gatherResults
 from twisted.internet.endpoints import clientFromString, quoteStringArgument, serverFromString
 from twisted.internet.error import (
@@ -34,6 +33,7 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
+from tests.reactor import reactor
 from vmready.agentlink import hvsock, vsock
 from vmready.agentlink.hvsock import HybridVSockClientEndpoint, HybridVSockServerEndpoint
 from vmready.agentlink.vsock import (

@@ -8,7 +8,6 @@ from io import BytesIO
 from typing import Any
 
 from treq.testing import StubTreq
-from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Protocol
 from twisted.internet.task import deferLater
@@ -18,6 +17,7 @@ from twisted.web.server import Request
 from twisted.web.test.requesthelper import DummyChannel
 
 from tests.fixtures import STARTED_UNDER_TCG, STOP_TIMEOUT, Reply, make_lifecycle
+from tests.reactor import reactor
 from vmready.api.eventstream import EventStream
 from vmready.api.operator import OperatorAPI
 from vmready.api.requestbody import MAX_BODY_BYTES, read_json_body

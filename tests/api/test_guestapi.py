@@ -13,7 +13,6 @@ from typing import Any
 from OpenSSL import SSL
 from treq.client import HTTPClient
 from treq.testing import StubTreq
-from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import UNIXClientEndpoint, wrapClientTLS
 from twisted.internet.interfaces import IOpenSSLClientConnectionCreator, IStreamClientEndpoint
@@ -33,6 +32,7 @@ from twisted.web.iweb import IAgentEndpointFactory, IRequest
 from zope.interface import implementer
 
 from tests.fixtures import Reply, make_lifecycle
+from tests.reactor import reactor
 from vmready.api.eventstream import EventStream
 from vmready.api.guest import (
     FORBIDDEN_MESSAGE,
@@ -723,8 +723,11 @@ class GuestTLSTests(TestCase):
         if self.listening:
             return
         self.listening = True
-        port = reactor.listenUNIX(  # type: ignore[attr-defined]
-            self.path, guest_tls_factory(_SERVER, self.store, guest_site(self.api.app.resource()))
+        port = reactor.listenUNIX(
+            self.path,
+            guest_tls_factory(  # type: ignore[arg-type]  # any IProtocolFactory listens
+                _SERVER, self.store, guest_site(self.api.app.resource())
+            ),
         )
         # Cleanups run last-registered first: pools close, connections drain, port stops.
         self.addCleanup(port.stopListening)

@@ -9,12 +9,12 @@ import tempfile
 from typing import Any
 
 from klein import Klein
-from twisted.internet import reactor
 from twisted.internet.interfaces import IReactorUNIX
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 from twisted.web.iweb import IRequest
 
+from tests.reactor import reactor
 from vmready.api.web import local_site
 
 app = Klein()

@@ -13,7 +13,6 @@ import tempfile
 from typing import IO, Any
 
 import yaml
-from twisted.internet import reactor
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.error import ProcessDone, ProcessTerminated
 from twisted.internet.interfaces import IListeningPort, IReactorProcess, IReactorUNIX
@@ -28,6 +27,7 @@ from twisted.web.server import NOT_DONE_YET, Site
 
 import vmready
 from tests.fixtures import STARTED_UNDER_TCG, TCG_REASON, make_lifecycle
+from tests.reactor import reactor
 from vmready.api.operator import OperatorAPI
 from vmready.cli.main import run
 from vmready.cli.output import to_yaml

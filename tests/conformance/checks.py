@@ -14,7 +14,6 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
-from twisted.internet import reactor
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
 from twisted.internet.error import ConnectError
@@ -41,6 +40,7 @@ from tests.conformance.support import (
     start_daemonized,
     strip_program,
 )
+from tests.reactor import reactor
 from vmready.protocols.qmp import QMPClientProtocol, QMPDisconnected, QMPError
 from vmready.protocols.ringbuffer import DiscardedFragment, HostEcho, RingBufferReader, StatusLine
 

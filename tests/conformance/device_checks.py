@@ -15,7 +15,6 @@ import os
 import shutil
 import subprocess
 
-from twisted.internet import reactor
 from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
 
 from fakeqemu.testing import write_kernel
@@ -40,6 +39,7 @@ from tests.conformance.support import (
     run_foreground,
     start_daemonized,
 )
+from tests.reactor import reactor
 from vmready.protocols.qmp import QMPClientProtocol
 
 FORWARD_ADDRESS = "10.0.2.100:8443"

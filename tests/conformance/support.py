@@ -14,12 +14,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import attrs
-from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 
+from tests.reactor import reactor
 from vmready.hypervisor.accel import accelerators_for_host
 from vmready.hypervisor.cmdline import AGENT_PORT, AGENT_RING, LEGACY_PORT
 from vmready.protocols.qmp import QMPClientProtocol, QMPEvent, connect_qmp

@@ -7,17 +7,18 @@ import shutil
 import socket
 import tempfile
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from twisted.application.internet import TimerService
-from twisted.internet import reactor
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.error import CannotListenError
 from twisted.trial.unittest import TestCase
 
+from tests.reactor import reactor
 from vmready.cli.client import Client, DaemonUnreachable
 from vmready.daemon import service as daemon
 from vmready.daemon.service import POWER_SYNC_TIMER, DaemonConfig, VMReadyService
+from vmready.domain.reactor import IVMReadyReactor
 from vmready.lifecycle.core import Lifecycle
 
 
@@ -217,7 +218,7 @@ class GuestAPIStartTests(DaemonServiceTests):
         async def check() -> None:
             recording = StopRecordingReactor()
             service = VMReadyService(
-                recording,
+                cast(IVMReadyReactor, recording),
                 DaemonConfig(
                     data_dir=self.directory,
                     listen=f"unix:{os.path.join(self.directory, 'api.sock')}",

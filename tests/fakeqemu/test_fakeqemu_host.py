@@ -13,7 +13,6 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from twisted.internet import reactor
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.error import ConnectError
 from twisted.internet.interfaces import IListeningPort, IReactorUNIX
@@ -39,6 +38,7 @@ from tests.fakeqemu.test_fakeqemu_process import (
     stderr_lines,
     wait_until,
 )
+from tests.reactor import reactor
 from vmready.protocols.qmp import connect_qmp
 
 

@@ -17,7 +17,6 @@ import tempfile
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
-from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
 from twisted.internet.error import ProcessExitedAlready, ProcessTerminated
@@ -30,6 +29,7 @@ from zope.interface import implementer
 
 from fakeqemu import __version__
 from fakeqemu._cmdline import QEMU_VERSION
+from tests.reactor import reactor
 from vmready.protocols.qmp import QMPClientProtocol, QMPDisconnected, QMPEvent, connect_qmp
 
 BIN_DIRECTORY = os.path.dirname(os.path.abspath(sys.executable))

@@ -18,11 +18,11 @@ import sys
 import tempfile
 import zipfile
 
-from twisted.internet import reactor
 from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
 
 from tests.agent.test_agent_main import Process
 from tests.agentfakes import FakeGuestHost, FakeSerialPeer
+from tests.reactor import reactor
 from vmready.agent.serial import PORT_NAME
 from vmready.hypervisor import agentbundle
 from vmready.trust.certs import generate, write_config_drive

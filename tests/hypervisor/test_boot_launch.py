@@ -14,11 +14,11 @@ import tempfile
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from twisted.internet import reactor
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.trial.unittest import TestCase
 
 from tests.conformance.support import REQUIRE_QEMU_VARIABLE
+from tests.reactor import reactor
 from vmready.domain.model import BadRequest
 from vmready.hypervisor.bootsource import BootSource
 from vmready.hypervisor.driver import HypervisorDriver

@@ -17,11 +17,11 @@ import stat
 import subprocess
 from typing import Any
 
-from twisted.internet import reactor
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from tests.conformance.support import REQUIRE_QEMU_VARIABLE
 from tests.hypervisor.test_guestimage import fake_pvh_kernel
+from tests.reactor import reactor
 from vmready.domain.model import BadRequest, HypervisorError
 from vmready.hypervisor.bootfiles import check_files, check_initrd, check_kernel, check_raw_image
 from vmready.hypervisor.bootsource import (

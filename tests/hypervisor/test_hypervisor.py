@@ -21,7 +21,6 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
 from twisted.internet.interfaces import IReactorUNIX
@@ -31,6 +30,7 @@ from twisted.protocols.basic import LineOnlyReceiver
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
+from tests.reactor import reactor
 from vmready.domain.model import HypervisorError
 from vmready.domain.states import PowerState
 from vmready.hypervisor.accel import accelerators_for_host

@@ -16,7 +16,6 @@ import sys
 import tempfile
 from typing import Any
 
-from twisted.internet import reactor
 from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol
 from twisted.internet.task import deferLater
@@ -26,6 +25,7 @@ from fakeqemu.testing import write_kernel
 from tests.conformance.support import REQUIRE_QEMU_VARIABLE
 from tests.hypervisor.test_boot_launch import _async
 from tests.lifecycle.test_lifecycle import ACPIGuest
+from tests.reactor import reactor
 from vmready.agentlink.transport import CID_KEY, TRANSPORT_KEY
 from vmready.domain.model import InstanceRecord
 from vmready.domain.states import READY_KEY, VMState

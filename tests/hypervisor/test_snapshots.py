@@ -13,11 +13,11 @@ import shutil
 import tempfile
 from typing import Any
 
-from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
 
 from tests.conformance.support import REAL_QEMU, REQUIRE_QEMU_VARIABLE
 from tests.lifecycle.test_lifecycle import _async, _until
+from tests.reactor import reactor
 from vmready.domain.model import BadRequest, Conflict, HypervisorError, InstanceRecord, NotFound
 from vmready.domain.states import PowerState, TaskState, VMState
 from vmready.hypervisor.cmdline import (

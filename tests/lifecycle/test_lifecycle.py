@@ -9,13 +9,13 @@ import tempfile
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from twisted.internet import reactor
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 
+from tests.reactor import reactor
 from vmready.domain.model import BadRequest, Conflict, InstanceRecord
 from vmready.domain.states import READY_KEY, PowerState, VMState
 from vmready.hypervisor.commands import MonitorTimeout

@@ -14,7 +14,6 @@ import stat
 from typing import Any
 
 import attrs
-from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol
@@ -22,6 +21,7 @@ from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 
 from tests.lifecycle.test_lifecycle import STOP_TIMEOUT, LifecycleTestCase, _async, _until
+from tests.reactor import reactor
 from vmready.agentlink.link import PollIntervals
 from vmready.domain.model import Conflict
 from vmready.domain.states import READY_KEY, StatusCode

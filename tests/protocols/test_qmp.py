@@ -8,7 +8,6 @@ import shutil
 import tempfile
 from typing import Any
 
-from twisted.internet import reactor
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.testing import StringTransport
@@ -17,6 +16,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from fakeqemu import RunningVM, parse_command_line
 from fakeqemu.testing import InMemoryVM
+from tests.reactor import reactor
 from vmready.protocols.qmp import (
     QMPClientProtocol,
     QMPDisconnected,
@@ -281,7 +281,7 @@ class ConnectQMPTests(TestCase):
         class Silent(Protocol):
             """Accepts the connection and never greets."""
 
-        port = reactor.listenUNIX(self.socket_path, Factory.forProtocol(Silent))  # type: ignore[attr-defined]
+        port = reactor.listenUNIX(self.socket_path, Factory.forProtocol(Silent))
 
         async def check() -> None:
             try:
@@ -289,6 +289,8 @@ class ConnectQMPTests(TestCase):
                     await connect_qmp(reactor, self.socket_path, timeout=0.2)
                 self.assertIn("no QMP greeting", str(caught.exception))
             finally:
-                await port.stopListening()
+                stopped = port.stopListening()
+                if stopped is not None:
+                    await stopped
 
         return ensureDeferred(check())  # type: ignore[return-value]

@@ -9,13 +9,14 @@ from __future__ import annotations
 import io
 import json
 import os
-from typing import Any
+from typing import Any, cast
 
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from vmready.cli.main import run
+from vmready.domain.reactor import IVMReadyReactor
 from vmready.protocols.transcript import TranscriptError
 from vmready.record.replay import replay
 
@@ -375,8 +376,9 @@ class CommandLineTests(SynchronousTestCase):
     def run_replay(self, *args: str) -> tuple[int, str, str]:
         out, err = io.StringIO(), io.StringIO()
         argv = ["--socket", "/nonexistent/no-daemon.sock", "replay", *args]
-        # No reactor: replaying needs none (and no daemon).
-        code = self.successResultOf(Deferred.fromCoroutine(run(None, argv, out, err)))
+        # Replaying needs no daemon and no more of a reactor than a clock.
+        clock = cast(IVMReadyReactor, Clock())
+        code = self.successResultOf(Deferred.fromCoroutine(run(clock, argv, out, err)))
         return code, out.getvalue(), err.getvalue()
 
     def write(self, lines: list[str]) -> str:
@@ -430,7 +432,7 @@ class CommandLineTests(SynchronousTestCase):
         self.patch(ReplaySession, "play", play)
         out, err = io.StringIO(), io.StringIO()
         argv = ["replay", "--realtime", os.path.join(HERE, "boot-to-ready.jsonl")]
-        done = Deferred.fromCoroutine(run(reactor, argv, out, err))
+        done = Deferred.fromCoroutine(run(cast(IVMReadyReactor, reactor), argv, out, err))
         while not done.called:
             reactor.advance(0.05)
         self.assertEqual(self.successResultOf(done), 0)

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from OpenSSL import SSL
-from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol, wrapClientTLS
 from twisted.internet.interfaces import IOpenSSLClientConnectionCreator
@@ -22,6 +21,7 @@ from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
+from tests.reactor import reactor
 from vmready.api.guest import certificate_authorizer
 from vmready.store.sqlite import Store
 from vmready.trust.certs import CertificatePair, fingerprint, generate
@@ -111,9 +111,9 @@ class LoopbackTLSTests(TestCase):
             self.servers.append(protocol)
             return protocol
 
-        port = reactor.listenUNIX(  # type: ignore[attr-defined]
+        port = reactor.listenUNIX(
             self.path,
-            TLSMemoryBIOFactory(
+            TLSMemoryBIOFactory(  # type: ignore[arg-type]  # any IProtocolFactory listens
                 MutualServerTLS(server, authorize), False, Factory.forProtocol(build)
             ),
         )

@@ -14,10 +14,9 @@ time, so a new daemon takes over once the old one's connection is gone.
 
 from __future__ import annotations
 
-from typing import Any
-
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
+from twisted.internet.interfaces import IReactorUNIX
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -51,7 +50,7 @@ class ConnectPort:
 
     log = Logger()
 
-    def __init__(self, reactor: Any, path: str, name: str) -> None:
+    def __init__(self, reactor: IReactorUNIX, path: str, name: str) -> None:
         self.reactor = reactor
         self.path = path
         self.name = name

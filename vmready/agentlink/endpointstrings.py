@@ -9,9 +9,11 @@ for servers, ``vsock:cid=2:port=1234`` and
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 from twisted.internet.interfaces import (
+    IReactorCore,
+    IReactorFDSet,
+    IReactorUNIX,
     IStreamClientEndpointStringParserWithReactor,
     IStreamServerEndpointStringParser,
 )
@@ -127,11 +129,11 @@ class VSockServerParser:
     prefix = "vsock"
 
     def parseStreamServer(
-        self, reactor: Any, *args: object, **kwargs: object
+        self, reactor: IReactorCore, *args: object, **kwargs: object
     ) -> VSockServerEndpoint:
         given = _arguments("vsock", args, kwargs, ("port", "cid", "backlog"))
         return VSockServerEndpoint(
-            reactor,
+            IReactorFDSet(reactor),
             port=_u32_argument("vsock", "port", given.get("port", "0")),
             cid=_cid_argument("vsock", given.get("cid", "any"), _SERVER_CIDS),
             backlog=_positive_argument("vsock", "backlog", given.get("backlog", "50")),
@@ -145,12 +147,12 @@ class VSockClientParser:
     prefix = "vsock"
 
     def parseStreamClient(
-        self, reactor: Any, *args: object, **kwargs: object
+        self, reactor: IReactorCore, *args: object, **kwargs: object
     ) -> VSockClientEndpoint:
         given = _arguments("vsock", args, kwargs, ("cid", "port", "timeout"))
         example = "vsock:cid=2:port=1234"
         return VSockClientEndpoint(
-            reactor,
+            IReactorFDSet(reactor),
             cid=_cid_argument("vsock", _required("vsock", given, "cid", example), _CLIENT_CIDS),
             port=_u32_argument("vsock", "port", _required("vsock", given, "port", example)),
             timeout=_timeout_argument("vsock", given.get("timeout", "30")),
@@ -164,11 +166,11 @@ class HybridVSockServerParser:
     prefix = "hvsock"
 
     def parseStreamServer(
-        self, reactor: Any, *args: object, **kwargs: object
+        self, reactor: IReactorCore, *args: object, **kwargs: object
     ) -> HybridVSockServerEndpoint:
         given = _arguments("hvsock", args, kwargs, ("path", "port", "mode", "backlog"))
         return HybridVSockServerEndpoint(
-            reactor,
+            IReactorUNIX(reactor),
             path=_required("hvsock", given, "path", "hvsock:path=/run/vm/v.sock"),
             port=_u32_argument("hvsock", "port", given.get("port", "0")),
             mode=_mode_argument(given.get("mode", "600")),
@@ -183,12 +185,12 @@ class HybridVSockClientParser:
     prefix = "hvsock"
 
     def parseStreamClient(
-        self, reactor: Any, *args: object, **kwargs: object
+        self, reactor: IReactorCore, *args: object, **kwargs: object
     ) -> HybridVSockClientEndpoint:
         given = _arguments("hvsock", args, kwargs, ("path", "port", "timeout"))
         example = "hvsock:path=/run/vm/v.sock:port=1234"
         return HybridVSockClientEndpoint(
-            reactor,
+            IReactorUNIX(reactor),
             path=_required("hvsock", given, "path", example),
             port=_u32_argument("hvsock", "port", _required("hvsock", given, "port", example)),
             timeout=_timeout_argument("hvsock", given.get("timeout", "30")),

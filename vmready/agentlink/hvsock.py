@@ -24,7 +24,6 @@ import os
 import random
 import socket
 import stat
-from typing import Any
 
 import attrs
 from twisted.internet import error
@@ -34,6 +33,7 @@ from twisted.internet.interfaces import (
     IListeningPort,
     IProtocol,
     IProtocolFactory,
+    IReactorUNIX,
     IStreamClientEndpoint,
     IStreamServerEndpoint,
 )
@@ -144,7 +144,7 @@ class HybridVSockServerEndpoint:
     before it starts accepting connections.
     """
 
-    _reactor: Any = attrs.field(eq=False, repr=False)
+    _reactor: IReactorUNIX = attrs.field(eq=False, repr=False)
     path: str = attrs.field(validator=_check_path)
     port: int = attrs.field(default=0, validator=u32("hvsock port"))
     mode: int = attrs.field(default=0o600, validator=_check_mode)
@@ -188,7 +188,11 @@ class HybridVSockServerEndpoint:
                 raise error.CannotListenError("hvsock", socket_path, e) from e
         try:
             listening = self._reactor.listenUNIX(
-                socket_path, factory, backlog=self.backlog, mode=self.mode, wantPID=False
+                socket_path,
+                factory,  # type: ignore[arg-type]  # the stub wants a Factory; any IProtocolFactory listens
+                backlog=self.backlog,
+                mode=self.mode,
+                wantPID=False,
             )
         except error.CannotListenError as e:
             # Twisted's unix port starts the factory before it binds, and does not undo
@@ -205,7 +209,7 @@ class HybridVSockServerEndpoint:
 class HybridVSockClientEndpoint:
     """Connects to hybrid vsock port ``port`` of ``path`` (the unix socket ``<path>_<port>``)."""
 
-    _reactor: Any = attrs.field(eq=False, repr=False)
+    _reactor: IReactorUNIX = attrs.field(eq=False, repr=False)
     path: str = attrs.field(validator=_check_path)
     port: int = attrs.field(validator=u32("hvsock port"))
     timeout: float = attrs.field(default=30.0, validator=positive("hvsock timeout"))

@@ -31,6 +31,7 @@ from twisted.internet.interfaces import (
     IListeningPort,
     IProtocol,
     IProtocolFactory,
+    IReactorFDSet,
     IStreamClientEndpoint,
     IStreamServerEndpoint,
 )
@@ -111,7 +112,12 @@ class _VSockListeningPort(tcp.Port):
     _type = "VSOCK"
 
     def __init__(
-        self, port: int, cid: int, factory: IProtocolFactory, backlog: int, reactor: Any
+        self,
+        port: int,
+        cid: int,
+        factory: IProtocolFactory,
+        backlog: int,
+        reactor: IReactorFDSet,
     ) -> None:
         base.BasePort.__init__(self, reactor=reactor)
         self.port = port
@@ -163,7 +169,9 @@ class _VSockListeningPort(tcp.Port):
 class _VSockClient(tcp.Client):
     """An outgoing AF_VSOCK connection; tcp.BaseClient's connect without name resolution."""
 
-    def __init__(self, cid: int, port: int, connector: _VSockConnector, reactor: Any) -> None:
+    def __init__(
+        self, cid: int, port: int, connector: _VSockConnector, reactor: IReactorFDSet
+    ) -> None:
         self.connector = connector
         self.addr = self.realAddress = (cid, port)
         try:
@@ -209,13 +217,16 @@ class _VSockClient(tcp.Client):
 class _VSockConnector(base.BaseConnector):
     """Drives one AF_VSOCK connection attempt for a client factory (IConnector)."""
 
-    def __init__(self, cid: int, port: int, factory: Any, timeout: float, reactor: Any) -> None:
+    def __init__(
+        self, cid: int, port: int, factory: Any, timeout: float, reactor: IReactorFDSet
+    ) -> None:
         self.cid = cid
         self.port = port
-        base.BaseConnector.__init__(self, factory, timeout, reactor)
+        # BaseConnector is typed for ReactorBase; it uses only what IReactorFDSet reactors have.
+        base.BaseConnector.__init__(self, factory, timeout, cast(base.ReactorBase, reactor))
 
     def _makeTransport(self) -> _VSockClient:
-        return _VSockClient(self.cid, self.port, self, self.reactor)
+        return _VSockClient(self.cid, self.port, self, cast(IReactorFDSet, self.reactor))
 
     def getDestination(self) -> VSockAddress:
         return VSockAddress(self.cid, self.port)
@@ -226,7 +237,7 @@ class _VSockConnector(base.BaseConnector):
 class VSockServerEndpoint:
     """Listens on AF_VSOCK; port 0 lets the kernel choose a port (see ``getHost()``)."""
 
-    _reactor: Any = attrs.field(eq=False, repr=False)
+    _reactor: IReactorFDSet = attrs.field(eq=False, repr=False)
     port: int = attrs.field(default=0, validator=u32("vsock port"))
     cid: int = attrs.field(default=VMADDR_CID_ANY, validator=u32("vsock cid"))
     backlog: int = attrs.field(default=50, validator=positive("vsock backlog"))
@@ -249,7 +260,7 @@ class VSockServerEndpoint:
 class VSockClientEndpoint:
     """Connects to an AF_VSOCK ``(cid, port)``; fails with a ConnectError carrying the OS error."""
 
-    _reactor: Any = attrs.field(eq=False, repr=False)
+    _reactor: IReactorFDSet = attrs.field(eq=False, repr=False)
     cid: int = attrs.field(validator=u32("vsock cid"))
     port: int = attrs.field(validator=u32("vsock port"))
     timeout: float = attrs.field(default=30.0, validator=positive("vsock timeout"))

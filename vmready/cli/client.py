@@ -26,6 +26,7 @@ from twisted.web.iweb import IAgentEndpointFactory, IResponse
 from zope.interface import implementer
 
 from vmready.cli.errors import EXIT_FAILED, EXIT_USAGE, CommandError
+from vmready.domain.reactor import IVMReadyReactor
 
 __all__ = [
     "APIError",
@@ -63,7 +64,7 @@ class APIError(CommandError):
 class _UnixSocket:
     """Every request goes to the daemon's unix socket, whatever the URL's host."""
 
-    def __init__(self, reactor: Any, path: str) -> None:
+    def __init__(self, reactor: IVMReadyReactor, path: str) -> None:
         self._reactor = reactor
         self._path = path
 
@@ -114,7 +115,7 @@ class LineStream(Protocol):
 class Client:
     """The operator API over the daemon's unix socket, with LXD's envelopes unwrapped."""
 
-    def __init__(self, reactor: Any, socket_path: str) -> None:
+    def __init__(self, reactor: IVMReadyReactor, socket_path: str) -> None:
         self.reactor = reactor
         self.socket_path = socket_path
         self.daemon = f"the vmready daemon at {socket_path}"

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
 
 from vmready.cli import tables
 from vmready.cli.client import Client, get_instance, instance_path
@@ -239,7 +240,7 @@ def _replayed_line(entry: Any) -> str:
     return f"t={entry.t:.3f}s line {entry.line}: {entry.kind} {text[:100]}"
 
 
-async def cmd_replay(reactor: Any, output: Output, args: argparse.Namespace) -> int:
+async def cmd_replay(reactor: IReactorTime, output: Output, args: argparse.Namespace) -> int:
     """``vmready replay FILE``: runs in this process; the daemon is not involved."""
     from vmready.protocols.transcript import TranscriptError
     from vmready.record.replay import replay, replay_realtime

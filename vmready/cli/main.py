@@ -16,7 +16,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from types import FrameType
-from typing import IO, Any, NoReturn
+from typing import IO, NoReturn
 
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
@@ -27,12 +27,13 @@ from vmready.cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, Comman
 from vmready.cli.output import Output
 from vmready.cli.parser import build_parser
 from vmready.domain.paths import default_socket
+from vmready.domain.reactor import IVMReadyReactor, default_reactor
 
 __all__ = ["main", "run"]
 
 
 async def run(
-    reactor: Any,
+    reactor: IVMReadyReactor,
     argv: Sequence[str],
     out: IO[str] | None = None,
     err: IO[str] | None = None,
@@ -70,7 +71,7 @@ class _ConsoleRun:
     The reactor is stopped once, by whichever comes first.
     """
 
-    def __init__(self, reactor: Any, argv: Sequence[str]) -> None:
+    def __init__(self, reactor: IVMReadyReactor, argv: Sequence[str]) -> None:
         self._reactor = reactor
         self._argv = argv
         self._command: Deferred[int] | None = None
@@ -123,7 +124,7 @@ class _ConsoleRun:
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """The ``vmready`` console script."""
-    from twisted.internet import reactor
+    reactor = default_reactor()
 
     console = _ConsoleRun(reactor, sys.argv[1:] if argv is None else argv)
     reactor.callWhenRunning(console.start)

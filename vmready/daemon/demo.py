@@ -16,13 +16,13 @@ import os
 import subprocess
 import sys
 import uuid
-from typing import Any
 
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol
 from twisted.internet.task import deferLater, react
 
+from vmready.domain.reactor import IVMReadyReactor
 from vmready.hypervisor.cmdline import (
     AGENT_PORT,
     AGENT_RING,
@@ -98,7 +98,7 @@ async def read_agent(client: QMPClientProtocol, reader: RingBufferReader) -> Age
     return reader.status
 
 
-async def run_demo(reactor: Any, workdir: str, name: str) -> None:
+async def run_demo(reactor: IVMReadyReactor, workdir: str, name: str) -> None:
     """Start the VM, watch it, do the handshake, then shut it down."""
     os.makedirs(workdir, exist_ok=True)
     print(f"vmready demo: starting VM {name!r} on fakeqemu in {workdir}")

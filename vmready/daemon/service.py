@@ -12,7 +12,6 @@ import glob
 import os
 import shutil
 import socket
-from typing import Any
 
 import attrs
 from twisted.application import strports
@@ -34,6 +33,7 @@ from vmready.agentlink.vsockaddress import HybridVSockAddress
 from vmready.api.guest import GuestAPI, guest_site, guest_tls_factory
 from vmready.api.operator import OperatorAPI
 from vmready.api.web import local_site
+from vmready.domain.reactor import IVMReadyReactor
 from vmready.guestfiles import loader_files
 from vmready.hypervisor.accel import KVMVerdicts, kvm_device_problem
 from vmready.hypervisor.agentbundle import build_zipapp
@@ -112,7 +112,7 @@ class VMReadyService(MultiService):
 
     log = Logger()
 
-    def __init__(self, reactor: Any, config: DaemonConfig) -> None:
+    def __init__(self, reactor: IVMReadyReactor, config: DaemonConfig) -> None:
         super().__init__()
         self.reactor = reactor
         self.config = config
@@ -334,7 +334,7 @@ def drive_contents(data_dir: str) -> DriveContents:
     return DriveContents(agent_zipapp=build_zipapp(directory), loader=loader_files())
 
 
-async def _program_version(reactor: Any, program: list[str]) -> str:
+async def _program_version(reactor: IVMReadyReactor, program: list[str]) -> str:
     """The hypervisor's ``--version`` line (what a KVM verdict is kept for), or "unknown"."""
     executable = shutil.which(program[0])
     if executable is None:

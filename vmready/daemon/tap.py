@@ -28,6 +28,7 @@ from vmready.daemon.service import GUEST_SOCKET_BASE, DaemonConfig, VMReadyServi
 from vmready.domain.limits import raise_file_limit
 from vmready.domain.model import StoreError, VMReadyError
 from vmready.domain.paths import default_data_dir
+from vmready.domain.reactor import default_reactor
 from vmready.hypervisor.bootfiles import check_files
 from vmready.hypervisor.bootsource import BootSource
 from vmready.hypervisor.cmdline import CURRENT_LAYOUT, STARTABLE_LAYOUTS
@@ -250,7 +251,7 @@ def check_data_dir(path: str) -> None:
 
 def check_listen_address(listen: str) -> None:
     """Refuse an endpoint string that twistd could not listen on; clear a stale unix socket."""
-    from twisted.internet import reactor
+    reactor = default_reactor()
 
     try:
         endpoint = serverFromString(reactor, listen)
@@ -265,7 +266,7 @@ def check_listen_address(listen: str) -> None:
 
 def check_guest_listen_address(listen: str) -> None:
     """Refuse a guest API endpoint string that cannot work, in one line."""
-    from twisted.internet import reactor
+    reactor = default_reactor()
 
     try:
         endpoint = serverFromString(reactor, listen)
@@ -355,7 +356,7 @@ def _check_tcp_port_free(listen: str, family: int, interface: str, port: int) ->
 
 def makeService(options: Options) -> VMReadyService:
     """Check what can be checked before twistd daemonizes, then build the service."""
-    from twisted.internet import reactor
+    reactor = default_reactor()
 
     data_dir = options["data-dir"]
     check_data_dir(data_dir)

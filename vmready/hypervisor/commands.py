@@ -43,7 +43,7 @@ class VMCommands:
 
     def __init__(
         self,
-        reactor: Any,
+        reactor: IReactorTime,
         follower: VMFollower,
         command_timeout: float = DEFAULT_COMMAND_TIMEOUT,
     ) -> None:

@@ -21,7 +21,6 @@ import shlex
 import shutil
 import signal
 import sys
-from typing import Any
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.error import ProcessExitedAlready
@@ -32,6 +31,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from vmready.domain.model import HypervisorError
+from vmready.domain.reactor import IVMReadyReactor
 from vmready.hypervisor.cmdline import VMSpec, build_command_line
 from vmready.hypervisor.commands import DEFAULT_COMMAND_TIMEOUT
 from vmready.hypervisor.qemulog import OUTPUT_CAP, error_lines, read_log_lines
@@ -102,7 +102,7 @@ class HypervisorDriver:
     # How long a process killed by ``kill_owned`` may take to disappear.
     kill_timeout = DEFAULT_KILL_TIMEOUT
 
-    def __init__(self, reactor: Any, kind: str, binary: str | None = None) -> None:
+    def __init__(self, reactor: IVMReadyReactor, kind: str, binary: str | None = None) -> None:
         if kind == "fakeqemu":
             program = [binary] if binary else [sys.executable, "-m", "fakeqemu"]
         elif kind == "qemu":

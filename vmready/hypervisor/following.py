@@ -13,9 +13,9 @@ import contextlib
 import os
 import signal
 from collections.abc import Callable
-from typing import Any
 
 from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
@@ -41,7 +41,7 @@ class VMFollower:
 
     def __init__(
         self,
-        reactor: Any,
+        reactor: IReactorTime,
         spec: VMSpec,
         qmp: QMPClientProtocol,
         pid: int | None,

@@ -16,9 +16,10 @@ import re
 import signal
 import stat
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import attrs
+from twisted.internet.interfaces import IReactorProcess, IReactorTime
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.python.failure import Failure
 
@@ -190,7 +191,8 @@ def _failure_text(err: bytes, out: bytes) -> str:
 class ImageTool:
     """Runs ``qemu-img`` for the daemon, through the reactor (it never blocks)."""
 
-    def __init__(self, reactor: Any, program: str = QEMU_IMG) -> None:
+    def __init__(self, reactor: IReactorTime, program: str = QEMU_IMG) -> None:
+        """``reactor`` must also spawn processes (``IReactorProcess``), as the daemon's does."""
         self.reactor = reactor
         self.program = program
 
@@ -215,7 +217,10 @@ class ImageTool:
 
         try:
             result: tuple[bytes, bytes, int] = await getProcessOutputAndValue(
-                executable, list(args), env=dict(os.environ), reactor=self.reactor
+                executable,
+                list(args),
+                env=dict(os.environ),
+                reactor=cast(IReactorProcess, self.reactor),
             ).addErrback(killed)
         except HypervisorError:
             raise

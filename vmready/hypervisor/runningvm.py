@@ -9,7 +9,6 @@ commands, each bounded by ``command_timeout``) and ``stopping.VMStopper``
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
@@ -33,7 +32,7 @@ class RunningVM:
 
     def __init__(
         self,
-        reactor: Any,
+        reactor: IReactorTime,
         spec: VMSpec,
         qmp: QMPClientProtocol,
         pid: int | None,

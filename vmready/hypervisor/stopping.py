@@ -7,8 +7,6 @@ HypervisorError.
 
 from __future__ import annotations
 
-from typing import Any
-
 from twisted.internet.defer import TimeoutError
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
@@ -36,7 +34,7 @@ class VMStopper:
     powerdown_repeat = 5.0
 
     def __init__(
-        self, reactor: Any, follower: VMFollower, commands: VMCommands, log: Logger
+        self, reactor: IReactorTime, follower: VMFollower, commands: VMCommands, log: Logger
     ) -> None:
         self.follower = follower
         self.commands = commands

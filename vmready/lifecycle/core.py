@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from vmready.domain.model import (
@@ -139,7 +140,7 @@ class Lifecycle:
 
     def __init__(
         self,
-        reactor: Any,
+        reactor: IReactorTime,
         store: Store,
         driver: HypervisorDriver,
         events: EventBus,

@@ -308,7 +308,7 @@ class LifecycleState:
 
     def __init__(
         self,
-        reactor: Any,
+        reactor: IReactorTime,
         store: Store,
         driver: HypervisorDriver,
         events: EventBus,

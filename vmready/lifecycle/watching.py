@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
+from typing import cast
 
+from twisted.internet.interfaces import IReactorUNIX
 from twisted.logger import Logger
 
 from vmready.agentlink.connectport import ConnectPort
@@ -100,7 +102,14 @@ class Watching:
             chardev,
             lambda change: self._agent_changed(name, change),
             (lambda: recorders.recorder_for(name)) if recorders is not None else None,
-            ConnectPort(self.state.reactor, vm.spec.connect_socket, name) if has_port else None,
+            ConnectPort(
+                # The daemon's reactor (a replay's clock never has such a port).
+                cast(IReactorUNIX, self.state.reactor),
+                vm.spec.connect_socket,
+                name,
+            )
+            if has_port
+            else None,
         )
         self.state.monitors[name] = monitor
         return monitor

@@ -21,6 +21,8 @@ from twisted.logger import Logger
 from twisted.protocols.basic import LineOnlyReceiver
 from twisted.python.failure import Failure
 
+from vmready.domain.reactor import IVMReadyReactor
+
 __all__ = [
     "QMPClientProtocol",
     "QMPDisconnected",
@@ -276,13 +278,15 @@ def _failed(error: Exception) -> Deferred[Any]:
 
 
 def connect_qmp(
-    reactor: Any, socket_path: str, timeout: float = 10.0
+    reactor: IVMReadyReactor, socket_path: str, timeout: float = 10.0
 ) -> Deferred[QMPClientProtocol]:
     """Connect to the monitor at ``socket_path`` and finish negotiation."""
     return Deferred.fromCoroutine(_connect_qmp(reactor, socket_path, timeout))
 
 
-async def _connect_qmp(reactor: Any, socket_path: str, timeout: float) -> QMPClientProtocol:
+async def _connect_qmp(
+    reactor: IVMReadyReactor, socket_path: str, timeout: float
+) -> QMPClientProtocol:
     endpoint = UNIXClientEndpoint(reactor, socket_path, timeout=int(max(timeout, 1)))
     protocol = QMPClientProtocol()
     try:

@@ -34,6 +34,7 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import Clock
 
 from vmready.protocols.transcript import (
@@ -143,7 +144,7 @@ def replay(
 
 async def replay_realtime(
     source: str | Iterable[str] | Transcript,
-    reactor: Any,
+    reactor: IReactorTime,
     on_step: Callable[[Entry], None] | None = None,
 ) -> ReplayResult:
     """``replay`` at the recorded pace: each record waits for its time on ``reactor``.
