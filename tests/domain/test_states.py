@@ -131,3 +131,21 @@ class EndStateTests(SynchronousTestCase):
             [self.end("start", PowerState.PAUSED), self.end("freeze", PowerState.PAUSED)],
             [VMState.PAUSED, VMState.PAUSED],
         )
+
+
+class TableTests(SynchronousTestCase):
+    """``ACTIONS`` is well formed: everything derived from it is well defined."""
+
+    def test_everyTaskBelongsToExactlyOneAction(self) -> None:
+        owners = [task for action in ACTIONS.values() for task in action.tasks]
+        self.assertEqual(sorted(owners), sorted(TaskState))
+
+    def test_everyActionShowsOneLabelPerTaskOrNone(self) -> None:
+        self.assertEqual(
+            [
+                name
+                for name, action in ACTIONS.items()
+                if len(action.shows) not in (0, len(action.tasks))
+            ],
+            [],
+        )

@@ -97,6 +97,10 @@ class Action:
     ends_in_when_stopped: VMState | None = None
     # It ends where it started (a snapshot): ``ends_in`` is then only the usual case.
     returns_to_start: bool = False
+    # Nova's display status during each task (None: the resting state shows).
+    shows: tuple[str | None, ...] = ()
+    # LXD's status while it runs (None: the resting status shows).
+    lxd_status: str | None = None
 
     def end_state(self, power: PowerState) -> VMState:
         """Where the action leaves an instance whose VM ends in ``power``.
@@ -121,27 +125,49 @@ _ANY_LIVE = frozenset(VMState) - {VMState.DELETED}
 ACTIONS: dict[str, Action] = {
     action.name: action
     for action in (
-        Action("create", frozenset({VMState.BUILDING}), (TaskState.SPAWNING,), VMState.ACTIVE),
+        Action(
+            "create",
+            frozenset({VMState.BUILDING}),
+            (TaskState.SPAWNING,),
+            VMState.ACTIVE,
+            shows=("BUILD",),
+            lxd_status="Starting",
+        ),
         Action(
             "start",
             frozenset({VMState.STOPPED, VMState.ERROR}),
             (TaskState.POWERING_ON,),
             VMState.ACTIVE,
+            lxd_status="Starting",
         ),
         Action(
             "stop",
             frozenset({VMState.ACTIVE, VMState.PAUSED}),
             (TaskState.POWERING_OFF,),
             VMState.STOPPED,
+            lxd_status="Stopping",
         ),
-        Action("restart", frozenset({VMState.ACTIVE}), (TaskState.REBOOTING,), VMState.ACTIVE),
-        Action("freeze", frozenset({VMState.ACTIVE}), (TaskState.PAUSING,), VMState.PAUSED),
+        Action(
+            "restart",
+            frozenset({VMState.ACTIVE}),
+            (TaskState.REBOOTING,),
+            VMState.ACTIVE,
+            shows=("REBOOT",),
+        ),
+        Action(
+            "freeze",
+            frozenset({VMState.ACTIVE}),
+            (TaskState.PAUSING,),
+            VMState.PAUSED,
+            lxd_status="Freezing",
+        ),
         Action("unfreeze", frozenset({VMState.PAUSED}), (TaskState.UNPAUSING,), VMState.ACTIVE),
         Action(
             "rebuild",
             frozenset({VMState.ACTIVE, VMState.STOPPED, VMState.ERROR}),
             (TaskState.REBUILDING,),
             VMState.ACTIVE,
+            shows=("REBUILD",),
         ),
         Action(
             "resize",
@@ -153,6 +179,7 @@ ACTIONS: dict[str, Action] = {
                 TaskState.RESIZE_FINISH,
             ),
             VMState.RESIZED,
+            shows=("QUEUE_RESIZE", "PREP_RESIZE", "RESIZE", "RESIZE"),
         ),
         Action(
             "confirm-resize",
@@ -167,6 +194,7 @@ ACTIONS: dict[str, Action] = {
             (TaskState.RESIZE_REVERTING,),
             VMState.ACTIVE,
             ends_in_when_stopped=VMState.STOPPED,
+            shows=("REVERT_RESIZE",),
         ),
         Action(
             "snapshot",
@@ -174,6 +202,7 @@ ACTIONS: dict[str, Action] = {
             (TaskState.SNAPSHOTTING,),
             VMState.ACTIVE,
             returns_to_start=True,
+            shows=("SNAPSHOT",),
         ),
         Action(
             "restore",
@@ -181,9 +210,19 @@ ACTIONS: dict[str, Action] = {
             (TaskState.RESTORING,),
             VMState.ACTIVE,
             ends_in_when_stopped=VMState.STOPPED,
+            shows=("RESTORE",),
         ),
-        Action("delete", _ANY_LIVE, (TaskState.DELETING,), VMState.DELETED),
+        Action("delete", _ANY_LIVE, (TaskState.DELETING,), VMState.DELETED, lxd_status="Stopping"),
     )
+}
+
+
+# Derived from ACTIONS: LXD's status while each task runs.
+_TASK_STATUS = {
+    task: action.lxd_status
+    for action in ACTIONS.values()
+    if action.lxd_status is not None
+    for task in action.tasks
 }
 
 
@@ -204,12 +243,9 @@ def derive_status(
     """LXD's status for the stored fields: Ready only when running, idle, and the key is set."""
     if vm_state is VMState.ERROR:
         return Status("Error", StatusCode.ERROR)
-    if task_state in (TaskState.POWERING_ON, TaskState.SPAWNING):
-        return Status("Starting", StatusCode.STARTING)
-    if task_state in (TaskState.POWERING_OFF, TaskState.DELETING):
-        return Status("Stopping", StatusCode.STOPPING)
-    if task_state is TaskState.PAUSING:
-        return Status("Freezing", StatusCode.FREEZING)
+    transition = _TASK_STATUS.get(task_state) if task_state is not None else None
+    if transition is not None:
+        return Status(transition, StatusCode[transition.upper()])
     if vm_state is VMState.PAUSED or power_state is PowerState.PAUSED:
         return Status("Frozen", StatusCode.FROZEN)
     if power_state is PowerState.RUNNING and vm_state in (VMState.ACTIVE, VMState.RESIZED):
@@ -220,17 +256,12 @@ def derive_status(
     return Status("Stopped", StatusCode.STOPPED)
 
 
+# Derived from ACTIONS: what each task shows while it runs.
 _TASK_DISPLAY = {
-    TaskState.SPAWNING: "BUILD",
-    TaskState.REBUILDING: "REBUILD",
-    TaskState.RESIZE_QUEUED: "QUEUE_RESIZE",
-    TaskState.RESIZE_PREP: "PREP_RESIZE",
-    TaskState.RESIZE_MIGRATING: "RESIZE",
-    TaskState.RESIZE_FINISH: "RESIZE",
-    TaskState.RESIZE_REVERTING: "REVERT_RESIZE",
-    TaskState.REBOOTING: "REBOOT",
-    TaskState.SNAPSHOTTING: "SNAPSHOT",
-    TaskState.RESTORING: "RESTORE",
+    task: label
+    for action in ACTIONS.values()
+    for task, label in zip(action.tasks, action.shows or (None,) * len(action.tasks), strict=True)
+    if label is not None
 }
 _VM_DISPLAY = {
     VMState.BUILDING: "BUILD",
