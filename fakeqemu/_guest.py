@@ -15,6 +15,7 @@ accepts ``poweroff``, ``reboot`` and ``panic``.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable
 
 from twisted.internet.protocol import Factory, Protocol
@@ -29,7 +30,7 @@ CONSOLE_SOCKET = "console"
 SHARES_DIRECTORY = "9p"
 
 
-class _AttachedEnd(Protocol):
+class _AttachedEnd(Protocol, abc.ABC):
     """A connection the machine attaches when it is made, and detaches when it is lost.
 
     ``_attach`` returns the detacher, or None when the machine refuses the
@@ -41,8 +42,9 @@ class _AttachedEnd(Protocol):
         self._machine = machine
         self._detach: Callable[[], None] | None = None
 
+    @abc.abstractmethod
     def _attach(self) -> Callable[[], None] | None:
-        raise NotImplementedError
+        """Ask the machine to take this connection; its detacher, or None (refused)."""
 
     def connectionMade(self) -> None:
         self._detach = self._attach()

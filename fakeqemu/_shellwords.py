@@ -43,11 +43,11 @@ def _tokenize(text: str) -> list[str]:
                 quote = ""
             current = [] if current is None else current
             current.append(char)
-        elif char == "\n" or (char in " \t" and current):
-            _delimit(current, tokens)
-            current = None
-        elif char in " \t":
-            pass  # blanks between words
+        elif char in " \t\n":
+            # A newline ends a command's word; blanks end a word, if one is under way.
+            if char == "\n" or current:
+                _delimit(current, tokens)
+                current = None
         elif char in "'\"":
             current = [] if current is None else current
             current.append(char)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -196,8 +197,7 @@ class VsockCIDTests(LaunchTestCase):
         super().setUp()
         # fakeqemu opens this as QEMU opens /dev/vhost-vsock (absent on this kind of machine).
         device = os.path.join(self.files, "vhost-vsock")
-        with open(device, "wb"):
-            pass
+        pathlib.Path(device).touch()
         previous = os.environ.get("FAKEQEMU_VHOST_VSOCK_DEVICE")
         os.environ["FAKEQEMU_VHOST_VSOCK_DEVICE"] = device
         self.addCleanup(self._restore_environment, previous)

@@ -7,6 +7,8 @@ HypervisorError.
 
 from __future__ import annotations
 
+import contextlib
+
 from twisted.internet.defer import TimeoutError
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
@@ -102,13 +104,10 @@ class VMStopper:
             remaining = deadline - timer.seconds()
             if remaining <= 0:
                 return False
-            try:
+            with contextlib.suppress(TimeoutError):
                 await self.follower.when_gone().addTimeout(
                     min(remaining, self.powerdown_repeat), timer
                 )
-            except TimeoutError:
-                pass
-            else:
                 return True
             if deadline - timer.seconds() > 0 and self.follower.qmp.is_open:
                 try:
