@@ -14,10 +14,11 @@ import shutil
 import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from tests.agentfakes import MemoryTransport, memory_response
 from tests.asynciotesting import run_virtual
 from vmready.agent import httpwire
 from vmready.agent.host import HostEndpoint, HostError, HostResponse
@@ -70,24 +71,6 @@ class DevlxdAnswerTests(SynchronousTestCase):
         )
 
 
-class _Transport:
-    """Just enough of a transport for a HostResponse: closing it is noted."""
-
-    def __init__(self) -> None:
-        self.closed = False
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def abort(self) -> None:
-        self.closed = True
-
-
-class _Writer:
-    def __init__(self) -> None:
-        self.transport = _Transport()
-
-
 @dataclass
 class Sent:
     """A request the host got."""
@@ -108,7 +91,8 @@ class ScriptedEndpoint(HostEndpoint):
         self.script = script
         self.label = LABEL
         self.sent: list[Sent] = []
-        self.responses: list[_Writer] = []
+        # The transport of each answer: closing it is noted.
+        self.transports: list[MemoryTransport] = []
         self.stream: asyncio.StreamReader | None = None
 
     async def send(
@@ -117,19 +101,12 @@ class ScriptedEndpoint(HostEndpoint):
         request = Sent(method, target, body, content_type)
         self.sent.append(request)
         status, answer_type, raw = await self.script(request)
-        reader = asyncio.StreamReader()
-        headers = httpwire.Headers([("Content-Type", answer_type)])
-        if target.startswith("/1.0/events") and status == 200:
-            framing = httpwire.Framing(until_close=True)
+        stream = target.startswith("/1.0/events") and status == 200
+        response, reader, transport = memory_response(status, raw, answer_type, stream=stream)
+        if stream:
             self.stream = reader
-        else:
-            framing = httpwire.Framing(length=len(raw))
-            reader.feed_data(raw)
-            reader.feed_eof()
-        writer = _Writer()
-        self.responses.append(writer)
-        head = httpwire.ResponseHead((1, 1), status, "", headers)
-        return HostResponse(head, framing, reader, cast(asyncio.StreamWriter, writer))
+        self.transports.append(transport)
+        return response
 
 
 def answers(status: int, raw: bytes, content_type: str = "application/json") -> Script:
@@ -374,7 +351,7 @@ class ProxyTests(SynchronousTestCase):
     def test_theHostsConnectionIsClosedAfterItsAnswer(self) -> None:
         harness = ProxyHarness(self)
         harness.call("GET", "/1.0")
-        self.assertTrue(harness.endpoint.responses[0].transport.closed)
+        self.assertTrue(harness.endpoint.transports[0].closed)
 
 
 class EventStreamTests(SynchronousTestCase):
@@ -433,8 +410,8 @@ class EventStreamTests(SynchronousTestCase):
         async def scenario() -> None:
             _, writer, _ = await self.open_stream()
             writer.close()
-            response = self.harness.endpoint.responses[0]
-            while not response.transport.closed:
+            transport = self.harness.endpoint.transports[0]
+            while not transport.closed:
                 await asyncio.sleep(0.01)
 
         self.harness.run(scenario)  # returns only once the host's stream was closed
