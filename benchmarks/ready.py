@@ -429,9 +429,9 @@ class StampedAgent:
         assert keeper is not None
         write = keeper.write
 
-        def stamped(data: bytes) -> bool:
+        def stamped(data: bytes, announce: bool = False) -> bool:
             now = time.perf_counter()
-            written = write(data)
+            written = write(data, announce)
             if written:
                 waiter = self._expected.pop(data, None)
                 if waiter is not None and not waiter.done():
@@ -777,8 +777,8 @@ async def measure_reads(bench: Bench, count: int) -> None:
         f"  ring-buffer reads, {plural(count, 'instance')}: {rate:.1f} ringbuf-reads/s at "
         f"steady state (sum of AgentMonitor.reads over {seconds:.1f} s; "
         f"{plural(after['monitors'], 'monitor')}, "
-        f"agents {after['statuses']}; {count / DEFAULT_POLL.connected:.0f}/s is one read per "
-        f"'connected' interval of {DEFAULT_POLL.connected:g} s)",
+        f"agents {after['statuses']}; {count / DEFAULT_POLL.safety:.1f}/s is one safety read "
+        f"per {DEFAULT_POLL.safety:g} s each)",
         summary=count == bench.args.counts[-1],
     )
     bench.say(
@@ -905,17 +905,17 @@ async def measure_detection(bench: Bench, count: int) -> None:
     )
     bench.say(
         f"    instance-agent-stopped:   {p50_p99(found.stopped)} "
-        f"(read every {poll.connected:g} s while CONNECTED)",
+        "(read on its port's VSERPORT_CHANGE)",
         summary=True,
     )
     bench.say(
         f"    instance-agent-started:   {p50_p99(found.started)} "
-        f"(read every {poll.started:g} s while STOPPED)",
+        "(read on its port's VSERPORT_CHANGE)",
         summary=True,
     )
     bench.say(
         f"    instance-agent-connected: {p50_p99(found.connected)} "
-        f"(read every {poll.connecting:g} s while a CONNECT is outstanding)",
+        f"(on VSERPORT_CHANGE; follow-ups from {poll.follow_up:g} s after a CONNECT)",
         summary=True,
     )
 
@@ -1085,9 +1085,8 @@ async def run(args: argparse.Namespace, children: Children, directory: str) -> l
     report(
         f"vmready ready benchmark: fakeqemu, {os.cpu_count()} CPUs, counts "
         f"{', '.join(str(c) for c in args.counts)}; daemon pid {daemon.pid} "
-        f"(VMReadyService as twistd builds it, default options: agent polls every "
-        f"{poll.connecting:g} s connecting / {poll.started:g} s started / "
-        f"{poll.connected:g} s connected, power sync every "
+        f"(VMReadyService as twistd builds it, default options: agent link reads on "
+        f"VSERPORT_CHANGE, safety read every {poll.safety:g} s, power sync every "
         f"{Options()['power-sync-interval']} s); fakeqemu-host pid {host.pid}; "
         f"{len(workers)} agent worker processes (default heartbeat and retries)"
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable
 
+from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.protocol import Factory, Protocol
 from twisted.protocols.basic import LineOnlyReceiver
 from twisted.python.failure import Failure
@@ -68,25 +69,75 @@ class _AttachedEnd(Protocol, abc.ABC):
             detach()
 
 
+# How long a second opener of a busy port waits for the holder's close to be read.
+CLOSE_SETTLE = 1.0
+
+
 class GuestPortProtocol(_AttachedEnd):
     """One guest process holding a virtio serial port open.
 
-    A second opener is refused (closed at once), like a second ``open()`` of a
-    virtio port, and what it managed to send is dropped.
+    A second opener is refused (closed), like a second ``open()`` of a virtio
+    port, and what it managed to send is dropped.  But a guest that closes the
+    port and opens it again at once (an agent announcing a line) reaches
+    fakeqemu as two sockets whose order the event loop does not keep: the new
+    one may be accepted before the old one's end is read, even before the old
+    one is accepted.  In Linux the close is over before the open begins; so a
+    second opener waits, for at most ``CLOSE_SETTLE`` seconds, for the holder
+    to go, and takes the port then; only if the holder stays is it refused.
     """
 
-    def __init__(self, machine: Machine, port: SerialPort) -> None:
+    def __init__(self, machine: Machine, port: SerialPort, queue: list[GuestPortProtocol]) -> None:
         super().__init__(machine)
         self._port = port
+        self._queue = queue
+        self._refusal: IDelayedCall | None = None
+        self._early = bytearray()
+
+    def connectionMade(self) -> None:
+        if self._port.guest is not None and self._machine.exited is None:
+            self._queue.append(self)
+            self._refusal = self._machine.clock.callLater(CLOSE_SETTLE, self._refuse)
+            return
+        super().connectionMade()
+
+    def _refuse(self) -> None:
+        self._refusal = None
+        self._queue.remove(self)
+        if self.transport is not None:
+            self.transport.loseConnection()
+
+    def admit(self) -> None:
+        """The holder went while this one waited: it has the port now."""
+        if self._refusal is not None:
+            self._refusal.cancel()
+            self._refusal = None
+        super().connectionMade()
+        early, self._early = bytes(self._early), bytearray()
+        if early and self._detach is not None:
+            self._machine.guest_wrote(self._port, early)
 
     def _attach(self) -> Callable[[], None] | None:
         if not self._machine.open_port(self._port, self):
             return None  # busy, or the machine is gone
-        return lambda: self._machine.close_port(self._port, self)
+        return self._detached
+
+    def _detached(self) -> None:
+        self._machine.close_port(self._port, self)
+        if self._queue and self._port.guest is None:
+            self._queue.pop(0).admit()
 
     def dataReceived(self, data: bytes) -> None:
-        if self._detach is not None:
+        if self._refusal is not None:
+            self._early += data
+        elif self._detach is not None:
             self._machine.guest_wrote(self._port, data)
+
+    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # noqa: B008
+        if self._refusal is not None:
+            self._refusal.cancel()
+            self._refusal = None
+            self._queue.remove(self)
+        super().connectionLost(reason)
 
 
 class GuestControlProtocol(LineOnlyReceiver):
@@ -165,9 +216,11 @@ class GuestPortFactory(Factory):
     def __init__(self, machine: Machine, port: SerialPort) -> None:
         self._machine = machine
         self._port = port
+        # Openers waiting for the holder's close to be read (see GuestPortProtocol).
+        self._waiting: list[GuestPortProtocol] = []
 
     def buildProtocol(self, addr: object) -> GuestPortProtocol:
-        return GuestPortProtocol(self._machine, self._port)
+        return GuestPortProtocol(self._machine, self._port, self._waiting)
 
 
 class HostChardevProtocol(_AttachedEnd):

@@ -18,6 +18,7 @@ from twisted.internet.interfaces import IReactorTime
 from fakeqemu._cmdline import MachineConfig, SerialPortSpec
 from fakeqemu._migration import IncomingMigrationError, check_incoming, serialize_state
 from fakeqemu._ringbuf import RingBuffer
+from fakeqemu._throttle import EventThrottle
 
 Event = dict[str, Any]
 EventListener = Callable[[Event], None]
@@ -148,6 +149,7 @@ class Machine:
             for spec in config.serial_ports
         ]
         self._listeners: list[EventListener] = []
+        self._throttle = EventThrottle(clock, self._send)
         self._controllers: list[GuestSink] = []
         self._capabilities = dict.fromkeys(MIGRATION_CAPABILITIES, False)
         self.migration: dict[str, Any] = {}
@@ -177,6 +179,11 @@ class Machine:
         }
         if data is not None:
             event["data"] = data
+        # Guest-triggerable events are rate-limited as QEMU limits them (stamped now, sent
+        # now or at the end of their one-second period).
+        self._throttle.offer(event)
+
+    def _send(self, event: Event) -> None:
         for listener in list(self._listeners):
             listener(event)
 
@@ -244,6 +251,7 @@ class Machine:
             return
         self.exited = status
         self.run_state = RunState.SHUTDOWN
+        self._throttle.stop()
         # The process ends: no device is reset, so no VSERPORT_CHANGE.
         self._close_guest_ends()
         for controller in list(self._controllers):

@@ -161,6 +161,8 @@ class InMemoryVM:
         )
         self.qmp_factory = QMPServerFactory(self.machine, self._write_file)
         self._pumps: list[IOPump] = []
+        # Openers of a busy port waiting for its holder to go, by port name.
+        self._port_queues: dict[str, list[GuestPortProtocol]] = {}
         if self.config.incoming_path is not None:
             # ``exec:cat PATH``: a missing or empty file makes an empty stream, and
             # QEMU 7.2 then waits in inmigrate for one that never comes.
@@ -197,7 +199,8 @@ class InMemoryVM:
         if port is None:
             raise KeyError(f"no virtio serial port named {port_name!r}")
         guest = FakeGuest()
-        self._connect(GuestPortProtocol(self.machine, port), guest)
+        queue = self._port_queues.setdefault(port_name, [])
+        self._connect(GuestPortProtocol(self.machine, port, queue), guest)
         return guest
 
     def connect_control(self) -> FakeGuest:

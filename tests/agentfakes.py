@@ -22,7 +22,7 @@ from typing import Any, cast
 
 from klein import Klein
 from twisted.internet.defer import Deferred, gatherResults, succeed
-from twisted.internet.interfaces import IListeningPort
+from twisted.internet.interfaces import IDelayedCall, IListeningPort
 from twisted.internet.protocol import Factory, Protocol
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.protocols.tls import TLSMemoryBIOFactory
@@ -226,15 +226,35 @@ class _PeerProtocol(Protocol):
     def __init__(self, peer: FakeSerialPeer) -> None:
         self.peer = peer
         self.gone: Deferred[None] = Deferred()
+        self._refusal: IDelayedCall | None = None
 
     def connectionMade(self) -> None:
         if self.peer.client is not None:
-            assert self.transport is not None
-            self.peer.refused += 1
-            self.transport.loseConnection()  # one holder at a time, as a virtio port
+            # An agent's pulse (close, then open at once) may be accepted before the old
+            # connection's end is read; a virtio port's close is over before the open. So
+            # wait a moment for the holder to go, as fakeqemu does, before refusing.
+            self.peer._waiting.append(self)
+            self._refusal = self.peer.reactor.callLater(1.0, self._refuse)
             return
+        self._take()
+
+    def _refuse(self) -> None:
+        self._refusal = None
+        self.peer._waiting.remove(self)
+        self.peer.refused += 1
+        assert self.transport is not None
+        self.transport.loseConnection()  # one holder at a time, as a virtio port
+
+    def _take(self) -> None:
+        if self._refusal is not None:
+            self._refusal.cancel()
+            self._refusal = None
+        assert self.transport is not None
         self.peer.client = self
         self.peer.connections += 1
+        pending, self.peer._pending = self.peer._pending, b""
+        if pending:
+            self.transport.write(pending)
         waiting, self.peer._attach_waiters = self.peer._attach_waiters, []
         for waiter in waiting:
             waiter.callback(None)
@@ -243,8 +263,14 @@ class _PeerProtocol(Protocol):
         self.peer._received(data)
 
     def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # noqa: B008
+        if self._refusal is not None:
+            self._refusal.cancel()
+            self._refusal = None
+            self.peer._waiting.remove(self)
         if self.peer.client is self:
             self.peer.client = None
+            if self.peer._waiting:
+                self.peer._waiting.pop(0)._take()
         self.gone.callback(None)
 
 
@@ -259,6 +285,8 @@ class FakeSerialPeer:
         self.connections = 0
         self.refused = 0
         self._partial = b""
+        self._pending = b""
+        self._waiting: list[_PeerProtocol] = []
         self._waiters: list[tuple[bytes, int, Deferred[int]]] = []
         self._attach_waiters: list[Deferred[None]] = []
         self._listening: IListeningPort | None = None
@@ -271,8 +299,13 @@ class FakeSerialPeer:
         self._listening = self.reactor.listenUNIX(self.path, factory)
 
     def send(self, data: bytes) -> None:
-        """Bytes from the host for the agent (``ringbuf-write``)."""
-        assert self.client is not None and self.client.transport is not None, "no agent attached"
+        """Bytes from the host for the agent; kept for its next opening while none holds it.
+
+        (A virtio port's host side keeps what it could not deliver, as fakeqemu does.)
+        """
+        if self.client is None or self.client.transport is None:
+            self._pending += data
+            return
         self.client.transport.write(data)
 
     def attached(self) -> Deferred[None]:

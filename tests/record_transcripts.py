@@ -24,7 +24,7 @@ from tests.system import EventReader, System, eventually
 NAME = "web1"
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "transcripts")
 # A steady pace: the overflow needs a burst to land between two reads.
-PACE = ("--agent-poll-started", "0.5", "--agent-poll-connected", "0.5")
+PACE = ("--agent-poll-safety", "0.5", "--agent-poll-agentless", "0.5")
 
 
 class RecordTranscripts(SynchronousTestCase):

@@ -51,15 +51,9 @@ __all__ = [
 TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
 # The bound of every wait: generous, so a loaded machine is slow, not failing.
 DEADLINE = 60.0
-# Fast agent-link polling, so a test sees each step soon.
-POLLING = (
-    "--agent-poll-connecting",
-    "0.02",
-    "--agent-poll-started",
-    "0.05",
-    "--agent-poll-connected",
-    "0.2",
-)
+# Quick follow-ups after a CONNECT; everything else is the event-driven default (reads on
+# VSERPORT_CHANGE), so these tests show that a daemon hears its agents without polling.
+POLLING = ("--agent-follow-up", "0.02")
 
 T = TypeVar("T")
 

@@ -26,7 +26,10 @@ from vmready.protocols.ringbuffer import MAX_LINE_BYTES, AgentStatus
 
 STARTED = WriteStatus(AgentStatus.STARTED)
 CONNECTED = WriteStatus(AgentStatus.CONNECTED)
-STOPPED = WriteStatus(AgentStatus.STOPPED)
+# STOPPED and heartbeats are written quietly (the port's close at exit announces STOPPED).
+STOPPED = WriteStatus(AgentStatus.STOPPED, announce=False)
+STARTED_BEAT = WriteStatus(AgentStatus.STARTED, announce=False)
+CONNECTED_BEAT = WriteStatus(AgentStatus.CONNECTED, announce=False)
 HOST = VsockAddress(2, 49152)
 NEW_HOST = VsockAddress(2, 50000)
 TCP_HOST = TcpAddress("10.0.2.100", 8443)
@@ -56,13 +59,13 @@ class StatusLineTests(SynchronousTestCase):
 
     def test_heartbeatRepeatsStartedWhileWaiting(self) -> None:
         agent = core()
-        self.assertEqual(agent.heartbeat(), [STARTED])
-        self.assertEqual(agent.heartbeat(), [STARTED])
+        self.assertEqual(agent.heartbeat(), [STARTED_BEAT])
+        self.assertEqual(agent.heartbeat(), [STARTED_BEAT])
 
     def test_heartbeatRepeatsConnectedWhileConnected(self) -> None:
         agent = core()
         connected(agent)
-        self.assertEqual(agent.heartbeat(), [CONNECTED])
+        self.assertEqual(agent.heartbeat(), [CONNECTED_BEAT])
 
     def test_serialReopenedSaysTheCurrentStatus(self) -> None:
         agent = core()

@@ -32,6 +32,7 @@ from tests.agentfakes import FakeGuestHost, FakeSerialPeer
 from tests.asynciotesting import AgentThread
 from tests.reactor import reactor
 from vmready.agent.config import AgentConfig, Transport
+from vmready.agent.connectport import CONNECT_PORT_NAME
 from vmready.agent.memory import ReadyMemory
 from vmready.agent.serial import PORT_NAME
 from vmready.agent.service import Agent as GuestAgent
@@ -94,6 +95,12 @@ class AgentEndToEndTests(TestCase):
         self.peer = FakeSerialPeer(reactor, os.path.join(self.base, "vp", PORT_NAME))
         self.peer.start()
         self.addCleanup(self.peer.stop)
+        # The host's CONNECT lines arrive on a port of their own, as from a vmready daemon.
+        self.connect_port = FakeSerialPeer(
+            reactor, os.path.join(self.base, "vp", CONNECT_PORT_NAME)
+        )
+        self.connect_port.start()
+        self.addCleanup(self.connect_port.stop)
         self.hosts: list[FakeGuestHost] = []
         self.addCleanup(self.stop_hosts)
         self.thread = AgentThread()
@@ -141,9 +148,8 @@ class AgentEndToEndTests(TestCase):
 
     async def connected(self, host: FakeGuestHost) -> None:
         """Advertise ``host`` on the serial line and wait for CONNECTED."""
-        await self.peer.attached()
         seen = self.peer.wait_for(b"CONNECTED")
-        self.peer.send(host.connect_line)
+        self.connect_port.send(host.connect_line)
         await seen
 
     def guest_agent(self) -> IAgent:
@@ -291,7 +297,7 @@ class AgentEndToEndTests(TestCase):
         self.start_agent()
         await self.peer.wait_for(b"STARTED", since=0)
         started = self.peer.wait_for(b"STARTED")
-        self.peer.send(host.connect_line)
+        self.connect_port.send(host.connect_line)
         await started
         self.assertNotIn(b"CONNECTED", self.peer.lines)
         code, body = await self.guest("GET", "/1.0")
@@ -305,7 +311,7 @@ class AgentEndToEndTests(TestCase):
         self.start_agent()
         await self.peer.wait_for(b"STARTED", since=0)
         started = self.peer.wait_for(b"STARTED")
-        self.peer.send(host.connect_line)
+        self.connect_port.send(host.connect_line)
         await started
         self.assertNotIn(b"CONNECTED", self.peer.lines)
         code, body = await self.guest("GET", "/1.0")
@@ -316,10 +322,14 @@ class AgentEndToEndTests(TestCase):
         host = await self.start_host()
         self.start_agent()
         await self.connected(host)
+        # Opened, reopened after STARTED, reopened after CONNECTED: the VM resets that one.
+        await eventually(lambda: self.peer.connections == 3 and self.peer.client is not None)
+        connections = self.peer.connections
         again = self.peer.wait_for(b"CONNECTED")
         await self.peer.drop_client()
         await again
-        self.assertEqual(self.peer.connections, 2)
+        # Reopened once, then closed and reopened once more to announce CONNECTED.
+        await eventually(lambda: self.peer.connections == connections + 2)
 
     async def test_stopSaysStoppedAndClosesTheLink(self) -> None:
         host = await self.start_host()

@@ -20,6 +20,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from tests.agentfakes import FakeGuestHost, FakeSerialPeer
 from tests.asynciotesting import run_virtual
 from tests.reactor import reactor
+from vmready.agent.connectport import CONNECT_PORT_NAME
 from vmready.agent.main import parse_options
 from vmready.agent.notify import NotifyFailed, NotifyRequest, UsageError, notify, parse_notify
 from vmready.agent.serial import PORT_NAME
@@ -73,6 +74,11 @@ class AgentProcessTests(TestCase):
         self.peer = FakeSerialPeer(reactor, os.path.join(self.base, "vp", PORT_NAME))
         self.peer.start()
         self.addCleanup(self.peer.stop)
+        self.connect_port = FakeSerialPeer(
+            reactor, os.path.join(self.base, "vp", CONNECT_PORT_NAME)
+        )
+        self.connect_port.start()
+        self.addCleanup(self.connect_port.stop)
         self.host = FakeGuestHost(reactor, SERVER, CLIENT.cert_pem, host_path)
         self.addCleanup(self.host.stop)
 
@@ -94,9 +100,8 @@ class AgentProcessTests(TestCase):
         await self.host.start()
         agent = self.spawn("--config-drive", self.drive, "--heartbeat", "30")
         await self.peer.wait_for(b"STARTED", since=0)
-        await self.peer.attached()
         connected = self.peer.wait_for(b"CONNECTED")
-        self.peer.send(self.host.connect_line)
+        self.connect_port.send(self.host.connect_line)
         await connected
         return agent
 

@@ -370,6 +370,95 @@ class SerialKeeperTests(SynchronousTestCase):
         self.assertTrue(harness.channels[0].ended)
 
 
+class PulseTests(SynchronousTestCase):
+    """An announced line: the port closes once it is flushed and reopens at once, quietly."""
+
+    def test_anAnnouncedLineClosesAndReopensThePort(self) -> None:
+        harness = KeeperHarness()
+
+        async def scenario() -> None:
+            harness.keeper.start()
+            await settle()
+            harness.keeper.write(b"CONNECTED\n", announce=True)
+            await settle()
+
+        run_virtual(self, scenario)
+        first, second = harness.channels
+        self.assertEqual((bytes(first.written), first.ended), (b"CONNECTED\n", True))
+        self.assertFalse(second.ended)
+        self.assertTrue(harness.keeper.is_open)
+        self.assertEqual(harness.opened, 1)  # the reopening is not a new opening for the agent
+        self.assertEqual(harness.gaps, [0.0])
+
+    def test_aQuietLineLeavesThePortOpen(self) -> None:
+        harness = KeeperHarness()
+
+        async def scenario() -> None:
+            harness.keeper.start()
+            await settle()
+            harness.keeper.write(b"CONNECTED\n")
+            await settle()
+
+        run_virtual(self, scenario)
+        self.assertEqual(len(harness.channels), 1)
+        self.assertFalse(harness.channels[0].ended)
+
+    def test_linesWrittenDuringAPulseAreHeldAndAnnounced(self) -> None:
+        harness = KeeperHarness()
+        harness.flushes = False  # the first close waits for its flush: the pulse is slow
+
+        async def scenario() -> None:
+            harness.keeper.start()
+            await settle()
+            harness.keeper.write(b"STARTED\n", announce=True)
+            await settle()
+            harness.flushes = True
+            self.assertTrue(harness.keeper.write(b"CONNECTED\n", announce=True))
+            await asyncio.sleep(5)
+
+        run_virtual(self, scenario)
+        written = [bytes(channel.written) for channel in harness.channels]
+        self.assertEqual(written, [b"STARTED\n", b"CONNECTED\n", b""])
+        self.assertEqual([channel.ended for channel in harness.channels], [True, True, False])
+
+    def test_stopDuringAPulseStillWritesWhatWasHeld(self) -> None:
+        """STOPPED said while the port is between close and reopen reaches the host."""
+        harness = KeeperHarness()
+        harness.flushes = False
+
+        async def scenario() -> None:
+            harness.keeper.start()
+            await settle()
+            harness.keeper.write(b"STARTED\n", announce=True)
+            await settle()
+            harness.flushes = True
+            harness.keeper.write(b"STOPPED\n")
+            await harness.keeper.stop()
+
+        run_virtual(self, scenario)
+        self.assertEqual(
+            [bytes(channel.written) for channel in harness.channels], [b"STARTED\n", b"STOPPED\n"]
+        )
+        self.assertTrue(all(channel.ended for channel in harness.channels))
+        self.assertFalse(harness.keeper.is_open)
+
+    def test_aReopeningThatFailsFallsBackToTheDelays(self) -> None:
+        """The port is gone during a pulse: the usual reopening, which tells the agent."""
+        harness = KeeperHarness(delays=(1.0, 2.0))
+
+        async def scenario() -> None:
+            harness.keeper.start()
+            await settle()
+            harness.refusals = 1
+            harness.keeper.write(b"STARTED\n", announce=True)
+            await asyncio.sleep(5)
+            await harness.keeper.stop()
+
+        run_virtual(self, scenario)
+        self.assertEqual(harness.gaps, [0.0, 1.0])
+        self.assertEqual(harness.opened, 2)
+
+
 class Peer:
     """fakeqemu's end of a virtio port: a unix socket holding one client, in the test's loop."""
 

@@ -97,9 +97,10 @@ class Harness:
             raise self.patch_error
 
     def written(self) -> list[bytes]:
-        """Lines written to the serial port since the last call."""
-        data = bytes(self.channels[-1].written)
-        self.channels[-1].written.clear()
+        """Lines written to the serial port since the last call (over its reopenings)."""
+        data = b"".join(bytes(channel.written) for channel in self.channels)
+        for channel in self.channels:
+            channel.written.clear()
         return data.splitlines()
 
     async def start(self) -> None:

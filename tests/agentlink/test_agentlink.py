@@ -1,4 +1,4 @@
-"""Tests for vmready.agentlink.link: the host's polling and handshake decisions."""
+"""Tests for vmready.agentlink.link: when the host reads (events first), and the handshake."""
 
 from __future__ import annotations
 
@@ -11,7 +11,12 @@ from vmready.agentlink.link import AgentLink, Command, PollIntervals, StatusChan
 from vmready.protocols.ringbuffer import AgentStatus, Noise
 
 INTERVALS = PollIntervals(
-    connecting=0.05, started=0.25, connected=1.0, connect_timeout=10.0, silence_timeout=15.0
+    follow_up=0.05,
+    follow_up_window=10.0,
+    agentless_first=1.0,
+    safety=120.0,
+    reopen_grace=1.0,
+    silence_timeout=15.0,
 )
 CONNECT = WriteConnect(b"CONNECT 2:49152\n")
 
@@ -26,48 +31,205 @@ def link() -> AgentLink:
     return AgentLink("vm1", ring_size=4096, port=49152, intervals=INTERVALS)
 
 
-class PollingTests(SynchronousTestCase):
-    """How often the ring buffer is read in each situation."""
+def connected(now: float = 1.0) -> AgentLink:
+    """A link whose agent opened its port, said STARTED, got CONNECT and said CONNECTED."""
+    agent = link()
+    agent.vm_started(advertise=False)
+    read(agent, b"", now=0)
+    agent.port_changed(True, now=0)
+    read(agent, b"STARTED\n", now=0)
+    agent.connect_written(now=0)
+    read(agent, b"CONNECTED\n", now=now)
+    return agent
 
-    def test_noPollingWhileTheVMIsNotRunning(self) -> None:
+
+class PollingTests(SynchronousTestCase):
+    """When the ring buffer is read: on events, and otherwise only slowly."""
+
+    def test_noReadsWhileTheVMIsNotRunning(self) -> None:
         agent = link()
         self.assertIsNone(agent.next_poll_delay())
         agent.vm_started()
         agent.vm_stopped()
         self.assertIsNone(agent.next_poll_delay())
+        agent.port_changed(True, now=5)  # a late event of the gone VM
+        self.assertIsNone(agent.next_poll_delay())
 
-    def test_pollAtOnceWhenTheVMStartsAndAfterEveryQMPEvent(self) -> None:
-        agent = link()
-        agent.vm_started(advertise=False)
-        self.assertEqual(agent.next_poll_delay(), 0.0)
-        read(agent, b"", now=0)
-        self.assertEqual(agent.next_poll_delay(), INTERVALS.started)
+    def test_readAtOnceWhenTheVMStartsAndAfterEveryQMPEvent(self) -> None:
+        agent = connected()
+        self.assertEqual(agent.next_poll_delay(), INTERVALS.safety)
         agent.qmp_event()
         self.assertEqual(agent.next_poll_delay(), 0.0)
+        agent.vm_started(advertise=False)
+        self.assertEqual(agent.next_poll_delay(), 0.0)
 
-    def test_fastWhileConnectOutstandingSlowestOnceConnected(self) -> None:
+    def test_aConnectedAgentIsReadOnlyOnEventsAndBySafety(self) -> None:
+        agent = connected()
+        for now in (2.0, 122.0, 242.0):
+            self.assertEqual(agent.next_poll_delay(), INTERVALS.safety)
+            self.assertEqual(read(agent, b"CONNECTED\n" * 24, now=now), [])
+        agent.port_changed(False, now=300)  # a pulse: closed …
+        self.assertEqual(agent.next_poll_delay(), 0.0)
+        read(agent, b"CONNECTED\n", now=300)
+        agent.port_changed(True, now=300)  # … and reopened
+        self.assertEqual(agent.next_poll_delay(), 0.0)
+        read(agent, b"", now=300)
+        self.assertEqual(agent.next_poll_delay(), INTERVALS.safety)
+
+    def test_followUpsAfterConnectUntilConnected(self) -> None:
         agent = link()
         agent.vm_started(advertise=False)
-        read(agent, b"STARTED\n", now=1)
-        agent.connect_written(now=1)
-        self.assertEqual(agent.next_poll_delay(), INTERVALS.connecting)
-        read(agent, b"CONNECTED\n", now=1.2)
-        self.assertFalse(agent.connect_outstanding)
-        self.assertEqual(agent.next_poll_delay(), INTERVALS.connected)
-
-    def test_unansweredConnectExpiresBackToStartedPace(self) -> None:
-        agent = link()
-        agent.vm_started()
+        read(agent, b"STARTED\n", now=0)
         agent.connect_written(now=0)
+        self.assertTrue(agent.connect_outstanding)
+        delays = []
+        for now in (0.05, 0.15, 0.35):
+            delays.append(agent.next_poll_delay())
+            read(agent, b"", now=now)
+        self.assertEqual(delays, [0.05, 0.1, 0.2])
+        self.assertEqual(agent.next_poll_delay(), 0.4)
+        read(agent, b"CONNECTED\n", now=0.75)
+        self.assertFalse(agent.connect_outstanding)
+        self.assertEqual(agent.next_poll_delay(), INTERVALS.safety)
+
+    def test_followUpsEndAfterTheirWindow(self) -> None:
+        agent = link()
+        agent.vm_started(advertise=False)
+        read(agent, b"STARTED\n", now=0)
+        agent.connect_written(now=0)
+        now = 0.0
+        reads = 0
+        while agent.connect_outstanding:
+            delay = agent.next_poll_delay()
+            assert delay is not None
+            now += delay
+            read(agent, b"", now=now)
+            reads += 1
+        self.assertGreaterEqual(now, INTERVALS.follow_up_window)
+        self.assertLessEqual(reads, 9)  # 0.05 doubling: a handful of reads, not 200
+        self.assertEqual(agent.next_poll_delay(), INTERVALS.safety)
+
+    def test_aPortOpenedWithNothingInItYetIsFollowedUp(self) -> None:
+        agent = link()
+        agent.vm_started(advertise=False)
         read(agent, b"", now=0)
-        agent.tick(now=9.9)
-        self.assertEqual(agent.next_poll_delay(), INTERVALS.connecting)
-        agent.tick(now=10.0)
-        self.assertEqual(agent.next_poll_delay(), INTERVALS.started)
+        agent.port_changed(True, now=8)  # the agent opened its port, and wrote nothing yet
+        self.assertEqual(agent.next_poll_delay(), 0.0)
+        read(agent, b"", now=8)
+        self.assertEqual(agent.next_poll_delay(), INTERVALS.follow_up)
+        read(agent, b"", now=8.05)
+        self.assertEqual(agent.next_poll_delay(), 2 * INTERVALS.follow_up)
+        self.assertEqual(read(agent, b"STARTED\n", now=8.15)[-1], CONNECT)
+
+    def test_aPortReopenedByANewAgentIsFollowedUp(self) -> None:
+        agent = connected()
+        agent.port_changed(False, now=10)
+        read(agent, b"STOPPED\n", now=10)
+        self.assertEqual(agent.next_poll_delay(), INTERVALS.safety)
+        agent.port_changed(True, now=20)  # a new agent
+        read(agent, b"", now=20)
+        self.assertEqual(agent.next_poll_delay(), INTERVALS.follow_up)
+        self.assertEqual(
+            read(agent, b"STARTED\n", now=20.05),
+            [StatusChanged(AgentStatus.STOPPED, AgentStatus.STARTED), CONNECT],
+        )
+
+    def test_agentlessVMsBackOffUpToTheSafetyRead(self) -> None:
+        agent = link()
+        agent.vm_started(advertise=False)
+        delays = []
+        now = 0.0
+        for _ in range(10):
+            read(agent, b"", now=now)
+            delay = agent.next_poll_delay()
+            assert delay is not None
+            delays.append(delay)
+            now += delay
+        self.assertEqual(delays, [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 120.0, 120.0, 120.0])
+
+    def test_theFirstPortEventWakesAnAgentlessVMAtOnce(self) -> None:
+        agent = link()
+        agent.vm_started(advertise=False)
+        for now in (0.0, 1.0, 3.0, 7.0, 15.0):
+            read(agent, b"", now=now)
+        self.assertEqual(agent.next_poll_delay(), 16.0)
+        agent.port_changed(True, now=20)
+        self.assertEqual(agent.next_poll_delay(), 0.0)
+
+    def test_aFailedReadIsNotRetriedAtOnce(self) -> None:
+        agent = connected()
+        agent.qmp_event()
+        agent.read_started()
+        agent.read_failed()
+        self.assertEqual(agent.next_poll_delay(), INTERVALS.safety)
 
     def test_intervalsMustBePositive(self) -> None:
         with self.assertRaises(ValueError):
-            PollIntervals(connected=0)
+            PollIntervals(safety=0)
+        with self.assertRaises(ValueError):
+            PollIntervals(reopen_grace=-1)
+
+    def test_intervalsFromATranscriptHeader(self) -> None:
+        """Known keys are taken; unknown (an older link's), negative or absurd ones are not."""
+        intervals = PollIntervals.from_mapping(
+            {
+                "safety": 30,
+                "follow_up": "0.2",
+                "connected": 1.0,
+                "reopen_grace": -1,
+                "silence_timeout": float("nan"),
+                "agentless_first": True,
+            }
+        )
+        self.assertEqual(intervals, PollIntervals(safety=30.0, follow_up=0.2))
+        self.assertEqual(PollIntervals.from_mapping(intervals.as_mapping()), intervals)
+
+
+class AgentGoneTests(SynchronousTestCase):
+    """A port that closes: STOPPED said, a pulse, or an agent killed without a word."""
+
+    def test_stoppedThenClosedIsSeenOnTheCloseEvent(self) -> None:
+        agent = connected()
+        agent.port_changed(False, now=50)
+        self.assertEqual(agent.next_poll_delay(), 0.0)
+        self.assertEqual(
+            read(agent, b"STOPPED\n", now=50),
+            [StatusChanged(AgentStatus.CONNECTED, AgentStatus.STOPPED)],
+        )
+        self.assertEqual(agent.next_poll_delay(), INTERVALS.safety)
+
+    def test_closedWithoutStoppedAndNotReopenedIsAStop(self) -> None:
+        agent = connected()
+        agent.port_changed(False, now=50)
+        self.assertEqual(read(agent, b"CONNECTED\n" * 9, now=50), [])  # its last heartbeats
+        self.assertEqual(agent.port_open, False)
+        self.assertEqual(agent.next_poll_delay(), INTERVALS.reopen_grace)
+        self.assertEqual(
+            read(agent, b"", now=51),
+            [StatusChanged(AgentStatus.CONNECTED, AgentStatus.STOPPED)],
+        )
+        self.assertEqual(agent.next_poll_delay(), INTERVALS.safety)
+
+    def test_aPortReopenedWithinTheGraceIsNoStop(self) -> None:
+        agent = connected()
+        agent.port_changed(False, now=50)
+        read(agent, b"CONNECTED\n" * 9, now=50)
+        agent.port_changed(True, now=50.01)
+        self.assertEqual(read(agent, b"CONNECTED\n", now=50.01), [])
+        self.assertEqual(read(agent, b"", now=52), [])
+        self.assertIs(agent.status, AgentStatus.CONNECTED)
+
+    def test_theGraceStartsAgainWhenAFrozenVMResumes(self) -> None:
+        agent = connected()
+        agent.port_changed(False, now=50)
+        read(agent, b"CONNECTED\n" * 9, now=50)
+        agent.vm_paused()
+        self.assertIsNone(agent.next_poll_delay())
+        agent.vm_resumed(now=500)
+        self.assertEqual(read(agent, b"", now=500.5), [])
+        self.assertEqual(
+            read(agent, b"", now=501), [StatusChanged(AgentStatus.CONNECTED, AgentStatus.STOPPED)]
+        )
 
 
 class HandshakeTests(SynchronousTestCase):
@@ -172,11 +334,7 @@ class SilenceTests(SynchronousTestCase):
     """An agent that stops repeating its status (killed with SIGKILL) is taken as stopped."""
 
     def connected(self) -> AgentLink:
-        agent = link()
-        agent.vm_started(advertise=False)
-        read(agent, b"STARTED\n", now=0)
-        read(agent, b"CONNECTED\n", now=1)
-        return agent
+        return connected(now=1)
 
     def test_heartbeatsKeepTheAgentConnected(self) -> None:
         agent = self.connected()
@@ -204,7 +362,7 @@ class SilenceTests(SynchronousTestCase):
     def test_silenceWhilePausedDoesNotCount(self) -> None:
         agent = self.connected()
         agent.vm_paused()
-        agent.vm_resumed()
+        agent.vm_resumed(now=499)
         self.assertEqual(read(agent, b"", now=500), [])
         self.assertIs(agent.status, AgentStatus.CONNECTED)
 
@@ -224,3 +382,14 @@ class InFlightTests(SynchronousTestCase):
         agent.qmp_event()  # arrives while the read is on its way
         agent.ring_read(b"", now=0)
         self.assertEqual(agent.next_poll_delay(), 0.0)
+
+    def test_portEventDuringAReadAsksForAnotherReadAtOnce(self) -> None:
+        agent = connected()
+        agent.read_started()
+        agent.port_changed(False, now=9)  # STOPPED landed after the read took the ring
+        self.assertEqual(agent.ring_read(b"", now=9), [])
+        self.assertEqual(agent.next_poll_delay(), 0.0)
+        self.assertEqual(
+            read(agent, b"STOPPED\n", now=9),
+            [StatusChanged(AgentStatus.CONNECTED, AgentStatus.STOPPED)],
+        )

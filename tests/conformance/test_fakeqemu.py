@@ -1,6 +1,6 @@
 """The conformance checks against a fakeqemu process."""
 
-from tests.conformance import checks, device_checks
+from tests.conformance import checks, device_checks, port_event_checks
 from tests.conformance.support import FAKEQEMU
 
 
@@ -78,5 +78,11 @@ class FakeQemuDeviceGuest(device_checks.DeviceGuestChecks):
 
 class FakeQemuSocketChardev(checks.SocketChardevChecks):
     """Socket chardev checks on fakeqemu."""
+
+    backend = FAKEQEMU
+
+
+class FakeQemuPortEvents(port_event_checks.FakeQemuPortEventChecks):
+    """VSERPORT_CHANGE as a guest program causes it, on fakeqemu (guest sockets)."""
 
     backend = FAKEQEMU

@@ -195,7 +195,7 @@ class GuestListenAddressTests(SynchronousTestCase):
 
     def test_pollIntervalMustBePositive(self) -> None:
         result = subprocess.run(
-            twistd(self.directory, "--agent-poll-connected", "0"),
+            twistd(self.directory, "--agent-poll-safety", "0"),
             capture_output=True,
             text=True,
             timeout=DEADLINE,
@@ -203,7 +203,7 @@ class GuestListenAddressTests(SynchronousTestCase):
         )
         self.assertNotEqual(result.returncode, 0)
         said = result.stdout + result.stderr  # twistd prints its usage text on stdout
-        self.assertIn("--agent-poll-connected must be more than 0 and at most 3600 seconds", said)
+        self.assertIn("--agent-poll-safety must be more than 0 and at most 3600 seconds", said)
         self.assertNotIn("Traceback", said)
 
 

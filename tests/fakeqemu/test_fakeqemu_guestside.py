@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 from fakeqemu._cmdline import parse_command_line
+from fakeqemu._guest import CLOSE_SETTLE
 from fakeqemu._migration import IncomingMigrationError, check_incoming
 from fakeqemu.testing import InMemoryVM, write_kernel, write_qcow2
 from tests.fakeqemu.test_fakeqemu_machine import EMPTY, EPOCH, RecordingQMPClient, _VMTestCase
@@ -93,6 +94,8 @@ class PortChangeTests(_GuestSideTestCase):
         guest = self.guest(PORT)
         guest.close()
         self.vm.flush()
+        self.assertEqual(self.events(), [("VSERPORT_CHANGE", {"open": True, "id": PORT})])
+        self.vm.advance(1.0)  # QEMU sends one a second per port: the close ends the period
         self.assertEqual(
             self.events(),
             [
@@ -114,6 +117,7 @@ class PortChangeTests(_GuestSideTestCase):
     def test_aSecondOpenerChangesNothing(self) -> None:
         self.guest(PORT)
         second = self.guest(PORT)
+        self.vm.advance(CLOSE_SETTLE)
         self.assertEqual(
             (self.events(), second.open),
             ([("VSERPORT_CHANGE", {"open": True, "id": PORT})], False),
@@ -121,6 +125,7 @@ class PortChangeTests(_GuestSideTestCase):
 
     def test_resetClosesThePortBeforeAnnouncingRESET(self) -> None:
         self.guest(PORT)
+        self.vm.advance(1.0)  # the open's throttle period is over
         self.client.messages.clear()
         self.assertEqual(self.execute("system_reset"), EMPTY)
         self.assertEqual(
@@ -130,6 +135,36 @@ class PortChangeTests(_GuestSideTestCase):
                 ("RESET", {"guest": False, "reason": "host-qmp-system-reset"}),
             ],
         )
+
+    def test_changesWithinASecondAreThrottledToTheLastOne(self) -> None:
+        """QEMU's rate limit, measured with a real guest: one a second, the last one wins."""
+        guest = self.guest(PORT)  # sent at once
+        guest.close()
+        again = self.guest(PORT)
+        again.close()  # open, close, open, close within the second: only the last is held
+        self.vm.advance(0.99)
+        self.assertEqual(self.events(), [("VSERPORT_CHANGE", {"open": True, "id": PORT})])
+        self.vm.advance(0.01)
+        self.assertEqual(self.events()[1:], [("VSERPORT_CHANGE", {"open": False, "id": PORT})])
+        self.vm.advance(5.0)
+        self.assertEqual(len(self.events()), 2)
+        self.guest(PORT)  # the period is over: sent at once again
+        self.assertEqual(self.events()[2:], [("VSERPORT_CHANGE", {"open": True, "id": PORT})])
+
+    def test_eachPortHasItsOwnPeriodAndHeldEventsKeepTheirTime(self) -> None:
+        self.other_vm("-device", "virtserialport,name=other,bus=vs0.0,id=other")
+        agent = self.guest(PORT)
+        self.vm.advance(0.5)
+        agent.close()  # held for the end of the period, stamped now
+        self.guest("other")  # another id: not held back by this one
+        self.vm.advance(0.5)
+        events = self.client.events()
+        self.assertEqual(
+            [(e["data"]["id"], e["data"]["open"]) for e in events],
+            [(PORT, True), ("other", True), (PORT, False)],
+        )
+        stamps = [e["timestamp"]["seconds"] + e["timestamp"]["microseconds"] / 1e6 for e in events]
+        self.assertAlmostEqual(stamps[2] - stamps[0], 0.5)
 
     def test_exitReportsNoChange(self) -> None:
         self.guest(PORT)

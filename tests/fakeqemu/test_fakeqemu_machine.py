@@ -14,6 +14,7 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from fakeqemu import RingBuffer
+from fakeqemu._guest import CLOSE_SETTLE
 from fakeqemu._machine import RunState, SerialPort
 from fakeqemu.testing import FakeGuest, InMemoryVM, raw_qmp_transport
 
@@ -855,9 +856,25 @@ class RingbufCommandTests(_VMTestCase):
         self.assertEqual([self.read(0), self.read(-1)], [expected, expected])
 
     def test_secondGuestOnTheSamePortIsRefused(self) -> None:
+        """Once the holder stays for CLOSE_SETTLE: its close might only be late to be read."""
         first = self.guest()
         second = self.guest()
+        self.vm.advance(CLOSE_SETTLE - 0.01)
+        self.assertEqual((first.open, second.open), (True, True))
+        self.vm.advance(0.01)
         self.assertEqual((first.open, second.open), (True, False))
+
+    def test_aGuestThatReopensAtOnceHasThePort(self) -> None:
+        """Close and open at once (an agent's announcement), the close read late: no refusal."""
+        first = self.guest()
+        second = self.vm.connect_guest(PORT)
+        second.write(b"CONNECTED\n")
+        self.vm.flush()
+        first.close()
+        self.vm.flush()
+        self.assertEqual((second.open, self.port().guest is not None), (True, True))
+        self.assertEqual(self.read(), "CONNECTED\n")
+        self.assertEqual(self.vm.clock.getDelayedCalls(), [])
 
     def test_aReplacedRingbufTakesTheGuestsWritesAndTheReads(self) -> None:
         guest = self.guest()
@@ -870,7 +887,7 @@ class RingbufCommandTests(_VMTestCase):
         self.guest()
         second = self.vm.connect_guest(PORT)
         second.write(b"SPOOFED\n")
-        self.vm.flush()
+        self.vm.advance(CLOSE_SETTLE)
         self.assertEqual((second.open, self.read()), (False, ""))
 
     def test_refusedGuestDoesNotDisturbTheHolder(self) -> None:
@@ -982,7 +999,7 @@ class SocketChardevTests(_VMTestCase):
     def test_vserportChangeCarriesThePortsId(self) -> None:
         guest = self.guest(CONNECT_PORT)
         guest.close()
-        self.vm.flush()
+        self.vm.advance(1.0)  # the close comes at the end of the open's one-second period
         self.assertEqual(
             [(e["event"], e["data"]) for e in self.client.events()],
             [

@@ -23,6 +23,7 @@ from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
 from tests.agent.test_agent_main import Process
 from tests.agentfakes import FakeGuestHost, FakeSerialPeer
 from tests.reactor import reactor
+from vmready.agent.connectport import CONNECT_PORT_NAME
 from vmready.agent.serial import PORT_NAME
 from vmready.hypervisor import agentbundle
 from vmready.trust.certs import generate, write_config_drive
@@ -288,6 +289,12 @@ class Python39EndToEndTests(TestCase):
         self.peer = FakeSerialPeer(reactor, os.path.join(self.drive, "vp", PORT_NAME))
         self.peer.start()
         self.addCleanup(self.peer.stop)
+        # The host's CONNECT lines come on a port of their own, as from a vmready daemon.
+        self.connect_port = FakeSerialPeer(
+            reactor, os.path.join(self.drive, "vp", CONNECT_PORT_NAME)
+        )
+        self.connect_port.start()
+        self.addCleanup(self.connect_port.stop)
         self.host = FakeGuestHost(reactor, SERVER, CLIENT.cert_pem, host_path)
         self.addCleanup(self.host.stop)
 
@@ -315,9 +322,8 @@ class Python39EndToEndTests(TestCase):
         agent = self.spawn("--config-drive", self.drive, "--heartbeat", "30")
         agent_pid = self.pid
         await self.peer.wait_for(b"STARTED", since=0)
-        await self.peer.attached()
         connected = self.peer.wait_for(b"CONNECTED")
-        self.peer.send(self.host.connect_line)
+        self.connect_port.send(self.host.connect_line)
         await connected
         notify = self.spawn("notify", "ready", "--socket", self.socket)
         self.assertEqual((await notify.ended, notify.stderr), (0, b""))

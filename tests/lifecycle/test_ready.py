@@ -30,7 +30,7 @@ from vmready.lifecycle.core import GuestLink, Lifecycle, fakeqemu_guest_paths
 from vmready.protocols.ringbuffer import AgentStatus
 from vmready.trust.certs import fingerprint, generate
 
-FAST = PollIntervals(connecting=0.02, started=0.05, connected=0.1, connect_timeout=5.0)
+FAST = PollIntervals(follow_up=0.02, follow_up_window=5.0)
 SERVER = generate("vmready-test-server")
 
 
@@ -236,11 +236,39 @@ class HandshakeTests(AgentLinkTestCase):
 
     @_async
     async def test_agentSayingStoppedIsAnnounced(self) -> None:
+        """As an agent exits: STOPPED, then its port closes (VSERPORT_CHANGE): read then."""
         await self.launch()
         guest = await self.connected_guest()
+        monitor = self.lifecycle.state.monitors["vm1"]
         guest.say(b"STOPPED\n")
+        guest.status.transport.loseConnection()  # type: ignore[union-attr]
         await _until(lambda: self.lifecycle.agent_status("vm1") is AgentStatus.STOPPED)
         self.assertEqual(self.agent_events()[-1], "instance-agent-stopped")
+        self.assertIs(monitor.link.port_open, False)
+
+    @_async
+    async def test_agentKilledWithoutAWordIsStoppedWhenItsPortStaysClosed(self) -> None:
+        await self.launch()
+        guest = await self.connected_guest()
+        guest.status.transport.loseConnection()  # type: ignore[union-attr]  # SIGKILL
+        await _until(lambda: self.lifecycle.agent_status("vm1") is AgentStatus.STOPPED)
+        self.assertEqual(self.agent_events()[-1], "instance-agent-stopped")
+
+    @_async
+    async def test_stoppedWrittenWithoutClosingWaitsForTheSafetyRead(self) -> None:
+        """An agent that writes without reopening is heard, only later: on the safety read."""
+        self.lifecycle.state.guest = GuestLink(
+            self.port, SERVER.cert_pem, "hvsock:/nonexistent", attrs.evolve(FAST, safety=1.0)
+        )
+        await self.launch()
+        guest = await self.connected_guest()
+        monitor = self.lifecycle.state.monitors["vm1"]
+        reads = monitor.reads
+        guest.say(b"STOPPED\n")
+        await deferLater(reactor, 0.3, lambda: None)
+        self.assertIs(self.lifecycle.agent_status("vm1"), AgentStatus.CONNECTED)
+        await _until(lambda: self.lifecycle.agent_status("vm1") is AgentStatus.STOPPED)
+        self.assertEqual(monitor.reads, reads + 1)
 
     @_async
     async def test_daemonRestartAdvertisesTheNewPortToARunningAgent(self) -> None:
@@ -280,7 +308,7 @@ class FrozenVMTests(AgentLinkTestCase):
         self.lifecycle = self.new_lifecycle()
         await self.lifecycle.recover()
         monitor = self.lifecycle.state.monitors["vm1"]
-        await deferLater(reactor, 0.5, lambda: None)  # ten 'connecting' intervals
+        await deferLater(reactor, 0.5, lambda: None)  # 25 follow-up intervals
         self.assertEqual(monitor.reads, 0)
         await self.wait(self.lifecycle.act("vm1", "unfreeze"))
         await _until(lambda: monitor.reads > 0)
@@ -295,7 +323,7 @@ class SilentAgentTests(AgentLinkTestCase):
             self.port,
             SERVER.cert_pem,
             "hvsock:/nonexistent",
-            attrs.evolve(FAST, silence_timeout=0.5),
+            attrs.evolve(FAST, silence_timeout=0.5, safety=0.2),  # hung: seen on a safety read
         )
         await self.launch()
         await self.connected_guest()

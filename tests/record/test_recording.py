@@ -193,7 +193,7 @@ class RecordersTests(SynchronousTestCase):
         self.running("vm1", {"vmready.record": "true"})
         vm = _FakeVM(self.lifecycle.spec_for(self.store.get_instance("vm1")))
         self.lifecycle.watching.attach("vm1", vm)  # type: ignore[arg-type]
-        ring = FakeRing()
+        ring = FakeRing(self.clock)
         monitor = AgentMonitor(
             self.clock,
             ring,

@@ -534,11 +534,12 @@ class ComparedTests(SynchronousTestCase):
             self.assertLess(len(text), 120, text)
 
     def test_aHostActionAfterTheLastRecordIsReported(self) -> None:
-        # Cut after the agent connected: the host, hearing nothing more, takes it as
-        # stopped (here after a second of silence) — after the last record.
+        # Cut after the agent connected: the host, hearing nothing more on its safety
+        # reads, takes it as stopped (here after a second of silence) — after the last record.
         lines = lines_of("boot-to-ready.jsonl")
         header = json.loads(lines[0])
-        lines = with_header(lines, poll={**header["poll"], "silence_timeout": 1.0})
+        poll = {**header["poll"], "silence_timeout": 1.0, "safety": 0.5}
+        lines = with_header(lines, poll=poll)
         line, _ = first_line(lines, lambda r: r.get("action") == "instance-agent-connected")
         result = replay(lines[:line])
         assert result.divergence is not None, result.describe()

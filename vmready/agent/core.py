@@ -5,7 +5,11 @@ it dials the host, from what it read there and how its dials went:
 
 - it says its current status (``STARTED`` or ``CONNECTED``) whenever the serial
   port (re)opens and on every heartbeat, at once when the status changes, and
-  ``STOPPED`` when it exits;
+  ``STOPPED`` when it exits.  A line said at once is *announced*: the port is
+  closed and reopened right after it, so that QEMU reports the change to the
+  host as an event and the host reads it then; a heartbeat is written quietly
+  (the host reads it on its slow safety read), and so is ``STOPPED``, which
+  the port's closing at exit announces;
 - ``CONNECT <cid>:<port>`` (vsock) or ``CONNECT tcp:<ipv4>:<port>`` (the
   fallback transport) makes it dial that address; a dial is connect, TLS,
   ``GET /1.0`` and the link watch (a held ``GET /1.0/events``).  A failed dial is
@@ -110,9 +114,10 @@ class Backoff:
 
 @dataclass(frozen=True)
 class WriteStatus:
-    """Write this status line to the serial port."""
+    """Write this status line to the serial port; ``announce`` it with a close and reopen."""
 
     status: AgentStatus
+    announce: bool = True
 
     @property
     def line(self) -> bytes:
@@ -210,7 +215,7 @@ class AgentCore:
         """A heartbeat is due: repeat the current status, so a restarted host notices us."""
         if self._cooldown > 0:
             self._cooldown -= 1
-        return self._say_current()
+        return self._say_current(announce=False)
 
     def data_received(self, data: bytes) -> list[Command]:
         """Bytes that arrived on the status port, in whatever pieces they came."""
@@ -347,13 +352,13 @@ class AgentCore:
         self.phase = Phase.STOPPED
         self.unreachable_reason = "the agent is stopping"
         self.status = AgentStatus.STOPPED
-        commands.append(WriteStatus(AgentStatus.STOPPED))
+        commands.append(WriteStatus(AgentStatus.STOPPED, announce=False))
         return commands
 
-    def _say_current(self) -> list[Command]:
+    def _say_current(self, announce: bool = True) -> list[Command]:
         if self.phase is Phase.STOPPED:
             return []
-        return [WriteStatus(self.status)]
+        return [WriteStatus(self.status, announce)]
 
     def _set_status(self, status: AgentStatus) -> list[Command]:
         """Change the status; a change is said at once."""

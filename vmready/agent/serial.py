@@ -10,8 +10,13 @@ and read and written through ``loop.add_reader``/``add_writer``.  A fakeqemu
 guest exposes the same name as a unix socket (``<qmp>.guest/virtio-ports/<name>``),
 which is connected to instead; its sysfs is the host's, so it is never searched.
 
-``SerialKeeper`` keeps the port open: when it closes (a fakeqemu VM reset or
-stop closes the socket) it is reopened with a growing delay; after the last
+``SerialKeeper`` keeps the port open while the agent runs, so that its closing
+tells the host the agent is gone.  A line written with ``announce`` is followed
+by a *pulse*: the port is closed (once the line is flushed) and reopened at
+once, and QEMU reports both as ``VSERPORT_CHANGE`` events, on which the host
+reads the ring buffer.  What is written during a pulse is held and written
+when the port is open again.  When the port closes by itself (a fakeqemu VM
+reset or stop closes the socket) it is reopened with a growing delay; after the last
 delay it gives up and says why in one line.  A connection that closes at once
 (fakeqemu lets one client hold a port; a second is shut out) does not reset
 the delays, so a busy port ends in giving up too, not in a loop.
@@ -325,6 +330,9 @@ class SerialKeeper:
         self._retry: asyncio.TimerHandle | None = None
         self._opening: asyncio.Task[None] | None = None
         self._closed: asyncio.Future[None] | None = None
+        self._pulse: asyncio.Task[None] | None = None
+        self._held: list[bytes] = []
+        self._announce_held = False
 
     @property
     def is_open(self) -> bool:
@@ -336,21 +344,39 @@ class SerialKeeper:
         self.running = True
         self._open()
 
-    def write(self, data: bytes) -> bool:
-        """Write to the port if it is open; False if the bytes were dropped."""
+    def write(self, data: bytes, announce: bool = False) -> bool:
+        """Write to the port if it is open (or held during a pulse); False if dropped.
+
+        ``announce``: close and reopen the port right after ``data`` (a pulse), so
+        that the host hears of it at once instead of on its next safety read.
+        """
+        if self._pulse is not None:
+            self._held.append(data)
+            self._announce_held = self._announce_held or announce
+            return True
         if self._channel is None:
             return False
         self._channel.write(data)
+        if announce:
+            self._pulse = asyncio.ensure_future(self._pulse_port())
         return True
 
-    async def stop(self) -> None:
-        """Close the port once what was written is flushed (at most ``FLUSH_TIMEOUT``)."""
-        self.running = False
-        if self._retry is not None:
-            self._retry.cancel()
-            self._retry = None
-        if self._opening is not None:
-            self._opening.cancel()
+    async def _pulse_port(self) -> None:
+        """Close the port once flushed and reopen it without a new ``on_open``."""
+        try:
+            await self._close_flushed()
+            if self.running and self.path is not None:
+                self._opening = asyncio.ensure_future(self._connect(self.path, quiet=True))
+                await self._opening
+        finally:
+            self._pulse = None
+        held, self._held = self._held, []
+        announce, self._announce_held = self._announce_held, False
+        if held and self._channel is not None:
+            self.write(b"".join(held), announce)
+
+    async def _close_flushed(self) -> None:
+        """Close the channel once what was written is flushed (at most ``FLUSH_TIMEOUT``)."""
         channel = self._channel
         if channel is None:
             return
@@ -361,6 +387,26 @@ class SerialKeeper:
         except asyncio.TimeoutError:
             channel.abort()
             await closed
+
+    async def stop(self) -> None:
+        """Close the port once what was written is flushed (at most ``FLUSH_TIMEOUT``)."""
+        # A pulse under way holds what was written meanwhile (STOPPED, say): let it reopen
+        # and write that before the port closes for good.
+        deadline = asyncio.get_running_loop().time() + FLUSH_TIMEOUT + CONNECT_TIMEOUT
+        while self._pulse is not None:
+            pulse = self._pulse
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                pulse.cancel()
+                break
+            await asyncio.wait([pulse], timeout=left)
+        self.running = False
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+        if self._opening is not None:
+            self._opening.cancel()
+        await self._close_flushed()
 
     def _open(self) -> None:
         self._retry = None
@@ -374,7 +420,8 @@ class SerialKeeper:
             self.path = found.path
         self._opening = asyncio.ensure_future(self._connect(found.path))
 
-    async def _connect(self, path: str) -> None:
+    async def _connect(self, path: str, quiet: bool = False) -> None:
+        """Open the port at ``path``; ``quiet`` (a pulse's reopening): no ``on_open``."""
         attempt = _Attempt(self)
         try:
             channel = await self.opener(path, self.on_data, attempt.lost)
@@ -392,7 +439,8 @@ class SerialKeeper:
             return
         self._channel = channel
         self._opened_at = asyncio.get_running_loop().time()
-        self.on_open()
+        if not quiet:
+            self.on_open()
 
     def _lost(self, reason: str) -> None:
         self._channel = None

@@ -238,7 +238,7 @@ class Agent:
 
     def _write(self, command: WriteStatus) -> None:
         # While the port is closed a line is dropped: its reopening says the status anew.
-        written = self.serial is not None and self.serial.write(command.line)
+        written = self.serial is not None and self.serial.write(command.line, command.announce)
         if written and self.recorder is not None:
             self.recorder.serial_out(command.line)
 

@@ -1,24 +1,46 @@
-"""The host's side of one agent link, without I/O: when to poll, when to write CONNECT.
+"""The host's side of one agent link, without I/O: when to read, when to write CONNECT.
 
 One ``AgentLink`` per running instance decides, from what the ring buffer
-showed and what QEMU reported, the next thing the daemon should do:
+showed and what QEMU reported, the next thing the daemon should do.  It is
+driven by events, not by a timer:
 
-- how long until the next ``ringbuf-read``: fast while a CONNECT is
-  outstanding, slower while the agent is STARTED or unknown, slowest once it
-  is CONNECTED, never while the VM is not running, and at once after any QMP
-  event;
-- when to write ``CONNECT <cid>:<port>``: whenever a STARTED line arrives (the
-  agent repeats STARTED until it reaches the host, so a lost CONNECT is
-  retried on the next heartbeat), and once at daemon start for every running
-  VM, because the daemon's port is new;
-- which status change to announce (``instance-agent-started`` …).
+- QEMU reports ``VSERPORT_CHANGE`` when the guest opens or closes the agent's
+  port (at most one a second per port: the first at once, then only the last
+  change of that second, at its end; so the link never counts on seeing every
+  change, only on an event after each).  The agent holds its port open while
+  it runs and, after each status line it wants seen at once, closes and
+  reopens it: so every change reaches the host as an event, and the ring
+  buffer is read then (``port_changed``).
+  Any other QMP event of the VM asks for one read too (``qmp_event``).
+- A few reads follow an event that promises a line soon (*follow-ups*, at
+  ``follow_up`` seconds doubling, for at most ``follow_up_window``): after a
+  CONNECT is written (until CONNECTED), and after a port opens with nothing in
+  it yet (until the new agent says anything).  They also serve agents that
+  write without reopening.
+- A port that closes without a STOPPED line (the agent was killed) and stays
+  closed for ``reopen_grace`` seconds means the agent is gone: STOPPED.
+- A VM whose agent never appeared is read with exponential backoff, from
+  ``agentless_first`` up to ``safety``; its first port event wakes it at once.
+- Otherwise one slow safety read every ``safety`` seconds, for agents that
+  write without reopening and to notice a hung guest (its heartbeat stopped:
+  after ``silence_timeout`` with nothing said, the agent is taken as stopped).
 
-The daemon feeds it inputs (``vm_started``, ``vm_stopped``, ``qmp_event``,
-``ring_read``, ``connect_written``, ``tick``) and carries out the returned
-``Command`` objects with its QMP client; tests do the same with a list.
+It also decides when to write ``CONNECT <cid>:<port>``: whenever a STARTED
+line arrives (the agent repeats STARTED until it reaches the host, so a lost
+CONNECT is retried), and once at daemon start for every running VM, because
+the daemon's port is new; and which status change to announce
+(``instance-agent-started`` …).
+
+The daemon feeds it inputs (``vm_started``, ``vm_stopped``, ``port_changed``,
+``qmp_event``, ``ring_read``, ``connect_written``) and carries out the
+returned ``Command`` objects; ``next_poll_delay`` says when to read next.
+Tests do the same with a list and a number for the time.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Mapping
 
 import attrs
 from twisted.logger import Logger
@@ -37,28 +59,57 @@ from vmready.protocols.ringbuffer import (
 )
 
 HOST_CID = 2
+_ALIVE = (AgentStatus.STARTED, AgentStatus.CONNECTED)
 
 
 @attrs.frozen
 class PollIntervals:
-    """Seconds between ring-buffer reads in each situation (configurable)."""
+    """When the agent link reads without an event, in seconds (configurable)."""
 
-    connecting: float = 0.05
-    started: float = 0.25
-    connected: float = 1.0
-    connect_timeout: float = 10.0
+    # The first follow-up read after an event that promises a line; each next waits twice as long.
+    follow_up: float = 0.05
+    # How long follow-ups go on before the link waits for the next event again.
+    follow_up_window: float = 10.0
+    # The first read of a VM whose agent never appeared; each next waits twice as long (to safety).
+    agentless_first: float = 1.0
+    # The slow read that remains without events.
+    safety: float = 120.0
+    # A port closed this long without a STOPPED line: its agent is gone.  More than QEMU's
+    # one-second limit on VSERPORT_CHANGE: an announcing agent's reopening may come that late.
+    reopen_grace: float = 2.5
     # An agent repeats its status every heartbeat (5 s); this long without a line, it is gone.
     silence_timeout: float = 15.0
 
     def __attrs_post_init__(self) -> None:
-        for name in ("connecting", "started", "connected", "connect_timeout", "silence_timeout"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"poll interval {name} must be positive")
+        for field in attrs.fields(PollIntervals):
+            if getattr(self, field.name) <= 0:
+                raise ValueError(f"agent link interval {field.name} must be positive")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, object]) -> PollIntervals:
+        """The intervals a transcript header recorded; unknown or unusable keys are ignored."""
+        known = {field.name for field in attrs.fields(cls)}
+        chosen: dict[str, float] = {}
+        for key, value in values.items():
+            if key not in known or isinstance(value, bool):
+                continue
+            if isinstance(value, int | float | str):
+                try:
+                    number = float(value)
+                except ValueError:
+                    continue
+                if math.isfinite(number) and number > 0:
+                    chosen[key] = number
+        return cls(**chosen)
+
+    def as_mapping(self) -> dict[str, float]:
+        """The intervals by name, as a transcript header records them."""
+        return {field.name: getattr(self, field.name) for field in attrs.fields(PollIntervals)}
 
 
 @attrs.frozen
 class WriteConnect:
-    """Write this line to the ring buffer with ``ringbuf-write``."""
+    """Send this line to the guest (its ``vmready.connect`` port)."""
 
     line: bytes
 
@@ -77,6 +128,15 @@ class StatusChanged:
 
 
 Command = WriteConnect | StatusChanged
+
+
+@attrs.define
+class _FollowUp:
+    """Reads after an event that promises a line: since when, how many so far, for what."""
+
+    since: float
+    awaiting_connected: bool
+    reads: int = 0
 
 
 class AgentLink:
@@ -100,10 +160,17 @@ class AgentLink:
         self.intervals = intervals or PollIntervals()
         self.reader = RingBufferReader()
         self.vm_running = False
-        self.connect_sent_at: float | None = None
         self._poll_now = False
+        self._reading_on_event = False
         # When the agent last said anything, counted only while the VM runs (None: not yet).
         self._last_heard: float | None = None
+        self._follow_up: _FollowUp | None = None
+        # The agent's port: None until an event says; then open or closed (since when).
+        self._port_open: bool | None = None
+        self._port_closed_at: float | None = None
+        # Whether an agent ever showed itself (a port event or a line) since the VM started.
+        self._agent_seen = False
+        self._quiet_reads = 0
 
     @property
     def status(self) -> AgentStatus:
@@ -113,20 +180,32 @@ class AgentLink:
     @property
     def connect_outstanding(self) -> bool:
         """A CONNECT was written and the agent has not yet said CONNECTED."""
-        return self.connect_sent_at is not None
+        return self._follow_up is not None and self._follow_up.awaiting_connected
+
+    @property
+    def port_open(self) -> bool | None:
+        """Whether the guest holds the agent's port open (None: no event has said yet)."""
+        return self._port_open
 
     def vm_started(self, advertise: bool = True) -> list[Command]:
-        """The VM runs (launched, or adopted at daemon start): advertise our address at once."""
+        """The VM runs (launched, or adopted at daemon start): read at once, maybe advertise."""
         self.vm_running = True
         self._poll_now = True
         self._last_heard = None
+        self._agent_seen = False
+        self._quiet_reads = 0
+        self._port_open = None
+        self._port_closed_at = None
+        self._follow_up = None
         return [self._connect()] if advertise else []
 
     def vm_stopped(self) -> list[Command]:
-        """The VM is gone or paused for good: stop polling; the agent is stopped with it."""
+        """The VM is gone: no more reads; the agent is stopped with it."""
         self.vm_running = False
-        self.connect_sent_at = None
+        self._follow_up = None
         self._last_heard = None
+        self._port_open = None
+        self._port_closed_at = None
         previous = self.reader.status
         self.reader = RingBufferReader()  # the next boot is a new stream
         if previous in (AgentStatus.UNKNOWN, AgentStatus.STOPPED):
@@ -136,32 +215,53 @@ class AgentLink:
         return [StatusChanged(previous, AgentStatus.STOPPED)]
 
     def vm_paused(self) -> None:
-        """The vCPUs stopped (freeze): the agent cannot speak, so do not poll; its status stays."""
+        """The vCPUs stopped (freeze): the agent cannot speak, so do not read; its status stays."""
         self.vm_running = False
         self._poll_now = False
         self._last_heard = None  # a paused agent is silent, not gone
 
-    def vm_resumed(self) -> None:
-        """The vCPUs run again: poll at once, without a new CONNECT (the port is unchanged)."""
+    def vm_resumed(self, now: float) -> None:
+        """The vCPUs run again: read at once, without a new CONNECT (the port is unchanged)."""
         self.vm_running = True
         self._poll_now = True
         self._last_heard = None
+        if self._port_closed_at is not None:
+            self._port_closed_at = now  # the grace starts again: a frozen agent could not reopen
+
+    def port_changed(self, is_open: bool, now: float) -> None:
+        """``VSERPORT_CHANGE`` for the agent's port: read at once.
+
+        A port that opens while no agent is known to run is a new agent: follow
+        up until it says something.  A port that closes starts the grace after
+        which an agent that said no STOPPED is taken as gone.
+        """
+        self._poll_now = True
+        self._agent_seen = True
+        self._port_open = is_open
+        if not is_open:
+            self._port_closed_at = now
+            return
+        self._port_closed_at = None
+        if self.reader.status not in _ALIVE and self._follow_up is None:
+            self._follow_up = _FollowUp(since=now, awaiting_connected=False)
 
     def qmp_event(self) -> None:
-        """Something happened to the VM: read the ring buffer once more, right away."""
+        """Something else happened to the VM: read the ring buffer once more, right away."""
         self._poll_now = True
 
     def read_started(self) -> None:
         """A ``ringbuf-read`` is on its way: an event from now on asks for another one."""
+        self._reading_on_event = self._poll_now
         self._poll_now = False
 
     def read_failed(self) -> None:
         """A ``ringbuf-read`` failed: try again at the usual pace, not at once (no busy loop)."""
         self._poll_now = False
+        self._quiet_reads += 1
 
     def connect_written(self, now: float) -> None:
-        """The CONNECT line reached QEMU: poll fast until the agent answers."""
-        self.connect_sent_at = now
+        """The CONNECT line reached QEMU: follow up until the agent says CONNECTED."""
+        self._follow_up = _FollowUp(since=now, awaiting_connected=True)
 
     def ring_read(self, chunk: bytes, now: float) -> list[Command]:
         """One drained ``ringbuf-read`` (raw bytes): status changes and CONNECTs to write."""
@@ -177,8 +277,6 @@ class AgentLink:
                 ):
                     # One answer per read, however many STARTED lines piled up.
                     commands.append(self._connect())
-                elif record.status is AgentStatus.CONNECTED:
-                    self.connect_sent_at = None
             elif isinstance(record, HostEcho | TcpHostEcho | DiscardedFragment):
                 continue
             elif isinstance(record, Noise | UndecodableLine | OverlongLine):
@@ -192,45 +290,86 @@ class AgentLink:
                 count=len(ignored),
                 first=_shortened(ignored[0]),
             )
-        if heard or self._last_heard is None:
-            self._last_heard = now
-        elif (
-            self.reader.status in (AgentStatus.STARTED, AgentStatus.CONNECTED)
-            and now - self._last_heard >= self.intervals.silence_timeout
-        ):
-            # Killed without a word (SIGKILL, a guest hang): its heartbeat stopped.
-            self.log.info(
-                "{name}: the agent said nothing for {silence:g}s; taking it as stopped",
-                name=self.name,
-                silence=now - self._last_heard,
-            )
-            self.reader.status = AgentStatus.STOPPED
-            self.connect_sent_at = None
+        if heard:
+            self._agent_seen = True
+            self._quiet_reads = 0
+        else:
+            self._quiet_reads += 1
+        self._follow_up_read(heard, now)
+        self._judge_silence(heard, now)
         current = self.reader.status
         if current is not previous:
             commands.insert(0, StatusChanged(previous, current))
         return commands
 
-    def tick(self, now: float) -> None:
-        """Time passes: an unanswered CONNECT expires, back to the STARTED pace."""
-        sent = self.connect_sent_at
-        if sent is not None and now - sent >= self.intervals.connect_timeout:
+    def _follow_up_read(self, heard: bool, now: float) -> None:
+        follow_up = self._follow_up
+        if follow_up is None:
+            return
+        if not self._reading_on_event:
+            follow_up.reads += 1  # a read the event asked for is not one of its follow-ups
+        if follow_up.awaiting_connected:
+            done = self.reader.status is AgentStatus.CONNECTED
+        else:
+            done = heard
+        if done:
+            self._follow_up = None
+        elif now - follow_up.since >= self.intervals.follow_up_window:
+            self._follow_up = None
+            if follow_up.awaiting_connected:
+                self.log.info(
+                    "{name}: no CONNECTED after CONNECT; waiting for STARTED", name=self.name
+                )
+
+    def _judge_silence(self, heard: bool, now: float) -> None:
+        """Whether an agent said to be running is gone: its port closed, or it fell silent."""
+        if heard or self._last_heard is None:
+            self._last_heard = now
+        if self.reader.status not in _ALIVE:
+            return
+        closed_at = self._port_closed_at
+        if closed_at is not None and now - closed_at >= self.intervals.reopen_grace:
+            # Closed without a word and not reopened: killed (SIGKILL, an OOM kill).
             self.log.info(
-                "{name}: no CONNECTED after CONNECT; waiting for STARTED", name=self.name
+                "{name}: the agent's port closed without STOPPED; taking it as stopped",
+                name=self.name,
             )
-            self.connect_sent_at = None
+            self._taken_as_stopped()
+        elif not heard and now - self._last_heard >= self.intervals.silence_timeout:
+            # Its heartbeat stopped while the port stayed open: a hung guest or agent.
+            self.log.info(
+                "{name}: the agent said nothing for {silence:g}s; taking it as stopped",
+                name=self.name,
+                silence=now - self._last_heard,
+            )
+            self._taken_as_stopped()
+
+    def _taken_as_stopped(self) -> None:
+        self.reader.status = AgentStatus.STOPPED
+        if self._follow_up is not None and self._follow_up.awaiting_connected:
+            self._follow_up = None
 
     def next_poll_delay(self) -> float | None:
-        """Seconds until the next ``ringbuf-read``; None while the VM is not running."""
+        """Seconds from now until the next ``ringbuf-read``; None while the VM is not running.
+
+        Asked right after a read or an event: the delays count from then.
+        """
         if not self.vm_running:
             return None
         if self._poll_now:
             return 0.0
-        if self.connect_outstanding:
-            return self.intervals.connecting
-        if self.reader.status is AgentStatus.CONNECTED:
-            return self.intervals.connected
-        return self.intervals.started
+        intervals = self.intervals
+        if self._port_closed_at is not None and self.reader.status in _ALIVE:
+            # One read when the grace ends: STOPPED unless the port reopened by then.
+            return intervals.reopen_grace
+        follow_up = self._follow_up
+        if follow_up is not None:
+            return float(min(intervals.follow_up * 2**follow_up.reads, intervals.follow_up_window))
+        if not self._agent_seen and self.reader.status is AgentStatus.UNKNOWN:
+            # No agent yet: back off, up to the safety read; a port event wakes it at once.
+            exponent = min(max(self._quiet_reads - 1, 0), 32)
+            return float(min(intervals.agentless_first * 2**exponent, intervals.safety))
+        return intervals.safety
 
     def _connect(self) -> WriteConnect:
         return WriteConnect(self.connect_line)

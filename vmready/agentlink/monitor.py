@@ -1,15 +1,18 @@
 """Carries out one instance's ``AgentLink`` against its VM: ring-buffer reads and CONNECT writes.
 
-``AgentLink`` decides (sans I/O); ``AgentMonitor`` only schedules the next
-``ringbuf-read`` on the clock, hands what it read to the link, writes the
-``CONNECT`` lines the link asks for, and passes status changes on.  One read
-or write is in flight at a time.  A monitor that stops answering is the power
-sync's business: here a failed read is logged and retried at the slow pace.
+``AgentLink`` decides (sans I/O); ``AgentMonitor`` hands it the VM's QMP
+events (``VSERPORT_CHANGE`` of the agent's port as a port change, any other
+as a reason to read once), schedules the next ``ringbuf-read`` when the link
+asks for one, hands what it read to the link, writes the ``CONNECT`` lines the
+link asks for, and passes status changes on.  One read or write is in flight
+at a time; an event that arrives meanwhile asks for another read after it.  A
+monitor that stops answering is the power sync's business: here a failed read
+is logged and retried at the slow pace.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred
@@ -58,7 +61,7 @@ ReadListener = Callable[[bytes], None]
 
 
 class AgentMonitor:
-    """Polls one VM's agent ring buffer at the pace its ``AgentLink`` sets."""
+    """Reads one VM's agent ring buffer when its QMP events (or its ``AgentLink``) say so."""
 
     log = Logger()
 
@@ -71,10 +74,12 @@ class AgentMonitor:
         on_status: StatusListener,
         recorder: Callable[[], RingRecorder | None] | None = None,
         connect: ConnectWriter | None = None,
+        port_id: str | None = None,
     ) -> None:
         """``connect`` carries CONNECT lines to the guest; without one (a VM started by a
         vmready that gave it no ``vmready.connect`` port) they go to the ring buffer, which
-        only fakeqemu delivers and real QEMU never does."""
+        only fakeqemu delivers and real QEMU never does.  ``port_id`` is the ``id=`` of the
+        port the agent writes to: its ``VSERPORT_CHANGE`` events are port changes."""
         self.clock = clock
         self.vm = vm
         self.link = link
@@ -85,6 +90,7 @@ class AgentMonitor:
         self.recorder_for = recorder
         self.reads = 0
         self.connect = connect
+        self.port_id = port_id
         self._timer: IDelayedCall | None = None
         self._busy = False
         self._stopped = False
@@ -119,12 +125,24 @@ class AgentMonitor:
 
     def resumed(self) -> None:
         """The vCPUs run again."""
-        self.link.vm_resumed()
+        self.link.vm_resumed(self.clock.seconds())
         self._schedule()
 
-    def qmp_event(self) -> None:
-        """Something happened to the VM: read the ring buffer once more, right away."""
-        self.link.qmp_event()
+    def qmp_event(self, name: str = "", data: Mapping[str, object] | None = None) -> None:
+        """A QMP event of the VM: the agent's port opened or closed, or anything else.
+
+        Either way the ring buffer is read right away (after the read in flight, if any).
+        """
+        if (
+            name == "VSERPORT_CHANGE"
+            and data is not None
+            and self.port_id is not None
+            and data.get("id") == self.port_id
+            and isinstance(data.get("open"), bool)
+        ):
+            self.link.port_changed(bool(data["open"]), self.clock.seconds())
+        else:
+            self.link.qmp_event()
         self._schedule()
 
     # -- the loop ---------------------------------------------------------
@@ -169,7 +187,6 @@ class AgentMonitor:
         now = self.clock.seconds()
         commands = self.link.ring_read(chunk, now)
         await self._write_all(commands)
-        self.link.tick(self.clock.seconds())
 
     def _read_failed(self, error: HypervisorError) -> None:
         if f"Device '{self.chardev}' not found" in error.message:

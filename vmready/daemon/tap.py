@@ -41,12 +41,42 @@ from vmready.trust.certs import CertificateError, ensure_server_certificate
 HYPERVISORS = ("fakeqemu", "qemu")
 _UNIX_PATH_MAX = 108  # sizeof(sockaddr_un.sun_path) on Linux, the terminating NUL included
 _DEFAULT_POLL = PollIntervals()
+# The agent link's reads without an event: option, PollIntervals field, help.
 _POLL_OPTIONS = (
-    "agent-poll-connecting",
-    "agent-poll-started",
-    "agent-poll-connected",
-    "agent-connect-timeout",
-    "agent-silence-timeout",
+    (
+        "agent-follow-up",
+        "follow_up",
+        "Seconds to the first follow-up ring-buffer read after an event that promises a "
+        "line (a CONNECT written, a port opened); each next one waits twice as long.",
+    ),
+    (
+        "agent-follow-up-window",
+        "follow_up_window",
+        "Seconds of follow-up reads before waiting for the next event again.",
+    ),
+    (
+        "agent-poll-agentless",
+        "agentless_first",
+        "Seconds to the first read of a VM whose agent never appeared; doubling up to the "
+        "safety read.",
+    ),
+    (
+        "agent-poll-safety",
+        "safety",
+        "Seconds between the slow safety reads that remain without events.",
+    ),
+    (
+        "agent-reopen-grace",
+        "reopen_grace",
+        "Seconds an agent's port may stay closed without a STOPPED line before the agent "
+        "is taken as stopped (killed).",
+    ),
+    (
+        "agent-silence-timeout",
+        "silence_timeout",
+        "Seconds without a status line from a running VM's agent before it is taken as "
+        "stopped (agents repeat their status every 5 s).",
+    ),
 )
 
 
@@ -85,37 +115,10 @@ class Options(usage.Options):
             "(default: vsock:port=0 when VMs get the vsock transport, else "
             "hvsock:path=<data-dir>/guest-api.sock).",
         ],
-        [
-            "agent-poll-connecting",
-            None,
-            str(_DEFAULT_POLL.connecting),
-            "Seconds between agent ring-buffer reads while a CONNECT is unanswered.",
-        ],
-        [
-            "agent-poll-started",
-            None,
-            str(_DEFAULT_POLL.started),
-            "Seconds between agent ring-buffer reads while the agent is STARTED or unknown.",
-        ],
-        [
-            "agent-poll-connected",
-            None,
-            str(_DEFAULT_POLL.connected),
-            "Seconds between agent ring-buffer reads once the agent is CONNECTED.",
-        ],
-        [
-            "agent-silence-timeout",
-            None,
-            str(_DEFAULT_POLL.silence_timeout),
-            "Seconds without a status line from a running VM's agent before it is taken as "
-            "stopped (agents repeat their status every 5 s).",
-        ],
-        [
-            "agent-connect-timeout",
-            None,
-            str(_DEFAULT_POLL.connect_timeout),
-            "Seconds of fast polling after a CONNECT before waiting for STARTED again.",
-        ],
+        *(
+            [option, None, str(getattr(_DEFAULT_POLL, field)), text]
+            for option, field, text in _POLL_OPTIONS
+        ),
         [
             "record-dir",
             None,
@@ -172,7 +175,7 @@ class Options(usage.Options):
                 raise usage.UsageError(f"--{option} must be a number of seconds") from None
             if not math.isfinite(self[option]):
                 raise usage.UsageError(f"--{option} must be a finite number of seconds")
-        for option in _POLL_OPTIONS:
+        for option, _field, _help in _POLL_OPTIONS:
             try:
                 self[option] = float(self[option])
             except ValueError:
@@ -225,14 +228,8 @@ class Options(usage.Options):
 
     @property
     def poll_intervals(self) -> PollIntervals:
-        """The agent ring-buffer polling intervals the options chose."""
-        return PollIntervals(
-            connecting=self["agent-poll-connecting"],
-            started=self["agent-poll-started"],
-            connected=self["agent-poll-connected"],
-            connect_timeout=self["agent-connect-timeout"],
-            silence_timeout=self["agent-silence-timeout"],
-        )
+        """The agent link's reads without an event, as the options chose."""
+        return PollIntervals(**{field: self[option] for option, field, _help in _POLL_OPTIONS})
 
 
 def _fail(reason: str) -> NoReturn:

@@ -30,6 +30,7 @@ from vmready.lifecycle.state import (
     LAYOUT_KEY,
     LifecycleState,
     agent_chardev,
+    agent_port_name,
     fakeqemu_guest_paths,
 )
 from vmready.protocols.qmp import QMPEvent
@@ -64,7 +65,7 @@ class Watching:
             undo.append(vm.qmp.subscribe(record_event, first=True))
         monitor = self._follow_agent(name, vm)
         if monitor is not None:
-            undo.append(vm.qmp.subscribe(lambda _event: self._qmp_event(name)))
+            undo.append(vm.qmp.subscribe(lambda event: self._qmp_event(name, event)))
             monitor.start(advertise)
             frozen = record is not None and (
                 record.vm_state is VMState.PAUSED or record.power_state is PowerState.PAUSED
@@ -110,15 +111,16 @@ class Watching:
             )
             if has_port
             else None,
+            port_id=agent_port_name(vm.spec),
         )
         self.state.monitors[name] = monitor
         return monitor
 
-    def _qmp_event(self, name: str) -> None:
+    def _qmp_event(self, name: str, event: QMPEvent) -> None:
         """Any QMP event: the instance's agent monitor (whichever follows it now) reads at once."""
         monitor = self.state.monitors.get(name)
         if monitor is not None:
-            monitor.qmp_event()
+            monitor.qmp_event(event.name, event.data)
 
     def _agent_changed(self, name: str, change: StatusChanged) -> None:
         self.state.last_agent_status[name] = change.current

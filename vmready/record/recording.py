@@ -233,13 +233,7 @@ class Recorders:
             "chardev": agent_chardev(spec),
         }
         if guest is not None:
-            intervals = guest.intervals
-            header["poll"] = {
-                "connecting": intervals.connecting,
-                "started": intervals.started,
-                "connected": intervals.connected,
-                "connect_timeout": intervals.connect_timeout,
-            }
+            header["poll"] = guest.intervals.as_mapping()
         writer = TranscriptWriter(
             transcript_path(self.directory, record.name),
             header,

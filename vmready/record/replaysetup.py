@@ -75,10 +75,8 @@ def _intervals(header: dict[str, Any]) -> PollIntervals:
     poll = header.get("poll")
     if not isinstance(poll, dict):
         return PollIntervals()
-    try:
-        return PollIntervals(**{k: float(v) for k, v in poll.items()})
-    except (TypeError, ValueError):
-        return PollIntervals()
+    # A transcript from before the link was event-driven names other intervals: defaults.
+    return PollIntervals.from_mapping(poll)
 
 
 def _bad_header(transcript: Transcript, message: str) -> TranscriptError:
