@@ -1,16 +1,19 @@
-"""The agent link at fleet scale: what N VMs cost the daemon when nothing happens, and how fast
-it notices when something does.
+"""The agent link at fleet scale: what idle VMs cost the daemon, how fast it notices a change.
 
 One ``fakeqemu-host`` runs every VM; the daemon is ``VMReadyService`` exactly as
 ``twistd vmready --data-dir D`` builds it (default options), in a child process
 (``--role daemon``) that also answers "how many ring-buffer reads so far, per
 instance" from its ``AgentMonitor.reads`` counters.  ``--vms N`` instances are
-created through the operator API; a share of them (``--agentless-share``, spread
-evenly over the names) never gets an agent: its config drive is never used, so
-the daemon sees a running VM whose agent never appears.  Every other instance
-gets a real ``vmready.agent`` (default heartbeat and retries), many per process
-in ``--agent-workers`` child processes (``--role agents``).  Once every agent is
-CONNECTED, the script waits ``--settle`` seconds and then measures, in order:
+created through the operator API, a tenth (at most 250) at a time, and each
+step's agents are started and CONNECTED before the next step begins, as agents
+come up right after their VMs (``--setup-limit`` stops the growth early: then
+the fleet is what was made by then, and the last line says how many).  A share
+of the instances (``--agentless-share``, spread evenly over the names) never
+gets an agent: its config drive is never used, so the daemon sees a running VM
+whose agent never appears.  Every other instance gets a real ``vmready.agent``
+(default heartbeat and retries), many per process in ``--agent-workers`` child
+processes (``--role agents``).  Once the fleet is up, the script waits
+``--settle`` seconds and then measures, in order:
 
 - **idle window** (``--window`` seconds, nothing else happening): ring-buffer
   reads per second, summed over the connected VMs (``reads_per_s``) and over
@@ -114,10 +117,12 @@ SCRIPT = os.path.abspath(__file__)
 PHASE_JITTER = 1.0
 # How long a restarted agent may take to be CONNECTED again.
 RECONNECT_TIMEOUT = 300.0
-# Creation progress is shown this many times over the run.
+# Creation progress is shown this many times over the run, at least every PROGRESS_MOST VMs.
 PROGRESS_STEPS = 10
-# Open files each VM may cost the process that holds most of them, and a margin.
-FILES_PER_VM = 8
+PROGRESS_MOST = 250
+# Open files each VM may cost the process that holds most of them (fakeqemu-host: 9), and
+# a margin.
+FILES_PER_VM = 12
 FILES_MARGIN = 4096
 
 reactor: Any = installed_reactor
@@ -223,24 +228,50 @@ def agentless_names(names: Sequence[str], share: float) -> set[str]:
     }
 
 
-async def create_fleet(fleet: Fleet, names: Sequence[str]) -> None:
-    """Create every instance, showing progress (rate and elapsed time)."""
+async def grow_fleet(fleet: Fleet, names: Sequence[str], without: set[str]) -> None:
+    """Create the instances a step at a time, each step's agents CONNECTED before the next.
+
+    Agents come up right after their VMs, as in a real fleet; it also keeps the
+    daemon's load during set-up to what the finished fleet costs (a VM whose
+    agent has not yet spoken may be read more often than a connected one).
+    After ``--setup-limit`` seconds no new step begins: the fleet is what was
+    created by then.
+    """
     started = time.perf_counter()
-    step = max(1, math.ceil(len(names) / PROGRESS_STEPS))
-    for offset in range(0, len(names), step):
-        await create_all(fleet.client, names[offset : offset + step])
-        done = min(offset + step, len(names))
+    step = max(1, min(math.ceil(len(names) / PROGRESS_STEPS), PROGRESS_MOST))
+    limit = fleet.args.setup_limit
+    done = 0
+    while done < len(names):
+        if limit is not None and time.perf_counter() - started > limit:
+            report(f"  --setup-limit {limit:g} s reached: the fleet is {done} of {len(names)} VMs")
+            break
+        batch = names[done : done + step]
+        began = time.perf_counter()
+        await create_all(fleet.client, batch)
+        created = time.perf_counter() - began
+        fleet.drives.update(find_drives(fleet.data_dir))
+        agents = [name for name in batch if name not in without]
+        began = time.perf_counter()
+        await start_agents(
+            fleet.workers, fleet.worker_of, fleet.drives, fleet.watch, agents, fleet.with_agent
+        )
+        fleet.with_agent.extend(agents)
+        fleet.agentless.extend(name for name in batch if name in without)
+        done += len(batch)
         elapsed = time.perf_counter() - started
         report(
-            f"  created {done}/{len(names)} in {elapsed:.0f} s ({done / elapsed:.1f}/s); "
-            f"fakeqemu-host {memory_mb(fleet.host.pid):.0f} MiB, "
-            f"{open_files(fleet.host.pid)} fds; daemon {memory_mb(fleet.daemon.pid):.0f} MiB, "
-            f"{open_files(fleet.daemon.pid)} fds"
+            f"  {done}/{len(names)} VMs after {elapsed:.0f} s ({done / elapsed:.1f}/s; this "
+            f"step: {len(batch)} created in {created:.1f} s, {len(agents)} agents CONNECTED in "
+            f"{time.perf_counter() - began:.1f} s); fakeqemu-host "
+            f"{memory_mb(fleet.host.pid):.0f} MiB, {open_files(fleet.host.pid)} fds; daemon "
+            f"{memory_mb(fleet.daemon.pid):.0f} MiB, {open_files(fleet.daemon.pid)} fds, "
+            f"{cpu_seconds(fleet.daemon.pid):.0f} s CPU so far"
         )
+    fleet.vms_started_at = time.perf_counter()
 
 
 async def build(args: argparse.Namespace, children: Children, directory: str) -> Fleet:
-    """Host, daemon, event stream, workers; every instance created; agents CONNECTED."""
+    """Host, daemon, event stream, workers; the instances created, their agents CONNECTED."""
     host, control = await start_host(children, directory)
     data_dir = os.path.join(directory, "d")
     os.makedirs(data_dir, mode=0o700)
@@ -261,27 +292,17 @@ async def build(args: argparse.Namespace, children: Children, directory: str) ->
     )
     names = [f"l{index}" for index in range(args.vms)]
     without = agentless_names(names, args.agentless_share)
-    fleet.with_agent = [name for name in names if name not in without]
-    fleet.agentless = [name for name in names if name in without]
     report(
         f"vmready agent-link benchmark: {plural(args.vms, 'VM')} in one fakeqemu-host "
-        f"(pid {host.pid}), {len(fleet.with_agent)} with an agent, {len(fleet.agentless)} "
+        f"(pid {host.pid}), {len(names) - len(without)} with an agent, {len(without)} "
         f"without; daemon pid {daemon.pid} (VMReadyService as twistd builds it, default "
         f"options); {len(workers)} agent worker processes; {os.cpu_count()} CPUs; "
         f"open-file limits {resource.getrlimit(resource.RLIMIT_NOFILE)}"
     )
     report("\nset-up")
-    await create_fleet(fleet, names)
-    fleet.vms_started_at = time.perf_counter()
-    fleet.drives = find_drives(data_dir)
-    started = time.perf_counter()
-    await start_agents(workers, fleet.worker_of, fleet.drives, watch, fleet.with_agent)
+    await grow_fleet(fleet, names, without)
     statuses = await daemon.call("reads")
-    report(
-        f"  {plural(len(fleet.with_agent), 'agent')} started and CONNECTED in "
-        f"{time.perf_counter() - started:.1f} s; the daemon's agent statuses: "
-        f"{statuses['statuses']}"
-    )
+    report(f"  the daemon's agent statuses: {statuses['statuses']}")
     return fleet
 
 
@@ -509,8 +530,9 @@ async def run(args: argparse.Namespace, children: Children, directory: str) -> s
         stopped = await measure_stopped(fleet)
     finally:
         await teardown(fleet, children, directory)
+    measured = len(fleet.with_agent) + len(fleet.agentless)
     return (
-        f"vms={args.vms} reads_per_s={figure(idle.reads_per_s, 2)} "
+        f"vms={measured} reads_per_s={figure(idle.reads_per_s, 2)} "
         f"agentless_reads_per_s={figure(idle.agentless_reads_per_s, 2)} "
         f"stopped_p99_ms={figure(percentile_ms(stopped, 0.99))} "
         f"ready_p99_ms={figure(percentile_ms(ready, 0.99))} "
@@ -538,6 +560,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--ready-samples", type=int, default=200, help="timed Ready PATCHes (200)")
     add("--cycles", type=int, default=50, help="agents stopped and started again (50)")
     add("--wave", type=int, default=10, help="agents stopped at once (10)")
+    add("--setup-limit", type=float, help="seconds of VM creation at most, then measure those")
     add("--keep", action="store_true", help="keep the directory and its logs")
     add("--role", choices=("daemon", "agents"), help=argparse.SUPPRESS)
     add("role_directory", nargs="?", help=argparse.SUPPRESS)
