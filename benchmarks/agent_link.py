@@ -58,10 +58,18 @@ one poll per VM per 120 s and a 60 s window, 900 connected VMs give about
 whose polling backs off read less the longer they run; the figure is for the
 time since their VM started, shown beside it.
 
+Open files bound the fleet: fakeqemu-host holds about 12 descriptors per VM
+(its sockets, and the daemon's and the agent's connections to them), the
+daemon about 3.  The script raises its open-file limit before it starts any
+child (every child inherits it): the soft one to the hard one, and the hard
+one too, to what N VMs need, when it may (``CAP_SYS_RESOURCE``).  Before each
+step it predicts, from the cost per VM seen so far, whether every process
+stays within its limit; if one would not, the fleet stops growing there (and
+says which process and why) rather than fail in ways that say nothing about
+the agent link.
+
 Everything started here (host, daemon, agent workers, the directory under
-/tmp) is torn down at the end.  The script raises its open-file limit,
-hard limit too when it may (as root), to what N VMs need, before it starts any
-child: every child inherits it.  Figures only: nothing here passes or fails;
+/tmp) is torn down at the end.  Figures only: nothing here passes or fails;
 the goals (at 1,000 VMs on 2 cores) are shown beside the figures.
 
     .venv/bin/python benchmarks/agent_link.py --vms 1000
@@ -79,6 +87,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -228,6 +237,52 @@ def agentless_names(names: Sequence[str], share: float) -> set[str]:
     }
 
 
+class FileBudget:
+    """Whether the next step fits each process's open-file limit, at the cost seen so far.
+
+    fakeqemu-host holds about 9 descriptors per VM, the daemon about 3, an agent
+    worker about 3 per agent: past the limit a process fails in ways that tell
+    nothing about the agent link, so the fleet stops growing first.
+    """
+
+    # Stop short of the limit by this share: sockets come and go (event streams, PATCHes).
+    HEADROOM = 0.05
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        self.base = {pid: open_files(pid) for pid in self._pids(fleet)}
+
+    def _pids(self, fleet: Fleet) -> list[int]:
+        return [fleet.host.pid, fleet.daemon.pid, *(worker.pid for worker in fleet.workers)]
+
+    def short_of(self, fleet: Fleet, batch: Sequence[str], without: set[str]) -> str | None:
+        """Why ``batch`` would not fit (the first process short of descriptors), or None."""
+        vms = len(fleet.with_agent) + len(fleet.agentless)
+        held = Counter(fleet.worker_of[name].pid for name in fleet.with_agent)
+        coming = Counter(
+            fleet.workers[index % len(fleet.workers)].pid
+            for index, name in enumerate(n for n in batch if n not in without)
+        )
+        units = {fleet.host.pid: (vms, len(batch)), fleet.daemon.pid: (vms, len(batch))}
+        for worker in fleet.workers:
+            units[worker.pid] = (held[worker.pid], coming[worker.pid])
+        labels = {fleet.host.pid: "fakeqemu-host", fleet.daemon.pid: "the daemon"}
+        for pid, (now, more) in units.items():
+            if now == 0:
+                continue
+            current = open_files(pid)
+            each = (current - self.base[pid]) / now
+            expected = current + each * more
+            if expected > (1 - self.HEADROOM) * self.limit:
+                label = labels.get(pid, f"agent worker {pid}")
+                return (
+                    f"{label} holds {current} files ({each:.1f} per "
+                    f"{'VM' if pid in labels else 'agent'}); {len(batch)} more VMs would take it "
+                    f"to about {expected:.0f} of its limit of {self.limit}"
+                )
+        return None
+
+
 async def grow_fleet(fleet: Fleet, names: Sequence[str], without: set[str]) -> None:
     """Create the instances a step at a time, each step's agents CONNECTED before the next.
 
@@ -240,21 +295,24 @@ async def grow_fleet(fleet: Fleet, names: Sequence[str], without: set[str]) -> N
     started = time.perf_counter()
     step = max(1, min(math.ceil(len(names) / PROGRESS_STEPS), PROGRESS_MOST))
     limit = fleet.args.setup_limit
+    files = FileBudget(fleet)
     done = 0
     while done < len(names):
         if limit is not None and time.perf_counter() - started > limit:
             report(f"  --setup-limit {limit:g} s reached: the fleet is {done} of {len(names)} VMs")
             break
         batch = names[done : done + step]
+        short = files.short_of(fleet, batch, without)
+        if short is not None:
+            report(f"  {short}: the fleet is {done} of {len(names)} VMs")
+            break
         began = time.perf_counter()
         await create_all(fleet.client, batch)
         created = time.perf_counter() - began
         fleet.drives.update(find_drives(fleet.data_dir))
         agents = [name for name in batch if name not in without]
         began = time.perf_counter()
-        await start_agents(
-            fleet.workers, fleet.worker_of, fleet.drives, fleet.watch, agents, fleet.with_agent
-        )
+        await start_agents(fleet.workers, fleet.worker_of, fleet.drives, fleet.watch, agents)
         fleet.with_agent.extend(agents)
         fleet.agentless.extend(name for name in batch if name in without)
         done += len(batch)
@@ -370,7 +428,8 @@ async def measure_idle(fleet: Fleet) -> Idle:
         f"{open_files(fleet.daemon.pid)} open files"
     )
     others = ", ".join(
-        f"{label} {100 * used[label] / seconds:.1f}% CPU, {memory_mb(pid):.0f} MiB"
+        f"{label} {100 * used[label] / seconds:.1f}% CPU, {memory_mb(pid):.0f} MiB, "
+        f"{open_files(pid)} files"
         for label, pid in pids.items()
         if label != "daemon"
     )
