@@ -34,7 +34,7 @@ concurrency.  Figures only: nothing here passes or fails.
 
     .venv/bin/python benchmarks/guest_tls.py
     .venv/bin/python benchmarks/guest_tls.py --rounds 3 --seconds 1   # quicker
-    .venv/bin/python benchmarks/guest_tls.py --profile guest.prof     # cProfile the guest server
+    .venv/bin/python benchmarks/guest_tls.py --profile /tmp/p   # into /tmp/p.guest, /tmp/p.bare
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def _serve(directory: str, listen: Any, profile: str | None) -> None:
         return
     import cProfile
 
-    profiler = cProfile.Profile()
+    profiler = cProfile.Profile(time.process_time)  # CPU time: other processes do not count
     profiler.runcall(reactor.run)
     profiler.dump_stats(profile)
 
@@ -154,7 +154,9 @@ def run_guest(directory: str, profile: str | None) -> None:
     _serve(directory, lambda: Deferred.fromCoroutine(listen()), profile)
 
 
-def run_bare(directory: str, data_dir: str, drive: str, body_path: str) -> None:
+def run_bare(
+    directory: str, data_dir: str, drive: str, body_path: str, profile: str | None
+) -> None:
     """``--role bare``: a plain twisted.web Site behind the daemon's mutual TLS, nothing else."""
     from twisted.internet.defer import Deferred
     from twisted.protocols.tls import TLSMemoryBIOFactory
@@ -202,7 +204,7 @@ def run_bare(directory: str, data_dir: str, drive: str, body_path: str) -> None:
         assert isinstance(address, HybridVSockAddress)
         _announce(path=path, port=address.port)
 
-    _serve(directory, lambda: Deferred.fromCoroutine(listen()), None)
+    _serve(directory, lambda: Deferred.fromCoroutine(listen()), profile)
 
 
 # -- the client: the agent's own code, in worker processes ---------------------------
@@ -352,20 +354,29 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--client-processes", type=int, default=2, help="client worker processes (default 2)"
     )
-    parser.add_argument("--profile", help="cProfile the guest server into this file")
+    parser.add_argument(
+        "--profile", help="cProfile each server into PROFILE.guest and PROFILE.bare"
+    )
     args = parser.parse_args(argv)
     if args.role == "guest":
         run_guest(args.directory, args.profile)
         return
     if args.role == "bare":
-        run_bare(args.directory, args.data_dir, args.drive, args.body)
+        run_bare(args.directory, args.data_dir, args.drive, args.body, args.profile)
         return
 
     directory = tempfile.mkdtemp(prefix="vmr-guest-tls-")
     servers: list[Server] = []
     try:
-        profile = ["--profile", os.path.abspath(args.profile)] if args.profile else []
-        guest = Server("guest", ["--role", "guest", "--directory", directory, *profile], directory)
+
+        def profile(label: str) -> list[str]:
+            return (
+                ["--profile", f"{os.path.abspath(args.profile)}.{label}"] if args.profile else []
+            )
+
+        guest = Server(
+            "guest", ["--role", "guest", "--directory", directory, *profile("guest")], directory
+        )
         servers.append(guest)
         drive = guest.facts["drive"]
         status, body = fetch_once(drive, guest.facts["path"], guest.facts["port"])
@@ -376,7 +387,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             f.write(body)
         where = ["--directory", directory, "--data-dir", guest.facts["data_dir"]]
         bare = Server(
-            "bare", ["--role", "bare", *where, "--drive", drive, "--body", body_path], directory
+            "bare",
+            ["--role", "bare", *where, "--drive", drive, "--body", body_path, *profile("bare")],
+            directory,
         )
         servers.append(bare)
         _, bare_body = fetch_once(drive, bare.facts["path"], bare.facts["port"])

@@ -147,6 +147,26 @@ class LoopbackTLSTests(TestCase):
         await self.connect(PinnedServerTLS(_AGENT, _SERVER.cert_pem))
         self.assertEqual(set(self.asked), {_AGENT.cert_pem})
 
+    async def test_authorizeIsAskedOncePerHandshake(self) -> None:
+        # OpenSSL asks about a self-signed leaf more than once; the answer is the first one.
+        self.listen(self.known(_AGENT))
+        for _ in range(3):
+            await self.connect(PinnedServerTLS(_AGENT, _SERVER.cert_pem))
+        self.assertEqual(self.asked, [_AGENT.cert_pem] * 3)
+
+    async def test_aVerdictIsNeverReusedByAnotherConnection(self) -> None:
+        allowed = [True]
+
+        def authorize(cert_pem: bytes) -> bool:
+            return allowed[0]
+
+        self.listen(authorize)
+        first = await self.connect(PinnedServerTLS(_AGENT, _SERVER.cert_pem))
+        self.assertEqual(first.received, b"echo:hello")
+        allowed[0] = False  # revoked: the very next handshake is refused
+        self.servers.clear()
+        self.assertRefused(await self.connect(PinnedServerTLS(_AGENT, _SERVER.cert_pem)))
+
     async def test_theContextServesConnectionAfterConnection(self) -> None:
         # pyOpenSSL refuses to change a context once used: it must be configured once.
         self.listen(self.known(_AGENT))
@@ -260,6 +280,29 @@ class PeerCertificateTests(SynchronousTestCase):
 
     def test_noTransportHasNoPeerCertificate(self) -> None:
         self.assertIsNone(peer_certificate_pem(None))
+
+    def test_acceptedCertificateIsTheOneTheHandshakeKept(self) -> None:
+        server = MutualServerTLS(_SERVER, lambda cert_pem: cert_pem == _AGENT.cert_pem)
+        pair = _MemoryPair(
+            server.serverConnectionForTLS(None),
+            PinnedServerTLS(_AGENT, _SERVER.cert_pem).clientConnectionForTLS(None),
+        )
+        self.assertEqual(pair.exchange(), b"ping")
+        # Read back from the handshake's verdict, not converted again from OpenSSL's copy.
+        transport: Any = type(
+            "T", (), {"getHandle": lambda self: pair.server, "getPeerCertificate": None}
+        )()
+        self.assertEqual(peer_certificate_pem(transport), _AGENT.cert_pem)
+
+    def test_refusedCertificateIsNotKept(self) -> None:
+        server = MutualServerTLS(_SERVER, lambda cert_pem: False)
+        pair = _MemoryPair(
+            server.serverConnectionForTLS(None),
+            PinnedServerTLS(_AGENT, _SERVER.cert_pem).clientConnectionForTLS(None),
+        )
+        self.assertRaises(SSL.Error, pair.exchange)
+        transport: Any = type("T", (), {"getHandle": lambda self: pair.server})()
+        self.assertIsNone(peer_certificate_pem(transport))
 
     def test_transportWithoutPeerCertificateHasNone(self) -> None:
         transport: Any = type("T", (), {"getPeerCertificate": lambda self: None})()

@@ -10,6 +10,14 @@ fingerprint, as LXD does for its VMs.
 
 Each factory configures its OpenSSL context once, when built, and hands the
 same context to every connection (pyOpenSSL refuses to change a used context).
+
+No TLS session is ever resumed: a resumed session skips the certificate check,
+and the agent opens a new connection per request without offering one anyway.
+What makes a handshake cheap instead: OpenSSL asks about a self-signed leaf
+more than once per handshake (once for its chain error, once at the end), and
+the server decides once per connection (``_PeerVerdict``, the connection's app
+data), keeping the peer's PEM so that each request on the connection reads it
+back (``peer_certificate_pem``) instead of converting the certificate again.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import datetime
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from OpenSSL import SSL, crypto
@@ -62,6 +71,15 @@ def _base_context(own: CertificatePair) -> SSL.Context:
     return context
 
 
+@attrs.define
+class _PeerVerdict:
+    """What one server connection's handshake decided about the client certificate (DER)."""
+
+    der: bytes = b""
+    pem: bytes = b""
+    accepted: bool = False
+
+
 @implementer(IOpenSSLServerConnectionCreator)
 class MutualServerTLS:
     """The daemon's side: present ``server``; require a client certificate ``authorize`` likes."""
@@ -85,19 +103,29 @@ class MutualServerTLS:
         # decision is ours, on the leaf alone.
         if depth != 0:
             return False
-        pem = _pem(certificate)
-        if self.authorize(pem):
-            return True
-        self.log.warn(
-            "refused a guest API client certificate {fingerprint} "
-            "(unknown, revoked or outside its validity period)",
-            fingerprint=fingerprint(pem),
-        )
-        return False
+        verdict = connection.get_app_data()
+        if not isinstance(verdict, _PeerVerdict):
+            verdict = _PeerVerdict()
+            connection.set_app_data(verdict)
+        der = crypto.dump_certificate(crypto.FILETYPE_ASN1, certificate)
+        if der == verdict.der:
+            # OpenSSL asking again about the same leaf within this handshake.
+            return verdict.accepted
+        pem = _pem(x509.load_der_x509_certificate(der))
+        verdict.der, verdict.pem, verdict.accepted = der, pem, self.authorize(pem)
+        if not verdict.accepted:
+            self.log.warn(
+                "refused a guest API client certificate {fingerprint} "
+                "(unknown, revoked or outside its validity period)",
+                fingerprint=fingerprint(pem),
+            )
+        return verdict.accepted
 
     def serverConnectionForTLS(self, tlsProtocol: Any) -> SSL.Connection:
-        """A connection using the one configured context."""
-        return SSL.Connection(self._context, None)
+        """A connection using the one configured context, with room for its verdict."""
+        connection = SSL.Connection(self._context, None)
+        connection.set_app_data(_PeerVerdict())
+        return connection
 
 
 @implementer(IOpenSSLClientConnectionCreator)
@@ -129,7 +157,16 @@ class PinnedServerTLS:
 
 
 def peer_certificate_pem(transport: Any) -> bytes | None:
-    """The PEM certificate the peer of a TLS ``transport`` presented, or None."""
+    """The PEM certificate the peer of a TLS ``transport`` presented, or None.
+
+    On a ``MutualServerTLS`` connection, the one its handshake accepted (kept then).
+    """
+    handle = getattr(transport, "getHandle", None)
+    connection = handle() if handle is not None else None
+    if isinstance(connection, SSL.Connection):
+        verdict = connection.get_app_data()
+        if isinstance(verdict, _PeerVerdict) and verdict.accepted:
+            return verdict.pem
     get = getattr(transport, "getPeerCertificate", None)
     if get is None:
         return None
