@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import os
 import shutil
 import tempfile
+import weakref
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -16,16 +18,24 @@ from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol, wrap
 from twisted.internet.interfaces import IOpenSSLClientConnectionCreator
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.ssl import CertificateOptions
+from twisted.internet.testing import StringTransport
 from twisted.logger import ILogObserver, Logger
 from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
+from zope.interface import providedBy
+from zope.interface.declarations import Provides
 
 from tests.reactor import reactor
 from vmready.api.guest import certificate_authorizer
 from vmready.store.sqlite import Store
 from vmready.trust.certs import CertificatePair, fingerprint, generate
-from vmready.trust.tls import MutualServerTLS, PinnedServerTLS, peer_certificate_pem
+from vmready.trust.tls import (
+    MutualServerTLS,
+    PinnedServerTLS,
+    peer_certificate_pem,
+    server_tls_factory,
+)
 
 _NOW = datetime.datetime.now(datetime.UTC)
 # Generating P-384 keys is the slow part: one set for the whole module.
@@ -307,3 +317,37 @@ class PeerCertificateTests(SynchronousTestCase):
     def test_transportWithoutPeerCertificateHasNone(self) -> None:
         transport: Any = type("T", (), {"getPeerCertificate": lambda self: None})()
         self.assertIsNone(peer_certificate_pem(transport))
+
+
+class ServerTLSFactoryTests(SynchronousTestCase):
+    """``server_tls_factory``: Twisted's TLS wrapping, its interface declarations built once."""
+
+    def connect(self, factory: TLSMemoryBIOFactory) -> tuple[Any, StringTransport]:
+        transport = StringTransport()
+        protocol = factory.buildProtocol(None)
+        assert protocol is not None
+        protocol.makeConnection(transport)
+        return protocol, transport
+
+    def test_connectionProvidesWhatTwistedsDoes(self) -> None:
+        tls = MutualServerTLS(_SERVER, lambda cert_pem: True)
+        ours, _ = self.connect(server_tls_factory(tls, Factory.forProtocol(Protocol)))
+        twisteds, _ = self.connect(TLSMemoryBIOFactory(tls, False, Factory.forProtocol(Protocol)))
+        self.assertIsInstance(ours, type(twisteds))
+        self.assertEqual(set(providedBy(ours)), set(providedBy(twisteds)))
+
+    def test_declarationsSurviveTheGarbageCollector(self) -> None:
+        factory = server_tls_factory(
+            MutualServerTLS(_SERVER, lambda cert_pem: True), Factory.forProtocol(Protocol)
+        )
+        protocol, transport = self.connect(factory)
+        kind = type(protocol)
+        declared = [weakref.ref(Provides(kind, i)) for i in providedBy(transport)]
+        del protocol
+        gc.collect()
+        self.assertEqual([ref() is not None for ref in declared], [True] * len(declared))
+        # The next connection is declared with the very same objects.
+        self.connect(factory)
+        self.assertEqual(
+            [ref() for ref in declared], [Provides(kind, i) for i in providedBy(transport)]
+        )

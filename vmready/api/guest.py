@@ -78,7 +78,7 @@ from vmready.lifecycle.core import Lifecycle
 from vmready.lifecycle.events import LIFECYCLE, Event
 from vmready.store.sqlite import Store
 from vmready.trust.certs import CertificatePair, fingerprint, is_valid_at
-from vmready.trust.tls import MutualServerTLS, peer_certificate_pem
+from vmready.trust.tls import MutualServerTLS, peer_certificate_pem, server_tls_factory
 
 __all__ = [
     "FORBIDDEN_MESSAGE",
@@ -477,6 +477,4 @@ def guest_tls_factory(
     server: CertificatePair, store: Store, site: Site, clock: Clock = _utcnow
 ) -> TLSMemoryBIOFactory:
     """Server-side mutual TLS around ``site``: only certificates of live instances get through."""
-    return TLSMemoryBIOFactory(
-        MutualServerTLS(server, certificate_authorizer(store, clock)), False, site
-    )
+    return server_tls_factory(MutualServerTLS(server, certificate_authorizer(store, clock)), site)

@@ -18,13 +18,15 @@ more than once per handshake (once for its chain error, once at the end), and
 the server decides once per connection (``_PeerVerdict``, the connection's app
 data), keeping the peer's PEM so that each request on the connection reads it
 back (``peer_certificate_pem``) instead of converting the certificate again.
+``server_tls_factory`` wraps a server factory in it, its connections keeping
+the interface declarations Twisted gives them (``_TLSServerProtocol``).
 """
 
 from __future__ import annotations
 
 import datetime
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 from cryptography import x509
@@ -33,9 +35,12 @@ from OpenSSL import SSL, crypto
 from twisted.internet.interfaces import (
     IOpenSSLClientConnectionCreator,
     IOpenSSLServerConnectionCreator,
+    IProtocolFactory,
 )
 from twisted.logger import Logger
-from zope.interface import implementer
+from twisted.protocols.tls import BufferingTLSTransport, TLSMemoryBIOFactory
+from zope.interface import implementer, providedBy
+from zope.interface.declarations import Provides
 
 from vmready.trust.certs import CertificatePair, fingerprint, is_valid_at
 
@@ -43,6 +48,7 @@ __all__ = [
     "MutualServerTLS",
     "PinnedServerTLS",
     "peer_certificate_pem",
+    "server_tls_factory",
 ]
 
 Authorize = Callable[[bytes], bool]
@@ -126,6 +132,35 @@ class MutualServerTLS:
         connection = SSL.Connection(self._context, None)
         connection.set_app_data(_PeerVerdict())
         return connection
+
+
+class _TLSServerProtocol(BufferingTLSTransport):
+    """Twisted's TLS protocol (buffering small writes), its interface declarations built once.
+
+    Its ``makeConnection`` declares, one at a time, each interface its
+    transport provides.  zope.interface shares such a declaration only while
+    it is alive, and declarations sit in reference cycles that the garbage
+    collector frees: in a process as busy as the daemon (whose requests
+    allocate enough to run it often) each new connection rebuilt most of
+    them, resolution orders included.  Kept here, one set per kind of
+    transport (unix, vsock), they are built once.
+    """
+
+    _kept: ClassVar[dict[object, list[object]]] = {}
+
+    def makeConnection(self, transport: Any) -> None:
+        """Keep the declarations this transport's kind leads to, then connect as Twisted does."""
+        provided = providedBy(transport)
+        if provided not in self._kept:
+            self._kept[provided] = [Provides(type(self), interface) for interface in provided]
+        super().makeConnection(transport)
+
+
+def server_tls_factory(tls: MutualServerTLS, factory: IProtocolFactory) -> TLSMemoryBIOFactory:
+    """``factory``'s connections behind ``tls``: what the daemon listens with for agents."""
+    wrapped = TLSMemoryBIOFactory(tls, False, factory)
+    wrapped.protocol = _TLSServerProtocol
+    return wrapped
 
 
 @implementer(IOpenSSLClientConnectionCreator)
