@@ -26,7 +26,9 @@ alive, nor resumes a TLS session).  It runs in ``--client-processes`` worker
 processes (asyncio), each with its share of the requests in flight.  Rounds
 of ``--seconds`` (after a 0.5 s warm-up) alternate between the two servers,
 ``--rounds`` each, with 1 and ``--concurrency`` requests in flight, so that a
-passing load on this shared machine favours neither; the median round of
+passing load on this shared machine favours neither (and with ``--pin``, the
+default on 2 CPUs or more, both servers on the same CPU, the clients on the
+others); the median round of
 each is shown, its server's CPU per request, and the ratio guest / bare, of
 requests per second and of server CPU per request (which says more when the
 client, not the server, is the limit), and of CPU per request in each
@@ -61,6 +63,10 @@ SCRIPT = os.path.abspath(__file__)
 INSTANCE = "bench1"
 WARM_UP = 0.5
 CLIENT_NICENESS = 5
+# With --pin, both servers run on the last CPU (one at a time: the rounds alternate) and the
+# clients on the others, so that neither server meets other neighbours than the other does.
+SERVER_CPUS = {max(os.sched_getaffinity(0))}
+CLIENT_CPUS = set(os.sched_getaffinity(0)) - SERVER_CPUS or SERVER_CPUS
 
 
 # -- the servers (child processes) --------------------------------------------------
@@ -316,6 +322,13 @@ class Round:
         return self.server_cpu / max(self.ok, 1)
 
 
+def _client_worker(pin: bool) -> None:
+    """A client process: niced, and off the servers' CPU when they have one."""
+    os.nice(CLIENT_NICENESS)
+    if pin:
+        os.sched_setaffinity(0, CLIENT_CPUS)
+
+
 def run_round(
     pool: Any, server: Server, drive: str, seconds: float, in_flight: int, workers: int
 ) -> Round:
@@ -358,6 +371,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--client-processes", type=int, default=2, help="client worker processes (default 2)"
     )
     parser.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=len(os.sched_getaffinity(0)) > 1,
+        help="servers on the last CPU, clients on the others (default: with 2 CPUs or more)",
+    )
+    parser.add_argument(
         "--profile", help="cProfile each server into PROFILE.guest and PROFILE.bare"
     )
     args = parser.parse_args(argv)
@@ -381,6 +400,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             "guest", ["--role", "guest", "--directory", directory, *profile("guest")], directory
         )
         servers.append(guest)
+        pin = bool(args.pin)
+        if pin:
+            os.sched_setaffinity(guest.pid, SERVER_CPUS)
         drive = guest.facts["drive"]
         status, body = fetch_once(drive, guest.facts["path"], guest.facts["port"])
         if status != 200:
@@ -395,6 +417,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             directory,
         )
         servers.append(bare)
+        if pin:
+            os.sched_setaffinity(bare.pid, SERVER_CPUS)
         _, bare_body = fetch_once(drive, bare.facts["path"], bare.facts["port"])
         print(
             f"guest API GET /1.0 against a bare twisted.web Site behind the same MutualServerTLS "
@@ -409,8 +433,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             workers = min(args.client_processes, in_flight)
             results: dict[str, list[Round]] = {"guest": [], "bare": []}
             # The clients yield to the servers (nice), so that the server is the limit where
-            # the machine allows.
-            with context.Pool(workers, initializer=os.nice, initargs=(CLIENT_NICENESS,)) as pool:
+            # the machine allows, and keep off the servers' CPU.
+            with context.Pool(workers, initializer=_client_worker, initargs=(pin,)) as pool:
                 for _ in range(args.rounds):
                     for server in (guest, bare):
                         run_round(pool, server, drive, WARM_UP, in_flight, workers)
