@@ -282,6 +282,36 @@ class SessionResumptionTests(SynchronousTestCase):
         self.assertRaises(SSL.Error, second.exchange)
 
 
+class RenegotiationTests(SynchronousTestCase):
+    """A connection has one handshake: its kept verdict can never outlive a revocation."""
+
+    def test_renegotiationIsRefusedAndAuthorizeAskedOnce(self) -> None:
+        asked: list[bytes] = []
+
+        def authorize(cert_pem: bytes) -> bool:
+            asked.append(cert_pem)
+            return True
+
+        server = MutualServerTLS(_SERVER, authorize)
+        agent = PinnedServerTLS(_AGENT, _SERVER.cert_pem)
+        agent._context.set_max_proto_version(SSL.TLS1_2_VERSION)  # TLS 1.3 cannot renegotiate
+        pair = _MemoryPair(server.serverConnectionForTLS(None), agent.clientConnectionForTLS(None))
+        self.assertEqual(pair.exchange(), b"ping")
+        pair.client.renegotiate()
+        with self.assertRaises(SSL.Error):
+            for _ in range(10):
+                for connection in (pair.client, pair.server):
+                    with contextlib.suppress(SSL.WantReadError):
+                        connection.do_handshake()
+                pair.pump()
+                # Reading is where the server sees the new hello and the client the refusal.
+                for connection in (pair.server, pair.client):
+                    with contextlib.suppress(SSL.WantReadError):
+                        connection.recv(1)
+                pair.pump()
+        self.assertEqual((asked, pair.server.total_renegotiations()), ([_AGENT.cert_pem], 0))
+
+
 class PeerCertificateTests(SynchronousTestCase):
     """``peer_certificate_pem`` on transports that are not TLS."""
 

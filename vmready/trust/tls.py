@@ -16,8 +16,9 @@ and the agent opens a new connection per request without offering one anyway.
 What makes a handshake cheap instead: OpenSSL asks about a self-signed leaf
 more than once per handshake (once for its chain error, once at the end), and
 the server decides once per connection (``_PeerVerdict``, the connection's app
-data), keeping the peer's PEM so that each request on the connection reads it
-back (``peer_certificate_pem``) instead of converting the certificate again.
+data; a connection is never renegotiated, so that is once per handshake),
+keeping the peer's PEM so that each request on the connection reads it back
+(``peer_certificate_pem``) instead of converting the certificate again.
 ``server_tls_factory`` wraps a server factory in it, its connections keeping
 the interface declarations Twisted gives them (``_TLSServerProtocol``).
 """
@@ -99,7 +100,10 @@ class MutualServerTLS:
         context.set_session_id(_SESSION_CONTEXT)
         # A resumed session skips verification: a revoked certificate would slip back in.
         context.set_session_cache_mode(SSL.SESS_CACHE_OFF)
-        context.set_options(SSL.OP_NO_TICKET)
+        # One handshake per connection (OpenSSL 3's default, said here): the verdict kept
+        # for a connection is that of its only handshake.
+        no_renegotiation: int = SSL.OP_NO_RENEGOTIATION  # type: ignore[attr-defined]  # not in the stubs
+        context.set_options(SSL.OP_NO_TICKET | no_renegotiation)
         self._context = context
 
     def _verify(
