@@ -15,7 +15,7 @@ from twisted.trial.unittest import TestCase
 from twisted.web.iweb import IRequest
 
 from tests.reactor import reactor
-from vmready.api.web import local_site
+from vmready.api.web import local_site, sync_response
 
 app = Klein()
 
@@ -24,6 +24,11 @@ app = Klein()
 def where(request: IRequest) -> bytes:
     hostname: bytes = request.getRequestHostname()
     return hostname
+
+
+@app.route("/json")
+def answer_json(request: IRequest) -> bytes:
+    return sync_response(request, {"state": "Started"})
 
 
 def raw_request(path: str, request: bytes) -> bytes:
@@ -57,3 +62,14 @@ class LocalSiteTests(TestCase):
             raw_request, self.path, b"GET /where HTTP/1.0\r\nHost: vmready:80\r\n\r\n"
         )
         self.assertTrue(answer.endswith(b"\r\n\r\nvmready"), answer)
+
+    async def test_jsonAnswerHasItsLengthAndIsNotChunked(self) -> None:
+        # HTTP/1.1: without a length twisted.web would send the body in chunks.
+        answer = await deferToThread(
+            raw_request, self.path, b"GET /json HTTP/1.1\r\nHost: v\r\nConnection: close\r\n\r\n"
+        )
+        head, _, body = answer.partition(b"\r\n\r\n")
+        headers = dict(line.split(b": ", 1) for line in head.split(b"\r\n")[1:])
+        self.assertNotIn(b"Transfer-Encoding", headers)
+        self.assertEqual(int(headers[b"Content-Length"]), len(body))
+        self.assertTrue(body.endswith(b'"metadata": {"state": "Started"}}\n'), body)

@@ -14,6 +14,7 @@ from vmready.trust.certs import (
     SERVER_CERT,
     SERVER_KEY,
     CertificateError,
+    certificate_facts,
     ensure_server_certificate,
     fingerprint,
     generate,
@@ -138,3 +139,41 @@ class InstanceCertificateTests(SynchronousTestCase):
         self.assertEqual(_mode(drive), 0o700)
         with open(os.path.join(drive, "server.crt"), "rb") as f:
             self.assertEqual(fingerprint(f.read()), server.fingerprint)
+
+
+class CertificateFactsTests(SynchronousTestCase):
+    """A certificate is parsed once: its fingerprint and validity are remembered by its bytes."""
+
+    def test_factsAreTheCertificates(self) -> None:
+        now = datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
+        pair = generate("vm-a", days=1, now=now)
+        facts = certificate_facts(pair.cert_pem)
+        self.assertEqual(facts.fingerprint, pair.fingerprint)
+        self.assertEqual(facts.not_valid_before, now - datetime.timedelta(hours=1))
+        self.assertEqual(facts.not_valid_after, now + datetime.timedelta(days=1))
+        self.assertTrue(facts.is_valid_at(now))
+        self.assertFalse(facts.is_valid_at(now + datetime.timedelta(days=2)))
+
+    def test_sameBytesAreParsedOnce(self) -> None:
+        pair = generate("vm-a")
+        expected = pair.fingerprint  # parsed here
+        now = datetime.datetime.now(datetime.UTC)
+        before = certificate_facts.cache_info()
+        for _ in range(3):
+            # Equal bytes in a new object each time, as each TLS connection hands over.
+            self.assertEqual(fingerprint(bytes(bytearray(pair.cert_pem))), expected)
+            self.assertTrue(is_valid_at(bytes(bytearray(pair.cert_pem)), now))
+        after = certificate_facts.cache_info()
+        self.assertEqual((after.misses - before.misses, after.hits - before.hits), (0, 6))
+
+    def test_otherCertificatesHaveTheirOwnFacts(self) -> None:
+        a, b = generate("vm-a"), generate("vm-b")
+        self.assertEqual(
+            [fingerprint(a.cert_pem), fingerprint(b.cert_pem), fingerprint(a.cert_pem)],
+            [a.fingerprint, b.fingerprint, a.fingerprint],
+        )
+
+    def test_garbageIsRefusedEveryTime(self) -> None:
+        for _ in range(2):
+            with self.assertRaises(ValueError):
+                certificate_facts(b"not a certificate")

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import os
 import shutil
 import tempfile
+import weakref
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -16,16 +18,24 @@ from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol, wrap
 from twisted.internet.interfaces import IOpenSSLClientConnectionCreator
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.ssl import CertificateOptions
+from twisted.internet.testing import StringTransport
 from twisted.logger import ILogObserver, Logger
 from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
+from zope.interface import providedBy
+from zope.interface.declarations import Provides
 
 from tests.reactor import reactor
 from vmready.api.guest import certificate_authorizer
 from vmready.store.sqlite import Store
 from vmready.trust.certs import CertificatePair, fingerprint, generate
-from vmready.trust.tls import MutualServerTLS, PinnedServerTLS, peer_certificate_pem
+from vmready.trust.tls import (
+    MutualServerTLS,
+    PinnedServerTLS,
+    peer_certificate_pem,
+    server_tls_factory,
+)
 
 _NOW = datetime.datetime.now(datetime.UTC)
 # Generating P-384 keys is the slow part: one set for the whole module.
@@ -147,6 +157,26 @@ class LoopbackTLSTests(TestCase):
         await self.connect(PinnedServerTLS(_AGENT, _SERVER.cert_pem))
         self.assertEqual(set(self.asked), {_AGENT.cert_pem})
 
+    async def test_authorizeIsAskedOncePerHandshake(self) -> None:
+        # OpenSSL asks about a self-signed leaf more than once; the answer is the first one.
+        self.listen(self.known(_AGENT))
+        for _ in range(3):
+            await self.connect(PinnedServerTLS(_AGENT, _SERVER.cert_pem))
+        self.assertEqual(self.asked, [_AGENT.cert_pem] * 3)
+
+    async def test_aVerdictIsNeverReusedByAnotherConnection(self) -> None:
+        allowed = [True]
+
+        def authorize(cert_pem: bytes) -> bool:
+            return allowed[0]
+
+        self.listen(authorize)
+        first = await self.connect(PinnedServerTLS(_AGENT, _SERVER.cert_pem))
+        self.assertEqual(first.received, b"echo:hello")
+        allowed[0] = False  # revoked: the very next handshake is refused
+        self.servers.clear()
+        self.assertRefused(await self.connect(PinnedServerTLS(_AGENT, _SERVER.cert_pem)))
+
     async def test_theContextServesConnectionAfterConnection(self) -> None:
         # pyOpenSSL refuses to change a context once used: it must be configured once.
         self.listen(self.known(_AGENT))
@@ -252,6 +282,36 @@ class SessionResumptionTests(SynchronousTestCase):
         self.assertRaises(SSL.Error, second.exchange)
 
 
+class RenegotiationTests(SynchronousTestCase):
+    """A connection has one handshake: its kept verdict can never outlive a revocation."""
+
+    def test_renegotiationIsRefusedAndAuthorizeAskedOnce(self) -> None:
+        asked: list[bytes] = []
+
+        def authorize(cert_pem: bytes) -> bool:
+            asked.append(cert_pem)
+            return True
+
+        server = MutualServerTLS(_SERVER, authorize)
+        agent = PinnedServerTLS(_AGENT, _SERVER.cert_pem)
+        agent._context.set_max_proto_version(SSL.TLS1_2_VERSION)  # TLS 1.3 cannot renegotiate
+        pair = _MemoryPair(server.serverConnectionForTLS(None), agent.clientConnectionForTLS(None))
+        self.assertEqual(pair.exchange(), b"ping")
+        pair.client.renegotiate()
+        with self.assertRaises(SSL.Error):
+            for _ in range(10):
+                for connection in (pair.client, pair.server):
+                    with contextlib.suppress(SSL.WantReadError):
+                        connection.do_handshake()
+                pair.pump()
+                # Reading is where the server sees the new hello and the client the refusal.
+                for connection in (pair.server, pair.client):
+                    with contextlib.suppress(SSL.WantReadError):
+                        connection.recv(1)
+                pair.pump()
+        self.assertEqual((asked, pair.server.total_renegotiations()), ([_AGENT.cert_pem], 0))
+
+
 class PeerCertificateTests(SynchronousTestCase):
     """``peer_certificate_pem`` on transports that are not TLS."""
 
@@ -261,6 +321,63 @@ class PeerCertificateTests(SynchronousTestCase):
     def test_noTransportHasNoPeerCertificate(self) -> None:
         self.assertIsNone(peer_certificate_pem(None))
 
+    def test_acceptedCertificateIsTheOneTheHandshakeKept(self) -> None:
+        server = MutualServerTLS(_SERVER, lambda cert_pem: cert_pem == _AGENT.cert_pem)
+        pair = _MemoryPair(
+            server.serverConnectionForTLS(None),
+            PinnedServerTLS(_AGENT, _SERVER.cert_pem).clientConnectionForTLS(None),
+        )
+        self.assertEqual(pair.exchange(), b"ping")
+        # Read back from the handshake's verdict, not converted again from OpenSSL's copy.
+        transport: Any = type(
+            "T", (), {"getHandle": lambda self: pair.server, "getPeerCertificate": None}
+        )()
+        self.assertEqual(peer_certificate_pem(transport), _AGENT.cert_pem)
+
+    def test_refusedCertificateIsNotKept(self) -> None:
+        server = MutualServerTLS(_SERVER, lambda cert_pem: False)
+        pair = _MemoryPair(
+            server.serverConnectionForTLS(None),
+            PinnedServerTLS(_AGENT, _SERVER.cert_pem).clientConnectionForTLS(None),
+        )
+        self.assertRaises(SSL.Error, pair.exchange)
+        transport: Any = type("T", (), {"getHandle": lambda self: pair.server})()
+        self.assertIsNone(peer_certificate_pem(transport))
+
     def test_transportWithoutPeerCertificateHasNone(self) -> None:
         transport: Any = type("T", (), {"getPeerCertificate": lambda self: None})()
         self.assertIsNone(peer_certificate_pem(transport))
+
+
+class ServerTLSFactoryTests(SynchronousTestCase):
+    """``server_tls_factory``: Twisted's TLS wrapping, its interface declarations built once."""
+
+    def connect(self, factory: TLSMemoryBIOFactory) -> tuple[Any, StringTransport]:
+        transport = StringTransport()
+        protocol = factory.buildProtocol(None)
+        assert protocol is not None
+        protocol.makeConnection(transport)
+        return protocol, transport
+
+    def test_connectionProvidesWhatTwistedsDoes(self) -> None:
+        tls = MutualServerTLS(_SERVER, lambda cert_pem: True)
+        ours, _ = self.connect(server_tls_factory(tls, Factory.forProtocol(Protocol)))
+        twisteds, _ = self.connect(TLSMemoryBIOFactory(tls, False, Factory.forProtocol(Protocol)))
+        self.assertIsInstance(ours, type(twisteds))
+        self.assertEqual(set(providedBy(ours)), set(providedBy(twisteds)))
+
+    def test_declarationsSurviveTheGarbageCollector(self) -> None:
+        factory = server_tls_factory(
+            MutualServerTLS(_SERVER, lambda cert_pem: True), Factory.forProtocol(Protocol)
+        )
+        protocol, transport = self.connect(factory)
+        kind = type(protocol)
+        declared = [weakref.ref(Provides(kind, i)) for i in providedBy(transport)]
+        del protocol
+        gc.collect()
+        self.assertEqual([ref() is not None for ref in declared], [True] * len(declared))
+        # The next connection is declared with the very same objects.
+        self.connect(factory)
+        self.assertEqual(
+            [ref() for ref in declared], [Provides(kind, i) for i in providedBy(transport)]
+        )

@@ -56,10 +56,17 @@ def local_site(resource: IResource) -> Site:
 
 
 def json_response(request: IRequest, code: int, body: Any) -> bytes:
-    """The one place a response body is serialised (Klein would send a dict as nothing)."""
+    """The one place a response body is serialised (Klein would send a dict as nothing).
+
+    With its Content-Length, as Go's net/http sends a small answer: twisted.web
+    then writes head and body at once, where a chunked answer (Klein sets no
+    length) costs a second write for its last chunk.
+    """
     request.setResponseCode(code)
     request.setHeader(b"Content-Type", b"application/json")
-    return json.dumps(body).encode("utf-8") + b"\n"
+    encoded = json.dumps(body).encode("utf-8") + b"\n"
+    request.setHeader(b"Content-Length", b"%d" % len(encoded))
+    return encoded
 
 
 def sync_response(request: IRequest, metadata: Any) -> bytes:

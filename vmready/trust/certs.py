@@ -5,11 +5,17 @@ data dir (``server.crt``, ``server.key`` with mode 0600).  Every instance gets
 its own self-signed client certificate at creation; the daemon remembers its
 SHA-256 fingerprint and identifies a caller by that alone, as LXD does.  The
 agent pins the daemon's certificate the same way.
+
+The guest API asks who a certificate is and whether it is valid now at every
+handshake and every request; ``certificate_facts`` parses each certificate
+once and remembers the answer (a pure function of the bytes: nothing to
+invalidate).
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import tempfile
 
@@ -22,6 +28,8 @@ from cryptography.x509.oid import NameOID
 SERVER_CERT = "server.crt"
 SERVER_KEY = "server.key"
 DEFAULT_DAYS = 3650
+# Certificates whose facts are remembered: one per instance is plenty for thousands.
+FACTS_CACHE_SIZE = 4096
 
 
 @attrs.frozen
@@ -37,10 +45,38 @@ class CertificatePair:
         return fingerprint(self.cert_pem)
 
 
+@attrs.frozen
+class CertificateFacts:
+    """What the guest API asks of a certificate: who it is, and when it is valid."""
+
+    fingerprint: str
+    not_valid_before: datetime.datetime
+    not_valid_after: datetime.datetime
+
+    def is_valid_at(self, when: datetime.datetime) -> bool:
+        """Whether ``when`` falls inside the validity period."""
+        return self.not_valid_before <= when <= self.not_valid_after
+
+
+@functools.lru_cache(maxsize=FACTS_CACHE_SIZE)
+def certificate_facts(cert_pem: bytes) -> CertificateFacts:
+    """A PEM certificate's fingerprint and validity period, parsed once per distinct certificate.
+
+    ValueError for bytes that are not a PEM certificate (never remembered).
+    The same bytes always mean the same facts, so the cache needs no
+    invalidation: revoking a certificate is the store's business, not this.
+    """
+    certificate = x509.load_pem_x509_certificate(cert_pem)
+    return CertificateFacts(
+        certificate.fingerprint(hashes.SHA256()).hex(),
+        certificate.not_valid_before_utc,
+        certificate.not_valid_after_utc,
+    )
+
+
 def fingerprint(cert_pem: bytes) -> str:
     """SHA-256 of a PEM certificate's DER form, lower-case hex (how callers are identified)."""
-    certificate = x509.load_pem_x509_certificate(cert_pem)
-    return certificate.fingerprint(hashes.SHA256()).hex()
+    return certificate_facts(cert_pem).fingerprint
 
 
 def generate(
@@ -76,8 +112,7 @@ def generate(
 
 def is_valid_at(cert_pem: bytes, when: datetime.datetime) -> bool:
     """Whether ``when`` falls inside the certificate's validity period."""
-    certificate = x509.load_pem_x509_certificate(cert_pem)
-    return certificate.not_valid_before_utc <= when <= certificate.not_valid_after_utc
+    return certificate_facts(cert_pem).is_valid_at(when)
 
 
 def write_private(path: str, data: bytes) -> None:

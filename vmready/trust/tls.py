@@ -10,23 +10,38 @@ fingerprint, as LXD does for its VMs.
 
 Each factory configures its OpenSSL context once, when built, and hands the
 same context to every connection (pyOpenSSL refuses to change a used context).
+
+No TLS session is ever resumed: a resumed session skips the certificate check,
+and the agent opens a new connection per request without offering one anyway.
+What makes a handshake cheap instead: OpenSSL asks about a self-signed leaf
+more than once per handshake (once for its chain error, once at the end), and
+the server decides once per connection (``_PeerVerdict``, the connection's app
+data; a connection is never renegotiated, so that is once per handshake),
+keeping the peer's PEM so that each request on the connection reads it back
+(``peer_certificate_pem``) instead of converting the certificate again.
+``server_tls_factory`` wraps a server factory in it, its connections keeping
+the interface declarations Twisted gives them (``_TLSServerProtocol``).
 """
 
 from __future__ import annotations
 
 import datetime
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
+import attrs
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from OpenSSL import SSL, crypto
 from twisted.internet.interfaces import (
     IOpenSSLClientConnectionCreator,
     IOpenSSLServerConnectionCreator,
+    IProtocolFactory,
 )
 from twisted.logger import Logger
-from zope.interface import implementer
+from twisted.protocols.tls import BufferingTLSTransport, TLSMemoryBIOFactory
+from zope.interface import implementer, providedBy
+from zope.interface.declarations import Provides
 
 from vmready.trust.certs import CertificatePair, fingerprint, is_valid_at
 
@@ -34,6 +49,7 @@ __all__ = [
     "MutualServerTLS",
     "PinnedServerTLS",
     "peer_certificate_pem",
+    "server_tls_factory",
 ]
 
 Authorize = Callable[[bytes], bool]
@@ -62,6 +78,15 @@ def _base_context(own: CertificatePair) -> SSL.Context:
     return context
 
 
+@attrs.define
+class _PeerVerdict:
+    """What one server connection's handshake decided about the client certificate (DER)."""
+
+    der: bytes = b""
+    pem: bytes = b""
+    accepted: bool = False
+
+
 @implementer(IOpenSSLServerConnectionCreator)
 class MutualServerTLS:
     """The daemon's side: present ``server``; require a client certificate ``authorize`` likes."""
@@ -75,7 +100,10 @@ class MutualServerTLS:
         context.set_session_id(_SESSION_CONTEXT)
         # A resumed session skips verification: a revoked certificate would slip back in.
         context.set_session_cache_mode(SSL.SESS_CACHE_OFF)
-        context.set_options(SSL.OP_NO_TICKET)
+        # One handshake per connection (OpenSSL 3's default, said here): the verdict kept
+        # for a connection is that of its only handshake.
+        no_renegotiation: int = SSL.OP_NO_RENEGOTIATION  # type: ignore[attr-defined]  # not in the stubs
+        context.set_options(SSL.OP_NO_TICKET | no_renegotiation)
         self._context = context
 
     def _verify(
@@ -85,19 +113,58 @@ class MutualServerTLS:
         # decision is ours, on the leaf alone.
         if depth != 0:
             return False
-        pem = _pem(certificate)
-        if self.authorize(pem):
-            return True
-        self.log.warn(
-            "refused a guest API client certificate {fingerprint} "
-            "(unknown, revoked or outside its validity period)",
-            fingerprint=fingerprint(pem),
-        )
-        return False
+        verdict = connection.get_app_data()
+        if not isinstance(verdict, _PeerVerdict):
+            verdict = _PeerVerdict()
+            connection.set_app_data(verdict)
+        der = crypto.dump_certificate(crypto.FILETYPE_ASN1, certificate)
+        if der == verdict.der:
+            # OpenSSL asking again about the same leaf within this handshake.
+            return verdict.accepted
+        pem = _pem(x509.load_der_x509_certificate(der))
+        verdict.der, verdict.pem, verdict.accepted = der, pem, self.authorize(pem)
+        if not verdict.accepted:
+            self.log.warn(
+                "refused a guest API client certificate {fingerprint} "
+                "(unknown, revoked or outside its validity period)",
+                fingerprint=fingerprint(pem),
+            )
+        return verdict.accepted
 
     def serverConnectionForTLS(self, tlsProtocol: Any) -> SSL.Connection:
-        """A connection using the one configured context."""
-        return SSL.Connection(self._context, None)
+        """A connection using the one configured context, with room for its verdict."""
+        connection = SSL.Connection(self._context, None)
+        connection.set_app_data(_PeerVerdict())
+        return connection
+
+
+class _TLSServerProtocol(BufferingTLSTransport):
+    """Twisted's TLS protocol (buffering small writes), its interface declarations built once.
+
+    Its ``makeConnection`` declares, one at a time, each interface its
+    transport provides.  zope.interface shares such a declaration only while
+    it is alive, and declarations sit in reference cycles that the garbage
+    collector frees: in a process as busy as the daemon (whose requests
+    allocate enough to run it often) each new connection rebuilt most of
+    them, resolution orders included.  Kept here, one set per kind of
+    transport (unix, vsock), they are built once.
+    """
+
+    _kept: ClassVar[dict[object, list[object]]] = {}
+
+    def makeConnection(self, transport: Any) -> None:
+        """Keep the declarations this transport's kind leads to, then connect as Twisted does."""
+        provided = providedBy(transport)
+        if provided not in self._kept:
+            self._kept[provided] = [Provides(type(self), interface) for interface in provided]
+        super().makeConnection(transport)
+
+
+def server_tls_factory(tls: MutualServerTLS, factory: IProtocolFactory) -> TLSMemoryBIOFactory:
+    """``factory``'s connections behind ``tls``: what the daemon listens with for agents."""
+    wrapped = TLSMemoryBIOFactory(tls, False, factory)
+    wrapped.protocol = _TLSServerProtocol
+    return wrapped
 
 
 @implementer(IOpenSSLClientConnectionCreator)
@@ -129,7 +196,16 @@ class PinnedServerTLS:
 
 
 def peer_certificate_pem(transport: Any) -> bytes | None:
-    """The PEM certificate the peer of a TLS ``transport`` presented, or None."""
+    """The PEM certificate the peer of a TLS ``transport`` presented, or None.
+
+    On a ``MutualServerTLS`` connection, the one its handshake accepted (kept then).
+    """
+    handle = getattr(transport, "getHandle", None)
+    connection = handle() if handle is not None else None
+    if isinstance(connection, SSL.Connection):
+        verdict = connection.get_app_data()
+        if isinstance(verdict, _PeerVerdict) and verdict.accepted:
+            return verdict.pem
     get = getattr(transport, "getPeerCertificate", None)
     if get is None:
         return None
