@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import glob
 import json
 import os
@@ -324,7 +325,25 @@ def run_daemon(data_dir: str) -> None:
             answer["per_instance"] = {name: monitor.reads for name, monitor in by_name.items()}
         return answer
 
-    serve_control({"ready": ready, "reads": reads})
+    # The garbage collector's pauses of 5 ms or more: (when it ended, seconds, generation).
+    pauses: list[tuple[float, float, int]] = []
+    collecting: dict[str, float] = {}
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        now = time.perf_counter()
+        if phase == "start":
+            collecting["since"] = now
+            return
+        took = now - collecting.get("since", now)
+        if took >= 0.005:
+            pauses.append((now, took, info["generation"]))
+
+    gc.callbacks.append(on_gc)
+
+    async def gc_pauses(since: float = 0.0) -> dict[str, Any]:
+        return {"pauses": [pause for pause in pauses if pause[0] >= since]}
+
+    serve_control({"ready": ready, "reads": reads, "gc": gc_pauses})
     reactor.callWhenRunning(service.startService)
     reactor.addSystemEventTrigger("before", "shutdown", service.stopService)
     reactor.run()

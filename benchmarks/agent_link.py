@@ -437,6 +437,20 @@ async def measure_idle(fleet: Fleet) -> Idle:
     return idle
 
 
+async def say_gc_pauses(fleet: Fleet, since: float, what: str) -> None:
+    """The daemon's garbage-collector pauses of 5 ms or more since ``since`` (its clock)."""
+    answer = await fleet.daemon.call("gc", since=since)
+    pauses = answer["pauses"]
+    if not pauses:
+        fleet.say(f"  the daemon's garbage collector: no pause of 5 ms or more {what}")
+        return
+    _, longest, generation = max(pauses, key=lambda pause: pause[1])
+    fleet.say(
+        f"  the daemon's garbage collector: {plural(len(pauses), 'pause')} of 5 ms or more "
+        f"{what}, the longest {longest * 1000:.1f} ms (generation {generation})"
+    )
+
+
 async def measure_ready(fleet: Fleet) -> list[float]:
     """Guest PATCH Ready → waiting client, one at a time on different connected instances."""
     count = fleet.args.ready_samples
@@ -584,9 +598,15 @@ async def run(args: argparse.Namespace, children: Children, directory: str) -> s
         fleet = await build(args, children, directory)
         report(f"\nsettling {args.settle:g} s")
         await sleep(args.settle)
+        since = time.perf_counter()
         idle = await measure_idle(fleet)
+        await say_gc_pauses(fleet, since, "in the idle window")
+        since = time.perf_counter()
         ready = await measure_ready(fleet)
+        await say_gc_pauses(fleet, since, "while Ready was measured")
+        since = time.perf_counter()
         stopped = await measure_stopped(fleet)
+        await say_gc_pauses(fleet, since, "while STOPPED was measured")
     finally:
         await teardown(fleet, children, directory)
     measured = len(fleet.with_agent) + len(fleet.agentless)
