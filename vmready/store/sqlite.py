@@ -10,6 +10,7 @@ each call to the part that owns it.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -50,6 +51,14 @@ class Store:
     def close(self) -> None:
         """Close the database connection."""
         self._database.close()
+
+    def batch(self) -> contextlib.AbstractContextManager[None]:
+        """Run many calls in one transaction (the database thread's batches)."""
+        return self._database.batch()
+
+    def isolated(self) -> contextlib.AbstractContextManager[None]:
+        """One call of a batch: its error undoes it alone."""
+        return self._database.savepoint()
 
     # Instances
 
