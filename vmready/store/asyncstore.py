@@ -47,12 +47,27 @@ class InstanceView(Protocol):
 
     def list_instances(self) -> list[InstanceRecord]: ...
 
+    def instance_for_fingerprint(self, fingerprint: str) -> InstanceRecord | None: ...
+
 
 class CommittedInstances:
     """Every instance row as of the last commit, in memory, read on the reactor thread."""
 
-    def __init__(self, records: list[InstanceRecord]) -> None:
+    def __init__(self, records: list[InstanceRecord], fingerprints: dict[str, str]) -> None:
         self._records = {record.name: record for record in records}
+        # The agent certificate of each instance, and the other way round.
+        self._fingerprint_of = dict(fingerprints)
+        self._instance_of = {fingerprint: name for name, fingerprint in fingerprints.items()}
+
+    def instance_for_fingerprint(self, fingerprint: str) -> InstanceRecord | None:
+        name = self._instance_of.get(fingerprint)
+        return None if name is None else self._records.get(name)
+
+    def certified(self, name: str, fingerprint: str) -> None:
+        """The instance's agent now has this certificate (and no other)."""
+        self._instance_of.pop(self._fingerprint_of.get(name, ""), None)
+        self._fingerprint_of[name] = fingerprint
+        self._instance_of[fingerprint] = name
 
     def get_instance(self, name: str) -> InstanceRecord:
         record = self._records.get(name)
@@ -76,8 +91,9 @@ class CommittedInstances:
         return None if record is None else self.committed(record)
 
     def removed(self, name: str) -> None:
-        """The row is gone."""
+        """The row is gone (and its agent certificate with it)."""
         self._records.pop(name, None)
+        self._instance_of.pop(self._fingerprint_of.pop(name, ""), None)
 
     def replaced(self, records: list[InstanceRecord]) -> None:
         """Every row, as a bulk write left them."""
@@ -91,7 +107,11 @@ class AsyncStore:
         # Touch the engine directly only where the executor runs inline (tests, replays).
         self.engine = engine
         self._executor = executor
-        self._cache = CommittedInstances(engine.list_instances()) if cached else None
+        self._cache = (
+            CommittedInstances(engine.list_instances(), engine.agent_fingerprints())
+            if cached
+            else None
+        )
         self._view: InstanceView = self._cache if self._cache is not None else engine
 
     @classmethod
@@ -233,17 +253,25 @@ class AsyncStore:
     def delete_instance(self, name: str) -> Deferred[None]:
         """Remove the instance and its snapshots; its action history stays."""
         done = self._executor.submit(lambda: self.engine.delete_instance(name))
-        if self._cache is not None:
-            done.addCallback(lambda _: self._cache.removed(name) if self._cache else None)
+        cache = self._cache
+        if cache is not None:
+            done.addCallback(lambda _: cache.removed(name))
         return done
 
     def set_agent_certificate(self, name: str, fingerprint: str) -> Deferred[None]:
         """Record (or replace) the fingerprint of the client certificate issued to an instance."""
-        return self._executor.submit(lambda: self.engine.set_agent_certificate(name, fingerprint))
+        done = self._executor.submit(lambda: self.engine.set_agent_certificate(name, fingerprint))
+        cache = self._cache
+        if cache is not None:
+            done.addCallback(lambda _: cache.certified(name, fingerprint))
+        return done
 
-    def instance_for_fingerprint(self, fingerprint: str) -> Deferred[InstanceRecord | None]:
-        """The instance whose agent certificate has this fingerprint (None: unknown or revoked)."""
-        return self._executor.submit(lambda: self.engine.instance_for_fingerprint(fingerprint))
+    def instance_for_fingerprint(self, fingerprint: str) -> InstanceRecord | None:
+        """The instance whose agent certificate has this fingerprint (None: unknown or revoked).
+
+        Synchronous, like the instance reads: TLS asks it during a handshake.
+        """
+        return self._view.instance_for_fingerprint(fingerprint)
 
     def start_action(self, name: str, action: str, request_id: str) -> Deferred[int]:
         """Record the start of an action on instance name; return its id."""

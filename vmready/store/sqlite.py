@@ -148,6 +148,10 @@ class Store:
         """The instance whose agent certificate has this fingerprint (None: unknown or revoked)."""
         return self.certificates.instance_for_fingerprint(fingerprint)
 
+    def agent_fingerprints(self) -> dict[str, str]:
+        """Every instance's agent certificate fingerprint, by instance name."""
+        return self.certificates.agent_fingerprints()
+
     # Action history
 
     def start_action(self, name: str, action: str, request_id: str) -> int:
