@@ -18,6 +18,7 @@ from tests.reactor import reactor
 from vmready.cli.client import Client, DaemonUnreachable
 from vmready.daemon import service as daemon
 from vmready.daemon.service import POWER_SYNC_TIMER, DaemonConfig, VMReadyService
+from vmready.domain.model import InstanceRecord
 from vmready.domain.reactor import IVMReadyReactor
 from vmready.lifecycle.core import Lifecycle
 
@@ -26,9 +27,20 @@ def recovery_waits_for(gate: Deferred[None]) -> type[Lifecycle]:
     """A Lifecycle whose recovery starts only once ``gate`` fires (and fails if it fails)."""
 
     class GatedLifecycle(Lifecycle):
-        async def recover(self) -> None:
+        async def prepare_recovery(self) -> list[InstanceRecord]:
             await gate
-            await super().recover()
+            return await super().prepare_recovery()
+
+    return GatedLifecycle
+
+
+def reconciliation_waits_for(gate: Deferred[None]) -> type[Lifecycle]:
+    """A Lifecycle whose per-instance reconciliation starts only once ``gate`` fires."""
+
+    class GatedLifecycle(Lifecycle):
+        async def reconcile(self, records: list[InstanceRecord]) -> None:
+            await gate
+            await super().reconcile(records)
 
     return GatedLifecycle
 
@@ -108,7 +120,7 @@ class DaemonServiceTests(TestCase):
 
         return ensureDeferred(check())
 
-    def test_apiListensOnlyOnceRecoveryIsOver(self) -> Deferred[None]:
+    def test_apiListensOnlyOnceReadyIsCleared(self) -> Deferred[None]:
         async def check() -> None:
             gate: Deferred[None] = Deferred()
             self.patch(daemon, "Lifecycle", recovery_waits_for(gate))
@@ -120,6 +132,23 @@ class DaemonServiceTests(TestCase):
             gate.callback(None)
             await service.recovered
             self.assertIn("api_status", await client.get("/1.0"))
+
+        return ensureDeferred(check())
+
+    def test_apiServesWhileInstancesAreReconciledAndPowerSyncWaits(self) -> Deferred[None]:
+        async def check() -> None:
+            gate: Deferred[None] = Deferred()
+            self.patch(daemon, "Lifecycle", reconciliation_waits_for(gate))
+            service = self.service(interval=2.5)
+            service.startService()
+            await service.serving
+            client = Client(reactor, self.socket_path)
+            self.assertEqual(await client.get("/1.0/instances"), [])
+            self.assertFalse(service.recovered.called)
+            self.assertEqual(self.timers(service), [])
+            gate.callback(None)
+            await service.recovered
+            self.assertEqual(len(self.timers(service)), 1)
 
         return ensureDeferred(check())
 
