@@ -18,15 +18,16 @@ the child, and reports:
   imports included) until ``GET /1.0/instances`` first answers 200;
 - ``serving_s``: from the child's ``startService`` (it writes the
   ``time.time()`` of that call to a file) until that same answer;
-- ``ready_cleared``: how many of the N Ready keys were gone from the store at
-  that moment (read by a separate SQLite connection: only committed rows);
+- ``ready_cleared``: how many of the N instances were no longer Ready in the
+  store at that moment (read by a separate SQLite connection: only committed
+  rows);
 - on the line before: ``reconciled_s`` (from ``startService`` until the
   daemon's ``recovered`` fired, every instance reconciled) and the size of the
   first answer.
 
 Figures only; nothing passes or fails.  ``--profile FILE`` runs the daemon
-child under cProfile (until it has reconciled everything) and writes the
-stats to FILE.
+child's start under cProfile (from ``startService`` until the API listens) and
+writes the stats to FILE.
 """
 
 from __future__ import annotations
@@ -74,10 +75,13 @@ def fill_store(data_dir: str, count: int) -> None:
 
 
 def ready_keys(data_dir: str) -> int:
-    """How many instances have a Ready key in the committed store."""
+    """How many instances are Ready (``volatile.last_state.ready=true``) in the committed store.
+
+    A reconciled instance gets the key back as "false" (not Ready): that counts as cleared.
+    """
     with sqlite3.connect(os.path.join(data_dir, "vmready.sqlite")) as db:
         rows = db.execute("SELECT config FROM instances").fetchall()
-    return sum(1 for (config,) in rows if READY_KEY in json.loads(config))
+    return sum(1 for (config,) in rows if json.loads(config).get(READY_KEY) == "true")
 
 
 def get_instances(socket_path: str) -> tuple[int, int] | None:
@@ -154,13 +158,13 @@ def run_daemon(data_dir: str, profile: str | None) -> None:
         stamp(STARTED_FILE)
         service.startService()
 
-    def recovered(_: object) -> None:
-        stamp(RECOVERED_FILE)
+    def serving(_: object) -> None:
         if profiler is not None and profile is not None:
             profiler.disable()
             profiler.dump_stats(profile)
 
-    service.recovered.addBoth(recovered)
+    service.serving.addBoth(serving)
+    service.recovered.addBoth(lambda _: stamp(RECOVERED_FILE))
     reactor.callWhenRunning(start)
     reactor.addSystemEventTrigger("before", "shutdown", service.stopService)
     reactor.run()

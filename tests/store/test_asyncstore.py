@@ -127,6 +127,9 @@ class ReadYourWritesTests(ThreadedStoreTestCase):
         self.assertTrue(self.store.get_instance("vm1").ready)
         self.assertEqual(await self.store.clear_ready_everywhere(), 1)
         self.assertNotIn("volatile.last_state.ready", self.store.get_instance("vm1").config)
+        # The committed row, read by the engine itself, is exactly what the reactor reads.
+        stored = await self.store.run(lambda engine: engine.get_instance("vm1"))
+        self.assertEqual(self.store.get_instance("vm1"), stored)
 
 
 class BatchingTests(ThreadedStoreTestCase):

@@ -33,6 +33,7 @@ from vmready.agentlink.vsockaddress import HybridVSockAddress
 from vmready.api.guest import GuestAPI, guest_site, guest_tls_factory
 from vmready.api.operator import OperatorAPI
 from vmready.api.web import local_site
+from vmready.domain.model import InstanceRecord
 from vmready.domain.reactor import IVMReadyReactor
 from vmready.guestfiles import loader_files
 from vmready.hypervisor.accel import KVMVerdicts, kvm_device_problem
@@ -136,10 +137,12 @@ class VMReadyService(MultiService):
 
     def startService(self) -> None:
         config = self.config
+        driver = HypervisorDriver(self.reactor, config.hypervisor, config.qemu_binary)
+        # Asked first: the hypervisor's --version runs while the store loads its instances.
+        version = Deferred.fromCoroutine(_program_version(self.reactor, driver.program))
         engine = Store.open(os.path.join(config.data_dir, "vmready.sqlite"))
         self.store = AsyncStore.threaded(self.reactor, engine)
         events = EventBus(self.reactor.seconds)
-        driver = HypervisorDriver(self.reactor, config.hypervisor, config.qemu_binary)
         transport = choose_transport(
             config.hypervisor, config.guest_transport, vhost_vsock_problem()
         )
@@ -178,17 +181,24 @@ class VMReadyService(MultiService):
         )
         site = local_site(OperatorAPI(lifecycle, config.hypervisor).app.resource())
         super().startService()
-        Deferred.fromCoroutine(self._start_guest_api()).addCallbacks(
-            lambda _: self._start_recovery(site), self._guest_api_failed
+        # Clearing Ready (on the database thread) and starting the guest API go on together.
+        preparing = Deferred.fromCoroutine(lifecycle.prepare_recovery())
+        Deferred.fromCoroutine(self._start_guest_api(version)).addCallbacks(
+            lambda _: self._start_recovery(site, preparing),
+            self._guest_api_failed,
+            errbackArgs=(preparing,),
         )
 
-    def _start_recovery(self, site: Site) -> None:
-        Deferred.fromCoroutine(self._recover(site)).addCallbacks(
+    def _start_recovery(self, site: Site, preparing: Deferred[list[InstanceRecord]]) -> None:
+        Deferred.fromCoroutine(self._recover(site, preparing)).addCallbacks(
             self._recovered, self._recovery_failed, errbackArgs=(site,)
         )
 
-    def _guest_api_failed(self, failure: Failure) -> None:
+    def _guest_api_failed(
+        self, failure: Failure, preparing: Deferred[list[InstanceRecord]]
+    ) -> None:
         """Without the guest API no agent can report: the daemon stops, saying why."""
+        preparing.addErrback(lambda _: None)  # the daemon stops anyway
         self.log.error(
             "cannot serve the guest API on {endpoint}: {error}; stopping",
             endpoint=self.config.guest_endpoint,
@@ -197,10 +207,10 @@ class VMReadyService(MultiService):
         self.reactor.callWhenRunning(self.reactor.stop)
         self.recovered.errback(failure)
 
-    async def _start_guest_api(self) -> None:
+    async def _start_guest_api(self, version: Deferred[str]) -> None:
         """Listen for agents on a fresh random port (and the forward socket); advertise it."""
         assert self.store is not None and self.lifecycle is not None
-        await self._judge_kvm()
+        await self._judge_kvm(version)
         server = ensure_server_certificate(self.config.data_dir)
         endpoint_string = self.config.guest_endpoint
         self._remove_stale_guest_sockets()
@@ -238,12 +248,11 @@ class VMReadyService(MultiService):
             resource = RecordingGuestResource(resource, api.identify, self.recorders)
         return resource
 
-    async def _judge_kvm(self) -> None:
+    async def _judge_kvm(self, version: Deferred[str]) -> None:
         """Load what this host taught earlier daemons about KVM (per kernel and QEMU build)."""
         assert self.lifecycle is not None
         driver = self.lifecycle.state.driver
-        version = await _program_version(self.reactor, driver.program)
-        key = f"{os.uname().release}|{driver.program_name}|{version}"
+        key = f"{os.uname().release}|{driver.program_name}|{await version}"
         path = os.path.join(self.config.data_dir, KVM_VERDICT_FILE)
         self.lifecycle.state.kvm = KVMVerdicts(path, key)
         verdict = self.lifecycle.state.kvm.verdict
@@ -267,9 +276,9 @@ class VMReadyService(MultiService):
             except OSError as e:
                 self.log.warn("cannot remove stale {path}: {error}", path=path, error=e)
 
-    async def _recover(self, site: Site) -> None:
+    async def _recover(self, site: Site, preparing: Deferred[list[InstanceRecord]]) -> None:
         assert self.lifecycle is not None
-        records = await self.lifecycle.prepare_recovery()
+        records = await preparing
         if not self._serve(site):
             return
         await self.lifecycle.reconcile(records)

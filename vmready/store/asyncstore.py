@@ -28,7 +28,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorThreads
 
 from vmready.domain.model import ActionRecord, InstanceRecord
-from vmready.domain.states import PowerState, TaskState, VMState
+from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
 from vmready.store.database import instance_not_found
 from vmready.store.executor import DatabaseThread, Executor, InlineExecutor
 from vmready.store.sqlite import Store
@@ -95,9 +95,24 @@ class CommittedInstances:
         self._records.pop(name, None)
         self._instance_of.pop(self._fingerprint_of.pop(name, ""), None)
 
-    def replaced(self, records: list[InstanceRecord]) -> None:
-        """Every row, as a bulk write left them."""
-        self._records = {record.name: record for record in records}
+    def ready_cleared(self, names: list[str], stamp: float) -> None:
+        """These rows lost their ready key at ``stamp`` (what ``clear_ready`` wrote)."""
+        for name in names:
+            record = self._records[name]
+            config = {key: value for key, value in record.config.items() if key != READY_KEY}
+            # Built directly, not with attrs.evolve: thousands of them before the API serves.
+            self._records[name] = InstanceRecord(
+                record.name,
+                record.uuid,
+                record.vm_state,
+                record.task_state,
+                record.power_state,
+                config,
+                record.devices,
+                record.created_at,
+                stamp,
+                record.error,
+            )
 
 
 class AsyncStore:
@@ -241,14 +256,12 @@ class AsyncStore:
             return self._executor.submit(self.engine.clear_ready_everywhere)
         cache = self._cache
 
-        def clear() -> tuple[int, list[InstanceRecord]]:
-            return self.engine.clear_ready_everywhere(), self.engine.list_instances()
+        def committed(outcome: tuple[list[str], float]) -> int:
+            names, stamp = outcome
+            cache.ready_cleared(names, stamp)
+            return len(names)
 
-        def committed(outcome: tuple[int, list[InstanceRecord]]) -> int:
-            cache.replaced(outcome[1])
-            return outcome[0]
-
-        return self._executor.submit(clear).addCallback(committed)
+        return self._executor.submit(self.engine.clear_ready).addCallback(committed)
 
     def delete_instance(self, name: str) -> Deferred[None]:
         """Remove the instance and its snapshots; its action history stays."""

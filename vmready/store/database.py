@@ -106,19 +106,19 @@ class Database:
 
 
 def instance_from_row(row: sqlite3.Row) -> InstanceRecord:
-    """The record of a row of ``INSTANCE_COLUMNS``."""
-    task_state = row["task_state"]
+    """The record of a row of ``INSTANCE_COLUMNS``, by position (a start reads 10,000)."""
+    name, uuid, vm_state, task_state, power_state, config, devices, error, created, updated = row
     return InstanceRecord(
-        name=row["name"],
-        uuid=row["uuid"],
-        vm_state=VMState(row["vm_state"]),
+        name=name,
+        uuid=uuid,
+        vm_state=VMState(vm_state),
         task_state=None if task_state is None else TaskState(task_state),
-        power_state=PowerState(row["power_state"]),
-        config=json.loads(row["config"]),
-        devices=json.loads(row["devices"]),
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        error=row["error"],
+        power_state=PowerState(power_state),
+        config=json.loads(config),
+        devices={} if devices == "{}" else json.loads(devices),
+        created_at=created,
+        updated_at=updated,
+        error=error,
     )
 
 

@@ -134,6 +134,10 @@ class Store:
         """Remove the ready key from every instance (daemon start); return how many had it."""
         return self.instances.clear_ready_everywhere()
 
+    def clear_ready(self) -> tuple[list[str], float]:
+        """Remove the ready key everywhere: the instances that had it, and the time stamped."""
+        return self.instances.clear_ready()
+
     def delete_instance(self, name: str) -> None:
         """Remove the instance and its snapshots; its action history stays."""
         self.instances.delete_instance(name)
