@@ -254,6 +254,7 @@ class Lifecycle:
 
     def shutdown(self) -> Deferred[None]:
         """Daemon stopping: let go of the VMs (they keep running), without touching the store."""
+        self.recovery.stopping = True
         self.state.operations.stop()
         detaching = []
         for name in list(self.state.vms):

@@ -57,6 +57,8 @@ class Recovery:
         self.concurrency = concurrency
         # Instances whose start-up reconciliation has not run yet.
         self._pending: dict[str, list[Deferred[None]]] = {}
+        # Set when the daemon stops: what has not been reconciled yet is left for the next start.
+        self.stopping = False
 
     async def sync_power_states(self) -> None:
         """One reconciliation round, ``concurrency`` instances at a time; errors and tasks left."""
@@ -200,7 +202,7 @@ class Recovery:
     async def _reconcile_guarded(self, record: InstanceRecord) -> None:
         try:
             current = self.state.store.find_instance(record.name)
-            if current is not None:
+            if current is not None and not self.stopping:
                 await self.guestside.ensure_agent_identity(current)
                 try:
                     await self._recover_one(current)
