@@ -296,12 +296,10 @@ class ActionContext:
         vm_state = ACTIONS[self.action].end_state(power_state)
         store = self.lifecycle.store
         self._end_step("success")
-        finished = store.finish_task(
+        record = await store.finish_task(
             self.name, self.task, vm_state, power_state if store_power else None, config_updates
         )
-        closed = store.finish_action(self.action_id, "success")
-        record = await finished
-        await closed
+        await store.finish_action(self.action_id, "success")
         self.ended = True
         self.lifecycle.publish_state(record)
         return record
@@ -316,11 +314,9 @@ class ActionContext:
         """
         store = self.lifecycle.store
         self._end_step("error", reason)
-        finished = store.finish_task(self.name, self.task, vm_state, power_state)
-        closed = store.finish_action(self.action_id, "error", reason)
+        record = await store.finish_task(self.name, self.task, vm_state, power_state)
+        await store.finish_action(self.action_id, "error", reason)
         self.ended = True
-        record = await finished
-        await closed
         self.lifecycle.publish_state(record)
 
     async def complete(self) -> None:
