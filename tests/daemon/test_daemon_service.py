@@ -283,3 +283,36 @@ class OptionsTests(TestCase):
         for value in ("-1", "5000", "inf", "nan", "soon"):
             with self.assertRaises(usage.UsageError):
                 Options().parseOptions(["--stop-timeout", value])
+
+    def test_syncConcurrencyIsAWholeNumberFrom1To1024(self) -> None:
+        from twisted.python import usage
+
+        from vmready.daemon.tap import Options
+
+        for value in ("0", "-3", "1025", "2.5", "many"):
+            with self.assertRaises(usage.UsageError):
+                Options().parseOptions(["--data-dir", "/tmp/vmr-opt", "--sync-concurrency", value])
+        options = Options()
+        options.parseOptions(["--data-dir", "/tmp/vmr-opt", "--sync-concurrency", "3"])
+        self.assertEqual(options["sync-concurrency"], 3)
+        defaults = Options()
+        defaults.parseOptions(["--data-dir", "/tmp/vmr-opt"])
+        self.assertEqual(defaults["sync-concurrency"], 16)
+
+    def test_theServiceHandsTheLimitToTheLifecycle(self) -> Deferred[None]:
+        directory = tempfile.mkdtemp(prefix="vmr-svc-", dir="/tmp")
+        self.addCleanup(shutil.rmtree, directory, True)
+        service = VMReadyService(
+            reactor,
+            DaemonConfig(
+                data_dir=directory,
+                listen=f"unix:{os.path.join(directory, 'api.sock')}",
+                power_sync_interval=0,
+                sync_concurrency=5,
+            ),
+        )
+        self.addCleanup(service.stopService)
+        service.startService()
+        assert service.lifecycle is not None
+        self.assertEqual(service.lifecycle.recovery.concurrency, 5)
+        return service.recovered
