@@ -115,6 +115,11 @@ class CommittedInstances:
             )
 
 
+def _copied(updates: dict[str, str | None] | None) -> dict[str, str | None] | None:
+    """A caller's dict, copied: the engine reads it later, on its own thread."""
+    return None if updates is None else dict(updates)
+
+
 class AsyncStore:
     """The store's calls as Deferreds, run in order by one executor."""
 
@@ -182,6 +187,7 @@ class AsyncStore:
         instance_uuid: str | None = None,
     ) -> Deferred[InstanceRecord]:
         """Add an instance, building with a spawning task; Conflict if the name is taken."""
+        config, devices = dict(config), {key: dict(value) for key, value in devices.items()}
         return self._write(
             lambda: self.engine.create_instance(name, config, devices, instance_uuid)
         )
@@ -219,6 +225,7 @@ class AsyncStore:
         config_updates: dict[str, str | None] | None = None,
     ) -> Deferred[InstanceRecord]:
         """End task expected: rest in vm_state, optionally set power_state and config; atomic."""
+        config_updates = _copied(config_updates)
         return self._write(
             lambda: self.engine.finish_task(name, expected, vm_state, power_state, config_updates)
         )
@@ -235,6 +242,7 @@ class AsyncStore:
 
     def update_config(self, name: str, updates: dict[str, str | None]) -> Deferred[InstanceRecord]:
         """Set config keys (None deletes the key) in one read-modify-write transaction."""
+        updates = dict(updates)
         return self._write(lambda: self.engine.update_config(name, updates))
 
     def settle(
@@ -246,6 +254,7 @@ class AsyncStore:
         config_updates: dict[str, str | None] | None = None,
     ) -> Deferred[InstanceRecord | None]:
         """Move an idle instance to ``vm_state`` without an action (a VM exited, the poller)."""
+        config_updates = _copied(config_updates)
         return self._write_maybe(
             lambda: self.engine.settle(name, allowed_from, vm_state, power_state, config_updates)
         )
