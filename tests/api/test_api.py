@@ -423,7 +423,7 @@ class StateTests(APITestCase):
     async def test_agentStatusIsInTheInstanceAndItsState(self) -> None:
         await self.launch("web1")
         self.patch(self.lifecycle, "agent_status", lambda name: AgentStatus.CONNECTED)
-        self.lifecycle.set_ready("web1", True)
+        await self.lifecycle.set_ready("web1", True)
         instance = (await self.call("GET", "/1.0/instances/web1")).metadata
         self.assertEqual(instance["agent"], {"status": "connected"})
         self.assertEqual((instance["status"], instance["status_code"]), ("Ready", 113))

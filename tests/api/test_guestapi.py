@@ -126,7 +126,7 @@ class GuestAPITestCase(TestCase):
 
     def setUp(self) -> None:
         self.lifecycle: Lifecycle = make_lifecycle(self)
-        self.store = self.lifecycle.state.store
+        self.store = self.lifecycle.state.store.engine
         self.revoked: set[str] = set()
         self.api = GuestAPI(self.lifecycle, self.identify, location="host1")
         # StubTreq grows treq's functions at run time; mypy cannot see them.
@@ -191,7 +191,7 @@ class GuestAPITestCase(TestCase):
 
     def update(self, name: str, config: dict[str, Any]) -> None:
         """The operator changes config (what ``PATCH /1.0/instances/<name>`` does)."""
-        self.lifecycle.update_config(name, config)
+        self.successResultOf(Deferred.fromCoroutine(self.lifecycle.update_config(name, config)))
         self.http.flush()
 
     def assertSync(self, reply: Reply, metadata: Any) -> None:
@@ -629,7 +629,7 @@ class EventTests(GuestAPITestCase):
         self.add()
         before = len(self.lifecycle.state.events._subscribers)
         lines, _ = await self.open_events()
-        operation = await self.lifecycle.act("web1", "delete").when_done()
+        operation = await (await self.lifecycle.act("web1", "delete")).when_done()
         self.assertEqual(operation.error, "")
         self.http.flush()
         await lines.ended
@@ -785,7 +785,7 @@ class GuestTLSTests(TestCase):
 
     def setUp(self) -> None:
         self.lifecycle = make_lifecycle(self)
-        self.store = self.lifecycle.state.store
+        self.store = self.lifecycle.state.store.engine
         _add(self.store, "web1")
         self.store.set_agent_certificate("web1", _WEB1.fingerprint)
         _add(self.store, "web2")
@@ -871,7 +871,7 @@ class GuestTLSTests(TestCase):
     async def test_deletedInstancesCertificateFailsTheHandshake(self) -> None:
         client = self.agent(_WEB1)
         self.assertEqual((await self.get(client, "/1.0")).code, 200)
-        operation = await self.lifecycle.act("web1", "delete").when_done()
+        operation = await (await self.lifecycle.act("web1", "delete")).when_done()
         self.assertEqual(operation.error, "")
         await self.assertHandshakeRefused(client)
 
@@ -899,7 +899,9 @@ class GuestTLSTests(TestCase):
         lines.transport.pauseProducing()  # type: ignore[attr-defined]
         published = 40
         for number in range(published):
-            self.lifecycle.update_config("web1", {"user.blob": f"{number:02} " + "x" * 65536})
+            await self.lifecycle.update_config(
+                "web1", {"user.blob": f"{number:02} " + "x" * 65536}
+            )
             await deferLater(reactor, 0.005, lambda: None)
         lines.transport.resumeProducing()  # type: ignore[attr-defined]
         await lines.ended

@@ -220,7 +220,7 @@ class CLITestCase(UnixAPITestCase):
 
     def declare_ready(self, name: str = "web1") -> None:
         """What the guest API does when the workload says Ready."""
-        self.lifecycle.set_ready(name, True)
+        self.successResultOf(Deferred.fromCoroutine(self.lifecycle.set_ready(name, True)))
 
     def agent_says(self, status: AgentStatus, name: str = "web1") -> None:
         """What the daemon's agent monitor does when the agent's status line changes."""
@@ -404,7 +404,7 @@ class ActionCommandTests(CLITestCase):
     async def test_stopTimeoutIsPassedOn(self) -> None:
         await self.launch("web1")
         self.assertEqual((await self.cli("stop", "web1", "--timeout", "0"))[0], 0)
-        history = self.lifecycle.state.store.list_actions("web1")
+        history = await self.lifecycle.state.store.list_actions("web1")
         self.assertIn("forced stop after 0s timeout", [step.name for step in history[0].steps])
 
     async def test_noWaitReturnsWithTheOperation(self) -> None:
@@ -566,7 +566,7 @@ class WaitTests(CLITestCase):
         await checked
         await deferLater(reactor, 0.2, lambda: None)
         self.assertNoResult(waiting)
-        await self.lifecycle.act("web1", "stop", force=True).when_done()
+        await (await self.lifecycle.act("web1", "stop", force=True)).when_done()
         self.assertEqual(await waiting, (0, "web1: STOPPED\n", ""))
         self.assertEqual(
             self.site.requests, ["GET /1.0/events?type=lifecycle", "GET /1.0/instances/web1"]
@@ -610,7 +610,7 @@ class WaitTests(CLITestCase):
         checked = self.site.when_request("GET /1.0/instances/web1")
         waiting = self.background("wait", "web1", "status=stopped")
         await checked
-        await self.lifecycle.act("web1", "delete").when_done()
+        await (await self.lifecycle.act("web1", "delete")).when_done()
         self.assertEqual(
             await waiting, (3, "", "vmready: instance web1 was deleted while waiting\n")
         )
@@ -666,7 +666,7 @@ class WaitTests(CLITestCase):
         checked = self.site.when_request("GET /1.0/instances/web1")
         waiting = self.background("wait", "web1", "agent")
         await checked
-        await self.lifecycle.act("web1", "delete").when_done()
+        await (await self.lifecycle.act("web1", "delete")).when_done()
         self.assertEqual(
             await waiting, (3, "", "vmready: instance web1 was deleted while waiting\n")
         )

@@ -18,6 +18,7 @@ from tests.reactor import reactor
 from vmready.cli.client import Client, DaemonUnreachable
 from vmready.daemon import service as daemon
 from vmready.daemon.service import POWER_SYNC_TIMER, DaemonConfig, VMReadyService
+from vmready.domain.model import InstanceRecord
 from vmready.domain.reactor import IVMReadyReactor
 from vmready.lifecycle.core import Lifecycle
 
@@ -26,9 +27,20 @@ def recovery_waits_for(gate: Deferred[None]) -> type[Lifecycle]:
     """A Lifecycle whose recovery starts only once ``gate`` fires (and fails if it fails)."""
 
     class GatedLifecycle(Lifecycle):
-        async def recover(self) -> None:
+        async def prepare_recovery(self) -> list[InstanceRecord]:
             await gate
-            await super().recover()
+            return await super().prepare_recovery()
+
+    return GatedLifecycle
+
+
+def reconciliation_waits_for(gate: Deferred[None]) -> type[Lifecycle]:
+    """A Lifecycle whose per-instance reconciliation starts only once ``gate`` fires."""
+
+    class GatedLifecycle(Lifecycle):
+        async def reconcile(self, records: list[InstanceRecord]) -> None:
+            await gate
+            await super().reconcile(records)
 
     return GatedLifecycle
 
@@ -108,7 +120,7 @@ class DaemonServiceTests(TestCase):
 
         return ensureDeferred(check())
 
-    def test_apiListensOnlyOnceRecoveryIsOver(self) -> Deferred[None]:
+    def test_apiListensOnlyOnceReadyIsCleared(self) -> Deferred[None]:
         async def check() -> None:
             gate: Deferred[None] = Deferred()
             self.patch(daemon, "Lifecycle", recovery_waits_for(gate))
@@ -120,6 +132,23 @@ class DaemonServiceTests(TestCase):
             gate.callback(None)
             await service.recovered
             self.assertIn("api_status", await client.get("/1.0"))
+
+        return ensureDeferred(check())
+
+    def test_apiServesWhileInstancesAreReconciledAndPowerSyncWaits(self) -> Deferred[None]:
+        async def check() -> None:
+            gate: Deferred[None] = Deferred()
+            self.patch(daemon, "Lifecycle", reconciliation_waits_for(gate))
+            service = self.service(interval=2.5)
+            service.startService()
+            await service.serving
+            client = Client(reactor, self.socket_path)
+            self.assertEqual(await client.get("/1.0/instances"), [])
+            self.assertFalse(service.recovered.called)
+            self.assertEqual(self.timers(service), [])
+            gate.callback(None)
+            await service.recovered
+            self.assertEqual(len(self.timers(service)), 1)
 
         return ensureDeferred(check())
 
@@ -254,3 +283,36 @@ class OptionsTests(TestCase):
         for value in ("-1", "5000", "inf", "nan", "soon"):
             with self.assertRaises(usage.UsageError):
                 Options().parseOptions(["--stop-timeout", value])
+
+    def test_syncConcurrencyIsAWholeNumberFrom1To1024(self) -> None:
+        from twisted.python import usage
+
+        from vmready.daemon.tap import Options
+
+        for value in ("0", "-3", "1025", "2.5", "many"):
+            with self.assertRaises(usage.UsageError):
+                Options().parseOptions(["--data-dir", "/tmp/vmr-opt", "--sync-concurrency", value])
+        options = Options()
+        options.parseOptions(["--data-dir", "/tmp/vmr-opt", "--sync-concurrency", "3"])
+        self.assertEqual(options["sync-concurrency"], 3)
+        defaults = Options()
+        defaults.parseOptions(["--data-dir", "/tmp/vmr-opt"])
+        self.assertEqual(defaults["sync-concurrency"], 16)
+
+    def test_theServiceHandsTheLimitToTheLifecycle(self) -> Deferred[None]:
+        directory = tempfile.mkdtemp(prefix="vmr-svc-", dir="/tmp")
+        self.addCleanup(shutil.rmtree, directory, True)
+        service = VMReadyService(
+            reactor,
+            DaemonConfig(
+                data_dir=directory,
+                listen=f"unix:{os.path.join(directory, 'api.sock')}",
+                power_sync_interval=0,
+                sync_concurrency=5,
+            ),
+        )
+        self.addCleanup(service.stopService)
+        service.startService()
+        assert service.lifecycle is not None
+        self.assertEqual(service.lifecycle.recovery.concurrency, 5)
+        return service.recovered

@@ -190,7 +190,7 @@ class RefusedLaunchTests(TestCase):
         kernel = fake_kernel(self.path("vmlinuz"))
         self.store.create_instance("vm1", {"boot.kernel": kernel}, {})
         with self.assertRaises(BadRequest) as caught:
-            self.lifecycle.update_config("vm1", {"boot.append": "quiet"})
+            await self.lifecycle.update_config("vm1", {"boot.append": "quiet"})
         self.assertEqual(
             caught.exception.message,
             "Cannot change boot.append of instance vm1: the boot source and accelerator are "

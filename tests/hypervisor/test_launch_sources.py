@@ -152,7 +152,7 @@ class OverlayTests(LaunchTestCase):
         with open(overlay, "ab") as f:
             f.write(b"\0" * 65536)  # what the guest wrote
         grown = os.path.getsize(overlay)
-        await self.lifecycle.act("vm1", "rebuild").when_done()
+        await (await self.lifecycle.act("vm1", "rebuild")).when_done()
         self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ACTIVE)
         self.assertLess(os.path.getsize(overlay), grown)
         self.assertEqual(image_info(overlay)["backing-filename"], self.image)
@@ -162,18 +162,18 @@ class OverlayTests(LaunchTestCase):
         record = await self.launch(**{"boot.image": self.image, "boot.accel": "tcg"})
         overlay = self.lifecycle.disk_path(record)
         assert overlay is not None
-        await self.lifecycle.act("vm1", "delete").when_done()
+        await (await self.lifecycle.act("vm1", "delete")).when_done()
         self.assertFalse(os.path.exists(overlay))
         self.assertEqual(os.listdir(os.path.dirname(overlay)), [])
 
     @_async
     async def test_startWithoutItsOverlaySaysRebuild(self) -> None:
         record = await self.launch(**{"boot.image": self.image, "boot.accel": "tcg"})
-        await self.lifecycle.act("vm1", "stop", force=True).when_done()
+        await (await self.lifecycle.act("vm1", "stop", force=True)).when_done()
         overlay = self.lifecycle.disk_path(record)
         assert overlay is not None
         os.unlink(overlay)
-        operation = self.lifecycle.act("vm1", "start")
+        operation = await self.lifecycle.act("vm1", "start")
         await operation.when_done()
         self.assertEqual(
             self.lifecycle.get("vm1").error,
@@ -185,8 +185,8 @@ class OverlayTests(LaunchTestCase):
     async def test_theImageItselfIsNeverWritten(self) -> None:
         before = read(self.image)
         await self.launch(**{"boot.image": self.image, "boot.accel": "tcg"})
-        await self.lifecycle.act("vm1", "rebuild").when_done()
-        await self.lifecycle.act("vm1", "delete").when_done()
+        await (await self.lifecycle.act("vm1", "rebuild")).when_done()
+        await (await self.lifecycle.act("vm1", "delete")).when_done()
         self.assertEqual(read(self.image), before)
 
 
@@ -232,13 +232,13 @@ class VsockCIDTests(LaunchTestCase):
     @_async
     async def test_theCIDIsKeptAcrossRestartsAndDaemons(self) -> None:
         cid = int((await self.launch(**{"boot.accel": "tcg"})).config[CID_KEY])
-        await self.lifecycle.act("vm1", "restart", force=True).when_done()
+        await (await self.lifecycle.act("vm1", "restart", force=True)).when_done()
         after_restart = self.qemu_cid("vm1")
         await self.lifecycle.shutdown()
         self.lifecycle = self.new_lifecycle(settings=LaunchSettings(transport="vsock"))
         await self.lifecycle.recover()
-        await self.lifecycle.act("vm1", "stop", force=True).when_done()
-        await self.lifecycle.act("vm1", "start").when_done()
+        await (await self.lifecycle.act("vm1", "stop", force=True)).when_done()
+        await (await self.lifecycle.act("vm1", "start")).when_done()
         self.assertEqual(
             (after_restart, self.qemu_cid("vm1"), self.lifecycle.get("vm1").config[CID_KEY]),
             (cid, cid, str(cid)),
@@ -390,6 +390,6 @@ class GuestEventTests(LaunchTestCase):
     @_async
     async def test_everyBootIsMarkedInTheConsoleLog(self) -> None:
         await self.launch(**{"boot.accel": "tcg"})
-        await self.lifecycle.act("vm1", "restart", force=True).when_done()
+        await (await self.lifecycle.act("vm1", "restart", force=True)).when_done()
         log = self.lifecycle.console_log("vm1", 65536).decode()
         self.assertEqual(log.count("--- vmready: starting vm1: TCG, as the instance asks"), 2)

@@ -147,7 +147,7 @@ class RenameChecks(SnapshotTestCase):
         # Read through the chardev it was started with: nothing refused, nothing there yet.
         self.assertEqual(await adopted.ringbuf_read(AGENT_RING, 64), b"")
         # A restart gives it the new layout, recorded.
-        await self.finish(self.lifecycle.act("vm1", "restart", force=True))
+        await self.finish(await self.lifecycle.act("vm1", "restart", force=True))
         self.assertEqual(self.lifecycle.get("vm1").config[LAYOUT_KEY], "current")
         self.assertEqual(self.lifecycle.state.vms["vm1"].spec.serial_ports, CURRENT_LAYOUT.ports)
         self.assertIn(AGENT_PORT, " ".join(self.command_line(record)))
@@ -165,9 +165,11 @@ class SnapshotChecks(SnapshotTestCase):
     @_async
     async def test_statelessSnapshotBringsTheConfigBack(self) -> None:
         await self.launch(**{"user.role": "db"})
-        await self.finish(self.lifecycle.act("vm1", "snapshot", snapshot="before"))
-        self.lifecycle.update_config("vm1", {"user.role": "web", "user.extra": "1"})
-        operation = await self.finish(self.lifecycle.act("vm1", "restore", snapshot="before"))
+        await self.finish(await self.lifecycle.act("vm1", "snapshot", snapshot="before"))
+        await self.lifecycle.update_config("vm1", {"user.role": "web", "user.extra": "1"})
+        operation = await self.finish(
+            await self.lifecycle.act("vm1", "restore", snapshot="before")
+        )
         self.assertEqual(operation.error, "")
         record = self.lifecycle.get("vm1")
         self.assertEqual(
@@ -182,7 +184,7 @@ class SnapshotChecks(SnapshotTestCase):
         record = await self.launch()
         pid = self.lifecycle.state.vms["vm1"].pid
         operation = await self.finish(
-            self.lifecycle.act("vm1", "snapshot", snapshot="s1", stateful=True)
+            await self.lifecycle.act("vm1", "snapshot", snapshot="s1", stateful=True)
         )
         self.assertEqual(operation.error, "")
         vm = self.lifecycle.state.vms["vm1"]
@@ -202,10 +204,12 @@ class SnapshotChecks(SnapshotTestCase):
     @_async
     async def test_statefulRestoreIntoTheSameLayoutResumesTheVM(self) -> None:
         await self.launch()
-        await self.finish(self.lifecycle.act("vm1", "snapshot", snapshot="s1", stateful=True))
+        await self.finish(
+            await self.lifecycle.act("vm1", "snapshot", snapshot="s1", stateful=True)
+        )
         pid = self.lifecycle.state.vms["vm1"].pid
         operation = await self.finish(
-            self.lifecycle.act("vm1", "restore", snapshot="s1", stateful=True)
+            await self.lifecycle.act("vm1", "restore", snapshot="s1", stateful=True)
         )
         self.assertEqual(operation.error, "")
         record = self.lifecycle.get("vm1")
@@ -220,7 +224,7 @@ class SnapshotChecks(SnapshotTestCase):
         await self.upgrade(LEGACY_LAYOUT)
         await self.launch()
         operation = await self.finish(
-            self.lifecycle.act("vm1", "snapshot", snapshot="old", stateful=True)
+            await self.lifecycle.act("vm1", "snapshot", snapshot="old", stateful=True)
         )
         self.assertEqual(operation.error, "")
         await self.upgrade(CURRENT_LAYOUT)
@@ -233,7 +237,7 @@ class SnapshotChecks(SnapshotTestCase):
         files = self.files(record)
         snapshots = self.store.list_snapshots("vm1")
         with self.assertRaises(Conflict) as caught:
-            self.lifecycle.act("vm1", "restore", snapshot="old", stateful=True)
+            await self.lifecycle.act("vm1", "restore", snapshot="old", stateful=True)
         message = caught.exception.message
         self.assertIn("serial layout legacy (org.linuxcontainers.lxd on the agent ring", message)
         self.assertIn("would now start with layout current (com.canonical.lxd on the", message)
@@ -253,7 +257,7 @@ class SnapshotChecks(SnapshotTestCase):
         record = await self.legacy_snapshot_then_upgrade()
         files = self.files(record)
         operation = await self.finish(
-            self.lifecycle.act("vm1", "restore", snapshot="old", stateful=True, force=True)
+            await self.lifecycle.act("vm1", "restore", snapshot="old", stateful=True, force=True)
         )
         state = os.path.join(self.snapshot_dir(record, "old"), "state")
         said = [f"{self.lifecycle.state.driver.program_name}: {line}" for line in QEMU_LINES]
@@ -270,10 +274,10 @@ class SnapshotChecks(SnapshotTestCase):
         await self.lifecycle.sync_power_states()
         self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ERROR)
         # A stateless restore recovers it.
-        recovered = await self.finish(self.lifecycle.act("vm1", "restore", snapshot="old"))
+        recovered = await self.finish(await self.lifecycle.act("vm1", "restore", snapshot="old"))
         self.assertEqual(recovered.error, "")
         self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.STOPPED)
-        started = await self.finish(self.lifecycle.act("vm1", "start"))
+        started = await self.finish(await self.lifecycle.act("vm1", "start"))
         self.assertEqual(started.error, "")
         self.assertEqual(self.lifecycle.get("vm1").config[LAYOUT_KEY], "current")
 
@@ -281,17 +285,17 @@ class SnapshotChecks(SnapshotTestCase):
     async def test_startRecoversAFailedForcedRestore(self) -> None:
         await self.legacy_snapshot_then_upgrade()
         await self.finish(
-            self.lifecycle.act("vm1", "restore", snapshot="old", stateful=True, force=True)
+            await self.lifecycle.act("vm1", "restore", snapshot="old", stateful=True, force=True)
         )
         self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ERROR)
-        started = await self.finish(self.lifecycle.act("vm1", "start"))
+        started = await self.finish(await self.lifecycle.act("vm1", "start"))
         self.assertEqual(started.error, "")
         self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ACTIVE)
 
     @_async
     async def test_statelessRestoreOfALegacySnapshotWorksAfterTheUpgrade(self) -> None:
         await self.legacy_snapshot_then_upgrade()
-        operation = await self.finish(self.lifecycle.act("vm1", "restore", snapshot="old"))
+        operation = await self.finish(await self.lifecycle.act("vm1", "restore", snapshot="old"))
         self.assertEqual(operation.error, "")
         record = self.lifecycle.get("vm1")
         self.assertEqual((record.vm_state, record.config[LAYOUT_KEY]), (VMState.ACTIVE, "current"))
@@ -303,53 +307,53 @@ class SnapshotRefusalTests(SnapshotTestCase):
     @_async
     async def test_statefulSnapshotOfAStoppedInstanceIsRefused(self) -> None:
         await self.launch()
-        await self.finish(self.lifecycle.act("vm1", "stop", force=True))
+        await self.finish(await self.lifecycle.act("vm1", "stop", force=True))
         with self.assertRaises(Conflict):
-            self.lifecycle.act("vm1", "snapshot", snapshot="s", stateful=True)
+            await self.lifecycle.act("vm1", "snapshot", snapshot="s", stateful=True)
         self.assertIsNone(self.lifecycle.get("vm1").task_state)
 
     @_async
     async def test_duplicateSnapshotNameIsRefused(self) -> None:
         await self.launch()
-        await self.finish(self.lifecycle.act("vm1", "snapshot", snapshot="s"))
+        await self.finish(await self.lifecycle.act("vm1", "snapshot", snapshot="s"))
         with self.assertRaises(Conflict):
-            self.lifecycle.act("vm1", "snapshot", snapshot="s")
+            await self.lifecycle.act("vm1", "snapshot", snapshot="s")
 
     @_async
     async def test_unknownSnapshotIsNotFound(self) -> None:
         await self.launch()
         with self.assertRaises(NotFound):
-            self.lifecycle.act("vm1", "restore", snapshot="nope")
+            await self.lifecycle.act("vm1", "restore", snapshot="nope")
 
     @_async
     async def test_statefulRestoreOfAStatelessSnapshotIsABadRequest(self) -> None:
         await self.launch()
-        await self.finish(self.lifecycle.act("vm1", "snapshot", snapshot="s"))
+        await self.finish(await self.lifecycle.act("vm1", "snapshot", snapshot="s"))
         with self.assertRaises(BadRequest):
-            self.lifecycle.act("vm1", "restore", snapshot="s", stateful=True)
+            await self.lifecycle.act("vm1", "restore", snapshot="s", stateful=True)
 
     @_async
     async def test_badSnapshotNamesAreRefused(self) -> None:
         await self.launch()
         for name in ("", "../x", "a/b", ".", "x" * 64, 7):
             with self.assertRaises(BadRequest):
-                self.lifecycle.act("vm1", "snapshot", snapshot=name)
+                await self.lifecycle.act("vm1", "snapshot", snapshot=name)
 
     @_async
     async def test_deleteRemovesTheSnapshots(self) -> None:
         record = await self.launch()
-        await self.finish(self.lifecycle.act("vm1", "snapshot", snapshot="s", stateful=True))
+        await self.finish(await self.lifecycle.act("vm1", "snapshot", snapshot="s", stateful=True))
         self.assertNotEqual(self.files(record), {})
-        await self.finish(self.lifecycle.act("vm1", "delete"))
+        await self.finish(await self.lifecycle.act("vm1", "delete"))
         self.assertEqual(self.files(record), {})
 
     @_async
     async def test_missingStateFileIsRefusedBeforeAnythingStops(self) -> None:
         record = await self.launch()
-        await self.finish(self.lifecycle.act("vm1", "snapshot", snapshot="s", stateful=True))
+        await self.finish(await self.lifecycle.act("vm1", "snapshot", snapshot="s", stateful=True))
         os.unlink(os.path.join(self.snapshot_dir(record, "s"), "state"))
         with self.assertRaises(Conflict) as caught:
-            self.lifecycle.act("vm1", "restore", snapshot="s", stateful=True)
+            await self.lifecycle.act("vm1", "restore", snapshot="s", stateful=True)
         self.assertIn("is missing", caught.exception.message)
         await _until(lambda: self.lifecycle.get("vm1").task_state is None)
         self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ACTIVE)
@@ -376,14 +380,14 @@ class InterruptedSnapshotTests(SnapshotTestCase):
     @_async
     async def test_restartAfterAnInterruptedRestoreIsAnErrorThatStartRecovers(self) -> None:
         await self.launch()
-        await self.finish(self.lifecycle.act("vm1", "snapshot", snapshot="s"))
+        await self.finish(await self.lifecycle.act("vm1", "snapshot", snapshot="s"))
         self.store.claim_task("vm1", "restore", frozenset({VMState.ACTIVE}), TaskState.RESTORING)
         await self.upgrade(CURRENT_LAYOUT)
         record = self.lifecycle.get("vm1")
         self.assertEqual(record.vm_state, VMState.ERROR)
         self.assertIn("daemon stopped during restoring", record.error or "")
         self.assertEqual([s["name"] for s in self.store.list_snapshots("vm1")], ["s"])
-        started = await self.finish(self.lifecycle.act("vm1", "start"))
+        started = await self.finish(await self.lifecycle.act("vm1", "start"))
         self.assertEqual(started.error, "")
 
 
@@ -403,9 +407,9 @@ class UnrecordedLayoutTests(SnapshotTestCase):
         self.assertEqual(
             self.lifecycle.state.vms["vm1"].spec.serial_ports, UNRECORDED_LAYOUT.ports
         )
-        await self.finish(self.lifecycle.act("vm1", "snapshot", snapshot="s", stateful=True))
+        await self.finish(await self.lifecycle.act("vm1", "snapshot", snapshot="s", stateful=True))
         with self.assertRaises(Conflict) as caught:
-            self.lifecycle.act("vm1", "restore", snapshot="s", stateful=True)
+            await self.lifecycle.act("vm1", "restore", snapshot="s", stateful=True)
         self.assertIn("serial layout unrecorded", caught.exception.message)
 
 
@@ -422,7 +426,7 @@ class FailedSnapshotTests(SnapshotTestCase):
 
         self.patch(vm, "migrate_to_file", disk_full)
         operation = await self.finish(
-            self.lifecycle.act("vm1", "snapshot", snapshot="s", stateful=True)
+            await self.lifecycle.act("vm1", "snapshot", snapshot="s", stateful=True)
         )
         self.assertIn("No space left on device", operation.error)
         after = self.lifecycle.get("vm1")
@@ -443,7 +447,7 @@ class FailedSnapshotTests(SnapshotTestCase):
         await self.launch()
         vm = self.lifecycle.state.vms["vm1"]
         self.store.set_error("vm1", "something went wrong", PowerState.RUNNING)
-        started = await self.finish(self.lifecycle.act("vm1", "start"))
+        started = await self.finish(await self.lifecycle.act("vm1", "start"))
         self.assertEqual(started.error, "")
         self.assertIs(self.lifecycle.state.vms["vm1"], vm)
         self.assertFalse(vm.gone)
@@ -452,9 +456,9 @@ class FailedSnapshotTests(SnapshotTestCase):
     @_async
     async def test_forceWithoutStatefulIsABadRequest(self) -> None:
         await self.launch()
-        await self.finish(self.lifecycle.act("vm1", "snapshot", snapshot="s"))
+        await self.finish(await self.lifecycle.act("vm1", "snapshot", snapshot="s"))
         with self.assertRaises(BadRequest):
-            self.lifecycle.act("vm1", "restore", snapshot="s", force=True)
+            await self.lifecycle.act("vm1", "restore", snapshot="s", force=True)
 
 
 class FakeqemuRename(RenameChecks):

@@ -176,7 +176,7 @@ class CreateAndPowerTests(LifecycleTestCase):
         self.store.update_config("vm1", {READY_KEY: "true"})
         self.assertEqual(self.lifecycle.get("vm1").status.name, "Ready")
         vm = self.lifecycle.state.vms["vm1"]
-        await self.wait(self.lifecycle.act("vm1", "stop"))
+        await self.wait(await self.lifecycle.act("vm1", "stop"))
         record = self.lifecycle.get("vm1")
         self.assertEqual((record.vm_state, record.status.name), (VMState.STOPPED, "Stopped"))
         self.assertEqual(record.config[READY_KEY], "false")
@@ -192,7 +192,7 @@ class CreateAndPowerTests(LifecycleTestCase):
         control = os.path.join(self.lifecycle.state.vms["vm1"].spec.guest_dir, "control")
         await connectProtocol(UNIXClientEndpoint(reactor, control), guest)
         await guest.ready
-        await self.wait(self.lifecycle.act("vm1", "stop", timeout=30))
+        await self.wait(await self.lifecycle.act("vm1", "stop", timeout=30))
         steps = [s.name for s in self.store.list_actions("vm1")[0].steps]
         self.assertIn("clean stop", steps)
         self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.STOPPED)
@@ -200,8 +200,8 @@ class CreateAndPowerTests(LifecycleTestCase):
     @_async
     async def test_startAfterStopRunsANewVM(self) -> None:
         await self.launch()
-        await self.wait(self.lifecycle.act("vm1", "stop", force=True))
-        await self.wait(self.lifecycle.act("vm1", "start"))
+        await self.wait(await self.lifecycle.act("vm1", "stop", force=True))
+        await self.wait(await self.lifecycle.act("vm1", "start"))
         record = self.lifecycle.get("vm1")
         self.assertEqual(
             (record.vm_state, record.power_state), (VMState.ACTIVE, PowerState.RUNNING)
@@ -215,7 +215,7 @@ class CreateAndPowerTests(LifecycleTestCase):
         await self.lifecycle.shutdown()  # the daemon loses track; the VM keeps running
         self.lifecycle = self.new_lifecycle()
         self.store.set_error("vm1", "lost track of the VM")
-        operation = self.lifecycle.act("vm1", "start")
+        operation = await self.lifecycle.act("vm1", "start")
         await self.wait(operation)
         self.assertEqual(operation.error, "")
         record = self.lifecycle.get("vm1")
@@ -226,7 +226,7 @@ class CreateAndPowerTests(LifecycleTestCase):
     async def test_restartReplacesTheVMProcess(self) -> None:
         await self.launch()
         before = self.lifecycle.state.vms["vm1"].pid
-        await self.wait(self.lifecycle.act("vm1", "restart", force=True))
+        await self.wait(await self.lifecycle.act("vm1", "restart", force=True))
         after = self.lifecycle.state.vms["vm1"].pid
         self.assertNotEqual(before, after)
         self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ACTIVE)
@@ -234,12 +234,12 @@ class CreateAndPowerTests(LifecycleTestCase):
     @_async
     async def test_freezeAndUnfreezePauseTheVCPUs(self) -> None:
         await self.launch()
-        await self.wait(self.lifecycle.act("vm1", "freeze"))
+        await self.wait(await self.lifecycle.act("vm1", "freeze"))
         record = self.lifecycle.get("vm1")
         self.assertEqual((record.status.name, int(record.status.code)), ("Frozen", 110))
         vm = self.lifecycle.state.vms["vm1"]
         self.assertEqual(await vm.query_power_state(), PowerState.PAUSED)
-        await self.wait(self.lifecycle.act("vm1", "unfreeze"))
+        await self.wait(await self.lifecycle.act("vm1", "unfreeze"))
         self.assertEqual(await vm.query_power_state(), PowerState.RUNNING)
         self.assertEqual(self.lifecycle.get("vm1").status.name, "Running")
 
@@ -250,20 +250,20 @@ class TransitionTests(LifecycleTestCase):
     @_async
     async def test_rebuildShowsRebuildThenActive(self) -> None:
         await self.launch()
-        await self.wait(self.lifecycle.act("vm1", "rebuild"))
+        await self.wait(await self.lifecycle.act("vm1", "rebuild"))
         self.assertEqual(self.display_sequence("vm1"), ["BUILD", "ACTIVE", "REBUILD", "ACTIVE"])
 
     @_async
     async def test_resizeWalksEverySeedStatusAndTheVMGetsTheNewSize(self) -> None:
         await self.launch(**{"limits.memory": "256", "limits.cpu": "1"})
-        await self.wait(self.lifecycle.act("vm1", "resize", memory="512", cpus=2))
+        await self.wait(await self.lifecycle.act("vm1", "resize", memory="512", cpus=2))
         self.assertEqual(
             self.display_sequence("vm1")[1:],
             ["ACTIVE", "QUEUE_RESIZE", "PREP_RESIZE", "RESIZE", "VERIFY_RESIZE"],
         )
         self.assertEqual(self.vm_option("vm1", "-m"), "512M")
         self.assertEqual(self.vm_option("vm1", "-smp"), "2")
-        await self.wait(self.lifecycle.act("vm1", "confirm-resize"))
+        await self.wait(await self.lifecycle.act("vm1", "confirm-resize"))
         record = self.lifecycle.get("vm1")
         self.assertEqual(
             (record.vm_state, record.memory_mib, record.cpus), (VMState.ACTIVE, 512, 2)
@@ -273,9 +273,9 @@ class TransitionTests(LifecycleTestCase):
     @_async
     async def test_revertResizeGivesTheVMItsOldSizeBack(self) -> None:
         await self.launch(**{"limits.memory": "256"})
-        await self.wait(self.lifecycle.act("vm1", "resize", memory="1GiB"))
+        await self.wait(await self.lifecycle.act("vm1", "resize", memory="1GiB"))
         self.assertEqual(self.lifecycle.get("vm1").memory_mib, 1024)
-        await self.wait(self.lifecycle.act("vm1", "revert-resize"))
+        await self.wait(await self.lifecycle.act("vm1", "revert-resize"))
         self.assertEqual(self.vm_option("vm1", "-m"), "256M")
         self.assertEqual(self.display_sequence("vm1")[-1], "ACTIVE")
         self.assertEqual(self.lifecycle.get("vm1").memory_mib, 256)
@@ -283,20 +283,20 @@ class TransitionTests(LifecycleTestCase):
     @_async
     async def test_stoppedResizeThenConfirmEndsStoppedAndCanStart(self) -> None:
         await self.launch(**{"limits.memory": "256"})
-        await self.wait(self.lifecycle.act("vm1", "stop", force=True))
-        await self.wait(self.lifecycle.act("vm1", "resize", memory="512"))
+        await self.wait(await self.lifecycle.act("vm1", "stop", force=True))
+        await self.wait(await self.lifecycle.act("vm1", "resize", memory="512"))
         self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.RESIZED)
-        await self.wait(self.lifecycle.act("vm1", "confirm-resize"))
+        await self.wait(await self.lifecycle.act("vm1", "confirm-resize"))
         self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.STOPPED)
-        await self.wait(self.lifecycle.act("vm1", "start"))
+        await self.wait(await self.lifecycle.act("vm1", "start"))
         self.assertEqual(self.vm_option("vm1", "-m"), "512M")
 
     @_async
     async def test_stoppedResizeThenRevertEndsStoppedWithTheOldSize(self) -> None:
         await self.launch(**{"limits.memory": "256"})
-        await self.wait(self.lifecycle.act("vm1", "stop", force=True))
-        await self.wait(self.lifecycle.act("vm1", "resize", memory="512"))
-        await self.wait(self.lifecycle.act("vm1", "revert-resize"))
+        await self.wait(await self.lifecycle.act("vm1", "stop", force=True))
+        await self.wait(await self.lifecycle.act("vm1", "resize", memory="512"))
+        await self.wait(await self.lifecycle.act("vm1", "revert-resize"))
         record = self.lifecycle.get("vm1")
         self.assertEqual((record.vm_state, record.memory_mib), (VMState.STOPPED, 256))
         self.assertNotIn("vm1", self.lifecycle.state.vms)
@@ -306,7 +306,7 @@ class TransitionTests(LifecycleTestCase):
         await self.launch()
         for timeout in (float("inf"), float("nan"), 1e400, 10**9, 10**400, -1):
             with self.assertRaises(BadRequest):
-                self.lifecycle.act("vm1", "stop", timeout=timeout)
+                await self.lifecycle.act("vm1", "stop", timeout=timeout)
         self.assertIsNone(self.lifecycle.get("vm1").task_state)
 
     @_async
@@ -314,7 +314,7 @@ class TransitionTests(LifecycleTestCase):
         record = await self.launch()
         vm = self.lifecycle.state.vms["vm1"]
         run_dir = vm.spec.run_dir
-        await self.wait(self.lifecycle.act("vm1", "delete"))
+        await self.wait(await self.lifecycle.act("vm1", "delete"))
         self.assertEqual(self.display_sequence("vm1"), ["BUILD", "ACTIVE", "DELETED"])
         self.assertIsNone(self.store.find_instance("vm1"))
         self.assertTrue(vm.gone)
@@ -325,9 +325,9 @@ class TransitionTests(LifecycleTestCase):
     @_async
     async def test_racingActionLosesWith409(self) -> None:
         await self.launch()
-        operation = self.lifecycle.act("vm1", "stop", force=True)
+        operation = await self.lifecycle.act("vm1", "stop", force=True)
         with self.assertRaises(Conflict) as caught:
-            self.lifecycle.act("vm1", "rebuild")
+            await self.lifecycle.act("vm1", "rebuild")
         self.assertEqual(
             caught.exception.message,
             "Cannot 'rebuild' instance vm1 while it is in task_state powering-off",
@@ -338,7 +338,7 @@ class TransitionTests(LifecycleTestCase):
     async def test_actionNotAllowedInVMStateIs409(self) -> None:
         await self.launch()
         with self.assertRaises(Conflict) as caught:
-            self.lifecycle.act("vm1", "start")
+            await self.lifecycle.act("vm1", "start")
         self.assertEqual(
             caught.exception.message, "Cannot 'start' instance vm1 while it is in vm_state active"
         )
@@ -472,7 +472,7 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
     @_async
     async def test_syncLeavesAStartingInstancesVMAlone(self) -> None:
         await self.launch()
-        await self.wait(self.lifecycle.act("vm1", "stop", force=True))
+        await self.wait(await self.lifecycle.act("vm1", "stop", force=True))
         record = self.store.claim_task(
             "vm1", "start", frozenset({VMState.STOPPED}), _task("powering-on")
         )
@@ -596,20 +596,20 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
         await self.lifecycle.shutdown()
         os.unlink(vm.spec.qmp_socket)
         self.lifecycle = self.new_lifecycle()
-        await self.wait(self.lifecycle.act("vm1", "stop", force=True))
+        await self.wait(await self.lifecycle.act("vm1", "stop", force=True))
         await _until(lambda: not _alive(pid))
         self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.STOPPED)
 
     @_async
     async def test_restartKeepsAStoppedResizeAwaitingConfirmation(self) -> None:
         await self.launch(**{"limits.memory": "256"})
-        await self.wait(self.lifecycle.act("vm1", "stop", force=True))
-        await self.wait(self.lifecycle.act("vm1", "resize", memory="512"))
+        await self.wait(await self.lifecycle.act("vm1", "stop", force=True))
+        await self.wait(await self.lifecycle.act("vm1", "resize", memory="512"))
         await self.lifecycle.shutdown()
         self.lifecycle = self.new_lifecycle()
         await self.lifecycle.recover()
         self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.RESIZED)
-        await self.wait(self.lifecycle.act("vm1", "revert-resize"))
+        await self.wait(await self.lifecycle.act("vm1", "revert-resize"))
         record = self.lifecycle.get("vm1")
         self.assertEqual((record.vm_state, record.memory_mib), (VMState.STOPPED, 256))
 
@@ -645,7 +645,7 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
     @_async
     async def test_restartRollsBackAStartWhoseVMNeverCameUp(self) -> None:
         await self.launch()
-        await self.wait(self.lifecycle.act("vm1", "stop", force=True))
+        await self.wait(await self.lifecycle.act("vm1", "stop", force=True))
         await self.lifecycle.shutdown()
         self.store.claim_task("vm1", "start", frozenset({VMState.STOPPED}), _task("powering-on"))
         self.lifecycle = self.new_lifecycle()

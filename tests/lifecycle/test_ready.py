@@ -156,7 +156,7 @@ class IdentityTests(AgentLinkTestCase):
         os.makedirs(state_dir)
         with open(os.path.join(state_dir, "ready"), "w") as f:
             f.write("ready\n")
-        await self.wait(self.lifecycle.act("vm1", "restart", force=True))
+        await self.wait(await self.lifecycle.act("vm1", "restart", force=True))
         self.assertFalse(os.path.exists(os.path.join(state_dir, "ready")))
 
     @_async
@@ -174,7 +174,7 @@ class IdentityTests(AgentLinkTestCase):
         record = await self.launch()
         with open(os.path.join(self.lifecycle.config_drive(record), "agent.crt"), "rb") as f:
             certificate = f.read()
-        await self.wait(self.lifecycle.act("vm1", "delete"))
+        await self.wait(await self.lifecycle.act("vm1", "delete"))
         self.assertIsNone(self.store.instance_for_fingerprint(fingerprint(certificate)))
 
     @_async
@@ -184,8 +184,8 @@ class IdentityTests(AgentLinkTestCase):
         self.assertFalse(os.path.exists(self.lifecycle.config_drive(record)))
         await self.lifecycle.shutdown()
         self.lifecycle = self.new_lifecycle()
-        self.assertEqual(self.lifecycle.ensure_agent_identities(), 1)
-        self.assertEqual(self.lifecycle.ensure_agent_identities(), 0)
+        self.assertEqual(await self.lifecycle.ensure_agent_identities(), 1)
+        self.assertEqual(await self.lifecycle.ensure_agent_identities(), 0)
         drive = self.lifecycle.config_drive(record)
         self.assertTrue(os.path.exists(os.path.join(drive, "agent.crt")))
         await self.lifecycle.recover()  # follow the VM again, so the cleanup stops it
@@ -200,7 +200,7 @@ class NewServerCertificateTests(AgentLinkTestCase):
         self.lifecycle.state.guest = attrs.evolve(
             self.lifecycle.state.guest, server_cert_pem=renewed.cert_pem
         )
-        self.lifecycle.ensure_agent_identities()
+        await self.lifecycle.ensure_agent_identities()
         with open(os.path.join(self.lifecycle.config_drive(record), "server.crt"), "rb") as f:
             self.assertEqual(f.read(), renewed.cert_pem)
 
@@ -230,7 +230,7 @@ class HandshakeTests(AgentLinkTestCase):
     async def test_stoppingTheVMStopsTheAgent(self) -> None:
         await self.launch()
         await self.connected_guest()
-        await self.wait(self.lifecycle.act("vm1", "stop", force=True))
+        await self.wait(await self.lifecycle.act("vm1", "stop", force=True))
         self.assertEqual(self.lifecycle.agent_status("vm1"), AgentStatus.STOPPED)
         self.assertEqual(self.agent_events()[-1], "instance-agent-stopped")
 
@@ -303,14 +303,14 @@ class FrozenVMTests(AgentLinkTestCase):
     async def test_frozenVMAdoptedAtDaemonStartIsNotPolled(self) -> None:
         await self.launch()
         await self.connected_guest()
-        await self.wait(self.lifecycle.act("vm1", "freeze"))
+        await self.wait(await self.lifecycle.act("vm1", "freeze"))
         await self.lifecycle.shutdown()
         self.lifecycle = self.new_lifecycle()
         await self.lifecycle.recover()
         monitor = self.lifecycle.state.monitors["vm1"]
         await deferLater(reactor, 0.5, lambda: None)  # 25 follow-up intervals
         self.assertEqual(monitor.reads, 0)
-        await self.wait(self.lifecycle.act("vm1", "unfreeze"))
+        await self.wait(await self.lifecycle.act("vm1", "unfreeze"))
         await _until(lambda: monitor.reads > 0)
 
 
@@ -338,18 +338,18 @@ class ReadyTests(AgentLinkTestCase):
     @_async
     async def test_readySetsTheKeyAndStatusAndAnnouncesEveryTime(self) -> None:
         await self.launch()
-        record = self.lifecycle.set_ready("vm1", True)
+        record = await self.lifecycle.set_ready("vm1", True)
         self.assertEqual(record.config[READY_KEY], "true")
         self.assertEqual((record.status.name, record.status.code), ("Ready", StatusCode.READY))
-        self.lifecycle.set_ready("vm1", True)
+        await self.lifecycle.set_ready("vm1", True)
         ready_events = [a for a in self.lifecycle_actions("vm1") if a == "instance-ready"]
         self.assertEqual(len(ready_events), 2)
 
     @_async
     async def test_startedClearsReadyWithoutAnEvent(self) -> None:
         await self.launch()
-        self.lifecycle.set_ready("vm1", True)
-        record = self.lifecycle.set_ready("vm1", False)
+        await self.lifecycle.set_ready("vm1", True)
+        record = await self.lifecycle.set_ready("vm1", False)
         self.assertEqual(record.config[READY_KEY], "false")
         self.assertEqual(record.status.name, "Running")
         self.assertEqual(self.lifecycle_actions("vm1").count("instance-ready"), 1)
@@ -357,21 +357,21 @@ class ReadyTests(AgentLinkTestCase):
     @_async
     async def test_aStoppedInstanceCannotBeReady(self) -> None:
         await self.launch()
-        await self.wait(self.lifecycle.act("vm1", "stop", force=True))
+        await self.wait(await self.lifecycle.act("vm1", "stop", force=True))
         with self.assertRaises(Conflict):
-            self.lifecycle.set_ready("vm1", True)
+            await self.lifecycle.set_ready("vm1", True)
 
     @_async
     async def test_apiStopSetsReadyFalse(self) -> None:
         await self.launch()
-        self.lifecycle.set_ready("vm1", True)
-        await self.wait(self.lifecycle.act("vm1", "stop", timeout=STOP_TIMEOUT))
+        await self.lifecycle.set_ready("vm1", True)
+        await self.wait(await self.lifecycle.act("vm1", "stop", timeout=STOP_TIMEOUT))
         self.assertEqual(self.lifecycle.get("vm1").config[READY_KEY], "false")
 
     @_async
     async def test_guestPowerOffSetsReadyFalse(self) -> None:
         await self.launch()
-        self.lifecycle.set_ready("vm1", True)
+        await self.lifecycle.set_ready("vm1", True)
         spec = self.lifecycle.spec_for(self.lifecycle.get("vm1"))
         control = Protocol()
         await connectProtocol(
@@ -396,7 +396,7 @@ class ReadyTests(AgentLinkTestCase):
     async def test_guestRebootClearsReadyAndTheAgentStartsOver(self) -> None:
         record = await self.launch()
         await self.connected_guest()
-        self.lifecycle.set_ready("vm1", True)
+        await self.lifecycle.set_ready("vm1", True)
         state_dir = fakeqemu_guest_paths(self.lifecycle.spec_for(record))["state_dir"]
         os.makedirs(state_dir, exist_ok=True)
         await self.guest_control(b"reboot\n")
@@ -419,7 +419,7 @@ class ReadyTests(AgentLinkTestCase):
     @_async
     async def test_vmKilledSetsReadyFalse(self) -> None:
         await self.launch()
-        self.lifecycle.set_ready("vm1", True)
+        await self.lifecycle.set_ready("vm1", True)
         pid = self.lifecycle.state.vms["vm1"].pid
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
@@ -430,12 +430,12 @@ class ReadyTests(AgentLinkTestCase):
     async def test_daemonStartRemovesTheKeyAndReadyCanBeDeclaredAgain(self) -> None:
         await self.launch()
         await self.connected_guest()
-        self.lifecycle.set_ready("vm1", True)
+        await self.lifecycle.set_ready("vm1", True)
         await self.lifecycle.shutdown()
         self.lifecycle = self.new_lifecycle()
         await self.lifecycle.recover()
         record = self.lifecycle.get("vm1")
         self.assertNotIn(READY_KEY, record.config)
         self.assertEqual(record.status.name, "Running")
-        self.lifecycle.set_ready("vm1", True)  # what the agent does once it reconnected
+        await self.lifecycle.set_ready("vm1", True)  # what the agent does once it reconnected
         self.assertEqual(self.lifecycle.get("vm1").status.name, "Ready")

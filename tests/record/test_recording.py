@@ -134,7 +134,9 @@ class RecordersTests(SynchronousTestCase):
         self.lifecycle.state.recorders = recorders
         self.running("vm1")
         self.lifecycle.state.driver = _NothingRuns()  # type: ignore[assignment]
-        self.lifecycle.act("vm1", "stop", force=True, timeout=7)
+        self.successResultOf(
+            Deferred.fromCoroutine(self.lifecycle.act("vm1", "stop", force=True, timeout=7))
+        )
         self.clock.advance(0)
         recorders.close()
         with open(transcript_path(self.directory, "vm1")) as f:
@@ -154,8 +156,10 @@ class RecordersTests(SynchronousTestCase):
         self.running("vm1", {"vmready.record": "false"})
         self.store.create_instance("vm2", {}, {})  # still building: a restart is refused
         self.assertIsNotNone(recorders.recorder_for("vm2"))
-        self.assertRaises(Conflict, self.lifecycle.act, "vm2", "restart")
-        self.lifecycle.act("vm1", "freeze")
+        self.failureResultOf(
+            Deferred.fromCoroutine(self.lifecycle.act("vm2", "restart")), Conflict
+        )
+        self.successResultOf(Deferred.fromCoroutine(self.lifecycle.act("vm1", "freeze")))
         self.clock.advance(0)
         recorders.close()
         self.assertFalse(os.path.exists(transcript_path(self.directory, "vm1")))
@@ -202,8 +206,12 @@ class RecordersTests(SynchronousTestCase):
             lambda change: None,
             lambda: recorders.recorder_for("vm1"),
         )
-        self.lifecycle.update_config("vm1", {"vmready.record": "false"})
-        self.lifecycle.update_config("vm1", {"vmready.record": "true"})
+        for record in ("false", "true"):
+            self.successResultOf(
+                Deferred.fromCoroutine(
+                    self.lifecycle.update_config("vm1", {"vmready.record": record})
+                )
+            )
         vm.qmp_event("SHUTDOWN")
         ring.pending.append(b"STARTED\n")
         monitor.start(advertise=False)

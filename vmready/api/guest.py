@@ -77,7 +77,7 @@ from vmready.domain.model import (
 from vmready.hypervisor.configdrive import meta_data as cloud_init_meta_data
 from vmready.lifecycle.core import Lifecycle
 from vmready.lifecycle.events import LIFECYCLE, Event
-from vmready.store.sqlite import Store
+from vmready.store.asyncstore import InstanceView
 from vmready.trust.certs import CertificatePair, fingerprint, is_valid_at
 from vmready.trust.tls import MutualServerTLS, peer_certificate_pem, server_tls_factory
 
@@ -118,7 +118,7 @@ def _guest_visible(key: str) -> bool:
 
 
 def instance_for_certificate(
-    store: Store, cert_pem: bytes, when: datetime.datetime
+    store: InstanceView, cert_pem: bytes, when: datetime.datetime
 ) -> InstanceRecord | None:
     """The instance a client certificate identifies at ``when``, or None (unknown, revoked,
     outside its validity period, or not a certificate at all)."""
@@ -130,7 +130,7 @@ def instance_for_certificate(
         return None
 
 
-def certificate_authorizer(store: Store, clock: Clock = _utcnow) -> Callable[[bytes], bool]:
+def certificate_authorizer(store: InstanceView, clock: Clock = _utcnow) -> Callable[[bytes], bool]:
     """For ``MutualServerTLS``: accept a client certificate iff it identifies an instance now."""
 
     def authorize(cert_pem: bytes) -> bool:
@@ -139,7 +139,7 @@ def certificate_authorizer(store: Store, clock: Clock = _utcnow) -> Callable[[by
     return authorize
 
 
-def certificate_identifier(store: Store, clock: Clock = _utcnow) -> Identify:
+def certificate_identifier(store: InstanceView, clock: Clock = _utcnow) -> Identify:
     """The instance whose certificate the request's TLS peer presented, checked again now."""
 
     def identify(request: IRequest) -> InstanceRecord | None:
@@ -441,13 +441,13 @@ class GuestAPI:
         )
 
     @app.route("/1.0", methods=["PATCH"])
-    def patch_state(self, request: IRequest) -> bytes:
+    async def patch_state(self, request: IRequest) -> bytes:
         """The workload declares itself Ready, or withdraws that (Started)."""
         record = self.caller(request)
         state = _requested_state(_read_body(request))
         if state not in (_READY, _STARTED):
             raise BadRequest(f"Invalid state {_go_quote(state)}")
-        self.lifecycle.set_ready(record.name, state == _READY)
+        await self.lifecycle.set_ready(record.name, state == _READY)
         return sync_response(request, {})
 
     @app.route("/1.0/config", methods=["GET"])
@@ -537,7 +537,7 @@ def guest_site(resource: IResource) -> Site:
 
 
 def guest_tls_factory(
-    server: CertificatePair, store: Store, site: Site, clock: Clock = _utcnow
+    server: CertificatePair, store: InstanceView, site: Site, clock: Clock = _utcnow
 ) -> TLSMemoryBIOFactory:
     """Server-side mutual TLS around ``site``: only certificates of live instances get through."""
     return server_tls_factory(MutualServerTLS(server, certificate_authorizer(store, clock)), site)

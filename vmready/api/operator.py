@@ -178,18 +178,18 @@ class OperatorAPI:
         return sync_response(request, self._instance_json(self.lifecycle.get(name)))
 
     @app.route("/1.0/instances/<name>", methods=["PATCH"])
-    def patch_instance(self, request: IRequest, name: str) -> bytes:
+    async def patch_instance(self, request: IRequest, name: str) -> bytes:
         """Set user-settable config keys (``null`` removes one); answers with the instance."""
         body = read_json_body(request)
         config = field(body, "config", dict, "an object")
         if config is None:
             raise BadRequest("Invalid field 'config': an object of keys to set is required")
         return sync_response(
-            request, self._instance_json(self.lifecycle.update_config(name, config))
+            request, self._instance_json(await self.lifecycle.update_config(name, config))
         )
 
     @app.route("/1.0/instances/<name>", methods=["PUT"])
-    def put_instance(self, request: IRequest, name: str) -> bytes:
+    async def put_instance(self, request: IRequest, name: str) -> bytes:
         """LXD's restore: ``{"restore": SNAP, "stateful": bool, "force": bool}``."""
         body = read_json_body(request)
         unexpected = sorted(set(body) - {"restore", "stateful", "force"})
@@ -204,21 +204,21 @@ class OperatorAPI:
             if value is not None:
                 params[flag] = value
         self.lifecycle.get(name)
-        return _async(request, self.lifecycle.act(name, "restore", **params))
+        return _async(request, await self.lifecycle.act(name, "restore", **params))
 
     @app.route("/1.0/instances/<name>/snapshots", methods=["GET"])
-    def list_snapshots(self, request: IRequest, name: str) -> bytes:
+    async def list_snapshots(self, request: IRequest, name: str) -> bytes:
         """The instance's snapshots, oldest first."""
         return sync_response(
             request,
             [
                 snapshot_json(snapshot)
-                for snapshot in self.lifecycle.state.store.list_snapshots(name)
+                for snapshot in await self.lifecycle.state.store.list_snapshots(name)
             ],
         )
 
     @app.route("/1.0/instances/<name>/snapshots", methods=["POST"])
-    def create_snapshot(self, request: IRequest, name: str) -> bytes:
+    async def create_snapshot(self, request: IRequest, name: str) -> bytes:
         """Take a snapshot: ``{"name": SNAP, "stateful": bool}``."""
         body = read_json_body(request)
         unexpected = sorted(set(body) - {"name", "stateful"})
@@ -232,13 +232,13 @@ class OperatorAPI:
         if stateful is not None:
             params["stateful"] = stateful
         self.lifecycle.get(name)
-        return _async(request, self.lifecycle.act(name, "snapshot", **params))
+        return _async(request, await self.lifecycle.act(name, "snapshot", **params))
 
     @app.route("/1.0/instances/<name>", methods=["DELETE"])
-    def delete_instance(self, request: IRequest, name: str) -> bytes:
+    async def delete_instance(self, request: IRequest, name: str) -> bytes:
         """Delete an instance (its VM is stopped first); answers with the operation."""
         self.lifecycle.get(name)
-        return _async(request, self.lifecycle.act(name, "delete"))
+        return _async(request, await self.lifecycle.act(name, "delete"))
 
     @app.route("/1.0/instances/<name>/state", methods=["GET"])
     def get_state(self, request: IRequest, name: str) -> bytes:
@@ -248,7 +248,7 @@ class OperatorAPI:
         )
 
     @app.route("/1.0/instances/<name>/state", methods=["PUT"])
-    def put_state(self, request: IRequest, name: str) -> bytes:
+    async def put_state(self, request: IRequest, name: str) -> bytes:
         """start, stop, restart, freeze or unfreeze, with LXD's force and timeout."""
         body = read_json_body(request)
         action = field(body, "action", str, "a string")
@@ -266,10 +266,10 @@ class OperatorAPI:
                 params["force"] = force
             if timeout is not None and timeout != DEFAULT_TIMEOUT:
                 params["timeout"] = timeout
-        return _async(request, self.lifecycle.act(name, action, **params))
+        return _async(request, await self.lifecycle.act(name, action, **params))
 
     @app.route("/1.0/instances/<name>/actions/<action>", methods=["POST"])
-    def run_action(self, request: IRequest, name: str, action: str) -> bytes:
+    async def run_action(self, request: IRequest, name: str, action: str) -> bytes:
         """rebuild, resize (``{"memory", "cpus"}``), confirm-resize, revert-resize."""
         if action not in INSTANCE_ACTIONS:
             raise NotFound(
@@ -286,7 +286,7 @@ class OperatorAPI:
             if value is not None:
                 params[key] = value
         self.lifecycle.get(name)
-        return _async(request, self.lifecycle.act(name, action, **params))
+        return _async(request, await self.lifecycle.act(name, action, **params))
 
     @app.route("/1.0/instances/<name>/console", methods=["GET"])
     def get_console(self, request: IRequest, name: str) -> bytes:
@@ -296,9 +296,9 @@ class OperatorAPI:
         return log
 
     @app.route("/1.0/instances/<name>/actions", methods=["GET"])
-    def list_actions(self, request: IRequest, name: str) -> bytes:
+    async def list_actions(self, request: IRequest, name: str) -> bytes:
         """The instance's action history (kept after delete), newest first, with steps."""
-        actions = self.lifecycle.state.store.list_actions(name)
+        actions = await self.lifecycle.state.store.list_actions(name)
         if not actions:
             self.lifecycle.get(name)
         return sync_response(request, [action.to_json() for action in actions])

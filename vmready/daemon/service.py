@@ -33,6 +33,7 @@ from vmready.agentlink.vsockaddress import HybridVSockAddress
 from vmready.api.guest import GuestAPI, guest_site, guest_tls_factory
 from vmready.api.operator import OperatorAPI
 from vmready.api.web import local_site
+from vmready.domain.model import InstanceRecord
 from vmready.domain.reactor import IVMReadyReactor
 from vmready.guestfiles import loader_files
 from vmready.hypervisor.accel import KVMVerdicts, kvm_device_problem
@@ -44,8 +45,10 @@ from vmready.hypervisor.console import DEFAULT_CONSOLE_MAX_BYTES
 from vmready.hypervisor.driver import HypervisorDriver
 from vmready.lifecycle.core import DEFAULT_KVM_PROBE_TIMEOUT, GuestLink, LaunchSettings, Lifecycle
 from vmready.lifecycle.events import EventBus
+from vmready.lifecycle.recovery import DEFAULT_SYNC_CONCURRENCY
 from vmready.protocols.transcript import DEFAULT_KEEP, DEFAULT_MAX_BYTES
 from vmready.record.recording import Recorders, RecordingGuestResource
+from vmready.store.asyncstore import AsyncStore
 from vmready.store.sqlite import Store
 from vmready.trust.certs import ensure_server_certificate
 
@@ -82,6 +85,8 @@ class DaemonConfig:
     kvm_probe_timeout: float = DEFAULT_KVM_PROBE_TIMEOUT
     console_max_bytes: int = DEFAULT_CONSOLE_MAX_BYTES
     console_check_interval: float = 5.0
+    # Instances reconciled at once (power sync, start-up): ``--sync-concurrency``.
+    sync_concurrency: int = DEFAULT_SYNC_CONCURRENCY
 
     @property
     def forward_socket(self) -> str:
@@ -105,9 +110,15 @@ class DaemonConfig:
 class VMReadyService(MultiService):
     """Opens the store, recovers every instance, then serves the API and syncs power state.
 
-    The API listens only once recovery is over, so no request races the
-    re-adoption of a VM; ``recovered`` fires then (with recovery's failure, if
-    it failed: the daemon serves anyway, for an operator to look).
+    Start-up recovery is in two parts: Ready is cleared everywhere and
+    interrupted actions are closed (bulk writes) before the API listens
+    (``serving`` fires then); the per-instance reconciliation (re-adopting VMs,
+    issuing missing agent identities) runs afterwards, ``sync_concurrency`` at
+    a time, while the API serves: an action on an instance waits for its
+    reconciliation, and nothing shows Ready before its agent says so again.
+    ``recovered`` fires once every instance is reconciled (with the failure, if
+    recovery failed: the daemon serves anyway, for an operator to look); power
+    sync starts then.  The store runs on its own database thread.
     """
 
     log = Logger()
@@ -116,18 +127,22 @@ class VMReadyService(MultiService):
         super().__init__()
         self.reactor = reactor
         self.config = config
-        self.store: Store | None = None
+        self.store: AsyncStore | None = None
         self.lifecycle: Lifecycle | None = None
         self.recovered: Deferred[None] = Deferred()
+        self.serving: Deferred[None] = Deferred()
         self.guest_port: IListeningPort | None = None
         self.forward_port: IListeningPort | None = None
         self.recorders: Recorders | None = None
 
     def startService(self) -> None:
         config = self.config
-        self.store = Store.open(os.path.join(config.data_dir, "vmready.sqlite"))
-        events = EventBus(self.reactor.seconds)
         driver = HypervisorDriver(self.reactor, config.hypervisor, config.qemu_binary)
+        # Asked first: the hypervisor's --version runs while the store loads its instances.
+        version = Deferred.fromCoroutine(_program_version(self.reactor, driver.program))
+        engine = Store.open(os.path.join(config.data_dir, "vmready.sqlite"))
+        self.store = AsyncStore.threaded(self.reactor, engine)
+        events = EventBus(self.reactor.seconds)
         transport = choose_transport(
             config.hypervisor, config.guest_transport, vhost_vsock_problem()
         )
@@ -147,6 +162,7 @@ class VMReadyService(MultiService):
             stop_timeout=config.stop_timeout,
             serial_layout=SERIAL_LAYOUTS[config.serial_layout],
             settings=settings,
+            sync_concurrency=config.sync_concurrency,
         )
         lifecycle.state.kvm_problem = kvm_device_problem()
         self.log.info(
@@ -165,17 +181,24 @@ class VMReadyService(MultiService):
         )
         site = local_site(OperatorAPI(lifecycle, config.hypervisor).app.resource())
         super().startService()
-        Deferred.fromCoroutine(self._start_guest_api()).addCallbacks(
-            lambda _: self._start_recovery(site), self._guest_api_failed
+        # Clearing Ready (on the database thread) and starting the guest API go on together.
+        preparing = Deferred.fromCoroutine(lifecycle.prepare_recovery())
+        Deferred.fromCoroutine(self._start_guest_api(version)).addCallbacks(
+            lambda _: self._start_recovery(site, preparing),
+            self._guest_api_failed,
+            errbackArgs=(preparing,),
         )
 
-    def _start_recovery(self, site: Site) -> None:
-        Deferred.fromCoroutine(self._recover()).addCallbacks(
-            self._recovered, self._recovery_failed, callbackArgs=(site,), errbackArgs=(site,)
+    def _start_recovery(self, site: Site, preparing: Deferred[list[InstanceRecord]]) -> None:
+        Deferred.fromCoroutine(self._recover(site, preparing)).addCallbacks(
+            self._recovered, self._recovery_failed, errbackArgs=(site,)
         )
 
-    def _guest_api_failed(self, failure: Failure) -> None:
+    def _guest_api_failed(
+        self, failure: Failure, preparing: Deferred[list[InstanceRecord]]
+    ) -> None:
         """Without the guest API no agent can report: the daemon stops, saying why."""
+        preparing.addErrback(lambda _: None)  # the daemon stops anyway
         self.log.error(
             "cannot serve the guest API on {endpoint}: {error}; stopping",
             endpoint=self.config.guest_endpoint,
@@ -184,10 +207,10 @@ class VMReadyService(MultiService):
         self.reactor.callWhenRunning(self.reactor.stop)
         self.recovered.errback(failure)
 
-    async def _start_guest_api(self) -> None:
+    async def _start_guest_api(self, version: Deferred[str]) -> None:
         """Listen for agents on a fresh random port (and the forward socket); advertise it."""
         assert self.store is not None and self.lifecycle is not None
-        await self._judge_kvm()
+        await self._judge_kvm(version)
         server = ensure_server_certificate(self.config.data_dir)
         endpoint_string = self.config.guest_endpoint
         self._remove_stale_guest_sockets()
@@ -225,12 +248,11 @@ class VMReadyService(MultiService):
             resource = RecordingGuestResource(resource, api.identify, self.recorders)
         return resource
 
-    async def _judge_kvm(self) -> None:
+    async def _judge_kvm(self, version: Deferred[str]) -> None:
         """Load what this host taught earlier daemons about KVM (per kernel and QEMU build)."""
         assert self.lifecycle is not None
         driver = self.lifecycle.state.driver
-        version = await _program_version(self.reactor, driver.program)
-        key = f"{os.uname().release}|{driver.program_name}|{version}"
+        key = f"{os.uname().release}|{driver.program_name}|{await version}"
         path = os.path.join(self.config.data_dir, KVM_VERDICT_FILE)
         self.lifecycle.state.kvm = KVMVerdicts(path, key)
         verdict = self.lifecycle.state.kvm.verdict
@@ -254,19 +276,26 @@ class VMReadyService(MultiService):
             except OSError as e:
                 self.log.warn("cannot remove stale {path}: {error}", path=path, error=e)
 
-    async def _recover(self) -> None:
+    async def _recover(self, site: Site, preparing: Deferred[list[InstanceRecord]]) -> None:
         assert self.lifecycle is not None
-        issued = self.lifecycle.ensure_agent_identities()
-        if issued:
-            self.log.info("issued agent certificates to {count} instances", count=issued)
-        await self.lifecycle.recover()
+        records = await preparing
+        if not self._serve(site):
+            return
+        await self.lifecycle.reconcile(records)
+        self.log.info("recovered {count} instances", count=len(records))
+        self._start_timers()
 
-    def _recovered(self, _: object, site: Site) -> None:
-        assert self.store is not None and self.lifecycle is not None
-        self.log.info("recovered {count} instances", count=len(self.store.list_instances()))
-        if self._listen(site):
-            self._start_timers()
+    def _recovered(self, _: object) -> None:
         self.recovered.callback(None)
+
+    def _serve(self, site: Site) -> bool:
+        """Listen on ``--listen`` (once); whether the API serves."""
+        if self.serving.called:
+            return True
+        listening = self._listen(site)
+        if listening:
+            self.serving.callback(None)
+        return listening
 
     def _start_timers(self) -> None:
         """Console rotation and power sync: only for a daemon that serves its API."""
@@ -287,7 +316,7 @@ class VMReadyService(MultiService):
 
     def _recovery_failed(self, failure: Failure, site: Site) -> None:
         self.log.failure("recovering instances failed", failure)
-        self._listen(site)
+        self._serve(site)
         self.recovered.errback(failure)
 
     def _listen(self, site: Site) -> bool:
@@ -319,7 +348,7 @@ class VMReadyService(MultiService):
         if self.recorders is not None:
             self.recorders.close()
         if self.store is not None:
-            self.store.close()
+            await self.store.close()
 
 
 def drive_contents(data_dir: str) -> DriveContents:

@@ -34,11 +34,14 @@ from vmready.hypervisor.bootsource import BootSource
 from vmready.hypervisor.cmdline import CURRENT_LAYOUT, STARTABLE_LAYOUTS
 from vmready.hypervisor.console import DEFAULT_CONSOLE_MAX_BYTES
 from vmready.lifecycle.core import DEFAULT_KVM_PROBE_TIMEOUT, MAX_STOP_TIMEOUT
+from vmready.lifecycle.recovery import DEFAULT_SYNC_CONCURRENCY
 from vmready.protocols.transcript import DEFAULT_KEEP, DEFAULT_MAX_BYTES
 from vmready.store.sqlite import Store
 from vmready.trust.certs import CertificateError, ensure_server_certificate
 
 HYPERVISORS = ("fakeqemu", "qemu")
+# More would only queue in the store and the hypervisor: each instance is a few QMP calls.
+MAX_SYNC_CONCURRENCY = 1024
 _UNIX_PATH_MAX = 108  # sizeof(sockaddr_un.sun_path) on Linux, the terminating NUL included
 _DEFAULT_POLL = PollIntervals()
 # The agent link's reads without an event: option, PollIntervals field, help.
@@ -100,6 +103,12 @@ class Options(usage.Options):
             "Seconds between power-state reconciliations; 0 or less disables it.",
         ],
         ["stop-timeout", None, "30", "Seconds a clean stop waits before forcing."],
+        [
+            "sync-concurrency",
+            None,
+            str(DEFAULT_SYNC_CONCURRENCY),
+            "Instances reconciled at once by power sync and at daemon start (1 to 1024).",
+        ],
         [
             "serial-layout",
             None,
@@ -182,6 +191,12 @@ class Options(usage.Options):
                 raise usage.UsageError(f"--{option} must be a number of seconds") from None
             if not (math.isfinite(self[option]) and 0 < self[option] <= 3600):
                 raise usage.UsageError(f"--{option} must be more than 0 and at most 3600 seconds")
+        try:
+            self["sync-concurrency"] = int(self["sync-concurrency"])
+        except ValueError:
+            raise usage.UsageError("--sync-concurrency must be a whole number") from None
+        if not 1 <= self["sync-concurrency"] <= MAX_SYNC_CONCURRENCY:
+            raise usage.UsageError(f"--sync-concurrency must be 1 to {MAX_SYNC_CONCURRENCY}")
         if not 0 <= self["stop-timeout"] <= MAX_STOP_TIMEOUT:
             raise usage.UsageError(f"--stop-timeout must be 0 to {MAX_STOP_TIMEOUT:g} seconds")
         for option, least in (("record-max-bytes", 1024), ("record-keep", 0)):
@@ -401,6 +416,7 @@ def makeService(options: Options) -> VMReadyService:
         default_boot=default_boot,
         kvm_probe_timeout=options["kvm-probe-timeout"],
         console_max_bytes=options["console-max-bytes"],
+        sync_concurrency=options["sync-concurrency"],
     )
     reached = {
         "forward": f"reached by guests through {config.forward_socket} (the forward transport)",

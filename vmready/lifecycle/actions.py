@@ -113,7 +113,7 @@ class Actions:
             raise BadRequest(f"Unexpected parameters for {action}: {', '.join(unexpected)}")
         return {}
 
-    def preflight(self, action: str, record: InstanceRecord, params: dict[str, Any]) -> None:
+    async def preflight(self, action: str, record: InstanceRecord, params: dict[str, Any]) -> None:
         """What can be known before a snapshot or restore touches anything: refuse it now."""
         name = params["snapshot"]
         if self.state.disk_path(record) is not None:
@@ -124,7 +124,7 @@ class Actions:
                 "disk image do not capture the disk yet"
             )
         if action == "snapshot":
-            if self.state.store.find_snapshot(record.name, name) is not None:
+            if await self.state.store.find_snapshot(record.name, name) is not None:
                 raise Conflict(f"Snapshot {name} of instance {record.name} already exists")
             if params["stateful"] and (
                 record.vm_state is not VMState.ACTIVE or not self.state.has_vm(record.name)
@@ -134,7 +134,7 @@ class Actions:
                     "running (a stateful snapshot saves the running VM's memory)"
                 )
             return
-        snapshot = self.state.store.find_snapshot(record.name, name)
+        snapshot = await self.state.store.find_snapshot(record.name, name)
         if snapshot is None:
             raise NotFound(f"Snapshot {name} of instance {record.name} not found")
         if not params["stateful"]:
@@ -172,14 +172,14 @@ class Actions:
             await work
         except VMReadyError as e:
             if not context.ended:
-                context.fail(e.message)
+                await context.fail(e.message)
             raise
         except Exception as e:
             self.log.failure(
                 "action {action} on {name} failed", action=context.action, name=context.name
             )
             if not context.ended:
-                context.fail(f"internal error: {e}")
+                await context.fail(f"internal error: {e}")
             raise
 
     async def do_start(self, context: ActionContext, record: InstanceRecord) -> None:
@@ -188,7 +188,7 @@ class Actions:
             # In error, but its VM still runs and is followed: keep it, do not replace it.
             context.note("kept the VM that was still running")
             power = await self.state.vm(record.name).query_power_state()
-            context.finish(power)
+            await context.finish(power)
             self.state.events.lifecycle("instance-started", record.name)
             return
         if (
@@ -197,13 +197,13 @@ class Actions:
             and await self._take_over_running_vm(context, record)
         ):
             power = await self.state.vm(record.name).query_power_state()
-            context.finish(power)
+            await context.finish(power)
         else:
             # A stray VM of a stopped instance may run an old configuration: replace it.
             if await self.state.driver.kill_owned(self.state.spec_for(record)):
                 context.note("killed a stray VM before starting")
             await self.booting.launch(record)
-            context.finish(PowerState.RUNNING)
+            await context.finish(PowerState.RUNNING)
         self.state.events.lifecycle("instance-started", record.name)
 
     async def _take_over_running_vm(self, context: ActionContext, record: InstanceRecord) -> bool:
@@ -225,37 +225,37 @@ class Actions:
         self, context: ActionContext, record: InstanceRecord, timeout: float, force: bool
     ) -> None:
         await self.booting.power_off(context, record.name, timeout, force)
-        context.finish(PowerState.SHUTDOWN, {READY_KEY: "false"})
+        await context.finish(PowerState.SHUTDOWN, {READY_KEY: "false"})
         self.state.events.lifecycle("instance-stopped", record.name)
 
     async def do_restart(
         self, context: ActionContext, record: InstanceRecord, timeout: float, force: bool
     ) -> None:
         await self.booting.power_off(context, record.name, timeout, force)
-        self.state.store.update_config(record.name, {READY_KEY: "false"})
+        await self.state.store.update_config(record.name, {READY_KEY: "false"})
         await self.booting.launch(self.state.store.get_instance(record.name))
-        context.finish(PowerState.RUNNING)
+        await context.finish(PowerState.RUNNING)
         self.state.events.lifecycle("instance-restarted", record.name)
 
     async def do_freeze(self, context: ActionContext, record: InstanceRecord) -> None:
         await self.state.vm(record.name).pause()
-        context.finish(PowerState.PAUSED)
+        await context.finish(PowerState.PAUSED)
         self.state.events.lifecycle("instance-paused", record.name)
 
     async def do_unfreeze(self, context: ActionContext, record: InstanceRecord) -> None:
         await self.state.vm(record.name).resume()
-        context.finish(PowerState.RUNNING)
+        await context.finish(PowerState.RUNNING)
         self.state.events.lifecycle("instance-resumed", record.name)
 
     async def do_rebuild(self, context: ActionContext, record: InstanceRecord) -> None:
         await self.booting.power_off(context, record.name, 0, force=True)
-        record = self.state.store.update_config(record.name, {READY_KEY: "false"})
+        record = await self.state.store.update_config(record.name, {READY_KEY: "false"})
         boot = BootSource.from_config(record.config)
         if boot.image is not None:
             # The image may have changed or gone since launch: check it again.
             await self.booting.make_disk(context, record, await self.state.check_boot_source(boot))
         await self.booting.launch(record)
-        context.finish(PowerState.RUNNING)
+        await context.finish(PowerState.RUNNING)
         self.state.events.lifecycle("instance-rebuilt", record.name)
 
     async def do_resize(
@@ -265,7 +265,7 @@ class Actions:
         memory: int | None,
         cpus: int | None,
     ) -> None:
-        context.advance(TaskState.RESIZE_PREP)
+        await context.advance(TaskState.RESIZE_PREP)
         updates: dict[str, str | None] = {
             _PREVIOUS_MEMORY: str(record.memory_mib),
             _PREVIOUS_CPU: str(record.cpus),
@@ -273,11 +273,11 @@ class Actions:
             "limits.cpu": str(cpus if cpus is not None else record.cpus),
         }
         was_running = self.state.has_vm(record.name)
-        context.advance(TaskState.RESIZE_MIGRATING)
+        await context.advance(TaskState.RESIZE_MIGRATING)
         resized = await self.booting.relaunch_with(context, record.name, updates, was_running)
-        context.advance(TaskState.RESIZE_FINISH)
+        await context.advance(TaskState.RESIZE_FINISH)
         power = PowerState.RUNNING if was_running else PowerState.SHUTDOWN
-        context.finish(power)
+        await context.finish(power)
         self.state.events.lifecycle(
             "instance-resized",
             record.name,
@@ -286,7 +286,7 @@ class Actions:
 
     async def do_confirm_resize(self, context: ActionContext, record: InstanceRecord) -> None:
         running = self.state.has_vm(record.name)
-        context.finish(
+        await context.finish(
             PowerState.RUNNING if running else PowerState.SHUTDOWN,
             {_PREVIOUS_MEMORY: None, _PREVIOUS_CPU: None},
             store_power=False,
@@ -303,19 +303,19 @@ class Actions:
         was_running = self.state.has_vm(record.name)
         await self.booting.relaunch_with(context, record.name, updates, was_running)
         if was_running:
-            context.finish(PowerState.RUNNING)
+            await context.finish(PowerState.RUNNING)
         else:
-            context.finish(PowerState.SHUTDOWN)
+            await context.finish(PowerState.SHUTDOWN)
         self.state.events.lifecycle("instance-resize-reverted", record.name)
 
     async def do_delete(self, context: ActionContext, record: InstanceRecord) -> None:
         await self.booting.power_off(context, record.name, 0, force=True)
-        context.complete()
-        self.forget(record)
+        await context.complete()
+        await self.forget(record)
 
-    def forget(self, record: InstanceRecord, reason: str | None = None) -> None:
+    async def forget(self, record: InstanceRecord, reason: str | None = None) -> None:
         """The instance is gone: its row (revoking its certificate), run dir, DELETED event."""
-        self.state.store.delete_instance(record.name)
+        await self.state.store.delete_instance(record.name)
         self.state.last_agent_status.pop(record.name, None)
         remove_instance_snapshots(self.state.snapshot_root, run_dir_name(record.uuid))
         shutil.rmtree(self.state.spec_for(record).run_dir, ignore_errors=True)

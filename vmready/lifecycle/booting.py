@@ -69,7 +69,7 @@ class Booting:
     ) -> None:
         await self.make_disk(context, record, image)
         await self.launch(record)
-        context.finish(PowerState.RUNNING)
+        await context.finish(PowerState.RUNNING)
         self.state.events.lifecycle("instance-started", record.name)
 
     async def make_disk(
@@ -107,7 +107,7 @@ class Booting:
         }
         if transport == "vsock" and CID_KEY not in record.config:
             updates[CID_KEY] = str(self._new_cid())
-        record = self.state.store.update_config(record.name, updates)
+        record = await self.state.store.update_config(record.name, updates)
         disk = self.state.disk_path(record)
         if disk is not None and not os.path.exists(disk):
             raise HypervisorError(
@@ -143,7 +143,7 @@ class Booting:
             return await self._fall_back_to_tcg(
                 record, f"QEMU failed to start a guest under KVM: {first}", incoming
             )
-        self.state.store.update_config(
+        await self.state.store.update_config(
             record.name, {CURRENT_ACCEL_KEY: choice.accel, ACCEL_REASON_KEY: choice.reason}
         )
         self.watching.attach(record.name, vm)
@@ -213,7 +213,7 @@ class Booting:
     ) -> InstanceRecord:
         if was_running:
             await self.power_off(context, name, self.state.stop_timeout, force=False)
-        record = self.state.store.update_config(name, {**updates, READY_KEY: "false"})
+        record = await self.state.store.update_config(name, {**updates, READY_KEY: "false"})
         if was_running:
             await self.launch(record)
         return record

@@ -11,6 +11,7 @@ action (rebuild, delete, start after a failed stop…) moves it from there.
 
 from __future__ import annotations
 
+import builtins
 from typing import Any
 
 from twisted.internet.defer import Deferred, gatherResults
@@ -43,7 +44,7 @@ from vmready.lifecycle.booting import Booting
 from vmready.lifecycle.events import EventBus
 from vmready.lifecycle.guestside import GuestSide
 from vmready.lifecycle.operations import Operation
-from vmready.lifecycle.recovery import Recovery
+from vmready.lifecycle.recovery import DEFAULT_SYNC_CONCURRENCY, Recovery
 from vmready.lifecycle.snapshotting import Snapshotting
 from vmready.lifecycle.state import (
     _LAUNCH_KEYS,
@@ -84,6 +85,7 @@ from vmready.lifecycle.state import (
 )
 from vmready.lifecycle.watching import Watching
 from vmready.protocols.ringbuffer import AgentStatus
+from vmready.store.asyncstore import AsyncStore
 from vmready.store.sqlite import Store
 from vmready.trust.certs import CertificatePair
 
@@ -141,7 +143,7 @@ class Lifecycle:
     def __init__(
         self,
         reactor: IReactorTime,
-        store: Store,
+        store: AsyncStore | Store,
         driver: HypervisorDriver,
         events: EventBus,
         run_root: str,
@@ -150,10 +152,12 @@ class Lifecycle:
         snapshot_root: str | None = None,
         settings: LaunchSettings | None = None,
         disk_root: str | None = None,
+        sync_concurrency: int = DEFAULT_SYNC_CONCURRENCY,
     ) -> None:
         self.state = state = LifecycleState(
             reactor=reactor,
-            store=store,
+            # A bare engine runs inline (tests, replays); the daemon hands a threaded store.
+            store=store if isinstance(store, AsyncStore) else AsyncStore.inline(store),
             driver=driver,
             events=events,
             run_root=run_root,
@@ -168,7 +172,9 @@ class Lifecycle:
         self.booting = Booting(state, self.guestside, self.watching)
         self.snapshotting = Snapshotting(state, self.booting)
         self.actions = Actions(state, self.booting, self.snapshotting, self.watching)
-        self.recovery = Recovery(state, self.actions, self.watching)
+        self.recovery = Recovery(
+            state, self.actions, self.watching, self.guestside, sync_concurrency
+        )
 
     async def create(
         self, name: str, config: dict[str, Any], instance_uuid: str | None = None
@@ -192,9 +198,9 @@ class Lifecycle:
                 f"Cannot launch {name} with {ACCEL_KEY}=kvm: {self.state.kvm_problem}"
             )
         image = await self.state.check_boot_source(boot)
-        record = self.state.store.create_instance(name, checked, {}, instance_uuid)
-        context = ActionContext(self.state, name, "create", TaskState.SPAWNING)
-        self.guestside.issue_agent_identity(record)
+        record = await self.state.store.create_instance(name, checked, {}, instance_uuid)
+        context = await ActionContext.begin(self.state, name, "create", TaskState.SPAWNING)
+        await self.guestside.issue_agent_identity(record)
         self.state.publish_state(record)
         self.state.events.lifecycle("instance-created", name)
 
@@ -203,8 +209,8 @@ class Lifecycle:
 
         return self.state.operations.run(f"Creating instance {name}", name, work)
 
-    def act(self, name: str, action: str, **params: Any) -> Operation:
-        """Run a named action; a 409 is raised here, synchronously, if it cannot start."""
+    async def act(self, name: str, action: str, **params: Any) -> Operation:
+        """Run a named action; a 409 is raised here, before the operation, if it cannot start."""
         spec = ACTIONS.get(action)
         if spec is None or action == "create":
             raise BadRequest(f"Unknown action {action!r}")
@@ -213,13 +219,15 @@ class Lifecycle:
             "do_" + action.replace("-", "_"),
         )
         prepared = self.actions.prepare(action, params)
+        # Not before the daemon's start-up reconciliation of the instance is over.
+        await self.recovery.reconciled(name)
         if action in ("snapshot", "restore"):
             current = self.state.store.get_instance(name)
             if current.task_state is not None:
                 raise task_conflict(action, name, current.task_state.value, current.vm_state.value)
-            self.actions.preflight(action, current, prepared)
-        record = self.state.store.claim_task(name, action, spec.allowed_from, spec.tasks[0])
-        context = ActionContext(self.state, name, action, spec.tasks[0])
+            await self.actions.preflight(action, current, prepared)
+        record = await self.state.store.claim_task(name, action, spec.allowed_from, spec.tasks[0])
+        context = await ActionContext.begin(self.state, name, action, spec.tasks[0])
         recorder = (
             self.state.recorders.recorder_for(name) if self.state.recorders is not None else None
         )
@@ -246,6 +254,7 @@ class Lifecycle:
 
     def shutdown(self) -> Deferred[None]:
         """Daemon stopping: let go of the VMs (they keep running), without touching the store."""
+        self.recovery.stopping = True
         self.state.operations.stop()
         detaching = []
         for name in list(self.state.vms):
@@ -282,9 +291,9 @@ class Lifecycle:
         """The serial layout the instance's VM was last started with."""
         return self.state.layout_of(record)
 
-    def update_config(self, name: str, config: dict[str, Any]) -> InstanceRecord:
+    async def update_config(self, name: str, config: dict[str, Any]) -> InstanceRecord:
         """Set user-settable keys (``None`` removes one); limits change only through resize."""
-        return self.state.update_config(name, config)
+        return await self.state.update_config(name, config)
 
     def publish_state(self, record: InstanceRecord) -> None:
         """An ``instance-state`` event with everything a watcher needs to show the instance."""
@@ -294,17 +303,17 @@ class Lifecycle:
         """Check what an instance would boot; the image's description, or BadRequest."""
         return await self.state.check_boot_source(boot)
 
-    def set_ready(self, name: str, ready: bool) -> InstanceRecord:
+    async def set_ready(self, name: str, ready: bool) -> InstanceRecord:
         """The guest's workload declared itself Ready (or withdrew it: Started)."""
-        return self.guestside.set_ready(name, ready)
+        return await self.guestside.set_ready(name, ready)
 
-    def issue_agent_identity(self, record: InstanceRecord) -> CertificatePair | None:
+    async def issue_agent_identity(self, record: InstanceRecord) -> CertificatePair | None:
         """A fresh client certificate for the instance's agent, and its config drive."""
-        return self.guestside.issue_agent_identity(record)
+        return await self.guestside.issue_agent_identity(record)
 
-    def ensure_agent_identities(self) -> int:
+    async def ensure_agent_identities(self) -> int:
         """Issue certificates to instances that have none (created before the guest API)."""
-        return self.guestside.ensure_agent_identities()
+        return await self.guestside.ensure_agent_identities()
 
     async def sync_power_states(self) -> None:
         """One reconciliation round, all instances at once; errors and tasks are left alone."""
@@ -313,6 +322,14 @@ class Lifecycle:
     async def recover(self) -> None:
         """At daemon start: clear Ready, close interrupted actions, re-adopt or resolve VMs."""
         return await self.recovery.recover()
+
+    async def prepare_recovery(self) -> builtins.list[InstanceRecord]:
+        """Daemon start, before serving: clear Ready, close interrupted actions."""
+        return await self.recovery.prepare()
+
+    async def reconcile(self, records: builtins.list[InstanceRecord]) -> None:
+        """Daemon start, while serving: re-adopt or resolve each VM, bounded."""
+        await self.recovery.reconcile(records)
 
     def spec_for(
         self,

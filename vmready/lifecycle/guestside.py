@@ -41,7 +41,7 @@ class GuestSide:
     def __init__(self, state: LifecycleState) -> None:
         self.state = state
 
-    def set_ready(self, name: str, ready: bool) -> InstanceRecord:
+    async def set_ready(self, name: str, ready: bool) -> InstanceRecord:
         """The guest's workload declared itself Ready (or withdrew it: Started).
 
         Ready sets ``volatile.last_state.ready`` to "true" and emits
@@ -52,7 +52,8 @@ class GuestSide:
         if not self.state.has_vm(name):
             raise Conflict(f"Instance {name} is not running")
         if record.ready != ready or READY_KEY not in record.config:
-            record = self.state.store.update_config(
+            # Announced once committed: instance-ready never names a state the store lost.
+            record = await self.state.store.update_config(
                 name, {READY_KEY: "true" if ready else "false"}
             )
             self.state.publish_state(record)
@@ -60,7 +61,7 @@ class GuestSide:
             self.state.events.lifecycle("instance-ready", name)
         return record
 
-    def issue_agent_identity(self, record: InstanceRecord) -> CertificatePair | None:
+    async def issue_agent_identity(self, record: InstanceRecord) -> CertificatePair | None:
         """A fresh client certificate for the instance's agent, and its config drive.
 
         The store keeps only the fingerprint: whoever presents this certificate
@@ -71,7 +72,7 @@ class GuestSide:
         if guest is None:
             return None
         pair = generate(f"vmready-agent-{record.name}")
-        self.state.store.set_agent_certificate(record.name, pair.fingerprint)
+        await self.state.store.set_agent_certificate(record.name, pair.fingerprint)
         write_identity(self.state.config_drive(record), pair, guest.server_cert_pem)
         self.refresh_config_drive(record)
         return pair
@@ -111,7 +112,7 @@ class GuestSide:
             record.config.get("user.meta-data", ""),
         )
 
-    def ensure_agent_identities(self) -> int:
+    async def ensure_agent_identities(self) -> int:
         """Issue certificates to instances that have none (created before the guest API).
 
         A config drive whose ``server.crt`` is not the daemon's (the operator
@@ -119,12 +120,16 @@ class GuestSide:
         """
         issued = 0
         for record in self.state.store.list_instances():
-            drive = self.state.config_drive(record)
-            self._refresh_pinned_certificate(record, drive)
-            missing = not os.path.exists(os.path.join(drive, AGENT_CONFIG))
-            if missing and self.issue_agent_identity(record) is not None:
+            if await self.ensure_agent_identity(record):
                 issued += 1
         return issued
+
+    async def ensure_agent_identity(self, record: InstanceRecord) -> bool:
+        """One instance's part of ``ensure_agent_identities``: whether it was issued one."""
+        drive = self.state.config_drive(record)
+        self._refresh_pinned_certificate(record, drive)
+        missing = not os.path.exists(os.path.join(drive, AGENT_CONFIG))
+        return missing and await self.issue_agent_identity(record) is not None
 
     def _refresh_pinned_certificate(self, record: InstanceRecord, drive: str) -> None:
         guest = self.state.guest

@@ -6,8 +6,10 @@ The store made to agree with the VMs that really run.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Coroutine
+from typing import Any
 
-from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet.defer import Deferred, DeferredSemaphore, gatherResults, succeed
 from twisted.logger import Logger
 
 from vmready.domain.model import (
@@ -18,12 +20,17 @@ from vmready.domain.model import (
 from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
 from vmready.hypervisor.runningvm import RunningVM
 from vmready.lifecycle.actions import Actions
+from vmready.lifecycle.guestside import GuestSide
 from vmready.lifecycle.state import (
     _RUNNING_STATES,
     _TASKS_RESOLVED_BY_A_RUNNING_VM,
     LifecycleState,
 )
 from vmready.lifecycle.watching import Watching
+from vmready.store.sqlite import Store
+
+# Instances reconciled at once by power sync and at start-up (``--sync-concurrency``).
+DEFAULT_SYNC_CONCURRENCY = 16
 
 
 class Recovery:
@@ -34,22 +41,46 @@ class Recovery:
 
     log = Logger()
 
-    def __init__(self, state: LifecycleState, actions: Actions, watching: Watching) -> None:
+    def __init__(
+        self,
+        state: LifecycleState,
+        actions: Actions,
+        watching: Watching,
+        guestside: GuestSide,
+        concurrency: int = DEFAULT_SYNC_CONCURRENCY,
+    ) -> None:
         self.state = state
         self.actions = actions
         self.watching = watching
+        self.guestside = guestside
+        # At most this many instances reconciled at once (power sync, start-up).
+        self.concurrency = concurrency
+        # Instances whose start-up reconciliation has not run yet.
+        self._pending: dict[str, list[Deferred[None]]] = {}
+        # Set when the daemon stops: what has not been reconciled yet is left for the next start.
+        self.stopping = False
 
     async def sync_power_states(self) -> None:
-        """One reconciliation round, all instances at once; errors and tasks are left alone."""
+        """One reconciliation round, ``concurrency`` instances at a time; errors and tasks left."""
         idle = [
             record
             for record in self.state.store.list_instances()
             if record.vm_state is not VMState.ERROR and record.task_state is None
         ]
-        await gatherResults(
-            [Deferred.fromCoroutine(self._sync_guarded(record)) for record in idle],
-            consumeErrors=True,
-        )
+        await self._bounded(self._sync_guarded, idle)
+
+    async def _bounded(
+        self,
+        work: Callable[[InstanceRecord], Coroutine[Any, Any, None]],
+        records: list[InstanceRecord],
+    ) -> None:
+        """``work`` on every record, never more than ``concurrency`` at once."""
+        limit = DeferredSemaphore(self.concurrency)
+
+        def one(record: InstanceRecord) -> Deferred[None]:
+            return limit.run(lambda: Deferred.fromCoroutine(work(record)))
+
+        await gatherResults([one(record) for record in records], consumeErrors=True)
 
     async def _sync_guarded(self, record: InstanceRecord) -> None:
         try:
@@ -95,12 +126,12 @@ class Recovery:
             if current is not None and current.task_state is None:
                 self.watching.detach(record.name)
                 self.state.history(record.name, "power-sync", e.message, ok=False)
-                self.watching.fail_idle(current, e.message, PowerState.NOSTATE)
+                await self.watching.fail_idle(current, e.message, PowerState.NOSTATE)
                 await vm.detach()  # hang up on the monitor; the VM itself is left as it is
             return
         current = self.state.store.find_instance(record.name)
         if current is not None and current.task_state is None and power is not current.power_state:
-            self.state.publish_state(self.state.store.set_power_state(record.name, power))
+            self.state.publish_state(await self.state.store.set_power_state(record.name, power))
 
     async def _adopt_or_settle(self, record: InstanceRecord, why: str) -> None:
         """Re-attach the instance's VM; if none runs, it is stopped; if it won't answer, error."""
@@ -109,12 +140,12 @@ class Recovery:
         except HypervisorError as e:
             current = self.state.store.find_instance(record.name)
             if current is not None and current.task_state is None:
-                self.watching.fail_idle(current, e.message, PowerState.NOSTATE)
+                await self.watching.fail_idle(current, e.message, PowerState.NOSTATE)
             return
         if adopted is not None:
             self.watching.attach(record.name, adopted, advertise=True)
             return
-        updated = self.state.store.settle(
+        updated = await self.state.store.settle(
             record.name,
             _RUNNING_STATES,
             VMState.STOPPED,
@@ -127,16 +158,61 @@ class Recovery:
             self.state.events.lifecycle("instance-stopped", record.name, {"reason": why})
 
     async def recover(self) -> None:
-        """At daemon start: clear Ready, close interrupted actions, re-adopt or resolve VMs."""
-        cleared = self.state.store.clear_ready_everywhere()
+        """At daemon start: ``prepare`` then ``reconcile``, in one go."""
+        await self.reconcile(await self.prepare())
+
+    async def prepare(self) -> list[InstanceRecord]:
+        """Before the API serves: clear Ready everywhere, close interrupted actions.
+
+        Bulk writes, one transaction each; returns the instances ``reconcile``
+        must visit, each marked pending until it has been (``reconciled``).
+        """
+        cleared = await self.state.store.clear_ready_everywhere()
         self.log.info("cleared {key} on {count} instances", key=READY_KEY, count=cleared)
-        for action in self.state.store.unfinished_actions():
-            self.state.store.finish_action(action.id, "error", "daemon stopped during the action")
-        for record in self.state.store.list_instances():
-            try:
-                await self._recover_one(record)
-            except VMReadyError as e:
-                await self._recovery_failed(record, e.message)
+        reason = "daemon stopped during the action"
+
+        def close_interrupted(engine: Store) -> None:
+            for action in engine.unfinished_actions():
+                engine.finish_action(action.id, "error", reason)
+
+        await self.state.store.run(close_interrupted)
+        records = self.state.store.list_instances()
+        for record in records:
+            self._pending.setdefault(record.name, [])
+        return records
+
+    async def reconcile(self, records: list[InstanceRecord]) -> None:
+        """Re-adopt or resolve each VM (and issue missing agent identities), bounded.
+
+        The API may serve meanwhile: an action on an instance waits for its
+        reconciliation (``reconciled``), and nothing is Ready before its VM is
+        adopted and its agent says so again.
+        """
+        await self._bounded(self._reconcile_guarded, records)
+
+    def reconciled(self, name: str) -> Deferred[None]:
+        """Fires once the instance's start-up reconciliation is over (at once if it is)."""
+        waiters = self._pending.get(name)
+        if waiters is None:
+            return succeed(None)
+        waiter: Deferred[None] = Deferred()
+        waiters.append(waiter)
+        return waiter
+
+    async def _reconcile_guarded(self, record: InstanceRecord) -> None:
+        try:
+            current = self.state.store.find_instance(record.name)
+            if current is not None and not self.stopping:
+                await self.guestside.ensure_agent_identity(current)
+                try:
+                    await self._recover_one(current)
+                except VMReadyError as e:
+                    await self._recovery_failed(current, e.message)
+        except Exception:
+            self.log.failure("recovering {name}", name=record.name)
+        finally:
+            for waiter in self._pending.pop(record.name, []):
+                waiter.callback(None)
 
     async def _recovery_failed(self, record: InstanceRecord, why: str) -> None:
         """Whatever went wrong re-adopting an instance, it must not stay mid-task: error."""
@@ -155,7 +231,7 @@ class Recovery:
         task = current.task_state
         reason = f"daemon stopped during {task.value}; {why}" if task else why
         self.state.history(record.name, "recover", reason, ok=False)
-        self.watching.fail_idle(current, reason, PowerState.NOSTATE)
+        await self.watching.fail_idle(current, reason, PowerState.NOSTATE)
 
     async def _recover_one(self, record: InstanceRecord) -> None:
         task = record.task_state
@@ -174,54 +250,55 @@ class Recovery:
             adopted = await self.state.driver.adopt(self.state.spec_for(record))
         except HypervisorError as e:
             await self.state.driver.kill_owned(self.state.spec_for(record))
-            self.watching.fail_idle(record, f"{reason}; {e.message}", PowerState.NOSTATE)
+            await self.watching.fail_idle(record, f"{reason}; {e.message}", PowerState.NOSTATE)
             return
         if adopted is not None:
             self.watching.attach(record.name, adopted, advertise=True)
         if task is TaskState.DELETING:
             await self._stop_adopted(record.name, adopted)
-            self.actions.forget(record, reason)
+            await self.actions.forget(record, reason)
             return
         if task is TaskState.POWERING_OFF:
             await self._stop_adopted(record.name, adopted)
-            self._resolve(record, task, VMState.STOPPED, PowerState.SHUTDOWN)
+            await self._resolve(record, task, VMState.STOPPED, PowerState.SHUTDOWN)
             return
         if task is TaskState.SNAPSHOTTING:
             # The snapshot was not recorded (its row is written last); the VM may be paused
             # mid-save: let it run on. A partial directory is replaced by the next snapshot.
             if adopted is None:
-                self._resolve(record, task, VMState.STOPPED, PowerState.SHUTDOWN)
+                await self._resolve(record, task, VMState.STOPPED, PowerState.SHUTDOWN)
                 return
             with contextlib.suppress(HypervisorError):
                 await adopted.resume()
             power = await adopted.query_power_state()
             vm_state = VMState.PAUSED if power is PowerState.PAUSED else VMState.ACTIVE
-            self._resolve(record, task, vm_state, power)
+            await self._resolve(record, task, vm_state, power)
             return
         if adopted is not None and task in _TASKS_RESOLVED_BY_A_RUNNING_VM:
             power = await adopted.query_power_state()
             vm_state = VMState.PAUSED if power is PowerState.PAUSED else VMState.ACTIVE
-            self._resolve(record, task, vm_state, power)
+            await self._resolve(record, task, vm_state, power)
             return
         if task is TaskState.POWERING_ON and adopted is None:
-            self._resolve(record, task, VMState.STOPPED, PowerState.SHUTDOWN)
+            await self._resolve(record, task, VMState.STOPPED, PowerState.SHUTDOWN)
             return
         await self._stop_adopted(record.name, adopted)
-        self._resolve_error(record, reason)
+        await self._resolve_error(record, reason)
 
     async def _stop_adopted(self, name: str, adopted: RunningVM | None) -> None:
         if adopted is not None:
             self.watching.detach(name)
             await adopted.force_stop()
 
-    def _resolve_error(self, record: InstanceRecord, reason: str) -> None:
+    async def _resolve_error(self, record: InstanceRecord, reason: str) -> None:
         """A task that cannot be finished after a restart ends in error, saying so."""
         self.state.history(record.name, "recover", reason, ok=False)
-        self.watching.fail_idle(record, reason, PowerState.NOSTATE)
+        await self.watching.fail_idle(record, reason, PowerState.NOSTATE)
 
-    def _resolve(
+    async def _resolve(
         self, record: InstanceRecord, task: TaskState, vm_state: VMState, power: PowerState
     ) -> None:
         detail = f"daemon stopped during {task.value}; now {vm_state}"
         self.state.history(record.name, "recover", detail)
-        self.state.publish_state(self.state.store.finish_task(record.name, task, vm_state, power))
+        finished = await self.state.store.finish_task(record.name, task, vm_state, power)
+        self.state.publish_state(finished)

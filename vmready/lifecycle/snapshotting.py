@@ -79,13 +79,13 @@ class Snapshotting:
                     if not vm.gone:
                         await vm.resume()
             write_metadata(directory, metadata)
-            self.state.store.create_snapshot(record.name, name, stateful, metadata)
+            await self.state.store.create_snapshot(record.name, name, stateful, metadata)
         except VMReadyError as e:
             shutil.rmtree(directory, ignore_errors=True)
             vm_alive = self.state.has_vm(record.name)
             if vm_alive == running:
                 # The VM runs on as before (or was never running): nothing to put in error.
-                context.abandon(
+                await context.abandon(
                     VMState.ACTIVE if running else VMState.STOPPED,
                     PowerState.RUNNING if running else None,
                     e.message,
@@ -98,9 +98,9 @@ class Snapshotting:
             shutil.rmtree(directory, ignore_errors=True)
             raise
         if running:
-            context.finish(PowerState.RUNNING)
+            await context.finish(PowerState.RUNNING)
         else:
-            context.finish(PowerState.SHUTDOWN, store_power=False)
+            await context.finish(PowerState.SHUTDOWN, store_power=False)
         self.state.events.lifecycle(
             "instance-snapshot-created", record.name, {"snapshot": name, "stateful": stateful}
         )
@@ -114,7 +114,7 @@ class Snapshotting:
         force: bool,
     ) -> None:
         name = snapshot
-        found = self.state.store.find_snapshot(record.name, name)
+        found = await self.state.store.find_snapshot(record.name, name)
         if found is None:
             raise NotFound(f"Snapshot {name} of instance {record.name} not found")
         metadata = found["metadata"]
@@ -122,7 +122,9 @@ class Snapshotting:
         if was_running or record.vm_state is VMState.ERROR:
             await self.booting.power_off(context, record.name, 0, force=True)
         updates = _config_updates(record.config, _restored_config(record.config, metadata))
-        restored = self.state.store.update_config(record.name, {**updates, READY_KEY: "false"})
+        restored = await self.state.store.update_config(
+            record.name, {**updates, READY_KEY: "false"}
+        )
         if stateful:
             directory = snapshot_directory(
                 self.state.snapshot_root, run_dir_name(record.uuid), name
@@ -131,12 +133,12 @@ class Snapshotting:
             accel = saved.get("accel") if saved.get("accel") in ("kvm", "tcg") else None
             state = os.path.join(directory, STATE_FILE)
             await self._load_state(context, restored, state, accel)
-            context.finish(PowerState.RUNNING)
+            await context.finish(PowerState.RUNNING)
         elif was_running:
             await self.booting.launch(restored)
-            context.finish(PowerState.RUNNING)
+            await context.finish(PowerState.RUNNING)
         else:
-            context.finish(PowerState.SHUTDOWN)
+            await context.finish(PowerState.SHUTDOWN)
         self.state.events.lifecycle(
             "instance-restored", record.name, {"snapshot": name, "stateful": stateful}
         )

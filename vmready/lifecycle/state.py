@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
@@ -64,6 +65,7 @@ from vmready.lifecycle.events import EventBus
 from vmready.lifecycle.hooks import RECORD_KEY, RecorderLookup
 from vmready.lifecycle.operations import Operations
 from vmready.protocols.ringbuffer import AgentStatus
+from vmready.store.asyncstore import AsyncStore
 from vmready.store.sqlite import Store
 
 DEFAULT_STOP_TIMEOUT = 30.0
@@ -220,33 +222,66 @@ def parse_cpus(value: str) -> int:
 
 
 class ActionContext:
-    """One running action: its history record, its task walk, its events."""
+    """One running action: its history record, its task walk, its events.
 
-    def __init__(self, lifecycle: LifecycleState, name: str, action: str, task: TaskState) -> None:
+    Begun with ``ActionContext.begin`` (its history record is written first).
+    Every step that changes the instance waits for the store's commit before
+    its event; history notes are written in order without waiting.
+    """
+
+    def __init__(
+        self,
+        lifecycle: LifecycleState,
+        name: str,
+        action: str,
+        task: TaskState,
+        action_id: int,
+        step_id: int,
+    ) -> None:
         self.lifecycle = lifecycle
         self.name = name
         self.action = action
         self.task = task
-        store = lifecycle.store
-        self.action_id = store.start_action(name, action, str(uuid.uuid4()))
-        self._step_id = store.start_step(self.action_id, task.value)
+        self.action_id = action_id
+        self._step_id = step_id
         # Whether the task was ended (finished, abandoned or failed): nothing more to do.
         self.ended = False
 
-    def advance(self, task: TaskState) -> None:
+    @classmethod
+    async def begin(
+        cls, lifecycle: LifecycleState, name: str, action: str, task: TaskState
+    ) -> ActionContext:
+        """The action's history record and its first step, written before it does anything."""
+        request_id = str(uuid.uuid4())
+
+        def start(engine: Store) -> tuple[int, int]:
+            action_id = engine.start_action(name, action, request_id)
+            return action_id, engine.start_step(action_id, task.value)
+
+        action_id, step_id = await lifecycle.store.run(start)
+        return cls(lifecycle, name, action, task, action_id, step_id)
+
+    async def advance(self, task: TaskState) -> None:
         """Move to the next task_state: store CAS, history step, event."""
         store = self.lifecycle.store
-        store.finish_step(self._step_id, "success")
-        record = store.advance_task(self.name, self.task, task)
+        self._end_step("success")
+        record = await store.advance_task(self.name, self.task, task)
         self.task = task
-        self._step_id = store.start_step(self.action_id, task.value)
+        self._step_id = await store.start_step(self.action_id, task.value)
         self.lifecycle.publish_state(record)
 
-    def note(self, step: str, result: str = "success", error: str | None = None) -> None:
-        """Record an instantaneous step (e.g. a forced stop after a timeout)."""
-        self.lifecycle.store.add_step(self.action_id, step, result, error)
+    def _end_step(self, result: str, error: str | None = None) -> None:
+        """The current step ended; written in order, nobody waits for it."""
+        store = self.lifecycle.store
+        self.lifecycle.logged(store.finish_step(self._step_id, result, error), "a history step")
 
-    def finish(
+    def note(self, step: str, result: str = "success", error: str | None = None) -> None:
+        """Record an instantaneous step (e.g. a forced stop after a timeout), in order."""
+        self.lifecycle.logged(
+            self.lifecycle.store.add_step(self.action_id, step, result, error), "a history step"
+        )
+
+    async def finish(
         self,
         power_state: PowerState,
         config_updates: dict[str, str | None] | None = None,
@@ -260,43 +295,45 @@ class ActionContext:
         """
         vm_state = ACTIONS[self.action].end_state(power_state)
         store = self.lifecycle.store
-        store.finish_step(self._step_id, "success")
-        record = store.finish_task(
+        self._end_step("success")
+        record = await store.finish_task(
             self.name, self.task, vm_state, power_state if store_power else None, config_updates
         )
-        store.finish_action(self.action_id, "success")
+        await store.finish_action(self.action_id, "success")
         self.ended = True
         self.lifecycle.publish_state(record)
         return record
 
-    def abandon(self, vm_state: VMState, power_state: PowerState | None, reason: str) -> None:
+    async def abandon(
+        self, vm_state: VMState, power_state: PowerState | None, reason: str
+    ) -> None:
         """The action failed but left the instance as it was: back to ``vm_state``, no error.
 
         The failure is in the action history and the operation; the instance
         does not go to error (a failed snapshot of a VM that runs on, say).
         """
         store = self.lifecycle.store
-        store.finish_step(self._step_id, "error", reason)
-        record = store.finish_task(self.name, self.task, vm_state, power_state)
-        store.finish_action(self.action_id, "error", reason)
+        self._end_step("error", reason)
+        record = await store.finish_task(self.name, self.task, vm_state, power_state)
+        await store.finish_action(self.action_id, "error", reason)
         self.ended = True
         self.lifecycle.publish_state(record)
 
-    def complete(self) -> None:
+    async def complete(self) -> None:
         """Close the history record when the instance itself is about to go (delete)."""
         store = self.lifecycle.store
-        store.finish_step(self._step_id, "success")
-        store.finish_action(self.action_id, "success")
+        self._end_step("success")
+        await store.finish_action(self.action_id, "success")
 
-    def fail(self, reason: str) -> None:
+    async def fail(self, reason: str) -> None:
         """End the task in vm_state error with ``reason``; the error persists."""
         self.ended = True
         store = self.lifecycle.store
-        store.finish_step(self._step_id, "error", reason)
-        store.finish_action(self.action_id, "error", reason)
+        self._end_step("error", reason)
+        await store.finish_action(self.action_id, "error", reason)
         if store.find_instance(self.name) is None:
             return
-        record = store.set_error(self.name, reason, PowerState.NOSTATE)
+        record = await store.set_error(self.name, reason, PowerState.NOSTATE)
         self.lifecycle.publish_state(record)
         self.lifecycle.events.lifecycle("instance-error", self.name, {"error": reason})
 
@@ -309,7 +346,7 @@ class LifecycleState:
     def __init__(
         self,
         reactor: IReactorTime,
-        store: Store,
+        store: AsyncStore,
         driver: HypervisorDriver,
         events: EventBus,
         run_root: str,
@@ -427,7 +464,7 @@ class LifecycleState:
             forward=forward,
         )
 
-    def update_config(self, name: str, config: dict[str, Any]) -> InstanceRecord:
+    async def update_config(self, name: str, config: dict[str, Any]) -> InstanceRecord:
         """Set user-settable keys (``None`` removes one); limits change only through resize."""
         changes = config_changes(config)
         launch_keys = sorted(key for key in changes if _LAUNCH_KEYS.fullmatch(key))
@@ -446,7 +483,7 @@ class LifecycleState:
                 f"Cannot change {limits[0]} of instance {name} while it is "
                 f"{record.vm_state.value}: use the resize action"
             )
-        updated = self.store.update_config(name, changes)
+        updated = await self.store.update_config(name, changes)
         self.events.lifecycle("instance-updated", name, {"config": changes})
         return updated
 
@@ -484,15 +521,28 @@ class LifecycleState:
         return vm
 
     def history(self, name: str, action: str, detail: str, ok: bool = True) -> None:
-        """A one-step action in the history, for things that happen outside an action."""
-        action_id = self.store.start_action(name, action, str(uuid.uuid4()))
-        if ok:
-            # A success has no error: the reason goes in the step's name.
-            self.store.add_step(action_id, f"{action}: {detail}", "success")
-            self.store.finish_action(action_id, "success")
-        else:
-            self.store.add_step(action_id, action, "error", detail)
-            self.store.finish_action(action_id, "error", detail)
+        """A one-step action in the history, for things that happen outside an action.
+
+        Written in order with every other call, without waiting: history
+        announces nothing.
+        """
+        request_id = str(uuid.uuid4())
+
+        def write(engine: Store) -> None:
+            action_id = engine.start_action(name, action, request_id)
+            if ok:
+                # A success has no error: the reason goes in the step's name.
+                engine.add_step(action_id, f"{action}: {detail}", "success")
+                engine.finish_action(action_id, "success")
+            else:
+                engine.add_step(action_id, action, "error", detail)
+                engine.finish_action(action_id, "error", detail)
+
+        self.logged(self.store.run(write), "the action history")
+
+    def logged(self, written: Deferred[Any], what: str) -> None:
+        """A write nobody waits for: its failure is logged, not lost."""
+        written.addErrback(lambda failure: self.log.failure("writing {what}", failure, what=what))
 
 
 def agent_chardev(spec: VMSpec) -> str | None:

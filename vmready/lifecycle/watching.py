@@ -6,6 +6,7 @@ import os
 import shutil
 from typing import cast
 
+from twisted.internet.defer import Deferred, DeferredLock
 from twisted.internet.interfaces import IReactorUNIX
 from twisted.logger import Logger
 
@@ -43,13 +44,19 @@ class Watching:
 
     def __init__(self, state: LifecycleState) -> None:
         self.state = state
+        # One per instance: its VM events are handled one after the other.
+        self._event_locks: dict[str, DeferredLock] = {}
 
     def attach(self, name: str, vm: RunningVM, advertise: bool = False) -> None:
         """Follow ``vm``; ``advertise``: write CONNECT at once (its agent may know an old port)."""
         record = self.state.store.find_instance(name)
         if record is not None and LAYOUT_KEY not in record.config:
-            # Adopted from a vmready that did not record layouts: say which one it runs.
-            self.state.store.update_config(name, {LAYOUT_KEY: UNRECORDED_LAYOUT.name})
+            # Adopted from a vmready that did not record layouts: say which one it runs (until
+            # it is committed, ``layout_of`` reads the same layout from the key's absence).
+            self.state.logged(
+                self.state.store.update_config(name, {LAYOUT_KEY: UNRECORDED_LAYOUT.name}),
+                "the serial layout",
+            )
         self.detach(name)
         self.state.vms[name] = vm
         undo = [vm.subscribe(lambda event: self._vm_event(name, vm, event))]
@@ -144,6 +151,16 @@ class Watching:
             self.state.last_agent_status[name] = monitor.status
 
     def _vm_event(self, name: str, vm: RunningVM, event: VMEvent) -> None:
+        """A VM event: handled after the instance's earlier ones (each waits for its writes)."""
+        lock = self._event_locks.setdefault(name, DeferredLock())
+        handled = lock.run(lambda: Deferred.fromCoroutine(self._handle_vm_event(name, vm, event)))
+        handled.addErrback(
+            lambda failure: self.log.failure(
+                "handling {event} of {name}", failure, event=event.kind, name=name
+            )
+        )
+
+    async def _handle_vm_event(self, name: str, vm: RunningVM, event: VMEvent) -> None:
         """QMP events of a VM we did not ask for: follow power state; a death is an error."""
         record = self.state.store.find_instance(name)
         if record is None or self.state.vms.get(name) is not vm:
@@ -160,32 +177,34 @@ class Watching:
         if record.task_state is not None:
             return  # the running action owns the VM now
         if event.kind is VMEventKind.PANICKED and record.vm_state is not VMState.ERROR:
-            self.state.store.update_config(name, {READY_KEY: "false"})
+            await self.state.store.update_config(name, {READY_KEY: "false"})
             self.state.history(name, "guest-panicked", event.detail, ok=False)
-            self.fail_idle(
+            await self.fail_idle(
                 record,
                 f"{event.detail}; its console log may say why (vmready console {name} --show-log)",
                 PowerState.CRASHED,
             )
             return
         if event.kind is VMEventKind.RESET:
-            self._guest_rebooted(record, vm)
+            await self._guest_rebooted(record, vm)
             return
         if event.kind is VMEventKind.GONE:
             self.detach(name)
-            self._vm_went_away(record, event)
+            await self._vm_went_away(record, event)
             return
         if event.power_state is not None and event.power_state is not record.power_state:
             if event.power_state in (PowerState.SHUTDOWN, PowerState.CRASHED) and record.ready:
                 # Not ready from the moment it stops, before its process is gone.
-                self.state.store.update_config(name, {READY_KEY: "false"})
-            self.state.publish_state(self.state.store.set_power_state(name, event.power_state))
+                await self.state.store.update_config(name, {READY_KEY: "false"})
+            self.state.publish_state(
+                await self.state.store.set_power_state(name, event.power_state)
+            )
 
-    def _guest_rebooted(self, record: InstanceRecord, vm: RunningVM) -> None:
+    async def _guest_rebooted(self, record: InstanceRecord, vm: RunningVM) -> None:
         """A reset is a new boot: its workload has not said Ready yet; its agent starts over."""
         if record.ready:
             self.state.publish_state(
-                self.state.store.update_config(record.name, {READY_KEY: "false"})
+                await self.state.store.update_config(record.name, {READY_KEY: "false"})
             )
         if self.state.driver.kind == "fakeqemu":
             shutil.rmtree(fakeqemu_guest_paths(vm.spec)["state_dir"], ignore_errors=True)
@@ -194,22 +213,22 @@ class Watching:
         if monitor is not None:
             monitor.start(advertise=False)
 
-    def _vm_went_away(self, record: InstanceRecord, event: VMEvent) -> None:
+    async def _vm_went_away(self, record: InstanceRecord, event: VMEvent) -> None:
         # The driver judges the exit: SHUTDOWN for a shutdown QEMU announced, CRASHED otherwise.
         clean = event.power_state is PowerState.SHUTDOWN
         self.state.history(record.name, "vm-exited", event.detail, ok=clean)
         ready_false: dict[str, str | None] = {READY_KEY: "false"}
         if record.vm_state is VMState.ERROR:
             # The error stays; only note that its VM is gone too.
-            self.state.store.update_config(record.name, ready_false)
+            await self.state.store.update_config(record.name, ready_false)
             self.state.publish_state(
-                self.state.store.set_power_state(
+                await self.state.store.set_power_state(
                     record.name, event.power_state or PowerState.CRASHED
                 )
             )
             return
         if clean:
-            updated = self.state.store.settle(
+            updated = await self.state.store.settle(
                 record.name, _RUNNING_STATES, VMState.STOPPED, PowerState.SHUTDOWN, ready_false
             )
             if updated is not None:
@@ -218,11 +237,11 @@ class Watching:
                     "instance-shutdown", record.name, {"reason": event.detail}
                 )
             return
-        self.state.store.update_config(record.name, ready_false)
-        self.fail_idle(record, event.detail, PowerState.CRASHED)
+        await self.state.store.update_config(record.name, ready_false)
+        await self.fail_idle(record, event.detail, PowerState.CRASHED)
 
-    def fail_idle(self, record: InstanceRecord, reason: str, power: PowerState) -> None:
+    async def fail_idle(self, record: InstanceRecord, reason: str, power: PowerState) -> None:
         """An instance with no task goes to error with ``reason``; the error persists."""
-        updated = self.state.store.set_error(record.name, reason, power)
+        updated = await self.state.store.set_error(record.name, reason, power)
         self.state.publish_state(updated)
         self.state.events.lifecycle("instance-error", record.name, {"error": reason})

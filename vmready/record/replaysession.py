@@ -16,6 +16,7 @@ from typing import Any
 
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
+from twisted.python.failure import Failure
 from twisted.web.client import readBody
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
@@ -197,10 +198,15 @@ class ReplaySession:
         key: Any = ("operator", action)
         text = operator_text(action, params)
         assert self.core.lifecycle is not None
-        try:
-            self.core.lifecycle.act(self.name, action, **params)
-        except VMReadyError as e:
-            key, text = (*key, "refused"), f"operator {action} refused ({short(str(e), 100)})"
+        # The replayed store runs inline: a refusal is known before ``act`` returns.
+        refused: list[Failure] = []
+        Deferred.fromCoroutine(self.core.lifecycle.act(self.name, action, **params)).addErrback(
+            refused.append
+        )
+        if refused:
+            refused[0].trap(VMReadyError)  # anything else is the replay's own failure
+            why = short(str(refused[0].value), 100)
+            key, text = (*key, "refused"), f"operator {action} refused ({why})"
         self.outputs.acted(key, text)
         self.core.settle()
 

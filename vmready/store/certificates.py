@@ -32,3 +32,8 @@ class AgentCertificates:
             "SELECT instance FROM agent_certificates WHERE fingerprint = ?", (fingerprint,)
         ).fetchone()
         return None if row is None else self._database.find_instance(row[0])
+
+    def agent_fingerprints(self) -> dict[str, str]:
+        """Every instance's agent certificate fingerprint, by instance name."""
+        rows = self._database.db.execute("SELECT instance, fingerprint FROM agent_certificates")
+        return {row[0]: row[1] for row in rows}

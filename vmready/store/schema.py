@@ -106,7 +106,13 @@ def connect(
     if unusable is not None:
         raise StoreError(f"cannot open store {path}: {unusable}")
     try:
-        connection = sqlite3.connect(path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
+        connection = sqlite3.connect(
+            # Opened here, used on the store's database thread (one thread at a time).
+            path,
+            timeout=BUSY_TIMEOUT_SECONDS,
+            isolation_level=None,
+            check_same_thread=False,
+        )
     except sqlite3.Error as exc:
         raise StoreError(f"cannot open store {path}: {exc}") from None
     try:

@@ -10,6 +10,7 @@ each call to the part that owns it.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -50,6 +51,14 @@ class Store:
     def close(self) -> None:
         """Close the database connection."""
         self._database.close()
+
+    def batch(self) -> contextlib.AbstractContextManager[None]:
+        """Run many calls in one transaction (the database thread's batches)."""
+        return self._database.batch()
+
+    def isolated(self) -> contextlib.AbstractContextManager[None]:
+        """One call of a batch: its error undoes it alone."""
+        return self._database.savepoint()
 
     # Instances
 
@@ -125,6 +134,10 @@ class Store:
         """Remove the ready key from every instance (daemon start); return how many had it."""
         return self.instances.clear_ready_everywhere()
 
+    def clear_ready(self) -> tuple[list[str], float]:
+        """Remove the ready key everywhere: the instances that had it, and the time stamped."""
+        return self.instances.clear_ready()
+
     def delete_instance(self, name: str) -> None:
         """Remove the instance and its snapshots; its action history stays."""
         self.instances.delete_instance(name)
@@ -138,6 +151,10 @@ class Store:
     def instance_for_fingerprint(self, fingerprint: str) -> InstanceRecord | None:
         """The instance whose agent certificate has this fingerprint (None: unknown or revoked)."""
         return self.certificates.instance_for_fingerprint(fingerprint)
+
+    def agent_fingerprints(self) -> dict[str, str]:
+        """Every instance's agent certificate fingerprint, by instance name."""
+        return self.certificates.agent_fingerprints()
 
     # Action history
 

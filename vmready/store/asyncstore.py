@@ -1,0 +1,344 @@
+"""The store as the daemon uses it: every call a Deferred, run by the engine's executor.
+
+``AsyncStore`` has the methods of the SQLite engine (``store.sqlite.Store``),
+each returning a Deferred that fires, on the reactor thread, once the call ran
+and its transaction committed.  The engine runs on an ``Executor``: the
+daemon's ``DatabaseThread`` (one thread, in order, queued calls committed
+together) or ``InlineExecutor`` (at once, for replays and unit tests).  A
+second engine (PostgreSQL, say) plugs in as another engine with the same
+methods and an executor of its own; the layers above see only this class.
+
+Whoever announces a state (an event, a response) waits for the Deferred of the
+write that made it first: nothing is announced that the store could lose.
+
+Instance reads (``get_instance``, ``find_instance``, ``list_instances``) are
+synchronous and never touch the disk: on a database thread they read
+``CommittedInstances``, the rows as of the last commit, kept up to date by each
+write's result as its Deferred fires (in commit order), so whoever awaited a
+write reads it back, and nobody reads a state that is not committed.  Inline,
+they read the engine itself, which is the same thing there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorThreads
+
+from vmready.domain.model import ActionRecord, InstanceRecord
+from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
+from vmready.store.database import instance_not_found
+from vmready.store.executor import DatabaseThread, Executor, InlineExecutor
+from vmready.store.sqlite import Store
+
+__all__ = ["AsyncStore"]
+
+T = TypeVar("T")
+
+
+class InstanceView(Protocol):
+    """The instance reads the reactor makes without waiting."""
+
+    def get_instance(self, name: str) -> InstanceRecord: ...
+
+    def find_instance(self, name: str) -> InstanceRecord | None: ...
+
+    def list_instances(self) -> list[InstanceRecord]: ...
+
+    def instance_for_fingerprint(self, fingerprint: str) -> InstanceRecord | None: ...
+
+
+class CommittedInstances:
+    """Every instance row as of the last commit, in memory, read on the reactor thread."""
+
+    def __init__(self, records: list[InstanceRecord], fingerprints: dict[str, str]) -> None:
+        self._records = {record.name: record for record in records}
+        # The agent certificate of each instance, and the other way round.
+        self._fingerprint_of = dict(fingerprints)
+        self._instance_of = {fingerprint: name for name, fingerprint in fingerprints.items()}
+
+    def instance_for_fingerprint(self, fingerprint: str) -> InstanceRecord | None:
+        name = self._instance_of.get(fingerprint)
+        return None if name is None else self._records.get(name)
+
+    def certified(self, name: str, fingerprint: str) -> None:
+        """The instance's agent now has this certificate (and no other)."""
+        self._instance_of.pop(self._fingerprint_of.get(name, ""), None)
+        self._fingerprint_of[name] = fingerprint
+        self._instance_of[fingerprint] = name
+
+    def get_instance(self, name: str) -> InstanceRecord:
+        record = self._records.get(name)
+        if record is None:
+            raise instance_not_found(name)
+        return record
+
+    def find_instance(self, name: str) -> InstanceRecord | None:
+        return self._records.get(name)
+
+    def list_instances(self) -> list[InstanceRecord]:
+        return [self._records[name] for name in sorted(self._records)]
+
+    def committed(self, record: InstanceRecord) -> InstanceRecord:
+        """A write's result: the row as it now stands."""
+        self._records[record.name] = record
+        return record
+
+    def committed_maybe(self, record: InstanceRecord | None) -> InstanceRecord | None:
+        """A write that may have changed nothing (None)."""
+        return None if record is None else self.committed(record)
+
+    def removed(self, name: str) -> None:
+        """The row is gone (and its agent certificate with it)."""
+        self._records.pop(name, None)
+        self._instance_of.pop(self._fingerprint_of.pop(name, ""), None)
+
+    def ready_cleared(self, names: list[str], stamp: float) -> None:
+        """These rows lost their ready key at ``stamp`` (what ``clear_ready`` wrote)."""
+        for name in names:
+            record = self._records[name]
+            config = {key: value for key, value in record.config.items() if key != READY_KEY}
+            # Built directly, not with attrs.evolve: thousands of them before the API serves.
+            self._records[name] = InstanceRecord(
+                record.name,
+                record.uuid,
+                record.vm_state,
+                record.task_state,
+                record.power_state,
+                config,
+                record.devices,
+                record.created_at,
+                stamp,
+                record.error,
+            )
+
+
+def _copied(updates: dict[str, str | None] | None) -> dict[str, str | None] | None:
+    """A caller's dict, copied: the engine reads it later, on its own thread."""
+    return None if updates is None else dict(updates)
+
+
+class AsyncStore:
+    """The store's calls as Deferreds, run in order by one executor."""
+
+    def __init__(self, engine: Store, executor: Executor, cached: bool) -> None:
+        # Touch the engine directly only where the executor runs inline (tests, replays).
+        self.engine = engine
+        self._executor = executor
+        self._cache = (
+            CommittedInstances(engine.list_instances(), engine.agent_fingerprints())
+            if cached
+            else None
+        )
+        self._view: InstanceView = self._cache if self._cache is not None else engine
+
+    @classmethod
+    def inline(cls, engine: Store) -> AsyncStore:
+        """Calls run at once on the caller's thread (replays, unit tests)."""
+        return cls(engine, InlineExecutor(), cached=False)
+
+    @classmethod
+    def threaded(cls, reactor: IReactorThreads, engine: Store) -> AsyncStore:
+        """Calls run on one database thread of their own (the daemon)."""
+        return cls(engine, DatabaseThread(reactor, engine), cached=True)
+
+    @property
+    def executor(self) -> Executor:
+        """What runs the engine's calls."""
+        return self._executor
+
+    def _write(self, work: Callable[[], InstanceRecord]) -> Deferred[InstanceRecord]:
+        """An instance write; once committed, what instance reads see."""
+        done = self._executor.submit(work)
+        if self._cache is not None:
+            done.addCallback(self._cache.committed)
+        return done
+
+    def _write_maybe(
+        self, work: Callable[[], InstanceRecord | None]
+    ) -> Deferred[InstanceRecord | None]:
+        """An instance write that may change nothing (None)."""
+        done = self._executor.submit(work)
+        if self._cache is not None:
+            done.addCallback(self._cache.committed_maybe)
+        return done
+
+    @property
+    def path(self) -> str:
+        """Where the engine keeps the store."""
+        return self.engine.path
+
+    def run(self, work: Callable[[Store], T]) -> Deferred[T]:
+        """Any engine work, in order with every other call (e.g. a bulk read)."""
+        return self._executor.submit(lambda: work(self.engine))
+
+    async def close(self) -> None:
+        """Run what is queued, then close the engine."""
+        await self._executor.stop()
+        self.engine.close()
+
+    def create_instance(
+        self,
+        name: str,
+        config: dict[str, str],
+        devices: dict[str, dict[str, str]],
+        instance_uuid: str | None = None,
+    ) -> Deferred[InstanceRecord]:
+        """Add an instance, building with a spawning task; Conflict if the name is taken."""
+        config, devices = dict(config), {key: dict(value) for key, value in devices.items()}
+        return self._write(
+            lambda: self.engine.create_instance(name, config, devices, instance_uuid)
+        )
+
+    def get_instance(self, name: str) -> InstanceRecord:
+        """The instance called name, or NotFound."""
+        return self._view.get_instance(name)
+
+    def find_instance(self, name: str) -> InstanceRecord | None:
+        """The instance called name, or None."""
+        return self._view.find_instance(name)
+
+    def list_instances(self) -> list[InstanceRecord]:
+        """Every instance, ordered by name."""
+        return self._view.list_instances()
+
+    def claim_task(
+        self, name: str, action: str, allowed_from: frozenset[VMState], task: TaskState
+    ) -> Deferred[InstanceRecord]:
+        """Start task if there is none and vm_state is in allowed_from; else the 409 saying why."""
+        return self._write(lambda: self.engine.claim_task(name, action, allowed_from, task))
+
+    def advance_task(
+        self, name: str, expected: TaskState, task: TaskState
+    ) -> Deferred[InstanceRecord]:
+        """Move from task_state expected to task; Conflict if the instance is not in expected."""
+        return self._write(lambda: self.engine.advance_task(name, expected, task))
+
+    def finish_task(
+        self,
+        name: str,
+        expected: TaskState,
+        vm_state: VMState,
+        power_state: PowerState | None = None,
+        config_updates: dict[str, str | None] | None = None,
+    ) -> Deferred[InstanceRecord]:
+        """End task expected: rest in vm_state, optionally set power_state and config; atomic."""
+        config_updates = _copied(config_updates)
+        return self._write(
+            lambda: self.engine.finish_task(name, expected, vm_state, power_state, config_updates)
+        )
+
+    def set_error(
+        self, name: str, reason: str, power_state: PowerState | None = None
+    ) -> Deferred[InstanceRecord]:
+        """Put the instance in vm_state error with reason, ending any task."""
+        return self._write(lambda: self.engine.set_error(name, reason, power_state))
+
+    def set_power_state(self, name: str, power_state: PowerState) -> Deferred[InstanceRecord]:
+        """Record what the hypervisor reports; an unchanged power state writes nothing."""
+        return self._write(lambda: self.engine.set_power_state(name, power_state))
+
+    def update_config(self, name: str, updates: dict[str, str | None]) -> Deferred[InstanceRecord]:
+        """Set config keys (None deletes the key) in one read-modify-write transaction."""
+        updates = dict(updates)
+        return self._write(lambda: self.engine.update_config(name, updates))
+
+    def settle(
+        self,
+        name: str,
+        allowed_from: frozenset[VMState],
+        vm_state: VMState,
+        power_state: PowerState,
+        config_updates: dict[str, str | None] | None = None,
+    ) -> Deferred[InstanceRecord | None]:
+        """Move an idle instance to ``vm_state`` without an action (a VM exited, the poller)."""
+        config_updates = _copied(config_updates)
+        return self._write_maybe(
+            lambda: self.engine.settle(name, allowed_from, vm_state, power_state, config_updates)
+        )
+
+    def clear_ready_everywhere(self) -> Deferred[int]:
+        """Remove the ready key from every instance (daemon start); return how many had it."""
+        if self._cache is None:
+            return self._executor.submit(self.engine.clear_ready_everywhere)
+        cache = self._cache
+
+        def committed(outcome: tuple[list[str], float]) -> int:
+            names, stamp = outcome
+            cache.ready_cleared(names, stamp)
+            return len(names)
+
+        return self._executor.submit(self.engine.clear_ready).addCallback(committed)
+
+    def delete_instance(self, name: str) -> Deferred[None]:
+        """Remove the instance and its snapshots; its action history stays."""
+        done = self._executor.submit(lambda: self.engine.delete_instance(name))
+        cache = self._cache
+        if cache is not None:
+            done.addCallback(lambda _: cache.removed(name))
+        return done
+
+    def set_agent_certificate(self, name: str, fingerprint: str) -> Deferred[None]:
+        """Record (or replace) the fingerprint of the client certificate issued to an instance."""
+        done = self._executor.submit(lambda: self.engine.set_agent_certificate(name, fingerprint))
+        cache = self._cache
+        if cache is not None:
+            done.addCallback(lambda _: cache.certified(name, fingerprint))
+        return done
+
+    def instance_for_fingerprint(self, fingerprint: str) -> InstanceRecord | None:
+        """The instance whose agent certificate has this fingerprint (None: unknown or revoked).
+
+        Synchronous, like the instance reads: TLS asks it during a handshake.
+        """
+        return self._view.instance_for_fingerprint(fingerprint)
+
+    def start_action(self, name: str, action: str, request_id: str) -> Deferred[int]:
+        """Record the start of an action on instance name; return its id."""
+        return self._executor.submit(lambda: self.engine.start_action(name, action, request_id))
+
+    def start_step(self, action_id: int, step: str) -> Deferred[int]:
+        """Record the start of a step of an action; return its id."""
+        return self._executor.submit(lambda: self.engine.start_step(action_id, step))
+
+    def finish_step(self, step_id: int, result: str, error: str | None = None) -> Deferred[None]:
+        """Record how a step ended ("success" or "error")."""
+        return self._executor.submit(lambda: self.engine.finish_step(step_id, result, error))
+
+    def add_step(
+        self, action_id: int, step: str, result: str, error: str | None = None
+    ) -> Deferred[None]:
+        """Record a step that started and ended at once."""
+        return self._executor.submit(lambda: self.engine.add_step(action_id, step, result, error))
+
+    def finish_action(
+        self, action_id: int, result: str, error: str | None = None
+    ) -> Deferred[None]:
+        """Record how an action ended ("success" or "error")."""
+        return self._executor.submit(lambda: self.engine.finish_action(action_id, result, error))
+
+    def list_actions(self, name: str) -> Deferred[list[ActionRecord]]:
+        """The action history of instance name (kept after delete), newest first."""
+        return self._executor.submit(lambda: self.engine.list_actions(name))
+
+    def unfinished_actions(self) -> Deferred[list[ActionRecord]]:
+        """Actions that never finished (the daemon died during them), oldest first."""
+        return self._executor.submit(lambda: self.engine.unfinished_actions())
+
+    def create_snapshot(
+        self, instance: str, name: str, stateful: bool, metadata: dict[str, Any]
+    ) -> Deferred[dict[str, Any]]:
+        """Record a snapshot of instance; Conflict if the instance already has one called name."""
+        return self._executor.submit(
+            lambda: self.engine.create_snapshot(instance, name, stateful, metadata)
+        )
+
+    def find_snapshot(self, instance: str, name: str) -> Deferred[dict[str, Any] | None]:
+        """Snapshot ``name`` of instance, or None."""
+        return self._executor.submit(lambda: self.engine.find_snapshot(instance, name))
+
+    def list_snapshots(self, instance: str) -> Deferred[list[dict[str, Any]]]:
+        """The snapshots of instance, oldest first; NotFound if there is no such instance."""
+        return self._executor.submit(lambda: self.engine.list_snapshots(instance))
