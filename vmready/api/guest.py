@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
 import attrs
@@ -61,7 +61,7 @@ from twisted.python.failure import Failure
 from twisted.web import http
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource
-from twisted.web.server import Site
+from twisted.web.server import NOT_DONE_YET, Site
 
 from vmready.api.eventstream import EventStream
 from vmready.api.requestbody import MAX_BODY_BYTES
@@ -324,7 +324,7 @@ def _event_types(request: IRequest) -> frozenset[str]:
 # -- the API -----------------------------------------------------------------
 
 
-Handler = Callable[[IRequest], bytes]
+Handler = Callable[[IRequest], bytes | Coroutine[Any, Any, bytes]]
 
 
 class _ExactRoutesResource(KleinResource):
@@ -335,9 +335,10 @@ class _ExactRoutesResource(KleinResource):
     HTTP work for an agent's ``GET /1.0`` (its TLS handshake aside).  A
     request whose method and path are exactly those of a route without
     variables (``GuestAPI.exact_routes``) calls that route's handler directly,
-    its exceptions going to the same error handler; every other request (a
-    variable, a Deferred, an unknown path or method, HEAD) is Klein's, as
-    before.
+    its exceptions going to the same error handler; a handler that must wait
+    (``PATCH /1.0`` waits for its write to be committed) answers when its
+    coroutine ends.  Every other request (a variable, a stream, an unknown path
+    or method, HEAD) is Klein's, as before.
     """
 
     def __init__(self, app: Klein, api: GuestAPI) -> None:
@@ -351,9 +352,22 @@ class _ExactRoutesResource(KleinResource):
         if handler is None:
             return super().render(request)
         try:
-            return handler(request)
+            answer = handler(request)
         except Exception:
             return self._api.handle_error(request, Failure())
+        if isinstance(answer, bytes):
+            return answer
+        gone: list[object] = []
+        cast(http.Request, request).notifyFinish().addBoth(gone.append)  # it may go meanwhile
+        waiting = Deferred.fromCoroutine(answer)
+        waiting.addErrback(lambda failure: self._api.handle_error(request, failure))
+        waiting.addCallback(self._answer_later, request, gone)
+        return NOT_DONE_YET
+
+    def _answer_later(self, body: bytes, request: IRequest, gone: list[object]) -> None:
+        if not gone:
+            request.write(body)
+            request.finish()
 
 
 class _GuestKlein(Klein):
