@@ -99,7 +99,7 @@ class Options(usage.Options):
         [
             "power-sync-interval",
             None,
-            "10",
+            "30",
             "Seconds between power-state reconciliations; 0 or less disables it.",
         ],
         ["stop-timeout", None, "30", "Seconds a clean stop waits before forcing."],
