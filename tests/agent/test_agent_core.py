@@ -140,6 +140,13 @@ class ConnectTests(SynchronousTestCase):
         agent.heartbeat()
         self.assertEqual(dial_of(agent.connect_received(HOST)).address, HOST)
 
+    def test_theHeartbeatThatEndsACooldownAnnouncesStarted(self) -> None:
+        """The host reads on events: the end of a cooldown is announced, the rest is quiet."""
+        agent = core(retries=0)
+        agent.dial_failed(dial_of(agent.connect_received(HOST)).dial_id, "refused")
+        self.assertEqual(agent.heartbeat(), [STARTED])  # a cooldown of one heartbeat: over
+        self.assertEqual(agent.heartbeat(), [STARTED_BEAT])
+
     def test_repeatedGiveUpsWaitLongerUpToACap(self) -> None:
         agent = core(retries=0)
         agent.dial_failed(dial_of(agent.connect_received(HOST)).dial_id, "refused")

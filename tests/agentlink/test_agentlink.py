@@ -71,9 +71,11 @@ class PollingTests(SynchronousTestCase):
         agent.port_changed(False, now=300)  # a pulse: closed …
         self.assertEqual(agent.next_poll_delay(), 0.0)
         read(agent, b"CONNECTED\n", now=300)
-        agent.port_changed(True, now=300)  # … and reopened
+        agent.port_changed(True, now=300)  # … and reopened: maybe another agent, followed up
         self.assertEqual(agent.next_poll_delay(), 0.0)
         read(agent, b"", now=300)
+        self.assertEqual(agent.next_poll_delay(), INTERVALS.follow_up)
+        read(agent, b"CONNECTED\n", now=300.05)  # its next line: the follow-up ends
         self.assertEqual(agent.next_poll_delay(), INTERVALS.safety)
 
     def test_followUpsAfterConnectUntilConnected(self) -> None:
@@ -160,8 +162,55 @@ class PollingTests(SynchronousTestCase):
         agent = connected()
         agent.qmp_event()
         agent.read_started()
-        agent.read_failed()
+        agent.read_failed(now=5)
         self.assertEqual(agent.next_poll_delay(), INTERVALS.safety)
+
+    def test_followUpsWhoseReadsFailStillBackOffAndEnd(self) -> None:
+        agent = link()
+        agent.vm_started(advertise=True)
+        agent.connect_written(now=0)
+        now, delays = 0.0, []
+        while agent.connect_outstanding:
+            delay = agent.next_poll_delay()
+            assert delay is not None
+            delays.append(delay)
+            now += delay
+            agent.read_started()
+            agent.read_failed(now)
+        self.assertEqual(delays[:4], [0.0, 0.05, 0.1, 0.2])  # the start's read, then doubling
+        self.assertLessEqual(len(delays), 9)
+        self.assertGreaterEqual(now, INTERVALS.follow_up_window)
+
+    def test_anEventDuringAFailedReadIsStillRead(self) -> None:
+        agent = connected()
+        agent.read_started()
+        agent.port_changed(False, now=7)
+        agent.read_failed(now=7)
+        self.assertEqual(agent.next_poll_delay(), 0.0)
+
+    def test_anAgentThatCannotConnectIsNotFollowedUpForEver(self) -> None:
+        """It repeats STARTED every heartbeat: one round of follow-ups, then safety reads."""
+        agent = link()
+        agent.vm_started(advertise=False)
+        read(agent, b"", now=0)
+        agent.port_changed(True, now=0)
+        read(agent, b"STARTED\n", now=0)  # the event read: a CONNECT, and follow-ups
+        agent.connect_written(now=0)
+        now, reads, connects = 0.0, 0, 0
+        while now < 600:
+            delay = agent.next_poll_delay()
+            assert delay is not None
+            now += delay
+            heartbeats = b"STARTED\n"  # written quietly every 5 s: there is always one by now
+            for command in read(agent, heartbeats, now):
+                if isinstance(command, WriteConnect):
+                    agent.connect_written(now)
+                    connects += 1
+            reads += 1
+        # One 10 s round of follow-ups (8 reads), then one read per safety interval.
+        self.assertLessEqual(reads, 8 + 600 / INTERVALS.safety + 1)
+        self.assertEqual(agent.next_poll_delay(), INTERVALS.safety)
+        self.assertGreater(connects, 0)
 
     def test_intervalsMustBePositive(self) -> None:
         with self.assertRaises(ValueError):
@@ -183,6 +232,20 @@ class PollingTests(SynchronousTestCase):
         )
         self.assertEqual(intervals, PollIntervals(safety=30.0, follow_up=0.2))
         self.assertEqual(PollIntervals.from_mapping(intervals.as_mapping()), intervals)
+
+
+class NewAgentWithinTheGraceTests(SynchronousTestCase):
+    def test_aPortReopenedWithinTheGraceIsFollowedUpUntilAnyLine(self) -> None:
+        """Killed and replaced before the grace ended: the new agent may not announce."""
+        agent = connected()
+        agent.port_changed(False, now=50)
+        read(agent, b"CONNECTED\n", now=50)
+        agent.port_changed(True, now=51)
+        read(agent, b"", now=51)
+        self.assertEqual(agent.next_poll_delay(), INTERVALS.follow_up)
+        self.assertEqual(read(agent, b"STARTED\n", now=51.05)[-1], CONNECT)
+        agent.connect_written(now=51.05)
+        self.assertTrue(agent.connect_outstanding)
 
 
 class AgentGoneTests(SynchronousTestCase):

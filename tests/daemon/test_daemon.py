@@ -193,6 +193,19 @@ class GuestListenAddressTests(SynchronousTestCase):
         check_guest_listen_address(f"hvsock:path={self.directory}/guest-api.sock")
         check_guest_listen_address("vsock:port=0")
 
+    def test_reopenGraceMustOutlastQEMUsEventPeriod(self) -> None:
+        result = subprocess.run(
+            twistd(self.directory, "--agent-reopen-grace", "1"),
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE,
+            check=False,
+        )
+        self.assertNotEqual(result.returncode, 0)
+        said = result.stdout + result.stderr
+        self.assertIn("--agent-reopen-grace must be more than 1 second", said)
+        self.assertNotIn("Traceback", said)
+
     def test_pollIntervalMustBePositive(self) -> None:
         result = subprocess.run(
             twistd(self.directory, "--agent-poll-safety", "0"),

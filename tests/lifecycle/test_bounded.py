@@ -104,6 +104,23 @@ class BoundedTests(SynchronousTestCase):
         done = Deferred.fromCoroutine(self.lifecycle.sync_power_states())
         self.assertAllVisitedNeverMoreThanTheLimit(done)
 
+    def test_powerSyncActsOnTheInstanceAsItIsWhenItsTurnComes(self) -> None:
+        """An action begun while the round waits for its turn: the round leaves it alone."""
+        done = Deferred.fromCoroutine(self.lifecycle.sync_power_states())
+        last = f"vm{INSTANCES - 1:03}"
+        store = self.lifecycle.state.store
+        self.successResultOf(
+            store.claim_task(last, "stop", frozenset({VMState.ACTIVE}), TaskState.POWERING_OFF)
+        )
+        self.driver.release_all()
+        self.successResultOf(done)
+        self.assertNotIn(last, [name for name, _held in self.driver.adopting])
+        record = store.get_instance(last)
+        self.assertEqual(
+            (record.vm_state, record.task_state), (VMState.ACTIVE, TaskState.POWERING_OFF)
+        )
+        self.assertEqual(len(self.driver.adopting), INSTANCES - 1)
+
     def test_startUpReconciliationVisitsAtMostTheLimitAtOnce(self) -> None:
         done = Deferred.fromCoroutine(self.lifecycle.recover())
         self.assertAllVisitedNeverMoreThanTheLimit(done)

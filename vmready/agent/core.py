@@ -215,6 +215,10 @@ class AgentCore:
         """A heartbeat is due: repeat the current status, so a restarted host notices us."""
         if self._cooldown > 0:
             self._cooldown -= 1
+            if self._cooldown == 0 and self.phase is Phase.WAITING:
+                # Ready to dial again: announce STARTED, so the host answers it now
+                # rather than on its slow safety read.
+                return self._say_current(announce=True)
         return self._say_current(announce=False)
 
     def data_received(self, data: bytes) -> list[Command]:

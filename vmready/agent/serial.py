@@ -363,9 +363,11 @@ class SerialKeeper:
 
     async def _pulse_port(self) -> None:
         """Close the port once flushed and reopen it without a new ``on_open``."""
+        # Lost before the pulse began: the usual reopening (and its on_open) owns the port.
+        had_channel = self._channel is not None
         try:
             await self._close_flushed()
-            if self.running and self.path is not None:
+            if had_channel and self.running and self.path is not None:
                 self._opening = asyncio.ensure_future(self._connect(self.path, quiet=True))
                 await self._opening
         finally:

@@ -161,7 +161,9 @@ class AgentLink:
         self.reader = RingBufferReader()
         self.vm_running = False
         self._poll_now = False
+        # What the read under way is for: an event's, or a follow-up awaiting a new agent.
         self._reading_on_event = False
+        self._reading_for_new_agent = False
         # When the agent last said anything, counted only while the VM runs (None: not yet).
         self._last_heard: float | None = None
         self._follow_up: _FollowUp | None = None
@@ -197,6 +199,7 @@ class AgentLink:
         self._port_open = None
         self._port_closed_at = None
         self._follow_up = None
+        self._reading_on_event = True  # the advertisement answers the start, an event
         return [self._connect()] if advertise else []
 
     def vm_stopped(self) -> list[Command]:
@@ -237,12 +240,17 @@ class AgentLink:
         """
         self._poll_now = True
         self._agent_seen = True
+        was_closed = self._port_open is False
         self._port_open = is_open
         if not is_open:
             self._port_closed_at = now
             return
         self._port_closed_at = None
-        if self.reader.status not in _ALIVE and self._follow_up is None:
+        # Maybe a new agent: none ran, or the port was closed (its agent killed and another
+        # started, which may not announce).  An announcing agent's reopening looks the same
+        # and costs a few reads, until its next heartbeat; status changes are rare.
+        new_agent = self.reader.status not in _ALIVE or was_closed
+        if new_agent and self._follow_up is None:
             self._follow_up = _FollowUp(since=now, awaiting_connected=False)
 
     def qmp_event(self) -> None:
@@ -252,16 +260,33 @@ class AgentLink:
     def read_started(self) -> None:
         """A ``ringbuf-read`` is on its way: an event from now on asks for another one."""
         self._reading_on_event = self._poll_now
+        follow_up = self._follow_up
+        self._reading_for_new_agent = follow_up is not None and not follow_up.awaiting_connected
         self._poll_now = False
 
-    def read_failed(self) -> None:
-        """A ``ringbuf-read`` failed: try again at the usual pace, not at once (no busy loop)."""
-        self._poll_now = False
+    def read_failed(self, now: float) -> None:
+        """A ``ringbuf-read`` failed: try again at the usual pace, not at once (no busy loop).
+
+        A follow-up counts it as one of its reads, and ends with its window as usual.
+        """
         self._quiet_reads += 1
+        self._follow_up_read(False, now)
 
     def connect_written(self, now: float) -> None:
-        """The CONNECT line reached QEMU: follow up until the agent says CONNECTED."""
-        self._follow_up = _FollowUp(since=now, awaiting_connected=True)
+        """The CONNECT line reached QEMU: follow up until the agent says CONNECTED.
+
+        Only a CONNECT that answers an event (the VM's start, a port change, a QMP
+        event) or a new agent's first line starts follow-ups; one that answers a
+        STARTED heard on a follow-up or a safety read does not, and a running
+        follow-up keeps its window.  An agent that cannot reach the host repeats
+        STARTED every heartbeat: without this rule each CONNECT's follow-ups would
+        hear the next one and start another, for ever.
+        """
+        follow_up = self._follow_up
+        if follow_up is not None and follow_up.awaiting_connected:
+            return
+        if self._reading_on_event or self._reading_for_new_agent:
+            self._follow_up = _FollowUp(since=now, awaiting_connected=True)
 
     def ring_read(self, chunk: bytes, now: float) -> list[Command]:
         """One drained ``ringbuf-read`` (raw bytes): status changes and CONNECTs to write."""

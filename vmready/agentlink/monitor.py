@@ -175,7 +175,7 @@ class AgentMonitor:
         try:
             chunk = await self.vm.ringbuf_read(self.chardev, self.link.ring_size)
         except HypervisorError as e:
-            self.link.read_failed()
+            self.link.read_failed(self.clock.seconds())
             self._read_failed(e)
             return
         if self._stopped:

@@ -418,7 +418,7 @@ class GuestAPI:
         return handle_error(request, failure, GUEST_ERRORS, self.log)
 
     def exact_routes(self) -> dict[tuple[bytes, bytes], Handler]:
-        """(method, path) → handler of the routes without variables that answer at once.
+        """(method, path) → handler of the routes without variables that answer one reply.
 
         The same routes as the ``app.route`` declarations below (a test holds
         them to it); ``/1.0/events``, which answers with a Deferred, is not one.

@@ -2,7 +2,9 @@
 
 Start-up order matters: the guest API listens first (on a new random port),
 so recovery can advertise that port to every running VM's agent as it
-re-adopts the VM; the operator API listens only once recovery is over.
+re-adopts the VM; the operator API listens once every Ready key is cleared,
+and serves while the instances are reconciled (at most ``--sync-concurrency``
+at a time; an action on an instance waits for that instance's turn).
 """
 
 from __future__ import annotations

@@ -44,6 +44,8 @@ HYPERVISORS = ("fakeqemu", "qemu")
 MAX_SYNC_CONCURRENCY = 1024
 _UNIX_PATH_MAX = 108  # sizeof(sockaddr_un.sun_path) on Linux, the terminating NUL included
 _DEFAULT_POLL = PollIntervals()
+# QEMU sends a port's VSERPORT_CHANGE at most once in this many seconds.
+QEMU_PORT_EVENT_PERIOD = 1.0
 # The agent link's reads without an event: option, PollIntervals field, help.
 _POLL_OPTIONS = (
     (
@@ -191,6 +193,13 @@ class Options(usage.Options):
                 raise usage.UsageError(f"--{option} must be a number of seconds") from None
             if not (math.isfinite(self[option]) and 0 < self[option] <= 3600):
                 raise usage.UsageError(f"--{option} must be more than 0 and at most 3600 seconds")
+        if self["agent-reopen-grace"] <= QEMU_PORT_EVENT_PERIOD:
+            # QEMU may hold an announcing agent's reopening back this long: a shorter grace
+            # would take a live agent for a killed one.
+            raise usage.UsageError(
+                f"--agent-reopen-grace must be more than {QEMU_PORT_EVENT_PERIOD:g} second "
+                "(QEMU reports a port's changes at most once a second)"
+            )
         try:
             self["sync-concurrency"] = int(self["sync-concurrency"])
         except ValueError:

@@ -316,7 +316,7 @@ class Lifecycle:
         return await self.guestside.ensure_agent_identities()
 
     async def sync_power_states(self) -> None:
-        """One reconciliation round, all instances at once; errors and tasks are left alone."""
+        """One reconciliation round, ``--sync-concurrency`` at a time; errors and tasks left."""
         return await self.recovery.sync_power_states()
 
     async def recover(self) -> None:

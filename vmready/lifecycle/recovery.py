@@ -82,7 +82,12 @@ class Recovery:
 
         await gatherResults([one(record) for record in records], consumeErrors=True)
 
-    async def _sync_guarded(self, record: InstanceRecord) -> None:
+    async def _sync_guarded(self, listed: InstanceRecord) -> None:
+        # Listed when the round began; the limit may have kept it waiting since, while an
+        # action started or stopped it: act on what the store says now, as the round would.
+        record = self.state.store.find_instance(listed.name)
+        if record is None or record.vm_state is VMState.ERROR or record.task_state is not None:
+            return
         try:
             await self._sync_one(record)
         except VMReadyError as e:
