@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import socket
@@ -17,7 +18,7 @@ from twisted.trial.unittest import TestCase
 from tests.reactor import reactor
 from vmready.cli.client import Client, DaemonUnreachable
 from vmready.daemon import service as daemon
-from vmready.daemon.service import POWER_SYNC_TIMER, DaemonConfig, VMReadyService
+from vmready.daemon.service import GC_SWEEP_TIMER, POWER_SYNC_TIMER, DaemonConfig, VMReadyService
 from vmready.domain.model import InstanceRecord
 from vmready.domain.reactor import IVMReadyReactor
 from vmready.lifecycle.core import Lifecycle
@@ -100,6 +101,34 @@ class DaemonServiceTests(TestCase):
             self.assertEqual(len(timers), 1)
             self.assertEqual(timers[0].step, 2.5)
             self.assertIs(timers[0].clock, reactor)
+
+        return ensureDeferred(check())
+
+    def test_theHeapIsSweptOnTheReactorClockOnceRecovered(self) -> Deferred[None]:
+        async def check() -> None:
+            self.addCleanup(gc.unfreeze)
+            service = VMReadyService(
+                reactor,
+                DaemonConfig(
+                    data_dir=self.directory,
+                    listen=f"unix:{os.path.join(self.directory, 'api.sock')}",
+                    power_sync_interval=0,
+                    gc_sweep_interval=600,
+                ),
+            )
+            self.addCleanup(service.stopService)
+            service.startService()
+            await service.recovered
+            sweeps = [
+                child
+                for child in service
+                if isinstance(child, TimerService) and child.name == GC_SWEEP_TIMER
+            ]
+            self.assertEqual([(timer.step, timer.clock) for timer in sweeps], [(600, reactor)])
+            self.assertEqual(service.sweeper.sweeps, 1)  # swept at once: the heap is built
+            self.assertGreater(gc.get_freeze_count(), 0)
+            await service.stopService()
+            self.assertEqual(gc.get_freeze_count(), 0)
 
         return ensureDeferred(check())
 

@@ -35,6 +35,7 @@ from vmready.agentlink.vsockaddress import HybridVSockAddress
 from vmready.api.guest import GuestAPI, guest_site, guest_tls_factory
 from vmready.api.operator import OperatorAPI
 from vmready.api.web import local_site
+from vmready.daemon.collector import HeapSweeper
 from vmready.domain.model import InstanceRecord
 from vmready.domain.reactor import IVMReadyReactor
 from vmready.guestfiles import loader_files
@@ -58,6 +59,7 @@ GUEST_SOCKET_BASE = "guest-api.sock"
 FORWARD_SOCKET_NAME = "guest-fwd.sock"
 KVM_VERDICT_FILE = "kvm-verdict.json"
 POWER_SYNC_TIMER = "power-sync"
+GC_SWEEP_TIMER = "gc-sweep"
 CONSOLE_TIMER = "console-rotation"
 
 
@@ -91,6 +93,9 @@ class DaemonConfig:
     console_check_interval: float = 5.0
     # Instances reconciled at once (power sync, start-up): ``--sync-concurrency``.
     sync_concurrency: int = DEFAULT_SYNC_CONCURRENCY
+    # Seconds between checks whether to sweep the heap (daemon.collector); 0: Python's own
+    # schedule only (the default here; twistd vmready's --gc-sweep-interval is 60).
+    gc_sweep_interval: float = 0.0
 
     @property
     def forward_socket(self) -> str:
@@ -134,6 +139,7 @@ class VMReadyService(MultiService):
         self.store: AsyncStore | None = None
         self.lifecycle: Lifecycle | None = None
         self.recovered: Deferred[None] = Deferred()
+        self.sweeper = HeapSweeper()
         self.serving: Deferred[None] = Deferred()
         self.guest_port: IListeningPort | None = None
         self.forward_port: IListeningPort | None = None
@@ -317,6 +323,13 @@ class VMReadyService(MultiService):
             timer.setName(POWER_SYNC_TIMER)
             timer.clock = self.reactor
             timer.setServiceParent(self)
+        if self.config.gc_sweep_interval > 0:
+            # The heap is built (every instance followed): sweep it now, then when it grew.
+            self.sweeper.start()
+            sweeps = TimerService(self.config.gc_sweep_interval, self.sweeper.check)
+            sweeps.setName(GC_SWEEP_TIMER)
+            sweeps.clock = self.reactor
+            sweeps.setServiceParent(self)
 
     def _recovery_failed(self, failure: Failure, site: Site) -> None:
         self.log.failure("recovering instances failed", failure)
@@ -349,6 +362,8 @@ class VMReadyService(MultiService):
                     await stopped
         if self.lifecycle is not None:
             await self.lifecycle.shutdown()
+        if self.sweeper.sweeps:
+            self.sweeper.stop()
         if self.recorders is not None:
             self.recorders.close()
         if self.store is not None:

@@ -24,6 +24,7 @@ from vmready.agentlink.hvsock import HybridVSockServerEndpoint
 from vmready.agentlink.link import PollIntervals
 from vmready.agentlink.transport import TransportError, choose_transport, vhost_vsock_problem
 from vmready.agentlink.vsock import VSockServerEndpoint
+from vmready.daemon.collector import DEFAULT_SWEEP_INTERVAL
 from vmready.daemon.service import GUEST_SOCKET_BASE, DaemonConfig, VMReadyService
 from vmready.domain.limits import raise_file_limit
 from vmready.domain.model import StoreError, VMReadyError
@@ -112,6 +113,14 @@ class Options(usage.Options):
             "Instances reconciled at once by power sync and at daemon start (1 to 1024).",
         ],
         [
+            "gc-sweep-interval",
+            None,
+            str(DEFAULT_SWEEP_INTERVAL),
+            "Seconds between checks whether the heap grew enough to sweep it (one full "
+            "garbage collection, the survivors frozen): short pauses with thousands of VMs; "
+            "0 or less: Python's own schedule only.",
+        ],
+        [
             "serial-layout",
             None,
             CURRENT_LAYOUT.name,
@@ -179,7 +188,7 @@ class Options(usage.Options):
             )
         if self["hypervisor"] not in HYPERVISORS:
             raise usage.UsageError(f"--hypervisor must be one of {', '.join(HYPERVISORS)}")
-        for option in ("power-sync-interval", "stop-timeout"):
+        for option in ("power-sync-interval", "stop-timeout", "gc-sweep-interval"):
             try:
                 self[option] = float(self[option])
             except ValueError:
@@ -426,6 +435,7 @@ def makeService(options: Options) -> VMReadyService:
         kvm_probe_timeout=options["kvm-probe-timeout"],
         console_max_bytes=options["console-max-bytes"],
         sync_concurrency=options["sync-concurrency"],
+        gc_sweep_interval=options["gc-sweep-interval"],
     )
     reached = {
         "forward": f"reached by guests through {config.forward_socket} (the forward transport)",
