@@ -32,6 +32,7 @@ from vmready.api.operator import OperatorAPI
 from vmready.cli.main import run
 from vmready.cli.output import to_yaml
 from vmready.cli.parser import build_parser
+from vmready.domain.states import TaskState, VMState
 from vmready.hypervisor.cmdline import LEGACY_LAYOUT
 from vmready.lifecycle.core import Lifecycle
 from vmready.protocols.ringbuffer import AgentStatus
@@ -578,6 +579,20 @@ class WaitTests(CLITestCase):
         waiting = self.background("wait", "web1", "status=ready")
         await checked
         self.declare_ready()
+        self.assertEqual(await waiting, (0, "web1: READY\n", ""))
+
+    async def test_aReadyThatARunningTaskWillUndoDoesNotEndTheWait(self) -> None:
+        await self.launch("web1")
+        store = self.lifecycle.state.store
+        await store.claim_task("web1", "restart", frozenset({VMState.ACTIVE}), TaskState.REBOOTING)
+        checked = self.site.when_request("GET /1.0/instances/web1")
+        waiting = self.background("wait", "web1", "status=ready", "--timeout", "30")
+        await checked
+        self.declare_ready()  # while the restart runs: the status says Restarting
+        await deferLater(reactor, 0.2, lambda: None)
+        self.assertNoResult(waiting)
+        record = await store.finish_task("web1", TaskState.REBOOTING, VMState.ACTIVE)
+        self.lifecycle.state.publish_state(record)  # the task ended; Ready still set
         self.assertEqual(await waiting, (0, "web1: READY\n", ""))
 
     async def test_runningIsMetByReady(self) -> None:

@@ -142,7 +142,9 @@ class Waiter:
         elif action == "instance-error":
             self._observe("error", str(context.get("error") or "") or None)
         elif action == "instance-ready":
-            self._observe("ready", None)
+            # The workload said Ready; while a task runs (a restart, say) that is about to be
+            # undone, and the instance's status says so (Restarting, not Ready): ask for it.
+            Deferred.fromCoroutine(self._current_status()).addCallback(self._observe_status)
         elif action == "instance-state" and context.get("status"):
             status = str(context["status"]).lower()
             if status == "error" and "error" not in self.wanted:
@@ -153,6 +155,18 @@ class Waiter:
                 )
             else:
                 self._observe(status, None)
+
+    async def _current_status(self) -> tuple[str, str | None] | None:
+        """The instance's status and error now (None: it cannot be read; events decide)."""
+        try:
+            instance = await get_instance(self.client, self.name)
+        except CommandError:  # an APIError too
+            return None
+        return str(instance["status"]).lower(), str(instance.get("error") or "") or None
+
+    def _observe_status(self, found: tuple[str, str | None] | None) -> None:
+        if found is not None:
+            self._observe(*found)
 
     async def _error_reason(self) -> str | None:
         try:
