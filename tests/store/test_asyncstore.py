@@ -23,6 +23,7 @@ from tests.reactor import reactor
 from vmready.domain.model import Conflict, NotFound
 from vmready.domain.states import ACTIONS, PowerState, TaskState, VMState
 from vmready.store.asyncstore import AsyncStore
+from vmready.store.database import TransactionLost
 from vmready.store.sqlite import Store
 
 # A held database thread is released by the test well before this; never hang a run.
@@ -169,6 +170,31 @@ class BatchingTests(ThreadedStoreTestCase):
         await kept
         config = _committed_config(self.path, "vm1")
         self.assertEqual((config.get("user.half"), config.get("user.kept")), (None, "1"))
+
+    async def test_aBatchSQLiteRolledBackFailsEveryCallAndRunsNoMore(self) -> None:
+        """A full disk or an I/O error ends SQLite's transaction: no call of it was kept."""
+
+        def write_then_lose_it_all(engine: Store) -> None:
+            engine.update_config("vm1", {"user.second": "1"})
+            engine._database.db.execute("ROLLBACK")  # what SQLite does on SQLITE_FULL
+            raise sqlite3.OperationalError("database or disk is full")
+
+        self.hold()
+        first = self.store.update_config("vm1", {"user.first": "1"})
+        lost = self.store.run(write_then_lose_it_all)
+        after = self.store.update_config("vm1", {"user.after": "1"})
+        self.gate.set()
+        calls: list[Deferred[Any]] = [first, lost, after]
+        for call in calls:
+            await self.assertFailure(call, TransactionLost)
+        config = _committed_config(self.path, "vm1")
+        self.assertEqual(
+            [config.get(key) for key in ("user.first", "user.second", "user.after")],
+            [None, None, None],
+        )
+        self.assertEqual(self.store.get_instance("vm1").config.get("user.first"), None)
+        kept = await self.store.update_config("vm1", {"user.later": "1"})  # the store goes on
+        self.assertEqual(kept.config["user.later"], "1")
 
 
 class InlineStoreTests(SynchronousTestCase):

@@ -16,7 +16,7 @@ import sqlite3
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from vmready.domain.model import InstanceRecord, NotFound
+from vmready.domain.model import InstanceRecord, NotFound, StoreError
 from vmready.domain.states import PowerState, TaskState, VMState
 
 __all__ = ["INSTANCE_COLUMNS", "Database", "dump", "instance_not_found"]
@@ -24,6 +24,10 @@ __all__ = ["INSTANCE_COLUMNS", "Database", "dump", "instance_not_found"]
 INSTANCE_COLUMNS = (
     "name, uuid, vm_state, task_state, power_state, config, devices, error, created_at, updated_at"
 )
+
+
+class TransactionLost(StoreError):
+    """SQLite rolled a whole batch back by itself: none of its calls was kept."""
 
 
 class Database:
@@ -75,13 +79,20 @@ class Database:
 
     @contextlib.contextmanager
     def savepoint(self) -> Iterator[None]:
-        """One call (or transaction) of a batch: undone alone if it raises."""
+        """One call (or transaction) of a batch: undone alone if it raises.
+
+        Unless SQLite ended the whole transaction itself (a full disk, an I/O
+        error): then nothing of the batch was kept, and ``TransactionLost`` says
+        so, for the batch to end there rather than run its next calls unguarded.
+        """
         name = f"call{self._depth}"
         self.db.execute(f"SAVEPOINT {name}")
         self._depth += 1
         try:
             yield
-        except BaseException:
+        except BaseException as e:
+            if not self.db.in_transaction:
+                raise TransactionLost(f"the store's transaction was rolled back: {e}") from e
             self.db.execute(f"ROLLBACK TO {name}")
             self.db.execute(f"RELEASE {name}")
             raise

@@ -26,6 +26,8 @@ from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IReactorThreads
 from twisted.python.failure import Failure
 
+from vmready.store.database import TransactionLost
+
 __all__ = ["BatchingEngine", "DatabaseThread", "Executor", "InlineExecutor"]
 
 T = TypeVar("T")
@@ -162,6 +164,8 @@ def _one(engine: BatchingEngine, work: Callable[[], Any]) -> Any:
     try:
         with engine.isolated():
             return work()
+    except TransactionLost:
+        raise  # the whole batch is gone: every call of it fails, none runs after
     except Exception:
         return Failure()
 
