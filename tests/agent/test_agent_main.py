@@ -14,6 +14,7 @@ from typing import Any
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ProcessDone, ProcessTerminated
 from twisted.internet.protocol import ProcessProtocol
+from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
@@ -118,14 +119,28 @@ class AgentProcessTests(TestCase):
         self.assertEqual((await notify.ended, notify.stderr), (0, b""))
         self.assertEqual(self.host.patches, ["Ready"])
 
-    async def test_notifyWithoutALinkExitsOneWithTheReason(self) -> None:
+    async def test_notifyWithoutALinkIsKeptAndDeliveredWhenTheLinkComes(self) -> None:
+        await self.host.start()
         self.spawn("--config-drive", self.drive, "--heartbeat", "30")
         await self.peer.wait_for(b"STARTED", since=0)
-        notify = self.spawn("notify", "started", "--socket", self.socket)
+        notify = self.spawn("notify", "ready", "--socket", self.socket)
         self.assertEqual(
             (await notify.ended, notify.stderr),
-            (1, b"vmready-agent: host not reachable: the host has not sent CONNECT yet\n"),
+            (
+                0,
+                b"vmready-agent: host not reachable: the host has not sent CONNECT yet; "
+                b"the agent will tell it Ready when the link returns\n",
+            ),
         )
+        self.assertEqual(self.host.patches, [])
+        connected = self.peer.wait_for(b"CONNECTED")
+        self.connect_port.send(self.host.connect_line)
+        await connected
+        for _ in range(100):  # delivered right after the link is up (bounded)
+            if self.host.patches:
+                break
+            await deferLater(reactor, 0.05, lambda: None)
+        self.assertEqual(self.host.patches, ["Ready"])
 
     async def test_notifyWithoutAnAgentExitsOne(self) -> None:
         notify = self.spawn("notify", "ready", "--socket", self.socket)

@@ -8,7 +8,7 @@ import tempfile
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from vmready.agent.memory import READY_FILE, ReadyMemory
+from vmready.agent.memory import PENDING_FILE, READY_FILE, ReadyMemory
 
 
 class ReadyMemoryTests(SynchronousTestCase):
@@ -24,6 +24,25 @@ class ReadyMemoryTests(SynchronousTestCase):
         memory = ReadyMemory(self.state_dir)
         memory.remember(True)
         self.assertTrue(memory.is_ready())
+
+    def test_aHeldStateIsKeptUntilTheHostAcceptsOne(self) -> None:
+        memory = ReadyMemory(self.state_dir)
+        self.assertIsNone(memory.pending())
+        memory.hold("Ready")
+        self.assertEqual(ReadyMemory(self.state_dir).pending(), "Ready")  # an agent restart too
+        self.assertFalse(memory.is_ready())  # not before the host has it
+        memory.hold("Started")
+        self.assertEqual(memory.pending(), "Started")
+        memory.remember(False)
+        self.assertIsNone(memory.pending())
+
+    def test_onlyTheWorkloadsStatesAreHeld(self) -> None:
+        memory = ReadyMemory(self.state_dir)
+        self.assertRaises(ValueError, memory.hold, "Frozen")
+        os.makedirs(self.state_dir, exist_ok=True)
+        with open(os.path.join(self.state_dir, PENDING_FILE), "wb") as f:
+            f.write(b"\xff garbage")
+        self.assertIsNone(memory.pending())
 
     def test_readySurvivesAnAgentRestart(self) -> None:
         ReadyMemory(self.state_dir).remember(True)

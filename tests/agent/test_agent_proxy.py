@@ -297,6 +297,46 @@ class ProxyTests(SynchronousTestCase):
             ),
         )
 
+    def test_aStateDeclaredWhileTheLinkIsDownIsKeptAnd202(self) -> None:
+        harness = ProxyHarness(self)
+        held: list[str] = []
+        harness.proxy.hold_state = held.append
+        harness.connected = False
+        reply = harness.call("PATCH", "/1.0", b'{"state": "Ready"}')
+        self.assertEqual(
+            (reply.status, reply.body),
+            (
+                202,
+                b"host not reachable: the host has not sent CONNECT yet; "
+                b"the agent will tell it Ready when the link returns\n",
+            ),
+        )
+        self.assertEqual((held, harness.remembered), (["Ready"], []))
+
+    def test_whileTheLinkIsDownOnlyAWellFormedStateIsKept(self) -> None:
+        harness = ProxyHarness(self)
+        held: list[str] = []
+        harness.proxy.hold_state = held.append
+        harness.connected = False
+        for method, target, body in (
+            ("PATCH", "/1.0", b'{"state": "Readyish"}'),
+            ("PATCH", "/1.0", b"not json"),
+            ("GET", "/1.0", None),
+            ("PATCH", "/1.0/config", b'{"state": "Ready"}'),
+        ):
+            self.assertEqual(harness.call(method, target, body).status, 503)
+        self.assertEqual(held, [])
+
+    def test_aStateThatCannotBeKeptIs503(self) -> None:
+        harness = ProxyHarness(self)
+
+        def disk_full(state: str) -> None:
+            raise OSError(28, "No space left on device")
+
+        harness.proxy.hold_state = disk_full
+        harness.connected = False
+        self.assertEqual(harness.call("PATCH", "/1.0", b'{"state": "Ready"}').status, 503)
+
     def test_hostDroppingTheRequestIs503(self) -> None:
         harness = ProxyHarness(self, fails(HostError("the connection to the host was lost")))
         reply = harness.call("GET", "/1.0")

@@ -154,10 +154,12 @@ def run_notify(args: Sequence[str]) -> int:
         _usage(f"{PROGRAM} notify", SYNOPSIS)
         return EXIT_USAGE
     try:
-        asyncio.run(notify(request.socket, request.state, request.timeout))
+        kept = asyncio.run(notify(request.socket, request.state, request.timeout))
     except NotifyFailed as e:
         _say(str(e))
         return EXIT_FAILED
+    if kept is not None:
+        _say(kept)  # accepted: the agent delivers it when the link returns
     return EXIT_OK
 
 

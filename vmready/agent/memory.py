@@ -13,9 +13,12 @@ import contextlib
 import os
 import tempfile
 
-__all__ = ["READY_FILE", "ReadyMemory"]
+__all__ = ["PENDING_FILE", "READY_FILE", "ReadyMemory"]
 
 READY_FILE = "ready"
+# A state the workload declared while the host was unreachable, to deliver on the next link.
+PENDING_FILE = "pending"
+_STATES = ("Ready", "Started")
 
 
 class ReadyMemory:
@@ -30,18 +33,41 @@ class ReadyMemory:
         return os.path.exists(self.path)
 
     def remember(self, ready: bool) -> None:
-        """Record the state the host accepted: Ready writes the file, Started removes it."""
+        """Record the state the host accepted: Ready writes the file, Started removes it.
+
+        A state the host accepted supersedes one held for it (``hold``).
+        """
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(self.state_dir, PENDING_FILE))
         if not ready:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
             return
+        self._write(self.path, b"Ready\n")
+
+    def hold(self, state: str) -> None:
+        """The workload declared ``state`` while the host was unreachable: keep it for later."""
+        if state not in _STATES:
+            raise ValueError(f"not a state the workload declares: {state!r}")
+        self._write(os.path.join(self.state_dir, PENDING_FILE), state.encode("ascii") + b"\n")
+
+    def pending(self) -> str | None:
+        """The state held for the host, if any (a damaged file is none)."""
+        try:
+            with open(os.path.join(self.state_dir, PENDING_FILE), "rb") as f:
+                state = f.read(16).decode("ascii", "replace").strip()
+        except FileNotFoundError:
+            return None
+        return state if state in _STATES else None
+
+    def _write(self, path: str, data: bytes) -> None:
         os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
         # Written whole or not at all: a crash mid-write must not leave a half-made file.
         fd, temporary = tempfile.mkstemp(dir=self.state_dir, prefix=".ready-")
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(b"Ready\n")
-            os.replace(temporary, self.path)
+                f.write(data)
+            os.replace(temporary, path)
         except BaseException:
             if os.path.exists(temporary):
                 os.unlink(temporary)

@@ -83,8 +83,12 @@ async def _exchange(
     return head.status, await httpwire.read_body(reader, framing, MAX_ANSWER)
 
 
-async def notify(socket_path: str, state: str, timeout: float = 60.0) -> None:
-    """Ask the agent at ``socket_path`` to set ``state``; NotifyFailed saying why not."""
+async def notify(socket_path: str, state: str, timeout: float = 60.0) -> str | None:
+    """Ask the agent at ``socket_path`` to set ``state``; NotifyFailed saying why not.
+
+    None once the host has the state; the agent's words when it kept the state
+    to deliver later (202: the host is unreachable now).
+    """
     where = f"the agent at {socket_path}"
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(socket_path), timeout)
@@ -102,6 +106,9 @@ async def notify(socket_path: str, state: str, timeout: float = 60.0) -> None:
         raise NotifyFailed(f"{where} sent a malformed answer: {e}") from None
     finally:
         writer.close()
+    text = answer.decode("utf-8", "replace").strip()
     if not 200 <= status < 300:
-        text = answer.decode("utf-8", "replace").strip()
         raise NotifyFailed(text.splitlines()[0] if text else f"HTTP {status}")
+    if status == 202:
+        return text.splitlines()[0] if text else "kept for the host"
+    return None

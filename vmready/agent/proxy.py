@@ -166,14 +166,19 @@ class GuestAPIProxy:
         route: Callable[[], HostRoute],
         remember_state: Callable[[str], None],
         timeout: float = 30.0,
+        hold_state: Callable[[str], None] | None = None,
     ) -> None:
         """``route`` raises HostUnreachable while the link is down.
 
         ``remember_state`` is told ``"Ready"`` or ``"Started"`` after the host
-        accepted a guest program's ``PATCH /1.0`` to that state.
+        accepted a guest program's ``PATCH /1.0`` to that state; ``hold_state``
+        is told the state a ``PATCH /1.0`` asked for while the link was down (it
+        is answered 202: the agent delivers it when the link returns).  Without
+        ``hold_state`` such a PATCH is answered 503, as any request then.
         """
         self.route = route
         self.remember_state = remember_state
+        self.hold_state = hold_state
         self.timeout = timeout
         self._slots: asyncio.Semaphore | None = None  # made in the loop (Python 3.9)
         self._connections: set[asyncio.Task[None]] = set()
@@ -274,6 +279,18 @@ class GuestAPIProxy:
         try:
             route = self.route()
         except HostUnreachable as e:
+            state = (
+                _declared_state(body) if head.method == "PATCH" and path == STATE_PATH else None
+            )
+            if state is not None and self.hold_state is not None and self._hold(state):
+                await exchange.answer(
+                    plain(
+                        202,
+                        f"host not reachable: {e}; the agent will tell it {state} "
+                        "when the link returns",
+                    )
+                )
+                return
             await exchange.answer(plain(503, f"host not reachable: {e}"))
             return
         try:
@@ -330,6 +347,16 @@ class GuestAPIProxy:
             if state is not None:
                 self._remember(state)
         return answer
+
+    def _hold(self, state: str) -> bool:
+        """Keep ``state`` for the host; False if it cannot be kept (then the caller gets 503)."""
+        assert self.hold_state is not None
+        try:
+            self.hold_state(state)
+        except OSError as e:
+            log.error("cannot keep the workload's state %s: %s", state, e.strerror or e)
+            return False
+        return True
 
     def _remember(self, state: str) -> None:
         try:

@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 
 Dialer = Callable[[HostAddress], Awaitable[LinkWatch]]
 Reasserter = Callable[[HostAddress], Awaitable[None]]
+Deliverer = Callable[[HostAddress, str], Awaitable[None]]
 
 
 class Agent:
@@ -72,11 +73,13 @@ class Agent:
         dial: Dialer | None = None,
         reassert: Reasserter | None = None,
         recorder: AgentRecorder | None = None,
+        deliver: Deliverer | None = None,
     ) -> None:
         """Add the serial keeper with ``attach_serial`` and the socket with ``attach_socket``.
 
-        ``dial`` opens a validated link, ``reassert`` sends Ready again (defaults:
-        ``open_link`` and ``patch_state`` on ``endpoint_for``'s endpoint).
+        ``dial`` opens a validated link, ``reassert`` sends Ready again, ``deliver``
+        sends a state the workload declared while the host was unreachable
+        (defaults: ``open_link`` and ``patch_state`` on ``endpoint_for``'s endpoint).
         """
         self.core = core
         self.endpoint_for = endpoint_for
@@ -86,10 +89,11 @@ class Agent:
         self.dial_timeout = dial_timeout
         self.dial: Dialer = dial or self._open_link
         self.reassert: Reasserter = reassert or self._patch_ready
+        self.deliver: Deliverer = deliver or self._patch_state
         self.recorder = recorder
         self.serial: SerialKeeper | None = None
         self.connect_port: ConnectPortReader | None = None
-        self.proxy = GuestAPIProxy(self.route, self.remember_state)
+        self.proxy = GuestAPIProxy(self.route, self.remember_state, hold_state=self.hold_state)
         self.socket_path: str | None = None
         self.exit_code = 0
         self._listening: socket.socket | None = None
@@ -216,6 +220,11 @@ class Agent:
         self.memory.remember(state == "Ready")
         log.info("the workload declared %s", state)
 
+    def hold_state(self, state: str) -> None:
+        """A guest program declared ``state`` while the host was unreachable: deliver it later."""
+        self.memory.hold(state)
+        log.info("the workload declared %s while the host is unreachable; kept for later", state)
+
     # -- commands -----------------------------------------------------------
 
     def execute(self, commands: list[Command]) -> None:
@@ -258,6 +267,9 @@ class Agent:
     async def _patch_ready(self, address: HostAddress) -> None:
         await patch_state(self.endpoint_for(address), "Ready")
 
+    async def _patch_state(self, address: HostAddress, state: str) -> None:
+        await patch_state(self.endpoint_for(address), state)
+
     def _dial_done(self, task: asyncio.Task[LinkWatch], dial_id: int) -> None:
         if self._dialing is not None and self._dialing[0] == dial_id:
             self._dialing = None
@@ -277,9 +289,16 @@ class Agent:
         self.execute(self.core.link_lost(dial_id, reason))
 
     def _reassert_ready(self, command: ReassertReady) -> None:
+        where = self.describe(command.address)
+        held = self.memory.pending()
+        if held is not None:
+            log.info("telling the host at %s the workload's %s, declared meanwhile", where, held)
+            task = asyncio.ensure_future(self._deliver_held(command.address, where, held))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            return
         if not self.memory.is_ready():
             return
-        where = self.describe(command.address)
         log.info("reasserting the workload's Ready to the host at %s", where)
         task = asyncio.ensure_future(self._reassert(command.address, where))
         self._background.add(task)
@@ -298,6 +317,21 @@ class Agent:
                 refused,
                 describe_failure(e),
             )
+
+    async def _deliver_held(self, address: HostAddress, where: str, state: str) -> None:
+        try:
+            await asyncio.wait_for(self.deliver(address, state), self.dial_timeout)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # kept: the next link tries again
+            log.warning(
+                "could not tell the host at %s the workload's %s: %s",
+                where,
+                state,
+                describe_failure(e),
+            )
+            return
+        self.memory.remember(state == "Ready")
 
 
 def prepare_socket_path(path: str) -> None:
