@@ -60,7 +60,7 @@ class StartupRefusalTests(SynchronousTestCase):
         self.assertEqual(
             line,
             f"vmready: store {path} has schema version 99, newer than this vmready "
-            "understands (2); upgrade vmready",
+            f"understands ({Store.SCHEMA_VERSION}); upgrade vmready",
         )
 
     def test_serverKeyMissingIsRefusedNotReplaced(self) -> None:

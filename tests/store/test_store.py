@@ -128,14 +128,14 @@ class SchemaTests(_StoreTestCase):
     def test_newStoreHasTheSchemaAndRecordsItsVersion(self) -> None:
         store = self.open()
         self.assertEqual(store.schema_version, Store.SCHEMA_VERSION)
-        self.assertEqual(Store.SCHEMA_VERSION, 2)
+        self.assertEqual(Store.SCHEMA_VERSION, 3)
         self.assertEqual(store.path, self.path)
         with _raw(self.path) as raw:
             versions = raw.execute("SELECT version, applied_at FROM vmready_schema").fetchall()
             tables = {
                 row[0] for row in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")
             }
-        self.assertEqual(versions, [(1, 1000.0), (2, 1000.0)])
+        self.assertEqual(versions, [(1, 1000.0), (2, 1000.0), (3, 1000.0)])
         self.assertEqual(
             tables,
             {"vmready_schema", "instances", "actions", "steps", "snapshots", "agent_certificates"},
@@ -225,7 +225,8 @@ class SchemaTests(_StoreTestCase):
         error = self.assertRaises(StoreError, Store.open, self.path)
         self.assertEqual(
             str(error),
-            f"store {self.path} has schema version 7, newer than this vmready understands (2);"
+            f"store {self.path} has schema version 7, newer than this vmready understands"
+            f" ({Store.SCHEMA_VERSION});"
             " upgrade vmready",
         )
         self.assertEqual(len(str(error).splitlines()), 1)
@@ -305,7 +306,7 @@ class SchemaTests(_StoreTestCase):
         old.create_instance("web", {}, {})
         old.close()
         store = self.open()
-        self.assertEqual(store.schema_version, 2)
+        self.assertEqual(store.schema_version, Store.SCHEMA_VERSION)
         self.assertEqual(store.get_instance("web").name, "web")
         store.set_agent_certificate("web", "ab" * 32)
         found = store.instance_for_fingerprint("ab" * 32)
@@ -386,6 +387,47 @@ class InstanceTests(_StoreTestCase):
         [history] = store.list_actions("web")
         self.assertEqual((history.action, history.result), ("delete", "success"))
         self.assertEqual([step.name for step in history.steps], ["deleting"])
+
+    def test_aNameUsedAgainStartsAHistoryOfItsOwn(self) -> None:
+        """Histories are kept by the instance's uuid: a delete and re-create never mix them."""
+        store = self.open()
+        store.create_instance("web", {}, {})
+        first = store.start_action("web", "delete", "req-1")
+        store.finish_action(first, "success")
+        store.delete_instance("web")
+        store.create_instance("web", {}, {})
+        self.assertEqual(store.list_actions("web"), [])
+        second = store.start_action("web", "stop", "req-2")
+        self.assertEqual([a.id for a in store.list_actions("web")], [second])
+        store.delete_instance("web")
+        # Gone: the history of the last instance of that name.
+        self.assertEqual([a.id for a in store.list_actions("web")], [second])
+
+    def test_version2HistoriesAreKeptByUuidWhereTheyCanBe(self) -> None:
+        """Migrated actions belong to the instance of their name only if it existed then."""
+
+        class VersionTwo(Store):
+            SCHEMA_VERSION = 2
+            MIGRATIONS: ClassVar[list[tuple[int, str]]] = MIGRATIONS[:2]
+
+        VersionTwo.open(self.path).close()
+        with _raw(self.path) as raw:
+            # An action of an earlier "web" (t=5), then today's web (created at t=10) and its own.
+            raw.execute(
+                "INSERT INTO instances (name, uuid, vm_state, power_state, config, devices,"
+                " created_at, updated_at) VALUES"
+                " ('web', 'u2', 'stopped', 'shutdown', '{}', '{}', 10, 10)"
+            )
+            insert = "INSERT INTO actions (instance, action, request_id, started_at) VALUES"
+            before = raw.execute(f"{insert} ('web', 'create', 'req-1', 5)").lastrowid
+            after = raw.execute(f"{insert} ('web', 'stop', 'req-2', 20)").lastrowid
+        store = self.open()
+        self.assertEqual([a.id for a in store.list_actions("web")], [after])
+        with _raw(self.path) as raw:
+            orphan = raw.execute(
+                "SELECT instance_uuid FROM actions WHERE id = ?", (before,)
+            ).fetchone()
+        self.assertEqual(orphan, (None,))
 
     def test_deleteTakesTheSnapshotsWithIt(self) -> None:
         store = self.open()

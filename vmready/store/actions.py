@@ -24,10 +24,11 @@ class ActionHistory:
         self._database = database
 
     def start_action(self, name: str, action: str, request_id: str) -> int:
-        """Record the start of an action on instance name; return its id."""
+        """Record the start of an action on instance name (kept by its uuid); return its id."""
         cursor = self._database.db.execute(
-            "INSERT INTO actions (instance, action, request_id, started_at) VALUES (?, ?, ?, ?)",
-            (name, action, request_id, self._database.clock()),
+            "INSERT INTO actions (instance, instance_uuid, action, request_id, started_at)"
+            " VALUES (?, (SELECT uuid FROM instances WHERE name = ?), ?, ?, ?)",
+            (name, name, action, request_id, self._database.clock()),
         )
         return _row_id(cursor)
 
@@ -76,8 +77,26 @@ class ActionHistory:
             raise NotFound(f"Action {action_id} not found")
 
     def list_actions(self, name: str) -> list[ActionRecord]:
-        """The action history of instance name (kept after delete), newest first."""
-        return self._actions("instance = ?", (name,), "started_at DESC, id DESC")
+        """The action history of instance name (kept after delete), newest first.
+
+        The instance called name now, by its uuid; for a name no instance has, the
+        last instance that had it.  A name deleted and created again starts afresh.
+        """
+        db = self._database.db
+        with self._database.transaction(immediate=False):
+            row = db.execute("SELECT uuid FROM instances WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                row = db.execute(
+                    "SELECT instance_uuid FROM actions WHERE instance = ?"
+                    " ORDER BY started_at DESC, id DESC LIMIT 1",
+                    (name,),
+                ).fetchone()
+                if row is None:
+                    return []
+        order = "started_at DESC, id DESC"
+        if row[0] is None:  # from before histories were kept by uuid
+            return self._actions("instance = ? AND instance_uuid IS NULL", (name,), order)
+        return self._actions("instance_uuid = ?", (row[0],), order)
 
     def unfinished_actions(self) -> list[ActionRecord]:
         """Actions that never finished (the daemon died during them), oldest first."""

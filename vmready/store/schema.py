@@ -20,7 +20,7 @@ __all__ = ["BUSY_TIMEOUT_SECONDS", "MIGRATIONS", "SCHEMA_VERSION", "connect"]
 BUSY_TIMEOUT_SECONDS = 5.0
 
 # The version the newest migration brings a store to.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _SCHEMA_TABLE = "vmready_schema"
 
@@ -86,6 +86,20 @@ MIGRATIONS: list[tuple[int, str]] = [
             fingerprint TEXT NOT NULL UNIQUE,
             issued_at REAL NOT NULL
         );
+        """,
+    ),
+    (
+        3,
+        # Action history keyed by the instance's uuid, not its name: a name deleted and
+        # used again starts a history of its own.  Existing actions belong to the instance
+        # of that name only if they started after it was created; older ones keep no uuid.
+        """
+        ALTER TABLE actions ADD COLUMN instance_uuid TEXT;
+        UPDATE actions SET instance_uuid = (
+            SELECT uuid FROM instances
+            WHERE instances.name = actions.instance AND actions.started_at >= instances.created_at
+        );
+        CREATE INDEX actions_by_uuid ON actions (instance_uuid, started_at);
         """,
     ),
 ]
