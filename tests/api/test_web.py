@@ -11,11 +11,14 @@ from typing import Any
 from klein import Klein
 from twisted.internet.interfaces import IReactorUNIX
 from twisted.internet.threads import deferToThread
-from twisted.trial.unittest import TestCase
+from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.iweb import IRequest
+from twisted.web.test.requesthelper import DummyChannel
 
 from tests.reactor import reactor
-from vmready.api.web import local_site, sync_response
+from vmready.api.requestbody import MAX_BODY_BYTES, read_json_body
+from vmready.api.web import LocalRequest, body_overflowed, local_site, sync_response
+from vmready.domain.model import PayloadTooLarge
 
 app = Klein()
 
@@ -73,3 +76,38 @@ class LocalSiteTests(TestCase):
         self.assertNotIn(b"Transfer-Encoding", headers)
         self.assertEqual(int(headers[b"Content-Length"]), len(body))
         self.assertTrue(body.endswith(b'"metadata": {"state": "Started"}}\n'), body)
+
+
+class BodyCapTests(SynchronousTestCase):
+    """A body over the cap is dropped as it arrives, never buffered; the handler says 413."""
+
+    def request(self) -> LocalRequest:
+        return LocalRequest(DummyChannel())
+
+    def test_aDeclaredLengthOverTheCapKeepsNothing(self) -> None:
+        request = self.request()
+        request.gotLength(2**31)
+        request.handleContentChunk(b"x" * 65536)
+        assert request.content is not None
+        self.assertEqual((body_overflowed(request), request.content.tell()), (True, 0))
+        self.assertRaises(PayloadTooLarge, read_json_body, request)
+
+    def test_aChunkedBodyIsDroppedOnceItPassesTheCap(self) -> None:
+        request = self.request()
+        request.gotLength(None)  # chunked: no length declared
+        chunk = b"x" * (MAX_BODY_BYTES // 2 + 1)
+        request.handleContentChunk(chunk)
+        self.assertFalse(body_overflowed(request))
+        request.handleContentChunk(chunk)
+        request.handleContentChunk(chunk)
+        assert request.content is not None
+        self.assertEqual((body_overflowed(request), request.content.tell()), (True, 0))
+        self.assertRaises(PayloadTooLarge, read_json_body, request)
+
+    def test_aBodyWithinTheCapIsKept(self) -> None:
+        request = self.request()
+        body = b'{"a": 1}'
+        request.gotLength(len(body))
+        request.handleContentChunk(body)
+        self.assertFalse(body_overflowed(request))
+        self.assertEqual(read_json_body(request), {"a": 1})

@@ -66,7 +66,14 @@ from twisted.web.server import NOT_DONE_YET, Site
 from vmready.api.eventstream import EventStream
 from vmready.api.requestbody import MAX_BODY_BYTES
 from vmready.api.views import rfc3339
-from vmready.api.web import ErrorStyle, handle_error, json_response, local_site, sync_response
+from vmready.api.web import (
+    ErrorStyle,
+    body_overflowed,
+    handle_error,
+    json_response,
+    local_site,
+    sync_response,
+)
 from vmready.domain.model import (
     BadRequest,
     Forbidden,
@@ -280,6 +287,8 @@ def _read_body(request: IRequest, limit: int = MAX_BODY_BYTES) -> bytes:
     too_large = PayloadTooLarge(f"Request body too large (limit {limit} bytes)")
     declared = request.getHeader(b"Content-Length")
     if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+        raise too_large
+    if body_overflowed(request):  # dropped while it arrived
         raise too_large
     content = request.content
     if content is None:

@@ -38,6 +38,8 @@ def read_json_body(request: IRequest, limit: int = MAX_BODY_BYTES) -> dict[str, 
     declared = request.getHeader(b"Content-Length")
     if declared is not None and declared.strip().isdigit() and int(declared) > limit:
         raise too_large
+    if getattr(request, "body_overflowed", False):  # dropped while it arrived (api.web)
+        raise too_large
     content = request.content
     if content is None:
         raw = b""

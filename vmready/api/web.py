@@ -25,6 +25,7 @@ from twisted.web.server import Request, Site
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 from zope.interface import implementer
 
+from vmready.api.requestbody import MAX_BODY_BYTES
 from vmready.domain.model import VMReadyError
 from vmready.domain.states import StatusCode
 
@@ -40,7 +41,34 @@ __all__ = [
 
 
 class LocalRequest(Request):
-    """A request whose host name is ``localhost`` when neither header nor address has one."""
+    """A request whose host name is ``localhost`` when neither header nor address has one.
+
+    Its body is kept only up to ``MAX_BODY_BYTES``: a larger one (declared by its
+    Content-Length, or found so while it arrives in chunks) is counted and
+    dropped as it comes, never buffered (twisted.web would spool it to a
+    temporary file), and ``body_overflowed`` tells the handler to answer 413.
+    """
+
+    body_overflowed = False
+
+    def gotLength(self, length: int | None) -> None:
+        """The declared length: beyond the cap, keep nothing."""
+        if length is not None and length > MAX_BODY_BYTES:
+            self.body_overflowed = True
+            length = 0
+        super().gotLength(length)
+
+    def handleContentChunk(self, data: bytes) -> None:
+        """Part of the body: kept while within the cap, else everything is dropped."""
+        if self.body_overflowed:
+            return
+        assert self.content is not None
+        if self.content.tell() + len(data) > MAX_BODY_BYTES:
+            self.body_overflowed = True
+            self.content.seek(0)
+            self.content.truncate()
+            return
+        super().handleContentChunk(data)
 
     def getRequestHostname(self) -> bytes:
         """The Host header's host, else the listening address's, else ``localhost``."""
@@ -48,6 +76,11 @@ class LocalRequest(Request):
             return b"localhost"
         hostname: bytes = super().getRequestHostname()
         return hostname
+
+
+def body_overflowed(request: IRequest) -> bool:
+    """Whether the request's body passed the cap and was dropped (``LocalRequest``)."""
+    return bool(getattr(request, "body_overflowed", False))
 
 
 def local_site(resource: IResource) -> Site:
