@@ -64,11 +64,10 @@ from twisted.web.resource import IResource
 from twisted.web.server import NOT_DONE_YET, Site
 
 from vmready.api.eventstream import EventStream
-from vmready.api.requestbody import MAX_BODY_BYTES
+from vmready.api.requestbody import read_body
 from vmready.api.views import rfc3339
 from vmready.api.web import (
     ErrorStyle,
-    body_overflowed,
     handle_error,
     json_response,
     local_site,
@@ -79,7 +78,6 @@ from vmready.domain.model import (
     Forbidden,
     InstanceRecord,
     NotFound,
-    PayloadTooLarge,
 )
 from vmready.hypervisor.configdrive import meta_data as cloud_init_meta_data
 from vmready.lifecycle.core import Lifecycle
@@ -282,24 +280,6 @@ _GO_ESCAPES = {
 }
 
 
-def _read_body(request: IRequest, limit: int = MAX_BODY_BYTES) -> bytes:
-    """The raw request body, at most ``limit`` bytes (413 beyond it, as the operator API)."""
-    too_large = PayloadTooLarge(f"Request body too large (limit {limit} bytes)")
-    declared = request.getHeader(b"Content-Length")
-    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
-        raise too_large
-    if body_overflowed(request):  # dropped while it arrived
-        raise too_large
-    content = request.content
-    if content is None:
-        return b""
-    content.seek(0)
-    raw: bytes = content.read(limit + 1)
-    if len(raw) > limit:
-        raise too_large
-    return raw
-
-
 def _not_json(constant: str) -> Any:
     """Python's json accepts NaN and Infinity; JSON (and Go) do not."""
     raise ValueError(f"{constant} is not valid JSON")
@@ -467,7 +447,7 @@ class GuestAPI:
     async def patch_state(self, request: IRequest) -> bytes:
         """The workload declares itself Ready, or withdraws that (Started)."""
         record = self.caller(request)
-        state = _requested_state(_read_body(request))
+        state = _requested_state(read_body(request))
         if state not in (_READY, _STARTED):
             raise BadRequest(f"Invalid state {_go_quote(state)}")
         await self.lifecycle.set_ready(record.name, state == _READY)

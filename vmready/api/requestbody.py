@@ -21,6 +21,7 @@ __all__ = [
     "event_types",
     "field",
     "query_param",
+    "read_body",
     "read_json_body",
     "recursion_level",
     "seconds_param",
@@ -32,8 +33,8 @@ MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_TIMEOUT = -1
 
 
-def read_json_body(request: IRequest, limit: int = MAX_BODY_BYTES) -> dict[str, Any]:
-    """The request body as a JSON object, read at most ``limit`` bytes (413 beyond it)."""
+def read_body(request: IRequest, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The raw request body, at most ``limit`` bytes (413 beyond it; both APIs)."""
     too_large = PayloadTooLarge(f"Request body too large (limit {limit} bytes)")
     declared = request.getHeader(b"Content-Length")
     if declared is not None and declared.strip().isdigit() and int(declared) > limit:
@@ -42,12 +43,17 @@ def read_json_body(request: IRequest, limit: int = MAX_BODY_BYTES) -> dict[str, 
         raise too_large
     content = request.content
     if content is None:
-        raw = b""
-    else:
-        content.seek(0)
-        raw = content.read(limit + 1)
+        return b""
+    content.seek(0)
+    raw: bytes = content.read(limit + 1)
     if len(raw) > limit:
         raise too_large
+    return raw
+
+
+def read_json_body(request: IRequest, limit: int = MAX_BODY_BYTES) -> dict[str, Any]:
+    """The request body as a JSON object, read at most ``limit`` bytes (413 beyond it)."""
+    raw = read_body(request, limit)
     if not raw.strip():
         return {}
     try:
