@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections.abc import Callable
 from typing import Any, cast
 
 from klein import Klein
@@ -31,8 +32,10 @@ from twisted.web.iweb import IRequest
 from twisted.web.server import Request, Site
 
 from vmready.agent import httpwire
+from vmready.agent.connectport import CONNECT_PORT_NAME
 from vmready.agent.core import VsockAddress
 from vmready.agent.host import HostResponse, LinkWatch
+from vmready.agent.serial import PORT_NAME
 from vmready.agentlink.hvsock import HybridVSockServerEndpoint
 from vmready.agentlink.vsockaddress import HybridVSockAddress
 from vmready.trust.certs import CertificatePair, fingerprint
@@ -359,6 +362,23 @@ class FakeSerialPeer:
                     waiter.callback(index)
                 elif not waiter.called:
                     self._waiters.append((wanted, start, waiter))
+
+
+def agent_ports(
+    reactor: Any, directory: str, cleanups: Callable[[Callable[[], object]], None]
+) -> tuple[FakeSerialPeer, FakeSerialPeer]:
+    """An agent's two ports in ``directory`` (its virtio-ports), listening, stopped at cleanup.
+
+    The status port (``com.canonical.lxd``), where the agent says its status,
+    and ``vmready.connect``, where a vmready daemon's CONNECT lines arrive.
+    """
+    ports = []
+    for name in (PORT_NAME, CONNECT_PORT_NAME):
+        port = FakeSerialPeer(reactor, os.path.join(directory, name))
+        port.start()
+        cleanups(port.stop)
+        ports.append(port)
+    return ports[0], ports[1]
 
 
 # -- asyncio fakes for the agent's own tests ------------------------------------------

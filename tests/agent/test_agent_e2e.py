@@ -28,13 +28,11 @@ from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.iweb import IAgent, IAgentEndpointFactory
 from zope.interface import implementer
 
-from tests.agentfakes import FakeGuestHost, FakeSerialPeer
+from tests.agentfakes import FakeGuestHost, agent_ports
 from tests.asynciotesting import AgentThread
 from tests.reactor import reactor
 from vmready.agent.config import AgentConfig, Transport
-from vmready.agent.connectport import CONNECT_PORT_NAME
 from vmready.agent.memory import ReadyMemory
-from vmready.agent.serial import PORT_NAME
 from vmready.agent.service import Agent as GuestAgent
 from vmready.agent.service import build_agent
 from vmready.protocols.transcript import read_transcript
@@ -92,15 +90,10 @@ class AgentEndToEndTests(TestCase):
         self.host_path = os.path.join(self.base, "g.sock")
         self.socket = os.path.join(self.base, "lxd", "sock")
         self.state_dir = os.path.join(self.base, "run")
-        self.peer = FakeSerialPeer(reactor, os.path.join(self.base, "vp", PORT_NAME))
-        self.peer.start()
-        self.addCleanup(self.peer.stop)
         # The host's CONNECT lines arrive on a port of their own, as from a vmready daemon.
-        self.connect_port = FakeSerialPeer(
-            reactor, os.path.join(self.base, "vp", CONNECT_PORT_NAME)
+        self.peer, self.connect_port = agent_ports(
+            reactor, os.path.join(self.base, "vp"), self.addCleanup
         )
-        self.connect_port.start()
-        self.addCleanup(self.connect_port.stop)
         self.hosts: list[FakeGuestHost] = []
         self.addCleanup(self.stop_hosts)
         self.thread = AgentThread()

@@ -18,13 +18,11 @@ from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from tests.agentfakes import FakeGuestHost, FakeSerialPeer
+from tests.agentfakes import FakeGuestHost, agent_ports
 from tests.asynciotesting import run_virtual
 from tests.reactor import reactor
-from vmready.agent.connectport import CONNECT_PORT_NAME
 from vmready.agent.main import parse_options
 from vmready.agent.notify import NotifyFailed, NotifyRequest, UsageError, notify, parse_notify
-from vmready.agent.serial import PORT_NAME
 from vmready.trust.certs import generate, write_config_drive
 
 CLIENT = generate("demo")
@@ -72,14 +70,9 @@ class AgentProcessTests(TestCase):
                 },
                 f,
             )
-        self.peer = FakeSerialPeer(reactor, os.path.join(self.base, "vp", PORT_NAME))
-        self.peer.start()
-        self.addCleanup(self.peer.stop)
-        self.connect_port = FakeSerialPeer(
-            reactor, os.path.join(self.base, "vp", CONNECT_PORT_NAME)
+        self.peer, self.connect_port = agent_ports(
+            reactor, os.path.join(self.base, "vp"), self.addCleanup
         )
-        self.connect_port.start()
-        self.addCleanup(self.connect_port.stop)
         self.host = FakeGuestHost(reactor, SERVER, CLIENT.cert_pem, host_path)
         self.addCleanup(self.host.stop)
 

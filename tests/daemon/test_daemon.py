@@ -211,6 +211,10 @@ class GuestListenAddressTests(SynchronousTestCase):
         said = self.refused("--agent-reopen-grace", "1")
         self.assertIn("--agent-reopen-grace must be more than 1 second", said)
 
+    def test_gcSweepIntervalMustBeANumber(self) -> None:
+        said = self.refused("--gc-sweep-interval", "often")
+        self.assertIn("--gc-sweep-interval must be a number of seconds", said)
+
     def test_pollIntervalMustBePositive(self) -> None:
         said = self.refused("--agent-poll-safety", "0")
         self.assertIn("--agent-poll-safety must be more than 0 and at most 3600 seconds", said)

@@ -21,9 +21,8 @@ import zipfile
 from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
 
 from tests.agent.test_agent_main import Process
-from tests.agentfakes import FakeGuestHost, FakeSerialPeer
+from tests.agentfakes import FakeGuestHost, agent_ports
 from tests.reactor import reactor
-from vmready.agent.connectport import CONNECT_PORT_NAME
 from vmready.agent.serial import PORT_NAME
 from vmready.hypervisor import agentbundle
 from vmready.trust.certs import generate, write_config_drive
@@ -286,15 +285,10 @@ class Python39EndToEndTests(TestCase):
                 f'{{"instance": "demo", "virtio_ports": "vp", "transport": "hvsock:{host_path}", '
                 f'"devlxd_socket": "{self.socket}", "state_dir": "run"}}'
             )
-        self.peer = FakeSerialPeer(reactor, os.path.join(self.drive, "vp", PORT_NAME))
-        self.peer.start()
-        self.addCleanup(self.peer.stop)
         # The host's CONNECT lines come on a port of their own, as from a vmready daemon.
-        self.connect_port = FakeSerialPeer(
-            reactor, os.path.join(self.drive, "vp", CONNECT_PORT_NAME)
+        self.peer, self.connect_port = agent_ports(
+            reactor, os.path.join(self.drive, "vp"), self.addCleanup
         )
-        self.connect_port.start()
-        self.addCleanup(self.connect_port.stop)
         self.host = FakeGuestHost(reactor, SERVER, CLIENT.cert_pem, host_path)
         self.addCleanup(self.host.stop)
 
