@@ -881,6 +881,44 @@ class SnapshotAPITests(APITestCase):
             "Invalid field 'stateful': expected true or false, got a string",
         )
 
+    async def test_deleteAnswersWithTheSnapshotAndItIsGone(self) -> None:
+        await self.launch("web1")
+        for name in ("s1", "s2"):
+            await self.settle(await self.call("POST", SNAPSHOTS, {"name": name}))
+        reply = await self.call("DELETE", f"{SNAPSHOTS}/s1")
+        self.assertEqual(reply.code, 200)
+        self.assertEqual((reply.metadata["name"], reply.metadata["stateful"]), ("s1", False))
+        listed = (await self.call("GET", SNAPSHOTS)).metadata
+        self.assertEqual([s["name"] for s in listed], ["s2"])
+        self.assertError(
+            await self.call("DELETE", f"{SNAPSHOTS}/s1"),
+            404,
+            "Snapshot s1 of instance web1 not found",
+        )
+
+    async def test_deleteWhileARestoreFromItRunsIs409(self) -> None:
+        await self.launch("web1")
+        await self.settle(await self.call("POST", SNAPSHOTS, {"name": "s1"}))
+        restoring = await self.call("PUT", "/1.0/instances/web1", {"restore": "s1"})
+        self.assertError(
+            await self.call("DELETE", f"{SNAPSHOTS}/s1"),
+            409,
+            "Cannot delete snapshot s1 of instance web1: the instance is being restored from it",
+        )
+        await self.settle(restoring)
+        self.assertEqual((await self.call("DELETE", f"{SNAPSHOTS}/s1")).code, 200)
+
+    async def test_badSnapshotDeletesAreRefused(self) -> None:
+        await self.launch("web1")
+        self.assertError(
+            await self.call("DELETE", "/1.0/instances/nope/snapshots/s1"),
+            404,
+            "Instance nope not found",
+        )
+        reply = await self.call("DELETE", f"{SNAPSHOTS}/a%20b")
+        self.assertEqual(reply.code, 400)
+        self.assertIn("Invalid snapshot name", reply.body["error"])
+
     async def test_instanceShowsItsSerialLayout(self) -> None:
         await self.launch("web1")
         instance = (await self.call("GET", "/1.0/instances/web1")).metadata

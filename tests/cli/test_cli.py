@@ -1045,6 +1045,33 @@ class SnapshotCommandTests(CLITestCase):
             (0, "web1: RUNNING (ACTIVE)\n", ""),
         )
 
+    async def test_snapshotVerbsCreateListDeleteRestore(self) -> None:
+        await self.launch("web1")
+        self.assertEqual(
+            await self.cli("snapshot", "create", "web1", "s1"), (0, "web1: RUNNING (ACTIVE)\n", "")
+        )
+        await self.cli("snapshot", "web1", "s2")  # the short form is "create"
+        code, out, _ = await self.cli("snapshot", "list", "web1")
+        self.assertEqual([line.split()[0] for line in out.splitlines()[1:]], ["s1", "s2"])
+        self.assertEqual(
+            await self.cli("snapshot", "delete", "web1", "s1"),
+            (0, "Snapshot s1 of web1 deleted\n", ""),
+        )
+        code, out, _ = await self.cli("--format", "json", "snapshot", "delete", "web1", "s2")
+        self.assertEqual((code, json.loads(out)["name"]), (0, "s2"))
+        code, out, _ = await self.cli("snapshot", "list", "web1", "--format", "json")
+        self.assertEqual(json.loads(out), [])
+
+    async def test_snapshotDeleteErrorsAreOneLine(self) -> None:
+        await self.launch("web1")
+        code, out, err = await self.cli("snapshot", "delete", "web1", "nope")
+        self.assertEqual(out, "")
+        self.assertNotEqual(code, 0)
+        self.assertEqual(err, "vmready: Error: Snapshot nope of instance web1 not found\n")
+        code, _, err = await self.cli("snapshot")
+        self.assertEqual(code, 2)
+        self.assertIn("VERB", err)
+
     async def test_refusedStatefulRestoreIsOneLineAndExit1(self) -> None:
         await self.launch("web1")
         await self.cli("snapshot", "web1", "s1", "--stateful")

@@ -13,6 +13,7 @@ import shutil
 import tempfile
 from typing import Any
 
+from twisted.internet.defer import ensureDeferred
 from twisted.trial.unittest import TestCase
 
 from tests.conformance.support import REAL_QEMU, REQUIRE_QEMU_VARIABLE
@@ -220,6 +221,40 @@ class SnapshotChecks(SnapshotTestCase):
         self.assertNotEqual(vm.pid, pid)
         self.assertEqual(await vm.query_power_state(), PowerState.RUNNING)
 
+    @_async
+    async def test_deletedSnapshotIsGoneWithItsFilesWhileTheVMAndOtherSnapshotsStay(
+        self,
+    ) -> None:
+        record = await self.launch()
+        for name in ("s1", "s2"):
+            await self.finish(
+                await self.lifecycle.act("vm1", "snapshot", snapshot=name, stateful=True)
+            )
+        vm = self.lifecycle.state.vms["vm1"]
+        deleted = await self.lifecycle.delete_snapshot("vm1", "s1")
+        self.assertEqual((deleted["name"], deleted["stateful"]), ("s1", True))
+        self.assertEqual([s["name"] for s in self.store.list_snapshots("vm1")], ["s2"])
+        self.assertEqual(sorted(self.files(record)), ["s2/snapshot.json", "s2/state"])
+        self.assertIs(self.lifecycle.state.vms["vm1"], vm)
+        self.assertEqual(await vm.query_power_state(), PowerState.RUNNING)
+        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ACTIVE)
+        self.assertIn(
+            ("instance-snapshot-deleted", {"snapshot": "s1"}),
+            [
+                (e.metadata["action"], e.metadata.get("context"))
+                for e in self.events
+                if e.type == "lifecycle"
+            ],
+        )
+        self.assertEqual(
+            self.store.list_actions("vm1")[0].steps[0].name,
+            "snapshot-delete: deleted snapshot s1",
+        )
+        with self.assertRaises(NotFound):
+            await self.lifecycle.act("vm1", "restore", snapshot="s1")
+        with self.assertRaises(NotFound):
+            await self.lifecycle.delete_snapshot("vm1", "s1")
+
     async def legacy_snapshot_then_upgrade(self) -> InstanceRecord:
         await self.upgrade(LEGACY_LAYOUT)
         await self.launch()
@@ -357,6 +392,84 @@ class SnapshotRefusalTests(SnapshotTestCase):
         self.assertIn("is missing", caught.exception.message)
         await _until(lambda: self.lifecycle.get("vm1").task_state is None)
         self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ACTIVE)
+
+
+class SnapshotDeleteTests(SnapshotTestCase):
+    """Deleting a snapshot: refused while a restore from it runs, precise errors otherwise."""
+
+    @_async
+    async def test_deleteIsRefusedWhileARestoreFromItRunsAndAllowedOnceItEnds(self) -> None:
+        record = await self.launch()
+        for name in ("s1", "other"):
+            await self.finish(
+                await self.lifecycle.act("vm1", "snapshot", snapshot=name, stateful=True)
+            )
+        files = self.files(record)
+        restoring = await self.lifecycle.act("vm1", "restore", snapshot="s1", stateful=True)
+        self.assertFalse(restoring.done)
+        with self.assertRaises(Conflict) as caught:
+            await self.lifecycle.delete_snapshot("vm1", "s1")
+        self.assertEqual(
+            caught.exception.message,
+            "Cannot delete snapshot s1 of instance vm1: the instance is being restored from it",
+        )
+        # Another snapshot of the instance is not in use.
+        await self.lifecycle.delete_snapshot("vm1", "other")
+        operation = await self.finish(restoring)
+        self.assertEqual(operation.error, "")
+        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ACTIVE)
+        self.assertEqual(
+            {path: data for path, data in self.files(record).items() if path.startswith("s1/")},
+            {path: data for path, data in files.items() if path.startswith("s1/")},
+        )
+        await self.lifecycle.delete_snapshot("vm1", "s1")
+        self.assertEqual(self.store.list_snapshots("vm1"), [])
+        self.assertEqual(self.files(record), {})
+
+    @_async
+    async def test_aRefusedRestoreDoesNotHoldItsSnapshot(self) -> None:
+        await self.launch()
+        await self.finish(await self.lifecycle.act("vm1", "snapshot", snapshot="s"))
+        with self.assertRaises(BadRequest):
+            await self.lifecycle.act("vm1", "restore", snapshot="s", stateful=True)
+        await self.lifecycle.delete_snapshot("vm1", "s")
+        self.assertEqual(self.store.list_snapshots("vm1"), [])
+
+    @_async
+    async def test_aRestoreAskedAfterTheDeleteFindsNoSnapshotAndChangesNothing(self) -> None:
+        await self.launch(**{"user.role": "db"})
+        await self.finish(await self.lifecycle.act("vm1", "snapshot", snapshot="s"))
+        await self.lifecycle.update_config("vm1", {"user.role": "web"})
+        before = self.lifecycle.get("vm1")
+        deleting = ensureDeferred(self.lifecycle.delete_snapshot("vm1", "s"))
+        with self.assertRaises(NotFound):
+            await self.lifecycle.act("vm1", "restore", snapshot="s")
+        await deleting
+        self.assertEqual(self.lifecycle.get("vm1"), before)
+
+    @_async
+    async def test_unknownSnapshotInstanceOrBadNameAreRefusedPrecisely(self) -> None:
+        await self.launch()
+        with self.assertRaises(NotFound) as missing:
+            await self.lifecycle.delete_snapshot("vm1", "nope")
+        self.assertEqual(missing.exception.message, "Snapshot nope of instance vm1 not found")
+        with self.assertRaises(NotFound):
+            await self.lifecycle.delete_snapshot("vm9", "s")
+        for name in ("", "../x", "a/b", ".", "x" * 64):
+            with self.assertRaises(BadRequest):
+                await self.lifecycle.delete_snapshot("vm1", name)
+
+    @_async
+    async def test_theDirectoryOfAnotherInstancesSnapshotIsNeverTouched(self) -> None:
+        first = await self.launch("vm1")
+        second = await self.launch("vm2")
+        for name in ("vm1", "vm2"):
+            await self.finish(await self.lifecycle.act(name, "snapshot", snapshot="s"))
+        kept = self.files(second)
+        await self.lifecycle.delete_snapshot("vm1", "s")
+        self.assertEqual(self.files(first), {})
+        self.assertEqual(self.files(second), kept)
+        self.assertEqual([s["name"] for s in self.store.list_snapshots("vm2")], ["s"])
 
 
 class InterruptedSnapshotTests(SnapshotTestCase):

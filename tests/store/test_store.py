@@ -868,6 +868,27 @@ class SnapshotTests(_StoreTestCase):
         self.assertEqual([s["name"] for s in store.list_snapshots("x")], ["snap0", "snap1"])
         self.assertEqual(store.list_snapshots("x")[0], created)
 
+    def test_deletedSnapshotIsReturnedAndForgottenAndOthersStay(self) -> None:
+        store = self.open()
+        store.create_instance("x", {}, {})
+        store.create_instance("y", {}, {})
+        created = store.create_snapshot("x", "snap0", True, {"devices": ["vmready"]})
+        store.create_snapshot("x", "snap1", False, {})
+        store.create_snapshot("y", "snap0", False, {})
+        self.assertEqual(store.delete_snapshot("x", "snap0"), created)
+        self.assertEqual([s["name"] for s in store.list_snapshots("x")], ["snap1"])
+        self.assertEqual([s["name"] for s in store.list_snapshots("y")], ["snap0"])
+        self.assertIsNone(store.find_snapshot("x", "snap0"))
+        # The name is free again.
+        store.create_snapshot("x", "snap0", False, {})
+
+    def test_deletingASnapshotThatIsNotThereIsNotFound(self) -> None:
+        store = self.open()
+        store.create_instance("x", {}, {})
+        error = self.assertRaises(NotFound, store.delete_snapshot, "x", "snap0")
+        self.assertEqual(error.message, "Snapshot snap0 of instance x not found")
+        self.assertRaises(NotFound, store.delete_snapshot, "nobody", "snap0")
+
     def test_snapshotNamesAreUniquePerInstance(self) -> None:
         store = self.open()
         store.create_instance("x", {}, {})

@@ -234,6 +234,13 @@ class OperatorAPI:
         self.lifecycle.get(name)
         return _async(request, await self.lifecycle.act(name, "snapshot", **params))
 
+    @app.route("/1.0/instances/<name>/snapshots/<snapshot>", methods=["DELETE"])
+    async def delete_snapshot(self, request: IRequest, name: str, snapshot: str) -> bytes:
+        """Delete a snapshot, answering with what it was; 409 while a restore from it runs."""
+        self.lifecycle.get(name)
+        deleted = await self.lifecycle.delete_snapshot(name, snapshot)
+        return sync_response(request, snapshot_json(deleted))
+
     @app.route("/1.0/instances/<name>", methods=["DELETE"])
     async def delete_instance(self, request: IRequest, name: str) -> bytes:
         """Delete an instance (its VM is stopped first); answers with the operation."""

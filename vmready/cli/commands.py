@@ -7,6 +7,7 @@ import json
 import os
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
@@ -149,6 +150,26 @@ async def _cmd_snapshots(client: Client, output: Output, args: argparse.Namespac
     return EXIT_OK
 
 
+async def _cmd_snapshot_delete(client: Client, output: Output, args: argparse.Namespace) -> int:
+    path = instance_path(args.name, "snapshots", quote(args.snapshot, safe=""))
+    deleted = (await client.request("DELETE", path))["metadata"]
+    output.data(deleted, lambda _: f"Snapshot {args.snapshot} of {args.name} deleted\n")
+    return EXIT_OK
+
+
+_SNAPSHOT_VERBS: dict[str, Callable[[Client, Output, argparse.Namespace], Any]] = {
+    "create": _cmd_snapshot,
+    "delete": _cmd_snapshot_delete,
+    "list": _cmd_snapshots,
+    "restore": _cmd_restore,
+}
+
+
+async def _cmd_snapshot_verb(client: Client, output: Output, args: argparse.Namespace) -> int:
+    result: int = await _SNAPSHOT_VERBS[args.snapshot_verb](client, output, args)
+    return result
+
+
 async def _cmd_delete(client: Client, output: Output, args: argparse.Namespace) -> int:
     if not args.force:
         instance = await get_instance(client, args.name)
@@ -218,7 +239,7 @@ COMMANDS: dict[str, Callable[[Client, Output, argparse.Namespace], Any]] = {
     "confirm-resize": _cmd_instance_action,
     "revert-resize": _cmd_instance_action,
     "delete": _cmd_delete,
-    "snapshot": _cmd_snapshot,
+    "snapshot": _cmd_snapshot_verb,
     "restore": _cmd_restore,
     "snapshots": _cmd_snapshots,
     "console": _cmd_console,

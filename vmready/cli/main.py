@@ -25,7 +25,7 @@ from vmready.cli.client import Client
 from vmready.cli.commands import COMMANDS, cmd_replay
 from vmready.cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, CommandError, UsageError
 from vmready.cli.output import Output
-from vmready.cli.parser import build_parser
+from vmready.cli.parser import build_parser, with_snapshot_verb
 from vmready.domain.paths import default_socket
 from vmready.domain.reactor import IVMReadyReactor, default_reactor
 
@@ -44,7 +44,7 @@ async def run(
     parser = build_parser()
     output = Output(out, err, "table")
     try:
-        args = parser.parse_args(list(argv))
+        args = parser.parse_args(with_snapshot_verb(list(argv)))
         output.format = args.format
         if args.command == "replay":
             return await cmd_replay(reactor, output, args)

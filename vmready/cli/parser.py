@@ -10,7 +10,10 @@ from vmready.cli.errors import UsageError
 from vmready.cli.output import FORMATS
 from vmready.hypervisor.accel import ACCEL_CHOICES
 
-__all__ = ["build_parser"]
+__all__ = ["SNAPSHOT_VERBS", "build_parser", "with_snapshot_verb"]
+
+# ``vmready snapshot VERB``; without one, ``create`` (the older ``snapshot NAME SNAPSHOT``).
+SNAPSHOT_VERBS = ("create", "delete", "list", "restore")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -153,27 +156,50 @@ def build_parser() -> argparse.ArgumentParser:
     delete = add("delete", "delete an instance", action)
     delete.add_argument("name")
     delete.add_argument("--force", action="store_true", help="delete even if it is running")
-    snapshot = add(
-        "snapshot", "take a snapshot of an instance (its config; --stateful: its VM)", action
+    snapshot = commands.add_parser(
+        "snapshot",
+        help="take, delete, list or restore an instance's snapshots",
+        description=(
+            "Snapshots of an instance: its config, and with --stateful its running VM. "
+            "'vmready snapshot NAME SNAPSHOT' is short for 'vmready snapshot create NAME "
+            "SNAPSHOT'."
+        ),
     )
-    snapshot.add_argument("name")
-    snapshot.add_argument("snapshot", metavar="SNAPSHOT")
-    snapshot.add_argument(
+    verbs = snapshot.add_subparsers(dest="snapshot_verb", metavar="VERB", required=True)
+
+    def verb(name: str, help: str, *parents: _Parser) -> argparse.ArgumentParser:
+        return verbs.add_parser(name, help=help, description=help, parents=[common, *parents])
+
+    create = verb(
+        "create", "take a snapshot of an instance (its config; --stateful: its VM)", action
+    )
+    create.add_argument("name")
+    create.add_argument("snapshot", metavar="SNAPSHOT")
+    create.add_argument(
         "--stateful",
         action="store_true",
         help="also save the running VM's state (it pauses while QEMU writes it)",
     )
-    restore = add("restore", "restore an instance from one of its snapshots", action)
-    restore.add_argument("name")
-    restore.add_argument("snapshot", metavar="SNAPSHOT")
-    restore.add_argument(
-        "--stateful", action="store_true", help="resume the VM from the saved state"
+    forget = verb(
+        "delete", "delete a snapshot and its files (refused while a restore from it runs)"
     )
-    restore.add_argument(
-        "--force",
-        action="store_true",
-        help="with --stateful: let QEMU try even if the device set changed since the snapshot",
-    )
+    forget.add_argument("name")
+    forget.add_argument("snapshot", metavar="SNAPSHOT")
+    verb("list", "list an instance's snapshots").add_argument("name")
+    for restore in (
+        verb("restore", "restore an instance from one of its snapshots", action),
+        add("restore", "restore an instance from one of its snapshots", action),
+    ):
+        restore.add_argument("name")
+        restore.add_argument("snapshot", metavar="SNAPSHOT")
+        restore.add_argument(
+            "--stateful", action="store_true", help="resume the VM from the saved state"
+        )
+        restore.add_argument(
+            "--force",
+            action="store_true",
+            help="with --stateful: let QEMU try even if the device set changed since the snapshot",
+        )
     console = add("console", "show an instance's serial console")
     console.add_argument("name")
     console.add_argument(
@@ -222,3 +248,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="replay at the recorded pace, printing each record (default: as fast as possible)",
     )
     return parser
+
+
+def with_snapshot_verb(argv: list[str]) -> list[str]:
+    """``vmready snapshot NAME SNAPSHOT`` (the older form) as ``snapshot create NAME SNAPSHOT``.
+
+    An instance named like a verb is reached with the verb spelled out:
+    ``vmready snapshot create delete SNAPSHOT``.
+    """
+    index = 0
+    while index < len(argv):
+        token = argv[index]
+        if token in ("--socket", "--format"):
+            index += 2
+        elif token.startswith("-"):
+            index += 1
+        else:
+            break
+    else:
+        return argv
+    if argv[index] != "snapshot":
+        return argv
+    rest = argv[index + 1 :]
+    if not rest or rest[0] in SNAPSHOT_VERBS or rest[0] in ("-h", "--help"):
+        return argv
+    return [*argv[: index + 1], "create", *rest]

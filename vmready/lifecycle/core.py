@@ -12,6 +12,7 @@ action (rebuild, delete, start after a failed stop…) moves it from there.
 from __future__ import annotations
 
 import builtins
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from twisted.internet.defer import Deferred, gatherResults
@@ -219,6 +220,28 @@ class Lifecycle:
             "do_" + action.replace("-", "_"),
         )
         prepared = self.actions.prepare(action, params)
+        # A restore holds its snapshot from now on: a delete either came first or is refused.
+        release = (
+            self.snapshotting.reserve_for_restore(name, prepared["snapshot"])
+            if action == "restore"
+            else _nothing_to_release
+        )
+        try:
+            return await self._start_action(name, action, prepared, runner, release)
+        except BaseException:
+            release()
+            raise
+
+    async def _start_action(
+        self,
+        name: str,
+        action: str,
+        prepared: dict[str, Any],
+        runner: Callable[..., Coroutine[Any, Any, None]],
+        release: Callable[[], None],
+    ) -> Operation:
+        """``act`` once its parameters are checked: claim the task, then run it."""
+        spec = ACTIONS[action]
         # Not before the daemon's start-up reconciliation of the instance is over.
         await self.recovery.reconciled(name)
         if action in ("snapshot", "restore"):
@@ -237,9 +260,16 @@ class Lifecycle:
         self.state.publish_state(record)
 
         async def work() -> None:
-            await self.actions.guarded(context, runner(context, record, **prepared))
+            try:
+                await self.actions.guarded(context, runner(context, record, **prepared))
+            finally:
+                release()
 
         return self.state.operations.run(f"{action.capitalize()} instance {name}", name, work)
+
+    async def delete_snapshot(self, name: str, snapshot: str) -> dict[str, Any]:
+        """Forget a snapshot and its files; 409 while a restore from it runs, 404 if none."""
+        return await self.snapshotting.delete_snapshot(name, snapshot)
 
     def rotate_consoles(self) -> None:
         """Keep every running VM's console log under its cap (called on a timer)."""
@@ -349,3 +379,7 @@ class Lifecycle:
     ) -> None:
         """Write the drive's settings, agent, loader and cloud-init files for the next boot."""
         self.guestside.refresh_config_drive(record, layout, transport)
+
+
+def _nothing_to_release() -> None:
+    """What an action that holds no snapshot releases when it ends."""

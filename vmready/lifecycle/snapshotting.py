@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -14,6 +15,7 @@ from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
 from vmready.domain.model import (
+    Conflict,
     HypervisorError,
     InstanceRecord,
     NotFound,
@@ -24,6 +26,7 @@ from vmready.hypervisor.qemulog import read_log_lines
 from vmready.hypervisor.snapshots import (
     STATE_FILE,
     snapshot_directory,
+    validate_snapshot_name,
     write_metadata,
 )
 from vmready.lifecycle.booting import Booting
@@ -50,6 +53,52 @@ class Snapshotting:
     def __init__(self, state: LifecycleState, booting: Booting) -> None:
         self.state = state
         self.booting = booting
+        # Restores under way, by (instance, snapshot): how many use that snapshot now.
+        self._restoring: dict[tuple[str, str], int] = {}
+
+    def reserve_for_restore(self, instance: str, snapshot: str) -> Callable[[], None]:
+        """Mark the snapshot in use by a restore until the returned function is called.
+
+        Called when a restore is asked for, before anything awaits, so a delete
+        either comes first (and the restore finds no snapshot) or is refused.
+        """
+        key = (instance, snapshot)
+        self._restoring[key] = self._restoring.get(key, 0) + 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                left = self._restoring.pop(key) - 1
+                if left:
+                    self._restoring[key] = left
+
+        return release
+
+    async def delete_snapshot(self, instance: str, snapshot: str) -> dict[str, Any]:
+        """Forget a snapshot and remove its files; refused while a restore from it runs.
+
+        The row goes first: once it is committed the snapshot is gone for
+        everyone.  A crash before its directory is removed leaves files no row
+        names; the next snapshot of that name replaces them, the instance's
+        delete removes them.
+        """
+        validate_snapshot_name(snapshot)
+        if (instance, snapshot) in self._restoring:
+            raise Conflict(
+                f"Cannot delete snapshot {snapshot} of instance {instance}: the instance is "
+                "being restored from it"
+            )
+        record = self.state.store.get_instance(instance)
+        deleted = await self.state.store.delete_snapshot(instance, snapshot)
+        directory = snapshot_directory(
+            self.state.snapshot_root, run_dir_name(record.uuid), snapshot
+        )
+        shutil.rmtree(directory, ignore_errors=True)
+        self.state.history(instance, "snapshot-delete", f"deleted snapshot {snapshot}")
+        self.state.events.lifecycle("instance-snapshot-deleted", instance, {"snapshot": snapshot})
+        return deleted
 
     def restored_record(self, record: InstanceRecord, metadata: dict[str, Any]) -> InstanceRecord:
         """The instance as it will be once the snapshot's config is back (not stored)."""

@@ -335,6 +335,10 @@ class AsyncStore:
             lambda: self.engine.create_snapshot(instance, name, stateful, metadata)
         )
 
+    def delete_snapshot(self, instance: str, name: str) -> Deferred[dict[str, Any]]:
+        """Forget snapshot ``name`` of instance, returning its row; NotFound if it has none."""
+        return self._executor.submit(lambda: self.engine.delete_snapshot(instance, name))
+
     def find_snapshot(self, instance: str, name: str) -> Deferred[dict[str, Any] | None]:
         """Snapshot ``name`` of instance, or None."""
         return self._executor.submit(lambda: self.engine.find_snapshot(instance, name))

@@ -6,7 +6,7 @@ import json
 import sqlite3
 from typing import Any
 
-from vmready.domain.model import Conflict
+from vmready.domain.model import Conflict, NotFound
 from vmready.store.database import Database, dump
 
 __all__ = ["Snapshots"]
@@ -41,6 +41,18 @@ class Snapshots:
                 (instance, name),
             ).fetchone()
         return _snapshot(row)
+
+    def delete_snapshot(self, instance: str, name: str) -> dict[str, Any]:
+        """Forget snapshot ``name`` of instance and return its row; NotFound if it has none."""
+        with self._database.transaction():
+            self._database.get_instance(instance)
+            found = self.find_snapshot(instance, name)
+            if found is None:
+                raise NotFound(f"Snapshot {name} of instance {instance} not found")
+            self._database.db.execute(
+                "DELETE FROM snapshots WHERE instance = ? AND name = ?", (instance, name)
+            )
+        return found
 
     def find_snapshot(self, instance: str, name: str) -> dict[str, Any] | None:
         """Snapshot ``name`` of instance, or None."""

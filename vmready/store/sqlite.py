@@ -194,6 +194,10 @@ class Store:
         """Record a snapshot of instance; Conflict if the instance already has one called name."""
         return self.snapshots.create_snapshot(instance, name, stateful, metadata)
 
+    def delete_snapshot(self, instance: str, name: str) -> dict[str, Any]:
+        """Forget snapshot ``name`` of instance and return its row; NotFound if it has none."""
+        return self.snapshots.delete_snapshot(instance, name)
+
     def find_snapshot(self, instance: str, name: str) -> dict[str, Any] | None:
         """Snapshot ``name`` of instance, or None."""
         return self.snapshots.find_snapshot(instance, name)
