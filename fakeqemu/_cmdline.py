@@ -41,6 +41,7 @@ from fakeqemu._devices import (
     SerialPortSpec,
 )
 from fakeqemu._fsdev import FsdevSpec, ShareSpec, check_fsdev_option, create_fsdev
+from fakeqemu._help import HELP_VALUES, HelpRequested
 from fakeqemu._kernel import KernelSpec, check_kernel_options, load_linux
 from fakeqemu._qemuopts import (
     IDENTIFIER_ERROR,
@@ -154,7 +155,9 @@ _CHARDEV_KEYS = frozenset(
         "tight",
     }
 )
-_FLAG_OPTIONS = frozenset({"nodefaults", "S", "daemonize", "version"})
+_FLAG_OPTIONS = frozenset({"nodefaults", "S", "daemonize", "version", "h", "help"})
+# Help requests QEMU answers after its option loop, in the order it checks them.
+_HELP_ORDER = ("machine", "accel", "cpu", "device")
 _VALUE_OPTIONS = frozenset(
     {
         "D",
@@ -295,6 +298,8 @@ class _Builder:
         self.append: str | None = None
         self.incoming: str | None = None
         self.warnings: list[str] = []
+        # Options whose value asked for help (``-machine help``…), answered after the loop.
+        self.help_requests: set[str] = set()
 
     # -- the option loop: errors here go to stderr, whatever -D says ------
 
@@ -322,6 +327,12 @@ class _Builder:
     def _opt_version(self, _: None) -> None:
         self.values["show_version"] = True
 
+    def _opt_h(self, _: None) -> None:
+        # As QEMU: the help is printed at once, whatever follows on the command line.
+        raise HelpRequested("usage")
+
+    _opt_help = _opt_h
+
     def _opt_pidfile(self, value: str) -> None:
         self.values["pidfile"] = value
 
@@ -336,13 +347,20 @@ class _Builder:
         self.values["name"] = opts.get("guest")
 
     def _opt_machine(self, value: str) -> None:
-        self.machine_opts.update(parse_options(value, "type"))
+        opts = parse_options(value, "type")
+        if opts.get("type") in HELP_VALUES:
+            self.help_requests.add("machine")
+        self.machine_opts.update(opts)
 
     def _opt_accel(self, value: str) -> None:
         opts = parse_options(value, "accel")
+        if opts.get("accel") in HELP_VALUES:
+            self.help_requests.add("accel")
         self.accelerators.append((value, opts.pop("accel", ""), opts))
 
     def _opt_cpu(self, value: str) -> None:
+        if value in HELP_VALUES:
+            self.help_requests.add("cpu")
         self.cpu = value
 
     def _opt_m(self, value: str) -> None:
@@ -407,6 +425,9 @@ class _Builder:
 
     def _opt_device(self, value: str) -> None:
         opts = parse_options(value, "driver")
+        if opts.get("driver") in HELP_VALUES:
+            self.help_requests.add("device")
+            return
         self._new_id(opts, self.device_ids, "device")
         driver = opts.pop("driver", "")
         self.devices.append((value, driver, opts))
@@ -712,10 +733,17 @@ class ParsedArguments:
 
 
 def parse_arguments(argv: Sequence[str]) -> ParsedArguments:
-    """QEMU's option loop: raises CommandLineError for what QEMU reports while parsing."""
+    """QEMU's option loop: raises CommandLineError for what QEMU reports while parsing.
+
+    HelpRequested when the command line asks for help (``-h``, ``-machine help``…).
+    """
     builder = _Builder()
-    for option, value in _iterate_arguments(argv):
+    # QEMU's first pass: every option known and given its argument, before any is acted on.
+    for option, value in list(_iterate_arguments(argv)):
         builder.option(option, value)
+    for kind in _HELP_ORDER:
+        if kind in builder.help_requests and not builder.values.get("show_version"):
+            raise HelpRequested(kind)
     if not builder.values.get("show_version"):
         builder.after_loop()
     return ParsedArguments(builder)

@@ -17,6 +17,7 @@ from fakeqemu._cmdline import (
     parse_arguments,
     program_name,
 )
+from fakeqemu._help import HelpRequested
 from fakeqemu._host import HOST_VARIABLE
 from fakeqemu._hostclient import HostClient, HostRequestError, HostUnreachable
 from fakeqemu._vm import RunningVM, StartError, guest_directory
@@ -41,14 +42,18 @@ def main(argv: list[str] | None = None) -> NoReturn:
     """Run one VM from a QEMU command line, standalone or on a fakeqemu host."""
     args = sys.argv[1:] if argv is None else argv
     prog = program_name()
+    major, minor, micro = QEMU_VERSION
+    version_line = f"QEMU emulator version {major}.{minor}.{micro} (fakeqemu {__version__})"
     try:
         parsed = parse_arguments(args)
     except CommandLineError as e:
         _print_lines(prog, [str(e)])
         sys.exit(1)
+    except HelpRequested as e:
+        sys.stdout.write(e.text(prog, version_line))
+        sys.exit(0)
     if parsed.show_version:
-        major, minor, micro = QEMU_VERSION
-        print(f"QEMU emulator version {major}.{minor}.{micro} (fakeqemu {__version__})")
+        print(version_line)
         print("fakeqemu emulates QEMU's monitor and vmready's devices; it runs no guest code")
         sys.exit(0)
     if parsed.logfile is not None:

@@ -1,6 +1,6 @@
 """The conformance checks against a fakeqemu process."""
 
-from tests.conformance import checks, device_checks, port_event_checks
+from tests.conformance import checks, device_checks, help_checks, port_event_checks
 from tests.conformance.support import FAKEQEMU
 
 
@@ -84,5 +84,11 @@ class FakeQemuSocketChardev(checks.SocketChardevChecks):
 
 class FakeQemuPortEvents(port_event_checks.FakeQemuPortEventChecks):
     """VSERPORT_CHANGE as a guest program causes it, on fakeqemu (guest sockets)."""
+
+    backend = FAKEQEMU
+
+
+class FakeQemuHelp(help_checks.HelpChecks):
+    """Help requests on fakeqemu."""
 
     backend = FAKEQEMU

@@ -4,7 +4,7 @@ They skip where QEMU is not installed, unless VMREADY_REQUIRE_QEMU=1 (as CI
 sets it), which turns the skip into a failure.
 """
 
-from tests.conformance import checks, device_checks, port_event_checks
+from tests.conformance import checks, device_checks, help_checks, port_event_checks
 from tests.conformance.support import REAL_QEMU
 
 
@@ -76,5 +76,11 @@ class QemuSocketChardev(checks.SocketChardevChecks):
 
 class QemuPortEvents(port_event_checks.QemuPortEventChecks):
     """VSERPORT_CHANGE as a real Linux guest causes it, on real QEMU."""
+
+    backend = REAL_QEMU
+
+
+class QemuHelp(help_checks.HelpChecks):
+    """Help requests on real QEMU."""
 
     backend = REAL_QEMU
