@@ -331,9 +331,9 @@ class ListAndInfoTests(CLITestCase):
         self.assertIn("Status: ERROR", out.splitlines())
         self.assertIn("Error: cannot start web1: the hypervisor program", out)
 
-    async def test_infoUnknownInstanceExits2(self) -> None:
+    async def test_infoUnknownInstanceExits1(self) -> None:
         self.assertEqual(
-            await self.cli("info", "nope"), (2, "", "vmready: Error: Instance nope not found\n")
+            await self.cli("info", "nope"), (1, "", "vmready: Error: Instance nope not found\n")
         )
 
 
@@ -450,7 +450,7 @@ class ActionCommandTests(CLITestCase):
             (1, "", "vmready: Error: instance web1 is RUNNING: stop it first or pass --force\n"),
         )
         self.assertEqual(await self.cli("delete", "web1", "--force"), (0, "Deleted web1\n", ""))
-        self.assertEqual((await self.cli("info", "web1"))[0], 2)
+        self.assertEqual((await self.cli("info", "web1"))[0], 1)
 
     async def test_actionsTable(self) -> None:
         await self.launch("web1")
@@ -528,7 +528,7 @@ class MonitorTests(CLITestCase):
             channel.transport.loseConnection()
         self.assertEqual(
             await monitoring,
-            (2, "", f"vmready: lost the connection to the vmready daemon at {self.socket}\n"),
+            (1, "", f"vmready: lost the connection to the vmready daemon at {self.socket}\n"),
         )
 
     async def test_daemonKilledEndsTheMonitorWithOneLine(self) -> None:
@@ -542,7 +542,7 @@ class MonitorTests(CLITestCase):
         code, _, err = await monitoring
         self.assertEqual(
             (code, err),
-            (2, f"vmready: lost the connection to the vmready daemon at {self.socket}\n"),
+            (1, f"vmready: lost the connection to the vmready daemon at {self.socket}\n"),
         )
 
 
@@ -614,10 +614,10 @@ class WaitTests(CLITestCase):
             ),
         )
 
-    async def test_unknownInstanceExits2(self) -> None:
+    async def test_unknownInstanceExits1(self) -> None:
         self.assertEqual(
             await self.cli("wait", "nope", "status=running"),
-            (2, "", "vmready: Error: Instance nope not found\n"),
+            (1, "", "vmready: Error: Instance nope not found\n"),
         )
 
     async def test_deletedWhileWaitingExits3(self) -> None:
@@ -697,7 +697,7 @@ class WaitTests(CLITestCase):
         await self.cli("rebuild", "web1")
         self.assertEqual(await self.cli("wait", "web1", "status=error"), (0, "web1: ERROR\n", ""))
 
-    async def test_daemonKilledWhileWaitingExits2WithOneLine(self) -> None:
+    async def test_daemonKilledWhileWaitingExits1WithOneLine(self) -> None:
         await self.launch("web1")
         checked = self.site.when_request("GET /1.0/instances/web1")
         waiting = self.background("wait", "web1", "status=stopped")
@@ -707,7 +707,7 @@ class WaitTests(CLITestCase):
         self.drop_connections()
         self.assertEqual(
             await waiting,
-            (2, "", f"vmready: lost the connection to the vmready daemon at {self.socket}\n"),
+            (1, "", f"vmready: lost the connection to the vmready daemon at {self.socket}\n"),
         )
 
     async def test_nonFiniteOrNegativeTimeoutIsAUsageError(self) -> None:
@@ -771,7 +771,7 @@ class NoDaemonTests(TestCase):
     async def test_missingSocket(self) -> None:
         err = io.StringIO()
         code = await run(reactor, ["--socket", self.socket, "list"], io.StringIO(), err)
-        self.assertEqual(code, 2)
+        self.assertEqual(code, 1)
         self.assertEqual(
             err.getvalue(),
             f"vmready: cannot reach the vmready daemon at {self.socket}: "
@@ -786,7 +786,7 @@ class NoDaemonTests(TestCase):
         code = await run(
             reactor, ["--socket", self.socket, "wait", "x", "status=ready"], None, err
         )
-        self.assertEqual(code, 2)
+        self.assertEqual(code, 1)
         self.assertEqual(
             err.getvalue(),
             f"vmready: cannot reach the vmready daemon at {self.socket}: "
@@ -796,24 +796,24 @@ class NoDaemonTests(TestCase):
     async def test_socketFromTheEnvironment(self) -> None:
         self.patch(os, "environ", {**os.environ, "VMREADY_SOCKET": self.socket})
         err = io.StringIO()
-        self.assertEqual(await run(reactor, ["list"], io.StringIO(), err), 2)
+        self.assertEqual(await run(reactor, ["list"], io.StringIO(), err), 1)
         self.assertIn(f"daemon at {self.socket}: ", err.getvalue())
 
     async def test_socketInTheDataDir(self) -> None:
         environ = {k: v for k, v in os.environ.items() if k != "VMREADY_SOCKET"}
         self.patch(os, "environ", {**environ, "VMREADY_DATA_DIR": self.dir})
         err = io.StringIO()
-        self.assertEqual(await run(reactor, ["list"], io.StringIO(), err), 2)
+        self.assertEqual(await run(reactor, ["list"], io.StringIO(), err), 1)
         self.assertIn(f"daemon at {self.socket}: ", err.getvalue())
 
-    async def test_consoleScriptPrintsOneLineAndExits2(self) -> None:
+    async def test_consoleScriptPrintsOneLineAndExits1(self) -> None:
         out, err, code = await getProcessOutputAndValue(
             sys.executable,
             ["-m", "vmready.cli.main", "--socket", self.socket, "list"],
             env={**os.environ, "PYTHONPATH": _SOURCE_ROOT},
             path=_SOURCE_ROOT,
         )
-        self.assertEqual((code, out), (2, b""))
+        self.assertEqual((code, out), (1, b""))
         self.assertEqual(
             err.decode(),
             f"vmready: cannot reach the vmready daemon at {self.socket}: "
@@ -876,13 +876,13 @@ class OddDaemonAnswersTests(UnixAPITestCase):
         code, out, err = await self.strict_cli("info", name)
         self.assertEqual(self.site.requests, ["GET /1.0/instances/%FF"])
         self.assertEqual(
-            (code, out, err), (2, "", "vmready: Error: /1.0/instances/%FF not found\n")
+            (code, out, err), (1, "", "vmready: Error: /1.0/instances/%FF not found\n")
         )
 
     async def test_undecodableEventTypeFromArgvIsSentAsItsBytes(self) -> None:
         code, _, err = await self.strict_cli("monitor", "--type", os.fsdecode(b"\xff"))
         self.assertEqual(self.site.requests, ["GET /1.0/events?type=%FF"])
-        self.assertEqual((code, err), (2, "vmready: Error: /1.0/events?type=%FF not found\n"))
+        self.assertEqual((code, err), (1, "vmready: Error: /1.0/events?type=%FF not found\n"))
 
     async def test_aCancelledRequestReportsNothing(self) -> None:
         # How a signal ends a command: main() cancels it; it must unwind without a word.
@@ -958,7 +958,7 @@ class ConsoleScriptTests(CLITestCase):
         self.drop_connections()
         self.assertEqual(
             (await monitor.ended, monitor.err.decode()),
-            (2, f"vmready: lost the connection to the vmready daemon at {self.socket}\n"),
+            (1, f"vmready: lost the connection to the vmready daemon at {self.socket}\n"),
         )
 
     async def test_usageErrorExits2(self) -> None:

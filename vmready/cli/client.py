@@ -25,7 +25,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory, IResponse
 from zope.interface import implementer
 
-from vmready.cli.errors import EXIT_FAILED, EXIT_USAGE, CommandError
+from vmready.cli.errors import EXIT_FAILED, CommandError
 from vmready.domain.reactor import IVMReadyReactor
 
 __all__ = [
@@ -47,7 +47,7 @@ class DaemonUnreachable(CommandError):
     def __init__(self, socket_path: str, reason: str) -> None:
         super().__init__(
             f"cannot reach the vmready daemon at {socket_path}: {reason} ({_START_HINT})",
-            EXIT_USAGE,
+            EXIT_FAILED,
         )
 
 
@@ -55,7 +55,7 @@ class APIError(CommandError):
     """The daemon answered with LXD's error envelope."""
 
     def __init__(self, code: int, error: str) -> None:
-        super().__init__(f"Error: {error}", EXIT_USAGE if code == 404 else EXIT_FAILED)
+        super().__init__(f"Error: {error}", EXIT_FAILED)
         self.code = code
         self.error = error
 
@@ -127,7 +127,7 @@ class Client:
         if any(reason.check(CancelledError) for reason in error.reasons):
             # We cancelled it (a signal ends the command): not the daemon's doing.
             return CancelledError()
-        return CommandError(f"lost the connection to {self.daemon}", EXIT_USAGE)
+        return CommandError(f"lost the connection to {self.daemon}", EXIT_FAILED)
 
     async def _read_body(self, response: IResponse) -> bytes:
         """The whole body of ``response``."""
@@ -167,7 +167,7 @@ class Client:
         if not isinstance(envelope, dict):
             raise CommandError(
                 f"unexpected answer from the daemon (HTTP {response.code}): {raw[:200]!r}",
-                EXIT_USAGE,
+                EXIT_FAILED,
             )
         if envelope.get("type") == "error" or response.code >= 400:
             raise APIError(

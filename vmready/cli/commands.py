@@ -211,7 +211,7 @@ async def _cmd_monitor(client: Client, output: Output, args: argparse.Namespace)
     finally:
         stream.close()  # when cancelled (a signal): before the reactor drops the connection
     if why is not None:
-        raise CommandError(why, EXIT_USAGE)
+        raise CommandError(why, EXIT_FAILED)
     return EXIT_OK
 
 

@@ -3,8 +3,9 @@
 Every command is one or a few requests to the operator API.  Actions wait for
 their operation by default and report its error; ``wait`` subscribes to the
 event stream first and then wakes on the event, never polling.  Exit status:
-0 success; 1 the daemon refused or the action failed (``wait``: timed out);
-2 usage error, unknown instance, no daemon or lost the daemon; 3 (``wait``
+0 success; 1 an error: the daemon refused (an unknown instance too), the
+action failed, no daemon or lost the daemon (``wait``: also timed out);
+2 usage error; 3 (``wait``
 only) the instance was deleted or went to Error while waiting for another
 status; 128 + the signal's number when interrupted: 130 for SIGINT (Ctrl-C),
 143 for SIGTERM.  An interrupted command prints nothing more.

@@ -47,8 +47,8 @@ then wakes on the matching lifecycle event; it never polls.
 
 exit status:
   0  the condition was met
-  1  timed out (--timeout)
-  2  usage error, unknown instance, or the daemon is unreachable or failed
+  1  timed out (--timeout), or an error: unknown instance, the daemon unreachable
+  2  usage error
   3  the instance was deleted or went to Error while waiting for another status
   130  interrupted (SIGINT, Ctrl-C); 143 for SIGTERM
 """
@@ -79,8 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="vmready",
         description="Operate vmready instances through the daemon's API.",
         epilog=(
-            "exit status: 0 success; 1 the daemon refused or the action failed; "
-            "2 usage error, unknown instance or no daemon; 130 interrupted (143: SIGTERM); "
+            "exit status: 0 success; 1 an error (the daemon refused, the action failed, "
+            "not found, no daemon); 2 usage error; 130 interrupted (143: SIGTERM); "
             "see 'vmready wait -h' for wait"
         ),
     )

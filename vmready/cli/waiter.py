@@ -12,7 +12,6 @@ from vmready.cli.errors import (
     EXIT_FAILED,
     EXIT_GONE,
     EXIT_OK,
-    EXIT_USAGE,
     CommandError,
     UsageError,
 )
@@ -32,6 +31,8 @@ WAIT_STATUSES = (
     "freezing",
 )
 AGENT_CONDITION = "agent"
+# How the timer settles a wait internally (exit status 1, with its own message).
+_TIMED_OUT = -1
 _SATISFIES = {
     "running": frozenset({"running", "ready"}),
     AGENT_CONDITION: frozenset({"connected"}),
@@ -85,7 +86,7 @@ class Waiter:
         except APIError as e:
             # Unknown instance or a daemon error; unless an event already decided.
             if not self.outcome.called:
-                raise CommandError(f"Error: {e.error}", EXIT_USAGE) from None
+                raise CommandError(f"Error: {e.error}", EXIT_FAILED) from None
         else:
             if self.status == AGENT_CONDITION:
                 status = str((instance.get("agent") or {}).get("status", "unknown")).lower()
@@ -99,13 +100,13 @@ class Waiter:
                 self._observe(status, str(instance.get("error") or "") or None)
         timer: IDelayedCall | None = None
         if timeout is not None and not self.outcome.called:
-            timer = self.client.reactor.callLater(timeout, self._settle, EXIT_FAILED, None)
+            timer = self.client.reactor.callLater(timeout, self._settle, _TIMED_OUT, None)
         try:
             code, message = await self.outcome
         finally:
             if timer is not None and timer.active():
                 timer.cancel()
-        if code == EXIT_FAILED:
+        if code == _TIMED_OUT:
             now = (self.last_status or "unknown").upper()
             if self.status == AGENT_CONDITION:
                 raise CommandError(
@@ -187,7 +188,7 @@ class Waiter:
 
     def _stream_ended(self, why: str | None) -> None:
         if why is not None:
-            self._settle(EXIT_USAGE, why)
+            self._settle(EXIT_FAILED, why)
 
     def _settle(self, code: int, message: str | None) -> None:
         if not self.outcome.called:
