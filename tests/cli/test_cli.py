@@ -752,8 +752,8 @@ class WaitTests(CLITestCase):
         self.assertIn("never polls", text)
         for line in (
             "0  the condition was met",
-            "1  timed out (--timeout)",
-            "2  usage error, unknown instance, or the daemon is unreachable or failed",
+            "1  timed out (--timeout), or an error: unknown instance, the daemon unreachable",
+            "2  usage error",
             "3  the instance was deleted or went to Error while waiting for another status",
             "130  interrupted (SIGINT, Ctrl-C); 143 for SIGTERM",
         ):
