@@ -17,7 +17,7 @@ import tempfile
 
 import attrs
 from twisted.internet.task import deferLater
-from twisted.trial.unittest import TestCase
+from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from fakeqemu.testing import InMemoryVM
 from tests.fixtures import make_lifecycle
@@ -25,11 +25,13 @@ from tests.reactor import reactor
 from vmready.daemon.service import drive_contents
 from vmready.domain.model import InstanceRecord
 from vmready.hypervisor.cmdline import VMSpec
+from vmready.hypervisor.configdrive import DriveContents, write_settings
 from vmready.lifecycle.core import CONFIG_DRIVE, Lifecycle
 from vmready.lifecycle.state import GuestLink
 from vmready.trust.certs import ensure_server_certificate, fingerprint
 
 SECRET = "BRAVO-SECRET"
+UUID = "6f1c3a52-9d2e-4b7a-8c11-0123456789ab"
 ALPHA_CONFIG = {"user.owner": "alpha", "cloud-init.user-data": "#cloud-config\nhostname: alpha\n"}
 BRAVO_CONFIG = {
     "user.owner": f"{SECRET}-owner",
@@ -181,3 +183,27 @@ class ConfigDriveIsolationTests(TestCase):
             in_memory = InMemoryVM(argv[argv.index("-name") :])  # past the program
             self.assertEqual(in_memory.share_path("config"), spec.config_drive)
         self.assertOnlyAlpha(os.path.join(self.alpha_spec.guest_dir, "9p", "config"))
+
+
+class DriveFilesPrivateFromTheFirstByteTests(SynchronousTestCase):
+    """A drive file is the daemon user's alone while it is written, whatever the umask."""
+
+    def test_partialFilesAreOwnerOnlyUntilWhole(self) -> None:
+        drive = os.path.join(self.mktemp(), CONFIG_DRIVE)
+        os.makedirs(drive)
+        self.addCleanup(os.umask, os.umask(0))
+        modes_before_chmod: dict[str, int] = {}
+        real_chmod = os.chmod
+
+        def chmod(path: str, mode: int) -> None:
+            modes_before_chmod[os.path.basename(path)] = stat.S_IMODE(os.stat(path).st_mode)
+            real_chmod(path, mode)
+
+        self.patch(os, "chmod", chmod)
+        write_settings(drive, {"instance": "alpha"}, DriveContents(), UUID, "alpha", SECRET)
+        self.assertEqual(
+            modes_before_chmod,
+            {"agent.json.tmp": 0o600, "meta-data.tmp": 0o600, "user-data.tmp": 0o600},
+        )
+        user_data = os.path.join(drive, "cloud-init", "user-data")
+        self.assertEqual(stat.S_IMODE(os.stat(user_data).st_mode), 0o600)
