@@ -72,11 +72,16 @@ def write_identity(directory: str, client: CertificatePair, server_cert_pem: byt
 
 
 def _write(path: str, data: bytes, mode: int) -> None:
-    """Replace ``path`` atomically (a guest reading the drive never sees half a file)."""
+    """Replace ``path`` atomically (a guest reading the drive never sees half a file).
+
+    The partial file is the owner's alone until whole (user-data may hold
+    secrets); it gets ``mode`` just before it takes the place of ``path``.
+    """
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
     partial = path + ".tmp"
     try:
-        with open(partial, "wb") as f:
+        with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+            os.fchmod(f.fileno(), 0o600)  # a partial left by a crash keeps its mode otherwise
             f.write(data)
         os.chmod(partial, mode)
         os.replace(partial, path)

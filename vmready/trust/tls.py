@@ -111,16 +111,24 @@ class MutualServerTLS:
     ) -> bool:
         # Self-signed client certificates fail OpenSSL's chain check (error 18): the
         # decision is ours, on the leaf alone.
-        if depth != 0:
-            return False
         verdict = connection.get_app_data()
         if not isinstance(verdict, _PeerVerdict):
             verdict = _PeerVerdict()
             connection.set_app_data(verdict)
         der = crypto.dump_certificate(crypto.FILETYPE_ASN1, certificate)
         if der == verdict.der:
-            # OpenSSL asking again about the same leaf within this handshake.
+            # OpenSSL asking again about the same certificate within this handshake.
             return verdict.accepted
+        if depth != 0:
+            # A chain: no CA is trusted, and OpenSSL stops here, before the leaf.
+            verdict.der, verdict.pem, verdict.accepted = der, b"", False
+            self.log.warn(
+                "refused a guest API client certificate chain: {fingerprint} (depth {depth}) "
+                "is an issuer's, and only the certificates the daemon issued identify guests",
+                fingerprint=fingerprint(_pem(x509.load_der_x509_certificate(der))),
+                depth=depth,
+            )
+            return False
         pem = _pem(x509.load_der_x509_certificate(der))
         verdict.der, verdict.pem, verdict.accepted = der, pem, self.authorize(pem)
         if not verdict.accepted:
