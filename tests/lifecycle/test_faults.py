@@ -16,14 +16,20 @@ import tempfile
 from collections.abc import Iterator
 
 import attrs
+from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SkipTest
 
 from tests.lifecycle.test_lifecycle import _async, _until
 from tests.lifecycle.test_ready import FAST, SERVER, AgentLinkTestCase
-from vmready.domain.states import READY_KEY, PowerState, VMState
-from vmready.lifecycle.core import GuestLink
+from tests.reactor import reactor
+from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
+from vmready.hypervisor.driver import HypervisorDriver
+from vmready.lifecycle.core import GuestLink, Lifecycle
+from vmready.lifecycle.events import EventBus
 from vmready.lifecycle.watching import MONITOR_LOST_KEY
 from vmready.protocols.ringbuffer import AgentStatus
+from vmready.store.asyncstore import AsyncStore
+from vmready.store.sqlite import Store
 
 
 class FaultTestCase(AgentLinkTestCase):
@@ -324,3 +330,39 @@ def _small_filesystem(test: FaultTestCase, size: str) -> str:
 
     test.addCleanup(unmount)
     return root
+
+
+class StoreDiskFullTests(FaultTestCase):
+    """The store's disk fills up under a running lifecycle: announced, shown, then recovered."""
+
+    @_async
+    async def test_storeWritesFailingAreAnnouncedAndShownUntilTheyLand(self) -> None:
+        root = _small_filesystem(self, "1m")
+        engine = Store.open(os.path.join(root, "vmready.sqlite"))
+        engine.create_instance("vm9", {}, {})
+        engine.finish_task("vm9", TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN)
+        store = AsyncStore.threaded(reactor, engine)
+        self.addCleanup(store.close)
+        bus = EventBus(reactor.seconds)
+        seen: list[str] = []
+        bus.subscribe(lambda event: seen.append(event.metadata.get("action", "")))
+        lifecycle = Lifecycle(
+            reactor, store, HypervisorDriver(reactor, "fakeqemu"), bus, os.path.join(root, "run")
+        )
+        filler = os.path.join(root, "filler")
+        with contextlib.suppress(OSError), open(filler, "wb") as f:
+            while True:
+                f.write(b"\0" * 4096)
+                f.flush()
+        update = Deferred.fromCoroutine(
+            lifecycle.update_config("vm9", {"user.big": "x" * 200_000})
+        )
+        await _until(lambda: "store-write-failed" in seen)
+        shown = {fault.kind: fault.message for fault in bus.faults.of("vm9")}
+        self.assertIn("disk is full", shown["store"])
+        self.assertFalse(update.called)
+        os.unlink(filler)
+        record = await update
+        self.assertEqual(len(record.config["user.big"]), 200_000)
+        self.assertEqual(seen[-2:], ["store-write-recovered", "instance-updated"])
+        self.assertEqual(bus.faults.of("vm9"), [])
