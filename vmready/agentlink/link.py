@@ -120,6 +120,8 @@ class StatusChanged:
 
     previous: AgentStatus
     current: AgentStatus
+    # Why the agent is taken as stopped when it never said so (killed, hung); None: it said.
+    lost: str | None = attrs.field(default=None, eq=False)
 
     @property
     def event_action(self) -> str:
@@ -173,6 +175,8 @@ class AgentLink:
         # Whether an agent ever showed itself (a port event or a line) since the VM started.
         self._agent_seen = False
         self._quiet_reads = 0
+        # Why the agent was last taken as stopped without saying STOPPED (None: it said).
+        self._lost: str | None = None
 
     @property
     def status(self) -> AgentStatus:
@@ -324,7 +328,9 @@ class AgentLink:
         self._judge_silence(heard, now)
         current = self.reader.status
         if current is not previous:
-            commands.insert(0, StatusChanged(previous, current))
+            lost = self._lost if current is AgentStatus.STOPPED else None
+            commands.insert(0, StatusChanged(previous, current, lost))
+        self._lost = None
         return commands
 
     def _follow_up_read(self, heard: bool, now: float) -> None:
@@ -359,7 +365,7 @@ class AgentLink:
                 "{name}: the agent's port closed without STOPPED; taking it as stopped",
                 name=self.name,
             )
-            self._taken_as_stopped()
+            self._taken_as_stopped("its port closed without STOPPED")
         elif not heard and now - self._last_heard >= self.intervals.silence_timeout:
             # Its heartbeat stopped while the port stayed open: a hung guest or agent.
             self.log.info(
@@ -367,10 +373,13 @@ class AgentLink:
                 name=self.name,
                 silence=now - self._last_heard,
             )
-            self._taken_as_stopped()
+            self._taken_as_stopped(
+                f"it said nothing for {now - self._last_heard:.1f}s (no heartbeat)"
+            )
 
-    def _taken_as_stopped(self) -> None:
+    def _taken_as_stopped(self, why: str) -> None:
         self.reader.status = AgentStatus.STOPPED
+        self._lost = why
         if self._follow_up is not None and self._follow_up.awaiting_connected:
             self._follow_up = None
 

@@ -111,7 +111,11 @@ class OperatorAPI:
     # -- errors: the one place an exception becomes a response ------------
 
     def _instance_json(self, record: InstanceRecord) -> dict[str, Any]:
-        return instance_json(record, self.lifecycle.agent_status(record.name))
+        return instance_json(
+            record,
+            self.lifecycle.agent_status(record.name),
+            self.lifecycle.state.events.faults.of(record.name),
+        )
 
     @app.handle_errors(Exception)
     def _handle_error(self, request: IRequest, failure: Failure) -> bytes:

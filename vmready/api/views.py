@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+from collections.abc import Sequence
 from typing import Any
 
 from vmready.agentlink.transport import TRANSPORT_KEY
@@ -11,6 +12,7 @@ from vmready.hypervisor.accel import ACCEL_KEY, ACCEL_REASON_KEY, CURRENT_ACCEL_
 from vmready.hypervisor.bootsource import BootSource
 from vmready.hypervisor.cmdline import SERIAL_LAYOUTS
 from vmready.lifecycle.core import LAYOUT_KEY
+from vmready.lifecycle.faults import Fault
 from vmready.lifecycle.operations import Operation
 from vmready.protocols.ringbuffer import AgentStatus
 
@@ -72,9 +74,15 @@ def snapshot_json(snapshot: dict[str, Any]) -> dict[str, Any]:
 
 
 def instance_json(
-    record: InstanceRecord, agent: AgentStatus = AgentStatus.UNKNOWN
+    record: InstanceRecord,
+    agent: AgentStatus = AgentStatus.UNKNOWN,
+    faults: Sequence[Fault] = (),
 ) -> dict[str, Any]:
-    """``/1.0/instances/<name>``: LXD's instance object plus vmready's state fields."""
+    """``/1.0/instances/<name>``: LXD's instance object plus vmready's state fields.
+
+    ``faults``: what is wrong right now (its VM's monitor lost, its agent gone
+    silent, the store refusing writes…) and since when, as the events said.
+    """
     status = record.status
     return {
         "name": record.name,
@@ -90,6 +98,10 @@ def instance_json(
         "power_state": record.power_state.value,
         "error": record.error or "",
         "agent": {"status": agent.value},
+        "faults": [
+            {"kind": fault.kind, "message": fault.message, "since": rfc3339(fault.since)}
+            for fault in faults
+        ],
         "serial_layout": _layout_json(record),
         "boot": boot_json(record),
         "config": dict(record.config),

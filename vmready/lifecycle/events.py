@@ -9,6 +9,8 @@ from typing import Any
 import attrs
 from twisted.logger import Logger
 
+from vmready.lifecycle.faults import SERVER_SOURCE, FaultLog
+
 LIFECYCLE = "lifecycle"
 OPERATION = "operation"
 EVENT_TYPES = frozenset({LIFECYCLE, OPERATION})
@@ -43,6 +45,8 @@ class EventBus:
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
         self._subscribers: list[tuple[Listener, frozenset[str] | None]] = []
+        # The faults the events announced and not yet cleared (``vmready info`` shows them).
+        self.faults = FaultLog()
 
     def subscribe(
         self, listener: Listener, types: frozenset[str] | None = None
@@ -60,6 +64,7 @@ class EventBus:
     def publish(self, type: str, metadata: dict[str, Any]) -> Event:
         """Send one event to every interested subscriber."""
         event = Event(type, self._clock(), metadata)
+        self.faults.observe(type, event.timestamp, metadata)
         for listener, types in list(self._subscribers):
             if types is not None and type not in types:
                 continue
@@ -76,4 +81,10 @@ class EventBus:
         return self.publish(
             LIFECYCLE,
             {"action": action, "source": f"/1.0/instances/{instance}", "context": context or {}},
+        )
+
+    def server(self, action: str, context: dict[str, Any] | None = None) -> Event:
+        """A lifecycle event about the daemon itself (``store-write-failed``…), source ``/1.0``."""
+        return self.publish(
+            LIFECYCLE, {"action": action, "source": SERVER_SOURCE, "context": context or {}}
         )

@@ -30,7 +30,7 @@ from vmready.lifecycle.state import (
     agent_port_name,
     fakeqemu_guest_paths,
 )
-from vmready.trust.certs import CertificatePair, generate, write_private
+from vmready.trust.certs import CertificatePair, fingerprint, generate, write_private
 
 
 class GuestSide:
@@ -40,6 +40,8 @@ class GuestSide:
 
     def __init__(self, state: LifecycleState) -> None:
         self.state = state
+        # Instances whose config-drive certificate files could not be read, and why.
+        self.unreadable: dict[str, str] = {}
 
     async def set_ready(self, name: str, ready: bool) -> InstanceRecord:
         """The guest's workload declared itself Ready (or withdrew it: Started).
@@ -125,11 +127,46 @@ class GuestSide:
         return issued
 
     async def ensure_agent_identity(self, record: InstanceRecord) -> bool:
-        """One instance's part of ``ensure_agent_identities``: whether it was issued one."""
+        """One instance's part of ``ensure_agent_identities``: whether it was issued one.
+
+        Certificate files that cannot be read or written are that instance's
+        fault alone (``instance-certificate-error``), never the daemon's: the
+        others, and this one's VM, are recovered as usual.
+        """
         drive = self.state.config_drive(record)
-        self._refresh_pinned_certificate(record, drive)
-        missing = not os.path.exists(os.path.join(drive, AGENT_CONFIG))
-        return missing and await self.issue_agent_identity(record) is not None
+        try:
+            self._refresh_pinned_certificate(record, drive)
+            missing = not os.path.exists(os.path.join(drive, AGENT_CONFIG))
+            issued = missing and await self.issue_agent_identity(record) is not None
+        except OSError as e:
+            self._certificates_failed(record.name, f"{e.filename}: {e.strerror}")
+            return False
+        self.recheck_identity(record)
+        return issued
+
+    def recheck_identity(self, record: InstanceRecord) -> None:
+        """Read the instance's certificate files: a fault while they cannot be, cleared after.
+
+        Only what the guest's agent needs: ``agent.crt`` (a PEM certificate),
+        ``agent.key`` and ``server.crt``, once the drive has an identity.
+        """
+        drive = self.state.config_drive(record)
+        if self.state.guest is None or not os.path.exists(os.path.join(drive, AGENT_CONFIG)):
+            return
+        problem = unreadable_identity(drive)
+        if problem is not None:
+            self._certificates_failed(record.name, problem)
+        elif self.unreadable.pop(record.name, None) is not None:
+            self.log.info("{name}: its certificate files are readable again", name=record.name)
+            self.state.events.lifecycle("instance-certificate-restored", record.name)
+
+    def _certificates_failed(self, name: str, problem: str) -> None:
+        if self.unreadable.get(name) == problem:
+            return  # said already
+        self.unreadable[name] = problem
+        error = f"the agent's certificate files cannot be used: {problem}"
+        self.log.warn("{name}: {error}", name=name, error=error)
+        self.state.events.lifecycle("instance-certificate-error", name, {"error": error})
 
     def _refresh_pinned_certificate(self, record: InstanceRecord, drive: str) -> None:
         guest = self.state.guest
@@ -145,3 +182,23 @@ class GuestSide:
             "(its agent reads it when it restarts)",
             name=record.name,
         )
+
+
+def unreadable_identity(drive: str) -> str | None:
+    """What is wrong with a config drive's certificate files (None: all readable, PEM)."""
+    for file in ("agent.crt", "agent.key", "server.crt"):
+        path = os.path.join(drive, file)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            return f"{path}: {e.strerror}"
+        marker = b"PRIVATE KEY-----" if file == "agent.key" else b"-----BEGIN CERTIFICATE-----"
+        if marker not in data:
+            return f"{path}: not a PEM {'key' if file == 'agent.key' else 'certificate'}"
+        if file != "agent.key":
+            try:
+                fingerprint(data)
+            except ValueError:
+                return f"{path}: not a valid certificate"
+    return None

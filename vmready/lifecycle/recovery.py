@@ -26,7 +26,7 @@ from vmready.lifecycle.state import (
     _TASKS_RESOLVED_BY_A_RUNNING_VM,
     LifecycleState,
 )
-from vmready.lifecycle.watching import Watching
+from vmready.lifecycle.watching import MONITOR_LOST_KEY, Watching
 from vmready.store.sqlite import Store
 
 # Instances reconciled at once by power sync and at start-up (``--sync-concurrency``).
@@ -61,12 +61,13 @@ class Recovery:
         self.stopping = False
 
     async def sync_power_states(self) -> None:
-        """One reconciliation round, ``concurrency`` instances at a time; errors and tasks left."""
-        idle = [
-            record
-            for record in self.state.store.list_instances()
-            if record.vm_state is not VMState.ERROR and record.task_state is None
-        ]
+        """One reconciliation round, ``concurrency`` instances at a time; tasks left alone.
+
+        Errors are left too, but for one whose VM's monitor was lost: its VM is
+        adopted again once the monitor answers.  Instances whose certificate
+        files could not be read are looked at again.
+        """
+        idle = [record for record in self.state.store.list_instances() if _syncable(record)]
         await self._bounded(self._sync_guarded, idle)
 
     async def _bounded(
@@ -86,14 +87,19 @@ class Recovery:
         # Listed when the round began; the limit may have kept it waiting since, while an
         # action started or stopped it: act on what the store says now, as the round would.
         record = self.state.store.find_instance(listed.name)
-        if record is None or record.vm_state is VMState.ERROR or record.task_state is not None:
+        if record is None or not _syncable(record):
             return
         try:
+            if record.name in self.guestside.unreadable:
+                self.guestside.recheck_identity(record)  # cleared once readable again
             await self._sync_one(record)
         except VMReadyError as e:
             self.log.warn("power sync of {name}: {error}", name=record.name, error=e.message)
 
     async def _sync_one(self, record: InstanceRecord) -> None:
+        if record.vm_state is VMState.ERROR:
+            await self._readopt(record)
+            return
         vm = self.state.vms.get(record.name)
         should_run = record.vm_state in _RUNNING_STATES and (
             record.power_state is not PowerState.SHUTDOWN
@@ -131,7 +137,7 @@ class Recovery:
             if current is not None and current.task_state is None:
                 self.watching.detach(record.name)
                 self.state.history(record.name, "power-sync", e.message, ok=False)
-                await self.watching.fail_idle(current, e.message, PowerState.NOSTATE)
+                await self.watching.monitor_lost(current, e.message)
                 await vm.detach()  # hang up on the monitor; the VM itself is left as it is
             return
         current = self.state.store.find_instance(record.name)
@@ -145,7 +151,7 @@ class Recovery:
         except HypervisorError as e:
             current = self.state.store.find_instance(record.name)
             if current is not None and current.task_state is None:
-                await self.watching.fail_idle(current, e.message, PowerState.NOSTATE)
+                await self.watching.monitor_lost(current, e.message)
             return
         if adopted is not None:
             self.watching.attach(record.name, adopted, advertise=True)
@@ -161,6 +167,40 @@ class Recovery:
             self.state.history(record.name, "power-sync", why)
             self.state.publish_state(updated)
             self.state.events.lifecycle("instance-stopped", record.name, {"reason": why})
+
+    async def _readopt(self, record: InstanceRecord) -> None:
+        """An instance in error because its monitor was lost: adopt its VM once it answers."""
+        if self.state.has_vm(record.name):
+            return  # followed already (a start adopted it)
+        try:
+            adopted = await self.state.driver.adopt(self.state.spec_for(record))
+        except HypervisorError:
+            return  # still unreachable: the error stays, tried again next round
+        if adopted is None:
+            # The VM ended meanwhile: the error stays, with nothing left to adopt.
+            self.state.history(record.name, "power-sync", "the VM is gone", ok=False)
+            await self.state.store.update_config(record.name, {MONITOR_LOST_KEY: None})
+            self.state.publish_state(
+                await self.state.store.set_power_state(record.name, PowerState.CRASHED)
+            )
+            return
+        try:
+            power = await adopted.query_power_state()
+        except HypervisorError:
+            await adopted.detach()
+            return
+        vm_state = VMState.PAUSED if power is PowerState.PAUSED else VMState.ACTIVE
+        updated = await self.state.store.settle(
+            record.name, frozenset({VMState.ERROR}), vm_state, power, {MONITOR_LOST_KEY: None}
+        )
+        if updated is None:
+            await adopted.detach()  # an action took the instance meanwhile: it decides
+            return
+        self.watching.attach(record.name, adopted, advertise=True)
+        detail = "its QMP monitor answers again; adopted the VM"
+        self.state.history(record.name, "power-sync", detail)
+        self.state.publish_state(updated)
+        self.state.events.lifecycle("instance-monitor-restored", record.name, {"reason": detail})
 
     async def recover(self) -> None:
         """At daemon start: ``prepare`` then ``reconcile``, in one go."""
@@ -307,3 +347,10 @@ class Recovery:
         self.state.history(record.name, "recover", detail)
         finished = await self.state.store.finish_task(record.name, task, vm_state, power)
         self.state.publish_state(finished)
+
+
+def _syncable(record: InstanceRecord) -> bool:
+    """Power sync visits idle instances, in error only if their monitor was lost."""
+    if record.task_state is not None:
+        return False
+    return record.vm_state is not VMState.ERROR or MONITOR_LOST_KEY in record.config

@@ -118,17 +118,8 @@ class Snapshotting:
             "state": STATE_FILE if stateful else None,
         }
         shutil.rmtree(directory, ignore_errors=True)  # a leftover of a snapshot that failed
-        os.makedirs(directory, mode=0o700)
         try:
-            if stateful:
-                vm = self.state.vm(record.name)
-                try:
-                    await vm.migrate_to_file(os.path.join(directory, STATE_FILE))
-                finally:
-                    if not vm.gone:
-                        await vm.resume()
-            write_metadata(directory, metadata)
-            await self.state.store.create_snapshot(record.name, name, stateful, metadata)
+            await self._save(record, directory, name, stateful, metadata)
         except VMReadyError as e:
             shutil.rmtree(directory, ignore_errors=True)
             vm_alive = self.state.has_vm(record.name)
@@ -153,6 +144,36 @@ class Snapshotting:
         self.state.events.lifecycle(
             "instance-snapshot-created", record.name, {"snapshot": name, "stateful": stateful}
         )
+
+    async def _save(
+        self,
+        record: InstanceRecord,
+        directory: str,
+        name: str,
+        stateful: bool,
+        metadata: dict[str, Any],
+    ) -> None:
+        """The snapshot's files, then its row (written last: a snapshot exists once recorded).
+
+        A disk that refuses the files (full, read-only) fails the snapshot with
+        the disk's own words, like any other failure that leaves the VM running.
+        """
+        try:
+            os.makedirs(directory, mode=0o700)
+            if stateful:
+                vm = self.state.vm(record.name)
+                try:
+                    await vm.migrate_to_file(os.path.join(directory, STATE_FILE))
+                finally:
+                    if not vm.gone:
+                        await vm.resume()
+            write_metadata(directory, metadata)
+        except OSError as e:
+            raise HypervisorError(
+                f"Cannot save snapshot {name} of instance {record.name}: "
+                f"{e.filename or directory}: {e.strerror}"
+            ) from e
+        await self.state.store.create_snapshot(record.name, name, stateful, metadata)
 
     async def do_restore(
         self,

@@ -35,6 +35,11 @@ from vmready.lifecycle.state import (
     fakeqemu_guest_paths,
 )
 from vmready.protocols.qmp import QMPEvent
+from vmready.store.executor import StoreHealth
+
+# Set on an instance put in error because its VM's QMP monitor could not be reached while
+# the VM still ran: power sync tries to adopt that VM again, and clears it when it can.
+MONITOR_LOST_KEY = "volatile.monitor.lost"
 
 
 class Watching:
@@ -46,6 +51,14 @@ class Watching:
         self.state = state
         # One per instance: its VM events are handled one after the other.
         self._event_locks: dict[str, DeferredLock] = {}
+        state.store.health.subscribe(self._store_health_changed)
+
+    def _store_health_changed(self, health: StoreHealth) -> None:
+        """The store's writes started failing (the disk is full) or succeed again: say so."""
+        if health.failing_since is not None:
+            self.state.events.server("store-write-failed", {"error": health.error or ""})
+        else:
+            self.state.events.server("store-write-recovered")
 
     def attach(self, name: str, vm: RunningVM, advertise: bool = False) -> None:
         """Follow ``vm``; ``advertise``: write CONNECT at once (its agent may know an old port)."""
@@ -56,6 +69,15 @@ class Watching:
             self.state.logged(
                 self.state.store.update_config(name, {LAYOUT_KEY: UNRECORDED_LAYOUT.name}),
                 "the serial layout",
+            )
+        if record is not None and MONITOR_LOST_KEY in record.config:
+            # Its VM is followed again (a start adopted or replaced it): the loss is over.
+            self.state.logged(
+                self.state.store.update_config(name, {MONITOR_LOST_KEY: None}),
+                "the end of a lost monitor",
+            )
+            self.state.events.lifecycle(
+                "instance-monitor-restored", name, {"reason": "its VM is followed again"}
             )
         self.detach(name)
         self.state.vms[name] = vm
@@ -136,6 +158,11 @@ class Watching:
             name,
             {"status": change.current.value, "previous": change.previous.value},
         )
+        if change.lost is not None:
+            # Gone without a word (killed) or hung (no heartbeat): a fault until it is back.
+            self.state.events.lifecycle(
+                "agent-link-lost", name, {"reason": f"the agent {change.lost}"}
+            )
 
     def detach(self, name: str, announce: bool = True) -> None:
         unsubscribe = self.state.unsubscribe.pop(name, None)
@@ -245,3 +272,13 @@ class Watching:
         updated = await self.state.store.set_error(record.name, reason, power)
         self.state.publish_state(updated)
         self.state.events.lifecycle("instance-error", record.name, {"error": reason})
+
+    async def monitor_lost(self, record: InstanceRecord, reason: str) -> None:
+        """The VM runs but its QMP monitor cannot be reached: error, marked for re-adoption.
+
+        Power sync tries to adopt the VM again each round (``MONITOR_LOST_KEY``);
+        once its monitor answers, the instance runs again without an action.
+        """
+        await self.state.store.update_config(record.name, {MONITOR_LOST_KEY: "true"})
+        await self.fail_idle(record, reason, PowerState.NOSTATE)
+        self.state.events.lifecycle("instance-monitor-lost", record.name, {"reason": reason})

@@ -15,7 +15,8 @@ Instance reads (``get_instance``, ``find_instance``, ``list_instances``) are
 synchronous and never touch the disk: on a database thread they read
 ``CommittedInstances``, the rows as of the last commit, kept up to date by each
 write's result as its Deferred fires (in commit order), so whoever awaited a
-write reads it back, and nobody reads a state that is not committed.  Inline,
+write reads it back, and nobody reads a state that is not committed.  A write
+the disk refused (``executor.StoreWriteFailed``) changes nothing they read.  Inline,
 they read the engine itself, which is the same thing there.
 """
 
@@ -30,7 +31,7 @@ from twisted.internet.interfaces import IReactorThreads
 from vmready.domain.model import ActionRecord, InstanceRecord
 from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
 from vmready.store.database import instance_not_found
-from vmready.store.executor import DatabaseThread, Executor, InlineExecutor
+from vmready.store.executor import DatabaseThread, Executor, InlineExecutor, StoreHealth
 from vmready.store.sqlite import Store
 
 __all__ = ["AsyncStore"]
@@ -148,6 +149,11 @@ class AsyncStore:
     def executor(self) -> Executor:
         """What runs the engine's calls."""
         return self._executor
+
+    @property
+    def health(self) -> StoreHealth:
+        """Whether writes succeed: since when they fail and why (announced as it changes)."""
+        return self._executor.health
 
     def _write(self, work: Callable[[], InstanceRecord]) -> Deferred[InstanceRecord]:
         """An instance write; once committed, what instance reads see."""

@@ -9,6 +9,14 @@ one call's error (a Conflict) fails that call alone.  A call's Deferred fires
 on the reactor thread only after the transaction that holds it committed, so
 whoever waits on it never announces a state the store might still lose.
 
+A write the disk refuses (SQLite's "database or disk is full", an I/O error,
+``ENOSPC``) is not dropped: the whole batch is rolled back and run again, with
+a growing pause, for up to ``retry_for`` seconds, later calls waiting behind
+it in order; ``StoreHealth`` says on the reactor thread when writes start
+failing and when they succeed again.  If the disk is still refusing after
+``retry_for``, each call of the batch fails with ``StoreWriteFailed`` (a 503
+with one clear line) and nothing of it was kept: the store stays as it was.
+
 ``InlineExecutor`` runs each call at once on the caller's thread: a replay,
 whose clock is a ``task.Clock``, must stay deterministic, and a unit test can
 read the result at once.
@@ -17,8 +25,11 @@ read the result at once.
 from __future__ import annotations
 
 import contextlib
+import errno
 import queue
+import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
@@ -26,14 +37,84 @@ from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IReactorThreads
 from twisted.python.failure import Failure
 
+from vmready.domain.model import VMReadyError
 from vmready.store.database import TransactionLost
 
-__all__ = ["BatchingEngine", "DatabaseThread", "Executor", "InlineExecutor"]
+__all__ = [
+    "BatchingEngine",
+    "DatabaseThread",
+    "Executor",
+    "InlineExecutor",
+    "StoreHealth",
+    "StoreWriteFailed",
+]
 
 T = TypeVar("T")
 
 # At most this many calls share a transaction: a commit is never far away.
 MAX_BATCH = 512
+# How long a batch the disk refuses is tried again before its calls fail.
+DEFAULT_RETRY_FOR = 5.0
+# The pauses between tries: from the first, doubling, up to the last.
+_FIRST_PAUSE = 0.05
+_LONGEST_PAUSE = 1.0
+# What SQLite says when the disk, not the call, is at fault.
+_DISK_MESSAGES = ("disk is full", "disk i/o error", "readonly database", "unable to open")
+_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EIO, errno.EROFS, errno.EDQUOT})
+
+
+class StoreWriteFailed(TransactionLost, VMReadyError):
+    """The store could not write (the disk is full, say); nothing of the call was kept."""
+
+    http_status = 503
+
+
+def is_write_failure(error: BaseException) -> bool:
+    """Whether ``error`` is the disk refusing a write, not a call's own error (a Conflict)."""
+    if isinstance(error, TransactionLost):
+        return True
+    if isinstance(error, sqlite3.OperationalError):
+        text = str(error).lower()
+        return any(message in text for message in _DISK_MESSAGES)
+    return isinstance(error, OSError) and error.errno in _DISK_ERRNOS
+
+
+HealthListener = Callable[["StoreHealth"], None]
+
+
+class StoreHealth:
+    """Whether the store's writes succeed, on the reactor thread: since when they fail, why."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self.failing_since: float | None = None
+        self.error: str | None = None
+        self._listeners: list[HealthListener] = []
+
+    def subscribe(self, listener: HealthListener) -> Callable[[], None]:
+        """Call ``listener`` when writes start failing and when they succeed again."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+
+    def failed(self, error: str) -> None:
+        """A write was refused; the first of a run is announced."""
+        first = self.failing_since is None
+        self.error = error
+        if first:
+            self.failing_since = self._clock()
+            self._notify()
+
+    def succeeded(self) -> None:
+        """A batch committed: if writes were failing, they no longer are."""
+        if self.failing_since is None:
+            return
+        self.failing_since = None
+        self.error = None
+        self._notify()
+
+    def _notify(self) -> None:
+        for listener in list(self._listeners):
+            listener(self)
 
 
 class Executor(Protocol):
@@ -44,6 +125,10 @@ class Executor(Protocol):
 
     def stop(self) -> Deferred[None]:
         """Run what is queued, then nothing more; fires when the last call has returned."""
+
+    @property
+    def health(self) -> StoreHealth:
+        """Whether writes succeed (on the reactor thread)."""
 
 
 class BatchingEngine(Protocol):
@@ -58,6 +143,10 @@ class BatchingEngine(Protocol):
 
 class InlineExecutor:
     """Each call at once, on the caller's thread: for replays and unit tests."""
+
+    def __init__(self) -> None:
+        # Inline calls are not retried: a refused write fails its call at once.
+        self.health = StoreHealth()
 
     def submit(self, work: Callable[[], T]) -> Deferred[T]:
         try:
@@ -81,10 +170,13 @@ class DatabaseThread:
         engine: BatchingEngine,
         name: str = "vmready-store",
         max_batch: int = MAX_BATCH,
+        retry_for: float = DEFAULT_RETRY_FOR,
     ) -> None:
         self._reactor = reactor
         self._engine = engine
         self._max_batch = max_batch
+        self.retry_for = retry_for
+        self.health = StoreHealth()
         self._queue: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
         self._stopping = False
         self._waiting: list[Deferred[None]] = []
@@ -140,18 +232,47 @@ class DatabaseThread:
         return calls, False
 
     def _run_batch(self, calls: list[_Call]) -> list[Any]:
-        """Each call's result or Failure; every one a Failure if the commit failed."""
+        """Each call's result or Failure; every one a Failure if the commit failed.
+
+        A batch the disk refuses is rolled back and tried again until it
+        commits or ``retry_for`` has passed (or the store is stopping).
+        """
+        deadline = time.monotonic() + self.retry_for
+        pause = _FIRST_PAUSE
+        while True:
+            try:
+                outcomes = self._try_batch(calls)
+            except Exception as e:
+                if not is_write_failure(e):
+                    failure = Failure()
+                    return [failure] * len(calls)
+                message = _describe(e)
+                self._reactor.callFromThread(self.health.failed, message)
+                if self._stopping or time.monotonic() + pause > deadline:
+                    refused = Failure(
+                        StoreWriteFailed(
+                            f"the store could not write {self._engine_path()}: {message} "
+                            f"(tried for {self.retry_for:g}s; nothing of this change was kept)"
+                        )
+                    )
+                    return [refused] * len(calls)
+                time.sleep(pause)
+                pause = min(pause * 2, _LONGEST_PAUSE)
+                continue
+            self._reactor.callFromThread(self.health.succeeded)
+            self.batches += 1
+            self.calls += len(calls)
+            return outcomes
+
+    def _try_batch(self, calls: list[_Call]) -> list[Any]:
         outcomes: list[Any] = []
-        try:
-            with self._engine.batch():
-                for work, _done in calls:
-                    outcomes.append(_one(self._engine, work))
-        except Exception:
-            failure = Failure()
-            return [failure] * len(calls)
-        self.batches += 1
-        self.calls += len(calls)
+        with self._engine.batch():
+            for work, _done in calls:
+                outcomes.append(_one(self._engine, work))
         return outcomes
+
+    def _engine_path(self) -> str:
+        return str(getattr(self._engine, "path", "the store"))
 
     def _finished(self) -> None:
         self._done = True
@@ -166,8 +287,19 @@ def _one(engine: BatchingEngine, work: Callable[[], Any]) -> Any:
             return work()
     except TransactionLost:
         raise  # the whole batch is gone: every call of it fails, none runs after
-    except Exception:
+    except Exception as e:
+        if is_write_failure(e):
+            raise  # the disk, not the call: the whole batch is rolled back and tried again
         return Failure()
+
+
+def _describe(error: BaseException) -> str:
+    """The disk's complaint in one line (an OSError's strerror, SQLite's message)."""
+    cause = error.__cause__ if isinstance(error, TransactionLost) else None
+    shown = cause if cause is not None else error
+    if isinstance(shown, OSError) and shown.strerror:
+        return shown.strerror
+    return str(shown)
 
 
 def _deliver(calls: list[_Call], outcomes: list[Any]) -> None:

@@ -1,0 +1,105 @@
+"""What is wrong right now, per instance and daemon-wide, as the event stream said it.
+
+Every fault vmready detects is announced on the event stream first (an
+``instance-error``, an ``agent-link-lost``, a ``store-write-failed``…); the
+``FaultLog`` reads those same events and keeps, for each instance, the faults
+still standing and since when, so ``vmready info`` shows exactly what a
+watcher of ``/1.0/events`` saw, and a fault disappears with the event that
+says its cause went away.  Nothing here is stored: after a daemon restart the
+instance's persisted error (its ``error`` field) is still shown, without the
+time it happened.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+__all__ = ["SERVER_SOURCE", "Fault", "FaultLog"]
+
+# The source of events about the daemon itself rather than one instance.
+SERVER_SOURCE = "/1.0"
+_INSTANCE_SOURCE = "/1.0/instances/"
+
+# Which event raises which fault (kind, the context key holding its message) ...
+_RAISED_BY = {
+    "instance-error": ("error", "error"),
+    "instance-monitor-lost": ("monitor", "reason"),
+    "agent-link-lost": ("agent", "reason"),
+    "instance-certificate-error": ("certificate", "error"),
+    "instance-snapshot-failed": ("snapshot", "error"),
+    "store-write-failed": ("store", "error"),
+}
+# ... and which events say its cause went away.
+_CLEARED_BY = {
+    "instance-monitor-restored": ("monitor",),
+    "instance-agent-started": ("agent",),
+    "instance-agent-connected": ("agent",),
+    "instance-certificate-restored": ("certificate",),
+    "instance-snapshot-created": ("snapshot",),
+    "store-write-recovered": ("store",),
+}
+# An instance no longer running has no monitor or agent to lose.
+_NOT_RUNNING = frozenset({"stopped", "deleted"})
+_VM_ENDED = frozenset({"shutdown", "crashed"})
+
+
+@attrs.frozen
+class Fault:
+    """One standing fault: what kind, what the event said, since when (Unix time)."""
+
+    kind: str
+    message: str
+    since: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "message": self.message, "since": self.since}
+
+
+class FaultLog:
+    """The faults still standing, per instance and for the daemon as a whole."""
+
+    def __init__(self) -> None:
+        self._instances: dict[str, dict[str, Fault]] = {}
+        self._server: dict[str, Fault] = {}
+
+    def of(self, name: str) -> list[Fault]:
+        """The instance's standing faults, then the daemon's (the store's affect it too)."""
+        own = self._instances.get(name, {})
+        return sorted(own.values(), key=_order) + sorted(self._server.values(), key=_order)
+
+    def observe(self, type: str, timestamp: float, metadata: dict[str, Any]) -> None:
+        """Read one event (its type, time and metadata) as the bus publishes it."""
+        action = metadata.get("action")
+        source = metadata.get("source")
+        if type != "lifecycle" or not isinstance(action, str):
+            return
+        if source == SERVER_SOURCE:
+            faults = self._server
+        elif isinstance(source, str) and source.startswith(_INSTANCE_SOURCE):
+            name = source[len(_INSTANCE_SOURCE) :]
+            if action == "instance-deleted":
+                self._instances.pop(name, None)
+                return
+            faults = self._instances.setdefault(name, {})
+        else:
+            return
+        context = metadata.get("context") or {}
+        raised = _RAISED_BY.get(action)
+        if raised is not None:
+            kind, key = raised
+            faults[kind] = Fault(kind, str(context.get(key, "")), timestamp)
+        for kind in _CLEARED_BY.get(action, ()):
+            faults.pop(kind, None)
+        if action == "instance-state":
+            vm_state = context.get("vm_state")
+            if vm_state != "error":
+                faults.pop("error", None)
+            if vm_state in _NOT_RUNNING or context.get("power_state") in _VM_ENDED:
+                faults.pop("monitor", None)
+                faults.pop("agent", None)
+
+
+def _order(fault: Fault) -> tuple[float, str]:
+    return (fault.since, fault.kind)
