@@ -98,6 +98,9 @@ DAEMON_OPTIONS = ("--agent-follow-up", "0.02", "--stop-timeout", "1")
 class Daemon:
     """One ``twistd -n vmready`` process; each start logs to a file of its own."""
 
+    # Every daemon started, so that none outlives the run (also one stopped by a signal).
+    started_all: list[subprocess.Popen[bytes]] = []
+
     def __init__(self, data_dir: str, start: int) -> None:
         self.log_path = os.path.join(data_dir, f"twistd-{start}.log")
         argv = [TWISTD, "-n", "--pidfile", "", "--logfile", self.log_path, "vmready"]
@@ -107,6 +110,7 @@ class Daemon:
                 argv, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT
             )
         self.started = time.monotonic()
+        Daemon.started_all.append(self.process)
 
     def _log(self) -> str:
         try:
@@ -434,6 +438,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         if e.code not in (0, None):
             raise
     finally:
+        for process in Daemon.started_all:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
         guests.stop()
         kill_vms(directory)
         if args.keep:
