@@ -331,6 +331,23 @@ class ListAndInfoTests(CLITestCase):
         self.assertIn("Status: ERROR", out.splitlines())
         self.assertIn("Error: cannot start web1: the hypervisor program", out)
 
+    async def test_infoShowsTheFaultsStillStandingWithTheirTimes(self) -> None:
+        await self.launch("web1")
+        self.patch(self.lifecycle.state.driver, "program", ["/nonexistent/qemu"])
+        await self.cli("rebuild", "web1")
+        events = self.lifecycle.state.events
+        events.lifecycle("agent-link-lost", "web1", {"reason": "the port closed"})
+        events.server("store-write-failed", {"error": "database or disk is full"})
+        _, out, _ = await self.cli("info", "web1")
+        lines = out.splitlines()
+        stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
+        self.assertRegex(lines[-3], rf"^Last error: cannot start web1: .* \(at {stamp}\)$")
+        self.assertRegex(lines[-2], rf"^Agent link: lost since {stamp}: the port closed$")
+        self.assertRegex(lines[-1], rf"^Store: writes failing since {stamp}: database or disk")
+        events.server("store-write-recovered", {})
+        _, out, _ = await self.cli("info", "web1")
+        self.assertNotIn("Store:", out)
+
     async def test_infoUnknownInstanceExits1(self) -> None:
         self.assertEqual(
             await self.cli("info", "nope"), (1, "", "vmready: Error: Instance nope not found\n")

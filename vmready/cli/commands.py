@@ -104,37 +104,8 @@ async def _cmd_list(client: Client, output: Output, args: argparse.Namespace) ->
 
 
 async def _cmd_info(client: Client, output: Output, args: argparse.Namespace) -> int:
-    output.data(await get_instance(client, args.name), _info_with_faults)
+    output.data(await get_instance(client, args.name), tables.info_table)
     return EXIT_OK
-
-
-# How ``vmready info`` words each kind of standing fault.
-_FAULT_LINES = {
-    "error": "Last error: {message} (at {since})",
-    "monitor": "Monitor: lost since {since}: {message}",
-    "agent": "Agent link: lost since {since}: {message}",
-    "certificate": "Certificates: failing since {since}: {message}",
-    "snapshot": "Last snapshot failure: {message} (at {since})",
-    "store": "Store: writes failing since {since}: {message}",
-}
-
-
-def _fault_time(since: Any) -> str:
-    """An RFC 3339 time as the info table shows times (to the second, UTC)."""
-    return str(since or "-").replace("T", " ").removesuffix("Z").split(".")[0]
-
-
-def _info_with_faults(instance: dict[str, Any]) -> str:
-    """The info table, then one line per fault still standing (none: nothing is wrong)."""
-    lines = [
-        _FAULT_LINES.get(fault.get("kind"), "{kind}: {message} (since {since})").format(
-            kind=fault.get("kind"),
-            message=fault.get("message", ""),
-            since=_fault_time(fault.get("since")),
-        )
-        for fault in instance.get("faults") or []
-    ]
-    return tables.info_table(instance) + "".join(line + "\n" for line in lines)
 
 
 async def _cmd_state(client: Client, output: Output, args: argparse.Namespace) -> int:

@@ -107,7 +107,26 @@ def info_table(instance: dict[str, Any]) -> str:
         for name in sorted(devices):
             settings = ", ".join(f"{k}={v}" for k, v in sorted(devices[name].items()))
             lines.append(f"  {name}: {settings}")
+    lines.extend(_fault_line(fault) for fault in instance.get("faults") or [])
     return "\n".join(lines) + "\n"
+
+
+# How ``vmready info`` words each kind of fault still standing (none: nothing is wrong).
+_FAULT_LINES = {
+    "error": "Last error: {message} (at {since})",
+    "monitor": "Monitor: lost since {since}: {message}",
+    "agent": "Agent link: lost since {since}: {message}",
+    "certificate": "Certificates: failing since {since}: {message}",
+    "snapshot": "Last snapshot failure: {message} (at {since})",
+    "store": "Store: writes failing since {since}: {message}",
+}
+
+
+def _fault_line(fault: dict[str, Any]) -> str:
+    text = _FAULT_LINES.get(fault.get("kind", ""), "{kind}: {message} (since {since})")
+    return text.format(
+        kind=fault.get("kind"), message=fault.get("message", ""), since=_time(fault.get("since"))
+    )
 
 
 def snapshots_table(snapshots: list[dict[str, Any]]) -> str:

@@ -21,6 +21,7 @@ from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
 from vmready.hypervisor.runningvm import RunningVM
 from vmready.lifecycle.actions import Actions
 from vmready.lifecycle.guestside import GuestSide
+from vmready.lifecycle.resizerecovery import RESIZE_TASKS, ResizeRecovery
 from vmready.lifecycle.state import (
     _RUNNING_STATES,
     _TASKS_RESOLVED_BY_A_RUNNING_VM,
@@ -53,6 +54,7 @@ class Recovery:
         self.actions = actions
         self.watching = watching
         self.guestside = guestside
+        self.resizes = ResizeRecovery(state, actions, watching)
         # At most this many instances reconciled at once (power sync, start-up).
         self.concurrency = concurrency
         # Instances whose start-up reconciliation has not run yet.
@@ -306,6 +308,9 @@ class Recovery:
         if task is TaskState.POWERING_OFF:
             await self._stop_adopted(record.name, adopted)
             await self._resolve(record, task, VMState.STOPPED, PowerState.SHUTDOWN)
+            return
+        if task in RESIZE_TASKS:
+            await self.resizes.recover(record, task, adopted)
             return
         if task is TaskState.SNAPSHOTTING:
             # The snapshot was not recorded (its row is written last); the VM may be paused
