@@ -25,6 +25,7 @@ from vmready.agentlink.link import PollIntervals
 from vmready.agentlink.transport import TransportError, choose_transport, vhost_vsock_problem
 from vmready.agentlink.vsock import VSockServerEndpoint
 from vmready.daemon.collector import DEFAULT_SWEEP_INTERVAL
+from vmready.daemon.notify import Notifier, forget_environment
 from vmready.daemon.service import GUEST_SOCKET_BASE, DaemonConfig, VMReadyService
 from vmready.domain.limits import raise_file_limit
 from vmready.domain.model import StoreError, VMReadyError
@@ -447,4 +448,7 @@ def makeService(options: Options) -> VMReadyService:
         f"guest API on {options['guest-listen']}, {reached}",
         file=sys.stderr,
     )
-    return VMReadyService(reactor, config)
+    # Read once, then dropped: the VMs' QEMU processes inherit the daemon's environment.
+    notifier = Notifier.from_environment(os.environ, os.getpid())
+    forget_environment(os.environ)
+    return VMReadyService(reactor, config, notifier)
