@@ -501,15 +501,18 @@ def makeService(options: Options) -> VMReadyService:
         "vsock": "reached by guests over vsock",
         "hvsock": "reached by fakeqemu guests as unix sockets",
     }[transport]
-    summary = (
-        f"data dir {data_dir}, API on {options['listen']}, "
-        f"guest API on {options['guest-listen']}, {reached}"
-    )
+    summary = "data dir {data_dir}, API on {listen}, guest API on {guest_listen}, {reached}"
+    fields = {
+        "data_dir": data_dir,
+        "listen": options["listen"],
+        "guest_listen": options["guest-listen"],
+        "reached": reached,
+    }
     if options["log-format"] == "json":
         # Logged (twistd replays it once logging starts): stdout must hold JSON lines only.
-        Logger(namespace=__name__).info("{summary}", summary=summary)
+        Logger(namespace=__name__).info(summary, **fields)
     else:
-        print(f"vmready: {summary}", file=sys.stderr)
+        print(f"vmready: {summary.format(**fields)}", file=sys.stderr)
     # Read once, then dropped: the VMs' QEMU processes inherit the daemon's environment.
     notifier = Notifier.from_environment(os.environ, os.getpid())
     forget_environment(os.environ)
