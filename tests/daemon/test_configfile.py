@@ -293,3 +293,34 @@ class DaemonRefusalTests(ConfigFileCase):
             "(did you mean sync-concurrency?)\n",
         )
         self.assertEqual(result.stdout, "")
+
+
+class ShippedFilesTests(ConfigFileCase):
+    """contrib/: the example config file and the systemd unit say what the daemon expects."""
+
+    contrib = os.path.join(os.path.dirname(__file__), "..", "..", "contrib")
+
+    def test_theExampleConfigFileIsAccepted(self) -> None:
+        path = os.path.join(self.contrib, "vmready.yaml")
+        parsed = self.parsed("--config", path)
+        self.assertEqual((parsed["hypervisor"], parsed["data-dir"]), ("qemu", "/var/lib/vmready"))
+
+    def test_theUnitStartsTwistdInTheForegroundAndKillsOnlyTheDaemon(self) -> None:
+        with open(os.path.join(self.contrib, "systemd", "vmready.service")) as f:
+            settings = [
+                line.split("=", 1)
+                for line in f.read().splitlines()
+                if "=" in line and not line.startswith("#")
+            ]
+        unit = dict(settings)
+        self.assertEqual(unit["Type"], "notify")
+        self.assertEqual(unit["KillMode"], "process")  # the VMs outlive a restart
+        self.assertEqual(unit["StateDirectory"], "vmready")
+        self.assertNotIn("RuntimeDirectory", unit)
+        self.assertNotIn("PrivateDevices", unit)
+        self.assertIn(["DeviceAllow", "/dev/kvm rw"], settings)
+        command = unit["ExecStart"].split()
+        self.assertEqual(command[:4], ["twistd", "--nodaemon", "--pidfile=", "vmready"])
+        # What follows vmready on that line, twistd vmready accepts.
+        self.parsed("--config", "", *command[4:])
+        self.assertIn("WatchdogSec", unit)
