@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -30,6 +32,7 @@ from vmready.daemon.notify import (
     watchdog_interval,
 )
 from vmready.daemon.service import WATCHDOG_TIMER, DaemonConfig, VMReadyService
+from vmready.daemon.tap import Options, makeService
 from vmready.domain.model import InstanceRecord
 from vmready.lifecycle.core import Lifecycle
 from vmready.store.sqlite import Store
@@ -312,7 +315,10 @@ class DaemonUnderAManagerTests(SynchronousTestCase):
             if name not in environ:
                 env.pop(name, None)
         daemon = subprocess.Popen(
-            twistd(self.directory), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            twistd(self.directory, "--config", ""),  # whatever /etc/vmready holds
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
         )
 
         def stop() -> None:
@@ -398,3 +404,22 @@ class DaemonUnderAManagerTests(SynchronousTestCase):
         said = self.stop(daemon)
         self.assertEqual(said.count("cannot notify the service manager"), 1, said)
         self.assertNotIn("Traceback", said)
+
+
+class MakeServiceTests(SynchronousTestCase):
+    """makeService hands the service the notifier the environment asks for, then forgets it."""
+
+    def test_theVariablesGoToTheNotifierNotToChildren(self) -> None:
+        directory = tempfile.mkdtemp(prefix="vmr-nm-", dir="/tmp")
+        self.addCleanup(shutil.rmtree, directory, True)
+        notify = os.path.join(directory, "notify.sock")
+        environ = {**os.environ, "NOTIFY_SOCKET": notify, "WATCHDOG_USEC": "10000000"}
+        environ.pop("WATCHDOG_PID", None)
+        self.patch(os, "environ", environ)
+        self.patch(sys, "stderr", io.StringIO())  # the start-up summary
+        options = Options()
+        options.parseOptions(["--config", "", "--data-dir", directory])
+        service = makeService(options)
+        self.assertEqual((service.notifier.address, service.notifier.watchdog), (notify, 5.0))
+        for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC"):
+            self.assertNotIn(name, os.environ)
