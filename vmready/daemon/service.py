@@ -36,6 +36,7 @@ from vmready.api.guest import GuestAPI, guest_site, guest_tls_factory
 from vmready.api.operator import OperatorAPI
 from vmready.api.web import local_site
 from vmready.daemon.collector import HeapSweeper
+from vmready.daemon.notify import Notifier, ReconcileProgress
 from vmready.domain.model import InstanceRecord
 from vmready.domain.reactor import IVMReadyReactor
 from vmready.guestfiles import loader_files
@@ -61,6 +62,7 @@ KVM_VERDICT_FILE = "kvm-verdict.json"
 POWER_SYNC_TIMER = "power-sync"
 GC_SWEEP_TIMER = "gc-sweep"
 CONSOLE_TIMER = "console-rotation"
+WATCHDOG_TIMER = "watchdog"
 
 
 @attrs.frozen
@@ -132,10 +134,14 @@ class VMReadyService(MultiService):
 
     log = Logger()
 
-    def __init__(self, reactor: IVMReadyReactor, config: DaemonConfig) -> None:
+    def __init__(
+        self, reactor: IVMReadyReactor, config: DaemonConfig, notifier: Notifier | None = None
+    ) -> None:
         super().__init__()
         self.reactor = reactor
         self.config = config
+        # systemd's Type=notify (daemon.notify): silent unless $NOTIFY_SOCKET asked for it.
+        self.notifier = notifier or Notifier()
         self.store: AsyncStore | None = None
         self.lifecycle: Lifecycle | None = None
         self.recovered: Deferred[None] = Deferred()
@@ -190,6 +196,12 @@ class VMReadyService(MultiService):
             keep=config.record_keep,
         )
         site = local_site(OperatorAPI(lifecycle, config.hypervisor).app.resource())
+        if self.notifier.watchdog is not None:
+            # On the reactor: a reactor that hangs stops feeding systemd's watchdog.
+            watchdog = TimerService(self.notifier.watchdog, self.notifier.ping)
+            watchdog.setName(WATCHDOG_TIMER)
+            watchdog.clock = self.reactor
+            watchdog.setServiceParent(self)
         super().startService()
         # Clearing Ready (on the database thread) and starting the guest API go on together.
         preparing = Deferred.fromCoroutine(lifecycle.prepare_recovery())
@@ -214,6 +226,7 @@ class VMReadyService(MultiService):
             endpoint=self.config.guest_endpoint,
             error=failure.getErrorMessage(),
         )
+        self.notifier.status(f"cannot serve the guest API: {failure.getErrorMessage()}")
         self.reactor.callWhenRunning(self.reactor.stop)
         self.recovered.errback(failure)
 
@@ -291,8 +304,12 @@ class VMReadyService(MultiService):
         records = await preparing
         if not self._serve(site):
             return
+        progress = ReconcileProgress(self.notifier, len(records), self.reactor.seconds)
+        for record in records:
+            self.lifecycle.recovery.reconciled(record.name).addCallback(progress.one_done)
         await self.lifecycle.reconcile(records)
         self.log.info("recovered {count} instances", count=len(records))
+        self.notifier.status(f"serving {len(records)} instances")
         self._start_timers()
 
     def _recovered(self, _: object) -> None:
@@ -304,6 +321,7 @@ class VMReadyService(MultiService):
             return True
         listening = self._listen(site)
         if listening:
+            self.notifier.ready("serving the API; reconciling instances")
             self.serving.callback(None)
         return listening
 
@@ -334,6 +352,7 @@ class VMReadyService(MultiService):
     def _recovery_failed(self, failure: Failure, site: Site) -> None:
         self.log.failure("recovering instances failed", failure)
         self._serve(site)
+        self.notifier.status(f"serving; recovering instances failed: {failure.getErrorMessage()}")
         self.recovered.errback(failure)
 
     def _listen(self, site: Site) -> bool:
@@ -354,6 +373,7 @@ class VMReadyService(MultiService):
         return stopped
 
     async def _stop(self) -> None:
+        self.notifier.stopping("stopping: letting go of the VMs (they keep running)")
         await super().stopService()
         for port in (self.guest_port, self.forward_port):
             if port is not None:

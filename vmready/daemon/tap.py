@@ -8,6 +8,7 @@ import socket
 import stat
 import sys
 import tempfile
+from collections.abc import Sequence
 from typing import NoReturn
 
 from twisted.internet.endpoints import (
@@ -17,6 +18,7 @@ from twisted.internet.endpoints import (
     UNIXServerEndpoint,
     serverFromString,
 )
+from twisted.logger import Logger
 from twisted.python import usage
 from twisted.python.lockfile import FilesystemLock
 
@@ -25,6 +27,18 @@ from vmready.agentlink.link import PollIntervals
 from vmready.agentlink.transport import TransportError, choose_transport, vhost_vsock_problem
 from vmready.agentlink.vsock import VSockServerEndpoint
 from vmready.daemon.collector import DEFAULT_SWEEP_INTERVAL
+from vmready.daemon.configfile import (
+    ConfigFileError,
+    Setting,
+    as_arguments,
+    config_path,
+    file_problem,
+    given_on_command_line,
+    option_names,
+    read_settings,
+)
+from vmready.daemon.logformat import choose_log_format
+from vmready.daemon.notify import Notifier, forget_environment
 from vmready.daemon.service import GUEST_SOCKET_BASE, DaemonConfig, VMReadyService
 from vmready.domain.limits import raise_file_limit
 from vmready.domain.model import StoreError, VMReadyError
@@ -87,9 +101,24 @@ _POLL_OPTIONS = (
 
 
 class Options(usage.Options):
-    """Options for ``twistd vmready``."""
+    """Options for ``twistd vmready``: the command line over the config file over the defaults."""
 
     optParameters = [
+        [
+            "config",
+            None,
+            None,
+            "A YAML file setting any of these options by its long name (default: "
+            "$VMREADY_CONFIG, else /etc/vmready/vmready.yaml if it exists; '' for none). "
+            "The command line wins over the file.",
+        ],
+        [
+            "log-format",
+            None,
+            "text",
+            "text (default) or json: one JSON object per line on standard output (with "
+            "twistd --nodaemon), for journald or Loki.",
+        ],
         ["data-dir", "d", None, "Where the store, certificates and VM sockets live."],
         [
             "listen",
@@ -181,6 +210,35 @@ class Options(usage.Options):
         ],
     ]
 
+    def parseOptions(self, options: Sequence[str] | None = None) -> None:
+        """Read the config file first: its settings go before the command line's, which win."""
+        arguments = list(sys.argv[1:] if options is None else options)
+        given = given_on_command_line(self, arguments)
+        self.config_file: str | None = None
+        self.config_settings: dict[str, Setting] = {}
+        if "help" not in given and "version" not in given:
+            self.config_file = config_path(given.get("config"), os.environ)
+        if self.config_file is not None:
+            try:
+                self.config_settings = read_settings(self.config_file, *option_names(self))
+            except ConfigFileError as e:
+                _fail(str(e))
+        from_file = as_arguments(self.config_settings, given)
+        try:
+            super().parseOptions([*from_file, *arguments])
+        except usage.UsageError as e:
+            self._blame_the_file(str(e), given)
+            raise
+
+    def _blame_the_file(self, problem: str, given: dict[str, str]) -> None:
+        """A value the config file set is refused: say where it is, in one line."""
+        if self.config_file is None:
+            return
+        for key in self.config_settings:
+            if key not in given and problem.startswith(f"--{key} "):
+                why = problem.removeprefix(f"--{key} ")
+                _fail(file_problem(self.config_file, self.config_settings, key, why))
+
     def postOptions(self) -> None:
         if self["serial-layout"] not in STARTABLE_LAYOUTS:
             raise usage.UsageError(
@@ -243,6 +301,7 @@ class Options(usage.Options):
                 self[option] = os.path.abspath(self[option])
         if self["record-dir"]:
             self["record-dir"] = os.path.abspath(self["record-dir"])
+        choose_log_format(self["log-format"], getattr(self, "parent", None))
         self["data-dir"] = os.path.abspath(self["data-dir"] or default_data_dir())
         if not self["listen"]:
             # Whoever can reach the operator socket controls every VM: owner only.
@@ -442,9 +501,19 @@ def makeService(options: Options) -> VMReadyService:
         "vsock": "reached by guests over vsock",
         "hvsock": "reached by fakeqemu guests as unix sockets",
     }[transport]
-    print(
-        f"vmready: data dir {data_dir}, API on {options['listen']}, "
-        f"guest API on {options['guest-listen']}, {reached}",
-        file=sys.stderr,
-    )
-    return VMReadyService(reactor, config)
+    summary = "data dir {data_dir}, API on {listen}, guest API on {guest_listen}, {reached}"
+    fields = {
+        "data_dir": data_dir,
+        "listen": options["listen"],
+        "guest_listen": options["guest-listen"],
+        "reached": reached,
+    }
+    if options["log-format"] == "json":
+        # Logged (twistd replays it once logging starts): stdout must hold JSON lines only.
+        Logger(namespace=__name__).info(summary, **fields)
+    else:
+        print(f"vmready: {summary.format(**fields)}", file=sys.stderr)
+    # Read once, then dropped: the VMs' QEMU processes inherit the daemon's environment.
+    notifier = Notifier.from_environment(os.environ, os.getpid())
+    forget_environment(os.environ)
+    return VMReadyService(reactor, config, notifier)
