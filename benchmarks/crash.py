@@ -104,6 +104,7 @@ class Daemon:
     def __init__(self, data_dir: str, start: int) -> None:
         self.log_path = os.path.join(data_dir, f"twistd-{start}.log")
         argv = [TWISTD, "-n", "--pidfile", "", "--logfile", self.log_path, "vmready"]
+        argv += ["--config", ""]  # whatever /etc/vmready/vmready.yaml the host has
         argv += ["--data-dir", data_dir, *DAEMON_OPTIONS]
         with open(os.path.join(data_dir, f"twistd-{start}.out"), "wb") as output:
             self.process = subprocess.Popen(

@@ -193,7 +193,8 @@ class Daemon:
         if host_control is not None:
             environment["FAKEQEMU_HOST"] = host_control
         argv = [TWISTD, "-n", "--pidfile", "", "--logfile", self.log_path]
-        argv += ["vmready", "--data-dir", data_dir, "--listen", f"unix:{self.socket}"]
+        argv += ["vmready", "--config", "", "--data-dir", data_dir]
+        argv += ["--listen", f"unix:{self.socket}"]
         output = open(self.output_path, "wb")  # noqa: SIM115 - the child keeps it
         with output:
             self.started = time.perf_counter()

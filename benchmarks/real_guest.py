@@ -160,7 +160,7 @@ def main() -> None:
     data_dir = tempfile.mkdtemp(prefix="vmr-bench-", dir="/tmp")
     socket_path = os.path.join(data_dir, "vmready.sock")
     command = [TWISTD, "-n", "--pidfile", "", "--logfile", os.path.join(data_dir, "log")]
-    command += ["vmready", "--data-dir", data_dir, "--hypervisor", "qemu"]
+    command += ["vmready", "--config", "", "--data-dir", data_dir, "--hypervisor", "qemu"]
     daemon = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + START_TIMEOUT

@@ -332,6 +332,7 @@ class System:
     def start_daemon(self, *options: str) -> subprocess.Popen[bytes]:
         """``twistd -n vmready`` on the data dir; returns once its operator API answers."""
         command = [TWISTD, "-n", "--pidfile", "", "--logfile", self.log_path, "vmready"]
+        command += ["--config", ""]  # whatever /etc/vmready/vmready.yaml the host has
         command += ["--data-dir", self.directory, *POLLING, *options]
         command += ["--stop-timeout", "2", "--power-sync-interval", "1"]
         daemon = self.daemon = self._spawn(command, "twistd.out")

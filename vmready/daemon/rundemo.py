@@ -200,7 +200,8 @@ def main(argv: list[str] | None = None) -> None:
     twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
     os.makedirs(args.data_dir, exist_ok=True)
     log = os.path.join(args.data_dir, "vmready.log")
-    command = [twistd, "-n", "--pidfile", "", "--logfile", log, "vmready"]
+    # The embedded defaults: no /etc/vmready/vmready.yaml of the host applies to the demo.
+    command = [twistd, "-n", "--pidfile", "", "--logfile", log, "vmready", "--config", ""]
     command += ["--data-dir", args.data_dir, "--hypervisor", args.hypervisor]
     print(f"vmready: starting the daemon: twistd -n vmready --data-dir {args.data_dir}")
     print(f"vmready: its log is {log}")
