@@ -165,11 +165,19 @@ def _decode(text: bytes) -> StreamItem:
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(limit + MAX_NESTING)
     try:
-        return ParsedObject(json.loads(text))
+        return ParsedObject(json.loads(text, parse_int=_integer))
     except (json.JSONDecodeError, UnicodeDecodeError):
         return ParseError(_describe(text))
     finally:
         sys.setrecursionlimit(limit)
+
+
+def _integer(digits: str) -> int | float:
+    """A JSON integer; one too long for Python's int() is a double, as QEMU reads any too large."""
+    try:
+        return int(digits)
+    except ValueError:  # more digits than sys.get_int_max_str_digits()
+        return float(digits)
 
 
 def _describe(text: bytes) -> str:

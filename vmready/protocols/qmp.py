@@ -10,6 +10,7 @@ error class and description.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -162,7 +163,7 @@ class QMPClientProtocol(LineOnlyReceiver):
             return
         try:
             message = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than Python parses
             self._protocol_error(f"QMP peer sent a line that is not JSON: {line[:80]!r}")
             return
         if not isinstance(message, dict):
@@ -201,23 +202,11 @@ class QMPClientProtocol(LineOnlyReceiver):
         stamp = message.get("timestamp", {})
         data = message.get("data", {})
         name = message["event"]
-        well_formed = (
-            isinstance(name, str)
-            and isinstance(data, dict)
-            and isinstance(stamp, dict)
-            and all(
-                isinstance(stamp.get(k, 0), int) and not isinstance(stamp.get(k, 0), bool)
-                for k in ("seconds", "microseconds")
-            )
-        )
-        if not well_formed:
+        timestamp = _timestamp(stamp)
+        if not isinstance(name, str) or not isinstance(data, dict) or timestamp is None:
             self._protocol_error(f"QMP peer sent a malformed event: {str(message)[:120]}")
             return
-        event = QMPEvent(
-            name=name,
-            data=data,
-            timestamp=stamp.get("seconds", 0) + stamp.get("microseconds", 0) / 1_000_000,
-        )
+        event = QMPEvent(name=name, data=data, timestamp=timestamp)
         for listener in list(self._listeners):
             try:
                 listener(event)
@@ -226,12 +215,17 @@ class QMPClientProtocol(LineOnlyReceiver):
 
     def _reply(self, message: dict[str, Any]) -> None:
         request_id = message.get("id")
-        pending = self._pending.pop(request_id, None) if isinstance(request_id, int) else None
+        error = message.get("error")
+        if "error" in message and not isinstance(error, dict):
+            self._protocol_error(f"QMP peer sent a malformed error reply: {str(message)[:120]}")
+            return
+        pending = None
+        if isinstance(request_id, int) and not isinstance(request_id, bool):  # True is not 1
+            pending = self._pending.pop(request_id, None)
         if pending is None:
             self.log.warn("QMP reply matches no command: {message!r}", message=message)
             return
-        if "error" in message:
-            error = message["error"] or {}
+        if error is not None:
             pending.deferred.errback(
                 QMPError(
                     pending.command,
@@ -269,6 +263,20 @@ class QMPClientProtocol(LineOnlyReceiver):
         waiters, self._closed_waiters = self._closed_waiters, []
         for waiter in waiters:
             waiter.callback(None)
+
+
+def _timestamp(stamp: Any) -> float | None:
+    """An event's ``{"seconds": …, "microseconds": …}`` as seconds; None if it is not one."""
+    if not isinstance(stamp, dict):
+        return None
+    parts = [stamp.get("seconds", 0), stamp.get("microseconds", 0)]
+    if not all(isinstance(part, int) and not isinstance(part, bool) for part in parts):
+        return None
+    try:
+        seconds = parts[0] + parts[1] / 1_000_000
+    except OverflowError:  # integers past a float's range
+        return None
+    return float(seconds) if math.isfinite(seconds) else None
 
 
 def _failed(error: Exception) -> Deferred[Any]:

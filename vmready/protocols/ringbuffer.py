@@ -46,8 +46,8 @@ __all__ = [
 ]
 
 MAX_LINE_BYTES = 256
-_CONNECT = re.compile(r"CONNECT (\d{1,10}):(\d{1,10})")
-_TCP_CONNECT = re.compile(r"CONNECT tcp:([0-9.]{1,15}):(\d{1,10})")
+_CONNECT = re.compile(r"CONNECT (\d{1,10}):(\d{1,10})", re.ASCII)
+_TCP_CONNECT = re.compile(r"CONNECT tcp:([0-9.]{1,15}):(\d{1,10})", re.ASCII)
 _U32 = 2**32
 
 

@@ -39,6 +39,7 @@ __all__ = [
     "DEFAULT_MAX_BYTES",
     "FORMAT",
     "HOST_KINDS",
+    "PADDED_BODY_LIMIT",
     "PEM_BLOCK_LIMIT",
     "REDACTED",
     "REDACTED_PEM",
@@ -66,6 +67,8 @@ DEFAULT_KEEP = 3
 BODY_LIMIT = 64 * 1024
 REDACTED = "[REDACTED]"
 REDACTED_PEM = "[REDACTED PEM]"
+# A replay pads a truncated body to its recorded length, up to this: past every body cap.
+PADDED_BODY_LIMIT = 1024 * 1024 + 1
 # A PEM block spread over several chunks is redacted up to its END line, or this many bytes.
 PEM_BLOCK_LIMIT = 64 * 1024
 # Record kinds whose "id" pairs a request with its answer (unique within a file).
@@ -260,14 +263,18 @@ def _redact_body_text(text: str, secret: bool) -> str:
 
 
 def body_from_fields(fields: dict[str, Any]) -> bytes:
-    """The body a record describes (a truncated one padded with spaces to its length)."""
+    """The body a record describes (a truncated one padded with spaces to its length).
+
+    The padding stops at ``PADDED_BODY_LIMIT``: a longer body is refused for its
+    size alike, and a damaged ``body_length`` must not make a replay allocate gigabytes.
+    """
     if "body_b64" in fields:
         body = base64.b64decode(str(fields["body_b64"]))
     else:
         body = str(fields.get("body", "")).encode("utf-8")
     length = fields.get("body_length")
     if isinstance(length, int) and length > len(body):
-        body += b" " * (length - len(body))
+        body += b" " * (min(length, PADDED_BODY_LIMIT) - len(body))
     return body
 
 
@@ -471,7 +478,7 @@ _REQUIRED: dict[str, dict[str, tuple[type, ...]]] = {
 _DATA_KINDS = frozenset({"ring-read", "ring-write", "serial-in", "serial-out"})
 
 
-def _lines(source: str | Iterable[str]) -> tuple[str, Iterator[str | bytes]]:
+def _lines(source: str | Iterable[str | bytes]) -> tuple[str, Iterator[str | bytes]]:
     if isinstance(source, str):
         name = os.path.basename(source)
         try:
@@ -506,7 +513,7 @@ def _check_header(source: str, number: int, header: Any) -> dict[str, Any]:
             "session again",
         )
     side = header.get("side")
-    if side not in _SIDES:
+    if not isinstance(side, str) or side not in _SIDES:
         raise TranscriptError(source, number, f'side {side!r} is neither "host" nor "agent"')
     if not isinstance(header.get("instance"), str) or not header["instance"]:
         raise TranscriptError(source, number, 'the header names no "instance"')
@@ -517,10 +524,11 @@ def _check_entry(source: str, number: int, side: str, value: Any) -> Entry:
     if not isinstance(value, dict):
         raise TranscriptError(source, number, "a record must be a JSON object")
     t = value.get("t")
-    if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
-        raise TranscriptError(source, number, f'"t" must be seconds (0 or more), got {t!r}')
+    seconds = _seconds(t)
+    if seconds is None:
+        raise TranscriptError(source, number, f'"t" must be seconds (0 or more), got {t!r:.80}')
     kind = value.get("kind")
-    if kind not in _SIDES[side]:
+    if not isinstance(kind, str) or kind not in _SIDES[side]:
         raise TranscriptError(
             source,
             number,
@@ -535,15 +543,49 @@ def _check_entry(source: str, number: int, side: str, value: Any) -> Entry:
     if kind in _DATA_KINDS:
         if not isinstance(value.get("text", value.get("data")), str):
             raise TranscriptError(source, number, f'a {kind} record needs "text" or "data"')
-        try:
-            data_from_fields(value)
-        except ValueError as e:
-            raise TranscriptError(source, number, f'"data" is not base64 ({e})') from None
+        if "text" in value:
+            _check_text(source, number, "text", value["text"])
+        else:
+            _check_base64(source, number, "data", value["data"])
+    if "body" in value:
+        _check_text(source, number, "body", value["body"])
+    if "body_b64" in value:
+        _check_base64(source, number, "body_b64", value["body_b64"])
     fields = {k: v for k, v in value.items() if k not in ("t", "kind")}
-    return Entry(number, float(t), str(kind), fields)
+    return Entry(number, seconds, kind, fields)
 
 
-def read_transcript(source: str | Iterable[str]) -> Transcript:
+def _seconds(t: Any) -> float | None:
+    """``t`` as seconds, if it is a finite number of them, 0 or more."""
+    if not isinstance(t, (int, float)) or isinstance(t, bool):
+        return None
+    try:
+        seconds = float(t)
+    except OverflowError:  # an integer too large for a float
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
+def _check_text(source: str, number: int, field: str, text: Any) -> None:
+    """A ``text`` or ``body`` field: a string that is UTF-8 (JSON lets a lone surrogate in)."""
+    if not isinstance(text, str):
+        raise TranscriptError(source, number, f'"{field}" must be a string')
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise TranscriptError(source, number, f'"{field}" is not UTF-8 text ({e})') from None
+
+
+def _check_base64(source: str, number: int, field: str, data: Any) -> None:
+    if not isinstance(data, str):
+        raise TranscriptError(source, number, f'"{field}" must be a base64 string')
+    try:
+        base64.b64decode(data)
+    except ValueError as e:
+        raise TranscriptError(source, number, f'"{field}" is not base64 ({e})') from None
+
+
+def read_transcript(source: str | Iterable[str | bytes]) -> Transcript:
     """Read and validate a transcript (a path, or its lines); TranscriptError says where not."""
     name, lines = _lines(source)
     header: dict[str, Any] | None = None
@@ -559,6 +601,8 @@ def read_transcript(source: str | Iterable[str]) -> Transcript:
             value = json.loads(line)
         except ValueError as e:
             raise TranscriptError(name, number, f"not JSON ({e})") from None
+        except RecursionError:
+            raise TranscriptError(name, number, "not JSON (nested too deeply)") from None
         if header is None:
             header = _check_header(name, number, value)
             continue

@@ -1,0 +1,60 @@
+"""Every wire fuzz target, briefly, under hypothesis: one test per target, deterministic.
+
+The long runs are ``benchmarks/fuzz.py``'s; these keep the targets and the
+parsers honest on every run of the suite.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from twisted.trial.unittest import SynchronousTestCase
+
+from tests.fuzzing import wire
+from tests.fuzzing.target import FuzzTarget
+
+_TARGETS = {target.name: target for target in wire.TARGETS}
+
+
+def _fuzzed(name: str) -> Any:
+    """A test method that runs target ``name`` on 200 inputs, the same ones every run."""
+    target: FuzzTarget = _TARGETS[name]
+
+    @settings(
+        max_examples=200,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(target.inputs)
+    def test(self: SynchronousTestCase, example: Any) -> None:
+        target.check(example)
+
+    test.__doc__ = f"{target.name}: {target.description}."
+    return test
+
+
+class WireFuzzTests(SynchronousTestCase):
+    """The wire parsers take whatever their peer sends without a crash or a broken property."""
+
+    test_ringReader = _fuzzed("ring-reader")
+    test_ringHost = _fuzzed("ring-host")
+    test_ringGuest = _fuzzed("ring-guest")
+    test_connectLine = _fuzzed("connect-line")
+    test_connectPortDaemon = _fuzzed("connect-port-daemon")
+    test_qmpClient = _fuzzed("qmp-client")
+    test_qmpServer = _fuzzed("qmp-server")
+    test_qmpSplitter = _fuzzed("qmp-splitter")
+    test_transcript = _fuzzed("transcript")
+    test_endpointString = _fuzzed("endpoint-string")
+
+    def test_everyTargetHasItsTest(self) -> None:
+        """A wire target added without a test here fails this test."""
+        tested = {
+            value.__doc__.split(":")[0]
+            for name, value in vars(type(self)).items()
+            if name.startswith("test_") and value.__doc__ and ":" in value.__doc__
+        }
+        self.assertEqual(tested & set(_TARGETS), set(_TARGETS))
