@@ -394,7 +394,7 @@ class DaemonProcessTests(SynchronousTestCase):
 
     def test_daemonNotRunningIsOneClearLine(self) -> None:
         result = self.cli("list", check=False)
-        self.assertEqual(result.returncode, 2)
+        self.assertEqual(result.returncode, 1)
         lines = result.stderr.strip().splitlines()
         self.assertEqual(len(lines), 1)
         self.assertIn(self.socket_path, lines[0])

@@ -153,7 +153,7 @@ class GuestSide:
         drive = self.state.config_drive(record)
         if self.state.guest is None or not os.path.exists(os.path.join(drive, AGENT_CONFIG)):
             return
-        problem = unreadable_identity(drive)
+        problem = unreadable_identity(drive, self.state.guest.server_cert_pem)
         if problem is not None:
             self._certificates_failed(record.name, problem)
         elif self.unreadable.pop(record.name, None) is not None:
@@ -184,8 +184,12 @@ class GuestSide:
         )
 
 
-def unreadable_identity(drive: str) -> str | None:
-    """What is wrong with a config drive's certificate files (None: all readable, PEM)."""
+def unreadable_identity(drive: str, server_pem: bytes) -> str | None:
+    """What is wrong with a config drive's certificate files (None: all readable, PEM).
+
+    A ``server.crt`` that is the daemon's own certificate (``server_pem``, as the
+    daemon loaded and checked it) is taken as it is.
+    """
     for file in ("agent.crt", "agent.key", "server.crt"):
         path = os.path.join(drive, file)
         try:
@@ -193,6 +197,8 @@ def unreadable_identity(drive: str) -> str | None:
                 data = f.read()
         except OSError as e:
             return f"{path}: {e.strerror}"
+        if file == "server.crt" and data == server_pem:
+            continue
         marker = b"PRIVATE KEY-----" if file == "agent.key" else b"-----BEGIN CERTIFICATE-----"
         if marker not in data:
             return f"{path}: not a PEM {'key' if file == 'agent.key' else 'certificate'}"
