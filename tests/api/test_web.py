@@ -16,6 +16,7 @@ from twisted.web.iweb import IRequest
 from twisted.web.test.requesthelper import DummyChannel
 
 from tests.reactor import reactor
+from vmready.api.operator import OPERATOR_ERRORS
 from vmready.api.requestbody import MAX_BODY_BYTES, read_json_body
 from vmready.api.web import LocalRequest, body_overflowed, local_site, sync_response
 from vmready.domain.model import PayloadTooLarge
@@ -51,7 +52,7 @@ class LocalSiteTests(TestCase):
         directory = tempfile.mkdtemp(prefix="vmr-web-", dir="/tmp")
         self.addCleanup(shutil.rmtree, directory, True)
         self.path = os.path.join(directory, "s")
-        site: Any = local_site(app.resource())  # a Site is a Factory of its own channel
+        site: Any = local_site(app.resource(), OPERATOR_ERRORS, label="test")
         port = IReactorUNIX(reactor).listenUNIX(self.path, site)
         self.addCleanup(port.stopListening)
 

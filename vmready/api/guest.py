@@ -55,6 +55,7 @@ import attrs
 from klein import Klein
 from klein.resource import KleinResource
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.failure import Failure
@@ -64,6 +65,7 @@ from twisted.web.resource import IResource
 from twisted.web.server import NOT_DONE_YET, Site
 
 from vmready.api.eventstream import EventStream
+from vmready.api.limits import MAX_GUEST_CONNECTIONS, LimitedSite, PeerKey
 from vmready.api.requestbody import read_body
 from vmready.api.views import rfc3339
 from vmready.api.web import (
@@ -98,6 +100,7 @@ __all__ = [
     "guest_site",
     "guest_tls_factory",
     "instance_for_certificate",
+    "peer_instance",
 ]
 
 Identify = Callable[[IRequest], InstanceRecord | None]
@@ -528,19 +531,54 @@ class GuestAPI:
         return done
 
 
-def guest_site(resource: IResource) -> Site:
+def guest_site(resource: IResource, reactor: IReactorTime | None = None) -> LimitedSite:
     """The HTTP site serving the guest API's ``resource`` (wrap it with ``guest_tls_factory``).
 
     ``resource`` is ``GuestAPI(...).app.resource()``, or that wrapped by a
-    recorder (``vmready.record.recording.RecordingGuestResource``).
+    recorder (``vmready.record.recording.RecordingGuestResource``).  Its limits
+    are ``vmready.api.limits``'s: ``guest_tls_factory`` tells it who each
+    connection's guest is, for the bound of ``MAX_GUEST_CONNECTIONS`` per guest.
     """
-    site = local_site(resource)
+    site = local_site(
+        resource,
+        GUEST_ERRORS,
+        label="guest API",
+        max_per_peer=MAX_GUEST_CONNECTIONS,
+        reactor=reactor,
+    )
     site.displayTracebacks = False
     return site
+
+
+def peer_instance(store: InstanceView, clock: Clock = _utcnow) -> PeerKey:
+    """Who a guest API connection comes from, for the per-guest bound and its log line.
+
+    The instance its TLS client certificate identifies (``instance 'web1'``);
+    a certificate that no longer identifies one is counted by its fingerprint.
+    """
+
+    def key(transport: Any) -> str | None:
+        cert_pem = peer_certificate_pem(transport)
+        if cert_pem is None:
+            return None
+        record = instance_for_certificate(store, cert_pem, clock())
+        if record is not None:
+            return f"instance {record.name!r}"
+        try:
+            return f"certificate {fingerprint(cert_pem)}"
+        except ValueError:
+            return None
+
+    return key
 
 
 def guest_tls_factory(
     server: CertificatePair, store: InstanceView, site: Site, clock: Clock = _utcnow
 ) -> TLSMemoryBIOFactory:
-    """Server-side mutual TLS around ``site``: only certificates of live instances get through."""
+    """Server-side mutual TLS around ``site``: only certificates of live instances get through.
+
+    A ``guest_site`` learns here who each connection's guest is (``peer_instance``).
+    """
+    if isinstance(site, LimitedSite) and site.peer_key is None:
+        site.peer_key = peer_instance(store, clock)
     return server_tls_factory(MutualServerTLS(server, certificate_authorizer(store, clock)), site)

@@ -28,14 +28,17 @@ from typing import Any, cast
 
 from klein import Klein
 from twisted.internet.defer import Deferred, race
+from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import http
 from twisted.web.iweb import IRequest
+from twisted.web.resource import IResource
 
 import vmready
 from vmready.api.eventstream import EventStream
+from vmready.api.limits import MAX_OPERATOR_CONNECTIONS, LimitedSite
 from vmready.api.requestbody import (
     DEFAULT_TIMEOUT,
     event_types,
@@ -46,13 +49,13 @@ from vmready.api.requestbody import (
     seconds_param,
 )
 from vmready.api.views import instance_json, instance_url, operation_url, snapshot_json, state_json
-from vmready.api.web import ErrorStyle, handle_error, json_response, sync_response
+from vmready.api.web import ErrorStyle, handle_error, json_response, local_site, sync_response
 from vmready.domain.model import BadRequest, InstanceRecord, NotFound
 from vmready.domain.states import StatusCode
 from vmready.lifecycle.core import Lifecycle
 from vmready.lifecycle.operations import Operation
 
-__all__ = ["MAX_CONSOLE_BYTES", "OPERATOR_ERRORS", "OperatorAPI"]
+__all__ = ["MAX_CONSOLE_BYTES", "OPERATOR_ERRORS", "OperatorAPI", "operator_site"]
 
 # How much of a console log GET /1.0/instances/<name>/console returns at most.
 MAX_CONSOLE_BYTES = 4 * 1024 * 1024
@@ -96,6 +99,21 @@ OPERATOR_ERRORS = ErrorStyle(
     internal="internal error",
     label="",
 )
+
+
+def operator_site(resource: IResource, reactor: IReactorTime | None = None) -> LimitedSite:
+    """The HTTP site serving the operator API's ``resource`` (``OperatorAPI(...).app.resource()``).
+
+    Within ``vmready.api.limits``'s limits, at most ``MAX_OPERATOR_CONNECTIONS``
+    connections open at once; its refusals use the operator API's envelope.
+    """
+    return local_site(
+        resource,
+        OPERATOR_ERRORS,
+        label="operator API",
+        max_connections=MAX_OPERATOR_CONNECTIONS,
+        reactor=reactor,
+    )
 
 
 class OperatorAPI:

@@ -16,15 +16,16 @@ from typing import Any
 
 import attrs
 from twisted.internet.defer import Deferred, succeed
-from twisted.internet.interfaces import IConsumer
+from twisted.internet.interfaces import IConsumer, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.iweb import IBodyProducer, IRequest
 from twisted.web.resource import IResource
-from twisted.web.server import Request, Site
+from twisted.web.server import Request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 from zope.interface import implementer
 
+from vmready.api.limits import LimitedSite, PeerKey, body_overflowed
 from vmready.api.requestbody import MAX_BODY_BYTES
 from vmready.domain.model import VMReadyError
 from vmready.domain.states import StatusCode
@@ -33,6 +34,7 @@ __all__ = [
     "BytesProducer",
     "ErrorStyle",
     "LocalRequest",
+    "body_overflowed",
     "handle_error",
     "json_response",
     "local_site",
@@ -78,14 +80,32 @@ class LocalRequest(Request):
         return hostname
 
 
-def body_overflowed(request: IRequest) -> bool:
-    """Whether the request's body passed the cap and was dropped (``LocalRequest``)."""
-    return bool(getattr(request, "body_overflowed", False))
+def local_site(
+    resource: IResource,
+    errors: ErrorStyle,
+    *,
+    label: str,
+    max_connections: int | None = None,
+    peer_key: PeerKey | None = None,
+    max_per_peer: int | None = None,
+    reactor: IReactorTime | None = None,
+) -> LimitedSite:
+    """A Site for ``resource`` that answers requests without a Host header, within limits.
 
-
-def local_site(resource: IResource) -> Site:
-    """A Site for ``resource`` that answers requests without a Host header."""
-    return Site(resource, requestFactory=LocalRequest)
+    Its refusals (413, 408, 429, 503: ``api.limits``) are worded in ``errors``'s
+    envelope; ``label`` names the server in log lines; the connection bounds
+    and the reactor (its clock) are ``LimitedSite``'s.
+    """
+    return LimitedSite(
+        resource,
+        errors.envelope,
+        label=label,
+        requestFactory=LocalRequest,
+        max_connections=max_connections,
+        peer_key=peer_key,
+        max_per_peer=max_per_peer,
+        reactor=reactor,
+    )
 
 
 def json_response(request: IRequest, code: int, body: Any) -> bytes:

@@ -33,8 +33,7 @@ from vmready.agentlink.link import PollIntervals
 from vmready.agentlink.transport import choose_transport, vhost_vsock_problem
 from vmready.agentlink.vsockaddress import HybridVSockAddress
 from vmready.api.guest import GuestAPI, guest_site, guest_tls_factory
-from vmready.api.operator import OperatorAPI
-from vmready.api.web import local_site
+from vmready.api.operator import OperatorAPI, operator_site
 from vmready.daemon.collector import HeapSweeper
 from vmready.daemon.notify import Notifier, ReconcileProgress
 from vmready.domain.model import InstanceRecord
@@ -195,7 +194,7 @@ class VMReadyService(MultiService):
             max_bytes=config.record_max_bytes,
             keep=config.record_keep,
         )
-        site = local_site(OperatorAPI(lifecycle, config.hypervisor).app.resource())
+        site = operator_site(OperatorAPI(lifecycle, config.hypervisor).app.resource())
         if self.notifier.watchdog is not None:
             # On the reactor: a reactor that hangs stops feeding systemd's watchdog.
             watchdog = TimerService(self.notifier.watchdog, self.notifier.ping)

@@ -1,0 +1,271 @@
+"""What one HTTP connection may cost vmready: body size, time, and how many connections.
+
+twisted.web reads a whole request body before the resource sees the request,
+and its only timer is an idle timeout that every byte resets: a client could
+make the daemon read 100 MiB to answer 413, or hold a connection forever by
+trickling a byte a minute.  ``LimitedChannel`` enforces, per connection:
+
+- a request body declared longer than ``MAX_BODY_BYTES`` is refused with 413
+  as soon as its headers are in (before any ``100 Continue``), and a chunked
+  one as soon as it passes the cap; nothing more is read, the connection closes;
+- a request must arrive whole (line, headers, body) within ``REQUEST_DEADLINE``
+  seconds of its first byte, else 408 and the connection closes;
+- a keep-alive connection with no request under way closes after
+  ``IDLE_TIMEOUT`` seconds of silence.  Once a request is in, neither timer
+  runs: a streamed answer (``GET /1.0/events``) lasts as long as it needs.
+
+``LimitedSite`` bounds the connections open at once, in total
+(``max_connections``: a new one over it gets 503) and per peer
+(``max_per_peer`` connections with the same ``peer_key``, e.g. per guest, from
+the peer's first byte, when its TLS handshake is done: 429 over it).
+
+Every refusal is answered in the server's own error envelope, with
+``Connection: close``, and the connection is closed: aborted if the peer does
+not read it within the channel's ``abortTimeout``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web import http
+from twisted.web.iweb import IRequest
+from twisted.web.resource import IResource
+from twisted.web.server import Site
+
+from vmready.api.requestbody import MAX_BODY_BYTES
+
+__all__ = [
+    "IDLE_TIMEOUT",
+    "MAX_GUEST_CONNECTIONS",
+    "MAX_OPERATOR_CONNECTIONS",
+    "REQUEST_DEADLINE",
+    "Envelope",
+    "LimitedChannel",
+    "LimitedSite",
+    "PeerKey",
+    "body_overflowed",
+]
+
+# Seconds from a request's first byte until all of it (line, headers, body) must be in.
+REQUEST_DEADLINE = 30.0
+# Seconds a keep-alive connection may stay silent between requests.
+IDLE_TIMEOUT = 60.0
+# Guest API connections one guest may hold open at once.
+MAX_GUEST_CONNECTIONS = 16
+# Operator API connections open at once, all clients together.
+MAX_OPERATOR_CONNECTIONS = 256
+
+# An error response body for (status, message): the server's own envelope.
+Envelope = Callable[[int, str], Any]
+# Who is at the other end of a transport, for the per-peer bound (None: not counted).
+PeerKey = Callable[[Any], str | None]
+
+
+def body_overflowed(request: IRequest) -> bool:
+    """Whether the request's body passed the cap and was dropped (``api.web.LocalRequest``)."""
+    return bool(getattr(request, "body_overflowed", False))
+
+
+def _error_bytes(envelope: Envelope, code: int, message: str) -> bytes:
+    """A whole ``Connection: close`` response carrying ``envelope(code, message)``."""
+    body = json.dumps(envelope(code, message)).encode("utf-8") + b"\n"
+    reason = http.RESPONSES.get(code, b"Error")
+    head = (
+        b"HTTP/1.1 %d %s\r\n"
+        b"Content-Type: application/json\r\n"
+        b"Content-Length: %d\r\n"
+        b"Connection: close\r\n"
+        b"\r\n"
+    ) % (code, reason, len(body))
+    return head + body
+
+
+class LimitedChannel(http.HTTPChannel):
+    """An HTTP/1.1 channel that keeps its ``LimitedSite``'s limits (see the module)."""
+
+    site: LimitedSite
+    # Whether a refusal was answered: everything the peer sends after it is ignored.
+    refused = False
+    _deadline: IDelayedCall | None = None
+    _peer: str | None = None
+    _peer_checked = False
+    _counted = False
+
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        if not self.site.admit():
+            self.refuse(503, f"Too many connections (limit {self.site.max_connections})")
+            return
+        self._counted = True
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.refused:
+            return
+        if not self._peer_checked:
+            self._peer_checked = True
+            if not self._admit_peer():
+                return
+        if self._deadline is None and not self._handlingRequest and data:
+            self._deadline = self.callLater(self.site.request_deadline, self._too_slow)
+        super().dataReceived(data)
+
+    def _admit_peer(self) -> bool:
+        """Count this connection against its peer's bound (its TLS handshake is done now)."""
+        peer = self.site.peer_key(self.transport) if self.site.peer_key else None
+        if peer is None:
+            return True
+        if not self.site.admit_peer(peer):
+            self.refuse(
+                429, f"Too many connections from this instance (limit {self.site.max_per_peer})"
+            )
+            return False
+        self._peer = peer
+        return True
+
+    def allHeadersReceived(self) -> None:
+        # Before twisted.web would answer "Expect: 100-continue" and read the body.
+        if self.length is not None and self.length > self.site.max_body_bytes:
+            self._body_too_large()
+            return
+        super().allHeadersReceived()
+
+    def rawDataReceived(self, data: bytes) -> None:
+        if self.refused:
+            return
+        super().rawDataReceived(data)
+        receiving_body = self._transferDecoder is not None and not self._handlingRequest
+        if receiving_body and self.requests and body_overflowed(self.requests[-1]):
+            self._body_too_large()  # a chunked body that passed the cap
+
+    def allContentReceived(self) -> None:
+        if self.refused:
+            return
+        self._cancel_deadline()
+        if self.requests and body_overflowed(self.requests[-1]):
+            self._body_too_large()  # it passed the cap in its last chunks
+            return
+        super().allContentReceived()
+
+    def timeoutConnection(self) -> None:
+        """Idle too long: in the middle of a request that is a 408, else just a close."""
+        if self._deadline is not None:
+            self._too_slow()
+            return
+        super().timeoutConnection()
+
+    def connectionLost(self, reason: Failure) -> None:  # type: ignore[override]
+        self._cancel_deadline()
+        if self._counted:
+            self._counted = False
+            self.site.release()
+        if self._peer is not None:
+            self.site.release_peer(self._peer)
+            self._peer = None
+        super().connectionLost(reason)
+
+    def _body_too_large(self) -> None:
+        self.refuse(413, f"Request body too large (limit {self.site.max_body_bytes} bytes)")
+
+    def _too_slow(self) -> None:
+        self._deadline = None
+        self.refuse(408, f"Request not received within {self.site.request_deadline:g} seconds")
+
+    def _cancel_deadline(self) -> None:
+        if self._deadline is not None:
+            if self._deadline.active():
+                self._deadline.cancel()
+            self._deadline = None
+
+    def refuse(self, code: int, message: str) -> None:
+        """Answer ``code`` with the site's error envelope and close, reading nothing more."""
+        if self.refused:
+            return
+        self.refused = True
+        self._cancel_deadline()
+        self.setTimeout(None)
+        assert self.transport is not None
+        self.transport.write(_error_bytes(self.site.envelope, code, message))
+        if self.abortTimeout is not None and self._abortingCall is None:
+            self._abortingCall = self.callLater(self.abortTimeout, self.forceAbortClient)
+        self.loseConnection()
+
+
+class LimitedSite(Site):
+    """A Site whose channels keep vmready's limits (``LimitedChannel``).
+
+    ``envelope`` words a refusal (the server's error envelope).  ``label``
+    names the server in log lines.  ``max_connections`` bounds the connections
+    open at once (None: no bound); ``peer_key`` says who a connection comes
+    from once it sends its first byte, and ``max_per_peer`` bounds each one's.
+    """
+
+    protocol = LimitedChannel  # type: ignore[assignment]
+    _limits_log = Logger()
+
+    def __init__(
+        self,
+        resource: IResource,
+        envelope: Envelope,
+        *,
+        label: str,
+        requestFactory: Any = None,
+        max_connections: int | None = None,
+        peer_key: PeerKey | None = None,
+        max_per_peer: int | None = None,
+        request_deadline: float = REQUEST_DEADLINE,
+        idle_timeout: float = IDLE_TIMEOUT,
+        max_body_bytes: int = MAX_BODY_BYTES,
+        reactor: IReactorTime | None = None,
+    ) -> None:
+        super().__init__(resource, requestFactory, timeout=idle_timeout, reactor=reactor)
+        self.envelope = envelope
+        self.label = label
+        self.max_connections = max_connections
+        self.peer_key = peer_key
+        self.max_per_peer = max_per_peer
+        self.request_deadline = request_deadline
+        self.max_body_bytes = max_body_bytes
+        self.connections = 0
+        self.per_peer: Counter[str] = Counter()
+
+    def admit(self) -> bool:
+        """Whether a new connection may be served (then it holds a slot until it closes)."""
+        if self.max_connections is not None and self.connections >= self.max_connections:
+            self._limits_log.warn(
+                "{label}: {limit} connections already open; refusing a new one",
+                label=self.label,
+                limit=self.max_connections,
+            )
+            return False
+        self.connections += 1
+        return True
+
+    def release(self) -> None:
+        """An admitted connection closed: its slot is free."""
+        self.connections -= 1
+
+    def admit_peer(self, peer: str) -> bool:
+        """Whether ``peer`` may have one more connection (then it holds it until it closes)."""
+        if self.max_per_peer is not None and self.per_peer[peer] >= self.max_per_peer:
+            self._limits_log.warn(
+                "{label}: {peer} already has {limit} connections open; refusing another",
+                label=self.label,
+                peer=peer,
+                limit=self.max_per_peer,
+            )
+            return False
+        self.per_peer[peer] += 1
+        return True
+
+    def release_peer(self, peer: str) -> None:
+        """One of ``peer``'s connections closed."""
+        self.per_peer[peer] -= 1
+        if self.per_peer[peer] <= 0:
+            del self.per_peer[peer]
