@@ -20,6 +20,7 @@ from twisted.internet.interfaces import IOpenSSLClientConnectionCreator, IStream
 from twisted.internet.protocol import Protocol
 from twisted.internet.task import deferLater
 from twisted.internet.unix import Port as UNIXPort
+from twisted.logger import capturedLogs
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.client import (
@@ -796,16 +797,20 @@ class GuestTLSTests(TestCase):
         self.pools: list[HTTPConnectionPool] = []
         self.api = GuestAPI(self.lifecycle, location="host1")
         self.listening = False
+        self.max_per_guest: int | None = None
 
     def listen(self) -> None:
         """Serve ``self.api`` on the socket with mutual TLS, as the daemon does (once)."""
         if self.listening:
             return
         self.listening = True
+        self.site = guest_site(self.api.app.resource())
+        if self.max_per_guest is not None:
+            self.site.max_per_peer = self.max_per_guest
         port = reactor.listenUNIX(
             self.path,
             guest_tls_factory(  # type: ignore[arg-type]  # any IProtocolFactory listens
-                _SERVER, self.store, guest_site(self.api.app.resource())
+                _SERVER, self.store, self.site
             ),
         )
         # Cleanups run last-registered first: pools close, connections drain, port stops.
@@ -910,3 +915,25 @@ class GuestTLSTests(TestCase):
         numbers = [int(event["metadata"]["value"][:2]) for event in lines.events]
         self.assertLess(len(numbers), published)
         self.assertEqual(numbers, list(range(len(numbers))))
+
+    async def test_aGuestHoldsAtMostItsBoundOfConnections(self) -> None:
+        self.max_per_guest = 2
+        held = []
+        for _ in range(2):  # each keeps its connection open after its answer
+            client = self.agent(_WEB1, persistent=True)
+            self.assertEqual((await self.get(client, "/1.0")).code, 200)
+            held.append(self.pools[-1])
+        with capturedLogs() as logs:
+            refused = await self.get(self.agent(_WEB1), "/1.0")
+        message = "Too many connections from this instance (limit 2)"
+        self.assertEqual((refused.code, refused.body), (429, _error(429, message)))
+        self.assertEqual([log["peer"] for log in logs if "peer" in log], ["instance 'web1'"])
+        # Another guest is not held back by this one.
+        self.assertEqual((await self.get(self.agent(_WEB2), "/1.0")).code, 200)
+        # One of web1's connections closes: its slot is free again.
+        await held[0].closeCachedConnections()
+        for _ in range(500):
+            if self.site.per_peer["instance 'web1'"] < 2:
+                break
+            await deferLater(reactor, 0.01, lambda: None)
+        self.assertEqual((await self.get(self.agent(_WEB1), "/1.0")).code, 200)
