@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import tempfile
 from typing import Any
 
@@ -19,6 +20,7 @@ from twisted.internet.endpoints import UNIXClientEndpoint, wrapClientTLS
 from twisted.internet.interfaces import IOpenSSLClientConnectionCreator, IStreamClientEndpoint
 from twisted.internet.protocol import Protocol
 from twisted.internet.task import deferLater
+from twisted.internet.threads import deferToThread
 from twisted.internet.unix import Port as UNIXPort
 from twisted.logger import capturedLogs
 from twisted.python.failure import Failure
@@ -937,3 +939,19 @@ class GuestTLSTests(TestCase):
                 break
             await deferLater(reactor, 0.01, lambda: None)
         self.assertEqual((await self.get(self.agent(_WEB1), "/1.0")).code, 200)
+
+    async def test_aConnectionThatNeverStartsItsHandshakeIsClosedWhenIdle(self) -> None:
+        self.listen()
+        self.site.timeOut = 0.1  # the idle timeout, short for the test
+
+        def silent_client() -> bytes:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+                client.settimeout(10)
+                client.connect(self.path)
+                received = b""
+                while chunk := client.recv(4096):
+                    received += chunk
+                return received
+
+        # recv returns b"" (the daemon closed) rather than timing out after 10 s.
+        self.assertEqual(await deferToThread(silent_client), b"")

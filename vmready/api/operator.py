@@ -5,7 +5,8 @@ Every response uses LXD's envelope.  Synchronous answers are
 actions answer 202 with ``{"type": "async", "operation": "/1.0/operations/<id>", …}``
 and a ``Location`` header; errors are ``{"type": "error", "error": …, "error_code": …}``
 with the same HTTP status.  Request bodies are JSON objects of at most
-``MAX_BODY_BYTES`` (1 MiB); larger ones get 413 (``api.requestbody``).  The
+``MAX_BODY_BYTES`` (1 MiB); larger ones get 413 before they are read
+(``api.limits``, served by ``operator_site``).  The
 JSON views are ``api.views``; an event stream is ``api.eventstream``.
 
 Routes:

@@ -48,7 +48,9 @@ class LocalRequest(Request):
     Its body is kept only up to ``MAX_BODY_BYTES``: a larger one (declared by its
     Content-Length, or found so while it arrives in chunks) is counted and
     dropped as it comes, never buffered (twisted.web would spool it to a
-    temporary file), and ``body_overflowed`` tells the handler to answer 413.
+    temporary file), and ``body_overflowed`` says so: served by a
+    ``local_site``, the channel then answers 413 at once and reads no more
+    (``api.limits``); elsewhere the handler answers 413 (``read_body``).
     """
 
     body_overflowed = False
