@@ -404,7 +404,9 @@ class LoopbackTests(TestCase):
         site: Any = operator_site(self.api.app.resource())
         port = IReactorTCP(reactor).listenTCP(0, site, interface="127.0.0.1")
         self.addCleanup(port.stopListening)
-        address = ("127.0.0.1", port.getHost().port)
+        host = port.getHost()
+        assert isinstance(host, IPv4Address)
+        address = ("127.0.0.1", host.port)
         await self.refused_on(lambda: socket.create_connection(address))
 
     async def test_overAUnixSocket(self) -> None:
