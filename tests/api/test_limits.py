@@ -23,7 +23,7 @@ from twisted.web.iweb import IRequest
 
 from tests.fixtures import make_lifecycle
 from tests.reactor import reactor
-from vmready.api.guest import GUEST_ERRORS, guest_site
+from vmready.api.guest import GUEST_ERRORS, GuestAPI, guest_site
 from vmready.api.limits import (
     IDLE_TIMEOUT,
     MAX_GUEST_CONNECTIONS,
@@ -293,13 +293,27 @@ class TimeoutTests(SynchronousTestCase):
         self.assertTrue(connection.transport.disconnected)
 
 
-class OperatorEventStreamTimeoutTests(TestCase):
-    """The operator API's real ``GET /1.0/events`` is not cut by the limits' timers."""
+class EventStreamTimeoutTests(TestCase):
+    """The real ``GET /1.0/events`` of both APIs is not cut by the limits' timers."""
 
     def test_theEventStreamStaysOpen(self) -> None:
         clock = Clock()
         api = OperatorAPI(make_lifecycle(self), "fakeqemu")
         connection = _Connection(operator_site(api.app.resource(), reactor=clock))
+        connection.send(_head(b"/1.0/events", method=b"GET"))
+        self.assertTrue(connection.output().startswith(b"HTTP/1.1 200 OK\r\n"))
+        clock.advance(10 * IDLE_TIMEOUT + REQUEST_DEADLINE)
+        self.assertFalse(connection.closing)
+        self.assertNotIn(b" 408 ", connection.output())
+        connection.close()
+
+    def test_theGuestEventStreamStaysOpen(self) -> None:
+        clock = Clock()
+        lifecycle = make_lifecycle(self)
+        store = lifecycle.state.store.engine
+        store.create_instance("web1", {}, {})
+        api = GuestAPI(lifecycle, identify=lambda request: store.find_instance("web1"))
+        connection = _Connection(guest_site(api.app.resource(), reactor=clock))
         connection.send(_head(b"/1.0/events", method=b"GET"))
         self.assertTrue(connection.output().startswith(b"HTTP/1.1 200 OK\r\n"))
         clock.advance(10 * IDLE_TIMEOUT + REQUEST_DEADLINE)
