@@ -221,15 +221,11 @@ class CountedRingDeviceTests(SynchronousTestCase):
     def test_readsAndTheirBytesAreCounted(self) -> None:
         metrics = LifecycleMetrics(0.0)
         ring = CountedRingDevice(_Ring(b"STARTED\n"), metrics)
-        self.assertEqual(
-            self.successResultOf(Deferred.fromCoroutine(ring.ringbuf_read("r", 4))), b"STAR"
-        )
-        self.assertEqual(
-            self.successResultOf(Deferred.fromCoroutine(ring.ringbuf_read("r", 64))), b"TED\n"
-        )
-        self.assertEqual(
-            self.successResultOf(Deferred.fromCoroutine(ring.ringbuf_read("r", 64))), b""
-        )
+
+        def read(size: int) -> bytes:
+            return self.successResultOf(Deferred.fromCoroutine(ring.ringbuf_read("r", size)))
+
+        self.assertEqual([read(4), read(64), read(64)], [b"STAR", b"TED\n", b""])
         self.assertEqual(metrics.ring_reads.value("ok"), 3)
         self.assertEqual(metrics.ring_read_bytes.value(), 8)
 
