@@ -354,6 +354,20 @@ class ListAndInfoTests(CLITestCase):
         )
 
 
+class MetricsCommandTests(CLITestCase):
+    """``vmready metrics`` prints the daemon's scrape as it is."""
+
+    async def test_metricsPrintsThePrometheusText(self) -> None:
+        await self.launch("web1")
+        self.declare_ready("web1")
+        code, out, err = await self.cli("metrics")
+        self.assertEqual((code, err), (0, ""))
+        self.assertIn("# TYPE vmready_instances gauge\n", out)
+        self.assertIn('vmready_instances{status="Ready"} 1\n', out)
+        self.assertIn('vmready_actions_total{action="create",result="success"} 1\n', out)
+        self.assertTrue(out.endswith("\n"))
+
+
 class ActionCommandTests(CLITestCase):
     """launch, start, stop, restart, freeze, unfreeze, rebuild, resize, delete, actions."""
 

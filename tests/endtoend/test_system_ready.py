@@ -78,6 +78,28 @@ class ReadyScenarioTests(SynchronousTestCase):
         self.assertEqual((info["status"], info["config"][READY_KEY]), ("Ready", "true"))
         self.events.wait_for_action(NAME, "instance-ready")
 
+    def test_metricsShowTheBootAsItHappened(self) -> None:
+        system = self.system
+        make_ready(system, self.events)
+        values = {
+            line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in system.cli("metrics").stdout.splitlines()
+            if not line.startswith("#")
+        }
+        self.assertEqual(values['vmready_instances{status="Ready"}'], 1)
+        self.assertEqual(values['vmready_agent_links{state="connected"}'], 1)
+        self.assertEqual(values['vmready_actions_total{action="create",result="success"}'], 1)
+        self.assertEqual(values["vmready_ready_latency_seconds_count"], 1)
+        # The agent's PATCH of Ready, through the daemon's own guest API site.
+        self.assertGreaterEqual(
+            values['vmready_guest_api_requests_total{method="PATCH",code="200"}'], 1
+        )
+        self.assertGreater(values['vmready_qmp_ring_reads_total{result="ok"}'], 0)
+        # At least the agent's STARTED and CONNECTED lines.
+        self.assertGreaterEqual(
+            values["vmready_qmp_ring_read_bytes_total"], len(b"STARTED\nCONNECTED\n")
+        )
+
     def test_stopMakesReadyFalseAndTheNextBootNeedsItsOwnNotify(self) -> None:
         system = self.system
         first_agent = make_ready(system, self.events)

@@ -20,6 +20,7 @@ Routes:
 - ``GET /1.0/instances/<name>/console`` — the guest's serial console log, raw bytes.
 - ``GET /1.0/events?type=lifecycle,operation`` — newline-delimited JSON, kept open.
 - ``GET /1.0/operations``, ``GET /1.0/operations/<id>``, ``GET /1.0/operations/<id>/wait``.
+- ``GET /1.0/metrics`` — Prometheus' text format, not an envelope (``api.metrics``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from twisted.web.resource import IResource
 import vmready
 from vmready.api.eventstream import EventStream
 from vmready.api.limits import MAX_OPERATOR_CONNECTIONS, LimitedSite
+from vmready.api.metrics import metrics_response
 from vmready.api.requestbody import (
     DEFAULT_TIMEOUT,
     event_types,
@@ -169,6 +171,11 @@ class OperatorAPI:
                 },
             },
         )
+
+    @app.route("/1.0/metrics", methods=["GET"])
+    def metrics(self, request: IRequest) -> bytes:
+        """Counters, gauges and histograms in Prometheus' text format (no envelope)."""
+        return metrics_response(request, self.lifecycle)
 
     # -- instances --------------------------------------------------------
 

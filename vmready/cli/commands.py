@@ -187,6 +187,11 @@ async def _cmd_actions(client: Client, output: Output, args: argparse.Namespace)
     return EXIT_OK
 
 
+async def _cmd_metrics(client: Client, output: Output, args: argparse.Namespace) -> int:
+    output.raw(await client.get_raw("/1.0/metrics"))
+    return EXIT_OK
+
+
 async def _cmd_monitor(client: Client, output: Output, args: argparse.Namespace) -> int:
     types = [part for value in args.type for part in value.split(",") if part]
     printing_failed: Deferred[int] = Deferred()
@@ -244,6 +249,7 @@ COMMANDS: dict[str, Callable[[Client, Output, argparse.Namespace], Any]] = {
     "snapshots": _cmd_snapshots,
     "console": _cmd_console,
     "actions": _cmd_actions,
+    "metrics": _cmd_metrics,
     "monitor": _cmd_monitor,
     "wait": _cmd_wait,
 }

@@ -207,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("snapshots", "list an instance's snapshots").add_argument("name")
     add("actions", "show an instance's action history").add_argument("name")
+    add("metrics", "print the daemon's metrics (Prometheus text format)")
     monitor = add("monitor", "print events as they happen, until interrupted")
     monitor.add_argument(
         "--type",

@@ -33,6 +33,7 @@ from vmready.agentlink.link import PollIntervals
 from vmready.agentlink.transport import choose_transport, vhost_vsock_problem
 from vmready.agentlink.vsockaddress import HybridVSockAddress
 from vmready.api.guest import GuestAPI, guest_site, guest_tls_factory
+from vmready.api.metrics import CountedGuestResource
 from vmready.api.operator import OperatorAPI, operator_site
 from vmready.daemon.collector import HeapSweeper
 from vmready.daemon.notify import Notifier, ReconcileProgress
@@ -268,7 +269,8 @@ class VMReadyService(MultiService):
         resource: IResource = api.app.resource()
         if self.recorders is not None:
             resource = RecordingGuestResource(resource, api.identify, self.recorders)
-        return resource
+        # Outermost: every answer is counted, whoever wrote it.
+        return CountedGuestResource(resource, self.lifecycle.state.metrics)
 
     async def _judge_kvm(self, version: Deferred[str]) -> None:
         """Load what this host taught earlier daemons about KVM (per kernel and QEMU build)."""

@@ -134,6 +134,7 @@ class Booting:
         spec = self.state.spec_for(record, accel=choice.accel)
         doing = "restoring" if incoming is not None else "starting"
         started_at = mark_boot(spec.console_log, f"{doing} {record.name}: {choice.reason}")
+        launched_at = self.state.clock.seconds()
         try:
             vm = await self.state.driver.launch(spec, incoming=incoming)
         except HypervisorError as e:
@@ -147,6 +148,9 @@ class Booting:
             record.name, {CURRENT_ACCEL_KEY: choice.accel, ACCEL_REASON_KEY: choice.reason}
         )
         self.watching.attach(record.name, vm)
+        if incoming is None:
+            # A boot (a restored VM resumes where it was): its time to Ready counts from here.
+            self.state.metrics.boot_started(record.name, launched_at)
         booting = not BootSource.from_config(record.config).empty
         if not (choice.probe and incoming is None and booting and self.state.kvm is not None):
             return vm

@@ -85,6 +85,7 @@ from vmready.lifecycle.state import (
     validate_name,
 )
 from vmready.lifecycle.watching import Watching
+from vmready.protocols.prometheus import MetricFamily
 from vmready.protocols.ringbuffer import AgentStatus
 from vmready.store.asyncstore import AsyncStore
 from vmready.store.sqlite import Store
@@ -304,6 +305,13 @@ class Lifecycle:
     def agent_status(self, name: str) -> AgentStatus:
         """What the instance's agent last said (``stopped`` once its VM is gone)."""
         return self.state.agent_status(name)
+
+    def metrics(self) -> builtins.list[MetricFamily]:
+        """Every metric as it stands now: counters so far, gauges read from the store now."""
+        return self.state.metrics.families(
+            [record.status.name for record in self.state.list()],
+            [monitor.status for monitor in self.state.monitors.values()],
+        )
 
     def console_log(self, name: str, limit: int) -> bytes:
         """The tail of the instance's console log (empty before its first boot)."""

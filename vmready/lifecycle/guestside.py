@@ -58,6 +58,8 @@ class GuestSide:
             record = await self.state.store.update_config(
                 name, {READY_KEY: "true" if ready else "false"}
             )
+            if ready:
+                self.state.metrics.ready(name, self.state.clock.seconds())
             self.state.publish_state(record)
         if ready:
             self.state.events.lifecycle("instance-ready", name)

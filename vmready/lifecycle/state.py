@@ -63,6 +63,7 @@ from vmready.hypervisor.imagetool import ImageInfo, ImageTool
 from vmready.hypervisor.runningvm import RunningVM
 from vmready.lifecycle.events import EventBus
 from vmready.lifecycle.hooks import RECORD_KEY, RecorderLookup
+from vmready.lifecycle.metrics import LifecycleMetrics
 from vmready.lifecycle.operations import Operations
 from vmready.protocols.ringbuffer import AgentStatus
 from vmready.store.asyncstore import AsyncStore
@@ -237,6 +238,7 @@ class ActionContext:
         task: TaskState,
         action_id: int,
         step_id: int,
+        started_at: float | None = None,
     ) -> None:
         self.lifecycle = lifecycle
         self.name = name
@@ -246,6 +248,9 @@ class ActionContext:
         self._step_id = step_id
         # Whether the task was ended (finished, abandoned or failed): nothing more to do.
         self.ended = False
+        # When it was claimed (its duration is counted once, by the first end it reaches).
+        self.started_at = lifecycle.clock.seconds() if started_at is None else started_at
+        self._counted = False
 
     @classmethod
     async def begin(
@@ -253,13 +258,22 @@ class ActionContext:
     ) -> ActionContext:
         """The action's history record and its first step, written before it does anything."""
         request_id = str(uuid.uuid4())
+        started_at = lifecycle.clock.seconds()
 
         def start(engine: Store) -> tuple[int, int]:
             action_id = engine.start_action(name, action, request_id)
             return action_id, engine.start_step(action_id, task.value)
 
         action_id, step_id = await lifecycle.store.run(start)
-        return cls(lifecycle, name, action, task, action_id, step_id)
+        return cls(lifecycle, name, action, task, action_id, step_id, started_at)
+
+    def _count(self, result: str) -> None:
+        """The action ended with ``result``: counted and timed in the metrics, once."""
+        if self._counted:
+            return
+        self._counted = True
+        duration = self.lifecycle.clock.seconds() - self.started_at
+        self.lifecycle.metrics.action_ended(self.action, result, duration)
 
     async def advance(self, task: TaskState) -> None:
         """Move to the next task_state: store CAS, history step, event."""
@@ -301,6 +315,7 @@ class ActionContext:
         )
         await store.finish_action(self.action_id, "success")
         self.ended = True
+        self._count("success")
         self.lifecycle.publish_state(record)
         return record
 
@@ -317,6 +332,7 @@ class ActionContext:
         record = await store.finish_task(self.name, self.task, vm_state, power_state)
         await store.finish_action(self.action_id, "error", reason)
         self.ended = True
+        self._count("error")
         self.lifecycle.publish_state(record)
 
     async def complete(self) -> None:
@@ -324,6 +340,7 @@ class ActionContext:
         store = self.lifecycle.store
         self._end_step("success")
         await store.finish_action(self.action_id, "success")
+        self._count("success")
 
     async def fail(self, reason: str) -> None:
         """End the task in vm_state error with ``reason``; the error persists."""
@@ -331,6 +348,7 @@ class ActionContext:
         store = self.lifecycle.store
         self._end_step("error", reason)
         await store.finish_action(self.action_id, "error", reason)
+        self._count("error")
         if store.find_instance(self.name) is None:
             return
         record = await store.set_error(self.name, reason, PowerState.NOSTATE)
@@ -386,6 +404,8 @@ class LifecycleState:
         # Set by the daemon when sessions may be recorded (``vmready.record.recording.Recorders``).
         self.recorders: RecorderLookup | None = None
         self.last_agent_status: dict[str, AgentStatus] = {}
+        # What happened since the daemon started, for ``GET /1.0/metrics``.
+        self.metrics = LifecycleMetrics(reactor.seconds())
 
     def get(self, name: str) -> InstanceRecord:
         """The instance, or NotFound."""

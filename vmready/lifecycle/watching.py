@@ -26,6 +26,7 @@ from vmready.hypervisor.cmdline import (
 )
 from vmready.hypervisor.runningvm import RunningVM
 from vmready.hypervisor.vmevents import VMEvent, VMEventKind
+from vmready.lifecycle.metrics import CountedRingDevice
 from vmready.lifecycle.state import (
     _RUNNING_STATES,
     LAYOUT_KEY,
@@ -127,7 +128,7 @@ class Watching:
         has_port = os.path.exists(vm.spec.connect_socket)
         monitor = AgentMonitor(
             self.state.clock,
-            vm,
+            CountedRingDevice(vm, self.state.metrics),
             link,
             chardev,
             lambda change: self._agent_changed(name, change),
@@ -169,6 +170,7 @@ class Watching:
         if unsubscribe is not None:
             unsubscribe()
         self.state.vms.pop(name, None)
+        self.state.metrics.boot_ended(name)
         self._stop_following_agent(name, announce)
 
     def _stop_following_agent(self, name: str, announce: bool = True) -> None:
@@ -229,6 +231,7 @@ class Watching:
 
     async def _guest_rebooted(self, record: InstanceRecord, vm: RunningVM) -> None:
         """A reset is a new boot: its workload has not said Ready yet; its agent starts over."""
+        self.state.metrics.boot_started(record.name, self.state.clock.seconds())
         if record.ready:
             self.state.publish_state(
                 await self.state.store.update_config(record.name, {READY_KEY: "false"})
