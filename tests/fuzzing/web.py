@@ -8,7 +8,12 @@ daemon core and raw HTTP they share.
 
 from __future__ import annotations
 
-from tests.fuzzing import web_config
+from tests.fuzzing import web_certs, web_config, web_guest, web_operator
 from tests.fuzzing.target import FuzzTarget
 
-TARGETS: list[FuzzTarget] = [*web_config.TARGETS]
+TARGETS: list[FuzzTarget] = [
+    *web_operator.TARGETS,
+    *web_guest.TARGETS,
+    *web_config.TARGETS,
+    *web_certs.TARGETS,
+]
