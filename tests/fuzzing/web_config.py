@@ -196,7 +196,7 @@ _CPUS = ["1", "2", "64", "65", "0", "-1", "+2", "1_0", " 4 ", "\u0664", "4.0", "
 # Stands for an integer of more digits than Python writes out (sys.get_int_max_str_digits):
 # the input itself must stay printable, as a long run prints it when it fails.
 _HUGE = "<a 5000-digit integer>"
-_CONFIG_VALUE = (
+_CONFIG_VALUE: st.SearchStrategy[Any] = (
     st.sampled_from(_MEMORY + _CPUS + ["true", "false", "kvm", "tcg", "auto", "/x", "x\ud800"])
     | st.text(max_size=10)
     | st.integers()

@@ -92,9 +92,9 @@ class World:
         self.lifecycle = Lifecycle(
             self.clock,
             self.engine,
-            self.driver,
+            self.driver,  # type: ignore[arg-type]
             bus,
-            os.path.join(base, "run"),  # type: ignore[arg-type]
+            os.path.join(base, "run"),
         )
         self._boot(RUNNING)
         self.engine.create_instance(STOPPED, {"user.role": "db"}, {})
