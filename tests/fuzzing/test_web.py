@@ -12,9 +12,19 @@ from hypothesis import HealthCheck, given, settings
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.fuzzing import web
+from tests.fuzzing.registry import all_targets
 from tests.fuzzing.target import FuzzTarget
 
 _TARGETS = {target.name: target for target in web.TARGETS}
+# The HTTP side's targets: one removed or renamed fails here, not silently in the long run.
+WEB_TARGETS = {
+    "operator-body",
+    "operator-query",
+    "guest-body",
+    "config-file",
+    "config-values",
+    "client-certificate",
+}
 
 
 def _fuzzed(name: str) -> Any:
@@ -45,6 +55,9 @@ class WebFuzzTests(SynchronousTestCase):
     test_configFile = _fuzzed("config-file")
     test_configValues = _fuzzed("config-values")
     test_clientCertificate = _fuzzed("client-certificate")
+
+    def test_everyWebTargetIsRegistered(self) -> None:
+        self.assertEqual(WEB_TARGETS - set(all_targets()), set())
 
     def test_everyTargetHasItsTest(self) -> None:
         """A web target added without a test here fails this test."""
