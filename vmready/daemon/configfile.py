@@ -71,8 +71,10 @@ def parse_settings(
     text: str, path: str, parameters: Collection[str], flags: Collection[str]
 ) -> dict[str, Setting]:
     """The options ``text`` (read from ``path``) sets, by long name."""
-    loader = yaml.SafeLoader(text)
+    loader: yaml.SafeLoader | None = None
     try:
+        # Its reader refuses characters YAML does not allow (NUL…) at once.
+        loader = yaml.SafeLoader(text)
         node = loader.get_single_node()
         if node is None:  # an empty file, or only comments
             return {}
@@ -84,7 +86,11 @@ def parse_settings(
             if key in settings:
                 first = settings[key].line
                 raise _error(path, key_node, f"{key} is set twice (first on line {first})")
-            value = loader.construct_object(value_node, deep=True)
+            try:
+                value = loader.construct_object(value_node, deep=True)
+            except (ValueError, OverflowError) as e:
+                # A scalar its tag cannot be: 2001-13-45, ``!!float x``, a 5,000-digit integer.
+                raise _error(path, value_node, f"{key}: not a value YAML can read ({e})") from None
             settings[key] = Setting(
                 _value(path, key_node, key, value, is_flag=key in flags),
                 key_node.start_mark.line + 1,
@@ -98,8 +104,12 @@ def parse_settings(
     except yaml.YAMLError as e:
         problem = " ".join(str(e).split())
         raise ConfigFileError(f"config file {path}: not valid YAML: {problem}") from None
+    except RecursionError:
+        # PyYAML composes and constructs recursively: [[[[… past Python's stack.
+        raise ConfigFileError(f"config file {path}: not valid YAML: nested too deeply") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _option_name(

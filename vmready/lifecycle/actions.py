@@ -91,8 +91,8 @@ class Actions:
             if memory is None and cpus is None:
                 raise BadRequest("resize needs memory and/or cpus")
             return {
-                "memory": parse_memory(str(memory)) if memory is not None else None,
-                "cpus": parse_cpus(str(cpus)) if cpus is not None else None,
+                "memory": parse_memory(memory) if memory is not None else None,
+                "cpus": parse_cpus(cpus) if cpus is not None else None,
             }
         if action in ("snapshot", "restore"):
             allowed = {"snapshot", "stateful"} | ({"force"} if action == "restore" else set())

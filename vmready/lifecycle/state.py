@@ -160,11 +160,12 @@ def validate_config(config: dict[str, Any]) -> dict[str, str]:
             key.encode("utf-8")
         except UnicodeEncodeError:
             raise BadRequest(f"Invalid config key {key!r}: not valid Unicode text") from None
+        text = _config_text(value, f"Invalid value for {key}")
         try:
-            str(value).encode("utf-8")
+            text.encode("utf-8")
         except UnicodeEncodeError:
             raise BadRequest(f"Invalid value for {key}: not valid Unicode text") from None
-        checked[key] = str(value)
+        checked[key] = text
     if checked.get(ACCEL_KEY, "auto") not in ACCEL_CHOICES:
         raise BadRequest(
             f"Invalid value for {ACCEL_KEY}: {checked[ACCEL_KEY]!r}: expected "
@@ -196,29 +197,48 @@ def config_changes(config: dict[str, Any]) -> dict[str, str | None]:
 _REMOVAL_PROBE = {"limits.memory": str(MIN_MEMORY_MIB), "limits.cpu": "1", RECORD_KEY: "false"}
 
 
-def parse_memory(value: str) -> int:
-    """limits.memory: MiB as a number, or with a MiB/GiB/MB/GB suffix; returns MiB."""
-    match = re.fullmatch(r"\s*(\d+)\s*(MiB|GiB|MB|GB|M|G)?\s*", str(value))
+def _config_text(value: str | int, problem: str) -> str:
+    """A config value as text: a number is written out (BadRequest when it has too many digits)."""
+    if isinstance(value, str):
+        return value
+    try:
+        return str(value)
+    except ValueError:  # more digits than Python converts (sys.get_int_max_str_digits)
+        raise BadRequest(f"{problem}: a number with too many digits") from None
+
+
+# More digits than any limit has: such a number is out of range, never converted.
+_MAX_LIMIT_DIGITS = 12
+
+
+def parse_memory(value: str | int) -> int:
+    """limits.memory: MiB as a number, or with a MiB/GiB/MB/GB suffix; returns MiB.
+
+    The number is ASCII digits (``\\d`` would take any script's digits).
+    """
+    text = _config_text(value, "Invalid limits.memory")
+    match = re.fullmatch(r"\s*([0-9]+)\s*(MiB|GiB|MB|GB|M|G)?\s*", text)
     if match is None:
-        raise BadRequest(f"Invalid limits.memory {value!r}: expected MiB, e.g. 512 or 2GiB")
-    number, unit = int(match.group(1)), match.group(2) or "MiB"
+        raise BadRequest(f"Invalid limits.memory {text!r}: expected MiB, e.g. 512 or 2GiB")
+    digits, unit = match.group(1).lstrip("0") or "0", match.group(2) or "MiB"
+    number = int(digits) if len(digits) <= _MAX_LIMIT_DIGITS else MAX_MEMORY_MIB + 1
     mib = number * 1024 if unit in ("GiB", "GB", "G") else number
     if not MIN_MEMORY_MIB <= mib <= MAX_MEMORY_MIB:
         raise BadRequest(
-            f"Invalid limits.memory {value!r}: "
-            f"must be {MIN_MEMORY_MIB} MiB to {MAX_MEMORY_MIB} MiB"
+            f"Invalid limits.memory {text!r}: must be {MIN_MEMORY_MIB} MiB to {MAX_MEMORY_MIB} MiB"
         )
     return mib
 
 
-def parse_cpus(value: str) -> int:
-    """limits.cpu: a count of vCPUs."""
-    try:
-        cpus = int(str(value).strip())
-    except ValueError:
-        raise BadRequest(f"Invalid limits.cpu {value!r}: expected a number of CPUs") from None
+def parse_cpus(value: str | int) -> int:
+    """limits.cpu: a count of vCPUs, in ASCII digits (``int()`` would take ``1_0`` or ``+1``)."""
+    text = _config_text(value, "Invalid limits.cpu")
+    digits = text.strip()
+    if not re.fullmatch(r"-?[0-9]+", digits):
+        raise BadRequest(f"Invalid limits.cpu {text!r}: expected a number of CPUs")
+    cpus = int(digits) if len(digits.lstrip("-0")) <= _MAX_LIMIT_DIGITS else MAX_CPUS + 1
     if not 1 <= cpus <= MAX_CPUS:
-        raise BadRequest(f"Invalid limits.cpu {value!r}: must be 1 to {MAX_CPUS}")
+        raise BadRequest(f"Invalid limits.cpu {text!r}: must be 1 to {MAX_CPUS}")
     return cpus
 
 

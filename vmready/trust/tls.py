@@ -26,6 +26,7 @@ the interface declarations Twisted gives them (``_TLSServerProtocol``).
 from __future__ import annotations
 
 import datetime
+import hashlib
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -125,11 +126,23 @@ class MutualServerTLS:
             self.log.warn(
                 "refused a guest API client certificate chain: {fingerprint} (depth {depth}) "
                 "is an issuer's, and only the certificates the daemon issued identify guests",
-                fingerprint=fingerprint(_pem(x509.load_der_x509_certificate(der))),
+                fingerprint=hashlib.sha256(der).hexdigest(),
                 depth=depth,
             )
             return False
-        pem = _pem(x509.load_der_x509_certificate(der))
+        try:
+            pem = _pem(x509.load_der_x509_certificate(der))
+        except ValueError as e:
+            # OpenSSL parsed what cryptography refuses (a malformed validity time, say): no
+            # certificate the daemon issued, and raising here would abort the handshake badly.
+            verdict.der, verdict.pem, verdict.accepted = der, b"", False
+            self.log.warn(
+                "refused a guest API client certificate {fingerprint}: not a valid "
+                "certificate ({error})",
+                fingerprint=hashlib.sha256(der).hexdigest(),
+                error=e,
+            )
+            return False
         verdict.der, verdict.pem, verdict.accepted = der, pem, self.authorize(pem)
         if not verdict.accepted:
             self.log.warn(

@@ -1,0 +1,69 @@
+"""Every HTTP-side fuzz target, briefly, under hypothesis: one test per target, deterministic.
+
+The long runs are ``benchmarks/fuzz.py``'s; these keep the targets and the
+parsers honest on every run of the suite.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from twisted.trial.unittest import SynchronousTestCase
+
+from tests.fuzzing import web
+from tests.fuzzing.registry import all_targets
+from tests.fuzzing.target import FuzzTarget
+
+_TARGETS = {target.name: target for target in web.TARGETS}
+# The HTTP side's targets: one removed or renamed fails here, not silently in the long run.
+WEB_TARGETS = {
+    "operator-body",
+    "operator-query",
+    "guest-body",
+    "config-file",
+    "config-values",
+    "client-certificate",
+}
+
+
+def _fuzzed(name: str) -> Any:
+    """A test method that runs target ``name`` on 200 inputs, the same ones every run."""
+    target: FuzzTarget = _TARGETS[name]
+
+    @settings(
+        max_examples=200,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(target.inputs)
+    def test(self: SynchronousTestCase, example: Any) -> None:
+        target.check(example)
+
+    test.__doc__ = f"{target.name}: {target.description}."
+    return test
+
+
+class WebFuzzTests(SynchronousTestCase):
+    """API bodies, queries, config and certificates: no crash, no broken property."""
+
+    test_operatorBody = _fuzzed("operator-body")
+    test_operatorQuery = _fuzzed("operator-query")
+    test_guestBody = _fuzzed("guest-body")
+    test_configFile = _fuzzed("config-file")
+    test_configValues = _fuzzed("config-values")
+    test_clientCertificate = _fuzzed("client-certificate")
+
+    def test_everyWebTargetIsRegistered(self) -> None:
+        self.assertEqual(WEB_TARGETS - set(all_targets()), set())
+
+    def test_everyTargetHasItsTest(self) -> None:
+        """A web target added without a test here fails this test."""
+        tested = {
+            value.__doc__.split(":")[0]
+            for name, value in vars(type(self)).items()
+            if name.startswith("test_") and value.__doc__ and ":" in value.__doc__
+        }
+        self.assertEqual(tested & set(_TARGETS), set(_TARGETS))

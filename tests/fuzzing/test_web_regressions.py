@@ -1,0 +1,140 @@
+"""Inputs that broke an HTTP-side parser (found by fuzzing or while writing its target), kept.
+
+Each was a crash (a 500, a traceback instead of the precise error) or a value
+accepted that the documentation does not allow.
+"""
+
+from __future__ import annotations
+
+import base64
+
+from OpenSSL import crypto
+from twisted.trial.unittest import SynchronousTestCase
+
+from tests.fuzzing import web_certs, web_config, web_guest, web_operator
+from tests.fuzzing.web_http import RUNNING, WORLDS, request
+from vmready.daemon.configfile import ConfigFileError, parse_settings
+from vmready.domain.model import BadRequest
+from vmready.lifecycle.state import parse_cpus, parse_memory, validate_config
+from vmready.trust.certs import generate
+from vmready.trust.tls import MutualServerTLS
+
+_PARAMETERS, _FLAGS = web_config._PARAMETERS, web_config._FLAGS
+
+
+class ConfigFileRegressionTests(SynchronousTestCase):
+    """The config file: every mistake is ConfigFileError, in one line."""
+
+    def assertRefused(self, text: str, says: str) -> None:
+        error = self.assertRaises(
+            ConfigFileError, parse_settings, text, "vmready.yaml", _PARAMETERS, _FLAGS
+        )
+        self.assertIn(says, str(error))
+        self.assertTrue(str(error).startswith("config file vmready.yaml"), str(error))
+
+    def test_characterYAMLDoesNotAllow(self) -> None:
+        """A NUL was PyYAML's ReaderError, raised before the loader's errors were caught."""
+        self.assertRefused("data-dir: a\x00b\n", "unacceptable character #x0000")
+
+    def test_scalarItsTagCannotBe(self) -> None:
+        """A date that is no date, ``!!float x``: ValueError from PyYAML's constructor."""
+        self.assertRefused("data-dir: 2001-13-45\n", "line 1: data-dir: not a value YAML can read")
+        self.assertRefused("stop-timeout: !!float x\n", "stop-timeout: not a value")
+
+    def test_integerOfMoreDigitsThanPythonConverts(self) -> None:
+        self.assertRefused("stop-timeout: " + "1" * 5000 + "\n", "stop-timeout: not a value")
+
+    def test_nestedDeeperThanPythonRecurses(self) -> None:
+        """PyYAML composes recursively: RecursionError."""
+        self.assertRefused("[" * 5000, "nested too deeply")
+        self.assertRefused("data-dir: " + "[" * 5000, "nested too deeply")
+
+    def test_fuzzTargetChecksThem(self) -> None:
+        for data in (b"data-dir: a\x00", b"data-dir: 2001-13-45", b"[" * 3000, b"\xff: 1"):
+            web_config.check_config_file(data)
+
+
+class ConfigValueRegressionTests(SynchronousTestCase):
+    """Instance config: a 400 naming the key, never a 500; only ASCII digits are numbers."""
+
+    def assertRefused(self, config: dict[str, object], says: str) -> None:
+        error = self.assertRaises(BadRequest, validate_config, config)
+        self.assertIn(says, error.message)
+
+    def test_memoryOfMoreDigitsThanPythonConverts(self) -> None:
+        """``int()`` of 5,000 digits was a ValueError: a 500 for a JSON string."""
+        self.assertRefused({"limits.memory": "9" * 5000}, "must be 16 MiB to 1048576 MiB")
+        self.assertRaises(BadRequest, parse_memory, "9" * 5000)
+        self.assertEqual(parse_memory("0" * 30 + "512"), 512)
+
+    def test_integerValueOfMoreDigitsThanPythonWrites(self) -> None:
+        """``str()`` of a 5,000-digit integer was a ValueError."""
+        self.assertRefused(
+            {"user.a": 10**5000}, "Invalid value for user.a: a number with too many"
+        )
+        self.assertRaises(BadRequest, parse_cpus, 10**5000)
+
+    def test_digitsOfOtherScriptsAreRefused(self) -> None:
+        """``\\d`` and ``int()`` took Arabic-Indic and fullwidth digits: '٥١٢' was 512 MiB."""
+        self.assertRefused({"limits.memory": "\u0665\u0661\u0662"}, "expected MiB")
+        self.assertRefused({"limits.memory": "\uff15\uff11\uff12"}, "expected MiB")
+        self.assertRefused({"limits.cpu": "\u0664"}, "expected a number of CPUs")
+
+    def test_cpuCountsIntTookButTheDocsDoNot(self) -> None:
+        """``int()`` read ``1_0`` as 10 and ``+2`` as 2."""
+        self.assertRefused({"limits.cpu": "1_0"}, "expected a number of CPUs")
+        self.assertRefused({"limits.cpu": "+2"}, "expected a number of CPUs")
+        self.assertEqual(validate_config({"limits.cpu": " 4 "}), {"limits.cpu": "4"})
+        self.assertRefused({"limits.cpu": "-1"}, "must be 1 to 64")
+
+    def test_fuzzTargetChecksThem(self) -> None:
+        web_config.check_config_values({"limits.memory": "9" * 5000, "user.a": web_config._HUGE})
+
+
+class OperatorAPIRegressionTests(SynchronousTestCase):
+    """Through the operator API: a 400 with the envelope, the world unchanged."""
+
+    def test_memoryOfMoreDigitsThanPythonConverts(self) -> None:
+        """Was a 500 ("internal error") and a logged traceback."""
+        body = b'{"name": "new1", "config": {"limits.memory": "' + b"9" * 5000 + b'"}}'
+        world = WORLDS.current()
+        answer = request(world.operator, b"POST", b"/1.0/instances", body)
+        assert answer is not None
+        self.assertEqual(answer.status, 400)
+        self.assertIn("Invalid limits.memory", answer.json()["error"])
+        web_operator.check_operator_body(("POST", "/1.0/instances", RUNNING, body))
+        resize = b'{"memory": "' + b"9" * 5000 + b'"}'
+        web_operator.check_operator_body(
+            ("POST", "/1.0/instances/{name}/actions/resize", RUNNING, resize)
+        )
+
+    def test_guestStateOfManyDigits(self) -> None:
+        web_guest.check_guest_request(
+            ("patch", b"PATCH", b"/1.0", b'{"state": 1' + b"0" * 5000 + b"}")
+        )
+
+
+class ClientCertificateRegressionTests(SynchronousTestCase):
+    """A certificate OpenSSL parses and cryptography refuses is refused, not raised."""
+
+    def test_validityTimeCryptographyRefuses(self) -> None:
+        """A month 13 in notBefore: ValueError escaped the TLS verify callback."""
+        pair = generate("vmready-agent-web1")
+        der = bytearray(
+            crypto.dump_certificate(
+                crypto.FILETYPE_ASN1, crypto.load_certificate(crypto.FILETYPE_PEM, pair.cert_pem)
+            )
+        )
+        # The first UTCTime (tag 0x17, 13 bytes YYMMDDhhmmssZ): month "13".
+        at = der.index(b"\x17\x0d") + 2
+        der[at + 2 : at + 4] = b"13"
+        certificate = crypto.load_certificate(crypto.FILETYPE_ASN1, bytes(der))
+        tls = MutualServerTLS(generate("vmready"), lambda pem: True)
+        connection = tls.serverConnectionForTLS(None)
+        self.assertFalse(tls._verify(connection, certificate, 18, 0, 0))
+        pem = (
+            b"-----BEGIN CERTIFICATE-----\n"
+            + base64.encodebytes(bytes(der))
+            + b"-----END CERTIFICATE-----\n"
+        )
+        web_certs.check_client_certificate(pem)
