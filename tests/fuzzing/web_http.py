@@ -4,7 +4,7 @@ The core is a real ``Lifecycle`` over a real SQLite store (in memory; its
 run directory is a temporary one) whose VMs are fakeqemu machines in memory
 (``ReplayDriver``) on a ``Clock``: a request that is accepted runs its action
 as the daemon would, with no process started, in the same call.  A request is
-sent as bytes to the HTTP channel the daemon serves (``local_site``), so the
+sent as bytes to the HTTP channel the daemon serves (``operator_site``, ``guest_site``), so the
 request line and query string reach twisted.web exactly as a client wrote
 them, and the answer is read back from the bytes written.
 
@@ -30,12 +30,11 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
-from twisted.web.resource import IResource
+from twisted.web.server import Site
 
 from fakeqemu.testing import InMemoryVM
-from vmready.api.guest import GuestAPI
-from vmready.api.operator import OperatorAPI
-from vmready.api.web import local_site
+from vmready.api.guest import GuestAPI, guest_site
+from vmready.api.operator import OperatorAPI, operator_site
 from vmready.domain.model import InstanceRecord
 from vmready.domain.states import PowerState, TaskState, VMState
 from vmready.hypervisor.cmdline import VMSpec
@@ -100,8 +99,12 @@ class World:
         self.engine.create_instance(STOPPED, {"user.role": "db"}, {})
         self.engine.finish_task(STOPPED, TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN)
         self.engine.create_snapshot(STOPPED, SNAPSHOT, False, {})
-        self.operator: IResource = OperatorAPI(self.lifecycle, "fakeqemu").app.resource()
-        self.guest: IResource = GuestAPI(self.lifecycle, self._caller).app.resource()
+        # The sites the daemon serves, limits included, their timers on the world's clock.
+        self.operator: Site = operator_site(
+            OperatorAPI(self.lifecycle, "fakeqemu").app.resource(), self.clock
+        )
+        guest = GuestAPI(self.lifecycle, self._caller).app.resource()
+        self.guest: Site = guest_site(guest, self.clock)
         self.events.clear()
         self.before = self.state()
 
@@ -179,15 +182,14 @@ WORLDS = Worlds()
 
 
 def request(
-    resource: IResource,
+    site: Site,
     method: bytes,
     target: bytes,
     body: bytes | None = None,
     headers: tuple[tuple[bytes, bytes], ...] = (),
 ) -> Answer | None:
-    """Send one request as bytes to ``resource``'s site; its answer, or None if none came yet."""
-    site: Any = local_site(resource)
-    channel = site.buildProtocol(None)
+    """Send one request as bytes to ``site``; its answer, or None if none came yet."""
+    channel: Any = site.buildProtocol(None)
     transport = StringTransport()
     channel.makeConnection(transport)
     lines = [method + b" " + target + b" HTTP/1.1", b"Host: vmready", b"Connection: close"]
