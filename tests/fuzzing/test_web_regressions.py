@@ -114,6 +114,31 @@ class OperatorAPIRegressionTests(SynchronousTestCase):
         )
 
 
+class TextURLRegressionTests(SynchronousTestCase):
+    """A URL that is not UTF-8 once percent-decoded: the server's own 400, not Klein's."""
+
+    def test_operatorPathThatIsNotText(self) -> None:
+        """Was Klein's plain-text 400 "Non-UTF-8 encoding in URL." and a logged traceback."""
+        world = WORLDS.current()
+        before = world.state()
+        answer = request(world.operator, b"GET", b"/1.0/instances/%ff")
+        assert answer is not None
+        self.assertEqual(answer.status, 400)
+        self.assertEqual(answer.headers[b"content-type"], b"application/json")
+        self.assertEqual(answer.json()["error"], "Invalid URL: its path is not UTF-8 text")
+        self.assertEqual(world.state(), before)
+        self.assertEqual(self.flushLoggedErrors(), [])
+        web_operator.check_operator_body(("PATCH", "/1.0/instances/{name}", "%ff", b"{}"))
+
+    def test_guestPathThatIsNotText(self) -> None:
+        world = WORLDS.current()
+        answer = request(world.guest, b"GET", b"/1.0/config/%ff")
+        assert answer is not None
+        self.assertEqual(answer.status, 400)
+        self.assertEqual(self.flushLoggedErrors(), [])
+        web_guest.check_guest_request(("config", b"GET", b"/1.0/config/%ff", None))
+
+
 class ClientCertificateRegressionTests(SynchronousTestCase):
     """A certificate OpenSSL parses and cryptography refuses is refused, not raised."""
 

@@ -204,6 +204,14 @@ def request(
     return parse_answer(written)
 
 
+def refused_as_not_text(answer: Answer) -> bool:
+    """Whether ``answer`` is the 400 any route gives a URL that is not UTF-8 (``TextURLGuard``)."""
+    if answer.status != 400:
+        return False
+    body = answer.json()
+    return isinstance(body, dict) and str(body.get("error", "")).startswith("Invalid URL:")
+
+
 def parse_answer(written: bytes) -> Answer:
     """A complete HTTP/1.1 response; AssertionError if it is not one."""
     head, separator, rest = written.partition(b"\r\n\r\n")

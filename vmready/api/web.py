@@ -27,13 +27,14 @@ from zope.interface import implementer
 
 from vmready.api.limits import LimitedSite, PeerKey, body_overflowed
 from vmready.api.requestbody import MAX_BODY_BYTES
-from vmready.domain.model import VMReadyError
+from vmready.domain.model import BadRequest, VMReadyError
 from vmready.domain.states import StatusCode
 
 __all__ = [
     "BytesProducer",
     "ErrorStyle",
     "LocalRequest",
+    "TextURLGuard",
     "body_overflowed",
     "handle_error",
     "json_response",
@@ -99,7 +100,7 @@ def local_site(
     and the reactor (its clock) are ``LimitedSite``'s.
     """
     return LimitedSite(
-        resource,
+        TextURLGuard(resource, errors),
         errors.envelope,
         label=label,
         requestFactory=LocalRequest,
@@ -108,6 +109,57 @@ def local_site(
         max_per_peer=max_per_peer,
         reactor=reactor,
     )
+
+
+@implementer(IResource)
+class TextURLGuard:
+    """Answers, in the server's own envelope, a request whose URL is not UTF-8 text.
+
+    A path that is not UTF-8 once percent-decoded (``/1.0/instances/%ff``), or
+    such a ``Host``, cannot name anything here; Klein would answer it before
+    any handler, as an HTML 400 with a traceback in the log. Here it is a 400
+    like any other refusal, and the wrapped resource is not asked.
+    """
+
+    isLeaf = True
+
+    def __init__(self, wrapped: IResource, errors: ErrorStyle) -> None:
+        self._wrapped = wrapped
+        self._errors = errors
+
+    def render(self, request: IRequest) -> Any:
+        """The wrapped resource's answer, or a 400 naming what is not text."""
+        what = _undecodable_url_part(request)
+        if what is not None:
+            refusal = BadRequest(f"Invalid URL: its {what} is not UTF-8 text")
+            return handle_error(request, Failure(refusal), self._errors, _log)
+        return self._wrapped.render(request)
+
+    def getChildWithDefault(self, name: bytes, request: IRequest) -> IResource:
+        """Never asked: this resource is a leaf, as the Klein resource it guards."""
+        child: IResource = self._wrapped.getChildWithDefault(name, request)
+        return child
+
+    def putChild(self, path: bytes, child: IResource) -> None:
+        """Children belong to the wrapped resource."""
+        self._wrapped.putChild(path, child)
+
+
+_log = Logger()
+
+
+def _undecodable_url_part(request: IRequest) -> str | None:
+    """Which part of the request's URL is not UTF-8 (``path``, ``host``), or None."""
+    parts: list[tuple[str, bytes]] = [
+        ("path", b"/".join([*request.prepath, *request.postpath])),
+        ("host", request.getRequestHostname()),
+    ]
+    for what, raw in parts:
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return what
+    return None
 
 
 def json_response(request: IRequest, code: int, body: Any) -> bytes:
