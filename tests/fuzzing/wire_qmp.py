@@ -17,7 +17,14 @@ from twisted.python.failure import Failure
 
 from fakeqemu.testing import InMemoryVM, raw_qmp_transport
 from tests.fuzzing.target import FuzzTarget
-from tests.fuzzing.wire_mutations import chunked, dumps, json_mutated, mutated, noise, stream
+from tests.fuzzing.wire_mutations import (
+    dumps,
+    json_mutated,
+    mutated,
+    noise,
+    stream,
+    with_chunks,
+)
 from vmready.protocols.qmp import (
     QMPClientProtocol,
     QMPDisconnected,
@@ -70,7 +77,11 @@ def _client_inputs() -> st.SearchStrategy[list[bytes]]:
     # The greeting first, usually: otherwise nothing past it is ever looked at.
     opening = st.sampled_from([dumps(_GREETING) + b"\r\n", b""])
     body = stream(_server_line(), 8) | noise()
-    return st.tuples(opening, body).map(b"".join).flatmap(chunked)
+    return with_chunks(st.tuples(opening, body).map(b"".join)).map(_pieces)
+
+
+def _pieces(example: tuple[bytes, list[bytes]]) -> list[bytes]:
+    return example[1]
 
 
 def _reply_ids(data: bytes) -> set[int]:
@@ -219,7 +230,7 @@ def _client_request() -> st.SearchStrategy[bytes]:
 def _server_inputs() -> st.SearchStrategy[list[bytes]]:
     negotiate = st.sampled_from([b'{"execute": "qmp_capabilities"}\n', b""])
     body = stream(_client_request(), 8) | noise()
-    return st.tuples(negotiate, body).map(b"".join).flatmap(chunked)
+    return with_chunks(st.tuples(negotiate, body).map(b"".join)).map(_pieces)
 
 
 def _served(chunks: list[bytes]) -> tuple[InMemoryVM, Any, bytes]:
@@ -267,7 +278,7 @@ def check_qmp_server(chunks: list[bytes]) -> None:
 
 def _splitter_inputs() -> st.SearchStrategy[tuple[bytes, list[bytes]]]:
     data = stream(_client_request(), 6) | noise()
-    return data.flatmap(lambda d: st.tuples(st.just(d), chunked(d)))
+    return with_chunks(data)
 
 
 def check_qmp_splitter(example: tuple[bytes, list[bytes]]) -> None:
