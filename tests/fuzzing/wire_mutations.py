@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import random
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -72,35 +73,51 @@ def pick(draw: st.DrawFn, choices: Sequence[T]) -> T:
     return choices[draw(between(0, len(choices) - 1))]
 
 
+# The structural choices of an edit (how many, which, where) come from one
+# seeded ``random.Random`` per edited message: one hypothesis draw instead of
+# a dozen, which is most of the input's cost otherwise.  The seed is drawn,
+# so an input is still the same for the same hypothesis seed.
+_SEEDS = st.integers(0, 2**64 - 1)
+
+
+def randomness(draw: st.DrawFn) -> random.Random:
+    """A ``random.Random`` seeded by one draw: cheap choices, reproducible."""
+    return random.Random(draw(_SEEDS))
+
+
 # A long run of one byte: crosses the line and token caps (256 B, 4 KiB…).
-_RUN = st.builds(
-    lambda byte, count: byte * count,
-    st.sampled_from([b"A", b"9", b"[", b"\xff", b" ", b"\r"]),
-    st.sampled_from([255, 256, 257, 1000, 4097, 5000]),
-)
-_INSERTED = st.sampled_from(SPECIAL_BYTES) | st.binary(min_size=1, max_size=4)
+_RUN_BYTES = (b"A", b"9", b"[", b"\xff", b" ", b"\r")
+_RUN_LENGTHS = (255, 256, 257, 1000, 4097, 5000)
 _EDITS = ("flip", "delete", "insert", "duplicate", "truncate", "run")
+
+
+def _special_or_random(rng: random.Random, shortest: int, longest: int) -> bytes:
+    """Bytes that mean something to a parser, or ``shortest``..``longest`` random bytes."""
+    if rng.random() < 0.5:
+        return rng.choice(SPECIAL_BYTES)
+    return rng.randbytes(rng.randint(shortest, longest))
 
 
 def mutate(draw: st.DrawFn, data: bytes, most: int = 4) -> bytes:
     """``data`` with up to ``most`` random edits (often none), drawn in ``draw``."""
+    rng = randomness(draw)
     edited = bytearray(data)
-    for _ in range(draw(between(0, most))):
-        op = pick(draw, _EDITS)
-        at = draw(between(0, len(edited)))
+    for _ in range(rng.randint(0, most)):
+        op = rng.choice(_EDITS)
+        at = rng.randint(0, len(edited))
         if op == "flip" and edited:
             at = min(at, len(edited) - 1)
-            edited[at] ^= 1 << draw(between(0, 7))
+            edited[at] ^= 1 << rng.randint(0, 7)
         elif op == "delete":
-            del edited[at : at + draw(between(1, 8))]
+            del edited[at : at + rng.randint(1, 8)]
         elif op == "insert":
-            edited[at:at] = draw(_INSERTED)
+            edited[at:at] = _special_or_random(rng, 1, 4)
         elif op == "duplicate":
-            edited[at:at] = edited[at : at + draw(between(1, 32))]
+            edited[at:at] = edited[at : at + rng.randint(1, 32)]
         elif op == "truncate":
             del edited[at:]
         elif op == "run":
-            edited[at:at] = draw(_RUN)
+            edited[at:at] = rng.choice(_RUN_BYTES) * rng.choice(_RUN_LENGTHS)
     return bytes(edited)
 
 
@@ -114,8 +131,9 @@ def split(draw: st.DrawFn, data: bytes) -> list[bytes]:
     """``data`` split at up to 8 random points, as a stream delivers it, drawn in ``draw``."""
     if not data:
         return [b""]
-    position = between(1, max(1, len(data) - 1))
-    cuts = sorted({draw(position) for _ in range(draw(between(0, 8)))})
+    rng = randomness(draw)
+    last = max(1, len(data) - 1)
+    cuts = sorted({rng.randint(1, last) for _ in range(rng.randint(0, 8))})
     edges = [0, *cuts, len(data)]
     return [data[a:b] for a, b in itertools.pairwise(edges) if b > a]
 
@@ -142,11 +160,16 @@ def stream(messages: st.SearchStrategy[bytes], max_messages: int = 8) -> st.Sear
     return st.lists(messages, max_size=max_messages).map(b"".join)
 
 
+@st.composite
+def _noise(draw: st.DrawFn, max_size: int) -> bytes:
+    rng = randomness(draw)
+    parts = [_special_or_random(rng, 0, 16) for _ in range(rng.randint(0, 32))]
+    return b"".join(parts)[:max_size]
+
+
 def noise(max_size: int = 512) -> st.SearchStrategy[bytes]:
     """Raw bytes, weighted towards line and JSON punctuation."""
-    return st.lists(st.sampled_from(SPECIAL_BYTES) | st.binary(max_size=16), max_size=32).map(
-        lambda parts: b"".join(parts)[:max_size]
-    )
+    return _noise(max_size)
 
 
 def deep_json(depth: int) -> bytes:
@@ -215,26 +238,27 @@ _NEW_KEY = st.text(max_size=10)
 
 def json_mutate(draw: st.DrawFn, message: Any) -> Any:
     """``message`` with members replaced, removed or added (often none), drawn in ``draw``."""
-    for _ in range(draw(between(0, 3))):
+    rng = randomness(draw)
+    for _ in range(rng.randint(0, 3)):
         if not isinstance(message, dict):
             break
-        op = pick(draw, _JSON_EDITS)
+        op = rng.choice(_JSON_EDITS)
         keys = sorted(message)
         if op == "replace" and keys:
-            message = {**message, pick(draw, keys): draw(_JSON_VALUES)}
+            message = {**message, rng.choice(keys): draw(_JSON_VALUES)}
         elif op == "remove" and keys:
-            removed = pick(draw, keys)
+            removed = rng.choice(keys)
             message = {k: v for k, v in message.items() if k != removed}
         elif op == "add":
             message = {**message, draw(_NEW_KEY): draw(_JSON_VALUES)}
         elif op == "wrap":
-            wrapping = pick(draw, _WRAPPINGS)
+            wrapping = rng.choice(_WRAPPINGS)
             message = [message] if wrapping == "list" else wrapping
         elif op == "nested" and keys:
-            key = pick(draw, keys)
+            key = rng.choice(keys)
             inner = message[key]
             if isinstance(inner, dict) and inner:
-                inner_key = pick(draw, sorted(inner))
+                inner_key = rng.choice(sorted(inner))
                 message = {**message, key: {**inner, inner_key: draw(_JSON_VALUES)}}
     return message
 
