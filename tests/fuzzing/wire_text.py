@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import base64
 import math
+from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 from hypothesis import strategies as st
+from twisted.internet import endpoints
 from twisted.internet.endpoints import clientFromString, serverFromString
 from twisted.internet.testing import MemoryReactor
+from twisted.plugin import getPlugins
 
 from tests.fuzzing.target import FuzzTarget
 from tests.fuzzing.wire_mutations import between, dumps, json_mutated, mutate, mutated, pick
@@ -225,8 +229,31 @@ _ENDPOINTS = (
 )
 
 
+_PLUGINS: dict[Any, list[Any]] = {}
+
+
+def _remembered_plugins(interface: Any, package: Any = None) -> Iterator[Any]:
+    """``twisted.plugin.getPlugins``, each interface's plugins looked up once.
+
+    Twisted rescans its plugin directories (and unpickles their caches) on
+    every ``serverFromString``: most of a parse's time, and none of it the
+    parsers' under test.  The plugins found are the same ones, matched by the
+    same prefix lookup.
+    """
+    if package is not None:
+        return iter(getPlugins(interface, package))
+    if interface not in _PLUGINS:
+        _PLUGINS[interface] = list(getPlugins(interface))
+    return iter(_PLUGINS[interface])
+
+
 def check_endpoint_string(description: str) -> None:
     """A description makes an endpoint with numbers in range, or ValueError says why not."""
+    with mock.patch.object(endpoints, "getPlugins", _remembered_plugins):
+        _check_endpoint_string(description)
+
+
+def _check_endpoint_string(description: str) -> None:
     reactor = MemoryReactor()
     for parse in (serverFromString, clientFromString):
         try:
