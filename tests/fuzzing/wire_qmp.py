@@ -7,6 +7,7 @@ Both are fed their peer's bytes through a ``StringTransport``, in chunks.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from typing import Any
@@ -247,9 +248,15 @@ def _served(chunks: list[bytes]) -> tuple[InMemoryVM, Any, bytes]:
     return vm, session, output
 
 
+@functools.cache
+def _fresh_status() -> dict[str, Any]:
+    """A fresh VM's ``query-status``: the same for every input, so built once."""
+    return InMemoryVM(_VM_ARGV).machine.query_status()
+
+
 def check_qmp_server(chunks: list[bytes]) -> None:
     """fakeqemu answers every client input with QMP; a refused one changes nothing."""
-    status = InMemoryVM(_VM_ARGV).machine.query_status()
+    status = _fresh_status()
     vm, session, output = _served(chunks)
     lines = output.split(b"\r\n")
     assert lines[-1] == b"", lines[-1]
