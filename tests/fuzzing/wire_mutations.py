@@ -140,7 +140,11 @@ def split(draw: st.DrawFn, data: bytes) -> list[bytes]:
 
 @st.composite
 def chunked(draw: st.DrawFn, data: bytes) -> list[bytes]:
-    """``data`` split at random points, as a stream delivers it."""
+    """``data`` split at random points, as a stream delivers it.
+
+    A strategy for one ``data``: built inside a draw (``flatmap``) it costs a
+    validation per input; ``with_chunks`` draws the data and its split at once.
+    """
     return split(draw, data)
 
 
