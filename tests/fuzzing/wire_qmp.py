@@ -7,6 +7,7 @@ Both are fed their peer's bytes through a ``StringTransport``, in chunks.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from typing import Any
@@ -17,7 +18,14 @@ from twisted.python.failure import Failure
 
 from fakeqemu.testing import InMemoryVM, raw_qmp_transport
 from tests.fuzzing.target import FuzzTarget
-from tests.fuzzing.wire_mutations import chunked, dumps, json_mutated, mutated, noise, stream
+from tests.fuzzing.wire_mutations import (
+    dumps,
+    json_mutated,
+    mutated,
+    noise,
+    stream,
+    with_chunks,
+)
 from vmready.protocols.qmp import (
     QMPClientProtocol,
     QMPDisconnected,
@@ -70,7 +78,11 @@ def _client_inputs() -> st.SearchStrategy[list[bytes]]:
     # The greeting first, usually: otherwise nothing past it is ever looked at.
     opening = st.sampled_from([dumps(_GREETING) + b"\r\n", b""])
     body = stream(_server_line(), 8) | noise()
-    return st.tuples(opening, body).map(b"".join).flatmap(chunked)
+    return with_chunks(st.tuples(opening, body).map(b"".join)).map(_pieces)
+
+
+def _pieces(example: tuple[bytes, list[bytes]]) -> list[bytes]:
+    return example[1]
 
 
 def _reply_ids(data: bytes) -> set[int]:
@@ -219,7 +231,7 @@ def _client_request() -> st.SearchStrategy[bytes]:
 def _server_inputs() -> st.SearchStrategy[list[bytes]]:
     negotiate = st.sampled_from([b'{"execute": "qmp_capabilities"}\n', b""])
     body = stream(_client_request(), 8) | noise()
-    return st.tuples(negotiate, body).map(b"".join).flatmap(chunked)
+    return with_chunks(st.tuples(negotiate, body).map(b"".join)).map(_pieces)
 
 
 def _served(chunks: list[bytes]) -> tuple[InMemoryVM, Any, bytes]:
@@ -236,9 +248,15 @@ def _served(chunks: list[bytes]) -> tuple[InMemoryVM, Any, bytes]:
     return vm, session, output
 
 
+@functools.cache
+def _fresh_status() -> dict[str, Any]:
+    """A fresh VM's ``query-status``: the same for every input, so built once."""
+    return InMemoryVM(_VM_ARGV).machine.query_status()
+
+
 def check_qmp_server(chunks: list[bytes]) -> None:
     """fakeqemu answers every client input with QMP; a refused one changes nothing."""
-    status = InMemoryVM(_VM_ARGV).machine.query_status()
+    status = _fresh_status()
     vm, session, output = _served(chunks)
     lines = output.split(b"\r\n")
     assert lines[-1] == b"", lines[-1]
@@ -267,7 +285,7 @@ def check_qmp_server(chunks: list[bytes]) -> None:
 
 def _splitter_inputs() -> st.SearchStrategy[tuple[bytes, list[bytes]]]:
     data = stream(_client_request(), 6) | noise()
-    return data.flatmap(lambda d: st.tuples(st.just(d), chunked(d)))
+    return with_chunks(data)
 
 
 def check_qmp_splitter(example: tuple[bytes, list[bytes]]) -> None:

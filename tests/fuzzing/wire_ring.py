@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from twisted.internet.testing import StringTransport
 
 from tests.fuzzing.target import FuzzTarget
-from tests.fuzzing.wire_mutations import chunked, mutated, noise, stream
+from tests.fuzzing.wire_mutations import mutated, noise, stream, with_chunks
 from vmready.agent.connectport import ConnectPortReader
 from vmready.agent.core import AbandonDial, AgentCore, Dial, Phase, TcpAddress, VsockAddress
 from vmready.agent.serial import FoundPort, SerialPortMissing
@@ -81,7 +81,7 @@ def _complete_lines(data: bytes) -> list[bytes]:
 
 
 def _reader_inputs() -> st.SearchStrategy[tuple[bytes, list[bytes]]]:
-    return RING_STREAM.flatmap(lambda data: st.tuples(st.just(data), chunked(data)))
+    return with_chunks(RING_STREAM)
 
 
 def check_reader(example: tuple[bytes, list[bytes]]) -> None:
@@ -183,10 +183,8 @@ GuestInput = tuple[bytes, list[bytes], bytes, list[bytes]]
 
 def _guest_inputs() -> st.SearchStrategy[GuestInput]:
     """A stream on the status port and one on the connect port, each in chunks."""
-    return st.tuples(RING_STREAM, RING_STREAM).flatmap(
-        lambda pair: st.tuples(
-            st.just(pair[0]), chunked(pair[0]), st.just(pair[1]), chunked(pair[1])
-        )
+    return st.tuples(with_chunks(RING_STREAM), with_chunks(RING_STREAM)).map(
+        lambda pair: (*pair[0], *pair[1])
     )
 
 

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import base64
 import math
+from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 from hypothesis import strategies as st
+from twisted.internet import endpoints
 from twisted.internet.endpoints import clientFromString, serverFromString
 from twisted.internet.testing import MemoryReactor
+from twisted.plugin import getPlugins
 
 from tests.fuzzing.target import FuzzTarget
-from tests.fuzzing.wire_mutations import dumps, json_mutated, mutated
+from tests.fuzzing.wire_mutations import between, dumps, json_mutated, mutate, mutated, pick
 from vmready.agentlink.hvsock import HybridVSockClientEndpoint, HybridVSockServerEndpoint
 from vmready.agentlink.vsock import VSockClientEndpoint, VSockServerEndpoint
 from vmready.agentlink.vsockaddress import U32_MAX
@@ -41,15 +45,19 @@ from vmready.record.replayinputs import (
 
 # -- transcripts ----------------------------------------------------------------
 
-_DATA = st.sampled_from([b"STARTED\n", b"CONNECT 2:1234\n", b"\xff\x00CONNECTED\n", b""])
+_DATA = (b"STARTED\n", b"CONNECT 2:1234\n", b"\xff\x00CONNECTED\n", b"")
 
 
 def _data_fields() -> st.SearchStrategy[dict[str, Any]]:
-    return _DATA.flatmap(
-        lambda data: st.sampled_from(
-            [{"data": base64.b64encode(data).decode("ascii")}]
-            + ([{"text": data.decode("utf-8")}] if data.isascii() else [])
-        )
+    # One of the data, then one of its fields: base64 always, text when it is ASCII.
+    return st.one_of(
+        [
+            st.sampled_from(
+                [{"data": base64.b64encode(data).decode("ascii")}]
+                + ([{"text": data.decode("utf-8")}] if data.isascii() else [])
+            )
+            for data in _DATA
+        ]
     )
 
 
@@ -95,11 +103,14 @@ def _record(side: str) -> st.SearchStrategy[dict[str, Any]]:
     }
     kinds = host if side == "host" else agent
     assert set(kinds) == (HOST_KINDS if side == "host" else AGENT_KINDS)
-    return st.sampled_from(sorted(kinds)).flatmap(
-        lambda kind: st.builds(
-            lambda time, fields: {"t": time, "kind": kind, **fields}, t, kinds[kind]
-        )
-    )
+    # A kind, then its fields: one strategy per kind, built once.
+    return st.one_of([_entry(kind, t, kinds[kind]) for kind in sorted(kinds)])
+
+
+def _entry(
+    kind: str, t: st.SearchStrategy[float], fields: st.SearchStrategy[dict[str, Any]]
+) -> st.SearchStrategy[dict[str, Any]]:
+    return st.builds(lambda time, drawn: {"t": time, "kind": kind, **drawn}, t, fields)
 
 
 def _header(side: str) -> dict[str, Any]:
@@ -121,7 +132,7 @@ def _transcript_lines() -> st.SearchStrategy[list[bytes]]:
             lambda parts: [parts[0], *parts[1]]
         )
 
-    return st.sampled_from(["host", "agent"]).flatmap(lines)
+    return lines("host") | lines("agent")
 
 
 def check_transcript(lines: list[bytes]) -> None:
@@ -188,17 +199,20 @@ _VALUES = [
 ]
 
 
+_VALUE = st.sampled_from(_VALUES) | st.text(max_size=8)
+
+
 @st.composite
 def _description(draw: st.DrawFn) -> str:
-    text = draw(st.sampled_from(_DESCRIPTIONS))
+    text = pick(draw, _DESCRIPTIONS)
     prefix, _, rest = text.partition(":")
     parts = rest.split(":")
-    for _ in range(draw(st.integers(0, 3))):
-        at = draw(st.integers(0, len(parts) - 1))
+    for _ in range(draw(between(0, 3))):
+        at = draw(between(0, len(parts) - 1))
         name = parts[at].partition("=")[0] + "=" if "=" in parts[at] else ""
-        parts[at] = name + draw(st.sampled_from(_VALUES) | st.text(max_size=8))
+        parts[at] = name + draw(_VALUE)
     rest = ":".join(parts)
-    damaged = draw(mutated(st.just(rest.encode("utf-8")), most=2))
+    damaged = mutate(draw, rest.encode("utf-8"), most=2)
     return prefix + ":" + damaged.decode("utf-8", "replace")
 
 
@@ -215,8 +229,31 @@ _ENDPOINTS = (
 )
 
 
+_PLUGINS: dict[Any, list[Any]] = {}
+
+
+def _remembered_plugins(interface: Any, package: Any = None) -> Iterator[Any]:
+    """``twisted.plugin.getPlugins``, each interface's plugins looked up once.
+
+    Twisted rescans its plugin directories (and unpickles their caches) on
+    every ``serverFromString``: most of a parse's time, and none of it the
+    parsers' under test.  The plugins found are the same ones, matched by the
+    same prefix lookup.
+    """
+    if package is not None:
+        return iter(getPlugins(interface, package))
+    if interface not in _PLUGINS:
+        _PLUGINS[interface] = list(getPlugins(interface))
+    return iter(_PLUGINS[interface])
+
+
 def check_endpoint_string(description: str) -> None:
     """A description makes an endpoint with numbers in range, or ValueError says why not."""
+    with mock.patch.object(endpoints, "getPlugins", _remembered_plugins):
+        _check_endpoint_string(description)
+
+
+def _check_endpoint_string(description: str) -> None:
     reactor = MemoryReactor()
     for parse in (serverFromString, clientFromString):
         try:
