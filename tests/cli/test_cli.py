@@ -445,7 +445,7 @@ class ActionCommandTests(CLITestCase):
             (
                 1,
                 "",
-                "vmready: Error: Cannot 'start' instance web1 while it is in vm_state active\n",
+                "vmready: Error: Cannot start instance web1: it is running\n",
             ),
         )
 
