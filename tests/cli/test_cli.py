@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import os
@@ -241,9 +242,9 @@ class ListAndInfoTests(CLITestCase):
         self.assertEqual(code, 0)
         self.assertEqual(
             out,
-            "NAME  STATUS   DISPLAY  TASK  POWER    MEMORY  CPUS\n"
-            "db    RUNNING  ACTIVE   -     running  512MiB  2\n"
-            "web1  RUNNING  ACTIVE   -     running  256MiB  1\n",
+            "NAME  STATUS   MEMORY  CPUS\n"
+            "db    RUNNING  512MiB  2\n"
+            "web1  RUNNING  256MiB  1\n",
         )
 
     async def test_listShowsStoppedAndReadyUpperCase(self) -> None:
@@ -251,16 +252,135 @@ class ListAndInfoTests(CLITestCase):
         await self.launch("web2")
         self.assertEqual((await self.cli("stop", "web2", "--force"))[0], 0)
         self.declare_ready("web1")
-        _, out, _ = await self.cli("list")
-        rows = [line.split()[:4] for line in out.splitlines()[1:]]
+        _, out, _ = await self.cli("list", "-c", "nsdtr")
         self.assertEqual(
-            rows, [["web1", "READY", "ACTIVE", "-"], ["web2", "STOPPED", "SHUTOFF", "-"]]
+            out,
+            "NAME  STATUS   DISPLAY  TASK  READY\n"
+            "web1  READY    ACTIVE   -     yes\n"
+            "web2  STOPPED  SHUTOFF  -     no\n",
         )
 
     async def test_listEmptyIsJustTheHeader(self) -> None:
+        self.assertEqual(await self.cli("list"), (0, "NAME  STATUS  MEMORY  CPUS\n", ""))
+
+    async def test_listShowsTheTaskInProgressAsTheStatus(self) -> None:
+        await self.launch("web1")
+        code, out, _ = await self.cli("stop", "web1", "--no-wait")
+        self.assertEqual(code, 0, out)
+        _, out, _ = await self.cli("list", "--columns", "name,status,lxd_status,task_state")
         self.assertEqual(
-            await self.cli("list"), (0, "NAME  STATUS  DISPLAY  TASK  POWER  MEMORY  CPUS\n", "")
+            out, "NAME  STATUS    LXD       TASK\nweb1  STOPPING  STOPPING  powering-off\n"
         )
+        for operation in self.lifecycle.state.operations.list():
+            await operation.when_done()
+        _, out, _ = await self.cli("list", "-c", "ns")
+        self.assertEqual(out, "NAME  STATUS\nweb1  STOPPED\n")
+
+    async def test_listResizedAwaitsConfirmation(self) -> None:
+        await self.launch("web1")
+        self.assertEqual((await self.cli("resize", "web1", "--memory", "512"))[0], 0)
+        _, out, _ = await self.cli("list", "-c", "nslmvp")
+        self.assertEqual(
+            out,
+            "NAME  STATUS   LXD      MEMORY  VM       POWER\n"
+            "web1  RESIZED  RUNNING  512MiB  resized  running\n",
+        )
+
+    async def test_everyColumnByLetterAndByName(self) -> None:
+        await self.launch("web1")
+        _, by_letter, _ = await self.cli("list", "-c", "nsmcraldvtpue")
+        _, by_name, _ = await self.cli(
+            "list",
+            "-c",
+            "name,status,memory,cpus,ready,agent,lxd_status,display_status,vm_state,"
+            "task_state,power_state,uuid,error",
+        )
+        self.assertEqual(by_letter, by_name)
+        header, row = by_letter.splitlines()
+        self.assertEqual(
+            header.split(),
+            [
+                "NAME", "STATUS", "MEMORY", "CPUS", "READY", "AGENT", "LXD", "DISPLAY", "VM",
+                "TASK", "POWER", "UUID", "ERROR",
+            ],
+        )  # fmt: skip
+        uuid = self.lifecycle.get("web1").uuid
+        self.assertEqual(
+            row.split(),
+            [
+                "web1", "RUNNING", "256MiB", "1", "no", "unknown", "RUNNING", "ACTIVE",
+                "active", "-", "running", uuid, "-",
+            ],
+        )  # fmt: skip
+
+    async def test_aColumnNameAloneIsThatColumn(self) -> None:
+        await self.launch("web1")
+        self.assertEqual(await self.cli("list", "-c", "name"), (0, "NAME\nweb1\n", ""))
+        self.assertEqual(await self.cli("list", "-c", "name,"), (0, "NAME\nweb1\n", ""))
+
+    async def test_unknownColumnIsAUsageErrorNamingIt(self) -> None:
+        code, out, err = await self.cli("list", "-c", "nsx")
+        self.assertEqual((code, out), (2, ""))
+        self.assertTrue(err.startswith("usage: vmready list"), err)
+        self.assertIn(
+            "vmready: error: argument -c/--columns: unknown column letter 'x' in 'nsx' "
+            "(columns: n name, s status, m memory, c cpus, r ready,",
+            err,
+        )
+        code, _, err = await self.cli("list", "--columns", "name,colour")
+        self.assertEqual(code, 2)
+        self.assertIn("argument -c/--columns: unknown column 'colour' (columns: n name,", err)
+        code, _, err = await self.cli("list", "-c", ",")
+        self.assertEqual(code, 2)
+        self.assertIn("argument -c/--columns: no columns given", err)
+
+    async def test_listCSVHasTheTableColumns(self) -> None:
+        await self.launch("web1")
+        await self.launch("db", "--memory", "512", "--cpus", "2")
+        self.assertEqual(
+            await self.cli("list", "--format", "csv"),
+            (0, "NAME,STATUS,MEMORY,CPUS\ndb,RUNNING,512MiB,2\nweb1,RUNNING,256MiB,1\n", ""),
+        )
+        code, out, _ = await self.cli("list", "--format", "csv", "-c", "ntpe")
+        self.assertEqual(
+            (code, out), (0, "NAME,TASK,POWER,ERROR\ndb,,running,\nweb1,,running,\n")
+        )
+        self.assertEqual(
+            await self.cli("list", "--format", "csv", "-c", "n"), (0, "NAME\ndb\nweb1\n", "")
+        )
+
+    async def test_listCSVShowsTheError(self) -> None:
+        await self.launch("web1")
+        self.patch(self.lifecycle.state.driver, "program", ["/nonexistent/qemu"])
+        await self.cli("rebuild", "web1")
+        _, out, _ = await self.cli("list", "--format", "csv", "-c", "name,status,error")
+        rows = list(csv.reader(io.StringIO(out)))
+        self.assertEqual(rows[0], ["NAME", "STATUS", "ERROR"])
+        self.assertEqual(rows[1][:2], ["web1", "ERROR"])
+        self.assertIn("'/nonexistent/qemu'", rows[1][2])
+
+    async def test_infoCSVIsTheObjectFlattened(self) -> None:
+        await self.launch("web1", "-c", "user.role=web, db")
+        code, out, err = await self.cli("info", "web1", "--format", "csv")
+        self.assertEqual((code, err), (0, ""))
+        header, row = list(csv.reader(io.StringIO(out)))
+        cells = dict(zip(header, row, strict=True))
+        self.assertEqual(header[:3], ["name", "uuid", "type"])
+        self.assertEqual(cells["operator_status"], "RUNNING")
+        self.assertEqual(cells["limits.memory_mib"], "256")
+        self.assertEqual(cells["config.user.role"], "web, db")
+        self.assertEqual(cells["agent.status"], "unknown")
+        self.assertEqual(cells["task_state"], "")
+        self.assertEqual(cells["faults"], "[]")
+        self.assertNotIn("devices", cells)  # an empty object has no column
+
+    async def test_actionsCSVIsOneRowAnActionWithItsStepsAsJSON(self) -> None:
+        await self.launch("web1")
+        code, out, _ = await self.cli("actions", "web1", "--format", "csv")
+        header, row = list(csv.reader(io.StringIO(out)))
+        cells = dict(zip(header, row, strict=True))
+        self.assertEqual((code, cells["action"], cells["result"]), (0, "create", "success"))
+        self.assertEqual([step["name"] for step in json.loads(cells["steps"])], ["spawning"])
 
     async def test_listJSONIsTheAPIObjects(self) -> None:
         await self.launch("web1")

@@ -339,9 +339,7 @@ class TransitionTests(LifecycleTestCase):
         await self.launch()
         with self.assertRaises(Conflict) as caught:
             await self.lifecycle.act("vm1", "start")
-        self.assertEqual(
-            caught.exception.message, "Cannot start instance vm1: it is running"
-        )
+        self.assertEqual(caught.exception.message, "Cannot start instance vm1: it is running")
 
 
 class VMDeathTests(LifecycleTestCase):

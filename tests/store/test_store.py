@@ -542,10 +542,7 @@ class TaskTests(_StoreTestCase):
         }
         self.assertEqual(
             [getattr(outcomes[i], "message", repr(outcomes[i])) for i in losers],
-            [
-                f"Cannot {contenders[i][0]} instance x: it is {doing[won_task]}"
-                for i in losers
-            ],
+            [f"Cannot {contenders[i][0]} instance x: it is {doing[won_task]}" for i in losers],
         )
 
     def test_claimFromTheWrongVMStateGivesTheVMStateConflict(self) -> None:
@@ -561,9 +558,7 @@ class TaskTests(_StoreTestCase):
             ACTIONS["restart"].allowed_from,
             TaskState.REBOOTING,
         )
-        self.assertEqual(
-            error.message, "Cannot restart instance x: it is stopped"
-        )
+        self.assertEqual(error.message, "Cannot restart instance x: it is stopped")
         self.assertIsNone(store.get_instance("x").task_state)
 
     def test_claimOnAnUnknownInstanceIsNotFound(self) -> None:
@@ -590,7 +585,8 @@ class TaskTests(_StoreTestCase):
             Conflict, store.advance_task, "x", TaskState.RESIZE_QUEUED, TaskState.RESIZE_PREP
         )
         self.assertEqual(
-            error.message, "Instance x moved on: it is at step resize-prep, not at step resize-queued"
+            error.message,
+            "Instance x moved on: it is at step resize-prep, not at step resize-queued",
         )
         self.assertEqual(store.get_instance("x").task_state, TaskState.RESIZE_PREP)
 
@@ -633,7 +629,9 @@ class TaskTests(_StoreTestCase):
             PowerState.SHUTDOWN,
             {"user.a": "1"},
         )
-        self.assertEqual(error.message, "Instance x moved on: it is no longer in a task, not at step rebuilding")
+        self.assertEqual(
+            error.message, "Instance x moved on: it is no longer in a task, not at step rebuilding"
+        )
         self.assertEqual(store.get_instance("x"), before)
 
     def test_setErrorKeepsTheReasonAndEndsTheTask(self) -> None:

@@ -8,9 +8,9 @@ import attrs
 
 from vmready.domain.states import (
     READY_KEY,
+    OperatorStatus,
     PowerState,
     Status,
-    OperatorStatus,
     TaskState,
     VMState,
     action_word,
