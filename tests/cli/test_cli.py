@@ -242,9 +242,7 @@ class ListAndInfoTests(CLITestCase):
         self.assertEqual(code, 0)
         self.assertEqual(
             out,
-            "NAME  STATUS   MEMORY  CPUS\n"
-            "db    RUNNING  512MiB  2\n"
-            "web1  RUNNING  256MiB  1\n",
+            "NAME  STATUS   MEMORY  CPUS\ndb    RUNNING  512MiB  2\nweb1  RUNNING  256MiB  1\n",
         )
 
     async def test_listShowsStoppedAndReadyUpperCase(self) -> None:
@@ -342,9 +340,7 @@ class ListAndInfoTests(CLITestCase):
             (0, "NAME,STATUS,MEMORY,CPUS\ndb,RUNNING,512MiB,2\nweb1,RUNNING,256MiB,1\n", ""),
         )
         code, out, _ = await self.cli("list", "--format", "csv", "-c", "ntpe")
-        self.assertEqual(
-            (code, out), (0, "NAME,TASK,POWER,ERROR\ndb,,running,\nweb1,,running,\n")
-        )
+        self.assertEqual((code, out), (0, "NAME,TASK,POWER,ERROR\ndb,,running,\nweb1,,running,\n"))
         self.assertEqual(
             await self.cli("list", "--format", "csv", "-c", "n"), (0, "NAME\ndb\nweb1\n", "")
         )
@@ -589,6 +585,105 @@ class ActionCommandTests(CLITestCase):
         self.assertEqual(await self.cli("delete", "web1", "--force"), (0, "Deleted web1\n", ""))
         self.assertEqual((await self.cli("info", "web1"))[0], 1)
 
+    async def test_actionsInJSONPrintTheOperationAndTheInstanceAfterIt(self) -> None:
+        code, out, err = await self.cli("launch", "web1", "--format", "json")
+        self.assertEqual((code, err), (0, ""))
+        result = json.loads(out)  # nothing but the result: no "Creating web1" line
+        self.assertEqual(list(result), ["operation", "instance"])
+        self.assertEqual(
+            {key: result["operation"][key] for key in ("description", "status", "err")},
+            {"description": "Creating instance web1", "status": "Success", "err": ""},
+        )
+        self.assertEqual(result["instance"]["operator_status"], "RUNNING")
+        steps = [
+            (["stop", "web1", "--force"], "Stop instance web1", "STOPPED"),
+            (["start", "web1"], "Start instance web1", "RUNNING"),
+            (["freeze", "web1"], "Freeze instance web1", "FROZEN"),
+            (["unfreeze", "web1"], "Unfreeze instance web1", "RUNNING"),
+            (["resize", "web1", "--cpus", "2"], "Resize instance web1", "RESIZED"),
+            (["confirm-resize", "web1"], "Confirm-resize instance web1", "RUNNING"),
+            (["snapshot", "web1", "s1"], "Snapshot instance web1", "RUNNING"),
+            (["restore", "web1", "s1"], "Restore instance web1", "RUNNING"),
+        ]
+        for argv, description, status in steps:
+            code, out, err = await self.cli(*argv, "--format", "json")
+            self.assertEqual((code, err), (0, ""), argv)
+            result = json.loads(out)
+            self.assertEqual(
+                (
+                    result["operation"]["description"],
+                    result["operation"]["status_code"],
+                    result["instance"]["name"],
+                    result["instance"]["operator_status"],
+                ),
+                (description, 200, "web1", status),
+                argv,
+            )
+
+    async def test_deleteInYAMLHasNoInstanceAfterIt(self) -> None:
+        await self.launch("web1")
+        code, out, err = await self.cli("delete", "web1", "--force", "--format", "yaml")
+        self.assertEqual((code, err), (0, ""))
+        result = yaml.safe_load(out)
+        self.assertEqual((result["operation"]["status"], result["instance"]), ("Success", None))
+
+    async def test_noWaitInJSONIsTheOperationAsCreated(self) -> None:
+        await self.launch("web1")
+        code, out, _ = await self.cli("stop", "web1", "--force", "--no-wait", "--format", "json")
+        result = json.loads(out)
+        self.assertEqual(code, 0)
+        self.assertEqual(result["instance"], None)
+        self.assertEqual(result["operation"]["description"], "Stop instance web1")
+        self.assertRegex(result["operation"]["id"], r"^[0-9a-f-]{36}$")
+        for operation in self.lifecycle.state.operations.list():
+            await operation.when_done()
+
+    async def test_aFailedActionInJSONStillPrintsTheResultAndExits1(self) -> None:
+        await self.launch("web1")
+        self.patch(self.lifecycle.state.driver, "program", ["/nonexistent/qemu"])
+        code, out, err = await self.cli("rebuild", "web1", "--format", "json")
+        self.assertEqual(code, 1)
+        self.assertTrue(err.startswith("vmready: Error: cannot start web1: "), err)
+        result = json.loads(out)
+        self.assertEqual(result["operation"]["status"], "Failure")
+        self.assertIn("/nonexistent/qemu", result["operation"]["err"])
+        self.assertEqual(result["instance"]["operator_status"], "ERROR")
+
+    async def test_aRefusedActionInJSONPrintsNothing(self) -> None:
+        await self.launch("web1")
+        self.assertEqual(
+            await self.cli("start", "web1", "--format", "json"),
+            (1, "", "vmready: Error: Cannot start instance web1: it is running\n"),
+        )
+
+    async def test_actionInCSVIsOneFlatRow(self) -> None:
+        await self.launch("web1")
+        code, out, _ = await self.cli("stop", "web1", "--force", "--format", "csv")
+        header, row = list(csv.reader(io.StringIO(out)))
+        cells = dict(zip(header, row, strict=True))
+        self.assertEqual(code, 0)
+        self.assertEqual(cells["operation.status"], "Success")
+        self.assertEqual(cells["instance.name"], "web1")
+        self.assertEqual(cells["instance.operator_status"], "STOPPED")
+        self.assertEqual(cells["instance.limits.cpus"], "1")
+
+    async def test_launchWaitInJSONIsTheInstanceOnceReady(self) -> None:
+        reported = self.site.when_request("GET /1.0/instances/web1")
+        launching = self.background("launch", "web1", "--wait", "--format", "json")
+        await reported
+        self.assertNoResult(launching)
+        self.declare_ready()
+        code, out, err = await launching
+        self.assertEqual((code, err), (0, ""))
+        self.assertEqual(json.loads(out)["instance"]["operator_status"], "READY")
+
+    async def test_snapshotDeleteInCSV(self) -> None:
+        await self.launch("web1")
+        await self.cli("snapshot", "web1", "s1")
+        code, out, _ = await self.cli("snapshot", "delete", "web1", "s1", "--format", "csv")
+        header, row = list(csv.reader(io.StringIO(out)))
+        self.assertEqual((code, dict(zip(header, row, strict=True))["name"]), (0, "s1"))
+
     async def test_actionsTable(self) -> None:
         await self.launch("web1")
         await self.cli("stop", "web1", "--force")
@@ -649,6 +744,21 @@ class MonitorTests(CLITestCase):
         )
         self.assertRegex(lines[1], r" lifecycle instance-created web1$")
 
+    async def test_csvHasOneHeaderThenARowAnEvent(self) -> None:
+        out = _BrokenPipe(lines=2)
+        subscribed = self.site.when_request("GET /1.0/events?type=lifecycle")
+        monitoring = self.background("monitor", "--type", "lifecycle", "--format", "csv", out=out)
+        await subscribed
+        await self.launch("web1")
+        code, printed, _ = await monitoring
+        self.assertEqual(code, 0)
+        rows = list(csv.reader(io.StringIO(printed)))
+        self.assertEqual(rows[0], ["timestamp", "type", "metadata"])
+        self.assertEqual(rows[1][1], "lifecycle")
+        metadata = json.loads(rows[1][2])
+        self.assertEqual(metadata["action"], "instance-state")
+        self.assertEqual(metadata["context"]["task_state"], "spawning")
+
     async def test_unknownTypeExits1WithTheDaemonsWords(self) -> None:
         code, _, err = await self.cli("monitor", "--type", "logging")
         self.assertEqual(code, 1)
@@ -708,6 +818,20 @@ class WaitTests(CLITestCase):
         self.assertEqual(await waiting, (0, "web1: STOPPED\n", ""))
         self.assertEqual(
             self.site.requests, ["GET /1.0/events?type=lifecycle", "GET /1.0/instances/web1"]
+        )
+
+    async def test_jsonSaysWhatMetTheCondition(self) -> None:
+        await self.launch("web1")
+        self.declare_ready()
+        code, out, err = await self.cli("wait", "web1", "status=running", "--format", "json")
+        self.assertEqual((code, err), (0, ""))
+        self.assertEqual(
+            json.loads(out), {"name": "web1", "condition": "status=running", "met": "ready"}
+        )
+        self.agent_says(AgentStatus.CONNECTED)
+        self.assertEqual(
+            await self.cli("wait", "web1", "agent", "--format", "csv"),
+            (0, "name,condition,met\nweb1,agent,connected\n", ""),
         )
 
     async def test_readyIsSignalledByTheReadyEvent(self) -> None:
