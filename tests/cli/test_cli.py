@@ -412,8 +412,9 @@ class ListAndInfoTests(CLITestCase):
         self.assertEqual(code, 0)
         lines = out.splitlines()
         self.assertEqual(lines[0], "Name: web1")
-        self.assertIn("Status: RUNNING", lines)
-        self.assertIn("Display status: ACTIVE", lines)
+        self.assertEqual(
+            lines[3:6], ["Status: RUNNING", "LXD status: RUNNING", "Display status: ACTIVE"]
+        )
         self.assertIn("Task state: -", lines)
         self.assertIn("Memory: 256MiB", lines)
         self.assertIn("Agent: unknown", lines)
@@ -438,6 +439,20 @@ class ListAndInfoTests(CLITestCase):
         self.assertIn("Status: READY", out.splitlines())
         _, out, _ = await self.cli("list")
         self.assertEqual(out.splitlines()[1].split()[:2], ["web1", "READY"])
+
+    async def test_infoStatusIsTheOneStatus(self) -> None:
+        await self.launch("web1")
+        await self.cli("resize", "web1", "--cpus", "2")
+        _, out, _ = await self.cli("info", "web1")
+        self.assertEqual(
+            out.splitlines()[3:7],
+            [
+                "Status: RESIZED",
+                "LXD status: RUNNING",
+                "Display status: VERIFY_RESIZE",
+                "VM state: resized",
+            ],
+        )
 
     async def test_infoShowsThePersistedError(self) -> None:
         await self.launch("web1")
