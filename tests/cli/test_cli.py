@@ -31,7 +31,7 @@ from tests.fixtures import STARTED_UNDER_TCG, TCG_REASON, make_lifecycle
 from tests.reactor import reactor
 from vmready.api.operator import OperatorAPI
 from vmready.cli.main import run
-from vmready.cli.output import to_yaml
+from vmready.cli.output import flatten, to_csv, to_yaml
 from vmready.cli.parser import build_parser
 from vmready.domain.states import TaskState, VMState
 from vmready.hypervisor.cmdline import LEGACY_LAYOUT
@@ -1140,6 +1140,20 @@ class OddDaemonAnswersTests(UnixAPITestCase):
         self.assertEqual(yaml.safe_load(out), json.loads(as_json))
         self.assertEqual(yaml.safe_load(out)["config"], {"user.note": "\ud800"})
 
+    async def test_loneSurrogatesInCSVAreEscaped(self) -> None:
+        code, out, err = await self.strict_cli("info", "web1", "--format", "csv")
+        self.assertEqual((code, err), (0, ""))
+        header, row = list(csv.reader(io.StringIO(out)))
+        cells = dict(zip(header, row, strict=True))
+        self.assertEqual((cells["config.user.note"], cells["error"]), ("\\ud800", "odd \\udfff"))
+
+    async def test_anInstanceFromADaemonWithoutOperatorStatusShowsItsLXDStatus(self) -> None:
+        self.api.answers["/1.0/instances?recursion=1"] = _envelope([self._INSTANCE])
+        code, out, err = await self.strict_cli("list")
+        self.assertEqual(
+            (code, out, err), (0, "NAME  STATUS  MEMORY  CPUS\nweb1  ERROR   256MiB  1\n", "")
+        )
+
     async def test_loneSurrogatesInAnErrorAreEscaped(self) -> None:
         self.api.answers["/1.0/instances/web2"] = _error(400, "bad \ud800")
         self.assertEqual(
@@ -1301,6 +1315,40 @@ class YAMLTests(SynchronousTestCase):
             self.assertSameDataAsJSON(value),
             "source: /1.0/instances/web1\nuser.role: web server\n",
         )
+
+
+class CSVTests(SynchronousTestCase):
+    """``to_csv``: JSON data as flat rows, the way docs/operator-guide.md describes."""
+
+    def test_nestedObjectsBecomeDottedColumns(self) -> None:
+        self.assertEqual(
+            to_csv({"name": "web1", "limits": {"memory_mib": 256, "cpus": 1}, "devices": {}}),
+            "name,limits.memory_mib,limits.cpus\nweb1,256,1\n",
+        )
+
+    def test_scalarsAsJSONWritesThemAndArraysAsOneJSONCell(self) -> None:
+        self.assertEqual(
+            to_csv({"a": None, "b": True, "c": False, "d": 1.5, "e": ["x", {"y": 1}]}),
+            'a,b,c,d,e\n,true,false,1.5,"[""x"",{""y"":1}]"\n',
+        )
+
+    def test_rowsTakeEveryKeyInTheOrderFirstSeen(self) -> None:
+        self.assertEqual(
+            to_csv([{"a": 1, "c": {"x": 2}}, {"b": 3, "a": 4}]),
+            "a,c.x,b\n1,2,\n4,,3\n",
+        )
+
+    def test_anEmptyListPrintsNothing(self) -> None:
+        self.assertEqual(to_csv([]), "")
+
+    def test_cellsThatNeedQuotesAreQuoted(self) -> None:
+        text = to_csv({"error": 'a, "b"\nc'})
+        self.assertEqual(text, 'error\n"a, ""b""\nc"\n')
+        self.assertEqual(list(csv.reader(io.StringIO(text))), [["error"], ['a, "b"\nc']])
+
+    def test_valuesThatAreNotObjectsAreOneColumn(self) -> None:
+        self.assertEqual(to_csv(["a", "b"]), "value\na\nb\n")
+        self.assertEqual(flatten({"config": {"limits.cpu": "2"}}), {"config.limits.cpu": "2"})
 
 
 class SnapshotCommandTests(CLITestCase):
