@@ -6,6 +6,7 @@ import os
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from vmready.cli.tables import DEFAULT_COLUMNS, LIST_COLUMNS, parse_columns
 from vmready.domain.states import (
     PowerState,
     TaskState,
@@ -67,3 +68,18 @@ class OperatorStatusDocTests(SynchronousTestCase):
                 power = PowerState(when[len("active (") :].split(",")[0].rstrip(")").strip())
             ready = "ready" in when
             self.assertEqual(operator_status(vm_state, None, power, ready), status, when)
+
+
+class ListColumnsDocTests(SynchronousTestCase):
+    """docs/operator-guide.md lists exactly the columns ``vmready list -c`` takes."""
+
+    def test_theColumnTableMatchesTheCode(self) -> None:
+        with open(os.path.join(DOCS, "operator-guide.md"), encoding="utf-8") as f:
+            text = f.read()
+        rows = _table_rows(text, "letter")
+        self.assertEqual(
+            [(letter.strip("`"), name.strip("`"), header) for letter, name, header, _ in rows],
+            [(column.letter, column.name, column.header) for column in LIST_COLUMNS],
+        )
+        headers = " ".join(column.header for column in parse_columns(DEFAULT_COLUMNS))
+        self.assertIn(f"The default columns are {headers};", text.replace("\n", " "))
