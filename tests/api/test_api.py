@@ -167,8 +167,17 @@ class CreateTests(APITestCase):
         reply = await self.call("GET", "/1.0/instances/web1")
         instance = reply.metadata
         self.assertEqual(
-            {key: instance[key] for key in ("name", "status", "status_code", "display_status")},
-            {"name": "web1", "status": "Running", "status_code": 103, "display_status": "ACTIVE"},
+            {
+                key: instance[key]
+                for key in ("name", "operator_status", "status", "status_code", "display_status")
+            },
+            {
+                "name": "web1",
+                "operator_status": "RUNNING",
+                "status": "Running",
+                "status_code": 103,
+                "display_status": "ACTIVE",
+            },
         )
         self.assertEqual(
             (instance["vm_state"], instance["task_state"], instance["power_state"]),
@@ -370,7 +379,7 @@ class PatchTests(APITestCase):
         self.assertError(
             await self.call("PATCH", "/1.0/instances/web1", {"config": {"limits.memory": "1GiB"}}),
             409,
-            "Cannot change limits.memory of instance web1 while it is active: "
+            "Cannot change limits.memory of instance web1 while it is running: "
             "use the resize action",
         )
 
@@ -394,7 +403,7 @@ class PatchTests(APITestCase):
         self.assertError(
             await self.call("PATCH", "/1.0/instances/web1", {"config": {"user.a": "1"}}),
             409,
-            "Cannot 'update' instance web1 while it is in task_state powering-off",
+            "Cannot update instance web1: it is stopping (a stop is in progress)",
         )
         await self.settle(stopping)
 
@@ -407,6 +416,7 @@ class StateTests(APITestCase):
         self.assertEqual(
             await self.state(),
             {
+                "operator_status": "RUNNING",
                 "status": "Running",
                 "status_code": 103,
                 "display_status": "ACTIVE",
@@ -435,16 +445,20 @@ class StateTests(APITestCase):
     async def test_stopStartRestartFreezeUnfreeze(self) -> None:
         await self.launch("web1")
         expected = [
-            ({"action": "stop", "force": True}, "Stopped", "SHUTOFF"),
-            ({"action": "start"}, "Running", "ACTIVE"),
-            ({"action": "restart", "force": True}, "Running", "ACTIVE"),
-            ({"action": "freeze"}, "Frozen", "PAUSED"),
-            ({"action": "unfreeze"}, "Running", "ACTIVE"),
+            ({"action": "stop", "force": True}, "Stopped", "SHUTOFF", "STOPPED"),
+            ({"action": "start"}, "Running", "ACTIVE", "RUNNING"),
+            ({"action": "restart", "force": True}, "Running", "ACTIVE", "RUNNING"),
+            ({"action": "freeze"}, "Frozen", "PAUSED", "FROZEN"),
+            ({"action": "unfreeze"}, "Running", "ACTIVE", "RUNNING"),
         ]
-        for body, status, display in expected:
+        for body, status, display, operator in expected:
             await self.settle(await self.call("PUT", "/1.0/instances/web1/state", body))
             state = await self.state()
-            self.assertEqual((state["status"], state["display_status"]), (status, display), body)
+            self.assertEqual(
+                (state["status"], state["display_status"], state["operator_status"]),
+                (status, display, operator),
+                body,
+            )
 
     async def test_stopTimeoutMinusOneMeansTheDefault(self) -> None:
         await self.launch("web1")
@@ -462,7 +476,7 @@ class StateTests(APITestCase):
         self.assertError(
             second,
             409,
-            "Cannot 'stop' instance web1 while it is in task_state powering-off",
+            "Cannot stop instance web1: it is stopping (a stop is in progress)",
         )
         await self.settle(first)
         self.assertEqual((await self.state())["status"], "Stopped")
@@ -472,7 +486,7 @@ class StateTests(APITestCase):
         self.assertError(
             await self.call("PUT", "/1.0/instances/web1/state", {"action": "start"}),
             409,
-            "Cannot 'start' instance web1 while it is in vm_state active",
+            "Cannot start instance web1: it is running",
         )
 
     async def test_badStateBodiesAre400NamingTheField(self) -> None:
@@ -528,6 +542,7 @@ class ActionTests(APITestCase):
         await self.settle(await self.act("resize", {"memory": "512", "cpus": 2}))
         instance = (await self.call("GET", "/1.0/instances/web1")).metadata
         self.assertEqual(instance["display_status"], "VERIFY_RESIZE")
+        self.assertEqual(instance["operator_status"], "RESIZED")
         self.assertEqual(instance["limits"], {"memory_mib": 512, "cpus": 2})
         await self.settle(await self.act("confirm-resize"))
         instance = (await self.call("GET", "/1.0/instances/web1")).metadata
@@ -566,7 +581,7 @@ class ActionTests(APITestCase):
         self.assertError(
             await self.act("confirm-resize"),
             409,
-            "Cannot 'confirm-resize' instance web1 while it is in vm_state active",
+            "Cannot confirm-resize instance web1: it is running",
         )
 
     async def test_unknownActionIs404(self) -> None:

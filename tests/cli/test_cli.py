@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import os
@@ -30,7 +31,7 @@ from tests.fixtures import STARTED_UNDER_TCG, TCG_REASON, make_lifecycle
 from tests.reactor import reactor
 from vmready.api.operator import OperatorAPI
 from vmready.cli.main import run
-from vmready.cli.output import to_yaml
+from vmready.cli.output import flatten, to_csv, to_yaml
 from vmready.cli.parser import build_parser
 from vmready.domain.states import TaskState, VMState
 from vmready.hypervisor.cmdline import LEGACY_LAYOUT
@@ -241,9 +242,7 @@ class ListAndInfoTests(CLITestCase):
         self.assertEqual(code, 0)
         self.assertEqual(
             out,
-            "NAME  STATUS   DISPLAY  TASK  POWER    MEMORY  CPUS\n"
-            "db    RUNNING  ACTIVE   -     running  512MiB  2\n"
-            "web1  RUNNING  ACTIVE   -     running  256MiB  1\n",
+            "NAME  STATUS   MEMORY  CPUS\ndb    RUNNING  512MiB  2\nweb1  RUNNING  256MiB  1\n",
         )
 
     async def test_listShowsStoppedAndReadyUpperCase(self) -> None:
@@ -251,16 +250,133 @@ class ListAndInfoTests(CLITestCase):
         await self.launch("web2")
         self.assertEqual((await self.cli("stop", "web2", "--force"))[0], 0)
         self.declare_ready("web1")
-        _, out, _ = await self.cli("list")
-        rows = [line.split()[:4] for line in out.splitlines()[1:]]
+        _, out, _ = await self.cli("list", "-c", "nsdtr")
         self.assertEqual(
-            rows, [["web1", "READY", "ACTIVE", "-"], ["web2", "STOPPED", "SHUTOFF", "-"]]
+            out,
+            "NAME  STATUS   DISPLAY  TASK  READY\n"
+            "web1  READY    ACTIVE   -     yes\n"
+            "web2  STOPPED  SHUTOFF  -     no\n",
         )
 
     async def test_listEmptyIsJustTheHeader(self) -> None:
+        self.assertEqual(await self.cli("list"), (0, "NAME  STATUS  MEMORY  CPUS\n", ""))
+
+    async def test_listShowsTheTaskInProgressAsTheStatus(self) -> None:
+        await self.launch("web1")
+        code, out, _ = await self.cli("stop", "web1", "--no-wait")
+        self.assertEqual(code, 0, out)
+        _, out, _ = await self.cli("list", "--columns", "name,status,lxd_status,task_state")
         self.assertEqual(
-            await self.cli("list"), (0, "NAME  STATUS  DISPLAY  TASK  POWER  MEMORY  CPUS\n", "")
+            out, "NAME  STATUS    LXD       TASK\nweb1  STOPPING  STOPPING  powering-off\n"
         )
+        for operation in self.lifecycle.state.operations.list():
+            await operation.when_done()
+        _, out, _ = await self.cli("list", "-c", "ns")
+        self.assertEqual(out, "NAME  STATUS\nweb1  STOPPED\n")
+
+    async def test_listResizedAwaitsConfirmation(self) -> None:
+        await self.launch("web1")
+        self.assertEqual((await self.cli("resize", "web1", "--memory", "512"))[0], 0)
+        _, out, _ = await self.cli("list", "-c", "nslmvp")
+        self.assertEqual(
+            out,
+            "NAME  STATUS   LXD      MEMORY  VM       POWER\n"
+            "web1  RESIZED  RUNNING  512MiB  resized  running\n",
+        )
+
+    async def test_everyColumnByLetterAndByName(self) -> None:
+        await self.launch("web1")
+        _, by_letter, _ = await self.cli("list", "-c", "nsmcraldvtpue")
+        _, by_name, _ = await self.cli(
+            "list",
+            "-c",
+            "name,status,memory,cpus,ready,agent,lxd_status,display_status,vm_state,"
+            "task_state,power_state,uuid,error",
+        )
+        self.assertEqual(by_letter, by_name)
+        header, row = by_letter.splitlines()
+        self.assertEqual(
+            header.split(),
+            [
+                "NAME", "STATUS", "MEMORY", "CPUS", "READY", "AGENT", "LXD", "DISPLAY", "VM",
+                "TASK", "POWER", "UUID", "ERROR",
+            ],
+        )  # fmt: skip
+        uuid = self.lifecycle.get("web1").uuid
+        self.assertEqual(
+            row.split(),
+            [
+                "web1", "RUNNING", "256MiB", "1", "no", "unknown", "RUNNING", "ACTIVE",
+                "active", "-", "running", uuid, "-",
+            ],
+        )  # fmt: skip
+
+    async def test_aColumnNameAloneIsThatColumn(self) -> None:
+        await self.launch("web1")
+        self.assertEqual(await self.cli("list", "-c", "name"), (0, "NAME\nweb1\n", ""))
+        self.assertEqual(await self.cli("list", "-c", "name,"), (0, "NAME\nweb1\n", ""))
+
+    async def test_unknownColumnIsAUsageErrorNamingIt(self) -> None:
+        code, out, err = await self.cli("list", "-c", "nsx")
+        self.assertEqual((code, out), (2, ""))
+        self.assertTrue(err.startswith("usage: vmready list"), err)
+        self.assertIn(
+            "vmready: error: argument -c/--columns: unknown column letter 'x' in 'nsx' "
+            "(columns: n name, s status, m memory, c cpus, r ready,",
+            err,
+        )
+        code, _, err = await self.cli("list", "--columns", "name,colour")
+        self.assertEqual(code, 2)
+        self.assertIn("argument -c/--columns: unknown column 'colour' (columns: n name,", err)
+        code, _, err = await self.cli("list", "-c", ",")
+        self.assertEqual(code, 2)
+        self.assertIn("argument -c/--columns: no columns given", err)
+
+    async def test_listCSVHasTheTableColumns(self) -> None:
+        await self.launch("web1")
+        await self.launch("db", "--memory", "512", "--cpus", "2")
+        self.assertEqual(
+            await self.cli("list", "--format", "csv"),
+            (0, "NAME,STATUS,MEMORY,CPUS\ndb,RUNNING,512MiB,2\nweb1,RUNNING,256MiB,1\n", ""),
+        )
+        code, out, _ = await self.cli("list", "--format", "csv", "-c", "ntpe")
+        self.assertEqual((code, out), (0, "NAME,TASK,POWER,ERROR\ndb,,running,\nweb1,,running,\n"))
+        self.assertEqual(
+            await self.cli("list", "--format", "csv", "-c", "n"), (0, "NAME\ndb\nweb1\n", "")
+        )
+
+    async def test_listCSVShowsTheError(self) -> None:
+        await self.launch("web1")
+        self.patch(self.lifecycle.state.driver, "program", ["/nonexistent/qemu"])
+        await self.cli("rebuild", "web1")
+        _, out, _ = await self.cli("list", "--format", "csv", "-c", "name,status,error")
+        rows = list(csv.reader(io.StringIO(out)))
+        self.assertEqual(rows[0], ["NAME", "STATUS", "ERROR"])
+        self.assertEqual(rows[1][:2], ["web1", "ERROR"])
+        self.assertIn("'/nonexistent/qemu'", rows[1][2])
+
+    async def test_infoCSVIsTheObjectFlattened(self) -> None:
+        await self.launch("web1", "-c", "user.role=web, db")
+        code, out, err = await self.cli("info", "web1", "--format", "csv")
+        self.assertEqual((code, err), (0, ""))
+        header, row = list(csv.reader(io.StringIO(out)))
+        cells = dict(zip(header, row, strict=True))
+        self.assertEqual(header[:3], ["name", "uuid", "type"])
+        self.assertEqual(cells["operator_status"], "RUNNING")
+        self.assertEqual(cells["limits.memory_mib"], "256")
+        self.assertEqual(cells["config.user.role"], "web, db")
+        self.assertEqual(cells["agent.status"], "unknown")
+        self.assertEqual(cells["task_state"], "")
+        self.assertEqual(cells["faults"], "[]")
+        self.assertNotIn("devices", cells)  # an empty object has no column
+
+    async def test_actionsCSVIsOneRowAnActionWithItsStepsAsJSON(self) -> None:
+        await self.launch("web1")
+        code, out, _ = await self.cli("actions", "web1", "--format", "csv")
+        header, row = list(csv.reader(io.StringIO(out)))
+        cells = dict(zip(header, row, strict=True))
+        self.assertEqual((code, cells["action"], cells["result"]), (0, "create", "success"))
+        self.assertEqual([step["name"] for step in json.loads(cells["steps"])], ["spawning"])
 
     async def test_listJSONIsTheAPIObjects(self) -> None:
         await self.launch("web1")
@@ -296,8 +412,9 @@ class ListAndInfoTests(CLITestCase):
         self.assertEqual(code, 0)
         lines = out.splitlines()
         self.assertEqual(lines[0], "Name: web1")
-        self.assertIn("Status: RUNNING", lines)
-        self.assertIn("Display status: ACTIVE", lines)
+        self.assertEqual(
+            lines[3:6], ["Status: RUNNING", "LXD status: RUNNING", "Display status: ACTIVE"]
+        )
         self.assertIn("Task state: -", lines)
         self.assertIn("Memory: 256MiB", lines)
         self.assertIn("Agent: unknown", lines)
@@ -322,6 +439,20 @@ class ListAndInfoTests(CLITestCase):
         self.assertIn("Status: READY", out.splitlines())
         _, out, _ = await self.cli("list")
         self.assertEqual(out.splitlines()[1].split()[:2], ["web1", "READY"])
+
+    async def test_infoStatusIsTheOneStatus(self) -> None:
+        await self.launch("web1")
+        await self.cli("resize", "web1", "--cpus", "2")
+        _, out, _ = await self.cli("info", "web1")
+        self.assertEqual(
+            out.splitlines()[3:7],
+            [
+                "Status: RESIZED",
+                "LXD status: RUNNING",
+                "Display status: VERIFY_RESIZE",
+                "VM state: resized",
+            ],
+        )
 
     async def test_infoShowsThePersistedError(self) -> None:
         await self.launch("web1")
@@ -459,7 +590,7 @@ class ActionCommandTests(CLITestCase):
             (
                 1,
                 "",
-                "vmready: Error: Cannot 'start' instance web1 while it is in vm_state active\n",
+                "vmready: Error: Cannot start instance web1: it is running\n",
             ),
         )
 
@@ -482,6 +613,105 @@ class ActionCommandTests(CLITestCase):
         )
         self.assertEqual(await self.cli("delete", "web1", "--force"), (0, "Deleted web1\n", ""))
         self.assertEqual((await self.cli("info", "web1"))[0], 1)
+
+    async def test_actionsInJSONPrintTheOperationAndTheInstanceAfterIt(self) -> None:
+        code, out, err = await self.cli("launch", "web1", "--format", "json")
+        self.assertEqual((code, err), (0, ""))
+        result = json.loads(out)  # nothing but the result: no "Creating web1" line
+        self.assertEqual(list(result), ["operation", "instance"])
+        self.assertEqual(
+            {key: result["operation"][key] for key in ("description", "status", "err")},
+            {"description": "Creating instance web1", "status": "Success", "err": ""},
+        )
+        self.assertEqual(result["instance"]["operator_status"], "RUNNING")
+        steps = [
+            (["stop", "web1", "--force"], "Stop instance web1", "STOPPED"),
+            (["start", "web1"], "Start instance web1", "RUNNING"),
+            (["freeze", "web1"], "Freeze instance web1", "FROZEN"),
+            (["unfreeze", "web1"], "Unfreeze instance web1", "RUNNING"),
+            (["resize", "web1", "--cpus", "2"], "Resize instance web1", "RESIZED"),
+            (["confirm-resize", "web1"], "Confirm-resize instance web1", "RUNNING"),
+            (["snapshot", "web1", "s1"], "Snapshot instance web1", "RUNNING"),
+            (["restore", "web1", "s1"], "Restore instance web1", "RUNNING"),
+        ]
+        for argv, description, status in steps:
+            code, out, err = await self.cli(*argv, "--format", "json")
+            self.assertEqual((code, err), (0, ""), argv)
+            result = json.loads(out)
+            self.assertEqual(
+                (
+                    result["operation"]["description"],
+                    result["operation"]["status_code"],
+                    result["instance"]["name"],
+                    result["instance"]["operator_status"],
+                ),
+                (description, 200, "web1", status),
+                argv,
+            )
+
+    async def test_deleteInYAMLHasNoInstanceAfterIt(self) -> None:
+        await self.launch("web1")
+        code, out, err = await self.cli("delete", "web1", "--force", "--format", "yaml")
+        self.assertEqual((code, err), (0, ""))
+        result = yaml.safe_load(out)
+        self.assertEqual((result["operation"]["status"], result["instance"]), ("Success", None))
+
+    async def test_noWaitInJSONIsTheOperationAsCreated(self) -> None:
+        await self.launch("web1")
+        code, out, _ = await self.cli("stop", "web1", "--force", "--no-wait", "--format", "json")
+        result = json.loads(out)
+        self.assertEqual(code, 0)
+        self.assertEqual(result["instance"], None)
+        self.assertEqual(result["operation"]["description"], "Stop instance web1")
+        self.assertRegex(result["operation"]["id"], r"^[0-9a-f-]{36}$")
+        for operation in self.lifecycle.state.operations.list():
+            await operation.when_done()
+
+    async def test_aFailedActionInJSONStillPrintsTheResultAndExits1(self) -> None:
+        await self.launch("web1")
+        self.patch(self.lifecycle.state.driver, "program", ["/nonexistent/qemu"])
+        code, out, err = await self.cli("rebuild", "web1", "--format", "json")
+        self.assertEqual(code, 1)
+        self.assertTrue(err.startswith("vmready: Error: cannot start web1: "), err)
+        result = json.loads(out)
+        self.assertEqual(result["operation"]["status"], "Failure")
+        self.assertIn("/nonexistent/qemu", result["operation"]["err"])
+        self.assertEqual(result["instance"]["operator_status"], "ERROR")
+
+    async def test_aRefusedActionInJSONPrintsNothing(self) -> None:
+        await self.launch("web1")
+        self.assertEqual(
+            await self.cli("start", "web1", "--format", "json"),
+            (1, "", "vmready: Error: Cannot start instance web1: it is running\n"),
+        )
+
+    async def test_actionInCSVIsOneFlatRow(self) -> None:
+        await self.launch("web1")
+        code, out, _ = await self.cli("stop", "web1", "--force", "--format", "csv")
+        header, row = list(csv.reader(io.StringIO(out)))
+        cells = dict(zip(header, row, strict=True))
+        self.assertEqual(code, 0)
+        self.assertEqual(cells["operation.status"], "Success")
+        self.assertEqual(cells["instance.name"], "web1")
+        self.assertEqual(cells["instance.operator_status"], "STOPPED")
+        self.assertEqual(cells["instance.limits.cpus"], "1")
+
+    async def test_launchWaitInJSONIsTheInstanceOnceReady(self) -> None:
+        reported = self.site.when_request("GET /1.0/instances/web1")
+        launching = self.background("launch", "web1", "--wait", "--format", "json")
+        await reported
+        self.assertNoResult(launching)
+        self.declare_ready()
+        code, out, err = await launching
+        self.assertEqual((code, err), (0, ""))
+        self.assertEqual(json.loads(out)["instance"]["operator_status"], "READY")
+
+    async def test_snapshotDeleteInCSV(self) -> None:
+        await self.launch("web1")
+        await self.cli("snapshot", "web1", "s1")
+        code, out, _ = await self.cli("snapshot", "delete", "web1", "s1", "--format", "csv")
+        header, row = list(csv.reader(io.StringIO(out)))
+        self.assertEqual((code, dict(zip(header, row, strict=True))["name"]), (0, "s1"))
 
     async def test_actionsTable(self) -> None:
         await self.launch("web1")
@@ -543,6 +773,21 @@ class MonitorTests(CLITestCase):
         )
         self.assertRegex(lines[1], r" lifecycle instance-created web1$")
 
+    async def test_csvHasOneHeaderThenARowAnEvent(self) -> None:
+        out = _BrokenPipe(lines=2)
+        subscribed = self.site.when_request("GET /1.0/events?type=lifecycle")
+        monitoring = self.background("monitor", "--type", "lifecycle", "--format", "csv", out=out)
+        await subscribed
+        await self.launch("web1")
+        code, printed, _ = await monitoring
+        self.assertEqual(code, 0)
+        rows = list(csv.reader(io.StringIO(printed)))
+        self.assertEqual(rows[0], ["timestamp", "type", "metadata"])
+        self.assertEqual(rows[1][1], "lifecycle")
+        metadata = json.loads(rows[1][2])
+        self.assertEqual(metadata["action"], "instance-state")
+        self.assertEqual(metadata["context"]["task_state"], "spawning")
+
     async def test_unknownTypeExits1WithTheDaemonsWords(self) -> None:
         code, _, err = await self.cli("monitor", "--type", "logging")
         self.assertEqual(code, 1)
@@ -602,6 +847,20 @@ class WaitTests(CLITestCase):
         self.assertEqual(await waiting, (0, "web1: STOPPED\n", ""))
         self.assertEqual(
             self.site.requests, ["GET /1.0/events?type=lifecycle", "GET /1.0/instances/web1"]
+        )
+
+    async def test_jsonSaysWhatMetTheCondition(self) -> None:
+        await self.launch("web1")
+        self.declare_ready()
+        code, out, err = await self.cli("wait", "web1", "status=running", "--format", "json")
+        self.assertEqual((code, err), (0, ""))
+        self.assertEqual(
+            json.loads(out), {"name": "web1", "condition": "status=running", "met": "ready"}
+        )
+        self.agent_says(AgentStatus.CONNECTED)
+        self.assertEqual(
+            await self.cli("wait", "web1", "agent", "--format", "csv"),
+            (0, "name,condition,met\nweb1,agent,connected\n", ""),
         )
 
     async def test_readyIsSignalledByTheReadyEvent(self) -> None:
@@ -895,6 +1154,20 @@ class OddDaemonAnswersTests(UnixAPITestCase):
         self.assertEqual(yaml.safe_load(out), json.loads(as_json))
         self.assertEqual(yaml.safe_load(out)["config"], {"user.note": "\ud800"})
 
+    async def test_loneSurrogatesInCSVAreEscaped(self) -> None:
+        code, out, err = await self.strict_cli("info", "web1", "--format", "csv")
+        self.assertEqual((code, err), (0, ""))
+        header, row = list(csv.reader(io.StringIO(out)))
+        cells = dict(zip(header, row, strict=True))
+        self.assertEqual((cells["config.user.note"], cells["error"]), ("\\ud800", "odd \\udfff"))
+
+    async def test_anInstanceFromADaemonWithoutOperatorStatusShowsItsLXDStatus(self) -> None:
+        self.api.answers["/1.0/instances?recursion=1"] = _envelope([self._INSTANCE])
+        code, out, err = await self.strict_cli("list")
+        self.assertEqual(
+            (code, out, err), (0, "NAME  STATUS  MEMORY  CPUS\nweb1  ERROR   256MiB  1\n", "")
+        )
+
     async def test_loneSurrogatesInAnErrorAreEscaped(self) -> None:
         self.api.answers["/1.0/instances/web2"] = _error(400, "bad \ud800")
         self.assertEqual(
@@ -1056,6 +1329,40 @@ class YAMLTests(SynchronousTestCase):
             self.assertSameDataAsJSON(value),
             "source: /1.0/instances/web1\nuser.role: web server\n",
         )
+
+
+class CSVTests(SynchronousTestCase):
+    """``to_csv``: JSON data as flat rows, the way docs/operator-guide.md describes."""
+
+    def test_nestedObjectsBecomeDottedColumns(self) -> None:
+        self.assertEqual(
+            to_csv({"name": "web1", "limits": {"memory_mib": 256, "cpus": 1}, "devices": {}}),
+            "name,limits.memory_mib,limits.cpus\nweb1,256,1\n",
+        )
+
+    def test_scalarsAsJSONWritesThemAndArraysAsOneJSONCell(self) -> None:
+        self.assertEqual(
+            to_csv({"a": None, "b": True, "c": False, "d": 1.5, "e": ["x", {"y": 1}]}),
+            'a,b,c,d,e\n,true,false,1.5,"[""x"",{""y"":1}]"\n',
+        )
+
+    def test_rowsTakeEveryKeyInTheOrderFirstSeen(self) -> None:
+        self.assertEqual(
+            to_csv([{"a": 1, "c": {"x": 2}}, {"b": 3, "a": 4}]),
+            "a,c.x,b\n1,2,\n4,,3\n",
+        )
+
+    def test_anEmptyListPrintsNothing(self) -> None:
+        self.assertEqual(to_csv([]), "")
+
+    def test_cellsThatNeedQuotesAreQuoted(self) -> None:
+        text = to_csv({"error": 'a, "b"\nc'})
+        self.assertEqual(text, 'error\n"a, ""b""\nc"\n')
+        self.assertEqual(list(csv.reader(io.StringIO(text))), [["error"], ['a, "b"\nc']])
+
+    def test_valuesThatAreNotObjectsAreOneColumn(self) -> None:
+        self.assertEqual(to_csv(["a", "b"]), "value\na\nb\n")
+        self.assertEqual(flatten({"config": {"limits.cpu": "2"}}), {"config.limits.cpu": "2"})
 
 
 class SnapshotCommandTests(CLITestCase):

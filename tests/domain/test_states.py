@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import itertools
+
 from twisted.trial.unittest import SynchronousTestCase
 
+from vmready.domain.model import task_conflict
 from vmready.domain.states import (
     ACTIONS,
+    OperatorStatus,
     PowerState,
     StatusCode,
     TaskState,
     VMState,
     derive_status,
+    describe_state,
     display_status,
+    operator_status,
     transition_diagram,
 )
 
@@ -149,3 +155,131 @@ class TableTests(SynchronousTestCase):
             ],
             [],
         )
+
+
+# What the operator reads while each task runs, written out here, not derived.
+_EXPECTED_DURING_TASK = {
+    TaskState.SPAWNING: "LAUNCHING",
+    TaskState.POWERING_ON: "STARTING",
+    TaskState.POWERING_OFF: "STOPPING",
+    TaskState.REBOOTING: "RESTARTING",
+    TaskState.PAUSING: "FREEZING",
+    TaskState.UNPAUSING: "UNFREEZING",
+    TaskState.REBUILDING: "REBUILDING",
+    TaskState.RESIZE_QUEUED: "RESIZING",
+    TaskState.RESIZE_PREP: "RESIZING",
+    TaskState.RESIZE_MIGRATING: "RESIZING",
+    TaskState.RESIZE_FINISH: "RESIZING",
+    TaskState.RESIZE_CONFIRMING: "CONFIRMING",
+    TaskState.RESIZE_REVERTING: "REVERTING",
+    TaskState.SNAPSHOTTING: "SNAPSHOTTING",
+    TaskState.RESTORING: "RESTORING",
+    TaskState.DELETING: "DELETING",
+}
+# And while none runs: vm_state → status, whatever the power state and the ready key.
+_EXPECTED_AT_REST = {
+    VMState.BUILDING: "BUILDING",
+    VMState.STOPPED: "STOPPED",
+    VMState.PAUSED: "FROZEN",
+    VMState.RESIZED: "RESIZED",
+    VMState.ERROR: "ERROR",
+    VMState.DELETED: "DELETED",
+}
+# ACTIVE: decided by the power state (and the ready key while the VM runs).
+_EXPECTED_ACTIVE = {
+    (PowerState.RUNNING, True): "READY",
+    (PowerState.RUNNING, False): "RUNNING",
+    (PowerState.PAUSED, True): "FROZEN",
+    (PowerState.PAUSED, False): "FROZEN",
+    **{
+        (power, ready): "STOPPED"
+        for power in (PowerState.NOSTATE, PowerState.SHUTDOWN, PowerState.CRASHED)
+        for ready in (True, False)
+    },
+}
+
+
+class OperatorStatusTests(SynchronousTestCase):
+    """The one status: every combination of the stored fields has a defined, tested output."""
+
+    def test_everyTaskShowsItsTransitionWhateverTheRest(self) -> None:
+        self.assertEqual(set(_EXPECTED_DURING_TASK), set(TaskState))
+        for task, vm, power, ready in itertools.product(
+            TaskState, VMState, PowerState, (True, False)
+        ):
+            self.assertEqual(
+                operator_status(vm, task, power, ready),
+                _EXPECTED_DURING_TASK[task],
+                (task, vm, power, ready),
+            )
+
+    def test_everyRestingStateOtherThanActiveShowsItself(self) -> None:
+        self.assertEqual(set(_EXPECTED_AT_REST), set(VMState) - {VMState.ACTIVE})
+        for vm, power, ready in itertools.product(_EXPECTED_AT_REST, PowerState, (True, False)):
+            self.assertEqual(
+                operator_status(vm, None, power, ready), _EXPECTED_AT_REST[vm], (vm, power, ready)
+            )
+
+    def test_activeIsDecidedByThePowerStateAndTheReadyKey(self) -> None:
+        self.assertEqual(len(_EXPECTED_ACTIVE), len(PowerState) * 2)
+        for (power, ready), expected in _EXPECTED_ACTIVE.items():
+            self.assertEqual(
+                operator_status(VMState.ACTIVE, None, power, ready), expected, (power, ready)
+            )
+
+    def test_everyStatusIsReachable(self) -> None:
+        reached = {
+            operator_status(vm, task, power, ready)
+            for vm, task, power, ready in itertools.product(
+                VMState, [None, *TaskState], PowerState, (True, False)
+            )
+        }
+        self.assertEqual(reached, set(OperatorStatus))
+
+    def test_theValueIsTheUpperCaseWord(self) -> None:
+        for status in OperatorStatus:
+            self.assertEqual(status.value, status.name)
+
+
+class ConflictWordsTests(SynchronousTestCase):
+    """A refused action says why in the operator's words, never a stored field's name."""
+
+    def test_aRestingStateIsNamedAsTheOperatorKnowsIt(self) -> None:
+        self.assertEqual(
+            task_conflict("start", "web1", None, VMState.ACTIVE).message,
+            "Cannot start instance web1: it is running",
+        )
+        self.assertEqual(
+            task_conflict("confirm-resize", "web1", None, VMState.STOPPED).message,
+            "Cannot confirm-resize instance web1: it is stopped",
+        )
+
+    def test_aTaskInProgressIsNamedWithItsAction(self) -> None:
+        self.assertEqual(
+            task_conflict("start", "web1", TaskState.POWERING_OFF, VMState.ACTIVE).message,
+            "Cannot start instance web1: it is stopping (a stop is in progress)",
+        )
+        self.assertEqual(
+            describe_state(VMState.ACTIVE, TaskState.RESIZE_MIGRATING),
+            "resizing (a resize is in progress)",
+        )
+        self.assertEqual(
+            describe_state(VMState.PAUSED, TaskState.UNPAUSING),
+            "unfreezing (an unfreeze is in progress)",
+        )
+        self.assertEqual(
+            describe_state(VMState.BUILDING, TaskState.SPAWNING),
+            "launching (a launch is in progress)",
+        )
+
+    def test_createIsCalledLaunch(self) -> None:
+        self.assertEqual(
+            task_conflict("create", "web1", None, VMState.ACTIVE).message,
+            "Cannot launch instance web1: it is running",
+        )
+
+    def test_noMessageNamesAStoredField(self) -> None:
+        for task, vm in itertools.product([None, *TaskState], VMState):
+            words = task_conflict("stop", "web1", task, vm).message
+            for field in ("vm_state", "task_state", "power_state", "resize-", "image-snapshot"):
+                self.assertNotIn(field, words, (task, vm))

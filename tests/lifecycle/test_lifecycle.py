@@ -330,7 +330,7 @@ class TransitionTests(LifecycleTestCase):
             await self.lifecycle.act("vm1", "rebuild")
         self.assertEqual(
             caught.exception.message,
-            "Cannot 'rebuild' instance vm1 while it is in task_state powering-off",
+            "Cannot rebuild instance vm1: it is stopping (a stop is in progress)",
         )
         await self.wait(operation)
 
@@ -339,9 +339,7 @@ class TransitionTests(LifecycleTestCase):
         await self.launch()
         with self.assertRaises(Conflict) as caught:
             await self.lifecycle.act("vm1", "start")
-        self.assertEqual(
-            caught.exception.message, "Cannot 'start' instance vm1 while it is in vm_state active"
-        )
+        self.assertEqual(caught.exception.message, "Cannot start instance vm1: it is running")
 
 
 class VMDeathTests(LifecycleTestCase):

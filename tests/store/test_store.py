@@ -468,7 +468,7 @@ class TaskTests(_StoreTestCase):
         )
         self.assertEqual(
             (error.message, error.http_status),
-            ("Cannot 'resize' instance x while it is in task_state rebuilding", 409),
+            ("Cannot resize instance x: it is rebuilding (a rebuild is in progress)", 409),
         )
         self.assertEqual(store.get_instance("x").task_state, TaskState.REBUILDING)
 
@@ -486,7 +486,7 @@ class TaskTests(_StoreTestCase):
             TaskState.RESIZE_QUEUED,
         )
         self.assertEqual(
-            error.message, "Cannot 'resize' instance x while it is in task_state rebuilding"
+            error.message, "Cannot resize instance x: it is rebuilding (a rebuild is in progress)"
         )
         self.assertEqual(first.get_instance("x").task_state, TaskState.REBUILDING)
 
@@ -532,12 +532,17 @@ class TaskTests(_StoreTestCase):
         self.assertEqual(outcomes[winner], self.open().get_instance("x"))
         self.assertEqual(self.open().get_instance("x").task_state, won_task)
         losers = sorted(set(range(len(contenders))) - {winner})
+        doing = {
+            TaskState.REBUILDING: "rebuilding (a rebuild is in progress)",
+            TaskState.RESIZE_QUEUED: "resizing (a resize is in progress)",
+            TaskState.POWERING_OFF: "stopping (a stop is in progress)",
+            TaskState.REBOOTING: "restarting (a restart is in progress)",
+            TaskState.PAUSING: "freezing (a freeze is in progress)",
+            TaskState.DELETING: "deleting (a delete is in progress)",
+        }
         self.assertEqual(
             [getattr(outcomes[i], "message", repr(outcomes[i])) for i in losers],
-            [
-                f"Cannot '{contenders[i][0]}' instance x while it is in task_state {won_task}"
-                for i in losers
-            ],
+            [f"Cannot {contenders[i][0]} instance x: it is {doing[won_task]}" for i in losers],
         )
 
     def test_claimFromTheWrongVMStateGivesTheVMStateConflict(self) -> None:
@@ -553,9 +558,7 @@ class TaskTests(_StoreTestCase):
             ACTIONS["restart"].allowed_from,
             TaskState.REBOOTING,
         )
-        self.assertEqual(
-            error.message, "Cannot 'restart' instance x while it is in vm_state stopped"
-        )
+        self.assertEqual(error.message, "Cannot restart instance x: it is stopped")
         self.assertIsNone(store.get_instance("x").task_state)
 
     def test_claimOnAnUnknownInstanceIsNotFound(self) -> None:
@@ -582,7 +585,8 @@ class TaskTests(_StoreTestCase):
             Conflict, store.advance_task, "x", TaskState.RESIZE_QUEUED, TaskState.RESIZE_PREP
         )
         self.assertEqual(
-            error.message, "Instance x is in task_state resize-prep, not resize-queued"
+            error.message,
+            "Instance x moved on: it is at step resize-prep, not at step resize-queued",
         )
         self.assertEqual(store.get_instance("x").task_state, TaskState.RESIZE_PREP)
 
@@ -625,7 +629,9 @@ class TaskTests(_StoreTestCase):
             PowerState.SHUTDOWN,
             {"user.a": "1"},
         )
-        self.assertEqual(error.message, "Instance x is in task_state none, not rebuilding")
+        self.assertEqual(
+            error.message, "Instance x moved on: it is no longer in a task, not at step rebuilding"
+        )
         self.assertEqual(store.get_instance("x"), before)
 
     def test_setErrorKeepsTheReasonAndEndsTheTask(self) -> None:

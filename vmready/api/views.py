@@ -47,6 +47,7 @@ def state_json(record: InstanceRecord, agent: AgentStatus = AgentStatus.UNKNOWN)
     """``/1.0/instances/<name>/state``: the derived status beside the three stored fields."""
     status = record.status
     return {
+        "operator_status": record.operator_status.value,
         "status": status.name,
         "status_code": int(status.code),
         "display_status": record.display_status,
@@ -90,6 +91,7 @@ def instance_json(
         "type": "virtual-machine",
         "location": "none",
         "project": "default",
+        "operator_status": record.operator_status.value,
         "status": status.name,
         "status_code": int(status.code),
         "display_status": record.display_status,

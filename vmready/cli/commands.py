@@ -13,9 +13,9 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 
 from vmready.cli import tables
-from vmready.cli.client import Client, get_instance, instance_path
+from vmready.cli.client import APIError, Client, get_instance, instance_path
 from vmready.cli.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandError, UsageError
-from vmready.cli.output import Output, to_yaml
+from vmready.cli.output import EventCSV, Output, to_yaml
 from vmready.cli.waiter import Waiter, parse_condition
 from vmready.hypervisor.accel import ACCEL_KEY
 from vmready.hypervisor.bootsource import APPEND_KEY, IMAGE_KEY, INITRD_KEY, KERNEL_KEY
@@ -25,21 +25,61 @@ __all__ = ["COMMANDS", "cmd_replay"]
 _RUNNING_STATUSES = frozenset({"running", "ready", "frozen", "freezing", "starting", "stopping"})
 
 
+async def _instance_or_none(client: Client, name: str) -> dict[str, Any] | None:
+    """The instance object, or None if it is gone (a delete, a launch refused midway)."""
+    try:
+        return await get_instance(client, name)
+    except APIError as e:
+        if e.code == 404:
+            return None
+        raise
+
+
+def _action_result(operation: dict[str, Any], instance: dict[str, Any] | None) -> dict[str, Any]:
+    """What an action prints in the json, yaml and csv formats (docs/api.md, "JSON output")."""
+    return {"operation": operation, "instance": instance}
+
+
 async def _finish_action(
-    client: Client, output: Output, name: str, operation: dict[str, Any], args: argparse.Namespace
+    client: Client,
+    output: Output,
+    name: str,
+    operation: dict[str, Any],
+    args: argparse.Namespace,
+    ready: Waiter | None = None,
 ) -> int:
-    """Wait for the operation (unless --no-wait), report its failure or the resulting status."""
+    """Wait for the operation (unless --no-wait), report its failure or the resulting status.
+
+    The table format says it in a line; the others print the operation as it
+    ended and the instance after it (None when deleted, or with --no-wait),
+    also when the action failed (then exit 1 with the error on stderr).
+    ``ready``: then wait until the workload is Ready (``launch --wait``).
+    """
     if args.no_wait:
-        output.line(f"Operation /1.0/operations/{operation['id']}: {operation['description']}")
+        if output.is_table:
+            output.line(f"Operation /1.0/operations/{operation['id']}: {operation['description']}")
+        else:
+            output.result(_action_result(operation, None))
         return EXIT_OK
     done = await client.wait_operation(operation)
     if done.get("status_code") != 200:
-        raise CommandError(f"Error: {done.get('err') or done.get('status')}")
+        failed = CommandError(f"Error: {done.get('err') or done.get('status')}")
+        if not output.is_table:
+            output.result(_action_result(done, await _instance_or_none(client, name)))
+        raise failed
+    if not output.is_table:
+        if ready is not None:
+            await ready.wait(args.timeout)
+        instance = None if args.command == "delete" else await get_instance(client, name)
+        output.result(_action_result(done, instance))
+        return EXIT_OK
     if args.command == "delete":
         output.line(f"Deleted {name}")
         return EXIT_OK
     instance = await get_instance(client, name)
     output.line(f"{name}: {str(instance['status']).upper()} ({instance['display_status']})")
+    if ready is not None:
+        output.line(await ready.wait(args.timeout))
     return EXIT_OK
 
 
@@ -77,11 +117,9 @@ async def _cmd_launch(client: Client, output: Output, args: argparse.Namespace) 
             "POST", "/1.0/instances", {"name": args.name, "config": config}
         )
         # Only now: the daemon accepted the name and config.
-        output.line(f"Creating {args.name}")
-        code = await _finish_action(client, output, args.name, operation, args)
-        if ready is None or code != EXIT_OK:
-            return code
-        return await ready.wait(args.timeout, output)
+        if output.is_table:
+            output.line(f"Creating {args.name}")
+        return await _finish_action(client, output, args.name, operation, args, ready)
     finally:
         if ready is not None:
             ready.close()
@@ -99,7 +137,12 @@ async def _cmd_console(client: Client, output: Output, args: argparse.Namespace)
 
 async def _cmd_list(client: Client, output: Output, args: argparse.Namespace) -> int:
     instances = await client.get("/1.0/instances?recursion=1")
-    output.data(instances, tables.instances_table)
+    columns = args.columns or tables.parse_columns(tables.DEFAULT_COLUMNS)
+    output.data(
+        instances,
+        lambda value: tables.instances_table(value, columns),
+        lambda value: tables.instance_rows(value, columns),
+    )
     return EXIT_OK
 
 
@@ -174,8 +217,9 @@ async def _cmd_delete(client: Client, output: Output, args: argparse.Namespace) 
     if not args.force:
         instance = await get_instance(client, args.name)
         if str(instance["status"]).lower() in _RUNNING_STATUSES:
+            status = instance.get("operator_status") or instance["status"]
             raise CommandError(
-                f"Error: instance {args.name} is {str(instance['status']).upper()}: "
+                f"Error: instance {args.name} is {str(status).upper()}: "
                 "stop it first or pass --force"
             )
     operation = await client.operation("DELETE", instance_path(args.name))
@@ -195,6 +239,7 @@ async def _cmd_metrics(client: Client, output: Output, args: argparse.Namespace)
 async def _cmd_monitor(client: Client, output: Output, args: argparse.Namespace) -> int:
     types = [part for value in args.type for part in value.split(",") if part]
     printing_failed: Deferred[int] = Deferred()
+    event_csv = EventCSV()
 
     def show(event: dict[str, Any]) -> None:
         try:
@@ -202,6 +247,8 @@ async def _cmd_monitor(client: Client, output: Output, args: argparse.Namespace)
                 output.line(json.dumps(event))
             elif output.format == "yaml":
                 output.text("---\n" + to_yaml(event))
+            elif output.format == "csv":
+                output.text(event_csv.row(event))
             else:
                 output.line(tables.event_line(event))
         except OSError:
@@ -225,9 +272,11 @@ async def _cmd_wait(client: Client, output: Output, args: argparse.Namespace) ->
     waiter = Waiter(client, args.name, status)
     await waiter.subscribe()
     try:
-        return await waiter.wait(args.timeout, output)
+        line = await waiter.wait(args.timeout)
     finally:
         waiter.close()
+    output.data(waiter.result(args.condition), lambda _: line + "\n")
+    return EXIT_OK
 
 
 COMMANDS: dict[str, Callable[[Client, Output, argparse.Namespace], Any]] = {

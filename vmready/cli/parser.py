@@ -8,6 +8,7 @@ from typing import NoReturn
 
 from vmready.cli.errors import UsageError
 from vmready.cli.output import FORMATS
+from vmready.cli.tables import DEFAULT_COLUMNS, LIST_COLUMNS, Column, parse_columns
 from vmready.hypervisor.accel import ACCEL_CHOICES
 
 __all__ = ["SNAPSHOT_VERBS", "build_parser", "with_snapshot_verb"]
@@ -35,6 +36,23 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected 0 or more seconds, got {text!r}")
     return value
 
+
+def _columns(text: str) -> tuple[Column, ...]:
+    """A ``list --columns``: letters or comma-separated names (argparse names the option)."""
+    try:
+        return parse_columns(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+_DEFAULT_HEADERS = " ".join(column.header for column in parse_columns(DEFAULT_COLUMNS))
+_LIST_HELP = (
+    "COLUMNS is letters (-c nsmc) or comma-separated names (-c name,status,task_state):\n"
+    + "".join(f"  {c.letter}  {c.name:<15} {c.header}\n" for c in LIST_COLUMNS)
+    + f"default: {DEFAULT_COLUMNS} ({_DEFAULT_HEADERS})\n"
+    "STATUS is the one status: the task in progress (STOPPING, RESIZING…) or where the\n"
+    "instance rests (READY, RUNNING, FROZEN, STOPPED, RESIZED, ERROR).\n"
+)
 
 _WAIT_HELP = """\
 CONDITION is status=<status>, case-insensitive, one of:
@@ -79,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="vmready",
         description="Operate vmready instances through the daemon's API.",
         epilog=(
+            "formats: table (for people), json, yaml, csv (for programs; an action prints "
+            "its operation and the instance after it). "
             "exit status: 0 success; 1 an error (the daemon refused, the action failed, "
             "not found, no daemon); 2 usage error; 130 interrupted (143: SIGTERM); "
             "see 'vmready wait -h' for wait"
@@ -126,7 +146,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=_seconds, metavar="SECONDS", help="how long --wait waits at most"
     )
 
-    add("list", "list instances with their status")
+    listing = commands.add_parser(
+        "list",
+        help="list instances with their status",
+        description="List instances with their status.",
+        epilog=_LIST_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[common],
+    )
+    listing.add_argument(
+        "-c",
+        "--columns",
+        type=_columns,
+        default=None,
+        metavar="COLUMNS",
+        help=f"the columns of the table and CSV formats (default: {DEFAULT_COLUMNS})",
+    )
     add("info", "show one instance").add_argument("name")
     add("start", "start an instance", action).add_argument("name")
     for name, text in (("stop", "stop an instance"), ("restart", "restart an instance")):

@@ -4,10 +4,23 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
-__all__ = ["actions_table", "event_line", "info_table", "instances_table", "snapshots_table"]
+from vmready.domain.states import READY_KEY
+
+__all__ = [
+    "DEFAULT_COLUMNS",
+    "LIST_COLUMNS",
+    "Column",
+    "actions_table",
+    "event_line",
+    "info_table",
+    "instance_rows",
+    "instances_table",
+    "parse_columns",
+    "snapshots_table",
+]
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -40,20 +53,98 @@ def _is_block(value: Any) -> bool:
     return isinstance(value, dict | list | tuple) and len(value) > 0
 
 
-def instances_table(instances: list[dict[str, Any]]) -> str:
-    rows = [
-        [
-            str(instance["name"]),
-            str(instance["status"]).upper(),
-            _dash(instance.get("display_status")),
-            _dash(instance.get("task_state")),
-            _dash(instance.get("power_state")),
-            f"{instance['limits']['memory_mib']}MiB",
-            str(instance["limits"]["cpus"]),
-        ]
-        for instance in instances
-    ]
-    return _table(["NAME", "STATUS", "DISPLAY", "TASK", "POWER", "MEMORY", "CPUS"], rows)
+class Column(NamedTuple):
+    """One column ``vmready list`` can show: its letter, its name, its header, its cell."""
+
+    letter: str
+    name: str
+    header: str
+    cell: Callable[[dict[str, Any]], str | None]  # None: nothing to show ("-", or empty in CSV)
+
+
+def _status(instance: dict[str, Any]) -> str:
+    # A daemon from before operator_status: its LXD status is the nearest word.
+    return str(instance.get("operator_status") or instance["status"]).upper()
+
+
+def _field(key: str) -> Callable[[dict[str, Any]], str | None]:
+    def cell(instance: dict[str, Any]) -> str | None:
+        value = instance.get(key)
+        return None if value is None or value == "" else str(value)
+
+    return cell
+
+
+def _ready(instance: dict[str, Any]) -> str | None:
+    ready = instance.get("ready")
+    if ready is None:  # the instance object has no ``ready``: the ready key says it
+        ready = (instance.get("config") or {}).get(READY_KEY) == "true"
+    return "yes" if ready else "no"
+
+
+LIST_COLUMNS = (
+    Column("n", "name", "NAME", lambda i: str(i["name"])),
+    Column("s", "status", "STATUS", _status),
+    Column("m", "memory", "MEMORY", lambda i: f"{i['limits']['memory_mib']}MiB"),
+    Column("c", "cpus", "CPUS", lambda i: str(i["limits"]["cpus"])),
+    Column("r", "ready", "READY", _ready),
+    Column("a", "agent", "AGENT", lambda i: _field("status")(i.get("agent") or {})),
+    Column("l", "lxd_status", "LXD", lambda i: str(i["status"]).upper()),
+    Column("d", "display_status", "DISPLAY", _field("display_status")),
+    Column("v", "vm_state", "VM", _field("vm_state")),
+    Column("t", "task_state", "TASK", _field("task_state")),
+    Column("p", "power_state", "POWER", _field("power_state")),
+    Column("u", "uuid", "UUID", _field("uuid")),
+    Column("e", "error", "ERROR", _field("error")),
+)
+DEFAULT_COLUMNS = "nsmc"
+_BY_LETTER = {column.letter: column for column in LIST_COLUMNS}
+_BY_NAME = {column.name: column for column in LIST_COLUMNS}
+
+
+def _known() -> str:
+    return ", ".join(f"{column.letter} {column.name}" for column in LIST_COLUMNS)
+
+
+def parse_columns(text: str) -> tuple[Column, ...]:
+    """``list --columns``: letters (``nsmc``), or names with commas (``name,status``).
+
+    A value with a comma, or that is one column's name, is read as names, so
+    ``-c name`` is the NAME column, not n, a, m and e.  ValueError names what
+    is unknown.
+    """
+    if "," in text or text in _BY_NAME:
+        names = [part.strip() for part in text.split(",") if part.strip()]
+        unknown = [name for name in names if name not in _BY_NAME]
+        if unknown:
+            raise ValueError(f"unknown column {unknown[0]!r} (columns: {_known()})")
+        columns = tuple(_BY_NAME[name] for name in names)
+    else:
+        unknown = [letter for letter in text if letter not in _BY_LETTER]
+        if unknown:
+            raise ValueError(
+                f"unknown column letter {unknown[0]!r} in {text!r} (columns: {_known()})"
+            )
+        columns = tuple(_BY_LETTER[letter] for letter in text)
+    if not columns:
+        raise ValueError(f"no columns given (columns: {_known()})")
+    return columns
+
+
+def instance_rows(
+    instances: list[dict[str, Any]], columns: Sequence[Column]
+) -> tuple[list[str], list[list[str | None]]]:
+    """The headers and the cells of ``vmready list`` (None: nothing to show)."""
+    headers = [column.header for column in columns]
+    return headers, [[column.cell(instance) for column in columns] for instance in instances]
+
+
+def instances_table(
+    instances: list[dict[str, Any]], columns: Sequence[Column] | None = None
+) -> str:
+    """``vmready list``: one line an instance, the chosen columns (NAME STATUS MEMORY CPUS)."""
+    headers, rows = instance_rows(instances, columns or parse_columns(DEFAULT_COLUMNS))
+    return _table(headers, [[_dash(cell) for cell in row] for row in rows])
 
 
 def _layout_line(layout: Any) -> str:
@@ -83,7 +174,8 @@ def info_table(instance: dict[str, Any]) -> str:
         f"Name: {instance['name']}",
         f"UUID: {instance['uuid']}",
         f"Type: {instance.get('type', 'virtual-machine')}",
-        f"Status: {str(instance['status']).upper()}",
+        f"Status: {_status(instance)}",
+        f"LXD status: {str(instance['status']).upper()}",
         f"Display status: {instance.get('display_status', '-')}",
         f"VM state: {_dash(instance.get('vm_state'))}",
         f"Task state: {_dash(instance.get('task_state'))}",

@@ -15,7 +15,6 @@ from vmready.cli.errors import (
     CommandError,
     UsageError,
 )
-from vmready.cli.output import Output
 
 __all__ = ["AGENT_CONDITION", "WAIT_STATUSES", "Waiter", "parse_condition"]
 
@@ -79,8 +78,11 @@ class Waiter:
         if self._stream is not None:
             self._stream.close()
 
-    async def wait(self, timeout: float | None, output: Output) -> int:
-        """Check the current status, then wait for the event; the exit status."""
+    async def wait(self, timeout: float | None) -> str:
+        """Check the current status, then wait for the event; the line saying it was met.
+
+        CommandError when it is not (timed out, deleted, gone to Error, …).
+        """
         try:
             instance = await get_instance(self.client, self.name)
         except APIError as e:
@@ -122,10 +124,19 @@ class Waiter:
         if code != EXIT_OK:
             raise CommandError(message or "wait failed", code)
         if self.status == AGENT_CONDITION:
-            output.line(f"{self.name}: agent {(self.last_status or 'connected').upper()}")
-            return EXIT_OK
-        output.line(f"{self.name}: {(self.last_status or self.status).upper()}")
-        return EXIT_OK
+            return f"{self.name}: agent {self.met.upper()}"
+        return f"{self.name}: {self.met.upper()}"
+
+    @property
+    def met(self) -> str:
+        """The status (or agent status) that met the condition."""
+        if self.status == AGENT_CONDITION:
+            return self.last_status or "connected"
+        return self.last_status or self.status
+
+    def result(self, condition: str) -> dict[str, str]:
+        """What ``wait`` prints in the json, yaml and csv formats once the condition is met."""
+        return {"name": self.name, "condition": condition, "met": self.met}
 
     def _event(self, event: dict[str, Any]) -> None:
         metadata = event.get("metadata") or {}

@@ -8,12 +8,16 @@ import attrs
 
 from vmready.domain.states import (
     READY_KEY,
+    OperatorStatus,
     PowerState,
     Status,
     TaskState,
     VMState,
+    action_word,
     derive_status,
+    describe_state,
     display_status,
+    operator_status,
 )
 
 DEFAULT_MEMORY_MIB = 256
@@ -70,13 +74,18 @@ class StoreError(Exception):
     """The store cannot be opened or used (not a user error: the daemon must not start)."""
 
 
-def task_conflict(action: str, name: str, task_state: str | None, vm_state: str) -> Conflict:
-    """The 409 for an action that lost the race or is not allowed in the current state."""
-    if task_state is not None:
-        return Conflict(
-            f"Cannot '{action}' instance {name} while it is in task_state {task_state}"
-        )
-    return Conflict(f"Cannot '{action}' instance {name} while it is in vm_state {vm_state}")
+def task_conflict(
+    action: str, name: str, task_state: TaskState | None, vm_state: VMState
+) -> Conflict:
+    """The 409 for an action that lost the race or is not allowed in the current state.
+
+    In the operator's words, not the stored fields': ``Cannot start instance
+    web1: it is running``, ``…: it is stopping (a stop is in progress)``.
+    """
+    return Conflict(
+        f"Cannot {action_word(action)} instance {name}: "
+        f"it is {describe_state(vm_state, task_state)}"
+    )
 
 
 @attrs.frozen
@@ -103,6 +112,11 @@ class InstanceRecord:
     def status(self) -> Status:
         """The derived LXD status."""
         return derive_status(self.vm_state, self.task_state, self.power_state, self.ready)
+
+    @property
+    def operator_status(self) -> OperatorStatus:
+        """The one status an operator reads (the task in progress, else the resting state)."""
+        return operator_status(self.vm_state, self.task_state, self.power_state, self.ready)
 
     @property
     def display_status(self) -> str:

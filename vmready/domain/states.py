@@ -293,6 +293,126 @@ def display_status(vm_state: VMState, task_state: TaskState | None) -> str:
     return _VM_DISPLAY[vm_state]
 
 
+class OperatorStatus(enum.StrEnum):
+    """The one status an operator reads: what the instance is, or what is being done to it.
+
+    LXD's status folds the transitions it knows into Starting/Stopping/Freezing
+    and shows nothing of a resize or a snapshot; Nova's display status leaves
+    the resting state showing during a stop.  This one word says either the
+    transition in progress (a verb in -ing) or where the instance rests.
+    """
+
+    LAUNCHING = "LAUNCHING"
+    STARTING = "STARTING"
+    STOPPING = "STOPPING"
+    RESTARTING = "RESTARTING"
+    FREEZING = "FREEZING"
+    UNFREEZING = "UNFREEZING"
+    REBUILDING = "REBUILDING"
+    RESIZING = "RESIZING"
+    CONFIRMING = "CONFIRMING"
+    REVERTING = "REVERTING"
+    SNAPSHOTTING = "SNAPSHOTTING"
+    RESTORING = "RESTORING"
+    DELETING = "DELETING"
+    READY = "READY"
+    RUNNING = "RUNNING"
+    FROZEN = "FROZEN"
+    STOPPED = "STOPPED"
+    RESIZED = "RESIZED"
+    BUILDING = "BUILDING"
+    ERROR = "ERROR"
+    DELETED = "DELETED"
+
+
+# Every task, as the transition the operator sees.
+_TASK_OPERATOR_STATUS = {
+    TaskState.SPAWNING: OperatorStatus.LAUNCHING,
+    TaskState.POWERING_ON: OperatorStatus.STARTING,
+    TaskState.POWERING_OFF: OperatorStatus.STOPPING,
+    TaskState.REBOOTING: OperatorStatus.RESTARTING,
+    TaskState.PAUSING: OperatorStatus.FREEZING,
+    TaskState.UNPAUSING: OperatorStatus.UNFREEZING,
+    TaskState.REBUILDING: OperatorStatus.REBUILDING,
+    TaskState.RESIZE_QUEUED: OperatorStatus.RESIZING,
+    TaskState.RESIZE_PREP: OperatorStatus.RESIZING,
+    TaskState.RESIZE_MIGRATING: OperatorStatus.RESIZING,
+    TaskState.RESIZE_FINISH: OperatorStatus.RESIZING,
+    TaskState.RESIZE_CONFIRMING: OperatorStatus.CONFIRMING,
+    TaskState.RESIZE_REVERTING: OperatorStatus.REVERTING,
+    TaskState.SNAPSHOTTING: OperatorStatus.SNAPSHOTTING,
+    TaskState.RESTORING: OperatorStatus.RESTORING,
+    TaskState.DELETING: OperatorStatus.DELETING,
+}
+# Where an instance rests, when its VM's power state does not decide it (ACTIVE does).
+_RESTING_OPERATOR_STATUS = {
+    VMState.BUILDING: OperatorStatus.BUILDING,
+    VMState.STOPPED: OperatorStatus.STOPPED,
+    VMState.PAUSED: OperatorStatus.FROZEN,
+    VMState.RESIZED: OperatorStatus.RESIZED,
+    VMState.ERROR: OperatorStatus.ERROR,
+    VMState.DELETED: OperatorStatus.DELETED,
+}
+
+
+def operator_status(
+    vm_state: VMState,
+    task_state: TaskState | None,
+    power_state: PowerState,
+    ready: bool,
+) -> OperatorStatus:
+    """The one status for the stored fields: the task in progress, else the resting state.
+
+    A task wins over everything, an error too (a rebuild of an instance in
+    error reads REBUILDING).  An ACTIVE instance is READY when its VM runs and
+    the workload said Ready, RUNNING when it runs, FROZEN when the VM is
+    paused, and STOPPED when the VM is gone (until power sync catches up).
+    """
+    if task_state is not None:
+        return _TASK_OPERATOR_STATUS[task_state]
+    if vm_state is not VMState.ACTIVE:
+        return _RESTING_OPERATOR_STATUS[vm_state]
+    if power_state is PowerState.RUNNING:
+        return OperatorStatus.READY if ready else OperatorStatus.RUNNING
+    if power_state is PowerState.PAUSED:
+        return OperatorStatus.FROZEN
+    return OperatorStatus.STOPPED
+
+
+# What an action is called where an operator reads it (the CLI command that starts it).
+_ACTION_WORDS = {"create": "launch"}
+# Which action each task belongs to (each belongs to exactly one).
+_TASK_ACTION = {task: action.name for action in ACTIONS.values() for task in action.tasks}
+# A resting state in a sentence: "it is ...".
+_RESTING_WORDS = {
+    VMState.BUILDING: "being launched",
+    VMState.ACTIVE: "running",
+    VMState.STOPPED: "stopped",
+    VMState.PAUSED: "frozen",
+    VMState.RESIZED: "resized (confirm-resize or revert-resize it first)",
+    VMState.ERROR: "in error",
+    VMState.DELETED: "deleted",
+}
+
+
+def action_word(action: str) -> str:
+    """An action's name as the operator's command line calls it (``create``: ``launch``)."""
+    return _ACTION_WORDS.get(action, action)
+
+
+def describe_state(vm_state: VMState, task_state: TaskState | None) -> str:
+    """Where an instance is, in the operator's words, to follow "it is": never a field name.
+
+    ``stopping (a stop is in progress)``, ``running``, ``in error``.
+    """
+    if task_state is not None:
+        doing = _TASK_OPERATOR_STATUS[task_state].value.lower()
+        action = action_word(_TASK_ACTION[task_state])
+        article = "an" if action[0] in "aeiou" else "a"
+        return f"{doing} ({article} {action} is in progress)"
+    return _RESTING_WORDS[vm_state]
+
+
 def transition_diagram() -> str:
     """A Mermaid state diagram of ACTIONS, for the docs."""
     lines = ["stateDiagram-v2"]

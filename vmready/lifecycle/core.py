@@ -248,7 +248,7 @@ class Lifecycle:
         if action in ("snapshot", "restore"):
             current = self.state.store.get_instance(name)
             if current.task_state is not None:
-                raise task_conflict(action, name, current.task_state.value, current.vm_state.value)
+                raise task_conflict(action, name, current.task_state, current.vm_state)
             await self.actions.preflight(action, current, prepared)
         record = await self.state.store.claim_task(name, action, spec.allowed_from, spec.tasks[0])
         context = await ActionContext.begin(self.state, name, action, spec.tasks[0])

@@ -31,7 +31,7 @@ from vmready.domain.model import (
     InstanceRecord,
     task_conflict,
 )
-from vmready.domain.states import ACTIONS, PowerState, TaskState, VMState
+from vmready.domain.states import ACTIONS, PowerState, TaskState, VMState, describe_state
 from vmready.hypervisor.accel import (
     ACCEL_CHOICES,
     ACCEL_KEY,
@@ -515,13 +515,13 @@ class LifecycleState:
             )
         record = self.store.get_instance(name)
         if record.task_state is not None:
-            raise task_conflict("update", name, record.task_state.value, record.vm_state.value)
+            raise task_conflict("update", name, record.task_state, record.vm_state)
         limits = sorted(key for key in changes if key.startswith("limits."))
         if limits and record.vm_state in _RUNNING_STATES:
             # The VM would keep its old size while the config claimed the new one.
             raise Conflict(
                 f"Cannot change {limits[0]} of instance {name} while it is "
-                f"{record.vm_state.value}: use the resize action"
+                f"{describe_state(record.vm_state, None)}: use the resize action"
             )
         updated = await self.store.update_config(name, changes)
         self.events.lifecycle("instance-updated", name, {"config": changes})

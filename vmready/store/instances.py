@@ -286,6 +286,5 @@ def _check_devices(devices: Mapping[str, Any]) -> None:
 
 def _stale_task(name: str, expected: TaskState, current: InstanceRecord) -> Conflict:
     """The 409 for a task step whose compare-and-swap found another task_state."""
-    return Conflict(
-        f"Instance {name} is in task_state {current.task_state or 'none'}, not {expected}"
-    )
+    now = f"at step {current.task_state}" if current.task_state else "no longer in a task"
+    return Conflict(f"Instance {name} moved on: it is {now}, not at step {expected}")
