@@ -116,7 +116,7 @@ class MetricsAPITests(TestCase):
     async def test_aFreshDaemonShowsEveryFamilyAtZero(self) -> None:
         values = await self.scrape()
         self.assertEqual(values['vmready_build_info{version="0.1.0"}'], 1)
-        self.assertEqual(values['vmready_instances{status="Ready"}'], 0)
+        self.assertEqual(values['vmready_instances{status="READY"}'], 0)
         self.assertEqual(values['vmready_agent_links{state="connected"}'], 0)
         self.assertEqual(values['vmready_actions_total{action="create",result="success"}'], 0)
         self.assertEqual(values['vmready_qmp_ring_reads_total{result="ok"}'], 0)
@@ -141,8 +141,8 @@ class MetricsAPITests(TestCase):
         self.assertEqual(
             values['vmready_action_duration_seconds_bucket{action="create",le="+Inf"}'], 1
         )
-        self.assertEqual(values['vmready_instances{status="Ready"}'], 1)
-        self.assertEqual(values['vmready_instances{status="Stopped"}'], 0)
+        self.assertEqual(values['vmready_instances{status="READY"}'], 1)
+        self.assertEqual(values['vmready_instances{status="STOPPED"}'], 0)
         # No agent runs in a fakeqemu guest without a boot source: its link says nothing yet.
         self.assertEqual(values['vmready_agent_links{state="unknown"}'], 1)
         self.assertGreaterEqual(values['vmready_qmp_ring_reads_total{result="ok"}'], 1)
@@ -170,7 +170,7 @@ class MetricsAPITests(TestCase):
         self.assertEqual(values['vmready_actions_total{action="unfreeze",result="error"}'], 0)
         self.assertEqual(values['vmready_actions_total{action="unfreeze",result="success"}'], 0)
         self.assertEqual(values['vmready_actions_total{action="stop",result="success"}'], 1)
-        self.assertEqual(values['vmready_instances{status="Stopped"}'], 1)
+        self.assertEqual(values['vmready_instances{status="STOPPED"}'], 1)
         self.assertEqual(values['vmready_agent_links{state="unknown"}'], 0)
 
     async def test_metricsIsGETOnly(self) -> None:

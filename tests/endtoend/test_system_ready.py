@@ -86,7 +86,7 @@ class ReadyScenarioTests(SynchronousTestCase):
             for line in system.cli("metrics").stdout.splitlines()
             if not line.startswith("#")
         }
-        self.assertEqual(values['vmready_instances{status="Ready"}'], 1)
+        self.assertEqual(values['vmready_instances{status="READY"}'], 1)
         self.assertEqual(values['vmready_agent_links{state="connected"}'], 1)
         self.assertEqual(values['vmready_actions_total{action="create",result="success"}'], 1)
         self.assertEqual(values["vmready_ready_latency_seconds_count"], 1)

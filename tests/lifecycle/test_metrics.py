@@ -14,7 +14,7 @@ from tests.lifecycle.test_lifecycle import _async, _until
 from tests.lifecycle.test_ready import AgentLinkTestCase
 from tests.reactor import reactor
 from vmready.domain.model import HypervisorError
-from vmready.domain.states import ACTIONS, STATUS_NAMES
+from vmready.domain.states import ACTIONS, OperatorStatus
 from vmready.lifecycle.metrics import (
     ACTION_DURATION_BUCKETS,
     READY_LATENCY_BUCKETS,
@@ -128,11 +128,11 @@ class LifecycleMetricsTests(SynchronousTestCase):
 
     def test_everyStatusIsShownZeroIncluded(self) -> None:
         instances = _samples(
-            _family(self.scrape(["Ready", "Ready", "Error"]), "vmready_instances")
+            _family(self.scrape(["READY", "READY", "ERROR"]), "vmready_instances")
         )
-        expected = {("", (("status", name),)): 0 for name in STATUS_NAMES}
-        expected[("", (("status", "Ready"),))] = 2
-        expected[("", (("status", "Error"),))] = 1
+        expected = {("", (("status", name),)): 0 for name in map(str, OperatorStatus)}
+        expected[("", (("status", "READY"),))] = 2
+        expected[("", (("status", "ERROR"),))] = 1
         self.assertEqual(instances, expected)
 
     def test_everyAgentLinkStateIsShown(self) -> None:
@@ -308,7 +308,7 @@ class LifecycleCountingTests(AgentLinkTestCase):
         await self.lifecycle.set_ready("vm1", True)
         self.assertEqual(self.metrics.ready_latency.count(), 2)
         statuses = _samples(_family(self.lifecycle.metrics(), "vmready_instances"))
-        self.assertEqual(statuses[("", (("status", "Ready"),))], 1)
+        self.assertEqual(statuses[("", (("status", "READY"),))], 1)
 
     @_async
     async def test_aGuestRebootIsANewBoot(self) -> None:

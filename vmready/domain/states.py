@@ -225,13 +225,6 @@ _TASK_STATUS = {
     for task in action.tasks
 }
 
-# Every status ``derive_status`` can answer, in a fixed order (metrics list each one).
-STATUS_NAMES = tuple(
-    dict.fromkeys(
-        ("Error", *sorted(set(_TASK_STATUS.values())), "Frozen", "Ready", "Running", "Stopped")
-    )
-)
-
 
 @attrs.frozen
 class Status:

@@ -309,7 +309,7 @@ class Lifecycle:
     def metrics(self) -> builtins.list[MetricFamily]:
         """Every metric as it stands now: counters so far, gauges read from the store now."""
         return self.state.metrics.families(
-            [record.status.name for record in self.state.list()],
+            [record.operator_status.value for record in self.state.list()],
             [monitor.status for monitor in self.state.monitors.values()],
         )
 

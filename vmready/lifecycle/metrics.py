@@ -19,7 +19,7 @@ import math
 from collections.abc import Iterable, Sequence
 
 from vmready.agentlink.monitor import RingBufferDevice
-from vmready.domain.states import ACTIONS, STATUS_NAMES
+from vmready.domain.states import ACTIONS, OperatorStatus
 from vmready.protocols.prometheus import (
     COUNTER,
     GAUGE,
@@ -218,7 +218,7 @@ class LifecycleMetrics:
         self, statuses: Iterable[str], agent_links: Iterable[AgentStatus]
     ) -> list[MetricFamily]:
         """Every metric, given each instance's status and each followed agent link's state."""
-        by_status = dict.fromkeys(STATUS_NAMES, 0)
+        by_status = dict.fromkeys((status.value for status in OperatorStatus), 0)
         for status in statuses:
             by_status[status] = by_status.get(status, 0) + 1
         by_link = {state.value: 0 for state in AgentStatus}
@@ -233,7 +233,7 @@ class LifecycleMetrics:
             ),
             _gauge(
                 "vmready_instances",
-                "Instances by status (Ready, Running, Stopped, Error…).",
+                "Instances by status (READY, RUNNING, STOPPED, ERROR, STOPPING…).",
                 "status",
                 by_status,
             ),
