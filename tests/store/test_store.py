@@ -128,17 +128,26 @@ class SchemaTests(_StoreTestCase):
     def test_newStoreHasTheSchemaAndRecordsItsVersion(self) -> None:
         store = self.open()
         self.assertEqual(store.schema_version, Store.SCHEMA_VERSION)
-        self.assertEqual(Store.SCHEMA_VERSION, 3)
+        self.assertEqual(Store.SCHEMA_VERSION, 4)
         self.assertEqual(store.path, self.path)
         with _raw(self.path) as raw:
             versions = raw.execute("SELECT version, applied_at FROM vmready_schema").fetchall()
             tables = {
                 row[0] for row in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")
             }
-        self.assertEqual(versions, [(1, 1000.0), (2, 1000.0), (3, 1000.0)])
+        self.assertEqual(versions, [(1, 1000.0), (2, 1000.0), (3, 1000.0), (4, 1000.0)])
         self.assertEqual(
             tables,
-            {"vmready_schema", "instances", "actions", "steps", "snapshots", "agent_certificates"},
+            {
+                "vmready_schema",
+                "instances",
+                "actions",
+                "steps",
+                "snapshots",
+                "agent_certificates",
+                "trusted_certificates",
+                "trust_tokens",
+            },
         )
 
     def test_migrationsAreOrderedAndEndAtTheSchemaVersion(self) -> None:
