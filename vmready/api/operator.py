@@ -430,4 +430,6 @@ class OperatorAPI:
     async def delete_certificate(self, request: IRequest, fingerprint: str) -> bytes:
         """Stop trusting a certificate; its client's open connections close."""
         refuse_untrusted(peer_of(request), "removing certificates")
-        return sync_response(request, certificate_json(await self.trust.remove(fingerprint)))
+        return sync_response(
+            request, certificate_json(await self.trust.remove(fingerprint, request))
+        )

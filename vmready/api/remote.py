@@ -9,13 +9,13 @@ to make the one request that trusts it, ``POST /1.0/certificates`` with a
 trust token.  Every other request of an untrusted client is answered 403 with
 LXD's error envelope (a clear "not trusted" rather than a handshake that
 breaks off without saying why).  Removing a certificate from the trust store
-closes its client's open connections: a revoked client keeps no event stream.
+ends its client's requests in progress: a revoked client keeps no event
+stream (the request that removed it gets its answer, then its connection closes).
 """
 
 from __future__ import annotations
 
 import datetime
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -52,8 +52,8 @@ class TrustedClientsOnly(Resource):
         super().__init__()
         self._api = api
         self._trust = trust
-        # The connections of each trusted certificate, closed if it is removed.
-        self._channels: dict[str, weakref.WeakSet[Any]] = {}
+        # The requests in progress of each trusted certificate, ended if it is removed.
+        self._requests: dict[str, set[IRequest]] = {}
         trust.on_revoked(self._revoked)
 
     def render(self, request: IRequest) -> Any:
@@ -65,9 +65,7 @@ class TrustedClientsOnly(Resource):
         entry = self._trust.trusted(presented)
         mark_peer(request, Peer(presented, None if entry is None else entry.name))
         if entry is not None:
-            channel = getattr(request, "channel", None)
-            if channel is not None:
-                self._channels.setdefault(presented, weakref.WeakSet()).add(channel)
+            self._track(presented, request)
         elif (request.method, request.path) != _REDEEM:
             return self._refuse(
                 request,
@@ -80,11 +78,26 @@ class TrustedClientsOnly(Resource):
     def _refuse(self, request: IRequest, message: str) -> bytes:
         return json_response(request, 403, OPERATOR_ERRORS.envelope(403, message))
 
-    def _revoked(self, revoked: str) -> None:
-        for channel in list(self._channels.pop(revoked, ())):
-            transport = getattr(channel, "transport", None)
-            if transport is not None:
-                transport.abortConnection()
+    def _track(self, presented: str, request: IRequest) -> None:
+        requests = self._requests.setdefault(presented, set())
+        requests.add(request)
+
+        def finished(result: object) -> None:
+            requests.discard(request)
+            if not requests and self._requests.get(presented) is requests:
+                del self._requests[presented]
+
+        request.notifyFinish().addBoth(finished)
+
+    def _revoked(self, revoked: str, initiator: IRequest | None) -> None:
+        for request in list(self._requests.pop(revoked, ())):
+            channel = getattr(request, "channel", None)
+            if request is initiator:
+                # It removed its own certificate: answer it, then close (no next request).
+                if channel is not None:
+                    channel.persistent = False
+            elif channel is not None and channel.transport is not None:
+                channel.transport.abortConnection()
 
 
 def remote_site(api: IResource, trust: TrustRegistry) -> Site:

@@ -114,7 +114,7 @@ class TrustRegistry:
         # host:port the remote API is reached at (tokens carry them); empty: it does not listen.
         self.addresses: list[str] = []
         self._trusted: dict[str, TrustedCertificate] = {}
-        self._revoked: list[Callable[[str], None]] = []
+        self._revoked: list[Callable[[str, IRequest | None], None]] = []
 
     async def load(self) -> None:
         """Read the trusted certificates (before the remote API listens)."""
@@ -125,8 +125,11 @@ class TrustRegistry:
         """The entry trusting ``fingerprint``, or None."""
         return self._trusted.get(fingerprint)
 
-    def on_revoked(self, listener: Callable[[str], None]) -> None:
-        """Call ``listener(fingerprint)`` whenever a certificate stops being trusted."""
+    def on_revoked(self, listener: Callable[[str, IRequest | None], None]) -> None:
+        """Call ``listener(fingerprint, request)`` when a certificate stops being trusted.
+
+        ``request`` is the one that removed it (None: not a request).
+        """
         self._revoked.append(listener)
 
     async def issue(self, name: object) -> dict[str, Any]:
@@ -182,13 +185,15 @@ class TrustRegistry:
                 return entry
         raise NotFound(f"no trusted certificate has fingerprint {key}")
 
-    async def remove(self, fingerprint: str) -> TrustedCertificate:
-        """Stop trusting ``fingerprint``: its open connections close, the next ones are refused."""
+    async def remove(
+        self, fingerprint: str, initiator: IRequest | None = None
+    ) -> TrustedCertificate:
+        """Stop trusting ``fingerprint``: its requests in progress end, later ones are refused."""
         key = _fingerprint(fingerprint)
         entry = await self._store.run(lambda engine: engine.trust.remove_certificate(key))
         self._trusted.pop(key, None)
         for listener in list(self._revoked):
-            listener(key)
+            listener(key, initiator)
         return entry
 
 
