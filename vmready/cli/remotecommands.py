@@ -20,6 +20,7 @@ from vmready.cli.client import APIError, Client
 from vmready.cli.errors import EXIT_FAILED, EXIT_OK, CommandError, UsageError
 from vmready.cli.output import Output
 from vmready.cli.remotetls import PinnedRemote, probe_server_certificate
+from vmready.cli.targets import local_socket
 from vmready.cli.userconfig import (
     LOCAL,
     Remote,
@@ -31,7 +32,6 @@ from vmready.cli.userconfig import (
     save_remotes,
     validate_remote_name,
 )
-from vmready.domain.paths import default_socket
 from vmready.domain.reactor import IVMReadyReactor
 from vmready.trust.certs import fingerprint
 from vmready.trust.tokens import TokenError, TrustToken, normalize_fingerprint
@@ -66,7 +66,7 @@ async def cmd_remote(
     if verb == "add":
         return await _remote_add(reactor, output, args, directory, remotes)
     if verb == "list":
-        return _remote_list(output, remotes)
+        return _remote_list(output, remotes, local_socket(args.socket, environ))
     if verb == "get-default":
         output.line(remotes.default)
         return EXIT_OK
@@ -94,11 +94,11 @@ async def cmd_remote(
     return EXIT_OK
 
 
-def _remote_list(output: Output, remotes: Remotes) -> int:
+def _remote_list(output: Output, remotes: Remotes, socket: str) -> int:
     rows: list[dict[str, Any]] = [
         {
             "name": LOCAL,
-            "url": f"unix://{default_socket()}",
+            "url": f"unix://{socket}",
             "fingerprint": "",
             "default": remotes.default == LOCAL,
         }

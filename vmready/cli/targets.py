@@ -18,10 +18,10 @@ from vmready.cli.client import Client
 from vmready.cli.errors import EXIT_FAILED, CommandError, UsageError
 from vmready.cli.remotetls import PinnedRemote
 from vmready.cli.userconfig import LOCAL, Remotes, client_identity, config_dir, load_remotes
-from vmready.domain.paths import default_socket
+from vmready.domain.paths import SOCKET_VARIABLE, default_socket
 from vmready.domain.reactor import IVMReadyReactor
 
-__all__ = ["REMOTE_ARGUMENT", "choose_remote", "client_for", "split_remote"]
+__all__ = ["REMOTE_ARGUMENT", "choose_remote", "client_for", "local_socket", "split_remote"]
 
 # The optional positional of commands that name no instance (list, monitor).
 REMOTE_ARGUMENT = "remote"
@@ -64,6 +64,11 @@ def choose_remote(args: argparse.Namespace, remotes: Remotes) -> str:
     return remotes.default
 
 
+def local_socket(given: str | None, environ: Mapping[str, str]) -> str:
+    """The local daemon's socket: ``--socket``, else ``$VMREADY_SOCKET``, else the default."""
+    return given or environ.get(SOCKET_VARIABLE) or default_socket()
+
+
 def client_for(
     reactor: IVMReadyReactor, args: argparse.Namespace, environ: Mapping[str, str]
 ) -> Client:
@@ -72,7 +77,7 @@ def client_for(
     remotes = load_remotes(directory)
     name = choose_remote(args, remotes)
     if name == LOCAL:
-        return Client(reactor, args.socket or default_socket())
+        return Client(reactor, local_socket(args.socket, environ))
     remote = remotes.remotes[name]
     tls = PinnedRemote(
         reactor, remote.host, remote.port, client_identity(directory), remote.fingerprint
