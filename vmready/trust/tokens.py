@@ -110,7 +110,9 @@ class TrustToken:
             raw = base64.b64decode(compact + "=" * (-len(compact) % 4), validate=True)
         except (binascii.Error, ValueError):
             try:
-                raw = base64.urlsafe_b64decode(compact + "=" * (-len(compact) % 4))
+                raw = base64.b64decode(
+                    compact + "=" * (-len(compact) % 4), altchars=b"-_", validate=True
+                )
             except (binascii.Error, ValueError):
                 raise TokenError(
                     "not a trust token: not base64 text (was it copied whole?)"
