@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from twisted.protocols.tls import TLSMemoryBIOFactory
+from twisted.web import http
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import Site
@@ -87,7 +88,8 @@ class TrustedClientsOnly(Resource):
             if not requests and self._requests.get(presented) is requests:
                 del self._requests[presented]
 
-        request.notifyFinish().addBoth(finished)
+        # twisted.web's Request (what Site hands over) has it; IRequest does not declare it.
+        cast(http.Request, request).notifyFinish().addBoth(finished)
 
     def _revoked(self, revoked: str, initiator: IRequest | None) -> None:
         for request in list(self._requests.pop(revoked, ())):

@@ -60,7 +60,8 @@ def tls_failure(reasons: Iterable[Failure], pinned: PinnedServerTLS | None) -> s
         if reason.check(SSL.Error):
             if pinned is not None and pinned.refused is not None:
                 return f"refused the server's certificate: {pinned.refused}"
-            return f"the TLS handshake failed: {_ssl_reason(reason.value)}"
+            error = reason.value
+            return f"the TLS handshake failed: {_ssl_reason(error) if error else 'TLS error'}"
     return None
 
 
