@@ -361,8 +361,9 @@ class VMReadyService(MultiService):
             return False
         self.trust.addresses = address.advertised(port.getHost().port)
         self.log.info(
-            "remote API (mutual TLS) on {address}, certificate {fingerprint}",
+            "remote API (mutual TLS) on {address} (port {port}), certificate {fingerprint}",
             address=self.config.https_address,
+            port=port.getHost().port,
             fingerprint=self.server_certificate.fingerprint,
         )
         return True
