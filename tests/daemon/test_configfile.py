@@ -24,6 +24,7 @@ SAMPLES = {
     "data-dir": "/tmp/vmr-config-data",
     "listen": "unix:/tmp/vmr-config-data/api.sock",
     "hypervisor": "qemu",
+    "https-address": "127.0.0.1:9443",
     "qemu-binary": "/usr/bin/qemu-system-x86_64",
     "power-sync-interval": "12.5",
     "stop-timeout": "7",

@@ -23,6 +23,7 @@ from vmready.domain.model import (
     ActionStep,
     BadRequest,
     Conflict,
+    Forbidden,
     InstanceRecord,
     NotFound,
     StoreError,
@@ -128,17 +129,26 @@ class SchemaTests(_StoreTestCase):
     def test_newStoreHasTheSchemaAndRecordsItsVersion(self) -> None:
         store = self.open()
         self.assertEqual(store.schema_version, Store.SCHEMA_VERSION)
-        self.assertEqual(Store.SCHEMA_VERSION, 3)
+        self.assertEqual(Store.SCHEMA_VERSION, 4)
         self.assertEqual(store.path, self.path)
         with _raw(self.path) as raw:
             versions = raw.execute("SELECT version, applied_at FROM vmready_schema").fetchall()
             tables = {
                 row[0] for row in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")
             }
-        self.assertEqual(versions, [(1, 1000.0), (2, 1000.0), (3, 1000.0)])
+        self.assertEqual(versions, [(1, 1000.0), (2, 1000.0), (3, 1000.0), (4, 1000.0)])
         self.assertEqual(
             tables,
-            {"vmready_schema", "instances", "actions", "steps", "snapshots", "agent_certificates"},
+            {
+                "vmready_schema",
+                "instances",
+                "actions",
+                "steps",
+                "snapshots",
+                "agent_certificates",
+                "trusted_certificates",
+                "trust_tokens",
+            },
         )
 
     def test_migrationsAreOrderedAndEndAtTheSchemaVersion(self) -> None:
@@ -1046,3 +1056,69 @@ class AgentCertificateTests(_StoreTestCase):
         store.create_instance("db", {}, {})
         store.set_agent_certificate("web", "aa" * 32)
         self.assertRaises(sqlite3.IntegrityError, store.set_agent_certificate, "db", "aa" * 32)
+
+
+class TrustStoreTests(_StoreTestCase):
+    """The remote API's trusted certificates and one-time tokens."""
+
+    def test_tokenTrustsOnceAndIsGone(self) -> None:
+        store = self.open()
+        store.trust.add_token("laptop", "h1", 100.0, 200.0)
+        entry = store.trust.redeem_token("h1", "ab" * 32, 150.0)
+        self.assertEqual(
+            (entry.name, entry.fingerprint, entry.added_at), ("laptop", "ab" * 32, 150.0)
+        )
+        self.assertEqual(store.trust.trusted_certificates(), [entry])
+        error = self.assertRaises(Forbidden, store.trust.redeem_token, "h1", "cd" * 32, 151.0)
+        self.assertEqual(
+            error.message, "the trust token is unknown: used already, revoked or never issued"
+        )
+
+    def test_expiredTokenIsRefusedAndDeleted(self) -> None:
+        store = self.open()
+        store.trust.add_token("laptop", "h1", 100.0, 200.0)
+        error = self.assertRaises(Forbidden, store.trust.redeem_token, "h1", "ab" * 32, 200.0)
+        self.assertEqual(error.message, "the trust token for laptop has expired")
+        self.assertEqual(store.trust.trusted_certificates(), [])
+        # The name is free again.
+        store.trust.add_token("laptop", "h2", 300.0, 400.0)
+
+    def test_namesAreUnique(self) -> None:
+        store = self.open()
+        store.trust.add_token("laptop", "h1", 100.0, 200.0)
+        error = self.assertRaises(Conflict, store.trust.add_token, "laptop", "h2", 100.0, 200.0)
+        self.assertEqual(error.message, "a trust token for laptop is pending already")
+        store.trust.redeem_token("h1", "ab" * 32, 150.0)
+        error = self.assertRaises(Conflict, store.trust.add_token, "laptop", "h3", 160.0, 200.0)
+        self.assertEqual(error.message, "a certificate named laptop is trusted already")
+
+    def test_removeAndSurviveReopen(self) -> None:
+        store = self.open()
+        store.trust.add_token("a", "h1", 100.0, 200.0)
+        store.trust.add_token("b", "h2", 100.0, 200.0)
+        store.trust.redeem_token("h1", "aa" * 32, 110.0)
+        store.trust.redeem_token("h2", "bb" * 32, 120.0)
+        removed = store.trust.remove_certificate("aa" * 32)
+        self.assertEqual(removed.name, "a")
+        error = self.assertRaises(NotFound, store.trust.remove_certificate, "aa" * 32)
+        self.assertEqual(error.message, f"no trusted certificate has fingerprint {'aa' * 32}")
+        store.close()
+        reopened = Store.open(self.path)
+        self.addCleanup(reopened.close)
+        self.assertEqual([e.name for e in reopened.trust.trusted_certificates()], ["b"])
+
+    def test_versionThreeStoreGainsTheTrustTablesAndKeepsItsData(self) -> None:
+        class VersionThree(Store):
+            SCHEMA_VERSION = 3
+            MIGRATIONS: ClassVar[list[tuple[int, str]]] = MIGRATIONS[:3]
+
+        old = VersionThree.open(self.path)
+        old.create_instance("web", {}, {})
+        old.set_agent_certificate("web", "ee" * 32)
+        old.close()
+        store = self.open()
+        self.assertEqual(store.schema_version, 4)
+        self.assertEqual(store.get_instance("web").name, "web")
+        self.assertEqual(store.agent_fingerprints(), {"web": "ee" * 32})
+        self.assertEqual(store.trust.trusted_certificates(), [])
+        store.trust.add_token("x", "h", 1.0, 2.0)

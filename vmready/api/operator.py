@@ -21,6 +21,9 @@ Routes:
 - ``GET /1.0/events?type=lifecycle,operation`` — newline-delimited JSON, kept open.
 - ``GET /1.0/operations``, ``GET /1.0/operations/<id>``, ``GET /1.0/operations/<id>/wait``.
 - ``GET /1.0/metrics`` — Prometheus' text format, not an envelope (``api.metrics``).
+- ``GET``/``POST /1.0/certificates``, ``GET``/``DELETE /1.0/certificates/<fingerprint>`` —
+  the remote API's trust store: issue a trust token, redeem one (the only request an
+  untrusted remote client may make), list and remove trusted certificates (``api.trust``).
 """
 
 from __future__ import annotations
@@ -50,6 +53,12 @@ from vmready.api.requestbody import (
     read_json_body,
     recursion_level,
     seconds_param,
+)
+from vmready.api.trust import (
+    TrustRegistry,
+    certificate_json,
+    peer_of,
+    refuse_untrusted,
 )
 from vmready.api.views import instance_json, instance_url, operation_url, snapshot_json, state_json
 from vmready.api.web import ErrorStyle, handle_error, json_response, local_site, sync_response
@@ -125,9 +134,13 @@ class OperatorAPI:
     app = Klein()
     log = Logger()
 
-    def __init__(self, lifecycle: Lifecycle, hypervisor: str) -> None:
+    def __init__(
+        self, lifecycle: Lifecycle, hypervisor: str, trust: TrustRegistry | None = None
+    ) -> None:
         self.lifecycle = lifecycle
         self.hypervisor = hypervisor
+        # Without one: a daemon with no remote API (trust tokens are refused, saying why).
+        self.trust = trust or TrustRegistry(lifecycle.state.store, lifecycle.state.clock.seconds)
 
     # -- errors: the one place an exception becomes a response ------------
 
@@ -396,3 +409,53 @@ class OperatorAPI:
                     [done, deferLater(self.lifecycle.state.clock, timeout, lambda: operation)]
                 )
         return sync_response(request, operation.to_json())
+
+    # -- the remote API's trust store -------------------------------------
+
+    @app.route("/1.0/certificates", methods=["GET"])
+    async def list_certificates(self, request: IRequest) -> bytes:
+        """The trusted client certificates, as URLs or (``recursion=1``) objects."""
+        refuse_untrusted(peer_of(request), "listing certificates")
+        entries = await self.trust.certificates()
+        if recursion_level(request) >= 1:
+            return sync_response(request, [certificate_json(entry) for entry in entries])
+        return sync_response(request, [f"/1.0/certificates/{e.fingerprint}" for e in entries])
+
+    @app.route("/1.0/certificates", methods=["POST"])
+    async def add_certificate(self, request: IRequest) -> bytes:
+        """``{"name": N, "token": true}``: issue a trust token; ``{"trust_token": T}``: redeem it.
+
+        Redeeming trusts the certificate the TLS client presents, so it is done
+        over the remote API only; issuing needs the unix socket or a trusted client.
+        """
+        body = read_json_body(request)
+        peer = peer_of(request)
+        if "trust_token" in body:
+            if peer is None:
+                raise BadRequest(
+                    "a trust token is redeemed over the remote API (https), by the client "
+                    "whose certificate it adds; this request came over the unix socket"
+                )
+            entry = await self.trust.redeem(body["trust_token"], peer)
+            return sync_response(request, certificate_json(entry))
+        refuse_untrusted(peer, "issuing trust tokens")
+        if body.get("token") is not True:
+            raise BadRequest(
+                'expected {"name": NAME, "token": true} (issue a trust token) or '
+                '{"trust_token": TOKEN} (redeem one)'
+            )
+        return sync_response(request, await self.trust.issue(body.get("name")))
+
+    @app.route("/1.0/certificates/<fingerprint>", methods=["GET"])
+    async def get_certificate(self, request: IRequest, fingerprint: str) -> bytes:
+        """One trusted certificate."""
+        refuse_untrusted(peer_of(request), "reading certificates")
+        return sync_response(request, certificate_json(await self.trust.find(fingerprint)))
+
+    @app.route("/1.0/certificates/<fingerprint>", methods=["DELETE"])
+    async def delete_certificate(self, request: IRequest, fingerprint: str) -> bytes:
+        """Stop trusting a certificate; its client's open connections close."""
+        refuse_untrusted(peer_of(request), "removing certificates")
+        return sync_response(
+            request, certificate_json(await self.trust.remove(fingerprint, request))
+        )

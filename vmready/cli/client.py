@@ -1,7 +1,9 @@
-"""The daemon's operator API over its unix socket: requests, LXD's envelopes, the event stream.
+"""The daemon's operator API: requests, LXD's envelopes, the event stream.
 
 HTTP is treq's, on Twisted's ``Agent`` with an endpoint factory that sends
-every request to the daemon's unix socket.
+every request to the daemon: its unix socket (the ``local`` remote), or a
+remote's TLS endpoint (``cli.remotetls.PinnedRemote``), so every command
+works the same against either.
 """
 
 from __future__ import annotations
@@ -20,12 +22,19 @@ from twisted.internet.error import ConnectError, ConnectionDone
 from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
-from twisted.web.client import URI, Agent, ResponseDone, ResponseFailed
+from twisted.web.client import (
+    URI,
+    Agent,
+    RequestTransmissionFailed,
+    ResponseDone,
+    ResponseFailed,
+)
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory, IResponse
 from zope.interface import implementer
 
 from vmready.cli.errors import EXIT_FAILED, CommandError
+from vmready.cli.remotetls import PinnedRemote, tls_failure
 from vmready.domain.reactor import IVMReadyReactor
 
 __all__ = [
@@ -113,20 +122,56 @@ class LineStream(Protocol):
 
 
 class Client:
-    """The operator API over the daemon's unix socket, with LXD's envelopes unwrapped."""
+    """The operator API of one daemon, with LXD's envelopes unwrapped.
+
+    ``Client(reactor, socket_path)`` reaches it on its unix socket;
+    ``Client.remote`` over a remote's mutual TLS.
+    """
 
     def __init__(self, reactor: IVMReadyReactor, socket_path: str) -> None:
-        self.reactor = reactor
+        self._setup(
+            reactor,
+            _UnixSocket(reactor, socket_path),
+            f"the vmready daemon at {socket_path}",
+            lambda reason: DaemonUnreachable(socket_path, reason),
+        )
         self.socket_path = socket_path
-        self.daemon = f"the vmready daemon at {socket_path}"
-        agent = Agent.usingEndpointFactory(reactor, _UnixSocket(reactor, socket_path))
-        self._http = HTTPClient(agent)
 
-    def _failed(self, error: ResponseFailed) -> Exception:
+    @classmethod
+    def remote(cls, reactor: IVMReadyReactor, name: str, url: str, tls: PinnedRemote) -> Client:
+        """The daemon of remote ``name`` at ``url``, over ``tls``."""
+        self = cls.__new__(cls)
+        daemon = f"remote {name} ({url})"
+        self._setup(
+            reactor,
+            tls,
+            daemon,
+            lambda reason: CommandError(f"cannot reach {daemon}: {reason}", EXIT_FAILED),
+        )
+        self.socket_path = url
+        return self
+
+    def _setup(
+        self,
+        reactor: IVMReadyReactor,
+        endpoints: IAgentEndpointFactory,
+        daemon: str,
+        unreachable: Callable[[str], CommandError],
+    ) -> None:
+        self.reactor = reactor
+        self.daemon = daemon
+        self._unreachable = unreachable
+        self._pinned = endpoints.tls if isinstance(endpoints, PinnedRemote) else None
+        self._http = HTTPClient(Agent.usingEndpointFactory(reactor, endpoints))
+
+    def _failed(self, error: ResponseFailed | RequestTransmissionFailed) -> Exception:
         """What to raise for a request or response that broke off."""
         if any(reason.check(CancelledError) for reason in error.reasons):
             # We cancelled it (a signal ends the command): not the daemon's doing.
             return CancelledError()
+        why = tls_failure(error.reasons, self._pinned)
+        if why is not None:
+            return self._unreachable(why)
         return CommandError(f"lost the connection to {self.daemon}", EXIT_FAILED)
 
     async def _read_body(self, response: IResponse) -> bytes:
@@ -152,8 +197,8 @@ class Client:
             )
             return response
         except ConnectError as e:
-            raise DaemonUnreachable(self.socket_path, _connect_reason(e)) from None
-        except ResponseFailed as e:
+            raise self._unreachable(_connect_reason(e)) from None
+        except (ResponseFailed, RequestTransmissionFailed) as e:
             raise self._failed(e) from None
 
     async def request(self, method: str, path: str, body: Any = None) -> dict[str, Any]:

@@ -13,21 +13,22 @@ status; 128 + the signal's number when interrupted: 130 for SIGINT (Ctrl-C),
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import FrameType
 from typing import IO, NoReturn
 
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
-from vmready.cli.client import Client
 from vmready.cli.commands import COMMANDS, cmd_replay
 from vmready.cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, CommandError, UsageError
 from vmready.cli.output import Output
 from vmready.cli.parser import build_parser, with_snapshot_verb
-from vmready.domain.paths import default_socket
+from vmready.cli.remotecommands import CLIENT_COMMANDS, cmd_remote
+from vmready.cli.targets import client_for
 from vmready.domain.reactor import IVMReadyReactor, default_reactor
 
 __all__ = ["main", "run"]
@@ -38,8 +39,13 @@ async def run(
     argv: Sequence[str],
     out: IO[str] | None = None,
     err: IO[str] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> int:
-    """Run one ``vmready`` command line; returns the exit status."""
+    """Run one ``vmready`` command line; returns the exit status.
+
+    ``environ`` (default: the process's) locates the config dir of remotes.
+    """
+    environ = os.environ if environ is None else environ
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     parser = build_parser()
@@ -49,8 +55,11 @@ async def run(
         output.format = args.format
         if args.command == "replay":
             return await cmd_replay(reactor, output, args)
-        client = Client(reactor, args.socket or default_socket())
-        result: int = await COMMANDS[args.command](client, output, args)
+        if args.command == "remote":
+            return await cmd_remote(reactor, output, args, environ)
+        client = client_for(reactor, args, environ)
+        command = CLIENT_COMMANDS.get(args.command) or COMMANDS[args.command]
+        result: int = await command(client, output, args)
         return result
     except UsageError as e:
         output.usage(e.usage)

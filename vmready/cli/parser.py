@@ -8,6 +8,7 @@ from typing import NoReturn
 
 from vmready.cli.errors import UsageError
 from vmready.cli.output import FORMATS
+from vmready.cli.remoteparser import add_remote_commands
 from vmready.cli.tables import DEFAULT_COLUMNS, LIST_COLUMNS, Column, parse_columns
 from vmready.hypervisor.accel import ACCEL_CHOICES
 
@@ -283,6 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="replay at the recorded pace, printing each record (default: as fast as possible)",
     )
+    # Remote use: ``remote``, ``config trust``, and list's and monitor's optional REMOTE:.
+    add_remote_commands(commands, common)
     return parser
 
 

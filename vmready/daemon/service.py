@@ -35,7 +35,10 @@ from vmready.agentlink.vsockaddress import HybridVSockAddress
 from vmready.api.guest import GuestAPI, guest_site, guest_tls_factory
 from vmready.api.metrics import CountedGuestResource
 from vmready.api.operator import OperatorAPI, operator_site
+from vmready.api.remote import remote_site, remote_tls_factory
+from vmready.api.trust import TrustRegistry
 from vmready.daemon.collector import HeapSweeper
+from vmready.daemon.httpsaddress import HTTPSAddress
 from vmready.daemon.notify import Notifier, ReconcileProgress
 from vmready.domain.model import InstanceRecord
 from vmready.domain.reactor import IVMReadyReactor
@@ -54,7 +57,7 @@ from vmready.protocols.transcript import DEFAULT_KEEP, DEFAULT_MAX_BYTES
 from vmready.record.recording import Recorders, RecordingGuestResource
 from vmready.store.asyncstore import AsyncStore
 from vmready.store.sqlite import Store
-from vmready.trust.certs import ensure_server_certificate
+from vmready.trust.certs import CertificatePair, ensure_server_certificate
 
 GUEST_SOCKET_BASE = "guest-api.sock"
 FORWARD_SOCKET_NAME = "guest-fwd.sock"
@@ -98,6 +101,8 @@ class DaemonConfig:
     # Seconds between checks whether to sweep the heap (daemon.collector); 0: Python's own
     # schedule only (the default here; twistd vmready's --gc-sweep-interval is 60).
     gc_sweep_interval: float = 0.0
+    # Where the operator API is also served over mutual TLS (``--https-address``); None: not.
+    https_address: str | None = None
 
     @property
     def forward_socket(self) -> str:
@@ -149,6 +154,10 @@ class VMReadyService(MultiService):
         self.serving: Deferred[None] = Deferred()
         self.guest_port: IListeningPort | None = None
         self.forward_port: IListeningPort | None = None
+        self.https_port: IListeningPort | None = None
+        self.trust: TrustRegistry | None = None
+        self.server_certificate: CertificatePair | None = None
+        self._api: IResource | None = None
         self.recorders: Recorders | None = None
 
     def startService(self) -> None:
@@ -195,7 +204,9 @@ class VMReadyService(MultiService):
             max_bytes=config.record_max_bytes,
             keep=config.record_keep,
         )
-        site = operator_site(OperatorAPI(lifecycle, config.hypervisor).app.resource())
+        self.trust = TrustRegistry(self.store, self.reactor.seconds)
+        self._api = OperatorAPI(lifecycle, config.hypervisor, self.trust).app.resource()
+        site = operator_site(self._api)
         if self.notifier.watchdog is not None:
             # On the reactor: a reactor that hangs stops feeding systemd's watchdog.
             watchdog = TimerService(self.notifier.watchdog, self.notifier.ping)
@@ -234,7 +245,7 @@ class VMReadyService(MultiService):
         """Listen for agents on a fresh random port (and the forward socket); advertise it."""
         assert self.store is not None and self.lifecycle is not None
         await self._judge_kvm(version)
-        server = ensure_server_certificate(self.config.data_dir)
+        server = self.server_certificate = ensure_server_certificate(self.config.data_dir)
         endpoint_string = self.config.guest_endpoint
         self._remove_stale_guest_sockets()
         factory = guest_tls_factory(server, self.store, guest_site(self._guest_resource()))
@@ -303,6 +314,8 @@ class VMReadyService(MultiService):
     async def _recover(self, site: Site, preparing: Deferred[list[InstanceRecord]]) -> None:
         assert self.lifecycle is not None
         records = await preparing
+        if self.config.https_address is not None and not await self._serve_remote():
+            return
         if not self._serve(site):
             return
         progress = ReconcileProgress(self.notifier, len(records), self.reactor.seconds)
@@ -325,6 +338,36 @@ class VMReadyService(MultiService):
             self.notifier.ready("serving the API; reconciling instances")
             self.serving.callback(None)
         return listening
+
+    async def _serve_remote(self) -> bool:
+        """Serve the operator API over mutual TLS on ``--https-address``; else stop, saying why."""
+        assert self.trust is not None and self._api is not None
+        assert self.server_certificate is not None and self.config.https_address is not None
+        address = HTTPSAddress.parse(self.config.https_address)
+        self.trust.server_fingerprint = self.server_certificate.fingerprint
+        await self.trust.load()
+        factory = remote_tls_factory(self.server_certificate, remote_site(self._api, self.trust))
+        try:
+            port = self.https_port = await serverFromString(
+                self.reactor, address.endpoint()
+            ).listen(factory)
+        except Exception as e:  # something took the port since makeService checked it
+            self.log.error(
+                "cannot serve the remote API on {address}: {error}; stopping",
+                address=self.config.https_address,
+                error=e,
+            )
+            self.notifier.status(f"cannot serve the remote API: {e}")
+            self.reactor.callWhenRunning(self.reactor.stop)
+            return False
+        self.trust.addresses = address.advertised(port.getHost().port)
+        self.log.info(
+            "remote API (mutual TLS) on {address} (port {port}), certificate {fingerprint}",
+            address=self.config.https_address,
+            port=port.getHost().port,
+            fingerprint=self.server_certificate.fingerprint,
+        )
+        return True
 
     def _start_timers(self) -> None:
         """Console rotation and power sync: only for a daemon that serves its API."""
@@ -376,7 +419,7 @@ class VMReadyService(MultiService):
     async def _stop(self) -> None:
         self.notifier.stopping("stopping: letting go of the VMs (they keep running)")
         await super().stopService()
-        for port in (self.guest_port, self.forward_port):
+        for port in (self.https_port, self.guest_port, self.forward_port):
             if port is not None:
                 stopped = port.stopListening()
                 if stopped is not None:

@@ -37,6 +37,7 @@ from vmready.daemon.configfile import (
     option_names,
     read_settings,
 )
+from vmready.daemon.httpsaddress import HTTPSAddress
 from vmready.daemon.logformat import choose_log_format
 from vmready.daemon.notify import Notifier, forget_environment
 from vmready.daemon.service import GUEST_SOCKET_BASE, DaemonConfig, VMReadyService
@@ -125,6 +126,14 @@ class Options(usage.Options):
             "l",
             None,
             "Operator API endpoint string (default: unix:<data-dir>/vmready.sock).",
+        ],
+        [
+            "https-address",
+            None,
+            None,
+            "Also serve the operator API over mutual TLS on HOST:PORT ([IPv6]:PORT, :PORT; "
+            "port 8443 if omitted), for clients whose certificate is trusted (vmready config "
+            "trust add). Default: none, the unix socket only.",
         ],
         ["hypervisor", None, "fakeqemu", "fakeqemu (default) or qemu."],
         ["qemu-binary", None, None, "The hypervisor binary (default: per --hypervisor)."],
@@ -301,6 +310,11 @@ class Options(usage.Options):
                 self[option] = os.path.abspath(self[option])
         if self["record-dir"]:
             self["record-dir"] = os.path.abspath(self["record-dir"])
+        if self["https-address"] is not None:
+            try:
+                HTTPSAddress.parse(self["https-address"])
+            except ValueError as e:
+                raise usage.UsageError(f"--https-address {e}") from None
         choose_log_format(self["log-format"], getattr(self, "parent", None))
         self["data-dir"] = os.path.abspath(self["data-dir"] or default_data_dir())
         if not self["listen"]:
@@ -373,6 +387,15 @@ def check_guest_listen_address(listen: str) -> None:
             _fail(f"--guest-listen {listen}: directory {directory} does not exist")
     elif not isinstance(endpoint, VSockServerEndpoint):
         _fail(f"--guest-listen {listen}: the guest API listens on vsock: or hvsock: only")
+
+
+def check_https_address(text: str) -> None:
+    """Refuse an ``--https-address`` whose port is taken (or cannot be bound here)."""
+    address = HTTPSAddress.parse(text)
+    if address.port == 0:
+        return
+    family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
+    _check_tcp_port_free(f"--https-address {text}", family, address.host, address.port)
 
 
 def _check_unix_socket_path(listen: str, path: str) -> None:
@@ -455,6 +478,8 @@ def makeService(options: Options) -> VMReadyService:
     except StoreError as e:
         _fail(str(e))
     check_listen_address(options["listen"])
+    if options["https-address"] is not None:
+        check_https_address(options["https-address"])
     hypervisor = options["hypervisor"]
     try:
         transport = choose_transport(hypervisor, options["guest-transport"], vhost_vsock_problem())
@@ -495,6 +520,7 @@ def makeService(options: Options) -> VMReadyService:
         console_max_bytes=options["console-max-bytes"],
         sync_concurrency=options["sync-concurrency"],
         gc_sweep_interval=options["gc-sweep-interval"],
+        https_address=options["https-address"],
     )
     reached = {
         "forward": f"reached by guests through {config.forward_socket} (the forward transport)",
@@ -508,6 +534,9 @@ def makeService(options: Options) -> VMReadyService:
         "guest_listen": options["guest-listen"],
         "reached": reached,
     }
+    if options["https-address"] is not None:
+        summary += ", remote API on {https}"
+        fields["https"] = HTTPSAddress.parse(options["https-address"]).url()
     if options["log-format"] == "json":
         # Logged (twistd replays it once logging starts): stdout must hold JSON lines only.
         Logger(namespace=__name__).info(summary, **fields)

@@ -20,7 +20,7 @@ __all__ = ["BUSY_TIMEOUT_SECONDS", "MIGRATIONS", "SCHEMA_VERSION", "connect"]
 BUSY_TIMEOUT_SECONDS = 5.0
 
 # The version the newest migration brings a store to.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _SCHEMA_TABLE = "vmready_schema"
 
@@ -100,6 +100,24 @@ MIGRATIONS: list[tuple[int, str]] = [
             WHERE instances.name = actions.instance AND actions.started_at >= instances.created_at
         );
         CREATE INDEX actions_by_uuid ON actions (instance_uuid, started_at);
+        """,
+    ),
+    (
+        4,
+        # The remote operator API's trust store: client certificates by fingerprint, and
+        # the one-time tokens that add them (only each secret's SHA-256 is kept).
+        """
+        CREATE TABLE trusted_certificates (
+            fingerprint TEXT PRIMARY KEY,
+            name TEXT NOT NULL UNIQUE,
+            added_at REAL NOT NULL
+        );
+        CREATE TABLE trust_tokens (
+            secret_hash TEXT PRIMARY KEY,
+            name TEXT NOT NULL UNIQUE,
+            created_at REAL NOT NULL,
+            expires_at REAL NOT NULL
+        );
         """,
     ),
 ]

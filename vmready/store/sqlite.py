@@ -3,7 +3,8 @@
 ``Store`` is the entry point: ``Store.open`` opens (creating or migrating) the
 database (``store.schema``) and composes one object per concern over the one
 connection (``store.database``): the instance rows (``store.instances``), the
-agent certificates (``store.certificates``), the action history
+agent certificates (``store.certificates``), the remote API's trust store
+(``store.trust``, used through ``.trust`` and ``AsyncStore.run``), the action history
 (``store.actions``) and the snapshots (``store.snapshots``).  Its methods hand
 each call to the part that owns it.
 """
@@ -23,6 +24,7 @@ from vmready.store.certificates import AgentCertificates
 from vmready.store.database import Database
 from vmready.store.instances import Instances
 from vmready.store.snapshots import Snapshots
+from vmready.store.trust import TrustTable
 
 __all__ = ["Store"]
 
@@ -41,6 +43,7 @@ class Store:
         self.certificates = AgentCertificates(database)
         self.actions = ActionHistory(database)
         self.snapshots = Snapshots(database)
+        self.trust = TrustTable(database)
 
     @classmethod
     def open(cls, path: str, clock: Callable[[], float] = time.time) -> Store:

@@ -163,8 +163,22 @@ def ensure_server_certificate(data_dir: str, common_name: str = "vmready") -> Ce
     Half a pair is refused (CertificateError), never replaced: every agent pins
     ``server.crt``, so a new pair must be a deliberate choice (remove both files).
     """
-    cert_path = os.path.join(data_dir, SERVER_CERT)
-    key_path = os.path.join(data_dir, SERVER_KEY)
+    return ensure_certificate_pair(
+        os.path.join(data_dir, SERVER_CERT),
+        os.path.join(data_dir, SERVER_KEY),
+        common_name,
+        "every agent pins this certificate",
+    )
+
+
+def ensure_certificate_pair(
+    cert_path: str, key_path: str, common_name: str, why_keep: str
+) -> CertificatePair:
+    """The pair at these paths, or a new one made there; the key is kept 0600.
+
+    Half a pair is refused (CertificateError naming ``why_keep``, the reason
+    the certificate matters), never replaced.
+    """
     have_cert, have_key = os.path.exists(cert_path), os.path.exists(key_path)
     if have_cert and have_key:
         pair = _load_pair(cert_path, key_path)
@@ -173,8 +187,8 @@ def ensure_server_certificate(data_dir: str, common_name: str = "vmready") -> Ce
     if have_cert or have_key:
         present, missing = (cert_path, key_path) if have_cert else (key_path, cert_path)
         raise CertificateError(
-            f"{present} exists but {missing} is missing: restore it (every agent pins this "
-            f"certificate), or remove {present} too to issue a new pair"
+            f"{present} exists but {missing} is missing: restore it ({why_keep}), "
+            f"or remove {present} too to issue a new pair"
         )
     pair = generate(common_name)
     write_private(key_path, pair.key_pem)

@@ -49,6 +49,7 @@ from vmready.trust.certs import CertificatePair, fingerprint, is_valid_at
 __all__ = [
     "MutualServerTLS",
     "PinnedServerTLS",
+    "ServerCertificateProbe",
     "peer_certificate_pem",
     "server_tls_factory",
 ]
@@ -94,8 +95,12 @@ class MutualServerTLS:
 
     log = Logger()
 
-    def __init__(self, server: CertificatePair, authorize: Authorize) -> None:
+    def __init__(
+        self, server: CertificatePair, authorize: Authorize, purpose: str = "guest API"
+    ) -> None:
         self.authorize = authorize
+        # What the log lines call the clients: "guest API", "remote operator API".
+        self.purpose = purpose
         context = _base_context(server)
         context.set_verify(SSL.VERIFY_PEER | SSL.VERIFY_FAIL_IF_NO_PEER_CERT, self._verify)
         context.set_session_id(_SESSION_CONTEXT)
@@ -124,8 +129,9 @@ class MutualServerTLS:
             # A chain: no CA is trusted, and OpenSSL stops here, before the leaf.
             verdict.der, verdict.pem, verdict.accepted = der, b"", False
             self.log.warn(
-                "refused a guest API client certificate chain: {fingerprint} (depth {depth}) "
-                "is an issuer's, and only the certificates the daemon issued identify guests",
+                "refused a " + self.purpose + " client certificate chain: {fingerprint} "
+                "(depth {depth}) is an issuer's, and only self-signed certificates identify "
+                "its clients",
                 fingerprint=hashlib.sha256(der).hexdigest(),
                 depth=depth,
             )
@@ -146,7 +152,7 @@ class MutualServerTLS:
         verdict.der, verdict.pem, verdict.accepted = der, pem, self.authorize(pem)
         if not verdict.accepted:
             self.log.warn(
-                "refused a guest API client certificate {fingerprint} "
+                "refused a " + self.purpose + " client certificate {fingerprint} "
                 "(unknown, revoked or outside its validity period)",
                 fingerprint=fingerprint(pem),
             )
@@ -190,13 +196,32 @@ def server_tls_factory(tls: MutualServerTLS, factory: IProtocolFactory) -> TLSMe
 
 @implementer(IOpenSSLClientConnectionCreator)
 class PinnedServerTLS:
-    """The agent's side: present ``client``, accept only the pinned server certificate."""
+    """The agent's and the remote CLI's side: present ``client``, accept only the pinned server.
+
+    The server is pinned by its certificate (the agent's config drive holds
+    it) or by its fingerprint (``for_fingerprint``: a CLI remote).  A refused
+    server certificate is remembered (``refused``) so the caller can say why.
+    """
 
     def __init__(
         self, client: CertificatePair, server_cert_pem: bytes, clock: Clock = _utcnow
     ) -> None:
-        self.pinned = fingerprint(server_cert_pem)
+        self._setup(client, fingerprint(server_cert_pem), clock)
+
+    @classmethod
+    def for_fingerprint(
+        cls, client: CertificatePair, pinned: str, clock: Clock = _utcnow
+    ) -> PinnedServerTLS:
+        """Accept only the server certificate whose SHA-256 fingerprint is ``pinned``."""
+        self = cls.__new__(cls)
+        self._setup(client, pinned, clock)
+        return self
+
+    def _setup(self, client: CertificatePair, pinned: str, clock: Clock) -> None:
+        self.pinned = pinned
         self.clock = clock
+        # Why the last refused server certificate was refused; None while none was.
+        self.refused: str | None = None
         context = _base_context(client)
         context.set_verify(SSL.VERIFY_PEER, self._verify)
         self._context = context
@@ -205,9 +230,49 @@ class PinnedServerTLS:
         self, connection: SSL.Connection, certificate: crypto.X509, error: int, depth: int, ok: int
     ) -> bool:
         if depth != 0:
+            self.refused = "the server presented a certificate chain, not its own certificate"
             return False
         pem = _pem(certificate)
-        return fingerprint(pem) == self.pinned and is_valid_at(pem, self.clock())
+        presented = fingerprint(pem)
+        if presented != self.pinned:
+            self.refused = (
+                f"the server's certificate has fingerprint {presented}, "
+                f"not the pinned {self.pinned}"
+            )
+            return False
+        if not is_valid_at(pem, self.clock()):
+            self.refused = "the server's certificate is outside its validity period"
+            return False
+        return True
+
+    def clientConnectionForTLS(self, tlsProtocol: Any) -> SSL.Connection:
+        """A connection using the one configured context."""
+        connection = SSL.Connection(self._context, None)
+        connection.set_connect_state()
+        return connection
+
+
+@implementer(IOpenSSLClientConnectionCreator)
+class ServerCertificateProbe:
+    """Present ``client``, accept whatever certificate the server shows, and keep it.
+
+    Only for showing an operator the fingerprint of a server they are about to
+    pin (``vmready remote add`` without a token): nothing may be sent over
+    such a connection.
+    """
+
+    def __init__(self, client: CertificatePair) -> None:
+        self.presented: bytes | None = None
+        context = _base_context(client)
+        context.set_verify(SSL.VERIFY_PEER, self._verify)
+        self._context = context
+
+    def _verify(
+        self, connection: SSL.Connection, certificate: crypto.X509, error: int, depth: int, ok: int
+    ) -> bool:
+        if depth == 0:
+            self.presented = _pem(certificate)
+        return True
 
     def clientConnectionForTLS(self, tlsProtocol: Any) -> SSL.Connection:
         """A connection using the one configured context."""

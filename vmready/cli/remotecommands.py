@@ -1,0 +1,294 @@
+"""``vmready remote ...`` (this CLI's remotes) and ``vmready config trust ...`` (a daemon's).
+
+``remote add`` pins the server's certificate by fingerprint (the trust
+token's, or the one the server shows once the operator accepted or matched
+it: never silently) and, with a token, has the daemon trust this client's
+certificate.  ``config trust`` talks to a daemon like any other command, so
+it works against a remote too (``vmready config trust list prod:``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+from urllib.parse import quote
+
+import attrs
+
+from vmready.cli.client import APIError, Client
+from vmready.cli.errors import EXIT_FAILED, EXIT_OK, CommandError, UsageError
+from vmready.cli.output import Output
+from vmready.cli.remotetls import PinnedRemote, probe_server_certificate
+from vmready.cli.targets import local_socket
+from vmready.cli.userconfig import (
+    LOCAL,
+    Remote,
+    Remotes,
+    client_identity,
+    config_dir,
+    load_remotes,
+    parse_remote_url,
+    save_remotes,
+    validate_remote_name,
+)
+from vmready.domain.reactor import IVMReadyReactor
+from vmready.trust.certs import fingerprint
+from vmready.trust.tokens import TokenError, TrustToken, normalize_fingerprint
+
+__all__ = ["CLIENT_COMMANDS", "cmd_remote"]
+
+SHORT_FINGERPRINT = 12
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Columns aligned on the widest cell, two spaces apart (as ``cli.tables`` does)."""
+    widths = [len(header) for header in headers]
+    for row in rows:
+        widths = [max(width, len(cell)) for width, cell in zip(widths, row, strict=True)]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        for line in [list(headers), *rows]
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# -- remote ---------------------------------------------------------------
+
+
+async def cmd_remote(
+    reactor: IVMReadyReactor, output: Output, args: argparse.Namespace, environ: Mapping[str, str]
+) -> int:
+    """``vmready remote VERB``."""
+    directory = config_dir(environ)
+    remotes = load_remotes(directory)
+    verb = args.remote_verb
+    if verb == "add":
+        return await _remote_add(reactor, output, args, directory, remotes)
+    if verb == "list":
+        return _remote_list(output, remotes, local_socket(args.socket, environ))
+    if verb == "get-default":
+        output.line(remotes.default)
+        return EXIT_OK
+    name = args.remote_name
+    if verb == "switch":
+        if name != LOCAL and name not in remotes.remotes:
+            raise CommandError(f"unknown remote {name!r}", EXIT_FAILED)
+        save_remotes(directory, attrs.evolve(remotes, default=name))
+        output.line(f"Default remote: {name}")
+        return EXIT_OK
+    # remove
+    if name == LOCAL:
+        raise CommandError("the local remote is built in: it cannot be removed", EXIT_FAILED)
+    if name not in remotes.remotes:
+        raise CommandError(f"unknown remote {name!r}", EXIT_FAILED)
+    if remotes.default == name:
+        raise CommandError(
+            f"{name} is the default remote: switch to another first (vmready remote switch "
+            f"{LOCAL})",
+            EXIT_FAILED,
+        )
+    rest = {key: value for key, value in remotes.remotes.items() if key != name}
+    save_remotes(directory, attrs.evolve(remotes, remotes=rest))
+    output.line(f"Remote {name} removed")
+    return EXIT_OK
+
+
+def _remote_list(output: Output, remotes: Remotes, socket: str) -> int:
+    rows: list[dict[str, Any]] = [
+        {
+            "name": LOCAL,
+            "url": f"unix://{socket}",
+            "fingerprint": "",
+            "default": remotes.default == LOCAL,
+        }
+    ]
+    for name, remote in sorted(remotes.remotes.items()):
+        rows.append(
+            {
+                "name": name,
+                "url": remote.url,
+                "fingerprint": remote.fingerprint,
+                "default": remotes.default == name,
+            }
+        )
+
+    def table(items: list[dict[str, Any]]) -> str:
+        return _table(
+            ("NAME", "URL", "FINGERPRINT", "DEFAULT"),
+            [
+                (
+                    item["name"],
+                    item["url"],
+                    item["fingerprint"][:SHORT_FINGERPRINT] or "-",
+                    "yes" if item["default"] else "-",
+                )
+                for item in items
+            ],
+        )
+
+    output.data(rows, table)
+    return EXIT_OK
+
+
+async def _remote_add(
+    reactor: IVMReadyReactor,
+    output: Output,
+    args: argparse.Namespace,
+    directory: str,
+    remotes: Remotes,
+) -> int:
+    name = validate_remote_name(args.remote_name)
+    if name in remotes.remotes:
+        raise CommandError(
+            f"remote {name} exists already (vmready remote remove {name} first)", EXIT_FAILED
+        )
+    token: TrustToken | None = None
+    if args.token is not None:
+        if args.accept_certificate or args.fingerprint:
+            raise UsageError(
+                "--token pins the server's certificate itself: "
+                "no --accept-certificate or --fingerprint with it"
+            )
+        try:
+            token = TrustToken.decode(args.token)
+        except TokenError as e:
+            raise UsageError(f"invalid --token: {e}") from None
+    if args.url is not None:
+        url = parse_remote_url(args.url)
+    elif token is not None and token.addresses:
+        url = parse_remote_url(f"https://{token.addresses[0]}")
+    else:
+        raise UsageError("remote add needs a URL (https://HOST[:PORT]) or a --token naming one")
+    expected = None
+    if args.fingerprint is not None:
+        try:
+            expected = normalize_fingerprint(args.fingerprint)
+        except TokenError as e:
+            raise UsageError(f"--fingerprint: {e}") from None
+    identity = client_identity(directory)
+    place = Remote(url, "0" * 64)
+    if token is not None:
+        pinned = token.fingerprint
+    else:
+        shown = fingerprint(
+            await probe_server_certificate(reactor, place.host, place.port, identity, url)
+        )
+        output.line(f"Certificate fingerprint: {shown}")
+        if expected is not None and expected != shown:
+            raise CommandError(
+                f"not adding {name}: the certificate of {url} has fingerprint {shown}, not "
+                f"{expected} (the one you expected): is something between you and the daemon?",
+                EXIT_FAILED,
+            )
+        if expected is None and not args.accept_certificate:
+            raise CommandError(
+                f"not adding {name}: check the fingerprint above against the daemon's (on its "
+                "host: openssl x509 -in <data-dir>/server.crt -noout -fingerprint -sha256), then "
+                "run again with --fingerprint SHA256 or --accept-certificate; or use a trust "
+                "token (--token)",
+                EXIT_FAILED,
+            )
+        pinned = shown
+    remote = Remote(url, pinned)
+    tls = PinnedRemote(reactor, remote.host, remote.port, identity, pinned)
+    client = Client.remote(reactor, name, url, tls)
+    try:
+        if token is not None:
+            assert args.token is not None
+            entry = (
+                await client.request("POST", "/1.0/certificates", {"trust_token": args.token})
+            )["metadata"]
+            output.line(f"Client certificate trusted by {url} as {entry.get('name')}")
+        else:
+            await client.get("/1.0")
+    except APIError as e:
+        if e.code == 403 and token is None:
+            raise CommandError(
+                f"not adding {name}: {url} does not trust this client's certificate "
+                f"({identity.fingerprint}): on the daemon's host, issue a token with 'vmready "
+                f"config trust add NAME' and add the remote with --token TOKEN",
+                EXIT_FAILED,
+            ) from None
+        raise CommandError(f"not adding {name}: {e.error}", EXIT_FAILED) from None
+    save_remotes(directory, attrs.evolve(remotes, remotes={**remotes.remotes, name: remote}))
+    output.line(f"Remote {name} added: {url}")
+    return EXIT_OK
+
+
+# -- config trust ---------------------------------------------------------
+
+
+def _trust_table(entries: list[dict[str, Any]]) -> str:
+    return _table(
+        ("NAME", "FINGERPRINT", "ADDED"),
+        [
+            (
+                str(entry.get("name")),
+                str(entry.get("fingerprint"))[:SHORT_FINGERPRINT],
+                str(entry.get("added_at")),
+            )
+            for entry in entries
+        ],
+    )
+
+
+async def _trust_add(client: Client, output: Output, args: argparse.Namespace) -> int:
+    issued = (
+        await client.request("POST", "/1.0/certificates", {"name": args.name, "token": True})
+    )["metadata"]
+
+    def table(item: dict[str, Any]) -> str:
+        return (
+            f"Client {item['client_name']} certificate add token "
+            f"(valid until {item['expires_at']}):\n{item['token']}\n"
+        )
+
+    output.data(issued, table)
+    return EXIT_OK
+
+
+async def _trust_list(client: Client, output: Output, args: argparse.Namespace) -> int:
+    output.data(await client.get("/1.0/certificates?recursion=1"), _trust_table)
+    return EXIT_OK
+
+
+async def _trust_remove(client: Client, output: Output, args: argparse.Namespace) -> int:
+    wanted = args.name
+    entries: list[dict[str, Any]] = await client.get("/1.0/certificates?recursion=1")
+    matches = [entry for entry in entries if entry.get("name") == wanted]
+    if not matches:
+        key = wanted.replace(":", "").lower()
+        matches = [entry for entry in entries if str(entry.get("fingerprint")).startswith(key)]
+        if len(key) < 6 or not key.isalnum():
+            matches = [entry for entry in matches if entry.get("fingerprint") == key]
+    if not matches:
+        raise CommandError(f"no trusted certificate is named {wanted} or has that fingerprint")
+    if len(matches) > 1:
+        raise CommandError(
+            f"{wanted} is the start of {len(matches)} fingerprints: give more of it"
+        )
+    target = str(matches[0]["fingerprint"])
+    removed = (await client.request("DELETE", f"/1.0/certificates/{quote(target, safe='')}"))[
+        "metadata"
+    ]
+    output.data(removed, lambda item: f"Removed {item['name']} ({item['fingerprint']})\n")
+    return EXIT_OK
+
+
+_TRUST_VERBS: dict[str, Callable[[Client, Output, argparse.Namespace], Any]] = {
+    "add": _trust_add,
+    "list": _trust_list,
+    "remove": _trust_remove,
+}
+
+
+async def _cmd_config(client: Client, output: Output, args: argparse.Namespace) -> int:
+    result: int = await _TRUST_VERBS[args.trust_verb](client, output, args)
+    return result
+
+
+# Commands that talk to a daemon (any remote), dispatched like cli.commands.COMMANDS.
+CLIENT_COMMANDS: dict[str, Callable[[Client, Output, argparse.Namespace], Any]] = {
+    "config": _cmd_config,
+}
