@@ -494,7 +494,7 @@ class MetricsCommandTests(CLITestCase):
         code, out, err = await self.cli("metrics")
         self.assertEqual((code, err), (0, ""))
         self.assertIn("# TYPE vmready_instances gauge\n", out)
-        self.assertIn('vmready_instances{status="Ready"} 1\n', out)
+        self.assertIn('vmready_instances{status="READY"} 1\n', out)
         self.assertIn('vmready_actions_total{action="create",result="success"} 1\n', out)
         self.assertTrue(out.endswith("\n"))
 

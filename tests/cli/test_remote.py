@@ -19,10 +19,9 @@ from twisted.trial.unittest import TestCase
 
 from tests.fixtures import make_lifecycle
 from tests.reactor import reactor
-from vmready.api.operator import OperatorAPI
+from vmready.api.operator import OperatorAPI, operator_site
 from vmready.api.remote import remote_site, remote_tls_factory
 from vmready.api.trust import TrustRegistry
-from vmready.api.web import local_site
 from vmready.cli.main import run
 from vmready.trust.certs import fingerprint, generate
 
@@ -43,7 +42,7 @@ class RemoteTestCase(TestCase):
         self.dir = tempfile.mkdtemp(prefix="vmr-remote-")
         self.addCleanup(shutil.rmtree, self.dir, True)
         self.socket = os.path.join(self.dir, "vmready.sock")
-        self.unix_site = local_site(resource)
+        self.unix_site = operator_site(resource)
         self.tls_site = remote_site(resource, self.trust)
         unix: Any = self.unix_site
         self.ports: list[IListeningPort] = [reactor.listenUNIX(self.socket, unix)]

@@ -96,7 +96,7 @@ class RunDemoTests(SynchronousTestCase):
         positions = [lines.index(line) for line in steps]
         self.assertEqual(positions, sorted(positions))
         row = next(line for line in lines if line.startswith("demo "))
-        self.assertEqual(row.split()[:3], ["demo", "READY", "ACTIVE"])
+        self.assertEqual(row.split(), ["demo", "READY", "256MiB", "1"])
 
     def test_secondRunReadoptsTheVMAndItsAgentReReportsReady(self) -> None:
         self.run_demo()
@@ -107,4 +107,4 @@ class RunDemoTests(SynchronousTestCase):
         self.assertIn("vmready: demo is READY again: its agent re-reported Ready by itself", lines)
         self.assertNotIn("$ vmready-agent notify ready   # in the guest, by its workload", lines)
         row = next(line for line in lines if line.startswith("demo "))
-        self.assertEqual(row.split()[:3], ["demo", "READY", "ACTIVE"])
+        self.assertEqual(row.split(), ["demo", "READY", "256MiB", "1"])
