@@ -13,7 +13,7 @@ Routes:
 
 - ``GET /``, ``GET /1.0`` — API versions, server information (hypervisor kind).
 - ``GET /1.0/instances`` (``?recursion=1`` for objects), ``POST /1.0/instances``.
-- ``GET``/``PATCH``/``DELETE /1.0/instances/<name>``.
+- ``GET``/``PATCH``/``DELETE /1.0/instances/<name>``; ``POST`` renames (``{"name": NEW}``).
 - ``GET``/``PUT /1.0/instances/<name>/state`` — start, stop, restart, freeze, unfreeze.
 - ``POST /1.0/instances/<name>/actions/<rebuild|resize|confirm-resize|revert-resize>``.
 - ``GET /1.0/instances/<name>/actions`` — the action history.
@@ -235,6 +235,18 @@ class OperatorAPI:
                 params[flag] = value
         self.lifecycle.get(name)
         return _async(request, await self.lifecycle.act(name, "restore", **params))
+
+    @app.route("/1.0/instances/<name>", methods=["POST"])
+    async def rename_instance(self, request: IRequest, name: str) -> bytes:
+        """LXD's rename: ``{"name": NEW}``, of a stopped instance; answers with the operation."""
+        body = read_json_body(request)
+        unexpected = sorted(set(body) - {"name"})
+        if unexpected:
+            raise BadRequest(f"Invalid field {unexpected[0]!r}: a rename takes only name")
+        new_name = field(body, "name", str, "an instance name")
+        if new_name is None:
+            raise BadRequest("Invalid field 'name': the instance's new name is required")
+        return _async(request, await self.lifecycle.rename(name, new_name))
 
     @app.route("/1.0/instances/<name>/snapshots", methods=["GET"])
     async def list_snapshots(self, request: IRequest, name: str) -> bytes:
