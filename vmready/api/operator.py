@@ -11,7 +11,8 @@ JSON views are ``api.views``; an event stream is ``api.eventstream``.
 
 Routes:
 
-- ``GET /``, ``GET /1.0`` — API versions, server information (hypervisor kind).
+- ``GET /``, ``GET /1.0`` — API versions, server information (hypervisor kind, the
+  daemon's options as ``config``, read-only).
 - ``GET /1.0/instances`` (``?recursion=1`` for objects), ``POST /1.0/instances``.
 - ``GET``/``PATCH``/``DELETE /1.0/instances/<name>``; ``POST`` renames (``{"name": NEW}``).
 - ``GET``/``PUT /1.0/instances/<name>/state`` — start, stop, restart, freeze, unfreeze.
@@ -26,6 +27,7 @@ Routes:
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any, cast
 
 from klein import Klein
@@ -125,9 +127,13 @@ class OperatorAPI:
     app = Klein()
     log = Logger()
 
-    def __init__(self, lifecycle: Lifecycle, hypervisor: str) -> None:
+    def __init__(
+        self, lifecycle: Lifecycle, hypervisor: str, config: Mapping[str, str] | None = None
+    ) -> None:
         self.lifecycle = lifecycle
         self.hypervisor = hypervisor
+        # The daemon's effective options, shown read-only as the server's ``config``.
+        self.config = dict(config or {})
 
     # -- errors: the one place an exception becomes a response ------------
 
@@ -152,7 +158,7 @@ class OperatorAPI:
 
     @app.route("/1.0", methods=["GET"])
     def server(self, request: IRequest) -> bytes:
-        """Server information: API version and the hypervisor in use."""
+        """Server information: API version, the hypervisor, the daemon's options (``config``)."""
         return sync_response(
             request,
             {
@@ -161,6 +167,7 @@ class OperatorAPI:
                 "api_extensions": [],
                 "auth": "trusted",
                 "public": False,
+                "config": self.config,
                 "environment": {
                     "server": "vmready",
                     "server_version": vmready.__version__,

@@ -99,6 +99,41 @@ class DaemonConfig:
     # schedule only (the default here; twistd vmready's --gc-sweep-interval is 60).
     gc_sweep_interval: float = 0.0
 
+    def server_config(self, transport: str) -> dict[str, str]:
+        """What ``GET /1.0`` shows as the server's ``config``: options by their long names.
+
+        The effective values (defaults filled in, ``guest-transport`` as chosen
+        for this host); an option left unset is not shown.  Read-only: the
+        daemon reads its options when it starts (``vmready config set`` says so).
+        """
+        values: dict[str, object] = {
+            "data-dir": self.data_dir,
+            "listen": self.listen,
+            "hypervisor": self.hypervisor,
+            "qemu-binary": self.qemu_binary,
+            "power-sync-interval": self.power_sync_interval,
+            "stop-timeout": self.stop_timeout,
+            "sync-concurrency": self.sync_concurrency,
+            "serial-layout": self.serial_layout,
+            "guest-transport": transport,
+            "guest-listen": self.guest_endpoint,
+            "record-dir": self.transcript_dir,
+            "record-max-bytes": self.record_max_bytes,
+            "record-keep": self.record_keep,
+            "default-image": self.default_boot.image,
+            "default-kernel": self.default_boot.kernel,
+            "default-initrd": self.default_boot.initrd,
+            "default-append": self.default_boot.append,
+            "kvm-probe-timeout": self.kvm_probe_timeout,
+            "console-max-bytes": self.console_max_bytes,
+            "gc-sweep-interval": self.gc_sweep_interval,
+        }
+        return {
+            key: f"{value:g}" if isinstance(value, float) else str(value)
+            for key, value in values.items()
+            if value is not None
+        }
+
     @property
     def forward_socket(self) -> str:
         """The unix socket the forward transport's guestfwd reaches (one for all VMs)."""
@@ -195,7 +230,8 @@ class VMReadyService(MultiService):
             max_bytes=config.record_max_bytes,
             keep=config.record_keep,
         )
-        site = operator_site(OperatorAPI(lifecycle, config.hypervisor).app.resource())
+        api = OperatorAPI(lifecycle, config.hypervisor, config.server_config(transport))
+        site = operator_site(api.app.resource())
         if self.notifier.watchdog is not None:
             # On the reactor: a reactor that hangs stops feeding systemd's watchdog.
             watchdog = TimerService(self.notifier.watchdog, self.notifier.ping)
