@@ -57,8 +57,8 @@ class ConfigCommandTests(CLITestCase):
             (code, err),
             (
                 1,
-                "vmready: Error: Cannot change limits.memory of instance web1 while it is running: "
-                "use the resize action\n",
+                "vmready: Error: Cannot change limits.memory of instance web1 while it is "
+                "running: use the resize action\n",
             ),
         )
         code, _, err = await self.cli("config", "unset", "web1", "boot.image")

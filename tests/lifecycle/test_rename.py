@@ -5,17 +5,23 @@ from __future__ import annotations
 import json
 import os
 
-from twisted.internet.defer import ensureDeferred
-
 from tests.lifecycle.test_lifecycle import _async
 from tests.lifecycle.test_ready import AgentLinkTestCase
-from vmready.domain.model import BadRequest, Conflict, NotFound
+from vmready.domain.model import BadRequest, Conflict, NotFound, VMReadyError
 from vmready.domain.states import PowerState, VMState
 from vmready.protocols.ringbuffer import AgentStatus
 from vmready.trust.certs import fingerprint
 
 
 class RenameTests(AgentLinkTestCase):
+    async def refused(self, name: str, new_name: str, kind: type[VMReadyError]) -> VMReadyError:
+        """The error ``rename`` raises, before any operation exists."""
+        try:
+            await self.lifecycle.rename(name, new_name)
+        except kind as e:
+            return e
+        raise AssertionError(f"rename {name} {new_name} was not refused")
+
     @_async
     async def test_aRenamedInstanceBootsIsRecognisedGetsReadyAndRestoresItsSnapshots(self) -> None:
         await self.launch("vm1", **{"user.role": "db"})
@@ -64,9 +70,7 @@ class RenameTests(AgentLinkTestCase):
     @_async
     async def test_aRunningInstanceIsNotRenamed(self) -> None:
         await self.launch("vm1")
-        error = await self.assertFailure(
-            ensureDeferred(self.lifecycle.rename("vm1", "web1")), Conflict
-        )
+        error = await self.refused("vm1", "web1", Conflict)
         self.assertEqual(
             error.message,
             "Cannot rename instance vm1: it is running; only a stopped instance can be renamed",
@@ -78,15 +82,11 @@ class RenameTests(AgentLinkTestCase):
         await self.launch("vm1")
         await self.launch("vm2")
         await self.wait(await self.lifecycle.act("vm1", "stop", force=True))
-        taken = await self.assertFailure(
-            ensureDeferred(self.lifecycle.rename("vm1", "vm2")), Conflict
-        )
+        taken = await self.refused("vm1", "vm2", Conflict)
         self.assertEqual(taken.message, "Cannot rename vm1 to vm2: instance vm2 exists")
-        bad = await self.assertFailure(
-            ensureDeferred(self.lifecycle.rename("vm1", "2bad")), BadRequest
-        )
+        bad = await self.refused("vm1", "2bad", BadRequest)
         self.assertIn("Invalid instance name '2bad'", bad.message)
-        await self.assertFailure(ensureDeferred(self.lifecycle.rename("nope", "web1")), NotFound)
+        await self.refused("nope", "web1", NotFound)
         self.assertEqual(
             self.lifecycle.state.operations.list()[-1].description, "Stop instance vm1"
         )

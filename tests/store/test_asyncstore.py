@@ -212,15 +212,11 @@ class InlineStoreTests(SynchronousTestCase):
 class RenameReadsTests(ThreadedStoreTestCase):
     async def test_aRenamedInstanceIsReadUnderItsNewNameWithItsCertificate(self) -> None:
         await self.store.set_agent_certificate("vm1", "ab" * 32)
-        await self.store.run(
-            lambda engine: engine.finish_task(
-                "vm1",
-                engine.claim_task(
-                    "vm1", "stop", frozenset({VMState.ACTIVE}), TaskState.POWERING_OFF
-                ).task_state,
-                VMState.STOPPED,
-                PowerState.SHUTDOWN,
-            )
+        await self.store.claim_task(
+            "vm1", "stop", frozenset({VMState.ACTIVE}), TaskState.POWERING_OFF
+        )
+        await self.store.finish_task(
+            "vm1", TaskState.POWERING_OFF, VMState.STOPPED, PowerState.SHUTDOWN
         )
         renamed = await self.store.rename_instance("vm1", "web", frozenset({VMState.STOPPED}), "r")
         self.assertEqual(renamed.name, "web")
