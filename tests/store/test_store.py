@@ -1120,3 +1120,55 @@ class RenameTests(_StoreTestCase):
         reopened = self.open()
         self.assertEqual([r.name for r in reopened.list_instances()], ["api"])
         self.assertEqual([s["name"] for s in reopened.list_snapshots("api")], ["s1"])
+
+
+# Creates a stopped instance "n0" with two snapshots and a certificate, then renames it
+# n0 -> n1 -> n2 … as fast as it can, printing each new name once committed, until killed.
+_RENAMER_CHILD = """
+import sys
+from vmready.domain.states import PowerState, TaskState, VMState
+from vmready.store.sqlite import Store
+
+store = Store.open(sys.argv[1])
+store.create_instance("n0", {"user.a": "1"}, {})
+store.finish_task("n0", TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN)
+store.create_snapshot("n0", "s1", False, {})
+store.create_snapshot("n0", "s2", False, {})
+store.set_agent_certificate("n0", "cd" * 32)
+print("n0", flush=True)
+i = 0
+while True:
+    store.rename_instance(f"n{i}", f"n{i + 1}", frozenset({VMState.STOPPED}), f"r{i}")
+    i += 1
+    print(f"n{i}", flush=True)
+"""
+
+
+class RenameDurabilityTests(_StoreTestCase):
+    def test_killDashNineDuringRenamesLeavesTheInstanceWholeUnderOneName(self) -> None:
+        child = subprocess.Popen(
+            [sys.executable, "-c", _RENAMER_CHILD, self.path],
+            stdout=subprocess.PIPE,
+            env=_child_environment(),
+            text=True,
+        )
+        assert child.stdout is not None
+        # Killed somewhere in its 30th rename or so, mid-transaction or between two.
+        reported = [child.stdout.readline().strip() for _ in range(30)]
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        # Whatever it printed until the kill: the last name it saw committed.
+        reported += child.stdout.read().split()
+        child.stdout.close()
+        last = int(reported[-1][1:])
+        store = self.open()
+        [record] = store.list_instances()
+        # The committed rename it reported, or the one after it, committed before the kill.
+        self.assertIn(record.name, (f"n{last}", f"n{last + 1}"))
+        self.assertEqual([s["name"] for s in store.list_snapshots(record.name)], ["s1", "s2"])
+        self.assertEqual(store.agent_fingerprints(), {record.name: "cd" * 32})
+        renames = [a for a in store.list_actions(record.name) if a.action == "rename"]
+        self.assertEqual(len(renames), int(record.name[1:]))
+        with _raw(self.path) as raw:
+            self.assertEqual(raw.execute("PRAGMA integrity_check").fetchall(), [("ok",)])
+            self.assertEqual(raw.execute("PRAGMA foreign_key_check").fetchall(), [])
