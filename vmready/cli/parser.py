@@ -259,20 +259,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     config_verbs = config.add_subparsers(dest="config_verb", metavar="VERB", required=True)
 
-    def config_verb(name: str, help: str) -> argparse.ArgumentParser:
-        return config_verbs.add_parser(name, help=help, description=help, parents=[common])
+    def config_verb(name: str, help: str, usage: str) -> argparse.ArgumentParser:
+        return config_verbs.add_parser(
+            name,
+            help=help,
+            description=help,
+            parents=[common],
+            usage=f"vmready config {name} [-h] [--socket SOCKET] [--format FORMAT] {usage}",
+        )
 
     config_verb(
-        "show", "an instance's config (YAML unless --format), or the daemon's options"
+        "show", "an instance's config (YAML unless --format), or the daemon's options", "[NAME]"
     ).add_argument("name", nargs="?", help="the instance (none: the daemon)")
     config_verb(
-        "get", "one key's value (an empty line when it is not set), or a daemon option's"
-    ).add_argument("args", nargs="+", metavar="[NAME] KEY")
-    config_verb("set", "set instance keys: NAME KEY=VALUE... or NAME KEY VALUE").add_argument(
-        "args", nargs="+", metavar="[NAME] KEY=VALUE"
-    )
-    config_verb("unset", "remove instance keys: NAME KEY...").add_argument(
-        "args", nargs="+", metavar="[NAME] KEY"
+        "get",
+        "one key's value (an empty line when it is not set), or a daemon option's",
+        "[NAME] KEY",
+    ).add_argument("args", nargs="+", metavar="ARG", help="[NAME] KEY")
+    config_verb(
+        "set",
+        "set instance keys: NAME KEY=VALUE... or NAME KEY VALUE",
+        "NAME KEY=VALUE... | NAME KEY VALUE",
+    ).add_argument("args", nargs="+", metavar="ARG", help="NAME KEY=VALUE..., or NAME KEY VALUE")
+    config_verb("unset", "remove instance keys: NAME KEY...", "NAME KEY...").add_argument(
+        "args", nargs="+", metavar="ARG", help="NAME KEY..."
     )
     rename = add("rename", "rename a stopped instance", action)
     rename.add_argument("name")
