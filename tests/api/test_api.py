@@ -938,3 +938,75 @@ class SnapshotAPITests(APITestCase):
         await self.launch("web1")
         instance = (await self.call("GET", "/1.0/instances/web1")).metadata
         self.assertEqual(instance["serial_layout"]["name"], "current")
+
+
+class RenameTests(APITestCase):
+    """``POST /1.0/instances/<name> {"name": NEW}``: LXD's rename, as an operation."""
+
+    async def stopped(self, name: str = "web1") -> None:
+        await self.launch(name)
+        await self.settle(
+            await self.call(
+                "PUT", f"/1.0/instances/{name}/state", {"action": "stop", "force": True}
+            )
+        )
+
+    async def test_aStoppedInstanceIsRenamedByAnOperation(self) -> None:
+        await self.stopped()
+        reply = await self.call("POST", "/1.0/instances/web1", {"name": "api1"})
+        self.assertEqual(reply.metadata["description"], "Renaming instance web1 to api1")
+        await self.settle(reply)
+        self.assertError(
+            await self.call("GET", "/1.0/instances/web1"), 404, "Instance web1 not found"
+        )
+        renamed = await self.call("GET", "/1.0/instances/api1")
+        self.assertEqual(
+            (renamed.metadata["name"], renamed.metadata["status"]), ("api1", "Stopped")
+        )
+        history = await self.call("GET", "/1.0/instances/api1/actions")
+        self.assertEqual(history.metadata[0]["action"], "rename")
+
+    async def test_refusalsComeBeforeAnyOperationInTheOperatorsWords(self) -> None:
+        await self.launch("web1")
+        await self.stopped("db1")
+        self.assertError(
+            await self.call("POST", "/1.0/instances/web1", {"name": "api1"}),
+            409,
+            "Cannot rename instance web1: it is running; only a stopped instance can be renamed",
+        )
+        self.assertError(
+            await self.call("POST", "/1.0/instances/db1", {"name": "web1"}),
+            409,
+            "Cannot rename db1 to web1: instance web1 exists",
+        )
+        self.assertError(
+            await self.call("POST", "/1.0/instances/db1", {"name": "-x"}),
+            400,
+            "Invalid instance name '-x': use 1-63 letters, digits and hyphens, "
+            "starting with a letter and not ending with a hyphen",
+        )
+        self.assertError(
+            await self.call("POST", "/1.0/instances/db1", {}),
+            400,
+            "Invalid field 'name': the instance's new name is required",
+        )
+        self.assertError(
+            await self.call("POST", "/1.0/instances/db1", {"name": "x", "migration": True}),
+            400,
+            "Invalid field 'migration': a rename takes only name",
+        )
+        self.assertError(
+            await self.call("POST", "/1.0/instances/nope", {"name": "x"}),
+            404,
+            "Instance nope not found",
+        )
+        descriptions = [op.description for op in self.lifecycle.state.operations.list()]
+        self.assertFalse([d for d in descriptions if d.startswith("Renaming")])
+
+
+class ServerConfigTests(APITestCase):
+    async def test_theDaemonsOptionsAreTheServersConfig(self) -> None:
+        self.api = OperatorAPI(self.lifecycle, "fakeqemu", config={"stop-timeout": "30"})
+        self.http = StubTreq(self.api.app.resource())
+        reply = await self.call("GET", "/1.0")
+        self.assertEqual(reply.metadata["config"], {"stop-timeout": "30"})

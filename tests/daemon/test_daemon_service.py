@@ -181,6 +181,21 @@ class DaemonServiceTests(TestCase):
 
         return ensureDeferred(check())
 
+    def test_serverInfoShowsTheDaemonsEffectiveOptionsAsItsConfig(self) -> Deferred[None]:
+        async def check() -> None:
+            service = await self.started(12.5)
+            config = (await Client(reactor, self.socket_path).get("/1.0"))["config"]
+            self.assertEqual(
+                {key: config[key] for key in ("power-sync-interval", "stop-timeout", "data-dir")},
+                {"power-sync-interval": "12.5", "stop-timeout": "30", "data-dir": self.directory},
+            )
+            self.assertEqual(config["guest-listen"], service.config.guest_endpoint)
+            # Unset options are not shown, rather than as "None".
+            self.assertNotIn("qemu-binary", config)
+            self.assertNotIn("default-image", config)
+
+        return ensureDeferred(check())
+
     def test_apiListensEvenIfRecoveryFails(self) -> Deferred[None]:
         async def check() -> None:
             gate: Deferred[None] = Deferred()

@@ -207,3 +207,20 @@ class InlineStoreTests(SynchronousTestCase):
         record = self.successResultOf(store.create_instance("vm1", {}, {}))
         self.assertEqual(store.get_instance("vm1"), record)
         self.failureResultOf(store.create_instance("vm1", {}, {}), Conflict)
+
+
+class RenameReadsTests(ThreadedStoreTestCase):
+    async def test_aRenamedInstanceIsReadUnderItsNewNameWithItsCertificate(self) -> None:
+        await self.store.set_agent_certificate("vm1", "ab" * 32)
+        await self.store.claim_task(
+            "vm1", "stop", frozenset({VMState.ACTIVE}), TaskState.POWERING_OFF
+        )
+        await self.store.finish_task(
+            "vm1", TaskState.POWERING_OFF, VMState.STOPPED, PowerState.SHUTDOWN
+        )
+        renamed = await self.store.rename_instance("vm1", "web", frozenset({VMState.STOPPED}), "r")
+        self.assertEqual(renamed.name, "web")
+        self.assertIsNone(self.store.find_instance("vm1"))
+        self.assertEqual(self.store.get_instance("web"), renamed)
+        self.assertEqual(self.store.instance_for_fingerprint("ab" * 32), renamed)
+        self.assertEqual([r.name for r in self.store.list_instances()], ["web"])

@@ -1122,3 +1122,129 @@ class TrustStoreTests(_StoreTestCase):
         self.assertEqual(store.agent_fingerprints(), {"web": "ee" * 32})
         self.assertEqual(store.trust.trusted_certificates(), [])
         store.trust.add_token("x", "h", 1.0, 2.0)
+
+
+class RenameTests(_StoreTestCase):
+    """``rename_instance``: the row, its snapshots and certificate under the new name, at once."""
+
+    STOPPED = frozenset({VMState.STOPPED})
+
+    def stopped(self, store: Store, name: str) -> InstanceRecord:
+        store.create_instance(name, {"user.a": "1"}, {})
+        store.finish_action(store.start_action(name, "create", "req-0"), "success")
+        return store.finish_task(name, TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN)
+
+    def test_theRowItsSnapshotsCertificateAndHistoryMoveToTheNewName(self) -> None:
+        store = self.open()
+        before = self.stopped(store, "web")
+        store.create_snapshot("web", "s1", False, {"config": {"user.a": "1"}})
+        store.create_snapshot("web", "s2", False, {})
+        store.set_agent_certificate("web", "aa" * 32)
+        self.clock.advance(5)
+        record = store.rename_instance("web", "api", self.STOPPED, "req-1")
+        self.assertEqual(
+            (record.name, record.uuid, record.config, record.updated_at),
+            ("api", before.uuid, {"user.a": "1"}, 1005.0),
+        )
+        self.assertIsNone(store.find_instance("web"))
+        self.assertEqual([s["name"] for s in store.list_snapshots("api")], ["s1", "s2"])
+        self.assertEqual(store.find_snapshot("api", "s1")["metadata"], {"config": {"user.a": "1"}})  # type: ignore[index]
+        found = store.instance_for_fingerprint("aa" * 32)
+        self.assertEqual(found.name if found else None, "api")
+        self.assertEqual(store.agent_fingerprints(), {"api": "aa" * 32})
+        history = store.list_actions("api")
+        self.assertEqual([a.action for a in history], ["rename", "create"])
+        self.assertEqual(
+            (history[0].result, history[0].request_id, [s.name for s in history[0].steps]),
+            ("success", "req-1", ["rename: web -> api"]),
+        )
+        # Deleting the renamed instance takes its snapshots and certificate with it.
+        store.delete_instance("api")
+        self.assertIsNone(store.instance_for_fingerprint("aa" * 32))
+        self.assertEqual(store.find_snapshot("api", "s1"), None)
+
+    def test_aTakenNameARunningInstanceOrATaskChangeNothing(self) -> None:
+        store = self.open()
+        self.stopped(store, "web")
+        self.stopped(store, "db")
+        self.active(store, "run")
+        store.create_snapshot("web", "s1", False, {})
+        with self.assertRaises(Conflict) as taken:
+            store.rename_instance("web", "db", self.STOPPED, "r")
+        self.assertEqual(taken.exception.message, "Cannot rename web to db: instance db exists")
+        with self.assertRaises(Conflict) as running:
+            store.rename_instance("run", "api", self.STOPPED, "r")
+        self.assertEqual(
+            running.exception.message,
+            "Cannot rename instance run: it is running; only a stopped instance can be renamed",
+        )
+        store.claim_task("web", "start", frozenset({VMState.STOPPED}), TaskState.POWERING_ON)
+        with self.assertRaises(Conflict) as busy:
+            store.rename_instance("web", "api", self.STOPPED, "r")
+        self.assertIn("Cannot rename instance web: it is starting", busy.exception.message)
+        self.assertRaises(NotFound, store.rename_instance, "ghost", "api", self.STOPPED, "r")
+        self.assertEqual([r.name for r in store.list_instances()], ["db", "run", "web"])
+        self.assertEqual([s["name"] for s in store.list_snapshots("web")], ["s1"])
+        self.assertEqual([a.action for a in store.list_actions("web")], ["create"])
+
+    def test_theRenameSurvivesReopening(self) -> None:
+        store = self.open()
+        self.stopped(store, "web")
+        store.create_snapshot("web", "s1", False, {})
+        store.rename_instance("web", "api", self.STOPPED, "r")
+        store.close()
+        reopened = self.open()
+        self.assertEqual([r.name for r in reopened.list_instances()], ["api"])
+        self.assertEqual([s["name"] for s in reopened.list_snapshots("api")], ["s1"])
+
+
+# Creates a stopped instance "n0" with two snapshots and a certificate, then renames it
+# n0 -> n1 -> n2 … as fast as it can, printing each new name once committed, until killed.
+_RENAMER_CHILD = """
+import sys
+from vmready.domain.states import PowerState, TaskState, VMState
+from vmready.store.sqlite import Store
+
+store = Store.open(sys.argv[1])
+store.create_instance("n0", {"user.a": "1"}, {})
+store.finish_task("n0", TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN)
+store.create_snapshot("n0", "s1", False, {})
+store.create_snapshot("n0", "s2", False, {})
+store.set_agent_certificate("n0", "cd" * 32)
+print("n0", flush=True)
+i = 0
+while True:
+    store.rename_instance(f"n{i}", f"n{i + 1}", frozenset({VMState.STOPPED}), f"r{i}")
+    i += 1
+    print(f"n{i}", flush=True)
+"""
+
+
+class RenameDurabilityTests(_StoreTestCase):
+    def test_killDashNineDuringRenamesLeavesTheInstanceWholeUnderOneName(self) -> None:
+        child = subprocess.Popen(
+            [sys.executable, "-c", _RENAMER_CHILD, self.path],
+            stdout=subprocess.PIPE,
+            env=_child_environment(),
+            text=True,
+        )
+        assert child.stdout is not None
+        # Killed somewhere in its 30th rename or so, mid-transaction or between two.
+        reported = [child.stdout.readline().strip() for _ in range(30)]
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        # Whatever it printed until the kill: the last name it saw committed.
+        reported += child.stdout.read().split()
+        child.stdout.close()
+        last = int(reported[-1][1:])
+        store = self.open()
+        [record] = store.list_instances()
+        # The committed rename it reported, or the one after it, committed before the kill.
+        self.assertIn(record.name, (f"n{last}", f"n{last + 1}"))
+        self.assertEqual([s["name"] for s in store.list_snapshots(record.name)], ["s1", "s2"])
+        self.assertEqual(store.agent_fingerprints(), {record.name: "cd" * 32})
+        renames = [a for a in store.list_actions(record.name) if a.action == "rename"]
+        self.assertEqual(len(renames), int(record.name[1:]))
+        with _raw(self.path) as raw:
+            self.assertEqual(raw.execute("PRAGMA integrity_check").fetchall(), [("ok",)])
+            self.assertEqual(raw.execute("PRAGMA foreign_key_check").fetchall(), [])

@@ -11,9 +11,10 @@ JSON views are ``api.views``; an event stream is ``api.eventstream``.
 
 Routes:
 
-- ``GET /``, ``GET /1.0`` — API versions, server information (hypervisor kind).
+- ``GET /``, ``GET /1.0`` — API versions, server information (hypervisor kind, the
+  daemon's options as ``config``, read-only).
 - ``GET /1.0/instances`` (``?recursion=1`` for objects), ``POST /1.0/instances``.
-- ``GET``/``PATCH``/``DELETE /1.0/instances/<name>``.
+- ``GET``/``PATCH``/``DELETE /1.0/instances/<name>``; ``POST`` renames (``{"name": NEW}``).
 - ``GET``/``PUT /1.0/instances/<name>/state`` — start, stop, restart, freeze, unfreeze.
 - ``POST /1.0/instances/<name>/actions/<rebuild|resize|confirm-resize|revert-resize>``.
 - ``GET /1.0/instances/<name>/actions`` — the action history.
@@ -29,6 +30,7 @@ Routes:
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any, cast
 
 from klein import Klein
@@ -135,12 +137,18 @@ class OperatorAPI:
     log = Logger()
 
     def __init__(
-        self, lifecycle: Lifecycle, hypervisor: str, trust: TrustRegistry | None = None
+        self,
+        lifecycle: Lifecycle,
+        hypervisor: str,
+        trust: TrustRegistry | None = None,
+        config: Mapping[str, str] | None = None,
     ) -> None:
         self.lifecycle = lifecycle
         self.hypervisor = hypervisor
         # Without one: a daemon with no remote API (trust tokens are refused, saying why).
         self.trust = trust or TrustRegistry(lifecycle.state.store, lifecycle.state.clock.seconds)
+        # The daemon's effective options, shown read-only as the server's ``config``.
+        self.config = dict(config or {})
 
     # -- errors: the one place an exception becomes a response ------------
 
@@ -165,7 +173,7 @@ class OperatorAPI:
 
     @app.route("/1.0", methods=["GET"])
     def server(self, request: IRequest) -> bytes:
-        """Server information: API version and the hypervisor in use."""
+        """Server information: API version, the hypervisor, the daemon's options (``config``)."""
         return sync_response(
             request,
             {
@@ -174,6 +182,7 @@ class OperatorAPI:
                 "api_extensions": [],
                 "auth": "trusted",
                 "public": False,
+                "config": self.config,
                 "environment": {
                     "server": "vmready",
                     "server_version": vmready.__version__,
@@ -248,6 +257,18 @@ class OperatorAPI:
                 params[flag] = value
         self.lifecycle.get(name)
         return _async(request, await self.lifecycle.act(name, "restore", **params))
+
+    @app.route("/1.0/instances/<name>", methods=["POST"])
+    async def rename_instance(self, request: IRequest, name: str) -> bytes:
+        """LXD's rename: ``{"name": NEW}``, of a stopped instance; answers with the operation."""
+        body = read_json_body(request)
+        unexpected = sorted(set(body) - {"name"})
+        if unexpected:
+            raise BadRequest(f"Invalid field {unexpected[0]!r}: a rename takes only name")
+        new_name = field(body, "name", str, "an instance name")
+        if new_name is None:
+            raise BadRequest("Invalid field 'name': the instance's new name is required")
+        return _async(request, await self.lifecycle.rename(name, new_name))
 
     @app.route("/1.0/instances/<name>/snapshots", methods=["GET"])
     async def list_snapshots(self, request: IRequest, name: str) -> bytes:

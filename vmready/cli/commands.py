@@ -14,6 +14,7 @@ from twisted.internet.interfaces import IReactorTime
 
 from vmready.cli import tables
 from vmready.cli.client import APIError, Client, get_instance, instance_path
+from vmready.cli.configops import config_command, operation_command
 from vmready.cli.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandError, UsageError
 from vmready.cli.output import EventCSV, Output, to_yaml
 from vmready.cli.waiter import Waiter, parse_condition
@@ -75,6 +76,9 @@ async def _finish_action(
         return EXIT_OK
     if args.command == "delete":
         output.line(f"Deleted {name}")
+        return EXIT_OK
+    if args.command == "rename":
+        output.line(f"Renamed {args.name} to {name}")
         return EXIT_OK
     instance = await get_instance(client, name)
     output.line(f"{name}: {str(instance['status']).upper()} ({instance['display_status']})")
@@ -226,6 +230,11 @@ async def _cmd_delete(client: Client, output: Output, args: argparse.Namespace) 
     return await _finish_action(client, output, args.name, operation, args)
 
 
+async def _cmd_rename(client: Client, output: Output, args: argparse.Namespace) -> int:
+    operation = await client.operation("POST", instance_path(args.name), {"name": args.new_name})
+    return await _finish_action(client, output, args.new_name, operation, args)
+
+
 async def _cmd_actions(client: Client, output: Output, args: argparse.Namespace) -> int:
     output.data(await client.get(instance_path(args.name, "actions")), tables.actions_table)
     return EXIT_OK
@@ -301,6 +310,9 @@ COMMANDS: dict[str, Callable[[Client, Output, argparse.Namespace], Any]] = {
     "metrics": _cmd_metrics,
     "monitor": _cmd_monitor,
     "wait": _cmd_wait,
+    "config": config_command,
+    "rename": _cmd_rename,
+    "operation": operation_command,
 }
 
 

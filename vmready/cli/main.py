@@ -27,7 +27,7 @@ from vmready.cli.commands import COMMANDS, cmd_replay
 from vmready.cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, CommandError, UsageError
 from vmready.cli.output import Output
 from vmready.cli.parser import build_parser, with_snapshot_verb
-from vmready.cli.remotecommands import CLIENT_COMMANDS, cmd_remote
+from vmready.cli.remotecommands import cmd_remote
 from vmready.cli.targets import client_for
 from vmready.domain.reactor import IVMReadyReactor, default_reactor
 
@@ -58,7 +58,7 @@ async def run(
         if args.command == "remote":
             return await cmd_remote(reactor, output, args, environ)
         client = client_for(reactor, args, environ)
-        command = CLIENT_COMMANDS.get(args.command) or COMMANDS[args.command]
+        command = COMMANDS[args.command]
         result: int = await command(client, output, args)
         return result
     except UsageError as e:

@@ -72,6 +72,16 @@ exit status:
   130  interrupted (SIGINT, Ctrl-C); 143 for SIGTERM
 """
 
+_CONFIG_HELP = """\
+instance keys: limits.memory, limits.cpu (only while stopped: else use resize),
+  user.*, cloud-init.*, vmready.record; boot.* are set at launch only and
+  volatile.* belong to the daemon (shown, never set).
+daemon options: 'config show' and 'config get KEY' read the options the daemon
+  runs with (GET /1.0); they are read when it starts, so 'config set KEY=VALUE'
+  refuses and says where to set them: its config file (/etc/vmready/vmready.yaml,
+  or --config FILE / $VMREADY_CONFIG) or twistd vmready's command line.
+"""
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``vmready`` argument parser."""
@@ -236,6 +246,82 @@ def build_parser() -> argparse.ArgumentParser:
             action="store_true",
             help="with --stateful: let QEMU try even if the device set changed since the snapshot",
         )
+    # -- config, rename, operation (docs/operator-guide.md) --------------------
+    config = commands.add_parser(
+        "config",
+        help=(
+            "show, get, set or unset an instance's config keys, show the daemon's options, "
+            "manage the remote API's trusted clients (config trust)"
+        ),
+        description=(
+            "An instance's config keys, or (without an instance name) the daemon's options. "
+            "Like incus, the number of arguments decides: 'config get NAME KEY' reads an "
+            "instance's key, 'config get KEY' a daemon option. 'config trust' manages the "
+            "client certificates the daemon's remote API trusts."
+        ),
+        epilog=_CONFIG_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    config_verbs = config.add_subparsers(dest="config_verb", metavar="VERB", required=True)
+
+    def config_verb(name: str, help: str, usage: str) -> argparse.ArgumentParser:
+        return config_verbs.add_parser(
+            name,
+            help=help,
+            description=help,
+            parents=[common],
+            usage=f"vmready config {name} [-h] [--socket SOCKET] [--format FORMAT] {usage}",
+        )
+
+    config_verb(
+        "show", "an instance's config (YAML unless --format), or the daemon's options", "[NAME]"
+    ).add_argument("name", nargs="?", help="the instance (none: the daemon)")
+    config_verb(
+        "get",
+        "one key's value (an empty line when it is not set), or a daemon option's",
+        "[NAME] KEY",
+    ).add_argument("args", nargs="+", metavar="ARG", help="[NAME] KEY")
+    config_verb(
+        "set",
+        "set instance keys: NAME KEY=VALUE... or NAME KEY VALUE",
+        "NAME KEY=VALUE... | NAME KEY VALUE",
+    ).add_argument("args", nargs="+", metavar="ARG", help="NAME KEY=VALUE..., or NAME KEY VALUE")
+    config_verb("unset", "remove instance keys: NAME KEY...", "NAME KEY...").add_argument(
+        "args", nargs="+", metavar="ARG", help="NAME KEY..."
+    )
+    rename = add("rename", "rename a stopped instance", action)
+    rename.add_argument("name")
+    rename.add_argument("new_name", metavar="NEW")
+    operation = commands.add_parser(
+        "operation",
+        help="list, show or wait for the daemon's operations (long-running actions)",
+        description=(
+            "The daemon's operations: every action (launch, stop, snapshot, rename…) runs as "
+            "one; finished ones are kept for 5 minutes."
+        ),
+    )
+    operation_verbs = operation.add_subparsers(
+        dest="operation_verb", metavar="VERB", required=True
+    )
+
+    def operation_verb(name: str, help: str) -> argparse.ArgumentParser:
+        return operation_verbs.add_parser(name, help=help, description=help, parents=[common])
+
+    operation_verb("list", "list operations, oldest first")
+    operation_verb("show", "show one operation (YAML unless --format)").add_argument(
+        "id", metavar="ID"
+    )
+    waiting = operation_verb(
+        "wait", "wait until an operation ends: exit 0 if it succeeded, 1 if it failed"
+    )
+    waiting.add_argument("id", metavar="ID")
+    waiting.add_argument(
+        "--timeout",
+        type=_seconds,
+        metavar="SECONDS",
+        help="give up after this many seconds (exit 1; the operation runs on)",
+    )
+    # -- end of config, rename, operation ----------------------------------------
     console = add("console", "show an instance's serial console")
     console.add_argument("name")
     console.add_argument(
@@ -285,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="replay at the recorded pace, printing each record (default: as fast as possible)",
     )
     # Remote use: ``remote``, ``config trust``, and list's and monitor's optional REMOTE:.
-    add_remote_commands(commands, common)
+    add_remote_commands(commands, common, config_verbs)
     return parser
 
 

@@ -36,7 +36,7 @@ from vmready.domain.reactor import IVMReadyReactor
 from vmready.trust.certs import fingerprint
 from vmready.trust.tokens import TokenError, TrustToken, normalize_fingerprint
 
-__all__ = ["CLIENT_COMMANDS", "cmd_remote"]
+__all__ = ["cmd_remote", "trust_command"]
 
 SHORT_FINGERPRINT = 12
 
@@ -283,12 +283,10 @@ _TRUST_VERBS: dict[str, Callable[[Client, Output, argparse.Namespace], Any]] = {
 }
 
 
-async def _cmd_config(client: Client, output: Output, args: argparse.Namespace) -> int:
+async def trust_command(client: Client, output: Output, args: argparse.Namespace) -> int:
+    """``vmready config trust VERB``."""
     result: int = await _TRUST_VERBS[args.trust_verb](client, output, args)
     return result
 
 
 # Commands that talk to a daemon (any remote), dispatched like cli.commands.COMMANDS.
-CLIENT_COMMANDS: dict[str, Callable[[Client, Output, argparse.Namespace], Any]] = {
-    "config": _cmd_config,
-}

@@ -1,7 +1,7 @@
 """The command line of remote use: ``remote ...``, ``config trust ...``, and ``REMOTE:``.
 
 ``parser.build_parser`` calls ``add_remote_commands`` once its own commands
-exist: it adds the ``remote`` and ``config`` commands, and the optional
+exist: it adds the ``remote`` command, the ``trust`` verb of ``config``, and the optional
 ``REMOTE:`` argument of the commands that name no instance.
 """
 
@@ -19,8 +19,8 @@ REMOTE_ONLY_COMMANDS = ("list", "monitor")
 _REMOTE_HELP = "the remote to ask, as REMOTE: (default: the default remote)"
 
 
-def add_remote_commands(commands: Any, common: argparse.ArgumentParser) -> None:
-    """Add ``remote`` and ``config trust`` to ``commands`` (build_parser's subparsers)."""
+def add_remote_commands(commands: Any, common: argparse.ArgumentParser, config_verbs: Any) -> None:
+    """Add ``remote`` to ``commands`` and ``trust`` to ``config_verbs`` (build_parser's)."""
     for name in REMOTE_ONLY_COMMANDS:
         commands.choices[name].add_argument(
             REMOTE_ARGUMENT, nargs="?", metavar="REMOTE:", help=_REMOTE_HELP
@@ -72,13 +72,7 @@ def add_remote_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     verb("switch", "make a remote the default").add_argument("remote_name", metavar="NAME")
     verb("get-default", "print the default remote's name")
 
-    config = commands.add_parser(
-        "config",
-        help="the daemon's configuration: its trust store (config trust)",
-        description="The daemon's configuration: 'config trust' manages its trusted clients.",
-    )
-    sections = config.add_subparsers(dest="config_section", metavar="SECTION", required=True)
-    trust = sections.add_parser(
+    trust = config_verbs.add_parser(
         "trust",
         help="the client certificates the daemon's remote API trusts",
         description=(

@@ -18,6 +18,8 @@ __all__ = [
     "info_table",
     "instance_rows",
     "instances_table",
+    "operation_rows",
+    "operations_table",
     "parse_columns",
     "snapshots_table",
 ]
@@ -280,3 +282,34 @@ def event_line(event: dict[str, Any]) -> str:
             f"{metadata.get('status', '?')}{error}"
         )
     return f"{stamp} {kind} {json.dumps(metadata)}"
+
+
+OPERATION_HEADERS = ("ID", "DESCRIPTION", "STATUS", "CREATED", "INSTANCE")
+
+
+def _operation_instance(operation: dict[str, Any]) -> str:
+    """The instance an operation is about, by name (its first instance resource)."""
+    resources = (operation.get("resources") or {}).get("instances") or []
+    return str(resources[0]).rsplit("/", 1)[-1] if resources else ""
+
+
+def operation_rows(operations: list[dict[str, Any]]) -> tuple[Sequence[str], list[list[str]]]:
+    """``operation list``'s columns, for the table and CSV formats."""
+    return OPERATION_HEADERS, [
+        [
+            str(operation.get("id", "")),
+            str(operation.get("description", "")),
+            str(operation.get("status", "")).upper(),
+            _time(operation.get("created_at")),
+            _operation_instance(operation),
+        ]
+        for operation in operations
+    ]
+
+
+def operations_table(operations: list[dict[str, Any]]) -> str:
+    """``vmready operation list``: one operation a line, oldest first."""
+    if not operations:
+        return "No operations\n"
+    headers, rows = operation_rows(operations)
+    return _table(headers, rows)

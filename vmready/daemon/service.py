@@ -104,6 +104,41 @@ class DaemonConfig:
     # Where the operator API is also served over mutual TLS (``--https-address``); None: not.
     https_address: str | None = None
 
+    def server_config(self, transport: str) -> dict[str, str]:
+        """What ``GET /1.0`` shows as the server's ``config``: options by their long names.
+
+        The effective values (defaults filled in, ``guest-transport`` as chosen
+        for this host); an option left unset is not shown.  Read-only: the
+        daemon reads its options when it starts (``vmready config set`` says so).
+        """
+        values: dict[str, object] = {
+            "data-dir": self.data_dir,
+            "listen": self.listen,
+            "hypervisor": self.hypervisor,
+            "qemu-binary": self.qemu_binary,
+            "power-sync-interval": self.power_sync_interval,
+            "stop-timeout": self.stop_timeout,
+            "sync-concurrency": self.sync_concurrency,
+            "serial-layout": self.serial_layout,
+            "guest-transport": transport,
+            "guest-listen": self.guest_endpoint,
+            "record-dir": self.transcript_dir,
+            "record-max-bytes": self.record_max_bytes,
+            "record-keep": self.record_keep,
+            "default-image": self.default_boot.image,
+            "default-kernel": self.default_boot.kernel,
+            "default-initrd": self.default_boot.initrd,
+            "default-append": self.default_boot.append,
+            "kvm-probe-timeout": self.kvm_probe_timeout,
+            "console-max-bytes": self.console_max_bytes,
+            "gc-sweep-interval": self.gc_sweep_interval,
+        }
+        return {
+            key: f"{value:g}" if isinstance(value, float) else str(value)
+            for key, value in values.items()
+            if value is not None
+        }
+
     @property
     def forward_socket(self) -> str:
         """The unix socket the forward transport's guestfwd reaches (one for all VMs)."""
@@ -205,7 +240,10 @@ class VMReadyService(MultiService):
             keep=config.record_keep,
         )
         self.trust = TrustRegistry(self.store, self.reactor.seconds)
-        self._api = OperatorAPI(lifecycle, config.hypervisor, self.trust).app.resource()
+        api = OperatorAPI(
+            lifecycle, config.hypervisor, self.trust, config.server_config(transport)
+        )
+        self._api = api.app.resource()
         site = operator_site(self._api)
         if self.notifier.watchdog is not None:
             # On the reactor: a reactor that hangs stops feeding systemd's watchdog.

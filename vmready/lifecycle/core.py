@@ -46,6 +46,7 @@ from vmready.lifecycle.events import EventBus
 from vmready.lifecycle.guestside import GuestSide
 from vmready.lifecycle.operations import Operation
 from vmready.lifecycle.recovery import DEFAULT_SYNC_CONCURRENCY, Recovery
+from vmready.lifecycle.renaming import Renaming
 from vmready.lifecycle.snapshotting import Snapshotting
 from vmready.lifecycle.state import (
     _LAUNCH_KEYS,
@@ -177,6 +178,7 @@ class Lifecycle:
         self.recovery = Recovery(
             state, self.actions, self.watching, self.guestside, sync_concurrency
         )
+        self.renaming = Renaming(state, self.recovery, self.guestside)
 
     async def create(
         self, name: str, config: dict[str, Any], instance_uuid: str | None = None
@@ -267,6 +269,10 @@ class Lifecycle:
                 release()
 
         return self.state.operations.run(f"{action.capitalize()} instance {name}", name, work)
+
+    async def rename(self, name: str, new_name: str) -> Operation:
+        """Rename a stopped instance (LXD's rename); a 400, 404 or 409 before the operation."""
+        return await self.renaming.rename(name, new_name)
 
     async def delete_snapshot(self, name: str, snapshot: str) -> dict[str, Any]:
         """Forget a snapshot and its files; 409 while a restore from it runs, 404 if none."""

@@ -82,6 +82,13 @@ class FaultLog:
             if action == "instance-deleted":
                 self._instances.pop(name, None)
                 return
+            if action == "instance-renamed":
+                # Its standing faults are still its own, under its new name.
+                old_name = (metadata.get("context") or {}).get("old_name")
+                moved = self._instances.pop(str(old_name), None)
+                if moved:
+                    self._instances[name] = moved
+                return
             faults = self._instances.setdefault(name, {})
         else:
             return

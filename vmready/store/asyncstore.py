@@ -96,6 +96,16 @@ class CommittedInstances:
         self._records.pop(name, None)
         self._instance_of.pop(self._fingerprint_of.pop(name, ""), None)
 
+    def renamed(self, old_name: str, record: InstanceRecord) -> InstanceRecord:
+        """The row called ``old_name`` is now ``record`` (its certificate moved with it)."""
+        self._records.pop(old_name, None)
+        self._records[record.name] = record
+        fingerprint = self._fingerprint_of.pop(old_name, None)
+        if fingerprint is not None:
+            self._fingerprint_of[record.name] = fingerprint
+            self._instance_of[fingerprint] = record.name
+        return record
+
     def ready_cleared(self, names: list[str], stamp: float) -> None:
         """These rows lost their ready key at ``stamp`` (what ``clear_ready`` wrote)."""
         for name in names:
@@ -284,6 +294,18 @@ class AsyncStore:
         cache = self._cache
         if cache is not None:
             done.addCallback(lambda _: cache.removed(name))
+        return done
+
+    def rename_instance(
+        self, name: str, new_name: str, allowed_from: frozenset[VMState], request_id: str
+    ) -> Deferred[InstanceRecord]:
+        """Call an idle instance ``new_name``, with its snapshots and certificate; atomic."""
+        done = self._executor.submit(
+            lambda: self.engine.rename_instance(name, new_name, allowed_from, request_id)
+        )
+        cache = self._cache
+        if cache is not None:
+            done.addCallback(lambda record: cache.renamed(name, record))
         return done
 
     def set_agent_certificate(self, name: str, fingerprint: str) -> Deferred[None]:

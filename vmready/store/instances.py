@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vmready.domain.model import BadRequest, Conflict, InstanceRecord, task_conflict
-from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
+from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState, describe_state
 from vmready.store.database import (
     INSTANCE_COLUMNS,
     Database,
@@ -241,6 +241,72 @@ class Instances:
                 (path, now, path),
             )
         return names, now
+
+    def rename_instance(
+        self, name: str, new_name: str, allowed_from: frozenset[VMState], request_id: str
+    ) -> InstanceRecord:
+        """Call instance ``name`` ``new_name``, with its snapshots and agent certificate; atomic.
+
+        Only an idle instance in one of ``allowed_from`` (else the 409 saying
+        why); Conflict if ``new_name`` is taken.  Everything else an instance
+        owns is keyed by its uuid (its directories, its history), so this one
+        transaction is the whole rename: a crash leaves the old name or the new
+        one, never half of each.  The rename is recorded in the action history
+        in the same transaction.  The snapshot and certificate rows reference
+        the name without ``ON UPDATE CASCADE`` (the schema's first versions), so
+        they are taken out and put back under the new name around the update.
+        """
+        db = self._database.db
+        with self._database.transaction():
+            current = self._database.get_instance(name)
+            if current.task_state is not None:
+                raise task_conflict("rename", name, current.task_state, current.vm_state)
+            if current.vm_state not in allowed_from:
+                raise Conflict(
+                    f"Cannot rename instance {name}: it is "
+                    f"{describe_state(current.vm_state, None)}; only a stopped instance "
+                    "can be renamed"
+                )
+            if self._database.find_instance(new_name) is not None:
+                raise Conflict(f"Cannot rename {name} to {new_name}: instance {new_name} exists")
+            snapshots = db.execute(
+                "SELECT id, name, stateful, created_at, metadata FROM snapshots"
+                " WHERE instance = ? ORDER BY id",
+                (name,),
+            ).fetchall()
+            certificate = db.execute(
+                "SELECT fingerprint, issued_at FROM agent_certificates WHERE instance = ?",
+                (name,),
+            ).fetchone()
+            db.execute("DELETE FROM snapshots WHERE instance = ?", (name,))
+            db.execute("DELETE FROM agent_certificates WHERE instance = ?", (name,))
+            now = self._database.clock()
+            db.execute(
+                "UPDATE instances SET name = ?, updated_at = ? WHERE name = ?",
+                (new_name, now, name),
+            )
+            db.executemany(
+                "INSERT INTO snapshots (id, instance, name, stateful, created_at, metadata)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                [(row[0], new_name, row[1], row[2], row[3], row[4]) for row in snapshots],
+            )
+            if certificate is not None:
+                db.execute(
+                    "INSERT INTO agent_certificates (instance, fingerprint, issued_at)"
+                    " VALUES (?, ?, ?)",
+                    (new_name, certificate[0], certificate[1]),
+                )
+            action_id = db.execute(
+                "INSERT INTO actions (instance, instance_uuid, action, request_id, started_at,"
+                " finished_at, result) VALUES (?, ?, 'rename', ?, ?, ?, 'success')",
+                (new_name, current.uuid, request_id, now, now),
+            ).lastrowid
+            db.execute(
+                "INSERT INTO steps (action_id, name, started_at, finished_at, result)"
+                " VALUES (?, ?, ?, ?, 'success')",
+                (action_id, f"rename: {name} -> {new_name}", now, now),
+            )
+            return self._database.get_instance(new_name)
 
     def delete_instance(self, name: str) -> None:
         """Remove the instance and its snapshots; its action history stays."""

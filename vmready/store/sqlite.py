@@ -141,6 +141,12 @@ class Store:
         """Remove the ready key everywhere: the instances that had it, and the time stamped."""
         return self.instances.clear_ready()
 
+    def rename_instance(
+        self, name: str, new_name: str, allowed_from: frozenset[VMState], request_id: str
+    ) -> InstanceRecord:
+        """Call an idle instance ``new_name``, with its snapshots and certificate; atomic."""
+        return self.instances.rename_instance(name, new_name, allowed_from, request_id)
+
     def delete_instance(self, name: str) -> None:
         """Remove the instance and its snapshots; its action history stays."""
         self.instances.delete_instance(name)
