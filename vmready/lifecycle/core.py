@@ -266,7 +266,10 @@ class Lifecycle:
             finally:
                 release()
 
-        return self.state.operations.run(f"{action.capitalize()} instance {name}", name, work)
+        operations = self.state.operations
+        operation = operations.run(f"{action.capitalize()} instance {name}", name, work)
+        context.report_to(lambda metadata: operations.report(operation, metadata))
+        return operation
 
     async def delete_snapshot(self, name: str, snapshot: str) -> dict[str, Any]:
         """Forget a snapshot and its files; 409 while a restore from it runs, 404 if none."""
