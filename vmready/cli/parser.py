@@ -87,11 +87,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="output format where the output is data (default: table)",
     )
     action = _Parser(add_help=False)
-    action.add_argument(
-        "--no-wait",
-        action="store_true",
-        help="return once the operation is created instead of waiting for it",
+    waiting = action.add_mutually_exclusive_group()
+    waiting.add_argument(
+        "--wait",
+        dest="no_wait",
+        action="store_false",
+        default=False,
+        help="wait for the operation to finish, showing its progress on a terminal (default)",
     )
+    no_wait_help = "print the operation's id and return at once instead of waiting for it"
+    waiting.add_argument("--no-wait", dest="no_wait", action="store_true", help=no_wait_help)
+    # launch waits for its operation unless --no-wait; its --wait waits for more (Ready).
+    launching = _Parser(add_help=False)
+    launch_waiting = launching.add_mutually_exclusive_group()
+    launch_waiting.add_argument(
+        "--wait", action="store_true", help="then wait until the workload reports Ready"
+    )
+    launch_waiting.add_argument("--no-wait", action="store_true", help=no_wait_help)
 
     parser = _Parser(
         prog="vmready",
@@ -118,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     def add(name: str, help: str, *parents: _Parser) -> argparse.ArgumentParser:
         return commands.add_parser(name, help=help, description=help, parents=[common, *parents])
 
-    launch = add("launch", "create and start an instance", action)
+    launch = add("launch", "create and start an instance", launching)
     launch.add_argument("name")
     launch.add_argument("--memory", help="memory, MiB or with a unit (512, 2GiB)")
     launch.add_argument("--cpus", type=int, help="number of vCPUs")
@@ -138,9 +150,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--accel",
         choices=ACCEL_CHOICES,
         help="kvm, tcg, or auto (default: KVM where it runs guests, else TCG)",
-    )
-    launch.add_argument(
-        "--wait", action="store_true", help="then wait until the workload reports Ready"
     )
     launch.add_argument(
         "--timeout", type=_seconds, metavar="SECONDS", help="how long --wait waits at most"
