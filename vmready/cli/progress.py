@@ -72,8 +72,9 @@ def doing_words(command: str, snapshot: str | None = None) -> str:
     return _COMMAND_WORDS.get(command, command)
 
 
-def is_terminal(stream: IO[str], environ: Mapping[str, str] = os.environ) -> bool:
+def is_terminal(stream: IO[str], environ: Mapping[str, str] | None = None) -> bool:
     """Whether ``stream`` is a terminal a line can be rewritten on (not TERM=dumb)."""
+    environ = os.environ if environ is None else environ
     isatty = getattr(stream, "isatty", None)
     try:
         tty = bool(isatty()) if isatty is not None else False
