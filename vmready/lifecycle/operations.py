@@ -120,7 +120,7 @@ class Operations:
         return operation
 
     def report(self, operation: Operation, metadata: dict[str, Any]) -> None:
-        """The running task says where it is (a stop's grace period): in the object, as an event."""
+        """The running task says where it is (a stop's grace period): stored, and an event."""
         if operation.done:
             return
         operation.metadata = metadata

@@ -319,7 +319,7 @@ class ActionContext:
             self._report(metadata)
 
     def report_to(self, report: Callable[[dict[str, Any]], None]) -> None:
-        """Send progress to ``report`` (the operation), including any reported before it existed."""
+        """Send progress to ``report`` (the operation), what was reported before it too."""
         self._report = report
         if self._progress is not None:
             report(self._progress)
