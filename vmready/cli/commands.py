@@ -15,6 +15,7 @@ from twisted.internet.interfaces import IReactorTime
 from vmready.cli import tables
 from vmready.cli.actionprogress import ActionProgress
 from vmready.cli.client import APIError, Client, get_instance, instance_path
+from vmready.cli.completion import completion_script
 from vmready.cli.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandError, UsageError
 from vmready.cli.output import EventCSV, Output, to_yaml
 from vmready.cli.waiter import Waiter, parse_condition
@@ -312,6 +313,13 @@ async def _cmd_wait(client: Client, output: Output, args: argparse.Namespace) ->
     return EXIT_OK
 
 
+async def _cmd_completion(client: Client, output: Output, args: argparse.Namespace) -> int:
+    from vmready.cli.parser import build_parser
+
+    output.text(completion_script(build_parser(), args.shell))
+    return EXIT_OK
+
+
 COMMANDS: dict[str, Callable[[Client, Output, argparse.Namespace], Any]] = {
     "launch": _cmd_launch,
     "list": _cmd_list,
@@ -334,6 +342,7 @@ COMMANDS: dict[str, Callable[[Client, Output, argparse.Namespace], Any]] = {
     "metrics": _cmd_metrics,
     "monitor": _cmd_monitor,
     "wait": _cmd_wait,
+    "completion": _cmd_completion,
 }
 
 

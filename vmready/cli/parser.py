@@ -6,6 +6,7 @@ import argparse
 import math
 from typing import NoReturn
 
+from vmready.cli.completion import SHELLS
 from vmready.cli.errors import UsageError
 from vmready.cli.output import FORMATS
 from vmready.cli.tables import DEFAULT_COLUMNS, LIST_COLUMNS, Column, parse_columns
@@ -69,6 +70,13 @@ exit status:
   2  usage error
   3  the instance was deleted or went to Error while waiting for another status
   130  interrupted (SIGINT, Ctrl-C); 143 for SIGTERM
+"""
+
+_COMPLETION_HELP = """\
+install:
+  bash  echo 'source <(vmready completion bash)' >> ~/.bashrc
+  zsh   echo 'source <(vmready completion zsh)' >> ~/.zshrc   (after compinit)
+  fish  vmready completion fish > ~/.config/fish/completions/vmready.fish
 """
 
 
@@ -292,6 +300,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="replay at the recorded pace, printing each record (default: as fast as possible)",
     )
+    completion = commands.add_parser(
+        "completion",
+        help="print the shell completion script of bash, zsh or fish",
+        description="Print a completion script for SHELL: commands, options, instance names.",
+        epilog=_COMPLETION_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    completion.add_argument("shell", metavar="SHELL", choices=SHELLS, help="bash, zsh or fish")
     return parser
 
 

@@ -135,7 +135,8 @@ class Progress:
             context = metadata.get("context")
             if metadata.get("action") == "instance-state" and isinstance(context, Mapping):
                 task = context.get("task_state")
-                self.task = TaskState(task) if task in TaskState._value2member_map_ else None
+                known = isinstance(task, str) and task in TaskState._value2member_map_
+                self.task = TaskState(str(task)) if known else None
         elif event.get("type") == "operation":
             resources = metadata.get("resources")
             instances = resources.get("instances") if isinstance(resources, Mapping) else None
