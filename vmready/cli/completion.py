@@ -223,7 +223,9 @@ def bash_script(parser: argparse.ArgumentParser) -> str:
 
 _ZSH_FUNCTION = r"""
 _vmready_instances() {
-    command vmready ${1:+--socket "$1"} list --format csv -c n 2>/dev/null | tail -n +2
+    local -a socket
+    [[ -n $1 ]] && socket=(--socket "$1")
+    command vmready $socket list --format csv -c n 2>/dev/null | tail -n +2
 }
 
 _vmready() {
