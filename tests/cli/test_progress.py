@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import pty
 from typing import Any
 
 from twisted.internet.defer import Deferred
@@ -152,6 +153,15 @@ class TerminalLineTests(SynchronousTestCase):
         stream = io.StringIO()
         TerminalLine(stream, lambda: 10).show("x" * 30)
         self.assertEqual(stream.getvalue(), CLEAR + "x" * 9)
+
+    def test_aTerminalWithoutASizeIsTakenAs80Columns(self) -> None:
+        master, replica = pty.openpty()
+        self.addCleanup(os.close, master)
+        with open(replica, "w") as stream:
+            self.assertEqual(os.get_terminal_size(replica).columns, 0)
+            line = TerminalLine(stream)
+            line.show("x" * 100)
+            self.assertEqual(line.shown, "x" * 79)
 
     def test_aBrokenTerminalIsLeftAlone(self) -> None:
         line = TerminalLine(_Broken(), lambda: 80)

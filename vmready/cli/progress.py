@@ -200,9 +200,11 @@ class TerminalLine:
 
     def _terminal_width(self) -> int:
         try:
-            return os.get_terminal_size(self._stream.fileno()).columns
+            columns = os.get_terminal_size(self._stream.fileno()).columns
         except (OSError, ValueError, AttributeError):
             return 80
+        # A terminal whose size was never set (some ptys) says 0.
+        return columns if columns > 0 else 80
 
     def show(self, text: str) -> None:
         """Replace the line with ``text``."""
