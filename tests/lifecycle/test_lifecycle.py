@@ -186,6 +186,37 @@ class CreateAndPowerTests(LifecycleTestCase):
         self.assertEqual(self.display_sequence("vm1"), ["BUILD", "ACTIVE", "SHUTOFF"])
 
     @_async
+    async def test_stopReportsItsGracePeriodInTheOperation(self) -> None:
+        await self.launch()
+        before = reactor.seconds()
+        operation = await self.lifecycle.act("vm1", "stop")
+        await self.wait(operation)
+        after = reactor.seconds()
+        reported = [
+            e.metadata["metadata"]
+            for e in self.events
+            if e.type == "operation" and e.metadata["id"] == operation.id
+        ]
+        # Created (no metadata yet), the grace period begun, its outcome (then finished,
+        # published just after the waiters woke).
+        self.assertEqual(len(reported), 3, reported)
+        self.assertIsNone(reported[0])
+        grace = reported[1]["shutdown"]
+        self.assertEqual(set(grace), {"timeout", "force_at"})
+        self.assertEqual(grace["timeout"], STOP_TIMEOUT)
+        self.assertTrue(before + STOP_TIMEOUT <= grace["force_at"] <= after, grace)
+        # fakeqemu ignores the ACPI button: the grace ran out.
+        self.assertEqual(reported[2], {"shutdown": {**grace, "result": "forced"}})
+        self.assertEqual(operation.to_json()["metadata"], reported[2])
+
+    @_async
+    async def test_forcedStopHasNoGracePeriod(self) -> None:
+        await self.launch()
+        operation = await self.lifecycle.act("vm1", "stop", force=True)
+        await self.wait(operation)
+        self.assertIsNone(operation.to_json()["metadata"])
+
+    @_async
     async def test_stopWithACPIGuestIsClean(self) -> None:
         await self.launch()
         guest = ACPIGuest()

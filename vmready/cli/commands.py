@@ -13,7 +13,9 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 
 from vmready.cli import tables
+from vmready.cli.actionprogress import ActionProgress
 from vmready.cli.client import APIError, Client, get_instance, instance_path
+from vmready.cli.completion import completion_script
 from vmready.cli.configops import config_command, operation_command
 from vmready.cli.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandError, UsageError
 from vmready.cli.output import EventCSV, Output, to_yaml
@@ -41,6 +43,36 @@ def _action_result(operation: dict[str, Any], instance: dict[str, Any] | None) -
     return {"operation": operation, "instance": instance}
 
 
+async def _act(
+    client: Client,
+    output: Output,
+    args: argparse.Namespace,
+    name: str,
+    request: tuple[str, str, Any],
+    announce: str | None = None,
+    ready: Waiter | None = None,
+) -> int:
+    """Send the action's ``request`` (method, path, body), then follow it to its end.
+
+    On a terminal the progress line follows it (subscribed before the
+    request, so no event is missed); ``announce`` (table format) is printed
+    once the daemon accepted the request.
+    """
+    progress = ActionProgress.for_action(client, output, args, name)
+    try:
+        if progress is not None:
+            await progress.subscribe(client)
+        operation = await client.operation(*request)
+        if announce is not None and output.is_table:
+            output.line(announce)
+        if progress is not None:
+            progress.follow(operation)
+        return await _finish_action(client, output, name, operation, args, ready, progress)
+    finally:
+        if progress is not None:
+            progress.close()
+
+
 async def _finish_action(
     client: Client,
     output: Output,
@@ -48,6 +80,7 @@ async def _finish_action(
     operation: dict[str, Any],
     args: argparse.Namespace,
     ready: Waiter | None = None,
+    progress: ActionProgress | None = None,
 ) -> int:
     """Wait for the operation (unless --no-wait), report its failure or the resulting status.
 
@@ -63,6 +96,8 @@ async def _finish_action(
             output.result(_action_result(operation, None))
         return EXIT_OK
     done = await client.wait_operation(operation)
+    if progress is not None:
+        progress.pause()
     if done.get("status_code") != 200:
         failed = CommandError(f"Error: {done.get('err') or done.get('status')}")
         if not output.is_table:
@@ -83,7 +118,12 @@ async def _finish_action(
     instance = await get_instance(client, name)
     output.line(f"{name}: {str(instance['status']).upper()} ({instance['display_status']})")
     if ready is not None:
-        output.line(await ready.wait(args.timeout))
+        if progress is not None:
+            progress.waiting("waiting for the workload to report Ready")
+        line = await ready.wait(args.timeout)
+        if progress is not None:
+            progress.pause()
+        output.line(line)
     return EXIT_OK
 
 
@@ -117,13 +157,10 @@ async def _cmd_launch(client: Client, output: Output, args: argparse.Namespace) 
         ready = Waiter(client, args.name, "ready")
         await ready.subscribe()
     try:
-        operation = await client.operation(
-            "POST", "/1.0/instances", {"name": args.name, "config": config}
-        )
-        # Only now: the daemon accepted the name and config.
-        if output.is_table:
-            output.line(f"Creating {args.name}")
-        return await _finish_action(client, output, args.name, operation, args, ready)
+        request = ("POST", "/1.0/instances", {"name": args.name, "config": config})
+        # Announced only once the daemon accepted the name and config.
+        announce = f"Creating {args.name}"
+        return await _act(client, output, args, args.name, request, announce, ready)
     finally:
         if ready is not None:
             ready.close()
@@ -161,8 +198,8 @@ async def _cmd_state(client: Client, output: Output, args: argparse.Namespace) -
         body["force"] = True
     if getattr(args, "timeout", None) is not None:
         body["timeout"] = args.timeout
-    operation = await client.operation("PUT", instance_path(args.name, "state"), body)
-    return await _finish_action(client, output, args.name, operation, args)
+    request = ("PUT", instance_path(args.name, "state"), body)
+    return await _act(client, output, args, args.name, request)
 
 
 async def _cmd_instance_action(client: Client, output: Output, args: argparse.Namespace) -> int:
@@ -174,21 +211,19 @@ async def _cmd_instance_action(client: Client, output: Output, args: argparse.Na
             body["memory"] = args.memory
         if args.cpus is not None:
             body["cpus"] = args.cpus
-    path = instance_path(args.name, "actions", args.command)
-    operation = await client.operation("POST", path, body)
-    return await _finish_action(client, output, args.name, operation, args)
+    request = ("POST", instance_path(args.name, "actions", args.command), body)
+    return await _act(client, output, args, args.name, request)
 
 
 async def _cmd_snapshot(client: Client, output: Output, args: argparse.Namespace) -> int:
     body = {"name": args.snapshot, "stateful": args.stateful}
-    operation = await client.operation("POST", instance_path(args.name, "snapshots"), body)
-    return await _finish_action(client, output, args.name, operation, args)
+    request = ("POST", instance_path(args.name, "snapshots"), body)
+    return await _act(client, output, args, args.name, request)
 
 
 async def _cmd_restore(client: Client, output: Output, args: argparse.Namespace) -> int:
     body = {"restore": args.snapshot, "stateful": args.stateful, "force": args.force}
-    operation = await client.operation("PUT", instance_path(args.name), body)
-    return await _finish_action(client, output, args.name, operation, args)
+    return await _act(client, output, args, args.name, ("PUT", instance_path(args.name), body))
 
 
 async def _cmd_snapshots(client: Client, output: Output, args: argparse.Namespace) -> int:
@@ -226,8 +261,7 @@ async def _cmd_delete(client: Client, output: Output, args: argparse.Namespace) 
                 f"Error: instance {args.name} is {str(status).upper()}: "
                 "stop it first or pass --force"
             )
-    operation = await client.operation("DELETE", instance_path(args.name))
-    return await _finish_action(client, output, args.name, operation, args)
+    return await _act(client, output, args, args.name, ("DELETE", instance_path(args.name), None))
 
 
 async def _cmd_rename(client: Client, output: Output, args: argparse.Namespace) -> int:
@@ -288,6 +322,13 @@ async def _cmd_wait(client: Client, output: Output, args: argparse.Namespace) ->
     return EXIT_OK
 
 
+async def _cmd_completion(client: Client, output: Output, args: argparse.Namespace) -> int:
+    from vmready.cli.parser import build_parser
+
+    output.text(completion_script(build_parser(), args.shell))
+    return EXIT_OK
+
+
 COMMANDS: dict[str, Callable[[Client, Output, argparse.Namespace], Any]] = {
     "launch": _cmd_launch,
     "list": _cmd_list,
@@ -313,6 +354,7 @@ COMMANDS: dict[str, Callable[[Client, Output, argparse.Namespace], Any]] = {
     "config": config_command,
     "rename": _cmd_rename,
     "operation": operation_command,
+    "completion": _cmd_completion,
 }
 
 

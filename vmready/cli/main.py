@@ -7,7 +7,9 @@ event stream first and then wakes on the event, never polling.  Exit status:
 action failed, no daemon or lost the daemon (``wait``: also timed out);
 2 usage error; 3 (``wait``
 only) the instance was deleted or went to Error while waiting for another
-status; 128 + the signal's number when interrupted: 130 for SIGINT (Ctrl-C),
+status; 2 also for an unknown command (with the closest one: "did you
+mean"); an unknown instance's error names the closest instance; 128 + the
+signal's number when interrupted: 130 for SIGINT (Ctrl-C),
 143 for SIGTERM.  An interrupted command prints nothing more.
 """
 
@@ -23,11 +25,13 @@ from typing import IO, NoReturn
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
+from vmready.cli.client import Client
 from vmready.cli.commands import COMMANDS, cmd_replay
 from vmready.cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, CommandError, UsageError
 from vmready.cli.output import Output
 from vmready.cli.parser import build_parser, with_snapshot_verb
 from vmready.cli.remotecommands import cmd_remote
+from vmready.cli.suggest import command_names, unknown_command, with_instance_suggestion
 from vmready.cli.targets import client_for
 from vmready.domain.reactor import IVMReadyReactor, default_reactor
 
@@ -50,7 +54,12 @@ async def run(
     err = sys.stderr if err is None else err
     parser = build_parser()
     output = Output(out, err, "table")
+    client: Client | None = None
+    name: str | None = None
     try:
+        unknown = unknown_command(argv, command_names(parser))
+        if unknown is not None:
+            raise CommandError(unknown, EXIT_USAGE)
         args = parser.parse_args(with_snapshot_verb(list(argv)))
         output.format = args.format
         if args.command == "replay":
@@ -58,15 +67,18 @@ async def run(
         if args.command == "remote":
             return await cmd_remote(reactor, output, args, environ)
         client = client_for(reactor, args, environ)
-        command = COMMANDS[args.command]
-        result: int = await command(client, output, args)
+        name = getattr(args, "name", None)
+        result: int = await COMMANDS[args.command](client, output, args)
         return result
     except UsageError as e:
         output.usage(e.usage)
         output.error(f"error: {e}")
         return EXIT_USAGE
     except CommandError as e:
-        output.error(e.message)
+        message = e.message
+        if client is not None:
+            message = await with_instance_suggestion(client, name, message)
+        output.error(message)
         return e.exit_code
     except SystemExit as e:
         # argparse's --help

@@ -6,6 +6,7 @@ import argparse
 import math
 from typing import NoReturn
 
+from vmready.cli.completion import SHELLS
 from vmready.cli.errors import UsageError
 from vmready.cli.output import FORMATS
 from vmready.cli.remoteparser import add_remote_commands
@@ -82,6 +83,13 @@ daemon options: 'config show' and 'config get KEY' read the options the daemon
   or --config FILE / $VMREADY_CONFIG) or twistd vmready's command line.
 """
 
+_COMPLETION_HELP = """\
+install:
+  bash  echo 'source <(vmready completion bash)' >> ~/.bashrc
+  zsh   echo 'source <(vmready completion zsh)' >> ~/.zshrc   (after compinit)
+  fish  vmready completion fish > ~/.config/fish/completions/vmready.fish
+"""
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``vmready`` argument parser."""
@@ -98,11 +106,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="output format where the output is data (default: table)",
     )
     action = _Parser(add_help=False)
-    action.add_argument(
-        "--no-wait",
-        action="store_true",
-        help="return once the operation is created instead of waiting for it",
+    waiting = action.add_mutually_exclusive_group()
+    waiting.add_argument(
+        "--wait",
+        dest="no_wait",
+        action="store_false",
+        default=False,
+        help="wait for the operation to finish, showing its progress on a terminal (default)",
     )
+    no_wait_help = "print the operation's id and return at once instead of waiting for it"
+    waiting.add_argument("--no-wait", dest="no_wait", action="store_true", help=no_wait_help)
+    # launch waits for its operation unless --no-wait; its --wait waits for more (Ready).
+    launching = _Parser(add_help=False)
+    launch_waiting = launching.add_mutually_exclusive_group()
+    launch_waiting.add_argument(
+        "--wait", action="store_true", help="then wait until the workload reports Ready"
+    )
+    launch_waiting.add_argument("--no-wait", action="store_true", help=no_wait_help)
 
     parser = _Parser(
         prog="vmready",
@@ -129,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     def add(name: str, help: str, *parents: _Parser) -> argparse.ArgumentParser:
         return commands.add_parser(name, help=help, description=help, parents=[common, *parents])
 
-    launch = add("launch", "create and start an instance", action)
+    launch = add("launch", "create and start an instance", launching)
     launch.add_argument("name")
     launch.add_argument("--memory", help="memory, MiB or with a unit (512, 2GiB)")
     launch.add_argument("--cpus", type=int, help="number of vCPUs")
@@ -149,9 +169,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--accel",
         choices=ACCEL_CHOICES,
         help="kvm, tcg, or auto (default: KVM where it runs guests, else TCG)",
-    )
-    launch.add_argument(
-        "--wait", action="store_true", help="then wait until the workload reports Ready"
     )
     launch.add_argument(
         "--timeout", type=_seconds, metavar="SECONDS", help="how long --wait waits at most"
@@ -311,11 +328,11 @@ def build_parser() -> argparse.ArgumentParser:
     operation_verb("show", "show one operation (YAML unless --format)").add_argument(
         "id", metavar="ID"
     )
-    waiting = operation_verb(
+    operation_wait = operation_verb(
         "wait", "wait until an operation ends: exit 0 if it succeeded, 1 if it failed"
     )
-    waiting.add_argument("id", metavar="ID")
-    waiting.add_argument(
+    operation_wait.add_argument("id", metavar="ID")
+    operation_wait.add_argument(
         "--timeout",
         type=_seconds,
         metavar="SECONDS",
@@ -372,6 +389,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     # Remote use: ``remote``, ``config trust``, and list's and monitor's optional REMOTE:.
     add_remote_commands(commands, common, config_verbs)
+    completion = commands.add_parser(
+        "completion",
+        help="print the shell completion script of bash, zsh or fish",
+        description="Print a completion script for SHELL: commands, options, instance names.",
+        epilog=_COMPLETION_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    completion.add_argument("shell", metavar="SHELL", choices=SHELLS, help="bash, zsh or fish")
     return parser
 
 

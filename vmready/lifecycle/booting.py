@@ -239,5 +239,9 @@ class Booting:
             await vm.force_stop()
             context.note("forced stop")
             return
+        # The grace period starts now (the ACPI button is pressed at once): say when it ends.
+        grace = {"timeout": timeout, "force_at": self.state.clock.seconds() + timeout}
+        context.progress({"shutdown": grace})
         how = await vm.shutdown(timeout, self.state.clock)
+        context.progress({"shutdown": {**grace, "result": how}})
         context.note("clean stop" if how == "clean" else f"forced stop after {timeout:g}s timeout")

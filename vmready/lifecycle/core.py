@@ -268,7 +268,10 @@ class Lifecycle:
             finally:
                 release()
 
-        return self.state.operations.run(f"{action.capitalize()} instance {name}", name, work)
+        operations = self.state.operations
+        operation = operations.run(f"{action.capitalize()} instance {name}", name, work)
+        context.report_to(lambda metadata: operations.report(operation, metadata))
+        return operation
 
     async def rename(self, name: str, new_name: str) -> Operation:
         """Rename a stopped instance (LXD's rename); a 400, 404 or 409 before the operation."""

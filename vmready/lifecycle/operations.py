@@ -29,6 +29,8 @@ class Operation:
         self.updated_at = created_at
         self.status = StatusCode.RUNNING
         self.error = ""
+        # What the running task reports about itself (LXD's operation ``metadata``), or None.
+        self.metadata: dict[str, Any] | None = None
         self._waiters: list[Deferred[Operation]] = []
 
     @property
@@ -68,7 +70,7 @@ class Operation:
             }[self.status],
             "status_code": int(self.status),
             "resources": {"instances": [f"/1.0/instances/{self.instance}"]},
-            "metadata": None,
+            "metadata": self.metadata,
             "may_cancel": False,
             "err": self.error,
         }
@@ -116,6 +118,14 @@ class Operations:
 
         Deferred.fromCoroutine(work()).addCallbacks(lambda _: finished(None), failed)
         return operation
+
+    def report(self, operation: Operation, metadata: dict[str, Any]) -> None:
+        """The running task says where it is (a stop's grace period): stored, and an event."""
+        if operation.done:
+            return
+        operation.metadata = metadata
+        operation.updated_at = self._clock.seconds()
+        self._publish(operation)
 
     def _forget(self, operation_id: str) -> None:
         self._operations.pop(operation_id, None)

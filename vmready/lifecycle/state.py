@@ -271,6 +271,9 @@ class ActionContext:
         # When it was claimed (its duration is counted once, by the first end it reaches).
         self.started_at = lifecycle.clock.seconds() if started_at is None else started_at
         self._counted = False
+        # What the task reported for its operation's metadata, and where it goes (report_to).
+        self._progress: dict[str, Any] | None = None
+        self._report: Callable[[dict[str, Any]], None] | None = None
 
     @classmethod
     async def begin(
@@ -308,6 +311,18 @@ class ActionContext:
         """The current step ended; written in order, nobody waits for it."""
         store = self.lifecycle.store
         self.lifecycle.logged(store.finish_step(self._step_id, result, error), "a history step")
+
+    def progress(self, metadata: dict[str, Any]) -> None:
+        """Where the task is, for whoever follows its operation (the metadata of the operation)."""
+        self._progress = metadata
+        if self._report is not None:
+            self._report(metadata)
+
+    def report_to(self, report: Callable[[dict[str, Any]], None]) -> None:
+        """Send progress to ``report`` (the operation), what was reported before it too."""
+        self._report = report
+        if self._progress is not None:
+            report(self._progress)
 
     def note(self, step: str, result: str = "success", error: str | None = None) -> None:
         """Record an instantaneous step (e.g. a forced stop after a timeout), in order."""

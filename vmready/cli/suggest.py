@@ -1,0 +1,69 @@
+"""'Did you mean': the command nearest a mistyped one, the instance nearest an unknown one."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+from collections.abc import Iterable, Sequence
+from urllib.parse import unquote
+
+from vmready.cli.client import Client
+from vmready.cli.errors import CommandError
+
+__all__ = ["closest", "command_names", "unknown_command", "with_instance_suggestion"]
+
+# Global options that take a value (their value is not the command).
+_VALUE_OPTIONS = ("--socket", "--format")
+
+
+def closest(word: str, candidates: Iterable[str]) -> str | None:
+    """The candidate most like ``word`` (difflib), or None when none is close."""
+    matches = difflib.get_close_matches(word, list(candidates), n=1)
+    return matches[0] if matches else None
+
+
+def command_names(parser: argparse.ArgumentParser) -> list[str]:
+    """The commands of the ``vmready`` parser."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return list(action.choices)
+    return []
+
+
+def unknown_command(argv: Sequence[str], commands: Sequence[str]) -> str | None:
+    """What to say when the command word of ``argv`` is no command; None when it is one."""
+    index = 0
+    while index < len(argv):
+        token = argv[index]
+        if token in _VALUE_OPTIONS:
+            index += 2
+        elif token.startswith("-"):
+            index += 1
+        else:
+            break
+    else:
+        return None
+    word = argv[index]
+    if word in commands:
+        return None
+    match = closest(word, [name for name in commands if not name.startswith("_")])
+    hint = f"did you mean '{match}'?" if match else "see 'vmready --help'"
+    return f"unknown command '{word}' ({hint})"
+
+
+async def with_instance_suggestion(client: Client, name: str | None, message: str) -> str:
+    """``message``, with the closest instance name when it says instance ``name`` is unknown.
+
+    The names are fetched once, only then; if that fails, the message stays as it was.
+    """
+    if not name or f"Instance {name} not found" not in message:
+        return message
+    try:
+        urls = await client.get("/1.0/instances")
+    except CommandError:
+        return message
+    if not isinstance(urls, list):
+        return message
+    names = [unquote(str(url).rsplit("/", 1)[-1]) for url in urls]
+    match = closest(name, [other for other in names if other != name])
+    return f"{message} (did you mean '{match}'?)" if match else message
