@@ -149,7 +149,7 @@ class AgentFaultTests(FaultTestCase):
             port.transport.loseConnection()  # type: ignore[union-attr]
         await _until(lambda: self.lifecycle.agent_status("vm1") is AgentStatus.STOPPED)
         self.assertEqual(self.lifecycle_actions("vm1")[-1], "agent-link-lost")
-        self.assertIn("port closed without STOPPED", self.faults()["agent"])
+        self.assertIn("closed its port without STOPPED", self.faults()["agent"])
         record = self.lifecycle.get("vm1")
         self.assertEqual(
             (record.vm_state, record.power_state), (VMState.ACTIVE, PowerState.RUNNING)

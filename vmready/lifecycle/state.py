@@ -444,9 +444,12 @@ class LifecycleState:
 
     def console_log(self, name: str, limit: int) -> bytes:
         """The tail of the instance's console log (empty before its first boot)."""
-        record = self.store.get_instance(name)
-        run_dir = os.path.join(self.run_root, run_dir_name(record.uuid))
-        return read_console(os.path.join(run_dir, CONSOLE_LOG_NAME), limit)
+        return read_console(self.console_log_path(self.store.get_instance(name)), limit)
+
+    def console_log_path(self, record: InstanceRecord) -> str:
+        """Where QEMU appends the instance's serial console (absent before its first boot)."""
+        run_dir = os.path.join(os.path.abspath(self.run_root), run_dir_name(record.uuid))
+        return os.path.join(run_dir, CONSOLE_LOG_NAME)
 
     def config_drive(self, record: InstanceRecord) -> str:
         """The directory handed to the guest as its config drive (certificates, agent.json)."""
