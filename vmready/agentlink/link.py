@@ -376,7 +376,7 @@ class AgentLink:
                 silence=now - self._last_heard,
             )
             self._taken_as_stopped(
-                f"it said nothing for {now - self._last_heard:.1f}s (no heartbeat)"
+                f"said nothing for {now - self._last_heard:.1f}s (no heartbeat)"
             )
 
     def _taken_as_stopped(self, why: str) -> None:

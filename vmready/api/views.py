@@ -11,8 +11,8 @@ from vmready.domain.model import InstanceRecord
 from vmready.hypervisor.accel import ACCEL_KEY, ACCEL_REASON_KEY, CURRENT_ACCEL_KEY
 from vmready.hypervisor.bootsource import BootSource
 from vmready.hypervisor.cmdline import SERIAL_LAYOUTS
-from vmready.lifecycle.core import LAYOUT_KEY
 from vmready.lifecycle.agenthistory import LinkChange
+from vmready.lifecycle.core import LAYOUT_KEY
 from vmready.lifecycle.faults import Fault
 from vmready.lifecycle.operations import Operation
 from vmready.protocols.ringbuffer import AgentStatus
