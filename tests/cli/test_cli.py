@@ -479,6 +479,43 @@ class ListAndInfoTests(CLITestCase):
         _, out, _ = await self.cli("info", "web1")
         self.assertNotIn("Store:", out)
 
+    async def test_infoShowsWhereTheConsoleIsLogged(self) -> None:
+        await self.launch("web1")
+        _, out, _ = await self.cli("info", "web1")
+        path = self.lifecycle.console_log_path(self.lifecycle.get("web1"))
+        self.assertTrue(os.path.isabs(path), path)
+        self.assertIn(
+            f"Console log: {path} (vmready console web1 --show-log prints it)", out.splitlines()
+        )
+        # Right after the boot source lines.
+        lines = out.splitlines()
+        self.assertEqual(
+            lines.index("Guest API transport: hvsock") + 1,
+            lines.index(f"Console log: {path} (vmready console web1 --show-log prints it)"),
+        )
+
+    async def test_infoListsTheAgentLinksChangesNewestLast(self) -> None:
+        await self.launch("web1")
+        _, out, _ = await self.cli("info", "web1")
+        self.assertIn("Agent link history: (no change since the daemon started)", out.splitlines())
+        self.agent_says(AgentStatus.STARTED)
+        self.agent_says(AgentStatus.CONNECTED)
+        lost = "lost: the agent said nothing for 15.0s (no heartbeat)"
+        self.lifecycle.state.events.lifecycle(
+            "instance-agent-stopped", "web1", {"status": "stopped", "reason": lost}
+        )
+        self.lifecycle.state.events.lifecycle("agent-link-lost", "web1", {"reason": lost[6:]})
+        _, out, _ = await self.cli("info", "web1")
+        lines = out.splitlines()
+        start = lines.index("Agent link history:")
+        stamp = r"  \d{4}-\d\d-\d\d \d\d:\d\d:\d\d  "
+        self.assertRegex(lines[start + 1], rf"^{stamp}STARTED$")
+        self.assertRegex(lines[start + 2], rf"^{stamp}CONNECTED$")
+        self.assertRegex(lines[start + 3], rf"^{stamp}STOPPED    lost: the agent said nothing")
+        # The standing fault follows, as before.
+        self.assertRegex(lines[start + 4], r"^Agent link: lost since .*: the agent said nothing")
+        self.assertEqual(len(lines), start + 5)
+
     async def test_infoUnknownInstanceExits1(self) -> None:
         self.assertEqual(
             await self.cli("info", "nope"), (1, "", "vmready: Error: Instance nope not found\n")
