@@ -25,6 +25,7 @@ from vmready.api.requestbody import MAX_BODY_BYTES, read_json_body
 from vmready.domain.model import BadRequest, PayloadTooLarge
 from vmready.domain.states import READY_KEY
 from vmready.hypervisor.cmdline import LEGACY_LAYOUT
+from vmready.lifecycle.agenthistory import LinkChange
 from vmready.lifecycle.core import Lifecycle
 from vmready.lifecycle.events import Event
 from vmready.lifecycle.operations import Operation
@@ -445,18 +446,23 @@ class StateTests(APITestCase):
 
     async def test_agentHistoryIsInTheInstanceOldestFirstWithReasons(self) -> None:
         await self.launch("web1")
-        events = self.lifecycle.state.events
-        events.lifecycle("instance-agent-started", "web1", {"status": "started"})
-        events.lifecycle("instance-agent-connected", "web1", {"status": "connected"})
+        history = self.lifecycle.state.agent_history
+        history.record("web1", LinkChange("started", 1_800_000_000.0))
+        history.record("web1", LinkChange("connected", 1_800_000_001.5))
         lost = "lost: the agent said nothing for 15.0s (no heartbeat)"
-        events.lifecycle("instance-agent-stopped", "web1", {"status": "stopped", "reason": lost})
+        history.record("web1", LinkChange("stopped", 1_800_000_030.0, lost))
         history = (await self.call("GET", "/1.0/instances/web1")).metadata["agent"]["history"]
         self.assertEqual(
             [(change["status"], change.get("reason")) for change in history],
             [("started", None), ("connected", None), ("stopped", lost)],
         )
-        self.assertEqual(sorted(history[2]), ["at", "reason", "status"])
-        self.assertTrue(history[0]["at"].endswith("Z"), history[0]["at"])
+        self.assertEqual(
+            history[1:],
+            [
+                {"status": "connected", "at": "2027-01-15T08:00:01.500000Z"},
+                {"status": "stopped", "at": "2027-01-15T08:00:30Z", "reason": lost},
+            ],
+        )
         listed = (await self.call("GET", "/1.0/instances?recursion=1")).metadata
         self.assertEqual(listed[0]["agent"]["history"], history)
 

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import attrs
-from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.lifecycle.test_lifecycle import _async, _until
@@ -13,40 +10,28 @@ from tests.lifecycle.test_ready import FAST, SERVER, AgentLinkTestCase
 from tests.reactor import reactor
 from vmready.lifecycle.agenthistory import DEFAULT_HISTORY_LENGTH, AgentHistory, LinkChange
 from vmready.lifecycle.core import GuestLink
-from vmready.lifecycle.events import EventBus
 from vmready.protocols.ringbuffer import AgentStatus
 
 LOST = "lost: the agent said nothing for 15.0s (no heartbeat)"
-
-
-def _event(action: str, instance: str = "vm1", **context: Any) -> dict[str, Any]:
-    return {"action": action, "source": f"/1.0/instances/{instance}", "context": context}
 
 
 class AgentHistoryTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.history = AgentHistory(length=3)
 
-    def agent(self, status: str, at: float, instance: str = "vm1", **context: Any) -> None:
-        metadata = _event(f"instance-agent-{status}", instance, status=status, **context)
-        self.history.observe("lifecycle", at, metadata)
-
     def test_changesAreKeptOldestFirstWithTimesAndReasons(self) -> None:
-        self.agent("started", 10.0)
-        self.agent("connected", 11.5)
-        self.agent("stopped", 40.0, reason=LOST)
-        self.assertEqual(
-            self.history.of("vm1"),
-            [
-                LinkChange("started", 10.0),
-                LinkChange("connected", 11.5),
-                LinkChange("stopped", 40.0, LOST),
-            ],
-        )
+        changes = [
+            LinkChange("started", 10.0),
+            LinkChange("connected", 11.5),
+            LinkChange("stopped", 40.0, LOST),
+        ]
+        for change in changes:
+            self.history.record("vm1", change)
+        self.assertEqual(self.history.of("vm1"), changes)
 
     def test_onlyTheLastChangesAreKept(self) -> None:
         for at, status in enumerate(["started", "connected", "stopped", "started", "connected"]):
-            self.agent(status, float(at))
+            self.history.record("vm1", LinkChange(status, float(at)))
         self.assertEqual(
             [(change.status, change.at) for change in self.history.of("vm1")],
             [("stopped", 2.0), ("started", 3.0), ("connected", 4.0)],
@@ -55,75 +40,36 @@ class AgentHistoryTests(SynchronousTestCase):
     def test_theDefaultLengthBoundsAFlappingLink(self) -> None:
         history = AgentHistory()
         for at in range(1000):
-            status = "started" if at % 2 else "stopped"
-            history.observe("lifecycle", float(at), _event(f"instance-agent-{status}"))
+            history.record("vm1", LinkChange("started" if at % 2 else "stopped", float(at)))
         changes = history.of("vm1")
         self.assertEqual(len(changes), DEFAULT_HISTORY_LENGTH)
+        self.assertEqual(changes[0], LinkChange("stopped", 990.0))
         self.assertEqual(changes[-1], LinkChange("started", 999.0))
 
     def test_eachInstanceHasItsOwnHistory(self) -> None:
-        self.agent("started", 1.0, "vm1")
-        self.agent("connected", 2.0, "vm2")
+        self.history.record("vm1", LinkChange("started", 1.0))
+        self.history.record("vm2", LinkChange("connected", 2.0))
         self.assertEqual(self.history.of("vm1"), [LinkChange("started", 1.0)])
         self.assertEqual(self.history.of("vm2"), [LinkChange("connected", 2.0)])
         self.assertEqual(self.history.of("vm3"), [])
 
-    def test_deletingAnInstanceDropsItsHistory(self) -> None:
-        self.agent("started", 1.0, "vm1")
-        self.agent("started", 1.0, "vm2")
-        self.history.observe("lifecycle", 2.0, _event("instance-deleted", "vm1"))
+    def test_aForgottenInstanceStartsAfresh(self) -> None:
+        self.history.record("vm1", LinkChange("started", 1.0))
+        self.history.record("vm2", LinkChange("started", 1.0))
+        self.history.forget("vm1")
+        self.history.forget("never-seen")
         self.assertEqual(self.history.of("vm1"), [])
-        self.assertEqual(len(self.history.of("vm2")), 1)
-        # A new instance of the same name starts afresh.
-        self.agent("connected", 3.0, "vm1")
+        self.assertEqual(self.history.of("vm2"), [LinkChange("started", 1.0)])
+        self.history.record("vm1", LinkChange("connected", 3.0))
         self.assertEqual(self.history.of("vm1"), [LinkChange("connected", 3.0)])
 
-    def test_otherEventsAreNotChanges(self) -> None:
-        self.history.observe("lifecycle", 1.0, _event("agent-link-lost", reason="x"))
-        self.history.observe("lifecycle", 1.0, _event("instance-started"))
-        self.history.observe("operation", 1.0, _event("instance-agent-started"))
-        daemon = {"action": "instance-agent-started", "source": "/1.0"}
-        self.history.observe("lifecycle", 1.0, daemon)
-        self.history.observe("lifecycle", 1.0, {"source": "/1.0/instances/vm1"})
-        self.assertEqual(self.history.of("vm1"), [])
-
-    def test_theStatusFallsBackToTheEventsName(self) -> None:
-        self.history.observe("lifecycle", 1.0, _event("instance-agent-connected"))
-        self.history.observe("lifecycle", 2.0, _event("instance-agent-stopped", reason=7))
-        self.assertEqual(
-            self.history.of("vm1"), [LinkChange("connected", 1.0), LinkChange("stopped", 2.0)]
-        )
-
     def test_theCallerGetsACopy(self) -> None:
-        self.agent("started", 1.0)
+        self.history.record("vm1", LinkChange("started", 1.0))
         self.history.of("vm1").clear()
         self.assertEqual(len(self.history.of("vm1")), 1)
 
     def test_aHistoryKeepsAtLeastOneChange(self) -> None:
         self.assertRaises(ValueError, AgentHistory, 0)
-
-
-class EventBusFeedsTheHistoryTests(SynchronousTestCase):
-    def test_theBusRecordsAgentEventsAtTheirTimestamp(self) -> None:
-        clock = Clock()
-        clock.advance(1_700_000_000)
-        bus = EventBus(clock.seconds)
-        bus.lifecycle("instance-agent-started", "vm1", {"status": "started"})
-        clock.advance(2)
-        bus.lifecycle(
-            "instance-agent-stopped",
-            "vm1",
-            {"status": "stopped", "previous": "started", "reason": "its VM stopped"},
-        )
-        self.assertEqual(
-            bus.agent_history.of("vm1"),
-            [
-                LinkChange("started", 1_700_000_000.0),
-                LinkChange("stopped", 1_700_000_002.0, "its VM stopped"),
-            ],
-        )
-        bus.lifecycle("instance-deleted", "vm1")
-        self.assertEqual(bus.agent_history.of("vm1"), [])
 
 
 class AgentHistoryLifecycleTests(AgentLinkTestCase):
@@ -132,7 +78,7 @@ class AgentHistoryLifecycleTests(AgentLinkTestCase):
     def history(self, name: str = "vm1") -> list[tuple[str, str | None]]:
         return [
             (change.status, change.reason)
-            for change in self.lifecycle.state.events.agent_history.of(name)
+            for change in self.lifecycle.state.agent_history.of(name)
         ]
 
     @_async
@@ -155,7 +101,7 @@ class AgentHistoryLifecycleTests(AgentLinkTestCase):
         guest.say(b"STARTED\n")  # it wakes up and starts over
         await _until(lambda: len(self.history()) == 4)
         self.assertEqual(self.history()[3], ("started", None))
-        times = [change.at for change in self.lifecycle.state.events.agent_history.of("vm1")]
+        times = [change.at for change in self.lifecycle.state.agent_history.of("vm1")]
         self.assertEqual(times, sorted(times))
         self.assertLessEqual(before, times[0])
 
@@ -168,6 +114,19 @@ class AgentHistoryLifecycleTests(AgentLinkTestCase):
         await _until(lambda: self.lifecycle.agent_status("vm1") is AgentStatus.STOPPED)
         self.assertEqual(
             self.history()[-1], ("stopped", "lost: the agent closed its port without STOPPED")
+        )
+        # Each change at its event's time; the events themselves say no more than before.
+        agent_events = [
+            event
+            for event in self.events
+            if str(event.metadata.get("action")).startswith("instance-agent-")
+        ]
+        self.assertEqual(
+            [event.timestamp for event in agent_events],
+            [change.at for change in self.lifecycle.state.agent_history.of("vm1")],
+        )
+        self.assertEqual(
+            agent_events[-1].metadata["context"], {"status": "stopped", "previous": "connected"}
         )
         await guest.closed
         await guest.connect.closed

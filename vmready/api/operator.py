@@ -132,12 +132,12 @@ class OperatorAPI:
     # -- errors: the one place an exception becomes a response ------------
 
     def _instance_json(self, record: InstanceRecord) -> dict[str, Any]:
-        events = self.lifecycle.state.events
+        state = self.lifecycle.state
         return instance_json(
             record,
             self.lifecycle.agent_status(record.name),
-            events.faults.of(record.name),
-            events.agent_history.of(record.name),
+            state.events.faults.of(record.name),
+            state.agent_history.of(record.name),
             self.lifecycle.console_log_path(record),
         )
 

@@ -1,22 +1,21 @@
-"""Each instance's recent agent-link changes, as the event stream announced them.
+"""Each instance's recent agent-link changes: when, to what, and why if the daemon knows.
 
 One agent status (``unknown``, ``started``…) says how the link stands now,
 not how it got there: an agent that fell silent a minute ago and came back
-looks the same as one that never left.  The ``AgentHistory`` reads the
-``instance-agent-started``/``-connected``/``-stopped`` events the daemon
-publishes and keeps, per instance, the last few with their times and, where
-the daemon knows it, why (``lost: the agent said nothing for 15.0s (no
-heartbeat)``, ``its VM stopped``, ``the VM was adopted; CONNECT advertised
-again``), so ``vmready info`` shows how the link behaved lately.  Bounded per
-instance, dropped with the instance, kept in memory only: a restarted daemon
-starts each history afresh (its first entry is the agent's status once it is
-heard again).
+looks the same as one that never left.  The daemon announces each change on
+the event stream (``instance-agent-started``/``-connected``/``-stopped``) and
+records it here at the same time, with the event's timestamp and, where it
+knows, why the agent did not say so itself (``lost: the agent said nothing
+for 15.0s (no heartbeat)``, ``its VM stopped``, ``the VM was adopted; CONNECT
+advertised again``), so ``vmready info`` shows how the link behaved lately.
+The reasons stay out of the events, whose contexts recorded sessions replay
+key for key.  Bounded per instance, forgotten with the instance, kept in
+memory only: a restarted daemon starts each history afresh.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
 
 import attrs
 
@@ -25,9 +24,6 @@ __all__ = ["DEFAULT_HISTORY_LENGTH", "AgentHistory", "LinkChange"]
 # How many changes each instance keeps: enough to see a flapping link, small enough
 # that a link flapping for days costs nothing.
 DEFAULT_HISTORY_LENGTH = 10
-
-_INSTANCE_SOURCE = "/1.0/instances/"
-_AGENT_ACTION = "instance-agent-"
 
 
 @attrs.frozen
@@ -52,26 +48,13 @@ class AgentHistory:
         """The instance's recent changes, oldest first (empty: none since the daemon started)."""
         return list(self._instances.get(name, ()))
 
-    def observe(self, type: str, timestamp: float, metadata: dict[str, Any]) -> None:
-        """Read one event (its type, time and metadata) as the bus publishes it."""
-        action = metadata.get("action")
-        source = metadata.get("source")
-        if type != "lifecycle" or not isinstance(action, str) or not isinstance(source, str):
-            return
-        if not source.startswith(_INSTANCE_SOURCE):
-            return
-        name = source[len(_INSTANCE_SOURCE) :]
-        if action == "instance-deleted":
-            self._instances.pop(name, None)
-            return
-        if not action.startswith(_AGENT_ACTION):
-            return
-        context = metadata.get("context") or {}
-        status = context.get("status")
-        if not isinstance(status, str):
-            status = action[len(_AGENT_ACTION) :]
-        reason = context.get("reason")
+    def record(self, name: str, change: LinkChange) -> None:
+        """The instance's agent link changed (the oldest change goes once the history is full)."""
         changes = self._instances.get(name)
         if changes is None:
             changes = self._instances[name] = deque(maxlen=self._length)
-        changes.append(LinkChange(status, timestamp, reason if isinstance(reason, str) else None))
+        changes.append(change)
+
+    def forget(self, name: str) -> None:
+        """The instance is deleted: a new one of the same name starts afresh."""
+        self._instances.pop(name, None)

@@ -9,7 +9,6 @@ from typing import Any
 import attrs
 from twisted.logger import Logger
 
-from vmready.lifecycle.agenthistory import AgentHistory
 from vmready.lifecycle.faults import SERVER_SOURCE, FaultLog
 
 LIFECYCLE = "lifecycle"
@@ -48,8 +47,6 @@ class EventBus:
         self._subscribers: list[tuple[Listener, frozenset[str] | None]] = []
         # The faults the events announced and not yet cleared (``vmready info`` shows them).
         self.faults = FaultLog()
-        # Each instance's recent agent-link changes (``vmready info`` lists them).
-        self.agent_history = AgentHistory()
 
     def subscribe(
         self, listener: Listener, types: frozenset[str] | None = None
@@ -68,7 +65,6 @@ class EventBus:
         """Send one event to every interested subscriber."""
         event = Event(type, self._clock(), metadata)
         self.faults.observe(type, event.timestamp, metadata)
-        self.agent_history.observe(type, event.timestamp, metadata)
         for listener, types in list(self._subscribers):
             if types is not None and type not in types:
                 continue

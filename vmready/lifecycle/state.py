@@ -61,6 +61,7 @@ from vmready.hypervisor.console import (
 from vmready.hypervisor.driver import HypervisorDriver
 from vmready.hypervisor.imagetool import ImageInfo, ImageTool
 from vmready.hypervisor.runningvm import RunningVM
+from vmready.lifecycle.agenthistory import AgentHistory
 from vmready.lifecycle.events import EventBus
 from vmready.lifecycle.hooks import RECORD_KEY, RecorderLookup
 from vmready.lifecycle.metrics import LifecycleMetrics
@@ -424,6 +425,8 @@ class LifecycleState:
         # Set by the daemon when sessions may be recorded (``vmready.record.recording.Recorders``).
         self.recorders: RecorderLookup | None = None
         self.last_agent_status: dict[str, AgentStatus] = {}
+        # Each instance's recent agent-link changes, with why (``vmready info`` lists them).
+        self.agent_history = AgentHistory()
         # What happened since the daemon started, for ``GET /1.0/metrics``.
         self.metrics = LifecycleMetrics(reactor.seconds())
 

@@ -26,6 +26,7 @@ from vmready.hypervisor.cmdline import (
 )
 from vmready.hypervisor.runningvm import RunningVM
 from vmready.hypervisor.vmevents import VMEvent, VMEventKind
+from vmready.lifecycle.agenthistory import LinkChange
 from vmready.lifecycle.metrics import CountedRingDevice
 from vmready.lifecycle.state import (
     _RUNNING_STATES,
@@ -169,16 +170,23 @@ class Watching:
 
     def _agent_changed(self, name: str, change: StatusChanged) -> None:
         self.state.last_agent_status[name] = change.current
-        context = {"status": change.current.value, "previous": change.previous.value}
+        event = self.state.events.lifecycle(
+            change.event_action,
+            name,
+            {"status": change.current.value, "previous": change.previous.value},
+        )
         readvertised = name in self._advertised
         self._advertised.discard(name)
+        reason = None
         if change.lost is not None:
-            context["reason"] = f"lost: the agent {change.lost}"
+            reason = f"lost: the agent {change.lost}"
         elif change.cause is not None:
-            context["reason"] = change.cause
+            reason = change.cause
         elif readvertised:
-            context["reason"] = _READVERTISED
-        self.state.events.lifecycle(change.event_action, name, context)
+            reason = _READVERTISED
+        self.state.agent_history.record(
+            name, LinkChange(change.current.value, event.timestamp, reason)
+        )
         if change.lost is not None:
             # Gone without a word (killed) or hung (no heartbeat): a fault until it is back.
             self.state.events.lifecycle(
