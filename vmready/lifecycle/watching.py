@@ -64,7 +64,7 @@ class Watching:
         # One per instance: its VM events are handled one after the other.
         self._event_locks: dict[str, DeferredLock] = {}
         # Instances whose VM was adopted and its agent sent CONNECT again, until the agent's
-        # next change (which says so in its event).
+        # next change (its history entry says so).
         self._advertised: set[str] = set()
         state.store.health.subscribe(self._store_health_changed)
 
