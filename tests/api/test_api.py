@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from io import BytesIO
 from typing import Any
@@ -24,6 +25,7 @@ from vmready.api.requestbody import MAX_BODY_BYTES, read_json_body
 from vmready.domain.model import BadRequest, PayloadTooLarge
 from vmready.domain.states import READY_KEY
 from vmready.hypervisor.cmdline import LEGACY_LAYOUT
+from vmready.lifecycle.agenthistory import LinkChange
 from vmready.lifecycle.core import Lifecycle
 from vmready.lifecycle.events import Event
 from vmready.lifecycle.operations import Operation
@@ -435,12 +437,48 @@ class StateTests(APITestCase):
         self.patch(self.lifecycle, "agent_status", lambda name: AgentStatus.CONNECTED)
         await self.lifecycle.set_ready("web1", True)
         instance = (await self.call("GET", "/1.0/instances/web1")).metadata
-        self.assertEqual(instance["agent"], {"status": "connected"})
+        self.assertEqual(instance["agent"], {"status": "connected", "history": []})
         self.assertEqual((instance["status"], instance["status_code"]), ("Ready", 113))
         listed = (await self.call("GET", "/1.0/instances?recursion=1")).metadata
-        self.assertEqual(listed[0]["agent"], {"status": "connected"})
+        self.assertEqual(listed[0]["agent"], {"status": "connected", "history": []})
         state = await self.state()
         self.assertEqual((state["agent"], state["ready"]), ({"status": "connected"}, True))
+
+    async def test_agentHistoryIsInTheInstanceOldestFirstWithReasons(self) -> None:
+        await self.launch("web1")
+        history = self.lifecycle.state.agent_history
+        history.record("web1", LinkChange("started", 1_800_000_000.0))
+        history.record("web1", LinkChange("connected", 1_800_000_001.5))
+        lost = "lost: the agent said nothing for 15.0s (no heartbeat)"
+        history.record("web1", LinkChange("stopped", 1_800_000_030.0, lost))
+        history = (await self.call("GET", "/1.0/instances/web1")).metadata["agent"]["history"]
+        self.assertEqual(
+            [(change["status"], change.get("reason")) for change in history],
+            [("started", None), ("connected", None), ("stopped", lost)],
+        )
+        self.assertEqual(
+            history[1:],
+            [
+                {"status": "connected", "at": "2027-01-15T08:00:01.500000Z"},
+                {"status": "stopped", "at": "2027-01-15T08:00:30Z", "reason": lost},
+            ],
+        )
+        listed = (await self.call("GET", "/1.0/instances?recursion=1")).metadata
+        self.assertEqual(listed[0]["agent"]["history"], history)
+
+    async def test_consoleLogPathIsInTheInstance(self) -> None:
+        await self.launch("web1")
+        path = (await self.call("GET", "/1.0/instances/web1")).metadata["console"]["log"]
+        self.assertTrue(os.path.isabs(path), path)
+        spec = self.lifecycle.spec_for(self.lifecycle.get("web1"))
+        self.assertEqual(path, os.path.abspath(spec.console_log))
+        # The file the console endpoint serves (the guest may have written more since).
+        console = self.http.get("http://vmready/1.0/instances/web1/console")
+        self.http.flush()
+        served = await self.http.content(await console)
+        self.assertIn(b"--- vmready: ", served)
+        with open(path, "rb") as f:
+            self.assertTrue(f.read().startswith(served))
 
     async def test_stopStartRestartFreezeUnfreeze(self) -> None:
         await self.launch("web1")

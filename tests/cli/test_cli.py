@@ -35,6 +35,7 @@ from vmready.cli.output import flatten, to_csv, to_yaml
 from vmready.cli.parser import build_parser
 from vmready.domain.states import TaskState, VMState
 from vmready.hypervisor.cmdline import LEGACY_LAYOUT
+from vmready.lifecycle.agenthistory import LinkChange
 from vmready.lifecycle.core import Lifecycle
 from vmready.protocols.ringbuffer import AgentStatus
 
@@ -478,6 +479,46 @@ class ListAndInfoTests(CLITestCase):
         events.server("store-write-recovered", {})
         _, out, _ = await self.cli("info", "web1")
         self.assertNotIn("Store:", out)
+
+    async def test_infoShowsWhereTheConsoleIsLogged(self) -> None:
+        await self.launch("web1")
+        _, out, _ = await self.cli("info", "web1")
+        path = self.lifecycle.console_log_path(self.lifecycle.get("web1"))
+        self.assertTrue(os.path.isabs(path), path)
+        self.assertIn(
+            f"Console log: {path} (vmready console web1 --show-log prints it)", out.splitlines()
+        )
+        # Right after the boot source lines.
+        lines = out.splitlines()
+        self.assertEqual(
+            lines.index("Guest API transport: hvsock") + 1,
+            lines.index(f"Console log: {path} (vmready console web1 --show-log prints it)"),
+        )
+
+    async def test_infoListsTheAgentLinksChangesNewestLast(self) -> None:
+        await self.launch("web1")
+        _, out, _ = await self.cli("info", "web1")
+        self.assertIn("Agent link history: (no change since the daemon started)", out.splitlines())
+        history = self.lifecycle.state.agent_history
+        history.record("web1", LinkChange("started", 1_800_000_000.0))
+        history.record("web1", LinkChange("connected", 1_800_000_001.0))
+        lost = "lost: the agent said nothing for 15.0s (no heartbeat)"
+        history.record("web1", LinkChange("stopped", 1_800_000_030.0, lost))
+        self.lifecycle.state.events.lifecycle("agent-link-lost", "web1", {"reason": lost[6:]})
+        _, out, _ = await self.cli("info", "web1")
+        lines = out.splitlines()
+        start = lines.index("Agent link history:")
+        self.assertEqual(
+            lines[start + 1 : start + 4],
+            [
+                "  2027-01-15 08:00:00  STARTED",
+                "  2027-01-15 08:00:01  CONNECTED",
+                f"  2027-01-15 08:00:30  STOPPED    {lost}",
+            ],
+        )
+        # The standing fault follows, as before.
+        self.assertRegex(lines[start + 4], r"^Agent link: lost since .*: the agent said nothing")
+        self.assertEqual(len(lines), start + 5)
 
     async def test_infoUnknownInstanceExits1(self) -> None:
         self.assertEqual(

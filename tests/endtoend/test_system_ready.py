@@ -63,7 +63,7 @@ class ReadyScenarioTests(SynchronousTestCase):
         )
         # The daemon answered STARTED with its guest API's port, and the agent dialed it.
         self.assertIn(f"host says CONNECT 2:{port}: dialing", system.agent_log())
-        self.assertEqual(system.info(NAME)["agent"], {"status": "connected"})
+        self.assertEqual(system.info(NAME)["agent"]["status"], "connected")
 
         ready_wait = system.cli_in_background("wait", NAME, "status=ready", "--timeout", "30")
         self.assertEqual(system.listed_status(NAME), "RUNNING")
@@ -107,8 +107,8 @@ class ReadyScenarioTests(SynchronousTestCase):
         system.cli("stop", NAME, "--force")
         info = system.info(NAME)
         self.assertEqual(
-            (info["status"], info["config"][READY_KEY], info["agent"]),
-            ("Stopped", "false", {"status": "stopped"}),
+            (info["status"], info["config"][READY_KEY], info["agent"]["status"]),
+            ("Stopped", "false", "stopped"),
         )
         self.events.wait_for_action(NAME, "instance-agent-stopped")
         # The guest died with its VM; so does its agent.
@@ -182,7 +182,7 @@ class ReadyScenarioTests(SynchronousTestCase):
         stopped = self.events.wait_for_action(NAME, "instance-agent-stopped")
         info = system.info(NAME)
         # The workload is still up: only its agent stopped.
-        self.assertEqual((info["status"], info["agent"]), ("Ready", {"status": "stopped"}))
+        self.assertEqual((info["status"], info["agent"]["status"]), ("Ready", "stopped"))
 
         system.start_agent(NAME, "agent2.log")
         self.events.wait_for_action(NAME, "instance-agent-connected", after=stopped)
@@ -193,8 +193,8 @@ class ReadyScenarioTests(SynchronousTestCase):
         self.assertIn("reasserting the workload's Ready", system.agent_log("agent2.log"))
         info = system.info(NAME)
         self.assertEqual(
-            (info["status"], info["config"][READY_KEY], info["agent"]),
-            ("Ready", "true", {"status": "connected"}),
+            (info["status"], info["config"][READY_KEY], info["agent"]["status"]),
+            ("Ready", "true", "connected"),
         )
 
     def test_guestRebootClearsReady(self) -> None:
@@ -248,8 +248,13 @@ class FaultTests(SynchronousTestCase):
         self.events.wait_for_action(NAME, "instance-agent-stopped")
         info = system.info(NAME)
         self.assertEqual(
-            (info["status"], info["config"][READY_KEY], info["agent"]),
-            ("Ready", "true", {"status": "stopped"}),
+            (info["status"], info["config"][READY_KEY], info["agent"]["status"]),
+            ("Ready", "true", "stopped"),
+        )
+        # The history says why: the agent never said STOPPED.
+        self.assertRegex(
+            info["agent"]["history"][-1]["reason"],
+            r"^lost: the agent (said nothing for [0-9.]+s \(no heartbeat\)|closed its port)",
         )
 
         # The guest powers its VM off: not ready any more, and the agent is stopped with it.
@@ -260,8 +265,8 @@ class FaultTests(SynchronousTestCase):
         self.events.wait_for_action(NAME, "instance-shutdown")
         info = system.info(NAME)
         self.assertEqual(
-            (info["status"], info["config"][READY_KEY], info["agent"]),
-            ("Stopped", "false", {"status": "stopped"}),
+            (info["status"], info["config"][READY_KEY], info["agent"]["status"]),
+            ("Stopped", "false", "stopped"),
         )
         self.assertEqual(info["vm_state"], "stopped")
 
@@ -309,13 +314,13 @@ class FaultTests(SynchronousTestCase):
         self.assertEqual(waited.stdout, f"{NAME}: ERROR\n")
         info = system.info(NAME)
         self.assertEqual(
-            (info["status"], info["error"], info["config"][READY_KEY], info["agent"]),
+            (info["status"], info["error"], info["config"][READY_KEY], info["agent"]["status"]),
             (
                 "Error",
                 "QEMU process exited unexpectedly "
                 "(QMP monitor disconnected without a SHUTDOWN event)",
                 "false",
-                {"status": "stopped"},
+                "stopped",
             ),
         )
         self.assertEqual(system.listed_status(NAME), "ERROR")
@@ -357,12 +362,12 @@ class FaultTests(SynchronousTestCase):
         ]
         for chunk in garbage:
             guest.send(chunk)
-        self.assertEqual(system.info(NAME)["agent"], {"status": "unknown"})
+        self.assertEqual(system.info(NAME)["agent"]["status"], "unknown")
         guest.send(b"STARTED\n")
         line = guest.wait_for_line(lambda line: line.startswith(b"CONNECT "), "CONNECT")
         self.assertEqual(line, f"CONNECT 2:{port}".encode())
         self.events.wait_for_action(NAME, "instance-agent-started")
-        self.assertEqual(system.info(NAME)["agent"], {"status": "started"})
+        self.assertEqual(system.info(NAME)["agent"]["status"], "started")
         self.assertEqual(system.listed_status(NAME), "RUNNING")
 
         # The garbage changed nothing: a real agent still connects and reports Ready.

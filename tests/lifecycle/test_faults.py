@@ -17,15 +17,17 @@ from collections.abc import Iterator
 
 import attrs
 from twisted.internet.defer import Deferred
-from twisted.trial.unittest import SkipTest
+from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 from tests.lifecycle.test_lifecycle import _async, _until
 from tests.lifecycle.test_ready import FAST, SERVER, AgentLinkTestCase
 from tests.reactor import reactor
+from vmready.domain.model import ActionRecord
 from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
 from vmready.hypervisor.driver import HypervisorDriver
 from vmready.lifecycle.core import GuestLink, Lifecycle
 from vmready.lifecycle.events import EventBus
+from vmready.lifecycle.faults import Fault, FaultLog, error_time
 from vmready.lifecycle.watching import MONITOR_LOST_KEY
 from vmready.protocols.ringbuffer import AgentStatus
 from vmready.store.asyncstore import AsyncStore
@@ -138,6 +140,93 @@ class QEMUKilledTests(FaultTestCase):
         await self.connected_guest()
         await self.lifecycle.set_ready("vm1", True)
 
+    @_async
+    async def test_theErrorKeepsItsTimeAcrossADaemonRestart(self) -> None:
+        await self.launch()
+        vm = self.lifecycle.state.vms["vm1"]
+        assert vm.pid is not None
+        killed_at = reactor.seconds()
+        os.kill(vm.pid, signal.SIGKILL)
+        await _until(lambda: self.lifecycle.get("vm1").vm_state is VMState.ERROR)
+        error = self.lifecycle.get("vm1").error
+        assert error is not None
+        await self.lifecycle.shutdown()
+        restarted_at = reactor.seconds()
+        self.lifecycle = self.new_lifecycle()  # a new daemon on the same SQLite file
+        self.assertEqual(self.lifecycle.state.events.faults.of("vm1"), [])
+        await self.lifecycle.recover()
+        [fault] = self.lifecycle.state.events.faults.of("vm1")
+        self.assertEqual((fault.kind, fault.message), ("error", error))
+        exited = [a for a in self.store.list_actions("vm1") if a.action == "vm-exited"]
+        self.assertEqual(fault.since, exited[0].finished_at)
+        self.assertTrue(killed_at <= fault.since <= restarted_at, (killed_at, fault.since))
+        # Started again: the error and its fault are gone, as without a restart.
+        await self.wait(await self.lifecycle.act("vm1", "start"))
+        self.assertEqual(self.faults(), {})
+
+    @_async
+    async def test_aStoredErrorIsRestoredAtTheTimeOfItsFailedAction(self) -> None:
+        await self.launch()
+        await self.lifecycle.state.store.set_error("vm1", "older trouble")
+        self.lifecycle.state.history("vm1", "vm-exited", "older trouble", ok=False)
+        await self.lifecycle.state.store.run(lambda engine: None)  # the history is written
+        await self.lifecycle.shutdown()
+        self.lifecycle = self.new_lifecycle()
+        await self.lifecycle.recover()
+        [older] = [a for a in self.store.list_actions("vm1") if a.action == "vm-exited"]
+        self.assertEqual(
+            [(f.kind, f.message, f.since) for f in self.lifecycle.state.events.faults.of("vm1")],
+            [("error", "older trouble", older.finished_at)],
+        )
+
+
+_ERROR_EVENT = {
+    "action": "instance-error",
+    "source": "/1.0/instances/vm1",
+    "context": {"error": "x"},
+}
+
+
+class ErrorTimeTests(SynchronousTestCase):
+    """``error_time``: when a stored error happened, from the action history."""
+
+    def action(self, at: float, result: str, error: str | None) -> ActionRecord:
+        return ActionRecord(1, "vm1", "start", "r", at - 1, at, result, error, ())
+
+    def test_theNewestFailedActionWhoseErrorBeginsTheInstancesGivesTheTime(self) -> None:
+        history = [
+            self.action(40.0, "error", "daemon stopped during the action"),
+            self.action(30.0, "success", None),
+            self.action(20.0, "error", "guest panicked"),
+            self.action(10.0, "error", "guest panicked"),
+        ]
+        self.assertEqual(error_time("guest panicked; its console log may say why", history), 20.0)
+
+    def test_noMatchingFailureGivesNoTime(self) -> None:
+        history = [self.action(10.0, "error", "something else"), self.action(5.0, "error", "")]
+        self.assertIsNone(error_time("guest panicked", history))
+        self.assertIsNone(error_time("guest panicked", []))
+
+    def test_anUnfinishedActionCountsFromItsStart(self) -> None:
+        unfinished = ActionRecord(1, "vm1", "start", "r", 7.0, None, "error", "boom", ())
+        self.assertEqual(error_time("boom", [unfinished]), 7.0)
+
+    def test_aRestoredFaultDoesNotReplaceOneTheEventsRaised(self) -> None:
+        log = FaultLog()
+        log.observe(
+            "lifecycle",
+            50.0,
+            {
+                "action": "instance-error",
+                "source": "/1.0/instances/vm1",
+                "context": {"error": "x"},
+            },
+        )
+        log.restore("vm1", Fault("error", "x", 10.0))
+        log.restore("vm2", Fault("error", "y", 11.0))
+        self.assertEqual(log.of("vm1"), [Fault("error", "x", 50.0)])
+        self.assertEqual(log.of("vm2"), [Fault("error", "y", 11.0)])
+
 
 class AgentFaultTests(FaultTestCase):
     @_async
@@ -149,7 +238,7 @@ class AgentFaultTests(FaultTestCase):
             port.transport.loseConnection()  # type: ignore[union-attr]
         await _until(lambda: self.lifecycle.agent_status("vm1") is AgentStatus.STOPPED)
         self.assertEqual(self.lifecycle_actions("vm1")[-1], "agent-link-lost")
-        self.assertIn("port closed without STOPPED", self.faults()["agent"])
+        self.assertIn("closed its port without STOPPED", self.faults()["agent"])
         record = self.lifecycle.get("vm1")
         self.assertEqual(
             (record.vm_state, record.power_state), (VMState.ACTIVE, PowerState.RUNNING)

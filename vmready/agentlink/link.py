@@ -122,6 +122,8 @@ class StatusChanged:
     current: AgentStatus
     # Why the agent is taken as stopped when it never said so (killed, hung); None: it said.
     lost: str | None = attrs.field(default=None, eq=False)
+    # What else made the change, if the caller said (its VM stopped, its guest rebooted).
+    cause: str | None = attrs.field(default=None, eq=False)
 
     @property
     def event_action(self) -> str:
@@ -206,8 +208,8 @@ class AgentLink:
         self._reading_on_event = True  # the advertisement answers the start, an event
         return [self._connect()] if advertise else []
 
-    def vm_stopped(self) -> list[Command]:
-        """The VM is gone: no more reads; the agent is stopped with it."""
+    def vm_stopped(self, cause: str | None = None) -> list[Command]:
+        """The VM is gone: no more reads; the agent is stopped with it (``cause``: why)."""
         self.vm_running = False
         self._follow_up = None
         self._last_heard = None
@@ -219,7 +221,7 @@ class AgentLink:
             self.reader.status = previous
             return []
         self.reader.status = AgentStatus.STOPPED
-        return [StatusChanged(previous, AgentStatus.STOPPED)]
+        return [StatusChanged(previous, AgentStatus.STOPPED, cause=cause)]
 
     def vm_paused(self) -> None:
         """The vCPUs stopped (freeze): the agent cannot speak, so do not read; its status stays."""
@@ -365,7 +367,7 @@ class AgentLink:
                 "{name}: the agent's port closed without STOPPED; taking it as stopped",
                 name=self.name,
             )
-            self._taken_as_stopped("its port closed without STOPPED")
+            self._taken_as_stopped("closed its port without STOPPED")
         elif not heard and now - self._last_heard >= self.intervals.silence_timeout:
             # Its heartbeat stopped while the port stayed open: a hung guest or agent.
             self.log.info(
@@ -374,7 +376,7 @@ class AgentLink:
                 silence=now - self._last_heard,
             )
             self._taken_as_stopped(
-                f"it said nothing for {now - self._last_heard:.1f}s (no heartbeat)"
+                f"said nothing for {now - self._last_heard:.1f}s (no heartbeat)"
             )
 
     def _taken_as_stopped(self, why: str) -> None:

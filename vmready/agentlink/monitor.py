@@ -106,13 +106,16 @@ class AgentMonitor:
         self._stopped = False
         self._carry_out(self.link.vm_started(advertise))
 
-    def stop(self, announce: bool = True) -> None:
-        """The VM is gone (or the daemon stops: ``announce=False``): no more polling."""
+    def stop(self, announce: bool = True, cause: str | None = None) -> None:
+        """The VM is gone (or the daemon stops: ``announce=False``): no more polling.
+
+        ``cause`` (its VM stopped, its guest rebooted…) goes with the announced change.
+        """
         self._stopped = True
         self._cancel()
         if self.connect is not None:
             self.connect.close()
-        changes = self.link.vm_stopped()
+        changes = self.link.vm_stopped(cause)
         if announce:
             for change in changes:
                 if isinstance(change, StatusChanged):

@@ -153,10 +153,13 @@ class OperatorAPI:
     # -- errors: the one place an exception becomes a response ------------
 
     def _instance_json(self, record: InstanceRecord) -> dict[str, Any]:
+        state = self.lifecycle.state
         return instance_json(
             record,
             self.lifecycle.agent_status(record.name),
-            self.lifecycle.state.events.faults.of(record.name),
+            state.events.faults.of(record.name),
+            state.agent_history.of(record.name),
+            self.lifecycle.console_log_path(record),
         )
 
     @app.handle_errors(Exception)

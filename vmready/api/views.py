@@ -11,6 +11,7 @@ from vmready.domain.model import InstanceRecord
 from vmready.hypervisor.accel import ACCEL_KEY, ACCEL_REASON_KEY, CURRENT_ACCEL_KEY
 from vmready.hypervisor.bootsource import BootSource
 from vmready.hypervisor.cmdline import SERIAL_LAYOUTS
+from vmready.lifecycle.agenthistory import LinkChange
 from vmready.lifecycle.core import LAYOUT_KEY
 from vmready.lifecycle.faults import Fault
 from vmready.lifecycle.operations import Operation
@@ -78,11 +79,15 @@ def instance_json(
     record: InstanceRecord,
     agent: AgentStatus = AgentStatus.UNKNOWN,
     faults: Sequence[Fault] = (),
+    agent_history: Sequence[LinkChange] = (),
+    console_log: str | None = None,
 ) -> dict[str, Any]:
     """``/1.0/instances/<name>``: LXD's instance object plus vmready's state fields.
 
     ``faults``: what is wrong right now (its VM's monitor lost, its agent gone
-    silent, the store refusing writes…) and since when, as the events said.
+    silent, the store refusing writes…) and since when, as the events said;
+    ``agent_history``: the agent link's recent changes, oldest first;
+    ``console_log``: where its serial console is logged.
     """
     status = record.status
     return {
@@ -99,13 +104,17 @@ def instance_json(
         "task_state": record.task_state.value if record.task_state is not None else None,
         "power_state": record.power_state.value,
         "error": record.error or "",
-        "agent": {"status": agent.value},
+        "agent": {
+            "status": agent.value,
+            "history": [_link_change_json(change) for change in agent_history],
+        },
         "faults": [
             {"kind": fault.kind, "message": fault.message, "since": rfc3339(fault.since)}
             for fault in faults
         ],
         "serial_layout": _layout_json(record),
         "boot": boot_json(record),
+        "console": {"log": console_log},
         "config": dict(record.config),
         "devices": {name: dict(device) for name, device in record.devices.items()},
         "limits": {"memory_mib": record.memory_mib, "cpus": record.cpus},
@@ -131,6 +140,14 @@ def boot_json(record: InstanceRecord) -> dict[str, Any]:
         },
         "transport": record.config.get(TRANSPORT_KEY),
     }
+
+
+def _link_change_json(change: LinkChange) -> dict[str, Any]:
+    """One agent-link change: its status, when (RFC 3339) and, if known, why."""
+    shown: dict[str, Any] = {"status": change.status, "at": rfc3339(change.at)}
+    if change.reason is not None:
+        shown["reason"] = change.reason
+    return shown
 
 
 def _layout_json(record: InstanceRecord) -> dict[str, str] | None:

@@ -171,6 +171,34 @@ def _boot_lines(boot: Any) -> list[str]:
     return lines
 
 
+def _console_lines(instance: dict[str, Any]) -> list[str]:
+    """Where the guest's serial console is logged, and the command that prints it."""
+    path = (instance.get("console") or {}).get("log")
+    if not path:
+        return []
+    return [f"Console log: {path} (vmready console {instance['name']} --show-log prints it)"]
+
+
+# Wide enough for the longest agent status (CONNECTED), so the reasons line up.
+_STATUS_WIDTH = 9
+
+
+def _agent_link_lines(agent: Any) -> list[str]:
+    """The agent link's recent changes, newest last (none from a daemon that keeps none)."""
+    if not isinstance(agent, dict) or not isinstance(agent.get("history"), list):
+        return []
+    history = agent["history"]
+    if not history:
+        return ["Agent link history: (no change since the daemon started)"]
+    lines = ["Agent link history:"]
+    for change in history:
+        line = f"  {_time(change.get('at'))}  {str(change.get('status', '-')).upper()}"
+        if change.get("reason"):
+            line = f"{line.ljust(23 + _STATUS_WIDTH)}  {change['reason']}"
+        lines.append(line)
+    return lines
+
+
 def info_table(instance: dict[str, Any]) -> str:
     lines = [
         f"Name: {instance['name']}",
@@ -185,6 +213,7 @@ def info_table(instance: dict[str, Any]) -> str:
         f"Agent: {_dash((instance.get('agent') or {}).get('status'))}",
         f"Serial layout: {_layout_line(instance.get('serial_layout'))}",
         *_boot_lines(instance.get("boot")),
+        *_console_lines(instance),
         f"Memory: {instance['limits']['memory_mib']}MiB",
         f"CPUs: {instance['limits']['cpus']}",
         f"Created: {_time(instance.get('created_at'))}",
@@ -201,6 +230,7 @@ def info_table(instance: dict[str, Any]) -> str:
         for name in sorted(devices):
             settings = ", ".join(f"{k}={v}" for k, v in sorted(devices[name].items()))
             lines.append(f"  {name}: {settings}")
+    lines.extend(_agent_link_lines(instance.get("agent")))
     lines.extend(_fault_line(fault) for fault in instance.get("faults") or [])
     return "\n".join(lines) + "\n"
 

@@ -317,6 +317,7 @@ class Actions:
         """The instance is gone: its row (revoking its certificate), run dir, DELETED event."""
         await self.state.store.delete_instance(record.name)
         self.state.last_agent_status.pop(record.name, None)
+        self.state.agent_history.forget(record.name)
         remove_instance_snapshots(self.state.snapshot_root, run_dir_name(record.uuid))
         shutil.rmtree(self.state.spec_for(record).run_dir, ignore_errors=True)
         disk = self.state.disk_path(record)

@@ -326,6 +326,10 @@ class Lifecycle:
         """The tail of the instance's console log (empty before its first boot)."""
         return self.state.console_log(name, limit)
 
+    def console_log_path(self, record: InstanceRecord) -> str:
+        """The console log's absolute path (``vmready info`` shows it)."""
+        return self.state.console_log_path(record)
+
     def config_drive(self, record: InstanceRecord) -> str:
         """The directory handed to the guest as its config drive (certificates, agent.json)."""
         return self.state.config_drive(record)

@@ -5,18 +5,22 @@ Every fault vmready detects is announced on the event stream first (an
 ``FaultLog`` reads those same events and keeps, for each instance, the faults
 still standing and since when, so ``vmready info`` shows exactly what a
 watcher of ``/1.0/events`` saw, and a fault disappears with the event that
-says its cause went away.  Nothing here is stored: after a daemon restart the
-instance's persisted error (its ``error`` field) is still shown, without the
-time it happened.
+says its cause went away.  Nothing here is stored: a restarted daemon puts
+back each instance's persisted error (its ``error`` field) with the time its
+action history gives it (``error_time``), so ``Last error: … (at …)`` stays
+true across restarts; the other faults are found again as they recur.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
 
-__all__ = ["SERVER_SOURCE", "Fault", "FaultLog"]
+from vmready.domain.model import ActionRecord
+
+__all__ = ["SERVER_SOURCE", "Fault", "FaultLog", "error_time"]
 
 # The source of events about the daemon itself rather than one instance.
 SERVER_SOURCE = "/1.0"
@@ -69,6 +73,10 @@ class FaultLog:
         own = self._instances.get(name, {})
         return sorted(own.values(), key=_order) + sorted(self._server.values(), key=_order)
 
+    def restore(self, name: str, fault: Fault) -> None:
+        """Put back a fault the store kept (at daemon start), unless one of its kind stands."""
+        self._instances.setdefault(name, {}).setdefault(fault.kind, fault)
+
     def observe(self, type: str, timestamp: float, metadata: dict[str, Any]) -> None:
         """Read one event (its type, time and metadata) as the bus publishes it."""
         action = metadata.get("action")
@@ -106,6 +114,21 @@ class FaultLog:
             if vm_state in _NOT_RUNNING or context.get("power_state") in _VM_ENDED:
                 faults.pop("monitor", None)
                 faults.pop("agent", None)
+
+
+def error_time(error: str, actions: Iterable[ActionRecord]) -> float | None:
+    """When the instance's stored ``error`` happened, from its action history (newest first).
+
+    Every way into error writes a failed action first (a failed action, a
+    ``vm-exited``, ``guest-panicked``, ``power-sync`` or ``recover`` entry)
+    whose error the instance's error begins with (a panic adds where to look);
+    the newest such action's end is the error's time.  None: no action tells.
+    """
+    for action in actions:
+        if action.result != "error" or not action.error or not error.startswith(action.error):
+            continue
+        return action.finished_at if action.finished_at is not None else action.started_at
+    return None
 
 
 def _order(fault: Fault) -> tuple[float, str]:

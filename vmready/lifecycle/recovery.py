@@ -20,6 +20,7 @@ from vmready.domain.model import (
 from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
 from vmready.hypervisor.runningvm import RunningVM
 from vmready.lifecycle.actions import Actions
+from vmready.lifecycle.faults import Fault, error_time
 from vmready.lifecycle.guestside import GuestSide
 from vmready.lifecycle.resizerecovery import RESIZE_TASKS, ResizeRecovery
 from vmready.lifecycle.state import (
@@ -153,6 +154,7 @@ class Recovery:
         except HypervisorError as e:
             current = self.state.store.find_instance(record.name)
             if current is not None and current.task_state is None:
+                self.state.history(record.name, "power-sync", e.message, ok=False)
                 await self.watching.monitor_lost(current, e.message)
             return
         if adopted is not None:
@@ -226,7 +228,21 @@ class Recovery:
         records = self.state.store.list_instances()
         for record in records:
             self._pending.setdefault(record.name, [])
+        await self._restore_errors(records)
         return records
+
+    async def _restore_errors(self, records: list[InstanceRecord]) -> None:
+        """Each stored error stands again as a fault, at the time its action history gives."""
+        errors = {r.name: r.error for r in records if r.vm_state is VMState.ERROR and r.error}
+        if not errors:
+            return
+        histories = await self.state.store.run(
+            lambda engine: {name: engine.list_actions(name) for name in errors}
+        )
+        for name, error in errors.items():
+            at = error_time(error, histories[name])
+            if at is not None:
+                self.state.events.faults.restore(name, Fault("error", error, at))
 
     async def reconcile(self, records: list[InstanceRecord]) -> None:
         """Re-adopt or resolve each VM (and issue missing agent identities), bounded.
@@ -297,6 +313,7 @@ class Recovery:
             adopted = await self.state.driver.adopt(self.state.spec_for(record))
         except HypervisorError as e:
             await self.state.driver.kill_owned(self.state.spec_for(record))
+            self.state.history(record.name, "recover", f"{reason}; {e.message}", ok=False)
             await self.watching.fail_idle(record, f"{reason}; {e.message}", PowerState.NOSTATE)
             return
         if adopted is not None:

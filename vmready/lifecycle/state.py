@@ -61,6 +61,7 @@ from vmready.hypervisor.console import (
 from vmready.hypervisor.driver import HypervisorDriver
 from vmready.hypervisor.imagetool import ImageInfo, ImageTool
 from vmready.hypervisor.runningvm import RunningVM
+from vmready.lifecycle.agenthistory import AgentHistory
 from vmready.lifecycle.events import EventBus
 from vmready.lifecycle.hooks import RECORD_KEY, RecorderLookup
 from vmready.lifecycle.metrics import LifecycleMetrics
@@ -439,6 +440,8 @@ class LifecycleState:
         # Set by the daemon when sessions may be recorded (``vmready.record.recording.Recorders``).
         self.recorders: RecorderLookup | None = None
         self.last_agent_status: dict[str, AgentStatus] = {}
+        # Each instance's recent agent-link changes, with why (``vmready info`` lists them).
+        self.agent_history = AgentHistory()
         # What happened since the daemon started, for ``GET /1.0/metrics``.
         self.metrics = LifecycleMetrics(reactor.seconds())
 
@@ -459,9 +462,12 @@ class LifecycleState:
 
     def console_log(self, name: str, limit: int) -> bytes:
         """The tail of the instance's console log (empty before its first boot)."""
-        record = self.store.get_instance(name)
-        run_dir = os.path.join(self.run_root, run_dir_name(record.uuid))
-        return read_console(os.path.join(run_dir, CONSOLE_LOG_NAME), limit)
+        return read_console(self.console_log_path(self.store.get_instance(name)), limit)
+
+    def console_log_path(self, record: InstanceRecord) -> str:
+        """Where QEMU appends the instance's serial console (absent before its first boot)."""
+        run_dir = os.path.join(os.path.abspath(self.run_root), run_dir_name(record.uuid))
+        return os.path.join(run_dir, CONSOLE_LOG_NAME)
 
     def config_drive(self, record: InstanceRecord) -> str:
         """The directory handed to the guest as its config drive (certificates, agent.json)."""

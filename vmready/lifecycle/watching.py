@@ -26,6 +26,7 @@ from vmready.hypervisor.cmdline import (
 )
 from vmready.hypervisor.runningvm import RunningVM
 from vmready.hypervisor.vmevents import VMEvent, VMEventKind
+from vmready.lifecycle.agenthistory import LinkChange
 from vmready.lifecycle.metrics import CountedRingDevice
 from vmready.lifecycle.state import (
     _RUNNING_STATES,
@@ -43,6 +44,16 @@ from vmready.store.executor import StoreHealth
 MONITOR_LOST_KEY = "volatile.monitor.lost"
 
 
+# Why an agent's first change after its VM was adopted comes: it was sent CONNECT again.
+_READVERTISED = "the VM was adopted; CONNECT advertised again"
+# Why the agent stops with its VM, by the VM event that ended it.
+_VM_ENDED_CAUSES = {
+    VMEventKind.GONE: "its VM went away",
+    VMEventKind.SHUTDOWN: "its VM shut down",
+    VMEventKind.PANICKED: "its guest panicked",
+}
+
+
 class Watching:
     """Following a running VM: its QMP events, its agent, and what its going away means."""
 
@@ -52,6 +63,9 @@ class Watching:
         self.state = state
         # One per instance: its VM events are handled one after the other.
         self._event_locks: dict[str, DeferredLock] = {}
+        # Instances whose VM was adopted and its agent sent CONNECT again, until the agent's
+        # next change (its history entry says so).
+        self._advertised: set[str] = set()
         state.store.health.subscribe(self._store_health_changed)
 
     def _store_health_changed(self, health: StoreHealth) -> None:
@@ -96,6 +110,8 @@ class Watching:
         monitor = self._follow_agent(name, vm)
         if monitor is not None:
             undo.append(vm.qmp.subscribe(lambda event: self._qmp_event(name, event)))
+            if advertise:
+                self._advertised.add(name)
             monitor.start(advertise)
             frozen = record is not None and (
                 record.vm_state is VMState.PAUSED or record.power_state is PowerState.PAUSED
@@ -154,10 +170,22 @@ class Watching:
 
     def _agent_changed(self, name: str, change: StatusChanged) -> None:
         self.state.last_agent_status[name] = change.current
-        self.state.events.lifecycle(
+        event = self.state.events.lifecycle(
             change.event_action,
             name,
             {"status": change.current.value, "previous": change.previous.value},
+        )
+        readvertised = name in self._advertised
+        self._advertised.discard(name)
+        reason = None
+        if change.lost is not None:
+            reason = f"lost: the agent {change.lost}"
+        elif change.cause is not None:
+            reason = change.cause
+        elif readvertised:
+            reason = _READVERTISED
+        self.state.agent_history.record(
+            name, LinkChange(change.current.value, event.timestamp, reason)
         )
         if change.lost is not None:
             # Gone without a word (killed) or hung (no heartbeat): a fault until it is back.
@@ -165,18 +193,22 @@ class Watching:
                 "agent-link-lost", name, {"reason": f"the agent {change.lost}"}
             )
 
-    def detach(self, name: str, announce: bool = True) -> None:
+    def detach(self, name: str, announce: bool = True, cause: str = "its VM stopped") -> None:
+        """Stop following the instance's VM; ``cause``: why its agent stops with it."""
         unsubscribe = self.state.unsubscribe.pop(name, None)
         if unsubscribe is not None:
             unsubscribe()
         self.state.vms.pop(name, None)
         self.state.metrics.boot_ended(name)
-        self._stop_following_agent(name, announce)
+        self._stop_following_agent(name, announce, cause)
 
-    def _stop_following_agent(self, name: str, announce: bool = True) -> None:
+    def _stop_following_agent(
+        self, name: str, announce: bool = True, cause: str = "its VM stopped"
+    ) -> None:
+        self._advertised.discard(name)
         monitor = self.state.monitors.pop(name, None)
         if monitor is not None:
-            monitor.stop(announce)
+            monitor.stop(announce, cause)
             self.state.last_agent_status[name] = monitor.status
 
     def _vm_event(self, name: str, vm: RunningVM, event: VMEvent) -> None:
@@ -196,7 +228,7 @@ class Watching:
             return
         if event.kind in (VMEventKind.GONE, VMEventKind.SHUTDOWN, VMEventKind.PANICKED):
             # The guest OS is gone or going, whoever owns the instance now: so is its agent.
-            self._stop_following_agent(name)
+            self._stop_following_agent(name, cause=_VM_ENDED_CAUSES[event.kind])
         monitor = self.state.monitors.get(name)
         if monitor is not None:
             if event.kind is VMEventKind.STOP:
@@ -238,7 +270,7 @@ class Watching:
             )
         if self.state.driver.kind == "fakeqemu":
             shutil.rmtree(fakeqemu_guest_paths(vm.spec)["state_dir"], ignore_errors=True)
-        self._stop_following_agent(record.name)
+        self._stop_following_agent(record.name, cause="its guest rebooted")
         monitor = self._follow_agent(record.name, vm)
         if monitor is not None:
             monitor.start(advertise=False)
