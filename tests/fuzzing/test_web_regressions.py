@@ -13,6 +13,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from tests.fuzzing import web_certs, web_config, web_guest, web_operator
 from tests.fuzzing.web_http import RUNNING, WORLDS, request
+from vmready.api.guest import instance_for_certificate
 from vmready.daemon.configfile import ConfigFileError, parse_settings
 from vmready.domain.model import BadRequest
 from vmready.lifecycle.state import parse_cpus, parse_memory, validate_config
@@ -36,9 +37,22 @@ class ConfigFileRegressionTests(SynchronousTestCase):
         """A NUL was PyYAML's ReaderError, raised before the loader's errors were caught."""
         self.assertRefused("data-dir: a\x00b\n", "unacceptable character #x0000")
 
+    def test_tagNoOptionTakes(self) -> None:
+        """``!!timestamp 2001-9``: PyYAML's timestamp constructor raised AttributeError (found
+        by the long run); a date or bytes is no option's value anyway."""
+        self.assertRefused(
+            "sync-concurrency: !!timestamp 2001-9\n",
+            "line 1: sync-concurrency: a timestamp is not a value of any option",
+        )
+        self.assertRefused("stop-timeout: 2001-12-14\n", "a timestamp is not a value")
+        self.assertRefused("stop-timeout: [1, !!binary aGk=]\n", "a binary is not a value")
+
     def test_scalarItsTagCannotBe(self) -> None:
-        """A date that is no date, ``!!float x``: ValueError from PyYAML's constructor."""
-        self.assertRefused("data-dir: 2001-13-45\n", "line 1: data-dir: not a value YAML can read")
+        """A date that is no date, ``!!float x``: ValueError from PyYAML's constructor (a date
+        is now refused before it is read, as no option takes one)."""
+        self.assertRefused(
+            "data-dir: 2001-13-45\n", "line 1: data-dir: a timestamp is not a value"
+        )
         self.assertRefused("stop-timeout: !!float x\n", "stop-timeout: not a value")
 
     def test_integerOfMoreDigitsThanPythonConverts(self) -> None:
@@ -163,3 +177,51 @@ class ClientCertificateRegressionTests(SynchronousTestCase):
             + b"-----END CERTIFICATE-----\n"
         )
         web_certs.check_client_certificate(pem)
+
+    def test_versionX509DoesNotHave(self) -> None:
+        """Version 34: cryptography's InvalidVersion (not a ValueError) escaped identifying
+        the caller on every request, and the TLS verify callback (found by the long run)."""
+        pair = generate("vmready-agent-web1")
+        der = bytearray(
+            crypto.dump_certificate(
+                crypto.FILETYPE_ASN1, crypto.load_certificate(crypto.FILETYPE_PEM, pair.cert_pem)
+            )
+        )
+        # The explicit [0] version: A0 03 02 01 02 (v3); 0x22 is no version X.509 has.
+        at = der.index(b"\xa0\x03\x02\x01\x02") + 4
+        der[at] = 0x22
+        pem = (
+            b"-----BEGIN CERTIFICATE-----\n"
+            + base64.encodebytes(bytes(der))
+            + b"-----END CERTIFICATE-----\n"
+        )
+        self.assertIsNone(instance_for_certificate(web_certs._STORE, pem, web_certs._NOW))
+        certificate = crypto.load_certificate(crypto.FILETYPE_ASN1, bytes(der))
+        tls = MutualServerTLS(generate("vmready"), lambda pem: True)
+        self.assertFalse(tls._verify(tls.serverConnectionForTLS(None), certificate, 18, 0, 0))
+        web_certs.check_client_certificate(pem)
+
+    def test_textAfterTheEndLine(self) -> None:
+        """cryptography reads the live certificate with text after its END line, OpenSSL does
+        not: the caller is the same certificate either way (the check compared with OpenSSL's
+        reading and raised)."""
+        web_certs.check_client_certificate(web_certs._LIVE.cert_pem.rstrip(b"\n") + b"J")
+
+
+class LiteralPathRegressionTests(SynchronousTestCase):
+    """A path with ``//``: no route (404 in the envelope), not werkzeug's 308 redirect."""
+
+    def test_guestConfigKeyAfterTwoSlashes(self) -> None:
+        world = WORLDS.current()
+        answer = request(world.guest, b"GET", b"/1.0/config//user.x")
+        assert answer is not None
+        self.assertEqual((answer.status, answer.json()["error"]), (404, "not found"))
+        web_guest.check_guest_request(
+            ("config", b"GET", b"/1.0/config//%F2%83%BE%9F%C3%B3%10", None)
+        )
+
+    def test_operatorPathWithTwoSlashes(self) -> None:
+        world = WORLDS.current()
+        answer = request(world.operator, b"GET", b"/1.0/instances//web1")
+        assert answer is not None
+        self.assertEqual(answer.status, 404)

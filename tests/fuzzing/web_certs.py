@@ -20,6 +20,8 @@ import base64
 import datetime
 from typing import Any
 
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from hypothesis import strategies as st
 from OpenSSL import SSL, crypto
 
@@ -156,8 +158,9 @@ def check_client_certificate(pem: bytes) -> None:
 
 
 def _der_of(pem: bytes) -> bytes:
-    certificate = crypto.load_certificate(crypto.FILETYPE_PEM, pem)
-    return crypto.dump_certificate(crypto.FILETYPE_ASN1, certificate)
+    """The DER of a PEM certificate as the store's reader sees it (``cryptography``, which
+    takes text after the END line that OpenSSL refuses)."""
+    return x509.load_pem_x509_certificate(pem).public_bytes(serialization.Encoding.DER)
 
 
 TARGETS = [

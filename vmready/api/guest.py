@@ -72,6 +72,7 @@ from vmready.api.web import (
     ErrorStyle,
     handle_error,
     json_response,
+    literal_paths,
     local_site,
     sync_response,
 )
@@ -381,7 +382,7 @@ class GuestAPI:
     ``location`` is what ``GET /1.0`` reports as the instance's location.
     """
 
-    app = _GuestKlein()
+    app = literal_paths(_GuestKlein())
     log = Logger()
 
     def __init__(

@@ -63,7 +63,14 @@ from vmready.api.trust import (
     refuse_untrusted,
 )
 from vmready.api.views import instance_json, instance_url, operation_url, snapshot_json, state_json
-from vmready.api.web import ErrorStyle, handle_error, json_response, local_site, sync_response
+from vmready.api.web import (
+    ErrorStyle,
+    handle_error,
+    json_response,
+    literal_paths,
+    local_site,
+    sync_response,
+)
 from vmready.domain.model import BadRequest, InstanceRecord, NotFound
 from vmready.domain.states import StatusCode
 from vmready.lifecycle.core import Lifecycle
@@ -133,7 +140,7 @@ def operator_site(resource: IResource, reactor: IReactorTime | None = None) -> L
 class OperatorAPI:
     """The operator API over one ``Lifecycle``; serve ``OperatorAPI(...).app.resource()``."""
 
-    app = Klein()
+    app = literal_paths(Klein())
     log = Logger()
 
     def __init__(

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
+from klein import Klein
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IConsumer, IReactorTime
 from twisted.logger import Logger
@@ -30,6 +31,8 @@ from vmready.api.requestbody import MAX_BODY_BYTES
 from vmready.domain.model import BadRequest, VMReadyError
 from vmready.domain.states import StatusCode
 
+KleinT = TypeVar("KleinT", bound=Klein)
+
 __all__ = [
     "BytesProducer",
     "ErrorStyle",
@@ -38,6 +41,7 @@ __all__ = [
     "body_overflowed",
     "handle_error",
     "json_response",
+    "literal_paths",
     "local_site",
     "sync_response",
 ]
@@ -160,6 +164,18 @@ def _undecodable_url_part(request: IRequest) -> str | None:
         except UnicodeDecodeError:
             return what
     return None
+
+
+def literal_paths(app: KleinT) -> KleinT:
+    """``app`` matching paths as they are written: ``//`` is not merged into ``/``.
+
+    werkzeug merges repeated slashes by answering a 308 redirect to the merged
+    path, which an API client does not follow and which said "permanent
+    redirect" in an error envelope; here such a path is simply no route (404),
+    or a config key that starts with ``/``. Call it before any route is added.
+    """
+    app.url_map.merge_slashes = False
+    return app
 
 
 def json_response(request: IRequest, code: int, body: Any) -> bytes:

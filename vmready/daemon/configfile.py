@@ -86,6 +86,7 @@ def parse_settings(
             if key in settings:
                 first = settings[key].line
                 raise _error(path, key_node, f"{key} is set twice (first on line {first})")
+            _check_tags(path, key, value_node)
             try:
                 value = loader.construct_object(value_node, deep=True)
             except (ValueError, OverflowError) as e:
@@ -110,6 +111,28 @@ def parse_settings(
     finally:
         if loader is not None:
             loader.dispose()
+
+
+# The tags an option's value may carry: YAML's plain kinds. Others (``!!timestamp``,
+# ``!!binary``, ``!!set``…) are no option's value, and PyYAML's own constructors of
+# some raise what they should not (``!!timestamp 2001-9``: an AttributeError).
+_PLAIN_TAGS = frozenset(
+    f"tag:yaml.org,2002:{kind}" for kind in ("str", "int", "float", "bool", "null", "seq", "map")
+)
+
+
+def _check_tags(path: str, key: str, node: yaml.Node) -> None:
+    """ConfigFileError if ``node`` or anything in it is of a kind no option takes."""
+    if node.tag not in _PLAIN_TAGS:
+        kind = node.tag.removeprefix("tag:yaml.org,2002:")
+        raise _error(path, node, f"{key}: a {kind} is not a value of any option")
+    if isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            _check_tags(path, key, item)
+    elif isinstance(node, yaml.MappingNode):
+        for item_key, item_value in node.value:
+            _check_tags(path, key, item_key)
+            _check_tags(path, key, item_value)
 
 
 def _option_name(

@@ -62,11 +62,16 @@ class CertificateFacts:
 def certificate_facts(cert_pem: bytes) -> CertificateFacts:
     """A PEM certificate's fingerprint and validity period, parsed once per distinct certificate.
 
-    ValueError for bytes that are not a PEM certificate (never remembered).
+    ValueError for bytes that are not a PEM certificate (never remembered), a
+    version X.509 does not have included (``cryptography`` raises its own
+    ``InvalidVersion`` for that, which OpenSSL lets through a handshake).
     The same bytes always mean the same facts, so the cache needs no
     invalidation: revoking a certificate is the store's business, not this.
     """
-    certificate = x509.load_pem_x509_certificate(cert_pem)
+    try:
+        certificate = x509.load_pem_x509_certificate(cert_pem)
+    except x509.InvalidVersion as e:
+        raise ValueError(f"not a certificate X.509 knows: {e}") from None
     return CertificateFacts(
         certificate.fingerprint(hashes.SHA256()).hex(),
         certificate.not_valid_before_utc,

@@ -138,12 +138,13 @@ class MutualServerTLS:
             return False
         try:
             pem = _pem(x509.load_der_x509_certificate(der))
-        except ValueError as e:
-            # OpenSSL parsed what cryptography refuses (a malformed validity time, say): no
-            # certificate the daemon issued, and raising here would abort the handshake badly.
+        except (ValueError, x509.InvalidVersion) as e:
+            # OpenSSL parsed what cryptography refuses (a malformed validity time, a version
+            # X.509 does not have): no certificate the daemon issued or trusts, and raising
+            # here would abort the handshake badly.
             verdict.der, verdict.pem, verdict.accepted = der, b"", False
             self.log.warn(
-                "refused a guest API client certificate {fingerprint}: not a valid "
+                "refused a " + self.purpose + " client certificate {fingerprint}: not a valid "
                 "certificate ({error})",
                 fingerprint=hashlib.sha256(der).hexdigest(),
                 error=e,
