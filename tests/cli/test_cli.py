@@ -547,7 +547,7 @@ class ActionCommandTests(CLITestCase):
         code, out, err = await self.cli(
             "launch", "web1", "--memory", "512", "--cpus", "2", "-c", "user.role=db"
         )
-        self.assertEqual((code, out, err), (0, "Creating web1\nweb1: RUNNING (ACTIVE)\n", ""))
+        self.assertEqual((code, out, err), (0, "Creating web1\nweb1: RUNNING\n", ""))
         self.assertEqual(
             self.lifecycle.get("web1").config,
             {
@@ -583,22 +583,22 @@ class ActionCommandTests(CLITestCase):
         self.declare_ready()
         code, out, err = await launching
         self.assertEqual(
-            (code, out, err), (0, "Creating web1\nweb1: RUNNING (ACTIVE)\nweb1: READY\n", "")
+            (code, out, err), (0, "Creating web1\nweb1: RUNNING\nweb1: READY\n", "")
         )
 
     async def test_everyActionReportsTheResultingStatus(self) -> None:
         await self.launch("web1")
         steps = [
-            (["stop", "web1", "--force"], "web1: STOPPED (SHUTOFF)\n"),
-            (["start", "web1"], "web1: RUNNING (ACTIVE)\n"),
-            (["restart", "web1", "--force"], "web1: RUNNING (ACTIVE)\n"),
-            (["freeze", "web1"], "web1: FROZEN (PAUSED)\n"),
-            (["unfreeze", "web1"], "web1: RUNNING (ACTIVE)\n"),
-            (["rebuild", "web1"], "web1: RUNNING (ACTIVE)\n"),
-            (["resize", "web1", "--memory", "512"], "web1: RUNNING (VERIFY_RESIZE)\n"),
-            (["confirm-resize", "web1"], "web1: RUNNING (ACTIVE)\n"),
-            (["resize", "web1", "--cpus", "2"], "web1: RUNNING (VERIFY_RESIZE)\n"),
-            (["revert-resize", "web1"], "web1: RUNNING (ACTIVE)\n"),
+            (["stop", "web1", "--force"], "web1: STOPPED\n"),
+            (["start", "web1"], "web1: RUNNING\n"),
+            (["restart", "web1", "--force"], "web1: RUNNING\n"),
+            (["freeze", "web1"], "web1: FROZEN\n"),
+            (["unfreeze", "web1"], "web1: RUNNING\n"),
+            (["rebuild", "web1"], "web1: RUNNING\n"),
+            (["resize", "web1", "--memory", "512"], "web1: RESIZED\n"),
+            (["confirm-resize", "web1"], "web1: RUNNING\n"),
+            (["resize", "web1", "--cpus", "2"], "web1: RESIZED\n"),
+            (["revert-resize", "web1"], "web1: RUNNING\n"),
         ]
         for argv, expected in steps:
             self.assertEqual(await self.cli(*argv), (0, expected, ""), argv)
@@ -1413,7 +1413,7 @@ class SnapshotCommandTests(CLITestCase):
         await self.launch("web1", "-c", "user.role=db")
         self.assertEqual(
             await self.cli("snapshot", "web1", "s1", "--stateful"),
-            (0, "web1: RUNNING (ACTIVE)\n", ""),
+            (0, "web1: RUNNING\n", ""),
         )
         code, out, _ = await self.cli("snapshots", "web1")
         self.assertEqual(code, 0)
@@ -1421,13 +1421,13 @@ class SnapshotCommandTests(CLITestCase):
         self.assertEqual(out.splitlines()[1].split()[:3], ["s1", "yes", "current"])
         self.assertEqual(
             await self.cli("restore", "web1", "s1", "--stateful"),
-            (0, "web1: RUNNING (ACTIVE)\n", ""),
+            (0, "web1: RUNNING\n", ""),
         )
 
     async def test_snapshotVerbsCreateListDeleteRestore(self) -> None:
         await self.launch("web1")
         self.assertEqual(
-            await self.cli("snapshot", "create", "web1", "s1"), (0, "web1: RUNNING (ACTIVE)\n", "")
+            await self.cli("snapshot", "create", "web1", "s1"), (0, "web1: RUNNING\n", "")
         )
         await self.cli("snapshot", "web1", "s2")  # the short form is "create"
         code, out, _ = await self.cli("snapshot", "list", "web1")

@@ -218,7 +218,7 @@ class TerminalProgressTests(CLITestCase):
     async def test_stopSaysWhenTheGraceEndsAndThatItWillForce(self) -> None:
         await self.launch("web1")
         code, out, err = await self.terminal("stop", "web1")
-        self.assertEqual((code, out), (0, "web1: STOPPED (SHUTOFF)\n"))
+        self.assertEqual((code, out), (0, "web1: STOPPED\n"))
         self.assertIn(" web1: stopping (asking the guest to shut down; forcing at ", err)
         self.assertRegex(err, r"forcing at \d\d:\d\d:\d\d, in 1 s\)…")
         # The line is cleared before the result is printed: it ends empty.
@@ -231,7 +231,7 @@ class TerminalProgressTests(CLITestCase):
 
     async def test_launchShowsItsProgressAfterTheCreatingLine(self) -> None:
         code, out, err = await self.terminal("launch", "web1")
-        self.assertEqual((code, out), (0, "Creating web1\nweb1: RUNNING (ACTIVE)\n"))
+        self.assertEqual((code, out), (0, "Creating web1\nweb1: RUNNING\n"))
         self.assertTrue(err.startswith(CLEAR + "| web1: launching"), err)
         self.assertTrue(err.endswith(CLEAR), err)
 
@@ -250,7 +250,7 @@ class TerminalProgressTests(CLITestCase):
     async def test_notATerminalGetsNoProgress(self) -> None:
         await self.launch("web1")
         self.assertEqual(
-            await self.cli("stop", "web1", "--wait"), (0, "web1: STOPPED (SHUTOFF)\n", "")
+            await self.cli("stop", "web1", "--wait"), (0, "web1: STOPPED\n", "")
         )
 
     async def test_aFailedActionClearsTheLineBeforeItsError(self) -> None:

@@ -124,7 +124,7 @@ class TokenFlowTests(RemoteTestCase):
     async def test_everyKindOfCommandWorksAgainstTheRemote(self) -> None:
         await self.added()
         self.assertEqual(
-            await self.ok("launch", "prod:web1"), "Creating web1\nweb1: RUNNING (ACTIVE)\n"
+            await self.ok("launch", "prod:web1"), "Creating web1\nweb1: RUNNING\n"
         )
         listed = await self.ok("list", "prod:")
         self.assertEqual(listed.splitlines()[1].split()[:2], ["web1", "RUNNING"])
@@ -144,7 +144,7 @@ class TokenFlowTests(RemoteTestCase):
         )
         await deferLater(reactor, 0.2, lambda: None)
         self.assertEqual(
-            await self.ok("stop", "prod:web1", "--force"), "web1: STOPPED (SHUTOFF)\n"
+            await self.ok("stop", "prod:web1", "--force"), "web1: STOPPED\n"
         )
         self.assertEqual(await waiting, (0, "web1: STOPPED\n", ""))
         actions = [

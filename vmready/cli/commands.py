@@ -116,7 +116,9 @@ async def _finish_action(
         output.line(f"Renamed {args.name} to {name}")
         return EXIT_OK
     instance = await get_instance(client, name)
-    output.line(f"{name}: {str(instance['status']).upper()} ({instance['display_status']})")
+    # The one status, as vmready list shows it (a daemon before it had none: LXD's status).
+    status = instance.get("operator_status") or str(instance["status"]).upper()
+    output.line(f"{name}: {status}")
     if ready is not None:
         if progress is not None:
             progress.waiting("waiting for the workload to report Ready")
