@@ -582,9 +582,7 @@ class ActionCommandTests(CLITestCase):
         self.assertNoResult(launching)
         self.declare_ready()
         code, out, err = await launching
-        self.assertEqual(
-            (code, out, err), (0, "Creating web1\nweb1: RUNNING\nweb1: READY\n", "")
-        )
+        self.assertEqual((code, out, err), (0, "Creating web1\nweb1: RUNNING\nweb1: READY\n", ""))
 
     async def test_everyActionReportsTheResultingStatus(self) -> None:
         await self.launch("web1")

@@ -249,9 +249,7 @@ class TerminalProgressTests(CLITestCase):
 
     async def test_notATerminalGetsNoProgress(self) -> None:
         await self.launch("web1")
-        self.assertEqual(
-            await self.cli("stop", "web1", "--wait"), (0, "web1: STOPPED\n", "")
-        )
+        self.assertEqual(await self.cli("stop", "web1", "--wait"), (0, "web1: STOPPED\n", ""))
 
     async def test_aFailedActionClearsTheLineBeforeItsError(self) -> None:
         await self.launch("web1")

@@ -123,9 +123,7 @@ class TokenFlowTests(RemoteTestCase):
 
     async def test_everyKindOfCommandWorksAgainstTheRemote(self) -> None:
         await self.added()
-        self.assertEqual(
-            await self.ok("launch", "prod:web1"), "Creating web1\nweb1: RUNNING\n"
-        )
+        self.assertEqual(await self.ok("launch", "prod:web1"), "Creating web1\nweb1: RUNNING\n")
         listed = await self.ok("list", "prod:")
         self.assertEqual(listed.splitlines()[1].split()[:2], ["web1", "RUNNING"])
         info = json.loads(await self.ok("info", "prod:web1", "--format", "json"))
@@ -143,9 +141,7 @@ class TokenFlowTests(RemoteTestCase):
             )
         )
         await deferLater(reactor, 0.2, lambda: None)
-        self.assertEqual(
-            await self.ok("stop", "prod:web1", "--force"), "web1: STOPPED\n"
-        )
+        self.assertEqual(await self.ok("stop", "prod:web1", "--force"), "web1: STOPPED\n")
         self.assertEqual(await waiting, (0, "web1: STOPPED\n", ""))
         actions = [
             json.loads(line)["metadata"]["action"]
