@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.fuzzing import web
 from tests.fuzzing.registry import all_targets
-from tests.fuzzing.target import FuzzTarget
+from tests.fuzzing.trialcase import fuzzed
 
 _TARGETS = {target.name: target for target in web.TARGETS}
 # The HTTP side's targets: one removed or renamed fails here, not silently in the long run.
@@ -29,21 +28,7 @@ WEB_TARGETS = {
 
 def _fuzzed(name: str) -> Any:
     """A test method that runs target ``name`` on 200 inputs, the same ones every run."""
-    target: FuzzTarget = _TARGETS[name]
-
-    @settings(
-        max_examples=200,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )
-    @given(target.inputs)
-    def test(self: SynchronousTestCase, example: Any) -> None:
-        target.check(example)
-
-    test.__doc__ = f"{target.name}: {target.description}."
-    return test
+    return fuzzed(_TARGETS[name])
 
 
 class WebFuzzTests(SynchronousTestCase):

@@ -10,7 +10,7 @@ it works against a remote too (``vmready config trust list prod:``).
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -20,6 +20,7 @@ from vmready.cli.client import APIError, Client
 from vmready.cli.errors import EXIT_FAILED, EXIT_OK, CommandError, UsageError
 from vmready.cli.output import Output
 from vmready.cli.remotetls import PinnedRemote, probe_server_certificate
+from vmready.cli.tables import aligned_table
 from vmready.cli.targets import local_socket
 from vmready.cli.userconfig import (
     LOCAL,
@@ -39,18 +40,6 @@ from vmready.trust.tokens import TokenError, TrustToken, normalize_fingerprint
 __all__ = ["cmd_remote", "trust_command"]
 
 SHORT_FINGERPRINT = 12
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Columns aligned on the widest cell, two spaces apart (as ``cli.tables`` does)."""
-    widths = [len(header) for header in headers]
-    for row in rows:
-        widths = [max(width, len(cell)) for width, cell in zip(widths, row, strict=True)]
-    lines = [
-        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
-        for line in [list(headers), *rows]
-    ]
-    return "\n".join(lines) + "\n"
 
 
 # -- remote ---------------------------------------------------------------
@@ -114,7 +103,7 @@ def _remote_list(output: Output, remotes: Remotes, socket: str) -> int:
         )
 
     def table(items: list[dict[str, Any]]) -> str:
-        return _table(
+        return aligned_table(
             ("NAME", "URL", "FINGERPRINT", "DEFAULT"),
             [
                 (
@@ -220,7 +209,7 @@ async def _remote_add(
 
 
 def _trust_table(entries: list[dict[str, Any]]) -> str:
-    return _table(
+    return aligned_table(
         ("NAME", "FINGERPRINT", "ADDED"),
         [
             (

@@ -14,6 +14,7 @@ __all__ = [
     "LIST_COLUMNS",
     "Column",
     "actions_table",
+    "aligned_table",
     "event_line",
     "info_table",
     "instance_rows",
@@ -25,7 +26,7 @@ __all__ = [
 ]
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def aligned_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """Columns aligned on the widest cell, two spaces apart."""
     widths = [len(header) for header in headers]
     for row in rows:
@@ -146,7 +147,7 @@ def instances_table(
 ) -> str:
     """``vmready list``: one line an instance, the chosen columns (NAME STATUS MEMORY CPUS)."""
     headers, rows = instance_rows(instances, columns or parse_columns(DEFAULT_COLUMNS))
-    return _table(headers, [[_dash(cell) for cell in row] for row in rows])
+    return aligned_table(headers, [[_dash(cell) for cell in row] for row in rows])
 
 
 def _layout_line(layout: Any) -> str:
@@ -263,7 +264,7 @@ def snapshots_table(snapshots: list[dict[str, Any]]) -> str:
         ]
         for snapshot in snapshots
     ]
-    return _table(["NAME", "STATEFUL", "LAYOUT", "CREATED"], rows)
+    return aligned_table(["NAME", "STATEFUL", "LAYOUT", "CREATED"], rows)
 
 
 def actions_table(actions: list[dict[str, Any]]) -> str:
@@ -288,7 +289,7 @@ def actions_table(actions: list[dict[str, Any]]) -> str:
                     _dash(step.get("error")),
                 ]
             )
-    return _table(["ACTION", "RESULT", "STARTED", "FINISHED", "ERROR"], rows)
+    return aligned_table(["ACTION", "RESULT", "STARTED", "FINISHED", "ERROR"], rows)
 
 
 def event_line(event: dict[str, Any]) -> str:
@@ -342,4 +343,4 @@ def operations_table(operations: list[dict[str, Any]]) -> str:
     if not operations:
         return "No operations\n"
     headers, rows = operation_rows(operations)
-    return _table(headers, rows)
+    return aligned_table(headers, rows)
