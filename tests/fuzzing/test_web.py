@@ -23,6 +23,7 @@ WEB_TARGETS = {
     "config-file",
     "config-values",
     "client-certificate",
+    "trust-token",
 }
 
 
@@ -40,6 +41,7 @@ class WebFuzzTests(SynchronousTestCase):
     test_configFile = _fuzzed("config-file")
     test_configValues = _fuzzed("config-values")
     test_clientCertificate = _fuzzed("client-certificate")
+    test_trustToken = _fuzzed("trust-token")
 
     def test_everyWebTargetIsRegistered(self) -> None:
         self.assertEqual(WEB_TARGETS - set(all_targets()), set())

@@ -11,7 +11,7 @@ import base64
 from OpenSSL import crypto
 from twisted.trial.unittest import SynchronousTestCase
 
-from tests.fuzzing import web_certs, web_config, web_guest, web_operator
+from tests.fuzzing import web_certs, web_config, web_guest, web_operator, web_tokens
 from tests.fuzzing.web_http import RUNNING, WORLDS, request
 from vmready.api.guest import instance_for_certificate
 from vmready.daemon.configfile import ConfigFileError, parse_settings
@@ -19,6 +19,7 @@ from vmready.domain.model import BadRequest
 from vmready.lifecycle.state import parse_cpus, parse_memory, validate_config
 from vmready.trust.certs import generate
 from vmready.trust.tls import MutualServerTLS
+from vmready.trust.tokens import TokenError, TrustToken
 
 _PARAMETERS, _FLAGS = web_config._PARAMETERS, web_config._FLAGS
 
@@ -225,3 +226,14 @@ class LiteralPathRegressionTests(SynchronousTestCase):
         answer = request(world.operator, b"GET", b"/1.0/instances//web1")
         assert answer is not None
         self.assertEqual(answer.status, 404)
+
+
+class TrustTokenRegressionTests(SynchronousTestCase):
+    """A trust token is read in one line's error whatever it holds."""
+
+    def test_jsonNestedDeeperThanPythonRecurses(self) -> None:
+        """RecursionError escaped TrustToken.decode: a 500 for a remote client redeeming it."""
+        token = base64.b64encode(b"[" * 5000 + b"]" * 5000).decode("ascii")
+        error = self.assertRaises(TokenError, TrustToken.decode, token)
+        self.assertEqual(str(error), "not a trust token: its JSON is nested too deeply")
+        web_tokens.check_trust_token(token)

@@ -123,6 +123,9 @@ class TrustToken:
             raise TokenError(
                 "not a trust token: its base64 does not hold JSON (was it copied whole?)"
             ) from None
+        except RecursionError:
+            # Nested deeper than Python's JSON decoder recurses: no token is.
+            raise TokenError("not a trust token: its JSON is nested too deeply") from None
         if not isinstance(body, dict):
             raise TokenError("not a trust token: expected a JSON object inside")
         name = _text(body, "client_name")
