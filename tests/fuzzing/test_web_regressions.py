@@ -7,6 +7,7 @@ accepted that the documentation does not allow.
 from __future__ import annotations
 
 import base64
+import json
 
 from OpenSSL import crypto
 from twisted.trial.unittest import SynchronousTestCase
@@ -237,3 +238,31 @@ class TrustTokenRegressionTests(SynchronousTestCase):
         error = self.assertRaises(TokenError, TrustToken.decode, token)
         self.assertEqual(str(error), "not a trust token: its JSON is nested too deeply")
         web_tokens.check_trust_token(token)
+
+    def test_aYearOfFewerThanFourDigitsReadsBack(self) -> None:
+        """Year 26 was written back as ``26-11-28T…``, which decode refused (the long run)."""
+        body = {
+            "client_name": "laptop",
+            "fingerprint": "ab" * 32,
+            "addresses": ["vmready.example:8443"],
+            "secret": "0f" * 32,
+            "expires_at": "0026-11-28T17:13:57Z",
+        }
+        token = base64.b64encode(json.dumps(body).encode()).decode("ascii")
+        decoded = TrustToken.decode(token)
+        self.assertEqual(TrustToken.decode(decoded.encode()), decoded)
+        web_tokens.check_trust_token(token)
+
+    def test_aTimeBeforeTheFirstOneADatetimeHolds(self) -> None:
+        body = {
+            "client_name": "laptop",
+            "fingerprint": "ab" * 32,
+            "addresses": [],
+            "secret": "0f" * 32,
+            "expires_at": "0001-01-01T00:00:00+14:00",
+        }
+        token = base64.b64encode(json.dumps(body).encode()).decode("ascii")
+        error = self.assertRaises(TokenError, TrustToken.decode, token)
+        self.assertEqual(
+            str(error), "trust token: expires_at '0001-01-01T00:00:00+14:00' is out of range"
+        )

@@ -95,7 +95,7 @@ class TrustToken:
             "fingerprint": self.fingerprint,
             "addresses": list(self.addresses),
             "secret": self.secret,
-            "expires_at": self.expires_at.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "expires_at": _utc_text(self.expires_at),
         }
         raw = json.dumps(body, separators=(",", ":")).encode("utf-8")
         return base64.b64encode(raw).decode("ascii")
@@ -149,7 +149,24 @@ class TrustToken:
             ) from None
         if expires_at.tzinfo is None:
             raise TokenError(f"trust token: expires_at {expires!r} has no time zone")
+        try:
+            expires_at = expires_at.astimezone(datetime.UTC)
+        except OverflowError:
+            # 0001-01-01T00:00:00+14:00 is before the first moment a datetime holds.
+            raise TokenError(f"trust token: expires_at {expires!r} is out of range") from None
         return cls(name, fingerprint, tuple(addresses), secret, expires_at)
+
+
+def _utc_text(moment: datetime.datetime) -> str:
+    """``moment`` in UTC as RFC 3339 to the second, its year in four digits.
+
+    (``strftime("%Y")`` writes the year 26 as ``26``, which no reader takes back.)
+    """
+    utc = moment.astimezone(datetime.UTC)
+    return (
+        f"{utc.year:04d}-{utc.month:02d}-{utc.day:02d}"
+        f"T{utc.hour:02d}:{utc.minute:02d}:{utc.second:02d}Z"
+    )
 
 
 def _text(body: dict[str, Any], key: str) -> str:
