@@ -11,7 +11,7 @@ from typing import Any
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.fuzzing import wire
-from tests.fuzzing.trialcase import fuzzed
+from tests.fuzzing.trialcase import fuzzed, tested_targets
 
 _TARGETS = {target.name: target for target in wire.TARGETS}
 
@@ -37,9 +37,4 @@ class WireFuzzTests(SynchronousTestCase):
 
     def test_everyTargetHasItsTest(self) -> None:
         """A wire target added without a test here fails this test."""
-        tested = {
-            value.__doc__.split(":")[0]
-            for name, value in vars(type(self)).items()
-            if name.startswith("test_") and value.__doc__ and ":" in value.__doc__
-        }
-        self.assertEqual(tested & set(_TARGETS), set(_TARGETS))
+        self.assertEqual(tested_targets(type(self)) & set(_TARGETS), set(_TARGETS))

@@ -26,3 +26,12 @@ def fuzzed(target: FuzzTarget) -> Any:
 
     test.__doc__ = f"{target.name}: {target.description}."
     return test
+
+
+def tested_targets(case: type) -> set[str]:
+    """The names of the targets the ``fuzzed`` methods of test case class ``case`` run."""
+    return {
+        value.__doc__.split(":")[0]
+        for name, value in vars(case).items()
+        if name.startswith("test_") and value.__doc__ and ":" in value.__doc__
+    }
