@@ -27,11 +27,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import IO, Any, NamedTuple, TypeVar
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from tests.processes import kill_strays
 from vmready.daemon.service import GUEST_SOCKET_BASE
 from vmready.domain.states import READY_KEY
 from vmready.hypervisor.configdrive import AGENT_CONFIG, AGENT_ZIPAPP
@@ -298,25 +299,9 @@ class System:
                 child.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(timeout=DEADLINE)
-        for stray in self._strays():  # the daemonized VMs, and anything else we left
-            with contextlib.suppress(OSError):
-                os.kill(stray, signal.SIGKILL)
+        kill_strays(self.directory)  # the daemonized VMs, and anything else we left
         for f in self._files:
             f.close()
-
-    def _strays(self) -> Iterator[int]:
-        """Live processes whose command line names this data dir (none but ours can)."""
-        needle = os.fsencode(self.directory + "/")
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) == os.getpid():
-                continue
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    words = f.read().split(b"\0")
-            except OSError:
-                continue
-            if any(needle in word for word in words):
-                yield int(entry)
 
     def _spawn(self, command: list[str], log_name: str) -> subprocess.Popen[bytes]:
         output = open(os.path.join(self.directory, log_name), "ab")  # noqa: SIM115

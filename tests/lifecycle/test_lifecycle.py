@@ -15,6 +15,7 @@ from twisted.internet.protocol import Protocol
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 
+from tests.processes import kill_strays
 from tests.reactor import reactor
 from vmready.domain.model import BadRequest, Conflict, InstanceRecord
 from vmready.domain.states import READY_KEY, PowerState, VMState
@@ -61,6 +62,10 @@ class LifecycleTestCase(TestCase):
     def setUp(self) -> None:
         self.directory = tempfile.mkdtemp(prefix="vmr-lc-", dir="/tmp")
         self.addCleanup(shutil.rmtree, self.directory, True)
+        # After every other cleanup (they run in reverse), before the directory goes: a VM
+        # whose launch was still under way when the test ended is in no lifecycle's list,
+        # and would outlive the test.
+        self.addCleanup(kill_strays, self.directory)
         self.store = Store.open(os.path.join(self.directory, "vmready.sqlite"))
         self.addCleanup(self.store.close)
         self.lifecycle = self.new_lifecycle()
