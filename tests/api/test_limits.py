@@ -12,7 +12,7 @@ from typing import Any
 from klein import Klein
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IReactorTCP, IReactorUNIX
+from twisted.internet.interfaces import IHandshakeListener, IReactorTCP, IReactorUNIX
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.internet.threads import deferToThread
@@ -384,6 +384,41 @@ class ConnectionBoundTests(SynchronousTestCase):
         again.send(request)
         self.assertEqual([status for status, _, _ in _responses(again.output())], [200])
         self.assertEqual(dict(site.per_peer), {"peer 10.0.0.1": 2, "peer 10.0.0.2": 1})
+
+
+class HandshakeCountingTests(SynchronousTestCase):
+    """Under TLS a connection counts against its peer's bound once its handshake is done."""
+
+    def setUp(self) -> None:
+        self.api = _App()
+        self.site = local_site(
+            self.api.app.resource(),
+            OPERATOR_ERRORS,
+            label="test API",
+            peer_key=lambda transport: f"peer {transport.getPeer().host}",
+            max_per_peer=2,
+            reactor=Clock(),
+        )
+
+    def test_silentConnectionsCountFromTheirHandshake(self) -> None:
+        """Connections that finish their handshake and say nothing fill the bound; the next
+        one is answered 429 at once, without a request, and closed."""
+        self.assertTrue(IHandshakeListener.providedBy(self.site.buildProtocol(None)))
+        silent = [_Connection(self.site, "10.0.0.1") for _ in range(3)]
+        silent[0].channel.handshakeCompleted()
+        silent[1].channel.handshakeCompleted()
+        self.assertEqual(self.site.per_peer["peer 10.0.0.1"], 2)
+        silent[2].channel.handshakeCompleted()
+        body = _one_error(self, silent[2].output(), 429)
+        self.assertEqual(body["error"], "Too many connections from this instance (limit 2)")
+        self.assertTrue(silent[2].closing)
+        self.assertEqual(silent[0].output() + silent[1].output(), b"")
+        # A request on a counted connection is not counted twice.
+        silent[0].send(_head(b"/hello", method=b"GET"))
+        self.assertEqual([status for status, _, _ in _responses(silent[0].output())], [200])
+        self.assertEqual(self.site.per_peer["peer 10.0.0.1"], 2)
+        silent[1].close()
+        self.assertEqual(self.site.per_peer["peer 10.0.0.1"], 1)
 
 
 def _raw_exchange(connect: Any, data: bytes) -> tuple[bytes, bool]:

@@ -16,8 +16,9 @@ trickling a byte a minute.  ``LimitedChannel`` enforces, per connection:
 
 ``LimitedSite`` bounds the connections open at once, in total
 (``max_connections``: a new one over it gets 503) and per peer
-(``max_per_peer`` connections with the same ``peer_key``, e.g. per guest, from
-the peer's first byte, when its TLS handshake is done: 429 over it).
+(``max_per_peer`` connections with the same ``peer_key``, e.g. per guest,
+counted from the end of its TLS handshake, or from its first byte without TLS:
+429 over it, answered at once, even to a connection that has sent nothing).
 
 Every refusal is answered in the server's own error envelope, with
 ``Connection: close``, and the connection is closed: aborted if the peer does
@@ -31,13 +32,14 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IHandshakeListener, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import http
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource
 from twisted.web.server import Site
+from zope.interface import implementer
 
 from vmready.api.requestbody import MAX_BODY_BYTES
 
@@ -87,6 +89,7 @@ def _error_bytes(envelope: Envelope, code: int, message: str) -> bytes:
     return head + body
 
 
+@implementer(IHandshakeListener)
 class LimitedChannel(http.HTTPChannel):
     """An HTTP/1.1 channel that keeps its ``LimitedSite``'s limits (see the module)."""
 
@@ -116,8 +119,16 @@ class LimitedChannel(http.HTTPChannel):
             self._deadline = self.callLater(self.site.request_deadline, self._too_slow)
         super().dataReceived(data)
 
+    def handshakeCompleted(self) -> None:
+        """Under TLS: the peer is known now, so it is counted now, before it sends anything
+        (a guest opening connections and saying nothing is held to its bound too)."""
+        if not self.refused and not self._peer_checked:
+            self._peer_checked = True
+            self._admit_peer()
+
     def _admit_peer(self) -> bool:
-        """Count this connection against its peer's bound (its TLS handshake is done now)."""
+        """Count this connection against its peer's bound: at its TLS handshake's end, or at
+        its first byte where there is no TLS layer to say so."""
         peer = self.site.peer_key(self.transport) if self.site.peer_key else None
         if peer is None:
             return True
