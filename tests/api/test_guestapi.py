@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import socket
+import ssl
 import tempfile
 from typing import Any
 
@@ -939,6 +940,47 @@ class GuestTLSTests(TestCase):
                 break
             await deferLater(reactor, 0.01, lambda: None)
         self.assertEqual((await self.get(self.agent(_WEB1), "/1.0")).code, 200)
+
+    async def test_connectionsThatSayNothingAfterTheirHandshakeCountToo(self) -> None:
+        """Two silent TLS connections of web1 fill a bound of 2: a third request gets 429."""
+        self.max_per_guest = 2
+        self.listen()
+        directory = tempfile.mkdtemp(prefix="vmr-silent-")
+        self.addCleanup(shutil.rmtree, directory, True)
+        cert, key = os.path.join(directory, "web1.crt"), os.path.join(directory, "web1.key")
+        with open(cert, "wb") as f:
+            f.write(_WEB1.cert_pem)
+        with open(key, "wb") as f:
+            f.write(_WEB1.key_pem)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        context.load_cert_chain(cert, key)
+        silent: list[ssl.SSLSocket] = []
+
+        def open_silently() -> None:
+            raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            raw.settimeout(10)
+            raw.connect(self.path)
+            silent.append(context.wrap_socket(raw))  # the handshake, and nothing more
+
+        for _ in range(2):
+            await deferToThread(open_silently)
+
+        def close_silent() -> None:
+            for connection in silent:
+                connection.close()
+
+        self.addCleanup(close_silent)
+        for _ in range(500):
+            if self.site.per_peer["instance 'web1'"] == 2:
+                break
+            await deferLater(reactor, 0.01, lambda: None)
+        self.assertEqual(self.site.per_peer["instance 'web1'"], 2)
+        with capturedLogs():
+            refused = await self.get(self.agent(_WEB1), "/1.0")
+        message = "Too many connections from this instance (limit 2)"
+        self.assertEqual((refused.code, refused.body), (429, _error(429, message)))
 
     async def test_aConnectionThatNeverStartsItsHandshakeIsClosedWhenIdle(self) -> None:
         self.listen()
