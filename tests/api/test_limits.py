@@ -118,13 +118,17 @@ def _head(path: bytes, *headers: bytes, method: bytes = b"POST") -> bytes:
     )
 
 
-class EarlyBodyRefusalTests(SynchronousTestCase):
-    """A body over the cap gets 413 before it is read, in the server's own envelope."""
+class _OperatorSiteTestCase(SynchronousTestCase):
+    """The operator API's site around a small test app, on a fake clock."""
 
     def setUp(self) -> None:
         self.api = _App()
         self.clock = Clock()
         self.site = operator_site(self.api.app.resource(), reactor=self.clock)
+
+
+class EarlyBodyRefusalTests(_OperatorSiteTestCase):
+    """A body over the cap gets 413 before it is read, in the server's own envelope."""
 
     def test_aDeclaredLengthOverTheCapIsRefusedWithTheHeaders(self) -> None:
         connection = _Connection(self.site)
@@ -192,13 +196,8 @@ class EarlyBodyRefusalTests(SynchronousTestCase):
         self.assertFalse(connection.closing)
 
 
-class TimeoutTests(SynchronousTestCase):
+class TimeoutTests(_OperatorSiteTestCase):
     """A request must arrive whole in time; an idle connection closes; a stream lasts."""
-
-    def setUp(self) -> None:
-        self.api = _App()
-        self.clock = Clock()
-        self.site = operator_site(self.api.app.resource(), reactor=self.clock)
 
     def test_aTricklingClientIsCutAtTheDeadline(self) -> None:
         connection = _Connection(self.site)

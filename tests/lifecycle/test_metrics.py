@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from twisted.internet.defer import Deferred
-from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
-from twisted.internet.protocol import Protocol
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.lifecycle.test_lifecycle import _async, _until
@@ -314,14 +311,7 @@ class LifecycleCountingTests(AgentLinkTestCase):
     async def test_aGuestRebootIsANewBoot(self) -> None:
         await self.launch()
         await self.lifecycle.set_ready("vm1", True)
-        spec = self.lifecycle.spec_for(self.lifecycle.get("vm1"))
-        control = Protocol()
-        await connectProtocol(
-            UNIXClientEndpoint(reactor, os.path.join(spec.guest_dir, "control")), control
-        )
-        assert control.transport is not None
-        self.addCleanup(control.transport.loseConnection)
-        control.transport.write(b"reboot\n")
+        await self.guest_control(b"reboot\n")
         await _until(lambda: not self.lifecycle.get("vm1").ready)
         await self.lifecycle.set_ready("vm1", True)
         self.assertEqual(self.metrics.ready_latency.count(), 2)

@@ -81,6 +81,17 @@ class SerialGuest:
 class AgentLinkTestCase(LifecycleTestCase):
     port = 40001
 
+    async def guest_control(self, command: bytes) -> None:
+        """Write ``command`` to vm1's fakeqemu guest control socket (poweroff, reboot…)."""
+        spec = self.lifecycle.spec_for(self.lifecycle.get("vm1"))
+        control = Protocol()
+        await connectProtocol(
+            UNIXClientEndpoint(reactor, os.path.join(spec.guest_dir, "control")), control
+        )
+        assert control.transport is not None
+        control.transport.write(command)
+        self.addCleanup(control.transport.loseConnection)
+
     def new_lifecycle(self) -> Lifecycle:
         lifecycle = super().new_lifecycle()
         type(self).port += 1
@@ -372,25 +383,9 @@ class ReadyTests(AgentLinkTestCase):
     async def test_guestPowerOffSetsReadyFalse(self) -> None:
         await self.launch()
         await self.lifecycle.set_ready("vm1", True)
-        spec = self.lifecycle.spec_for(self.lifecycle.get("vm1"))
-        control = Protocol()
-        await connectProtocol(
-            UNIXClientEndpoint(reactor, os.path.join(spec.guest_dir, "control")), control
-        )
-        assert control.transport is not None
-        control.transport.write(b"poweroff\n")
+        await self.guest_control(b"poweroff\n")
         await _until(lambda: self.lifecycle.get("vm1").status.name == "Stopped")
         self.assertEqual(self.lifecycle.get("vm1").config[READY_KEY], "false")
-
-    async def guest_control(self, command: bytes) -> None:
-        spec = self.lifecycle.spec_for(self.lifecycle.get("vm1"))
-        control = Protocol()
-        await connectProtocol(
-            UNIXClientEndpoint(reactor, os.path.join(spec.guest_dir, "control")), control
-        )
-        assert control.transport is not None
-        control.transport.write(command)
-        self.addCleanup(control.transport.loseConnection)
 
     @_async
     async def test_guestRebootClearsReadyAndTheAgentStartsOver(self) -> None:
