@@ -94,6 +94,17 @@ def _raw(path: str) -> Iterator[sqlite3.Connection]:
         connection.close()
 
 
+def _insert_old_instance(path: str, name: str) -> None:
+    """An instance row as a store of schema version 1 to 4 wrote it (no member column)."""
+    with _raw(path) as raw:
+        raw.execute(
+            "INSERT INTO instances (name, uuid, vm_state, task_state, power_state, config,"
+            " devices, error, created_at, updated_at)"
+            " VALUES (?, ?, 'stopped', NULL, 'shutdown', '{}', '{}', NULL, 1.0, 1.0)",
+            (name, f"uuid-{name}"),
+        )
+
+
 def _read(path: str) -> bytes:
     with open(path, "rb") as f:
         return f.read()
@@ -129,14 +140,16 @@ class SchemaTests(_StoreTestCase):
     def test_newStoreHasTheSchemaAndRecordsItsVersion(self) -> None:
         store = self.open()
         self.assertEqual(store.schema_version, Store.SCHEMA_VERSION)
-        self.assertEqual(Store.SCHEMA_VERSION, 4)
+        self.assertEqual(Store.SCHEMA_VERSION, 5)
         self.assertEqual(store.path, self.path)
         with _raw(self.path) as raw:
             versions = raw.execute("SELECT version, applied_at FROM vmready_schema").fetchall()
             tables = {
                 row[0] for row in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")
             }
-        self.assertEqual(versions, [(1, 1000.0), (2, 1000.0), (3, 1000.0), (4, 1000.0)])
+        self.assertEqual(
+            versions, [(1, 1000.0), (2, 1000.0), (3, 1000.0), (4, 1000.0), (5, 1000.0)]
+        )
         self.assertEqual(
             tables,
             {
@@ -148,6 +161,7 @@ class SchemaTests(_StoreTestCase):
                 "agent_certificates",
                 "trusted_certificates",
                 "trust_tokens",
+                "members",
             },
         )
 
@@ -313,8 +327,8 @@ class SchemaTests(_StoreTestCase):
             MIGRATIONS: ClassVar[list[tuple[int, str]]] = MIGRATIONS[:1]
 
         old = VersionOne.open(self.path)
-        old.create_instance("web", {}, {})
         old.close()
+        _insert_old_instance(self.path, "web")
         store = self.open()
         self.assertEqual(store.schema_version, Store.SCHEMA_VERSION)
         self.assertEqual(store.get_instance("web").name, "web")
@@ -1113,11 +1127,12 @@ class TrustStoreTests(_StoreTestCase):
             MIGRATIONS: ClassVar[list[tuple[int, str]]] = MIGRATIONS[:3]
 
         old = VersionThree.open(self.path)
-        old.create_instance("web", {}, {})
-        old.set_agent_certificate("web", "ee" * 32)
         old.close()
+        _insert_old_instance(self.path, "web")
+        with _raw(self.path) as raw:
+            raw.execute("INSERT INTO agent_certificates VALUES ('web', ?, 1.0)", ("ee" * 32,))
         store = self.open()
-        self.assertEqual(store.schema_version, 4)
+        self.assertEqual(store.schema_version, Store.SCHEMA_VERSION)
         self.assertEqual(store.get_instance("web").name, "web")
         self.assertEqual(store.agent_fingerprints(), {"web": "ee" * 32})
         self.assertEqual(store.trust.trusted_certificates(), [])

@@ -102,6 +102,8 @@ class InstanceRecord:
     created_at: float
     updated_at: float
     error: str | None = None
+    # The cluster member whose host runs it ("" on a single host: the store's only daemon).
+    member: str = ""
 
     @property
     def ready(self) -> bool:

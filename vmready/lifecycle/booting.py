@@ -200,10 +200,10 @@ class Booting:
         return False
 
     def _new_cid(self) -> int:
-        """A vsock CID no other instance of this daemon holds."""
+        """A vsock CID no other instance on this host holds."""
         used = {
             int(record.config[CID_KEY])
-            for record in self.state.store.list_instances()
+            for record in self.state.store.owned_instances()
             if record.config.get(CID_KEY, "").isdigit()
         }
         return allocate_cid(used)

@@ -123,7 +123,7 @@ class GuestSide:
         issued a new pair) gets the new one, so its agent can pin it again.
         """
         issued = 0
-        for record in self.state.store.list_instances():
+        for record in self.state.store.owned_instances():
             if await self.ensure_agent_identity(record):
                 issued += 1
         return issued

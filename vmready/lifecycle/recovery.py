@@ -70,7 +70,7 @@ class Recovery:
         adopted again once the monitor answers.  Instances whose certificate
         files could not be read are looked at again.
         """
-        idle = [record for record in self.state.store.list_instances() if _syncable(record)]
+        idle = [record for record in self.state.store.owned_instances() if _syncable(record)]
         await self._bounded(self._sync_guarded, idle)
 
     async def _bounded(
@@ -225,7 +225,7 @@ class Recovery:
                 engine.finish_action(action.id, "error", reason)
 
         await self.state.store.run(close_interrupted)
-        records = self.state.store.list_instances()
+        records = self.state.store.owned_instances()
         for record in records:
             self._pending.setdefault(record.name, [])
         await self._restore_errors(records)

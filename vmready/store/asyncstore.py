@@ -28,6 +28,7 @@ from typing import Any, Protocol, TypeVar
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorThreads
 
+from vmready.domain.members import MembersView
 from vmready.domain.model import ActionRecord, InstanceRecord
 from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
 from vmready.store.database import instance_not_found
@@ -123,6 +124,7 @@ class CommittedInstances:
                 record.created_at,
                 stamp,
                 record.error,
+                record.member,
             )
 
 
@@ -134,9 +136,13 @@ def _copied(updates: dict[str, str | None] | None) -> dict[str, str | None] | No
 class AsyncStore:
     """The store's calls as Deferreds, run in order by one executor."""
 
-    def __init__(self, engine: Store, executor: Executor, cached: bool) -> None:
+    def __init__(
+        self, engine: Store, executor: Executor, cached: bool, member: str | None = None
+    ) -> None:
         # Touch the engine directly only where the executor runs inline (tests, replays).
         self.engine = engine
+        # The cluster member this daemon is (None: the store's only daemon, on one host).
+        self.member = member
         self._executor = executor
         self._cache = (
             CommittedInstances(engine.list_instances(), engine.agent_fingerprints())
@@ -151,9 +157,11 @@ class AsyncStore:
         return cls(engine, InlineExecutor(), cached=False)
 
     @classmethod
-    def threaded(cls, reactor: IReactorThreads, engine: Store) -> AsyncStore:
+    def threaded(
+        cls, reactor: IReactorThreads, engine: Store, member: str | None = None
+    ) -> AsyncStore:
         """Calls run on one database thread of their own (the daemon)."""
-        return cls(engine, DatabaseThread(reactor, engine), cached=True)
+        return cls(engine, DatabaseThread(reactor, engine), cached=True, member=member)
 
     @property
     def executor(self) -> Executor:
@@ -202,10 +210,11 @@ class AsyncStore:
         devices: dict[str, dict[str, str]],
         instance_uuid: str | None = None,
     ) -> Deferred[InstanceRecord]:
-        """Add an instance, building with a spawning task; Conflict if the name is taken."""
+        """Add an instance run by this member, building with a spawning task; Conflict if taken."""
         config, devices = dict(config), {key: dict(value) for key, value in devices.items()}
+        member = self.member or ""
         return self._write(
-            lambda: self.engine.create_instance(name, config, devices, instance_uuid)
+            lambda: self.engine.create_instance(name, config, devices, instance_uuid, member)
         )
 
     def get_instance(self, name: str) -> InstanceRecord:
@@ -217,8 +226,19 @@ class AsyncStore:
         return self._view.find_instance(name)
 
     def list_instances(self) -> list[InstanceRecord]:
-        """Every instance, ordered by name."""
+        """Every instance (of every member), ordered by name."""
         return self._view.list_instances()
+
+    def owned_instances(self) -> list[InstanceRecord]:
+        """The instances this daemon runs, ordered by name (all of them on a single host)."""
+        instances = self._view.list_instances()
+        if self.member is None:
+            return instances
+        return [record for record in instances if record.member == self.member]
+
+    def owns(self, record: InstanceRecord) -> bool:
+        """Whether this daemon runs the instance (always, on a single host)."""
+        return self.member is None or record.member == self.member
 
     def claim_task(
         self, name: str, action: str, allowed_from: frozenset[VMState], task: TaskState
@@ -276,9 +296,14 @@ class AsyncStore:
         )
 
     def clear_ready_everywhere(self) -> Deferred[int]:
-        """Remove the ready key from every instance (daemon start); return how many had it."""
+        """Remove the ready key from every instance it runs (daemon start); how many had it.
+
+        A cluster member clears only its own instances: another member's VMs
+        did not stop because this daemon started.
+        """
+        member = self.member
         if self._cache is None:
-            return self._executor.submit(self.engine.clear_ready_everywhere)
+            return self._executor.submit(lambda: self.engine.clear_ready_everywhere(member))
         cache = self._cache
 
         def committed(outcome: tuple[list[str], float]) -> int:
@@ -286,7 +311,9 @@ class AsyncStore:
             cache.ready_cleared(names, stamp)
             return len(names)
 
-        return self._executor.submit(self.engine.clear_ready).addCallback(committed)
+        return self._executor.submit(lambda: self.engine.clear_ready(member)).addCallback(
+            committed
+        )
 
     def delete_instance(self, name: str) -> Deferred[None]:
         """Remove the instance and its snapshots; its action history stays."""
@@ -307,6 +334,41 @@ class AsyncStore:
         if cache is not None:
             done.addCallback(lambda record: cache.renamed(name, record))
         return done
+
+    def refresh_instance(self, name: str) -> Deferred[InstanceRecord | None]:
+        """Read instance ``name`` again after another member wrote it (None: it is gone).
+
+        What instance reads see follows: the row as now committed, or no row.
+        In order with this daemon's own calls, like every other.
+        """
+        done = self._executor.submit(lambda: self.engine.find_instance(name))
+        cache = self._cache
+        if cache is not None:
+
+            def reread(record: InstanceRecord | None) -> InstanceRecord | None:
+                if record is None:
+                    cache.removed(name)
+                    return None
+                return cache.committed(record)
+
+            done.addCallback(reread)
+        return done
+
+    def renew_lease(
+        self, name: str, address: str, fingerprint: str, lease_seconds: float
+    ) -> Deferred[float]:
+        """Join as member ``name`` or renew its lease; when the lease now runs out."""
+        return self._executor.submit(
+            lambda: self.engine.renew_lease(name, address, fingerprint, lease_seconds)
+        )
+
+    def give_up_lease(self, name: str) -> Deferred[None]:
+        """Member ``name`` stops cleanly: its lease ends now."""
+        return self._executor.submit(lambda: self.engine.give_up_lease(name))
+
+    def list_members(self) -> Deferred[MembersView]:
+        """Every member and its instance count, read at one moment of the store's clock."""
+        return self._executor.submit(self.engine.list_members)
 
     def set_agent_certificate(self, name: str, fingerprint: str) -> Deferred[None]:
         """Record (or replace) the fingerprint of the client certificate issued to an instance."""

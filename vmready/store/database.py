@@ -22,7 +22,8 @@ from vmready.domain.states import PowerState, TaskState, VMState
 __all__ = ["INSTANCE_COLUMNS", "Database", "dump", "instance_not_found"]
 
 INSTANCE_COLUMNS = (
-    "name, uuid, vm_state, task_state, power_state, config, devices, error, created_at, updated_at"
+    "name, uuid, vm_state, task_state, power_state, config, devices, error, created_at,"
+    " updated_at, member"
 )
 
 
@@ -101,6 +102,13 @@ class Database:
         finally:
             self._depth -= 1
 
+    def now(self) -> float:
+        """The store's clock: what leases are stamped and compared with.
+
+        SQLite's store is on one host, so its clock is the daemon's.
+        """
+        return self.clock()
+
     def find_instance(self, name: str) -> InstanceRecord | None:
         """The instance called name, or None."""
         row = self.db.execute(
@@ -118,7 +126,19 @@ class Database:
 
 def instance_from_row(row: sqlite3.Row) -> InstanceRecord:
     """The record of a row of ``INSTANCE_COLUMNS``, by position (a start reads 10,000)."""
-    name, uuid, vm_state, task_state, power_state, config, devices, error, created, updated = row
+    (
+        name,
+        uuid,
+        vm_state,
+        task_state,
+        power_state,
+        config,
+        devices,
+        error,
+        created,
+        updated,
+        member,
+    ) = row
     return InstanceRecord(
         name=name,
         uuid=uuid,
@@ -130,6 +150,7 @@ def instance_from_row(row: sqlite3.Row) -> InstanceRecord:
         created_at=created,
         updated_at=updated,
         error=error,
+        member=member,
     )
 
 

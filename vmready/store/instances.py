@@ -36,10 +36,12 @@ class Instances:
         config: dict[str, str],
         devices: dict[str, dict[str, str]],
         instance_uuid: str | None = None,
+        member: str = "",
     ) -> InstanceRecord:
         """Add an instance, building with a spawning task; Conflict if the name is taken.
 
-        ``instance_uuid``: this uuid instead of a new one (a replayed session's).
+        ``instance_uuid``: this uuid instead of a new one (a replayed session's);
+        ``member``: the cluster member whose host runs it ("" on a single host).
         """
         _check_config(config)
         _check_devices(devices)
@@ -49,7 +51,7 @@ class Instances:
                 raise Conflict(f"Instance {name} already exists")
             self._database.db.execute(
                 f"INSERT INTO instances ({INSTANCE_COLUMNS})"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?)",
+                " VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?)",
                 (
                     name,
                     instance_uuid or str(uuid.uuid4()),
@@ -60,6 +62,7 @@ class Instances:
                     dump(devices),
                     now,
                     now,
+                    member,
                 ),
             )
             return self._database.get_instance(name)
@@ -214,31 +217,35 @@ class Instances:
             ).rowcount
             return self._database.get_instance(name) if changed else None
 
-    def clear_ready_everywhere(self) -> int:
+    def clear_ready_everywhere(self, member: str | None = None) -> int:
         """Remove the ready key from every instance (daemon start); return how many had it."""
-        return len(self.clear_ready()[0])
+        return len(self.clear_ready(member)[0])
 
-    def clear_ready(self) -> tuple[list[str], float]:
+    def clear_ready(self, member: str | None = None) -> tuple[list[str], float]:
         """Remove the ready key everywhere: the names of the instances that had it, and when.
 
+        ``member``: only from the instances that member runs (a cluster member
+        starting clears its own, never another's); None: from every instance.
         One statement for all of them (SQLite's JSON functions, no row decoded
         in Python): a daemon starting with thousands of instances waits for
         this before it serves.
         """
         path = f'$."{READY_KEY}"'
+        owned = "" if member is None else " AND member = ?"
+        mine: tuple[str, ...] = () if member is None else (member,)
         with self._database.transaction():
             names = [
                 row[0]
                 for row in self._database.db.execute(
-                    "SELECT name FROM instances WHERE json_extract(config, ?) IS NOT NULL",
-                    (path,),
+                    f"SELECT name FROM instances WHERE json_extract(config, ?) IS NOT NULL{owned}",
+                    (path, *mine),
                 )
             ]
             now = self._database.clock()
             self._database.db.execute(
                 "UPDATE instances SET config = json_remove(config, ?), updated_at = ?"
-                " WHERE json_extract(config, ?) IS NOT NULL",
-                (path, now, path),
+                f" WHERE json_extract(config, ?) IS NOT NULL{owned}",
+                (path, now, path, *mine),
             )
         return names, now
 

@@ -20,7 +20,7 @@ __all__ = ["BUSY_TIMEOUT_SECONDS", "MIGRATIONS", "SCHEMA_VERSION", "connect"]
 BUSY_TIMEOUT_SECONDS = 5.0
 
 # The version the newest migration brings a store to.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _SCHEMA_TABLE = "vmready_schema"
 
@@ -118,6 +118,22 @@ MIGRATIONS: list[tuple[int, str]] = [
             created_at REAL NOT NULL,
             expires_at REAL NOT NULL
         );
+        """,
+    ),
+    (
+        5,
+        # Cluster members (daemons sharing one store) and the member each instance runs on;
+        # "" is a single host's own daemon.
+        """
+        CREATE TABLE members (
+            name TEXT PRIMARY KEY,
+            address TEXT NOT NULL,
+            fingerprint TEXT NOT NULL,
+            joined_at REAL NOT NULL,
+            lease_expires REAL NOT NULL
+        );
+        ALTER TABLE instances ADD COLUMN member TEXT NOT NULL DEFAULT '';
+        CREATE INDEX instances_by_member ON instances (member);
         """,
     ),
 ]

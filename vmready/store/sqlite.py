@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+from vmready.domain.members import MembersView
 from vmready.domain.model import ActionRecord, InstanceRecord
 from vmready.domain.states import PowerState, TaskState, VMState
 from vmready.store import schema
@@ -23,6 +24,7 @@ from vmready.store.actions import ActionHistory
 from vmready.store.certificates import AgentCertificates
 from vmready.store.database import Database
 from vmready.store.instances import Instances
+from vmready.store.members import Members
 from vmready.store.snapshots import Snapshots
 from vmready.store.trust import TrustTable
 
@@ -44,6 +46,7 @@ class Store:
         self.actions = ActionHistory(database)
         self.snapshots = Snapshots(database)
         self.trust = TrustTable(database)
+        self.members = Members(database)
 
     @classmethod
     def open(cls, path: str, clock: Callable[[], float] = time.time) -> Store:
@@ -71,9 +74,10 @@ class Store:
         config: dict[str, str],
         devices: dict[str, dict[str, str]],
         instance_uuid: str | None = None,
+        member: str = "",
     ) -> InstanceRecord:
         """Add an instance, building with a spawning task; Conflict if the name is taken."""
-        return self.instances.create_instance(name, config, devices, instance_uuid)
+        return self.instances.create_instance(name, config, devices, instance_uuid, member)
 
     def get_instance(self, name: str) -> InstanceRecord:
         """The instance called name, or NotFound."""
@@ -133,13 +137,13 @@ class Store:
         """Move an idle instance to ``vm_state`` without an action (a VM exited, the poller)."""
         return self.instances.settle(name, allowed_from, vm_state, power_state, config_updates)
 
-    def clear_ready_everywhere(self) -> int:
-        """Remove the ready key from every instance (daemon start); return how many had it."""
-        return self.instances.clear_ready_everywhere()
+    def clear_ready_everywhere(self, member: str | None = None) -> int:
+        """Remove the ready key from every instance (of ``member``, or all); how many had it."""
+        return self.instances.clear_ready_everywhere(member)
 
-    def clear_ready(self) -> tuple[list[str], float]:
-        """Remove the ready key everywhere: the instances that had it, and the time stamped."""
-        return self.instances.clear_ready()
+    def clear_ready(self, member: str | None = None) -> tuple[list[str], float]:
+        """Remove the ready key (of ``member``'s instances, or all): which had it, and when."""
+        return self.instances.clear_ready(member)
 
     def rename_instance(
         self, name: str, new_name: str, allowed_from: frozenset[VMState], request_id: str
@@ -150,6 +154,22 @@ class Store:
     def delete_instance(self, name: str) -> None:
         """Remove the instance and its snapshots; its action history stays."""
         self.instances.delete_instance(name)
+
+    # Members
+
+    def renew_lease(
+        self, name: str, address: str, fingerprint: str, lease_seconds: float
+    ) -> float:
+        """Join as member ``name`` or renew its lease; return when the lease now runs out."""
+        return self.members.renew_lease(name, address, fingerprint, lease_seconds)
+
+    def give_up_lease(self, name: str) -> None:
+        """Member ``name`` stops cleanly: its lease ends now."""
+        self.members.give_up_lease(name)
+
+    def list_members(self) -> MembersView:
+        """Every member and its instance count, read at one moment of the store's clock."""
+        return self.members.list_members()
 
     # Agent certificates
 

@@ -1,0 +1,147 @@
+"""Cluster members in the store: leases, instance ownership, and ready keys cleared per member."""
+
+from __future__ import annotations
+
+import os
+
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from vmready.domain.members import MemberState
+from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
+from vmready.store.asyncstore import AsyncStore
+from vmready.store.executor import InlineExecutor
+from vmready.store.sqlite import Store
+
+
+class MemberStoreTests(SynchronousTestCase):
+    """The ``members`` table and the ``member`` of each instance (SQLite)."""
+
+    def setUp(self) -> None:
+        directory = os.path.abspath(self.mktemp())
+        os.makedirs(directory)
+        self.clock = Clock()
+        self.clock.advance(1000)
+        self.store = Store.open(
+            os.path.join(directory, "vmready.sqlite"), clock=self.clock.seconds
+        )
+        self.addCleanup(self.store.close)
+
+    def test_aMemberJoinsWithALeaseAndIsOnlineUntilItRunsOut(self) -> None:
+        expires = self.store.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
+        self.assertEqual(expires, 1015.0)
+        view = self.store.list_members()
+        self.assertEqual([m.name for m in view.members], ["host1"])
+        member = view.members[0]
+        self.assertEqual(
+            (member.address, member.fingerprint, member.joined_at, member.lease_expires),
+            ("10.0.0.1:8443", "aa" * 32, 1000.0, 1015.0),
+        )
+        self.assertIs(view.state_of("host1"), MemberState.ONLINE)
+        self.clock.advance(15)
+        self.assertIs(self.store.list_members().state_of("host1"), MemberState.UNREACHABLE)
+
+    def test_renewingMovesTheLeaseAndTheAddressButKeepsTheJoinTime(self) -> None:
+        self.store.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
+        self.clock.advance(10)
+        self.store.renew_lease("host1", "10.0.0.9:8443", "bb" * 32, 15.0)
+        (member,) = self.store.list_members().members
+        self.assertEqual(
+            (member.address, member.fingerprint, member.joined_at, member.lease_expires),
+            ("10.0.0.9:8443", "bb" * 32, 1000.0, 1025.0),
+        )
+
+    def test_givingUpTheLeaseMakesTheMemberUnreachableAtOnce(self) -> None:
+        self.store.renew_lease("host1", "a:1", "aa" * 32, 15.0)
+        self.store.give_up_lease("host1")
+        self.assertIs(self.store.list_members().state_of("host1"), MemberState.UNREACHABLE)
+
+    def test_instancesAreCountedByTheirMember(self) -> None:
+        self.store.renew_lease("host1", "a:1", "aa" * 32, 15.0)
+        self.store.renew_lease("host2", "b:1", "bb" * 32, 15.0)
+        self.store.create_instance("web1", {}, {}, member="host1")
+        self.store.create_instance("web2", {}, {}, member="host1")
+        self.store.create_instance("db1", {}, {}, member="host2")
+        view = self.store.list_members()
+        self.assertEqual(view.instance_counts, {"host1": 2, "host2": 1})
+        self.assertEqual(self.store.get_instance("db1").member, "host2")
+        least = view.least_loaded()
+        assert least is not None
+        self.assertEqual(least.name, "host2")
+
+    def test_leastLoadedSkipsUnreachableMembers(self) -> None:
+        self.store.renew_lease("host1", "a:1", "aa" * 32, 15.0)
+        self.store.renew_lease("host2", "b:1", "bb" * 32, 15.0)
+        self.store.create_instance("web1", {}, {}, member="host1")
+        self.store.give_up_lease("host2")
+        least = self.store.list_members().least_loaded()
+        assert least is not None
+        self.assertEqual(least.name, "host1")
+        self.store.give_up_lease("host1")
+        self.assertIsNone(self.store.list_members().least_loaded())
+
+    def test_clearingReadyForOneMemberLeavesTheOthersReady(self) -> None:
+        for name, member in (("web1", "host1"), ("db1", "host2")):
+            self.store.create_instance(name, {}, {}, member=member)
+            self.store.finish_task(
+                name, TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING, {READY_KEY: "true"}
+            )
+        names, _ = self.store.clear_ready("host1")
+        self.assertEqual(names, ["web1"])
+        self.assertFalse(self.store.get_instance("web1").ready)
+        self.assertTrue(self.store.get_instance("db1").ready)
+        self.assertEqual(self.store.clear_ready_everywhere(), 1)
+        self.assertFalse(self.store.get_instance("db1").ready)
+
+
+class OwnedInstancesTests(SynchronousTestCase):
+    """``AsyncStore`` of a member: creates instances as its own, runs and clears only those."""
+
+    def setUp(self) -> None:
+        directory = os.path.abspath(self.mktemp())
+        os.makedirs(directory)
+        self.engine = Store.open(os.path.join(directory, "vmready.sqlite"))
+        self.addCleanup(self.engine.close)
+
+    def test_aMemberCreatesItsOwnInstancesAndRunsOnlyThose(self) -> None:
+        self.engine.create_instance("other", {}, {}, member="host2")
+        store = AsyncStore(self.engine, InlineExecutor(), cached=False, member="host1")
+        created = self.successResultOf(store.create_instance("mine", {}, {}))
+        self.assertEqual(created.member, "host1")
+        self.assertEqual([r.name for r in store.list_instances()], ["mine", "other"])
+        self.assertEqual([r.name for r in store.owned_instances()], ["mine"])
+        self.assertTrue(store.owns(created))
+        self.assertFalse(store.owns(store.get_instance("other")))
+
+    def test_aSingleHostRunsEveryInstance(self) -> None:
+        self.engine.create_instance("old", {}, {})
+        store = AsyncStore.inline(self.engine)
+        self.assertEqual(self.successResultOf(store.create_instance("new", {}, {})).member, "")
+        self.assertEqual([r.name for r in store.owned_instances()], ["new", "old"])
+
+    def test_startingMemberClearsOnlyItsOwnReadyKeys(self) -> None:
+        for name, member in (("mine", "host1"), ("theirs", "host2")):
+            self.engine.create_instance(name, {}, {}, member=member)
+            self.engine.finish_task(
+                name, TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING, {READY_KEY: "true"}
+            )
+        store = AsyncStore(self.engine, InlineExecutor(), cached=False, member="host1")
+        self.assertEqual(self.successResultOf(store.clear_ready_everywhere()), 1)
+        self.assertFalse(store.get_instance("mine").ready)
+        self.assertTrue(store.get_instance("theirs").ready)
+
+    def test_refreshReadsWhatAnotherMemberWrote(self) -> None:
+        other = Store.open(self.engine.path)
+        self.addCleanup(other.close)
+        other.create_instance("theirs", {}, {}, member="host2")
+        store = AsyncStore(self.engine, InlineExecutor(), cached=True, member="host1")
+        self.assertEqual(store.get_instance("theirs").vm_state, VMState.BUILDING)
+        other.finish_task("theirs", TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING)
+        # Until told, it reads the rows as its own commits left them.
+        self.assertEqual(store.get_instance("theirs").vm_state, VMState.BUILDING)
+        refreshed = self.successResultOf(store.refresh_instance("theirs"))
+        assert refreshed is not None
+        self.assertEqual(store.get_instance("theirs").vm_state, VMState.ACTIVE)
+        other.delete_instance("theirs")
+        self.assertIsNone(self.successResultOf(store.refresh_instance("theirs")))
+        self.assertIsNone(store.find_instance("theirs"))
