@@ -37,6 +37,7 @@ from vmready.api.metrics import CountedGuestResource
 from vmready.api.operator import OperatorAPI, operator_site
 from vmready.api.remote import remote_site, remote_tls_factory
 from vmready.api.trust import TrustRegistry
+from vmready.daemon.clusteroptions import DEFAULT_LEASE_SECONDS, display_location
 from vmready.daemon.collector import HeapSweeper
 from vmready.daemon.httpsaddress import HTTPSAddress
 from vmready.daemon.notify import Notifier, ReconcileProgress
@@ -103,6 +104,13 @@ class DaemonConfig:
     gc_sweep_interval: float = 0.0
     # Where the operator API is also served over mutual TLS (``--https-address``); None: not.
     https_address: str | None = None
+    # The store: a SQLite file or a PostgreSQL URL (``--store``); None: <data_dir>/vmready.sqlite.
+    store: str | None = None
+    # This daemon's name as a cluster member (``--member-name``); None: a single host.
+    member_name: str | None = None
+    # host:port the other members dial (``--member-address``); None: from --https-address.
+    member_address: str | None = None
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
 
     def server_config(self, transport: str) -> dict[str, str]:
         """What ``GET /1.0`` shows as the server's ``config``: options by their long names.
@@ -133,11 +141,22 @@ class DaemonConfig:
             "console-max-bytes": self.console_max_bytes,
             "gc-sweep-interval": self.gc_sweep_interval,
         }
+        if self.member_name is not None:
+            # A cluster member's own (a single host shows none of them).
+            values["store"] = display_location(self.store_location)
+            values["member-name"] = self.member_name
+            values["member-address"] = self.member_address
+            values["lease-seconds"] = self.lease_seconds
         return {
             key: f"{value:g}" if isinstance(value, float) else str(value)
             for key, value in values.items()
             if value is not None
         }
+
+    @property
+    def store_location(self) -> str:
+        """The store's file path or URL."""
+        return self.store or os.path.join(self.data_dir, "vmready.sqlite")
 
     @property
     def forward_socket(self) -> str:
