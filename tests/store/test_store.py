@@ -1,4 +1,13 @@
-"""Tests for vmready.store.sqlite, the SQLite instance store."""
+"""Tests for vmready.store.sqlite, the store, on both its engines.
+
+Each engine-independent class (instances, tasks, settle, config, actions,
+snapshots, certificates, trust, rename) runs on SQLite as written, and again
+on a real PostgreSQL server as its ``…OnPostgreSQL`` subclass (``OnPostgreSQL``
+first in the bases: it only changes where ``open`` opens).  What is about
+SQLite's file (its schema checks, WAL, kill -9 of a writer) stays SQLite's;
+PostgreSQL's own (connection errors, migrations under a lock, row locks
+between two daemons) is in ``test_postgres``.
+"""
 
 from __future__ import annotations
 
@@ -14,10 +23,12 @@ import uuid
 from collections.abc import Iterator
 from typing import IO, Any, ClassVar
 
+import psycopg
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 import vmready
+from tests.postgres import postgres_location
 from vmready.domain.model import (
     ActionRecord,
     ActionStep,
@@ -111,17 +122,29 @@ def _read(path: str) -> bytes:
 
 
 class _StoreTestCase(SynchronousTestCase):
-    """Opens stores in a fresh directory, with a clock the test drives."""
+    """Opens stores at ``self.location``, with a clock the test drives.
+
+    An SQLite file in a fresh directory; ``OnPostgreSQL`` makes it a fresh
+    PostgreSQL database instead.
+    """
+
+    # What the engine raises for a violated constraint.
+    integrity_error: type[Exception] = sqlite3.IntegrityError
 
     def setUp(self) -> None:
         self.directory = os.path.abspath(self.mktemp())
         os.makedirs(self.directory)
         self.path = os.path.join(self.directory, "vmready.sqlite")
+        self.location = self.new_location()
         self.clock = Clock()
         self.clock.advance(1000)
 
+    def new_location(self) -> str:
+        """Where this test's store is."""
+        return self.path
+
     def open(self) -> Store:
-        store = Store.open(self.path, clock=self.clock.seconds)
+        store = Store.open(self.location, clock=self.clock.seconds)
         self.addCleanup(store.close)
         return store
 
@@ -129,6 +152,15 @@ class _StoreTestCase(SynchronousTestCase):
         """Create name and finish its build, leaving it active with no task."""
         store.create_instance(name, config or {}, {})
         store.finish_task(name, TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING)
+
+
+class OnPostgreSQL(_StoreTestCase):
+    """The same tests, on a fresh database of the test run's PostgreSQL server."""
+
+    integrity_error = psycopg.IntegrityError
+
+    def new_location(self) -> str:
+        return postgres_location(self)
 
 
 _NEXT = Store.SCHEMA_VERSION + 1
@@ -337,6 +369,49 @@ class SchemaTests(_StoreTestCase):
         assert found is not None
         self.assertEqual(found.name, "web")
 
+    def test_version2HistoriesAreKeptByUuidWhereTheyCanBe(self) -> None:
+        """Migrated actions belong to the instance of their name only if it existed then."""
+
+        class VersionTwo(Store):
+            SCHEMA_VERSION = 2
+            MIGRATIONS: ClassVar[list[tuple[int, str]]] = MIGRATIONS[:2]
+
+        VersionTwo.open(self.path).close()
+        with _raw(self.path) as raw:
+            # An action of an earlier "web" (t=5), then today's web (created at t=10) and its own.
+            raw.execute(
+                "INSERT INTO instances (name, uuid, vm_state, power_state, config, devices,"
+                " created_at, updated_at) VALUES"
+                " ('web', 'u2', 'stopped', 'shutdown', '{}', '{}', 10, 10)"
+            )
+            insert = "INSERT INTO actions (instance, action, request_id, started_at) VALUES"
+            before = raw.execute(f"{insert} ('web', 'create', 'req-1', 5)").lastrowid
+            after = raw.execute(f"{insert} ('web', 'stop', 'req-2', 20)").lastrowid
+        store = self.open()
+        self.assertEqual([a.id for a in store.list_actions("web")], [after])
+        with _raw(self.path) as raw:
+            orphan = raw.execute(
+                "SELECT instance_uuid FROM actions WHERE id = ?", (before,)
+            ).fetchone()
+        self.assertEqual(orphan, (None,))
+
+    def test_versionThreeStoreGainsTheTrustTablesAndKeepsItsData(self) -> None:
+        class VersionThree(Store):
+            SCHEMA_VERSION = 3
+            MIGRATIONS: ClassVar[list[tuple[int, str]]] = MIGRATIONS[:3]
+
+        old = VersionThree.open(self.path)
+        old.close()
+        _insert_old_instance(self.path, "web")
+        with _raw(self.path) as raw:
+            raw.execute("INSERT INTO agent_certificates VALUES ('web', ?, 1.0)", ("ee" * 32,))
+        store = self.open()
+        self.assertEqual(store.schema_version, Store.SCHEMA_VERSION)
+        self.assertEqual(store.get_instance("web").name, "web")
+        self.assertEqual(store.agent_fingerprints(), {"web": "ee" * 32})
+        self.assertEqual(store.trust.trusted_certificates(), [])
+        store.trust.add_token("x", "h", 1.0, 2.0)
+
 
 class InstanceTests(_StoreTestCase):
     """Creating, reading, listing and deleting instances."""
@@ -427,32 +502,6 @@ class InstanceTests(_StoreTestCase):
         # Gone: the history of the last instance of that name.
         self.assertEqual([a.id for a in store.list_actions("web")], [second])
 
-    def test_version2HistoriesAreKeptByUuidWhereTheyCanBe(self) -> None:
-        """Migrated actions belong to the instance of their name only if it existed then."""
-
-        class VersionTwo(Store):
-            SCHEMA_VERSION = 2
-            MIGRATIONS: ClassVar[list[tuple[int, str]]] = MIGRATIONS[:2]
-
-        VersionTwo.open(self.path).close()
-        with _raw(self.path) as raw:
-            # An action of an earlier "web" (t=5), then today's web (created at t=10) and its own.
-            raw.execute(
-                "INSERT INTO instances (name, uuid, vm_state, power_state, config, devices,"
-                " created_at, updated_at) VALUES"
-                " ('web', 'u2', 'stopped', 'shutdown', '{}', '{}', 10, 10)"
-            )
-            insert = "INSERT INTO actions (instance, action, request_id, started_at) VALUES"
-            before = raw.execute(f"{insert} ('web', 'create', 'req-1', 5)").lastrowid
-            after = raw.execute(f"{insert} ('web', 'stop', 'req-2', 20)").lastrowid
-        store = self.open()
-        self.assertEqual([a.id for a in store.list_actions("web")], [after])
-        with _raw(self.path) as raw:
-            orphan = raw.execute(
-                "SELECT instance_uuid FROM actions WHERE id = ?", (before,)
-            ).fetchone()
-        self.assertEqual(orphan, (None,))
-
     def test_deleteTakesTheSnapshotsWithIt(self) -> None:
         store = self.open()
         store.create_instance("web", {}, {})
@@ -530,7 +579,7 @@ class TaskTests(_StoreTestCase):
         def contend(index: int) -> None:
             action, task = contenders[index]
             try:
-                store = Store.open(self.path)
+                store = Store.open(self.location)
             except BaseException as error:
                 outcomes[index] = error
                 start.abort()
@@ -669,7 +718,7 @@ class TaskTests(_StoreTestCase):
         self.assertEqual(record.status.name, "Error")
 
     def test_errorSurvivesReopen(self) -> None:
-        store = Store.open(self.path)
+        store = Store.open(self.location)
         store.create_instance("x", {}, {})
         store.set_error("x", "boom")
         store.close()
@@ -1069,7 +1118,7 @@ class AgentCertificateTests(_StoreTestCase):
         store.create_instance("web", {}, {})
         store.create_instance("db", {}, {})
         store.set_agent_certificate("web", "aa" * 32)
-        self.assertRaises(sqlite3.IntegrityError, store.set_agent_certificate, "db", "aa" * 32)
+        self.assertRaises(self.integrity_error, store.set_agent_certificate, "db", "aa" * 32)
 
 
 class TrustStoreTests(_StoreTestCase):
@@ -1117,26 +1166,9 @@ class TrustStoreTests(_StoreTestCase):
         error = self.assertRaises(NotFound, store.trust.remove_certificate, "aa" * 32)
         self.assertEqual(error.message, f"no trusted certificate has fingerprint {'aa' * 32}")
         store.close()
-        reopened = Store.open(self.path)
+        reopened = Store.open(self.location)
         self.addCleanup(reopened.close)
         self.assertEqual([e.name for e in reopened.trust.trusted_certificates()], ["b"])
-
-    def test_versionThreeStoreGainsTheTrustTablesAndKeepsItsData(self) -> None:
-        class VersionThree(Store):
-            SCHEMA_VERSION = 3
-            MIGRATIONS: ClassVar[list[tuple[int, str]]] = MIGRATIONS[:3]
-
-        old = VersionThree.open(self.path)
-        old.close()
-        _insert_old_instance(self.path, "web")
-        with _raw(self.path) as raw:
-            raw.execute("INSERT INTO agent_certificates VALUES ('web', ?, 1.0)", ("ee" * 32,))
-        store = self.open()
-        self.assertEqual(store.schema_version, Store.SCHEMA_VERSION)
-        self.assertEqual(store.get_instance("web").name, "web")
-        self.assertEqual(store.agent_fingerprints(), {"web": "ee" * 32})
-        self.assertEqual(store.trust.trusted_certificates(), [])
-        store.trust.add_token("x", "h", 1.0, 2.0)
 
 
 class RenameTests(_StoreTestCase):
@@ -1263,3 +1295,39 @@ class RenameDurabilityTests(_StoreTestCase):
         with _raw(self.path) as raw:
             self.assertEqual(raw.execute("PRAGMA integrity_check").fetchall(), [("ok",)])
             self.assertEqual(raw.execute("PRAGMA foreign_key_check").fetchall(), [])
+
+
+class InstanceTestsOnPostgreSQL(OnPostgreSQL, InstanceTests):
+    pass
+
+
+class TaskTestsOnPostgreSQL(OnPostgreSQL, TaskTests):
+    pass
+
+
+class SettleTestsOnPostgreSQL(OnPostgreSQL, SettleTests):
+    pass
+
+
+class ConfigTestsOnPostgreSQL(OnPostgreSQL, ConfigTests):
+    pass
+
+
+class ActionHistoryTestsOnPostgreSQL(OnPostgreSQL, ActionHistoryTests):
+    pass
+
+
+class SnapshotTestsOnPostgreSQL(OnPostgreSQL, SnapshotTests):
+    pass
+
+
+class AgentCertificateTestsOnPostgreSQL(OnPostgreSQL, AgentCertificateTests):
+    pass
+
+
+class TrustStoreTestsOnPostgreSQL(OnPostgreSQL, TrustStoreTests):
+    pass
+
+
+class RenameTestsOnPostgreSQL(OnPostgreSQL, RenameTests):
+    pass

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
 from vmready.domain.model import ActionRecord, ActionStep, NotFound
@@ -25,23 +24,21 @@ class ActionHistory:
 
     def start_action(self, name: str, action: str, request_id: str) -> int:
         """Record the start of an action on instance name (kept by its uuid); return its id."""
-        cursor = self._database.db.execute(
+        return self._database.insert(
             "INSERT INTO actions (instance, instance_uuid, action, request_id, started_at)"
             " VALUES (?, (SELECT uuid FROM instances WHERE name = ?), ?, ?, ?)",
             (name, name, action, request_id, self._database.clock()),
         )
-        return _row_id(cursor)
 
     def start_step(self, action_id: int, step: str) -> int:
         """Record the start of a step of an action; return its id."""
         try:
-            cursor = self._database.db.execute(
+            return self._database.insert(
                 "INSERT INTO steps (action_id, name, started_at) VALUES (?, ?, ?)",
                 (action_id, step, self._database.clock()),
             )
-        except sqlite3.IntegrityError:
+        except self._database.integrity_errors:
             raise NotFound(f"Action {action_id} not found") from None
-        return _row_id(cursor)
 
     def finish_step(self, step_id: int, result: str, error: str | None = None) -> None:
         """Record how a step ended ("success" or "error")."""
@@ -63,7 +60,7 @@ class ActionHistory:
                 " VALUES (?, ?, ?, ?, ?, ?)",
                 (action_id, step, now, now, result, error),
             )
-        except sqlite3.IntegrityError:
+        except self._database.integrity_errors:
             raise NotFound(f"Action {action_id} not found") from None
 
     def finish_action(self, action_id: int, result: str, error: str | None = None) -> None:
@@ -112,28 +109,21 @@ class ActionHistory:
                 f" (SELECT id FROM actions WHERE {where}) ORDER BY id",
                 values,
             ).fetchall()
-        by_action: dict[int, list[ActionStep]] = {row["id"]: [] for row in actions}
-        for step in steps:
-            by_action[step["action_id"]].append(
-                ActionStep(
-                    name=step["name"],
-                    started_at=step["started_at"],
-                    finished_at=step["finished_at"],
-                    result=step["result"],
-                    error=step["error"],
-                )
-            )
+        # Rows by position, in the order of _ACTION_COLUMNS and _STEP_COLUMNS.
+        by_action: dict[int, list[ActionStep]] = {row[0]: [] for row in actions}
+        for action_id, name, started, finished, result, error in steps:
+            by_action[action_id].append(ActionStep(name, started, finished, result, error))
         return [
             ActionRecord(
-                id=row["id"],
-                instance=row["instance"],
-                action=row["action"],
-                request_id=row["request_id"],
-                started_at=row["started_at"],
-                finished_at=row["finished_at"],
-                result=row["result"],
-                error=row["error"],
-                steps=tuple(by_action[row["id"]]),
+                id=row[0],
+                instance=row[1],
+                action=row[2],
+                request_id=row[3],
+                started_at=row[4],
+                finished_at=row[5],
+                result=row[6],
+                error=row[7],
+                steps=tuple(by_action[row[0]]),
             )
             for row in actions
         ]
@@ -142,9 +132,3 @@ class ActionHistory:
 def _check_result(result: str) -> None:
     if result not in RESULTS:
         raise ValueError(f"result must be 'success' or 'error', not {result!r}")
-
-
-def _row_id(cursor: sqlite3.Cursor) -> int:
-    row_id = cursor.lastrowid
-    assert row_id is not None, "an INSERT always sets lastrowid"
-    return row_id

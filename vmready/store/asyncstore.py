@@ -1,12 +1,12 @@
 """The store as the daemon uses it: every call a Deferred, run by the engine's executor.
 
-``AsyncStore`` has the methods of the SQLite engine (``store.sqlite.Store``),
-each returning a Deferred that fires, on the reactor thread, once the call ran
-and its transaction committed.  The engine runs on an ``Executor``: the
-daemon's ``DatabaseThread`` (one thread, in order, queued calls committed
-together) or ``InlineExecutor`` (at once, for replays and unit tests).  A
-second engine (PostgreSQL, say) plugs in as another engine with the same
-methods and an executor of its own; the layers above see only this class.
+``AsyncStore`` has the methods of the engine (``store.sqlite.Store``, on
+SQLite or PostgreSQL), each returning a Deferred that fires, on the reactor
+thread, once the call ran and its transaction committed.  The engine runs on
+an ``Executor``: the daemon's ``DatabaseThread`` (one thread, in order, queued
+calls committed together; on PostgreSQL its connection comes from a pool) or
+``InlineExecutor`` (at once, for replays and unit tests); the layers above see
+only this class, whichever the engine.
 
 Whoever announces a state (an event, a response) waits for the Deferred of the
 write that made it first: nothing is announced that the store could lose.
@@ -33,7 +33,7 @@ from vmready.domain.model import ActionRecord, InstanceRecord
 from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
 from vmready.store.database import instance_not_found
 from vmready.store.executor import DatabaseThread, Executor, InlineExecutor, StoreHealth
-from vmready.store.sqlite import Store
+from vmready.store.sqlite import Store, check_payload
 
 __all__ = ["AsyncStore"]
 
@@ -106,6 +106,12 @@ class CommittedInstances:
             self._fingerprint_of[record.name] = fingerprint
             self._instance_of[fingerprint] = record.name
         return record
+
+    def replace(self, records: list[InstanceRecord], fingerprints: dict[str, str]) -> None:
+        """Every row as read again (after notifications may have been missed)."""
+        self._records = {record.name: record for record in records}
+        self._fingerprint_of = dict(fingerprints)
+        self._instance_of = {fingerprint: name for name, fingerprint in fingerprints.items()}
 
     def ready_cleared(self, names: list[str], stamp: float) -> None:
         """These rows lost their ready key at ``stamp`` (what ``clear_ready`` wrote)."""
@@ -191,8 +197,47 @@ class AsyncStore:
 
     @property
     def path(self) -> str:
-        """Where the engine keeps the store."""
+        """Where the engine keeps the store (a URL without its password)."""
         return self.engine.path
+
+    @property
+    def engine_name(self) -> str:
+        """ "sqlite" or "postgresql"."""
+        return self.engine.engine_name
+
+    @property
+    def notifies(self) -> bool:
+        """Whether other members hear of this store's changes (PostgreSQL)."""
+        return self.engine.notifies
+
+    def publish_event(self, payload: str) -> Deferred[None]:
+        """NOTIFY ``vmready_events`` with payload; fires once committed (sent then).
+
+        ValueError above 7,900 bytes (PostgreSQL refuses 8,000);
+        NotImplementedError on SQLite (a single host: nobody to tell).
+        """
+        if not self.engine.notifies:
+            raise NotImplementedError(f"the {self.engine.engine_name} store has no other members")
+        check_payload(payload)
+        return self._executor.submit(lambda: self.engine.publish_event(payload))
+
+    def reload_instances(self) -> Deferred[None]:
+        """Read every row and agent fingerprint again into what instance reads see.
+
+        After the notification listener reconnected: changes by other members
+        while it was away were not heard of.
+        """
+        engine = self.engine
+        done = self._executor.submit(
+            lambda: (engine.list_instances(), engine.agent_fingerprints())
+        )
+        cache = self._cache
+
+        def reloaded(rows: tuple[list[InstanceRecord], dict[str, str]]) -> None:
+            if cache is not None:
+                cache.replace(*rows)
+
+        return done.addCallback(reloaded)
 
     def run(self, work: Callable[[Store], T]) -> Deferred[T]:
         """Any engine work, in order with every other call (e.g. a bulk read)."""

@@ -1,11 +1,24 @@
 """The connection the store's tables share: transactions, the clock, instance rows by name.
 
 Synchronous on purpose: this is the engine, run on the store's one database
-thread (``store.executor``), never on the reactor's.  Every write that reads
-before it writes runs inside ``BEGIN IMMEDIATE``, so the database, not the
-caller, decides which of two racing writers wins.  Inside a ``batch`` (many
+thread (``store.executor``), never on the reactor's.  Inside a ``batch`` (many
 queued calls committed together) each call and each transaction is a
 SAVEPOINT instead: one call's error undoes that call alone.
+
+The tables (``store.instances`` and the others) run on SQLite and on
+PostgreSQL with one SQL text: ``?`` placeholders, standard SQL.  What the
+engines do differently is here, in ``Database``'s subclasses
+(``SQLiteDatabase`` below, ``store.postgres.PostgresDatabase``): how a write
+transaction begins, how a read-modify-write locks the row it read, the id of
+an inserted row, the JSON of the ready key, whose clock stamps leases.
+
+Write safety: on SQLite every write that reads before it writes runs inside
+``BEGIN IMMEDIATE``, which serialises writers.  PostgreSQL runs READ
+COMMITTED, where two transactions may read the same row at once; there a
+read-modify-write reads its row with ``get_instance(name, lock=True)``
+(``SELECT … FOR UPDATE``), so the second writer waits for the first and reads
+what it wrote.  Either way the database, not the caller, decides which of two
+racing writers wins.
 """
 
 from __future__ import annotations
@@ -13,13 +26,21 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar, Protocol
 
 from vmready.domain.model import InstanceRecord, NotFound, StoreError
 from vmready.domain.states import PowerState, TaskState, VMState
 
-__all__ = ["INSTANCE_COLUMNS", "Database", "dump", "instance_not_found"]
+__all__ = [
+    "INSTANCE_COLUMNS",
+    "Connection",
+    "Cursor",
+    "Database",
+    "SQLiteDatabase",
+    "dump",
+    "instance_not_found",
+]
 
 INSTANCE_COLUMNS = (
     "name, uuid, vm_state, task_state, power_state, config, devices, error, created_at,"
@@ -31,10 +52,50 @@ class TransactionLost(StoreError):
     """SQLite rolled a whole batch back by itself: none of its calls was kept."""
 
 
-class Database:
-    """One open SQLite connection and the clock that stamps its rows."""
+class Cursor(Protocol):
+    """What the tables read of a statement's result (``sqlite3.Cursor``, psycopg's)."""
 
-    def __init__(self, connection: sqlite3.Connection, clock: Callable[[], float]) -> None:
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class Connection(Protocol):
+    """What the tables use of a connection: ``sqlite3.Connection`` or ``PostgresConnection``.
+
+    Rows are read by position (both engines' rows index by number).
+    """
+
+    @property
+    def in_transaction(self) -> bool: ...
+
+    def execute(self, sql: str, parameters: Sequence[Any] = ..., /) -> Cursor: ...
+
+    def executemany(self, sql: str, parameters: Iterable[Sequence[Any]], /) -> Cursor: ...
+
+    def close(self) -> None: ...
+
+
+class Database:
+    """One open connection, what its engine does differently, and the clock of its rows."""
+
+    # "sqlite" or "postgresql".
+    engine_name: ClassVar[str]
+    # How a transaction that writes begins.
+    BEGIN_WRITE: ClassVar[str] = "BEGIN"
+    # How a transaction that only reads begins (one snapshot for all its statements).
+    BEGIN_READ: ClassVar[str] = "BEGIN"
+    # Appended to a SELECT whose rows the transaction goes on to write.
+    LOCK_ROWS: ClassVar[str] = ""
+    # What the engine raises for a violated constraint (UNIQUE, FOREIGN KEY).
+    integrity_errors: ClassVar[tuple[type[Exception], ...]] = ()
+
+    def __init__(self, connection: Connection, clock: Callable[[], float]) -> None:
         self.db = connection
         self.clock = clock
         # How deep in savepoints we are; 0: no batch, each transaction is its own.
@@ -54,7 +115,7 @@ class Database:
             with self.savepoint():
                 yield
             return
-        self.db.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
+        self.db.execute(self.BEGIN_WRITE if immediate else self.BEGIN_READ)
         try:
             yield
             self.db.execute("COMMIT")
@@ -66,7 +127,7 @@ class Database:
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
         """Many calls in one transaction, committed (one fsync) when the block ends."""
-        self.db.execute("BEGIN IMMEDIATE")
+        self.db.execute(self.BEGIN_WRITE)
         self._depth = 1
         try:
             yield
@@ -109,22 +170,60 @@ class Database:
         """
         return self.clock()
 
-    def find_instance(self, name: str) -> InstanceRecord | None:
-        """The instance called name, or None."""
+    def find_instance(self, name: str, lock: bool = False) -> InstanceRecord | None:
+        """The instance called name, or None.
+
+        ``lock``: the transaction goes on to write the row from what it read;
+        on PostgreSQL another writer of the row waits until it commits.
+        """
         row = self.db.execute(
-            f"SELECT {INSTANCE_COLUMNS} FROM instances WHERE name = ?", (name,)
+            f"SELECT {INSTANCE_COLUMNS} FROM instances WHERE name = ?"
+            f"{self.LOCK_ROWS if lock else ''}",
+            (name,),
         ).fetchone()
         return None if row is None else instance_from_row(row)
 
-    def get_instance(self, name: str) -> InstanceRecord:
-        """The instance called name, or NotFound."""
-        record = self.find_instance(name)
+    def get_instance(self, name: str, lock: bool = False) -> InstanceRecord:
+        """The instance called name, or NotFound (``lock``: as ``find_instance``)."""
+        record = self.find_instance(name, lock)
         if record is None:
             raise instance_not_found(name)
         return record
 
+    def insert(self, sql: str, parameters: Sequence[Any]) -> int:
+        """Run an INSERT into a table with an ``id`` column; the new row's id."""
+        raise NotImplementedError
 
-def instance_from_row(row: sqlite3.Row) -> InstanceRecord:
+    def has_key(self, key: str) -> tuple[str, str]:
+        """An SQL condition (with one ``?``) true where the config has ``key``; its value."""
+        raise NotImplementedError
+
+    def without_key(self, key: str) -> tuple[str, str]:
+        """An SQL expression (with one ``?``): the config without ``key``; its value."""
+        raise NotImplementedError
+
+
+class SQLiteDatabase(Database):
+    """SQLite: IMMEDIATE transactions serialise writers; its JSON functions on config text."""
+
+    engine_name = "sqlite"
+    BEGIN_WRITE = "BEGIN IMMEDIATE"
+    BEGIN_READ = "BEGIN"
+    integrity_errors = (sqlite3.IntegrityError,)
+
+    def insert(self, sql: str, parameters: Sequence[Any]) -> int:
+        row_id = self.db.execute(sql, parameters).lastrowid  # type: ignore[attr-defined]
+        assert row_id is not None, "an INSERT always sets lastrowid"
+        return int(row_id)
+
+    def has_key(self, key: str) -> tuple[str, str]:
+        return "json_extract(config, ?) IS NOT NULL", f'$."{key}"'
+
+    def without_key(self, key: str) -> tuple[str, str]:
+        return "json_remove(config, ?)", f'$."{key}"'
+
+
+def instance_from_row(row: Sequence[Any]) -> InstanceRecord:
     """The record of a row of ``INSTANCE_COLUMNS``, by position (a start reads 10,000)."""
     (
         name,

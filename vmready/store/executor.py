@@ -10,10 +10,12 @@ on the reactor thread only after the transaction that holds it committed, so
 whoever waits on it never announces a state the store might still lose.
 
 A write the disk refuses (SQLite's "database or disk is full", an I/O error,
-``ENOSPC``) is not dropped: the whole batch is rolled back and run again, with
-a growing pause, for up to ``retry_for`` seconds, later calls waiting behind
-it in order; ``StoreHealth`` says on the reactor thread when writes start
-failing and when they succeed again.  If the disk is still refusing after
+``ENOSPC``), or PostgreSQL cannot take (the connection lost, the server
+restarting, a deadlock between two members' batches), is not dropped: the
+whole batch is rolled back and run again, with a growing pause, for up to
+``retry_for`` seconds, later calls waiting behind it in order;
+``StoreHealth`` says on the reactor thread when writes start failing and
+when they succeed again.  If the disk is still refusing after
 ``retry_for``, each call of the batch fails with ``StoreWriteFailed`` (a 503
 with one clear line) and nothing of it was kept: the store stays as it was.
 
@@ -33,6 +35,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
+import psycopg
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IReactorThreads
 from twisted.python.failure import Failure
@@ -70,8 +73,12 @@ class StoreWriteFailed(TransactionLost, VMReadyError):
 
 
 def is_write_failure(error: BaseException) -> bool:
-    """Whether ``error`` is the disk refusing a write, not a call's own error (a Conflict)."""
-    if isinstance(error, TransactionLost):
+    """Whether ``error`` is the disk refusing a write, not a call's own error (a Conflict).
+
+    On PostgreSQL: the server, or the way to it (``OperationalError``: the
+    connection lost, no connection to be had, a deadlock, a serialization failure).
+    """
+    if isinstance(error, TransactionLost | psycopg.OperationalError):
         return True
     if isinstance(error, sqlite3.OperationalError):
         text = str(error).lower()
@@ -294,12 +301,12 @@ def _one(engine: BatchingEngine, work: Callable[[], Any]) -> Any:
 
 
 def _describe(error: BaseException) -> str:
-    """The disk's complaint in one line (an OSError's strerror, SQLite's message)."""
+    """The disk's complaint in one line (an OSError's strerror, SQLite's or psycopg's message)."""
     cause = error.__cause__ if isinstance(error, TransactionLost) else None
     shown = cause if cause is not None else error
     if isinstance(shown, OSError) and shown.strerror:
         return shown.strerror
-    return str(shown)
+    return " ".join(line.strip() for line in str(shown).splitlines() if line.strip())
 
 
 def _deliver(calls: list[_Call], outcomes: list[Any]) -> None:

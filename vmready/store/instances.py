@@ -2,7 +2,11 @@
 
 Claiming a task is a compare-and-swap in a single ``UPDATE … WHERE task_state
 IS NULL``, so the database, not the caller, decides which of two racing
-actions wins.
+actions wins (on PostgreSQL the second UPDATE waits for the first to commit,
+then finds the task taken).  Every other write that reads the row before it
+writes it reads with ``lock=True``: PostgreSQL's READ COMMITTED would
+otherwise let two writers read the same row and the second overwrite the
+first's change.
 """
 
 from __future__ import annotations
@@ -49,9 +53,8 @@ class Instances:
         with self._database.transaction():
             if self._database.find_instance(name) is not None:
                 raise Conflict(f"Instance {name} already exists")
-            self._database.db.execute(
-                f"INSERT INTO instances ({INSTANCE_COLUMNS})"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?)",
+            self._insert(
+                name,
                 (
                     name,
                     instance_uuid or str(uuid.uuid4()),
@@ -66,6 +69,17 @@ class Instances:
                 ),
             )
             return self._database.get_instance(name)
+
+    def _insert(self, name: str, values: tuple[Any, ...]) -> None:
+        """The INSERT of a new row; a writer that took the name since we looked: Conflict."""
+        try:
+            self._database.db.execute(
+                f"INSERT INTO instances ({INSTANCE_COLUMNS})"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?)",
+                values,
+            )
+        except self._database.integrity_errors:
+            raise Conflict(f"Instance {name} already exists") from None
 
     def get_instance(self, name: str) -> InstanceRecord:
         """The instance called name, or NotFound."""
@@ -120,7 +134,7 @@ class Instances:
     ) -> InstanceRecord:
         """End task expected: rest in vm_state, optionally set power_state and config; atomic."""
         with self._database.transaction():
-            current = self._database.get_instance(name)
+            current = self._database.get_instance(name, lock=True)
             if current.task_state is not expected:
                 raise _stale_task(name, expected, current)
             config = _updated(current.config, config_updates or {})
@@ -161,7 +175,7 @@ class Instances:
     def set_power_state(self, name: str, power_state: PowerState) -> InstanceRecord:
         """Record what the hypervisor reports; an unchanged power state writes nothing."""
         with self._database.transaction():
-            current = self._database.get_instance(name)
+            current = self._database.get_instance(name, lock=True)
             if current.power_state is power_state:
                 return current
             self._update_existing(
@@ -174,7 +188,7 @@ class Instances:
     def update_config(self, name: str, updates: dict[str, str | None]) -> InstanceRecord:
         """Set config keys (None deletes the key) in one read-modify-write transaction."""
         with self._database.transaction():
-            current = self._database.get_instance(name)
+            current = self._database.get_instance(name, lock=True)
             config = _updated(current.config, updates)
             self._update_existing(
                 name, "config = ?, updated_at = ?", (dump(config), self._database.clock())
@@ -198,7 +212,7 @@ class Instances:
         states = sorted(state.value for state in allowed_from)
         placeholders = ", ".join("?" for _ in states)
         with self._database.transaction():
-            current = self._database.find_instance(name)
+            current = self._database.find_instance(name, lock=True)
             if current is None:
                 return None
             config = _updated(current.config, config_updates or {})
@@ -230,22 +244,24 @@ class Instances:
         in Python): a daemon starting with thousands of instances waits for
         this before it serves.
         """
-        path = f'$."{READY_KEY}"'
+        has_key, key = self._database.has_key(READY_KEY)
+        without_key, key_again = self._database.without_key(READY_KEY)
         owned = "" if member is None else " AND member = ?"
         mine: tuple[str, ...] = () if member is None else (member,)
         with self._database.transaction():
             names = [
                 row[0]
                 for row in self._database.db.execute(
-                    f"SELECT name FROM instances WHERE json_extract(config, ?) IS NOT NULL{owned}",
-                    (path, *mine),
+                    f"SELECT name FROM instances WHERE {has_key}{owned}"
+                    f" ORDER BY name{self._database.LOCK_ROWS}",
+                    (key, *mine),
                 )
             ]
             now = self._database.clock()
             self._database.db.execute(
-                "UPDATE instances SET config = json_remove(config, ?), updated_at = ?"
-                f" WHERE json_extract(config, ?) IS NOT NULL{owned}",
-                (path, now, path, *mine),
+                f"UPDATE instances SET config = {without_key}, updated_at = ?"
+                f" WHERE {has_key}{owned}",
+                (key_again, now, key, *mine),
             )
         return names, now
 
@@ -265,7 +281,7 @@ class Instances:
         """
         db = self._database.db
         with self._database.transaction():
-            current = self._database.get_instance(name)
+            current = self._database.get_instance(name, lock=True)
             if current.task_state is not None:
                 raise task_conflict("rename", name, current.task_state, current.vm_state)
             if current.vm_state not in allowed_from:
@@ -288,10 +304,15 @@ class Instances:
             db.execute("DELETE FROM snapshots WHERE instance = ?", (name,))
             db.execute("DELETE FROM agent_certificates WHERE instance = ?", (name,))
             now = self._database.clock()
-            db.execute(
-                "UPDATE instances SET name = ?, updated_at = ? WHERE name = ?",
-                (new_name, now, name),
-            )
+            try:
+                db.execute(
+                    "UPDATE instances SET name = ?, updated_at = ? WHERE name = ?",
+                    (new_name, now, name),
+                )
+            except self._database.integrity_errors:
+                raise Conflict(
+                    f"Cannot rename {name} to {new_name}: instance {new_name} exists"
+                ) from None
             db.executemany(
                 "INSERT INTO snapshots (id, instance, name, stateful, created_at, metadata)"
                 " VALUES (?, ?, ?, ?, ?, ?)",
@@ -303,11 +324,11 @@ class Instances:
                     " VALUES (?, ?, ?)",
                     (new_name, certificate[0], certificate[1]),
                 )
-            action_id = db.execute(
+            action_id = self._database.insert(
                 "INSERT INTO actions (instance, instance_uuid, action, request_id, started_at,"
                 " finished_at, result) VALUES (?, ?, 'rename', ?, ?, ?, 'success')",
                 (new_name, current.uuid, request_id, now, now),
-            ).lastrowid
+            )
             db.execute(
                 "INSERT INTO steps (action_id, name, started_at, finished_at, result)"
                 " VALUES (?, ?, ?, ?, 'success')",

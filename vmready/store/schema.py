@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from vmready.domain.model import StoreError
 
-__all__ = ["BUSY_TIMEOUT_SECONDS", "MIGRATIONS", "SCHEMA_VERSION", "connect"]
+__all__ = ["BUSY_TIMEOUT_SECONDS", "MIGRATIONS", "SCHEMA_VERSION", "check_version", "connect"]
 
 BUSY_TIMEOUT_SECONDS = 5.0
 
@@ -184,7 +184,7 @@ def _prepare(
         db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_SECONDS * 1000)}")
         db.execute("PRAGMA foreign_keys = ON")
         # Refuse before anything writes: switching to WAL rewrites the header.
-        _check_version(_read_schema_version(db, path), path, schema_version)
+        check_version(_read_schema_version(db, path), path, schema_version)
         mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if mode != "wal" and path != ":memory:":
             raise StoreError(f"cannot open store {path}: journal mode stays {mode}, not wal")
@@ -193,7 +193,7 @@ def _prepare(
         try:
             # Another process may have migrated between the check and the lock.
             current = _read_schema_version(db, path)
-            _check_version(current, path, schema_version)
+            check_version(current, path, schema_version)
             for version, script in migrations:
                 if version > current:
                     _migrate(db, path, version, script, clock())
@@ -208,7 +208,7 @@ def _prepare(
     return current
 
 
-def _check_version(version: int, path: str, schema_version: int) -> None:
+def check_version(version: int, path: str, schema_version: int) -> None:
     """Refuse a store written by a newer vmready."""
     if version > schema_version:
         raise StoreError(

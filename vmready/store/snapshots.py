@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import sqlite3
+from collections.abc import Sequence
 from typing import Any
 
 from vmready.domain.model import Conflict, NotFound
@@ -30,11 +30,15 @@ class Snapshots:
             ).fetchone()
             if taken is not None:
                 raise Conflict(f"Snapshot {name} of instance {instance} already exists")
-            self._database.db.execute(
-                "INSERT INTO snapshots (instance, name, stateful, created_at, metadata)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (instance, name, int(stateful), self._database.clock(), encoded),
-            )
+            try:
+                self._database.db.execute(
+                    "INSERT INTO snapshots (instance, name, stateful, created_at, metadata)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    (instance, name, int(stateful), self._database.clock(), encoded),
+                )
+            except self._database.integrity_errors:
+                # Taken by a writer that committed since we looked (PostgreSQL).
+                raise Conflict(f"Snapshot {name} of instance {instance} already exists") from None
             row = self._database.db.execute(
                 "SELECT instance, name, stateful, created_at, metadata FROM snapshots"
                 " WHERE instance = ? AND name = ?",
@@ -75,11 +79,13 @@ class Snapshots:
         return [_snapshot(row) for row in rows]
 
 
-def _snapshot(row: sqlite3.Row) -> dict[str, Any]:
+def _snapshot(row: Sequence[Any]) -> dict[str, Any]:
+    """A row of (instance, name, stateful, created_at, metadata)."""
+    instance, name, stateful, created_at, metadata = row
     return {
-        "instance": row["instance"],
-        "name": row["name"],
-        "stateful": bool(row["stateful"]),
-        "created_at": row["created_at"],
-        "metadata": json.loads(row["metadata"]),
+        "instance": instance,
+        "name": name,
+        "stateful": bool(stateful),
+        "created_at": created_at,
+        "metadata": json.loads(metadata),
     }

@@ -1,8 +1,11 @@
-"""The instance store: instances, their action history and snapshots, in SQLite.
+"""The instance store: instances, their action history and snapshots, in SQLite or PostgreSQL.
 
-``Store`` is the entry point: ``Store.open`` opens (creating or migrating) the
-database (``store.schema``) and composes one object per concern over the one
-connection (``store.database``): the instance rows (``store.instances``), the
+``Store`` is the entry point (this module is named for its first engine):
+``Store.open`` opens (creating or migrating) an SQLite file
+(``store.schema``) or, given a ``postgresql://`` URL, a PostgreSQL database
+(``store.pgschema``, ``store.postgres``), and composes one object per concern
+over the one connection (``store.database``), the same on both engines: the
+instance rows (``store.instances``), the
 agent certificates (``store.certificates``), the remote API's trust store
 (``store.trust``, used through ``.trust`` and ``AsyncStore.run``), the action history
 (``store.actions``) and the snapshots (``store.snapshots``).  Its methods hand
@@ -19,12 +22,14 @@ from typing import Any, ClassVar
 from vmready.domain.members import MembersView
 from vmready.domain.model import ActionRecord, InstanceRecord
 from vmready.domain.states import PowerState, TaskState, VMState
-from vmready.store import schema
+from vmready.store import pgschema, schema
 from vmready.store.actions import ActionHistory
 from vmready.store.certificates import AgentCertificates
-from vmready.store.database import Database
+from vmready.store.database import Database, SQLiteDatabase
 from vmready.store.instances import Instances
 from vmready.store.members import Members
+from vmready.store.notifications import EVENTS_CHANNEL, MAX_PAYLOAD_BYTES
+from vmready.store.postgres import PostgresDatabase, display_location, is_postgres_location
 from vmready.store.snapshots import Snapshots
 from vmready.store.trust import TrustTable
 
@@ -32,14 +37,20 @@ __all__ = ["Store"]
 
 
 class Store:
-    """vmready's SQLite store; open it with ``Store.open``."""
+    """vmready's store, on SQLite or PostgreSQL; open it with ``Store.open``."""
 
     SCHEMA_VERSION: ClassVar[int] = schema.SCHEMA_VERSION
     MIGRATIONS: ClassVar[list[tuple[int, str]]] = schema.MIGRATIONS
+    POSTGRES_MIGRATIONS: ClassVar[list[tuple[int, str]]] = pgschema.MIGRATIONS
 
     def __init__(self, path: str, database: Database, schema_version: int) -> None:
+        # Where the store is, as it may be shown: a file's path, or a URL without its password.
         self.path = path
         self.schema_version = schema_version
+        # "sqlite" or "postgresql".
+        self.engine_name = database.engine_name
+        # Whether other daemons can hear of its changes (LISTEN/NOTIFY, store.notifications).
+        self.notifies = isinstance(database, PostgresDatabase)
         self._database = database
         self.instances = Instances(database)
         self.certificates = AgentCertificates(database)
@@ -49,10 +60,19 @@ class Store:
         self.members = Members(database)
 
     @classmethod
-    def open(cls, path: str, clock: Callable[[], float] = time.time) -> Store:
-        """Open (creating or migrating) the store at path, or raise StoreError with one line."""
-        connection, version = schema.connect(path, clock, cls.MIGRATIONS, cls.SCHEMA_VERSION)
-        return cls(path, Database(connection, clock), version)
+    def open(cls, location: str, clock: Callable[[], float] = time.time) -> Store:
+        """Open (creating or migrating) the store, or raise StoreError with one line.
+
+        ``location``: an SQLite file's path, or a ``postgresql://`` (``postgres://``)
+        URL.  ``clock`` stamps rows; on PostgreSQL leases take the server's clock.
+        """
+        if is_postgres_location(location):
+            pool, version = pgschema.connect(
+                location, clock, cls.POSTGRES_MIGRATIONS, cls.SCHEMA_VERSION
+            )
+            return cls(display_location(location), PostgresDatabase(pool, clock), version)
+        connection, version = schema.connect(location, clock, cls.MIGRATIONS, cls.SCHEMA_VERSION)
+        return cls(location, SQLiteDatabase(connection, clock), version)
 
     def close(self) -> None:
         """Close the database connection."""
@@ -171,6 +191,19 @@ class Store:
         """Every member and its instance count, read at one moment of the store's clock."""
         return self.members.list_members()
 
+    # Notifications
+
+    def publish_event(self, payload: str) -> None:
+        """Tell every member listening on ``vmready_events`` (at commit); PostgreSQL only.
+
+        ValueError for a payload PostgreSQL would refuse (7,900 bytes and over);
+        NotImplementedError on SQLite, whose store has one daemon: nobody to tell.
+        """
+        if not isinstance(self._database, PostgresDatabase):
+            raise NotImplementedError(f"the {self.engine_name} store has no other members")
+        check_payload(payload)
+        self._database.notify(EVENTS_CHANNEL, payload)
+
     # Agent certificates
 
     def set_agent_certificate(self, name: str, fingerprint: str) -> None:
@@ -234,3 +267,12 @@ class Store:
     def list_snapshots(self, instance: str) -> list[dict[str, Any]]:
         """The snapshots of instance, oldest first; NotFound if there is no such instance."""
         return self.snapshots.list_snapshots(instance)
+
+
+def check_payload(payload: str) -> None:
+    """ValueError for a NOTIFY payload PostgreSQL would refuse."""
+    size = len(payload.encode())
+    if size > MAX_PAYLOAD_BYTES:
+        raise ValueError(
+            f"an event of {size} bytes is too large to publish (at most {MAX_PAYLOAD_BYTES})"
+        )

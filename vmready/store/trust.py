@@ -69,8 +69,11 @@ class TrustTable:
             ).fetchone()
             if known is not None:
                 return TrustedCertificate(known[0], known[1], known[2])
+            # Locked: of two redeeming the same token at once, the second finds it gone.
             row = db.execute(
-                "SELECT name, expires_at FROM trust_tokens WHERE secret_hash = ?", (secret_hash,)
+                "SELECT name, expires_at FROM trust_tokens WHERE secret_hash = ?"
+                f"{self._database.LOCK_ROWS}",
+                (secret_hash,),
             ).fetchone()
             if row is None:
                 raise Forbidden(
