@@ -25,6 +25,8 @@ import urllib.parse
 import attrs
 
 from vmready.daemon.httpsaddress import HTTPSAddress
+from vmready.lifecycle.members import DEFAULT_LEASE_SECONDS
+from vmready.store.postgres import display_location, is_postgres_location
 
 __all__ = [
     "DEFAULT_LEASE_SECONDS",
@@ -33,15 +35,13 @@ __all__ = [
     "ClusterSettings",
     "cluster_settings",
     "display_location",
-    "is_postgresql",
+    "is_postgres_location",
     "store_location",
 ]
 
-DEFAULT_LEASE_SECONDS = 15.0
 # A renewal every third of the lease: below a second the store is asked more than it tells.
 MIN_LEASE_SECONDS = 1.0
 MAX_LEASE_SECONDS = 3600.0
-POSTGRESQL_SCHEMES = ("postgresql", "postgres")
 # As host names are (RFC 1123 labels, dots), with underscores: it is a row's key, not DNS.
 _MEMBER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
@@ -56,19 +56,13 @@ class ClusterSettings:
     lease_seconds: float
 
 
-def is_postgresql(location: str) -> bool:
-    """Whether ``location`` is a PostgreSQL URL (a cluster's shared store)."""
-    scheme, sep, _rest = location.partition("://")
-    return bool(sep) and scheme.lower() in POSTGRESQL_SCHEMES
-
-
 def store_location(given: str | None, data_dir: str) -> str:
     """The store ``--store`` names: a PostgreSQL URL as given, a file path made absolute,
     or the data dir's SQLite file; ValueError for anything else."""
     if not given:
         return os.path.join(data_dir, "vmready.sqlite")
     if "://" in given:
-        if not is_postgresql(given):
+        if not is_postgres_location(given):
             scheme = given.partition("://")[0]
             raise ValueError(
                 f"--store {display_location(given)}: a {scheme}:// URL is no store vmready "
@@ -81,21 +75,6 @@ def store_location(given: str | None, data_dir: str) -> str:
             raise ValueError(f"--store {display_location(given)}: not a usable URL: {e}") from None
         return given
     return os.path.abspath(given)
-
-
-def display_location(location: str) -> str:
-    """``location`` as it may be shown and logged: a URL's password masked."""
-    if "://" not in location:
-        return location
-    try:
-        parsed = urllib.parse.urlsplit(location)
-    except ValueError:
-        return location.partition("://")[0] + "://…"
-    if parsed.password is None:
-        return location
-    user, _at, host = parsed.netloc.rpartition("@")
-    name = user.partition(":")[0]
-    return urllib.parse.urlunsplit(parsed._replace(netloc=f"{name}:***@{host}"))
 
 
 def cluster_settings(
@@ -117,7 +96,7 @@ def cluster_settings(
         raise ValueError(
             f"--lease-seconds must be {MIN_LEASE_SECONDS:g} to {MAX_LEASE_SECONDS:g} seconds"
         )
-    if not is_postgresql(location):
+    if not is_postgres_location(location):
         for option, value in (("member-name", member_name), ("member-address", member_address)):
             if value is not None:
                 raise ValueError(

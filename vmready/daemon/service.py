@@ -19,6 +19,7 @@ import attrs
 from twisted.application import strports
 from twisted.application.internet import TimerService
 from twisted.application.service import MultiService
+from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IListeningPort
@@ -37,7 +38,11 @@ from vmready.api.metrics import CountedGuestResource
 from vmready.api.operator import OperatorAPI, operator_site
 from vmready.api.remote import remote_site, remote_tls_factory
 from vmready.api.trust import TrustRegistry
-from vmready.daemon.clusteroptions import DEFAULT_LEASE_SECONDS, display_location
+from vmready.daemon.clusteroptions import (
+    DEFAULT_LEASE_SECONDS,
+    bound_member_address,
+    display_location,
+)
 from vmready.daemon.collector import HeapSweeper
 from vmready.daemon.httpsaddress import HTTPSAddress
 from vmready.daemon.notify import Notifier, ReconcileProgress
@@ -53,10 +58,13 @@ from vmready.hypervisor.console import DEFAULT_CONSOLE_MAX_BYTES
 from vmready.hypervisor.driver import HypervisorDriver
 from vmready.lifecycle.core import DEFAULT_KVM_PROBE_TIMEOUT, GuestLink, LaunchSettings, Lifecycle
 from vmready.lifecycle.events import EventBus
+from vmready.lifecycle.members import Membership
 from vmready.lifecycle.recovery import DEFAULT_SYNC_CONCURRENCY
+from vmready.lifecycle.relay import CHANNELS, EventRelay
 from vmready.protocols.transcript import DEFAULT_KEEP, DEFAULT_MAX_BYTES
 from vmready.record.recording import Recorders, RecordingGuestResource
 from vmready.store.asyncstore import AsyncStore
+from vmready.store.notifications import NotificationListener
 from vmready.store.sqlite import Store
 from vmready.trust.certs import CertificatePair, ensure_server_certificate
 
@@ -213,15 +221,22 @@ class VMReadyService(MultiService):
         self.server_certificate: CertificatePair | None = None
         self._api: IResource | None = None
         self.recorders: Recorders | None = None
+        # A cluster member's: its lease and members' view, the relay of events, its listener.
+        self.membership: Membership | None = None
+        self.relay: EventRelay | None = None
+        self.listener: NotificationListener | None = None
+        self._listening: Deferred[None] | None = None
 
     def startService(self) -> None:
         config = self.config
         driver = HypervisorDriver(self.reactor, config.hypervisor, config.qemu_binary)
         # Asked first: the hypervisor's --version runs while the store loads its instances.
         version = Deferred.fromCoroutine(_program_version(self.reactor, driver.program))
-        engine = Store.open(os.path.join(config.data_dir, "vmready.sqlite"))
-        self.store = AsyncStore.threaded(self.reactor, engine)
-        events = EventBus(self.reactor.seconds)
+        engine = Store.open(config.store_location)
+        self.store = AsyncStore.threaded(self.reactor, engine, member=config.member_name)
+        events = EventBus(self.reactor.seconds, location=config.member_name or "")
+        if config.member_name is not None:
+            self._join_notifications(events, config.member_name)
         transport = choose_transport(
             config.hypervisor, config.guest_transport, vhost_vsock_problem()
         )
@@ -278,6 +293,22 @@ class VMReadyService(MultiService):
             self._guest_api_failed,
             errbackArgs=(preparing,),
         )
+
+    def _join_notifications(self, events: EventBus, member: str) -> None:
+        """A cluster member hears the others (LISTEN) from now on and tells them its events.
+
+        Started before anything else, so no write of another member's after
+        the store was first read goes unheard; once LISTEN is in effect every
+        row is read again (``_recover`` waits for both before serving).
+        """
+        assert self.store is not None
+        relay = self.relay = EventRelay(events, self.store, member)
+        relay.start()
+        self.listener = NotificationListener(
+            self.reactor, self.config.store_location, CHANNELS, relay.deliver, relay.resync
+        )
+        store = self.store
+        self._listening = self.listener.start().addCallback(lambda _: store.reload_instances())
 
     def _start_recovery(self, site: Site, preparing: Deferred[list[InstanceRecord]]) -> None:
         Deferred.fromCoroutine(self._recover(site, preparing)).addCallbacks(
@@ -373,6 +404,8 @@ class VMReadyService(MultiService):
         records = await preparing
         if self.config.https_address is not None and not await self._serve_remote():
             return
+        if self.config.member_name is not None and not await self._join_cluster():
+            return
         if not self._serve(site):
             return
         progress = ReconcileProgress(self.notifier, len(records), self.reactor.seconds)
@@ -424,6 +457,47 @@ class VMReadyService(MultiService):
             port=port.getHost().port,
             fingerprint=self.server_certificate.fingerprint,
         )
+        return True
+
+    async def _join_cluster(self) -> bool:
+        """Hear the other members, then take this member's lease; else stop, saying why.
+
+        The remote API listens already: a member whose lease others see can be
+        forwarded to at once.
+        """
+        assert self._listening is not None and self.store is not None
+        assert self.lifecycle is not None and self.server_certificate is not None
+        config = self.config
+        assert config.member_name is not None and config.https_address is not None
+        address = config.member_address
+        if address is None:
+            assert self.https_port is not None
+            bound = self.https_port.getHost()
+            assert isinstance(bound, IPv4Address | IPv6Address)
+            address = bound_member_address(config.https_address, bound.port)
+        membership = Membership(
+            config.member_name,
+            address,
+            self.server_certificate.fingerprint,
+            self.store,
+            self.lifecycle.state.events,
+            self.reactor,
+            config.lease_seconds,
+        )
+        try:
+            await self._listening
+            await membership.start()
+        except Exception as e:
+            self.log.error(
+                "cannot join the cluster as member {member} on {store}: {error}; stopping",
+                member=config.member_name,
+                store=self.store.path,
+                error=e,
+            )
+            self.notifier.status(f"cannot join the cluster: {e}")
+            self.reactor.callWhenRunning(self.reactor.stop)
+            return False
+        self.membership = membership
         return True
 
     def _start_timers(self) -> None:
@@ -487,6 +561,13 @@ class VMReadyService(MultiService):
             self.sweeper.stop()
         if self.recorders is not None:
             self.recorders.close()
+        if self.relay is not None:
+            self.relay.stop()
+        if self.membership is not None:
+            # The others see this member unreachable at once, not when the lease runs out.
+            await self.membership.stop()
+        if self.listener is not None:
+            await self.listener.stop()
         if self.store is not None:
             await self.store.close()
 

@@ -52,8 +52,10 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from vmready.lifecycle.events import EVENT_TYPES, LIFECYCLE, OPERATION, Event, EventBus
+from vmready.store.notifications import EVENTS_CHANNEL, INSTANCES_CHANNEL, MAX_PAYLOAD_BYTES
 
 __all__ = [
+    "CHANNELS",
     "MAX_PAYLOAD_BYTES",
     "EventRelay",
     "InboundOrder",
@@ -65,8 +67,8 @@ __all__ = [
     "relayable",
 ]
 
-# PostgreSQL refuses a NOTIFY payload of 8000 bytes or more; the store refuses over this.
-MAX_PAYLOAD_BYTES = 7900
+# What the relay listens to (``store.notifications.NotificationListener``'s channels).
+CHANNELS = (INSTANCES_CHANNEL, EVENTS_CHANNEL)
 # The payload's format, should it ever change while members of two versions share a store.
 PAYLOAD_VERSION = 1
 # What a string in a trimmed context keeps.
@@ -275,9 +277,10 @@ class InboundOrder:
 class EventRelay:
     """Relays this member's events to the others and theirs to this one's bus.
 
-    ``start`` subscribes to the bus; ``on_instances``, ``on_event`` and
-    ``resync`` are what the notification listener calls (on the reactor thread)
-    for the instances channel, the events channel and after a reconnection.
+    ``start`` subscribes to the bus; ``deliver`` (``on_instances``,
+    ``on_event``) and ``resync`` are what the notification listener calls (on
+    the reactor thread) for a notification on one of ``CHANNELS`` and after a
+    reconnection.
     """
 
     log = Logger()
@@ -334,6 +337,13 @@ class EventRelay:
         )
 
     # -- in ------------------------------------------------------------------
+
+    def deliver(self, channel: str, payload: str) -> None:
+        """A notification on ``channel`` (one of ``CHANNELS``)."""
+        if channel == INSTANCES_CHANNEL:
+            self.on_instances(payload)
+        elif channel == EVENTS_CHANNEL:
+            self.on_event(payload)
 
     def on_instances(self, payload: str) -> None:
         """An instance row was written and committed: read it again if another member did."""
