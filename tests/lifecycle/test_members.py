@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from typing import Any
+from typing import Any, cast
 
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
-from twisted.logger import Logger, formatEvent
+from twisted.logger import ILogObserver, Logger, formatEvent
 from twisted.trial.unittest import TestCase
 
 from vmready.domain.members import MemberState
@@ -126,8 +126,8 @@ class MembershipTests(TestCase):
             raise sqlite3.OperationalError("database is locked")
 
         logged: list[dict[str, Any]] = []
-        self.a.log = Logger(observer=logged.append)
-        engine.renew_lease = broken  # type: ignore[method-assign]
+        self.a.log = Logger(observer=cast(ILogObserver, logged.append))
+        engine.renew_lease = broken  # type: ignore[method-assign,assignment]
         self.clock.advance(5)
         self.clock.advance(5)
         self.assertEqual(calls, ["renew", "renew"])
