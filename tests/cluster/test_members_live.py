@@ -13,7 +13,9 @@ Without PostgreSQL these tests skip, saying why, unless
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import os
 import signal
 from typing import Any
 
@@ -126,18 +128,71 @@ class TwoMemberTests(SynchronousTestCase):
         out, err = waiting.communicate(timeout=DEADLINE)
         self.assertEqual((waiting.returncode, out, err), (0, f"{NAME}: READY\n", ""))
 
+    def test_actionsThroughBReachAsInstance(self) -> None:
+        self.launch_on_a()
+        # B forwards to A, the owner; the CLI follows the operation through B.
+        self.b.cli("stop", NAME, "--force")
+        self.assertEqual(self.a.listed().get(NAME), "STOPPED")
+        eventually(lambda: self.b.listed().get(NAME) == "STOPPED", f"b listing {NAME} stopped")
+        self.b.cli("start", NAME)
+        self.assertEqual(self.a.listed().get(NAME), "RUNNING")
+        eventually(lambda: self.b.listed().get(NAME) == "RUNNING", f"b listing {NAME} running")
+        seen = self.b.instance(NAME)
+        assert seen is not None
+        self.assertEqual((seen["location"], seen["vm_state"]), ("a", "active"))
+        # The VM runs on A alone: B started nothing.
+        b_runs = os.path.join(self.b.system.directory, "run")
+        self.assertEqual(os.listdir(b_runs) if os.path.isdir(b_runs) else [], [])
+
+    def test_twoMembersActingAtOnceOneWinsTheOtherGets409(self) -> None:
+        self.launch_on_a()
+        body = json.dumps({"action": "stop", "force": True}).encode()
+        target = f"/1.0/instances/{NAME}/state"
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            answers = list(
+                pool.map(
+                    lambda member: unix_http(member.system.socket_path, "PUT", target, body),
+                    (self.a, self.b),
+                )
+            )
+        codes = sorted(answer.status for answer in answers)
+        self.assertEqual(codes, [202, 409], [answer.body for answer in answers])
+        [lost] = [answer for answer in answers if answer.status == 409]
+        self.assertIn(NAME, json.loads(lost.body)["error"])
+        eventually(lambda: self.a.listed().get(NAME) == "STOPPED", f"{NAME} stopped once")
+
     def test_aKilledMemberIsUnreachableAndComesBack(self) -> None:
-        self.a.cli("launch", NAME, "--memory", "128")
-        eventually(lambda: self.b.listed().get(NAME) == "RUNNING", f"b listing {NAME}")
+        self.launch_on_a()
+        self.assertEqual(self.member_status(self.b, "a"), "Online")
         self.a.system.stop_daemon(signal.SIGKILL)
-        # Within the lease (and a generous deadline): A's instance is of unknown state on B.
+        # Within the lease (and a generous deadline): A unreachable, its instance of unknown
+        # state on B: not lost, not stopped.
+        eventually(lambda: self.member_status(self.b, "a") == "Unreachable", "a unreachable")
         eventually(lambda: self.b.listed().get(NAME) == "UNKNOWN", f"{NAME} unknown on b")
         seen = self.b.instance(NAME)
         assert seen is not None
-        self.assertNotEqual(seen["status"], "Stopped")
+        self.assertEqual((seen["status"], seen["vm_state"]), ("Unknown", "active"))
+        self.assertIn("host unreachable", json.dumps(seen["faults"]))
         self.a.start()
+        eventually(lambda: self.member_status(self.b, "a") == "Online", "a online again")
         eventually(lambda: self.b.listed().get(NAME) == "RUNNING", f"{NAME} running on b again")
         self.assertEqual(self.a.listed().get(NAME), "RUNNING")
+        # The VM outlived its daemon: A adopted it again, and acts on it through B too.
+        self.b.cli("stop", NAME, "--force")
+        eventually(lambda: self.b.listed().get(NAME) == "STOPPED", f"{NAME} stopped via b")
+
+    def launch_on_a(self) -> None:
+        """Launch NAME through A (the least loaded member on a tie: a), listed by both."""
+        self.a.cli("launch", NAME, "--memory", "128")
+        self.assertEqual(self.a.listed().get(NAME), "RUNNING")
+        seen = eventually(lambda: self.b.instance(NAME), f"b knowing {NAME}")
+        self.assertEqual(seen["location"], "a")
+        eventually(lambda: self.b.listed().get(NAME) == "RUNNING", f"b listing {NAME} running")
+
+    def member_status(self, via: Member, name: str) -> str:
+        status, body = via.get(f"/1.0/cluster/members/{name}")
+        self.assertEqual(status, 200, body)
+        return str(body["metadata"]["status"])
 
 
 def _source(event: dict[str, Any]) -> str:

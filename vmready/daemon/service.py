@@ -33,6 +33,7 @@ from vmready.agentlink.hvsock import HybridVSockServerEndpoint
 from vmready.agentlink.link import PollIntervals
 from vmready.agentlink.transport import choose_transport, vhost_vsock_problem
 from vmready.agentlink.vsockaddress import HybridVSockAddress
+from vmready.api.cluster import ClusterContext
 from vmready.api.guest import GuestAPI, guest_site, guest_tls_factory
 from vmready.api.metrics import CountedGuestResource
 from vmready.api.operator import OperatorAPI, operator_site
@@ -223,6 +224,9 @@ class VMReadyService(MultiService):
         self.recorders: Recorders | None = None
         # A cluster member's: its lease and members' view, the relay of events, its listener.
         self.membership: Membership | None = None
+        self.operator_api: OperatorAPI | None = None
+        # Whether this member holds its lease (given up on a clean stop).
+        self._joined = False
         self.relay: EventRelay | None = None
         self.listener: NotificationListener | None = None
         self._listening: Deferred[None] | None = None
@@ -277,6 +281,7 @@ class VMReadyService(MultiService):
         api = OperatorAPI(
             lifecycle, config.hypervisor, self.trust, config.server_config(transport)
         )
+        self.operator_api = api
         self._api = api.app.resource()
         site = operator_site(self._api)
         if self.notifier.watchdog is not None:
@@ -402,9 +407,11 @@ class VMReadyService(MultiService):
     async def _recover(self, site: Site, preparing: Deferred[list[InstanceRecord]]) -> None:
         assert self.lifecycle is not None
         records = await preparing
+        if self.config.member_name is not None:
+            self._become_member(self.config.member_name)
         if self.config.https_address is not None and not await self._serve_remote():
             return
-        if self.config.member_name is not None and not await self._join_cluster():
+        if self.membership is not None and not await self._join_cluster(self.membership):
             return
         if not self._serve(site):
             return
@@ -436,7 +443,8 @@ class VMReadyService(MultiService):
         address = HTTPSAddress.parse(self.config.https_address)
         self.trust.server_fingerprint = self.server_certificate.fingerprint
         await self.trust.load()
-        factory = remote_tls_factory(self.server_certificate, remote_site(self._api, self.trust))
+        site = remote_site(self._api, self.trust, self.membership)
+        factory = remote_tls_factory(self.server_certificate, site)
         try:
             port = self.https_port = await serverFromString(
                 self.reactor, address.endpoint()
@@ -459,45 +467,56 @@ class VMReadyService(MultiService):
         )
         return True
 
-    async def _join_cluster(self) -> bool:
+    def _become_member(self, name: str) -> None:
+        """The member's parts, before its APIs serve: its membership, forwarding in the API.
+
+        The remote API trusts the other members' certificates through the
+        membership; the operator API relays requests about their instances.
+        """
+        assert self.store is not None and self.lifecycle is not None
+        assert self.server_certificate is not None and self.operator_api is not None
+        membership = self.membership = Membership(
+            name,
+            # Known once the remote API listens, unless --member-address said it.
+            self.config.member_address or "",
+            self.server_certificate.fingerprint,
+            self.store,
+            self.lifecycle.state.events,
+            self.reactor,
+            self.config.lease_seconds,
+        )
+        self.operator_api.cluster = ClusterContext.over_tls(
+            membership, self.reactor, self.server_certificate
+        )
+
+    async def _join_cluster(self, membership: Membership) -> bool:
         """Hear the other members, then take this member's lease; else stop, saying why.
 
         The remote API listens already: a member whose lease others see can be
         forwarded to at once.
         """
         assert self._listening is not None and self.store is not None
-        assert self.lifecycle is not None and self.server_certificate is not None
         config = self.config
-        assert config.member_name is not None and config.https_address is not None
-        address = config.member_address
-        if address is None:
+        assert config.https_address is not None
+        if not membership.address:
             assert self.https_port is not None
             bound = self.https_port.getHost()
             assert isinstance(bound, IPv4Address | IPv6Address)
-            address = bound_member_address(config.https_address, bound.port)
-        membership = Membership(
-            config.member_name,
-            address,
-            self.server_certificate.fingerprint,
-            self.store,
-            self.lifecycle.state.events,
-            self.reactor,
-            config.lease_seconds,
-        )
+            membership.address = bound_member_address(config.https_address, bound.port)
         try:
             await self._listening
             await membership.start()
         except Exception as e:
             self.log.error(
                 "cannot join the cluster as member {member} on {store}: {error}; stopping",
-                member=config.member_name,
+                member=membership.name,
                 store=self.store.path,
                 error=e,
             )
             self.notifier.status(f"cannot join the cluster: {e}")
             self.reactor.callWhenRunning(self.reactor.stop)
             return False
-        self.membership = membership
+        self._joined = True
         return True
 
     def _start_timers(self) -> None:
@@ -563,7 +582,7 @@ class VMReadyService(MultiService):
             self.recorders.close()
         if self.relay is not None:
             self.relay.stop()
-        if self.membership is not None:
+        if self.membership is not None and self._joined:
             # The others see this member unreachable at once, not when the lease runs out.
             await self.membership.stop()
         if self.listener is not None:
