@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
 import tempfile
 
 from twisted.python import usage
 from twisted.trial.unittest import SynchronousTestCase
 
+from tests.daemon.test_daemon import DEADLINE, twistd
 from vmready.daemon.clusteroptions import ClusterSettings, display_location
 from vmready.daemon.tap import Options
 
@@ -142,6 +144,31 @@ class ClusterOptionsTests(SynchronousTestCase):
         )
         refusal = self.refused("--store", "mysql://u:s3cret@h/db")
         self.assertNotIn("s3cret", refusal)
+
+    def test_aStoreThatCannotBeReachedIsOneLineWithoutThePassword(self) -> None:
+        result = subprocess.run(
+            twistd(
+                self.directory,
+                "--store",
+                f"postgresql://vm:s3cret@/vmready?host={self.directory}/nothing-here",
+                "--https-address",
+                "127.0.0.1:0",
+            ),
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE,
+            check=False,
+        )
+        self.assertEqual(result.returncode, 1, result.stderr)
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        self.assertEqual(len(lines), 1, result.stderr)
+        self.assertTrue(
+            lines[0].startswith(
+                f"vmready: cannot open store postgresql://vm:***@/vmready?host={self.directory}"
+            ),
+            lines[0],
+        )
+        self.assertNotIn("s3cret", result.stderr + result.stdout)
 
     def test_helpDocumentsThem(self) -> None:
         text = str(Options())
