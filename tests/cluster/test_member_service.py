@@ -12,6 +12,7 @@ import shutil
 import tempfile
 from typing import Any
 
+from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred
 from twisted.trial.unittest import TestCase
 
@@ -66,7 +67,9 @@ class MemberServiceTests(TestCase):
         view = self.members()
         self.assertIs(view.state_of("a"), MemberState.ONLINE)
         member = view.find("a")
-        self.assertEqual(member.address, f"127.0.0.1:{service.https_port.getHost().port}")
+        bound = service.https_port.getHost()
+        assert isinstance(bound, IPv4Address)
+        self.assertEqual(member.address, f"127.0.0.1:{bound.port}")
         assert service.server_certificate is not None
         self.assertEqual(member.fingerprint, service.server_certificate.fingerprint)
         self.assertEqual(service.store.member, "a")
