@@ -294,6 +294,14 @@ class BusToBusTests(SynchronousTestCase):
         self.assertEqual((self.relay_a.sent, self.relay_b.sent), (1, 0))
         self.assertEqual((self.relay_a.received, self.relay_b.received), (0, 1))
 
+    def test_eventsAlikeToTheMicrosecondAreDifferentPayloads(self) -> None:
+        # PostgreSQL folds identical payloads of one transaction into one notification.
+        self.bus_a.lifecycle("instance-state", "web1", {"status": "Running"})
+        self.bus_a.lifecycle("instance-state", "web1", {"status": "Running"})
+        self.clock.advance(0)
+        self.assertEqual(len(set(self.wire.payloads)), 2)
+        self.assertEqual(len(self.seen_b), 2)
+
     def test_operationEventsTravelServerEventsDoNot(self) -> None:
         self.bus_b.publish(OPERATION, {"id": "op", "status": "Running"})
         self.bus_b.server("store-write-failed", {"error": "disk full"})

@@ -98,9 +98,13 @@ def relayable(event: Event) -> bool:
     return event.type == OPERATION
 
 
-def encode_event(event: Event, member: str) -> tuple[str, bool] | None:
+def encode_event(event: Event, member: str, seq: int = 0) -> tuple[str, bool] | None:
     """The NOTIFY payload relaying ``event`` from ``member``, within ``MAX_PAYLOAD_BYTES``,
     and whether it had to be trimmed.
+
+    ``seq`` numbers the member's payloads: PostgreSQL folds identical payloads
+    sent in one transaction into one, and two events alike to the microsecond
+    must still both arrive.
 
     None when even the trimmed event does not fit (no vmready event is that
     big without its context).
@@ -108,6 +112,7 @@ def encode_event(event: Event, member: str) -> tuple[str, bool] | None:
     document: dict[str, Any] = {
         "v": PAYLOAD_VERSION,
         "member": member,
+        "seq": seq,
         "type": event.type,
         "timestamp": event.timestamp,
         "metadata": event.metadata,
@@ -313,7 +318,7 @@ class EventRelay:
     def _outgoing(self, event: Event) -> None:
         if not relayable(event):
             return
-        encoded = encode_event(event, self.member)
+        encoded = encode_event(event, self.member, self.sent)
         if encoded is None:
             self.dropped += 1
             self.log.warn(
