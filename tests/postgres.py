@@ -40,12 +40,13 @@ __all__ = [
 
 REQUIRE_VARIABLE = "VMREADY_REQUIRE_POSTGRES"
 _TEMPLATE = "vmready_template"
-# Settings for a throwaway server: no durability (fsync), no TCP, small.
+# Settings for a throwaway server: no TCP, small, no fsync (a lost machine loses it all), but
+# synchronous commits: a commit is written before it returns, so it survives the server's own
+# crash (the tests stop it with -m immediate).
 _SETTINGS = """
 listen_addresses = ''
 unix_socket_directories = '{socket_dir}'
 fsync = off
-synchronous_commit = off
 full_page_writes = off
 max_connections = 100
 shared_buffers = 16MB
@@ -123,7 +124,9 @@ class PostgresServer:
         return psycopg.connect(self.url(), autocommit=True)
 
     def start(self) -> None:
-        """Start the server and wait until it accepts connections."""
+        """Start the server (unless it runs) and wait until it accepts connections."""
+        if self.running:
+            return
         self._run([self._pg_ctl, "-D", self.data, "-l", self.log, "-w", "-t", "60", "start"])
         self.running = True
 

@@ -3,11 +3,12 @@
 These tests run the real database thread against the real reactor: a
 ``threading.Event`` the thread waits on holds a write back on purpose, so the
 test can look at the reactor (and the store's readers) while it is pending.
+Each class runs on SQLite and, as its ``…OnPostgreSQL`` subclass, on a real
+PostgreSQL server.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sqlite3
@@ -19,6 +20,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
+from tests.postgres import postgres_location
 from tests.reactor import reactor
 from vmready.domain.model import Conflict, NotFound
 from vmready.domain.states import ACTIONS, PowerState, TaskState, VMState
@@ -30,20 +32,26 @@ from vmready.store.sqlite import Store
 HOLD_LIMIT = 30.0
 
 
-def _committed_config(path: str, name: str) -> dict[str, Any]:
+def _committed_config(location: str, name: str) -> dict[str, Any]:
     """What another connection sees of an instance's config: only what is committed."""
-    with sqlite3.connect(path) as other:
-        row = other.execute("SELECT config FROM instances WHERE name = ?", (name,)).fetchone()
-    return {} if row is None else dict(json.loads(row[0]))
+    other = Store.open(location)
+    try:
+        record = other.find_instance(name)
+    finally:
+        other.close()
+    return {} if record is None else dict(record.config)
 
 
 class ThreadedStoreTestCase(TestCase):
-    """An AsyncStore on its own database thread over a fresh file."""
+    """An AsyncStore on its own database thread over a fresh file (or PostgreSQL database)."""
 
-    def setUp(self) -> None:
+    def new_location(self) -> str:
         directory = tempfile.mkdtemp(prefix="vmready-store-")
         self.addCleanup(shutil.rmtree, directory, True)
-        self.path = os.path.join(directory, "vmready.sqlite")
+        return os.path.join(directory, "vmready.sqlite")
+
+    def setUp(self) -> None:
+        self.path = self.new_location()
         engine = Store.open(self.path)
         engine.create_instance("vm1", {}, {})
         engine.finish_task("vm1", TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING)
@@ -171,6 +179,8 @@ class BatchingTests(ThreadedStoreTestCase):
         config = _committed_config(self.path, "vm1")
         self.assertEqual((config.get("user.half"), config.get("user.kept")), (None, "1"))
 
+
+class SQLiteBatchTests(ThreadedStoreTestCase):
     async def test_aBatchSQLiteRolledBackFailsEveryCallAndRunsNoMore(self) -> None:
         """A full disk or an I/O error ends SQLite's transaction: no call of it was kept."""
 
@@ -224,3 +234,24 @@ class RenameReadsTests(ThreadedStoreTestCase):
         self.assertEqual(self.store.get_instance("web"), renamed)
         self.assertEqual(self.store.instance_for_fingerprint("ab" * 32), renamed)
         self.assertEqual([r.name for r in self.store.list_instances()], ["web"])
+
+
+class OnPostgreSQL(ThreadedStoreTestCase):
+    def new_location(self) -> str:
+        return postgres_location(self)
+
+
+class WritesOffTheReactorTestsOnPostgreSQL(OnPostgreSQL, WritesOffTheReactorTests):
+    pass
+
+
+class ReadYourWritesTestsOnPostgreSQL(OnPostgreSQL, ReadYourWritesTests):
+    pass
+
+
+class BatchingTestsOnPostgreSQL(OnPostgreSQL, BatchingTests):
+    pass
+
+
+class RenameReadsTestsOnPostgreSQL(OnPostgreSQL, RenameReadsTests):
+    pass

@@ -1,4 +1,10 @@
-"""Cluster members in the store: leases, instance ownership, and ready keys cleared per member."""
+"""Cluster members in the store: leases, instance ownership, and ready keys cleared per member.
+
+On SQLite leases follow the daemon's clock (a ``task.Clock`` here, so the
+tests say exactly when a lease runs out); on PostgreSQL they follow the
+server's, the one clock every member shares: the ``…OnPostgreSQL`` classes
+check what holds whatever the time.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ import os
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
+from tests.postgres import postgres_location
 from vmready.domain.members import MemberState
 from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
 from vmready.store.asyncstore import AsyncStore
@@ -14,18 +21,29 @@ from vmready.store.executor import InlineExecutor
 from vmready.store.sqlite import Store
 
 
-class MemberStoreTests(SynchronousTestCase):
-    """The ``members`` table and the ``member`` of each instance (SQLite)."""
+class _MembersTestCase(SynchronousTestCase):
+    """A store at ``self.location``: a fresh SQLite file; ``OnPostgreSQL``: a fresh database."""
 
     def setUp(self) -> None:
-        directory = os.path.abspath(self.mktemp())
-        os.makedirs(directory)
+        self.location = self.new_location()
         self.clock = Clock()
         self.clock.advance(1000)
-        self.store = Store.open(
-            os.path.join(directory, "vmready.sqlite"), clock=self.clock.seconds
-        )
+        self.store = Store.open(self.location, clock=self.clock.seconds)
         self.addCleanup(self.store.close)
+
+    def new_location(self) -> str:
+        directory = os.path.abspath(self.mktemp())
+        os.makedirs(directory)
+        return os.path.join(directory, "vmready.sqlite")
+
+
+class OnPostgreSQL(_MembersTestCase):
+    def new_location(self) -> str:
+        return postgres_location(self)
+
+
+class MemberStoreTests(_MembersTestCase):
+    """Leases on the daemon's clock (SQLite)."""
 
     def test_aMemberJoinsWithALeaseAndIsOnlineUntilItRunsOut(self) -> None:
         expires = self.store.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
@@ -50,6 +68,31 @@ class MemberStoreTests(SynchronousTestCase):
             (member.address, member.fingerprint, member.joined_at, member.lease_expires),
             ("10.0.0.9:8443", "bb" * 32, 1000.0, 1025.0),
         )
+
+
+class MembersTests(_MembersTestCase):
+    """The ``members`` table and the ``member`` of each instance, whatever the clock."""
+
+    def test_aLeaseRunsForItsSecondsFromTheStoresClock(self) -> None:
+        expires = self.store.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
+        view = self.store.list_members()
+        (member,) = view.members
+        self.assertEqual(member.lease_expires, expires)
+        self.assertAlmostEqual(member.lease_expires - member.joined_at, 15.0, places=6)
+        self.assertLessEqual(member.joined_at, view.now)
+        self.assertIs(view.state_of("host1"), MemberState.ONLINE)
+        self.assertIs(member.state_at(expires), MemberState.UNREACHABLE)
+
+    def test_aRenewalKeepsTheJoinTimeAndTakesTheNewAddress(self) -> None:
+        self.store.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
+        (joined,) = self.store.list_members().members
+        expires = self.store.renew_lease("host1", "10.0.0.9:8443", "bb" * 32, 30.0)
+        (member,) = self.store.list_members().members
+        self.assertEqual(
+            (member.address, member.fingerprint, member.joined_at, member.lease_expires),
+            ("10.0.0.9:8443", "bb" * 32, joined.joined_at, expires),
+        )
+        self.assertGreaterEqual(expires, joined.lease_expires)
 
     def test_givingUpTheLeaseMakesTheMemberUnreachableAtOnce(self) -> None:
         self.store.renew_lease("host1", "a:1", "aa" * 32, 15.0)
@@ -94,14 +137,12 @@ class MemberStoreTests(SynchronousTestCase):
         self.assertFalse(self.store.get_instance("db1").ready)
 
 
-class OwnedInstancesTests(SynchronousTestCase):
+class OwnedInstancesTests(_MembersTestCase):
     """``AsyncStore`` of a member: creates instances as its own, runs and clears only those."""
 
     def setUp(self) -> None:
-        directory = os.path.abspath(self.mktemp())
-        os.makedirs(directory)
-        self.engine = Store.open(os.path.join(directory, "vmready.sqlite"))
-        self.addCleanup(self.engine.close)
+        super().setUp()
+        self.engine = self.store
 
     def test_aMemberCreatesItsOwnInstancesAndRunsOnlyThose(self) -> None:
         self.engine.create_instance("other", {}, {}, member="host2")
@@ -131,7 +172,7 @@ class OwnedInstancesTests(SynchronousTestCase):
         self.assertTrue(store.get_instance("theirs").ready)
 
     def test_refreshReadsWhatAnotherMemberWrote(self) -> None:
-        other = Store.open(self.engine.path)
+        other = Store.open(self.location)
         self.addCleanup(other.close)
         other.create_instance("theirs", {}, {}, member="host2")
         store = AsyncStore(self.engine, InlineExecutor(), cached=True, member="host1")
@@ -145,3 +186,11 @@ class OwnedInstancesTests(SynchronousTestCase):
         other.delete_instance("theirs")
         self.assertIsNone(self.successResultOf(store.refresh_instance("theirs")))
         self.assertIsNone(store.find_instance("theirs"))
+
+
+class MembersTestsOnPostgreSQL(OnPostgreSQL, MembersTests):
+    pass
+
+
+class OwnedInstancesTestsOnPostgreSQL(OnPostgreSQL, OwnedInstancesTests):
+    pass

@@ -181,7 +181,7 @@ def connect(
     conninfo = _with_defaults(location, shown)
     try:
         first = psycopg.connect(conninfo, autocommit=True)
-    except psycopg.Error as e:
+    except (psycopg.Error, OSError, ValueError) as e:  # ValueError: a host name idna refuses
         raise StoreError(f"cannot open store {shown}: {one_line(e)}") from None
     try:
         version = _prepare(first, shown, clock, migrations, schema_version)
