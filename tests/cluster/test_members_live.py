@@ -169,6 +169,7 @@ class TwoMemberTests(SynchronousTestCase):
         # state on B: not lost, not stopped.
         eventually(lambda: self.member_status(self.b, "a") == "Unreachable", "a unreachable")
         eventually(lambda: self.b.listed().get(NAME) == "UNKNOWN", f"{NAME} unknown on b")
+        self.assertEqual(self.cluster_list(self.b)["a"][1:], ["UNREACHABLE", "1"])
         seen = self.b.instance(NAME)
         assert seen is not None
         self.assertEqual((seen["status"], seen["vm_state"]), ("Unknown", "active"))
@@ -177,6 +178,7 @@ class TwoMemberTests(SynchronousTestCase):
         eventually(lambda: self.member_status(self.b, "a") == "Online", "a online again")
         eventually(lambda: self.b.listed().get(NAME) == "RUNNING", f"{NAME} running on b again")
         self.assertEqual(self.a.listed().get(NAME), "RUNNING")
+        self.assertEqual(self.cluster_list(self.a)["a"][1:], ["ONLINE", "1"])
         # The VM outlived its daemon: A adopted it again, and acts on it through B too.
         self.b.cli("stop", NAME, "--force")
         eventually(lambda: self.b.listed().get(NAME) == "STOPPED", f"{NAME} stopped via b")
@@ -188,6 +190,11 @@ class TwoMemberTests(SynchronousTestCase):
         seen = eventually(lambda: self.b.instance(NAME), f"b knowing {NAME}")
         self.assertEqual(seen["location"], "a")
         eventually(lambda: self.b.listed().get(NAME) == "RUNNING", f"b listing {NAME} running")
+
+    def cluster_list(self, via: Member) -> dict[str, list[str]]:
+        """``vmready cluster list`` on ``via``: each member's ADDRESS, STATE and INSTANCES."""
+        rows = [line.split() for line in via.cli("cluster", "list").stdout.splitlines()[1:]]
+        return {row[0]: row[1:] for row in rows if row}
 
     def member_status(self, via: Member, name: str) -> str:
         status, body = via.get(f"/1.0/cluster/members/{name}")
