@@ -48,6 +48,17 @@ SAMPLES = {
     "default-append": "console=ttyS0",
     "kvm-probe-timeout": "45",
     "console-max-bytes": "8192",
+    "store": "postgresql://vmready@db.example/vmready",
+    "member-name": "node-7",
+    "member-address": "10.1.1.1:9443",
+    "lease-seconds": "3",
+}
+# What an option needs beside it to be accepted at all (the cluster's options need a cluster).
+_CLUSTER = ("--store", "postgresql://vmready@db.example/vmready", "--https-address", "10.1.1.2:1")
+COMPANIONS = {
+    "store": ("--https-address", "10.1.1.2:1"),
+    "member-name": _CLUSTER,
+    "member-address": _CLUSTER,
 }
 # Tried, in order, for an option added since SAMPLES was written.
 CANDIDATES = ("7", "1", "120", "/tmp/vmr-config-sample", "yes")
@@ -100,14 +111,17 @@ class EveryOptionTests(ConfigFileCase):
         self.fail(f"no value found that --{key} takes besides {default!r}: add one to SAMPLES")
 
     def test_everyParameter(self) -> None:
-        baseline = self.parsed("--config", "")
         for option in Options.optParameters:
             key, default = str(option[0]), option[2]
             if key == "config":
                 continue
             value = self.sample(key, default)
-            from_file = self.parsed("--config", self.write(f"{key}: '{value}'\n"))
-            self.assertEqual(from_file, self.parsed("--config", "", f"--{key}", value), key)
+            companions = COMPANIONS.get(key, ())
+            baseline = self.parsed("--config", "", *companions)
+            from_file = self.parsed("--config", self.write(f"{key}: '{value}'\n"), *companions)
+            self.assertEqual(
+                from_file, self.parsed("--config", "", *companions, f"--{key}", value), key
+            )
             self.assertNotEqual(from_file[key], baseline[key], key)
 
     def test_numbersAreWrittenAsNumbers(self) -> None:

@@ -22,6 +22,14 @@ Routes:
 - ``GET /1.0/events?type=lifecycle,operation`` — newline-delimited JSON, kept open.
 - ``GET /1.0/operations``, ``GET /1.0/operations/<id>``, ``GET /1.0/operations/<id>/wait``.
 - ``GET /1.0/metrics`` — Prometheus' text format, not an envelope (``api.metrics``).
+- ``GET /1.0/cluster/members`` (``?recursion=1`` for objects), ``GET /1.0/cluster/members/<name>``
+  — the cluster's members (404 on a daemon that is no member: ``api.cluster``).
+
+A daemon that is a cluster member (``cluster=ClusterContext(...)``) answers
+for every member: requests about an instance another member runs are
+relayed to it, except reads of the instance list and of one instance;
+``POST /1.0/instances?target=MEMBER`` launches on that member (default: the
+least loaded).  See ``api.cluster``.
 - ``GET``/``POST /1.0/certificates``, ``GET``/``DELETE /1.0/certificates/<fingerprint>`` —
   the remote API's trust store: issue a trust token, redeem one (the only request an
   untrusted remote client may make), list and remove trusted certificates (``api.trust``).
@@ -29,9 +37,11 @@ Routes:
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
+from urllib.parse import urlencode
 
 from klein import Klein
 from twisted.internet.defer import Deferred, race
@@ -44,7 +54,9 @@ from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource
 
 import vmready
+from vmready.api.cluster import NOT_A_MEMBER, ClusterContext
 from vmready.api.eventstream import EventStream
+from vmready.api.forwarding import FORWARDED_BY
 from vmready.api.limits import MAX_OPERATOR_CONNECTIONS, LimitedSite
 from vmready.api.metrics import metrics_response
 from vmready.api.requestbody import (
@@ -71,7 +83,7 @@ from vmready.api.web import (
     local_site,
     sync_response,
 )
-from vmready.domain.model import BadRequest, InstanceRecord, NotFound
+from vmready.domain.model import BadRequest, InstanceRecord, LoopDetected, NotFound
 from vmready.domain.states import StatusCode
 from vmready.lifecycle.core import Lifecycle
 from vmready.lifecycle.operations import Operation
@@ -137,8 +149,55 @@ def operator_site(resource: IResource, reactor: IReactorTime | None = None) -> L
     )
 
 
+Handler = Callable[..., Any]
+
+
+def _forwardable(handler: Handler) -> Handler:
+    """A handler of ``/1.0/instances/<name>…``: relayed to the member that runs ``name``.
+
+    On a single host, or for an instance this member runs (or one the
+    store does not know: the handler says 404), the handler answers.
+    """
+
+    @functools.wraps(handler)
+    def route(api: OperatorAPI, request: IRequest, **arguments: Any) -> Any:
+        cluster = api.cluster
+        if cluster is not None:
+            record = api.lifecycle.state.store.find_instance(arguments["name"])
+            member = cluster.remote_owner(record) if record is not None else None
+            if member is not None and record is not None:
+                return Deferred.fromCoroutine(
+                    cluster.forward(request, member, f"instance {record.name}", (record.name,))
+                )
+        return handler(api, request, **arguments)
+
+    return route
+
+
+def _forwardable_operation(handler: Handler) -> Handler:
+    """A handler of ``/1.0/operations/<id>…``: relayed for an operation a relay started."""
+
+    @functools.wraps(handler)
+    def route(api: OperatorAPI, request: IRequest, **arguments: Any) -> Any:
+        cluster = api.cluster
+        if cluster is not None:
+            operation_id = arguments["operation_id"]
+            member = cluster.operation_owner(operation_id)
+            if member is not None:
+                return Deferred.fromCoroutine(
+                    cluster.forward(request, member, f"operation {operation_id}")
+                )
+        return handler(api, request, **arguments)
+
+    return route
+
+
 class OperatorAPI:
-    """The operator API over one ``Lifecycle``; serve ``OperatorAPI(...).app.resource()``."""
+    """The operator API over one ``Lifecycle``; serve ``OperatorAPI(...).app.resource()``.
+
+    ``cluster``: this daemon is a member of a cluster (``api.cluster``); None,
+    a single host. It may be set after construction, before requests come.
+    """
 
     app = literal_paths(Klein())
     log = Logger()
@@ -149,8 +208,10 @@ class OperatorAPI:
         hypervisor: str,
         trust: TrustRegistry | None = None,
         config: Mapping[str, str] | None = None,
+        cluster: ClusterContext | None = None,
     ) -> None:
         self.lifecycle = lifecycle
+        self.cluster = cluster
         self.hypervisor = hypervisor
         # Without one: a daemon with no remote API (trust tokens are refused, saying why).
         self.trust = trust or TrustRegistry(lifecycle.state.store, lifecycle.state.clock.seconds)
@@ -161,12 +222,22 @@ class OperatorAPI:
 
     def _instance_json(self, record: InstanceRecord) -> dict[str, Any]:
         state = self.lifecycle.state
+        if self.cluster is None:
+            return instance_json(
+                record,
+                self.lifecycle.agent_status(record.name),
+                state.events.faults.of(record.name),
+                state.agent_history.of(record.name),
+                self.lifecycle.console_log_path(record),
+            )
         return instance_json(
             record,
             self.lifecycle.agent_status(record.name),
             state.events.faults.of(record.name),
             state.agent_history.of(record.name),
             self.lifecycle.console_log_path(record),
+            location=self.cluster.location(record),
+            unreachable=self.cluster.unreachable(record),
         )
 
     @app.handle_errors(Exception)
@@ -221,7 +292,30 @@ class OperatorAPI:
 
     @app.route("/1.0/instances", methods=["POST"])
     async def create_instance(self, request: IRequest) -> bytes:
-        """Create and boot an instance; answers with its operation."""
+        """Create and boot an instance; answers with its operation.
+
+        In a cluster, on the member ``?target=`` names, else the least loaded
+        online one: relayed to it unless that is this member.
+        """
+        target = query_param(request, "target")
+        if self.cluster is None:
+            if target is not None:
+                raise BadRequest(f"Invalid target {target!r}: {NOT_A_MEMBER}")
+        elif request.getHeader(FORWARDED_BY) is not None:
+            if target != self.cluster.name:
+                raise LoopDetected(
+                    f"a launch forwarded to cluster member {self.cluster.name} names "
+                    f"target {target!r}: it is not forwarded again"
+                )
+        else:
+            member = self.cluster.membership.choose_target(target)
+            if member.name != self.cluster.name:
+                return await self.cluster.forward(
+                    request,
+                    member,
+                    "the launch",
+                    uri=b"/1.0/instances?" + urlencode({"target": member.name}).encode(),
+                )
         body = read_json_body(request)
         name = field(body, "name", str, "a string")
         if name is None:
@@ -240,6 +334,7 @@ class OperatorAPI:
         return sync_response(request, self._instance_json(self.lifecycle.get(name)))
 
     @app.route("/1.0/instances/<name>", methods=["PATCH"])
+    @_forwardable
     async def patch_instance(self, request: IRequest, name: str) -> bytes:
         """Set user-settable config keys (``null`` removes one); answers with the instance."""
         body = read_json_body(request)
@@ -251,6 +346,7 @@ class OperatorAPI:
         )
 
     @app.route("/1.0/instances/<name>", methods=["PUT"])
+    @_forwardable
     async def put_instance(self, request: IRequest, name: str) -> bytes:
         """LXD's restore: ``{"restore": SNAP, "stateful": bool, "force": bool}``."""
         body = read_json_body(request)
@@ -269,6 +365,7 @@ class OperatorAPI:
         return _async(request, await self.lifecycle.act(name, "restore", **params))
 
     @app.route("/1.0/instances/<name>", methods=["POST"])
+    @_forwardable
     async def rename_instance(self, request: IRequest, name: str) -> bytes:
         """LXD's rename: ``{"name": NEW}``, of a stopped instance; answers with the operation."""
         body = read_json_body(request)
@@ -281,6 +378,7 @@ class OperatorAPI:
         return _async(request, await self.lifecycle.rename(name, new_name))
 
     @app.route("/1.0/instances/<name>/snapshots", methods=["GET"])
+    @_forwardable
     async def list_snapshots(self, request: IRequest, name: str) -> bytes:
         """The instance's snapshots, oldest first."""
         return sync_response(
@@ -292,6 +390,7 @@ class OperatorAPI:
         )
 
     @app.route("/1.0/instances/<name>/snapshots", methods=["POST"])
+    @_forwardable
     async def create_snapshot(self, request: IRequest, name: str) -> bytes:
         """Take a snapshot: ``{"name": SNAP, "stateful": bool}``."""
         body = read_json_body(request)
@@ -309,6 +408,7 @@ class OperatorAPI:
         return _async(request, await self.lifecycle.act(name, "snapshot", **params))
 
     @app.route("/1.0/instances/<name>/snapshots/<snapshot>", methods=["DELETE"])
+    @_forwardable
     async def delete_snapshot(self, request: IRequest, name: str, snapshot: str) -> bytes:
         """Delete a snapshot, answering with what it was; 409 while a restore from it runs."""
         self.lifecycle.get(name)
@@ -316,12 +416,14 @@ class OperatorAPI:
         return sync_response(request, snapshot_json(deleted))
 
     @app.route("/1.0/instances/<name>", methods=["DELETE"])
+    @_forwardable
     async def delete_instance(self, request: IRequest, name: str) -> bytes:
         """Delete an instance (its VM is stopped first); answers with the operation."""
         self.lifecycle.get(name)
         return _async(request, await self.lifecycle.act(name, "delete"))
 
     @app.route("/1.0/instances/<name>/state", methods=["GET"])
+    @_forwardable
     def get_state(self, request: IRequest, name: str) -> bytes:
         """The instance's status and the three fields it is derived from."""
         return sync_response(
@@ -329,6 +431,7 @@ class OperatorAPI:
         )
 
     @app.route("/1.0/instances/<name>/state", methods=["PUT"])
+    @_forwardable
     async def put_state(self, request: IRequest, name: str) -> bytes:
         """start, stop, restart, freeze or unfreeze, with LXD's force and timeout."""
         body = read_json_body(request)
@@ -350,6 +453,7 @@ class OperatorAPI:
         return _async(request, await self.lifecycle.act(name, action, **params))
 
     @app.route("/1.0/instances/<name>/actions/<action>", methods=["POST"])
+    @_forwardable
     async def run_action(self, request: IRequest, name: str, action: str) -> bytes:
         """rebuild, resize (``{"memory", "cpus"}``), confirm-resize, revert-resize."""
         if action not in INSTANCE_ACTIONS:
@@ -370,6 +474,7 @@ class OperatorAPI:
         return _async(request, await self.lifecycle.act(name, action, **params))
 
     @app.route("/1.0/instances/<name>/console", methods=["GET"])
+    @_forwardable
     def get_console(self, request: IRequest, name: str) -> bytes:
         """The guest's serial console log (the last ``MAX_CONSOLE_BYTES``), as raw bytes."""
         log = self.lifecycle.console_log(name, MAX_CONSOLE_BYTES)
@@ -377,12 +482,34 @@ class OperatorAPI:
         return log
 
     @app.route("/1.0/instances/<name>/actions", methods=["GET"])
+    @_forwardable
     async def list_actions(self, request: IRequest, name: str) -> bytes:
         """The instance's action history (kept after delete), newest first, with steps."""
         actions = await self.lifecycle.state.store.list_actions(name)
         if not actions:
             self.lifecycle.get(name)
         return sync_response(request, [action.to_json() for action in actions])
+
+    # -- cluster ----------------------------------------------------------
+
+    @app.route("/1.0/cluster/members", methods=["GET"])
+    def list_members(self, request: IRequest) -> bytes:
+        """The cluster's members, as URLs or (``recursion=1``) objects; 404 if not a member."""
+        if self.cluster is None:
+            raise NotFound(NOT_A_MEMBER)
+        members = self.cluster.members_json()
+        if recursion_level(request) >= 1:
+            return sync_response(request, members)
+        return sync_response(
+            request, [f"/1.0/cluster/members/{m['server_name']}" for m in members]
+        )
+
+    @app.route("/1.0/cluster/members/<name>", methods=["GET"])
+    def get_member(self, request: IRequest, name: str) -> bytes:
+        """One member: its address, status, instance count and lease."""
+        if self.cluster is None:
+            raise NotFound(NOT_A_MEMBER)
+        return sync_response(request, self.cluster.member_json(name))
 
     # -- events -----------------------------------------------------------
 
@@ -422,11 +549,13 @@ class OperatorAPI:
         return sync_response(request, grouped)
 
     @app.route("/1.0/operations/<operation_id>", methods=["GET"])
+    @_forwardable_operation
     def get_operation(self, request: IRequest, operation_id: str) -> bytes:
         """One operation."""
         return sync_response(request, self.lifecycle.state.operations.get(operation_id).to_json())
 
     @app.route("/1.0/operations/<operation_id>/wait", methods=["GET"])
+    @_forwardable_operation
     async def wait_operation(self, request: IRequest, operation_id: str) -> bytes:
         """The operation once done, or as it is when ``?timeout=S`` runs out (-1: no limit)."""
         operation = self.lifecycle.state.operations.get(operation_id)

@@ -11,6 +11,12 @@ LXD's error envelope (a clear "not trusted" rather than a handshake that
 breaks off without saying why).  Removing a certificate from the trust store
 ends its client's requests in progress: a revoked client keeps no event
 stream (the request that removed it gets its answer, then its connection closes).
+
+In a cluster the certificates of the current members (the fingerprints the
+members table holds, as the ``Membership`` last read them) are trusted too,
+as ``member NAME``: each member forwards requests to another presenting its
+own server certificate.  Only those: a certificate stops being trusted this
+way when its member's row is gone or holds another fingerprint.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from vmready.api.limits import MAX_OPERATOR_CONNECTIONS
 from vmready.api.operator import OPERATOR_ERRORS
 from vmready.api.trust import Peer, TrustRegistry, mark_peer
 from vmready.api.web import json_response, local_site
+from vmready.lifecycle.members import Membership
 from vmready.trust.certs import CertificatePair, fingerprint, is_valid_at
 from vmready.trust.tls import MutualServerTLS, peer_certificate_pem, server_tls_factory
 
@@ -50,10 +57,13 @@ class TrustedClientsOnly(Resource):
 
     isLeaf = True
 
-    def __init__(self, api: IResource, trust: TrustRegistry) -> None:
+    def __init__(
+        self, api: IResource, trust: TrustRegistry, membership: Membership | None = None
+    ) -> None:
         super().__init__()
         self._api = api
         self._trust = trust
+        self._membership = membership
         # The requests in progress of each trusted certificate, ended if it is removed.
         self._requests: dict[str, set[IRequest]] = {}
         trust.on_revoked(self._revoked)
@@ -65,10 +75,15 @@ class TrustedClientsOnly(Resource):
             return self._refuse(request, "not authorized: a client certificate is required")
         presented = fingerprint(pem)
         entry = self._trust.trusted(presented)
-        mark_peer(request, Peer(presented, None if entry is None else entry.name))
+        trusted_as = None if entry is None else entry.name
+        if trusted_as is None and self._membership is not None:
+            member = self._membership.member_for_fingerprint(presented)
+            if member is not None and member.name != self._membership.name:
+                trusted_as = f"member {member.name}"
+        mark_peer(request, Peer(presented, trusted_as))
         if entry is not None:
             self._track(presented, request)
-        elif (request.method, request.path) != _REDEEM:
+        elif trusted_as is None and (request.method, request.path) != _REDEEM:
             return self._refuse(
                 request,
                 f"not authorized: this client's certificate ({presented}) is not trusted by "
@@ -103,13 +118,16 @@ class TrustedClientsOnly(Resource):
                 channel.transport.abortConnection()
 
 
-def remote_site(api: IResource, trust: TrustRegistry) -> Site:
+def remote_site(
+    api: IResource, trust: TrustRegistry, membership: Membership | None = None
+) -> Site:
     """The site the remote API serves: ``api`` behind the trust gate, within the API's limits.
 
-    Its connections count apart from the unix socket's, with the same bound.
+    Its connections count apart from the unix socket's, with the same bound;
+    ``membership``: this daemon is a cluster member, and trusts the others.
     """
     return local_site(
-        TrustedClientsOnly(api, trust),
+        TrustedClientsOnly(api, trust, membership),
         OPERATOR_ERRORS,
         label="remote operator API",
         max_connections=MAX_OPERATOR_CONNECTIONS,

@@ -8,6 +8,7 @@ from typing import Any
 
 from vmready.agentlink.transport import TRANSPORT_KEY
 from vmready.domain.model import InstanceRecord
+from vmready.domain.states import OperatorStatus, StatusCode
 from vmready.hypervisor.accel import ACCEL_KEY, ACCEL_REASON_KEY, CURRENT_ACCEL_KEY
 from vmready.hypervisor.bootsource import BootSource
 from vmready.hypervisor.cmdline import SERIAL_LAYOUTS
@@ -25,6 +26,7 @@ __all__ = [
     "rfc3339",
     "snapshot_json",
     "state_json",
+    "unreachable_fault",
 ]
 
 
@@ -81,25 +83,43 @@ def instance_json(
     faults: Sequence[Fault] = (),
     agent_history: Sequence[LinkChange] = (),
     console_log: str | None = None,
+    location: str = "none",
+    unreachable: Fault | None = None,
 ) -> dict[str, Any]:
     """``/1.0/instances/<name>``: LXD's instance object plus vmready's state fields.
 
     ``faults``: what is wrong right now (its VM's monitor lost, its agent gone
     silent, the store refusing writes…) and since when, as the events said;
     ``agent_history``: the agent link's recent changes, oldest first;
-    ``console_log``: where its serial console is logged.
+    ``console_log``: where its serial console is logged; ``location``: the
+    cluster member that runs it (LXD's key; ``none`` on a single host).
+    ``unreachable``: its member's lease ran out (``unreachable_fault``): its
+    status is then unknown — ``Unknown``/``UNKNOWN`` with LXD's Error code, as
+    LXD reports an instance of an offline member — the stored fields stay as
+    last known, and the fault says why and since when.
     """
     status = record.status
-    return {
-        "name": record.name,
-        "uuid": record.uuid,
-        "type": "virtual-machine",
-        "location": "none",
-        "project": "default",
+    shown = {
         "operator_status": record.operator_status.value,
         "status": status.name,
         "status_code": int(status.code),
         "display_status": record.display_status,
+    }
+    if unreachable is not None:
+        shown = {
+            "operator_status": OperatorStatus.UNKNOWN.value,
+            "status": "Unknown",
+            "status_code": int(StatusCode.ERROR),
+            "display_status": "UNKNOWN",
+        }
+        faults = (unreachable, *faults)
+    return {
+        "name": record.name,
+        "uuid": record.uuid,
+        "type": "virtual-machine",
+        "location": location,
+        "project": "default",
+        **shown,
         "vm_state": record.vm_state.value,
         "task_state": record.task_state.value if record.task_state is not None else None,
         "power_state": record.power_state.value,
@@ -122,6 +142,11 @@ def instance_json(
         "last_used_at": rfc3339(record.updated_at),
         "updated_at": rfc3339(record.updated_at),
     }
+
+
+def unreachable_fault(reason: str, since: float) -> Fault:
+    """The fault of an instance whose host is unreachable: ``host``, why, since when."""
+    return Fault("host", reason, since)
 
 
 def boot_json(record: InstanceRecord) -> dict[str, Any]:

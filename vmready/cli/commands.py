@@ -7,7 +7,7 @@ import json
 import os
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
@@ -15,6 +15,7 @@ from twisted.internet.interfaces import IReactorTime
 from vmready.cli import tables
 from vmready.cli.actionprogress import ActionProgress
 from vmready.cli.client import APIError, Client, get_instance, instance_path
+from vmready.cli.clustercommands import cluster_command
 from vmready.cli.completion import completion_script
 from vmready.cli.configops import config_command, operation_command
 from vmready.cli.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandError, UsageError
@@ -159,7 +160,10 @@ async def _cmd_launch(client: Client, output: Output, args: argparse.Namespace) 
         ready = Waiter(client, args.name, "ready")
         await ready.subscribe()
     try:
-        request = ("POST", "/1.0/instances", {"name": args.name, "config": config})
+        path = "/1.0/instances"
+        if args.target is not None:
+            path += "?" + urlencode({"target": args.target}, errors="surrogateescape")
+        request = ("POST", path, {"name": args.name, "config": config})
         # Announced only once the daemon accepted the name and config.
         announce = f"Creating {args.name}"
         return await _act(client, output, args, args.name, request, announce, ready)
@@ -180,7 +184,7 @@ async def _cmd_console(client: Client, output: Output, args: argparse.Namespace)
 
 async def _cmd_list(client: Client, output: Output, args: argparse.Namespace) -> int:
     instances = await client.get("/1.0/instances?recursion=1")
-    columns = args.columns or tables.parse_columns(tables.DEFAULT_COLUMNS)
+    columns = args.columns or tables.default_columns(instances)
     output.data(
         instances,
         lambda value: tables.instances_table(value, columns),
@@ -357,6 +361,7 @@ COMMANDS: dict[str, Callable[[Client, Output, argparse.Namespace], Any]] = {
     "rename": _cmd_rename,
     "operation": operation_command,
     "completion": _cmd_completion,
+    "cluster": cluster_command,
 }
 
 

@@ -173,6 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument(
         "--timeout", type=_seconds, metavar="SECONDS", help="how long --wait waits at most"
     )
+    launch.add_argument(
+        "--target",
+        metavar="MEMBER",
+        help="in a cluster: the member to launch on (default: the least loaded online one)",
+    )
 
     listing = commands.add_parser(
         "list",
@@ -387,6 +392,28 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="replay at the recorded pace, printing each record (default: as fast as possible)",
     )
+    cluster = commands.add_parser(
+        "cluster",
+        help="list or show the members of the daemon's cluster",
+        description=(
+            "The members of the daemon's cluster: daemons sharing one store, each holding a "
+            "lease it renews. A member whose lease ran out is UNREACHABLE; its instances show "
+            "UNKNOWN until it returns."
+        ),
+    )
+    cluster_verbs = cluster.add_subparsers(dest="cluster_verb", metavar="VERB", required=True)
+    cluster_verbs.add_parser(
+        "list",
+        help="list the members (NAME ADDRESS STATE INSTANCES)",
+        description="List the members (NAME ADDRESS STATE INSTANCES).",
+        parents=[common],
+    )
+    cluster_verbs.add_parser(
+        "show",
+        help="show one member (YAML unless --format)",
+        description="Show one member (YAML unless --format).",
+        parents=[common],
+    ).add_argument("member", metavar="NAME")
     # Remote use: ``remote``, ``config trust``, and list's and monitor's optional REMOTE:.
     add_remote_commands(commands, common, config_verbs)
     completion = commands.add_parser(

@@ -19,12 +19,23 @@ REMOTE_ONLY_COMMANDS = ("list", "monitor")
 _REMOTE_HELP = "the remote to ask, as REMOTE: (default: the default remote)"
 
 
+def _subcommands(parser: argparse.ArgumentParser) -> Any:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action
+    raise LookupError(f"{parser.prog} has no subcommands")
+
+
 def add_remote_commands(commands: Any, common: argparse.ArgumentParser, config_verbs: Any) -> None:
     """Add ``remote`` to ``commands`` and ``trust`` to ``config_verbs`` (build_parser's)."""
     for name in REMOTE_ONLY_COMMANDS:
         commands.choices[name].add_argument(
             REMOTE_ARGUMENT, nargs="?", metavar="REMOTE:", help=_REMOTE_HELP
         )
+    cluster_verbs = _subcommands(commands.choices["cluster"])
+    cluster_verbs.choices["list"].add_argument(
+        REMOTE_ARGUMENT, nargs="?", metavar="REMOTE:", help=_REMOTE_HELP
+    )
 
     remote = commands.add_parser(
         "remote",

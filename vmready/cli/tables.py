@@ -19,6 +19,8 @@ __all__ = [
     "info_table",
     "instance_rows",
     "instances_table",
+    "member_rows",
+    "members_table",
     "operation_rows",
     "operations_table",
     "parse_columns",
@@ -99,8 +101,12 @@ LIST_COLUMNS = (
     Column("p", "power_state", "POWER", _field("power_state")),
     Column("u", "uuid", "UUID", _field("uuid")),
     Column("e", "error", "ERROR", _field("error")),
+    # LXD's letter; "none" on a single host.
+    Column("L", "location", "LOCATION", _field("location")),
 )
 DEFAULT_COLUMNS = "nsmc"
+# The default columns when an instance runs on a cluster member: where, too.
+CLUSTER_DEFAULT_COLUMNS = "nsmcL"
 _BY_LETTER = {column.letter: column for column in LIST_COLUMNS}
 _BY_NAME = {column.name: column for column in LIST_COLUMNS}
 
@@ -142,11 +148,17 @@ def instance_rows(
     return headers, [[column.cell(instance) for column in columns] for instance in instances]
 
 
+def default_columns(instances: list[dict[str, Any]]) -> tuple[Column, ...]:
+    """NAME STATUS MEMORY CPUS, and LOCATION when an instance runs on a cluster member."""
+    clustered = any(instance.get("location") not in (None, "", "none") for instance in instances)
+    return parse_columns(CLUSTER_DEFAULT_COLUMNS if clustered else DEFAULT_COLUMNS)
+
+
 def instances_table(
     instances: list[dict[str, Any]], columns: Sequence[Column] | None = None
 ) -> str:
     """``vmready list``: one line an instance, the chosen columns (NAME STATUS MEMORY CPUS)."""
-    headers, rows = instance_rows(instances, columns or parse_columns(DEFAULT_COLUMNS))
+    headers, rows = instance_rows(instances, columns or default_columns(instances))
     return aligned_table(headers, [[_dash(cell) for cell in row] for row in rows])
 
 
@@ -200,12 +212,19 @@ def _agent_link_lines(agent: Any) -> list[str]:
     return lines
 
 
+def _location_lines(instance: dict[str, Any]) -> list[str]:
+    """The cluster member running it (nothing on a single host)."""
+    location = instance.get("location")
+    return [] if location in (None, "", "none") else [f"Location: {location}"]
+
+
 def info_table(instance: dict[str, Any]) -> str:
     lines = [
         f"Name: {instance['name']}",
         f"UUID: {instance['uuid']}",
         f"Type: {instance.get('type', 'virtual-machine')}",
         f"Status: {_status(instance)}",
+        *_location_lines(instance),
         f"LXD status: {str(instance['status']).upper()}",
         f"Display status: {instance.get('display_status', '-')}",
         f"VM state: {_dash(instance.get('vm_state'))}",
@@ -244,6 +263,7 @@ _FAULT_LINES = {
     "certificate": "Certificates: failing since {since}: {message}",
     "snapshot": "Last snapshot failure: {message} (at {since})",
     "store": "Store: writes failing since {since}: {message}",
+    "host": "Host: {message}",
 }
 
 
@@ -343,4 +363,26 @@ def operations_table(operations: list[dict[str, Any]]) -> str:
     if not operations:
         return "No operations\n"
     headers, rows = operation_rows(operations)
+    return aligned_table(headers, rows)
+
+
+MEMBER_HEADERS = ("NAME", "ADDRESS", "STATE", "INSTANCES")
+
+
+def member_rows(members: list[dict[str, Any]]) -> tuple[Sequence[str], list[list[str]]]:
+    """``cluster list``'s columns, for the table and CSV formats."""
+    return MEMBER_HEADERS, [
+        [
+            str(member.get("server_name", "")),
+            str(member.get("address", "")),
+            str(member.get("status", "")).upper(),
+            str(member.get("instances", 0)),
+        ]
+        for member in members
+    ]
+
+
+def members_table(members: list[dict[str, Any]]) -> str:
+    """``vmready cluster list``: one member a line, by name."""
+    headers, rows = member_rows(members)
     return aligned_table(headers, rows)

@@ -19,6 +19,7 @@ import attrs
 from twisted.application import strports
 from twisted.application.internet import TimerService
 from twisted.application.service import MultiService
+from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IListeningPort
@@ -32,11 +33,17 @@ from vmready.agentlink.hvsock import HybridVSockServerEndpoint
 from vmready.agentlink.link import PollIntervals
 from vmready.agentlink.transport import choose_transport, vhost_vsock_problem
 from vmready.agentlink.vsockaddress import HybridVSockAddress
+from vmready.api.cluster import ClusterContext
 from vmready.api.guest import GuestAPI, guest_site, guest_tls_factory
 from vmready.api.metrics import CountedGuestResource
 from vmready.api.operator import OperatorAPI, operator_site
 from vmready.api.remote import remote_site, remote_tls_factory
 from vmready.api.trust import TrustRegistry
+from vmready.daemon.clusteroptions import (
+    DEFAULT_LEASE_SECONDS,
+    bound_member_address,
+    display_location,
+)
 from vmready.daemon.collector import HeapSweeper
 from vmready.daemon.httpsaddress import HTTPSAddress
 from vmready.daemon.notify import Notifier, ReconcileProgress
@@ -52,10 +59,13 @@ from vmready.hypervisor.console import DEFAULT_CONSOLE_MAX_BYTES
 from vmready.hypervisor.driver import HypervisorDriver
 from vmready.lifecycle.core import DEFAULT_KVM_PROBE_TIMEOUT, GuestLink, LaunchSettings, Lifecycle
 from vmready.lifecycle.events import EventBus
+from vmready.lifecycle.members import Membership
 from vmready.lifecycle.recovery import DEFAULT_SYNC_CONCURRENCY
+from vmready.lifecycle.relay import CHANNELS, EventRelay
 from vmready.protocols.transcript import DEFAULT_KEEP, DEFAULT_MAX_BYTES
 from vmready.record.recording import Recorders, RecordingGuestResource
 from vmready.store.asyncstore import AsyncStore
+from vmready.store.notifications import NotificationListener
 from vmready.store.sqlite import Store
 from vmready.trust.certs import CertificatePair, ensure_server_certificate
 
@@ -103,6 +113,13 @@ class DaemonConfig:
     gc_sweep_interval: float = 0.0
     # Where the operator API is also served over mutual TLS (``--https-address``); None: not.
     https_address: str | None = None
+    # The store: a SQLite file or a PostgreSQL URL (``--store``); None: <data_dir>/vmready.sqlite.
+    store: str | None = None
+    # This daemon's name as a cluster member (``--member-name``); None: a single host.
+    member_name: str | None = None
+    # host:port the other members dial (``--member-address``); None: from --https-address.
+    member_address: str | None = None
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
 
     def server_config(self, transport: str) -> dict[str, str]:
         """What ``GET /1.0`` shows as the server's ``config``: options by their long names.
@@ -133,11 +150,22 @@ class DaemonConfig:
             "console-max-bytes": self.console_max_bytes,
             "gc-sweep-interval": self.gc_sweep_interval,
         }
+        if self.member_name is not None:
+            # A cluster member's own (a single host shows none of them).
+            values["store"] = display_location(self.store_location)
+            values["member-name"] = self.member_name
+            values["member-address"] = self.member_address
+            values["lease-seconds"] = self.lease_seconds
         return {
             key: f"{value:g}" if isinstance(value, float) else str(value)
             for key, value in values.items()
             if value is not None
         }
+
+    @property
+    def store_location(self) -> str:
+        """The store's file path or URL."""
+        return self.store or os.path.join(self.data_dir, "vmready.sqlite")
 
     @property
     def forward_socket(self) -> str:
@@ -194,15 +222,25 @@ class VMReadyService(MultiService):
         self.server_certificate: CertificatePair | None = None
         self._api: IResource | None = None
         self.recorders: Recorders | None = None
+        # A cluster member's: its lease and members' view, the relay of events, its listener.
+        self.membership: Membership | None = None
+        self.operator_api: OperatorAPI | None = None
+        # Whether this member holds its lease (given up on a clean stop).
+        self._joined = False
+        self.relay: EventRelay | None = None
+        self.listener: NotificationListener | None = None
+        self._listening: Deferred[None] | None = None
 
     def startService(self) -> None:
         config = self.config
         driver = HypervisorDriver(self.reactor, config.hypervisor, config.qemu_binary)
         # Asked first: the hypervisor's --version runs while the store loads its instances.
         version = Deferred.fromCoroutine(_program_version(self.reactor, driver.program))
-        engine = Store.open(os.path.join(config.data_dir, "vmready.sqlite"))
-        self.store = AsyncStore.threaded(self.reactor, engine)
-        events = EventBus(self.reactor.seconds)
+        engine = Store.open(config.store_location)
+        self.store = AsyncStore.threaded(self.reactor, engine, member=config.member_name)
+        events = EventBus(self.reactor.seconds, location=config.member_name or "")
+        if config.member_name is not None:
+            self._join_notifications(events, config.member_name)
         transport = choose_transport(
             config.hypervisor, config.guest_transport, vhost_vsock_problem()
         )
@@ -243,6 +281,7 @@ class VMReadyService(MultiService):
         api = OperatorAPI(
             lifecycle, config.hypervisor, self.trust, config.server_config(transport)
         )
+        self.operator_api = api
         self._api = api.app.resource()
         site = operator_site(self._api)
         if self.notifier.watchdog is not None:
@@ -259,6 +298,22 @@ class VMReadyService(MultiService):
             self._guest_api_failed,
             errbackArgs=(preparing,),
         )
+
+    def _join_notifications(self, events: EventBus, member: str) -> None:
+        """A cluster member hears the others (LISTEN) from now on and tells them its events.
+
+        Started before anything else, so no write of another member's after
+        the store was first read goes unheard; once LISTEN is in effect every
+        row is read again (``_recover`` waits for both before serving).
+        """
+        assert self.store is not None
+        relay = self.relay = EventRelay(events, self.store, member)
+        relay.start()
+        self.listener = NotificationListener(
+            self.reactor, self.config.store_location, CHANNELS, relay.deliver, relay.resync
+        )
+        store = self.store
+        self._listening = self.listener.start().addCallback(lambda _: store.reload_instances())
 
     def _start_recovery(self, site: Site, preparing: Deferred[list[InstanceRecord]]) -> None:
         Deferred.fromCoroutine(self._recover(site, preparing)).addCallbacks(
@@ -352,7 +407,11 @@ class VMReadyService(MultiService):
     async def _recover(self, site: Site, preparing: Deferred[list[InstanceRecord]]) -> None:
         assert self.lifecycle is not None
         records = await preparing
+        if self.config.member_name is not None:
+            self._become_member(self.config.member_name)
         if self.config.https_address is not None and not await self._serve_remote():
+            return
+        if self.membership is not None and not await self._join_cluster(self.membership):
             return
         if not self._serve(site):
             return
@@ -384,7 +443,8 @@ class VMReadyService(MultiService):
         address = HTTPSAddress.parse(self.config.https_address)
         self.trust.server_fingerprint = self.server_certificate.fingerprint
         await self.trust.load()
-        factory = remote_tls_factory(self.server_certificate, remote_site(self._api, self.trust))
+        site = remote_site(self._api, self.trust, self.membership)
+        factory = remote_tls_factory(self.server_certificate, site)
         try:
             port = self.https_port = await serverFromString(
                 self.reactor, address.endpoint()
@@ -405,6 +465,58 @@ class VMReadyService(MultiService):
             port=port.getHost().port,
             fingerprint=self.server_certificate.fingerprint,
         )
+        return True
+
+    def _become_member(self, name: str) -> None:
+        """The member's parts, before its APIs serve: its membership, forwarding in the API.
+
+        The remote API trusts the other members' certificates through the
+        membership; the operator API relays requests about their instances.
+        """
+        assert self.store is not None and self.lifecycle is not None
+        assert self.server_certificate is not None and self.operator_api is not None
+        membership = self.membership = Membership(
+            name,
+            # Known once the remote API listens, unless --member-address said it.
+            self.config.member_address or "",
+            self.server_certificate.fingerprint,
+            self.store,
+            self.lifecycle.state.events,
+            self.reactor,
+            self.config.lease_seconds,
+        )
+        self.operator_api.cluster = ClusterContext.over_tls(
+            membership, self.reactor, self.server_certificate
+        )
+
+    async def _join_cluster(self, membership: Membership) -> bool:
+        """Hear the other members, then take this member's lease; else stop, saying why.
+
+        The remote API listens already: a member whose lease others see can be
+        forwarded to at once.
+        """
+        assert self._listening is not None and self.store is not None
+        config = self.config
+        assert config.https_address is not None
+        if not membership.address:
+            assert self.https_port is not None
+            bound = self.https_port.getHost()
+            assert isinstance(bound, IPv4Address | IPv6Address)
+            membership.address = bound_member_address(config.https_address, bound.port)
+        try:
+            await self._listening
+            await membership.start()
+        except Exception as e:
+            self.log.error(
+                "cannot join the cluster as member {member} on {store}: {error}; stopping",
+                member=membership.name,
+                store=self.store.path,
+                error=e,
+            )
+            self.notifier.status(f"cannot join the cluster: {e}")
+            self.reactor.callWhenRunning(self.reactor.stop)
+            return False
+        self._joined = True
         return True
 
     def _start_timers(self) -> None:
@@ -468,6 +580,13 @@ class VMReadyService(MultiService):
             self.sweeper.stop()
         if self.recorders is not None:
             self.recorders.close()
+        if self.relay is not None:
+            self.relay.stop()
+        if self.membership is not None and self._joined:
+            # The others see this member unreachable at once, not when the lease runs out.
+            await self.membership.stop()
+        if self.listener is not None:
+            await self.listener.stop()
         if self.store is not None:
             await self.store.close()
 

@@ -26,6 +26,13 @@ from vmready.agentlink.hvsock import HybridVSockServerEndpoint
 from vmready.agentlink.link import PollIntervals
 from vmready.agentlink.transport import TransportError, choose_transport, vhost_vsock_problem
 from vmready.agentlink.vsock import VSockServerEndpoint
+from vmready.daemon.clusteroptions import (
+    DEFAULT_LEASE_SECONDS,
+    ClusterSettings,
+    cluster_settings,
+    display_location,
+    store_location,
+)
 from vmready.daemon.collector import DEFAULT_SWEEP_INTERVAL
 from vmready.daemon.configfile import (
     ConfigFileError,
@@ -104,6 +111,9 @@ _POLL_OPTIONS = (
 class Options(usage.Options):
     """Options for ``twistd vmready``: the command line over the config file over the defaults."""
 
+    # Who this daemon is as a cluster member (None: a single host's SQLite store), once parsed.
+    cluster: ClusterSettings | None = None
+
     optParameters = [
         [
             "config",
@@ -134,6 +144,35 @@ class Options(usage.Options):
             "Also serve the operator API over mutual TLS on HOST:PORT ([IPv6]:PORT, :PORT; "
             "port 8443 if omitted), for clients whose certificate is trusted (vmready config "
             "trust add). Default: none, the unix socket only.",
+        ],
+        [
+            "store",
+            None,
+            None,
+            "Where the store is: a SQLite file (default: <data-dir>/vmready.sqlite) or a "
+            "postgresql://USER@HOST/DATABASE URL (libpq's, ?host=/run/postgresql for a unix "
+            "socket), which makes this daemon a cluster member sharing it with the others "
+            "(needs --https-address).",
+        ],
+        [
+            "member-name",
+            None,
+            None,
+            "This daemon's name as a cluster member (default: the host name).",
+        ],
+        [
+            "member-address",
+            None,
+            None,
+            "HOST:PORT the other cluster members dial to reach this one's mutual-TLS API "
+            "(default: --https-address, when it names a host).",
+        ],
+        [
+            "lease-seconds",
+            None,
+            f"{DEFAULT_LEASE_SECONDS:g}",
+            "Seconds a cluster member's lease lasts (1 to 3600), renewed every third of it: a "
+            "member that stops renewing is shown unreachable once it runs out.",
         ],
         ["hypervisor", None, "fakeqemu", "fakeqemu (default) or qemu."],
         ["qemu-binary", None, None, "The hypervisor binary (default: per --hypervisor)."],
@@ -317,6 +356,21 @@ class Options(usage.Options):
                 raise usage.UsageError(f"--https-address {e}") from None
         choose_log_format(self["log-format"], getattr(self, "parent", None))
         self["data-dir"] = os.path.abspath(self["data-dir"] or default_data_dir())
+        try:
+            self["store"] = store_location(self["store"], self["data-dir"])
+            self.cluster = cluster_settings(
+                self["store"],
+                self["member-name"],
+                self["member-address"],
+                self["https-address"],
+                self["lease-seconds"],
+            )
+        except ValueError as e:
+            raise usage.UsageError(str(e)) from None
+        self["lease-seconds"] = float(self["lease-seconds"])
+        if self.cluster is not None:
+            self["member-name"] = self.cluster.name
+            self["member-address"] = self.cluster.address
         if not self["listen"]:
             # Whoever can reach the operator socket controls every VM: owner only.
             path = os.path.join(self["data-dir"], "vmready.sock").replace(":", "\\:")
@@ -472,9 +526,9 @@ def makeService(options: Options) -> VMReadyService:
 
     data_dir = options["data-dir"]
     check_data_dir(data_dir)
-    store_path = os.path.join(data_dir, "vmready.sqlite")
     try:
-        Store.open(store_path).close()
+        # Opened once now (migrated, or refused in one line), before twistd daemonizes.
+        Store.open(options["store"]).close()
     except StoreError as e:
         _fail(str(e))
     check_listen_address(options["listen"])
@@ -521,6 +575,10 @@ def makeService(options: Options) -> VMReadyService:
         sync_concurrency=options["sync-concurrency"],
         gc_sweep_interval=options["gc-sweep-interval"],
         https_address=options["https-address"],
+        store=options["store"],
+        member_name=options["member-name"] if options.cluster is not None else None,
+        member_address=options["member-address"] if options.cluster is not None else None,
+        lease_seconds=options["lease-seconds"],
     )
     reached = {
         "forward": f"reached by guests through {config.forward_socket} (the forward transport)",
@@ -537,6 +595,10 @@ def makeService(options: Options) -> VMReadyService:
     if options["https-address"] is not None:
         summary += ", remote API on {https}"
         fields["https"] = HTTPSAddress.parse(options["https-address"]).url()
+    if options.cluster is not None:
+        summary += ", store {store}, cluster member {member}"
+        fields["store"] = display_location(options["store"])
+        fields["member"] = options.cluster.name
     if options["log-format"] == "json":
         # Logged (twistd replays it once logging starts): stdout must hold JSON lines only.
         Logger(namespace=__name__).info(summary, **fields)

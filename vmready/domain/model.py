@@ -64,6 +64,24 @@ class PayloadTooLarge(VMReadyError):
     http_status = 413
 
 
+class Unavailable(VMReadyError):
+    """What the request needs cannot be reached now (a cluster member whose lease ran out)."""
+
+    http_status = 503
+
+
+class BadGateway(VMReadyError):
+    """The cluster member a request was forwarded to failed to answer it."""
+
+    http_status = 502
+
+
+class LoopDetected(VMReadyError):
+    """A request already forwarded by a cluster member would have to be forwarded again."""
+
+    http_status = 508
+
+
 class HypervisorError(VMReadyError):
     """The hypervisor refused or failed; the message carries its own words."""
 

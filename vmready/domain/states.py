@@ -316,6 +316,8 @@ class OperatorStatus(enum.StrEnum):
     BUILDING = "BUILDING"
     ERROR = "ERROR"
     DELETED = "DELETED"
+    # Its host (a cluster member) is unreachable: shown at read time, never stored.
+    UNKNOWN = "UNKNOWN"
 
 
 # Every task, as the transition the operator sees.

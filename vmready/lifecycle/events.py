@@ -1,4 +1,10 @@
-"""The daemon's event bus: lifecycle and operation events, LXD-shaped, to any subscriber."""
+"""The daemon's event bus: lifecycle and operation events, LXD-shaped, to any subscriber.
+
+On a cluster member the bus also carries the events of the other members'
+instances (``lifecycle.relay``): they arrive with the member that published
+them as their ``location`` and their original timestamp, marked ``relayed`` so
+they are never sent on again.
+"""
 
 from __future__ import annotations
 
@@ -25,16 +31,27 @@ class Event:
     type: str
     timestamp: float
     metadata: dict[str, Any]
+    # The cluster member whose daemon published it ("": a single host, nothing to say).
+    location: str = ""
+    # Published by another member and injected here: never relayed again.
+    relayed: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        """LXD's envelope: type, RFC 3339 timestamp, metadata, project."""
+        """LXD's envelope: type, RFC 3339 timestamp, metadata, project (and location).
+
+        ``location`` is there on a cluster member only, as LXD's clustered
+        events carry it: the member whose instance it is about.
+        """
         stamp = datetime.datetime.fromtimestamp(self.timestamp, tz=datetime.UTC)
-        return {
+        envelope: dict[str, Any] = {
             "type": self.type,
             "timestamp": stamp.isoformat().replace("+00:00", "Z"),
             "metadata": self.metadata,
             "project": "default",
         }
+        if self.location:
+            envelope["location"] = self.location
+        return envelope
 
 
 class EventBus:
@@ -42,8 +59,10 @@ class EventBus:
 
     log = Logger()
 
-    def __init__(self, clock: Callable[[], float]) -> None:
+    def __init__(self, clock: Callable[[], float], location: str = "") -> None:
         self._clock = clock
+        # The cluster member this daemon is, stamped on its own events ("": a single host).
+        self.location = location
         self._subscribers: list[tuple[Listener, frozenset[str] | None]] = []
         # The faults the events announced and not yet cleared (``vmready info`` shows them).
         self.faults = FaultLog()
@@ -63,16 +82,29 @@ class EventBus:
 
     def publish(self, type: str, metadata: dict[str, Any]) -> Event:
         """Send one event to every interested subscriber."""
-        event = Event(type, self._clock(), metadata)
-        self.faults.observe(type, event.timestamp, metadata)
+        event = Event(type, self._clock(), metadata, self.location)
+        self._deliver(event)
+        return event
+
+    def publish_relayed(self, event: Event) -> Event:
+        """Send an event another member published, as it was (its time, its location).
+
+        Marked relayed: the relay that sends this daemon's events to the other
+        members leaves it alone, so no event goes round twice.
+        """
+        relayed = attrs.evolve(event, relayed=True)
+        self._deliver(relayed)
+        return relayed
+
+    def _deliver(self, event: Event) -> None:
+        self.faults.observe(event.type, event.timestamp, event.metadata)
         for listener, types in list(self._subscribers):
-            if types is not None and type not in types:
+            if types is not None and event.type not in types:
                 continue
             try:
                 listener(event)
             except Exception:
-                self.log.failure("event subscriber failed on a {type} event", type=type)
-        return event
+                self.log.failure("event subscriber failed on a {type} event", type=event.type)
 
     def lifecycle(
         self, action: str, instance: str, context: dict[str, Any] | None = None

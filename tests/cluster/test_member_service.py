@@ -1,0 +1,118 @@
+"""``VMReadyService`` as a cluster member, in-process, on a real PostgreSQL database.
+
+What a daemon process does not show from outside: the order it joins in
+(listening for notifications before it serves), its lease given up on a clean
+stop, the store's member set, and a daemon that cannot join stopping.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Any
+
+from twisted.internet.address import IPv4Address
+from twisted.internet.defer import Deferred
+from twisted.trial.unittest import TestCase
+
+from tests.daemon.test_daemon_service import StopRecordingReactor
+from tests.postgres import postgres_location
+from tests.reactor import reactor
+from vmready.cli.client import Client
+from vmready.daemon import service as daemon
+from vmready.daemon.service import DaemonConfig, VMReadyService
+from vmready.domain.members import MemberState
+from vmready.store.sqlite import Store
+
+
+class MemberServiceTests(TestCase):
+    def setUp(self) -> None:
+        self.directory = tempfile.mkdtemp(prefix="vmr-ms-", dir="/tmp")
+        self.addCleanup(shutil.rmtree, self.directory, True)
+        self.location = postgres_location(self)
+
+    def service(self, name: str = "a", the_reactor: Any = reactor) -> VMReadyService:
+        data_dir = os.path.join(self.directory, name)
+        os.makedirs(data_dir)
+        self.socket_path = os.path.join(data_dir, "api.sock")
+        service = VMReadyService(
+            the_reactor,
+            DaemonConfig(
+                data_dir=data_dir,
+                listen=f"unix:{self.socket_path}",
+                power_sync_interval=0,
+                https_address="127.0.0.1:0",
+                store=self.location,
+                member_name=name,
+                lease_seconds=30,
+            ),
+        )
+        self.addCleanup(service.stopService)
+        return service
+
+    def members(self) -> Any:
+        engine = Store.open(self.location)
+        try:
+            return engine.list_members()
+        finally:
+            engine.close()
+
+    async def test_aMemberHoldsItsLeaseWhileItServesAndGivesItUpOnStop(self) -> None:
+        service = self.service()
+        service.startService()
+        await service.serving
+        # It serves once it holds its lease, at the address its remote API bound.
+        assert service.https_port is not None and service.store is not None
+        view = self.members()
+        self.assertIs(view.state_of("a"), MemberState.ONLINE)
+        member = view.find("a")
+        bound = service.https_port.getHost()
+        assert isinstance(bound, IPv4Address)
+        self.assertEqual(member.address, f"127.0.0.1:{bound.port}")
+        assert service.server_certificate is not None
+        self.assertEqual(member.fingerprint, service.server_certificate.fingerprint)
+        self.assertEqual(service.store.member, "a")
+        config = (await Client(reactor, self.socket_path).get("/1.0"))["config"]
+        self.assertEqual(
+            (config["store"], config["member-name"], config["lease-seconds"]),
+            (self.location, "a", "30"),
+        )
+        await service.recovered
+        await service.stopService()
+        # A clean stop: the others see it unreachable at once, not 30 s later.
+        self.assertIs(self.members().state_of("a"), MemberState.UNREACHABLE)
+
+    async def test_aMemberThatCannotListenForNotificationsStops(self) -> None:
+        class Refused:
+            def __init__(self, *args: object) -> None:
+                pass
+
+            def start(self) -> Deferred[None]:
+                raise_later: Deferred[None] = Deferred()
+                reactor.callLater(0, raise_later.errback, RuntimeError("LISTEN refused"))
+                return raise_later
+
+            def stop(self) -> Deferred[None]:
+                return Deferred.fromCoroutine(_nothing())
+
+        self.patch(daemon, "NotificationListener", Refused)
+        stopper = StopRecordingReactor()
+        service = self.service(the_reactor=stopper)
+        service.startService()
+        while not stopper.when_running:
+            await _turn()
+        self.assertEqual([f.__name__ for f in stopper.when_running], ["stop"])
+        self.assertFalse(service.serving.called)
+        # It never joined: no lease was taken.
+        self.assertIsNone(self.members().find("a"))
+
+
+async def _nothing() -> None:
+    return None
+
+
+async def _turn() -> None:
+    waiting: Deferred[None] = Deferred()
+    reactor.callLater(0.01, waiting.callback, None)
+    await waiting

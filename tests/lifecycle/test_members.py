@@ -1,0 +1,219 @@
+"""Membership: the lease renewed on a clock, the members seen, who runs what, where to launch."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from typing import Any, cast
+
+from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
+from twisted.logger import ILogObserver, Logger, formatEvent
+from twisted.trial.unittest import TestCase
+
+from vmready.domain.members import MemberState
+from vmready.domain.model import NotFound, Unavailable
+from vmready.lifecycle.events import Event, EventBus
+from vmready.lifecycle.members import MEMBER_ONLINE, MEMBER_UNREACHABLE, Membership
+from vmready.store.asyncstore import AsyncStore
+from vmready.store.executor import InlineExecutor
+from vmready.store.sqlite import Store
+
+
+class MembershipTests(TestCase):
+    """Two members ("a" and "b") on one SQLite store file, each its own connection."""
+
+    def setUp(self) -> None:
+        directory = os.path.abspath(self.mktemp())
+        os.makedirs(directory)
+        self.path = os.path.join(directory, "vmready.sqlite")
+        self.clock = Clock()
+        self.clock.advance(1_000_000)
+        self.events: dict[str, list[Event]] = {}
+        self.a = self.member("a")
+        self.b = self.member("b")
+
+    def member(self, name: str, lease: float = 15.0) -> Membership:
+        engine = Store.open(self.path, clock=self.clock.seconds)
+        self.addCleanup(engine.close)
+        store = AsyncStore(engine, InlineExecutor(), cached=False, member=name)
+        bus = EventBus(self.clock.seconds)
+        seen = self.events.setdefault(name, [])
+        bus.subscribe(seen.append)
+        membership = Membership(
+            name, f"10.0.0.{ord(name[0]) - 96}:8443", name * 64, store, bus, self.clock, lease
+        )
+        self.addCleanup(self._stopped, membership)
+        return membership
+
+    async def _stopped(self, membership: Membership) -> None:
+        if membership._loop is not None:
+            await membership.stop()
+
+    def announced(self, name: str) -> list[tuple[str, Any]]:
+        return [
+            (event.metadata["action"], event.metadata["context"].get("member"))
+            for event in self.events[name]
+        ]
+
+    def launch(self, membership: Membership, instance: str) -> None:
+        self.successResultOf(Deferred.fromCoroutine(_create(membership.store, instance)))
+
+    async def test_startJoinsAndRenewsEveryThirdOfTheLease(self) -> None:
+        await self.a.start()
+        (member,) = self.a.view.members
+        self.assertEqual(
+            (member.name, member.address, member.fingerprint, member.lease_expires),
+            ("a", "10.0.0.1:8443", "a" * 64, 1_000_015.0),
+        )
+        self.clock.advance(5)
+        self.assertEqual(self.a.view.members[0].lease_expires, 1_000_020.0)
+        self.clock.advance(5)
+        self.assertEqual(self.a.view.members[0].lease_expires, 1_000_025.0)
+
+    async def test_aMemberThatStopsRenewingIsAnnouncedUnreachableThenOnline(self) -> None:
+        await self.a.start()
+        await self.b.start()
+        self.clock.advance(5)
+        self.assertEqual(self.announced("a"), [(MEMBER_ONLINE, "b")])
+        # b's renewals stop without giving up the lease (a crash): a sees it when it runs out.
+        assert self.b._loop is not None
+        self.b._loop.stop()
+        self.b._loop = None
+        self.clock.advance(5)
+        self.clock.advance(5)
+        self.assertEqual(self.announced("a"), [(MEMBER_ONLINE, "b")])
+        self.clock.advance(5)  # b's lease ran out at +20; a renews at +20
+        self.assertEqual(self.announced("a"), [(MEMBER_ONLINE, "b"), (MEMBER_UNREACHABLE, "b")])
+        unreachable = self.events["a"][-1]
+        self.assertEqual(unreachable.metadata["source"], "/1.0")
+        self.assertEqual(
+            unreachable.metadata["context"],
+            {
+                "member": "b",
+                "address": "10.0.0.2:8443",
+                "lease_expires_at": "1970-01-12T13:47:00Z",
+            },
+        )
+        await self.b.start()
+        self.clock.advance(5)
+        self.assertEqual(self.announced("a")[-1], (MEMBER_ONLINE, "b"))
+        # Its own state is never announced to itself.
+        self.assertNotIn("b", [member for _, member in self.announced("b")])
+
+    async def test_aCleanStopMakesTheMemberUnreachableAtOnce(self) -> None:
+        await self.a.start()
+        await self.b.start()
+        await self.a.refresh()
+        await self.b.stop()
+        view = await self.a.refresh()
+        self.assertIs(view.state_of("b"), MemberState.UNREACHABLE)
+        self.assertEqual(self.announced("a")[-1], (MEMBER_UNREACHABLE, "b"))
+        # b renews no more.
+        expires = view.find("b")
+        self.clock.advance(30)
+        after = await self.a.refresh()
+        self.assertEqual(after.find("b"), expires)
+
+    async def test_aFailingRenewalIsLoggedAndRetried(self) -> None:
+        await self.a.start()
+        engine = self.a.store.engine
+        real = engine.renew_lease
+        calls: list[str] = []
+
+        def broken(*args: Any) -> float:
+            calls.append("renew")
+            raise sqlite3.OperationalError("database is locked")
+
+        logged: list[dict[str, Any]] = []
+        self.a.log = Logger(observer=cast(ILogObserver, logged.append))
+        engine.renew_lease = broken  # type: ignore[method-assign,assignment]
+        self.clock.advance(5)
+        self.clock.advance(5)
+        self.assertEqual(calls, ["renew", "renew"])
+        # Said once, not at every retry.
+        self.assertEqual(
+            [formatEvent(event) for event in logged],
+            [
+                "renewing the lease of cluster member a failed: database is locked; "
+                "trying again every 5s"
+            ],
+        )
+        engine.renew_lease = real  # type: ignore[method-assign]
+        self.clock.advance(5)
+        self.assertEqual(self.a.view.members[0].lease_expires, 1_000_030.0)
+        self.assertEqual(formatEvent(logged[-1]), "renewed the lease of cluster member a again")
+
+    async def test_unreachableIsJudgedBetweenRenewalsOnTheStoresClock(self) -> None:
+        await self.b.start()
+        self.launch(self.b, "web1")
+        await self.a.start()
+        record = self.a.store.get_instance("web1")
+        self.assertEqual(record.member, "b")
+        self.assertFalse(self.a.is_unreachable(record))
+        assert self.b._loop is not None
+        self.b._loop.stop()
+        self.b._loop = None
+        # a read the view at +0; b's lease (from +0) runs out at +15, before a's next read.
+        self.clock.advance(4.9)
+        self.assertFalse(self.a.is_unreachable(record))
+        assert self.a._loop is not None
+        self.a._loop.stop()
+        self.a._loop = None
+        self.clock.advance(10.1)
+        self.assertEqual(
+            self.a.unreachable_reason(record),
+            "host unreachable: member b's lease ran out at 1970-01-12T13:46:55Z",
+        )
+        # Its own instances are never unreachable to a member, nor those of no member.
+        self.assertFalse(self.b.is_unreachable(record))
+        self.a.store.engine.create_instance("old", {}, {}, None, "")
+        self.assertFalse(self.a.is_unreachable(self.a.store.get_instance("old")))
+        # A member the store does not know (its row removed): unreachable too.
+        self.a.store.engine.create_instance("lost", {}, {}, None, "ghost")
+        self.assertEqual(
+            self.a.unreachable_reason(self.a.store.get_instance("lost")),
+            "host unreachable: member ghost is not a known cluster member",
+        )
+
+    async def test_chooseTarget(self) -> None:
+        await self.a.start()
+        await self.b.start()
+        await self.a.refresh()
+        self.launch(self.a, "web1")
+        self.assertEqual(self.a.choose_target(None).name, "b")
+        self.launch(self.b, "web2")
+        self.launch(self.b, "web3")
+        self.assertEqual(self.a.choose_target(None).name, "a")
+        self.assertEqual(self.a.choose_target("b").name, "b")
+        e = self.assertRaises(NotFound, self.a.choose_target, "c")
+        self.assertEqual(e.message, "no cluster member is called 'c' (members: a, b)")
+        await self.b.stop()
+        await self.a.refresh()
+        e2 = self.assertRaises(Unavailable, self.a.choose_target, "b")
+        self.assertEqual(
+            e2.message,
+            "cluster member b is unreachable: its lease ran out at 1970-01-12T13:46:40Z",
+        )
+        # b is out, so every launch goes to a, however loaded.
+        self.assertEqual(self.a.choose_target(None).name, "a")
+
+    async def test_noMemberOnline(self) -> None:
+        # a has not joined (a daemon whose store refused its first renewal): b is gone.
+        await self.b.start()
+        await self.b.stop()
+        await self.a.refresh()
+        e = self.assertRaises(Unavailable, self.a.choose_target, None)
+        self.assertEqual(e.message, "no cluster member is online to launch the instance on")
+
+    async def test_memberForFingerprint(self) -> None:
+        await self.a.start()
+        await self.b.start()
+        await self.a.refresh()
+        member = self.a.member_for_fingerprint("b" * 64)
+        self.assertEqual(member.name if member else None, "b")
+        self.assertIsNone(self.a.member_for_fingerprint("c" * 64))
+
+
+async def _create(store: AsyncStore, name: str) -> None:
+    await store.create_instance(name, {}, {})

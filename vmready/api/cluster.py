@@ -1,0 +1,236 @@
+"""The operator API as one member of a cluster: members' JSON, forwarding, placement.
+
+``ClusterContext`` is what ``OperatorAPI(..., cluster=...)`` needs to answer as
+any member: the ``Membership`` (who runs what, who is reachable) and a
+``Forwarder`` (requests to the member that runs an instance).  Without one
+(``cluster=None``) the API is a single host's, unchanged.
+
+Which requests go where (docs/operator-guide.md, "Clusters"): reads of the
+instance list and of one instance are answered here, from the shared store;
+every other request about an instance another member runs (its actions,
+state, snapshots, console, history, config, rename, delete) is relayed to that
+member and its answer relayed back.  The operations a relayed request
+started are remembered (by id, up to ``MAX_REMEMBERED_OPERATIONS``), so
+``GET /1.0/operations/<id>`` and ``…/wait`` reach them through this member too.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from typing import Any
+
+from twisted.logger import Logger
+from twisted.web.iweb import IRequest
+
+from vmready.api.forwarding import FORWARDED_BY, Forwarder, Relayed
+from vmready.api.views import unreachable_fault
+from vmready.domain.members import MemberRecord, MemberState
+from vmready.domain.model import InstanceRecord, LoopDetected, NotFound, Unavailable
+from vmready.domain.reactor import IVMReadyReactor
+from vmready.lifecycle.faults import Fault
+from vmready.lifecycle.members import Membership, lease_time
+from vmready.trust.certs import CertificatePair
+
+__all__ = ["MAX_REMEMBERED_OPERATIONS", "NOT_A_MEMBER", "ClusterContext", "member_json"]
+
+MAX_REMEMBERED_OPERATIONS = 4096
+NOT_A_MEMBER = "this daemon is not a cluster member: it runs alone on its store"
+_STATUS_WORDS = {MemberState.ONLINE: "Online", MemberState.UNREACHABLE: "Unreachable"}
+
+
+def member_json(member: MemberRecord, state: MemberState, instances: int) -> dict[str, Any]:
+    """One member as ``/1.0/cluster/members/<name>`` shows it (LXD's member object, in part)."""
+    online = state is MemberState.ONLINE
+    return {
+        "server_name": member.name,
+        "url": f"https://{member.address}",
+        "address": member.address,
+        "fingerprint": member.fingerprint,
+        "status": _STATUS_WORDS[state],
+        "message": (
+            "Fully operational"
+            if online
+            else f"lease ran out at {lease_time(member.lease_expires)}"
+        ),
+        "instances": instances,
+        "joined_at": lease_time(member.joined_at),
+        "lease_expires_at": lease_time(member.lease_expires),
+    }
+
+
+class ClusterContext:
+    """This daemon as member ``membership.name``: who runs what, and the way to the others."""
+
+    log = Logger()
+
+    def __init__(self, membership: Membership, forwarder: Forwarder) -> None:
+        self.membership = membership
+        self.forwarder = forwarder
+        # Operations started through a forwarded request: their id → the member running them.
+        self._operations: OrderedDict[str, str] = OrderedDict()
+
+    @classmethod
+    def over_tls(
+        cls, membership: Membership, reactor: IVMReadyReactor, identity: CertificatePair
+    ) -> ClusterContext:
+        """Forwarding over mutual TLS, presenting ``identity`` (the daemon's server pair)."""
+        return cls(membership, Forwarder(reactor, identity, membership.name))
+
+    @property
+    def name(self) -> str:
+        """This member's name."""
+        return self.membership.name
+
+    # -- members ------------------------------------------------------------
+
+    def members_json(self) -> list[dict[str, Any]]:
+        """Every member, by name."""
+        view = self.membership.current()
+        return [
+            member_json(
+                member,
+                self.membership.state_of(member),
+                view.instance_counts.get(member.name, 0),
+            )
+            for member in view.members
+        ]
+
+    def member_json(self, name: str) -> dict[str, Any]:
+        """Member ``name``; NotFound for one the cluster does not have."""
+        for shown in self.members_json():
+            if shown["server_name"] == name:
+                return shown
+        known = ", ".join(m.name for m in self.membership.view.members) or "none"
+        raise NotFound(f"no cluster member is called {name!r} (members: {known})")
+
+    # -- instances ----------------------------------------------------------
+
+    def location(self, record: InstanceRecord) -> str:
+        """Where ``record`` runs, as LXD's ``location``: its member, ``none`` if no member's."""
+        return record.member or "none"
+
+    def unreachable(self, record: InstanceRecord) -> Fault | None:
+        """The ``host`` fault of ``record`` when its member is unreachable now, else None."""
+        reason = self.membership.unreachable_reason(record)
+        if reason is None:
+            return None
+        member = self.membership.owner(record)
+        since = member.lease_expires if member is not None else self.membership.store_now()
+        return unreachable_fault(reason, since)
+
+    def remote_owner(self, record: InstanceRecord) -> MemberRecord | None:
+        """The member a request about ``record`` goes to; None: this one answers it.
+
+        503 when that member is unreachable (its lease ran out, or it is unknown).
+        """
+        if self.membership.is_local(record):
+            return None
+        reason = self.membership.unreachable_reason(record)
+        if reason is not None:
+            raise Unavailable(f"instance {record.name}'s {reason}")
+        return self.membership.owner(record)
+
+    def operation_owner(self, operation_id: str) -> MemberRecord | None:
+        """The member running an operation a forwarded request started here; None: not one."""
+        name = self._operations.get(operation_id)
+        if name is None:
+            return None
+        member = self.membership.find(name)
+        if member is None or self.membership.state_of(member) is not MemberState.ONLINE:
+            at = f" at {lease_time(member.lease_expires)}" if member is not None else ""
+            raise Unavailable(
+                f"operation {operation_id} runs on cluster member {name}, which is "
+                f"unreachable: its lease ran out{at}"
+            )
+        return member
+
+    # -- forwarding ---------------------------------------------------------
+
+    async def forward(
+        self,
+        request: IRequest,
+        member: MemberRecord,
+        what: str,
+        instances: tuple[str, ...] = (),
+        uri: bytes | None = None,
+    ) -> bytes:
+        """Relay ``request`` (about ``what``) to ``member``; its answer, as the response.
+
+        ``instances``: read again from the store once the member answered, so
+        this member's next read shows what the request changed.  ``uri``:
+        path and query to send instead of the request's.
+        """
+        forwarded_by = request.getHeader(FORWARDED_BY)
+        if forwarded_by is not None:
+            by = forwarded_by.decode("utf-8", "replace")
+            raise LoopDetected(
+                f"{what} is run by cluster member {member.name}, not {self.name}, and the "
+                f"request was already forwarded once (by {by}): it is not forwarded again"
+            )
+        content = request.content
+        body = b""
+        if content is not None:
+            content.seek(0)
+            body = content.read()
+        relayed = await self.forwarder.forward(
+            member,
+            request.method,
+            uri if uri is not None else request.uri,
+            body,
+            request.getHeader(b"Content-Type"),
+        )
+        self._remember(relayed, member)
+        for name in dict.fromkeys((*instances, *_operation_instances(relayed))):
+            await self._refresh(name)
+        request.setResponseCode(relayed.code)
+        for header, value in relayed.headers.items():
+            request.setHeader(header, value)
+        request.setHeader(b"Content-Length", b"%d" % len(relayed.body))
+        return relayed.body
+
+    def _remember(self, relayed: Relayed, member: MemberRecord) -> None:
+        if relayed.code != 202:
+            return
+        envelope = _json(relayed.body)
+        metadata = envelope.get("metadata") if envelope else None
+        operation_id = metadata.get("id") if isinstance(metadata, dict) else None
+        if isinstance(operation_id, str):
+            self._operations[operation_id] = member.name
+            while len(self._operations) > MAX_REMEMBERED_OPERATIONS:
+                self._operations.popitem(last=False)
+
+    async def _refresh(self, name: str) -> None:
+        try:
+            await self.membership.store.refresh_instance(name)
+        except Exception as e:
+            self.log.warn(
+                "could not read instance {name} again after a forwarded request: {error}",
+                name=name,
+                error=e,
+            )
+
+
+def _json(body: bytes) -> dict[str, Any] | None:
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _operation_instances(relayed: Relayed) -> tuple[str, ...]:
+    """The instances of an operation the answer shows started (202) or finished (``/wait``)."""
+    if relayed.code not in (200, 202):
+        return ()
+    envelope = _json(relayed.body)
+    metadata = envelope.get("metadata") if envelope else None
+    if not isinstance(metadata, dict) or "may_cancel" not in metadata:
+        return ()
+    if relayed.code == 200 and int(metadata.get("status_code") or 0) < 200:
+        return ()
+    resources = metadata.get("resources") or {}
+    urls = resources.get("instances") if isinstance(resources, dict) else None
+    if not isinstance(urls, list):
+        return ()
+    return tuple(str(url).rsplit("/", 1)[-1] for url in urls)

@@ -1,0 +1,281 @@
+"""This daemon as a cluster member: its lease, the members it sees, where an instance runs.
+
+Several daemons sharing one store are *members*; each renews a lease in the
+store every third of its length (``Membership.start``), and a member whose
+lease ran out is unreachable: its instances are not lost and not stopped,
+their state is unknown until it comes back.  Each renewal also reads every
+member again (``view``), so this daemon knows where each instance runs
+(``owner``), whether its host is unreachable (``is_unreachable``,
+``unreachable_reason``) and where a new one goes (``choose_target``); a
+change of another member's state is announced as a server lifecycle event,
+``cluster-member-unreachable`` or ``cluster-member-online``.
+
+Leases are judged on the store's clock (PostgreSQL's, for several hosts), not
+this host's: each view carries the store's time when it was read, and
+between reads that time is carried forward on this daemon's clock
+(``store_now``), so a lease running out between two renewals is seen when it
+does.  A renewal that fails (the store is down) is logged and tried again at
+the next tick; it never stops the renewals.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections import Counter
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+
+from vmready.domain.members import MemberRecord, MemberState, MembersView
+from vmready.domain.model import InstanceRecord, NotFound, Unavailable
+from vmready.lifecycle.events import EventBus
+from vmready.store.asyncstore import AsyncStore
+
+__all__ = [
+    "DEFAULT_LEASE_SECONDS",
+    "MEMBER_ONLINE",
+    "MEMBER_UNREACHABLE",
+    "Membership",
+    "lease_time",
+]
+
+DEFAULT_LEASE_SECONDS = 15.0
+MEMBER_UNREACHABLE = "cluster-member-unreachable"
+MEMBER_ONLINE = "cluster-member-online"
+
+
+def lease_time(seconds: float) -> str:
+    """A lease's end as the API and messages write times: RFC 3339 in UTC, to the second."""
+    stamp = datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC)
+    return stamp.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Membership:
+    """This daemon as member ``name`` of the cluster sharing ``store``.
+
+    ``address`` is host:port of its mutual-TLS API (where other members
+    forward requests to), ``fingerprint`` the SHA-256 fingerprint of the
+    server certificate it presents there (and as a client when it forwards).
+    """
+
+    log = Logger()
+
+    def __init__(
+        self,
+        name: str,
+        address: str,
+        fingerprint: str,
+        store: AsyncStore,
+        events: EventBus,
+        clock: IReactorTime,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    ) -> None:
+        if lease_seconds <= 0:
+            raise ValueError(f"a lease lasts more than 0 seconds, not {lease_seconds!r}")
+        self.name = name
+        self.address = address
+        self.fingerprint = fingerprint
+        self.store = store
+        self.events = events
+        self.clock = clock
+        self.lease_seconds = lease_seconds
+        # The members as last read (none until the first renewal).
+        self.view = MembersView((), 0.0)
+        # This daemon's clock when ``view`` was read: store time is carried forward from it.
+        self._read_at = clock.seconds()
+        self._loop: LoopingCall | None = None
+        self._failing = False
+
+    # -- the lease ------------------------------------------------------------
+
+    @property
+    def interval(self) -> float:
+        """Seconds between two renewals: a third of the lease, so two may fail in a row."""
+        return self.lease_seconds / 3
+
+    async def start(self) -> None:
+        """Join (or come back): renew the lease and read the members, then every ``interval``.
+
+        Fires once the first renewal and read committed; if that fails, the
+        error is raised and nothing keeps running (the daemon cannot join).
+        """
+        await self.store.renew_lease(self.name, self.address, self.fingerprint, self.lease_seconds)
+        self._update(await self.store.list_members(), announce=False)
+        self.log.info(
+            "joined the cluster as member {name} ({address}); lease {lease}s, "
+            "{count} member(s) known",
+            name=self.name,
+            address=self.address,
+            lease=self.lease_seconds,
+            count=len(self.view.members),
+        )
+        loop = self._loop = LoopingCall(self._renew_logged)
+        loop.clock = self.clock
+        loop.start(self.interval, now=False)
+
+    async def stop(self) -> None:
+        """Stop renewing and give up the lease: the others see this member unreachable at once.
+
+        A store that refuses is logged (the lease then simply runs out).
+        """
+        loop, self._loop = self._loop, None
+        if loop is not None and loop.running:
+            loop.stop()
+        try:
+            await self.store.give_up_lease(self.name)
+        except Exception as e:
+            self.log.warn(
+                "could not give up the lease of member {name}: {error} (it runs out by itself)",
+                name=self.name,
+                error=e,
+            )
+
+    def _renew_logged(self) -> Deferred[None]:
+        return Deferred.fromCoroutine(self._renew_once())
+
+    async def _renew_once(self) -> None:
+        try:
+            await self.renew()
+        except Exception as e:
+            if not self._failing:
+                self.log.error(
+                    "renewing the lease of cluster member {name} failed: {error}; "
+                    "trying again every {interval:g}s",
+                    name=self.name,
+                    error=e,
+                    interval=self.interval,
+                )
+            self._failing = True
+            return
+        if self._failing:
+            self._failing = False
+            self.log.info("renewed the lease of cluster member {name} again", name=self.name)
+
+    async def renew(self) -> MembersView:
+        """One renewal and read of the members, announcing who changed state; the new view."""
+        await self.store.renew_lease(self.name, self.address, self.fingerprint, self.lease_seconds)
+        return await self.refresh()
+
+    async def refresh(self) -> MembersView:
+        """Read the members again (without renewing), announcing who changed state."""
+        self._update(await self.store.list_members(), announce=True)
+        return self.view
+
+    def _update(self, view: MembersView, announce: bool) -> None:
+        before = self.view
+        self.view, self._read_at = view, self.clock.seconds()
+        if not announce:
+            return
+        for member in view.members:
+            if member.name == self.name:
+                continue
+            state = member.state_at(view.now)
+            previous = before.find(member.name)
+            if previous is not None and previous.state_at(before.now) is state:
+                continue
+            if previous is None and state is MemberState.UNREACHABLE:
+                # A row seen for the first time, already out of its lease: nothing changed.
+                continue
+            context = {
+                "member": member.name,
+                "address": member.address,
+                "lease_expires_at": lease_time(member.lease_expires),
+            }
+            if state is MemberState.UNREACHABLE:
+                self.log.warn(
+                    "cluster member {member} ({address}) is unreachable: its lease ran out "
+                    "at {at}",
+                    member=member.name,
+                    address=member.address,
+                    at=context["lease_expires_at"],
+                )
+                self.events.server(MEMBER_UNREACHABLE, context)
+            else:
+                self.log.info(
+                    "cluster member {member} ({address}) is online",
+                    member=member.name,
+                    address=member.address,
+                )
+                self.events.server(MEMBER_ONLINE, context)
+
+    # -- what the view says -------------------------------------------------
+
+    def store_now(self) -> float:
+        """The store's clock now: the view's time carried forward on this daemon's clock."""
+        return self.view.now + max(0.0, self.clock.seconds() - self._read_at)
+
+    def current(self) -> MembersView:
+        """The members as last read, judged at the store's time now (``store_now``)."""
+        return MembersView(self.view.members, self.store_now(), self._instance_counts())
+
+    def _instance_counts(self) -> dict[str, int]:
+        # From the instances this daemon knows now: fresher than the last read's counts.
+        counts = Counter(record.member for record in self.store.list_instances())
+        return {member: count for member, count in counts.items() if member}
+
+    def state_of(self, member: MemberRecord) -> MemberState:
+        """Whether ``member`` holds its lease now; this member is always online to itself."""
+        if member.name == self.name:
+            return MemberState.ONLINE
+        return member.state_at(self.store_now())
+
+    def find(self, name: str) -> MemberRecord | None:
+        """The member called ``name`` as last read, or None."""
+        return self.view.find(name)
+
+    def member_for_fingerprint(self, fingerprint: str) -> MemberRecord | None:
+        """The member whose certificate has ``fingerprint`` (its client certificate too)."""
+        for member in self.view.members:
+            if member.fingerprint == fingerprint:
+                return member
+        return None
+
+    def is_local(self, record: InstanceRecord) -> bool:
+        """Whether this member runs ``record`` (or no member does: it predates the cluster)."""
+        return record.member in ("", self.name)
+
+    def owner(self, record: InstanceRecord) -> MemberRecord | None:
+        """The member that runs ``record``; None: of no member, or of one not known."""
+        if not record.member:
+            return None
+        return self.view.find(record.member)
+
+    def is_unreachable(self, record: InstanceRecord) -> bool:
+        """Whether ``record``'s member lost its lease, or is no member the store knows."""
+        return self.unreachable_reason(record) is not None
+
+    def unreachable_reason(self, record: InstanceRecord) -> str | None:
+        """Why ``record``'s host cannot be reached now (``host unreachable: …``), or None."""
+        if self.is_local(record):
+            return None
+        member = self.owner(record)
+        if member is None:
+            return f"host unreachable: member {record.member} is not a known cluster member"
+        if self.state_of(member) is MemberState.ONLINE:
+            return None
+        return (
+            f"host unreachable: member {member.name}'s lease ran out at "
+            f"{lease_time(member.lease_expires)}"
+        )
+
+    def choose_target(self, requested: str | None) -> MemberRecord:
+        """Where a new instance goes: the member named (404 unknown, 503 unreachable), else
+        the online member running the fewest instances (503 if none is online)."""
+        view = self.current()
+        if requested is not None:
+            member = view.find(requested)
+            if member is None:
+                known = ", ".join(m.name for m in view.members) or "none"
+                raise NotFound(f"no cluster member is called {requested!r} (members: {known})")
+            if self.state_of(member) is not MemberState.ONLINE:
+                raise Unavailable(
+                    f"cluster member {member.name} is unreachable: its lease ran out at "
+                    f"{lease_time(member.lease_expires)}"
+                )
+            return member
+        online = [m for m in view.members if self.state_of(m) is MemberState.ONLINE]
+        if not online:
+            raise Unavailable("no cluster member is online to launch the instance on")
+        return min(online, key=lambda m: (view.instance_counts.get(m.name, 0), m.name))
