@@ -182,6 +182,11 @@ class PostgresConnection:
             and not connection.broken
         )
 
+    @property
+    def info(self) -> psycopg.ConnectionInfo:
+        """The connection's parameters and state as psycopg reports them (diagnostics, tests)."""
+        return self._connected().info
+
     def execute(self, statement: str, parameters: Sequence[Any] = (), /) -> Cursor:
         connection = self._connected()
         try:
