@@ -10,8 +10,9 @@ on the reactor thread only after the transaction that holds it committed, so
 whoever waits on it never announces a state the store might still lose.
 
 A write the disk refuses (SQLite's "database or disk is full", an I/O error,
-``ENOSPC``), or PostgreSQL cannot take (the connection lost, the server
-restarting, a deadlock between two members' batches), is not dropped: the
+``ENOSPC``), or PostgreSQL cannot take (the connection lost before
+``COMMIT``, the server restarting, a row lock waited for past
+``lock_timeout``), is not dropped: the
 whole batch is rolled back and run again, with a growing pause, for up to
 ``retry_for`` seconds, later calls waiting behind it in order;
 ``StoreHealth`` says on the reactor thread when writes start failing and
