@@ -42,10 +42,16 @@ REQUIRE_VARIABLE = "VMREADY_REQUIRE_POSTGRES"
 _TEMPLATE = "vmready_template"
 # Settings for a throwaway server: no TCP, small, no fsync (a lost machine loses it all), but
 # synchronous commits: a commit is written before it returns, so it survives the server's own
-# crash (the tests stop it with -m immediate).
+# crash (the tests stop it with -m immediate).  A synchronous standby is named that never
+# connects, and commits wait only for the local disk (``local``) unless a session asks for the
+# standby (``synchronous_commit = on``): then its COMMIT waits, committed locally, until the
+# backend is terminated; the one deterministic way to lose a connection during COMMIT
+# after the transaction committed (tests.store.test_postgres' unknown outcome).
 _SETTINGS = """
 listen_addresses = ''
 unix_socket_directories = '{socket_dir}'
+synchronous_standby_names = 'vmready_no_such_standby'
+synchronous_commit = local
 fsync = off
 full_page_writes = off
 max_connections = 100

@@ -18,6 +18,13 @@ write's result as its Deferred fires (in commit order), so whoever awaited a
 write reads it back, and nobody reads a state that is not committed.  A write
 the disk refused (``executor.StoreWriteFailed``) changes nothing they read.  Inline,
 they read the engine itself, which is the same thing there.
+
+A write whose outcome is unknown (``executor.OutcomeUnknown``: PostgreSQL's
+connection lost during COMMIT) may have committed although its Deferred
+failed: the view is then ``stale``, and every row is read again
+(``reload_instances``) as the next call in line; while the store does not
+answer, that read fails and is asked again, until the view shows what really
+committed.
 """
 
 from __future__ import annotations
@@ -27,17 +34,28 @@ from typing import Any, Protocol, TypeVar
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorThreads
+from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from vmready.domain.members import MembersView
 from vmready.domain.model import ActionRecord, InstanceRecord
 from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
 from vmready.store.database import instance_not_found
-from vmready.store.executor import DatabaseThread, Executor, InlineExecutor, StoreHealth
+from vmready.store.executor import (
+    DatabaseThread,
+    Executor,
+    InlineExecutor,
+    OutcomeUnknown,
+    StoreHealth,
+    StoreWriteFailed,
+)
 from vmready.store.sqlite import Store, check_payload
 
 __all__ = ["AsyncStore"]
 
 T = TypeVar("T")
+
+_log = Logger()
 
 
 class InstanceView(Protocol):
@@ -156,6 +174,8 @@ class AsyncStore:
             else None
         )
         self._view: InstanceView = self._cache if self._cache is not None else engine
+        # An outcome was unknown: the view may lack a write that committed, until reloaded.
+        self._stale = False
 
     @classmethod
     def inline(cls, engine: Store) -> AsyncStore:
@@ -175,13 +195,46 @@ class AsyncStore:
         return self._executor
 
     @property
+    def stale(self) -> bool:
+        """Whether instance reads may miss a committed write (an outcome unknown, not reread)."""
+        return self._stale
+
+    def _submit(self, work: Callable[[], T]) -> Deferred[T]:
+        """Every call goes to the executor here: an unknown outcome makes the view reread."""
+        done = self._executor.submit(work)
+        if self._cache is not None:
+            done.addErrback(self._watch_outcome)
+        return done
+
+    def _watch_outcome(self, failure: Failure) -> Failure:
+        """On the reactor thread, as a call fails: after an unknown outcome, reread every row."""
+        if failure.check(OutcomeUnknown) and not self._stale:
+            self._stale = True
+            self._reread()
+        return failure
+
+    def _reread(self) -> None:
+        """Reload the view; while the store does not answer, ask again (until it is closed)."""
+
+        def reread(_: None) -> None:
+            self._stale = False
+
+        def failed(failure: Failure) -> None:
+            if failure.check(StoreWriteFailed):
+                self._reread()  # tried for retry_for already: go to the back of the line
+            elif not failure.check(RuntimeError):  # RuntimeError: the store is closed
+                _log.failure("cannot read the store again after an unknown outcome", failure)
+
+        self._reload().addCallbacks(reread, failed)
+
+    @property
     def health(self) -> StoreHealth:
         """Whether writes succeed: since when they fail and why (announced as it changes)."""
         return self._executor.health
 
     def _write(self, work: Callable[[], InstanceRecord]) -> Deferred[InstanceRecord]:
         """An instance write; once committed, what instance reads see."""
-        done = self._executor.submit(work)
+        done = self._submit(work)
         if self._cache is not None:
             done.addCallback(self._cache.committed)
         return done
@@ -190,7 +243,7 @@ class AsyncStore:
         self, work: Callable[[], InstanceRecord | None]
     ) -> Deferred[InstanceRecord | None]:
         """An instance write that may change nothing (None)."""
-        done = self._executor.submit(work)
+        done = self._submit(work)
         if self._cache is not None:
             done.addCallback(self._cache.committed_maybe)
         return done
@@ -219,7 +272,7 @@ class AsyncStore:
         if not self.engine.notifies:
             raise NotImplementedError(f"the {self.engine.engine_name} store has no other members")
         check_payload(payload)
-        return self._executor.submit(lambda: self.engine.publish_event(payload))
+        return self._submit(lambda: self.engine.publish_event(payload))
 
     def reload_instances(self) -> Deferred[None]:
         """Read every row and agent fingerprint again into what instance reads see.
@@ -227,6 +280,9 @@ class AsyncStore:
         After the notification listener reconnected: changes by other members
         while it was away were not heard of.
         """
+        return self._reload()
+
+    def _reload(self) -> Deferred[None]:
         engine = self.engine
         done = self._executor.submit(
             lambda: (engine.list_instances(), engine.agent_fingerprints())
@@ -241,7 +297,7 @@ class AsyncStore:
 
     def run(self, work: Callable[[Store], T]) -> Deferred[T]:
         """Any engine work, in order with every other call (e.g. a bulk read)."""
-        return self._executor.submit(lambda: work(self.engine))
+        return self._submit(lambda: work(self.engine))
 
     async def close(self) -> None:
         """Run what is queued, then close the engine."""
@@ -348,7 +404,7 @@ class AsyncStore:
         """
         member = self.member
         if self._cache is None:
-            return self._executor.submit(lambda: self.engine.clear_ready_everywhere(member))
+            return self._submit(lambda: self.engine.clear_ready_everywhere(member))
         cache = self._cache
 
         def committed(outcome: tuple[list[str], float]) -> int:
@@ -356,13 +412,11 @@ class AsyncStore:
             cache.ready_cleared(names, stamp)
             return len(names)
 
-        return self._executor.submit(lambda: self.engine.clear_ready(member)).addCallback(
-            committed
-        )
+        return self._submit(lambda: self.engine.clear_ready(member)).addCallback(committed)
 
     def delete_instance(self, name: str) -> Deferred[None]:
         """Remove the instance and its snapshots; its action history stays."""
-        done = self._executor.submit(lambda: self.engine.delete_instance(name))
+        done = self._submit(lambda: self.engine.delete_instance(name))
         cache = self._cache
         if cache is not None:
             done.addCallback(lambda _: cache.removed(name))
@@ -372,7 +426,7 @@ class AsyncStore:
         self, name: str, new_name: str, allowed_from: frozenset[VMState], request_id: str
     ) -> Deferred[InstanceRecord]:
         """Call an idle instance ``new_name``, with its snapshots and certificate; atomic."""
-        done = self._executor.submit(
+        done = self._submit(
             lambda: self.engine.rename_instance(name, new_name, allowed_from, request_id)
         )
         cache = self._cache
@@ -386,7 +440,7 @@ class AsyncStore:
         What instance reads see follows: the row as now committed, or no row.
         In order with this daemon's own calls, like every other.
         """
-        done = self._executor.submit(lambda: self.engine.find_instance(name))
+        done = self._submit(lambda: self.engine.find_instance(name))
         cache = self._cache
         if cache is not None:
 
@@ -403,21 +457,21 @@ class AsyncStore:
         self, name: str, address: str, fingerprint: str, lease_seconds: float
     ) -> Deferred[float]:
         """Join as member ``name`` or renew its lease; when the lease now runs out."""
-        return self._executor.submit(
+        return self._submit(
             lambda: self.engine.renew_lease(name, address, fingerprint, lease_seconds)
         )
 
     def give_up_lease(self, name: str) -> Deferred[None]:
         """Member ``name`` stops cleanly: its lease ends now."""
-        return self._executor.submit(lambda: self.engine.give_up_lease(name))
+        return self._submit(lambda: self.engine.give_up_lease(name))
 
     def list_members(self) -> Deferred[MembersView]:
         """Every member and its instance count, read at one moment of the store's clock."""
-        return self._executor.submit(self.engine.list_members)
+        return self._submit(self.engine.list_members)
 
     def set_agent_certificate(self, name: str, fingerprint: str) -> Deferred[None]:
         """Record (or replace) the fingerprint of the client certificate issued to an instance."""
-        done = self._executor.submit(lambda: self.engine.set_agent_certificate(name, fingerprint))
+        done = self._submit(lambda: self.engine.set_agent_certificate(name, fingerprint))
         cache = self._cache
         if cache is not None:
             done.addCallback(lambda _: cache.certified(name, fingerprint))
@@ -432,52 +486,52 @@ class AsyncStore:
 
     def start_action(self, name: str, action: str, request_id: str) -> Deferred[int]:
         """Record the start of an action on instance name; return its id."""
-        return self._executor.submit(lambda: self.engine.start_action(name, action, request_id))
+        return self._submit(lambda: self.engine.start_action(name, action, request_id))
 
     def start_step(self, action_id: int, step: str) -> Deferred[int]:
         """Record the start of a step of an action; return its id."""
-        return self._executor.submit(lambda: self.engine.start_step(action_id, step))
+        return self._submit(lambda: self.engine.start_step(action_id, step))
 
     def finish_step(self, step_id: int, result: str, error: str | None = None) -> Deferred[None]:
         """Record how a step ended ("success" or "error")."""
-        return self._executor.submit(lambda: self.engine.finish_step(step_id, result, error))
+        return self._submit(lambda: self.engine.finish_step(step_id, result, error))
 
     def add_step(
         self, action_id: int, step: str, result: str, error: str | None = None
     ) -> Deferred[None]:
         """Record a step that started and ended at once."""
-        return self._executor.submit(lambda: self.engine.add_step(action_id, step, result, error))
+        return self._submit(lambda: self.engine.add_step(action_id, step, result, error))
 
     def finish_action(
         self, action_id: int, result: str, error: str | None = None
     ) -> Deferred[None]:
         """Record how an action ended ("success" or "error")."""
-        return self._executor.submit(lambda: self.engine.finish_action(action_id, result, error))
+        return self._submit(lambda: self.engine.finish_action(action_id, result, error))
 
     def list_actions(self, name: str) -> Deferred[list[ActionRecord]]:
         """The action history of instance name (kept after delete), newest first."""
-        return self._executor.submit(lambda: self.engine.list_actions(name))
+        return self._submit(lambda: self.engine.list_actions(name))
 
     def unfinished_actions(self) -> Deferred[list[ActionRecord]]:
         """Actions that never finished (the daemon died during them), oldest first."""
-        return self._executor.submit(lambda: self.engine.unfinished_actions())
+        return self._submit(lambda: self.engine.unfinished_actions())
 
     def create_snapshot(
         self, instance: str, name: str, stateful: bool, metadata: dict[str, Any]
     ) -> Deferred[dict[str, Any]]:
         """Record a snapshot of instance; Conflict if the instance already has one called name."""
-        return self._executor.submit(
+        return self._submit(
             lambda: self.engine.create_snapshot(instance, name, stateful, metadata)
         )
 
     def delete_snapshot(self, instance: str, name: str) -> Deferred[dict[str, Any]]:
         """Forget snapshot ``name`` of instance, returning its row; NotFound if it has none."""
-        return self._executor.submit(lambda: self.engine.delete_snapshot(instance, name))
+        return self._submit(lambda: self.engine.delete_snapshot(instance, name))
 
     def find_snapshot(self, instance: str, name: str) -> Deferred[dict[str, Any] | None]:
         """Snapshot ``name`` of instance, or None."""
-        return self._executor.submit(lambda: self.engine.find_snapshot(instance, name))
+        return self._submit(lambda: self.engine.find_snapshot(instance, name))
 
     def list_snapshots(self, instance: str) -> Deferred[list[dict[str, Any]]]:
         """The snapshots of instance, oldest first; NotFound if there is no such instance."""
-        return self._executor.submit(lambda: self.engine.list_snapshots(instance))
+        return self._submit(lambda: self.engine.list_snapshots(instance))

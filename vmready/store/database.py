@@ -34,6 +34,7 @@ from vmready.domain.states import PowerState, TaskState, VMState
 
 __all__ = [
     "INSTANCE_COLUMNS",
+    "CommitUnknown",
     "Connection",
     "Cursor",
     "Database",
@@ -50,6 +51,14 @@ INSTANCE_COLUMNS = (
 
 class TransactionLost(StoreError):
     """SQLite rolled a whole batch back by itself: none of its calls was kept."""
+
+
+class CommitUnknown(StoreError):
+    """The connection was lost while the server answered COMMIT: it may have committed.
+
+    Not a write failure to try again (that could apply the change twice), and
+    not "nothing kept": whoever keeps rows in memory must read them again.
+    """
 
 
 class Cursor(Protocol):
@@ -118,7 +127,7 @@ class Database:
         self.db.execute(self.BEGIN_WRITE if immediate else self.BEGIN_READ)
         try:
             yield
-            self.db.execute("COMMIT")
+            self.commit()
         except BaseException:
             if self.db.in_transaction:
                 self.db.execute("ROLLBACK")
@@ -131,7 +140,7 @@ class Database:
         self._depth = 1
         try:
             yield
-            self.db.execute("COMMIT")
+            self.commit()
         except BaseException:
             if self.db.in_transaction:
                 self.db.execute("ROLLBACK")
@@ -162,6 +171,14 @@ class Database:
             self.db.execute(f"RELEASE {name}")
         finally:
             self._depth -= 1
+
+    def commit(self) -> None:
+        """End the open transaction, keeping it.
+
+        SQLite's outcome is always known (the file is here); PostgreSQL's is
+        not when the connection is lost during COMMIT (``CommitUnknown``).
+        """
+        self.db.execute("COMMIT")
 
     def now(self) -> float:
         """The store's clock: what leases are stamped and compared with.

@@ -10,14 +10,32 @@ on the reactor thread only after the transaction that holds it committed, so
 whoever waits on it never announces a state the store might still lose.
 
 A write the disk refuses (SQLite's "database or disk is full", an I/O error,
-``ENOSPC``), or PostgreSQL cannot take (the connection lost, the server
-restarting, a deadlock between two members' batches), is not dropped: the
+``ENOSPC``), or PostgreSQL cannot take (the connection lost before
+``COMMIT``, the server restarting, a row lock waited for past
+``lock_timeout``), is not dropped: the
 whole batch is rolled back and run again, with a growing pause, for up to
 ``retry_for`` seconds, later calls waiting behind it in order;
 ``StoreHealth`` says on the reactor thread when writes start failing and
 when they succeed again.  If the disk is still refusing after
 ``retry_for``, each call of the batch fails with ``StoreWriteFailed`` (a 503
 with one clear line) and nothing of it was kept: the store stays as it was.
+
+Not so when PostgreSQL's connection is lost while the server answers the
+batch's ``COMMIT`` (``database.CommitUnknown``): the batch may have committed,
+and running it again could apply it twice (an action recorded twice, a claim
+that committed answered 409).  Each call of such a batch fails at once with
+``OutcomeUnknown``, a ``StoreWriteFailed`` whose line says the outcome is
+unknown; whoever keeps rows in memory reads them again
+(``AsyncStore.reload_instances``) before believing them.  A connection lost
+before ``COMMIT`` was sent left nothing behind, and the batch is tried again.
+
+A deadlock between one call of a batch and another member's transaction
+fails that call alone (``CallDeadlocked``, a 503): PostgreSQL ends the
+deadlocked statement, whose savepoint is rolled back; the transaction, and
+the locks the batch's earlier calls hold, stay usable, so the batch goes on
+and commits, and the other transaction then has what it waited for.  A lock
+wait that runs out (``lock_timeout``) is a write failure like a lost
+connection: the batch is tried again, then fails.
 
 ``InlineExecutor`` runs each call at once on the caller's thread: a replay,
 whose clock is a ``task.Clock``, must stay deterministic, and a unit test can
@@ -41,13 +59,15 @@ from twisted.internet.interfaces import IReactorThreads
 from twisted.python.failure import Failure
 
 from vmready.domain.model import VMReadyError
-from vmready.store.database import TransactionLost
+from vmready.store.database import CommitUnknown, TransactionLost
 
 __all__ = [
     "BatchingEngine",
+    "CallDeadlocked",
     "DatabaseThread",
     "Executor",
     "InlineExecutor",
+    "OutcomeUnknown",
     "StoreHealth",
     "StoreWriteFailed",
 ]
@@ -70,6 +90,19 @@ class StoreWriteFailed(TransactionLost, VMReadyError):
     """The store could not write (the disk is full, say); nothing of the call was kept."""
 
     http_status = 503
+
+
+class OutcomeUnknown(StoreWriteFailed):
+    """The connection was lost during COMMIT: the call may or may not have been kept."""
+
+
+class CallDeadlocked(StoreWriteFailed):
+    """The call and another writer waited for each other's rows; nothing of the call was kept."""
+
+
+def is_deadlock(error: BaseException) -> bool:
+    """Whether ``error`` is PostgreSQL ending a statement to break a deadlock."""
+    return isinstance(error, psycopg.errors.DeadlockDetected)
 
 
 def is_write_failure(error: BaseException) -> bool:
@@ -249,6 +282,18 @@ class DatabaseThread:
         while True:
             try:
                 outcomes = self._try_batch(calls)
+            except CommitUnknown as e:
+                # Perhaps committed: never run again; each call says so.
+                message = _describe(e)
+                self._reactor.callFromThread(self.health.failed, message)
+                unknown = Failure(
+                    OutcomeUnknown(
+                        f"the store could not confirm a write to {self._engine_path()}:"
+                        f" {message}; the outcome is unknown (this change may have been"
+                        " kept: read the instance again before acting on it)"
+                    )
+                )
+                return [unknown] * len(calls)
             except Exception as e:
                 if not is_write_failure(e):
                     failure = Failure()
@@ -275,7 +320,7 @@ class DatabaseThread:
         outcomes: list[Any] = []
         with self._engine.batch():
             for work, _done in calls:
-                outcomes.append(_one(self._engine, work))
+                outcomes.append(_one(self._engine, work, self._engine_path()))
         return outcomes
 
     def _engine_path(self) -> str:
@@ -288,13 +333,24 @@ class DatabaseThread:
             stopped.callback(None)
 
 
-def _one(engine: BatchingEngine, work: Callable[[], Any]) -> Any:
+def _one(engine: BatchingEngine, work: Callable[[], Any], path: str) -> Any:
     try:
         with engine.isolated():
             return work()
     except TransactionLost:
         raise  # the whole batch is gone: every call of it fails, none runs after
     except Exception as e:
+        if is_deadlock(e):
+            # PostgreSQL aborted the statement, not the transaction: ROLLBACK TO the call's
+            # savepoint (done by isolated()) leaves the batch usable, its earlier calls' locks
+            # held.  This call alone fails; the batch commits, and the other writer goes on.
+            return Failure(
+                CallDeadlocked(
+                    f"the store could not write {path}: this change and another writer"
+                    f" waited for each other's rows ({_describe(e)}); nothing of this"
+                    " change was kept, try again"
+                )
+            )
         if is_write_failure(e):
             raise  # the disk, not the call: the whole batch is rolled back and tried again
         return Failure()

@@ -7,7 +7,10 @@ with each changed row's name, and ``AsyncStore.publish_event`` notifies
 notification only when its transaction commits, so nobody hears of a write
 the store could still lose.
 
-``NotificationListener`` holds one autocommit connection of its own with
+``NotificationListener`` holds one autocommit connection of its own (with
+``store.postgres.connection_string``'s defaults: TCP keepalives notice a
+dead server or a partitioned network, which an idle listener would otherwise
+never learn of) with
 ``LISTEN`` on each channel, and waits for notifications on a thread of its
 own (psycopg's ``notifies()`` generator, woken every ``_POLL`` seconds to see
 whether it should stop); each one is handed to ``deliver`` on the reactor
@@ -29,6 +32,7 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorFromThreads
 
 from vmready.domain.model import StoreError
+from vmready.store.postgres import connection_string, one_line
 
 __all__ = [
     "EVENTS_CHANNEL",
@@ -49,11 +53,6 @@ _FIRST_PAUSE = 0.1
 _LONGEST_PAUSE = 5.0
 
 
-def one_line(error: BaseException) -> str:
-    """psycopg's message (often several lines, with tabs) as one line."""
-    return " ".join(line.strip() for line in str(error).splitlines() if line.strip())
-
-
 class NotificationListener:
     """LISTEN on ``channels``; each notification to ``deliver(channel, payload)``, on the reactor.
 
@@ -70,7 +69,8 @@ class NotificationListener:
         resync: Callable[[], None],
     ) -> None:
         self._reactor = reactor
-        self._location = location
+        # The store's URL with vmready's defaults (keepalives: a dead peer is noticed).
+        self._conninfo = connection_string(location, application_name="vmready-listener")
         self._channels = tuple(channels)
         self._deliver = deliver
         self._resync = resync
@@ -129,7 +129,7 @@ class NotificationListener:
         self._reactor.callFromThread(self._finished)
 
     def _connect(self) -> psycopg.Connection[Any]:
-        connection = psycopg.connect(self._location, autocommit=True)
+        connection = psycopg.connect(self._conninfo, autocommit=True)
         try:
             for channel in self._channels:
                 connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))

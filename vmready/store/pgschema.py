@@ -22,15 +22,21 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from vmready.domain.model import StoreError
-from vmready.store.notifications import INSTANCES_CHANNEL, one_line
-from vmready.store.postgres import PostgresConnection, display_location
+from vmready.store.notifications import INSTANCES_CHANNEL
+from vmready.store.postgres import (
+    CONNECTION_DEFAULTS,
+    PostgresConnection,
+    connection_string,
+    display_location,
+    one_line,
+)
 from vmready.store.schema import SCHEMA_VERSION, check_version
 
 __all__ = ["MIGRATIONS", "connect"]
 
 # The advisory lock every vmready holds while it migrates ("vmready" in ASCII).
 MIGRATION_LOCK = 0x766D7265616479
-CONNECT_TIMEOUT_SECONDS = 10
+CONNECT_TIMEOUT_SECONDS = int(CONNECTION_DEFAULTS["connect_timeout"])
 _SCHEMA_TABLE = "vmready_schema"
 
 MIGRATIONS: list[tuple[int, str]] = [
@@ -178,7 +184,7 @@ def connect(
     Raise StoreError with one line, naming the location with its password masked.
     """
     shown = display_location(location)
-    conninfo = _with_defaults(location, shown)
+    conninfo = connection_string(location, shown=shown)
     try:
         first = psycopg.connect(conninfo, autocommit=True)
     except (psycopg.Error, OSError, ValueError) as e:  # ValueError: a host name idna refuses
@@ -202,18 +208,6 @@ def connect(
         pool.close()
         raise StoreError(f"cannot open store {shown}: {one_line(e)}") from None
     return PostgresConnection(pool), version
-
-
-def _with_defaults(location: str, shown: str) -> str:
-    """The location's connection string, with a connect timeout unless it names one."""
-    try:
-        params = psycopg.conninfo.conninfo_to_dict(location)
-    except psycopg.Error as e:
-        raise StoreError(f"cannot open store {shown}: {one_line(e)}") from None
-    defaults: dict[str, Any] = {"application_name": "vmready"}
-    if "connect_timeout" not in params:
-        defaults["connect_timeout"] = CONNECT_TIMEOUT_SECONDS
-    return psycopg.conninfo.make_conninfo(location, **defaults)
 
 
 def _prepare(

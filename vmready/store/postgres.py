@@ -11,6 +11,38 @@ broken one away and opens another), the failing call raises psycopg's
 is tried again, then fails with ``StoreWriteFailed``), and the next call runs
 on a new connection once the server is back.
 
+A lost connection is not always "nothing kept": if it is lost while the
+server is answering ``COMMIT`` (the connection cut, the backend terminated
+while it waited for a synchronous standby, a partitioned network noticed
+through keepalives), the transaction may have committed.  ``commit`` tells
+that case apart and raises ``CommitUnknown`` instead of psycopg's error: the
+executor must not run such a batch again (it could apply it twice), and
+whoever keeps rows in memory must read them again.  An error before
+``COMMIT`` (a statement's), or a ``COMMIT`` the server refused on a
+connection still up, left nothing behind.
+
+Every connection (the pool's and the notification listener's) is made with
+``connection_string``, which adds what the URL does not set itself:
+
+- ``connect_timeout=10``: a server that does not answer fails the connection
+  in 10 s instead of the operating system's minutes;
+- ``keepalives=1``, ``keepalives_idle=10``, ``keepalives_interval=5``,
+  ``keepalives_count=3``: TCP notices a dead peer (a partitioned network, a
+  host gone) within about 25 s of silence, and the waiting call fails;
+- ``tcp_user_timeout=30000`` (ms): the same when data sent is never
+  acknowledged (keepalives are only sent on an idle connection);
+- ``options=-c lock_timeout=10s``: a write blocked on a row another member
+  keeps locked fails after 10 s ("canceling statement due to lock timeout"),
+  a write failure tried again then reported, instead of waiting forever;
+- ``application_name=vmready`` (the listener: ``vmready-listener``), seen in
+  ``pg_stat_activity``.
+
+The URL's own parameters win (``?connect_timeout=3&keepalives_idle=30``, and a
+``lock_timeout`` in its ``options``, which are kept after vmready's); so do
+``PGCONNECT_TIMEOUT``, ``PGAPPNAME`` and ``PGOPTIONS`` when the URL sets
+neither.  The keepalive and TCP settings apply to TCP connections only (a unix
+socket has no peer to lose).
+
 ``PostgresDatabase`` holds what differs: transactions begin with a plain
 ``BEGIN`` (READ COMMITTED, with ``SELECT … FOR UPDATE`` where a write reads
 first), reads that span several statements see one snapshot (REPEATABLE
@@ -22,27 +54,83 @@ clock every member shares.
 from __future__ import annotations
 
 import functools
+import os
 import urllib.parse
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import psycopg
 from psycopg import pq
 from psycopg_pool import ConnectionPool
 
-from vmready.store.database import Cursor, Database
+from vmready.domain.model import StoreError
+from vmready.store.database import CommitUnknown, Cursor, Database
 
 __all__ = [
+    "CONNECTION_DEFAULTS",
+    "LOCK_TIMEOUT",
     "PostgresConnection",
     "PostgresDatabase",
+    "connection_string",
     "display_location",
     "is_postgres_location",
+    "one_line",
 ]
 
 _SCHEMES = ("postgresql://", "postgres://")
 # How long a call waits for the pool to hand over a connection (the server may be down).
 CONNECTION_WAIT = 2.0
 _IN_TRANSACTION = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
+# What every connection gets unless the URL (or libpq's environment) sets it: see above.
+CONNECTION_DEFAULTS: dict[str, str | int] = {
+    "connect_timeout": 10,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30000,
+}
+LOCK_TIMEOUT = "10s"
+# libpq's environment variables for the parameters above that have one.
+_ENVIRONMENT = {
+    "connect_timeout": "PGCONNECT_TIMEOUT",
+    "application_name": "PGAPPNAME",
+    "options": "PGOPTIONS",
+}
+
+
+def one_line(error: BaseException) -> str:
+    """psycopg's message (often several lines, with tabs) as one line."""
+    return " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+
+
+def connection_string(
+    location: str, application_name: str = "vmready", shown: str | None = None
+) -> str:
+    """``location``'s connection string with vmready's defaults where it sets nothing.
+
+    StoreError (one line, naming ``shown``: the location without its password)
+    if it cannot be parsed.
+    """
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(location)
+    except psycopg.Error as e:
+        shown = display_location(location) if shown is None else shown
+        raise StoreError(f"cannot open store {shown}: {one_line(e)}") from None
+
+    def operator_set(key: str) -> bool:
+        variable = _ENVIRONMENT.get(key)
+        return key in params or (variable is not None and bool(os.environ.get(variable)))
+
+    defaults: dict[str, Any] = {
+        key: value for key, value in CONNECTION_DEFAULTS.items() if not operator_set(key)
+    }
+    if not operator_set("application_name"):
+        defaults["application_name"] = application_name
+    # Later -c settings win: the operator's options (the URL's, else PGOPTIONS) go after ours.
+    theirs = str(params.get("options") or os.environ.get("PGOPTIONS") or "")
+    defaults["options"] = f"-c lock_timeout={LOCK_TIMEOUT} {theirs}".strip()
+    return psycopg.conninfo.make_conninfo(location, **defaults)
 
 
 def is_postgres_location(location: str) -> bool:
@@ -94,6 +182,11 @@ class PostgresConnection:
             and not connection.broken
         )
 
+    @property
+    def info(self) -> psycopg.ConnectionInfo:
+        """The connection's parameters and state as psycopg reports them (diagnostics, tests)."""
+        return self._connected().info
+
     def execute(self, statement: str, parameters: Sequence[Any] = (), /) -> Cursor:
         connection = self._connected()
         try:
@@ -113,6 +206,27 @@ class PostgresConnection:
             self._drop_if_lost(connection)
             raise
         return cursor
+
+    def commit(self) -> None:
+        """``COMMIT``; ``CommitUnknown`` if the connection was lost before the server answered.
+
+        A lost connection at ``COMMIT`` is an unknown outcome: the server may
+        have committed (and been cut off before it could say so).  An error on
+        a connection still up (a constraint checked at commit) is the server's
+        answer: the transaction was rolled back, the error raised as it is.
+        """
+        connection = self._connected()
+        try:
+            connection.execute("COMMIT")
+        except psycopg.OperationalError as e:
+            lost = connection.broken or connection.closed
+            self._drop_if_lost(connection)
+            if lost:
+                raise CommitUnknown(
+                    f"the connection was lost during COMMIT ({one_line(e)}):"
+                    " the change may or may not have been kept"
+                ) from e
+            raise
 
     def close(self) -> None:
         """Give the connection back and close the pool."""
@@ -143,6 +257,14 @@ class PostgresDatabase(Database):
     BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ"
     LOCK_ROWS = " FOR UPDATE"
     integrity_errors = (psycopg.IntegrityError,)
+
+    def __init__(self, connection: PostgresConnection, clock: Callable[[], float]) -> None:
+        super().__init__(connection, clock)
+        self.connection = connection
+
+    def commit(self) -> None:
+        """``COMMIT``, or ``CommitUnknown`` if the connection was lost during it."""
+        self.connection.commit()
 
     def now(self) -> float:
         """The server's clock: members on several hosts stamp and compare leases on one clock."""
