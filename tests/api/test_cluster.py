@@ -422,6 +422,31 @@ class UnreachableOwnerTests(ClusterTestCase):
         )
         self.assertNotIn("\n", reply.body["error"])
 
+    async def test_anInstanceIsShownAsItsMemberShowsIt(self) -> None:
+        """Its faults, agent link and console log live on its member: b asks a."""
+        await self.launch(self.a, "web1", target="a")
+        await self.b.lifecycle.state.store.refresh_instance("web1")
+        self.a.lifecycle.state.events.lifecycle(
+            "instance-snapshot-failed", "web1", {"error": "the disk is full"}
+        )
+        on_a = (await self.call(self.a, "GET", "/1.0/instances/web1")).metadata
+        on_b = (await self.call(self.b, "GET", "/1.0/instances/web1")).metadata
+        self.assertEqual(on_b, on_a)
+        self.assertEqual([fault["kind"] for fault in on_b["faults"]], ["snapshot"])
+        # b's own view knows nothing of it.
+        self.assertEqual(self.b.lifecycle.state.events.faults.of("web1"), [])
+
+    async def test_anOwnerNotAnsweringLeavesTheInstanceShownFromTheStore(self) -> None:
+        await self.launch(self.a, "web1", target="a")
+        await self.b.lifecycle.state.store.refresh_instance("web1")
+        await self._stop_listening(self.a.tls_port)
+        reply = await self.call(self.b, "GET", "/1.0/instances/web1")
+        self.assertEqual(reply.code, 200, reply.body)
+        self.assertEqual(
+            (reply.metadata["name"], reply.metadata["status"], reply.metadata["location"]),
+            ("web1", "Running", "a"),
+        )
+
     async def test_aMemberWithAnotherCertificateIsRefused(self) -> None:
         await self.launch(self.a, "web1", target="a")
         forged = MemberRecord("a", self.a.address, "00" * 32, 0.0, 2e9)

@@ -123,6 +123,8 @@ class TwoMemberTests(SynchronousTestCase):
         waiting = self.b.system.cli_in_background("wait", NAME, "status=ready", "--timeout", "60")
         self.a.system.start_agent(NAME)
         self.a.cli("wait", NAME, "agent", "--timeout", "30")
+        # The agent link is known on A alone; B asks A (its instance view is A's).
+        self.b.cli("wait", NAME, "agent", "--timeout", "30")
         self.assertIsNone(waiting.poll(), "wait on b returned before Ready")
         self.assertEqual(self.a.system.notify(NAME).returncode, 0)
         out, err = waiting.communicate(timeout=DEADLINE)

@@ -131,6 +131,12 @@ class ClusterContext:
             raise Unavailable(f"instance {record.name}'s {reason}")
         return self.membership.owner(record)
 
+    def reachable_owner(self, record: InstanceRecord) -> MemberRecord | None:
+        """The other member running ``record`` while it is online; None: this one, or nobody."""
+        if self.membership.is_local(record) or self.membership.is_unreachable(record):
+            return None
+        return self.membership.owner(record)
+
     def operation_owner(self, operation_id: str) -> MemberRecord | None:
         """The member running an operation a forwarded request started here; None: not one."""
         name = self._operations.get(operation_id)

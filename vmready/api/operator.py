@@ -83,7 +83,15 @@ from vmready.api.web import (
     local_site,
     sync_response,
 )
-from vmready.domain.model import BadRequest, InstanceRecord, LoopDetected, NotFound
+from vmready.domain.members import MemberRecord
+from vmready.domain.model import (
+    BadGateway,
+    BadRequest,
+    InstanceRecord,
+    LoopDetected,
+    NotFound,
+    Unavailable,
+)
 from vmready.domain.states import StatusCode
 from vmready.lifecycle.core import Lifecycle
 from vmready.lifecycle.operations import Operation
@@ -329,9 +337,37 @@ class OperatorAPI:
         return _async(request, await self.lifecycle.create(name, config))
 
     @app.route("/1.0/instances/<name>", methods=["GET"])
-    def get_instance(self, request: IRequest, name: str) -> bytes:
-        """One instance."""
+    def get_instance(self, request: IRequest, name: str) -> bytes | Deferred[bytes]:
+        """One instance.
+
+        In a cluster, an instance another member runs is asked of that member
+        while it is online: its agent link, history and faults live there.
+        Unreachable, or not answering, the shared store answers here (UNKNOWN
+        while its lease has run out).
+        """
+        cluster = self.cluster
+        if cluster is not None and request.getHeader(FORWARDED_BY) is None:
+            record = self.lifecycle.state.store.find_instance(name)
+            owner = None if record is None else cluster.reachable_owner(record)
+            if owner is not None:
+                return Deferred.fromCoroutine(self._instance_from(request, owner, name))
         return sync_response(request, self._instance_json(self.lifecycle.get(name)))
+
+    async def _instance_from(self, request: IRequest, owner: MemberRecord, name: str) -> bytes:
+        """The instance as its member shows it; this member's view if that member fails."""
+        assert self.cluster is not None
+        try:
+            return await self.cluster.forward(request, owner, f"instance {name}")
+        except (Unavailable, BadGateway) as e:
+            self.log.info(
+                "showing instance {name} from the store: its member {member} did not answer"
+                " ({error})",
+                name=name,
+                member=owner.name,
+                error=e.message,
+            )
+            request.setResponseCode(200)
+            return sync_response(request, self._instance_json(self.lifecycle.get(name)))
 
     @app.route("/1.0/instances/<name>", methods=["PATCH"])
     @_forwardable
