@@ -31,9 +31,12 @@ NAME = "web1"
 class Member:
     """One member: a ``System`` (data dir, daemon, CLI) whose store is the shared database."""
 
-    def __init__(self, case: SynchronousTestCase, name: str, store: str) -> None:
+    def __init__(
+        self, case: SynchronousTestCase, name: str, store: str, lease: str = LEASE
+    ) -> None:
         self.name = name
         self.store = store
+        self.lease = lease
         self.system = System(case)
 
     def start(self) -> None:
@@ -46,7 +49,7 @@ class Member:
             "--https-address",
             "127.0.0.1:0",
             "--lease-seconds",
-            LEASE,
+            self.lease,
         )
 
     def cli(self, *args: str, check: bool = True) -> Any:
@@ -206,3 +209,24 @@ class TwoMemberTests(SynchronousTestCase):
 
 def _source(event: dict[str, Any]) -> str:
     return str(event.get("metadata", {}).get("source", "")).removeprefix("/1.0/instances/")
+
+
+class JoiningTests(SynchronousTestCase):
+    """A member that joins is known to the others at once, not at their next renewal."""
+
+    def test_aMemberThatJustJoinedIsATargetAtOnce(self) -> None:
+        store = postgres_location(self)
+        # A lease of 10 minutes: A renews (and would read the members) every 200 s.
+        a = Member(self, "a", store, lease="600")
+        b = Member(self, "b", store, lease="600")
+        a.start()
+        b.start()
+        # A read the members when it joined, before B existed; B's joining told it.
+        a.cli("launch", NAME, "--memory", "128", "--target", "b")
+        seen = b.instance(NAME)
+        assert seen is not None
+        self.assertEqual(seen["location"], "b")
+        rows = [line.split() for line in a.cli("cluster", "list").stdout.splitlines()[1:]]
+        self.assertEqual(
+            {row[0]: row[2:] for row in rows if row}, {"a": ["ONLINE", "0"], "b": ["ONLINE", "1"]}
+        )

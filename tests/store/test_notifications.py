@@ -22,6 +22,7 @@ from vmready.store.asyncstore import AsyncStore
 from vmready.store.notifications import (
     EVENTS_CHANNEL,
     INSTANCES_CHANNEL,
+    MEMBERS_CHANNEL,
     NotificationListener,
 )
 from vmready.store.sqlite import Store
@@ -37,7 +38,7 @@ class Heard:
         self._resync_waiting: list[Deferred[None]] = []
 
     def deliver(self, channel: str, payload: str) -> None:
-        decoded = json.loads(payload) if channel == INSTANCES_CHANNEL else payload
+        decoded = json.loads(payload) if channel != EVENTS_CHANNEL else payload
         self.notifications.append((channel, decoded))
         for count, waiting in list(self._waiting):
             if len(self.notifications) >= count:
@@ -148,6 +149,42 @@ class ListenerTests(TestCase):
         store.create_instance("after", {}, {})
         await self.heard.until(1)
         self.assertEqual(self.heard.notifications[0][1]["name"], "after")  # type: ignore[index]
+
+    async def test_membersJoiningComingBackOrLeavingAreDeliveredButNotPlainRenewals(
+        self,
+    ) -> None:
+        listener = NotificationListener(
+            reactor,
+            self.location,
+            [MEMBERS_CHANNEL, INSTANCES_CHANNEL],
+            self.heard.deliver,
+            self.heard.resync,
+        )
+        self.addCleanup(listener.stop)
+        await listener.start()
+        self.store.renew_lease("m1", "10.0.0.1:8443", "aa" * 32, 30.0)  # joins
+        self.store.renew_lease("m1", "10.0.0.1:8443", "aa" * 32, 30.0)  # renews: nothing
+        # A committed write after the renewal: had the renewal notified, it came first.
+        self.store.create_instance("web", {}, {}, member="m1")
+        self.store.give_up_lease("m1")  # leaves
+        self.store.renew_lease("m1", "10.0.0.1:8443", "aa" * 32, 30.0)  # comes back
+        self.store.renew_lease("m1", "10.0.0.2:8443", "aa" * 32, 30.0)  # moves
+        await self.heard.until(5)
+        heard = [
+            (channel, payload["op"], payload["name"])
+            for channel, payload in self.heard.notifications
+            if isinstance(payload, dict)
+        ]
+        self.assertEqual(
+            heard,
+            [
+                (MEMBERS_CHANNEL, "INSERT", "m1"),
+                (INSTANCES_CHANNEL, "INSERT", "web"),
+                (MEMBERS_CHANNEL, "UPDATE", "m1"),
+                (MEMBERS_CHANNEL, "UPDATE", "m1"),
+                (MEMBERS_CHANNEL, "UPDATE", "m1"),
+            ],
+        )
 
     async def test_stopEndsTheThread(self) -> None:
         await self.listener.start()

@@ -65,7 +65,7 @@ from vmready.lifecycle.relay import CHANNELS, EventRelay
 from vmready.protocols.transcript import DEFAULT_KEEP, DEFAULT_MAX_BYTES
 from vmready.record.recording import Recorders, RecordingGuestResource
 from vmready.store.asyncstore import AsyncStore
-from vmready.store.notifications import NotificationListener
+from vmready.store.notifications import MEMBERS_CHANNEL, NotificationListener
 from vmready.store.sqlite import Store
 from vmready.trust.certs import CertificatePair, ensure_server_certificate
 
@@ -310,10 +310,39 @@ class VMReadyService(MultiService):
         relay = self.relay = EventRelay(events, self.store, member)
         relay.start()
         self.listener = NotificationListener(
-            self.reactor, self.config.store_location, CHANNELS, relay.deliver, relay.resync
+            self.reactor,
+            self.config.store_location,
+            (*CHANNELS, MEMBERS_CHANNEL),
+            self._notified,
+            self._resync,
         )
         store = self.store
         self._listening = self.listener.start().addCallback(lambda _: store.reload_instances())
+
+    def _notified(self, channel: str, payload: str) -> None:
+        """A notification from the store: members changed, or the relay's (rows, events)."""
+        if channel == MEMBERS_CHANNEL:
+            self._members_changed()
+        elif self.relay is not None:
+            self.relay.deliver(channel, payload)
+
+    def _resync(self) -> None:
+        """The listener was cut off and is back: whatever it missed is read again."""
+        if self.relay is not None:
+            self.relay.resync()
+        self._members_changed()
+
+    def _members_changed(self) -> None:
+        """A member joined, came back, moved or left: read the members now, not at renewal."""
+        membership = self.membership
+        if membership is None or not self._joined:
+            return
+        Deferred.fromCoroutine(membership.refresh()).addErrback(
+            lambda failure: self.log.warn(
+                "cannot read the cluster's members again: {error}",
+                error=failure.getErrorMessage(),
+            )
+        )
 
     def _start_recovery(self, site: Site, preparing: Deferred[list[InstanceRecord]]) -> None:
         Deferred.fromCoroutine(self._recover(site, preparing)).addCallbacks(

@@ -2,9 +2,10 @@
 
 Members sharing one PostgreSQL store tell each other what changed through it:
 a trigger on ``instances`` (``store.pgschema``) notifies ``INSTANCES_CHANNEL``
-with each changed row's name, and ``AsyncStore.publish_event`` notifies
-``EVENTS_CHANNEL`` with a lifecycle event.  PostgreSQL delivers a
-notification only when its transaction commits, so nobody hears of a write
+with each changed row's name, one on ``members`` notifies ``MEMBERS_CHANNEL``
+when a member joins, comes back, moves or gives its lease up, and
+``AsyncStore.publish_event`` notifies ``EVENTS_CHANNEL`` with a lifecycle event.
+PostgreSQL delivers a notification only when its transaction commits, so nobody hears of a write
 the store could still lose.
 
 ``NotificationListener`` holds one autocommit connection of its own (with
@@ -38,11 +39,14 @@ __all__ = [
     "EVENTS_CHANNEL",
     "INSTANCES_CHANNEL",
     "MAX_PAYLOAD_BYTES",
+    "MEMBERS_CHANNEL",
     "NotificationListener",
 ]
 
 INSTANCES_CHANNEL = "vmready_instances"
 EVENTS_CHANNEL = "vmready_events"
+# A member joined, came back, moved, or gave its lease up (not each plain renewal).
+MEMBERS_CHANNEL = "vmready_members"
 # PostgreSQL refuses a NOTIFY payload of 8000 bytes or more; keep clear of it.
 MAX_PAYLOAD_BYTES = 7900
 

@@ -22,7 +22,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from vmready.domain.model import StoreError
-from vmready.store.notifications import INSTANCES_CHANNEL
+from vmready.store.notifications import INSTANCES_CHANNEL, MEMBERS_CHANNEL
 from vmready.store.postgres import (
     CONNECTION_DEFAULTS,
     PostgresConnection,
@@ -135,7 +135,8 @@ MIGRATIONS: list[tuple[int, str]] = [
     (
         5,
         # Cluster members and the member each instance runs on; and every change to an
-        # instance row NOTIFYs the other members (at commit) with its name and member.
+        # instance row NOTIFYs the other members (at commit) with its name and member, as
+        # does a member joining, coming back, moving or giving its lease up.
         f"""
         CREATE TABLE members (
             name TEXT PRIMARY KEY,
@@ -166,6 +167,26 @@ MIGRATIONS: list[tuple[int, str]] = [
         $$;
         CREATE TRIGGER instances_notify AFTER INSERT OR UPDATE OR DELETE ON instances
             FOR EACH ROW EXECUTE FUNCTION vmready_instances_notify();
+        CREATE FUNCTION vmready_members_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF TG_OP = 'DELETE' THEN
+                PERFORM pg_notify('{MEMBERS_CHANNEL}', json_build_object(
+                    'op', TG_OP, 'name', OLD.name)::text);
+                RETURN OLD;
+            END IF;
+            -- A plain renewal of a lease that holds changes nothing the others see.
+            IF TG_OP = 'INSERT' OR NEW.address <> OLD.address
+               OR NEW.fingerprint <> OLD.fingerprint
+               OR NEW.lease_expires < OLD.lease_expires
+               OR OLD.lease_expires <= extract(epoch FROM clock_timestamp()) THEN
+                PERFORM pg_notify('{MEMBERS_CHANNEL}', json_build_object(
+                    'op', TG_OP, 'name', NEW.name)::text);
+            END IF;
+            RETURN NEW;
+        END
+        $$;
+        CREATE TRIGGER members_notify AFTER INSERT OR UPDATE OR DELETE ON members
+            FOR EACH ROW EXECUTE FUNCTION vmready_members_notify();
         """,
     ),
 ]
