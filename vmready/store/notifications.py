@@ -5,8 +5,8 @@ a trigger on ``instances`` (``store.pgschema``) notifies ``INSTANCES_CHANNEL``
 with each changed row's name, one on ``members`` notifies ``MEMBERS_CHANNEL``
 when a member joins, comes back, moves or gives its lease up, and
 ``AsyncStore.publish_event`` notifies ``EVENTS_CHANNEL`` with a lifecycle event.
-PostgreSQL delivers a notification only when its transaction commits, so nobody hears of a write
-the store could still lose.
+PostgreSQL delivers a notification only when its transaction commits, so
+nobody hears of a write the store could still lose.
 
 ``NotificationListener`` holds one autocommit connection of its own (with
 ``store.postgres.connection_string``'s defaults: TCP keepalives notice a
