@@ -35,6 +35,8 @@ yet read that).  What is retried then, and why:
   once more, whatever its method.
 - A ``GET`` or ``HEAD`` (no body) that got no answer at all is retried once
   on a new connection by Twisted's pool itself: reading twice changes nothing.
+  (The pool would retry a ``DELETE`` too, but only one sent without a body
+  producer, and every other method is sent with one, empty or not.)
 - Anything else that was written and got no answer (``PUT``, ``POST``,
   ``PATCH``, ``DELETE``: they start operations, write config, rename) is NOT
   retried: the bytes left this host, and nothing tells whether the owner read
