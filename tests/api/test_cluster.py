@@ -3,7 +3,9 @@
 Members "a" and "b" are two real OperatorAPI sites over two Lifecycles
 (fakeqemu VMs), each with its own connection to one SQLite store file, its
 own server certificate and its remote API on 127.0.0.1; requests come in on
-each one's unix socket as the CLI sends them.
+each one's unix socket as the CLI sends them.  Each remote API counts the
+connections it accepts (``Accepting``), so the tests see which connections the
+members' forwarding makes, keeps and closes.
 """
 
 from __future__ import annotations
@@ -16,10 +18,14 @@ from typing import Any
 
 import attrs
 from treq.client import HTTPClient
-from twisted.internet.defer import Deferred
+from twisted.internet import tcp
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.endpoints import UNIXClientEndpoint, serverFromString
-from twisted.internet.interfaces import IListeningPort, IStreamClientEndpoint
+from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IStreamClientEndpoint
+from twisted.internet.protocol import connectionDone
 from twisted.internet.task import deferLater
+from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
+from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 from twisted.web.client import URI, Agent
 from twisted.web.http_headers import Headers
@@ -29,7 +35,8 @@ from zope.interface import implementer
 from tests.fixtures import Reply, make_lifecycle
 from tests.reactor import reactor
 from vmready.api.cluster import ClusterContext
-from vmready.api.forwarding import FORWARDED_BY, Forwarder
+from vmready.api.forwarding import CACHED_CONNECTION_TIMEOUT, FORWARDED_BY, Forwarder, Relayed
+from vmready.api.limits import IDLE_TIMEOUT
 from vmready.api.operator import OperatorAPI, operator_site
 from vmready.api.remote import remote_site, remote_tls_factory
 from vmready.api.trust import TrustRegistry
@@ -49,6 +56,75 @@ class _Unix:
         return UNIXClientEndpoint(reactor, self.path)
 
 
+class _Counted(ProtocolWrapper):
+    """One connection the remote API accepted; ``drop_on_data``: it dies at its next bytes."""
+
+    factory: Accepting
+    drop_on_data = False
+
+    def __init__(self, factory: Any, wrapped: Any) -> None:
+        super().__init__(factory, wrapped)
+        self.lost: Deferred[None] = Deferred()
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.drop_on_data:
+            # As a member killed with a request in: nothing read, nothing answered.
+            transport: Any = self.transport
+            transport.abortConnection()
+            return
+        super().dataReceived(data)
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        super().connectionLost(reason)
+        self.lost.callback(None)
+
+    @property
+    def port(self) -> int:
+        """The port it was accepted on."""
+        transport: Any = self.transport
+        return int(transport.getHost().port)
+
+
+class Accepting(WrappingFactory):
+    """A remote API's TLS factory, counting the connections it accepts and those open."""
+
+    protocol = _Counted
+
+    def __init__(self, wrapped: IProtocolFactory) -> None:
+        super().__init__(wrapped)
+        self.accepted = 0
+        self._idle: list[Deferred[None]] = []
+
+    @property
+    def open(self) -> list[_Counted]:
+        return list(self.protocols)
+
+    def registerProtocol(self, p: ProtocolWrapper) -> None:
+        self.accepted += 1
+        super().registerProtocol(p)
+
+    def unregisterProtocol(self, p: ProtocolWrapper) -> None:
+        super().unregisterProtocol(p)
+        if not self.protocols:
+            waiting, self._idle = self._idle, []
+            for d in waiting:
+                d.callback(None)
+
+    def all_closed(self) -> Deferred[None]:
+        """Fires once no accepted connection is open."""
+        if not self.protocols:
+            return succeed(None)
+        d: Deferred[None] = Deferred()
+        self._idle.append(d)
+        return d
+
+    def kill_all(self) -> None:
+        """Every open connection dies at once (as when the daemon's process does)."""
+        for p in self.open:
+            transport: Any = p.transport
+            transport.abortConnection()
+
+
 @attrs.define
 class Member:
     """One member: its lifecycle, API, membership, sockets."""
@@ -61,10 +137,16 @@ class Member:
     socket: str
     tls_port: IListeningPort
     http: HTTPClient
+    remote: Accepting
 
     @property
     def address(self) -> str:
         return self.membership.address
+
+    @property
+    def forwarder(self) -> Forwarder:
+        assert self.api.cluster is not None
+        return self.api.cluster.forwarder
 
 
 class ClusterTestCase(TestCase):
@@ -80,6 +162,15 @@ class ClusterTestCase(TestCase):
         self.b = await self.start_member("b")
         for member in (self.a, self.b):
             await member.membership.refresh()
+        # First of the cleanups: the kept connections close, on both sides.
+        self.addCleanup(self._close_connections)
+
+    async def _close_connections(self) -> None:
+        for member in (self.a, self.b):
+            assert member.api.cluster is not None
+            await member.api.cluster.close()
+        for member in (self.a, self.b):
+            await member.remote.all_closed()
 
     async def start_member(self, name: str) -> Member:
         lifecycle = make_lifecycle(self, store_path=self.store_path, member=name)
@@ -92,20 +183,37 @@ class ClusterTestCase(TestCase):
         membership = Membership(
             name, "", server.fingerprint, store, lifecycle.state.events, reactor
         )
-        tls_port = await serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(
-            remote_tls_factory(server, remote_site(resource, trust, membership))
-        )
+        remote = Accepting(remote_tls_factory(server, remote_site(resource, trust, membership)))
+        tls_port = await serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(remote)
         self.addCleanup(self._stop_listening, tls_port)
         socket = os.path.join(self.dir, f"{name}.sock")
         unix: Any = operator_site(resource)
         unix_port = reactor.listenUNIX(socket, unix)
         self.addCleanup(self._stop_listening, unix_port)
-        membership.address = f"127.0.0.1:{tls_port.getHost().port}"
+        membership.address = f"127.0.0.1:{_port(tls_port)}"
         await membership.start()
         self.addCleanup(self._leave, membership)
         api.cluster = ClusterContext.over_tls(membership, reactor, server)
         http = HTTPClient(Agent.usingEndpointFactory(reactor, _Unix(socket)))
-        return Member(name, lifecycle, api, membership, server, socket, tls_port, http)
+        return Member(name, lifecycle, api, membership, server, socket, tls_port, http, remote)
+
+    async def restart_remote(self, member: Member) -> None:
+        """``member``'s remote API stops, its connections die, and it listens again, as a
+        restarted daemon does on the same address."""
+        port = _port(member.tls_port)
+        await self._stop_listening(member.tls_port)
+        member.remote.kill_all()
+        await member.remote.all_closed()
+        member.tls_port = await serverFromString(
+            reactor, f"tcp:{port}:interface=127.0.0.1"
+        ).listen(member.remote)
+        self.addCleanup(self._stop_listening, member.tls_port)
+
+    def forwarder(self, identity: CertificatePair, name: str) -> Forwarder:
+        """A forwarder of its own, closed at the test's end."""
+        forwarder = Forwarder(reactor, identity, name)
+        self.addCleanup(forwarder.close)
+        return forwarder
 
     async def _stop_listening(self, port: IListeningPort) -> None:
         stopped = port.stopListening()
@@ -450,7 +558,7 @@ class UnreachableOwnerTests(ClusterTestCase):
     async def test_aMemberWithAnotherCertificateIsRefused(self) -> None:
         await self.launch(self.a, "web1", target="a")
         forged = MemberRecord("a", self.a.address, "00" * 32, 0.0, 2e9)
-        forwarder = Forwarder(reactor, self.b.server, "b")
+        forwarder = self.forwarder(self.b.server, "b")
         failure = await _failure(
             Deferred.fromCoroutine(forwarder.forward(forged, b"GET", b"/1.0/instances", b"", None))
         )
@@ -467,11 +575,11 @@ class UnreachableOwnerTests(ClusterTestCase):
         record = self.b.membership.view.find("a")
         assert record is not None
         # b's certificate (a member's) is trusted by a; a stranger's is not.
-        member = await Forwarder(reactor, self.b.server, "b").forward(
+        member = await self.forwarder(self.b.server, "b").forward(
             record, b"GET", b"/1.0/instances", b"", None
         )
         self.assertEqual(member.code, 200)
-        stranger = await Forwarder(reactor, generate("stranger"), "x").forward(
+        stranger = await self.forwarder(generate("stranger"), "x").forward(
             record, b"GET", b"/1.0/instances", b"", None
         )
         self.assertEqual(stranger.code, 403)
@@ -484,3 +592,150 @@ async def _failure(pending: Deferred[Any]) -> Any:
     except Exception as e:
         return e
     raise AssertionError("it did not fail")
+
+
+class ConnectionReuseTests(ClusterTestCase):
+    """Forwarded requests go over kept connections, made for the member as it is now."""
+
+    async def owned_by_a(self) -> None:
+        await self.launch(self.a, "web1", target="a")
+        await self.b.lifecycle.state.store.refresh_instance("web1")
+
+    async def set_role(self, value: str) -> None:
+        reply = await self.call(
+            self.b, "PATCH", "/1.0/instances/web1", {"config": {"user.role": value}}
+        )
+        self.assertEqual(reply.code, 200, reply.body)
+
+    def record_of_a(self) -> MemberRecord:
+        record = self.b.membership.view.find("a")
+        assert record is not None
+        return record
+
+    async def get(self, member: MemberRecord) -> Relayed:
+        return await self.b.forwarder.forward(member, b"GET", b"/1.0/instances", b"", None)
+
+    def test_keptConnectionsCloseBeforeTheOwnerClosesThem(self) -> None:
+        self.assertLessEqual(CACHED_CONNECTION_TIMEOUT, IDLE_TIMEOUT / 2)
+
+    async def test_requestsToAMemberShareOneConnection(self) -> None:
+        await self.owned_by_a()
+        before = self.a.remote.accepted
+        await self.set_role("web")
+        await self.set_role("db")
+        state = await self.call(self.b, "GET", "/1.0/instances/web1/state")
+        self.assertEqual(state.code, 200, state.body)
+        self.assertEqual(self.a.lifecycle.get("web1").config["user.role"], "db")
+        self.assertEqual(self.a.remote.accepted, before + 1)
+        self.assertEqual(len(self.a.remote.open), 1)
+
+    async def test_aMemberWithAnotherIdentityGetsNewConnections(self) -> None:
+        record = self.record_of_a()
+        self.assertEqual((await self.get(record)).code, 200)
+        [first] = self.a.remote.open
+        accepted = self.a.remote.accepted
+        # A new certificate in the members table: the connection made for the old one is
+        # not used (it would answer 200), a new one is made and refuses a's certificate.
+        renewed = attrs.evolve(record, fingerprint="00" * 32)
+        failure = await _failure(Deferred.fromCoroutine(self.get(renewed)))
+        self.assertEqual(failure.http_status, 502)
+        self.assertTrue(
+            failure.message.startswith(
+                f"refused the certificate of cluster member a at {self.a.address}: the "
+                "server's certificate has fingerprint "
+            ),
+            failure.message,
+        )
+        self.assertEqual(self.a.remote.accepted, accepted + 1)
+        await first.lost  # the old identity's connection was closed
+        # a moved (another port, same certificate): a connection to the new address only.
+        moved_port = await serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(
+            self.a.remote
+        )
+        self.addCleanup(self._stop_listening, moved_port)
+        self.assertEqual((await self.get(record)).code, 200)
+        [second] = self.a.remote.open
+        moved = attrs.evolve(record, address=f"127.0.0.1:{_port(moved_port)}")
+        self.assertEqual((await self.get(moved)).code, 200)
+        self.assertEqual((await self.get(moved)).code, 200)
+        await second.lost
+        self.assertEqual([c.port for c in self.a.remote.open], [_port(moved_port)])
+        self.assertEqual(self.a.remote.accepted, accepted + 3)
+
+    async def test_theOwnerRestartingBetweenTwoRequests(self) -> None:
+        await self.owned_by_a()
+        first = await self.call(self.b, "GET", "/1.0/instances/web1/state")
+        self.assertEqual(first.code, 200, first.body)
+        await self.restart_remote(self.a)
+        second = await self.call(self.b, "GET", "/1.0/instances/web1/state")
+        self.assertEqual(second.code, 200, second.body)
+        await self.restart_remote(self.a)
+        stopping = await self.call(
+            self.b, "PUT", "/1.0/instances/web1/state", {"action": "stop", "force": True}
+        )
+        if stopping.code == 202:
+            await self.wait(self.b, stopping)
+        else:
+            self.assertError(
+                stopping,
+                502,
+                f"lost the connection to cluster member a at {self.a.address} before it answered",
+            )
+
+    async def test_aRequestTheOwnerDiedWithIsRetriedOnlyIfItIsARead(self) -> None:
+        await self.owned_by_a()
+        await self.set_role("web")
+        [kept] = self.a.remote.open
+        accepted = self.a.remote.accepted
+        # A read: Twisted's pool sends it again, over a new connection.
+        kept.drop_on_data = True
+        state = await self.call(self.b, "GET", "/1.0/instances/web1/state")
+        self.assertEqual((state.code, state.metadata["status"]), (200, "Running"))
+        self.assertEqual(self.a.remote.accepted, accepted + 1)
+        await kept.lost
+        # An action: it may have reached the owner, so it is not sent again.
+        running = self.a.lifecycle.get("web1").vm_state
+        [kept] = self.a.remote.open
+        kept.drop_on_data = True
+        reply = await self.call(
+            self.b, "PUT", "/1.0/instances/web1/state", {"action": "stop", "force": True}
+        )
+        self.assertError(
+            reply,
+            502,
+            f"lost the connection to cluster member a at {self.a.address} before it answered",
+        )
+        self.assertEqual(self.a.remote.accepted, accepted + 1)
+        self.assertEqual(self.a.lifecycle.get("web1").vm_state, running)
+
+    async def test_closeLeavesNoConnectionOpen(self) -> None:
+        record = self.record_of_a()
+        port = _port(self.a.tls_port)
+        for _ in range(2):
+            self.assertEqual((await self.get(record)).code, 200)
+        self.assertEqual(len(self.a.remote.open), 1)
+        await self.b.forwarder.close()
+        self.assertEqual(_connections_to(port), [])
+        await self.a.remote.all_closed()
+        # Forwarding still works after it, over a connection closed once answered (close()
+        # again waits for that).
+        self.assertEqual((await self.get(record)).code, 200)
+        await self.b.forwarder.close()
+        self.assertEqual(_connections_to(port), [])
+        await self.a.remote.all_closed()
+
+
+def _connections_to(port: int) -> list[tcp.Client]:
+    """This process's TCP client connections to ``port`` the reactor still watches."""
+    watched = [*reactor.getReaders(), *reactor.getWriters()]
+    return [c for c in watched if isinstance(c, tcp.Client) and _peer_port(c) == port]
+
+
+def _port(port: IListeningPort) -> int:
+    address: Any = port.getHost()
+    return int(address.port)
+
+
+def _peer_port(connection: tcp.Client) -> int:
+    address: Any = connection.getPeer()
+    return int(address.port)

@@ -20,6 +20,7 @@ import json
 from collections import OrderedDict
 from typing import Any
 
+from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.web.iweb import IRequest
 
@@ -81,6 +82,10 @@ class ClusterContext:
     def name(self) -> str:
         """This member's name."""
         return self.membership.name
+
+    def close(self) -> Deferred[None]:
+        """Close the connections kept to the other members (the daemon is stopping)."""
+        return self.forwarder.close()
 
     # -- members ------------------------------------------------------------
 

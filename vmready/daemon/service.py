@@ -603,6 +603,9 @@ class VMReadyService(MultiService):
                 stopped = port.stopListening()
                 if stopped is not None:
                     await stopped
+        if self.operator_api is not None and self.operator_api.cluster is not None:
+            # The connections kept to the other members (forwarding) close now.
+            await self.operator_api.cluster.close()
         if self.lifecycle is not None:
             await self.lifecycle.shutdown()
         if self.sweeper.sweeps:
