@@ -136,6 +136,20 @@ class MembersTests(_MembersTestCase):
         self.assertEqual(self.store.clear_ready_everywhere(), 1)
         self.assertFalse(self.store.get_instance("db1").ready)
 
+    def test_aMemberFindsOnlyItsOwnUnfinishedActionsAndOrphanedOnes(self) -> None:
+        for name, member in (("web1", "host1"), ("db1", "host2"), ("gone", "host2")):
+            self.store.create_instance(name, {}, {}, member=member)
+        mine = self.store.start_action("web1", "start", "r1")
+        theirs = self.store.start_action("db1", "stop", "r2")
+        orphaned = self.store.start_action("gone", "delete", "r3")
+        self.store.delete_instance("gone")
+        self.assertEqual(
+            [action.id for action in self.store.unfinished_actions("host1")], [mine, orphaned]
+        )
+        self.assertEqual(
+            [action.id for action in self.store.unfinished_actions()], [mine, theirs, orphaned]
+        )
+
 
 class OwnedInstancesTests(_MembersTestCase):
     """``AsyncStore`` of a member: creates instances as its own, runs and clears only those."""
@@ -186,6 +200,28 @@ class OwnedInstancesTests(_MembersTestCase):
         other.delete_instance("theirs")
         self.assertIsNone(self.successResultOf(store.refresh_instance("theirs")))
         self.assertIsNone(store.find_instance("theirs"))
+
+
+class AgentCertificatesOfMembersTests(_MembersTestCase):
+    """The guest API on one member's host knows only the agents of the instances it runs."""
+
+    def test_anotherMembersAgentIsUnknownHere(self) -> None:
+        self.store.create_instance("mine", {}, {}, member="host1")
+        self.store.create_instance("theirs", {}, {}, member="host2")
+        self.store.set_agent_certificate("mine", "aa" * 32)
+        self.store.set_agent_certificate("theirs", "bb" * 32)
+        for cached in (False, True):
+            store = AsyncStore(self.store, InlineExecutor(), cached=cached, member="host1")
+            found = store.instance_for_fingerprint("aa" * 32)
+            assert found is not None
+            self.assertEqual(found.name, "mine")
+            self.assertIsNone(store.instance_for_fingerprint("bb" * 32))
+        alone = AsyncStore(self.store, InlineExecutor(), cached=True)
+        self.assertIsNotNone(alone.instance_for_fingerprint("bb" * 32))
+
+
+class AgentCertificatesOfMembersTestsOnPostgreSQL(OnPostgreSQL, AgentCertificatesOfMembersTests):
+    pass
 
 
 class MembersTestsOnPostgreSQL(OnPostgreSQL, MembersTests):

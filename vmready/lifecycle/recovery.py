@@ -219,9 +219,11 @@ class Recovery:
         cleared = await self.state.store.clear_ready_everywhere()
         self.log.info("cleared {key} on {count} instances", key=READY_KEY, count=cleared)
         reason = "daemon stopped during the action"
+        member = self.state.store.member
 
         def close_interrupted(engine: Store) -> None:
-            for action in engine.unfinished_actions():
+            # A cluster member closes its own instances' actions, never another's in progress.
+            for action in engine.unfinished_actions(member):
                 engine.finish_action(action.id, "error", reason)
 
         await self.state.store.run(close_interrupted)

@@ -95,9 +95,21 @@ class ActionHistory:
             return self._actions("instance = ? AND instance_uuid IS NULL", (name,), order)
         return self._actions("instance_uuid = ?", (row[0],), order)
 
-    def unfinished_actions(self) -> list[ActionRecord]:
-        """Actions that never finished (the daemon died during them), oldest first."""
-        return self._actions("finished_at IS NULL", (), "id")
+    def unfinished_actions(self, member: str | None = None) -> list[ActionRecord]:
+        """Actions that never finished (the daemon died during them), oldest first.
+
+        ``member``: only those on the instances that member runs, and on
+        instances no longer in the store (no member will ever finish those);
+        another member's are its own to close when it starts.  None: all.
+        """
+        if member is None:
+            return self._actions("finished_at IS NULL", (), "id")
+        return self._actions(
+            "finished_at IS NULL AND (instance_uuid IS NULL"
+            " OR instance_uuid NOT IN (SELECT uuid FROM instances WHERE member <> ?))",
+            (member,),
+            "id",
+        )
 
     def _actions(self, where: str, values: tuple[Any, ...], order: str) -> list[ActionRecord]:
         with self._database.transaction(immediate=False):

@@ -481,8 +481,11 @@ class AsyncStore:
         """The instance whose agent certificate has this fingerprint (None: unknown or revoked).
 
         Synchronous, like the instance reads: TLS asks it during a handshake.
+        Only an instance this daemon runs: the guest API on one member's host
+        never takes the agent of an instance another member runs.
         """
-        return self._view.instance_for_fingerprint(fingerprint)
+        record = self._view.instance_for_fingerprint(fingerprint)
+        return record if record is not None and self.owns(record) else None
 
     def start_action(self, name: str, action: str, request_id: str) -> Deferred[int]:
         """Record the start of an action on instance name; return its id."""
@@ -513,8 +516,9 @@ class AsyncStore:
         return self._submit(lambda: self.engine.list_actions(name))
 
     def unfinished_actions(self) -> Deferred[list[ActionRecord]]:
-        """Actions that never finished (the daemon died during them), oldest first."""
-        return self._submit(lambda: self.engine.unfinished_actions())
+        """Actions that never finished on the instances this daemon runs, oldest first."""
+        member = self.member
+        return self._submit(lambda: self.engine.unfinished_actions(member))
 
     def create_snapshot(
         self, instance: str, name: str, stateful: bool, metadata: dict[str, Any]

@@ -244,9 +244,9 @@ class Store:
         """The action history of instance name (kept after delete), newest first."""
         return self.actions.list_actions(name)
 
-    def unfinished_actions(self) -> list[ActionRecord]:
-        """Actions that never finished (the daemon died during them), oldest first."""
-        return self.actions.unfinished_actions()
+    def unfinished_actions(self, member: str | None = None) -> list[ActionRecord]:
+        """Actions that never finished (of ``member``'s instances, or all), oldest first."""
+        return self.actions.unfinished_actions(member)
 
     # Snapshots
 
