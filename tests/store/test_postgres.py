@@ -28,6 +28,7 @@ from vmready.domain.model import Conflict, StoreError
 from vmready.domain.states import ACTIONS, PowerState, TaskState, VMState
 from vmready.store.asyncstore import AsyncStore
 from vmready.store.executor import DatabaseThread, StoreHealth, StoreWriteFailed
+from vmready.store.postgres import display_location
 from vmready.store.sqlite import Store
 
 # A thread the test waits for is done well before this; never hang a run.
@@ -346,3 +347,32 @@ class EventsTests(TestCase):
         self.assertEqual([r.name for r in self.store.list_instances()], ["theirs"])
         found = self.store.instance_for_fingerprint("ab" * 32)
         self.assertEqual(found.name if found else None, "theirs")
+
+
+class DisplayLocationTests(SynchronousTestCase):
+    """A ``postgresql://`` URL as shown and logged: no secret libpq would read from it shows."""
+
+    def test_secretsAreMaskedWhereLibpqFindsThem(self) -> None:
+        cases = {
+            "postgresql://vm:s3cret@db:5432/vmready?sslmode=require": (
+                "postgresql://vm:***@db:5432/vmready?sslmode=require"
+            ),
+            "postgresql://vm@db/vmready?password=s3cret&sslpassword=k3y": (
+                "postgresql://vm@db/vmready?password=***&sslpassword=***"
+            ),
+            # libpq takes '#' and '?' in a password, where urllib sees a fragment or a query.
+            "postgresql://vm:s3#cret@db/vmready": "postgresql://vm:***@db/vmready",
+            "postgresql://vm:s3?cret@db/vmready": "postgresql://vm:***@db/vmready",
+            "postgresql://vm:s3%40cret@db/vmready": "postgresql://vm:***@db/vmready",
+            "postgresql://vmready@/vmready?host=/run/postgresql": (
+                "postgresql://vmready@/vmready?host=/run/postgresql"
+            ),
+            "postgresql://[::1]:5433/vmready": "postgresql://[::1]:5433/vmready",
+        }
+        for location, shown in cases.items():
+            self.assertEqual(display_location(location), shown, location)
+
+    def test_whatLibpqCannotReadShowsNothingButItsScheme(self) -> None:
+        self.assertEqual(
+            display_location("postgresql://vm:s3cret@db/x?nonsense=1"), "postgresql://***"
+        )

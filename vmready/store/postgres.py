@@ -138,24 +138,89 @@ def is_postgres_location(location: str) -> bool:
     return location.startswith(_SCHEMES)
 
 
+# The connection parameters that are secrets: never shown, logged or put in an error.
+_SECRET_PARAMETERS = ("password", "sslpassword")
+
+
 def display_location(location: str) -> str:
-    """``location`` as it may be shown and logged: any password replaced by ``***``."""
+    """``location`` as it may be shown and logged: any password replaced by ``***``.
+
+    The URL keeps its shape where it can; but libpq, not ``urllib``, decides
+    what is the password (it takes ``#`` and ``?`` in one, where ``urllib``
+    sees a fragment or a query), so whenever a secret libpq reads from the
+    URL would still show, the URL is rebuilt from libpq's own reading.  A
+    file path is shown as it is; another scheme's URL without its password.
+    """
+    if not is_postgres_location(location):
+        if "://" not in location:
+            return location
+        return _masked_url(location) or location.split("://", 1)[0] + "://***"
+    try:
+        parameters = psycopg.conninfo.conninfo_to_dict(location)
+    except psycopg.Error:
+        # Not even libpq can read it: show nothing that might be a secret.
+        return location.split("://", 1)[0] + "://***"
+    secrets = [str(parameters[key]) for key in _SECRET_PARAMETERS if parameters.get(key)]
+    shown = _masked_url(location)
+    if shown is not None and not any(_shows(shown, secret) for secret in secrets):
+        return shown
+    return _rebuilt(location.split("://", 1)[0], parameters)
+
+
+def _masked_url(location: str) -> str | None:
+    """The URL with the password of its user part and its secret parameters masked."""
     try:
         parts = urllib.parse.urlsplit(location)
     except ValueError:
-        return location.split("://", 1)[0] + "://***"
+        return None
     netloc = parts.netloc
     if "@" in netloc:
         userinfo, host = netloc.rsplit("@", 1)
         if ":" in userinfo:
             netloc = f"{userinfo.split(':', 1)[0]}:***@{host}"
     query = "&".join(
-        f"{key}=***" if key == "password" else piece
+        f"{key}=***" if key in _SECRET_PARAMETERS else piece
         for piece in parts.query.split("&")
         if piece
         for key in [piece.split("=", 1)[0]]
     )
     return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _shows(text: str, secret: str) -> bool:
+    """Whether ``secret`` can be read in ``text``, as it is or percent-encoded."""
+    return any(
+        form in text
+        for form in {secret, urllib.parse.quote(secret), urllib.parse.quote_plus(secret)}
+    )
+
+
+def _rebuilt(scheme: str, parameters: dict[str, Any]) -> str:
+    """A URL of libpq's reading of a location, its secrets as ``***``."""
+    rest = dict(parameters)
+    user = rest.pop("user", None)
+    password = rest.pop("password", None)
+    host = rest.pop("host", None)
+    port = rest.pop("port", None)
+    dbname = rest.pop("dbname", None)
+    netloc = ""
+    if user or password:
+        netloc = urllib.parse.quote(str(user or ""), safe="") + (":***" if password else "") + "@"
+    if host and not str(host).startswith("/") and "," not in str(host):
+        netloc += f"[{host}]" if ":" in str(host) else str(host)
+        if port:
+            netloc += f":{port}"
+    else:
+        if host:
+            rest["host"] = host
+        if port:
+            rest["port"] = port
+    query = "&".join(
+        f"{key}=***" if key in _SECRET_PARAMETERS else f"{key}={urllib.parse.quote(str(value))}"
+        for key, value in rest.items()
+    )
+    path = "/" + urllib.parse.quote(str(dbname), safe="") if dbname else ""
+    return f"{scheme}://{netloc}{path}" + (f"?{query}" if query else "")
 
 
 @functools.lru_cache(maxsize=1024)
