@@ -316,9 +316,13 @@ class Lifecycle:
         return self.state.agent_status(name)
 
     def metrics(self) -> builtins.list[MetricFamily]:
-        """Every metric as it stands now: counters so far, gauges read from the store now."""
+        """Every metric as it stands now: counters so far, gauges read from the store now.
+
+        The instances this daemon runs (all, on a single host): a cluster's
+        members are each scraped, and summing them counts each instance once.
+        """
         return self.state.metrics.families(
-            [record.operator_status.value for record in self.state.list()],
+            [record.operator_status.value for record in self.state.store.owned_instances()],
             [monitor.status for monitor in self.state.monitors.values()],
         )
 
