@@ -23,6 +23,7 @@ from twisted.internet.task import Clock, deferLater
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from tests.reactor import reactor
+from vmready.domain.model import InstanceRecord
 from vmready.domain.states import PowerState, TaskState, VMState
 from vmready.lifecycle.events import LIFECYCLE, OPERATION, Event, EventBus
 from vmready.lifecycle.relay import (
@@ -36,7 +37,7 @@ from vmready.lifecycle.relay import (
     relayable,
 )
 from vmready.store.asyncstore import AsyncStore
-from vmready.store.executor import DatabaseThread
+from vmready.store.executor import DatabaseThread, InlineExecutor
 from vmready.store.sqlite import Store
 
 
@@ -81,6 +82,12 @@ class BusOnlyStore:
         reading: Deferred[None] = Deferred()
         self.reads.append(reading)
         return reading
+
+    def list_instances(self) -> list[InstanceRecord]:
+        return []  # rows are not this fake's concern (ResyncTests reads real ones)
+
+    def owns(self, record: InstanceRecord) -> bool:
+        return record.member == self.member
 
 
 def member(name: str, wire: Wire, clock: Clock) -> tuple[EventBus, BusOnlyStore, EventRelay]:
@@ -447,3 +454,45 @@ class StoreOrderTests(TestCase):
 
 def _change(op: str, name: str, member: str) -> str:
     return json.dumps({"op": op, "name": name, "old_name": None, "member": member})
+
+
+class ResyncTests(TestCase):
+    """After lost notifications, what changed meanwhile is announced from the rows read again."""
+
+    def setUp(self) -> None:
+        directory = self.mktemp()
+        os.makedirs(directory)
+        path = os.path.join(directory, "vmready.sqlite")
+        self.other = Store.open(path)  # member a's writes, unheard by b
+        self.addCleanup(self.other.close)
+        for name, member_name in (("db1", "a"), ("old", "a"), ("same", "a"), ("mine", "b")):
+            self.other.create_instance(name, {}, {}, member=member_name)
+        engine = Store.open(path)
+        self.addCleanup(engine.close)
+        self.store = AsyncStore(engine, InlineExecutor(), cached=True, member="b")
+        self.bus = EventBus(Clock().seconds, location="b")
+        self.seen: list[Event] = []
+        self.bus.subscribe(self.seen.append)
+        self.relay = EventRelay(self.bus, self.store, "b")
+
+    def test_changedAndDeletedInstancesOfOtherMembersAreAnnounced(self) -> None:
+        self.other.finish_task("db1", TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING)
+        self.other.delete_instance("old")
+        self.other.create_instance("web1", {}, {}, member="a")
+        self.other.finish_task("mine", TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN)
+        self.relay.resync()
+        announced = [
+            (e.metadata["source"], e.metadata["action"], e.metadata["context"].get("status"))
+            for e in self.seen
+        ]
+        self.assertEqual(
+            announced,
+            [
+                ("/1.0/instances/db1", "instance-state", "Running"),
+                ("/1.0/instances/old", "instance-deleted", None),
+                ("/1.0/instances/web1", "instance-state", "Starting"),  # building
+            ],
+        )
+        self.assertEqual({e.location for e in self.seen}, {"a"})
+        self.assertTrue(all(e.relayed and e.metadata["context"]["resynced"] for e in self.seen))
+        self.assertEqual(self.store.get_instance("db1").vm_state, VMState.ACTIVE)

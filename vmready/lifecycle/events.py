@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 from twisted.logger import Logger
 
+from vmready.domain.model import InstanceRecord
 from vmready.lifecycle.faults import SERVER_SOURCE, FaultLog
 
 LIFECYCLE = "lifecycle"
@@ -86,6 +87,10 @@ class EventBus:
         self._deliver(event)
         return event
 
+    def now(self) -> float:
+        """The time events published here are stamped with."""
+        return self._clock()
+
     def publish_relayed(self, event: Event) -> Event:
         """Send an event another member published, as it was (its time, its location).
 
@@ -120,3 +125,16 @@ class EventBus:
         return self.publish(
             LIFECYCLE, {"action": action, "source": SERVER_SOURCE, "context": context or {}}
         )
+
+
+def instance_state_context(record: InstanceRecord) -> dict[str, Any]:
+    """What an ``instance-state`` event says: everything a watcher needs to show the instance."""
+    return {
+        "status": record.status.name,
+        "status_code": int(record.status.code),
+        "display_status": record.display_status,
+        "vm_state": record.vm_state.value,
+        "task_state": record.task_state.value if record.task_state else None,
+        "power_state": record.power_state.value,
+        "error": record.error or "",
+    }

@@ -51,7 +51,15 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from vmready.lifecycle.events import EVENT_TYPES, LIFECYCLE, OPERATION, Event, EventBus
+from vmready.domain.model import InstanceRecord
+from vmready.lifecycle.events import (
+    EVENT_TYPES,
+    LIFECYCLE,
+    OPERATION,
+    Event,
+    EventBus,
+    instance_state_context,
+)
 from vmready.store.notifications import EVENTS_CHANNEL, INSTANCES_CHANNEL, MAX_PAYLOAD_BYTES
 
 __all__ = [
@@ -87,6 +95,10 @@ class RelayStore(Protocol):
     def refresh_instance(self, name: str) -> Deferred[Any]: ...
 
     def reload_instances(self) -> Deferred[None]: ...
+
+    def list_instances(self) -> list[InstanceRecord]: ...
+
+    def owns(self, record: InstanceRecord) -> bool: ...
 
 
 def relayable(event: Event) -> bool:
@@ -365,8 +377,36 @@ class EventRelay:
             self._reread(self.store.refresh_instance(name), f"instance {name}")
 
     def resync(self) -> None:
-        """Notifications were lost (the listener reconnected): read every row again."""
-        self._reread(self.store.reload_instances(), "every instance")
+        """Notifications were lost (the listener reconnected): read every row again.
+
+        The events other members published meanwhile are lost with them; what
+        they announced is not: each other member's instance whose state the
+        reading finds changed is announced here with an ``instance-state``
+        event (``instance-deleted`` if it is gone), its context saying
+        ``"resynced": true``, so a ``vmready wait`` on this member sees it.
+        """
+        before = {r.name: r for r in self.store.list_instances() if not self.store.owns(r)}
+        reading = self.store.reload_instances()
+        reading.addCallback(lambda _: self._announce_resynced(before))
+        self._reread(reading, "every instance")
+
+    def _announce_resynced(self, before: dict[str, InstanceRecord]) -> None:
+        after = {r.name: r for r in self.store.list_instances() if not self.store.owns(r)}
+        now = self.bus.now()
+        for name in sorted(before.keys() | after.keys()):
+            old, new = before.get(name), after.get(name)
+            if new is None:
+                action, context, shown = "instance-deleted", {}, before[name]
+            elif old is not None and _shown_state(old) == _shown_state(new):
+                continue
+            else:
+                action, context, shown = "instance-state", instance_state_context(new), new
+            metadata = {
+                "action": action,
+                "source": f"/1.0/instances/{name}",
+                "context": {**context, "resynced": True},
+            }
+            self._order_publish(Event(LIFECYCLE, now, metadata, location=shown.member))
 
     def on_event(self, payload: str) -> None:
         """An event was relayed: publish it here if another member sent it."""
@@ -396,6 +436,15 @@ class EventRelay:
 
         reading.addBoth(done)
 
+    def _order_publish(self, event: Event) -> None:
+        """An event of this relay's own, in order with the others it holds."""
+        self._publish(self._order.event(event))
+
     def _publish(self, events: list[Event]) -> None:
         for event in events:
             self.bus.publish_relayed(event)
+
+
+def _shown_state(record: InstanceRecord) -> tuple[Any, ...]:
+    """What an ``instance-state`` event would say of ``record``, to tell whether it changed."""
+    return (record.vm_state, record.task_state, record.power_state, record.ready, record.error)

@@ -62,7 +62,7 @@ from vmready.hypervisor.driver import HypervisorDriver
 from vmready.hypervisor.imagetool import ImageInfo, ImageTool
 from vmready.hypervisor.runningvm import RunningVM
 from vmready.lifecycle.agenthistory import AgentHistory
-from vmready.lifecycle.events import EventBus
+from vmready.lifecycle.events import EventBus, instance_state_context
 from vmready.lifecycle.hooks import RECORD_KEY, RecorderLookup
 from vmready.lifecycle.metrics import LifecycleMetrics
 from vmready.lifecycle.operations import Operations
@@ -550,19 +550,7 @@ class LifecycleState:
 
     def publish_state(self, record: InstanceRecord) -> None:
         """An ``instance-state`` event with everything a watcher needs to show the instance."""
-        self.events.lifecycle(
-            "instance-state",
-            record.name,
-            {
-                "status": record.status.name,
-                "status_code": int(record.status.code),
-                "display_status": record.display_status,
-                "vm_state": record.vm_state.value,
-                "task_state": record.task_state.value if record.task_state else None,
-                "power_state": record.power_state.value,
-                "error": record.error or "",
-            },
-        )
+        self.events.lifecycle("instance-state", record.name, instance_state_context(record))
 
     async def check_boot_source(self, boot: BootSource) -> ImageInfo | None:
         """Check what an instance would boot; the image's description, or BadRequest."""
