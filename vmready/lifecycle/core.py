@@ -89,6 +89,7 @@ from vmready.lifecycle.watching import Watching
 from vmready.protocols.prometheus import MetricFamily
 from vmready.protocols.ringbuffer import AgentStatus
 from vmready.store.asyncstore import AsyncStore
+from vmready.store.executor import OutcomeUnknown, StoreWriteFailed
 from vmready.store.sqlite import Store
 from vmready.trust.certs import CertificatePair
 
@@ -252,8 +253,19 @@ class Lifecycle:
             if current.task_state is not None:
                 raise task_conflict(action, name, current.task_state, current.vm_state)
             await self.actions.preflight(action, current, prepared)
-        record = await self.state.store.claim_task(name, action, spec.allowed_from, spec.tasks[0])
-        context = await ActionContext.begin(self.state, name, action, spec.tasks[0])
+        task = spec.tasks[0]
+        try:
+            record = await self.state.store.claim_task(name, action, spec.allowed_from, task)
+        except OutcomeUnknown:
+            # The claim may have been kept: no action will run it, so give it back.
+            await self._give_back_claim(name, task)
+            raise
+        try:
+            context = await ActionContext.begin(self.state, name, action, task)
+        except StoreWriteFailed:
+            # The claim was kept, the action's history could not be: no action runs.
+            await self._give_back_claim(name, task)
+            raise
         recorder = (
             self.state.recorders.recorder_for(name) if self.state.recorders is not None else None
         )
@@ -272,6 +284,34 @@ class Lifecycle:
         operation = operations.run(f"{action.capitalize()} instance {name}", name, work)
         context.report_to(lambda metadata: operations.report(operation, metadata))
         return operation
+
+    async def _give_back_claim(self, name: str, task: TaskState) -> None:
+        """End a claimed task no action will run, leaving the instance where it was.
+
+        A compare-and-swap on the task: if the claim was not kept after all,
+        there is nothing to give back.  If the store still fails, the task stays
+        until the daemon's next start resolves it (as for any interrupted task).
+        """
+        current = self.state.store.find_instance(name)
+        if current is None:
+            return
+        try:
+            await self.state.store.finish_task(name, task, current.vm_state)
+        except Conflict:
+            return  # not claimed after all (or claimed by another action meanwhile)
+        except StoreWriteFailed as e:
+            self.log.warn(
+                "instance {name} keeps task {task} until the daemon restarts: {error}",
+                name=name,
+                task=task.value,
+                error=e.message,
+            )
+            return
+        self.log.info(
+            "gave back the {task} task of {name}: its action could not start",
+            name=name,
+            task=task.value,
+        )
 
     async def rename(self, name: str, new_name: str) -> Operation:
         """Rename a stopped instance (LXD's rename); a 400, 404 or 409 before the operation."""
