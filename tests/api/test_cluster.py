@@ -586,6 +586,80 @@ class UnreachableOwnerTests(ClusterTestCase):
         self.assertIn(b"is not trusted by the daemon", stranger.body)
 
 
+class RetireTests(ClusterTestCase):
+    """``DELETE /1.0/cluster/members/<name>``: a retired member's certificate is refused."""
+
+    async def as_b(self) -> Relayed:
+        """A request to a's remote API presenting b's certificate, as b forwards."""
+        record = self.b.membership.view.find("a")
+        assert record is not None
+        return await self.forwarder(self.b.server, "b").forward(
+            record, b"GET", b"/1.0/instances", b"", None
+        )
+
+    async def test_anOnlineMemberIsNotRemoved(self) -> None:
+        reply = await self.call(self.a, "DELETE", "/1.0/cluster/members/b")
+        # The lease written when b renewed last; the store judges it, on its clock.
+        await self.a.membership.refresh()
+        view = self.a.membership.view.find("b")
+        assert view is not None
+        self.assertError(
+            reply,
+            409,
+            f"cluster member b is online (its lease runs until {lease_time(view.lease_expires)})"
+            ": stop its daemon first, then remove it",
+        )
+
+    async def test_theMemberAnsweringDoesNotRemoveItself(self) -> None:
+        await self.a.membership.stop()
+        self.assertError(
+            await self.call(self.a, "DELETE", "/1.0/cluster/members/a"),
+            409,
+            "cluster member a is the one answering this request and cannot remove itself: "
+            "stop its daemon, then remove it through another member",
+        )
+        self.assertIsNotNone(self.b.membership.view.find("a"))
+
+    async def test_aMemberWithInstancesIsNotRemoved(self) -> None:
+        await self.launch(self.b, "web1", target="b")
+        await self.launch(self.b, "web2", target="b")
+        await self.b.membership.stop()
+        self.assertError(
+            await self.call(self.a, "DELETE", "/1.0/cluster/members/b"),
+            409,
+            "cluster member b still has 2 instances: start it again and delete them first "
+            "(vmready cannot move instances to another member)",
+        )
+
+    async def test_unknownMember(self) -> None:
+        self.assertError(
+            await self.call(self.a, "DELETE", "/1.0/cluster/members/c"),
+            404,
+            "no cluster member is called 'c' (members: a, b)",
+        )
+
+    async def test_anUnreachableMemberStaysTrustedUntilItIsRemoved(self) -> None:
+        await self.b.membership.stop()
+        await self.a.membership.refresh()
+        # Unreachable, b is still a member: when it comes back it forwards at once.
+        self.assertEqual((await self.as_b()).code, 200)
+        reply = await self.call(self.a, "DELETE", "/1.0/cluster/members/b")
+        self.assertEqual(reply.code, 200, reply.body)
+        self.assertEqual(
+            (reply.metadata["server_name"], reply.metadata["fingerprint"]),
+            ("b", self.b.server.fingerprint),
+        )
+        members = await self.call(self.a, "GET", "/1.0/cluster/members")
+        self.assertEqual(members.metadata, ["/1.0/cluster/members/a"])
+        # At once, no renewal in between: b's certificate is nobody's any more.
+        refused = await self.as_b()
+        self.assertEqual(refused.code, 403)
+        self.assertIn(
+            f"this client's certificate ({self.b.server.fingerprint}) is not trusted".encode(),
+            refused.body,
+        )
+
+
 async def _failure(pending: Deferred[Any]) -> Any:
     try:
         await pending

@@ -109,22 +109,74 @@ class ClusterCLITests(ClusterTestCase):
             ),
         )
 
+    async def test_clusterRemove(self) -> None:
+        code, out, err = await self.cli(self.a, "cluster", "remove", "b")
+        self.assertEqual((code, out), (1, ""))
+        self.assertTrue(
+            err.startswith("vmready: Error: cluster member b is online (its lease runs until "),
+            err,
+        )
+        self.assertTrue(err.endswith("): stop its daemon first, then remove it\n"), err)
+        await self.ok(self.b, "launch", "web1", "--target", "b")
+        # As the daemon does when the store tells it another member wrote a row.
+        await self.a.lifecycle.state.store.refresh_instance("web1")
+        await self.b.membership.stop()
+        self.assertEqual(
+            await self.cli(self.a, "cluster", "remove", "b"),
+            (
+                1,
+                "",
+                "vmready: Error: cluster member b still has 1 instance: start it again and "
+                "delete them first (vmready cannot move instances to another member)\n",
+            ),
+        )
+        self.assertEqual(
+            await self.cli(self.b, "cluster", "remove", "b"),
+            (
+                1,
+                "",
+                "vmready: Error: cluster member b is the one answering this request and cannot "
+                "remove itself: stop its daemon, then remove it through another member\n",
+            ),
+        )
+        # b comes back to delete its instance, and stops again.
+        await self.b.membership.start()
+        await self.a.membership.refresh()
+        self.assertEqual(await self.ok(self.a, "delete", "web1", "--force"), "Deleted web1\n")
+        await self.b.membership.stop()
+        self.assertEqual(
+            await self.ok(self.a, "cluster", "remove", "b"),
+            f"Removed cluster member b ({self.b.address})\n",
+        )
+        table = await self.ok(self.a, "cluster", "list")
+        self.assertEqual([line.split()[0] for line in table.splitlines()], ["NAME", "a"])
+        self.assertEqual(
+            await self.cli(self.a, "cluster", "remove", "b"),
+            (1, "", "vmready: Error: no cluster member is called 'b' (members: a)\n"),
+        )
+
 
 class CompletionTests(ShellTestCase):
     """``cluster`` and its verbs complete in real shells, and a typo names it."""
 
     async def test_bash(self) -> None:
         self.assertEqual(await self.complete("bash", "vmready", "clu"), ["cluster"])
-        self.assertEqual(await self.complete("bash", "vmready", "cluster", ""), ["list", "show"])
+        self.assertEqual(
+            await self.complete("bash", "vmready", "cluster", ""), ["list", "show", "remove"]
+        )
         self.assertEqual(
             await self.complete("bash", "vmready", "launch", "web1", "--ta"), ["--target"]
         )
 
     async def test_zsh(self) -> None:
-        self.assertEqual(await self.complete("zsh", "vmready", "cluster", ""), ["list", "show"])
+        self.assertEqual(
+            await self.complete("zsh", "vmready", "cluster", ""), ["list", "show", "remove"]
+        )
 
     async def test_fish(self) -> None:
-        self.assertEqual(await self.complete("fish", "vmready", "cluster", ""), ["list", "show"])
+        self.assertEqual(
+            await self.complete("fish", "vmready", "cluster", ""), ["list", "remove", "show"]
+        )
 
     async def test_didYouMean(self) -> None:
         out, err = io.StringIO(), io.StringIO()
@@ -132,4 +184,20 @@ class CompletionTests(ShellTestCase):
         self.assertEqual(
             (code, err.getvalue()),
             (2, "vmready: unknown command 'clustr' (did you mean 'cluster'?)\n"),
+        )
+        out, err = io.StringIO(), io.StringIO()
+        code = await run(reactor, ["cluster", "remov", "b"], out, err, {})
+        self.assertEqual(
+            (code, err.getvalue()),
+            (
+                2,
+                "usage: vmready cluster [-h] VERB ...\nvmready: error: argument VERB: invalid "
+                "choice: 'remov' (did you mean 'remove'?)\n",
+            ),
+        )
+        out, err = io.StringIO(), io.StringIO()
+        code = await run(reactor, ["cluster", "zap", "b"], out, err, {})
+        self.assertEqual(code, 2)
+        self.assertIn(
+            "invalid choice: 'zap' (choose from 'list', 'show', 'remove')", err.getvalue()
         )

@@ -17,6 +17,8 @@ import concurrent.futures
 import json
 import os
 import signal
+import subprocess
+import sys
 from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
@@ -187,6 +189,50 @@ class TwoMemberTests(SynchronousTestCase):
         # The VM outlived its daemon: A adopted it again, and acts on it through B too.
         self.b.cli("stop", NAME, "--force")
         eventually(lambda: self.b.listed().get(NAME) == "STOPPED", f"{NAME} stopped via b")
+
+    def test_trustChangedThroughAReachesB(self) -> None:
+        config = self.mktemp()
+
+        def laptop(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "vmready.cli.main", *args],
+                capture_output=True,
+                text=True,
+                timeout=DEADLINE,
+                env={**os.environ, "VMREADY_CONFIG_DIR": config},
+                check=False,
+            )
+
+        token = self.a.cli("config", "trust", "add", "laptop").stdout.splitlines()[1]
+        added = laptop("remote", "add", "a", "--token", token)
+        self.assertEqual(added.returncode, 0, added.stderr)
+        address = self.cluster_list(self.a)["b"][0]
+        _, member = self.b.get("/1.0/cluster/members/b")
+        fingerprint = member["metadata"]["fingerprint"]
+        # B trusts the client A trusted, without a restart.
+        add_b = ("remote", "add", "b", f"https://{address}", "--fingerprint", fingerprint)
+        eventually(lambda: laptop(*add_b).returncode == 0, "b trusting the laptop")
+        self.assertEqual(laptop("list", "b:").returncode, 0)
+        self.a.cli("config", "trust", "remove", "laptop")
+
+        def refused() -> subprocess.CompletedProcess[str] | None:
+            listed = laptop("list", "b:")
+            return listed if listed.returncode else None
+
+        self.assertIn(
+            "is not trusted by the daemon", eventually(refused, "b refusing the laptop").stderr
+        )
+
+    def test_aStoppedMemberIsRemoved(self) -> None:
+        online = self.a.cli("cluster", "remove", "b", check=False)
+        self.assertEqual(online.returncode, 1)
+        self.assertIn("cluster member b is online", online.stderr)
+        address = self.cluster_list(self.a)["b"][0]
+        self.b.system.stop_daemon()
+        eventually(lambda: self.member_status(self.a, "b") == "Unreachable", "b unreachable")
+        removed = self.a.cli("cluster", "remove", "b")
+        self.assertEqual(removed.stdout, f"Removed cluster member b ({address})\n")
+        self.assertEqual(list(self.cluster_list(self.a)), ["a"])
 
     def launch_on_a(self) -> None:
         """Launch NAME through A (the least loaded member on a tie: a), listed by both."""

@@ -8,6 +8,7 @@ check what holds whatever the time.
 
 from __future__ import annotations
 
+import datetime
 import os
 
 from twisted.internet.task import Clock
@@ -15,6 +16,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from tests.postgres import postgres_location
 from vmready.domain.members import MemberState
+from vmready.domain.model import Conflict, NotFound
 from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
 from vmready.store.asyncstore import AsyncStore
 from vmready.store.executor import InlineExecutor
@@ -229,4 +231,56 @@ class MembersTestsOnPostgreSQL(OnPostgreSQL, MembersTests):
 
 
 class OwnedInstancesTestsOnPostgreSQL(OnPostgreSQL, OwnedInstancesTests):
+    pass
+
+
+class RetireTests(_MembersTestCase):
+    """``remove_member``: only a member out of its lease, with no instance left, is removed."""
+
+    def test_anOnlineMemberIsNotRemoved(self) -> None:
+        expires = self.store.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
+        at = datetime.datetime.fromtimestamp(expires, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        with self.assertRaises(Conflict) as raised:
+            self.store.remove_member("host1")
+        self.assertEqual(
+            str(raised.exception),
+            f"cluster member host1 is online (its lease runs until {at}): stop its daemon "
+            "first, then remove it",
+        )
+        self.assertEqual([m.name for m in self.store.list_members().members], ["host1"])
+
+    def test_aMemberWithInstancesIsNotRemovedAndTheyAreCounted(self) -> None:
+        self.store.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
+        self.store.create_instance("web1", {}, {}, member="host1")
+        self.store.create_instance("web2", {}, {}, member="host1")
+        self.store.create_instance("db", {}, {}, member="host2")
+        self.store.give_up_lease("host1")
+        with self.assertRaises(Conflict) as raised:
+            self.store.remove_member("host1")
+        self.assertEqual(
+            str(raised.exception),
+            "cluster member host1 still has 2 instances: start it again and delete them "
+            "first (vmready cannot move instances to another member)",
+        )
+        self.store.delete_instance("web2")
+        with self.assertRaises(Conflict) as raised:
+            self.store.remove_member("host1")
+        self.assertIn("still has 1 instance:", str(raised.exception))
+        self.assertEqual([m.name for m in self.store.list_members().members], ["host1"])
+
+    def test_aMemberOutOfItsLeaseWithoutInstancesIsRemoved(self) -> None:
+        self.store.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
+        self.store.renew_lease("host2", "10.0.0.2:8443", "bb" * 32, 15.0)
+        self.store.give_up_lease("host1")
+        removed = self.store.remove_member("host1")
+        self.assertEqual((removed.name, removed.fingerprint), ("host1", "aa" * 32))
+        self.assertEqual([m.name for m in self.store.list_members().members], ["host2"])
+        with self.assertRaises(NotFound) as raised:
+            self.store.remove_member("host1")
+        self.assertEqual(
+            str(raised.exception), "no cluster member is called 'host1' (members: host2)"
+        )
+
+
+class RetireTestsOnPostgreSQL(OnPostgreSQL, RetireTests):
     pass

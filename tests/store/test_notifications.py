@@ -23,6 +23,7 @@ from vmready.store.notifications import (
     EVENTS_CHANNEL,
     INSTANCES_CHANNEL,
     MEMBERS_CHANNEL,
+    TRUST_CHANNEL,
     NotificationListener,
 )
 from vmready.store.sqlite import Store
@@ -183,6 +184,24 @@ class ListenerTests(TestCase):
                 (MEMBERS_CHANNEL, "UPDATE", "m1"),
                 (MEMBERS_CHANNEL, "UPDATE", "m1"),
                 (MEMBERS_CHANNEL, "UPDATE", "m1"),
+            ],
+        )
+
+    async def test_aCertificateTrustedOrRemovedIsDelivered(self) -> None:
+        listener = NotificationListener(
+            reactor, self.location, [TRUST_CHANNEL], self.heard.deliver, self.heard.resync
+        )
+        self.addCleanup(listener.stop)
+        await listener.start()
+        self.store.trust.add_token("laptop", "ab" * 32, 1000.0, 2000.0)  # a token: nothing
+        self.store.trust.redeem_token("ab" * 32, "cd" * 32, 1001.0)
+        self.store.trust.remove_certificate("cd" * 32)
+        await self.heard.until(2)
+        self.assertEqual(
+            self.heard.notifications,
+            [
+                (TRUST_CHANNEL, {"op": "INSERT", "fingerprint": "cd" * 32}),
+                (TRUST_CHANNEL, {"op": "DELETE", "fingerprint": "cd" * 32}),
             ],
         )
 

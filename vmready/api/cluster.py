@@ -27,7 +27,13 @@ from twisted.web.iweb import IRequest
 from vmready.api.forwarding import FORWARDED_BY, Forwarder, Relayed
 from vmready.api.views import unreachable_fault
 from vmready.domain.members import MemberRecord, MemberState
-from vmready.domain.model import InstanceRecord, LoopDetected, NotFound, Unavailable
+from vmready.domain.model import (
+    Conflict,
+    InstanceRecord,
+    LoopDetected,
+    NotFound,
+    Unavailable,
+)
 from vmready.domain.reactor import IVMReadyReactor
 from vmready.lifecycle.faults import Fault
 from vmready.lifecycle.members import Membership, lease_time
@@ -108,6 +114,29 @@ class ClusterContext:
                 return shown
         known = ", ".join(m.name for m in self.membership.view.members) or "none"
         raise NotFound(f"no cluster member is called {name!r} (members: {known})")
+
+    async def remove_member(self, name: str) -> dict[str, Any]:
+        """Retire member ``name``: its row goes, and its certificate is no member's any more.
+
+        409 for the member answering (it would remove itself while it serves),
+        for one online, or for one still running instances (the store judges
+        the last two, on its clock, as it deletes); 404 for no such member.
+        This member reads the members again at once; the others hear of it
+        (PostgreSQL: ``vmready_members``) or read it at their next renewal.
+        """
+        if name == self.name:
+            raise Conflict(
+                f"cluster member {name} is the one answering this request and cannot remove "
+                "itself: stop its daemon, then remove it through another member"
+            )
+        removed = await self.membership.store.remove_member(name)
+        await self.membership.refresh()
+        self.log.info(
+            "removed cluster member {member} ({address})",
+            member=removed.name,
+            address=removed.address,
+        )
+        return member_json(removed, MemberState.UNREACHABLE, 0)
 
     # -- instances ----------------------------------------------------------
 

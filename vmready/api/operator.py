@@ -23,7 +23,9 @@ Routes:
 - ``GET /1.0/operations``, ``GET /1.0/operations/<id>``, ``GET /1.0/operations/<id>/wait``.
 - ``GET /1.0/metrics`` — Prometheus' text format, not an envelope (``api.metrics``).
 - ``GET /1.0/cluster/members`` (``?recursion=1`` for objects), ``GET /1.0/cluster/members/<name>``
-  — the cluster's members (404 on a daemon that is no member: ``api.cluster``).
+  — the cluster's members (404 on a daemon that is no member: ``api.cluster``);
+  ``DELETE /1.0/cluster/members/<name>`` retires one (409 while online, running
+  instances, or the member answering).
 
 A daemon that is a cluster member (``cluster=ClusterContext(...)``) answers
 for every member: requests about an instance another member runs are
@@ -546,6 +548,13 @@ class OperatorAPI:
         if self.cluster is None:
             raise NotFound(NOT_A_MEMBER)
         return sync_response(request, self.cluster.member_json(name))
+
+    @app.route("/1.0/cluster/members/<name>", methods=["DELETE"])
+    async def remove_member(self, request: IRequest, name: str) -> bytes:
+        """Retire a member: offline, running no instance, not this one (409 otherwise)."""
+        if self.cluster is None:
+            raise NotFound(NOT_A_MEMBER)
+        return sync_response(request, await self.cluster.remove_member(name))
 
     # -- events -----------------------------------------------------------
 

@@ -16,7 +16,12 @@ In a cluster the certificates of the current members (the fingerprints the
 members table holds, as the ``Membership`` last read them) are trusted too,
 as ``member NAME``: each member forwards requests to another presenting its
 own server certificate.  Only those: a certificate stops being trusted this
-way when its member's row is gone or holds another fingerprint.
+way when its member's row is gone (``cluster remove``) or holds another
+fingerprint.  A member whose lease ran out (unreachable) keeps its row, and
+so its trust: coming back, it must relay requests and answer relayed ones at
+once, before every other member has read its new lease; it holds no more
+than its row's owner had, and whoever can write the members table is trusted
+already.
 """
 
 from __future__ import annotations

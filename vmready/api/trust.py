@@ -1,9 +1,13 @@
 """Who may use the remote operator API: the trust store, its tokens, and each request's peer.
 
 ``TrustRegistry`` keeps the trusted client certificates in memory (loaded
-before the remote API listens, changed only through it), so the gate in front
-of the remote API (``api.remote``) decides every request without waiting for
-the store; every change is committed to the store first.  It issues trust
+before the remote API listens), so the gate in front of the remote API
+(``api.remote``) decides every request without waiting for the store; every
+change is committed to the store first.  Cluster members share the store, so
+a certificate may be trusted or removed through another member: each member
+reads the trust store again (``refresh``) when PostgreSQL tells it so
+(``vmready_trust``) or its listener was cut off, and a certificate gone from
+the store is revoked as a removal here revokes it.  It issues trust
 tokens (``vmready config trust add NAME``), redeems them for the client
 certificate that presents one, lists and removes trusted certificates, and
 tells whoever listens when one is removed (the gate then closes that
@@ -22,6 +26,8 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
+from twisted.internet.defer import Deferred
+from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 
 from vmready.domain.model import BadRequest, Forbidden, NotFound
@@ -98,7 +104,11 @@ def validate_trust_name(name: object) -> str:
 
 
 class TrustRegistry:
-    """The trusted client certificates, read at every remote request, changed through here."""
+    """The trusted client certificates, read at every remote request.
+
+    Changed through here, or read again (``refresh``) when another member
+    changed them.
+    """
 
     def __init__(
         self,
@@ -115,11 +125,62 @@ class TrustRegistry:
         self.addresses: list[str] = []
         self._trusted: dict[str, TrustedCertificate] = {}
         self._revoked: list[Callable[[str, IRequest | None], None]] = []
+        # Whether a refresh runs, and whether another read is owed after its current one.
+        self._refreshing = False
+        self._owed = False
+        self._waiting: list[Deferred[None]] = []
 
     async def load(self) -> None:
         """Read the trusted certificates (before the remote API listens)."""
-        entries = await self._store.run(lambda engine: engine.trust.trusted_certificates())
-        self._trusted = {entry.fingerprint: entry for entry in entries}
+        await self.refresh()
+
+    def refresh(self) -> Deferred[None]:
+        """Read the trust store again: trust what is new, revoke what is gone.
+
+        Another member trusted or removed a certificate; a certificate gone is
+        revoked as ``remove`` revokes it (its requests in progress end).  Fires
+        once a read that began after this call is applied; calls while one
+        runs share one more read.  The store runs its calls in order and
+        answers them in that order, so a read is applied before any change
+        made here after it (a redeemed token, a removal), and after any made
+        before it: it never undoes one, nor revokes in a removal's place.
+        """
+        done: Deferred[None] = Deferred()
+        self._waiting.append(done)
+        self._owed = True
+        if not self._refreshing:
+            self._refreshing = True
+            Deferred.fromCoroutine(self._refresh_while_owed())
+        return done
+
+    async def _refresh_while_owed(self) -> None:
+        try:
+            while self._owed:
+                self._owed = False
+                waiting, self._waiting = self._waiting, []
+                try:
+                    entries = await self._store.run(
+                        lambda engine: engine.trust.trusted_certificates()
+                    )
+                except Exception:
+                    # Those waiting learn why; any asked since get a read of their own.
+                    failure = Failure()
+                    for done in waiting:
+                        done.errback(failure)
+                    continue
+                self._apply(entries)
+                for done in waiting:
+                    done.callback(None)
+        finally:
+            self._refreshing = False
+
+    def _apply(self, entries: list[TrustedCertificate]) -> None:
+        trusted = {entry.fingerprint: entry for entry in entries}
+        gone = [fingerprint for fingerprint in self._trusted if fingerprint not in trusted]
+        self._trusted = trusted
+        for fingerprint in gone:
+            for listener in list(self._revoked):
+                listener(fingerprint, None)
 
     def trusted(self, fingerprint: str) -> TrustedCertificate | None:
         """The entry trusting ``fingerprint``, or None."""

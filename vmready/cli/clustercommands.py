@@ -1,9 +1,9 @@
-"""``vmready cluster list|show``: the members of the daemon's cluster, as it sees them."""
+"""``vmready cluster list|show|remove``: the members of the daemon's cluster, as it sees them."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from collections.abc import Awaitable, Callable
 from urllib.parse import quote
 
 from vmready.cli import tables
@@ -21,16 +21,33 @@ async def _cluster_list(client: Client, output: Output, args: argparse.Namespace
 
 
 async def _cluster_show(client: Client, output: Output, args: argparse.Namespace) -> int:
-    member = await client.get(
-        "/1.0/cluster/members/" + quote(args.member, safe="", errors="surrogateescape")
-    )
+    member = await client.get("/1.0/cluster/members/" + _quoted(args.member))
     # YAML for people, as ``operation show`` and incus do; else the chosen format.
     output.data(member, lambda data: to_yaml(data))
     return EXIT_OK
 
 
+async def _cluster_remove(client: Client, output: Output, args: argparse.Namespace) -> int:
+    removed = (await client.request("DELETE", "/1.0/cluster/members/" + _quoted(args.member)))[
+        "metadata"
+    ]
+    output.data(
+        removed, lambda item: f"Removed cluster member {item['server_name']} ({item['address']})\n"
+    )
+    return EXIT_OK
+
+
+def _quoted(name: str) -> str:
+    return quote(name, safe="", errors="surrogateescape")
+
+
+_VERBS: dict[str, Callable[[Client, Output, argparse.Namespace], Awaitable[int]]] = {
+    "list": _cluster_list,
+    "show": _cluster_show,
+    "remove": _cluster_remove,
+}
+
+
 async def cluster_command(client: Client, output: Output, args: argparse.Namespace) -> int:
     """``vmready cluster VERB``."""
-    verb: Any = _cluster_list if args.cluster_verb == "list" else _cluster_show
-    result: int = await verb(client, output, args)
-    return result
+    return await _VERBS[args.cluster_verb](client, output, args)

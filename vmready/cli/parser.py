@@ -10,6 +10,7 @@ from vmready.cli.completion import SHELLS
 from vmready.cli.errors import UsageError
 from vmready.cli.output import FORMATS
 from vmready.cli.remoteparser import add_remote_commands
+from vmready.cli.suggest import with_choice_suggestion
 from vmready.cli.tables import DEFAULT_COLUMNS, LIST_COLUMNS, Column, parse_columns
 from vmready.hypervisor.accel import ACCEL_CHOICES
 
@@ -23,8 +24,8 @@ class _Parser(argparse.ArgumentParser):
     """argparse that raises instead of exiting, so ``run`` owns the exit status."""
 
     def error(self, message: str) -> NoReturn:
-        """A usage error."""
-        raise UsageError(message, self.format_usage())
+        """A usage error (a mistyped verb or choice: the nearest one named)."""
+        raise UsageError(with_choice_suggestion(message), self.format_usage())
 
 
 def _seconds(text: str) -> float:
@@ -394,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cluster = commands.add_parser(
         "cluster",
-        help="list or show the members of the daemon's cluster",
+        help="list, show or remove the members of the daemon's cluster",
         description=(
             "The members of the daemon's cluster: daemons sharing one store, each holding a "
             "lease it renews. A member whose lease ran out is UNREACHABLE; its instances show "
@@ -412,6 +413,17 @@ def build_parser() -> argparse.ArgumentParser:
         "show",
         help="show one member (YAML unless --format)",
         description="Show one member (YAML unless --format).",
+        parents=[common],
+    ).add_argument("member", metavar="NAME")
+    cluster_verbs.add_parser(
+        "remove",
+        help="retire a member: offline, with no instance left",
+        description=(
+            "Retire a member: its row goes and its certificate is no longer trusted as a "
+            "member's. Refused while it is online (stop its daemon first), while instances "
+            "are still on it (vmready cannot move them: delete them first), and by the member "
+            "itself (ask another member)."
+        ),
         parents=[common],
     ).add_argument("member", metavar="NAME")
     # Remote use: ``remote``, ``config trust``, and list's and monitor's optional REMOTE:.

@@ -1,19 +1,30 @@
-"""'Did you mean': the command nearest a mistyped one, the instance nearest an unknown one."""
+"""'Did you mean': the command or verb nearest a mistyped one, the instance nearest an unknown."""
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import re
 from collections.abc import Iterable, Sequence
 from urllib.parse import unquote
 
 from vmready.cli.client import Client
 from vmready.cli.errors import CommandError
 
-__all__ = ["closest", "command_names", "unknown_command", "with_instance_suggestion"]
+__all__ = [
+    "closest",
+    "command_names",
+    "unknown_command",
+    "with_choice_suggestion",
+    "with_instance_suggestion",
+]
 
 # Global options that take a value (their value is not the command).
 _VALUE_OPTIONS = ("--socket", "--format")
+# argparse's words for a value that is none of the choices (a verb, a shell, a format).
+_INVALID_CHOICE = re.compile(
+    r"invalid choice: '(?P<word>[^']*)' (?P<hint>\(choose from (?P<choices>.*)\))$"
+)
 
 
 def closest(word: str, candidates: Iterable[str]) -> str | None:
@@ -49,6 +60,22 @@ def unknown_command(argv: Sequence[str], commands: Sequence[str]) -> str | None:
     match = closest(word, [name for name in commands if not name.startswith("_")])
     hint = f"did you mean '{match}'?" if match else "see 'vmready --help'"
     return f"unknown command '{word}' ({hint})"
+
+
+def with_choice_suggestion(message: str) -> str:
+    """argparse's "invalid choice" ``message``, naming the nearest choice instead if one is near.
+
+    ``cluster remov`` says ``invalid choice: 'remov' (did you mean 'remove'?)``;
+    with none near, the message lists the choices, as argparse wrote it.
+    """
+    found = _INVALID_CHOICE.search(message)
+    if found is None:
+        return message
+    choices = re.findall(r"'([^']*)'", found["choices"])
+    match = closest(found["word"], choices)
+    if match is None:
+        return message
+    return message[: found.start("hint")] + f"(did you mean '{match}'?)"
 
 
 async def with_instance_suggestion(client: Client, name: str | None, message: str) -> str:

@@ -65,7 +65,7 @@ from vmready.lifecycle.relay import CHANNELS, EventRelay
 from vmready.protocols.transcript import DEFAULT_KEEP, DEFAULT_MAX_BYTES
 from vmready.record.recording import Recorders, RecordingGuestResource
 from vmready.store.asyncstore import AsyncStore
-from vmready.store.notifications import MEMBERS_CHANNEL, NotificationListener
+from vmready.store.notifications import MEMBERS_CHANNEL, TRUST_CHANNEL, NotificationListener
 from vmready.store.sqlite import Store
 from vmready.trust.certs import CertificatePair, ensure_server_certificate
 
@@ -312,7 +312,7 @@ class VMReadyService(MultiService):
         self.listener = NotificationListener(
             self.reactor,
             self.config.store_location,
-            (*CHANNELS, MEMBERS_CHANNEL),
+            (*CHANNELS, MEMBERS_CHANNEL, TRUST_CHANNEL),
             self._notified,
             self._resync,
         )
@@ -320,9 +320,12 @@ class VMReadyService(MultiService):
         self._listening = self.listener.start().addCallback(lambda _: store.reload_instances())
 
     def _notified(self, channel: str, payload: str) -> None:
-        """A notification from the store: members changed, or the relay's (rows, events)."""
+        """A notification from the store: members or trust changed, or the relay's (rows,
+        events)."""
         if channel == MEMBERS_CHANNEL:
             self._members_changed()
+        elif channel == TRUST_CHANNEL:
+            self._trust_changed()
         elif self.relay is not None:
             self.relay.deliver(channel, payload)
 
@@ -331,6 +334,19 @@ class VMReadyService(MultiService):
         if self.relay is not None:
             self.relay.resync()
         self._members_changed()
+        self._trust_changed()
+
+    def _trust_changed(self) -> None:
+        """A client certificate was trusted or removed (maybe through another member): read
+        the trust store now; one gone is revoked here too (its requests end)."""
+        if self.trust is None:
+            return
+        self.trust.refresh().addErrback(
+            lambda failure: self.log.warn(
+                "cannot read the trusted certificates again: {error}",
+                error=failure.getErrorMessage(),
+            )
+        )
 
     def _members_changed(self) -> None:
         """A member joined, came back, moved or left: read the members now, not at renewal."""

@@ -37,7 +37,7 @@ from twisted.internet.interfaces import IReactorThreads
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from vmready.domain.members import MembersView
+from vmready.domain.members import MemberRecord, MembersView
 from vmready.domain.model import ActionRecord, InstanceRecord
 from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
 from vmready.store.database import instance_not_found
@@ -468,6 +468,10 @@ class AsyncStore:
     def list_members(self) -> Deferred[MembersView]:
         """Every member and its instance count, read at one moment of the store's clock."""
         return self._submit(self.engine.list_members)
+
+    def remove_member(self, name: str) -> Deferred[MemberRecord]:
+        """Retire member ``name`` (not while online or stamped on instances); its record."""
+        return self._submit(lambda: self.engine.remove_member(name))
 
     def set_agent_certificate(self, name: str, fingerprint: str) -> Deferred[None]:
         """Record (or replace) the fingerprint of the client certificate issued to an instance."""

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from vmready.domain.members import MemberRecord, MembersView
+import datetime
+from collections.abc import Sequence
+from typing import Any
+
+from vmready.domain.members import MemberRecord, MemberState, MembersView
+from vmready.domain.model import Conflict, NotFound
 from vmready.store.database import Database
 
 __all__ = ["Members"]
@@ -43,10 +48,44 @@ class Members:
                 (self._database.now(), name),
             )
 
-    def remove_member(self, name: str) -> None:
-        """Forget member ``name`` (it must run no instance any more)."""
+    def remove_member(self, name: str) -> MemberRecord:
+        """Retire member ``name``: its row goes (and with it its certificate's trust).
+
+        Refused while its lease holds (Conflict: it may be serving, and would
+        join again at its next renewal) or while instances are still stamped
+        with it (Conflict: they would belong to nobody, and vmready cannot move
+        them); NotFound for a member the store does not have.  Judged on the
+        store's clock, in the transaction that deletes, the row locked: a
+        renewal racing the removal waits for it.
+        """
         with self._database.transaction():
-            self._database.db.execute("DELETE FROM members WHERE name = ?", (name,))
+            db = self._database.db
+            row = db.execute(
+                f"SELECT {_MEMBER_COLUMNS} FROM members WHERE name = ?{self._database.LOCK_ROWS}",
+                (name,),
+            ).fetchone()
+            if row is None:
+                known = [r[0] for r in db.execute("SELECT name FROM members ORDER BY name")]
+                raise NotFound(
+                    f"no cluster member is called {name!r} (members: {', '.join(known) or 'none'})"
+                )
+            member = _member(row)
+            if member.state_at(self._database.now()) is MemberState.ONLINE:
+                raise Conflict(
+                    f"cluster member {name} is online (its lease runs until "
+                    f"{_utc(member.lease_expires)}): stop its daemon first, then remove it"
+                )
+            (count,) = db.execute(
+                "SELECT COUNT(*) FROM instances WHERE member = ?", (name,)
+            ).fetchone()
+            if count:
+                noun = "instance" if count == 1 else "instances"
+                raise Conflict(
+                    f"cluster member {name} still has {count} {noun}: start it again and "
+                    f"delete them first (vmready cannot move instances to another member)"
+                )
+            db.execute("DELETE FROM members WHERE name = ?", (name,))
+        return member
 
     def list_members(self) -> MembersView:
         """Every member and how many instances each runs, at one moment of the store's clock."""
@@ -72,3 +111,19 @@ class Members:
             for row in rows
         )
         return MembersView(members, now, counts)
+
+
+def _member(row: Sequence[Any]) -> MemberRecord:
+    return MemberRecord(
+        name=row[0],
+        address=row[1],
+        fingerprint=row[2],
+        joined_at=float(row[3]),
+        lease_expires=float(row[4]),
+    )
+
+
+def _utc(seconds: float) -> str:
+    """RFC 3339 in UTC, to the second (as the API writes lease times)."""
+    stamp = datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC)
+    return stamp.strftime("%Y-%m-%dT%H:%M:%SZ")

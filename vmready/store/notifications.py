@@ -3,7 +3,9 @@
 Members sharing one PostgreSQL store tell each other what changed through it:
 a trigger on ``instances`` (``store.pgschema``) notifies ``INSTANCES_CHANNEL``
 with each changed row's name, one on ``members`` notifies ``MEMBERS_CHANNEL``
-when a member joins, comes back, moves or gives its lease up, and
+when a member joins, comes back, moves, gives its lease up or is removed, one
+on ``trusted_certificates`` notifies ``TRUST_CHANNEL`` when a client
+certificate is trusted or stops being trusted, and
 ``AsyncStore.publish_event`` notifies ``EVENTS_CHANNEL`` with a lifecycle event.
 PostgreSQL delivers a notification only when its transaction commits, so
 nobody hears of a write the store could still lose.
@@ -40,6 +42,7 @@ __all__ = [
     "INSTANCES_CHANNEL",
     "MAX_PAYLOAD_BYTES",
     "MEMBERS_CHANNEL",
+    "TRUST_CHANNEL",
     "NotificationListener",
 ]
 
@@ -47,6 +50,8 @@ INSTANCES_CHANNEL = "vmready_instances"
 EVENTS_CHANNEL = "vmready_events"
 # A member joined, came back, moved, or gave its lease up (not each plain renewal).
 MEMBERS_CHANNEL = "vmready_members"
+# A client certificate was trusted (a token redeemed) or removed: {"op", "fingerprint"}.
+TRUST_CHANNEL = "vmready_trust"
 # PostgreSQL refuses a NOTIFY payload of 8000 bytes or more; keep clear of it.
 MAX_PAYLOAD_BYTES = 7900
 

@@ -3,9 +3,11 @@
 The same versions as SQLite's (``store.schema``), with the same meaning, in
 PostgreSQL's types: REAL is DOUBLE PRECISION, an ``INTEGER PRIMARY KEY`` an
 identity column; JSON columns stay text, as the tables read and write them.
-Version 5 adds, on PostgreSQL only, the trigger that tells the other members
-of every change to ``instances`` (NOTIFY on ``vmready_instances``, sent when
-the transaction commits).
+Version 5 adds, on PostgreSQL only, the triggers that tell the other members
+of every change to ``instances`` (NOTIFY on ``vmready_instances``), of
+members joining, leaving or removed (``vmready_members``) and of client
+certificates trusted or removed (``vmready_trust``), each sent when its
+transaction commits.
 
 Migrations run at start in one transaction that first takes a transaction
 advisory lock: of two daemons starting at once on an empty database, one
@@ -22,7 +24,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from vmready.domain.model import StoreError
-from vmready.store.notifications import INSTANCES_CHANNEL, MEMBERS_CHANNEL
+from vmready.store.notifications import INSTANCES_CHANNEL, MEMBERS_CHANNEL, TRUST_CHANNEL
 from vmready.store.postgres import (
     CONNECTION_DEFAULTS,
     PostgresConnection,
@@ -136,7 +138,8 @@ MIGRATIONS: list[tuple[int, str]] = [
         5,
         # Cluster members and the member each instance runs on; and every change to an
         # instance row NOTIFYs the other members (at commit) with its name and member, as
-        # does a member joining, coming back, moving or giving its lease up.
+        # does a member joining, coming back, moving, giving its lease up or being removed,
+        # and a client certificate trusted or removed (each member keeps them in memory).
         f"""
         CREATE TABLE members (
             name TEXT PRIMARY KEY,
@@ -187,6 +190,21 @@ MIGRATIONS: list[tuple[int, str]] = [
         $$;
         CREATE TRIGGER members_notify AFTER INSERT OR UPDATE OR DELETE ON members
             FOR EACH ROW EXECUTE FUNCTION vmready_members_notify();
+        CREATE FUNCTION vmready_trust_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF TG_OP = 'DELETE' THEN
+                PERFORM pg_notify('{TRUST_CHANNEL}', json_build_object(
+                    'op', TG_OP, 'fingerprint', OLD.fingerprint)::text);
+                RETURN OLD;
+            END IF;
+            PERFORM pg_notify('{TRUST_CHANNEL}', json_build_object(
+                'op', TG_OP, 'fingerprint', NEW.fingerprint)::text);
+            RETURN NEW;
+        END
+        $$;
+        CREATE TRIGGER trusted_certificates_notify
+            AFTER INSERT OR UPDATE OR DELETE ON trusted_certificates
+            FOR EACH ROW EXECUTE FUNCTION vmready_trust_notify();
         """,
     ),
 ]

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from vmready.domain.members import MembersView
+from vmready.domain.members import MemberRecord, MembersView
 from vmready.domain.model import ActionRecord, InstanceRecord
 from vmready.domain.states import PowerState, TaskState, VMState
 from vmready.store import pgschema, schema
@@ -190,6 +190,10 @@ class Store:
     def list_members(self) -> MembersView:
         """Every member and its instance count, read at one moment of the store's clock."""
         return self.members.list_members()
+
+    def remove_member(self, name: str) -> MemberRecord:
+        """Retire member ``name`` (not while online or stamped on instances); its record."""
+        return self.members.remove_member(name)
 
     # Notifications
 
