@@ -16,6 +16,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import re
 import signal
 import subprocess
 from typing import Any
@@ -284,7 +285,7 @@ class SameNameTests(SynchronousTestCase):
         address = before[0][1]
         self.assertRegex(
             lines[0],
-            rf"^vmready: member name a is held by another daemon at {address} "
+            rf"^vmready: member name a is held by another daemon at {re.escape(address)} "
             r"\(certificate [0-9a-f]{16}…\) until \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ; "
             r"give this daemon another --member-name, or stop that one$",
         )

@@ -4,7 +4,10 @@ Start-up order matters: the guest API listens first (on a new random port),
 so recovery can advertise that port to every running VM's agent as it
 re-adopts the VM; the operator API listens once every Ready key is cleared,
 and serves while the instances are reconciled (at most ``--sync-concurrency``
-at a time; an action on an instance waits for that instance's turn).
+at a time; an action on an instance waits for that instance's turn).  A
+cluster member first takes its lease (its mutual-TLS API bound, for the
+address it joins with, but accepting nobody yet), and touches its instances
+only then: which instances are its own depends on its name being its own.
 """
 
 from __future__ import annotations
