@@ -22,7 +22,8 @@ from tests.reactor import reactor
 from vmready.cli.client import Client
 from vmready.daemon import service as daemon
 from vmready.daemon.service import DaemonConfig, VMReadyService
-from vmready.domain.members import MemberState
+from vmready.domain.members import LeaseLost, MemberState
+from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
 from vmready.store.sqlite import Store
 
 
@@ -106,6 +107,51 @@ class MemberServiceTests(TestCase):
         self.assertFalse(service.serving.called)
         # It never joined: no lease was taken.
         self.assertIsNone(self.members().find("a"))
+
+    async def test_aMemberWhoseNameAnotherDaemonHoldsStopsTouchingNothing(self) -> None:
+        engine = Store.open(self.location)
+        self.addCleanup(engine.close)
+        engine.renew_lease("a", "10.0.0.1:8443", "ff" * 32, 600.0)
+        engine.create_instance("web1", {}, {}, member="a")
+        engine.finish_task(
+            "web1", TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING, {READY_KEY: "true"}
+        )
+        (held,) = engine.list_members().members
+        stopper = StopRecordingReactor()
+        service = self.service(the_reactor=stopper)
+        service.startService()
+        while not stopper.when_running:
+            await _turn()
+        self.assertEqual([f.__name__ for f in stopper.when_running], ["stop"])
+        self.assertFalse(service.serving.called)
+        # Nothing of the other daemon's: its lease, its instance's Ready key and task.
+        self.assertEqual(engine.list_members().members, (held,))
+        web1 = engine.get_instance("web1")
+        self.assertEqual((web1.ready, web1.task_state), (True, None))
+        self.assertIsNone(service.membership and service.membership._loop)
+        # Stopping gives up no lease: it holds none.
+        await service.stopService()
+        self.assertEqual(engine.list_members().members, (held,))
+
+    async def test_aMemberWhoseLeaseWasTakenOverStops(self) -> None:
+        stopper = StopRecordingReactor()
+        service = self.service(the_reactor=stopper)
+        service.startService()
+        await service.recovered
+        assert service.membership is not None and service.server_certificate is not None
+        engine = Store.open(self.location)
+        self.addCleanup(engine.close)
+        # Its lease ran out (the store out of its reach, say); another daemon took "a" over.
+        engine.give_up_lease("a", service.server_certificate.fingerprint)
+        engine.renew_lease("a", "10.0.0.9:8443", "ff" * 32, 600.0)
+        (taken,) = engine.list_members().members
+        with self.assertRaises(LeaseLost):
+            await service.membership.renew()
+        self.assertEqual([f.__name__ for f in stopper.when_running], ["stop"])
+        await service.stopService()
+        # It stopped without giving up the new holder's lease.
+        self.assertEqual(engine.list_members().members, (taken,))
+        self.assertIs(engine.list_members().state_of("a"), MemberState.ONLINE)
 
 
 async def _nothing() -> None:

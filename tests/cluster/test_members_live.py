@@ -16,6 +16,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from typing import Any
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.postgres import postgres_location
-from tests.system import DEADLINE, EventReader, System, eventually, unix_http
+from tests.system import DEADLINE, TWISTD, EventReader, System, eventually, unix_http
 
 LEASE = "3"
 NAME = "web1"
@@ -52,6 +53,34 @@ class Member:
             "127.0.0.1:0",
             "--lease-seconds",
             self.lease,
+        )
+
+    def refused(self) -> subprocess.CompletedProcess[str]:
+        """Start the daemon as ``start`` does, expecting it to refuse: how it exited."""
+        return subprocess.run(
+            [
+                TWISTD,
+                "-n",
+                "--pidfile",
+                "",
+                "vmready",
+                "--config",
+                "",
+                "--data-dir",
+                self.system.directory,
+                "--store",
+                self.store,
+                "--member-name",
+                self.name,
+                "--https-address",
+                "127.0.0.1:0",
+                "--lease-seconds",
+                self.lease,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE,
+            check=False,
         )
 
     def cli(self, *args: str, check: bool = True) -> Any:
@@ -276,3 +305,41 @@ class JoiningTests(SynchronousTestCase):
         self.assertEqual(
             {row[0]: row[2:] for row in rows if row}, {"a": ["ONLINE", "0"], "b": ["ONLINE", "1"]}
         )
+
+
+class SameNameTests(SynchronousTestCase):
+    """Two daemons can never be one member: a second one given a held name is refused."""
+
+    def test_aSecondDaemonWithTheSameNameIsRefusedAndTouchesNothing(self) -> None:
+        store = postgres_location(self)
+        a = Member(self, "a", store)
+        a.start()
+        a.cli("launch", NAME, "--memory", "128")
+        a.system.start_agent(NAME)
+        a.cli("wait", NAME, "agent", "--timeout", "30")
+        self.assertEqual(a.system.notify(NAME).returncode, 0)
+        self.assertEqual(a.listed().get(NAME), "READY")
+        vm = a.system.vm_pid(NAME)
+        before = [line.split() for line in a.cli("cluster", "list").stdout.splitlines()[1:]]
+        # Another host (its own data dir, so its own certificate) told the same name.
+        clone = Member(self, "a", store)
+        result = clone.refused()
+        self.assertEqual(result.returncode, 1, result.stderr)
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        self.assertEqual(len(lines), 1, result.stderr)
+        address = before[0][1]
+        self.assertRegex(
+            lines[0],
+            rf"^vmready: member name a is held by another daemon at {re.escape(address)} "
+            r"\(certificate [0-9a-f]{16}…\) until \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ; "
+            r"give this daemon another --member-name, or stop that one$",
+        )
+        # A's instance is untouched: still Ready (its key not cleared), its VM running, and
+        # A is still the member, at its address.
+        self.assertEqual(a.listed().get(NAME), "READY")
+        os.kill(vm, 0)
+        after = [line.split() for line in a.cli("cluster", "list").stdout.splitlines()[1:]]
+        self.assertEqual(after, before)
+        seen = a.instance(NAME)
+        assert seen is not None
+        self.assertEqual((seen["status"], seen["location"]), ("Ready", "a"))

@@ -11,7 +11,7 @@ from twisted.internet.task import Clock
 from twisted.logger import ILogObserver, Logger, formatEvent
 from twisted.trial.unittest import TestCase
 
-from vmready.domain.members import MemberState
+from vmready.domain.members import LeaseHeld, LeaseLost, MemberState
 from vmready.domain.model import NotFound, Unavailable
 from vmready.lifecycle.events import Event, EventBus
 from vmready.lifecycle.members import MEMBER_ONLINE, MEMBER_UNREACHABLE, Membership
@@ -33,7 +33,7 @@ class MembershipTests(TestCase):
         self.a = self.member("a")
         self.b = self.member("b")
 
-    def member(self, name: str, lease: float = 15.0) -> Membership:
+    def member(self, name: str, lease: float = 15.0, fingerprint: str | None = None) -> Membership:
         engine = Store.open(self.path, clock=self.clock.seconds)
         self.addCleanup(engine.close)
         store = AsyncStore(engine, InlineExecutor(), cached=False, member=name)
@@ -41,7 +41,13 @@ class MembershipTests(TestCase):
         seen = self.events.setdefault(name, [])
         bus.subscribe(seen.append)
         membership = Membership(
-            name, f"10.0.0.{ord(name[0]) - 96}:8443", name * 64, store, bus, self.clock, lease
+            name,
+            f"10.0.0.{ord(name[0]) - 96}:8443",
+            fingerprint or name * 64,
+            store,
+            bus,
+            self.clock,
+            lease,
         )
         self.addCleanup(self._stopped, membership)
         return membership
@@ -118,7 +124,7 @@ class MembershipTests(TestCase):
     async def test_aFailingRenewalIsLoggedAndRetried(self) -> None:
         await self.a.start()
         engine = self.a.store.engine
-        real = engine.renew_lease
+        real = engine.renew_held_lease
         calls: list[str] = []
 
         def broken(*args: Any) -> float:
@@ -127,7 +133,7 @@ class MembershipTests(TestCase):
 
         logged: list[dict[str, Any]] = []
         self.a.log = Logger(observer=cast(ILogObserver, logged.append))
-        engine.renew_lease = broken  # type: ignore[method-assign,assignment]
+        engine.renew_held_lease = broken  # type: ignore[method-assign,assignment]
         self.clock.advance(5)
         self.clock.advance(5)
         self.assertEqual(calls, ["renew", "renew"])
@@ -139,10 +145,67 @@ class MembershipTests(TestCase):
                 "trying again every 5s"
             ],
         )
-        engine.renew_lease = real  # type: ignore[method-assign]
+        engine.renew_held_lease = real  # type: ignore[method-assign]
         self.clock.advance(5)
         self.assertEqual(self.a.view.members[0].lease_expires, 1_000_030.0)
         self.assertEqual(formatEvent(logged[-1]), "renewed the lease of cluster member a again")
+
+    async def test_anotherDaemonWithTheSameNameIsRefusedWhileTheLeaseRuns(self) -> None:
+        await self.a.start()
+        clone = self.member("a", fingerprint="c" * 64)
+        with self.assertRaises(LeaseHeld) as refused:
+            await clone.start()
+        self.assertIn(
+            "member name a is held by another daemon at 10.0.0.1:8443", str(refused.exception)
+        )
+        # It renews nothing, and the holder's lease is untouched.
+        self.assertIsNone(clone._loop)
+        self.clock.advance(5)
+        (held,) = self.a.view.members
+        self.assertEqual((held.fingerprint, held.lease_expires), ("a" * 64, 1_000_020.0))
+
+    async def test_aLostLeaseStopsTheRenewalsAndIsReported(self) -> None:
+        await self.a.start()
+        engine = self.a.store.engine
+        real = engine.renew_held_lease
+
+        def unreachable(*args: Any) -> float:
+            raise sqlite3.OperationalError("unable to open database file")
+
+        logged: list[dict[str, Any]] = []
+        self.a.log = Logger(observer=cast(ILogObserver, logged.append))
+        lost: list[LeaseLost] = []
+        self.a.lost.addCallback(lost.append)
+        # The store out of a's reach longer than its lease: it ran out, and a new daemon
+        # (another certificate) took the name over.
+        engine.renew_held_lease = unreachable  # type: ignore[method-assign,assignment]
+        for _ in range(4):
+            self.clock.advance(5)
+        self.assertEqual(lost, [])
+        successor = self.member("a", fingerprint="c" * 64)
+        await successor.start()
+        engine.renew_held_lease = real  # type: ignore[method-assign]
+        self.clock.advance(5)
+        (reported,) = lost
+        assert reported.holder is not None
+        self.assertEqual(reported.holder.fingerprint, "c" * 64)
+        self.assertEqual(formatEvent(logged[-1]), str(reported))
+        self.assertIn("member name a was taken over by another daemon", str(reported))
+        # No renewal any more; its stop leaves the successor's lease alone.
+        self.assertIsNone(self.a._loop)
+        calls: list[str] = []
+
+        def counted(*args: Any) -> float:
+            calls.append("renew")
+            return 0.0
+
+        engine.renew_held_lease = counted  # type: ignore[method-assign,assignment]
+        self.clock.advance(30)
+        self.assertEqual(calls, [])
+        await self.a.stop()
+        view = await successor.refresh()
+        self.assertIs(view.state_of("a"), MemberState.ONLINE)
+        self.assertEqual(view.members[0].fingerprint, "c" * 64)
 
     async def test_unreachableIsJudgedBetweenRenewalsOnTheStoresClock(self) -> None:
         await self.b.start()

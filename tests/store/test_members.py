@@ -15,7 +15,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.postgres import postgres_location
-from vmready.domain.members import MemberState
+from vmready.domain.members import LeaseHeld, LeaseLost, MemberState, lease_time
 from vmready.domain.model import Conflict, NotFound
 from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
 from vmready.store.asyncstore import AsyncStore
@@ -64,12 +64,39 @@ class MemberStoreTests(_MembersTestCase):
     def test_renewingMovesTheLeaseAndTheAddressButKeepsTheJoinTime(self) -> None:
         self.store.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
         self.clock.advance(10)
-        self.store.renew_lease("host1", "10.0.0.9:8443", "bb" * 32, 15.0)
+        expires = self.store.renew_held_lease("host1", "10.0.0.9:8443", "aa" * 32, 15.0)
+        self.assertEqual(expires, 1025.0)
         (member,) = self.store.list_members().members
         self.assertEqual(
             (member.address, member.fingerprint, member.joined_at, member.lease_expires),
-            ("10.0.0.9:8443", "bb" * 32, 1000.0, 1025.0),
+            ("10.0.0.9:8443", "aa" * 32, 1000.0, 1025.0),
         )
+
+    def test_anotherDaemonIsRefusedUntilTheLeaseRunsOutThenTakesTheNameOver(self) -> None:
+        self.store.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
+        self.clock.advance(14.5)
+        with self.assertRaises(LeaseHeld) as refused:
+            self.store.renew_lease("host1", "10.0.0.2:8443", "bb" * 32, 15.0)
+        self.assertEqual(
+            str(refused.exception),
+            "member name host1 is held by another daemon at 10.0.0.1:8443 (certificate "
+            f"{'aa' * 8}…) until {lease_time(1015.0)}; give this daemon another "
+            "--member-name, or stop that one",
+        )
+        self.clock.advance(0.5)  # the lease ran out: a reinstalled host1 keeps its name
+        self.assertEqual(self.store.renew_lease("host1", "10.0.0.2:8443", "bb" * 32, 15.0), 1030.0)
+        (member,) = self.store.list_members().members
+        self.assertEqual(
+            (member.address, member.fingerprint, member.joined_at, member.lease_expires),
+            ("10.0.0.2:8443", "bb" * 32, 1015.0, 1030.0),
+        )
+
+    def test_aLeaseThatRanOutIsRenewedByItsDaemonIfNobodyTookItOver(self) -> None:
+        # The store was out of reach for longer than the lease: once back, it renews.
+        self.store.renew_lease("host1", "a:1", "aa" * 32, 15.0)
+        self.clock.advance(60)
+        self.assertEqual(self.store.renew_held_lease("host1", "a:1", "aa" * 32, 15.0), 1075.0)
+        self.assertIs(self.store.list_members().state_of("host1"), MemberState.ONLINE)
 
 
 class MembersTests(_MembersTestCase):
@@ -88,17 +115,88 @@ class MembersTests(_MembersTestCase):
     def test_aRenewalKeepsTheJoinTimeAndTakesTheNewAddress(self) -> None:
         self.store.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
         (joined,) = self.store.list_members().members
-        expires = self.store.renew_lease("host1", "10.0.0.9:8443", "bb" * 32, 30.0)
+        expires = self.store.renew_held_lease("host1", "10.0.0.9:8443", "aa" * 32, 30.0)
         (member,) = self.store.list_members().members
         self.assertEqual(
             (member.address, member.fingerprint, member.joined_at, member.lease_expires),
-            ("10.0.0.9:8443", "bb" * 32, joined.joined_at, expires),
+            ("10.0.0.9:8443", "aa" * 32, joined.joined_at, expires),
         )
         self.assertGreaterEqual(expires, joined.lease_expires)
 
+    def test_theSameDaemonJoinsAgainWhileItsLeaseRuns(self) -> None:
+        # A daemon restarted at once (killed, its lease still running) is the same member.
+        self.store.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
+        self.store.renew_lease("host1", "10.0.0.1:9443", "aa" * 32, 15.0)
+        (member,) = self.store.list_members().members
+        self.assertEqual((member.address, member.fingerprint), ("10.0.0.1:9443", "aa" * 32))
+        self.store.check_join("host1", "aa" * 32)
+
+    def test_anotherDaemonIsRefusedWhileTheLeaseRuns(self) -> None:
+        self.store.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
+        (held,) = self.store.list_members().members
+        with self.assertRaises(LeaseHeld) as refused:
+            self.store.renew_lease("host1", "10.0.0.2:8443", "bb" * 32, 15.0)
+        self.assertEqual(refused.exception.holder, held)
+        message = str(refused.exception)
+        self.assertIn("member name host1 is held by another daemon at 10.0.0.1:8443", message)
+        self.assertIn(f"(certificate {'aa' * 8}…) until {lease_time(held.lease_expires)}", message)
+        self.assertNotIn("\n", message)
+        self.assertRaises(LeaseHeld, self.store.check_join, "host1", "bb" * 32)
+        # Nothing of the row changed.
+        self.assertEqual(self.store.list_members().members, (held,))
+
+    def test_anotherDaemonTakesOverALeaseThatRanOut(self) -> None:
+        self.store.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 0.0)  # ran out already
+        self.store.check_join("host1", "bb" * 32)
+        expires = self.store.renew_lease("host1", "10.0.0.2:8443", "bb" * 32, 15.0)
+        (member,) = self.store.list_members().members
+        self.assertEqual(
+            (member.address, member.fingerprint, member.lease_expires),
+            ("10.0.0.2:8443", "bb" * 32, expires),
+        )
+        self.assertIs(self.store.list_members().state_of("host1"), MemberState.ONLINE)
+
+    def test_anotherDaemonTakesOverALeaseGivenUp(self) -> None:
+        self.store.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
+        self.store.create_instance("web1", {}, {}, member="host1")
+        self.store.give_up_lease("host1", "aa" * 32)
+        self.store.renew_lease("host1", "10.0.0.2:8443", "bb" * 32, 15.0)
+        view = self.store.list_members()
+        self.assertEqual(view.members[0].fingerprint, "bb" * 32)
+        # Its instances go with the name.
+        self.assertEqual(view.instance_counts, {"host1": 1})
+
+    def test_theOldHoldersRenewalFailsAfterATakeover(self) -> None:
+        self.store.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
+        self.store.give_up_lease("host1", "aa" * 32)
+        self.store.renew_lease("host1", "10.0.0.2:8443", "bb" * 32, 15.0)
+        (taken,) = self.store.list_members().members
+        with self.assertRaises(LeaseLost) as lost:
+            self.store.renew_held_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
+        self.assertEqual(lost.exception.holder, taken)
+        self.assertEqual(
+            str(lost.exception),
+            "member name host1 was taken over by another daemon at 10.0.0.2:8443 (certificate "
+            f"{'bb' * 8}…) after this daemon's lease ran out; stopping: its instances are not "
+            "this daemon's any more",
+        )
+        # Nor does its giving up end the new holder's lease.
+        self.store.give_up_lease("host1", "aa" * 32)
+        self.assertEqual(self.store.list_members().members, (taken,))
+        self.assertIs(self.store.list_members().state_of("host1"), MemberState.ONLINE)
+
+    def test_aRenewalOfARemovedMemberFails(self) -> None:
+        self.store.renew_lease("host1", "a:1", "aa" * 32, 15.0)
+        self.store.give_up_lease("host1", "aa" * 32)  # stopped, then retired
+        self.store.remove_member("host1")
+        with self.assertRaises(LeaseLost) as lost:
+            self.store.renew_held_lease("host1", "a:1", "aa" * 32, 15.0)
+        self.assertIsNone(lost.exception.holder)
+        self.assertIn("member host1 is no longer in the store", str(lost.exception))
+
     def test_givingUpTheLeaseMakesTheMemberUnreachableAtOnce(self) -> None:
         self.store.renew_lease("host1", "a:1", "aa" * 32, 15.0)
-        self.store.give_up_lease("host1")
+        self.store.give_up_lease("host1", "aa" * 32)
         self.assertIs(self.store.list_members().state_of("host1"), MemberState.UNREACHABLE)
 
     def test_instancesAreCountedByTheirMember(self) -> None:
@@ -118,11 +216,11 @@ class MembersTests(_MembersTestCase):
         self.store.renew_lease("host1", "a:1", "aa" * 32, 15.0)
         self.store.renew_lease("host2", "b:1", "bb" * 32, 15.0)
         self.store.create_instance("web1", {}, {}, member="host1")
-        self.store.give_up_lease("host2")
+        self.store.give_up_lease("host2", "bb" * 32)
         least = self.store.list_members().least_loaded()
         assert least is not None
         self.assertEqual(least.name, "host1")
-        self.store.give_up_lease("host1")
+        self.store.give_up_lease("host1", "aa" * 32)
         self.assertIsNone(self.store.list_members().least_loaded())
 
     def test_clearingReadyForOneMemberLeavesTheOthersReady(self) -> None:
@@ -254,7 +352,7 @@ class RetireTests(_MembersTestCase):
         self.store.create_instance("web1", {}, {}, member="host1")
         self.store.create_instance("web2", {}, {}, member="host1")
         self.store.create_instance("db", {}, {}, member="host2")
-        self.store.give_up_lease("host1")
+        self.store.give_up_lease("host1", "aa" * 32)
         with self.assertRaises(Conflict) as raised:
             self.store.remove_member("host1")
         self.assertEqual(
@@ -271,7 +369,7 @@ class RetireTests(_MembersTestCase):
     def test_aMemberOutOfItsLeaseWithoutInstancesIsRemoved(self) -> None:
         self.store.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
         self.store.renew_lease("host2", "10.0.0.2:8443", "bb" * 32, 15.0)
-        self.store.give_up_lease("host1")
+        self.store.give_up_lease("host1", "aa" * 32)
         removed = self.store.remove_member("host1")
         self.assertEqual((removed.name, removed.fingerprint), ("host1", "aa" * 32))
         self.assertEqual([m.name for m in self.store.list_members().members], ["host2"])

@@ -167,7 +167,7 @@ class ListenerTests(TestCase):
         self.store.renew_lease("m1", "10.0.0.1:8443", "aa" * 32, 30.0)  # renews: nothing
         # A committed write after the renewal: had the renewal notified, it came first.
         self.store.create_instance("web", {}, {}, member="m1")
-        self.store.give_up_lease("m1")  # leaves
+        self.store.give_up_lease("m1", "aa" * 32)  # leaves
         self.store.renew_lease("m1", "10.0.0.1:8443", "aa" * 32, 30.0)  # comes back
         self.store.renew_lease("m1", "10.0.0.2:8443", "aa" * 32, 30.0)  # moves
         await self.heard.until(5)

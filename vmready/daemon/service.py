@@ -4,7 +4,10 @@ Start-up order matters: the guest API listens first (on a new random port),
 so recovery can advertise that port to every running VM's agent as it
 re-adopts the VM; the operator API listens once every Ready key is cleared,
 and serves while the instances are reconciled (at most ``--sync-concurrency``
-at a time; an action on an instance waits for that instance's turn).
+at a time; an action on an instance waits for that instance's turn).  A
+cluster member first takes its lease (its mutual-TLS API bound, for the
+address it joins with, but accepting nobody yet), and touches its instances
+only then: which instances are its own depends on its name being its own.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import attrs
 from twisted.application import strports
 from twisted.application.internet import TimerService
 from twisted.application.service import MultiService
+from twisted.internet.abstract import FileDescriptor
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import serverFromString
@@ -47,6 +51,7 @@ from vmready.daemon.clusteroptions import (
 from vmready.daemon.collector import HeapSweeper
 from vmready.daemon.httpsaddress import HTTPSAddress
 from vmready.daemon.notify import Notifier, ReconcileProgress
+from vmready.domain.members import LeaseHeld, LeaseLost
 from vmready.domain.model import InstanceRecord
 from vmready.domain.reactor import IVMReadyReactor
 from vmready.guestfiles import loader_files
@@ -291,8 +296,13 @@ class VMReadyService(MultiService):
             watchdog.clock = self.reactor
             watchdog.setServiceParent(self)
         super().startService()
-        # Clearing Ready (on the database thread) and starting the guest API go on together.
-        preparing = Deferred.fromCoroutine(lifecycle.prepare_recovery())
+        # A single host clears Ready (on the database thread) while the guest API starts; a
+        # cluster member only once it holds its lease: until then, no instance is its own.
+        preparing = (
+            Deferred.fromCoroutine(lifecycle.prepare_recovery())
+            if config.member_name is None
+            else None
+        )
         Deferred.fromCoroutine(self._start_guest_api(version)).addCallbacks(
             lambda _: self._start_recovery(site, preparing),
             self._guest_api_failed,
@@ -360,16 +370,19 @@ class VMReadyService(MultiService):
             )
         )
 
-    def _start_recovery(self, site: Site, preparing: Deferred[list[InstanceRecord]]) -> None:
+    def _start_recovery(
+        self, site: Site, preparing: Deferred[list[InstanceRecord]] | None
+    ) -> None:
         Deferred.fromCoroutine(self._recover(site, preparing)).addCallbacks(
             self._recovered, self._recovery_failed, errbackArgs=(site,)
         )
 
     def _guest_api_failed(
-        self, failure: Failure, preparing: Deferred[list[InstanceRecord]]
+        self, failure: Failure, preparing: Deferred[list[InstanceRecord]] | None
     ) -> None:
         """Without the guest API no agent can report: the daemon stops, saying why."""
-        preparing.addErrback(lambda _: None)  # the daemon stops anyway
+        if preparing is not None:
+            preparing.addErrback(lambda _: None)  # the daemon stops anyway
         self.log.error(
             "cannot serve the guest API on {endpoint}: {error}; stopping",
             endpoint=self.config.guest_endpoint,
@@ -449,15 +462,26 @@ class VMReadyService(MultiService):
             except OSError as e:
                 self.log.warn("cannot remove stale {path}: {error}", path=path, error=e)
 
-    async def _recover(self, site: Site, preparing: Deferred[list[InstanceRecord]]) -> None:
+    async def _recover(self, site: Site, preparing: Deferred[list[InstanceRecord]] | None) -> None:
+        """Join (a member), prepare recovery, serve, then reconcile every instance.
+
+        A member takes its lease before it touches any instance: which ones
+        are its own depends on its name being its own (``_join_cluster``).
+        Its remote API is bound first, for the address its lease row gives,
+        but accepts nobody until Ready is cleared (as the operator API).
+        """
         assert self.lifecycle is not None
-        records = await preparing
         if self.config.member_name is not None:
             self._become_member(self.config.member_name)
         if self.config.https_address is not None and not await self._serve_remote():
             return
         if self.membership is not None and not await self._join_cluster(self.membership):
             return
+        if preparing is None:
+            preparing = Deferred.fromCoroutine(self.lifecycle.prepare_recovery())
+        records = await preparing
+        if self.https_port is not None:
+            _release(self.https_port)
         if not self._serve(site):
             return
         progress = ReconcileProgress(self.notifier, len(records), self.reactor.seconds)
@@ -482,7 +506,10 @@ class VMReadyService(MultiService):
         return listening
 
     async def _serve_remote(self) -> bool:
-        """Serve the operator API over mutual TLS on ``--https-address``; else stop, saying why."""
+        """Serve the operator API over mutual TLS on ``--https-address``; else stop, saying why.
+
+        Bound, but held (accepting nobody) until ``_recover`` releases it.
+        """
         assert self.trust is not None and self._api is not None
         assert self.server_certificate is not None and self.config.https_address is not None
         address = HTTPSAddress.parse(self.config.https_address)
@@ -494,6 +521,7 @@ class VMReadyService(MultiService):
             port = self.https_port = await serverFromString(
                 self.reactor, address.endpoint()
             ).listen(factory)
+            _hold(port)  # until Ready is cleared (_recover)
         except Exception as e:  # something took the port since makeService checked it
             self.log.error(
                 "cannot serve the remote API on {address}: {error}; stopping",
@@ -551,6 +579,12 @@ class VMReadyService(MultiService):
         try:
             await self._listening
             await membership.start()
+        except LeaseHeld as e:
+            # Another daemon is this member: refused in its one line, touching nothing.
+            self.log.error("{refusal}; stopping", refusal=str(e))
+            self.notifier.status(f"cannot join the cluster: {e}")
+            self.reactor.callWhenRunning(self.reactor.stop)
+            return False
         except Exception as e:
             self.log.error(
                 "cannot join the cluster as member {member} on {store}: {error}; stopping",
@@ -562,7 +596,19 @@ class VMReadyService(MultiService):
             self.reactor.callWhenRunning(self.reactor.stop)
             return False
         self._joined = True
+        membership.lost.addCallback(self._lease_lost)
         return True
+
+    def _lease_lost(self, lost: LeaseLost) -> None:
+        """Another daemon holds this member's lease now (Membership logged it): stop at once.
+
+        The instances of this member's name are that daemon's: this one must
+        not go on reconciling or syncing them.  Its lease is not given up (it
+        is not its own).
+        """
+        self._joined = False
+        self.notifier.status(str(lost))
+        self.reactor.callWhenRunning(self.reactor.stop)
 
     def _start_timers(self) -> None:
         """Console rotation and power sync: only for a daemon that serves its API."""
@@ -590,6 +636,8 @@ class VMReadyService(MultiService):
 
     def _recovery_failed(self, failure: Failure, site: Site) -> None:
         self.log.failure("recovering instances failed", failure)
+        if self.https_port is not None:
+            _release(self.https_port)  # it serves, as the operator API does, for a look
         self._serve(site)
         self.notifier.status(f"serving; recovering instances failed: {failure.getErrorMessage()}")
         self.recovered.errback(failure)
@@ -664,6 +712,22 @@ async def _program_version(reactor: IVMReadyReactor, program: list[str]) -> str:
         return "unknown"
     lines = out.decode("utf-8", "replace").splitlines()
     return lines[0].strip() if code == 0 and lines else "unknown"
+
+
+def _hold(port: IListeningPort) -> None:
+    """Keep ``port`` bound but accept nobody yet: whoever dials waits in the listen backlog.
+
+    Called as ``listen`` returned, before the reactor runs again: no
+    connection was accepted in between (only the reactor accepts).
+    """
+    assert isinstance(port, FileDescriptor), port
+    port.stopReading()
+
+
+def _release(port: IListeningPort) -> None:
+    """Accept on ``port`` from now on (those waiting in the backlog first)."""
+    assert isinstance(port, FileDescriptor), port
+    port.startReading()
 
 
 def _remove_stale_socket(path: str) -> None:

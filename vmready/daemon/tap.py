@@ -49,6 +49,7 @@ from vmready.daemon.logformat import choose_log_format
 from vmready.daemon.notify import Notifier, forget_environment
 from vmready.daemon.service import GUEST_SOCKET_BASE, DaemonConfig, VMReadyService
 from vmready.domain.limits import raise_file_limit
+from vmready.domain.members import LeaseHeld
 from vmready.domain.model import StoreError, VMReadyError
 from vmready.domain.paths import default_data_dir
 from vmready.domain.reactor import default_reactor
@@ -520,6 +521,28 @@ def _check_tcp_port_free(listen: str, family: int, interface: str, port: int) ->
         probe.close()
 
 
+def check_store(location: str, cluster: ClusterSettings | None, fingerprint: str) -> None:
+    """Open the store once now (migrated, or refused in one line), before twistd daemonizes.
+
+    A cluster member whose name another daemon holds (another certificate,
+    its lease running) is refused here, with status 1; the daemon's own join
+    decides again (two started at once: one of them stops, saying why).
+    """
+    try:
+        store = Store.open(location)
+    except StoreError as e:
+        _fail(str(e))
+    try:
+        if cluster is not None:
+            store.check_join(cluster.name, fingerprint)
+    except LeaseHeld as e:
+        _fail(str(e))
+    except Exception as e:  # the server went away since it opened: still one line
+        _fail(f"cannot read the cluster's members in {display_location(location)}: {e}")
+    finally:
+        store.close()
+
+
 def makeService(options: Options) -> VMReadyService:
     """Check what can be checked before twistd daemonizes, then build the service."""
     reactor = default_reactor()
@@ -527,10 +550,10 @@ def makeService(options: Options) -> VMReadyService:
     data_dir = options["data-dir"]
     check_data_dir(data_dir)
     try:
-        # Opened once now (migrated, or refused in one line), before twistd daemonizes.
-        Store.open(options["store"]).close()
-    except StoreError as e:
+        certificate = ensure_server_certificate(data_dir)
+    except CertificateError as e:
         _fail(str(e))
+    check_store(options["store"], options.cluster, certificate.fingerprint)
     check_listen_address(options["listen"])
     if options["https-address"] is not None:
         check_https_address(options["https-address"])
@@ -545,10 +568,6 @@ def makeService(options: Options) -> VMReadyService:
         vsock = transport == "vsock"
         options["guest-listen"] = "vsock:port=0" if vsock else f"hvsock:path={base}"
     check_guest_listen_address(options["guest-listen"])
-    try:
-        ensure_server_certificate(data_dir)
-    except CertificateError as e:
-        _fail(str(e))
     default_boot = options.default_boot
     try:
         check_files(default_boot)

@@ -6,15 +6,40 @@ time its lease runs out.  The store keeps the members (``store.members``); the
 lease is renewed by the member itself.  A member whose lease has run out is
 *unreachable*: its instances are not lost and not stopped, their state is
 unknown until it comes back.  No I/O here.
+
+A member's lease is held by one daemon, the one whose certificate
+fingerprint its row carries: a second daemon given the same name (a host
+cloned from the same image, a name reused while the old host still runs) is
+refused while that lease runs (``LeaseHeld``), and may take the name over
+only once it ran out or was given up.  A daemon whose lease was taken over
+that way learns it at its next renewal (``LeaseLost``) and stops: the
+instances of that name are the new holder's now.
 """
 
 from __future__ import annotations
 
+import datetime
 import enum
 
 import attrs
 
-__all__ = ["MemberRecord", "MemberState", "MembersView"]
+__all__ = [
+    "LeaseHeld",
+    "LeaseLost",
+    "MemberRecord",
+    "MemberState",
+    "MembersView",
+    "lease_time",
+]
+
+# How much of a holder's certificate fingerprint a refusal shows: enough to tell two apart.
+_FINGERPRINT_SHOWN = 16
+
+
+def lease_time(seconds: float) -> str:
+    """A lease's end as the API and messages write times: RFC 3339 in UTC, to the second."""
+    stamp = datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC)
+    return stamp.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class MemberState(enum.StrEnum):
@@ -78,3 +103,44 @@ class MembersView:
         return min(
             online, key=lambda member: (self.instance_counts.get(member.name, 0), member.name)
         )
+
+
+def _holder(member: MemberRecord) -> str:
+    """``at ADDRESS (certificate ab12…)``: which daemon holds a member's lease."""
+    fingerprint = member.fingerprint
+    shown = fingerprint[:_FINGERPRINT_SHOWN]
+    if len(fingerprint) > _FINGERPRINT_SHOWN:
+        shown += "…"
+    address = member.address or "an address not yet known"
+    return f"at {address} (certificate {shown})"
+
+
+class LeaseHeld(Exception):
+    """Joining as a member whose lease another daemon (another certificate) still holds."""
+
+    def __init__(self, holder: MemberRecord) -> None:
+        super().__init__(
+            f"member name {holder.name} is held by another daemon {_holder(holder)} until "
+            f"{lease_time(holder.lease_expires)}; give this daemon another --member-name, "
+            "or stop that one"
+        )
+        self.holder = holder
+
+
+class LeaseLost(Exception):
+    """A renewal found this daemon's lease gone: taken over by another daemon, or removed.
+
+    ``holder`` is the daemon that holds it now (None: the member's row is gone).
+    """
+
+    def __init__(self, name: str, holder: MemberRecord | None) -> None:
+        if holder is None:
+            told = f"member {name} is no longer in the store"
+        else:
+            told = (
+                f"member name {name} was taken over by another daemon {_holder(holder)} "
+                "after this daemon's lease ran out"
+            )
+        super().__init__(f"{told}; stopping: its instances are not this daemon's any more")
+        self.name = name
+        self.holder = holder

@@ -14,13 +14,28 @@ Leases are judged on the store's clock (PostgreSQL's, for several hosts), not
 this host's: each view carries the store's time when it was read, and
 between reads that time is carried forward on this daemon's clock
 (``store_now``), so a lease running out between two renewals is seen when it
-does.  A renewal that fails (the store is down) is logged and tried again at
-the next tick; it never stops the renewals.
+does.
+
+The lease is this daemon's alone (its certificate's fingerprint is in the
+row): ``start`` is refused with ``LeaseHeld`` while another daemon holds a
+lease on the same name, and each renewal renews only a lease this daemon
+still holds.  Two failures differ:
+
+- the store cannot be reached (or refuses the write): logged once, and tried
+  again every ``interval``; the daemon goes on running its instances (their
+  VMs are its own whatever the store says).  Once the store answers again, a
+  lease that ran out meanwhile is renewed as long as no other daemon took the
+  name over; the others saw this member unreachable in between.
+- the lease is lost (``LeaseLost``: another daemon took the name over after
+  this one's lease ran out, or its row was removed): renewals stop, the one
+  line is logged, and ``lost`` fires with it; the daemon must stop, since the
+  instances of that name are the other daemon's now.  Until then it may act
+  at most one ``interval`` longer than the new holder: the renewal is what
+  tells it.
 """
 
 from __future__ import annotations
 
-import datetime
 from collections import Counter
 
 from twisted.internet.defer import Deferred
@@ -28,7 +43,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
-from vmready.domain.members import MemberRecord, MemberState, MembersView
+from vmready.domain.members import LeaseLost, MemberRecord, MemberState, MembersView, lease_time
 from vmready.domain.model import InstanceRecord, NotFound, Unavailable
 from vmready.lifecycle.events import EventBus
 from vmready.store.asyncstore import AsyncStore
@@ -44,12 +59,6 @@ __all__ = [
 DEFAULT_LEASE_SECONDS = 15.0
 MEMBER_UNREACHABLE = "cluster-member-unreachable"
 MEMBER_ONLINE = "cluster-member-online"
-
-
-def lease_time(seconds: float) -> str:
-    """A lease's end as the API and messages write times: RFC 3339 in UTC, to the second."""
-    stamp = datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC)
-    return stamp.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Membership:
@@ -87,6 +96,8 @@ class Membership:
         self._read_at = clock.seconds()
         self._loop: LoopingCall | None = None
         self._failing = False
+        # Fires (once) with the LeaseLost that stopped the renewals: the daemon must stop.
+        self.lost: Deferred[LeaseLost] = Deferred()
 
     # -- the lease ------------------------------------------------------------
 
@@ -99,7 +110,8 @@ class Membership:
         """Join (or come back): renew the lease and read the members, then every ``interval``.
 
         Fires once the first renewal and read committed; if that fails, the
-        error is raised and nothing keeps running (the daemon cannot join).
+        error is raised and nothing keeps running (the daemon cannot join):
+        ``LeaseHeld`` when another daemon holds this member's lease.
         """
         await self.store.renew_lease(self.name, self.address, self.fingerprint, self.lease_seconds)
         self._update(await self.store.list_members(), announce=False)
@@ -124,7 +136,7 @@ class Membership:
         if loop is not None and loop.running:
             loop.stop()
         try:
-            await self.store.give_up_lease(self.name)
+            await self.store.give_up_lease(self.name, self.fingerprint)
         except Exception as e:
             self.log.warn(
                 "could not give up the lease of member {name}: {error} (it runs out by itself)",
@@ -138,6 +150,8 @@ class Membership:
     async def _renew_once(self) -> None:
         try:
             await self.renew()
+        except LeaseLost:
+            return  # reported by renew(); the renewals stopped
         except Exception as e:
             if not self._failing:
                 self.log.error(
@@ -154,9 +168,29 @@ class Membership:
             self.log.info("renewed the lease of cluster member {name} again", name=self.name)
 
     async def renew(self) -> MembersView:
-        """One renewal and read of the members, announcing who changed state; the new view."""
-        await self.store.renew_lease(self.name, self.address, self.fingerprint, self.lease_seconds)
+        """One renewal and read of the members, announcing who changed state; the new view.
+
+        ``LeaseLost`` if another daemon holds the lease now: renewals stop, and
+        ``lost`` fires with it.
+        """
+        try:
+            await self.store.renew_held_lease(
+                self.name, self.address, self.fingerprint, self.lease_seconds
+            )
+        except LeaseLost as e:
+            self._lose(e)
+            raise
         return await self.refresh()
+
+    def _lose(self, lost: LeaseLost) -> None:
+        """The lease is another daemon's now: stop renewing it and say so (once)."""
+        loop, self._loop = self._loop, None
+        if loop is not None and loop.running:
+            loop.stop()
+        if self.lost.called:
+            return
+        self.log.error("{lost}", lost=str(lost))
+        self.lost.callback(lost)
 
     async def refresh(self) -> MembersView:
         """Read the members again (without renewing), announcing who changed state."""

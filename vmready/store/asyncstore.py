@@ -456,14 +456,22 @@ class AsyncStore:
     def renew_lease(
         self, name: str, address: str, fingerprint: str, lease_seconds: float
     ) -> Deferred[float]:
-        """Join as member ``name`` or renew its lease; when the lease now runs out."""
+        """Join as member ``name`` (``LeaseHeld``: another daemon holds it); when it runs out."""
         return self._submit(
             lambda: self.engine.renew_lease(name, address, fingerprint, lease_seconds)
         )
 
-    def give_up_lease(self, name: str) -> Deferred[None]:
-        """Member ``name`` stops cleanly: its lease ends now."""
-        return self._submit(lambda: self.engine.give_up_lease(name))
+    def renew_held_lease(
+        self, name: str, address: str, fingerprint: str, lease_seconds: float
+    ) -> Deferred[float]:
+        """Renew the lease this daemon holds (``LeaseLost``: it does not); when it runs out."""
+        return self._submit(
+            lambda: self.engine.renew_held_lease(name, address, fingerprint, lease_seconds)
+        )
+
+    def give_up_lease(self, name: str, fingerprint: str) -> Deferred[None]:
+        """Member ``name`` stops cleanly: its lease ends now (if ``fingerprint`` holds it)."""
+        return self._submit(lambda: self.engine.give_up_lease(name, fingerprint))
 
     def list_members(self) -> Deferred[MembersView]:
         """Every member and its instance count, read at one moment of the store's clock."""

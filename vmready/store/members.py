@@ -1,4 +1,9 @@
-"""Cluster members: each daemon's row, its lease, and the instances each one runs."""
+"""Cluster members: each daemon's row, its lease, and the instances each one runs.
+
+A row is held by one daemon, known by its certificate's fingerprint: joining
+(``renew_lease``) is refused while another daemon's lease runs, and a later
+renewal (``renew_held_lease``) renews only a lease this daemon still holds.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import datetime
 from collections.abc import Sequence
 from typing import Any
 
-from vmready.domain.members import MemberRecord, MemberState, MembersView
+from vmready.domain.members import LeaseHeld, LeaseLost, MemberRecord, MemberState, MembersView
 from vmready.domain.model import Conflict, NotFound
 from vmready.store.database import Database
 
@@ -24,29 +29,98 @@ class Members:
     def renew_lease(
         self, name: str, address: str, fingerprint: str, lease_seconds: float
     ) -> float:
-        """Join as member ``name`` or renew its lease; return when the lease now runs out.
+        """Join as member ``name`` (or come back as it); return when the lease now runs out.
 
-        The address and fingerprint are written each time: a member that comes
-        back on another address, or with a new certificate, is found there.
+        The daemon is known by its certificate's ``fingerprint``: the row's
+        own daemon renews (at a new address too, if it moved); another daemon
+        is refused with ``LeaseHeld`` while the lease runs, and takes the name
+        over (its row, and so its instances) once it ran out or was given up:
+        a host reinstalled with a new certificate keeps its name.
         """
         with self._database.transaction():
             now = self._database.now()
             expires = now + lease_seconds
-            self._database.db.execute(
+            inserted = self._database.db.execute(
                 f"INSERT INTO members ({_MEMBER_COLUMNS}) VALUES (?, ?, ?, ?, ?)"
-                " ON CONFLICT (name) DO UPDATE SET address = excluded.address,"
-                " fingerprint = excluded.fingerprint, lease_expires = excluded.lease_expires",
+                " ON CONFLICT (name) DO NOTHING",
                 (name, address, fingerprint, now, expires),
+            )
+            if inserted.rowcount == 1:
+                return expires
+            # Another daemon joining as ``name`` at once waits here until this one commits.
+            holder = self._find(name, lock=True)
+            assert holder is not None  # the row the INSERT conflicted with, locked now
+            if holder.fingerprint == fingerprint:
+                self._database.db.execute(
+                    "UPDATE members SET address = ?, lease_expires = ? WHERE name = ?",
+                    (address, expires, name),
+                )
+                return expires
+            if holder.state_at(now) is MemberState.ONLINE:
+                raise LeaseHeld(holder)
+            self._database.db.execute(
+                "UPDATE members SET address = ?, fingerprint = ?, joined_at = ?,"
+                " lease_expires = ? WHERE name = ?",
+                (address, fingerprint, now, expires, name),
             )
         return expires
 
-    def give_up_lease(self, name: str) -> None:
-        """Member ``name`` stops cleanly: its lease ends now (its row and instances stay)."""
+    def check_join(self, name: str, fingerprint: str) -> None:
+        """``LeaseHeld`` if joining as ``name`` with ``fingerprint`` would be refused now.
+
+        A check before a daemon starts (``renew_lease`` decides when it joins).
+        """
+        with self._database.transaction(immediate=False):
+            now = self._database.now()
+            holder = self._find(name)
+        if (
+            holder is not None
+            and holder.fingerprint != fingerprint
+            and holder.state_at(now) is MemberState.ONLINE
+        ):
+            raise LeaseHeld(holder)
+
+    def renew_held_lease(
+        self, name: str, address: str, fingerprint: str, lease_seconds: float
+    ) -> float:
+        """Renew the lease this daemon holds (it joined); when it now runs out.
+
+        Only while the row is still this daemon's (its ``fingerprint``): a
+        lease that ran out is renewed if nobody took the name over meanwhile,
+        and ``LeaseLost`` says who did (or that the row is gone).
+        """
+        with self._database.transaction():
+            now = self._database.now()
+            expires = now + lease_seconds
+            renewed = self._database.db.execute(
+                "UPDATE members SET address = ?, lease_expires = ?"
+                " WHERE name = ? AND fingerprint = ?",
+                (address, expires, name, fingerprint),
+            )
+            if renewed.rowcount != 1:
+                raise LeaseLost(name, self._find(name))
+        return expires
+
+    def give_up_lease(self, name: str, fingerprint: str) -> None:
+        """Member ``name`` stops cleanly: its lease ends now (its row and instances stay).
+
+        Only the daemon holding it (``fingerprint``) gives it up: one whose
+        name was taken over leaves the new holder's lease alone.
+        """
         with self._database.transaction():
             self._database.db.execute(
-                "UPDATE members SET lease_expires = ? WHERE name = ?",
-                (self._database.now(), name),
+                "UPDATE members SET lease_expires = ? WHERE name = ? AND fingerprint = ?",
+                (self._database.now(), name, fingerprint),
             )
+
+    def _find(self, name: str, lock: bool = False) -> MemberRecord | None:
+        """Member ``name``'s row (``lock``: this transaction goes on to write it), or None."""
+        row = self._database.db.execute(
+            f"SELECT {_MEMBER_COLUMNS} FROM members WHERE name = ?"
+            f"{self._database.LOCK_ROWS if lock else ''}",
+            (name,),
+        ).fetchone()
+        return None if row is None else _member(row)
 
     def remove_member(self, name: str) -> MemberRecord:
         """Retire member ``name``: its row goes (and with it its certificate's trust).
@@ -100,17 +174,7 @@ class Members:
                     "SELECT member, COUNT(*) FROM instances GROUP BY member"
                 )
             }
-        members = tuple(
-            MemberRecord(
-                name=row[0],
-                address=row[1],
-                fingerprint=row[2],
-                joined_at=float(row[3]),
-                lease_expires=float(row[4]),
-            )
-            for row in rows
-        )
-        return MembersView(members, now, counts)
+        return MembersView(tuple(_member(row) for row in rows), now, counts)
 
 
 def _member(row: Sequence[Any]) -> MemberRecord:

@@ -180,12 +180,22 @@ class Store:
     def renew_lease(
         self, name: str, address: str, fingerprint: str, lease_seconds: float
     ) -> float:
-        """Join as member ``name`` or renew its lease; return when the lease now runs out."""
+        """Join as member ``name`` (``LeaseHeld``: another daemon holds it); when it runs out."""
         return self.members.renew_lease(name, address, fingerprint, lease_seconds)
 
-    def give_up_lease(self, name: str) -> None:
-        """Member ``name`` stops cleanly: its lease ends now."""
-        self.members.give_up_lease(name)
+    def check_join(self, name: str, fingerprint: str) -> None:
+        """``LeaseHeld`` if joining as member ``name`` would be refused now."""
+        self.members.check_join(name, fingerprint)
+
+    def renew_held_lease(
+        self, name: str, address: str, fingerprint: str, lease_seconds: float
+    ) -> float:
+        """Renew the lease this daemon holds (``LeaseLost``: it does not); when it runs out."""
+        return self.members.renew_held_lease(name, address, fingerprint, lease_seconds)
+
+    def give_up_lease(self, name: str, fingerprint: str) -> None:
+        """Member ``name`` stops cleanly: its lease ends now (if ``fingerprint`` holds it)."""
+        self.members.give_up_lease(name, fingerprint)
 
     def list_members(self) -> MembersView:
         """Every member and its instance count, read at one moment of the store's clock."""
