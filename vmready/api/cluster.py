@@ -12,6 +12,12 @@ state, snapshots, console, history, config, rename, delete) is relayed to that
 member and its answer relayed back.  The operations a relayed request
 started are remembered (by id, up to ``MAX_REMEMBERED_OPERATIONS``), so
 ``GET /1.0/operations/<id>`` and ``…/wait`` reach them through this member too.
+
+A relayed request never waits for ever on its member: it has the
+forwarder's deadline (``api.forwarding.DEADLINE``) plus the wait it asks for
+(a ``/wait?timeout=N``), and it is given up as soon as the member's lease
+runs out (``Membership.state_of``, looked at every ``WATCH_INTERVAL``), which
+is also the only end of a wait with no limit.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.web.iweb import IRequest
 
-from vmready.api.forwarding import FORWARDED_BY, Forwarder, Relayed
+from vmready.api.forwarding import DEADLINE, FORWARDED_BY, Forwarder, Relayed
 from vmready.api.views import unreachable_fault
 from vmready.domain.members import MemberRecord, MemberState
 from vmready.domain.model import InstanceRecord, LoopDetected, NotFound, Unavailable
@@ -73,10 +79,15 @@ class ClusterContext:
 
     @classmethod
     def over_tls(
-        cls, membership: Membership, reactor: IVMReadyReactor, identity: CertificatePair
+        cls,
+        membership: Membership,
+        reactor: IVMReadyReactor,
+        identity: CertificatePair,
+        deadline: float = DEADLINE,
     ) -> ClusterContext:
-        """Forwarding over mutual TLS, presenting ``identity`` (the daemon's server pair)."""
-        return cls(membership, Forwarder(reactor, identity, membership.name))
+        """Forwarding over mutual TLS, presenting ``identity`` (the daemon's server pair);
+        ``deadline``: seconds a relayed request may take beyond the wait it asks for."""
+        return cls(membership, Forwarder(reactor, identity, membership.name, deadline))
 
     @property
     def name(self) -> str:
@@ -165,12 +176,17 @@ class ClusterContext:
         what: str,
         instances: tuple[str, ...] = (),
         uri: bytes | None = None,
+        wait: float | None = 0.0,
     ) -> bytes:
         """Relay ``request`` (about ``what``) to ``member``; its answer, as the response.
 
         ``instances``: read again from the store once the member answered, so
         this member's next read shows what the request changed.  ``uri``:
-        path and query to send instead of the request's.
+        path and query to send instead of the request's.  ``wait``: seconds
+        the request asks the member to wait before answering, on top of the
+        deadline (None: no limit; then only the member's lease running out
+        ends it).  Not answered in time, or its member unreachable meanwhile:
+        ``Unavailable``.
         """
         forwarded_by = request.getHeader(FORWARDED_BY)
         if forwarded_by is not None:
@@ -190,6 +206,8 @@ class ClusterContext:
             uri if uri is not None else request.uri,
             body,
             request.getHeader(b"Content-Type"),
+            wait,
+            lambda: self._lost(member.name),
         )
         self._remember(relayed, member)
         for name in dict.fromkeys((*instances, *_operation_instances(relayed))):
@@ -199,6 +217,15 @@ class ClusterContext:
             request.setHeader(header, value)
         request.setHeader(b"Content-Length", b"%d" % len(relayed.body))
         return relayed.body
+
+    def _lost(self, name: str) -> str | None:
+        """Why member ``name`` is unreachable now (its lease ran out), or None: it is online."""
+        member = self.membership.find(name)
+        if member is None:
+            return "it is no longer a cluster member"
+        if self.membership.state_of(member) is MemberState.ONLINE:
+            return None
+        return f"its lease ran out at {lease_time(member.lease_expires)}"
 
     def _remember(self, relayed: Relayed, member: MemberRecord) -> None:
         if relayed.code != 202:
