@@ -34,7 +34,7 @@ from zope.interface import implementer
 
 from tests.fixtures import Reply, make_lifecycle
 from tests.reactor import reactor
-from vmready.api.cluster import ClusterContext
+from vmready.api.cluster import WAIT_STEP, ClusterContext
 from vmready.api.forwarding import (
     CACHED_CONNECTION_TIMEOUT,
     DEADLINE,
@@ -788,8 +788,28 @@ class DeadlineTests(ClusterTestCase):
         transport.resumeProducing()
         await kept.lost
 
-    def did_not_answer(self, address: str, changes: bool = False) -> str:
-        line = f"cluster member a at {address} did not answer within {self.DEADLINE:g} s"
+    async def done_operation(self) -> tuple[_Counted, str]:
+        """A stop of web1 on a, done, relayed by b; b's kept connection to a, frozen."""
+        await self.launch(self.a, "web1", target="a")
+        await self.b.lifecycle.state.store.refresh_instance("web1")
+        stopping = await self.call(
+            self.b, "PUT", "/1.0/instances/web1/state", {"action": "stop", "force": True}
+        )
+        await self.wait(self.b, stopping)
+        [kept] = self.a.remote.open
+        transport: Any = kept.transport
+        transport.pauseProducing()
+        return kept, str(stopping.body["operation"])
+
+    def context(self, member: Member) -> ClusterContext:
+        assert member.api.cluster is not None
+        return member.api.cluster
+
+    def did_not_answer(
+        self, address: str, changes: bool = False, within: float | None = None
+    ) -> str:
+        seconds = self.DEADLINE if within is None else within
+        line = f"cluster member a at {address} did not answer within {seconds:g} s"
         return f"{line}; {UNKNOWN_OUTCOME}" if changes else line
 
     def test_theDeadline(self) -> None:
@@ -854,33 +874,42 @@ class DeadlineTests(ClusterTestCase):
         await self.thaw(kept)
 
     async def test_aWaitLongerThanTheDeadlineIsNotCutShort(self) -> None:
+        cluster = self.context(self.b)
         await self.launch(self.a, "web1", target="a")
         await self.b.lifecycle.state.store.refresh_instance("web1")
         # fakeqemu's guest ignores the ACPI button: the stop takes its whole timeout.
         stopping = await self.call(
-            self.b, "PUT", "/1.0/instances/web1/state", {"action": "stop", "timeout": 3}
+            self.b, "PUT", "/1.0/instances/web1/state", {"action": "stop", "timeout": 6}
         )
         self.assertEqual(stopping.code, 202, stopping.body)
-        wait = self.DEADLINE * 3
-        waited = await self.call(
-            self.b, "GET", f"{stopping.body['operation']}/wait?timeout={wait}"
-        )
-        self.assertEqual((waited.code, waited.metadata["status"]), (200, "Running"), waited.body)
+        wait = self.DEADLINE * 2
+        for step in (WAIT_STEP, self.DEADLINE / 2):
+            # In one relayed wait, or in several one after the other: the whole wait.
+            cluster.wait_step = step
+            started = reactor.seconds()
+            waited = await self.call(
+                self.b, "GET", f"{stopping.body['operation']}/wait?timeout={wait}"
+            )
+            self.assertEqual(
+                (waited.code, waited.metadata["status"]), (200, "Running"), waited.body
+            )
+            self.assertGreaterEqual(reactor.seconds() - started, wait)
         await self.wait(self.b, stopping)
 
+    async def test_aWaitWithNoLimitOnAMemberThatStopsAnswering(self) -> None:
+        """It holds its lease (only the way between the two is cut): the wait still ends."""
+        kept, operation = await self.done_operation()
+        step = self.DEADLINE / 2
+        self.context(self.b).wait_step = step
+        reply = await self.call(self.b, "GET", f"{operation}/wait?timeout=-1")
+        self.assertError(
+            reply, 503, self.did_not_answer(self.a.address, within=step + self.DEADLINE)
+        )
+        await self.thaw(kept)
+
     async def test_aWaitWithNoLimitEndsWhenTheMembersLeaseRunsOut(self) -> None:
-        await self.launch(self.a, "web1", target="a")
-        await self.b.lifecycle.state.store.refresh_instance("web1")
-        stopping = await self.call(
-            self.b, "PUT", "/1.0/instances/web1/state", {"action": "stop", "force": True}
-        )
-        await self.wait(self.b, stopping)
-        [kept] = self.a.remote.open
-        transport: Any = kept.transport
-        transport.pauseProducing()
-        waiting = Deferred.fromCoroutine(
-            self.call(self.b, "GET", f"{stopping.body['operation']}/wait?timeout=-1")
-        )
+        kept, operation = await self.done_operation()
+        waiting = Deferred.fromCoroutine(self.call(self.b, "GET", f"{operation}/wait?timeout=-1"))
         # Well past the deadline, it still waits (as asked); then a's lease runs out.
         await deferLater(reactor, self.DEADLINE * 2, lambda: None)
         self.assertFalse(waiting.called)

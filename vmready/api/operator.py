@@ -186,8 +186,8 @@ def _forwardable_operation(waits: bool = False) -> Callable[[Handler], Handler]:
     """A handler of ``/1.0/operations/<id>…``: relayed for an operation a relay started.
 
     ``waits``: the request waits by design (``/wait?timeout=N``): relayed
-    with that wait on top of the forwarding deadline, so it is never cut
-    short of what the client asked for.
+    as waits with the forwarding deadline on top (``ClusterContext.forward_wait``),
+    so it is never cut short of what the client asked for.
     """
 
     def decorate(handler: Handler) -> Handler:
@@ -197,10 +197,14 @@ def _forwardable_operation(waits: bool = False) -> Callable[[Handler], Handler]:
             if cluster is not None:
                 operation_id = arguments["operation_id"]
                 member = cluster.operation_owner(operation_id)
-                if member is not None:
-                    wait = _requested_wait(request) if waits else 0.0
+                if member is not None and waits:
+                    timeout = _requested_wait(request)
                     return Deferred.fromCoroutine(
-                        cluster.forward(request, member, f"operation {operation_id}", wait=wait)
+                        cluster.forward_wait(request, member, operation_id, timeout)
+                    )
+                if member is not None:
+                    return Deferred.fromCoroutine(
+                        cluster.forward(request, member, f"operation {operation_id}")
                     )
             return handler(api, request, **arguments)
 
