@@ -22,7 +22,7 @@ from twisted.internet import tcp
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.endpoints import UNIXClientEndpoint, serverFromString
 from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IStreamClientEndpoint
-from twisted.internet.protocol import connectionDone
+from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.internet.task import deferLater
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.python.failure import Failure
@@ -34,8 +34,15 @@ from zope.interface import implementer
 
 from tests.fixtures import Reply, make_lifecycle
 from tests.reactor import reactor
-from vmready.api.cluster import ClusterContext
-from vmready.api.forwarding import CACHED_CONNECTION_TIMEOUT, FORWARDED_BY, Forwarder, Relayed
+from vmready.api.cluster import WAIT_STEP, ClusterContext
+from vmready.api.forwarding import (
+    CACHED_CONNECTION_TIMEOUT,
+    DEADLINE,
+    FORWARDED_BY,
+    UNKNOWN_OUTCOME,
+    Forwarder,
+    Relayed,
+)
 from vmready.api.limits import IDLE_TIMEOUT
 from vmready.api.operator import OperatorAPI, operator_site
 from vmready.api.remote import remote_site, remote_tls_factory
@@ -813,3 +820,182 @@ def _port(port: IListeningPort) -> int:
 def _peer_port(connection: tcp.Client) -> int:
     address: Any = connection.getPeer()
     return int(address.port)
+
+
+class DeadlineTests(ClusterTestCase):
+    """A member that does not answer: its request is given up, never left pending.
+
+    The forwarders' deadline is cut to ``DEADLINE`` seconds here (30 in a daemon).
+    """
+
+    DEADLINE = 0.5
+
+    async def setUp(self) -> None:  # type: ignore[override]
+        await super().setUp()
+        for member in (self.a, self.b):
+            member.forwarder.deadline = self.DEADLINE
+            member.forwarder.watch_interval = 0.05
+
+    async def silent_member(self) -> tuple[MemberRecord, Accepting]:
+        """A's record, its address a listening socket that accepts and never says a word."""
+        silent = Accepting(Factory.forProtocol(Protocol))
+        port = await serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(silent)
+        self.addCleanup(self._stop_listening, port)
+        record = self.b.membership.view.find("a")
+        assert record is not None
+        return attrs.evolve(record, address=f"127.0.0.1:{_port(port)}"), silent
+
+    async def frozen_connection(self) -> _Counted:
+        """web1 runs on a; b's kept connection to a, which a then stops reading (frozen)."""
+        await self.launch(self.a, "web1", target="a")
+        await self.b.lifecycle.state.store.refresh_instance("web1")
+        reply = await self.call(self.b, "GET", "/1.0/instances/web1/state")
+        self.assertEqual(reply.code, 200, reply.body)
+        [kept] = self.a.remote.open
+        transport: Any = kept.transport
+        transport.pauseProducing()
+        return kept
+
+    async def thaw(self, kept: _Counted) -> None:
+        """``kept`` reads again: it sees the connection b aborted, and closes."""
+        transport: Any = kept.transport
+        transport.resumeProducing()
+        await kept.lost
+
+    async def done_operation(self) -> tuple[_Counted, str]:
+        """A stop of web1 on a, done, relayed by b; b's kept connection to a, frozen."""
+        await self.launch(self.a, "web1", target="a")
+        await self.b.lifecycle.state.store.refresh_instance("web1")
+        stopping = await self.call(
+            self.b, "PUT", "/1.0/instances/web1/state", {"action": "stop", "force": True}
+        )
+        await self.wait(self.b, stopping)
+        [kept] = self.a.remote.open
+        transport: Any = kept.transport
+        transport.pauseProducing()
+        return kept, str(stopping.body["operation"])
+
+    def context(self, member: Member) -> ClusterContext:
+        assert member.api.cluster is not None
+        return member.api.cluster
+
+    def did_not_answer(
+        self, address: str, changes: bool = False, within: float | None = None
+    ) -> str:
+        seconds = self.DEADLINE if within is None else within
+        line = f"cluster member a at {address} did not answer within {seconds:g} s"
+        return f"{line}; {UNKNOWN_OUTCOME}" if changes else line
+
+    def test_theDeadline(self) -> None:
+        self.assertEqual(DEADLINE, 30.0)
+        self.assertEqual(
+            UNKNOWN_OUTCOME, "the request may have been carried out: check with vmready info"
+        )
+
+    async def test_aMemberThatNeverCompletesTheTLSHandshake(self) -> None:
+        record, silent = await self.silent_member()
+        port = int(record.address.rsplit(":", 1)[1])
+        forwarder = self.b.forwarder
+        for method, changes in ((b"GET", False), (b"PUT", True)):
+            failure = await _failure(
+                Deferred.fromCoroutine(
+                    forwarder.forward(record, method, b"/1.0/instances/web1/state", b"{}", None)
+                )
+            )
+            self.assertEqual(
+                (failure.http_status, failure.message),
+                (503, self.did_not_answer(record.address, changes)),
+            )
+            # Aborted, on this side at once; the member sees it go.
+            self.assertEqual(_connections_to(port), [])
+            await silent.all_closed()
+        # Each request had a connection of its own, and was sent once.
+        self.assertEqual(silent.accepted, 2)
+
+    async def test_aMemberThatStopsReadingAnAction(self) -> None:
+        kept = await self.frozen_connection()
+        accepted = self.a.remote.accepted
+        reply = await self.call(
+            self.b, "PATCH", "/1.0/instances/web1", {"config": {"user.role": "web"}}
+        )
+        self.assertError(reply, 503, self.did_not_answer(self.a.address, changes=True))
+        self.assertEqual(_connections_to(_port(self.a.tls_port)), [])
+        # Not sent again, on another connection.
+        self.assertEqual(self.a.remote.accepted, accepted)
+        # a, reading again, may still find the request (the bytes that reached its host
+        # before the reset) and carry it out: why the 503 says the outcome is unknown.
+        await self.thaw(kept)
+        # The next request gets a new connection and its answer.
+        reply = await self.call(self.b, "GET", "/1.0/instances/web1/state")
+        self.assertEqual(reply.code, 200, reply.body)
+        self.assertEqual(self.a.remote.accepted, accepted + 1)
+
+    async def test_aMemberThatStopsReadingARead(self) -> None:
+        kept = await self.frozen_connection()
+        reply = await self.call(self.b, "GET", "/1.0/instances/web1/state")
+        self.assertError(reply, 503, self.did_not_answer(self.a.address))
+        await self.thaw(kept)
+
+    async def test_anInstanceIsShownFromTheStoreWhenItsMemberDoesNotAnswer(self) -> None:
+        kept = await self.frozen_connection()
+        reply = await self.call(self.b, "GET", "/1.0/instances/web1")
+        self.assertEqual(reply.code, 200, reply.body)
+        self.assertEqual(
+            (reply.metadata["name"], reply.metadata["status"], reply.metadata["location"]),
+            ("web1", "Running", "a"),
+        )
+        self.assertEqual(_connections_to(_port(self.a.tls_port)), [])
+        await self.thaw(kept)
+
+    async def test_aWaitLongerThanTheDeadlineIsNotCutShort(self) -> None:
+        cluster = self.context(self.b)
+        await self.launch(self.a, "web1", target="a")
+        await self.b.lifecycle.state.store.refresh_instance("web1")
+        # fakeqemu's guest ignores the ACPI button: the stop takes its whole timeout.
+        stopping = await self.call(
+            self.b, "PUT", "/1.0/instances/web1/state", {"action": "stop", "timeout": 6}
+        )
+        self.assertEqual(stopping.code, 202, stopping.body)
+        wait = self.DEADLINE * 2
+        for step in (WAIT_STEP, self.DEADLINE / 2):
+            # In one relayed wait, or in several one after the other: the whole wait.
+            cluster.wait_step = step
+            started = reactor.seconds()
+            waited = await self.call(
+                self.b, "GET", f"{stopping.body['operation']}/wait?timeout={wait}"
+            )
+            self.assertEqual(
+                (waited.code, waited.metadata["status"]), (200, "Running"), waited.body
+            )
+            self.assertGreaterEqual(reactor.seconds() - started, wait)
+        await self.wait(self.b, stopping)
+
+    async def test_aWaitWithNoLimitOnAMemberThatStopsAnswering(self) -> None:
+        """It holds its lease (only the way between the two is cut): the wait still ends."""
+        kept, operation = await self.done_operation()
+        step = self.DEADLINE / 2
+        self.context(self.b).wait_step = step
+        reply = await self.call(self.b, "GET", f"{operation}/wait?timeout=-1")
+        self.assertError(
+            reply, 503, self.did_not_answer(self.a.address, within=step + self.DEADLINE)
+        )
+        await self.thaw(kept)
+
+    async def test_aWaitWithNoLimitEndsWhenTheMembersLeaseRunsOut(self) -> None:
+        kept, operation = await self.done_operation()
+        waiting = Deferred.fromCoroutine(self.call(self.b, "GET", f"{operation}/wait?timeout=-1"))
+        # Well past the deadline, it still waits (as asked); then a's lease runs out.
+        await deferLater(reactor, self.DEADLINE * 2, lambda: None)
+        self.assertFalse(waiting.called)
+        await self.a.membership.stop()
+        await self.b.membership.refresh()
+        record = self.b.membership.view.find("a")
+        assert record is not None
+        reply = await waiting
+        self.assertError(
+            reply,
+            503,
+            f"cluster member a at {self.a.address} became unreachable before it answered: "
+            f"its lease ran out at {lease_time(record.lease_expires)}",
+        )
+        await self.thaw(kept)

@@ -12,6 +12,15 @@ state, snapshots, console, history, config, rename, delete) is relayed to that
 member and its answer relayed back.  The operations a relayed request
 started are remembered (by id, up to ``MAX_REMEMBERED_OPERATIONS``), so
 ``GET /1.0/operations/<id>`` and ``…/wait`` reach them through this member too.
+
+A relayed request never waits for ever on its member: it has the
+forwarder's deadline (``api.forwarding.DEADLINE``) plus the wait it asks for,
+and it is given up as soon as the member's lease runs out
+(``Membership.state_of``, looked at every ``WATCH_INTERVAL``).  An
+operation's ``/wait`` is relayed as waits of at most ``WAIT_STEP`` seconds,
+one after the other up to the wait the client asked for (``forward_wait``):
+never cut short, and never left pending on a member that stopped answering,
+even with no limit.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.web.iweb import IRequest
 
-from vmready.api.forwarding import FORWARDED_BY, Forwarder, Relayed
+from vmready.api.forwarding import DEADLINE, FORWARDED_BY, Forwarder, Relayed
 from vmready.api.views import unreachable_fault
 from vmready.domain.members import MemberRecord, MemberState
 from vmready.domain.model import (
@@ -39,9 +48,17 @@ from vmready.lifecycle.faults import Fault
 from vmready.lifecycle.members import Membership, lease_time
 from vmready.trust.certs import CertificatePair
 
-__all__ = ["MAX_REMEMBERED_OPERATIONS", "NOT_A_MEMBER", "ClusterContext", "member_json"]
+__all__ = [
+    "MAX_REMEMBERED_OPERATIONS",
+    "NOT_A_MEMBER",
+    "WAIT_STEP",
+    "ClusterContext",
+    "member_json",
+]
 
 MAX_REMEMBERED_OPERATIONS = 4096
+# The longest wait one relayed ``/wait`` asks for: a longer one is relayed as several.
+WAIT_STEP = 60.0
 NOT_A_MEMBER = "this daemon is not a cluster member: it runs alone on its store"
 _STATUS_WORDS = {MemberState.ONLINE: "Online", MemberState.UNREACHABLE: "Unreachable"}
 
@@ -76,13 +93,20 @@ class ClusterContext:
         self.forwarder = forwarder
         # Operations started through a forwarded request: their id → the member running them.
         self._operations: OrderedDict[str, str] = OrderedDict()
+        # The longest wait one relayed ``/wait`` asks for (``forward_wait``).
+        self.wait_step = WAIT_STEP
 
     @classmethod
     def over_tls(
-        cls, membership: Membership, reactor: IVMReadyReactor, identity: CertificatePair
+        cls,
+        membership: Membership,
+        reactor: IVMReadyReactor,
+        identity: CertificatePair,
+        deadline: float = DEADLINE,
     ) -> ClusterContext:
-        """Forwarding over mutual TLS, presenting ``identity`` (the daemon's server pair)."""
-        return cls(membership, Forwarder(reactor, identity, membership.name))
+        """Forwarding over mutual TLS, presenting ``identity`` (the daemon's server pair);
+        ``deadline``: seconds a relayed request may take beyond the wait it asks for."""
+        return cls(membership, Forwarder(reactor, identity, membership.name, deadline))
 
     @property
     def name(self) -> str:
@@ -199,8 +223,43 @@ class ClusterContext:
 
         ``instances``: read again from the store once the member answered, so
         this member's next read shows what the request changed.  ``uri``:
-        path and query to send instead of the request's.
+        path and query to send instead of the request's.  Not answered within
+        the deadline, or its member unreachable meanwhile: ``Unavailable``.
         """
+        relayed = await self._relay(request, member, what, uri)
+        return await self._respond(request, member, relayed, instances)
+
+    async def forward_wait(
+        self, request: IRequest, member: MemberRecord, operation_id: str, timeout: float | None
+    ) -> bytes:
+        """Relay ``GET /1.0/operations/<id>/wait`` for ``timeout`` seconds (None: no limit).
+
+        Relayed as waits of at most ``wait_step`` seconds, one after the
+        other until the operation is done or ``timeout`` ran out: each one is
+        an ordinary relayed request with its wait plus the deadline, so a
+        member that stops answering (frozen, or cut off from this one while
+        it still holds its lease) ends even a wait with no limit.
+        """
+        clock = self.membership.clock
+        ends = None if timeout is None else clock.seconds() + timeout
+        while True:
+            left = None if ends is None else max(0.0, ends - clock.seconds())
+            step = self.wait_step if left is None else min(left, self.wait_step)
+            uri = request.path + f"?timeout={step:g}".encode()
+            relayed = await self._relay(request, member, f"operation {operation_id}", uri, step)
+            if (left is not None and left <= step) or relayed.code != 200 or _finished(relayed):
+                return await self._respond(request, member, relayed, ())
+
+    async def _relay(
+        self,
+        request: IRequest,
+        member: MemberRecord,
+        what: str,
+        uri: bytes | None,
+        wait: float = 0.0,
+    ) -> Relayed:
+        """``request`` sent to ``member`` (``uri`` instead of its own; ``wait``: the seconds
+        it asks the member to wait, on top of the deadline); the member's answer."""
         forwarded_by = request.getHeader(FORWARDED_BY)
         if forwarded_by is not None:
             by = forwarded_by.decode("utf-8", "replace")
@@ -213,13 +272,24 @@ class ClusterContext:
         if content is not None:
             content.seek(0)
             body = content.read()
-        relayed = await self.forwarder.forward(
+        return await self.forwarder.forward(
             member,
             request.method,
             uri if uri is not None else request.uri,
             body,
             request.getHeader(b"Content-Type"),
+            wait,
+            lambda: self._lost(member.name),
         )
+
+    async def _respond(
+        self,
+        request: IRequest,
+        member: MemberRecord,
+        relayed: Relayed,
+        instances: tuple[str, ...],
+    ) -> bytes:
+        """``relayed`` as the response to ``request``, once what it changed is read again."""
         self._remember(relayed, member)
         for name in dict.fromkeys((*instances, *_operation_instances(relayed))):
             await self._refresh(name)
@@ -228,6 +298,15 @@ class ClusterContext:
             request.setHeader(header, value)
         request.setHeader(b"Content-Length", b"%d" % len(relayed.body))
         return relayed.body
+
+    def _lost(self, name: str) -> str | None:
+        """Why member ``name`` is unreachable now (its lease ran out), or None: it is online."""
+        member = self.membership.find(name)
+        if member is None:
+            return "it is no longer a cluster member"
+        if self.membership.state_of(member) is MemberState.ONLINE:
+            return None
+        return f"its lease ran out at {lease_time(member.lease_expires)}"
 
     def _remember(self, relayed: Relayed, member: MemberRecord) -> None:
         if relayed.code != 202:
@@ -257,6 +336,16 @@ def _json(body: bytes) -> dict[str, Any] | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def _finished(relayed: Relayed) -> bool:
+    """Whether the operation an answer shows is done (its status code 200 or more)."""
+    envelope = _json(relayed.body)
+    metadata = envelope.get("metadata") if envelope else None
+    if not isinstance(metadata, dict):
+        return True  # not an operation: nothing to wait for
+    code = metadata.get("status_code")
+    return not isinstance(code, int) or code >= 200
 
 
 def _operation_instances(relayed: Relayed) -> tuple[str, ...]:

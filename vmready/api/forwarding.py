@@ -9,9 +9,27 @@ owner never forwards it again; the owner's status, body and content type
 (and ``Location``) come back unchanged: a 409 stays a 409.
 
 What goes wrong on the way is one line naming the member: 503 when it cannot
-be reached (refused, timed out, no route), 502 when it was reached but did
-not answer properly (its certificate is not the pinned one, the connection
-broke off before the answer).
+be reached (refused, timed out, no route) or does not answer in time, 502
+when it was reached but did not answer properly (its certificate is not the
+pinned one, the connection broke off before the answer).
+
+No forwarded request waits for ever.  A member can accept TCP and then say
+nothing: its process frozen (SIGSTOP, a wedged reactor), or its host gone
+while a kept connection to it looks open (TCP then retransmits for many
+minutes).  So each request has a *deadline*, ``DEADLINE`` seconds from asking
+for a connection to the last byte of the answer (the connect, the TLS
+handshake, the request, the answer's headers and body), plus the ``wait`` the
+request asks the owner for by design (an operation's ``/wait?timeout=N``; a
+wait with no limit has no deadline).  Past it the connection the request
+uses is aborted (or its connecting cancelled) and the request is a 503
+``cluster member M at A did not answer within N s``.  While a request is
+under way, ``unreachable`` (the membership: has the member's lease run
+out?) is asked every ``WATCH_INTERVAL`` seconds: a member that lost its
+lease has its request aborted then, with a 503 saying so, instead of at the
+deadline (the only end a wait with no limit has).  A request that may change
+something (any method but ``GET`` and ``HEAD``) cut off that way may have
+reached the owner and been carried out: its message says so
+(``UNKNOWN_OUTCOME``), and it is never sent again.
 
 Connections are kept and reused (a TCP connection and a mutual-TLS handshake
 cost several times what a relayed request does), in one pool per member
@@ -33,10 +51,8 @@ yet read that).  What is retried then, and why:
 - A request the connection refused to send (``RequestNotSent``: it was
   closed before anything was written) never reached the owner: it is sent
   once more, whatever its method.
-- A ``GET`` or ``HEAD`` (no body) that got no answer at all is retried once
-  on a new connection by Twisted's pool itself: reading twice changes nothing.
-  (The pool would retry a ``DELETE`` too, but only one sent without a body
-  producer, and every other method is sent with one, empty or not.)
+- A ``GET`` or ``HEAD`` (no body) that got no answer at all on a kept
+  connection is sent once more, on another: reading twice changes nothing.
 - Anything else that was written and got no answer (``PUT``, ``POST``,
   ``PATCH``, ``DELETE``: they start operations, write config, rename) is NOT
   retried: the bytes left this host, and nothing tells whether the owner read
@@ -45,7 +61,12 @@ yet read that).  What is retried then, and why:
   action twice (two snapshots, a second restart), so the caller gets the
   precise 502 ("lost the connection ... before it answered") and decides,
   knowing the instance's state can be read.  An answer that broke off midway
-  (``ResponseFailed``) is never retried either: the owner did act.
+  (``ResponseFailed``) is never retried either: the owner did act.  Nor is
+  a request cut off by its deadline, whatever its method.
+
+Requests are sent over the pool's connections directly (not through an
+``Agent``) so that this side knows which connection each request uses: the
+one its deadline aborts.
 
 ``Forwarder.close()`` closes the kept connections (the daemon calls it when it
 stops); requests under way then finish, and their connections are closed.  A
@@ -57,6 +78,7 @@ aborted, so a daemon never waits on a frozen member to stop.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -64,12 +86,10 @@ from OpenSSL import SSL
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
 from twisted.internet.error import ConnectError
-from twisted.internet.interfaces import IProtocolFactory, IStreamClientEndpoint
+from twisted.internet.interfaces import IDelayedCall, IProtocolFactory, IStreamClientEndpoint
 from twisted.python.failure import Failure
-from twisted.web._newclient import RequestNotSent
+from twisted.web._newclient import HTTP11ClientProtocol, Request, RequestNotSent
 from twisted.web.client import (
-    URI,
-    Agent,
     HTTPConnectionPool,
     RequestTransmissionFailed,
     ResponseFailed,
@@ -77,7 +97,7 @@ from twisted.web.client import (
     readBody,
 )
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IAgentEndpointFactory, IResponse
+from twisted.web.iweb import IResponse
 from zope.interface import implementer
 
 from vmready.api.limits import IDLE_TIMEOUT
@@ -92,9 +112,13 @@ __all__ = [
     "CACHED_CONNECTION_TIMEOUT",
     "CLOSE_GRACE",
     "CONNECT_TIMEOUT",
+    "DEADLINE",
     "FORWARDED_BY",
     "MAX_CACHED_PER_MEMBER",
+    "READS",
     "RELAYED_HEADERS",
+    "UNKNOWN_OUTCOME",
+    "WATCH_INTERVAL",
     "Forwarder",
     "Relayed",
     "split_address",
@@ -105,6 +129,15 @@ FORWARDED_BY = b"X-VMReady-Forwarded-By"
 # The headers relayed each way besides the body.
 RELAYED_HEADERS = (b"Content-Type", b"Location", b"Allow")
 CONNECT_TIMEOUT = 10.0
+# Seconds a forwarded request may take, connect to last byte, beyond the wait it asks for.
+DEADLINE = 30.0
+# Seconds between two looks at whether the member a request is under way to is still online.
+WATCH_INTERVAL = 1.0
+# The methods that change nothing: sent again when a kept connection died under them, and
+# safe to have cut off.
+READS = (b"GET", b"HEAD")
+# What a request that may change something is told when it was cut off before its answer.
+UNKNOWN_OUTCOME = "the request may have been carried out: check with vmready info"
 # Seconds an idle connection to a member is kept: well before the member closes it.
 CACHED_CONNECTION_TIMEOUT = round(IDLE_TIMEOUT / 3)
 # Idle connections kept per member.
@@ -150,11 +183,14 @@ def split_address(address: str) -> tuple[str, int]:
 
 @implementer(IStreamClientEndpoint)
 class _Tracked:
-    """``endpoint``, each connection it makes noted in ``connections``."""
+    """``endpoint``, each connection it makes noted in ``connections`` and in ``made``."""
 
-    def __init__(self, endpoint: IStreamClientEndpoint, connections: _Connections) -> None:
+    def __init__(
+        self, endpoint: IStreamClientEndpoint, connections: _Connections, made: list[Any]
+    ) -> None:
         self._endpoint = endpoint
         self._connections = connections
+        self._made = made
 
     def connect(self, protocolFactory: IProtocolFactory) -> Deferred[Any]:
         connecting: Deferred[Any] = self._endpoint.connect(protocolFactory)
@@ -162,34 +198,12 @@ class _Tracked:
 
     def _note(self, protocol: Any) -> Any:
         self._connections.add(protocol)
+        self._made.append(protocol)
         return protocol
 
 
-@implementer(IAgentEndpointFactory)
-class _ToMember:
-    """Every request to one member identity goes to its address, TLS pinned to it."""
-
-    def __init__(
-        self,
-        reactor: IVMReadyReactor,
-        host: str,
-        port: int,
-        tls: PinnedServerTLS,
-        connections: _Connections,
-    ):
-        self._reactor = reactor
-        self._host = host
-        self._port = port
-        self.tls = tls
-        self._connections = connections
-
-    def endpointForURI(self, uri: URI) -> IStreamClientEndpoint:
-        tcp = HostnameEndpoint(self._reactor, self._host, self._port, timeout=CONNECT_TIMEOUT)
-        return _Tracked(wrapClientTLS(self.tls, tcp), self._connections)
-
-
 class _Route:
-    """The way to one member identity: its pinned TLS, its pool of connections, its agent.
+    """The way to one member identity: its pinned TLS, its pool of connections.
 
     ``retired``: the member has another identity now (or the forwarder was
     closed); its connections are closed as soon as no request uses them.
@@ -209,21 +223,105 @@ class _Route:
         self.pool = HTTPConnectionPool(reactor, persistent=True)
         self.pool.cachedConnectionTimeout = CACHED_CONNECTION_TIMEOUT
         self.pool.maxPersistentPerHost = MAX_CACHED_PER_MEMBER
-        self.agent = Agent.usingEndpointFactory(
-            reactor, _ToMember(reactor, host, port, self.tls, connections), pool=self.pool
-        )
+        # Retries are this module's (``_Exchange``): the pool's would use connections unseen.
+        self.pool.retryAutomatically = False
+        self._reactor = reactor
+        self._host = host
+        self._port = port
+        self._connections = connections
         # Requests under way through this route.
         self.active = 0
         self.retired = False
 
+    def connection(self, made: list[Any]) -> Deferred[HTTP11ClientProtocol]:
+        """A kept connection, or a new one (then also noted in ``made``)."""
+        tcp = HostnameEndpoint(self._reactor, self._host, self._port, timeout=CONNECT_TIMEOUT)
+        endpoint = _Tracked(wrapClientTLS(self.tls, tcp), self._connections, made)
+        return self.pool.getConnection(self.identity, endpoint)
+
+
+class _Exchange:
+    """One forwarded request's way through the pool: the connection it uses, to abort.
+
+    ``give_up(why)``: cancel the connecting under way, or abort the
+    connection the request is on; ``ended`` then says why, and whatever the
+    request fails with is reported as that.
+    """
+
+    def __init__(self, route: _Route, method: bytes, path: bytes, headers: Headers) -> None:
+        self._route = route
+        self._method = method
+        self._path = path
+        self._headers = headers
+        self._connecting: Deferred[HTTP11ClientProtocol] | None = None
+        self._connection: HTTP11ClientProtocol | None = None
+        self.ended: str | None = None
+
+    def give_up(self, why: str) -> None:
+        """The request is over (``why``): nothing more is read or sent for it."""
+        if self.ended is not None:
+            return
+        self.ended = why
+        connecting, connection = self._connecting, self._connection
+        if connecting is not None and not connecting.called:
+            connecting.cancel()
+        elif connection is not None:
+            transport: Any = connection.transport
+            if transport is not None:
+                transport.abortConnection()
+
+    async def run(self, producer: BytesProducer | None) -> tuple[IResponse, bytes]:
+        """The answer and its body; sent once more if that is safe (see the module)."""
+        made: list[Any] = []
+        try:
+            return await self._once(producer, made)
+        except RequestNotSent:
+            # Nothing was written: the owner never saw it.
+            pass
+        except (ResponseNeverReceived, RequestTransmissionFailed):
+            # A read without a body, on a kept connection (a new one failing says it all).
+            reused = self._connection is not None and self._connection not in made
+            if not (self._method in READS and producer is None and reused):
+                raise
+        if self.ended is not None:
+            raise RequestNotSent()
+        return await self._once(producer, made)
+
+    async def _once(
+        self, producer: BytesProducer | None, made: list[Any]
+    ) -> tuple[IResponse, bytes]:
+        self._connection = None
+        self._connecting = self._route.connection(made)
+        self._connection = connection = await self._connecting
+        self._connecting = None
+        request = Request(self._method, self._path, self._headers, producer, persistent=True)
+        response: IResponse = await connection.request(request)
+        answer: bytes = await readBody(response)
+        return response, answer
+
 
 class Forwarder:
-    """Sends requests to other members as member ``name``, presenting ``identity``."""
+    """Sends requests to other members as member ``name``, presenting ``identity``.
 
-    def __init__(self, reactor: IVMReadyReactor, identity: CertificatePair, name: str) -> None:
+    ``deadline``: seconds each request may take beyond the wait it asks for
+    (``DEADLINE``); ``watch_interval``: seconds between two looks at whether
+    its member is still reachable (``WATCH_INTERVAL``).  Both may be changed
+    between requests.
+    """
+
+    def __init__(
+        self,
+        reactor: IVMReadyReactor,
+        identity: CertificatePair,
+        name: str,
+        deadline: float = DEADLINE,
+        watch_interval: float = WATCH_INTERVAL,
+    ) -> None:
         self._reactor = reactor
         self._identity = identity
         self.name = name
+        self.deadline = deadline
+        self.watch_interval = watch_interval
         # Each member's current route, by name.
         self._routes: dict[str, _Route] = {}
         # Closings of kept connections under way.
@@ -238,12 +336,23 @@ class Forwarder:
         uri: bytes,
         body: bytes,
         content_type: bytes | None,
+        wait: float | None = 0.0,
+        unreachable: Callable[[], str | None] | None = None,
     ) -> Relayed:
-        """Send one request (``uri``: path and query) to ``member``; its answer as it came."""
+        """Send one request (``uri``: path and query) to ``member``; its answer as it came.
+
+        ``wait``: seconds the request asks the owner to wait before answering
+        (an operation's ``/wait?timeout=``), added to the deadline; None: no
+        limit, and no deadline.  ``unreachable``: asked every
+        ``watch_interval`` seconds while the request is under way; a reason
+        (``its lease ran out at …``) ends it with a 503.
+        """
         route = self._route(member)
         route.active += 1
         try:
-            return await self._send(route, member, method, uri, body, content_type)
+            return await self._send(
+                route, member, method, uri, body, content_type, wait, unreachable
+            )
         finally:
             route.active -= 1
             if route.retired and not route.active:
@@ -319,22 +428,33 @@ class Forwarder:
         uri: bytes,
         body: bytes,
         content_type: bytes | None,
+        wait: float | None,
+        unreachable: Callable[[], str | None] | None,
     ) -> Relayed:
-        headers = Headers({b"User-Agent": [b"vmready-member"], FORWARDED_BY: [self.name.encode()]})
+        headers = Headers(
+            {
+                b"Host": [member.name.encode()],
+                b"User-Agent": [b"vmready-member"],
+                FORWARDED_BY: [self.name.encode()],
+            }
+        )
         if content_type is not None:
             headers.setRawHeaders(b"Content-Type", [content_type])
-        producer = BytesProducer(body) if body or method not in (b"GET", b"HEAD") else None
-        target = f"https://{member.name}".encode() + uri
+        producer = BytesProducer(body) if body or method not in READS else None
         where = f"cluster member {member.name} at {member.address}"
+        exchange = _Exchange(route, method, uri, headers)
+        timers = _Timers(self._reactor, exchange, where, unreachable, self.watch_interval)
+        if wait is not None:
+            timers.give_up_after(self.deadline + wait)
         try:
-            response = await _request(route.agent, method, target, headers, producer)
-            answer: bytes = await readBody(response)
-        except ConnectError as e:
-            raise Unavailable(f"cannot reach {where}: {_connect_reason(e)}") from None
-        except RequestNotSent:
-            raise BadGateway(f"lost the connection to {where} before it answered") from None
-        except (ResponseNeverReceived, ResponseFailed, RequestTransmissionFailed) as e:
-            raise BadGateway(_broken(where, e.reasons, route.tls)) from None
+            response, answer = await exchange.run(producer)
+        except Exception as e:
+            if exchange.ended is None:
+                raise _failure(e, where, route.tls) from None
+            unknown = "" if method in READS else f"; {UNKNOWN_OUTCOME}"
+            raise Unavailable(f"{exchange.ended}{unknown}") from None
+        finally:
+            timers.stop()
         relayed = {}
         for name in RELAYED_HEADERS:
             values = response.headers.getRawHeaders(name)
@@ -343,20 +463,58 @@ class Forwarder:
         return Relayed(response.code, relayed, answer)
 
 
-async def _request(
-    agent: Agent,
-    method: bytes,
-    target: bytes,
-    headers: Headers,
-    producer: BytesProducer | None,
-) -> IResponse:
-    """``agent``'s request, sent once more if its connection had closed before sending it."""
-    try:
-        response: IResponse = await agent.request(method, target, headers, producer)
-    except RequestNotSent:
-        # Nothing was written: the owner never saw it (see the module).
-        response = await agent.request(method, target, headers, producer)
-    return response
+class _Timers:
+    """A request's deadline and its watch on its member, each giving it up when due."""
+
+    def __init__(
+        self,
+        reactor: IVMReadyReactor,
+        exchange: _Exchange,
+        where: str,
+        unreachable: Callable[[], str | None] | None,
+        interval: float,
+    ) -> None:
+        self._reactor = reactor
+        self._exchange = exchange
+        self._where = where
+        self._unreachable = unreachable
+        self._interval = interval
+        self._deadline: IDelayedCall | None = None
+        self._watch: IDelayedCall | None = None
+        if unreachable is not None:
+            self._watch = reactor.callLater(interval, self._look)
+
+    def give_up_after(self, seconds: float) -> None:
+        """The request is given up if not answered in ``seconds``."""
+        why = f"{self._where} did not answer within {seconds:g} s"
+        self._deadline = self._reactor.callLater(seconds, self._exchange.give_up, why)
+
+    def _look(self) -> None:
+        assert self._unreachable is not None
+        reason = self._unreachable()
+        if reason is None:
+            self._watch = self._reactor.callLater(self._interval, self._look)
+            return
+        self._watch = None
+        self._exchange.give_up(f"{self._where} became unreachable before it answered: {reason}")
+
+    def stop(self) -> None:
+        """The request is over: nothing is given up any more."""
+        for call in (self._deadline, self._watch):
+            if call is not None and call.active():
+                call.cancel()
+        self._deadline = self._watch = None
+
+
+def _failure(error: Exception, where: str, tls: PinnedServerTLS) -> Exception:
+    """The one-line error a request that failed with ``error`` is."""
+    if isinstance(error, ConnectError):
+        return Unavailable(f"cannot reach {where}: {_connect_reason(error)}")
+    if isinstance(error, RequestNotSent):
+        return BadGateway(f"lost the connection to {where} before it answered")
+    if isinstance(error, ResponseNeverReceived | ResponseFailed | RequestTransmissionFailed):
+        return BadGateway(_broken(where, error.reasons, tls))
+    return error
 
 
 def _broken(where: str, reasons: list[Failure], tls: PinnedServerTLS) -> str:

@@ -184,22 +184,40 @@ def _forwardable(handler: Handler) -> Handler:
     return route
 
 
-def _forwardable_operation(handler: Handler) -> Handler:
-    """A handler of ``/1.0/operations/<id>…``: relayed for an operation a relay started."""
+def _forwardable_operation(waits: bool = False) -> Callable[[Handler], Handler]:
+    """A handler of ``/1.0/operations/<id>…``: relayed for an operation a relay started.
 
-    @functools.wraps(handler)
-    def route(api: OperatorAPI, request: IRequest, **arguments: Any) -> Any:
-        cluster = api.cluster
-        if cluster is not None:
-            operation_id = arguments["operation_id"]
-            member = cluster.operation_owner(operation_id)
-            if member is not None:
-                return Deferred.fromCoroutine(
-                    cluster.forward(request, member, f"operation {operation_id}")
-                )
-        return handler(api, request, **arguments)
+    ``waits``: the request waits by design (``/wait?timeout=N``): relayed
+    as waits with the forwarding deadline on top (``ClusterContext.forward_wait``),
+    so it is never cut short of what the client asked for.
+    """
 
-    return route
+    def decorate(handler: Handler) -> Handler:
+        @functools.wraps(handler)
+        def route(api: OperatorAPI, request: IRequest, **arguments: Any) -> Any:
+            cluster = api.cluster
+            if cluster is not None:
+                operation_id = arguments["operation_id"]
+                member = cluster.operation_owner(operation_id)
+                if member is not None and waits:
+                    timeout = _requested_wait(request)
+                    return Deferred.fromCoroutine(
+                        cluster.forward_wait(request, member, operation_id, timeout)
+                    )
+                if member is not None:
+                    return Deferred.fromCoroutine(
+                        cluster.forward(request, member, f"operation {operation_id}")
+                    )
+            return handler(api, request, **arguments)
+
+        return route
+
+    return decorate
+
+
+def _requested_wait(request: IRequest) -> float | None:
+    """The seconds ``?timeout=`` asks a wait for; None: no limit (absent, or -1)."""
+    return seconds_param(query_param(request, "timeout"), "timeout")
 
 
 class OperatorAPI:
@@ -594,17 +612,17 @@ class OperatorAPI:
         return sync_response(request, grouped)
 
     @app.route("/1.0/operations/<operation_id>", methods=["GET"])
-    @_forwardable_operation
+    @_forwardable_operation()
     def get_operation(self, request: IRequest, operation_id: str) -> bytes:
         """One operation."""
         return sync_response(request, self.lifecycle.state.operations.get(operation_id).to_json())
 
     @app.route("/1.0/operations/<operation_id>/wait", methods=["GET"])
-    @_forwardable_operation
+    @_forwardable_operation(waits=True)
     async def wait_operation(self, request: IRequest, operation_id: str) -> bytes:
         """The operation once done, or as it is when ``?timeout=S`` runs out (-1: no limit)."""
         operation = self.lifecycle.state.operations.get(operation_id)
-        timeout = seconds_param(query_param(request, "timeout"), "timeout")
+        timeout = _requested_wait(request)
         if not operation.done:
             done = operation.when_done()
             if timeout is None:
