@@ -106,7 +106,7 @@ from vmready.domain.members import MemberRecord
 from vmready.domain.model import BadGateway, BadRequest, Unavailable
 from vmready.domain.reactor import IVMReadyReactor
 from vmready.trust.certs import CertificatePair
-from vmready.trust.tls import PinnedServerTLS
+from vmready.trust.tls import PinnedServerTLS, connect_reason, ssl_reason
 
 __all__ = [
     "CACHED_CONNECTION_TIMEOUT",
@@ -509,7 +509,7 @@ class _Timers:
 def _failure(error: Exception, where: str, tls: PinnedServerTLS) -> Exception:
     """The one-line error a request that failed with ``error`` is."""
     if isinstance(error, ConnectError):
-        return Unavailable(f"cannot reach {where}: {_connect_reason(error)}")
+        return Unavailable(f"cannot reach {where}: {connect_reason(error)}")
     if isinstance(error, RequestNotSent):
         return BadGateway(f"lost the connection to {where} before it answered")
     if isinstance(error, ResponseNeverReceived | ResponseFailed | RequestTransmissionFailed):
@@ -524,22 +524,6 @@ def _broken(where: str, reasons: list[Failure], tls: PinnedServerTLS) -> str:
             if tls.refused is not None:
                 return f"refused the certificate of {where}: {tls.refused}"
             error = reason.value
-            why = _ssl_reason(error) if error is not None else "TLS error"
+            why = ssl_reason(error) if error is not None else "TLS error"
             return f"the TLS handshake with {where} failed: {why}"
     return f"lost the connection to {where} before it answered"
-
-
-def _ssl_reason(error: BaseException) -> str:
-    details = error.args[0] if error.args else None
-    if isinstance(details, list):
-        words = [str(item[2]) for item in details if isinstance(item, tuple) and len(item) == 3]
-        if words:
-            return "; ".join(words)
-    return str(error) or type(error).__name__
-
-
-def _connect_reason(error: ConnectError) -> str:
-    if error.osError is not None and not isinstance(error.osError, int):
-        return str(error.osError)
-    text = str(error.args[0]) if error.args and error.args[0] else (error.__doc__ or str(error))
-    return text.strip().rstrip(".")

@@ -250,22 +250,22 @@ class OperatorAPI:
 
     def _instance_json(self, record: InstanceRecord) -> dict[str, Any]:
         state = self.lifecycle.state
-        if self.cluster is None:
-            return instance_json(
-                record,
-                self.lifecycle.agent_status(record.name),
-                state.events.faults.of(record.name),
-                state.agent_history.of(record.name),
-                self.lifecycle.console_log_path(record),
-            )
+        # On a cluster member: where it runs, and whether that member is unreachable.
+        placed: dict[str, Any] = (
+            {}
+            if self.cluster is None
+            else {
+                "location": self.cluster.location(record),
+                "unreachable": self.cluster.unreachable(record),
+            }
+        )
         return instance_json(
             record,
             self.lifecycle.agent_status(record.name),
             state.events.faults.of(record.name),
             state.agent_history.of(record.name),
             self.lifecycle.console_log_path(record),
-            location=self.cluster.location(record),
-            unreachable=self.cluster.unreachable(record),
+            **placed,
         )
 
     @app.handle_errors(Exception)

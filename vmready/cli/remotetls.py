@@ -24,7 +24,12 @@ from zope.interface import implementer
 from vmready.cli.errors import EXIT_FAILED, CommandError
 from vmready.domain.reactor import IVMReadyReactor
 from vmready.trust.certs import CertificatePair
-from vmready.trust.tls import PinnedServerTLS, ServerCertificateProbe
+from vmready.trust.tls import (
+    PinnedServerTLS,
+    ServerCertificateProbe,
+    connect_reason,
+    ssl_reason,
+)
 
 __all__ = ["PinnedRemote", "probe_server_certificate", "tls_failure"]
 
@@ -61,18 +66,8 @@ def tls_failure(reasons: Iterable[Failure], pinned: PinnedServerTLS | None) -> s
             if pinned is not None and pinned.refused is not None:
                 return f"refused the server's certificate: {pinned.refused}"
             error = reason.value
-            return f"the TLS handshake failed: {_ssl_reason(error) if error else 'TLS error'}"
+            return f"the TLS handshake failed: {ssl_reason(error) if error else 'TLS error'}"
     return None
-
-
-def _ssl_reason(error: BaseException) -> str:
-    """OpenSSL's reason strings (``tlsv13 alert certificate required``), else the error."""
-    details = error.args[0] if error.args else None
-    if isinstance(details, list):
-        words = [str(item[2]) for item in details if isinstance(item, tuple) and len(item) == 3]
-        if words:
-            return "; ".join(words)
-    return str(error) or type(error).__name__
 
 
 @implementer(IHandshakeListener)
@@ -106,11 +101,11 @@ async def probe_server_certificate(
         await endpoint.connect(Factory.forProtocol(lambda: handshake))
         await handshake.done
     except ConnectError as e:
-        raise CommandError(f"cannot reach {url}: {_connect_reason(e)}", EXIT_FAILED) from None
+        raise CommandError(f"cannot reach {url}: {connect_reason(e)}", EXIT_FAILED) from None
     except SSL.Error as e:
         if probe.presented is None:
             raise CommandError(
-                f"cannot reach {url}: the TLS handshake failed: {_ssl_reason(e)}", EXIT_FAILED
+                f"cannot reach {url}: the TLS handshake failed: {ssl_reason(e)}", EXIT_FAILED
             ) from None
     except Exception as e:
         if probe.presented is None:
@@ -118,10 +113,3 @@ async def probe_server_certificate(
     if probe.presented is None:
         raise CommandError(f"{url} presented no certificate", EXIT_FAILED)
     return probe.presented
-
-
-def _connect_reason(error: ConnectError) -> str:
-    """A connect failure in the OS's words where there are some."""
-    if error.osError is not None and not isinstance(error.osError, int):
-        return str(error.osError)
-    return str(error.args[0]) if error.args and error.args[0] else error.__doc__ or str(error)

@@ -34,6 +34,7 @@ import attrs
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from OpenSSL import SSL, crypto
+from twisted.internet.error import ConnectError
 from twisted.internet.interfaces import (
     IOpenSSLClientConnectionCreator,
     IOpenSSLServerConnectionCreator,
@@ -300,3 +301,21 @@ def peer_certificate_pem(transport: Any) -> bytes | None:
     if certificate is None:
         return None
     return _pem(certificate)
+
+
+def ssl_reason(error: BaseException) -> str:
+    """OpenSSL's reason strings (``tlsv13 alert certificate required``), else the error."""
+    details = error.args[0] if error.args else None
+    if isinstance(details, list):
+        words = [str(item[2]) for item in details if isinstance(item, tuple) and len(item) == 3]
+        if words:
+            return "; ".join(words)
+    return str(error) or type(error).__name__
+
+
+def connect_reason(error: ConnectError) -> str:
+    """A connect failure in the OS's words where there are some, without a closing period."""
+    if error.osError is not None and not isinstance(error.osError, int):
+        return str(error.osError)
+    text = str(error.args[0]) if error.args and error.args[0] else (error.__doc__ or str(error))
+    return text.strip().rstrip(".")
