@@ -313,10 +313,11 @@ def actions_table(actions: list[dict[str, Any]]) -> str:
 
 
 def event_line(event: dict[str, Any]) -> str:
-    """One event as a readable line."""
+    """One event as a readable line (on a cluster, ending with the member it happened on)."""
     stamp = _time(event.get("timestamp"))
     kind = str(event.get("type", "?"))
     metadata = event.get("metadata") or {}
+    where = f" location={event['location']}" if event.get("location") else ""
     if kind == "lifecycle":
         name = str(metadata.get("source", "")).removeprefix("/1.0/instances/")
         context = metadata.get("context") or {}
@@ -325,14 +326,14 @@ def event_line(event: dict[str, Any]) -> str:
             for key, value in context.items()
             if not _is_block(value) and not (key == "error" and not value)
         )
-        return f"{stamp} {kind} {metadata.get('action', '?')} {name} {details}".rstrip()
+        return f"{stamp} {kind} {metadata.get('action', '?')} {name} {details}".rstrip() + where
     if kind == "operation":
         error = f": {metadata['err']}" if metadata.get("err") else ""
         return (
             f"{stamp} {kind} {metadata.get('description', '?')} "
-            f"{metadata.get('status', '?')}{error}"
+            f"{metadata.get('status', '?')}{error}{where}"
         )
-    return f"{stamp} {kind} {json.dumps(metadata)}"
+    return f"{stamp} {kind} {json.dumps(metadata)}{where}"
 
 
 OPERATION_HEADERS = ("ID", "DESCRIPTION", "STATUS", "CREATED", "INSTANCE")
