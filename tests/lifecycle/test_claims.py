@@ -52,6 +52,26 @@ class _HistoryRefused(AsyncStore):
         return failed
 
 
+class _Gated(AsyncStore):
+    """The first claim waits for ``claim_gate`` (the test fails it: nothing was kept); the
+    action-history writes wait for ``history_gate``; the rest runs at once, really."""
+
+    claim_gate: Deferred[InstanceRecord]
+    history_gate: Deferred[None]
+    claims = 0
+
+    def claim_task(
+        self, name: str, action: str, allowed_from: frozenset[VMState], task: TaskState
+    ) -> Deferred[InstanceRecord]:
+        self.claims += 1
+        if self.claims == 1:
+            return self.claim_gate
+        return super().claim_task(name, action, allowed_from, task)
+
+    def run(self, work: Callable[[Store], T]) -> Deferred[T]:
+        return self.history_gate.addCallback(lambda _: super(_Gated, self).run(work))
+
+
 class GiveBackTests(TestCase):
     def lifecycle(self, store_class: type[AsyncStore]) -> Lifecycle:
         directory = tempfile.mkdtemp(prefix="vmready-claims-")
@@ -84,3 +104,21 @@ class GiveBackTests(TestCase):
         record = lifecycle.state.store.engine.get_instance("web1")
         self.assertEqual((record.task_state, record.vm_state), (None, VMState.STOPPED))
         self.assertEqual(lifecycle.state.operations.list(), [])
+
+    async def test_givingBackAnUnknownClaimNeverEndsAnotherRequestsClaim(self) -> None:
+        """Two starts at once: the first's claim is lost (outcome unknown, nothing kept),
+        the second's is kept; giving the first back must leave the second's task alone."""
+        lifecycle = self.lifecycle(_Gated)
+        store = lifecycle.state.store
+        assert isinstance(store, _Gated)
+        store.claim_gate = Deferred()
+        store.history_gate = Deferred()
+        first = Deferred.fromCoroutine(lifecycle.act("web1", "start"))
+        second = Deferred.fromCoroutine(lifecycle.act("web1", "start"))
+        store.claim_gate.errback(OutcomeUnknown("the connection was lost during COMMIT"))
+        self.failureResultOf(first, OutcomeUnknown)
+        # The second claimed once the first was resolved; it is waiting on its history now.
+        self.assertEqual(store.engine.get_instance("web1").task_state, TaskState.POWERING_ON)
+        store.history_gate.errback(StoreWriteFailed("the disk is full; nothing was kept"))
+        self.failureResultOf(second, StoreWriteFailed)
+        self.assertIsNone(store.engine.get_instance("web1").task_state)

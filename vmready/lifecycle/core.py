@@ -12,10 +12,11 @@ action (rebuild, delete, start after a failed stop…) moves it from there.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable, Coroutine
+import contextlib
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
-from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet.defer import Deferred, DeferredLock, gatherResults
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
@@ -171,6 +172,8 @@ class Lifecycle:
             settings=settings,
             disk_root=disk_root,
         )
+        # Per instance, while a claim (and its giving back) is under way: claims wait in turn.
+        self._claims: dict[str, DeferredLock] = {}
         self.guestside = GuestSide(state)
         self.watching = Watching(state)
         self.booting = Booting(state, self.guestside, self.watching)
@@ -254,18 +257,19 @@ class Lifecycle:
                 raise task_conflict(action, name, current.task_state, current.vm_state)
             await self.actions.preflight(action, current, prepared)
         task = spec.tasks[0]
-        try:
-            record = await self.state.store.claim_task(name, action, spec.allowed_from, task)
-        except OutcomeUnknown:
-            # The claim may have been kept: no action will run it, so give it back.
-            await self._give_back_claim(name, task)
-            raise
-        try:
-            context = await ActionContext.begin(self.state, name, action, task)
-        except StoreWriteFailed:
-            # The claim was kept, the action's history could not be: no action runs.
-            await self._give_back_claim(name, task)
-            raise
+        async with self._claiming(name):
+            try:
+                record = await self.state.store.claim_task(name, action, spec.allowed_from, task)
+            except OutcomeUnknown:
+                # The claim may have been kept: no action will run it, so give it back.
+                await self._give_back_claim(name, task)
+                raise
+            try:
+                context = await ActionContext.begin(self.state, name, action, task)
+            except StoreWriteFailed:
+                # The claim was kept, the action's history could not be: no action runs.
+                await self._give_back_claim(name, task)
+                raise
         recorder = (
             self.state.recorders.recorder_for(name) if self.state.recorders is not None else None
         )
@@ -284,6 +288,23 @@ class Lifecycle:
         operation = operations.run(f"{action.capitalize()} instance {name}", name, work)
         context.report_to(lambda metadata: operations.report(operation, metadata))
         return operation
+
+    @contextlib.asynccontextmanager
+    async def _claiming(self, name: str) -> AsyncIterator[None]:
+        """One claim of instance ``name`` at a time, with its history record or giving back.
+
+        The store's compare-and-swap decides between claims; this keeps a
+        claim given back (its outcome unknown) from ending another request's
+        claim of the same task that the store took meanwhile.
+        """
+        lock = self._claims.setdefault(name, DeferredLock())
+        await lock.acquire()
+        try:
+            yield
+        finally:
+            lock.release()
+            if not lock.locked:
+                self._claims.pop(name, None)
 
     async def _give_back_claim(self, name: str, task: TaskState) -> None:
         """End a claimed task no action will run, leaving the instance where it was.
