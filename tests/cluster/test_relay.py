@@ -244,6 +244,16 @@ class InboundOrderTests(SynchronousTestCase):
     def event(self, n: int) -> Event:
         return Event(LIFECYCLE, float(n), {})
 
+    def test_whatAReadFindsIsDueWhereTheReadStood(self) -> None:
+        """A resync's findings come before the events that arrived while it read."""
+        order = InboundOrder()
+        before = order.event(self.event(1))
+        token = order.reading()
+        self.assertEqual(order.event(self.event(3)), [])  # arrived during the read
+        self.assertEqual(order.read_done(token, [self.event(2)]), [self.event(2), self.event(3)])
+        self.assertEqual(before, [self.event(1)])
+        self.assertEqual(order.waiting, 0)
+
     def test_eventsWithoutReadsAreDueAtOnce(self) -> None:
         order = InboundOrder()
         self.assertEqual(order.event(self.event(1)), [self.event(1)])

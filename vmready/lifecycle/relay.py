@@ -43,7 +43,7 @@ from __future__ import annotations
 import collections
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -262,9 +262,20 @@ class InboundOrder:
         self._queue.append(token)
         return token
 
-    def read_done(self, token: int) -> list[Event]:
-        """The re-read ``token`` is over (either way); the events now due."""
-        self._done.add(token)
+    def read_done(self, token: int, found: Sequence[Event] = ()) -> list[Event]:
+        """The re-read ``token`` is over (either way); the events now due.
+
+        ``found``: events the re-read itself gives (what changed while
+        notifications were lost), due where the re-read stood: after what
+        arrived before it, before what arrived while it ran.
+        """
+        if found:
+            items = list(self._queue)
+            at = items.index(token)
+            items[at : at + 1] = found
+            self._queue = collections.deque(items)
+        else:
+            self._done.add(token)
         return self._due()
 
     def event(self, event: Event) -> list[Event]:
@@ -386,11 +397,24 @@ class EventRelay:
         ``"resynced": true``, so a ``vmready wait`` on this member sees it.
         """
         before = {r.name: r for r in self.store.list_instances() if not self.store.owns(r)}
-        reading = self.store.reload_instances()
-        reading.addCallback(lambda _: self._announce_resynced(before))
-        self._reread(reading, "every instance")
+        token = self._order.reading()
 
-    def _announce_resynced(self, before: dict[str, InstanceRecord]) -> None:
+        def done(result: object) -> None:
+            found: list[Event] = []
+            if isinstance(result, Failure):
+                self.log.warn(
+                    "could not read every instance again after losing notifications: {error}",
+                    error=result.getErrorMessage(),
+                )
+            else:
+                found = self._changed_meanwhile(before)
+            self._publish(self._order.read_done(token, found))
+
+        self.store.reload_instances().addBoth(done)
+
+    def _changed_meanwhile(self, before: dict[str, InstanceRecord]) -> list[Event]:
+        """Events for the other members' instances the rows read again show changed."""
+        found: list[Event] = []
         after = {r.name: r for r in self.store.list_instances() if not self.store.owns(r)}
         now = self.bus.now()
         for name in sorted(before.keys() | after.keys()):
@@ -406,7 +430,8 @@ class EventRelay:
                 "source": f"/1.0/instances/{name}",
                 "context": {**context, "resynced": True},
             }
-            self._order_publish(Event(LIFECYCLE, now, metadata, location=shown.member))
+            found.append(Event(LIFECYCLE, now, metadata, location=shown.member))
+        return found
 
     def on_event(self, payload: str) -> None:
         """An event was relayed: publish it here if another member sent it."""
@@ -435,10 +460,6 @@ class EventRelay:
             self._publish(self._order.read_done(token))
 
         reading.addBoth(done)
-
-    def _order_publish(self, event: Event) -> None:
-        """An event of this relay's own, in order with the others it holds."""
-        self._publish(self._order.event(event))
 
     def _publish(self, events: list[Event]) -> None:
         for event in events:
