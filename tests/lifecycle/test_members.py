@@ -164,6 +164,28 @@ class MembershipTests(TestCase):
         (held,) = self.a.view.members
         self.assertEqual((held.fingerprint, held.lease_expires), ("a" * 64, 1_000_020.0))
 
+    async def test_aTakeoverSeenInTheMembersStopsAtOnceNotAtTheNextRenewal(self) -> None:
+        await self.a.start()
+        lost: list[LeaseLost] = []
+        self.a.lost.addCallback(lost.append)
+        engine = self.a.store.engine
+
+        def unreachable(*args: Any) -> float:
+            raise sqlite3.OperationalError("unable to open database file")
+
+        # a's lease ran out (its store was out of reach) and a new daemon took the name.
+        real = engine.renew_held_lease
+        engine.renew_held_lease = unreachable  # type: ignore[method-assign,assignment]
+        for _ in range(4):
+            self.clock.advance(5)
+        engine.renew_held_lease = real  # type: ignore[method-assign]
+        engine.renew_lease("a", "10.0.0.9:8443", "c" * 64, 15.0)
+        await self.a.refresh()  # a members notification, before any renewal of a's
+        (reported,) = lost
+        assert reported.holder is not None
+        self.assertEqual(reported.holder.fingerprint, "c" * 64)
+        self.assertIsNone(self.a._loop)
+
     async def test_aLostLeaseStopsTheRenewalsAndIsReported(self) -> None:
         await self.a.start()
         engine = self.a.store.engine

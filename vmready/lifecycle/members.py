@@ -200,6 +200,12 @@ class Membership:
     def _update(self, view: MembersView, announce: bool) -> None:
         before = self.view
         self.view, self._read_at = view, self.clock.seconds()
+        own = view.find(self.name)
+        if self._loop is not None and (own is None or own.fingerprint != self.fingerprint):
+            # Another daemon holds this name now (or the row is gone): stop at once, not at
+            # the next renewal.
+            self._lose(LeaseLost(self.name, own))
+            return
         if not announce:
             return
         for member in view.members:
