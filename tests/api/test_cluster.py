@@ -51,6 +51,7 @@ from vmready.api.views import rfc3339
 from vmready.domain.members import MemberRecord
 from vmready.lifecycle.core import Lifecycle
 from vmready.lifecycle.members import Membership, lease_time
+from vmready.store.executor import StoreWriteFailed
 from vmready.trust.certs import CertificatePair, generate
 
 
@@ -665,6 +666,20 @@ class RetireTests(ClusterTestCase):
             f"this client's certificate ({self.b.server.fingerprint}) is not trusted".encode(),
             refused.body,
         )
+
+    async def test_aRemovalIsAnsweredEvenIfTheMembersCannotBeReadAgain(self) -> None:
+        await self.b.membership.stop()
+        await self.a.membership.refresh()
+        membership = self.a.membership
+
+        async def store_down() -> Any:
+            raise StoreWriteFailed("the store could not write: disk I/O error")
+
+        membership.refresh = store_down  # type: ignore[method-assign]
+        reply = await self.call(self.a, "DELETE", "/1.0/cluster/members/b")
+        self.assertEqual((reply.code, reply.metadata["server_name"]), (200, "b"))
+        del membership.refresh  # the class's again
+        self.assertIsNone((await membership.refresh()).find("b"))
 
 
 async def _failure(pending: Deferred[Any]) -> Any:

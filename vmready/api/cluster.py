@@ -42,6 +42,7 @@ from vmready.domain.model import (
     LoopDetected,
     NotFound,
     Unavailable,
+    VMReadyError,
 )
 from vmready.domain.reactor import IVMReadyReactor
 from vmready.lifecycle.faults import Fault
@@ -154,7 +155,15 @@ class ClusterContext:
                 "itself: stop its daemon, then remove it through another member"
             )
         removed = await self.membership.store.remove_member(name)
-        await self.membership.refresh()
+        try:
+            await self.membership.refresh()
+        except Exception as e:
+            # Removed all the same: the members are read again at the next renewal.
+            self.log.warn(
+                "removed cluster member {member}, but cannot read the members again: {error}",
+                member=removed.name,
+                error=e.message if isinstance(e, VMReadyError) else str(e),
+            )
         self.log.info(
             "removed cluster member {member} ({address})",
             member=removed.name,
