@@ -252,6 +252,8 @@ class ClusterContext:
         clock = self.membership.clock
         ends = None if timeout is None else clock.seconds() + timeout
         while True:
+            # The member as it is now: it may have come back on another address or certificate.
+            member = self.membership.find(member.name) or member
             left = None if ends is None else max(0.0, ends - clock.seconds())
             step = self.wait_step if left is None else min(left, self.wait_step)
             uri = request.path + f"?timeout={step:g}".encode()
