@@ -10,17 +10,29 @@ from collections.abc import Iterator
 
 def strays(directory: str) -> Iterator[int]:
     """Live processes whose command line names ``directory`` (a test's own temp dir)."""
-    needle = os.fsencode(directory.rstrip("/") + "/")
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                words = f.read().split(b"\0")
-        except OSError:
-            continue
-        if any(needle in word for word in words):
+        if entry.isdigit() and int(entry) != os.getpid() and names(int(entry), directory):
             yield int(entry)
+
+
+def names(pid: int, directory: str) -> bool:
+    """Whether process ``pid`` is alive and its command line names ``directory``."""
+    needle = os.fsencode(directory.rstrip("/") + "/")
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            words = f.read().split(b"\0")
+    except OSError:
+        return False
+    return any(needle in word for word in words)
+
+
+def kill_if_named(pid: int, directory: str) -> None:
+    """SIGKILL ``pid`` read from a pidfile, only if it is still a process of that test (its
+    command line names ``directory``): after the pid counter wraps, a pidfile's number may
+    be another test's process."""
+    if names(pid, directory):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def kill_strays(directory: str) -> None:

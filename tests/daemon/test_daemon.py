@@ -16,6 +16,7 @@ from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from tests.processes import kill_if_named
 from vmready.daemon.tap import check_guest_listen_address, check_listen_address
 from vmready.lifecycle.core import run_dir_name
 from vmready.store.sqlite import Store
@@ -335,7 +336,7 @@ class DaemonProcessTests(SynchronousTestCase):
             if "vm.pid" in files:
                 with open(os.path.join(root, "vm.pid")) as f:
                     try:
-                        os.kill(int(f.read().strip()), signal.SIGKILL)
+                        kill_if_named(int(f.read().strip()), self.directory)
                     except (OSError, ValueError):
                         continue
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 
 from twisted.trial.unittest import SynchronousTestCase
+
+from tests.processes import kill_if_named
 
 
 class DemoTests(SynchronousTestCase):
@@ -62,7 +63,7 @@ class RunDemoTests(SynchronousTestCase):
                     continue
                 with open(pidfile) as f:
                     try:
-                        os.kill(int(f.read().strip()), signal.SIGKILL)
+                        kill_if_named(int(f.read().strip()), run)
                     except (OSError, ValueError):
                         continue
 

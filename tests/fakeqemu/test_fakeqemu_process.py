@@ -29,6 +29,7 @@ from zope.interface import implementer
 
 from fakeqemu import __version__
 from fakeqemu._cmdline import QEMU_VERSION
+from tests.processes import kill_if_named
 from tests.reactor import reactor
 from vmready.protocols.qmp import QMPClientProtocol, QMPDisconnected, QMPEvent, connect_qmp
 
@@ -277,8 +278,8 @@ class ProcessTestCase(TestCase):
         def kill() -> None:
             pid = read_pid(pidfile)
             if pid is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+                # Its command line names the pidfile's directory (-pidfile PATH).
+                kill_if_named(pid, os.path.dirname(pidfile))
 
         self.addCleanup(kill)
 
