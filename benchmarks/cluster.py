@@ -30,6 +30,7 @@ Figures only; nothing passes or fails.  Needs PostgreSQL's server binaries
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -125,11 +126,9 @@ class Member:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise SystemExit(f"member {self.name} exited with {self.process.returncode}")
-            try:
+            with contextlib.suppress(OSError):  # not listening yet
                 if _request(self.socket_path, "GET", "/1.0/cluster/members")[0] == 200:
                     return
-            except OSError:
-                pass
             time.sleep(0.1)
         raise SystemExit(f"member {self.name} did not serve within {DEADLINE:g}s")
 

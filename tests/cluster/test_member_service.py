@@ -17,13 +17,14 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import TestCase
 
 from tests.daemon.test_daemon_service import StopRecordingReactor
-from tests.postgres import postgres_location
+from tests.postgres import postgres_location, postgres_server
 from tests.reactor import reactor
 from vmready.cli.client import Client
 from vmready.daemon import service as daemon
 from vmready.daemon.service import DaemonConfig, VMReadyService
 from vmready.domain.members import LeaseLost, MemberState
 from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
+from vmready.store.notifications import NotificationListener
 from vmready.store.sqlite import Store
 
 
@@ -85,17 +86,11 @@ class MemberServiceTests(TestCase):
         self.assertIs(self.members().state_of("a"), MemberState.UNREACHABLE)
 
     async def test_aMemberThatCannotListenForNotificationsStops(self) -> None:
-        class Refused:
-            def __init__(self, *args: object) -> None:
-                pass
+        class Refused(NotificationListener):
+            """A real listener, on a database the server does not have: LISTEN fails."""
 
-            def start(self) -> Deferred[None]:
-                raise_later: Deferred[None] = Deferred()
-                reactor.callLater(0, raise_later.errback, RuntimeError("LISTEN refused"))
-                return raise_later
-
-            def stop(self) -> Deferred[None]:
-                return Deferred.fromCoroutine(_nothing())
+            def __init__(self, the_reactor: Any, location: str, *rest: Any) -> None:
+                super().__init__(the_reactor, postgres_server().url("nowhere"), *rest)
 
         self.patch(daemon, "NotificationListener", Refused)
         stopper = StopRecordingReactor()
@@ -152,10 +147,6 @@ class MemberServiceTests(TestCase):
         # It stopped without giving up the new holder's lease.
         self.assertEqual(engine.list_members().members, (taken,))
         self.assertIs(engine.list_members().state_of("a"), MemberState.ONLINE)
-
-
-async def _nothing() -> None:
-    return None
 
 
 async def _turn() -> None:

@@ -386,9 +386,6 @@ class WiredStore(AsyncStore):
     def publish_event(self, payload: str) -> Deferred[None]:
         return self.wire.publish(payload)
 
-    def reload_instances(self) -> Deferred[None]:  # not used here
-        raise NotImplementedError
-
 
 class StoreOrderTests(TestCase):
     """With real stores on their database threads: B publishes A's event only once it reads

@@ -242,16 +242,16 @@ class OnPostgreSQL(ThreadedStoreTestCase):
 
 
 class WritesOffTheReactorTestsOnPostgreSQL(OnPostgreSQL, WritesOffTheReactorTests):
-    pass
+    """The same tests on a real PostgreSQL server."""
 
 
 class ReadYourWritesTestsOnPostgreSQL(OnPostgreSQL, ReadYourWritesTests):
-    pass
+    """The same tests on a real PostgreSQL server."""
 
 
 class BatchingTestsOnPostgreSQL(OnPostgreSQL, BatchingTests):
-    pass
+    """The same tests on a real PostgreSQL server."""
 
 
 class RenameReadsTestsOnPostgreSQL(OnPostgreSQL, RenameReadsTests):
-    pass
+    """The same tests on a real PostgreSQL server."""

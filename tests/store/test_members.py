@@ -321,15 +321,15 @@ class AgentCertificatesOfMembersTests(_MembersTestCase):
 
 
 class AgentCertificatesOfMembersTestsOnPostgreSQL(OnPostgreSQL, AgentCertificatesOfMembersTests):
-    pass
+    """The same tests on a real PostgreSQL server."""
 
 
 class MembersTestsOnPostgreSQL(OnPostgreSQL, MembersTests):
-    pass
+    """The same tests on a real PostgreSQL server."""
 
 
 class OwnedInstancesTestsOnPostgreSQL(OnPostgreSQL, OwnedInstancesTests):
-    pass
+    """The same tests on a real PostgreSQL server."""
 
 
 class RetireTests(_MembersTestCase):
@@ -381,4 +381,4 @@ class RetireTests(_MembersTestCase):
 
 
 class RetireTestsOnPostgreSQL(OnPostgreSQL, RetireTests):
-    pass
+    """The same tests on a real PostgreSQL server."""

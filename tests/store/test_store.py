@@ -1298,36 +1298,36 @@ class RenameDurabilityTests(_StoreTestCase):
 
 
 class InstanceTestsOnPostgreSQL(OnPostgreSQL, InstanceTests):
-    pass
+    """The same tests on a real PostgreSQL server."""
 
 
 class TaskTestsOnPostgreSQL(OnPostgreSQL, TaskTests):
-    pass
+    """The same tests on a real PostgreSQL server."""
 
 
 class SettleTestsOnPostgreSQL(OnPostgreSQL, SettleTests):
-    pass
+    """The same tests on a real PostgreSQL server."""
 
 
 class ConfigTestsOnPostgreSQL(OnPostgreSQL, ConfigTests):
-    pass
+    """The same tests on a real PostgreSQL server."""
 
 
 class ActionHistoryTestsOnPostgreSQL(OnPostgreSQL, ActionHistoryTests):
-    pass
+    """The same tests on a real PostgreSQL server."""
 
 
 class SnapshotTestsOnPostgreSQL(OnPostgreSQL, SnapshotTests):
-    pass
+    """The same tests on a real PostgreSQL server."""
 
 
 class AgentCertificateTestsOnPostgreSQL(OnPostgreSQL, AgentCertificateTests):
-    pass
+    """The same tests on a real PostgreSQL server."""
 
 
 class TrustStoreTestsOnPostgreSQL(OnPostgreSQL, TrustStoreTests):
-    pass
+    """The same tests on a real PostgreSQL server."""
 
 
 class RenameTestsOnPostgreSQL(OnPostgreSQL, RenameTests):
-    pass
+    """The same tests on a real PostgreSQL server."""

@@ -23,6 +23,7 @@ racing writers wins.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import json
 import sqlite3
@@ -90,8 +91,12 @@ class Connection(Protocol):
     def close(self) -> None: ...
 
 
-class Database:
-    """One open connection, what its engine does differently, and the clock of its rows."""
+class Database(abc.ABC):
+    """One open connection, what its engine does differently, and the clock of its rows.
+
+    Abstract: ``SQLiteDatabase`` and ``store.postgres.PostgresDatabase`` say
+    how their engine returns new ids and reads and edits the config's JSON.
+    """
 
     # "sqlite" or "postgresql".
     engine_name: ClassVar[str]
@@ -207,17 +212,17 @@ class Database:
             raise instance_not_found(name)
         return record
 
+    @abc.abstractmethod
     def insert(self, sql: str, parameters: Sequence[Any]) -> int:
         """Run an INSERT into a table with an ``id`` column; the new row's id."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def has_key(self, key: str) -> tuple[str, str]:
         """An SQL condition (with one ``?``) true where the config has ``key``; its value."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def without_key(self, key: str) -> tuple[str, str]:
         """An SQL expression (with one ``?``): the config without ``key``; its value."""
-        raise NotImplementedError
 
 
 class SQLiteDatabase(Database):
