@@ -42,9 +42,9 @@ class Member:
         self.lease = lease
         self.system = System(case)
 
-    def start(self) -> None:
-        """Start (or restart) the daemon; returns once its operator API answers."""
-        self.system.start_daemon(
+    def options(self) -> list[str]:
+        """This member's options to ``twistd vmready``."""
+        return [
             "--store",
             self.store,
             "--member-name",
@@ -53,7 +53,11 @@ class Member:
             "127.0.0.1:0",
             "--lease-seconds",
             self.lease,
-        )
+        ]
+
+    def start(self) -> None:
+        """Start (or restart) the daemon; returns once its operator API answers."""
+        self.system.start_daemon(*self.options())
 
     def refused(self) -> subprocess.CompletedProcess[str]:
         """Start the daemon as ``start`` does, expecting it to refuse: how it exited."""
@@ -68,14 +72,7 @@ class Member:
                 "",
                 "--data-dir",
                 self.system.directory,
-                "--store",
-                self.store,
-                "--member-name",
-                self.name,
-                "--https-address",
-                "127.0.0.1:0",
-                "--lease-seconds",
-                self.lease,
+                *self.options(),
             ],
             capture_output=True,
             text=True,
