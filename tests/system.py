@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import http.client
+import itertools
 import json
 import os
 import select
@@ -368,9 +369,18 @@ class System:
         return [sys.executable, "-m", "vmready.cli.main", "--socket", self.socket_path, *args]
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        """Run ``vmready ARGS``; by default it must succeed."""
+        """Run ``vmready ARGS``; by default it must succeed.
+
+        A command given ``--timeout T`` is waited for T plus the usual deadline: a
+        ``wait`` that may take minutes (a guest booting under TCG on a loaded
+        machine) ends by its own timeout, with its own message, not by ours.
+        """
         result = subprocess.run(
-            self._cli_command(args), capture_output=True, text=True, timeout=DEADLINE, check=False
+            self._cli_command(args),
+            capture_output=True,
+            text=True,
+            timeout=_own_timeout(args) + DEADLINE,
+            check=False,
         )
         if check:
             self.case.assertEqual(
@@ -481,3 +491,11 @@ class System:
         """The pid of the instance's fakeqemu VM process."""
         with open(os.path.join(self.run_dir(name), "vm.pid")) as f:
             return int(f.read().strip())
+
+
+def _own_timeout(args: tuple[str, ...]) -> float:
+    """The ``--timeout`` a CLI command was given, or 0."""
+    for flag, value in itertools.pairwise(args):
+        if flag == "--timeout":
+            return float(value)
+    return 0.0
