@@ -19,6 +19,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from tests.lifecycle.test_lifecycle import _async
 from tests.lifecycle.test_ready import AgentLinkTestCase
 from tests.reactor import reactor
+from vmready.cli.tables import info_table
 from vmready.domain.model import BadRequest
 from vmready.hypervisor.guestdata import MAX_GUEST_DATA
 from vmready.hypervisor.noagent import AGENT_EXPECTED_WITHIN
@@ -162,3 +163,22 @@ class AgentMissingFaultTests(SynchronousTestCase):
             },
         )
         self.assertEqual(log.of("vm1"), [])
+
+
+class AgentMissingInInfoTests(SynchronousTestCase):
+    """``vmready info`` words the fault as a missing agent, not a lost link."""
+
+    def test_theFaultsLine(self) -> None:
+        instance = {
+            "name": "web1",
+            "uuid": "u",
+            "status": "Running",
+            "limits": {"memory_mib": 1024, "cpus": 2},
+            "faults": [
+                {"kind": "agent-missing", "message": "no agent spoke 120s …", "since": 0.0}
+            ],
+        }
+        self.assertEqual(
+            info_table(instance).splitlines()[-1],
+            "Agent: none since 1970-01-01 00:00:00: no agent spoke 120s …",
+        )
