@@ -9,11 +9,12 @@ import os
 import shutil
 import sys
 import tempfile
-from typing import Any
+from typing import Any, cast
 
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ProcessDone, ProcessTerminated
-from twisted.internet.protocol import ProcessProtocol
+from twisted.internet.interfaces import IReactorUNIXDatagram
+from twisted.internet.protocol import DatagramProtocol, ProcessProtocol
 from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
@@ -21,6 +22,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from tests.agentfakes import FakeGuestHost, agent_ports
 from tests.asynciotesting import run_virtual
 from tests.reactor import reactor
+from tests.system import unix_http
 from vmready.agent.main import parse_options
 from vmready.agent.notify import NotifyFailed, NotifyRequest, UsageError, notify, parse_notify
 from vmready.trust.certs import generate, write_config_drive
@@ -47,6 +49,17 @@ class Process(ProcessProtocol):
         elif isinstance(ended, ProcessTerminated):
             code = ended.exitCode
             self.ended.callback(code if code is not None else -ended.signal)
+
+
+class Notifications(DatagramProtocol):
+    """A service manager's notification socket: ``first`` fires with the first datagram."""
+
+    def __init__(self) -> None:
+        self.first: Deferred[bytes] = Deferred()
+
+    def datagramReceived(self, datagram: bytes, address: Any) -> None:
+        if not self.first.called:
+            self.first.callback(datagram)
 
 
 class AgentProcessTests(TestCase):
@@ -76,10 +89,10 @@ class AgentProcessTests(TestCase):
         self.host = FakeGuestHost(reactor, SERVER, CLIENT.cert_pem, host_path)
         self.addCleanup(self.host.stop)
 
-    def spawn(self, *args: str) -> Process:
+    def spawn(self, *args: str, env: dict[str, str] | None = None) -> Process:
         process = Process()
         transport = reactor.spawnProcess(
-            process, sys.executable, [*AGENT, *args], env=os.environ.copy()
+            process, sys.executable, [*AGENT, *args], env={**os.environ, **(env or {})}
         )
 
         async def reap() -> None:
@@ -134,6 +147,22 @@ class AgentProcessTests(TestCase):
                 break
             await deferLater(reactor, 0.05, lambda: None)
         self.assertEqual(self.host.patches, ["Ready"])
+
+    async def test_readyToSystemdOnlyOnceTheSocketAnswersItsBootData(self) -> None:
+        # As systemd starts a Type=notify unit: $NOTIFY_SOCKET names a datagram socket.
+        with open(os.path.join(self.drive, "guest-api.json"), "w") as f:
+            json.dump({"meta-data": "instance-id: demo-1\n", "config": {"user.a": "b"}}, f)
+        notifications = Notifications()
+        notify_path = os.path.join(self.base, "notify")
+        datagrams = cast(IReactorUNIXDatagram, reactor)
+        port = datagrams.listenUNIXDatagram(notify_path, notifications, 8192, 0o600)
+        self.addCleanup(port.stopListening)
+        self.spawn("--config-drive", self.drive, env={"NOTIFY_SOCKET": notify_path})
+        ready = await notifications.first
+        self.assertTrue(ready.startswith(b"READY=1\nSTATUS=serving "), ready)
+        # No host has been told to the agent: the socket answers from the config drive.
+        answer = unix_http(self.socket, "GET", "/1.0/meta-data")
+        self.assertEqual((answer.status, answer.body), (200, b"instance-id: demo-1\n"))
 
     async def test_notifyWithoutAnAgentExitsOne(self) -> None:
         notify = self.spawn("notify", "ready", "--socket", self.socket)

@@ -21,6 +21,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from tests.agentfakes import MemoryTransport, memory_response
 from tests.asynciotesting import run_virtual
 from vmready.agent import httpwire
+from vmready.agent.bootdata import BootData
 from vmready.agent.host import HostEndpoint, HostError, HostResponse
 from vmready.agent.proxy import (
     MAX_REQUEST_BODY,
@@ -144,7 +145,12 @@ class Reply:
 class ProxyHarness:
     """The proxy on a unix socket, in front of a scripted host, and a guest to call it."""
 
-    def __init__(self, test: SynchronousTestCase, script: Script | None = None) -> None:
+    def __init__(
+        self,
+        test: SynchronousTestCase,
+        script: Script | None = None,
+        local: Callable[[str, str], Answer | None] | None = None,
+    ) -> None:
         base = tempfile.mkdtemp(prefix="vra-")
         test.addCleanup(shutil.rmtree, base, True)
         self.test = test
@@ -152,7 +158,7 @@ class ProxyHarness:
         self.endpoint = ScriptedEndpoint(script or answers(200, envelope({})))
         self.connected = True
         self.remembered: list[str] = []
-        self.proxy = GuestAPIProxy(self.route, self.remembered.append, timeout=30)
+        self.proxy = GuestAPIProxy(self.route, self.remembered.append, timeout=30, local=local)
 
     def route(self) -> HostRoute:
         if not self.connected:
@@ -211,6 +217,44 @@ def parse_reply(answer: bytes) -> Reply:
         return loop.run_until_complete(read_reply(answer))
     finally:
         loop.close()
+
+
+BOOT = BootData("instance-id: x\nlocal-hostname: vm1\n", {"user.role": "web"}, {})
+
+
+class BootDataTests(SynchronousTestCase):
+    """While the link is down, this boot's data answers what it holds; the host, once up."""
+
+    def test_metaDataIsAnsweredBeforeTheLink(self) -> None:
+        harness = ProxyHarness(self, local=BOOT.answer)
+        harness.connected = False
+        reply = harness.call("GET", "/1.0/meta-data")
+        self.assertEqual(
+            (reply.status, reply.content_type, reply.body),
+            (200, "application/octet-stream", b"instance-id: x\nlocal-hostname: vm1\n"),
+        )
+        self.assertEqual(harness.endpoint.sent, [])
+
+    def test_configKeyIsAnsweredBeforeTheLink(self) -> None:
+        harness = ProxyHarness(self, local=BOOT.answer)
+        harness.connected = False
+        reply = harness.call("GET", "/1.0/config/user.role")
+        self.assertEqual((reply.status, reply.body), (200, b"web"))
+
+    def test_stateStillWaitsForTheLink(self) -> None:
+        harness = ProxyHarness(self, local=BOOT.answer)
+        harness.connected = False
+        reply = harness.call("GET", "/1.0")
+        self.assertEqual(
+            (reply.status, reply.body),
+            (503, b"host not reachable: the host has not sent CONNECT yet\n"),
+        )
+
+    def test_theHostAnswersOnceLinked(self) -> None:
+        harness = ProxyHarness(self, answers(200, envelope("instance-id: newer\n")), BOOT.answer)
+        reply = harness.call("GET", "/1.0/meta-data")
+        self.assertEqual(reply.body, b"instance-id: newer\n")
+        self.assertEqual([sent.target for sent in harness.endpoint.sent], ["/1.0/meta-data"])
 
 
 class ProxyTests(SynchronousTestCase):

@@ -21,6 +21,8 @@ import os
 import re
 import shutil
 import socket
+from collections.abc import Callable
+from typing import TypeVar
 
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -31,7 +33,8 @@ from vmready.domain.states import READY_KEY
 # A TCG guest on two shared cores boots in well under this; the bound is for slow days.
 BOOT_DEADLINE = 300.0
 GUEST_CACHE_VARIABLE = "VMREADY_GUEST_CACHE"
-TOOLS = ("qemu-system-x86_64", "qemu-img", "socat", "mmdebstrap", "busybox")
+TOOLS = ("qemu-system-x86_64", "qemu-img", "socat", "mmdebstrap", "busybox", "mkfs.ext4")
+T = TypeVar("T")
 
 # The guest's workload (its cloud-init.user-data), run by the guest at every boot.
 WORKLOAD = r"""#!/bin/sh
@@ -136,33 +139,41 @@ def _unavailable() -> str | None:
     if missing:
         return (
             f"{', '.join(missing)} not installed (Debian: qemu-system-x86 qemu-utils socat "
-            "mmdebstrap busybox-static)"
+            "mmdebstrap busybox-static e2fsprogs)"
         )
     return None
+
+
+def real_guest_images(case: SynchronousTestCase, build: Callable[[str], T]) -> T:
+    """What ``build`` makes from the guest cache directory: the images a real-guest test boots.
+
+    Skips, saying why, where QEMU or the build tools are missing or the images
+    cannot be built, and fails instead under ``VMREADY_REQUIRE_QEMU=1``.
+    """
+    reason = _unavailable()
+    required = os.environ.get(REQUIRE_QEMU_VARIABLE) == "1"
+    if reason is not None:
+        if required:
+            case.fail(f"{REQUIRE_QEMU_VARIABLE}=1 but a real guest cannot run: {reason}")
+        case.skipTest(reason)
+    from vmready.hypervisor.guestimage.commands import GuestImageError
+
+    cache = os.environ.get(GUEST_CACHE_VARIABLE) or os.path.expanduser("~/.cache/vmready/guest")
+    try:
+        return build(cache)
+    except GuestImageError as e:
+        if required:
+            case.fail(f"{REQUIRE_QEMU_VARIABLE}=1 but the guest images cannot be built: {e}")
+        case.skipTest(f"the guest images cannot be built here: {e}")
 
 
 class RealGuestTests(SynchronousTestCase):
     """The issue's whole scenario on one real guest, step by step."""
 
     def setUp(self) -> None:
-        reason = _unavailable()
-        required = os.environ.get(REQUIRE_QEMU_VARIABLE) == "1"
-        if reason is not None:
-            if required:
-                self.fail(f"{REQUIRE_QEMU_VARIABLE}=1 but a real guest cannot run: {reason}")
-            self.skipTest(reason)
         from vmready.hypervisor.guestimage.build import ensure_guest
-        from vmready.hypervisor.guestimage.commands import GuestImageError
 
-        cache = os.environ.get(GUEST_CACHE_VARIABLE) or os.path.expanduser(
-            "~/.cache/vmready/guest"
-        )
-        try:
-            self.guest = ensure_guest(cache, log=lambda line: None)
-        except GuestImageError as e:
-            if required:
-                self.fail(f"{REQUIRE_QEMU_VARIABLE}=1 but the demo guest cannot be built: {e}")
-            self.skipTest(f"the demo guest cannot be built here: {e}")
+        self.guest = real_guest_images(self, lambda cache: ensure_guest(cache, lambda line: None))
 
     def console(self, system: System, name: str) -> str:
         return system.cli("console", name, "--show-log").stdout

@@ -8,7 +8,9 @@ import stat
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from vmready.domain.model import HypervisorError
 from vmready.hypervisor.configdrive import DriveContents, meta_data, write_identity, write_settings
+from vmready.hypervisor.guestdata import MAX_GUEST_DATA, GuestData
 from vmready.trust.certs import CertificatePair
 
 UUID = "6f1c3a52-9d2e-4b7a-8c11-0123456789ab"
@@ -44,15 +46,19 @@ class DriveTestCase(SynchronousTestCase):
         contents: DriveContents | None = None,
         user_data: str = "",
         extra_meta_data: str = "",
+        config: dict[str, str] | None = None,
+        image: bool = False,
     ) -> None:
+        given = dict(config or {})
+        if user_data:
+            given["cloud-init.user-data"] = user_data
+        if extra_meta_data:
+            given["user.meta-data"] = extra_meta_data
         write_settings(
             self.drive,
             SETTINGS if settings is None else settings,
             DriveContents(self.zipapp, LOADER) if contents is None else contents,
-            UUID,
-            "vm1",
-            user_data,
-            extra_meta_data,
+            GuestData(UUID, "vm1", given, image=image),
         )
 
     def read(self, relative: str) -> bytes:
@@ -112,6 +118,7 @@ class SettingsTests(DriveTestCase):
                 "agent.json",
                 "cloud-init/meta-data",
                 "cloud-init/user-data",
+                "guest-api.json",
                 "install.sh",
                 "systemd/vmready-agent-setup",
                 "systemd/vmready-agent.service",
@@ -220,6 +227,59 @@ class SettingsTests(DriveTestCase):
     def test_userDataIsReadableByItsOwnerOnly(self) -> None:
         self.write(user_data="#cloud-config\npassword: secret\n")
         self.assertEqual(self.mode("cloud-init/user-data"), 0o600)
+
+    def test_userDataAliasIsUsedWhenTheCloudInitKeyIsUnset(self) -> None:
+        self.write(config={"user.user-data": "#cloud-config\nhostname: old\n"})
+        self.assertEqual(self.read("cloud-init/user-data"), b"#cloud-config\nhostname: old\n")
+
+    def test_cloudInitKeyWinsOverItsUserAlias(self) -> None:
+        self.write(
+            config={
+                "user.user-data": "#cloud-config\nhostname: old\n",
+                "cloud-init.user-data": "#cloud-config\nhostname: new\n",
+            }
+        )
+        self.assertEqual(self.read("cloud-init/user-data"), b"#cloud-config\nhostname: new\n")
+
+    def test_guestApiHoldsMetaDataAndGuestVisibleConfig(self) -> None:
+        self.write(config={"user.role": "web", "cloud-init.vendor-data": "#cloud-config\n"})
+        self.assertEqual(
+            json.loads(self.read("guest-api.json")),
+            {
+                "meta-data": f"instance-id: {UUID}\nlocal-hostname: vm1\n",
+                "config": {"cloud-init.vendor-data": "#cloud-config\n", "user.role": "web"},
+                "devices": {},
+            },
+        )
+
+    def test_guestApiIsReadableByItsOwnerOnly(self) -> None:
+        self.write()
+        self.assertEqual(self.mode("guest-api.json"), 0o600)
+
+    def test_aDriveWithoutAnImageHasNoSeed(self) -> None:
+        self.write()
+        self.assertFalse(os.path.exists(os.path.join(self.run_dir, "nocloud-seed.iso")))
+
+    def test_aDriveOfAnImageGetsItsSeedBesideIt(self) -> None:
+        self.write(image=True)
+        seed = os.path.join(self.run_dir, "nocloud-seed.iso")
+        with open(seed, "rb") as f:
+            header = f.read(32774)
+        self.assertEqual(
+            (header[32769:32774], stat.S_IMODE(os.stat(seed).st_mode)), (b"CD001", 0o600)
+        )
+
+    def test_tooMuchGuestDataIsOneLineAndWritesNothing(self) -> None:
+        big = "x" * (MAX_GUEST_DATA + 1)
+        with self.assertRaises(HypervisorError) as caught:
+            self.write(config={"user.big": big}, image=True)
+        self.assertEqual(
+            str(caught.exception),
+            "cannot prepare the boot of vm1: the instance's user.* and cloud-init.* keys come "
+            "to 4.1 MiB, more than the 4 MiB a guest is given at boot (its NoCloud seed and "
+            "config drive); make them smaller",
+        )
+        self.assertEqual(os.listdir(self.run_dir), ["build"])
 
     def test_writeLeavesNoPartialFile(self) -> None:
         write_identity(self.drive, CLIENT, SERVER_CERT)

@@ -26,6 +26,7 @@ from vmready.daemon.service import drive_contents
 from vmready.domain.model import InstanceRecord
 from vmready.hypervisor.cmdline import VMSpec
 from vmready.hypervisor.configdrive import DriveContents, write_settings
+from vmready.hypervisor.guestdata import GuestData
 from vmready.lifecycle.core import CONFIG_DRIVE, Lifecycle
 from vmready.lifecycle.state import GuestLink
 from vmready.trust.certs import ensure_server_certificate, fingerprint
@@ -39,7 +40,7 @@ BRAVO_CONFIG = {
     "cloud-init.user-data": f"#cloud-config\npassword: {SECRET}\n",
 }
 # Files only the daemon's user may read, anywhere: the identity and the user-data.
-PRIVATE_FILES = ("agent.key", "agent.crt", "server.crt", "cloud-init/user-data")
+PRIVATE_FILES = ("agent.key", "agent.crt", "server.crt", "cloud-init/user-data", "guest-api.json")
 
 
 def _files(top: str) -> dict[str, os.stat_result]:
@@ -200,10 +201,16 @@ class DriveFilesPrivateFromTheFirstByteTests(SynchronousTestCase):
             real_chmod(path, mode)
 
         self.patch(os, "chmod", chmod)
-        write_settings(drive, {"instance": "alpha"}, DriveContents(), UUID, "alpha", SECRET)
+        guest = GuestData(UUID, "alpha", {"cloud-init.user-data": SECRET})
+        write_settings(drive, {"instance": "alpha"}, DriveContents(), guest)
         self.assertEqual(
             modes_before_chmod,
-            {"agent.json.tmp": 0o600, "meta-data.tmp": 0o600, "user-data.tmp": 0o600},
+            {
+                "agent.json.tmp": 0o600,
+                "meta-data.tmp": 0o600,
+                "user-data.tmp": 0o600,
+                "guest-api.json.tmp": 0o600,
+            },
         )
         user_data = os.path.join(drive, "cloud-init", "user-data")
         self.assertEqual(stat.S_IMODE(os.stat(user_data).st_mode), 0o600)

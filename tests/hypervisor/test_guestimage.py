@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from vmready.guestfiles import LOADER_FILES, executable, loader_files
+from vmready.guestfiles import LOADER_FILES, boothook, executable, loader_files
 from vmready.hypervisor.bootfiles import has_pvh_entry
 from vmready.hypervisor.guestimage import inputs as guest_inputs
 from vmready.hypervisor.guestimage.build import ensure_guest
@@ -770,11 +770,12 @@ def write_loader(directory: str) -> str:
 class LoaderFilesTests(SynchronousTestCase):
     """The loader's files, keyed by their path on the config drive."""
 
-    def test_theFourFiles(self) -> None:
+    def test_theLoadersFiles(self) -> None:
         self.assertEqual(
             sorted(loader_files()),
             [
                 "install.sh",
+                "systemd/cloud-init-local.conf",
                 "systemd/vmready-agent-setup",
                 "systemd/vmready-agent.service",
                 "udev/99-vmready-agent.rules",
@@ -791,6 +792,7 @@ class LoaderFilesTests(SynchronousTestCase):
         install = write_loader(self.mktemp())
         for name in ("install.sh", "systemd/vmready-agent-setup"):
             subprocess.run(["sh", "-n", os.path.join(os.path.dirname(install), name)], check=True)
+        subprocess.run(["sh", "-n"], input=boothook(), check=True)
 
     def test_theUnitRunsTheAgentFromTheCopiedDrive(self) -> None:
         unit = loader_files()["systemd/vmready-agent.service"].decode()
@@ -802,6 +804,9 @@ class LoaderFilesTests(SynchronousTestCase):
         self.assertIn("ExecStartPre=/usr/local/lib/vmready/vmready-agent-setup\n", unit)
         self.assertIn("Restart=on-failure\n", unit)
         self.assertIn("DefaultDependencies=no\n", unit)
+        # Started (for what is ordered after it: cloud-init) only once it says READY=1.
+        self.assertIn("Type=notify\n", unit)
+        self.assertIn("Before=cloud-init-local.service", unit)
         self.assertIn("WantedBy=multi-user.target\n", unit)
 
     def test_setupUnmountsTheDrive(self) -> None:

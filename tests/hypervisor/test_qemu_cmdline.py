@@ -148,7 +148,9 @@ class CommandLineTests(SynchronousTestCase):
             _values(argv, "-blockdev"),
             [
                 "driver=qcow2,node-name=root,file.driver=file,"
-                "file.filename=/data/disks/4f3c2d1e.qcow2"
+                "file.filename=/data/disks/4f3c2d1e.qcow2",
+                "driver=raw,node-name=nocloud-seed,read-only=on,file.driver=file,"
+                "file.filename=/run/vmready/4f3c2d1e/nocloud-seed.iso",
             ],
         )
         self.assertIn("virtio-blk-pci,drive=root", _values(argv, "-device"))

@@ -9,7 +9,9 @@ The host writes a config drive for every instance, a directory holding:
   fallback transport's NIC), and for fakeqemu guests ``virtio_ports``,
   ``devlxd_socket``, ``state_dir`` and ``tcp_sockets``; every key optional;
   relative paths are relative to the drive; unknown keys are ignored with a
-  warning.
+  warning;
+- ``guest-api.json`` (optional): this boot's meta-data, config and devices,
+  answered while the host link is down (``vmready.agent.bootdata``).
 
 A command-line option wins over ``agent.json``, which wins over the defaults
 for a real guest below.
@@ -25,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from vmready.agent.bootdata import BootData, load_boot_data
 from vmready.agent.connectport import CONNECT_PORT_NAME
 from vmready.agent.network import DEFAULT_SYSFS_NET, NetworkPlan, parse_network
 from vmready.agent.serial import (
@@ -132,6 +135,8 @@ class AgentConfig:
     # The fallback transport's NIC, configured before a tcp: dial.
     network: NetworkPlan | None = None
     sysfs_net: str = DEFAULT_SYSFS_NET
+    # This boot's meta-data, config and devices: answered while the host link is down.
+    boot_data: BootData | None = None
 
 
 def _read(path: str) -> bytes:
@@ -260,4 +265,5 @@ def load_config(options: Mapping[str, Any]) -> AgentConfig:
         record=os.path.abspath(merged["record"]) if merged.get("record") else None,
         tcp_sockets=os.path.abspath(merged["tcp-sockets"]) if merged.get("tcp-sockets") else None,
         network=_network(merged, drive),
+        boot_data=load_boot_data(drive),
     )

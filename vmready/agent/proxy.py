@@ -11,11 +11,13 @@ unwraps the host's LXD envelope into devlxd's unix-socket format:
 - ``/1.0/events``: the host's stream relayed as it arrives (chunked, or raw to
   an HTTP/1.0 client), until either side ends.
 
-While the link to the host is down, or when the host fails mid-request, the
-answer is 503 ``host not reachable: <reason>``.  Request bodies are capped at
-1 MiB (413), held in memory, never spilled to disk.  Requests that break
-HTTP's rules get a plain-text 4xx/5xx saying what was wrong.  One request per
-connection: every answer says ``Connection: close``.
+While the link to the host is down, the meta-data, config and devices are
+answered from this boot's data on the config drive (``vmready.agent.bootdata``)
+as the host would answer them; any other request then, or any request when
+the host fails mid-request, is answered 503 ``host not reachable: <reason>``.
+Request bodies are capped at 1 MiB (413), held in memory, never spilled to
+disk.  Requests that break HTTP's rules get a plain-text 4xx/5xx saying what
+was wrong.  One request per connection: every answer says ``Connection: close``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Callable
 from urllib.parse import urlsplit
 
 from vmready.agent import httpwire
+from vmready.agent.answers import JSON, Answer, devlxd_answer, plain
 from vmready.agent.host import (
     AnswerTooLarge,
     HostEndpoint,
@@ -57,9 +60,6 @@ REQUEST_TIMEOUT = 60.0
 MAX_CONNECTIONS = 256
 EVENTS_PATH = "/1.0/events"
 STATE_PATH = "/1.0"
-JSON = "application/json"
-RAW = "application/octet-stream"
-TEXT = "text/plain; charset=utf-8"
 
 log = logging.getLogger(__name__)
 
@@ -74,37 +74,6 @@ class HostRoute:
 
     endpoint: HostEndpoint
     label: str
-
-
-@dataclass(frozen=True)
-class Answer:
-    """What the guest program receives."""
-
-    code: int
-    content_type: str
-    body: bytes
-
-
-def plain(code: int, message: str) -> Answer:
-    """An error as LXD's devlxd writes it: plain text, one line."""
-    return Answer(code, TEXT, message.encode("utf-8") + b"\n")
-
-
-def devlxd_answer(code: int, raw: bytes) -> Answer:
-    """The host's enveloped answer, unwrapped into devlxd's unix-socket format."""
-    try:
-        envelope = json.loads(raw)
-    except ValueError:
-        envelope = None
-    if not isinstance(envelope, dict) or envelope.get("type") not in ("sync", "error"):
-        return plain(502, f"host sent an invalid answer (HTTP {code}, not an LXD envelope)")
-    if envelope["type"] == "error" or code >= 400:
-        error = envelope.get("error") or f"HTTP {code}"
-        return plain(code if code >= 400 else 500, str(error))
-    metadata = envelope.get("metadata")
-    if isinstance(metadata, str):
-        return Answer(code, RAW, metadata.encode("utf-8"))
-    return Answer(code, JSON, json.dumps(metadata).encode("utf-8") + b"\n")
 
 
 def _target(target: str) -> tuple[str, str]:
@@ -167,6 +136,7 @@ class GuestAPIProxy:
         remember_state: Callable[[str], None],
         timeout: float = 30.0,
         hold_state: Callable[[str], None] | None = None,
+        local: Callable[[str, str], Answer | None] | None = None,
     ) -> None:
         """``route`` raises HostUnreachable while the link is down.
 
@@ -175,10 +145,13 @@ class GuestAPIProxy:
         is told the state a ``PATCH /1.0`` asked for while the link was down (it
         is answered 202: the agent delivers it when the link returns).  Without
         ``hold_state`` such a PATCH is answered 503, as any request then.
+        ``local(method, path)`` answers, while the link is down, the requests it
+        can from this boot's data (``vmready.agent.bootdata``); None: 503 as the rest.
         """
         self.route = route
         self.remember_state = remember_state
         self.hold_state = hold_state
+        self.local = local
         self.timeout = timeout
         self._slots: asyncio.Semaphore | None = None  # made in the loop (Python 3.9)
         self._connections: set[asyncio.Task[None]] = set()
@@ -279,6 +252,10 @@ class GuestAPIProxy:
         try:
             route = self.route()
         except HostUnreachable as e:
+            known = self.local(head.method, path) if self.local is not None else None
+            if known is not None:
+                await exchange.answer(known)
+                return
             state = (
                 _declared_state(body) if head.method == "PATCH" and path == STATE_PATH else None
             )

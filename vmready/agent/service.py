@@ -19,6 +19,7 @@ import stat
 from collections.abc import Awaitable
 from typing import Callable
 
+from vmready.agent.bootdata import BootData
 from vmready.agent.config import AgentConfig, ConfigError
 from vmready.agent.connectport import ConnectPortReader
 from vmready.agent.core import (
@@ -43,6 +44,7 @@ from vmready.agent.host import (
 from vmready.agent.memory import ReadyMemory
 from vmready.agent.proxy import GuestAPIProxy, HostRoute, HostUnreachable
 from vmready.agent.recording import AgentRecorder, RecordingConnector
+from vmready.agent.sdnotify import ServiceManager, from_os_environment
 from vmready.agent.serial import FoundPort, SerialKeeper, find_port
 from vmready.agent.tls import TLSConfigError, client_context, pinned_der
 
@@ -74,12 +76,16 @@ class Agent:
         reassert: Reasserter | None = None,
         recorder: AgentRecorder | None = None,
         deliver: Deliverer | None = None,
+        boot_data: BootData | None = None,
+        manager: ServiceManager | None = None,
     ) -> None:
         """Add the serial keeper with ``attach_serial`` and the socket with ``attach_socket``.
 
         ``dial`` opens a validated link, ``reassert`` sends Ready again, ``deliver``
         sends a state the workload declared while the host was unreachable
         (defaults: ``open_link`` and ``patch_state`` on ``endpoint_for``'s endpoint).
+        ``boot_data`` answers what it can while the link is down; ``manager`` is
+        told when the socket serves (default: nobody).
         """
         self.core = core
         self.endpoint_for = endpoint_for
@@ -93,7 +99,14 @@ class Agent:
         self.recorder = recorder
         self.serial: SerialKeeper | None = None
         self.connect_port: ConnectPortReader | None = None
-        self.proxy = GuestAPIProxy(self.route, self.remember_state, hold_state=self.hold_state)
+        self.boot_data = boot_data
+        self.manager = manager or ServiceManager()
+        self.proxy = GuestAPIProxy(
+            self.route,
+            self.remember_state,
+            hold_state=self.hold_state,
+            local=boot_data.answer if boot_data is not None else None,
+        )
         self.socket_path: str | None = None
         self.exit_code = 0
         self._listening: socket.socket | None = None
@@ -123,16 +136,24 @@ class Agent:
     # -- running ------------------------------------------------------------
 
     async def start(self) -> None:
-        """Serve the socket, open the serial port, start the heartbeat."""
+        """Serve the socket (then tell the service manager), open the serial port, beat."""
         loop = asyncio.get_running_loop()
         self._stop_requested = loop.create_future()
         if self._listening is not None:
             self._server = await asyncio.start_unix_server(self.proxy.handle, sock=self._listening)
+        self.manager.ready(self._ready_status())
         if self.serial is not None:
             self.serial.start()
         if self.connect_port is not None:
             self.connect_port.start()
         self._beat_handle = loop.call_later(self.heartbeat, self.beat)
+
+    def _ready_status(self) -> str:
+        """What ``systemctl status`` shows once the agent serves."""
+        if self.socket_path is None:
+            return "started; waiting for the host"
+        answering = "; answering meta-data and config" if self.boot_data is not None else ""
+        return f"serving {self.socket_path}{answering}; waiting for the host"
 
     def request_stop(self) -> None:
         """Stop soon (SIGTERM, SIGINT, or a fatal error)."""
@@ -149,6 +170,7 @@ class Agent:
 
     async def stop(self) -> None:
         """Say STOPPED and drop the link, close the serial port (flushed), then the socket."""
+        self.manager.stopping("stopping")
         if self._beat_handle is not None:
             self._beat_handle.cancel()
         closing = [watch.closed() for watch in self._links.values()]
@@ -407,6 +429,8 @@ def build_agent(config: AgentConfig) -> Agent:
         ReadyMemory(config.state_dir),
         config.heartbeat,
         recorder=recorder,
+        boot_data=config.boot_data,
+        manager=from_os_environment(),
     )
     prepare_socket_path(config.socket)
     agent.attach_socket(bind_socket(config.socket), config.socket)

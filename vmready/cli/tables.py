@@ -260,6 +260,7 @@ _FAULT_LINES = {
     "error": "Last error: {message} (at {since})",
     "monitor": "Monitor: lost since {since}: {message}",
     "agent": "Agent link: lost since {since}: {message}",
+    "agent-missing": "Agent: none since {since}: {message}",
     "certificate": "Certificates: failing since {since}: {message}",
     "snapshot": "Last snapshot failure: {message} (at {since})",
     "store": "Store: writes failing since {since}: {message}",

@@ -6,10 +6,11 @@ monitor on a unix socket in the VM's run directory, one virtio-serial bus with
 the agent's ring buffer wired to the ``com.canonical.lxd`` port (every port
 with an ``id=``, so QEMU reports the guest opening and closing it), the
 guest's serial console appended to a log file, a pvpanic device, and — as the
-spec asks — the config drive over virtio-9p, a root disk, a kernel to boot
-directly, and the guest API's transport: ``vhost-vsock-pci`` with the
-instance's CID, or a user-mode network restricted to one forward
-(``GuestForward``) where the host has no ``/dev/vhost-vsock``.
+spec asks — the config drive over virtio-9p, a root disk (and with it the
+read-only NoCloud seed), a kernel to boot directly, and the guest API's
+transport: ``vhost-vsock-pci`` with the instance's CID, or a user-mode
+network restricted to one forward (``GuestForward``) where the host has no
+``/dev/vhost-vsock``.
 
 The serial wiring is data (``VMSpec.serial_ports``), not code: a layout is a
 tuple of ``SerialPort`` values, so a VM can be started with another layout (the
@@ -25,6 +26,8 @@ import shlex
 from collections.abc import Sequence
 
 import attrs
+
+from vmready.hypervisor.nocloud import seed_path
 
 __all__ = [
     "ACCELERATORS",
@@ -81,6 +84,7 @@ CONNECT_PORT = "vmready.connect"
 CONNECT_CHARDEV = "vmready-connect"
 CONNECT_SOCKET_NAME = "connect.sock"
 ROOT_NODE = "root"
+SEED_NODE = "nocloud-seed"
 
 
 @attrs.frozen
@@ -228,11 +232,20 @@ class VMSpec:
             "console": True,
             "pvpanic": True,
             "config_drive": self.config_drive is not None,
+            # The NoCloud seed comes with the root disk (and goes unrecorded: a VM that
+            # boots a disk image takes no stateful snapshot).
             "disk": self.disk is not None,
             "transport": (
                 "vsock" if self.vsock_cid is not None else "forward" if self.forward else "none"
             ),
         }
+
+    @property
+    def seed(self) -> str | None:
+        """The NoCloud seed's file: a VM with a config drive and a root disk has one."""
+        if self.config_drive is None or self.disk is None:
+            return None
+        return seed_path(self.config_drive)
 
     @property
     def guest_dir(self) -> str:
@@ -324,6 +337,15 @@ def device_arguments(spec: VMSpec) -> list[str]:
             f"file.filename={escape_option(spec.disk)}",
             "-device",
             f"virtio-blk-pci,drive={ROOT_NODE}",
+        ]
+    if spec.seed is not None:
+        # After the root disk: the guest sees it as the second one (/dev/vdb).
+        args += [
+            "-blockdev",
+            f"driver=raw,node-name={SEED_NODE},read-only=on,file.driver=file,"
+            f"file.filename={escape_option(spec.seed)}",
+            "-device",
+            f"virtio-blk-pci,drive={SEED_NODE}",
         ]
     if spec.kernel is not None:
         args += ["-kernel", spec.kernel]

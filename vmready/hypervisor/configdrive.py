@@ -8,15 +8,19 @@ It holds::
     agent.crt, agent.key       the instance's client certificate and key (0600)
     server.crt                 the daemon's certificate, which the agent pins
     agent.json                 the agent's settings: instance, serial port, transport
+    guest-api.json             this boot's meta-data, guest-visible config and devices (0600):
+                               the agent answers them before its link to the host is up
     vmready-agent.pyz          the agent (standard library only, Python >= 3.9)
     install.sh                 the loader's installer, run once in a systemd guest
     systemd/…, udev/…          the loader: a unit that copies the drive and starts the agent
     cloud-init/meta-data       instance-id and local-hostname
-    cloud-init/user-data       the instance's cloud-init.user-data (empty when unset)
+    cloud-init/user-data       the instance's user-data (empty when unset)
 
-The certificates are written once, when the instance gets its identity; the
-rest is rewritten before every boot, so a guest always boots the agent and
-settings of the daemon that starts it.
+A VM that boots a disk image also gets the same files, with cloud-init's, on
+its NoCloud seed (``vmready.hypervisor.nocloud``), written beside the drive:
+kernels without 9p read that.  The certificates are written once, when the
+instance gets its identity; the rest is rewritten before every boot, so a
+guest always boots the agent, settings and data of the daemon that starts it.
 """
 
 from __future__ import annotations
@@ -28,13 +32,16 @@ from collections.abc import Mapping
 
 import attrs
 
+from vmready.domain.model import HypervisorError
+from vmready.hypervisor.guestdata import GuestData, meta_data
+from vmready.hypervisor.nocloud import seed_path, write_seed
 from vmready.trust.certs import CertificatePair, write_private
 
 __all__ = [
     "AGENT_CONFIG",
     "AGENT_ZIPAPP",
     "CLOUD_INIT_DIR",
-    "USER_DATA_KEY",
+    "GUEST_API",
     "DriveContents",
     "meta_data",
     "write_identity",
@@ -44,7 +51,8 @@ __all__ = [
 AGENT_CONFIG = "agent.json"
 AGENT_ZIPAPP = "vmready-agent.pyz"
 CLOUD_INIT_DIR = "cloud-init"
-USER_DATA_KEY = "cloud-init.user-data"
+# What the agent reads as ``vmready.agent.bootdata.BOOT_DATA``.
+GUEST_API = "guest-api.json"
 _EXECUTABLE_SUFFIXES = (".sh", "-setup")
 
 
@@ -56,11 +64,6 @@ class DriveContents:
     agent_zipapp: str | None = None
     # Loader files by their path on the drive.
     loader: Mapping[str, bytes] = attrs.field(factory=dict)
-
-
-def meta_data(instance_uuid: str, name: str, extra: str = "") -> str:
-    """cloud-init's meta-data (the guest API's ``/1.0/meta-data``): uuid, name, user.meta-data."""
-    return f"instance-id: {instance_uuid}\nlocal-hostname: {name}\n{extra}"
 
 
 def write_identity(directory: str, client: CertificatePair, server_cert_pem: bytes) -> None:
@@ -102,12 +105,16 @@ def write_settings(
     directory: str,
     settings: Mapping[str, str],
     contents: DriveContents,
-    instance_uuid: str,
-    name: str,
-    user_data: str,
-    extra_meta_data: str = "",
+    guest: GuestData,
 ) -> None:
-    """agent.json, the agent, the loader and the cloud-init files, refreshed before a boot."""
+    """Refresh the drive for the next boot: settings, agent, loader, the guest's data; its seed.
+
+    HypervisorError, and nothing written, when the guest's data is more than a
+    guest is given.
+    """
+    problem = guest.problem()
+    if problem is not None:
+        raise HypervisorError(f"cannot prepare the boot of {guest.name}: {problem}")
     loader = {_loader_path(directory, file): data for file, data in contents.loader.items()}
     os.makedirs(directory, mode=0o700, exist_ok=True)
     encoded = json.dumps(dict(settings), indent=2, sort_keys=True) + "\n"
@@ -119,9 +126,8 @@ def write_settings(
         executable = path.endswith(_EXECUTABLE_SUFFIXES)
         _write(path, data, 0o755 if executable else 0o644)
     cloud_init = os.path.join(directory, CLOUD_INIT_DIR)
-    _write(
-        os.path.join(cloud_init, "meta-data"),
-        meta_data(instance_uuid, name, extra_meta_data).encode(),
-        0o644,
-    )
-    _write(os.path.join(cloud_init, "user-data"), user_data.encode("utf-8"), 0o600)
+    _write(os.path.join(cloud_init, "meta-data"), guest.meta_data.encode(), 0o644)
+    _write(os.path.join(cloud_init, "user-data"), guest.user_data.encode("utf-8"), 0o600)
+    _write(os.path.join(directory, GUEST_API), guest.guest_api(), 0o600)
+    if guest.image:
+        write_seed(seed_path(directory), guest, directory)

@@ -40,6 +40,7 @@ from vmready.hypervisor.console import (
     rotate_console,
 )
 from vmready.hypervisor.driver import HypervisorDriver
+from vmready.hypervisor.guestdata import check_guest_data
 from vmready.hypervisor.imagetool import ImageInfo
 from vmready.lifecycle.actions import Actions
 from vmready.lifecycle.booting import Booting
@@ -195,6 +196,7 @@ class Lifecycle:
         """
         validate_name(name)
         checked = validate_config(config)
+        check_guest_data(checked)
         if self.state.store.find_instance(name) is not None:
             raise Conflict(f"Instance {name} already exists")
         boot = BootSource.from_config(checked)

@@ -31,6 +31,7 @@ _RAISED_BY = {
     "instance-error": ("error", "error"),
     "instance-monitor-lost": ("monitor", "reason"),
     "agent-link-lost": ("agent", "reason"),
+    "instance-agent-missing": ("agent-missing", "reason"),
     "instance-certificate-error": ("certificate", "error"),
     "instance-snapshot-failed": ("snapshot", "error"),
     "store-write-failed": ("store", "error"),
@@ -38,8 +39,8 @@ _RAISED_BY = {
 # ... and which events say its cause went away.
 _CLEARED_BY = {
     "instance-monitor-restored": ("monitor",),
-    "instance-agent-started": ("agent",),
-    "instance-agent-connected": ("agent",),
+    "instance-agent-started": ("agent", "agent-missing"),
+    "instance-agent-connected": ("agent", "agent-missing"),
     "instance-certificate-restored": ("certificate",),
     "instance-snapshot-created": ("snapshot",),
     "store-write-recovered": ("store",),
@@ -114,6 +115,7 @@ class FaultLog:
             if vm_state in _NOT_RUNNING or context.get("power_state") in _VM_ENDED:
                 faults.pop("monitor", None)
                 faults.pop("agent", None)
+                faults.pop("agent-missing", None)
 
 
 def error_time(error: str, actions: Iterable[ActionRecord]) -> float | None:

@@ -21,10 +21,10 @@ from vmready.hypervisor.cmdline import (
 )
 from vmready.hypervisor.configdrive import (
     AGENT_CONFIG,
-    USER_DATA_KEY,
     write_identity,
     write_settings,
 )
+from vmready.hypervisor.guestdata import guest_data
 from vmready.lifecycle.state import (
     LifecycleState,
     agent_port_name,
@@ -87,7 +87,7 @@ class GuestSide:
         layout: SerialLayout | None = None,
         transport: str | None = None,
     ) -> None:
-        """Write the drive's settings, agent, loader and cloud-init files for the next boot."""
+        """Write the drive's settings, agent, loader and guest data (and its NoCloud seed)."""
         guest = self.state.guest
         if guest is None:
             return
@@ -110,10 +110,7 @@ class GuestSide:
             self.state.config_drive(record),
             settings,
             self.state.settings.drive,
-            record.uuid,
-            record.name,
-            record.config.get(USER_DATA_KEY, ""),
-            record.config.get("user.meta-data", ""),
+            guest_data(record),
         )
 
     async def ensure_agent_identities(self) -> int:

@@ -59,6 +59,7 @@ from vmready.hypervisor.console import (
     read_console,
 )
 from vmready.hypervisor.driver import HypervisorDriver
+from vmready.hypervisor.guestdata import check_guest_data
 from vmready.hypervisor.imagetool import ImageInfo, ImageTool
 from vmready.hypervisor.runningvm import RunningVM
 from vmready.lifecycle.agenthistory import AgentHistory
@@ -537,6 +538,8 @@ class LifecycleState:
         record = self.store.get_instance(name)
         if record.task_state is not None:
             raise task_conflict("update", name, record.task_state, record.vm_state)
+        after = {**record.config, **changes}
+        check_guest_data({key: value for key, value in after.items() if value is not None})
         limits = sorted(key for key in changes if key.startswith("limits."))
         if limits and record.vm_state in _RUNNING_STATES:
             # The VM would keep its old size while the config claimed the new one.

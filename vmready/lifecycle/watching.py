@@ -24,6 +24,7 @@ from vmready.domain.states import READY_KEY, PowerState, VMState
 from vmready.hypervisor.cmdline import (
     UNRECORDED_LAYOUT,
 )
+from vmready.hypervisor.noagent import AGENT_EXPECTED_WITHIN, agent_absence
 from vmready.hypervisor.runningvm import RunningVM
 from vmready.hypervisor.vmevents import VMEvent, VMEventKind
 from vmready.lifecycle.agenthistory import LinkChange
@@ -37,6 +38,7 @@ from vmready.lifecycle.state import (
     fakeqemu_guest_paths,
 )
 from vmready.protocols.qmp import QMPEvent
+from vmready.protocols.ringbuffer import AgentStatus
 from vmready.store.executor import StoreHealth
 
 # Set on an instance put in error because its VM's QMP monitor could not be reached while
@@ -118,12 +120,28 @@ class Watching:
             )
             if frozen:
                 monitor.paused()  # adopted frozen: its agent cannot speak until unfrozen
+            if self.state.driver.kind == "qemu":
+                # A real guest whose agent never speaks: say why, as its console tells it.
+                check = self.state.clock.callLater(
+                    AGENT_EXPECTED_WITHIN, self._agent_expected, name, vm
+                )
+                undo.append(lambda: check.cancel() if check.active() else None)
 
         def unsubscribe() -> None:
             for step in undo:
                 step()
 
         self.state.unsubscribe[name] = unsubscribe
+
+    def _agent_expected(self, name: str, vm: RunningVM) -> None:
+        """The agent has had its time: if it never spoke, a fault says why until it does."""
+        record = self.state.store.find_instance(name)
+        if vm.gone or record is None or record.power_state is not PowerState.RUNNING:
+            return
+        if self.state.agent_status(name) is AgentStatus.UNKNOWN:
+            reason = agent_absence(vm.spec.console_log)
+            self.log.warn("{name}: {reason}", name=name, reason=reason)
+            self.state.events.lifecycle("instance-agent-missing", name, {"reason": reason})
 
     def _follow_agent(self, name: str, vm: RunningVM) -> AgentMonitor | None:
         guest = self.state.guest

@@ -25,5 +25,7 @@ uses blocking subprocesses. ``python -m vmready.hypervisor.guestimage`` builds f
 The parts: ``content`` (what the guest is made of), ``inputs`` (what a build
 depends on, the cache key), ``commands`` (running commands), ``initramfs`` (the
 kernel and the initramfs), ``rootfs`` (the root filesystem), ``cache`` (built
-guests on disk), ``build`` (the steps, ``ensure_guest``) and ``__main__`` (the CLI).
+guests on disk), ``build`` (the steps, ``ensure_guest``), ``stock`` (the stock-like
+cloud image the real-guest tests boot: Debian's cloud kernel and cloud-init, nothing of
+vmready; ``ensure_stock_guest``) and ``__main__`` (the CLI).
 """

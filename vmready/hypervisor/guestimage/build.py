@@ -7,18 +7,16 @@ import json
 import os
 import shlex
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 
 from vmready.guestfiles import executable, loader_files
 from vmready.hypervisor.guestimage.cache import (
     GuestImage,
-    build_lock,
+    cached_build,
     guest_image,
     is_complete,
     newest_build,
-    remove_stale_builds,
     remove_tree,
 )
 from vmready.hypervisor.guestimage.commands import (
@@ -28,7 +26,6 @@ from vmready.hypervisor.guestimage.commands import (
     run_step,
 )
 from vmready.hypervisor.guestimage.content import (
-    BUILD_PREFIX,
     DISK_SIZE,
     IMAGE_FILE,
     INITRAMFS_MODULES,
@@ -224,31 +221,15 @@ def ensure_guest(
             raise
         log(f"guest image: warning: {e}; using the newest cached build, {cached}")
         return guest_image(cached, os.path.basename(cached))
-    key = inputs.key
-    final = os.path.join(cache_dir, key)
-    if is_complete(final):
-        return guest_image(final, key)
-    with build_lock(cache_dir, log):
-        if is_complete(final):
-            return guest_image(final, key)
-        remove_stale_builds(cache_dir, run, log)
-        if os.path.exists(final):
-            log(f"guest image: {final} is incomplete; building it again")
-            remove_tree(final, run, log)
-        workdir = tempfile.mkdtemp(prefix=f"{BUILD_PREFIX}{key}-", dir=cache_dir)
-        started = time.monotonic()
-        log(f"guest image: building {key} in {workdir}")
-        try:
-            builder(inputs, workdir, run, log)
-            # mkdtemp made it private; QEMU may run as another user than the build.
-            os.chmod(workdir, 0o755)
-            os.rename(workdir, final)
-        except BaseException:
-            with contextlib.suppress(GuestImageError, OSError):
-                remove_tree(workdir, run, log)
-            raise
-        log(f"guest image: built {final} in {time.monotonic() - started:.0f}s")
-    return guest_image(final, key)
+    final = cached_build(
+        cache_dir,
+        inputs.key,
+        is_complete,
+        lambda workdir: builder(inputs, workdir, run, log),
+        run,
+        log,
+    )
+    return guest_image(final, inputs.key)
 
 
 def launch_command(guest: GuestImage, name: str = "demo") -> str:

@@ -7,7 +7,9 @@ import fcntl
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterator
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator
 
 import attrs
 
@@ -27,8 +29,10 @@ __all__ = [
     "CACHE_VARIABLE",
     "GuestImage",
     "build_lock",
+    "cached_build",
     "default_cache_dir",
     "guest_image",
+    "has_files",
     "is_complete",
     "mounts_under",
     "newest_build",
@@ -73,21 +77,67 @@ def guest_image(directory: str, key: str) -> GuestImage:
     )
 
 
-def newest_build(cache_dir: str) -> str | None:
-    """The most recently built complete guest in ``cache_dir``, if any."""
+def newest_build(cache_dir: str, complete: Callable[[str], bool] | None = None) -> str | None:
+    """The most recently built complete guest in ``cache_dir`` (by ``complete``), if any."""
+    complete = complete or is_complete
     builds = [
         os.path.join(cache_dir, name)
         for name in os.listdir(cache_dir)
-        if not name.startswith(".") and is_complete(os.path.join(cache_dir, name))
+        if not name.startswith(".") and complete(os.path.join(cache_dir, name))
     ]
     return max(builds, key=lambda path: os.stat(path).st_mtime, default=None)
 
 
 def is_complete(directory: str) -> bool:
-    return all(
-        os.path.isfile(os.path.join(directory, name))
-        for name in (KERNEL_FILE, PVH_KERNEL_FILE, INITRD_FILE, IMAGE_FILE, MANIFEST_FILE)
+    """Whether ``directory`` holds a whole demo guest."""
+    return has_files(
+        directory, (KERNEL_FILE, PVH_KERNEL_FILE, INITRD_FILE, IMAGE_FILE, MANIFEST_FILE)
     )
+
+
+def has_files(directory: str, names: Iterable[str]) -> bool:
+    """Whether every one of ``names`` is a file in ``directory``."""
+    return all(os.path.isfile(os.path.join(directory, name)) for name in names)
+
+
+def cached_build(
+    cache_dir: str,
+    key: str,
+    complete: Callable[[str], bool],
+    build: Callable[[str], None],
+    run: CommandRunner,
+    log: Callable[[str], None],
+) -> str:
+    """``cache_dir/key``, built first by ``build(workdir)`` unless ``complete`` already.
+
+    The build runs in a temporary directory beside it, under the cache's lock,
+    and is renamed into place whole: a failed, interrupted or concurrent build
+    never leaves anything that looks cached.
+    """
+    final = os.path.join(cache_dir, key)
+    if complete(final):
+        return final
+    with build_lock(cache_dir, log):
+        if complete(final):
+            return final
+        remove_stale_builds(cache_dir, run, log)
+        if os.path.exists(final):
+            log(f"guest image: {final} is incomplete; building it again")
+            remove_tree(final, run, log)
+        workdir = tempfile.mkdtemp(prefix=f"{BUILD_PREFIX}{key}-", dir=cache_dir)
+        started = time.monotonic()
+        log(f"guest image: building {key} in {workdir}")
+        try:
+            build(workdir)
+            # mkdtemp made it private; QEMU may run as another user than the build.
+            os.chmod(workdir, 0o755)
+            os.rename(workdir, final)
+        except BaseException:
+            with contextlib.suppress(GuestImageError, OSError):
+                remove_tree(workdir, run, log)
+            raise
+        log(f"guest image: built {final} in {time.monotonic() - started:.0f}s")
+    return final
 
 
 @contextlib.contextmanager

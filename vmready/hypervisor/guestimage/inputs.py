@@ -114,14 +114,14 @@ def parse_apt_show(text: str) -> dict[str, dict[str, str]]:
     return packages
 
 
-def kernel_package_of(depends: str) -> str:
-    """The ``linux-image-<ver>-amd64`` that ``linux-image-amd64``'s Depends names."""
+def kernel_package_of(depends: str, metapackage: str = KERNEL_METAPACKAGE) -> str:
+    """The ``linux-image-<ver>-…`` that a kernel metapackage's Depends names."""
     for alternative in depends.replace("|", ",").split(","):
         name = alternative.strip().split(" ", 1)[0]
-        if name.startswith("linux-image-") and name != KERNEL_METAPACKAGE:
+        if name.startswith("linux-image-") and name != metapackage:
             return name
     raise GuestImageError(
-        f"resolving the kernel package failed: {KERNEL_METAPACKAGE} depends on no "
+        f"resolving the kernel package failed: {metapackage} depends on no "
         f"linux-image-<version> package (Depends: {depends!r})"
     )
 
