@@ -19,7 +19,7 @@ from twisted.web.test.requesthelper import DummyChannel
 
 from tests.fixtures import STARTED_UNDER_TCG, STOP_TIMEOUT, Reply, make_lifecycle
 from tests.reactor import reactor
-from vmready.api.eventstream import EventStream
+from vmready.api.eventstream import MAX_PENDING_BYTES, EventStream
 from vmready.api.operator import OperatorAPI
 from vmready.api.requestbody import MAX_BODY_BYTES, read_json_body
 from vmready.domain.model import BadRequest, PayloadTooLarge
@@ -848,17 +848,17 @@ class EventStreamBackpressureTests(SynchronousTestCase):
     def test_pausedReaderIsCutOffPastTheLimit(self) -> None:
         stream, request = self.stream()
         stream.pauseProducing()
-        size = EventStream.MAX_PAUSED_BYTES // 4
+        size = MAX_PENDING_BYTES // 4
         for _ in range(10):
             stream.deliver(self.event(size))
         self.assertTrue(request.lost)
         self.assertLessEqual(len(request.written), 4)
         written = sum(len(chunk) for chunk in request.written)
-        self.assertLessEqual(written, EventStream.MAX_PAUSED_BYTES)
+        self.assertLessEqual(written, MAX_PENDING_BYTES)
 
     def test_readerThatCatchesUpIsKept(self) -> None:
         stream, request = self.stream()
-        size = EventStream.MAX_PAUSED_BYTES // 4
+        size = MAX_PENDING_BYTES // 4
         for _ in range(10):
             stream.pauseProducing()
             stream.deliver(self.event(size))
