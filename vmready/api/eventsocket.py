@@ -118,6 +118,20 @@ class EventSocketFactory(WebSocketServerFactory):
         self.channel_lost = channel_lost
 
 
+def _plain_host(request: IRequest) -> None:
+    """A Host header whose port is not a number loses it (autobahn would refuse it).
+
+    Over a unix socket there is no port, and pylxd's WebSocket client
+    (ws4py) says ``Host: localhost:None``; LXD ignores the Host header.
+    """
+    host = request.getHeader(b"Host")
+    if host is None:
+        return
+    name, colon, port = host.rpartition(b":")
+    if colon and not port.isdigit() and not name.endswith(b"]") and b"]" not in port:
+        request.requestHeaders.setRawHeaders(b"Host", [name])
+
+
 def event_socket(
     request: IRequest,
     bus: EventBus,
@@ -128,6 +142,7 @@ def event_socket(
     """The resource that upgrades ``request`` to an event WebSocket (``feeds``: the live ones)."""
     # Klein hands us twisted.web's Request, whose channel autobahn takes the transport from.
     channel = cast(http.Request, request).channel
+    _plain_host(request)
     peer = request.getClientAddress()
     consumer = str(getattr(peer, "host", None) or getattr(peer, "name", None) or "local")
     factory = EventSocketFactory(bus, types, feeds, limit, consumer, channel.connectionLost)

@@ -169,21 +169,22 @@ class InstanceRoutes(OperatorBase):
         if body.get("restore") is not None:
             return await self._restore(request, name, body)
         record = self.lifecycle.get(name)
-        self._check_etag(request, record)
-        changes = put_changes(record, body)
+        view = self.instance_view(record)
+        self._check_etag(request, view)
+        changes = put_changes(record, body, {*view, "state", "snapshots", "backups"})
         if changes:
             await self.lifecycle.update_config(name, changes)
         return async_response(request, self.done_operation(f"Updating instance {name}", name))
 
-    def _check_etag(self, request: IRequest, record: InstanceRecord) -> None:
+    def _check_etag(self, request: IRequest, view: dict[str, Any]) -> None:
         """A 412 unless ``If-Match`` (if any) names the instance as it is now."""
         raw = request.getHeader(b"If-Match")
         if raw is None:
             return
         given = raw.decode("latin-1").strip().strip('"')
-        if given not in ("", "*") and given != instance_etag(self.instance_view(record)):
+        if given not in ("", "*") and given != instance_etag(view):
             raise PreconditionFailed(
-                f"ETag doesn't match: instance {record.name} changed since it was read"
+                f"ETag doesn't match: instance {view['name']} changed since it was read"
             )
 
     async def _restore(self, request: IRequest, name: str, body: dict[str, Any]) -> bytes:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Collection
 from typing import Any
 
 import attrs
@@ -117,15 +118,21 @@ def create_request(body: dict[str, Any]) -> CreateRequest:
     return CreateRequest(name, config, bool(start))
 
 
-def put_changes(record: InstanceRecord, body: dict[str, Any]) -> dict[str, str | None]:
+def put_changes(
+    record: InstanceRecord, body: dict[str, Any], shown: Collection[str] = ()
+) -> dict[str, str | None]:
     """LXD's ``InstancePut`` (not a restore): the config changes that make it so.
+
+    ``shown``: the fields a GET of the instance shows; as LXD does, those
+    that are read-only (``name``, ``status``, ``created_at``…) are ignored
+    (pylxd sends them back), any other unknown field is refused.
 
     The config given replaces the instance's: keys set or changed are set, a
     user key left out is removed.  Keys the daemon keeps (``volatile.*``)
     and the boot source chosen at launch stay when left out.  Every other
     field must be as the instance has it.
     """
-    unexpected = sorted(set(body) - _WRITABLE)
+    unexpected = sorted(set(body) - _WRITABLE - set(shown))
     if unexpected:
         raise BadRequest(
             f"Invalid field {unexpected[0]!r}: expected {', '.join(sorted(_WRITABLE))}"

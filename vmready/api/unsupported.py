@@ -45,6 +45,10 @@ _COLLECTIONS = {
     "virtual-machines": "the /1.0/virtual-machines paths (use /1.0/instances)",
 }
 
+# werkzeug's converters matching exactly those names (other paths stay 404 or 405).
+_INSTANCE_ANY = f"any({', '.join(map(repr, _INSTANCE_FEATURES))})"
+_COLLECTIONS_ANY = f"any({', '.join(map(repr, _COLLECTIONS))})"
+
 
 class NotSupported(VMReadyError):
     """501: LXD has this; vmready does not."""
@@ -61,16 +65,13 @@ class UnsupportedRoutes(OperatorBase):
 
     app = operator_app
 
-    @app.route("/1.0/instances/<name>/<feature>", methods=ALL_METHODS)
+    @app.route(f"/1.0/instances/<name>/<{_INSTANCE_ANY}:feature>", methods=ALL_METHODS)
     def instance_feature(self, request: IRequest, name: str, feature: str) -> bytes:
-        """``exec``, ``files``… of an instance: 501 naming the feature (404: no such thing)."""
+        """``exec``, ``files``… of an instance: 501 naming the feature."""
         self.lifecycle.get(name)
-        what = _INSTANCE_FEATURES.get(feature)
-        if what is None:
-            raise NotFound(f"not found: instance {name} has no {feature!r}")
-        raise _refuse(what)
+        raise _refuse(_INSTANCE_FEATURES[feature])
 
-    @app.route("/1.0/instances/<name>/<feature>/<path:rest>", methods=ALL_METHODS)
+    @app.route(f"/1.0/instances/<name>/<{_INSTANCE_ANY}:feature>/<path:rest>", methods=ALL_METHODS)
     def instance_feature_item(
         self, request: IRequest, name: str, feature: str, rest: str
     ) -> bytes:
@@ -83,15 +84,12 @@ class UnsupportedRoutes(OperatorBase):
         self.lifecycle.get(name)
         raise _refuse("attaching to an instance's console (lxc console --show-log reads its log)")
 
-    @app.route("/1.0/<collection>", methods=ALL_METHODS)
+    @app.route(f"/1.0/<{_COLLECTIONS_ANY}:collection>", methods=ALL_METHODS)
     def collection(self, request: IRequest, collection: str) -> bytes:
-        """An LXD collection vmready does not have: 501 (404 for no such thing at all)."""
-        what = _COLLECTIONS.get(collection)
-        if what is None:
-            raise NotFound("not found")
-        raise _refuse(what)
+        """An LXD collection vmready does not have: 501."""
+        raise _refuse(_COLLECTIONS[collection])
 
-    @app.route("/1.0/<collection>/<path:rest>", methods=ALL_METHODS)
+    @app.route(f"/1.0/<{_COLLECTIONS_ANY}:collection>/<path:rest>", methods=ALL_METHODS)
     def collection_item(self, request: IRequest, collection: str, rest: str) -> bytes:
         """Anything below such a collection: the same 501."""
         return self.collection(request, collection)
