@@ -834,11 +834,12 @@ class _RecordingRequest:
     def __init__(self) -> None:
         self.written: list[bytes] = []
         self.lost = False
+        self.transport = self
 
     def write(self, data: bytes) -> None:
         self.written.append(data)
 
-    def loseConnection(self) -> None:
+    def abortConnection(self) -> None:
         self.lost = True
 
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import Callable
+from typing import cast
 
-from twisted.internet.interfaces import IPushProducer
+from twisted.internet.interfaces import IPushProducer, ITCPTransport
 from twisted.logger import Logger
 from twisted.web import http
 from zope.interface import implementer
@@ -117,8 +118,16 @@ class EventStream(BoundedFeed):
     def __init__(
         self, request: http.Request, consumer: str = "a client", limit: int = MAX_PENDING_BYTES
     ) -> None:
-        super().__init__(request.write, lambda reason: request.loseConnection(), consumer, limit)
+        super().__init__(request.write, lambda reason: _abort(request), consumer, limit)
 
     def deliver(self, event: Event) -> None:
         """Write one event as a JSON line (or hold it, or cut the reader off)."""
         self.offer(encode_event(event) + b"\n")
+
+
+def _abort(request: http.Request) -> None:
+    """End the connection now: a reader that stopped would never take what is buffered."""
+    transport = request.transport
+    if transport is not None:
+        # Every stream transport (TCP, unix, TLS) is an ITCPTransport here.
+        cast(ITCPTransport, transport).abortConnection()
