@@ -125,7 +125,9 @@ def boot_once(socket_path: str, events: Events, name: str, guest: Any) -> dict[s
         "cloud-init.user-data": WORKLOAD,
     }
     sent = time.monotonic()
-    answer = request(socket_path, "POST", "/1.0/instances", {"name": name, "config": config, "start": True})
+    answer = request(
+        socket_path, "POST", "/1.0/instances", {"name": name, "config": config, "start": True}
+    )
     if answer.get("type") == "error":
         raise SystemExit(f"launch {name}: {answer.get('error')}")
     deadline = sent + BOOT_TIMEOUT
