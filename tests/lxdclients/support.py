@@ -59,10 +59,15 @@ class Lxc:
     def run(
         self, *args: str, stdin: str | None = None, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
-        """``lxc ARGS``; by default it must succeed."""
+        """``lxc ARGS``; by default it must succeed.
+
+        Its standard input is ``stdin``, else empty: ``lxc init`` and ``lxc
+        launch`` read YAML from a standard input that is not a terminal, and
+        would wait forever on one that never ends.
+        """
         result = subprocess.run(
             [self.binary, *args],
-            input=stdin,
+            input="" if stdin is None else stdin,
             capture_output=True,
             text=True,
             timeout=DEADLINE,

@@ -7,6 +7,7 @@ printed and the state the daemon was left in (through ``lxc`` and through
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import select
@@ -195,20 +196,7 @@ class OperationAndMonitorTests(LxcTestCase):
 
     def test_monitorSeesInstanceReady(self) -> None:
         self.launch("c1")
-        monitor = subprocess.Popen(
-            [self.lxc.binary, "monitor", "--type=lifecycle"],
-            env=self.lxc.env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        self.addCleanup(monitor.wait, DEADLINE)
-        self.addCleanup(monitor.kill)
-        self.system.start_agent("c1")
-        self.system.cli("wait", "c1", "agent", "--timeout", "30")
-        notified = self.system.notify("c1")
-        self.assertEqual(notified.returncode, 0, notified.stderr)
-        seen = _read_until(monitor, b"action: instance-ready")
-        self.assertIn(b"source: /1.0/instances/c1", seen)
+        _assert_monitor_sees_ready(self, self.lxc, self.system)
         self.assertEqual(self.system.info("c1")["config"][READY_KEY], "true")
 
 
@@ -231,6 +219,83 @@ class UnsupportedTests(LxcTestCase):
         self.assertEqual((profile["config"], profile["devices"]), ({}, {}))
         refused = self.lxc.run("profile", "create", "p2", check=False)
         self.assertIn("not supported by vmready", refused.stderr)
+
+
+class RemoteTests(SynchronousTestCase):
+    """``lxc remote add`` over HTTPS with a trust token, then ``lxc`` through that remote."""
+
+    def setUp(self) -> None:
+        self.system = System(self)
+        self.lxc = Lxc(self, self.system)
+        # Nothing through the unix socket: every request goes to the remote.
+        self.lxc.env["LXD_SOCKET"] = os.path.join(self.system.directory, "no-such.sock")
+        self.system.start_daemon("--https-address", "127.0.0.1:0")
+
+    def token(self, name: str) -> str:
+        """``vmready config trust add NAME`` on the daemon's host: the token's text."""
+        return self.system.cli("config", "trust", "add", name).stdout.splitlines()[-1]
+
+    def trusted_names(self) -> list[str]:
+        listed = json.loads(self.system.cli("config", "trust", "list", "--format", "json").stdout)
+        return [entry["name"] for entry in listed]
+
+    def test_remoteAddWithATokenTrustsLxcForEveryCommand(self) -> None:
+        self.lxc.run("remote", "add", "vmr", self.token("laptop"))
+        self.assertEqual(self.trusted_names(), ["laptop"])
+        self.assertEqual(self.lxc.out("list", "vmr:", "--format", "csv"), "")
+        # Waited for through /1.0/events as a WebSocket over the remote API.
+        self.lxc.run("launch", "vmr:c1", "--empty", "--vm")
+        self.assertEqual(self.system.listed_status("c1"), "RUNNING")
+        self.assertEqual(
+            self.lxc.out("list", "vmr:", "-c", "ns", "--format", "csv"), "c1,RUNNING\n"
+        )
+        self.lxc.run("stop", "vmr:c1")
+        self.assertEqual(self.system.listed_status("c1"), "STOPPED")
+
+    def test_remoteAddWithAddressAndTheTokenAsPassword(self) -> None:
+        token = self.token("laptop")
+        [address] = json.loads(base64.b64decode(token))["addresses"]
+        added = self.lxc.out(
+            "remote",
+            "add",
+            "vmr",
+            f"https://{address}",
+            "--accept-certificate",
+            "--password",
+            token,
+        )
+        self.assertIn("Client certificate now trusted by server: vmr", added)
+        self.assertEqual(self.trusted_names(), ["laptop"])
+        self.assertEqual(self.lxc.out("list", "vmr:", "--format", "csv"), "")
+
+    def test_monitorThroughTheRemoteSeesInstanceReady(self) -> None:
+        self.lxc.run("remote", "add", "vmr", self.token("laptop"))
+        self.system.cli("launch", "c1")
+        _assert_monitor_sees_ready(self, self.lxc, self.system, "vmr:")
+
+
+def _assert_monitor_sees_ready(
+    case: SynchronousTestCase, lxc: Lxc, system: System, *remote: str
+) -> None:
+    """``lxc monitor [REMOTE:] --type=lifecycle`` prints c1's ``instance-ready``.
+
+    c1 runs; its agent is started and its workload declares Ready.
+    """
+    monitor = subprocess.Popen(
+        [lxc.binary, "monitor", *remote, "--type=lifecycle"],
+        env=lxc.env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    case.addCleanup(monitor.wait, DEADLINE)
+    case.addCleanup(monitor.kill)
+    system.start_agent("c1")
+    system.cli("wait", "c1", "agent", "--timeout", "30")
+    notified = system.notify("c1")
+    case.assertEqual(notified.returncode, 0, notified.stderr)
+    seen = _read_until(monitor, b"action: instance-ready")
+    case.assertIn(b"source: /1.0/instances/c1", seen)
 
 
 def _read_until(process: subprocess.Popen[bytes], wanted: bytes) -> bytes:

@@ -28,7 +28,6 @@ from vmready.api.operatorbase import (
 from vmready.api.requestbody import event_types, query_param, recursion_level
 from vmready.api.views import operation_url
 from vmready.api.web import sync_response
-from vmready.domain.model import BadRequest
 
 __all__ = ["OperationRoutes"]
 
@@ -42,12 +41,6 @@ class OperationRoutes(OperatorBase):
     def events(self, request: IRequest) -> Deferred[None] | IResource:
         """Events until the client goes away: a WebSocket if asked for, else JSON lines."""
         types = event_types(query_param(request, "type"))
-        project = query_param(request, "project")
-        if project not in (None, "", "default"):
-            raise BadRequest(
-                f"Invalid project {project!r}: projects other than 'default' are not "
-                "supported by vmready"
-            )
         bus = self.lifecycle.state.events
         if wants_websocket(request):
             return event_socket(request, bus, types, self.event_feeds, self.event_buffer_limit)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from klein import Klein
 from twisted.internet.defer import Deferred
@@ -29,12 +29,13 @@ from vmready.api.requestbody import query_param, seconds_param
 from vmready.api.trust import TrustRegistry
 from vmready.api.views import instance_json, operation_url
 from vmready.api.web import ErrorStyle, handle_error, json_response, literal_paths, local_site
-from vmready.domain.model import InstanceRecord
+from vmready.domain.model import InstanceRecord, NotFound
 from vmready.domain.states import StatusCode
 from vmready.lifecycle.core import Lifecycle
 from vmready.lifecycle.operations import Operation
 
 __all__ = [
+    "DEFAULT_PROJECT",
     "OPERATOR_ERRORS",
     "OperatorBase",
     "async_response",
@@ -43,11 +44,62 @@ __all__ = [
     "forwardable_operation",
     "operator_app",
     "operator_site",
+    "project_not_found",
     "requested_wait",
+    "require_default_project",
 ]
 
+# The one project vmready has: LXD's ``?project=`` may name it, or be left out.
+DEFAULT_PROJECT = "default"
+
+Handler = Callable[..., Any]
+RouteHandler = TypeVar("RouteHandler", bound=Handler)
+
+
+def require_default_project(request: IRequest) -> None:
+    """NotFound, as LXD answers for a project it does not have, unless ``?project=`` is default."""
+    project = query_param(request, "project")
+    if project not in (None, "", DEFAULT_PROJECT):
+        raise NotFound(project_not_found(project))
+
+
+def project_not_found(name: str) -> str:
+    """The words for a project other than ``default``."""
+    return (
+        f"Project {name!r} not found: vmready has only {DEFAULT_PROJECT!r} "
+        "(other projects are not supported by vmready)"
+    )
+
+
+class _DefaultProjectKlein(Klein):
+    """Klein whose every route serves LXD's ``default`` project only.
+
+    LXD's clients may add ``?project=NAME`` to any request (``lxc --project``,
+    a remote's project): absent or ``default`` is served, any other is 404
+    (``require_default_project``), before the handler runs.
+    """
+
+    def route(
+        self, url: str, *args: Any, branch: bool = False, **kwargs: Any
+    ) -> Callable[[RouteHandler], RouteHandler]:
+        """Klein's ``route``, the handler behind the project check."""
+        register = super().route(url, *args, branch=branch, **kwargs)
+
+        def decorate(handler: RouteHandler) -> RouteHandler:
+            @functools.wraps(handler)
+            def in_default_project(api: Any, request: IRequest, *a: Any, **kw: Any) -> Any:
+                require_default_project(request)
+                return handler(api, request, *a, **kw)
+
+            register(in_default_project)
+            # Klein's own contract: the handler itself, so routes stack on it.
+            return handler
+
+        return decorate
+
+
 # The one Klein app every route group of the operator API adds its routes to.
-operator_app = literal_paths(Klein())
+operator_app = literal_paths(_DefaultProjectKlein())
 
 
 def async_response(request: IRequest, operation: Operation) -> bytes:
@@ -100,9 +152,6 @@ def operator_site(resource: IResource, reactor: IReactorTime | None = None) -> L
         max_connections=MAX_OPERATOR_CONNECTIONS,
         reactor=reactor,
     )
-
-
-Handler = Callable[..., Any]
 
 
 def forwardable(handler: Handler) -> Handler:

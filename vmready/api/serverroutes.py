@@ -19,6 +19,7 @@ from vmready.api.cluster import NOT_A_MEMBER
 from vmready.api.metrics import metrics_response
 from vmready.api.operatorbase import OperatorBase, operator_app
 from vmready.api.requestbody import recursion_level
+from vmready.api.trust import peer_of
 from vmready.api.web import sync_response
 from vmready.domain.model import NotFound
 
@@ -82,17 +83,27 @@ class ServerRoutes(OperatorBase):
 
     @app.route("/1.0", methods=["GET"])
     def server(self, request: IRequest) -> bytes:
-        """Server information: API version and extensions, the server, the daemon's options."""
+        """Server information: API version and extensions, the server, the daemon's options.
+
+        An untrusted remote client gets what LXD shows one (``ServerUntrusted``):
+        the API, ``"auth": "untrusted"``, and nothing of the server.
+        """
+        public = {
+            "api_version": "1.0",
+            "api_status": "stable",
+            "api_extensions": list(API_EXTENSIONS),
+            "auth": "trusted",
+            "auth_methods": ["tls"],
+            "public": False,
+        }
+        peer = peer_of(request)
+        if peer is not None and not peer.trusted:
+            return sync_response(request, {**public, "auth": "untrusted"})
         name = self.cluster.name if self.cluster is not None else socket.gethostname()
         return sync_response(
             request,
             {
-                "api_version": "1.0",
-                "api_status": "stable",
-                "api_extensions": list(API_EXTENSIONS),
-                "auth": "trusted",
-                "auth_methods": ["tls"],
-                "public": False,
+                **public,
                 "config": self.config,
                 "environment": server_environment(self.hypervisor, name, self.cluster is not None),
             },

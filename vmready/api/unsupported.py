@@ -14,7 +14,12 @@ from typing import Any
 
 from twisted.web.iweb import IRequest
 
-from vmready.api.operatorbase import OperatorBase, operator_app
+from vmready.api.operatorbase import (
+    DEFAULT_PROJECT,
+    OperatorBase,
+    operator_app,
+    project_not_found,
+)
 from vmready.api.requestbody import recursion_level
 from vmready.api.views import instance_url
 from vmready.api.web import sync_response
@@ -140,8 +145,8 @@ class UnsupportedRoutes(OperatorBase):
     @app.route("/1.0/projects/<name>", methods=["GET"])
     def project(self, request: IRequest, name: str) -> bytes:
         """The ``default`` project; any other is not found."""
-        if name != "default":
-            raise NotFound(f"Project {name!r} not found: vmready has only 'default'")
+        if name != DEFAULT_PROJECT:
+            raise NotFound(project_not_found(name))
         return sync_response(request, self._project())
 
     @app.route("/1.0/profiles", methods=["POST"])

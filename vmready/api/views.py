@@ -54,12 +54,8 @@ def operation_url(operation: Operation) -> str:
 
 def state_json(record: InstanceRecord, agent: AgentStatus = AgentStatus.UNKNOWN) -> dict[str, Any]:
     """``/1.0/instances/<name>/state``: the derived status beside the three stored fields."""
-    status = record.status
     return {
-        "operator_status": record.operator_status.value,
-        "status": status.name,
-        "status_code": int(status.code),
-        "display_status": record.display_status,
+        **_shown_status(record, unreachable=False),
         "vm_state": record.vm_state.value,
         "task_state": record.task_state.value if record.task_state is not None else None,
         "power_state": record.power_state.value,

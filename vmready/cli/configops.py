@@ -77,6 +77,13 @@ def parse_set(args: list[str]) -> tuple[str | None, dict[str, str]]:
 
 async def _daemon_config(client: Client) -> dict[str, Any]:
     server = await client.get("/1.0")
+    if isinstance(server, dict) and server.get("auth") == "untrusted":
+        # A remote shows an untrusted client the API only, as LXD's does.
+        raise CommandError(
+            "not authorized: the daemon does not trust this client's certificate "
+            "(add the remote with a trust token: 'vmready config trust add NAME' on its host)",
+            EXIT_FAILED,
+        )
     config = server.get("config") if isinstance(server, dict) else None
     return dict(config) if isinstance(config, dict) else {}
 
