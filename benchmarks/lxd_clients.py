@@ -47,8 +47,13 @@ TIMEOUT = 60.0
 
 
 def run(command: list[str], env: dict[str, str] | None = None) -> str:
-    """Run a command that must succeed; its output."""
-    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    """Run a command that must succeed; its output.
+
+    Its standard input is empty: ``lxc init`` reads YAML from one that is not a terminal.
+    """
+    done = subprocess.run(
+        command, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, check=False
+    )
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)}: {done.stdout}{done.stderr}")
     return done.stdout
