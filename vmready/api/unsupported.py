@@ -50,9 +50,13 @@ _COLLECTIONS = {
     "virtual-machines": "the /1.0/virtual-machines paths (use /1.0/instances)",
 }
 
+# LXD's collections of which vmready has the ``default`` entry only, each named.
+_KINDS = {"profiles": "profile", "projects": "project"}
+
 # werkzeug's converters matching exactly those names (other paths stay 404 or 405).
 _INSTANCE_ANY = f"any({', '.join(map(repr, _INSTANCE_FEATURES))})"
 _COLLECTIONS_ANY = f"any({', '.join(map(repr, _COLLECTIONS))})"
+_KINDS_ANY = f"any({', '.join(map(repr, _KINDS))})"
 
 
 class NotSupported(VMReadyError):
@@ -104,56 +108,37 @@ class UnsupportedRoutes(OperatorBase):
     def _used_by(self) -> list[str]:
         return [instance_url(record.name) for record in sorted(self.lifecycle.list(), key=_name)]
 
-    def _profile(self) -> dict[str, Any]:
-        return {
-            "name": "default",
-            "description": "vmready's only profile: empty",
-            "config": {},
-            "devices": {},
-            "used_by": self._used_by(),
-        }
-
-    def _project(self) -> dict[str, Any]:
-        return {
-            "name": "default",
-            "description": "vmready's only project",
+    def _default(self, kind: str) -> dict[str, Any]:
+        """The one profile or project there is, ``default``: empty."""
+        entry: dict[str, Any] = {
+            "name": DEFAULT_PROJECT,
+            "description": f"vmready's only {_KINDS[kind]}: empty",
             "config": {},
             "used_by": self._used_by(),
         }
+        if kind == "profiles":
+            entry["devices"] = {}
+        return entry
 
-    @app.route("/1.0/profiles", methods=["GET"])
-    def profiles(self, request: IRequest) -> bytes:
-        """The one profile, ``default``."""
+    @app.route(f"/1.0/<{_KINDS_ANY}:kind>", methods=["GET"])
+    def defaults(self, request: IRequest, kind: str) -> bytes:
+        """The one profile or project, ``default``, as a URL or (``recursion=1``) an object."""
         if recursion_level(request) >= 1:
-            return sync_response(request, [self._profile()])
-        return sync_response(request, ["/1.0/profiles/default"])
+            return sync_response(request, [self._default(kind)])
+        return sync_response(request, [f"/1.0/{kind}/{DEFAULT_PROJECT}"])
 
-    @app.route("/1.0/profiles/<name>", methods=["GET"])
-    def profile(self, request: IRequest, name: str) -> bytes:
-        """The ``default`` profile (empty); any other is not found."""
-        if name != "default":
-            raise NotFound(f"Profile {name!r} not found: vmready has only 'default'")
-        return sync_response(request, self._profile())
-
-    @app.route("/1.0/projects", methods=["GET"])
-    def projects(self, request: IRequest) -> bytes:
-        """The one project, ``default``."""
-        if recursion_level(request) >= 1:
-            return sync_response(request, [self._project()])
-        return sync_response(request, ["/1.0/projects/default"])
-
-    @app.route("/1.0/projects/<name>", methods=["GET"])
-    def project(self, request: IRequest, name: str) -> bytes:
-        """The ``default`` project; any other is not found."""
+    @app.route(f"/1.0/<{_KINDS_ANY}:kind>/<name>", methods=["GET"])
+    def default(self, request: IRequest, kind: str, name: str) -> bytes:
+        """The ``default`` profile or project; any other is not found."""
         if name != DEFAULT_PROJECT:
-            raise NotFound(project_not_found(name))
-        return sync_response(request, self._project())
+            if kind == "projects":
+                raise NotFound(project_not_found(name))
+            raise NotFound(f"Profile {name!r} not found: vmready has only 'default'")
+        return sync_response(request, self._default(kind))
 
-    @app.route("/1.0/profiles", methods=["POST"])
-    @app.route("/1.0/profiles/<name>", methods=["PUT", "PATCH", "POST", "DELETE"])
-    @app.route("/1.0/projects", methods=["POST"])
-    @app.route("/1.0/projects/<name>", methods=["PUT", "PATCH", "POST", "DELETE"])
-    def change_defaults(self, request: IRequest, name: str = "") -> bytes:
+    @app.route(f"/1.0/<{_KINDS_ANY}:kind>", methods=["POST"])
+    @app.route(f"/1.0/<{_KINDS_ANY}:kind>/<name>", methods=["PUT", "PATCH", "POST", "DELETE"])
+    def change_defaults(self, request: IRequest, kind: str, name: str = "") -> bytes:
         """Creating, changing or removing a profile or a project: 501."""
         raise _refuse("profiles and projects other than an empty 'default'")
 
