@@ -33,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -44,6 +45,9 @@ BIN = os.path.dirname(os.path.abspath(sys.executable))
 TWISTD = os.path.join(BIN, "twistd")
 NAME = "bench1"
 TIMEOUT = 60.0
+
+# pylxd warns once per field of vmready's own it does not model (operator_status…).
+warnings.filterwarnings("ignore", "Attempted to set unknown attribute", UserWarning, "pylxd")
 
 
 def run(command: list[str], env: dict[str, str] | None = None) -> str:
@@ -139,13 +143,17 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(fraction * len(ordered)) - 1))]
 
 
-def timed_rounds(rounds: int, start: Callable[[], Any], stop: Callable[[], Any]) -> float:
-    """Mean milliseconds of one start + stop round trip."""
+def timed_rounds(
+    client: str, rounds: int, start: Callable[[], Any], stop: Callable[[], Any]
+) -> float:
+    """Mean milliseconds of one start + stop round trip through ``client``, printed at once."""
     began = time.perf_counter()
     for _ in range(rounds):
         start()
         stop()
-    return (time.perf_counter() - began) * 1000 / rounds
+    mean = (time.perf_counter() - began) * 1000 / rounds
+    print(f"{client}: {mean:.1f} ms per start/stop round trip ({rounds} rounds)", flush=True)
+    return mean
 
 
 def event_latency(directory: str, socket_path: str, count: int) -> tuple[list[float], ...]:
@@ -211,6 +219,7 @@ def main() -> None:
         run([lxc, "init", NAME, "--empty", "--vm"], env)
         figures = {
             "lxc": timed_rounds(
+                "lxc",
                 args.rounds,
                 lambda: run([lxc, "start", NAME], env),
                 lambda: run([lxc, "stop", NAME, "--force"], env),
@@ -218,18 +227,18 @@ def main() -> None:
         }
         instance = Client(endpoint=socket_path).instances.get(NAME)
         figures["pylxd"] = timed_rounds(
+            "pylxd",
             args.rounds,
             lambda: instance.start(wait=True),
             lambda: instance.stop(force=True, wait=True),
         )
         vmready = [os.path.join(BIN, "vmready"), "--socket", socket_path]
         figures["vmready"] = timed_rounds(
+            "vmready",
             args.rounds,
             lambda: run([*vmready, "start", NAME]),
             lambda: run([*vmready, "stop", NAME, "--force"]),
         )
-        for client, mean in figures.items():
-            print(f"{client}: {mean:.1f} ms per start/stop round trip ({args.rounds} rounds)")
         websocket, lines = event_latency(directory, socket_path, args.events)
         for form, values in (("websocket", websocket), ("json-lines", lines)):
             print(
