@@ -597,7 +597,9 @@ class EventWatch:
 
 async def create(client: Client, name: str) -> None:
     """POST one instance and wait for its operation; RuntimeError if it failed."""
-    operation = await client.operation("POST", "/1.0/instances", {"name": name, "config": {}})
+    operation = await client.operation(
+        "POST", "/1.0/instances", {"name": name, "config": {}, "start": True}
+    )
     done = await client.wait_operation(operation)
     if done.get("status") != "Success":
         raise RuntimeError(f"creating {name} failed: {done.get('err')}")

@@ -178,7 +178,7 @@ class Fleet:
         self._next += 1
         name = f"c{self._next}"
         memory = rng.choice(MEMORY_CHOICES)
-        body = {"name": name, "config": {"limits.memory": str(memory)}}
+        body = {"name": name, "config": {"limits.memory": str(memory)}, "start": True}
         await self._send(f"launch {name}", "POST", "/1.0/instances", body)
         if self.fired[-1].endswith("accepted"):
             self.created.add(name)

@@ -297,7 +297,9 @@ class Launches:
         self._waiting[name] = arrived
         started = time.perf_counter()
         try:
-            await self.client.request("POST", "/1.0/instances", {"name": name, "config": {}})
+            await self.client.request(
+                "POST", "/1.0/instances", {"name": name, "config": {}, "start": True}
+            )
             active_at = await arrived.addTimeout(LAUNCH_TIMEOUT, reactor)
         finally:
             del self._waiting[name]

@@ -168,7 +168,9 @@ def boot_once(socket_path: str, events: Events, name: str, guest: BootFiles) -> 
         "cloud-init.user-data": guest.user_data,
     }
     sent = time.monotonic()
-    answer = request(socket_path, "POST", "/1.0/instances", {"name": name, "config": config})
+    answer = request(
+        socket_path, "POST", "/1.0/instances", {"name": name, "config": config, "start": True}
+    )
     if answer.get("type") == "error":
         raise SystemExit(f"launch {name}: {answer.get('error')}")
     deadline = sent + BOOT_TIMEOUT

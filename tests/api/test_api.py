@@ -19,7 +19,7 @@ from twisted.web.test.requesthelper import DummyChannel
 
 from tests.fixtures import STARTED_UNDER_TCG, STOP_TIMEOUT, Reply, make_lifecycle
 from tests.reactor import reactor
-from vmready.api.eventstream import EventStream
+from vmready.api.eventstream import MAX_PENDING_BYTES, EventStream
 from vmready.api.operator import OperatorAPI
 from vmready.api.requestbody import MAX_BODY_BYTES, read_json_body
 from vmready.domain.model import BadRequest, PayloadTooLarge
@@ -99,7 +99,9 @@ class APITestCase(TestCase):
         """Create an instance through the API and wait until it runs."""
         await self.settle(
             await self.call(
-                "POST", "/1.0/instances", {"name": name, **({"config": config} if config else {})}
+                "POST",
+                "/1.0/instances",
+                {"name": name, "start": True, **({"config": config} if config else {})},
             )
         )
 
@@ -427,8 +429,19 @@ class StateTests(APITestCase):
                 "power_state": "running",
                 "ready": False,
                 "agent": {"status": "unknown"},
-                "memory": {"total": 512 * 1024 * 1024, "total_mib": 512},
-                "cpu": {"count": 2},
+                "memory": {
+                    "total": 512 * 1024 * 1024,
+                    "total_mib": 512,
+                    "usage": 0,
+                    "usage_peak": 0,
+                    "swap_usage": 0,
+                    "swap_usage_peak": 0,
+                },
+                "cpu": {"count": 2, "usage": 0},
+                "disk": {},
+                "network": {},
+                "pid": 0,
+                "processes": -1,
             },
         )
 
@@ -459,7 +472,7 @@ class StateTests(APITestCase):
         self.assertEqual(
             history[1:],
             [
-                {"status": "connected", "at": "2027-01-15T08:00:01.500000Z"},
+                {"status": "connected", "at": "2027-01-15T08:00:01.5Z"},
                 {"status": "stopped", "at": "2027-01-15T08:00:30Z", "reason": lost},
             ],
         )
@@ -738,7 +751,7 @@ class OperationTests(APITestCase):
     """``/1.0/operations``, ``/1.0/operations/<id>`` and ``/wait``."""
 
     async def test_listGroupsByStatus(self) -> None:
-        reply = await self.call("POST", "/1.0/instances", {"name": "web1"})
+        reply = await self.call("POST", "/1.0/instances", {"name": "web1", "start": True})
         operation = self.operation(reply)
         running = await self.call("GET", "/1.0/operations")
         self.assertEqual(running.metadata, {"running": [f"/1.0/operations/{operation.id}"]})
@@ -763,7 +776,7 @@ class OperationTests(APITestCase):
         )
 
     async def test_waitAnswersWhenTheOperationFinishes(self) -> None:
-        reply = await self.call("POST", "/1.0/instances", {"name": "web1"})
+        reply = await self.call("POST", "/1.0/instances", {"name": "web1", "start": True})
         operation = self.operation(reply)
         pending = self.http.get(f"http://vmready/1.0/operations/{operation.id}/wait")
         self.http.flush()
@@ -804,7 +817,9 @@ class OperationTests(APITestCase):
         self.assertEqual(instance["error"], reply.metadata["err"])
 
     async def test_badWaitTimeoutIs400(self) -> None:
-        operation = await self.settle(await self.call("POST", "/1.0/instances", {"name": "web1"}))
+        operation = await self.settle(
+            await self.call("POST", "/1.0/instances", {"name": "web1", "start": True})
+        )
         for value in ("soon", "inf", "nan"):
             self.assertError(
                 await self.call("GET", f"/1.0/operations/{operation.id}/wait?timeout={value}"),
@@ -819,11 +834,12 @@ class _RecordingRequest:
     def __init__(self) -> None:
         self.written: list[bytes] = []
         self.lost = False
+        self.transport = self
 
     def write(self, data: bytes) -> None:
         self.written.append(data)
 
-    def loseConnection(self) -> None:
+    def abortConnection(self) -> None:
         self.lost = True
 
 
@@ -848,17 +864,17 @@ class EventStreamBackpressureTests(SynchronousTestCase):
     def test_pausedReaderIsCutOffPastTheLimit(self) -> None:
         stream, request = self.stream()
         stream.pauseProducing()
-        size = EventStream.MAX_PAUSED_BYTES // 4
+        size = MAX_PENDING_BYTES // 4
         for _ in range(10):
             stream.deliver(self.event(size))
         self.assertTrue(request.lost)
         self.assertLessEqual(len(request.written), 4)
         written = sum(len(chunk) for chunk in request.written)
-        self.assertLessEqual(written, EventStream.MAX_PAUSED_BYTES)
+        self.assertLessEqual(written, MAX_PENDING_BYTES)
 
     def test_readerThatCatchesUpIsKept(self) -> None:
         stream, request = self.stream()
-        size = EventStream.MAX_PAUSED_BYTES // 4
+        size = MAX_PENDING_BYTES // 4
         for _ in range(10):
             stream.pauseProducing()
             stream.deliver(self.event(size))
@@ -886,7 +902,7 @@ class SnapshotAPITests(APITestCase):
                 "POST", "/1.0/instances/web1/snapshots", {"name": "s1", "stateful": True}
             )
         )
-        listed = (await self.call("GET", "/1.0/instances/web1/snapshots")).metadata
+        listed = (await self.call("GET", "/1.0/instances/web1/snapshots?recursion=1")).metadata
         self.assertEqual(
             [(s["name"], s["stateful"], s["serial_layout"]) for s in listed],
             [("s1", True, "current")],
@@ -921,7 +937,7 @@ class SnapshotAPITests(APITestCase):
         self.assertError(
             await self.call("POST", "/1.0/instances/web1/snapshots", {"name": "s", "x": 1}),
             400,
-            "Invalid field 'x': expected name, stateful",
+            "Invalid field 'x': expected name, stateful, expires_at",
         )
         self.assertError(
             await self.call("PUT", "/1.0/instances/web1", {"restore": "nope"}),
@@ -939,9 +955,10 @@ class SnapshotAPITests(APITestCase):
         for name in ("s1", "s2"):
             await self.settle(await self.call("POST", SNAPSHOTS, {"name": name}))
         reply = await self.call("DELETE", f"{SNAPSHOTS}/s1")
-        self.assertEqual(reply.code, 200)
-        self.assertEqual((reply.metadata["name"], reply.metadata["stateful"]), ("s1", False))
-        listed = (await self.call("GET", SNAPSHOTS)).metadata
+        self.assertEqual((reply.code, reply.metadata["status"]), (202, "Success"))
+        deleted = reply.metadata["metadata"]
+        self.assertEqual((deleted["name"], deleted["stateful"]), ("s1", False))
+        listed = (await self.call("GET", SNAPSHOTS + "?recursion=1")).metadata
         self.assertEqual([s["name"] for s in listed], ["s2"])
         self.assertError(
             await self.call("DELETE", f"{SNAPSHOTS}/s1"),
@@ -959,7 +976,7 @@ class SnapshotAPITests(APITestCase):
             "Cannot delete snapshot s1 of instance web1: the instance is being restored from it",
         )
         await self.settle(restoring)
-        self.assertEqual((await self.call("DELETE", f"{SNAPSHOTS}/s1")).code, 200)
+        self.assertEqual((await self.call("DELETE", f"{SNAPSHOTS}/s1")).code, 202)
 
     async def test_badSnapshotDeletesAreRefused(self) -> None:
         await self.launch("web1")
@@ -1031,7 +1048,7 @@ class RenameTests(APITestCase):
         self.assertError(
             await self.call("POST", "/1.0/instances/db1", {"name": "x", "migration": True}),
             400,
-            "Invalid field 'migration': a rename takes only name",
+            "Invalid field 'migration': migrations (not supported by vmready), got True",
         )
         self.assertError(
             await self.call("POST", "/1.0/instances/nope", {"name": "x"}),

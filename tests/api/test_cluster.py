@@ -260,7 +260,9 @@ class ClusterTestCase(TestCase):
     async def launch(self, via: Member, name: str, target: str | None = None) -> dict[str, Any]:
         """Launch through ``via`` and wait for the operation through it; the operation."""
         query = f"?target={target}" if target else ""
-        reply = await self.call(via, "POST", f"/1.0/instances{query}", {"name": name})
+        reply = await self.call(
+            via, "POST", f"/1.0/instances{query}", {"name": name, "start": True}
+        )
         self.assertEqual(reply.code, 202, reply.body)
         return await self.wait(via, reply)
 
@@ -379,13 +381,17 @@ class PlacementAndForwardingTests(ClusterTestCase):
         self.assertEqual(self.a.lifecycle.get("web3").member, "a")
 
     async def test_launchTargets(self) -> None:
-        reply = await self.call(self.a, "POST", "/1.0/instances?target=c", {"name": "web1"})
+        reply = await self.call(
+            self.a, "POST", "/1.0/instances?target=c", {"name": "web1", "start": True}
+        )
         self.assertError(reply, 404, "no cluster member is called 'c' (members: a, b)")
         await self.b.membership.stop()
         await self.a.membership.refresh()
         expires = self.a.membership.view.find("b")
         assert expires is not None
-        reply = await self.call(self.a, "POST", "/1.0/instances?target=b", {"name": "web1"})
+        reply = await self.call(
+            self.a, "POST", "/1.0/instances?target=b", {"name": "web1", "start": True}
+        )
         self.assertError(
             reply,
             503,
@@ -418,7 +424,7 @@ class PlacementAndForwardingTests(ClusterTestCase):
         # Snapshots, history and config, relayed.
         snapshot = await self.call(self.b, "POST", "/1.0/instances/web1/snapshots", {"name": "s1"})
         await self.wait(self.b, snapshot)
-        listed = await self.call(self.b, "GET", "/1.0/instances/web1/snapshots")
+        listed = await self.call(self.b, "GET", "/1.0/instances/web1/snapshots?recursion=1")
         self.assertEqual([s["name"] for s in listed.metadata], ["s1"])
         history = await self.call(self.b, "GET", "/1.0/instances/web1/actions")
         self.assertEqual([a["action"] for a in history.metadata], ["snapshot", "stop", "create"])
@@ -482,7 +488,11 @@ class PlacementAndForwardingTests(ClusterTestCase):
             "forwarded once (by c): it is not forwarded again",
         )
         launch = await self.call(
-            self.b, "POST", "/1.0/instances?target=a", {"name": "w2"}, {FORWARDED_BY: [b"c"]}
+            self.b,
+            "POST",
+            "/1.0/instances?target=a",
+            {"name": "w2", "start": True},
+            {FORWARDED_BY: [b"c"]},
         )
         self.assertError(
             launch,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import re
@@ -38,6 +39,7 @@ from zope.interface import implementer
 
 from tests.fixtures import Reply, make_lifecycle
 from tests.reactor import reactor
+from vmready.api import guest as guest_api
 from vmready.api.eventstream import EventStream
 from vmready.api.guest import (
     FORBIDDEN_MESSAGE,
@@ -899,7 +901,7 @@ class GuestTLSTests(TestCase):
         self.assertEqual((reply.code, reply.body), (403, _error(403, FORBIDDEN_MESSAGE)))
 
     async def test_guestThatStopsReadingItsEventsIsCutOff(self) -> None:
-        self.patch(EventStream, "MAX_PAUSED_BYTES", 64 * 1024)
+        self.patch(guest_api, "EventStream", functools.partial(EventStream, limit=64 * 1024))
         response = await self.agent(_WEB1).get("https://guest/1.0/events")
         lines = _Lines()
         response.deliverBody(lines)

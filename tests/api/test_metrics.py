@@ -99,7 +99,10 @@ class MetricsAPITests(TestCase):
 
     async def launch(self) -> None:
         response, body = await self.request(
-            self.operator, "POST", "http://vmready/1.0/instances", data=b'{"name": "web1"}'
+            self.operator,
+            "POST",
+            "http://vmready/1.0/instances",
+            data=b'{"name": "web1", "start": true}',
         )
         self.assertEqual(response.code, 202, body)
         operation = self.lifecycle.state.operations.get(json.loads(body)["metadata"]["id"])

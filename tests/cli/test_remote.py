@@ -303,6 +303,13 @@ class UntrustedAndRevokedTests(RemoteTestCase):
         self.assertEqual(code, 1)
         self.assertIn("not authorized", err)
 
+    async def test_untrustedClientIsRefusedTheDaemonsConfig(self) -> None:
+        self.pin_untrusted()
+        await self.ok("remote", "switch", "prod")
+        code, out, err = await self.cli("config", "show")
+        self.assertEqual((code, out), (1, ""))
+        self.assertIn("not authorized: the daemon does not trust this client's certificate", err)
+
     async def test_trustRemoveRevokes(self) -> None:
         await self.added()
         monitor_err = io.StringIO()

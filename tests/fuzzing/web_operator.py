@@ -237,7 +237,7 @@ _QUERY_ROUTES: dict[str, tuple[list[str], frozenset[int]]] = {
     "/1.0/operations/{operation}/wait": (["timeout"], frozenset({200, 400, 404})),
     "/1.0/operations/missing/wait": (["timeout"], frozenset({200, 400, 404})),
     "/1.0/events": (["type"], frozenset({200, 400})),
-    "/1.0/instances/{name}": (["recursion"], frozenset({200, 404})),
+    "/1.0/instances/{name}": (["recursion"], frozenset({200, 400, 404})),
 }
 
 

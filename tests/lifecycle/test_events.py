@@ -26,7 +26,7 @@ class EventBusTests(SynchronousTestCase):
             seen[0].to_json(),
             {
                 "type": "lifecycle",
-                "timestamp": "2023-11-14T22:13:20.250000Z",
+                "timestamp": "2023-11-14T22:13:20.25Z",
                 "metadata": {
                     "action": "instance-ready",
                     "source": "/1.0/instances/web1",

@@ -1,16 +1,22 @@
 """The operator API over mutual TLS (``--https-address``): the same API, for trusted clients.
 
-The TLS handshake demands a client certificate (a self-signed leaf inside its
-validity period; no client certificate, no connection) and presents the
-daemon's own ``server.crt``, the one its agents pin.  Whether a certificate is
-*trusted* is decided per request, by its SHA-256 fingerprint against the trust
-store (``api.trust``), not in the handshake: an untrusted client must be able
-to make the one request that trusts it, ``POST /1.0/certificates`` with a
-trust token.  Every other request of an untrusted client is answered 403 with
-LXD's error envelope (a clear "not trusted" rather than a handshake that
-breaks off without saying why).  Removing a certificate from the trust store
-ends its client's requests in progress: a revoked client keeps no event
-stream (the request that removed it gets its answer, then its connection closes).
+The TLS handshake presents the daemon's own ``server.crt``, the one its agents
+pin, and asks for a client certificate: one that is presented must be a
+self-signed leaf inside its validity period, or the handshake fails.  As
+LXD's server does, it lets a client that presents none connect: such a
+client may read ``GET /`` and ``GET /1.0`` (LXD's untrusted view: the API
+extensions, ``"auth": "untrusted"``), which is how ``lxc remote add`` learns
+the server's certificate before it has one of its own trusted; every other
+request it makes is answered 403.  Whether a certificate is *trusted* is
+decided per request, by its SHA-256 fingerprint against the trust store
+(``api.trust``), not in the handshake: an untrusted client must be able to
+make the one request that trusts it, ``POST /1.0/certificates`` with a trust
+token.  Every other request of an untrusted client, but those two reads, is
+answered 403 with LXD's error envelope (a clear "not trusted" rather than a
+handshake that breaks off without saying why).  Removing a certificate from
+the trust store ends its client's requests in progress: a revoked client
+keeps no event stream, JSON lines or WebSocket (the request that removed it
+gets its answer, then its connection closes).
 
 In a cluster the certificates of the current members (the fingerprints the
 members table holds, as the ``Membership`` last read them) are trusted too,
@@ -30,6 +36,7 @@ import datetime
 from collections.abc import Callable
 from typing import Any, cast
 
+from twisted.internet.interfaces import ITCPTransport
 from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.web import http
 from twisted.web.iweb import IRequest
@@ -48,6 +55,8 @@ __all__ = ["REMOTE_PURPOSE", "TrustedClientsOnly", "remote_site", "remote_tls_fa
 
 REMOTE_PURPOSE = "remote operator API"
 _REDEEM = (b"POST", b"/1.0/certificates")
+# What LXD shows any client, trusted or not, certificate or none.
+_PUBLIC = frozenset({(b"GET", b"/"), (b"GET", b"/1.0")})
 
 
 def _utcnow() -> datetime.datetime:
@@ -57,7 +66,9 @@ def _utcnow() -> datetime.datetime:
 class TrustedClientsOnly(Resource):
     """In front of the operator API's resource: trusted client certificates only.
 
-    An untrusted one may only redeem a trust token (``POST /1.0/certificates``).
+    An untrusted one may only redeem a trust token (``POST /1.0/certificates``)
+    and read what LXD shows untrusted clients (``GET /``, ``GET /1.0``); a
+    client without a certificate, only the latter.
     """
 
     isLeaf = True
@@ -69,15 +80,20 @@ class TrustedClientsOnly(Resource):
         self._api = api
         self._trust = trust
         self._membership = membership
-        # The requests in progress of each trusted certificate, ended if it is removed.
-        self._requests: dict[str, set[IRequest]] = {}
+        # The requests in progress of each trusted certificate, with their connections'
+        # transports (a WebSocket takes its over from twisted.web): ended if it is removed.
+        self._requests: dict[str, dict[IRequest, ITCPTransport | None]] = {}
         trust.on_revoked(self._revoked)
 
     def render(self, request: IRequest) -> Any:
         """Mark the request's peer, refuse an untrusted one, else hand over to the API."""
         pem = peer_certificate_pem(getattr(request, "transport", None))
+        public = (request.method, request.path) in _PUBLIC
         if pem is None:
-            return self._refuse(request, "not authorized: a client certificate is required")
+            mark_peer(request, Peer(None, None))
+            if not public:
+                return self._refuse(request, "not authorized: a client certificate is required")
+            return self._api.render(request)
         presented = fingerprint(pem)
         entry = self._trust.trusted(presented)
         trusted_as = None if entry is None else entry.name
@@ -88,12 +104,13 @@ class TrustedClientsOnly(Resource):
         mark_peer(request, Peer(presented, trusted_as))
         if entry is not None:
             self._track(presented, request)
-        elif trusted_as is None and (request.method, request.path) != _REDEEM:
+        elif trusted_as is None and not public and (request.method, request.path) != _REDEEM:
             return self._refuse(
                 request,
                 f"not authorized: this client's certificate ({presented}) is not trusted by "
                 "the daemon; add it with a trust token ('vmready config trust add NAME' on "
-                "the daemon's host, then 'vmready remote add ... --token TOKEN')",
+                "the daemon's host, then 'vmready remote add ... --token TOKEN' or "
+                "'lxc remote add NAME TOKEN')",
             )
         return self._api.render(request)
 
@@ -101,11 +118,12 @@ class TrustedClientsOnly(Resource):
         return json_response(request, 403, OPERATOR_ERRORS.envelope(403, message))
 
     def _track(self, presented: str, request: IRequest) -> None:
-        requests = self._requests.setdefault(presented, set())
-        requests.add(request)
+        requests = self._requests.setdefault(presented, {})
+        channel = getattr(request, "channel", None)
+        requests[request] = getattr(channel, "transport", None)
 
         def finished(result: object) -> None:
-            requests.discard(request)
+            requests.pop(request, None)
             if not requests and self._requests.get(presented) is requests:
                 del self._requests[presented]
 
@@ -113,14 +131,14 @@ class TrustedClientsOnly(Resource):
         cast(http.Request, request).notifyFinish().addBoth(finished)
 
     def _revoked(self, revoked: str, initiator: IRequest | None) -> None:
-        for request in list(self._requests.pop(revoked, ())):
+        for request, transport in list(self._requests.pop(revoked, {}).items()):
             channel = getattr(request, "channel", None)
             if request is initiator:
                 # It removed its own certificate: answer it, then close (no next request).
                 if channel is not None:
                     channel.persistent = False
-            elif channel is not None and channel.transport is not None:
-                channel.transport.abortConnection()
+            elif transport is not None:
+                transport.abortConnection()
 
 
 def remote_site(
@@ -142,6 +160,11 @@ def remote_site(
 def remote_tls_factory(
     server: CertificatePair, site: Site, clock: Callable[[], datetime.datetime] = _utcnow
 ) -> TLSMemoryBIOFactory:
-    """Mutual TLS around ``site``: the daemon's certificate; any valid client certificate."""
-    tls = MutualServerTLS(server, lambda pem: is_valid_at(pem, clock()), purpose=REMOTE_PURPOSE)
+    """TLS around ``site``: the daemon's certificate; any valid client certificate, or none."""
+    tls = MutualServerTLS(
+        server,
+        lambda pem: is_valid_at(pem, clock()),
+        purpose=REMOTE_PURPOSE,
+        require_certificate=False,
+    )
     return server_tls_factory(tls, site)

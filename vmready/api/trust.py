@@ -53,9 +53,13 @@ _PEER_ATTRIBUTE = "vmready_remote_peer"
 
 @attrs.frozen
 class Peer:
-    """The TLS client of a remote API request: its certificate, and the name it is trusted as."""
+    """The TLS client of a remote API request: its certificate, and the name it is trusted as.
 
-    fingerprint: str
+    ``fingerprint`` is None for a client that presented no certificate (it
+    may only read what LXD shows untrusted clients: ``GET /``, ``GET /1.0``).
+    """
+
+    fingerprint: str | None
     trusted_as: str | None
 
     @property
@@ -222,6 +226,12 @@ class TrustRegistry:
         """Trust ``peer``'s certificate for the token ``text``; Forbidden if it does not work."""
         if not isinstance(text, str):
             raise BadRequest("Invalid field 'trust_token': expected the token's text")
+        presented = peer.fingerprint
+        if presented is None:
+            raise Forbidden(
+                "not authorized: a trust token trusts the client certificate that presents it, "
+                "and this client presented none"
+            )
         try:
             token = TrustToken.decode(text)
         except TokenError as e:
@@ -229,7 +239,7 @@ class TrustRegistry:
         secret_hash = hash_secret(token.secret)
         now = self._clock()
         entry = await self._store.run(
-            lambda engine: engine.trust.redeem_token(secret_hash, peer.fingerprint, now)
+            lambda engine: engine.trust.redeem_token(secret_hash, presented, now)
         )
         self._trusted[entry.fingerprint] = entry
         return entry

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,26 +13,33 @@ from vmready.hypervisor.bootsource import BootSource
 from vmready.hypervisor.cmdline import SERIAL_LAYOUTS
 from vmready.lifecycle.agenthistory import LinkChange
 from vmready.lifecycle.core import LAYOUT_KEY
+from vmready.lifecycle.events import rfc3339
 from vmready.lifecycle.faults import Fault
 from vmready.lifecycle.operations import Operation
 from vmready.protocols.ringbuffer import AgentStatus
 
 __all__ = [
+    "ARCHITECTURE",
+    "PROFILES",
+    "ZERO_TIME",
     "boot_json",
     "instance_json",
     "instance_url",
     "operation_url",
     "rfc3339",
     "snapshot_json",
+    "snapshot_url",
     "state_json",
     "unreachable_fault",
 ]
 
 
-def rfc3339(timestamp: float) -> str:
-    """A Unix timestamp as LXD writes times: RFC 3339 in UTC."""
-    stamp = datetime.datetime.fromtimestamp(timestamp, tz=datetime.UTC)
-    return stamp.isoformat().replace("+00:00", "Z")
+# The one architecture vmready's VMs have (QEMU's x86_64 system emulator).
+ARCHITECTURE = "x86_64"
+# LXD's profiles: vmready has the one empty ``default`` profile every instance is in.
+PROFILES = ["default"]
+# Go's zero time, as LXD writes a time that is not set (a snapshot that never expires).
+ZERO_TIME = "0001-01-01T00:00:00Z"
 
 
 def instance_url(name: str) -> str:
@@ -48,32 +54,57 @@ def operation_url(operation: Operation) -> str:
 
 def state_json(record: InstanceRecord, agent: AgentStatus = AgentStatus.UNKNOWN) -> dict[str, Any]:
     """``/1.0/instances/<name>/state``: the derived status beside the three stored fields."""
-    status = record.status
     return {
-        "operator_status": record.operator_status.value,
-        "status": status.name,
-        "status_code": int(status.code),
-        "display_status": record.display_status,
+        **_shown_status(record, unreachable=False),
         "vm_state": record.vm_state.value,
         "task_state": record.task_state.value if record.task_state is not None else None,
         "power_state": record.power_state.value,
         "ready": record.ready,
         "agent": {"status": agent.value},
-        "memory": {"total": record.memory_mib * 1024 * 1024, "total_mib": record.memory_mib},
-        "cpu": {"count": record.cpus},
+        # LXD's resource fields: vmready measures none of them in the guest.
+        "memory": {
+            "total": record.memory_mib * 1024 * 1024,
+            "total_mib": record.memory_mib,
+            "usage": 0,
+            "usage_peak": 0,
+            "swap_usage": 0,
+            "swap_usage_peak": 0,
+        },
+        "cpu": {"count": record.cpus, "usage": 0},
+        "disk": {},
+        "network": {},
+        "pid": 0,
+        "processes": -1,
     }
 
 
+def snapshot_url(name: str, snapshot: str) -> str:
+    """The API path of an instance's snapshot."""
+    return f"{instance_url(name)}/snapshots/{snapshot}"
+
+
 def snapshot_json(snapshot: dict[str, Any]) -> dict[str, Any]:
-    """One snapshot as the API shows it."""
+    """One snapshot as the API shows it: LXD's snapshot object and vmready's fields."""
     metadata = snapshot["metadata"]
+    config = metadata.get("config", {})
+    created = rfc3339(snapshot["created_at"])
     return {
         "name": snapshot["name"],
         "stateful": snapshot["stateful"],
-        "created_at": rfc3339(snapshot["created_at"]),
+        "created_at": created,
+        "last_used_at": created,
+        "expires_at": ZERO_TIME,
+        "architecture": ARCHITECTURE,
+        "config": config,
+        "devices": {},
+        "expanded_config": config,
+        "expanded_devices": {},
+        "ephemeral": False,
+        "profiles": PROFILES,
+        "description": "",
+        "size": -1,
         "serial_layout": metadata.get("layout"),
         "device_set": metadata.get("device_set"),
-        "config": metadata.get("config", {}),
     }
 
 
@@ -98,28 +129,11 @@ def instance_json(
     LXD reports an instance of an offline member — the stored fields stay as
     last known, and the fault says why and since when.
     """
-    status = record.status
-    shown = {
-        "operator_status": record.operator_status.value,
-        "status": status.name,
-        "status_code": int(status.code),
-        "display_status": record.display_status,
-    }
     if unreachable is not None:
-        shown = {
-            "operator_status": OperatorStatus.UNKNOWN.value,
-            "status": "Unknown",
-            "status_code": int(StatusCode.ERROR),
-            "display_status": "UNKNOWN",
-        }
         faults = (unreachable, *faults)
     return {
-        "name": record.name,
-        "uuid": record.uuid,
-        "type": "virtual-machine",
-        "location": location,
-        "project": "default",
-        **shown,
+        **_lxd_instance(record, location),
+        **_shown_status(record, unreachable is not None),
         "vm_state": record.vm_state.value,
         "task_state": record.task_state.value if record.task_state is not None else None,
         "power_state": record.power_state.value,
@@ -135,12 +149,51 @@ def instance_json(
         "serial_layout": _layout_json(record),
         "boot": boot_json(record),
         "console": {"log": console_log},
-        "config": dict(record.config),
-        "devices": {name: dict(device) for name, device in record.devices.items()},
         "limits": {"memory_mib": record.memory_mib, "cpus": record.cpus},
+        "updated_at": rfc3339(record.updated_at),
+    }
+
+
+def _lxd_instance(record: InstanceRecord, location: str) -> dict[str, Any]:
+    """The fields of LXD's instance object, as vmready has them."""
+    config = dict(record.config)
+    devices = {name: dict(device) for name, device in record.devices.items()}
+    return {
+        "name": record.name,
+        "uuid": record.uuid,
+        "type": "virtual-machine",
+        "architecture": ARCHITECTURE,
+        "location": location,
+        "project": "default",
+        "description": "",
+        "ephemeral": False,
+        "stateful": False,
+        "profiles": PROFILES,
+        "config": config,
+        "devices": devices,
+        # No profiles add anything: the expanded view is the instance's own.
+        "expanded_config": dict(config),
+        "expanded_devices": {name: dict(device) for name, device in devices.items()},
         "created_at": rfc3339(record.created_at),
         "last_used_at": rfc3339(record.updated_at),
-        "updated_at": rfc3339(record.updated_at),
+    }
+
+
+def _shown_status(record: InstanceRecord, unreachable: bool) -> dict[str, Any]:
+    """The statuses shown: derived from the stored fields, or unknown (host unreachable)."""
+    if unreachable:
+        return {
+            "operator_status": OperatorStatus.UNKNOWN.value,
+            "status": "Unknown",
+            "status_code": int(StatusCode.ERROR),
+            "display_status": "UNKNOWN",
+        }
+    status = record.status
+    return {
+        "operator_status": record.operator_status.value,
+        "status": status.name,
+        "status_code": int(status.code),
+        "display_status": record.display_status,
     }
 
 

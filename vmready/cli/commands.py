@@ -163,7 +163,8 @@ async def _cmd_launch(client: Client, output: Output, args: argparse.Namespace) 
         path = "/1.0/instances"
         if args.target is not None:
             path += "?" + urlencode({"target": args.target}, errors="surrogateescape")
-        request = ("POST", path, {"name": args.name, "config": config})
+        # LXD's create makes a stopped instance; launch asks for it started, as lxc launch does.
+        request = ("POST", path, {"name": args.name, "config": config, "start": True})
         # Announced only once the daemon accepted the name and config.
         announce = f"Creating {args.name}"
         return await _act(client, output, args, args.name, request, announce, ready)
@@ -233,14 +234,15 @@ async def _cmd_restore(client: Client, output: Output, args: argparse.Namespace)
 
 
 async def _cmd_snapshots(client: Client, output: Output, args: argparse.Namespace) -> int:
-    snapshots = await client.get(instance_path(args.name, "snapshots"))
+    snapshots = await client.get(instance_path(args.name, "snapshots") + "?recursion=1")
     output.data(snapshots, tables.snapshots_table)
     return EXIT_OK
 
 
 async def _cmd_snapshot_delete(client: Client, output: Output, args: argparse.Namespace) -> int:
     path = instance_path(args.name, "snapshots", quote(args.snapshot, safe=""))
-    deleted = (await client.request("DELETE", path))["metadata"]
+    # LXD's answer: the (finished) operation, whose metadata is the snapshot as it was.
+    deleted = (await client.request("DELETE", path))["metadata"]["metadata"]
     output.data(deleted, lambda _: f"Snapshot {args.snapshot} of {args.name} deleted\n")
     return EXIT_OK
 

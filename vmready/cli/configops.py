@@ -12,6 +12,7 @@ delete``: vmready's operations cannot be cancelled (``may_cancel`` is false).
 from __future__ import annotations
 
 import argparse
+import datetime
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
@@ -76,6 +77,13 @@ def parse_set(args: list[str]) -> tuple[str | None, dict[str, str]]:
 
 async def _daemon_config(client: Client) -> dict[str, Any]:
     server = await client.get("/1.0")
+    if isinstance(server, dict) and server.get("auth") == "untrusted":
+        # A remote shows an untrusted client the API only, as LXD's does.
+        raise CommandError(
+            "not authorized: the daemon does not trust this client's certificate "
+            "(add the remote with a trust token: 'vmready config trust add NAME' on its host)",
+            EXIT_FAILED,
+        )
     config = server.get("config") if isinstance(server, dict) else None
     return dict(config) if isinstance(config, dict) else {}
 
@@ -144,11 +152,19 @@ def _operation_path(operation_id: str, *rest: str) -> str:
     )
 
 
+def _instant(value: Any) -> float:
+    """An operation's RFC 3339 time as seconds, to sort by (0 when missing or unreadable)."""
+    try:
+        return datetime.datetime.fromisoformat(str(value)).timestamp()
+    except ValueError:
+        return 0.0
+
+
 async def _operation_list(client: Client, output: Output, args: argparse.Namespace) -> int:
     grouped = await client.get("/1.0/operations?recursion=1")
     operations = sorted(
         (op for group in (grouped or {}).values() for op in group if isinstance(op, dict)),
-        key=lambda op: (op.get("created_at") or 0, str(op.get("id"))),
+        key=lambda op: (_instant(op.get("created_at")), str(op.get("id"))),
     )
     output.data(operations, tables.operations_table, tables.operation_rows)
     return EXIT_OK

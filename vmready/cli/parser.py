@@ -6,6 +6,7 @@ import argparse
 import math
 from typing import NoReturn
 
+import vmready
 from vmready.cli.completion import SHELLS
 from vmready.cli.errors import UsageError
 from vmready.cli.output import FORMATS
@@ -136,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
             "see 'vmready wait -h' for wait"
         ),
     )
+    # The version GET /1.0's environment.server_version reports (lxc version shows it).
+    parser.add_argument("--version", action="version", version=f"vmready {vmready.__version__}")
     parser.add_argument(
         "--socket", default=None, help="the daemon's API socket (also accepted after COMMAND)"
     )

@@ -190,15 +190,16 @@ async def _remote_add(
             )["metadata"]
             output.line(f"Client certificate trusted by {url} as {entry.get('name')}")
         else:
-            await client.get("/1.0")
+            # An untrusted client reads GET /1.0 too, as LXD's: its "auth" says.
+            server = await client.get("/1.0")
+            if not isinstance(server, dict) or server.get("auth") != "trusted":
+                raise CommandError(
+                    f"not adding {name}: {url} does not trust this client's certificate "
+                    f"({identity.fingerprint}): on the daemon's host, issue a token with "
+                    "'vmready config trust add NAME' and add the remote with --token TOKEN",
+                    EXIT_FAILED,
+                )
     except APIError as e:
-        if e.code == 403 and token is None:
-            raise CommandError(
-                f"not adding {name}: {url} does not trust this client's certificate "
-                f"({identity.fingerprint}): on the daemon's host, issue a token with 'vmready "
-                f"config trust add NAME' and add the remote with --token TOKEN",
-                EXIT_FAILED,
-            ) from None
         raise CommandError(f"not adding {name}: {e.error}", EXIT_FAILED) from None
     save_remotes(directory, attrs.evolve(remotes, remotes={**remotes.remotes, name: remote}))
     output.line(f"Remote {name} added: {url}")

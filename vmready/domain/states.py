@@ -130,6 +130,8 @@ ACTIONS: dict[str, Action] = {
             frozenset({VMState.BUILDING}),
             (TaskState.SPAWNING,),
             VMState.ACTIVE,
+            # LXD's create without start: built, no VM started.
+            ends_in_when_stopped=VMState.STOPPED,
             shows=("BUILD",),
             lxd_status="Starting",
         ),

@@ -72,6 +72,13 @@ class Booting:
         await context.finish(PowerState.RUNNING)
         self.state.events.lifecycle("instance-started", record.name)
 
+    async def build_stopped(
+        self, context: ActionContext, record: InstanceRecord, image: ImageInfo | None
+    ) -> None:
+        """A create that does not start: the disk made, no VM; it rests STOPPED."""
+        await self.make_disk(context, record, image)
+        await context.finish(PowerState.SHUTDOWN)
+
     async def make_disk(
         self, context: ActionContext, record: InstanceRecord, image: ImageInfo | None
     ) -> None:

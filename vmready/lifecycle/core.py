@@ -186,9 +186,16 @@ class Lifecycle:
         self.renaming = Renaming(state, self.recovery, self.guestside)
 
     async def create(
-        self, name: str, config: dict[str, Any], instance_uuid: str | None = None
+        self,
+        name: str,
+        config: dict[str, Any],
+        instance_uuid: str | None = None,
+        start: bool = True,
     ) -> Operation:
         """Create and boot an instance: BUILD → ACTIVE (or ERROR with the reason).
+
+        ``start=False``: LXD's create without start: its disk is made, no VM
+        starts, and it rests STOPPED (BUILD → STOPPED) until started.
 
         The boot source (the daemon's default when the config names none) is
         checked first: a file that cannot boot is a 400 before any instance,
@@ -215,7 +222,12 @@ class Lifecycle:
         self.state.events.lifecycle("instance-created", name)
 
         async def work() -> None:
-            await self.actions.guarded(context, self.booting.spawn(context, record, image))
+            body = (
+                self.booting.spawn(context, record, image)
+                if start
+                else self.booting.build_stopped(context, record, image)
+            )
+            await self.actions.guarded(context, body)
 
         return self.state.operations.run(f"Creating instance {name}", name, work)
 

@@ -25,6 +25,17 @@ EVENT_TYPES = frozenset({LIFECYCLE, OPERATION})
 Listener = Callable[["Event"], None]
 
 
+def rfc3339(timestamp: float) -> str:
+    """A Unix timestamp as LXD writes times (Go's RFC 3339 with a fraction), in UTC.
+
+    Go trims the fraction's trailing zeros; a float clock holds microseconds.
+    """
+    stamp = datetime.datetime.fromtimestamp(timestamp, tz=datetime.UTC)
+    whole = stamp.strftime("%Y-%m-%dT%H:%M:%S")
+    fraction = f"{stamp.microsecond:06d}".rstrip("0")
+    return f"{whole}.{fraction}Z" if fraction else f"{whole}Z"
+
+
 @attrs.frozen
 class Event:
     """One event as ``/1.0/events`` streams it."""
@@ -43,10 +54,9 @@ class Event:
         ``location`` is there on a cluster member only, as LXD's clustered
         events carry it: the member whose instance it is about.
         """
-        stamp = datetime.datetime.fromtimestamp(self.timestamp, tz=datetime.UTC)
         envelope: dict[str, Any] = {
             "type": self.type,
-            "timestamp": stamp.isoformat().replace("+00:00", "Z"),
+            "timestamp": rfc3339(self.timestamp),
             "metadata": self.metadata,
             "project": "default",
         }

@@ -12,7 +12,7 @@ from twisted.logger import Logger
 
 from vmready.domain.model import NotFound, VMReadyError
 from vmready.domain.states import StatusCode
-from vmready.lifecycle.events import OPERATION, EventBus
+from vmready.lifecycle.events import OPERATION, EventBus, rfc3339
 
 # Finished operations stay queryable this long (LXD keeps them for a while too).
 RETAIN_SECONDS = 300.0
@@ -56,13 +56,13 @@ class Operation:
             waiter.callback(self)
 
     def to_json(self) -> dict[str, Any]:
-        """LXD's operation object."""
+        """LXD's operation object (its times in RFC 3339, as LXD's clients parse them)."""
         return {
             "id": self.id,
             "class": "task",
             "description": self.description,
-            "created_at": self.created_at,
-            "updated_at": self.updated_at,
+            "created_at": rfc3339(self.created_at),
+            "updated_at": rfc3339(self.updated_at),
             "status": {
                 StatusCode.RUNNING: "Running",
                 StatusCode.SUCCESS: "Success",
@@ -73,6 +73,7 @@ class Operation:
             "metadata": self.metadata,
             "may_cancel": False,
             "err": self.error,
+            "location": "none",
         }
 
 

@@ -92,18 +92,30 @@ class _PeerVerdict:
 
 @implementer(IOpenSSLServerConnectionCreator)
 class MutualServerTLS:
-    """The daemon's side: present ``server``; require a client certificate ``authorize`` likes."""
+    """The daemon's side: present ``server``; require a client certificate ``authorize`` likes.
+
+    ``require_certificate=False``: a client that presents none still connects
+    (the remote API then answers it as untrusted); one it presents must please
+    ``authorize`` all the same.
+    """
 
     log = Logger()
 
     def __init__(
-        self, server: CertificatePair, authorize: Authorize, purpose: str = "guest API"
+        self,
+        server: CertificatePair,
+        authorize: Authorize,
+        purpose: str = "guest API",
+        require_certificate: bool = True,
     ) -> None:
         self.authorize = authorize
         # What the log lines call the clients: "guest API", "remote operator API".
         self.purpose = purpose
         context = _base_context(server)
-        context.set_verify(SSL.VERIFY_PEER | SSL.VERIFY_FAIL_IF_NO_PEER_CERT, self._verify)
+        mode = SSL.VERIFY_PEER
+        if require_certificate:
+            mode |= SSL.VERIFY_FAIL_IF_NO_PEER_CERT
+        context.set_verify(mode, self._verify)
         context.set_session_id(_SESSION_CONTEXT)
         # A resumed session skips verification: a revoked certificate would slip back in.
         context.set_session_cache_mode(SSL.SESS_CACHE_OFF)
