@@ -24,8 +24,9 @@ of it and says what is wrong, by four rules:
   store's compare-and-swap on the task allows one at a time: an overlap is
   two daemons acting on it at once; an action whose end was never recorded is
   judged by the stuck rule, not here), or an action by a daemon under a lease
-  epoch that another daemon had taken over before the action started.  Counted
-  once per instance.
+  epoch that another daemon had taken over before the action started, or a
+  daemon that went on running after another took its member over.  Counted
+  once per instance (or member).
 
 The checker is plain functions over plain records: it is tested on synthetic
 histories (``tests/benchmarks/test_history.py``), one per violation.
@@ -183,6 +184,9 @@ class History:
     the overlap rule is applied to each list alone, since both may tell of
     one action.  ``views``: each member's own listing, instance → ``shown()``.
     ``members``: each member and whether it held its lease at the end.
+    ``problems``: what the harness found wrong with the VMs; ``lingering``:
+    (member, what happened) for each daemon that went on running after
+    another took its member over.
     """
 
     ops: Sequence[ClientOp] = ()
@@ -196,6 +200,7 @@ class History:
         factory=dict
     )
     problems: Sequence[str] = ()
+    lingering: Sequence[tuple[str, str]] = ()
 
 
 @attrs.frozen
@@ -417,6 +422,7 @@ def double_masters(history: History) -> list[Violation]:
                     f"{', by ' + taken.actor if taken.actor else ''})",
                 )
             )
+    found += [Violation("double_master", member, what) for member, what in history.lingering]
     return found
 
 

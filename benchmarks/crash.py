@@ -96,19 +96,33 @@ DAEMON_OPTIONS = ("--agent-follow-up", "0.02", "--stop-timeout", "1")
 
 
 class Daemon:
-    """One ``twistd -n vmready`` process; each start logs to a file of its own."""
+    """One ``twistd -n vmready`` process; each start logs to a file of its own.
+
+    ``options``: more of ``twistd vmready``'s options (a cluster member's, say);
+    ``environment``: the daemon's, if not this process' own.
+    """
 
     # Every daemon started, so that none outlives the run (also one stopped by a signal).
     started_all: list[subprocess.Popen[bytes]] = []
 
-    def __init__(self, data_dir: str, start: int) -> None:
+    def __init__(
+        self,
+        data_dir: str,
+        start: int,
+        options: Sequence[str] = (),
+        environment: dict[str, str] | None = None,
+    ) -> None:
         self.log_path = os.path.join(data_dir, f"twistd-{start}.log")
         argv = [TWISTD, "-n", "--pidfile", "", "--logfile", self.log_path, "vmready"]
         argv += ["--config", ""]  # whatever /etc/vmready/vmready.yaml the host has
-        argv += ["--data-dir", data_dir, *DAEMON_OPTIONS]
+        argv += ["--data-dir", data_dir, *DAEMON_OPTIONS, *options]
         with open(os.path.join(data_dir, f"twistd-{start}.out"), "wb") as output:
             self.process = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                env=environment,
             )
         self.started = time.monotonic()
         Daemon.started_all.append(self.process)

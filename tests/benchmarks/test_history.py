@@ -218,6 +218,10 @@ class DoubleMasterTests(SynchronousTestCase):
         spans = [Span("c1", "powering-off", 8.0, 9.0, "m1", "m1#1", 1)]
         self.assertEqual(verdict(member_spans=spans, grants=grants).violations, [])
 
+    def test_aDaemonThatRanOnAfterATakeoverIsADoubleMaster(self) -> None:
+        found = verdict(lingering=[("m1", "m1#1 still ran 33s after it woke")])
+        self.assertDoubleMaster(found, "still ran")
+
     def test_doubleMastersAreCountedOncePerInstance(self) -> None:
         spans = [Span("c1", "a", 5.0, 9.0), Span("c1", "b", 6.0, 7.0), Span("c1", "c", 8, 10)]
         found = verdict(store_spans=[CREATED, *spans])
