@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import random
@@ -118,6 +119,8 @@ GUEST_SYNC_SECONDS = 0.5
 POLL_SECONDS = 0.2
 STOP_GRACE = 30.0
 T = TypeVar("T")
+# What a connection to a member's socket fails with when the request was never sent.
+NOT_SENT = (os.strerror(errno.ENOENT), os.strerror(errno.ECONNREFUSED))
 
 
 # -- what the clients do ----------------------------------------------------------------
@@ -183,7 +186,10 @@ def _outcome(error: Exception) -> tuple[Outcome, str]:
     if isinstance(error, APIError):
         return ("refused" if error.code < 500 else "unknown"), f"{error.code} {error.error}"
     if isinstance(error, DaemonUnreachable):
-        return "refused", "the member's socket does not accept"
+        # Only a socket that is not there, or refuses, proves nothing was sent: a frozen
+        # daemon's socket takes the connection and may read the request once it wakes.
+        sure = any(reason in error.message for reason in NOT_SENT)
+        return ("refused" if sure else "unknown"), error.message[:200]
     if isinstance(error, CancelledError | TimeoutError):
         return "unknown", "no answer in time"
     return "unknown", str(error).splitlines()[0][:200]
@@ -792,7 +798,7 @@ async def run(args: argparse.Namespace, root: str, out: list[str]) -> None:
         )
         show(verdict, args.shown)
         if args.history:
-            write_history(args.history, history, plan, args.seed)
+            write_history(args.history, history, plan, args.seed, recorder)
         out.append(f"faults={len(plan)} actions={len(recorder.ops)} " + verdict.summary())
     finally:
         if syncing.running:
@@ -836,12 +842,15 @@ def show(verdict: Verdict, most: int) -> None:
             report(f"  … and {count - most} more {rule}")
 
 
-def write_history(path: str, history: History, plan: Sequence[Fault], seed: int) -> None:
-    """Everything recorded, as JSON."""
+def write_history(
+    path: str, history: History, plan: Sequence[Fault], seed: int, recorder: Recorder
+) -> None:
+    """Everything recorded, and every event each daemon sent on its own stream, as JSON."""
     document = {
         "seed": seed,
         "faults": [attrs.asdict(f) for f in plan],
         "history": attrs.asdict(history),
+        "events": recorder.events,
     }
     with open(path, "w") as f:
         json.dump(document, f, indent=1, default=sorted)

@@ -280,11 +280,11 @@ def vm_problems(data_dir: str, instances: list[dict[str, Any]]) -> list[str]:
     vms = vm_processes(data_dir)
     known = set()
     for instance in instances:
+        run_dir = run_dir_of(data_dir, instance["uuid"])
+        known.add(run_dir)  # its VM is an instance's, even while it is stuck
         if instance["task_state"] is not None:
             continue  # counted as stuck
         name, vm_state, power = instance["name"], instance["vm_state"], instance["power_state"]
-        run_dir = run_dir_of(data_dir, instance["uuid"])
-        known.add(run_dir)
         vm = vms.get(run_dir)
         runs = vm_state in RUNNING_STATES and power in ("running", "paused")
         if vm_state == "error":
