@@ -54,6 +54,7 @@ __all__ = [
     "Verdict",
     "Violation",
     "check",
+    "history_from_json",
     "spans_from_events",
 ]
 
@@ -467,3 +468,35 @@ def spans_from_events(
         for instance, (task, at) in running.items()
     ]
     return spans
+
+
+# -- a history written as JSON, read back ---------------------------------------------------
+
+
+def history_from_json(document: Mapping[str, Any]) -> History:
+    """The ``History`` that ``attrs.asdict`` gave ``document`` (tuples and sets as lists), as
+    ``benchmarks/cluster_faults.py --history`` writes it: checked again, it gives the same
+    verdict."""
+
+    def row(values: Sequence[Any]) -> tuple[str, str, str | None, str, str]:
+        name, vm_state, task_state, power_state, member = values
+        return (name, vm_state, task_state, power_state, member)
+
+    return History(
+        ops=[ClientOp(**op) for op in document["ops"]],
+        store_spans=[Span(**span) for span in document["store_spans"]],
+        member_spans=[Span(**span) for span in document["member_spans"]],
+        notes=[Span(**span) for span in document["notes"]],
+        grants=[Grant(**grant) for grant in document["grants"]],
+        final=[
+            FinalInstance(**{**final, "snapshots": frozenset(final["snapshots"])})
+            for final in document["final"]
+        ],
+        members=dict(document["members"]),
+        views={
+            member: {instance: row(values) for instance, values in view.items()}
+            for member, view in document["views"].items()
+        },
+        problems=list(document["problems"]),
+        lingering=[(member, what) for member, what in document["lingering"]],
+    )

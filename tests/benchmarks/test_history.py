@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import attrs
@@ -16,6 +17,7 @@ from benchmarks._history import (
     Span,
     Verdict,
     check,
+    history_from_json,
     spans_from_events,
 )
 
@@ -247,3 +249,18 @@ class SpansFromEventsTests(SynchronousTestCase):
 
     def test_eventsWithoutATaskOpenNothing(self) -> None:
         self.assertEqual(spans_from_events([(1.0, "c1", None)], "m1", "m1#1", 1), [])
+
+
+class JSONTests(SynchronousTestCase):
+    def test_aHistoryWrittenAsJSONReadsBackTheSame(self) -> None:
+        written = history(
+            ops=[LAUNCH, op(2, "snapshot", 5.0, snapshot="s1")],
+            member_spans=[Span("c1", "spawning", 1.1, 1.9, "m1", "m1#1", 1)],
+            notes=[Span("c1", "vm-exited", 9.0, 9.0, "m1")],
+            grants=[Grant("m1", 1, 0.5, "m1#1")],
+            final=[attrs.evolve(RUNNING, snapshots=frozenset({"s1"}))],
+            problems=["a problem"],
+            lingering=[("m1", "m1#1 still ran")],
+        )
+        text = json.dumps(attrs.asdict(written), default=sorted)
+        self.assertEqual(history_from_json(json.loads(text)), written)
