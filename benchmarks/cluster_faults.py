@@ -811,7 +811,8 @@ async def run(args: argparse.Namespace, root: str, out: list[str]) -> None:
         for member in cluster.members.values():
             for data_dir in {i.data_dir for i in member.incarnations}:
                 kill_vms(data_dir)
-        await proxy.close()
+        with contextlib.suppress(Exception):  # bounded: nothing is left to close it for
+            await Deferred.fromCoroutine(proxy.close()).addTimeout(STOP_GRACE, reactor)
         with contextlib.suppress(Exception):
             server.drop_database(database)
 
