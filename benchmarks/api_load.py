@@ -53,14 +53,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import attrs
-from twisted.internet import task
 from twisted.internet.defer import CancelledError, Deferred, TimeoutError, gatherResults
 from twisted.internet.task import LoopingCall
 from twisted.trial.unittest import SkipTest
 
 from benchmarks._clusterworld import Cluster
 from benchmarks._fleet import create_all
-from benchmarks._measure import nearest_rank, reactor, report, sleep
+from benchmarks._measure import nearest_rank, react, reactor, report, sleep
 from benchmarks.crash import Daemon
 from benchmarks.lifecycle import Processes, proc_status_kib, start_host
 from tests.postgres import postgres_server
@@ -277,10 +276,6 @@ async def run(args: argparse.Namespace, root: str, processes: Processes, out: li
             cluster.kill_all()
             with contextlib.suppress(Exception):
                 cluster.server.drop_database(cluster.database)
-        for process in Daemon.started_all:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
 
 
 def summary(args: Any, figures: Figures, rss: RSS, elapsed: float) -> list[str]:
@@ -335,19 +330,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     processes = Processes()
     out: list[str] = []
 
-    def entry(_reactor: Any) -> Deferred[None]:
-        return Deferred.fromCoroutine(run(args, root, processes, out))
-
-    try:
-        task.react(entry, [])
-    except SystemExit as e:
-        if e.code not in (0, None):
-            raise
-    finally:
+    def cleanup() -> None:
+        Daemon.kill_all()
         processes.kill_all()
         shutil.rmtree(root, ignore_errors=True)
-        for line in out:
-            print(line, flush=True)
+
+    react(lambda: run(args, root, processes, out), out, cleanup)
 
 
 if __name__ == "__main__":

@@ -71,7 +71,6 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 import attrs
-from twisted.internet import task
 from twisted.internet.defer import CancelledError, Deferred, TimeoutError
 from twisted.internet.error import ConnectError
 from twisted.internet.task import LoopingCall
@@ -93,7 +92,7 @@ from benchmarks._history import (
     check,
     spans_from_events,
 )
-from benchmarks._measure import reactor, report, sleep
+from benchmarks._measure import react, reactor, report, sleep
 from benchmarks.crash import CHOICES, CPU_CHOICES, MEMORY_CHOICES, vm_problems
 from tests.postgres import postgres_server
 from vmready.cli.client import APIError, DaemonUnreachable, LineStream, instance_path
@@ -893,21 +892,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     root = tempfile.mkdtemp(prefix="vmcf-", dir="/tmp")
     out: list[str] = []
 
-    def entry(_reactor: Any) -> Deferred[None]:
-        return Deferred.fromCoroutine(run(args, root, out))
-
-    try:
-        task.react(entry, [])
-    except SystemExit as e:
-        if e.code not in (0, None):
-            raise
-    finally:
+    def cleanup() -> None:
         if args.keep:
             print(f"kept {root}", file=sys.stderr)
         else:
             shutil.rmtree(root, ignore_errors=True)
-        for line in out:
-            print(line, flush=True)
+
+    react(lambda: run(args, root, out), out, cleanup)
 
 
 if __name__ == "__main__":

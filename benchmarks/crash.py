@@ -56,8 +56,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from twisted.internet import task
-from twisted.internet.defer import Deferred
 from twisted.internet.task import LoopingCall
 
 from benchmarks._crashworld import (
@@ -69,7 +67,7 @@ from benchmarks._crashworld import (
     vm_processes,
 )
 from benchmarks._fleet import notify
-from benchmarks._measure import reactor, report, sleep
+from benchmarks._measure import react, reactor, report, sleep
 from vmready.cli.client import Client, instance_path
 from vmready.cli.errors import CommandError
 from vmready.domain.limits import raise_file_limit
@@ -156,6 +154,14 @@ class Daemon:
         """``kill -9``: no clean-up of any kind."""
         self.process.kill()
         self.process.wait()
+
+    @classmethod
+    def kill_all(cls) -> None:
+        """Every daemon started that still runs, SIGKILLed (the last resort on the way out)."""
+        for process in cls.started_all:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
 
     def tracebacks(self) -> int:
         """How many tracebacks this start logged."""
@@ -444,27 +450,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     guests = Guests(directory, os.path.join(directory, "agents"))
     out: list[str] = []
 
-    def entry(_reactor: Any) -> Deferred[None]:
-        return Deferred.fromCoroutine(run(args, directory, guests, out))
-
-    try:
-        task.react(entry, [])
-    except SystemExit as e:
-        if e.code not in (0, None):
-            raise
-    finally:
-        for process in Daemon.started_all:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+    def cleanup() -> None:
+        Daemon.kill_all()
         guests.stop()
         kill_vms(directory)
         if args.keep:
             print(f"kept {directory}", file=sys.stderr)
         else:
             shutil.rmtree(directory, ignore_errors=True)
-        for line in out:
-            print(line, flush=True)
+
+    react(lambda: run(args, directory, guests, out), out, cleanup)
 
 
 if __name__ == "__main__":
