@@ -515,6 +515,8 @@ class Faults:
             return f"{frozen.label} frozen for {fault.duration:.1f}s"
         started = time.monotonic()
         while not self.cluster.lease_ran_out(member.name):
+            if time.monotonic() - started > self.args.lease_seconds + STOP_GRACE:
+                raise SystemExit(f"the lease of frozen {frozen.label} never ran out")
             await sleep(POLL_SECONDS)
         successor = await self.start(member, new_data_dir=True)
         await sleep(max(0.0, fault.duration - (time.monotonic() - started)))
