@@ -93,7 +93,7 @@ from benchmarks._history import (
     spans_from_events,
 )
 from benchmarks._measure import react, reactor, report, sleep
-from benchmarks.crash import CHOICES, CPU_CHOICES, MEMORY_CHOICES, vm_problems
+from benchmarks.crash import CPU_CHOICES, MEMORY_CHOICES, vm_problems
 from tests.postgres import postgres_server
 from vmready.cli.client import APIError, DaemonUnreachable, LineStream, instance_path
 from vmready.cli.errors import CommandError
@@ -103,9 +103,11 @@ from vmready.domain.states import ACTIONS
 KINDS = ("postgres", "kill", "freeze", "partition")
 # Actions clients send, by the instance's vm_state (an instance mid-task gets any: a 409).
 WORKLOAD_CHOICES = {
-    **CHOICES,
     "active": ("stop", "restart", "resize", "snapshot", "delete", "ready", "ready"),
     "stopped": ("start", "start", "resize", "snapshot", "rename", "delete"),
+    "resized": ("resize-end", "resize-end", "delete", "ready"),
+    "paused": ("stop", "delete"),
+    "error": ("start", "delete"),
 }
 ALL_CHOICES = tuple(sorted({k for kinds in WORKLOAD_CHOICES.values() for k in kinds}))
 # The store's action rows that are actions (a task, or a rename); the rest are its own notes.
@@ -259,7 +261,7 @@ class Workload:
             ref = self.refs.get(key) if key is not None else None
             if ref is None or ref.busy:
                 continue
-            ref.uuid = shown["uuid"]
+            ref.name, ref.uuid = shown["name"], shown["uuid"]
             ref.vm_state, ref.task_state = shown["vm_state"], shown["task_state"]
             ref.location = shown["location"]
             ref.memory, ref.cpus = shown["limits"]["memory_mib"], shown["limits"]["cpus"]
@@ -328,18 +330,14 @@ class Workload:
             new_name = f"{ref.key}-r{ref.renames}"
             self.recorder.keys[new_name] = ref.key
             body = {"name": new_name}
-            if await self._operation(
-                ref, kind, via, "POST", path, body, {"new_name": new_name}
-            ) in (
-                "ok",
-                "unknown",
-            ):
+            params = {"new_name": new_name}
+            if await self._operation(ref, kind, via, "POST", path, body, params) == "ok":
                 ref.name = new_name
         elif kind == "delete":
             if await self._operation(ref, kind, via, "DELETE", path) == "ok":
                 ref.gone = True
-        else:
-            await self.ready(ref, via)
+        elif kind == "ready":
+            await self.ready(ref)
 
     async def _operation(
         self,
@@ -382,7 +380,7 @@ class Workload:
         )
         return outcome
 
-    async def ready(self, ref: Ref, via: Incarnation) -> None:
+    async def ready(self, ref: Ref) -> None:
         """The workload in the guest declares Ready to its agent (``vmready-agent notify``)."""
         member = self.cluster.members.get(ref.location or "")
         if member is None or ref.uuid is None:
