@@ -9,10 +9,11 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from twisted.internet import task
+from twisted.internet.defer import Deferred
 from twisted.logger import ILogObserver, LogEvent, LogLevel, formatEvent
 from zope.interface import provider
 
@@ -64,3 +65,23 @@ def show_problems(event: LogEvent) -> None:
 async def sleep(seconds: float) -> None:
     """Let the reactor run for ``seconds``."""
     await task.deferLater(reactor, seconds, lambda: None)
+
+
+def react(
+    run: Callable[[], Coroutine[Any, Any, None]], out: list[str], cleanup: Callable[[], None]
+) -> None:
+    """Run ``run`` on the reactor until it ends (a SystemExit of status 0 is an end too), then
+    ``cleanup``, then print ``out``: the lines ``run`` left for last, its figures."""
+
+    def entry(_reactor: Any) -> Deferred[None]:
+        return Deferred.fromCoroutine(run())
+
+    try:
+        task.react(entry, [])
+    except SystemExit as e:
+        if e.code not in (0, None):
+            raise
+    finally:
+        cleanup()
+        for line in out:
+            print(line, flush=True)

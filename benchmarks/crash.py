@@ -56,8 +56,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from twisted.internet import task
-from twisted.internet.defer import Deferred
 from twisted.internet.task import LoopingCall
 
 from benchmarks._crashworld import (
@@ -69,7 +67,7 @@ from benchmarks._crashworld import (
     vm_processes,
 )
 from benchmarks._fleet import notify
-from benchmarks._measure import reactor, report, sleep
+from benchmarks._measure import react, reactor, report, sleep
 from vmready.cli.client import Client, instance_path
 from vmready.cli.errors import CommandError
 from vmready.domain.limits import raise_file_limit
@@ -96,19 +94,33 @@ DAEMON_OPTIONS = ("--agent-follow-up", "0.02", "--stop-timeout", "1")
 
 
 class Daemon:
-    """One ``twistd -n vmready`` process; each start logs to a file of its own."""
+    """One ``twistd -n vmready`` process; each start logs to a file of its own.
+
+    ``options``: more of ``twistd vmready``'s options (a cluster member's, say);
+    ``environment``: the daemon's, if not this process' own.
+    """
 
     # Every daemon started, so that none outlives the run (also one stopped by a signal).
     started_all: list[subprocess.Popen[bytes]] = []
 
-    def __init__(self, data_dir: str, start: int) -> None:
+    def __init__(
+        self,
+        data_dir: str,
+        start: int,
+        options: Sequence[str] = (),
+        environment: dict[str, str] | None = None,
+    ) -> None:
         self.log_path = os.path.join(data_dir, f"twistd-{start}.log")
         argv = [TWISTD, "-n", "--pidfile", "", "--logfile", self.log_path, "vmready"]
         argv += ["--config", ""]  # whatever /etc/vmready/vmready.yaml the host has
-        argv += ["--data-dir", data_dir, *DAEMON_OPTIONS]
+        argv += ["--data-dir", data_dir, *DAEMON_OPTIONS, *options]
         with open(os.path.join(data_dir, f"twistd-{start}.out"), "wb") as output:
             self.process = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                env=environment,
             )
         self.started = time.monotonic()
         Daemon.started_all.append(self.process)
@@ -142,6 +154,14 @@ class Daemon:
         """``kill -9``: no clean-up of any kind."""
         self.process.kill()
         self.process.wait()
+
+    @classmethod
+    def kill_all(cls) -> None:
+        """Every daemon started that still runs, SIGKILLed (the last resort on the way out)."""
+        for process in cls.started_all:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
 
     def tracebacks(self) -> int:
         """How many tracebacks this start logged."""
@@ -266,11 +286,11 @@ def vm_problems(data_dir: str, instances: list[dict[str, Any]]) -> list[str]:
     vms = vm_processes(data_dir)
     known = set()
     for instance in instances:
+        run_dir = run_dir_of(data_dir, instance["uuid"])
+        known.add(run_dir)  # its VM is an instance's, even while it is stuck
         if instance["task_state"] is not None:
             continue  # counted as stuck
         name, vm_state, power = instance["name"], instance["vm_state"], instance["power_state"]
-        run_dir = run_dir_of(data_dir, instance["uuid"])
-        known.add(run_dir)
         vm = vms.get(run_dir)
         runs = vm_state in RUNNING_STATES and power in ("running", "paused")
         if vm_state == "error":
@@ -430,27 +450,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     guests = Guests(directory, os.path.join(directory, "agents"))
     out: list[str] = []
 
-    def entry(_reactor: Any) -> Deferred[None]:
-        return Deferred.fromCoroutine(run(args, directory, guests, out))
-
-    try:
-        task.react(entry, [])
-    except SystemExit as e:
-        if e.code not in (0, None):
-            raise
-    finally:
-        for process in Daemon.started_all:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+    def cleanup() -> None:
+        Daemon.kill_all()
         guests.stop()
         kill_vms(directory)
         if args.keep:
             print(f"kept {directory}", file=sys.stderr)
         else:
             shutil.rmtree(directory, ignore_errors=True)
-        for line in out:
-            print(line, flush=True)
+
+    react(lambda: run(args, directory, guests, out), out, cleanup)
 
 
 if __name__ == "__main__":

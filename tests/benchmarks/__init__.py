@@ -1,0 +1,1 @@
+"""The benchmarks' own pieces (the fault proxy, the history checker) and their short runs."""
