@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 from twisted.internet.address import IPv4Address, UNIXAddress
-from twisted.internet.defer import Deferred, DeferredQueue, gatherResults, maybeDeferred
+from twisted.internet.defer import Deferred, DeferredQueue, gatherResults
 from twisted.internet.endpoints import clientFromString, quoteStringArgument, serverFromString
 from twisted.internet.error import (
     CannotListenError,
@@ -528,12 +528,7 @@ class _FamilyServer:
     address: Any
 
     def listen(self, protocolFactory: IProtocolFactory) -> Deferred[IListeningPort]:
-        def start() -> IListeningPort:
-            port = vsock._ListeningPort(self.family, self.address, protocolFactory, 5, reactor)
-            port.startListening()
-            return port
-
-        return maybeDeferred(start)
+        return vsock._listen(self.family, self.address, protocolFactory, 5, reactor)
 
 
 @implementer(IStreamClientEndpoint)

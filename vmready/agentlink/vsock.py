@@ -391,6 +391,23 @@ class _Connecting(FileDescriptor):
         self._fail(error.ConnectingCancelledError(address))
 
 
+def _listen(
+    family: _Family,
+    address: Any,
+    factory: IProtocolFactory,
+    backlog: int,
+    reactor: IReactorFDSet,
+) -> Deferred[IListeningPort]:
+    """Listen on ``address``: the listening port, or the CannotListenError it failed with."""
+
+    def start() -> IListeningPort:
+        port = _ListeningPort(family, address, factory, backlog, reactor)
+        port.startListening()
+        return port
+
+    return maybeDeferred(start)
+
+
 def _connect(
     family: _Family,
     address: Any,
@@ -418,14 +435,8 @@ class VSockServerEndpoint:
 
     def listen(self, protocolFactory: IProtocolFactory) -> Deferred[IListeningPort]:
         """Listen; fails with CannotListenError if the kernel refuses."""
-
-        def start() -> IListeningPort:
-            address = (self.cid, self.port or VMADDR_PORT_ANY)
-            port = _ListeningPort(_VSOCK, address, protocolFactory, self.backlog, self._reactor)
-            port.startListening()
-            return port
-
-        return maybeDeferred(start)
+        address = (self.cid, self.port or VMADDR_PORT_ANY)
+        return _listen(_VSOCK, address, protocolFactory, self.backlog, self._reactor)
 
 
 @implementer(IStreamClientEndpoint)
