@@ -533,8 +533,8 @@ class _Builder:
             disks=devices.disks,
             pci_devices=devices.pci_devices,
             warnings=tuple(self.warnings),
-            **fields,  # type: ignore[arg-type]
-            **self.values,  # type: ignore[arg-type]
+            **fields,  # type: ignore[arg-type]  # each option's value as its parser typed it
+            **self.values,  # type: ignore[arg-type]  # each option's value as its parser typed it
         )
 
     def _machine_type(self) -> str:

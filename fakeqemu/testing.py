@@ -119,7 +119,7 @@ class _ClientTransport(FakeTransport):
 
     _hung_up = False
 
-    @property  # type: ignore[override]
+    @property  # type: ignore[override]  # iosim's attribute, made read-only here (see below)
     def disconnecting(self) -> bool:
         return self._hung_up
 

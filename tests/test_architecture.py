@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import ast
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 
 from twisted.trial.unittest import SynchronousTestCase
@@ -239,3 +241,54 @@ class CheckerTests(SynchronousTestCase):
 
     def test_noCycleInALine(self) -> None:
         self.assertEqual(cycles({"a": {"b"}, "b": {"c"}, "c": set()}), [])
+
+
+def private_twisted_imports(path: str) -> list[str]:
+    """Each import of a private Twisted module or name in the file, as ``file:line: what``."""
+    with open(os.path.join(CHECKOUT, path), encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "twisted" and any(part.startswith("_") for part in parts):
+                found.append(f"{path}:{node.lineno}: {name}")
+    return found
+
+
+class PublicTwistedTests(SynchronousTestCase):
+    """vmready, fakeqemu and the plugins use Twisted's public API: no private module or name."""
+
+    def test_noPrivateTwistedImport(self) -> None:
+        found = [
+            violation
+            for package in ("vmready", "fakeqemu", "twisted/plugins")
+            for path in modules(package).values()
+            for violation in private_twisted_imports(path)
+        ]
+        self.assertEqual(found, [])
+
+    def test_aPrivateModuleOrNameIsFound(self) -> None:
+        directory = tempfile.mkdtemp(prefix="vmr-arch-")
+        self.addCleanup(shutil.rmtree, directory)
+        path = os.path.join(directory, "m.py")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(
+                "from twisted.web._newclient import Request\n"
+                "from twisted.internet.endpoints import _WrappingFactory, serverFromString\n"
+                "import twisted.web.client\n"
+            )
+        relative = os.path.relpath(path, CHECKOUT)
+        self.assertEqual(
+            private_twisted_imports(relative),
+            [
+                f"{relative}:1: twisted.web._newclient.Request",
+                f"{relative}:2: twisted.internet.endpoints._WrappingFactory",
+            ],
+        )

@@ -13,17 +13,23 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
+from twisted.internet.address import IPv4Address, UNIXAddress
 from twisted.internet.defer import Deferred, DeferredQueue, gatherResults
 from twisted.internet.endpoints import clientFromString, quoteStringArgument, serverFromString
 from twisted.internet.error import (
     CannotListenError,
     ConnectError,
     ConnectingCancelledError,
+    ConnectionAborted,
+    ConnectionDone,
     ConnectionRefusedError,
+    TimeoutError,
 )
 from twisted.internet.interfaces import (
     IAddress,
     IListeningPort,
+    IProtocol,
+    IProtocolFactory,
     IStreamClientEndpoint,
     IStreamServerEndpoint,
 )
@@ -32,6 +38,7 @@ from twisted.internet.task import deferLater
 from twisted.internet.testing import MemoryReactorClock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
+from zope.interface import implementer
 
 from tests.reactor import reactor
 from vmready.agentlink import hvsock, vsock
@@ -495,6 +502,180 @@ class HybridVSockTests(TestCase):
         pair = await _connect_pair(self, server, client_for)
         self.assertEqual(await _round_trip(pair), PAYLOAD)
         self.assertEqual(stat.S_IMODE(os.stat(_hybrid_host(pair.port).socket_path).st_mode), 0o600)
+
+
+def _unix_socket() -> socket.socket:
+    skt = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    skt.setblocking(False)
+    return skt
+
+
+def _tcp_socket() -> socket.socket:
+    skt = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    skt.setblocking(False)
+    return skt
+
+
+# The vsock transport's classes over other families: what this kernel can connect.
+_UNIX = vsock._Family("AF_UNIX", _unix_socket, lambda name: UNIXAddress(name or None))
+_TCP = vsock._Family("AF_INET", _tcp_socket, lambda pair: IPv4Address("TCP", *pair))
+
+
+@implementer(IStreamServerEndpoint)
+@attrs.frozen
+class _FamilyServer:
+    family: Any
+    address: Any
+
+    def listen(self, protocolFactory: IProtocolFactory) -> Deferred[IListeningPort]:
+        return vsock._listen(self.family, self.address, protocolFactory, 5, reactor)
+
+
+@implementer(IStreamClientEndpoint)
+@attrs.frozen
+class _FamilyClient:
+    family: Any
+    address: Any
+    reactor: Any = reactor
+    timeout: float = 5.0
+
+    def connect(self, protocolFactory: IProtocolFactory) -> Deferred[IProtocol]:
+        return vsock._connect(
+            self.family, self.address, protocolFactory, self.timeout, self.reactor
+        )
+
+
+def _tcp_client_for(address: IAddress) -> _FamilyClient:
+    assert isinstance(address, IPv4Address), address
+    return _FamilyClient(_TCP, (address.host, address.port))
+
+
+class _Ending(_Collector):
+    """A collector that keeps why its connection ended."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reason: Failure | None = None
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self.reason = reason
+        super().connectionLost(reason)
+
+
+class _Refusing(_EchoFactory):
+    """Serves no one while ``refusing``."""
+
+    refusing = True
+
+    def buildProtocol(self, addr: IAddress | None) -> _Echo | None:
+        return None if self.refusing else super().buildProtocol(addr)
+
+
+class SocketTransportTests(TestCase):
+    """The vsock transport's classes (listening, connecting, the connection) over unix and TCP
+    sockets, where this kernel connects: everything but the socket family is the same."""
+
+    def setUp(self) -> None:
+        self.path = os.path.join(_short_temp_dir(self), "t.sock")
+
+    async def pair(self) -> _Pair:
+        def client_for(address: UNIXAddress) -> _FamilyClient:
+            return _FamilyClient(_UNIX, self.path)
+
+        return await _connect_pair(self, _FamilyServer(_UNIX, self.path), client_for)
+
+    async def ended(self, end: Callable[[_Ending, _Echo], None]) -> Failure:
+        """Why a client's connection ended once ``end(client, server)`` was done to it."""
+        client = _Ending()
+        factory = _EchoFactory()
+        await _listen(self, _FamilyServer(_UNIX, self.path), factory)
+        await _FamilyClient(_UNIX, self.path).connect(Factory.forProtocol(lambda: client))
+        server = await factory.made.get()
+        end(client, server)
+        await gatherResults([client.closed, server.closed])
+        assert client.reason is not None
+        return client.reason
+
+    async def test_bytesGoBothWays(self) -> None:
+        pair = await self.pair()
+        self.assertEqual(await _round_trip(pair), PAYLOAD)
+
+    async def test_aWriteLargerThanTheSocketTakesArrivesWhole(self) -> None:
+        pair = await self.pair()
+        payload = os.urandom(4 * 1024 * 1024)
+        self.assertEqual(await _round_trip(pair, payload), payload)
+
+    async def test_theAddressesAreTheSockets(self) -> None:
+        pair = await _connect_pair(self, _FamilyServer(_TCP, ("127.0.0.1", 0)), _tcp_client_for)
+        assert pair.client.transport is not None and pair.server.transport is not None
+        self.assertEqual(pair.client.transport.getPeer(), pair.port.getHost())
+        self.assertEqual(pair.server.transport.getPeer(), pair.client.transport.getHost())
+        self.assertEqual(pair.server.transport.getHost(), pair.port.getHost())
+
+    async def test_loseConnectionWritesWhatIsBufferedThenEndsCleanly(self) -> None:
+        payload = os.urandom(1024 * 1024)
+
+        def write_then_close(client: _Ending, server: _Echo) -> None:
+            assert client.transport is not None
+            client.transport.write(payload)
+            client.transport.loseConnection()
+
+        self.assertTrue((await self.ended(write_then_close)).check(ConnectionDone))
+
+    async def test_abortConnectionEndsAtOnceAsAborted(self) -> None:
+        def abort(client: _Ending, server: _Echo) -> None:
+            transport: Any = client.transport
+            transport.write(b"never mind")
+            transport.abortConnection()
+            transport.write(b"nor this")
+
+        self.assertTrue((await self.ended(abort)).check(ConnectionAborted))
+
+    async def test_thePeerClosingEndsTheConnection(self) -> None:
+        def server_closes(client: _Ending, server: _Echo) -> None:
+            assert server.transport is not None
+            server.transport.loseConnection()
+
+        self.assertTrue((await self.ended(server_closes)).check(ConnectionDone))
+
+    async def test_aConnectionTheFactoryRefusesIsClosedAndTheListenerGoesOn(self) -> None:
+        factory = _Refusing()
+        await _listen(self, _FamilyServer(_UNIX, self.path), factory)
+        turned_away = _Ending()
+        await _FamilyClient(_UNIX, self.path).connect(Factory.forProtocol(lambda: turned_away))
+        await turned_away.closed
+        factory.refusing = False
+        served = _Collector()
+        await _FamilyClient(_UNIX, self.path).connect(Factory.forProtocol(lambda: served))
+        assert served.transport is not None
+        served.transport.write(PAYLOAD)
+        self.assertEqual(await served.receive(len(PAYLOAD)), PAYLOAD)
+        served.transport.loseConnection()
+        await served.closed
+
+    async def test_connectingToAClosedTCPPortIsRefused(self) -> None:
+        port = await _listen(self, _FamilyServer(_TCP, ("127.0.0.1", 0)))
+        address = port.getHost()
+        await _stop(port)
+        with self.assertRaises(ConnectionRefusedError):
+            await _tcp_client_for(address).connect(Factory.forProtocol(_Collector))
+
+    async def test_stopListeningClosesTheListeningSocket(self) -> None:
+        port = await _FamilyServer(_UNIX, self.path).listen(_EchoFactory())
+        await _stop(port)
+        with self.assertRaises(ConnectionRefusedError):
+            await _FamilyClient(_UNIX, self.path).connect(Factory.forProtocol(_Collector))
+
+    def test_aConnectThatDoesNotCompleteTimesOut(self) -> None:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.addCleanup(listener.close)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        clock = MemoryReactorClock()  # it never says the socket became writable
+        client = _FamilyClient(_TCP, listener.getsockname(), clock, timeout=3)
+        attempt = client.connect(Factory.forProtocol(_Collector))
+        clock.advance(3)
+        self.failureResultOf(attempt, TimeoutError)
 
 
 class ServerStringTests(SynchronousTestCase):

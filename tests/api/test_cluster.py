@@ -955,6 +955,15 @@ class DeadlineTests(ClusterTestCase):
         self.assertEqual(reply.code, 200, reply.body)
         self.assertEqual(self.a.remote.accepted, accepted + 1)
 
+    async def test_closeAbortsTheConnectionsOfAMemberThatDoesNotAnswerIt(self) -> None:
+        kept = await self.frozen_connection()
+        self.b.forwarder.close_grace = self.DEADLINE
+        started = reactor.seconds()
+        await self.b.forwarder.close()
+        self.assertGreaterEqual(reactor.seconds() - started, self.DEADLINE)
+        self.assertEqual(_connections_to(_port(self.a.tls_port)), [])
+        await self.thaw(kept)
+
     async def test_aMemberThatStopsReadingARead(self) -> None:
         kept = await self.frozen_connection()
         reply = await self.call(self.b, "GET", "/1.0/instances/web1/state")

@@ -13,7 +13,6 @@ import ssl
 import tempfile
 from typing import Any
 
-from klein.resource import KleinResource
 from OpenSSL import SSL
 from treq.client import HTTPClient
 from treq.testing import StubTreq
@@ -289,84 +288,6 @@ class ServerTests(GuestAPITestCase):
         self.api.identify = broken
         self.assertError(await self.call("GET", "/1.0"), 500, "internal server error")
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
-
-
-class ExactRoutesTests(GuestAPITestCase):
-    """Routes without variables are answered without Klein's matching, exactly as Klein would."""
-
-    def setUp(self) -> None:
-        super().setUp()
-        self.add("web1", {"user.a": "1"}, eth0={"type": "nic"})
-        # The same API routed by Klein alone.
-        self.klein: Any = StubTreq(KleinResource(self.api.app))
-
-    async def raw(self, http: Any, method: str, path: str, caller: str) -> tuple[Any, ...]:
-        """Status, headers (without Date) and body bytes of one request."""
-        data = b'{"state": "Started"}' if method == "PATCH" else None
-        pending = http.request(
-            method, "http://guest" + path, data=data, headers={_CALLER: [caller.encode()]}
-        )
-        http.flush()
-        response = await pending
-        body = await http.content(response)
-        headers = sorted(
-            (name, values)
-            for name, values in response.headers.getAllRawHeaders()
-            if name.lower() != b"date"
-        )
-        return response.code, headers, body
-
-    async def assertSameAnswers(self, caller: str) -> None:
-        requests = [(method.decode(), path.decode()) for method, path in self.api.exact_routes()]
-        requests += [("HEAD", "/1.0"), ("DELETE", "/1.0"), ("GET", "/1.0/"), ("GET", "/nope")]
-        requests += [("GET", "/1.0?x=1"), ("GET", "/1.0/config/user.a")]
-        for method, path in requests:
-            ours = await self.raw(self.http, method, path, caller)
-            klein = await self.raw(self.klein, method, path, caller)
-            self.assertEqual(ours, klein, f"{method} {path}")
-
-    async def test_knownCallerGetsWhatKleinAnswers(self) -> None:
-        await self.assertSameAnswers("web1")
-
-    async def test_unknownCallerGetsWhatKleinAnswers(self) -> None:
-        await self.assertSameAnswers("ghost")
-
-    async def test_failuresAreWhatKleinAnswersAndLogged(self) -> None:
-        def broken(request: IRequest) -> InstanceRecord | None:
-            raise RuntimeError("database on fire")
-
-        self.api.identify = broken
-        await self.assertSameAnswers("web1")
-        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 2 * 9)
-
-    async def test_exactRoutesSkipKlein(self) -> None:
-        routed: list[bytes] = []
-        render = KleinResource.render
-
-        def counting(resource: KleinResource, request: IRequest) -> Any:
-            routed.append(request.path)
-            return render(resource, request)
-
-        self.patch(KleinResource, "render", counting)
-        for method, path in [("GET", "/1.0"), ("PATCH", "/1.0"), ("GET", "/1.0/config/user.a")]:
-            await self.raw(self.http, method, path, "web1")
-        self.assertEqual(routed, [b"/1.0/config/user.a"])
-
-    def test_exactRoutesAreKleinsRoutesWithoutVariables(self) -> None:
-        routes = self.api.app.url_map.bind("guest")
-        for (method, path), handler in self.api.exact_routes().items():
-            endpoint, arguments = routes.match(path.decode(), method.decode())
-            self.assertEqual((endpoint, arguments), (handler.__name__, {}))
-        without_variables = {
-            (method.encode(), rule.rule.encode())
-            for rule in self.api.app.url_map.iter_rules()
-            if not rule.arguments
-            for method in rule.methods or ()
-            if method not in ("HEAD", "OPTIONS")
-        }
-        self.assertEqual(
-            without_variables - set(self.api.exact_routes()), {(b"GET", b"/1.0/events")}
-        )
 
 
 class PatchStateTests(GuestAPITestCase):

@@ -283,6 +283,14 @@ class TimeoutTests(_OperatorSiteTestCase):
         self.assertTrue(connection.output().startswith(b"HTTP/1.1 200 OK\r\n"))
         self.assertNotIn(b" 408 ", connection.output())
 
+    def test_bytesSentDuringAnAnswerStartNoDeadline(self) -> None:
+        connection = _Connection(self.site)
+        connection.send(_head(b"/stream", method=b"GET"))
+        connection.send(b"GET /hel")  # the next request's first bytes, while the answer streams
+        self.clock.advance(2 * REQUEST_DEADLINE)
+        self.assertFalse(connection.closing)
+        self.assertNotIn(b" 408 ", connection.output())
+
     def test_aRefusedClientThatDoesNotReadIsAborted(self) -> None:
         connection = _Connection(self.site)
         connection.send(b"G")

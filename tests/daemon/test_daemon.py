@@ -17,7 +17,7 @@ from typing import Any
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.processes import kill_if_named
-from vmready.daemon.tap import check_guest_listen_address, check_listen_address
+from vmready.daemon.preflight import check_guest_listen_address, check_listen_address
 from vmready.lifecycle.core import run_dir_name
 from vmready.store.sqlite import Store
 

@@ -20,6 +20,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 from vmready.agentlink.link import AgentLink, StatusChanged, WriteConnect
+from vmready.domain.listeners import Listeners
 from vmready.domain.model import HypervisorError
 from vmready.protocols.ringbuffer import AgentStatus
 
@@ -57,7 +58,6 @@ class RingRecorder(Protocol):
 
 
 StatusListener = Callable[[StatusChanged], None]
-ReadListener = Callable[[bytes], None]
 
 
 class AgentMonitor:
@@ -84,7 +84,10 @@ class AgentMonitor:
         self.vm = vm
         self.link = link
         self.chardev = chardev
-        self.on_status = on_status
+        self._status_listeners: Listeners[StatusChanged] = Listeners(
+            self.log, "announcing the agent status of {name} failed"
+        )
+        self._status_listeners.subscribe(on_status)
         # Looked up at each read and write (recording may be switched off and on while
         # the VM runs); None when sessions are never recorded: then nothing here costs more.
         self.recorder_for = recorder
@@ -238,7 +241,4 @@ class AgentMonitor:
                 self.link.connect_written(self.clock.seconds())
 
     def _announce(self, change: StatusChanged) -> None:
-        try:
-            self.on_status(change)
-        except Exception:
-            self.log.failure("announcing the agent status of {name} failed", name=self.link.name)
+        self._status_listeners.notify(change, name=self.link.name)

@@ -1,78 +1,32 @@
 """Forwarding a request to the cluster member that runs its instance, over mutual TLS.
 
 The daemon presents its own server certificate as the client certificate
-(the members' remote APIs trust the certificates of current members) and
-accepts only the certificate the members table pins for the owner, by its
-SHA-256 fingerprint.  The method, path and query, body and content type go
-as they came, marked with ``X-VMReady-Forwarded-By: <this member>`` so the
-owner never forwards it again; the owner's status, body and content type
-(and ``Location``) come back unchanged: a 409 stays a 409.
-
+and accepts only the certificate the members table pins for the owner.  The
+method, path and query, body and content type go as they came, marked with
+``X-VMReady-Forwarded-By: <this member>`` so the owner never forwards it
+again; the owner's status, body and relayed headers come back unchanged.
 What goes wrong on the way is one line naming the member: 503 when it cannot
-be reached (refused, timed out, no route) or does not answer in time, 502
-when it was reached but did not answer properly (its certificate is not the
-pinned one, the connection broke off before the answer).
+be reached or does not answer in time, 502 when it was reached but did not
+answer properly (not the pinned certificate, the connection broke off).
 
-No forwarded request waits for ever.  A member can accept TCP and then say
-nothing: its process frozen (SIGSTOP, a wedged reactor), or its host gone
-while a kept connection to it looks open (TCP then retransmits for many
-minutes).  So each request has a *deadline*, ``DEADLINE`` seconds from asking
-for a connection to the last byte of the answer (the connect, the TLS
-handshake, the request, the answer's headers and body), plus the ``wait`` the
-request asks the owner for by design (an operation's ``/wait?timeout=N``; a
-wait with no limit has no deadline).  Past it the connection the request
-uses is aborted (or its connecting cancelled) and the request is a 503
-``cluster member M at A did not answer within N s``.  While a request is
-under way, ``unreachable`` (the membership: has the member's lease run
-out?) is asked every ``WATCH_INTERVAL`` seconds: a member that lost its
-lease has its request aborted then, with a 503 saying so, instead of at the
-deadline (the only end a wait with no limit has).  A request that may change
-something (any method but ``GET`` and ``HEAD``) cut off that way may have
-reached the owner and been carried out: its message says so
-(``UNKNOWN_OUTCOME``), and it is never sent again.
+No forwarded request waits for ever: it has a deadline, ``DEADLINE`` seconds
+from asking for a connection to the last byte of the answer, plus the wait
+it asks the owner for (none for a wait with no limit), and ``unreachable``
+(has the member's lease run out?) is asked every ``WATCH_INTERVAL`` seconds
+meanwhile.  Either ends it by cancelling its ``Agent.request``/``readBody``,
+which aborts its connection, as a 503; a request that may change something
+(not ``GET``/``HEAD``) then says that it may have been carried out
+(``UNKNOWN_OUTCOME``), and is never sent again.
 
-Connections are kept and reused (a TCP connection and a mutual-TLS handshake
-cost several times what a relayed request does), in one pool per member
-*identity*: its name, address and pinned fingerprint.  A member seen with
-another address or certificate (it moved, it has a new certificate) gets a
-new pool; the old one's idle connections are closed at once, and those still
-carrying a request are closed when it is answered, so no request ever goes
-over a connection made for an identity the member no longer has.  At most
-``MAX_CACHED_PER_MEMBER`` idle connections are kept per member (more requests
-at once open more, closed once answered), each for ``CACHED_CONNECTION_TIMEOUT``
-seconds: a third of the owner's ``IDLE_TIMEOUT`` (``api.limits``), after which
-the owner would close it.  Closing first, this side never sends a request on
-a connection the owner has just closed for idleness.
-
-A reused connection can still have been closed by the owner an instant
-before a request went out on it (the owner restarted, and this side had not
-yet read that).  What is retried then, and why:
-
-- A request the connection refused to send (``RequestNotSent``: it was
-  closed before anything was written) never reached the owner: it is sent
-  once more, whatever its method.
-- A ``GET`` or ``HEAD`` (no body) that got no answer at all on a kept
-  connection is sent once more, on another: reading twice changes nothing.
-- Anything else that was written and got no answer (``PUT``, ``POST``,
-  ``PATCH``, ``DELETE``: they start operations, write config, rename) is NOT
-  retried: the bytes left this host, and nothing tells whether the owner read
-  them before the connection died (a closed socket looks the same whether the
-  owner closed it before or after reading).  Sending it again could run an
-  action twice (two snapshots, a second restart), so the caller gets the
-  precise 502 ("lost the connection ... before it answered") and decides,
-  knowing the instance's state can be read.  An answer that broke off midway
-  (``ResponseFailed``) is never retried either: the owner did act.  Nor is
-  a request cut off by its deadline, whatever its method.
-
-Requests are sent over the pool's connections directly (not through an
-``Agent``) so that this side knows which connection each request uses: the
-one its deadline aborts.
-
-``Forwarder.close()`` closes the kept connections (the daemon calls it when it
-stops); requests under way then finish, and their connections are closed.  A
-TLS close waits for the owner's own close alert: a member that does not send
-it within ``CLOSE_GRACE`` seconds (it hangs) has every connection to it
-aborted, so a daemon never waits on a frozen member to stop.
+Connections are kept (an ``HTTPConnectionPool``) per member *identity*: its
+name, address and pinned fingerprint; a member seen with another has the old
+identity's kept connections closed, once no request uses them.  Idle ones are
+closed after ``CACHED_CONNECTION_TIMEOUT``, well before the owner's own idle
+timeout.  The pool sends a ``GET`` or ``HEAD`` without a body once more on a
+new connection when a kept one died under it unanswered; anything else that
+left this host unanswered is a 502 ("lost the connection"), never sent again:
+the owner may have acted on it.  ``Forwarder.close()`` closes the kept
+connections, aborting those whose member does not answer the TLS close in time.
 """
 
 from __future__ import annotations
@@ -80,16 +34,20 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote_from_bytes
 
 import attrs
 from OpenSSL import SSL
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
 from twisted.internet.error import ConnectError
-from twisted.internet.interfaces import IDelayedCall, IProtocolFactory, IStreamClientEndpoint
+from twisted.internet.interfaces import IProtocolFactory, IStreamClientEndpoint
+from twisted.internet.task import LoopingCall
+from twisted.protocols.policies import WrappingFactory
 from twisted.python.failure import Failure
-from twisted.web._newclient import HTTP11ClientProtocol, Request, RequestNotSent
 from twisted.web.client import (
+    URI,
+    Agent,
     HTTPConnectionPool,
     RequestTransmissionFailed,
     ResponseFailed,
@@ -97,7 +55,7 @@ from twisted.web.client import (
     readBody,
 )
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IResponse
+from twisted.web.iweb import IAgentEndpointFactory, IResponse
 from zope.interface import implementer
 
 from vmready.api.limits import IDLE_TIMEOUT
@@ -133,8 +91,7 @@ CONNECT_TIMEOUT = 10.0
 DEADLINE = 30.0
 # Seconds between two looks at whether the member a request is under way to is still online.
 WATCH_INTERVAL = 1.0
-# The methods that change nothing: sent again when a kept connection died under them, and
-# safe to have cut off.
+# The methods that change nothing, safe to have cut off.
 READS = (b"GET", b"HEAD")
 # What a request that may change something is told when it was cut off before its answer.
 UNKNOWN_OUTCOME = "the request may have been carried out: check with vmready info"
@@ -144,9 +101,7 @@ CACHED_CONNECTION_TIMEOUT = round(IDLE_TIMEOUT / 3)
 MAX_CACHED_PER_MEMBER = 4
 # Seconds ``Forwarder.close()`` lets members answer a TLS close before aborting.
 CLOSE_GRACE = 5.0
-
-# Connections to members that are open (or may be): for ``close()`` to abort.
-_Connections = weakref.WeakSet[Any]
+_PRINTABLE = bytes(range(0x21, 0x7F)).decode("ascii")
 
 
 @attrs.frozen
@@ -166,11 +121,6 @@ class _Identity:
     address: str
     fingerprint: str
 
-    @classmethod
-    def of(cls, member: MemberRecord) -> _Identity:
-        """``member``'s identity as the members table shows it now."""
-        return cls(member.name, member.address, member.fingerprint)
-
 
 def split_address(address: str) -> tuple[str, int]:
     """``host:port`` (``[v6]:port`` too) as host and port; BadRequest for anything else."""
@@ -182,28 +132,25 @@ def split_address(address: str) -> tuple[str, int]:
 
 
 @implementer(IStreamClientEndpoint)
-class _Tracked:
-    """``endpoint``, each connection it makes noted in ``connections`` and in ``made``."""
+class _Noted:
+    """``endpoint``, each connection it makes kept in ``opened`` (for an abort) while open."""
 
     def __init__(
-        self, endpoint: IStreamClientEndpoint, connections: _Connections, made: list[Any]
+        self, endpoint: IStreamClientEndpoint, opened: weakref.WeakSet[WrappingFactory]
     ) -> None:
         self._endpoint = endpoint
-        self._connections = connections
-        self._made = made
+        self._opened = opened
 
     def connect(self, protocolFactory: IProtocolFactory) -> Deferred[Any]:
-        connecting: Deferred[Any] = self._endpoint.connect(protocolFactory)
-        return connecting.addCallback(self._note)
-
-    def _note(self, protocol: Any) -> Any:
-        self._connections.add(protocol)
-        self._made.append(protocol)
-        return protocol
+        wrapping = WrappingFactory(protocolFactory)
+        self._opened.add(wrapping)  # its ``protocols``: the connection, until it is lost
+        connecting: Deferred[Any] = self._endpoint.connect(wrapping)
+        return connecting.addCallback(lambda wrapper: wrapper.wrappedProtocol)
 
 
+@implementer(IAgentEndpointFactory)
 class _Route:
-    """The way to one member identity: its pinned TLS, its pool of connections.
+    """The way to one member identity: its pinned TLS, its pool of kept connections.
 
     ``retired``: the member has another identity now (or the forwarder was
     closed); its connections are closed as soon as no request uses them.
@@ -213,91 +160,26 @@ class _Route:
         self,
         reactor: IVMReadyReactor,
         identity: _Identity,
-        host: str,
-        port: int,
         own: CertificatePair,
-        connections: _Connections,
+        opened: weakref.WeakSet[WrappingFactory],
     ) -> None:
         self.identity = identity
         self.tls = PinnedServerTLS.for_fingerprint(own, identity.fingerprint)
         self.pool = HTTPConnectionPool(reactor, persistent=True)
         self.pool.cachedConnectionTimeout = CACHED_CONNECTION_TIMEOUT
         self.pool.maxPersistentPerHost = MAX_CACHED_PER_MEMBER
-        # Retries are this module's (``_Exchange``): the pool's would use connections unseen.
-        self.pool.retryAutomatically = False
+        self.agent = Agent.usingEndpointFactory(reactor, self, self.pool)
         self._reactor = reactor
-        self._host = host
-        self._port = port
-        self._connections = connections
+        self._host, self._port = split_address(identity.address)
+        self._opened = opened
         # Requests under way through this route.
         self.active = 0
         self.retired = False
 
-    def connection(self, made: list[Any]) -> Deferred[HTTP11ClientProtocol]:
-        """A kept connection, or a new one (then also noted in ``made``)."""
+    def endpointForURI(self, uri: URI) -> IStreamClientEndpoint:
+        """The member's address, whatever the URI says: mutual TLS pinned to its certificate."""
         tcp = HostnameEndpoint(self._reactor, self._host, self._port, timeout=CONNECT_TIMEOUT)
-        endpoint = _Tracked(wrapClientTLS(self.tls, tcp), self._connections, made)
-        return self.pool.getConnection(self.identity, endpoint)
-
-
-class _Exchange:
-    """One forwarded request's way through the pool: the connection it uses, to abort.
-
-    ``give_up(why)``: cancel the connecting under way, or abort the
-    connection the request is on; ``ended`` then says why, and whatever the
-    request fails with is reported as that.
-    """
-
-    def __init__(self, route: _Route, method: bytes, path: bytes, headers: Headers) -> None:
-        self._route = route
-        self._method = method
-        self._path = path
-        self._headers = headers
-        self._connecting: Deferred[HTTP11ClientProtocol] | None = None
-        self._connection: HTTP11ClientProtocol | None = None
-        self.ended: str | None = None
-
-    def give_up(self, why: str) -> None:
-        """The request is over (``why``): nothing more is read or sent for it."""
-        if self.ended is not None:
-            return
-        self.ended = why
-        connecting, connection = self._connecting, self._connection
-        if connecting is not None and not connecting.called:
-            connecting.cancel()
-        elif connection is not None:
-            transport: Any = connection.transport
-            if transport is not None:
-                transport.abortConnection()
-
-    async def run(self, producer: BytesProducer | None) -> tuple[IResponse, bytes]:
-        """The answer and its body; sent once more if that is safe (see the module)."""
-        made: list[Any] = []
-        try:
-            return await self._once(producer, made)
-        except RequestNotSent:
-            # Nothing was written: the owner never saw it.
-            pass
-        except (ResponseNeverReceived, RequestTransmissionFailed):
-            # A read without a body, on a kept connection (a new one failing says it all).
-            reused = self._connection is not None and self._connection not in made
-            if not (self._method in READS and producer is None and reused):
-                raise
-        if self.ended is not None:
-            raise RequestNotSent()
-        return await self._once(producer, made)
-
-    async def _once(
-        self, producer: BytesProducer | None, made: list[Any]
-    ) -> tuple[IResponse, bytes]:
-        self._connection = None
-        self._connecting = self._route.connection(made)
-        self._connection = connection = await self._connecting
-        self._connecting = None
-        request = Request(self._method, self._path, self._headers, producer, persistent=True)
-        response: IResponse = await connection.request(request)
-        answer: bytes = await readBody(response)
-        return response, answer
+        return _Noted(wrapClientTLS(self.tls, tcp), self._opened)
 
 
 class Forwarder:
@@ -306,8 +188,10 @@ class Forwarder:
     ``deadline``: seconds each request may take beyond the wait it asks for
     (``DEADLINE``); ``watch_interval``: seconds between two looks at whether
     its member is still reachable (``WATCH_INTERVAL``).  Both may be changed
-    between requests.
+    between requests, and ``close_grace`` before ``close()``.
     """
+
+    close_grace = CLOSE_GRACE
 
     def __init__(
         self,
@@ -326,7 +210,7 @@ class Forwarder:
         self._routes: dict[str, _Route] = {}
         # Closings of kept connections under way.
         self._closing: set[Deferred[None]] = set()
-        self._connections: _Connections = weakref.WeakSet()
+        self._opened: weakref.WeakSet[WrappingFactory] = weakref.WeakSet()
         self._closed = False
 
     async def forward(
@@ -348,15 +232,32 @@ class Forwarder:
         (``its lease ran out at …``) ends it with a 503.
         """
         route = self._route(member)
+        headers = Headers(
+            {
+                b"Host": [member.name.encode()],
+                b"User-Agent": [b"vmready-member"],
+                FORWARDED_BY: [self.name.encode()],
+            }
+        )
+        if content_type is not None:
+            headers.setRawHeaders(b"Content-Type", [content_type])
+        producer = BytesProducer(body) if body or method not in READS else None
+        where = f"cluster member {member.name} at {member.address}"
+        limit = None if wait is None else self.deadline + wait
+        exchange = _Exchange(self._reactor, route, where, limit, unreachable, self.watch_interval)
         route.active += 1
         try:
-            return await self._send(
-                route, member, method, uri, body, content_type, wait, unreachable
-            )
+            response, answer = await exchange.run(method, uri, headers, producer)
         finally:
             route.active -= 1
             if route.retired and not route.active:
                 self._close_pool(route)
+        relayed = {}
+        for name in RELAYED_HEADERS:
+            values = response.headers.getRawHeaders(name)
+            if values:
+                relayed[name] = values[0]
+        return Relayed(response.code, relayed, answer)
 
     def close(self) -> Deferred[None]:
         """Close every kept connection; fires once they (and any closing under way) are closed.
@@ -364,7 +265,7 @@ class Forwarder:
         Requests under way finish, and their connections are closed then; a
         request forwarded after this goes over a connection of its own, closed
         once answered.  Members that do not answer the TLS close within
-        ``CLOSE_GRACE`` seconds have their connections aborted.
+        ``close_grace`` seconds have their connections aborted.
         """
         self._closed = True
         routes, self._routes = list(self._routes.values()), {}
@@ -373,7 +274,7 @@ class Forwarder:
             if not route.active:
                 self._close_pool(route)
         closed = gatherResults(list(self._closing))
-        aborting = self._reactor.callLater(CLOSE_GRACE, self._abort_all)
+        aborting = self._reactor.callLater(self.close_grace, self._abort_all)
 
         def done(_: object) -> None:
             if aborting.active():
@@ -383,14 +284,13 @@ class Forwarder:
 
     def _abort_all(self) -> None:
         """A member did not close in time: every connection still open is aborted."""
-        for connection in list(self._connections):
-            transport: Any = connection.transport
-            if connection.state != "CONNECTION_LOST" and transport is not None:
-                transport.abortConnection()
+        for wrapping in list(self._opened):
+            for wrapper in list(wrapping.protocols):
+                wrapper.transport.abortConnection()
 
     def _route(self, member: MemberRecord) -> _Route:
         """The route to ``member``'s identity now; a previous identity's is retired."""
-        identity = _Identity.of(member)
+        identity = _Identity(member.name, member.address, member.fingerprint)
         route = self._routes.get(member.name)
         if route is not None and route.identity == identity:
             return route
@@ -400,10 +300,9 @@ class Forwarder:
             if not route.active:
                 self._close_pool(route)
         try:
-            host, port = split_address(member.address)
+            route = _Route(self._reactor, identity, self._identity, self._opened)
         except BadRequest as e:
             raise BadGateway(f"cannot forward to cluster member {member.name}: {e}") from None
-        route = _Route(self._reactor, identity, host, port, self._identity, self._connections)
         if self._closed:
             route.retired = True  # used by this request only
         else:
@@ -420,98 +319,82 @@ class Forwarder:
 
         closing.addBoth(closed)
 
-    async def _send(
-        self,
-        route: _Route,
-        member: MemberRecord,
-        method: bytes,
-        uri: bytes,
-        body: bytes,
-        content_type: bytes | None,
-        wait: float | None,
-        unreachable: Callable[[], str | None] | None,
-    ) -> Relayed:
-        headers = Headers(
-            {
-                b"Host": [member.name.encode()],
-                b"User-Agent": [b"vmready-member"],
-                FORWARDED_BY: [self.name.encode()],
-            }
-        )
-        if content_type is not None:
-            headers.setRawHeaders(b"Content-Type", [content_type])
-        producer = BytesProducer(body) if body or method not in READS else None
-        where = f"cluster member {member.name} at {member.address}"
-        exchange = _Exchange(route, method, uri, headers)
-        timers = _Timers(self._reactor, exchange, where, unreachable, self.watch_interval)
-        if wait is not None:
-            timers.give_up_after(self.deadline + wait)
-        try:
-            response, answer = await exchange.run(producer)
-        except Exception as e:
-            if exchange.ended is None:
-                raise _failure(e, where, route.tls) from None
-            unknown = "" if method in READS else f"; {UNKNOWN_OUTCOME}"
-            raise Unavailable(f"{exchange.ended}{unknown}") from None
-        finally:
-            timers.stop()
-        relayed = {}
-        for name in RELAYED_HEADERS:
-            values = response.headers.getRawHeaders(name)
-            if values:
-                relayed[name] = values[0]
-        return Relayed(response.code, relayed, answer)
 
-
-class _Timers:
-    """A request's deadline and its watch on its member, each giving it up when due."""
+class _Exchange:
+    """One forwarded request to ``where`` through ``route``, cancelled when its ``limit``
+    (seconds; None: none) is up or ``unreachable``, asked every ``interval``, gives a reason."""
 
     def __init__(
         self,
         reactor: IVMReadyReactor,
-        exchange: _Exchange,
+        route: _Route,
         where: str,
+        limit: float | None,
         unreachable: Callable[[], str | None] | None,
         interval: float,
     ) -> None:
         self._reactor = reactor
-        self._exchange = exchange
+        self._route = route
         self._where = where
+        self._limit = limit
         self._unreachable = unreachable
         self._interval = interval
-        self._deadline: IDelayedCall | None = None
-        self._watch: IDelayedCall | None = None
-        if unreachable is not None:
-            self._watch = reactor.callLater(interval, self._look)
+        self._request: Deferred[tuple[IResponse, bytes]] | None = None
+        # Why it was given up, once it was.
+        self.ended: str | None = None
 
-    def give_up_after(self, seconds: float) -> None:
-        """The request is given up if not answered in ``seconds``."""
-        why = f"{self._where} did not answer within {seconds:g} s"
-        self._deadline = self._reactor.callLater(seconds, self._exchange.give_up, why)
+    async def run(
+        self, method: bytes, uri: bytes, headers: Headers, producer: BytesProducer | None
+    ) -> tuple[IResponse, bytes]:
+        """The answer and its body, or the one-line error the request ended with."""
+        self._request = Deferred.fromCoroutine(self._send(method, uri, headers, producer))
+        deadline = watch = None
+        if self._limit is not None:
+            why = f"{self._where} did not answer within {self._limit:g} s"
+            deadline = self._reactor.callLater(self._limit, self._give_up, why)
+        if self._unreachable is not None:
+            watch = LoopingCall(self._look, self._unreachable)
+            watch.clock = self._reactor
+            watch.start(self._interval, now=False)
+        try:
+            return await self._request
+        except Exception as e:
+            if self.ended is None:
+                raise _failure(e, self._where, self._route.tls) from None
+            unknown = "" if method in READS else f"; {UNKNOWN_OUTCOME}"
+            raise Unavailable(f"{self.ended}{unknown}") from None
+        finally:
+            if deadline is not None and deadline.active():
+                deadline.cancel()
+            if watch is not None and watch.running:
+                watch.stop()
 
-    def _look(self) -> None:
-        assert self._unreachable is not None
-        reason = self._unreachable()
-        if reason is None:
-            self._watch = self._reactor.callLater(self._interval, self._look)
-            return
-        self._watch = None
-        self._exchange.give_up(f"{self._where} became unreachable before it answered: {reason}")
+    async def _send(
+        self, method: bytes, uri: bytes, headers: Headers, producer: BytesProducer | None
+    ) -> tuple[IResponse, bytes]:
+        # The route's endpoint is the member's address, whatever host the URI names; Agent
+        # takes printable ASCII only, and the owner decodes an escaped byte as the byte.
+        target = b"https://member" + quote_from_bytes(uri, _PRINTABLE).encode()
+        response = await self._route.agent.request(method, target, headers, producer)
+        answer: bytes = await readBody(response)
+        return response, answer
 
-    def stop(self) -> None:
-        """The request is over: nothing is given up any more."""
-        for call in (self._deadline, self._watch):
-            if call is not None and call.active():
-                call.cancel()
-        self._deadline = self._watch = None
+    def _look(self, unreachable: Callable[[], str | None]) -> None:
+        reason = unreachable()
+        if reason is not None:
+            self._give_up(f"{self._where} became unreachable before it answered: {reason}")
+
+    def _give_up(self, why: str) -> None:
+        """Cancel the request: its connecting, or its connection, is aborted."""
+        if self.ended is None and self._request is not None and not self._request.called:
+            self.ended = why
+            self._request.cancel()
 
 
 def _failure(error: Exception, where: str, tls: PinnedServerTLS) -> Exception:
     """The one-line error a request that failed with ``error`` is."""
     if isinstance(error, ConnectError):
         return Unavailable(f"cannot reach {where}: {connect_reason(error)}")
-    if isinstance(error, RequestNotSent):
-        return BadGateway(f"lost the connection to {where} before it answered")
     if isinstance(error, ResponseNeverReceived | ResponseFailed | RequestTransmissionFailed):
         return BadGateway(_broken(where, error.reasons, tls))
     return error

@@ -48,12 +48,11 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any, cast
 
 import attrs
 from klein import Klein
-from klein.resource import KleinResource
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
@@ -62,7 +61,7 @@ from twisted.python.failure import Failure
 from twisted.web import http
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource
-from twisted.web.server import NOT_DONE_YET, Site
+from twisted.web.server import Site
 
 from vmready.api.eventstream import EventStream
 from vmready.api.limits import MAX_GUEST_CONNECTIONS, LimitedSite, PeerKey
@@ -317,63 +316,6 @@ def _event_types(request: IRequest) -> frozenset[str]:
 # -- the API -----------------------------------------------------------------
 
 
-Handler = Callable[[IRequest], bytes | Coroutine[Any, Any, bytes]]
-
-
-class _ExactRoutesResource(KleinResource):
-    """Klein's resource, answering the guest API's exact, synchronous routes itself.
-
-    Klein binds and matches a werkzeug URL map and runs two Deferreds for
-    every request: some 80 µs of CPU per request here, half of the daemon's
-    HTTP work for an agent's ``GET /1.0`` (its TLS handshake aside).  A
-    request whose method and path are exactly those of a route without
-    variables (``GuestAPI.exact_routes``) calls that route's handler directly,
-    its exceptions going to the same error handler; a handler that must wait
-    (``PATCH /1.0`` waits for its write to be committed) answers when its
-    coroutine ends.  Every other request (a variable, a stream, an unknown path
-    or method, HEAD) is Klein's, as before.
-    """
-
-    def __init__(self, app: Klein, api: GuestAPI) -> None:
-        super().__init__(app)
-        self._exact = api.exact_routes()
-        self._api = api
-
-    def render(self, request: IRequest) -> Any:
-        """The exact route's answer, or Klein's."""
-        handler = self._exact.get((request.method, request.path))
-        if handler is None:
-            return super().render(request)
-        try:
-            answer = handler(request)
-        except Exception:
-            return self._api.handle_error(request, Failure())
-        if isinstance(answer, bytes):
-            return answer
-        gone: list[object] = []
-        cast(http.Request, request).notifyFinish().addBoth(gone.append)  # it may go meanwhile
-        waiting = Deferred.fromCoroutine(answer)
-        waiting.addErrback(lambda failure: self._api.handle_error(request, failure))
-        waiting.addCallback(self._answer_later, request, gone)
-        return NOT_DONE_YET
-
-    def _answer_later(self, body: bytes, request: IRequest, gone: list[object]) -> None:
-        if not gone:
-            request.write(body)
-            request.finish()
-
-
-class _GuestKlein(Klein):
-    """Klein whose resource answers the exact routes first (``_ExactRoutesResource``)."""
-
-    def resource(self) -> KleinResource:
-        """The resource for the ``GuestAPI`` this app is bound to."""
-        api = self._instance
-        if not isinstance(api, GuestAPI):
-            return super().resource()
-        return _ExactRoutesResource(self, api)
-
-
 class GuestAPI:
     """The guest API over one ``Lifecycle``; serve it with ``guest_site`` + ``guest_tls_factory``.
 
@@ -382,7 +324,7 @@ class GuestAPI:
     ``location`` is what ``GET /1.0`` reports as the instance's location.
     """
 
-    app = literal_paths(_GuestKlein())
+    app = literal_paths(Klein())
     log = Logger()
 
     def __init__(
@@ -404,26 +346,7 @@ class GuestAPI:
     @app.handle_errors(Exception)
     def _handle_error(self, request: IRequest, failure: Failure) -> bytes:
         """Errors as devlxd words them (``vmready.api.web.handle_error``)."""
-        return self.handle_error(request, failure)
-
-    def handle_error(self, request: IRequest, failure: Failure) -> bytes:
-        """The answer to a failed request, whichever way it was routed."""
         return handle_error(request, failure, GUEST_ERRORS, self.log)
-
-    def exact_routes(self) -> dict[tuple[bytes, bytes], Handler]:
-        """(method, path) → handler of the routes without variables that answer one reply.
-
-        The same routes as the ``app.route`` declarations below (a test holds
-        them to it); ``/1.0/events``, which answers with a Deferred, is not one.
-        """
-        return {
-            (b"GET", b"/"): self.root,
-            (b"GET", b"/1.0"): self.get_state,
-            (b"PATCH", b"/1.0"): self.patch_state,
-            (b"GET", b"/1.0/config"): self.list_config,
-            (b"GET", b"/1.0/meta-data"): self.meta_data,
-            (b"GET", b"/1.0/devices"): self.devices,
-        }
 
     # -- routes -----------------------------------------------------------
 

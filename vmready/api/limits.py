@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.interfaces import IDelayedCall, IHandshakeListener, IReactorTime
+from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import http
@@ -91,12 +92,20 @@ def _error_bytes(envelope: Envelope, code: int, message: str) -> bytes:
 
 @implementer(IHandshakeListener)
 class LimitedChannel(http.HTTPChannel):
-    """An HTTP/1.1 channel that keeps its ``LimitedSite``'s limits (see the module)."""
+    """An HTTP/1.1 channel that keeps its ``LimitedSite``'s limits (see the module).
+
+    HTTPChannel's overridable steps (``allHeadersReceived``, ``rawDataReceived``,
+    ``allContentReceived``, ``requestDone``) are the one place a request's
+    progress shows: a ``Site`` sees a request only once all of it is in.
+    """
 
     site: LimitedSite
     # Whether a refusal was answered: everything the peer sends after it is ignored.
     refused = False
+    # Whether a whole request is in and not yet answered (later bytes are the next request's).
+    answering = False
     _deadline: IDelayedCall | None = None
+    _abort: IDelayedCall | None = None
     _peer: str | None = None
     _peer_checked = False
     _counted = False
@@ -115,7 +124,7 @@ class LimitedChannel(http.HTTPChannel):
             self._peer_checked = True
             if not self._admit_peer():
                 return
-        if self._deadline is None and not self._handlingRequest and data:
+        if self._deadline is None and not self.answering and data:
             self._deadline = self.callLater(self.site.request_deadline, self._too_slow)
         super().dataReceived(data)
 
@@ -151,8 +160,8 @@ class LimitedChannel(http.HTTPChannel):
         if self.refused:
             return
         super().rawDataReceived(data)
-        receiving_body = self._transferDecoder is not None and not self._handlingRequest
-        if receiving_body and self.requests and body_overflowed(self.requests[-1]):
+        # Not answering, in raw mode: a body is coming in.
+        if not self.answering and self.requests and body_overflowed(self.requests[-1]):
             self._body_too_large()  # a chunked body that passed the cap
 
     def allContentReceived(self) -> None:
@@ -162,7 +171,13 @@ class LimitedChannel(http.HTTPChannel):
         if self.requests and body_overflowed(self.requests[-1]):
             self._body_too_large()  # it passed the cap in its last chunks
             return
+        self.answering = True
         super().allContentReceived()
+
+    def requestDone(self, request: http.Request) -> None:
+        if self.persistent:
+            self.answering = False  # before HTTPChannel reads what the peer sent meanwhile
+        super().requestDone(request)
 
     def timeoutConnection(self) -> None:
         """Idle too long: in the middle of a request that is a 408, else just a close."""
@@ -171,8 +186,10 @@ class LimitedChannel(http.HTTPChannel):
             return
         super().timeoutConnection()
 
-    def connectionLost(self, reason: Failure) -> None:  # type: ignore[override]
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._cancel_deadline()
+        if self._abort is not None and self._abort.active():
+            self._abort.cancel()
         if self._counted:
             self._counted = False
             self.site.release()
@@ -203,8 +220,9 @@ class LimitedChannel(http.HTTPChannel):
         self.setTimeout(None)
         assert self.transport is not None
         self.transport.write(_error_bytes(self.site.envelope, code, message))
-        if self.abortTimeout is not None and self._abortingCall is None:
-            self._abortingCall = self.callLater(self.abortTimeout, self.forceAbortClient)
+        if self.abortTimeout is not None:
+            # As HTTPChannel.timeoutConnection: a peer that does not read this is cut off.
+            self._abort = self.callLater(self.abortTimeout, self.forceAbortClient)
         self.loseConnection()
 
 
@@ -217,7 +235,7 @@ class LimitedSite(Site):
     from once it sends its first byte, and ``max_per_peer`` bounds each one's.
     """
 
-    protocol = LimitedChannel  # type: ignore[assignment]
+    protocol = LimitedChannel  # type: ignore[assignment]  # typed as Twisted's private wrapper
     _limits_log = Logger()
 
     def __init__(

@@ -59,6 +59,14 @@ class LocalRequest(Request):
     """
 
     body_overflowed = False
+    # Called with each piece of the response body before it is written (a recorder's tap).
+    body_observer: Callable[[bytes], None] | None = None
+
+    def write(self, data: bytes) -> None:
+        """Write part of the response body, shown to ``body_observer`` first."""
+        if self.body_observer is not None:
+            self.body_observer(data)
+        super().write(data)
 
     def gotLength(self, length: int | None) -> None:
         """The declared length: beyond the cap, keep nothing."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote, urlencode
 
 from treq import content
@@ -19,7 +19,7 @@ from treq.client import HTTPClient
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.endpoints import UNIXClientEndpoint
 from twisted.internet.error import ConnectError, ConnectionDone
-from twisted.internet.interfaces import IStreamClientEndpoint
+from twisted.internet.interfaces import IPushProducer, IStreamClientEndpoint
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 from twisted.web.client import (
@@ -108,7 +108,7 @@ class LineStream(Protocol):
         """Stop reading (closes the connection)."""
         if not self.closing and self.transport is not None:
             self.closing = True
-            self.transport.stopProducing()  # type: ignore[attr-defined]
+            cast(IPushProducer, self.transport).stopProducing()  # a body's transport pushes
 
     def connectionLost(self, reason: Failure = Failure(ConnectionDone())) -> None:  # noqa: B008
         """Fires ``ended`` with None when we closed it, else with why it ended (for the user)."""

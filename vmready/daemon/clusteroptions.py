@@ -11,8 +11,10 @@ address defaults to ``--https-address`` when it names a host; one that
 listens on every interface does not say which of them the others reach, so
 ``--member-address`` must.
 
-Everything here is checked before the daemon starts: what is wrong is a
-``ValueError`` in one line, which ``tap`` turns into its usage error.
+Everything here is checked before the daemon starts: ``--lease-seconds`` as
+it is parsed (``CLUSTER_OPTIONS``), the rest together (``cluster_settings``),
+what is wrong being a ``ValueError`` in one line, which ``tap`` turns into
+its usage error.
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ import urllib.parse
 import attrs
 
 from vmready.daemon.httpsaddress import HTTPSAddress
+from vmready.daemon.optionvalues import seconds
 from vmready.lifecycle.members import DEFAULT_LEASE_SECONDS
 from vmready.store.postgres import display_location, is_postgres_location
 
 __all__ = [
+    "CLUSTER_OPTIONS",
     "DEFAULT_LEASE_SECONDS",
     "MAX_LEASE_SECONDS",
     "MIN_LEASE_SECONDS",
@@ -44,6 +48,42 @@ MIN_LEASE_SECONDS = 1.0
 MAX_LEASE_SECONDS = 3600.0
 # As host names are (RFC 1123 labels, dots), with underscores: it is a row's key, not DNS.
 _MEMBER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+# ``twistd vmready``'s options for a cluster member (``tap.Options.optParameters`` rows).
+CLUSTER_OPTIONS = [
+    [
+        "store",
+        None,
+        None,
+        "Where the store is: a SQLite file (default: <data-dir>/vmready.sqlite) or a "
+        "postgresql://USER@HOST/DATABASE URL (libpq's, ?host=/run/postgresql for a unix "
+        "socket), which makes this daemon a cluster member sharing it with the others "
+        "(needs --https-address).",
+    ],
+    [
+        "member-name",
+        None,
+        None,
+        "This daemon's name as a cluster member (default: the host name).",
+    ],
+    [
+        "member-address",
+        None,
+        None,
+        "HOST:PORT the other cluster members dial to reach this one's mutual-TLS API "
+        "(default: --https-address, when it names a host).",
+    ],
+    seconds(
+        "lease-seconds",
+        DEFAULT_LEASE_SECONDS,
+        "Seconds a cluster member's lease lasts (1 to 3600), renewed every third of it: a "
+        "member that stops renewing is shown unreachable once it runs out.",
+        (
+            lambda lease: MIN_LEASE_SECONDS <= lease <= MAX_LEASE_SECONDS,
+            f"{MIN_LEASE_SECONDS:g} to {MAX_LEASE_SECONDS:g} seconds",
+        ),
+    ),
+]
 
 
 @attrs.frozen
@@ -82,20 +122,12 @@ def cluster_settings(
     member_name: str | None,
     member_address: str | None,
     https_address: str | None,
-    lease_seconds: str,
+    lease_seconds: float,
 ) -> ClusterSettings | None:
     """Who this daemon is among the members of a PostgreSQL store; None for a single host.
 
     ValueError saying what is wrong, in one line.
     """
-    try:
-        lease = float(lease_seconds)
-    except ValueError:
-        raise ValueError("--lease-seconds must be a number of seconds") from None
-    if not (MIN_LEASE_SECONDS <= lease <= MAX_LEASE_SECONDS):
-        raise ValueError(
-            f"--lease-seconds must be {MIN_LEASE_SECONDS:g} to {MAX_LEASE_SECONDS:g} seconds"
-        )
     if not is_postgres_location(location):
         for option, value in (("member-name", member_name), ("member-address", member_address)):
             if value is not None:
@@ -125,7 +157,7 @@ def cluster_settings(
         if member_address is not None
         else _address_from_https(https_address)
     )
-    return ClusterSettings(name, address, lease)
+    return ClusterSettings(name, address, lease_seconds)
 
 
 def _member_address(text: str) -> str:

@@ -19,6 +19,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
+from vmready.domain.listeners import Listeners
 from vmready.domain.model import HypervisorError
 from vmready.domain.states import PowerState
 from vmready.hypervisor.cmdline import VMSpec
@@ -52,7 +53,9 @@ class VMFollower:
         self.pid = pid
         self.log = log
         self._reactor = reactor
-        self._listeners: list[Callable[[VMEvent], None]] = []
+        self._listeners: Listeners[VMEvent] = Listeners(
+            log, "VM event listener failed on {kind} of {name}"
+        )
         self._shutdown: QMPEvent | None = None
         self._killed: str | None = None
         self._gone: VMEvent | None = None
@@ -64,13 +67,7 @@ class VMFollower:
 
     def subscribe(self, listener: Callable[[VMEvent], None]) -> Callable[[], None]:
         """Call ``listener`` with every VMEvent, ending with ``gone``; returns the unsubscriber."""
-        self._listeners.append(listener)
-
-        def unsubscribe() -> None:
-            if listener in self._listeners:
-                self._listeners.remove(listener)
-
-        return unsubscribe
+        return self._listeners.subscribe(listener)
 
     @property
     def gone_event(self) -> VMEvent | None:
@@ -121,15 +118,7 @@ class VMFollower:
             self._notify(vm_event)
 
     def _notify(self, event: VMEvent) -> None:
-        for listener in list(self._listeners):
-            try:
-                listener(event)
-            except Exception:
-                self.log.failure(
-                    "VM event listener failed on {kind} of {name}",
-                    kind=event.kind,
-                    name=self.spec.name,
-                )
+        self._listeners.notify(event, kind=event.kind, name=self.spec.name)
 
     def _monitor_closed(self, _: object) -> None:
         if self.hung_up():

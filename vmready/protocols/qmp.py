@@ -22,6 +22,7 @@ from twisted.logger import Logger
 from twisted.protocols.basic import LineOnlyReceiver
 from twisted.python.failure import Failure
 
+from vmready.domain.listeners import Listeners
 from vmready.domain.reactor import IVMReadyReactor
 
 __all__ = [
@@ -84,7 +85,9 @@ class QMPClientProtocol(LineOnlyReceiver):
         self._ready_waiters: list[Deferred[None]] = []
         self._pending: dict[int, _Pending] = {}
         self._next_id = 0
-        self._listeners: list[EventListener] = []
+        self._listeners: Listeners[QMPEvent] = Listeners(
+            self.log, "QMP event listener failed on {event}"
+        )
         self._lost: Failure | None = None
         self._closed_waiters: list[Deferred[None]] = []
 
@@ -114,16 +117,7 @@ class QMPClientProtocol(LineOnlyReceiver):
         ``first``: before every listener already there (a recorder that must
         see an event before anything reacts to it).
         """
-        if first:
-            self._listeners.insert(0, listener)
-        else:
-            self._listeners.append(listener)
-
-        def unsubscribe() -> None:
-            if listener in self._listeners:
-                self._listeners.remove(listener)
-
-        return unsubscribe
+        return self._listeners.subscribe(listener, first)
 
     def when_closed(self) -> Deferred[None]:
         """Fires once the connection is gone."""
@@ -207,11 +201,7 @@ class QMPClientProtocol(LineOnlyReceiver):
             self._protocol_error(f"QMP peer sent a malformed event: {str(message)[:120]}")
             return
         event = QMPEvent(name=name, data=data, timestamp=timestamp)
-        for listener in list(self._listeners):
-            try:
-                listener(event)
-            except Exception:
-                self.log.failure("QMP event listener failed on {event}", event=event.name)
+        self._listeners.notify(event, event=event.name)
 
     def _reply(self, message: dict[str, Any]) -> None:
         request_id = message.get("id")

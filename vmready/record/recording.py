@@ -24,14 +24,14 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource
-from twisted.web.server import Request
 from zope.interface import implementer
 
+from vmready.api.web import LocalRequest
 from vmready.domain.model import InstanceRecord
 from vmready.domain.states import VMState
 from vmready.hypervisor.cmdline import SerialLayout
@@ -311,8 +311,13 @@ class RecordingGuestResource:
     def putChild(self, path: bytes, child: IResource) -> None:
         raise TypeError("the recorded guest API has fixed routes: add routes to GuestAPI")
 
-    def render(self, irequest: IRequest) -> Any:
-        request = cast(Request, irequest)
+    def render(self, request: IRequest) -> Any:
+        """The inner resource's answer; a recorded instance's request and answer recorded.
+
+        Served by a ``guest_site``: its ``LocalRequest`` shows the answer as it is written.
+        """
+        if not isinstance(request, LocalRequest):
+            raise TypeError("a recorded guest API is served by a guest_site (LocalRequest)")
         if not self.recorders.maybe_recording:
             return self.inner.render(request)
         record = self.identify(request)
@@ -332,13 +337,11 @@ class RecordingGuestResource:
         # A config value whose key looks secret is never written.
         secret = path.startswith("/1.0/config/") and looks_secret(path)
         written: list[bytes] = []
-        original_write = request.write
 
-        def write(data: bytes) -> None:
+        def observe(data: bytes) -> None:
             if stream and not written:
                 recorder.guest_response(request_id, request.code, b"", True, False)
             written.append(data)
-            original_write(data)
 
         def finished(_: object) -> None:
             if stream:
@@ -347,6 +350,6 @@ class RecordingGuestResource:
                 return
             recorder.guest_response(request_id, request.code, b"".join(written), False, secret)
 
-        request.write = write  # type: ignore[method-assign]
+        request.body_observer = observe
         request.notifyFinish().addBoth(finished)
         return self.inner.render(request)
