@@ -401,7 +401,12 @@ class StoreOrderTests(TestCase):
         self.relays: dict[str, EventRelay] = {}
         for name in ("a", "b"):
             engine = Store.open(path)
-            store = WiredStore(engine, DatabaseThread(reactor, engine), cached=True, member=name)
+            store = WiredStore(
+                engine,
+                DatabaseThread(reactor, engine.database, engine.path),
+                cached=True,
+                member=name,
+            )
             store.wire = self.wire
             self.addCleanup(store.close)
             self.stores[name] = store

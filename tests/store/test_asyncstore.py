@@ -186,7 +186,7 @@ class SQLiteBatchTests(ThreadedStoreTestCase):
 
         def write_then_lose_it_all(engine: Store) -> None:
             engine.update_config("vm1", {"user.second": "1"})
-            engine._database.db.execute("ROLLBACK")  # what SQLite does on SQLITE_FULL
+            engine.database.db.execute("ROLLBACK")  # what SQLite does on SQLITE_FULL
             raise sqlite3.OperationalError("database or disk is full")
 
         self.hold()

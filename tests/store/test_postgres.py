@@ -28,6 +28,7 @@ from vmready.domain.model import Conflict, StoreError
 from vmready.domain.states import ACTIONS, PowerState, TaskState, VMState
 from vmready.store.asyncstore import AsyncStore
 from vmready.store.executor import DatabaseThread, StoreHealth, StoreWriteFailed
+from vmready.store.pgschema import BASELINE_VERSION
 from vmready.store.postgres import display_location
 from vmready.store.sqlite import Store
 
@@ -76,7 +77,7 @@ def _in_thread(work: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
 class OpeningTests(SynchronousTestCase):
     """Store.open on a postgresql:// URL: the engine, the schema, the one-line errors."""
 
-    def test_aNewDatabaseIsMigratedToTheSchemaVersionWithTheTrigger(self) -> None:
+    def test_aNewDatabaseIsCreatedAtTheSchemaVersionWithTheTrigger(self) -> None:
         location = postgres_location(self, migrated=False)
         store = Store.open(location, clock=lambda: 1000.0)
         self.addCleanup(store.close)
@@ -92,8 +93,36 @@ class OpeningTests(SynchronousTestCase):
                 "SELECT tgname FROM pg_trigger WHERE tgrelid = 'instances'::regclass"
                 " AND NOT tgisinternal"
             ).fetchall()
-        self.assertEqual(versions, [(v, 1000.0) for v in range(1, Store.SCHEMA_VERSION + 1)])
+        self.assertEqual(versions, [(Store.SCHEMA_VERSION, 1000.0)])
         self.assertEqual(triggers, [("instances_notify",)])
+
+    def test_aDatabaseThatRecordsEveryVersionSinceTheFirstOpens(self) -> None:
+        """As the schema's first PostgreSQL stores recorded it, one row per version."""
+        location = postgres_location(self)
+        with _raw(location) as raw:
+            raw.execute(
+                "INSERT INTO vmready_schema (version, applied_at)"
+                " SELECT v, 0 FROM generate_series(1, %s - 1) AS v",
+                (Store.SCHEMA_VERSION,),
+            )
+        store = Store.open(location)
+        self.addCleanup(store.close)
+        self.assertEqual(store.schema_version, Store.SCHEMA_VERSION)
+        self.assertEqual(store.instances.create_instance("web", {}, {}).name, "web")
+
+    def test_aVersionOlderThanTheFirstPostgreSQLSchemaIsRefusedAndLeftUntouched(self) -> None:
+        location = postgres_location(self)
+        with _raw(location) as raw:
+            raw.execute("UPDATE vmready_schema SET version = %s", (BASELINE_VERSION - 1,))
+        error = self.assertRaises(StoreError, Store.open, location)
+        self.assertEqual(
+            str(error),
+            f"store {location} has schema version {BASELINE_VERSION - 1}, older than any"
+            f" PostgreSQL store this vmready opens ({BASELINE_VERSION})",
+        )
+        with _raw(location) as raw:
+            versions = raw.execute("SELECT version FROM vmready_schema").fetchall()
+        self.assertEqual(versions, [(BASELINE_VERSION - 1,)])
 
     def test_sqliteIsStillAPath(self) -> None:
         path = self.mktemp()
@@ -138,7 +167,7 @@ class OpeningTests(SynchronousTestCase):
         )
         with _raw(location) as raw:
             (count,) = raw.execute("SELECT count(*) FROM vmready_schema").fetchone() or (0,)
-        self.assertEqual(count, Store.SCHEMA_VERSION + 1)
+        self.assertEqual(count, 2)
 
     def test_someOtherDatabaseIsRefused(self) -> None:
         location = postgres_location(self, migrated=False)
@@ -154,16 +183,19 @@ class OpeningTests(SynchronousTestCase):
     def test_aFailedMigrationChangesNothing(self) -> None:
         location = postgres_location(self, migrated=False)
 
+        following = Store.SCHEMA_VERSION + 1
+
         class Broken(Store):
+            SCHEMA_VERSION = following
             POSTGRES_MIGRATIONS = [
-                *Store.POSTGRES_MIGRATIONS[:4],
-                (5, "CREATE TABLE extra (x TEXT); ALTER TABLE nowhere ADD COLUMN y TEXT;"),
+                *Store.POSTGRES_MIGRATIONS,
+                (following, "CREATE TABLE extra (x TEXT); ALTER TABLE nowhere ADD COLUMN y TEXT;"),
             ]
 
         error = self.assertRaises(StoreError, Broken.open, location)
         self.assertEqual(
             str(error),
-            f"cannot open store {location}: migration to schema version 5 failed:"
+            f"cannot open store {location}: migration to schema version {following} failed:"
             ' relation "nowhere" does not exist',
         )
         with _raw(location) as raw:
@@ -190,7 +222,7 @@ class OpeningTests(SynchronousTestCase):
         self.assertEqual([type(store) for store in stores], [Store, Store], stores)
         with _raw(location) as raw:
             versions = raw.execute("SELECT version FROM vmready_schema ORDER BY 1").fetchall()
-        self.assertEqual(versions, [(v,) for v in range(1, Store.SCHEMA_VERSION + 1)])
+        self.assertEqual(versions, [(Store.SCHEMA_VERSION,)])
 
     def test_theServersClockStampsLeases(self) -> None:
         store = Store.open(postgres_location(self), clock=lambda: 1000.0)
@@ -326,14 +358,14 @@ class EventsTests(TestCase):
         self.store = AsyncStore.threaded(reactor, self.engine)
         self.addCleanup(self.store.close)
 
-    def test_aPayloadPostgreSQLWouldRefuseIsAValueError(self) -> None:
-        self.assertRaises(ValueError, self.store.publish_event, "x" * 7901)
+    async def test_aPayloadPostgreSQLWouldRefuseIsAValueError(self) -> None:
+        await self.assertFailure(self.store.publish_event("x" * 7901), ValueError)
 
     def test_sqliteHasNobodyToTell(self) -> None:
         engine = Store.open(self.mktemp())
         store = AsyncStore.inline(engine)
         self.addCleanup(engine.close)
-        self.assertRaises(NotImplementedError, store.publish_event, "{}")
+        self.failureResultOf(store.publish_event("{}"), NotImplementedError)
 
     async def test_reloadReadsWhatOthersWroteMeanwhile(self) -> None:
         other = Store.open(self.location)

@@ -203,7 +203,7 @@ class ConnectionParameterTests(TestCase):
     """Every connection bounds its waits: connect timeout, keepalives, lock timeout."""
 
     def _connection(self, engine: Store) -> PostgresConnection:
-        connection = engine._database.db
+        connection = engine.database.db
         assert isinstance(connection, PostgresConnection)
         return connection
 

@@ -3,13 +3,15 @@
 ``Store`` is the entry point (this module is named for its first engine):
 ``Store.open`` opens (creating or migrating) an SQLite file
 (``store.schema``) or, given a ``postgresql://`` URL, a PostgreSQL database
-(``store.pgschema``, ``store.postgres``), and composes one object per concern
-over the one connection (``store.database``), the same on both engines: the
-instance rows (``store.instances``), the
-agent certificates (``store.certificates``), the remote API's trust store
-(``store.trust``, used through ``.trust`` and ``AsyncStore.run``), the action history
-(``store.actions``) and the snapshots (``store.snapshots``).  Its methods hand
-each call to the part that owns it.
+(``store.pgschema``, ``store.postgres``) over one connection
+(``store.database``), the same on both engines.  Its tables (``Tables``) are
+one object per concern, each the only place its operations are written:
+the instance rows (``.instances``, ``store.instances``), the agent
+certificates (``.certificates``), the action history (``.actions``), the
+snapshots (``.snapshots``), the cluster members and their events
+(``.members``) and the remote API's trust store (``.trust``).  On a
+``Store`` each call runs at once: ``store.instances.claim_task(...)``;
+``store.asyncstore.AsyncStore`` has the same tables, each call a Deferred.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic
 
 from vmready.domain.members import MemberRecord, MembersView
 from vmready.domain.model import ActionRecord, InstanceRecord
@@ -28,15 +30,27 @@ from vmready.store.certificates import AgentCertificates
 from vmready.store.database import Database, SQLiteDatabase
 from vmready.store.instances import Instances
 from vmready.store.members import Members
-from vmready.store.notifications import EVENTS_CHANNEL, MAX_PAYLOAD_BYTES
 from vmready.store.postgres import PostgresDatabase, display_location, is_postgres_location
 from vmready.store.snapshots import Snapshots
+from vmready.store.table import Later, M, Sync
 from vmready.store.trust import TrustTable
 
-__all__ = ["Store"]
+__all__ = ["Store", "Tables"]
 
 
-class Store:
+class Tables(Generic[M]):
+    """The store's tables over one database: each call at once (``Sync``) or queued (``Async``)."""
+
+    def __init__(self, database: Database, member: str | None, later: Later | None) -> None:
+        self.instances: Instances[M] = Instances(database, member, later)
+        self.certificates: AgentCertificates[M] = AgentCertificates(database, member, later)
+        self.actions: ActionHistory[M] = ActionHistory(database, member, later)
+        self.snapshots: Snapshots[M] = Snapshots(database, member, later)
+        self.members: Members[M] = Members(database, member, later)
+        self.trust: TrustTable[M] = TrustTable(database, member, later)
+
+
+class Store(Tables[Sync]):
     """vmready's store, on SQLite or PostgreSQL; open it with ``Store.open``."""
 
     SCHEMA_VERSION: ClassVar[int] = schema.SCHEMA_VERSION
@@ -44,20 +58,16 @@ class Store:
     POSTGRES_MIGRATIONS: ClassVar[list[tuple[int, str]]] = pgschema.MIGRATIONS
 
     def __init__(self, path: str, database: Database, schema_version: int) -> None:
+        super().__init__(database, None, None)
         # Where the store is, as it may be shown: a file's path, or a URL without its password.
         self.path = path
         self.schema_version = schema_version
         # "sqlite" or "postgresql".
         self.engine_name = database.engine_name
         # Whether other daemons can hear of its changes (LISTEN/NOTIFY, store.notifications).
-        self.notifies = isinstance(database, PostgresDatabase)
-        self._database = database
-        self.instances = Instances(database)
-        self.certificates = AgentCertificates(database)
-        self.actions = ActionHistory(database)
-        self.snapshots = Snapshots(database)
-        self.trust = TrustTable(database)
-        self.members = Members(database)
+        self.notifies = database.NOTIFIES
+        # The connection: transactions, batches (store.executor), what a call changed.
+        self.database = database
 
     @classmethod
     def open(cls, location: str, clock: Callable[[], float] = time.time) -> Store:
@@ -76,17 +86,13 @@ class Store:
 
     def close(self) -> None:
         """Close the database connection."""
-        self._database.close()
+        self.database.close()
+
+    # Former pass-throughs, until their callers call the tables
 
     def batch(self) -> contextlib.AbstractContextManager[None]:
         """Run many calls in one transaction (the database thread's batches)."""
-        return self._database.batch()
-
-    def isolated(self) -> contextlib.AbstractContextManager[None]:
-        """One call of a batch: its error undoes it alone."""
-        return self._database.savepoint()
-
-    # Instances
+        return self.database.batch()
 
     def create_instance(
         self,
@@ -94,7 +100,7 @@ class Store:
         config: dict[str, str],
         devices: dict[str, dict[str, str]],
         instance_uuid: str | None = None,
-        member: str = "",
+        member: str | None = None,
     ) -> InstanceRecord:
         """Add an instance, building with a spawning task; Conflict if the name is taken."""
         return self.instances.create_instance(name, config, devices, instance_uuid, member)
@@ -161,10 +167,6 @@ class Store:
         """Remove the ready key from every instance (of ``member``, or all); how many had it."""
         return self.instances.clear_ready_everywhere(member)
 
-    def clear_ready(self, member: str | None = None) -> tuple[list[str], float]:
-        """Remove the ready key (of ``member``'s instances, or all): which had it, and when."""
-        return self.instances.clear_ready(member)
-
     def rename_instance(
         self, name: str, new_name: str, allowed_from: frozenset[VMState], request_id: str
     ) -> InstanceRecord:
@@ -213,10 +215,7 @@ class Store:
         ValueError for a payload PostgreSQL would refuse (7,900 bytes and over);
         NotImplementedError on SQLite, whose store has one daemon: nobody to tell.
         """
-        if not isinstance(self._database, PostgresDatabase):
-            raise NotImplementedError(f"the {self.engine_name} store has no other members")
-        check_payload(payload)
-        self._database.notify(EVENTS_CHANNEL, payload)
+        self.members.publish_event(payload)
 
     # Agent certificates
 
@@ -281,12 +280,3 @@ class Store:
     def list_snapshots(self, instance: str) -> list[dict[str, Any]]:
         """The snapshots of instance, oldest first; NotFound if there is no such instance."""
         return self.snapshots.list_snapshots(instance)
-
-
-def check_payload(payload: str) -> None:
-    """ValueError for a NOTIFY payload PostgreSQL would refuse."""
-    size = len(payload.encode())
-    if size > MAX_PAYLOAD_BYTES:
-        raise ValueError(
-            f"an event of {size} bytes is too large to publish (at most {MAX_PAYLOAD_BYTES})"
-        )
