@@ -151,7 +151,7 @@ def run_guest(directory: str, profile: str | None) -> None:
     api = GuestAPI(lifecycle)
     recorders = Recorders(lifecycle, os.path.join(data_dir, "transcripts"))
     resource = RecordingGuestResource(api.app.resource(), api.identify, recorders)
-    factory = guest_tls_factory(server, store, guest_site(resource))
+    factory = guest_tls_factory(server, store.certificates, guest_site(resource))
     path = os.path.join(directory, "guest.sock")
 
     async def listen() -> None:

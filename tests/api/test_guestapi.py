@@ -724,32 +724,40 @@ class CertificateIdentityTests(SynchronousTestCase):
         self.store.set_agent_certificate("web1", _WEB1.fingerprint)
 
     def test_knownCertificateIdentifiesItsInstance(self) -> None:
-        record = instance_for_certificate(self.store, _WEB1.cert_pem, _NOW)
+        record = instance_for_certificate(self.store.certificates, _WEB1.cert_pem, _NOW)
         self.assertEqual(record.name if record else None, "web1")
 
     def test_unknownCertificateIdentifiesNothing(self) -> None:
-        self.assertIsNone(instance_for_certificate(self.store, _STRANGER.cert_pem, _NOW))
+        self.assertIsNone(
+            instance_for_certificate(self.store.certificates, _STRANGER.cert_pem, _NOW)
+        )
 
     def test_certificateOutsideItsValidityIdentifiesNothing(self) -> None:
         later = _NOW + datetime.timedelta(days=20 * 365)
         earlier = _NOW - datetime.timedelta(days=1)
-        self.assertIsNone(instance_for_certificate(self.store, _WEB1.cert_pem, later))
-        self.assertIsNone(instance_for_certificate(self.store, _WEB1.cert_pem, earlier))
+        self.assertIsNone(instance_for_certificate(self.store.certificates, _WEB1.cert_pem, later))
+        self.assertIsNone(
+            instance_for_certificate(self.store.certificates, _WEB1.cert_pem, earlier)
+        )
 
     def test_garbageIdentifiesNothing(self) -> None:
-        self.assertIsNone(instance_for_certificate(self.store, b"not a certificate", _NOW))
+        self.assertIsNone(
+            instance_for_certificate(self.store.certificates, b"not a certificate", _NOW)
+        )
 
     def test_deletedInstanceIdentifiesNothing(self) -> None:
         self.store.delete_instance("web1")
-        self.assertIsNone(instance_for_certificate(self.store, _WEB1.cert_pem, _NOW))
+        self.assertIsNone(instance_for_certificate(self.store.certificates, _WEB1.cert_pem, _NOW))
 
     def test_authorizerAcceptsExactlyIdentifyingCertificates(self) -> None:
-        authorize = certificate_authorizer(self.store, clock=lambda: _NOW)
+        authorize = certificate_authorizer(self.store.certificates, clock=lambda: _NOW)
         self.assertEqual([authorize(_WEB1.cert_pem), authorize(_STRANGER.cert_pem)], [True, False])
 
     def test_authorizerConsultsItsClock(self) -> None:
         later = _NOW + datetime.timedelta(days=20 * 365)
-        self.assertFalse(certificate_authorizer(self.store, clock=lambda: later)(_WEB1.cert_pem))
+        self.assertFalse(
+            certificate_authorizer(self.store.certificates, clock=lambda: later)(_WEB1.cert_pem)
+        )
 
 
 # -- over real mutual TLS ----------------------------------------------------
@@ -813,7 +821,7 @@ class GuestTLSTests(TestCase):
         port = reactor.listenUNIX(
             self.path,
             guest_tls_factory(  # type: ignore[arg-type]  # any IProtocolFactory listens
-                _SERVER, self.store, self.site
+                _SERVER, self.store.certificates, self.site
             ),
         )
         # Cleanups run last-registered first: pools close, connections drain, port stops.
@@ -893,7 +901,7 @@ class GuestTLSTests(TestCase):
     async def test_certificatePastItsValidityIsRefusedByEveryRequest(self) -> None:
         later = _NOW + datetime.timedelta(days=20 * 365)
         self.api = GuestAPI(
-            self.lifecycle, identify=certificate_identifier(self.store, lambda: later)
+            self.lifecycle, identify=certificate_identifier(self.store.certificates, lambda: later)
         )
         reply = await self.get(self.agent(_WEB1), "/1.0")
         self.assertEqual((reply.code, reply.body), (403, _error(403, FORBIDDEN_MESSAGE)))

@@ -37,7 +37,7 @@ from vmready.lifecycle.relay import (
     relayable,
 )
 from vmready.store.asyncstore import AsyncStore
-from vmready.store.executor import DatabaseThread, InlineExecutor
+from vmready.store.executor import InlineExecutor
 from vmready.store.sqlite import Store
 
 
@@ -49,7 +49,7 @@ class Wire:
         self.relays: list[EventRelay] = []
         self.payloads: list[str] = []
 
-    def publish(self, payload: str) -> Deferred[None]:
+    def publish_event(self, payload: str) -> Deferred[None]:
         if len(payload.encode()) > MAX_PAYLOAD_BYTES:
             raise ValueError("payload too big")  # as AsyncStore.publish_event refuses it
         self.payloads.append(payload)
@@ -67,9 +67,9 @@ class BusOnlyStore:
         self.refreshed: list[str] = []
         self.reads: list[Deferred[Any]] = []
         self.reloads = 0
-
-    def publish_event(self, payload: str) -> Deferred[None]:
-        return self.wire.publish(payload)
+        # What the relay publishes through, and reads the rows of (it has none).
+        self.members = wire
+        self.view = self
 
     def refresh_instance(self, name: str) -> Deferred[Any]:
         self.refreshed.append(name)
@@ -378,13 +378,20 @@ class BusToBusTests(SynchronousTestCase):
         self.assertEqual(self.seen_b, [])
 
 
-class WiredStore(AsyncStore):
-    """A real AsyncStore whose ``publish_event`` goes onto a ``Wire`` (SQLite has no NOTIFY)."""
+class WiredStore:
+    """A real AsyncStore as the relay uses it, events onto a ``Wire`` (SQLite has no NOTIFY)."""
 
-    wire: Wire
+    def __init__(self, store: AsyncStore, wire: Wire) -> None:
+        self.store = store
+        self.member = store.member
+        self.members = wire
+        self.view = store.view
 
-    def publish_event(self, payload: str) -> Deferred[None]:
-        return self.wire.publish(payload)
+    def refresh_instance(self, name: str) -> Deferred[Any]:
+        return self.store.refresh_instance(name)
+
+    def reload_instances(self) -> Deferred[None]:
+        return self.store.reload_instances()
 
 
 class StoreOrderTests(TestCase):
@@ -396,22 +403,15 @@ class StoreOrderTests(TestCase):
         self.addCleanup(shutil.rmtree, directory, True)
         path = os.path.join(directory, "vmready.sqlite")
         self.wire = Wire(reactor)
-        self.stores: dict[str, WiredStore] = {}
+        self.stores: dict[str, AsyncStore] = {}
         self.buses: dict[str, EventBus] = {}
         self.relays: dict[str, EventRelay] = {}
         for name in ("a", "b"):
-            engine = Store.open(path)
-            store = WiredStore(
-                engine,
-                DatabaseThread(reactor, engine.database, engine.path),
-                cached=True,
-                member=name,
-            )
-            store.wire = self.wire
+            store = AsyncStore.threaded(reactor, Store.open(path), member=name)
             self.addCleanup(store.close)
             self.stores[name] = store
             bus = self.buses[name] = EventBus(reactor.seconds, location=name)
-            relay = self.relays[name] = EventRelay(bus, store, name)
+            relay = self.relays[name] = EventRelay(bus, WiredStore(store, self.wire), name)
             relay.start()
             self.wire.relays.append(relay)
 

@@ -408,11 +408,11 @@ class GuestAPIHost(TestCase):
     async def listen(self, clock: Clock | None = None) -> None:
         """Serve the guest API as the daemon does (``clock``: when certificates are judged)."""
         api = GuestAPI(self.lifecycle)
-        factory = guest_tls_factory(self.server, self.store, guest_site(api.app.resource()))
+        factory = guest_tls_factory(self.server, self.store.view, guest_site(api.app.resource()))
         if clock is not None:
-            api.identify = certificate_identifier(self.store, clock)
+            api.identify = certificate_identifier(self.store.view, clock)
             factory = guest_tls_factory(
-                self.server, self.store, guest_site(api.app.resource()), clock
+                self.server, self.store.view, guest_site(api.app.resource()), clock
             )
         endpoint = serverFromString(reactor, self.transport.server(self.base))
         self.port = await endpoint.listen(factory)

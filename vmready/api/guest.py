@@ -389,7 +389,7 @@ class GuestAPI:
         self, lifecycle: Lifecycle, identify: Identify | None = None, location: str = "none"
     ) -> None:
         self.lifecycle = lifecycle
-        self.identify = identify or certificate_identifier(lifecycle.state.store)
+        self.identify = identify or certificate_identifier(lifecycle.state.store.view)
         self.location = location
 
     def caller(self, request: IRequest) -> InstanceRecord:
