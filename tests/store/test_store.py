@@ -1195,7 +1195,8 @@ class RenameTests(_StoreTestCase):
         )
         self.assertIsNone(store.find_instance("web"))
         self.assertEqual([s["name"] for s in store.list_snapshots("api")], ["s1", "s2"])
-        self.assertEqual(store.find_snapshot("api", "s1")["metadata"], {"config": {"user.a": "1"}})  # type: ignore[index]
+        snapshot = store.find_snapshot("api", "s1")
+        self.assertEqual(snapshot and snapshot["metadata"], {"config": {"user.a": "1"}})
         found = store.instance_for_fingerprint("aa" * 32)
         self.assertEqual(found.name if found else None, "api")
         self.assertEqual(store.agent_fingerprints(), {"api": "aa" * 32})
