@@ -51,9 +51,9 @@ _SERVER = generate("vmready", now=_NOW)
 
 _STORE = Store.open(":memory:")
 for _name, _pair in (("web1", _LIVE), ("old1", _EXPIRED), ("new1", _FUTURE), ("gone1", _DELETED)):
-    _STORE.create_instance(_name, {}, {})
-    _STORE.set_agent_certificate(_name, _pair.fingerprint)
-_STORE.delete_instance("gone1")
+    _STORE.instances.create_instance(_name, {}, {})
+    _STORE.certificates.set_agent_certificate(_name, _pair.fingerprint)
+_STORE.instances.delete_instance("gone1")
 _TLS = MutualServerTLS(_SERVER, certificate_authorizer(_STORE.certificates, lambda: _NOW))
 _IDENTIFY = certificate_identifier(_STORE.certificates, lambda: _NOW)
 

@@ -87,8 +87,10 @@ class GiveBackTests(TestCase):
         self.addCleanup(shutil.rmtree, directory, True)
         engine = Store.open(os.path.join(directory, "vmready.sqlite"))
         self.addCleanup(engine.close)
-        engine.create_instance("web1", {}, {})
-        engine.finish_task("web1", TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN)
+        engine.instances.create_instance("web1", {}, {})
+        engine.instances.finish_task(
+            "web1", TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN
+        )
         store = store_class(engine, executor or InlineExecutor(), cached=True)
         return Lifecycle(
             reactor,
@@ -102,7 +104,7 @@ class GiveBackTests(TestCase):
         lifecycle = self.lifecycle(executor=_ClaimKeptButUnknown())
         with self.assertRaises(OutcomeUnknown):
             await lifecycle.act("web1", "start")
-        record = lifecycle.state.store.engine.get_instance("web1")
+        record = lifecycle.state.store.engine.instances.get_instance("web1")
         self.assertEqual((record.task_state, record.vm_state), (None, VMState.STOPPED))
         self.assertIsNone(lifecycle.get("web1").task_state)
 
@@ -110,7 +112,7 @@ class GiveBackTests(TestCase):
         lifecycle = self.lifecycle(_HistoryRefused)
         with self.assertRaises(StoreWriteFailed):
             await lifecycle.act("web1", "start")
-        record = lifecycle.state.store.engine.get_instance("web1")
+        record = lifecycle.state.store.engine.instances.get_instance("web1")
         self.assertEqual((record.task_state, record.vm_state), (None, VMState.STOPPED))
         self.assertEqual(lifecycle.state.operations.list(), [])
 
@@ -127,7 +129,9 @@ class GiveBackTests(TestCase):
         claim.gate.errback(OutcomeUnknown("the connection was lost during COMMIT"))
         self.failureResultOf(first, OutcomeUnknown)
         # The second claimed once the first was resolved; it is waiting on its history now.
-        self.assertEqual(store.engine.get_instance("web1").task_state, TaskState.POWERING_ON)
+        self.assertEqual(
+            store.engine.instances.get_instance("web1").task_state, TaskState.POWERING_ON
+        )
         store.history_gate.errback(StoreWriteFailed("the disk is full; nothing was kept"))
         self.failureResultOf(second, StoreWriteFailed)
-        self.assertIsNone(store.engine.get_instance("web1").task_state)
+        self.assertIsNone(store.engine.instances.get_instance("web1").task_state)

@@ -192,7 +192,7 @@ class MembershipTests(TestCase):
         for _ in range(4):
             self.clock.advance(5)
         _executor(self.a).refusing = None
-        engine.renew_lease("a", "10.0.0.9:8443", "c" * 64, 15.0)
+        engine.members.renew_lease("a", "10.0.0.9:8443", "c" * 64, 15.0)
         await self.a.refresh()  # a members notification, before any renewal of a's
         (reported,) = lost
         assert reported.holder is not None
@@ -235,7 +235,7 @@ class MembershipTests(TestCase):
         await self.b.start()
         self.launch(self.b, "web1")
         await self.a.start()
-        record = self.a.store.get_instance("web1")
+        record = self.a.store.view.get_instance("web1")
         self.assertEqual(record.member, "b")
         self.assertFalse(self.a.is_unreachable(record))
         assert self.b._loop is not None
@@ -254,12 +254,12 @@ class MembershipTests(TestCase):
         )
         # Its own instances are never unreachable to a member, nor those of no member.
         self.assertFalse(self.b.is_unreachable(record))
-        self.a.store.engine.create_instance("old", {}, {}, None, "")
-        self.assertFalse(self.a.is_unreachable(self.a.store.get_instance("old")))
+        self.a.store.engine.instances.create_instance("old", {}, {}, None, "")
+        self.assertFalse(self.a.is_unreachable(self.a.store.view.get_instance("old")))
         # A member the store does not know (its row removed): unreachable too.
-        self.a.store.engine.create_instance("lost", {}, {}, None, "ghost")
+        self.a.store.engine.instances.create_instance("lost", {}, {}, None, "ghost")
         self.assertEqual(
-            self.a.unreachable_reason(self.a.store.get_instance("lost")),
+            self.a.unreachable_reason(self.a.store.view.get_instance("lost")),
             "host unreachable: member ghost is not a known cluster member",
         )
 
@@ -303,4 +303,4 @@ class MembershipTests(TestCase):
 
 
 async def _create(store: AsyncStore, name: str) -> None:
-    await store.create_instance(name, {}, {})
+    await store.instances.create_instance(name, {}, {})

@@ -231,10 +231,10 @@ class OpeningTests(SynchronousTestCase):
             (server_now,) = raw.execute("SELECT EXTRACT(EPOCH FROM now())::float8").fetchone() or (
                 0.0,
             )
-        expires = store.renew_lease("host1", "a:1", "aa" * 32, 15.0)
+        expires = store.members.renew_lease("host1", "a:1", "aa" * 32, 15.0)
         # Rows keep the store's clock; the lease is on the server's.
         self.assertGreater(expires, server_now)
-        self.assertEqual(store.create_instance("web", {}, {}).created_at, 1000.0)
+        self.assertEqual(store.instances.create_instance("web", {}, {}).created_at, 1000.0)
 
 
 class TwoDaemonsTests(SynchronousTestCase):
@@ -246,29 +246,31 @@ class TwoDaemonsTests(SynchronousTestCase):
         self.second = Store.open(self.location)
         self.addCleanup(self.first.close)
         self.addCleanup(self.second.close)
-        self.first.create_instance("x", {}, {})
-        self.first.finish_task("x", TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING)
+        self.first.instances.create_instance("x", {}, {})
+        self.first.instances.finish_task(
+            "x", TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING
+        )
 
     def test_aConfigUpdateWaitsForTheOtherAndKeepsItsKey(self) -> None:
-        with self.first.batch():
-            self.first.update_config("x", {"user.first": "1"})
+        with self.first.database.batch():
+            self.first.instances.update_config("x", {"user.first": "1"})
             thread, outcome = _in_thread(
-                lambda: self.second.update_config("x", {"user.second": "2"})
+                lambda: self.second.instances.update_config("x", {"user.second": "2"})
             )
             # The second read the row FOR UPDATE: it waits for this transaction.
             _wait_until_blocked(self.location)
         thread.join(JOIN_LIMIT)
         self.assertEqual(outcome[0].config, {"user.first": "1", "user.second": "2"})
         self.assertEqual(
-            self.first.get_instance("x").config, {"user.first": "1", "user.second": "2"}
+            self.first.instances.get_instance("x").config, {"user.first": "1", "user.second": "2"}
         )
 
     def test_aClaimRacingAnotherIsTheConflictSQLiteGives(self) -> None:
         stop, rebuild = ACTIONS["stop"], ACTIONS["rebuild"]
-        with self.first.batch():
-            self.first.claim_task("x", "stop", stop.allowed_from, TaskState.POWERING_OFF)
+        with self.first.database.batch():
+            self.first.instances.claim_task("x", "stop", stop.allowed_from, TaskState.POWERING_OFF)
             thread, outcome = _in_thread(
-                lambda: self.second.claim_task(
+                lambda: self.second.instances.claim_task(
                     "x", "rebuild", rebuild.allowed_from, TaskState.REBUILDING
                 )
             )
@@ -279,7 +281,9 @@ class TwoDaemonsTests(SynchronousTestCase):
         self.assertEqual(
             error.message, "Cannot rebuild instance x: it is stopping (a stop is in progress)"
         )
-        self.assertEqual(self.second.get_instance("x").task_state, TaskState.POWERING_OFF)
+        self.assertEqual(
+            self.second.instances.get_instance("x").task_state, TaskState.POWERING_OFF
+        )
 
     def test_claimsFromTwoThreadsHaveExactlyOneWinner(self) -> None:
         start = threading.Barrier(2)
@@ -287,7 +291,9 @@ class TwoDaemonsTests(SynchronousTestCase):
 
         def claim(store: Store) -> Any:
             start.wait(JOIN_LIMIT)
-            return store.claim_task("x", "stop", stop.allowed_from, TaskState.POWERING_OFF)
+            return store.instances.claim_task(
+                "x", "stop", stop.allowed_from, TaskState.POWERING_OFF
+            )
 
         runs = [_in_thread(functools.partial(claim, store)) for store in (self.first, self.second)]
         for thread, _ in runs:
@@ -307,7 +313,7 @@ class LostConnectionTests(TestCase):
         server = postgres_server()
         self.addCleanup(server.start)  # whatever happens, the other tests get their server
         engine = Store.open(postgres_location(self))
-        engine.create_instance("vm1", {}, {})
+        engine.instances.create_instance("vm1", {}, {})
         store = AsyncStore.threaded(reactor, engine)
         self.addCleanup(store.close)
         changes: list[str | None] = []
@@ -318,11 +324,11 @@ class LostConnectionTests(TestCase):
         store.health.subscribe(changed)
         executor = store.executor
         assert isinstance(executor, DatabaseThread)
-        await store.update_config("vm1", {"user.before": "1"})
+        await store.instances.update_config("vm1", {"user.before": "1"})
         server.stop()
         executor.retry_for = 0.3
         error: Any = await self.assertFailure(
-            store.update_config("vm1", {"user.down": "1"}), StoreWriteFailed
+            store.instances.update_config("vm1", {"user.down": "1"}), StoreWriteFailed
         )
         self.assertIn(f"the store could not write {engine.path}: ", error.message)
         self.assertIn("nothing of this change was kept", error.message)
@@ -331,7 +337,7 @@ class LostConnectionTests(TestCase):
         self.assertEqual(len(changes), 1)
         server.start()
         executor.retry_for = 60.0
-        record = await store.update_config("vm1", {"user.after": "1"})
+        record = await store.instances.update_config("vm1", {"user.after": "1"})
         self.assertEqual(record.config, {"user.before": "1", "user.after": "1"})
         self.assertIsNone(store.health.failing_since)
         self.assertEqual(changes[-1], None)
@@ -339,13 +345,13 @@ class LostConnectionTests(TestCase):
     async def test_aBackendKilledBetweenCallsIsReplacedWithoutAFailure(self) -> None:
         location = postgres_location(self)
         engine = Store.open(location)
-        engine.create_instance("vm1", {}, {})
+        engine.instances.create_instance("vm1", {}, {})
         store = AsyncStore.threaded(reactor, engine)
         self.addCleanup(store.close)
-        await store.update_config("vm1", {"user.a": "1"})
+        await store.instances.update_config("vm1", {"user.a": "1"})
         self.assertGreater(postgres_server().terminate_backends(_database_of(location)), 0)
         # The batch meets the dead connection, is tried again on a new one, and commits.
-        record = await store.update_config("vm1", {"user.b": "2"})
+        record = await store.instances.update_config("vm1", {"user.b": "2"})
         self.assertEqual(record.config, {"user.a": "1", "user.b": "2"})
 
 
@@ -359,25 +365,25 @@ class EventsTests(TestCase):
         self.addCleanup(self.store.close)
 
     async def test_aPayloadPostgreSQLWouldRefuseIsAValueError(self) -> None:
-        await self.assertFailure(self.store.publish_event("x" * 7901), ValueError)
+        await self.assertFailure(self.store.members.publish_event("x" * 7901), ValueError)
 
     def test_sqliteHasNobodyToTell(self) -> None:
         engine = Store.open(self.mktemp())
         store = AsyncStore.inline(engine)
         self.addCleanup(engine.close)
-        self.failureResultOf(store.publish_event("{}"), NotImplementedError)
+        self.failureResultOf(store.members.publish_event("{}"), NotImplementedError)
 
     async def test_reloadReadsWhatOthersWroteMeanwhile(self) -> None:
         other = Store.open(self.location)
         self.addCleanup(other.close)
-        await self.store.create_instance("mine", {}, {})
-        other.create_instance("theirs", {}, {})
-        other.set_agent_certificate("theirs", "ab" * 32)
-        other.delete_instance("mine")
-        self.assertEqual([r.name for r in self.store.list_instances()], ["mine"])
+        await self.store.instances.create_instance("mine", {}, {})
+        other.instances.create_instance("theirs", {}, {})
+        other.certificates.set_agent_certificate("theirs", "ab" * 32)
+        other.instances.delete_instance("mine")
+        self.assertEqual([r.name for r in self.store.view.list_instances()], ["mine"])
         await self.store.reload_instances()
-        self.assertEqual([r.name for r in self.store.list_instances()], ["theirs"])
-        found = self.store.instance_for_fingerprint("ab" * 32)
+        self.assertEqual([r.name for r in self.store.view.list_instances()], ["theirs"])
+        found = self.store.view.instance_for_fingerprint("ab" * 32)
         self.assertEqual(found.name if found else None, "theirs")
 
 

@@ -173,7 +173,7 @@ def _forwardable(handler: Handler) -> Handler:
     def route(api: OperatorAPI, request: IRequest, **arguments: Any) -> Any:
         cluster = api.cluster
         if cluster is not None:
-            record = api.lifecycle.state.store.find_instance(arguments["name"])
+            record = api.lifecycle.state.store.view.find_instance(arguments["name"])
             member = cluster.remote_owner(record) if record is not None else None
             if member is not None and record is not None:
                 return Deferred.fromCoroutine(
@@ -367,7 +367,7 @@ class OperatorAPI:
         """
         cluster = self.cluster
         if cluster is not None and request.getHeader(FORWARDED_BY) is None:
-            record = self.lifecycle.state.store.find_instance(name)
+            record = self.lifecycle.state.store.view.find_instance(name)
             owner = None if record is None else cluster.reachable_owner(record)
             if owner is not None:
                 return Deferred.fromCoroutine(self._instance_from(request, owner, name))
@@ -441,7 +441,7 @@ class OperatorAPI:
             request,
             [
                 snapshot_json(snapshot)
-                for snapshot in await self.lifecycle.state.store.list_snapshots(name)
+                for snapshot in await self.lifecycle.state.store.snapshots.list_snapshots(name)
             ],
         )
 
@@ -541,7 +541,7 @@ class OperatorAPI:
     @_forwardable
     async def list_actions(self, request: IRequest, name: str) -> bytes:
         """The instance's action history (kept after delete), newest first, with steps."""
-        actions = await self.lifecycle.state.store.list_actions(name)
+        actions = await self.lifecycle.state.store.actions.list_actions(name)
         if not actions:
             self.lifecycle.get(name)
         return sync_response(request, [action.to_json() for action in actions])

@@ -589,7 +589,7 @@ class VMReadyService(MultiService):
             self.log.error(
                 "cannot join the cluster as member {member} on {store}: {error}; stopping",
                 member=membership.name,
-                store=self.store.path,
+                store=self.store.engine.path,
                 error=e,
             )
             self.notifier.status(f"cannot join the cluster: {e}")
