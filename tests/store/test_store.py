@@ -70,17 +70,17 @@ store = Store.open(sys.argv[1])
 prefix = sys.argv[2]
 for i in range(int(sys.argv[3])):
     name = f"{prefix}-{i:05d}"
-    store.create_instance(name, {"limits.cpu": "2", "user.n": str(i)}, {})
+    store.instances.create_instance(name, {"limits.cpu": "2", "user.n": str(i)}, {})
     print(name, "created", flush=True)
-    action = store.start_action(name, "create", f"req-{i}")
+    action = store.actions.start_action(name, "create", f"req-{i}")
     print(name, "action-started", flush=True)
-    store.add_step(action, "spawning", "success")
+    store.actions.add_step(action, "spawning", "success")
     print(name, "step-added", flush=True)
-    store.finish_task(
+    store.instances.finish_task(
         name, TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING, {READY_KEY: "true"}
     )
     print(name, "active", flush=True)
-    store.finish_action(action, "success")
+    store.actions.finish_action(action, "success")
     print(name, "action-finished", flush=True)
 sys.stdin.read()
 """
@@ -1319,15 +1319,15 @@ from vmready.domain.states import PowerState, TaskState, VMState
 from vmready.store.sqlite import Store
 
 store = Store.open(sys.argv[1])
-store.create_instance("n0", {"user.a": "1"}, {})
-store.finish_task("n0", TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN)
-store.create_snapshot("n0", "s1", False, {})
-store.create_snapshot("n0", "s2", False, {})
-store.set_agent_certificate("n0", "cd" * 32)
+store.instances.create_instance("n0", {"user.a": "1"}, {})
+store.instances.finish_task("n0", TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN)
+store.snapshots.create_snapshot("n0", "s1", False, {})
+store.snapshots.create_snapshot("n0", "s2", False, {})
+store.certificates.set_agent_certificate("n0", "cd" * 32)
 print("n0", flush=True)
 i = 0
 while True:
-    store.rename_instance(f"n{i}", f"n{i + 1}", frozenset({VMState.STOPPED}), f"r{i}")
+    store.instances.rename_instance(f"n{i}", f"n{i + 1}", frozenset({VMState.STOPPED}), f"r{i}")
     i += 1
     print(f"n{i}", flush=True)
 """
