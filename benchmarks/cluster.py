@@ -159,8 +159,10 @@ def _fill(store_url: str, members: list[str], instances: int) -> dict[str, list[
         for index in range(instances):
             member = members[index % len(members)]
             name = f"vm{index:05d}"
-            store.create_instance(name, {}, {}, member=member)
-            store.finish_task(name, TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN)
+            store.instances.create_instance(name, {}, {}, member=member)
+            store.instances.finish_task(
+                name, TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN
+            )
             owned[member].append(name)
     finally:
         store.close()

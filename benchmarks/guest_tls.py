@@ -140,18 +140,18 @@ def run_guest(directory: str, profile: str | None) -> None:
         EventBus(reactor.seconds),
         os.path.join(data_dir, "run"),
     )
-    store.create_instance(INSTANCE, {"user.purpose": "benchmark"}, {})
-    store.finish_task(INSTANCE, TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN)
+    store.instances.create_instance(INSTANCE, {"user.purpose": "benchmark"}, {})
+    store.instances.finish_task(INSTANCE, TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN)
     server = ensure_server_certificate(data_dir)
     client = generate(f"vmready-agent-{INSTANCE}")
-    store.set_agent_certificate(INSTANCE, client.fingerprint)
+    store.certificates.set_agent_certificate(INSTANCE, client.fingerprint)
     drive = os.path.join(data_dir, "drive")
     write_config_drive(drive, client, server.cert_pem)
 
     api = GuestAPI(lifecycle)
     recorders = Recorders(lifecycle, os.path.join(data_dir, "transcripts"))
     resource = RecordingGuestResource(api.app.resource(), api.identify, recorders)
-    factory = guest_tls_factory(server, store, guest_site(resource))
+    factory = guest_tls_factory(server, store.certificates, guest_site(resource))
     path = os.path.join(directory, "guest.sock")
 
     async def listen() -> None:

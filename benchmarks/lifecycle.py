@@ -422,8 +422,8 @@ def write_stopped_rows(path: str, rows: int) -> None:
     try:
         for index in range(rows):
             name = f"s{index}"
-            store.create_instance(name, {"limits.memory": "64", "limits.cpu": "1"}, {})
-            store.finish_task(
+            store.instances.create_instance(name, {"limits.memory": "64", "limits.cpu": "1"}, {})
+            store.instances.finish_task(
                 name,
                 TaskState.SPAWNING,
                 VMState.STOPPED,

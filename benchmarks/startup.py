@@ -64,11 +64,11 @@ def fill_store(data_dir: str, count: int) -> None:
     store = Store.open(os.path.join(data_dir, "vmready.sqlite"))
     try:
         for first in range(0, count, 1000):
-            with store.batch():
+            with store.database.batch():
                 for n in range(first, min(count, first + 1000)):
                     name = f"vm{n:05}"
-                    store.create_instance(name, {"user.bench": "startup"}, {})
-                    store.finish_task(
+                    store.instances.create_instance(name, {"user.bench": "startup"}, {})
+                    store.instances.finish_task(
                         name,
                         TaskState.SPAWNING,
                         VMState.ACTIVE,

@@ -435,8 +435,8 @@ class PlacementAndForwardingTests(ClusterTestCase):
         self.assertEqual(self.b.lifecycle.get("web1").config["user.role"], "web")
         deleting = await self.call(self.b, "DELETE", "/1.0/instances/web1")
         await self.wait(self.b, deleting)
-        self.assertIsNone(self.a.lifecycle.state.store.find_instance("web1"))
-        self.assertIsNone(self.b.lifecycle.state.store.find_instance("web1"))
+        self.assertIsNone(self.a.lifecycle.state.store.view.find_instance("web1"))
+        self.assertIsNone(self.b.lifecycle.state.store.view.find_instance("web1"))
 
     async def test_theConflictOfARaceIsA409ThroughTheNonOwner(self) -> None:
         await self.launch(self.a, "web1", target="a")

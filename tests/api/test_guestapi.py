@@ -120,8 +120,8 @@ class _Lines(Protocol):
 
 def _add(store: Store, name: str, config: dict[str, str] | None = None, **devices: Any) -> None:
     """An idle, stopped instance straight in the store (no VM)."""
-    store.create_instance(name, config or {}, devices)
-    store.finish_task(name, TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN)
+    store.instances.create_instance(name, config or {}, devices)
+    store.instances.finish_task(name, TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN)
 
 
 class GuestAPITestCase(TestCase):
@@ -142,7 +142,7 @@ class GuestAPITestCase(TestCase):
         name = request.getHeader(_CALLER)
         if name is None or name.decode() in self.revoked:
             return None
-        return self.store.find_instance(name.decode())
+        return self.store.instances.find_instance(name.decode())
 
     def add(
         self, name: str = "web1", config: dict[str, str] | None = None, **devices: Any
@@ -297,7 +297,7 @@ class PatchStateTests(GuestAPITestCase):
         await self.launch()
         self.assertSync(await self.call("PATCH", "/1.0", {"state": "Ready"}), {})
         self.assertEqual((await self.call("GET", "/1.0")).metadata["state"], "Ready")
-        self.assertEqual(self.store.get_instance("web1").config[READY_KEY], "true")
+        self.assertEqual(self.store.instances.get_instance("web1").config[READY_KEY], "true")
 
     async def test_readyEmitsInstanceReadyEveryTime(self) -> None:
         await self.launch()
@@ -313,7 +313,7 @@ class PatchStateTests(GuestAPITestCase):
         await self.call("PATCH", "/1.0", {"state": "Ready"})
         self.assertSync(await self.call("PATCH", "/1.0", {"state": "Started"}), {})
         self.assertEqual((await self.call("GET", "/1.0")).metadata["state"], "Started")
-        self.assertEqual(self.store.get_instance("web1").config[READY_KEY], "false")
+        self.assertEqual(self.store.instances.get_instance("web1").config[READY_KEY], "false")
 
     async def test_unknownKeysBesideStateAreIgnored(self) -> None:
         await self.launch()
@@ -325,7 +325,7 @@ class PatchStateTests(GuestAPITestCase):
         self.add()
         reply = await self.call("PATCH", "/1.0", {"state": "Ready"})
         self.assertError(reply, 409, "Instance web1 is not running")
-        self.assertNotIn(READY_KEY, self.store.get_instance("web1").config)
+        self.assertNotIn(READY_KEY, self.store.instances.get_instance("web1").config)
 
     async def test_otherStateNamesAre400(self) -> None:
         self.add()
@@ -427,7 +427,7 @@ class MetaDataAndDevicesTests(GuestAPITestCase):
 
     async def test_metaDataNamesTheUuidAndHostname(self) -> None:
         self.add()
-        uuid = self.store.get_instance("web1").uuid
+        uuid = self.store.instances.get_instance("web1").uuid
         self.assertSync(
             await self.call("GET", "/1.0/meta-data"),
             f"instance-id: {uuid}\nlocal-hostname: web1\n",
@@ -464,7 +464,7 @@ class IsolationTests(GuestAPITestCase):
         self.add("web2")
         web2 = await self.call("GET", "/1.0/meta-data", caller="web2")
         self.assertIn("local-hostname: web2\n", web2.metadata)
-        self.assertIn(self.store.get_instance("web2").uuid, web2.metadata)
+        self.assertIn(self.store.instances.get_instance("web2").uuid, web2.metadata)
 
     async def test_patchChangesOnlyTheCaller(self) -> None:
         await self.launch("web1")
@@ -473,7 +473,7 @@ class IsolationTests(GuestAPITestCase):
         self.assertEqual(
             (await self.call("GET", "/1.0", caller="web2")).metadata["state"], "Started"
         )
-        self.assertNotIn(READY_KEY, self.store.get_instance("web2").config)
+        self.assertNotIn(READY_KEY, self.store.instances.get_instance("web2").config)
 
     async def test_eventsOfOtherInstancesNeverArrive(self) -> None:
         self.add("web1")
@@ -587,7 +587,7 @@ class GuestEventFeedTests(SynchronousTestCase):
         _add(self.store, "web1", {"user.a": "1", "limits.cpu": "1"})
 
     def feed(self, types: frozenset[str] = frozenset({"config", "device"})) -> GuestEventFeed:
-        return GuestEventFeed(self.store.get_instance("web1"), types)
+        return GuestEventFeed(self.store.instances.get_instance("web1"), types)
 
     def updated(self, config: dict[str, str | None], instance: str = "web1") -> Event:
         return Event(
@@ -644,35 +644,43 @@ class CertificateIdentityTests(SynchronousTestCase):
         self.store = Store.open(os.path.join(directory, "vmready.sqlite"))
         self.addCleanup(self.store.close)
         _add(self.store, "web1")
-        self.store.set_agent_certificate("web1", _WEB1.fingerprint)
+        self.store.certificates.set_agent_certificate("web1", _WEB1.fingerprint)
 
     def test_knownCertificateIdentifiesItsInstance(self) -> None:
-        record = instance_for_certificate(self.store, _WEB1.cert_pem, _NOW)
+        record = instance_for_certificate(self.store.certificates, _WEB1.cert_pem, _NOW)
         self.assertEqual(record.name if record else None, "web1")
 
     def test_unknownCertificateIdentifiesNothing(self) -> None:
-        self.assertIsNone(instance_for_certificate(self.store, _STRANGER.cert_pem, _NOW))
+        self.assertIsNone(
+            instance_for_certificate(self.store.certificates, _STRANGER.cert_pem, _NOW)
+        )
 
     def test_certificateOutsideItsValidityIdentifiesNothing(self) -> None:
         later = _NOW + datetime.timedelta(days=20 * 365)
         earlier = _NOW - datetime.timedelta(days=1)
-        self.assertIsNone(instance_for_certificate(self.store, _WEB1.cert_pem, later))
-        self.assertIsNone(instance_for_certificate(self.store, _WEB1.cert_pem, earlier))
+        self.assertIsNone(instance_for_certificate(self.store.certificates, _WEB1.cert_pem, later))
+        self.assertIsNone(
+            instance_for_certificate(self.store.certificates, _WEB1.cert_pem, earlier)
+        )
 
     def test_garbageIdentifiesNothing(self) -> None:
-        self.assertIsNone(instance_for_certificate(self.store, b"not a certificate", _NOW))
+        self.assertIsNone(
+            instance_for_certificate(self.store.certificates, b"not a certificate", _NOW)
+        )
 
     def test_deletedInstanceIdentifiesNothing(self) -> None:
-        self.store.delete_instance("web1")
-        self.assertIsNone(instance_for_certificate(self.store, _WEB1.cert_pem, _NOW))
+        self.store.instances.delete_instance("web1")
+        self.assertIsNone(instance_for_certificate(self.store.certificates, _WEB1.cert_pem, _NOW))
 
     def test_authorizerAcceptsExactlyIdentifyingCertificates(self) -> None:
-        authorize = certificate_authorizer(self.store, clock=lambda: _NOW)
+        authorize = certificate_authorizer(self.store.certificates, clock=lambda: _NOW)
         self.assertEqual([authorize(_WEB1.cert_pem), authorize(_STRANGER.cert_pem)], [True, False])
 
     def test_authorizerConsultsItsClock(self) -> None:
         later = _NOW + datetime.timedelta(days=20 * 365)
-        self.assertFalse(certificate_authorizer(self.store, clock=lambda: later)(_WEB1.cert_pem))
+        self.assertFalse(
+            certificate_authorizer(self.store.certificates, clock=lambda: later)(_WEB1.cert_pem)
+        )
 
 
 # -- over real mutual TLS ----------------------------------------------------
@@ -714,9 +722,9 @@ class GuestTLSTests(TestCase):
         self.lifecycle = make_lifecycle(self)
         self.store = self.lifecycle.state.store.engine
         _add(self.store, "web1")
-        self.store.set_agent_certificate("web1", _WEB1.fingerprint)
+        self.store.certificates.set_agent_certificate("web1", _WEB1.fingerprint)
         _add(self.store, "web2")
-        self.store.set_agent_certificate("web2", _WEB2.fingerprint)
+        self.store.certificates.set_agent_certificate("web2", _WEB2.fingerprint)
         directory = tempfile.mkdtemp(prefix="vmr-guest-", dir="/tmp")
         self.addCleanup(shutil.rmtree, directory, True)
         self.path = os.path.join(directory, "devlxd")
@@ -736,7 +744,7 @@ class GuestTLSTests(TestCase):
         port = reactor.listenUNIX(
             self.path,
             guest_tls_factory(  # type: ignore[arg-type]  # any IProtocolFactory listens
-                _SERVER, self.store, self.site
+                _SERVER, self.store.certificates, self.site
             ),
         )
         # Cleanups run last-registered first: pools close, connections drain, port stops.
@@ -809,14 +817,14 @@ class GuestTLSTests(TestCase):
     async def test_deletionRevokesAConnectionAlreadyOpen(self) -> None:
         client = self.agent(_WEB1, persistent=True)
         self.assertEqual((await self.get(client, "/1.0")).code, 200)
-        self.store.delete_instance("web1")
+        self.store.instances.delete_instance("web1")
         reply = await self.get(client, "/1.0")
         self.assertEqual((reply.code, reply.body), (403, _error(403, FORBIDDEN_MESSAGE)))
 
     async def test_certificatePastItsValidityIsRefusedByEveryRequest(self) -> None:
         later = _NOW + datetime.timedelta(days=20 * 365)
         self.api = GuestAPI(
-            self.lifecycle, identify=certificate_identifier(self.store, lambda: later)
+            self.lifecycle, identify=certificate_identifier(self.store.certificates, lambda: later)
         )
         reply = await self.get(self.agent(_WEB1), "/1.0")
         self.assertEqual((reply.code, reply.body), (403, _error(403, FORBIDDEN_MESSAGE)))

@@ -318,8 +318,8 @@ class EventStreamTimeoutTests(TestCase):
         clock = Clock()
         lifecycle = make_lifecycle(self)
         store = lifecycle.state.store.engine
-        store.create_instance("web1", {}, {})
-        api = GuestAPI(lifecycle, identify=lambda request: store.find_instance("web1"))
+        store.instances.create_instance("web1", {}, {})
+        api = GuestAPI(lifecycle, identify=lambda request: store.instances.find_instance("web1"))
         connection = _Connection(guest_site(api.app.resource(), reactor=clock))
         connection.send(_head(b"/1.0/events", method=b"GET"))
         self.assertTrue(connection.output().startswith(b"HTTP/1.1 200 OK\r\n"))

@@ -72,7 +72,7 @@ class MetricsAPITests(TestCase):
     def identify(self, request: IRequest) -> InstanceRecord | None:
         """The instance the test header names."""
         name = request.getHeader(_CALLER)
-        return self.lifecycle.state.store.find_instance(name.decode()) if name else None
+        return self.lifecycle.state.store.view.find_instance(name.decode()) if name else None
 
     async def request(self, http: Any, method: str, url: str, **kwargs: Any) -> tuple[Any, bytes]:
         pending = http.request(method, url, **kwargs)

@@ -606,7 +606,7 @@ class ActionCommandTests(CLITestCase):
     async def test_stopTimeoutIsPassedOn(self) -> None:
         await self.launch("web1")
         self.assertEqual((await self.cli("stop", "web1", "--timeout", "0"))[0], 0)
-        history = await self.lifecycle.state.store.list_actions("web1")
+        history = await self.lifecycle.state.store.actions.list_actions("web1")
         self.assertIn("forced stop after 0s timeout", [step.name for step in history[0].steps])
 
     async def test_noWaitReturnsWithTheOperation(self) -> None:
@@ -913,14 +913,16 @@ class WaitTests(CLITestCase):
     async def test_aReadyThatARunningTaskWillUndoDoesNotEndTheWait(self) -> None:
         await self.launch("web1")
         store = self.lifecycle.state.store
-        await store.claim_task("web1", "restart", frozenset({VMState.ACTIVE}), TaskState.REBOOTING)
+        await store.instances.claim_task(
+            "web1", "restart", frozenset({VMState.ACTIVE}), TaskState.REBOOTING
+        )
         checked = self.site.when_request("GET /1.0/instances/web1")
         waiting = self.background("wait", "web1", "status=ready", "--timeout", "30")
         await checked
         self.declare_ready()  # while the restart runs: the status says Restarting
         await deferLater(reactor, 0.2, lambda: None)
         self.assertNoResult(waiting)
-        record = await store.finish_task("web1", TaskState.REBOOTING, VMState.ACTIVE)
+        record = await store.instances.finish_task("web1", TaskState.REBOOTING, VMState.ACTIVE)
         self.lifecycle.state.publish_state(record)  # the task ended; Ready still set
         self.assertEqual(await waiting, (0, "web1: READY\n", ""))
 

@@ -224,7 +224,7 @@ class TerminalProgressTests(CLITestCase):
         # The line is cleared before the result is printed: it ends empty.
         self.assertTrue(err.endswith(CLEAR), err)
         self.assertNotIn("\n", err)
-        history = await self.lifecycle.state.store.list_actions("web1")
+        history = await self.lifecycle.state.store.actions.list_actions("web1")
         self.assertIn(
             f"forced stop after {STOP_TIMEOUT:g}s timeout", [s.name for s in history[0].steps]
         )

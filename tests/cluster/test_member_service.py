@@ -56,7 +56,7 @@ class MemberServiceTests(TestCase):
     def members(self) -> Any:
         engine = Store.open(self.location)
         try:
-            return engine.list_members()
+            return engine.members.list_members()
         finally:
             engine.close()
 
@@ -106,12 +106,12 @@ class MemberServiceTests(TestCase):
     async def test_aMemberWhoseNameAnotherDaemonHoldsStopsTouchingNothing(self) -> None:
         engine = Store.open(self.location)
         self.addCleanup(engine.close)
-        engine.renew_lease("a", "10.0.0.1:8443", "ff" * 32, 600.0)
-        engine.create_instance("web1", {}, {}, member="a")
-        engine.finish_task(
+        engine.members.renew_lease("a", "10.0.0.1:8443", "ff" * 32, 600.0)
+        engine.instances.create_instance("web1", {}, {}, member="a")
+        engine.instances.finish_task(
             "web1", TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING, {READY_KEY: "true"}
         )
-        (held,) = engine.list_members().members
+        (held,) = engine.members.list_members().members
         stopper = StopRecordingReactor()
         service = self.service(the_reactor=stopper)
         service.startService()
@@ -120,13 +120,13 @@ class MemberServiceTests(TestCase):
         self.assertEqual([f.__name__ for f in stopper.when_running], ["stop"])
         self.assertFalse(service.serving.called)
         # Nothing of the other daemon's: its lease, its instance's Ready key and task.
-        self.assertEqual(engine.list_members().members, (held,))
-        web1 = engine.get_instance("web1")
+        self.assertEqual(engine.members.list_members().members, (held,))
+        web1 = engine.instances.get_instance("web1")
         self.assertEqual((web1.ready, web1.task_state), (True, None))
         self.assertIsNone(service.membership and service.membership._loop)
         # Stopping gives up no lease: it holds none.
         await service.stopService()
-        self.assertEqual(engine.list_members().members, (held,))
+        self.assertEqual(engine.members.list_members().members, (held,))
 
     async def test_aMemberWhoseLeaseWasTakenOverStops(self) -> None:
         stopper = StopRecordingReactor()
@@ -137,16 +137,16 @@ class MemberServiceTests(TestCase):
         engine = Store.open(self.location)
         self.addCleanup(engine.close)
         # Its lease ran out (the store out of its reach, say); another daemon took "a" over.
-        engine.give_up_lease("a", service.server_certificate.fingerprint)
-        engine.renew_lease("a", "10.0.0.9:8443", "ff" * 32, 600.0)
-        (taken,) = engine.list_members().members
+        engine.members.give_up_lease("a", service.server_certificate.fingerprint)
+        engine.members.renew_lease("a", "10.0.0.9:8443", "ff" * 32, 600.0)
+        (taken,) = engine.members.list_members().members
         with self.assertRaises(LeaseLost):
             await service.membership.renew()
         self.assertEqual([f.__name__ for f in stopper.when_running], ["stop"])
         await service.stopService()
         # It stopped without giving up the new holder's lease.
-        self.assertEqual(engine.list_members().members, (taken,))
-        self.assertIs(engine.list_members().state_of("a"), MemberState.ONLINE)
+        self.assertEqual(engine.members.list_members().members, (taken,))
+        self.assertIs(engine.members.list_members().state_of("a"), MemberState.ONLINE)
 
 
 async def _turn() -> None:

@@ -37,7 +37,7 @@ from vmready.lifecycle.relay import (
     relayable,
 )
 from vmready.store.asyncstore import AsyncStore
-from vmready.store.executor import DatabaseThread, InlineExecutor
+from vmready.store.executor import InlineExecutor
 from vmready.store.sqlite import Store
 
 
@@ -49,7 +49,7 @@ class Wire:
         self.relays: list[EventRelay] = []
         self.payloads: list[str] = []
 
-    def publish(self, payload: str) -> Deferred[None]:
+    def publish_event(self, payload: str) -> Deferred[None]:
         if len(payload.encode()) > MAX_PAYLOAD_BYTES:
             raise ValueError("payload too big")  # as AsyncStore.publish_event refuses it
         self.payloads.append(payload)
@@ -67,9 +67,9 @@ class BusOnlyStore:
         self.refreshed: list[str] = []
         self.reads: list[Deferred[Any]] = []
         self.reloads = 0
-
-    def publish_event(self, payload: str) -> Deferred[None]:
-        return self.wire.publish(payload)
+        # What the relay publishes through, and reads the rows of (it has none).
+        self.members = wire
+        self.view = self
 
     def refresh_instance(self, name: str) -> Deferred[Any]:
         self.refreshed.append(name)
@@ -378,13 +378,20 @@ class BusToBusTests(SynchronousTestCase):
         self.assertEqual(self.seen_b, [])
 
 
-class WiredStore(AsyncStore):
-    """A real AsyncStore whose ``publish_event`` goes onto a ``Wire`` (SQLite has no NOTIFY)."""
+class WiredStore:
+    """A real AsyncStore as the relay uses it, events onto a ``Wire`` (SQLite has no NOTIFY)."""
 
-    wire: Wire
+    def __init__(self, store: AsyncStore, wire: Wire) -> None:
+        self.store = store
+        self.member = store.member
+        self.members = wire
+        self.view = store.view
 
-    def publish_event(self, payload: str) -> Deferred[None]:
-        return self.wire.publish(payload)
+    def refresh_instance(self, name: str) -> Deferred[Any]:
+        return self.store.refresh_instance(name)
+
+    def reload_instances(self) -> Deferred[None]:
+        return self.store.reload_instances()
 
 
 class StoreOrderTests(TestCase):
@@ -396,17 +403,15 @@ class StoreOrderTests(TestCase):
         self.addCleanup(shutil.rmtree, directory, True)
         path = os.path.join(directory, "vmready.sqlite")
         self.wire = Wire(reactor)
-        self.stores: dict[str, WiredStore] = {}
+        self.stores: dict[str, AsyncStore] = {}
         self.buses: dict[str, EventBus] = {}
         self.relays: dict[str, EventRelay] = {}
         for name in ("a", "b"):
-            engine = Store.open(path)
-            store = WiredStore(engine, DatabaseThread(reactor, engine), cached=True, member=name)
-            store.wire = self.wire
+            store = AsyncStore.threaded(reactor, Store.open(path), member=name)
             self.addCleanup(store.close)
             self.stores[name] = store
             bus = self.buses[name] = EventBus(reactor.seconds, location=name)
-            relay = self.relays[name] = EventRelay(bus, store, name)
+            relay = self.relays[name] = EventRelay(bus, WiredStore(store, self.wire), name)
             relay.start()
             self.wire.relays.append(relay)
 
@@ -416,12 +421,12 @@ class StoreOrderTests(TestCase):
 
         def looked(event: Event) -> None:
             # What a ``vmready wait`` that subscribed now would read of the instance.
-            record = b.find_instance("web1")
+            record = b.view.find_instance("web1")
             seen_on_b.append((event.metadata["action"], record and record.vm_state))
 
         self.buses["b"].subscribe(looked)
-        created = await a.create_instance("web1", {}, {})
-        started = await a.finish_task(
+        created = await a.instances.create_instance("web1", {}, {})
+        started = await a.instances.finish_task(
             "web1", TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING
         )
         # B's database thread is slow: its re-reads of the row wait for the gate.
@@ -443,20 +448,20 @@ class StoreOrderTests(TestCase):
         self.assertEqual(
             seen_on_b, [("instance-created", VMState.ACTIVE), ("instance-started", VMState.ACTIVE)]
         )
-        self.assertEqual([r.name for r in b.list_instances()], ["web1"])
-        self.assertEqual(b.owned_instances(), [])
+        self.assertEqual([r.name for r in b.view.list_instances()], ["web1"])
+        self.assertEqual(b.view.owned_instances(), [])
 
     async def test_aDeletedRowLeavesBsList(self) -> None:
         a, b = self.stores["a"], self.stores["b"]
-        await a.create_instance("web1", {}, {})
+        await a.instances.create_instance("web1", {}, {})
         self.relays["b"].on_instances(_change("INSERT", "web1", "a"))
         await b.run(lambda _engine: None)
-        self.assertIsNotNone(b.find_instance("web1"))
-        await a.delete_instance("web1")
+        self.assertIsNotNone(b.view.find_instance("web1"))
+        await a.instances.delete_instance("web1")
         self.relays["b"].on_instances(_change("DELETE", "web1", "a"))
         await b.run(lambda _engine: None)
         await deferLater(reactor, 0, lambda: None)
-        self.assertIsNone(b.find_instance("web1"))
+        self.assertIsNone(b.view.find_instance("web1"))
 
 
 def _change(op: str, name: str, member: str) -> str:
@@ -473,7 +478,7 @@ class ResyncTests(TestCase):
         self.other = Store.open(path)  # member a's writes, unheard by b
         self.addCleanup(self.other.close)
         for name, member_name in (("db1", "a"), ("old", "a"), ("same", "a"), ("mine", "b")):
-            self.other.create_instance(name, {}, {}, member=member_name)
+            self.other.instances.create_instance(name, {}, {}, member=member_name)
         engine = Store.open(path)
         self.addCleanup(engine.close)
         self.store = AsyncStore(engine, InlineExecutor(), cached=True, member="b")
@@ -483,10 +488,14 @@ class ResyncTests(TestCase):
         self.relay = EventRelay(self.bus, self.store, "b")
 
     def test_changedAndDeletedInstancesOfOtherMembersAreAnnounced(self) -> None:
-        self.other.finish_task("db1", TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING)
-        self.other.delete_instance("old")
-        self.other.create_instance("web1", {}, {}, member="a")
-        self.other.finish_task("mine", TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN)
+        self.other.instances.finish_task(
+            "db1", TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING
+        )
+        self.other.instances.delete_instance("old")
+        self.other.instances.create_instance("web1", {}, {}, member="a")
+        self.other.instances.finish_task(
+            "mine", TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN
+        )
         self.relay.resync()
         announced = [
             (e.metadata["source"], e.metadata["action"], e.metadata["context"].get("status"))
@@ -502,4 +511,4 @@ class ResyncTests(TestCase):
         )
         self.assertEqual({e.location for e in self.seen}, {"a"})
         self.assertTrue(all(e.relayed and e.metadata["context"]["resynced"] for e in self.seen))
-        self.assertEqual(self.store.get_instance("db1").vm_state, VMState.ACTIVE)
+        self.assertEqual(self.store.view.get_instance("db1").vm_state, VMState.ACTIVE)

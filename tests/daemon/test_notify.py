@@ -75,7 +75,7 @@ def instances(data_dir: str, *names: str) -> None:
     engine = Store.open(os.path.join(data_dir, "vmready.sqlite"))
     try:
         for name in names:
-            engine.create_instance(name, {}, {})
+            engine.instances.create_instance(name, {}, {})
     finally:
         engine.close()
 

@@ -197,7 +197,9 @@ class ClientCertificateRegressionTests(SynchronousTestCase):
             + base64.encodebytes(bytes(der))
             + b"-----END CERTIFICATE-----\n"
         )
-        self.assertIsNone(instance_for_certificate(web_certs._STORE, pem, web_certs._NOW))
+        self.assertIsNone(
+            instance_for_certificate(web_certs._STORE.certificates, pem, web_certs._NOW)
+        )
         certificate = crypto.load_certificate(crypto.FILETYPE_ASN1, bytes(der))
         tls = MutualServerTLS(generate("vmready"), lambda pem: True)
         self.assertFalse(tls._verify(tls.serverConnectionForTLS(None), certificate, 18, 0, 0))

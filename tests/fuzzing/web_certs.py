@@ -51,11 +51,11 @@ _SERVER = generate("vmready", now=_NOW)
 
 _STORE = Store.open(":memory:")
 for _name, _pair in (("web1", _LIVE), ("old1", _EXPIRED), ("new1", _FUTURE), ("gone1", _DELETED)):
-    _STORE.create_instance(_name, {}, {})
-    _STORE.set_agent_certificate(_name, _pair.fingerprint)
-_STORE.delete_instance("gone1")
-_TLS = MutualServerTLS(_SERVER, certificate_authorizer(_STORE, lambda: _NOW))
-_IDENTIFY = certificate_identifier(_STORE, lambda: _NOW)
+    _STORE.instances.create_instance(_name, {}, {})
+    _STORE.certificates.set_agent_certificate(_name, _pair.fingerprint)
+_STORE.instances.delete_instance("gone1")
+_TLS = MutualServerTLS(_SERVER, certificate_authorizer(_STORE.certificates, lambda: _NOW))
+_IDENTIFY = certificate_identifier(_STORE.certificates, lambda: _NOW)
 
 
 def _der(pem: bytes) -> bytes:
@@ -122,7 +122,7 @@ class _Request:
 
 def check_client_certificate(pem: bytes) -> None:
     """Only the live instance's exact certificate identifies it, at the handshake and after."""
-    record = instance_for_certificate(_STORE, pem, _NOW)
+    record = instance_for_certificate(_STORE.certificates, pem, _NOW)
     if pem == _LIVE.cert_pem:
         assert record is not None and record.name == "web1", record
     if record is not None:
@@ -138,7 +138,7 @@ def check_client_certificate(pem: bytes) -> None:
     accepted = _TLS._verify(connection, certificate, 18, 0, 0)
     assert isinstance(accepted, bool), accepted
     canonical = crypto.dump_certificate(crypto.FILETYPE_PEM, certificate)
-    expected = instance_for_certificate(_STORE, canonical, _NOW)
+    expected = instance_for_certificate(_STORE.certificates, canonical, _NOW)
     assert accepted == (expected is not None), (accepted, expected)
     if accepted:
         assert crypto.dump_certificate(crypto.FILETYPE_ASN1, certificate) == _der(_LIVE.cert_pem)

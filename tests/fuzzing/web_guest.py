@@ -132,7 +132,7 @@ def check_guest_request(case: tuple[str, bytes, bytes, bytes | None]) -> None:
     kind, method, target, body = case
     world = WORLDS.current()
     before = world.state()
-    ready_before = world.engine.get_instance(RUNNING).config.get(READY_KEY)
+    ready_before = world.engine.instances.get_instance(RUNNING).config.get(READY_KEY)
     answer = request(world.guest, method, target, body)
     assert answer is not None, "no answer"
     assert answer.status != 500, answer
@@ -140,7 +140,7 @@ def check_guest_request(case: tuple[str, bytes, bytes, bytes | None]) -> None:
         assert answer.status in _STATUSES[kind] | _ROUTING, (answer.status, answer.body[:300])
     if answer.status >= 400:
         assert_error_envelope(answer, guest=True)
-        assert world.engine.get_instance(RUNNING).config.get(READY_KEY) == ready_before
+        assert world.engine.instances.get_instance(RUNNING).config.get(READY_KEY) == ready_before
         assert world.state() == before, (answer, before, world.state())
         return
     if kind == "events":
@@ -153,7 +153,7 @@ def check_guest_request(case: tuple[str, bytes, bytes, bytes | None]) -> None:
         assert body is not None
         state = _requested(body)
         assert state in ("Ready", "Started"), (body, answer)
-        ready = world.engine.get_instance(RUNNING).config.get(READY_KEY)
+        ready = world.engine.instances.get_instance(RUNNING).config.get(READY_KEY)
         assert ready == ("true" if state == "Ready" else "false"), (body, ready)
         world.settle()
         if world.state() != before:

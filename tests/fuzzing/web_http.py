@@ -96,9 +96,11 @@ class World:
             os.path.join(base, "run"),
         )
         self._boot(RUNNING)
-        self.engine.create_instance(STOPPED, {"user.role": "db"}, {})
-        self.engine.finish_task(STOPPED, TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN)
-        self.engine.create_snapshot(STOPPED, SNAPSHOT, False, {})
+        self.engine.instances.create_instance(STOPPED, {"user.role": "db"}, {})
+        self.engine.instances.finish_task(
+            STOPPED, TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN
+        )
+        self.engine.snapshots.create_snapshot(STOPPED, SNAPSHOT, False, {})
         # The sites the daemon serves, limits included, their timers on the world's clock.
         self.operator: Site = operator_site(
             OperatorAPI(self.lifecycle, "fakeqemu").app.resource(), self.clock
@@ -119,12 +121,12 @@ class World:
         if failed:
             failed[0].raiseException()
         _settle(self.clock, self.driver.machines)
-        record = self.engine.get_instance(name)
+        record = self.engine.instances.get_instance(name)
         assert record.vm_state is VMState.ACTIVE, record
 
     def _caller(self, request: IRequest) -> InstanceRecord | None:
         """The guest API's caller: the running instance (certificates are another target's)."""
-        return self.engine.find_instance(RUNNING)
+        return self.engine.instances.find_instance(RUNNING)
 
     def settle(self) -> None:
         """Let whatever an accepted request started run as far as it goes now."""
@@ -132,14 +134,17 @@ class World:
 
     def state(self) -> Any:
         """Everything a request could change, comparable with ``==``."""
-        records = sorted(self.engine.list_instances(), key=lambda record: record.name)
+        records = sorted(self.engine.instances.list_instances(), key=lambda record: record.name)
         return (
             tuple(records),
             tuple(
-                (record.name, tuple(map(repr, self.engine.list_snapshots(record.name))))
+                (record.name, tuple(map(repr, self.engine.snapshots.list_snapshots(record.name))))
                 for record in records
             ),
-            tuple((record.name, len(self.engine.list_actions(record.name))) for record in records),
+            tuple(
+                (record.name, len(self.engine.actions.list_actions(record.name)))
+                for record in records
+            ),
             tuple(sorted(op.id for op in self.lifecycle.state.operations.list())),
             len(self.events),
         )

@@ -82,7 +82,7 @@ class RefusedLaunchTests(TestCase):
         """The message of the 400 that launching with ``config`` gets; nothing may be left."""
         with self.assertRaises(BadRequest) as caught:
             await self.lifecycle.create("vm1", config)
-        self.assertEqual(self.store.list_instances(), [])
+        self.assertEqual(self.store.instances.list_instances(), [])
         for left in ("run", "disks"):
             where = os.path.join(self.directory, left)
             self.assertEqual(os.listdir(where) if os.path.isdir(where) else [], [], left)
@@ -173,7 +173,7 @@ class RefusedLaunchTests(TestCase):
     async def refusal_keeping(self, overlay: str) -> str:
         with self.assertRaises(BadRequest) as caught:
             await self.lifecycle.create("vm1", {"boot.image": overlay})
-        self.assertEqual(self.store.list_instances(), [])
+        self.assertEqual(self.store.instances.list_instances(), [])
         self.assertEqual(os.listdir(os.path.dirname(overlay)), [os.path.basename(overlay)])
         message: str = caught.exception.message
         return message
@@ -188,7 +188,7 @@ class RefusedLaunchTests(TestCase):
     async def test_bootKeysCannotChangeAfterLaunch(self) -> None:
         os.makedirs(self.path(""), exist_ok=True)
         kernel = fake_kernel(self.path("vmlinuz"))
-        self.store.create_instance("vm1", {"boot.kernel": kernel}, {})
+        self.store.instances.create_instance("vm1", {"boot.kernel": kernel}, {})
         with self.assertRaises(BadRequest) as caught:
             await self.lifecycle.update_config("vm1", {"boot.append": "quiet"})
         self.assertEqual(

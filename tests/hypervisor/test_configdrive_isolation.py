@@ -123,7 +123,7 @@ class ConfigDriveIsolationTests(TestCase):
                 for marker in markers:
                     self.assertNotIn(marker, content, relative)
         with open(os.path.join(top, "agent.crt"), "rb") as f:
-            found = self.lifecycle.state.store.instance_for_fingerprint(fingerprint(f.read()))
+            found = self.lifecycle.state.store.view.instance_for_fingerprint(fingerprint(f.read()))
         assert found is not None
         self.assertEqual(found.uuid, self.alpha.uuid)
 

@@ -288,7 +288,7 @@ class AcceleratorTests(LaunchTestCase):
         verdict = self.lifecycle.state.kvm.verdict
         assert verdict is not None
         self.assertFalse(verdict.works)
-        self.assertIn("accelerator", [a.action for a in self.store.list_actions("vm1")])
+        self.assertIn("accelerator", [a.action for a in self.store.actions.list_actions("vm1")])
 
     @_async
     async def test_aVerdictAgainstKvmGoesStraightToTcg(self) -> None:

@@ -83,7 +83,7 @@ class SnapshotTestCase(TestCase):
             if not vm.gone:
                 await vm.force_stop()
         await self.lifecycle.shutdown()
-        for record in self.store.list_instances():
+        for record in self.store.instances.list_instances():
             await self.lifecycle.state.driver.kill_owned(self.lifecycle.spec_for(record))
 
     async def finish(self, operation: Any) -> Any:
@@ -191,7 +191,7 @@ class SnapshotChecks(SnapshotTestCase):
         vm = self.lifecycle.state.vms["vm1"]
         self.assertEqual((vm.pid, await vm.query_power_state()), (pid, PowerState.RUNNING))
         self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ACTIVE)
-        snapshot = self.store.find_snapshot("vm1", "s1")
+        snapshot = self.store.snapshots.find_snapshot("vm1", "s1")
         assert snapshot is not None
         self.assertTrue(snapshot["stateful"])
         self.assertEqual(snapshot["metadata"]["layout"], "current")
@@ -233,7 +233,7 @@ class SnapshotChecks(SnapshotTestCase):
         vm = self.lifecycle.state.vms["vm1"]
         deleted = await self.lifecycle.delete_snapshot("vm1", "s1")
         self.assertEqual((deleted["name"], deleted["stateful"]), ("s1", True))
-        self.assertEqual([s["name"] for s in self.store.list_snapshots("vm1")], ["s2"])
+        self.assertEqual([s["name"] for s in self.store.snapshots.list_snapshots("vm1")], ["s2"])
         self.assertEqual(sorted(self.files(record)), ["s2/snapshot.json", "s2/state"])
         self.assertIs(self.lifecycle.state.vms["vm1"], vm)
         self.assertEqual(await vm.query_power_state(), PowerState.RUNNING)
@@ -247,7 +247,7 @@ class SnapshotChecks(SnapshotTestCase):
             ],
         )
         self.assertEqual(
-            self.store.list_actions("vm1")[0].steps[0].name,
+            self.store.actions.list_actions("vm1")[0].steps[0].name,
             "snapshot-delete: deleted snapshot s1",
         )
         with self.assertRaises(NotFound):
@@ -270,7 +270,7 @@ class SnapshotChecks(SnapshotTestCase):
         record = await self.legacy_snapshot_then_upgrade()
         pid = self.lifecycle.state.vms["vm1"].pid
         files = self.files(record)
-        snapshots = self.store.list_snapshots("vm1")
+        snapshots = self.store.snapshots.list_snapshots("vm1")
         with self.assertRaises(Conflict) as caught:
             await self.lifecycle.act("vm1", "restore", snapshot="old", stateful=True)
         message = caught.exception.message
@@ -285,7 +285,7 @@ class SnapshotChecks(SnapshotTestCase):
             await self.lifecycle.state.vms["vm1"].query_power_state(), PowerState.RUNNING
         )
         self.assertEqual(self.files(record), files)
-        self.assertEqual(self.store.list_snapshots("vm1"), snapshots)
+        self.assertEqual(self.store.snapshots.list_snapshots("vm1"), snapshots)
 
     @_async
     async def test_forcedRestoreFailsWithQEMUsLinesAndAPersistingError(self) -> None:
@@ -304,7 +304,7 @@ class SnapshotChecks(SnapshotTestCase):
         self.assertEqual(failed.vm_state, VMState.ERROR)
         self.assertEqual(failed.error, operation.error)
         self.assertEqual(self.files(record), files)
-        self.assertEqual([s["name"] for s in self.store.list_snapshots("vm1")], ["old"])
+        self.assertEqual([s["name"] for s in self.store.snapshots.list_snapshots("vm1")], ["old"])
         # The poller never turns it into "stopped".
         await self.lifecycle.sync_power_states()
         self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ERROR)
@@ -423,7 +423,7 @@ class SnapshotDeleteTests(SnapshotTestCase):
             {path: data for path, data in files.items() if path.startswith("s1/")},
         )
         await self.lifecycle.delete_snapshot("vm1", "s1")
-        self.assertEqual(self.store.list_snapshots("vm1"), [])
+        self.assertEqual(self.store.snapshots.list_snapshots("vm1"), [])
         self.assertEqual(self.files(record), {})
 
     @_async
@@ -433,7 +433,7 @@ class SnapshotDeleteTests(SnapshotTestCase):
         with self.assertRaises(BadRequest):
             await self.lifecycle.act("vm1", "restore", snapshot="s", stateful=True)
         await self.lifecycle.delete_snapshot("vm1", "s")
-        self.assertEqual(self.store.list_snapshots("vm1"), [])
+        self.assertEqual(self.store.snapshots.list_snapshots("vm1"), [])
 
     @_async
     async def test_aRestoreAskedAfterTheDeleteFindsNoSnapshotAndChangesNothing(self) -> None:
@@ -469,7 +469,7 @@ class SnapshotDeleteTests(SnapshotTestCase):
         await self.lifecycle.delete_snapshot("vm1", "s")
         self.assertEqual(self.files(first), {})
         self.assertEqual(self.files(second), kept)
-        self.assertEqual([s["name"] for s in self.store.list_snapshots("vm2")], ["s"])
+        self.assertEqual([s["name"] for s in self.store.snapshots.list_snapshots("vm2")], ["s"])
 
 
 class InterruptedSnapshotTests(SnapshotTestCase):
@@ -479,7 +479,7 @@ class InterruptedSnapshotTests(SnapshotTestCase):
     async def test_restartAfterAnInterruptedSnapshotResumesTheVM(self) -> None:
         await self.launch()
         await self.lifecycle.state.vms["vm1"].pause()  # as migrate leaves it
-        self.store.claim_task(
+        self.store.instances.claim_task(
             "vm1", "snapshot", frozenset({VMState.ACTIVE}), TaskState.SNAPSHOTTING
         )
         await self.upgrade(CURRENT_LAYOUT)
@@ -488,18 +488,20 @@ class InterruptedSnapshotTests(SnapshotTestCase):
         self.assertEqual(
             await self.lifecycle.state.vms["vm1"].query_power_state(), PowerState.RUNNING
         )
-        self.assertEqual(self.store.list_snapshots("vm1"), [])
+        self.assertEqual(self.store.snapshots.list_snapshots("vm1"), [])
 
     @_async
     async def test_restartAfterAnInterruptedRestoreIsAnErrorThatStartRecovers(self) -> None:
         await self.launch()
         await self.finish(await self.lifecycle.act("vm1", "snapshot", snapshot="s"))
-        self.store.claim_task("vm1", "restore", frozenset({VMState.ACTIVE}), TaskState.RESTORING)
+        self.store.instances.claim_task(
+            "vm1", "restore", frozenset({VMState.ACTIVE}), TaskState.RESTORING
+        )
         await self.upgrade(CURRENT_LAYOUT)
         record = self.lifecycle.get("vm1")
         self.assertEqual(record.vm_state, VMState.ERROR)
         self.assertIn("daemon stopped during restoring", record.error or "")
-        self.assertEqual([s["name"] for s in self.store.list_snapshots("vm1")], ["s"])
+        self.assertEqual([s["name"] for s in self.store.snapshots.list_snapshots("vm1")], ["s"])
         started = await self.finish(await self.lifecycle.act("vm1", "start"))
         self.assertEqual(started.error, "")
 
@@ -513,7 +515,7 @@ class UnrecordedLayoutTests(SnapshotTestCase):
     ) -> None:
         await self.upgrade(UNRECORDED_LAYOUT)  # what every earlier vmready started
         await self.launch()
-        self.store.update_config("vm1", {LAYOUT_KEY: None})  # and it recorded nothing
+        self.store.instances.update_config("vm1", {LAYOUT_KEY: None})  # and it recorded nothing
         await self.upgrade(CURRENT_LAYOUT)
         record = self.lifecycle.get("vm1")
         self.assertEqual(record.config[LAYOUT_KEY], "unrecorded")
@@ -547,9 +549,9 @@ class FailedSnapshotTests(SnapshotTestCase):
             (after.vm_state, after.task_state, after.error), (VMState.ACTIVE, None, None)
         )
         self.assertIs(self.lifecycle.state.vms["vm1"], vm)
-        self.assertEqual(self.store.list_snapshots("vm1"), [])
+        self.assertEqual(self.store.snapshots.list_snapshots("vm1"), [])
         self.assertEqual(self.files(record), {})
-        self.assertEqual(self.store.list_actions("vm1")[0].result, "error")
+        self.assertEqual(self.store.actions.list_actions("vm1")[0].result, "error")
         self.assertIn(
             "instance-snapshot-failed",
             [e.metadata["action"] for e in self.events if e.type == "lifecycle"],
@@ -559,7 +561,7 @@ class FailedSnapshotTests(SnapshotTestCase):
     async def test_startFromErrorKeepsAVMThatStillRunsAndIsFollowed(self) -> None:
         await self.launch()
         vm = self.lifecycle.state.vms["vm1"]
-        self.store.set_error("vm1", "something went wrong", PowerState.RUNNING)
+        self.store.instances.set_error("vm1", "something went wrong", PowerState.RUNNING)
         started = await self.finish(await self.lifecycle.act("vm1", "start"))
         self.assertEqual(started.error, "")
         self.assertIs(self.lifecycle.state.vms["vm1"], vm)

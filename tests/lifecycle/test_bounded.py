@@ -68,8 +68,8 @@ class HeldDriver:
 def _running_instances(store: Store, count: int) -> None:
     for n in range(count):
         name = f"vm{n:03}"
-        store.create_instance(name, {READY_KEY: "true"}, {})
-        store.finish_task(name, TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING)
+        store.instances.create_instance(name, {READY_KEY: "true"}, {})
+        store.instances.finish_task(name, TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING)
 
 
 class BoundedTests(SynchronousTestCase):
@@ -97,7 +97,7 @@ class BoundedTests(SynchronousTestCase):
         self.successResultOf(done)
         self.assertEqual(self.driver.most, LIMIT)
         self.assertEqual(len(self.driver.adopting), INSTANCES)
-        states = {record.vm_state for record in self.store.list_instances()}
+        states = {record.vm_state for record in self.store.instances.list_instances()}
         self.assertEqual(states, {VMState.STOPPED})
 
     def test_powerSyncVisitsAtMostTheLimitAtOnce(self) -> None:
@@ -110,12 +110,14 @@ class BoundedTests(SynchronousTestCase):
         last = f"vm{INSTANCES - 1:03}"
         store = self.lifecycle.state.store
         self.successResultOf(
-            store.claim_task(last, "stop", frozenset({VMState.ACTIVE}), TaskState.POWERING_OFF)
+            store.instances.claim_task(
+                last, "stop", frozenset({VMState.ACTIVE}), TaskState.POWERING_OFF
+            )
         )
         self.driver.release_all()
         self.successResultOf(done)
         self.assertNotIn(last, [name for name, _held in self.driver.adopting])
-        record = store.get_instance(last)
+        record = store.view.get_instance(last)
         self.assertEqual(
             (record.vm_state, record.task_state), (VMState.ACTIVE, TaskState.POWERING_OFF)
         )
@@ -128,7 +130,7 @@ class BoundedTests(SynchronousTestCase):
     def test_readyIsClearedBeforeAnyInstanceIsReconciled(self) -> None:
         records = self.successResultOf(Deferred.fromCoroutine(self.lifecycle.prepare_recovery()))
         self.assertEqual(len(records), INSTANCES)
-        self.assertFalse(any(record.ready for record in self.store.list_instances()))
+        self.assertFalse(any(record.ready for record in self.store.instances.list_instances()))
         self.assertEqual(self.driver.adopting, [])
 
     def test_anActionWaitsForItsInstancesReconciliation(self) -> None:
@@ -137,11 +139,11 @@ class BoundedTests(SynchronousTestCase):
         last = records[-1].name  # beyond the first LIMIT: not even started
         acting = Deferred.fromCoroutine(self.lifecycle.act(last, "stop"))
         self.assertNoResult(acting)
-        self.assertIsNone(self.store.get_instance(last).task_state)
+        self.assertIsNone(self.store.instances.get_instance(last).task_state)
         self.driver.release_all()
         self.successResultOf(reconciling)
         # Reconciled (no VM: stopped), the stop is then refused as any stop of a stopped VM.
-        self.assertEqual(self.store.get_instance(last).vm_state, VMState.STOPPED)
+        self.assertEqual(self.store.instances.get_instance(last).vm_state, VMState.STOPPED)
         self.failureResultOf(acting, Conflict)
 
 
@@ -194,7 +196,7 @@ class EventsAfterCommitTests(TestCase):
         self.store.run(lambda _engine: self.gate.wait(30))
 
     async def test_instanceReadyOnlyOnceReadyIsCommitted(self) -> None:
-        await self.store.update_config("vm000", {READY_KEY: "false"})
+        await self.store.instances.update_config("vm000", {READY_KEY: "false"})
         self.lifecycle.state.vms["vm000"] = SimpleNamespace(gone=False)  # type: ignore[assignment]
         self.hold()
         await self.held(Deferred.fromCoroutine(self.lifecycle.set_ready("vm000", True)))
@@ -205,7 +207,7 @@ class EventsAfterCommitTests(TestCase):
 
     async def test_anErrorIsAnnouncedOnlyOnceCommitted(self) -> None:
         self.hold()
-        record = self.store.get_instance("vm000")
+        record = self.store.view.get_instance("vm000")
         failing = Deferred.fromCoroutine(
             self.lifecycle.watching.fail_idle(record, "gone", PowerState.CRASHED)
         )

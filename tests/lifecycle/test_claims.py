@@ -1,9 +1,9 @@
 """A claimed task that no action will run is given back, so the instance is not stuck in it.
 
-The store's faults are injected after a real write (the claim really is kept
-in the SQLite store, then its caller is told the outcome is unknown, as when
-PostgreSQL's connection is lost during the COMMIT) or before one (the
-action's history cannot be written).  No VM is needed: the action never
+The store's faults are injected where its calls run, after a real write (the
+claim really is kept in the SQLite store, then its caller is told the outcome
+is unknown, as when PostgreSQL's connection is lost during the COMMIT) or
+before one (the action's history cannot be written).  No VM is needed: the action never
 starts.
 """
 
@@ -13,34 +13,52 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from twisted.internet.defer import Deferred
 from twisted.trial.unittest import TestCase
 
 from tests.reactor import reactor
-from vmready.domain.model import InstanceRecord
 from vmready.domain.states import PowerState, TaskState, VMState
 from vmready.hypervisor.driver import HypervisorDriver
 from vmready.lifecycle.core import Lifecycle
 from vmready.lifecycle.events import EventBus
 from vmready.store.asyncstore import AsyncStore
-from vmready.store.executor import InlineExecutor, OutcomeUnknown, StoreWriteFailed
+from vmready.store.executor import Executor, InlineExecutor, OutcomeUnknown, StoreWriteFailed
 from vmready.store.sqlite import Store
 
 T = TypeVar("T")
 
 
-class _ClaimKeptButUnknown(AsyncStore):
-    """Claims really are written; the caller hears that the outcome is unknown."""
+def _unknown(_: object) -> Any:
+    raise OutcomeUnknown("the connection was lost during COMMIT: outcome unknown")
 
-    def claim_task(
-        self, name: str, action: str, allowed_from: frozenset[VMState], task: TaskState
-    ) -> Deferred[InstanceRecord]:
-        def unknown(_: InstanceRecord) -> InstanceRecord:
-            raise OutcomeUnknown("the connection was lost during COMMIT: outcome unknown")
 
-        return super().claim_task(name, action, allowed_from, task).addCallback(unknown)
+class _ClaimKeptButUnknown(InlineExecutor):
+    """The first call (the action's claim) really is written; its caller hears that the
+    outcome is unknown.  The rest run at once."""
+
+    calls = 0
+
+    def submit(self, work: Callable[[], T]) -> Deferred[T]:
+        self.calls += 1
+        done = super().submit(work)
+        return done.addCallback(_unknown) if self.calls == 1 else done
+
+
+class _ClaimHeld(InlineExecutor):
+    """The first call (the action's claim) waits for ``gate`` and never runs (the test fails
+    it: nothing was kept); the rest run at once, really."""
+
+    calls = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate: Deferred[Any] = Deferred()
+
+    def submit(self, work: Callable[[], T]) -> Deferred[T]:
+        self.calls += 1
+        return self.gate if self.calls == 1 else super().submit(work)
 
 
 class _HistoryRefused(AsyncStore):
@@ -52,35 +70,28 @@ class _HistoryRefused(AsyncStore):
         return failed
 
 
-class _Gated(AsyncStore):
-    """The first claim waits for ``claim_gate`` (the test fails it: nothing was kept); the
-    action-history writes wait for ``history_gate``; the rest runs at once, really."""
+class _HistoryGated(AsyncStore):
+    """The action-history writes wait for ``history_gate``."""
 
-    claim_gate: Deferred[InstanceRecord]
     history_gate: Deferred[None]
-    claims = 0
-
-    def claim_task(
-        self, name: str, action: str, allowed_from: frozenset[VMState], task: TaskState
-    ) -> Deferred[InstanceRecord]:
-        self.claims += 1
-        if self.claims == 1:
-            return self.claim_gate
-        return super().claim_task(name, action, allowed_from, task)
 
     def run(self, work: Callable[[Store], T]) -> Deferred[T]:
-        return self.history_gate.addCallback(lambda _: super(_Gated, self).run(work))
+        return self.history_gate.addCallback(lambda _: super(_HistoryGated, self).run(work))
 
 
 class GiveBackTests(TestCase):
-    def lifecycle(self, store_class: type[AsyncStore]) -> Lifecycle:
+    def lifecycle(
+        self, store_class: type[AsyncStore] = AsyncStore, executor: Executor | None = None
+    ) -> Lifecycle:
         directory = tempfile.mkdtemp(prefix="vmready-claims-")
         self.addCleanup(shutil.rmtree, directory, True)
         engine = Store.open(os.path.join(directory, "vmready.sqlite"))
         self.addCleanup(engine.close)
-        engine.create_instance("web1", {}, {})
-        engine.finish_task("web1", TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN)
-        store = store_class(engine, InlineExecutor(), cached=True)
+        engine.instances.create_instance("web1", {}, {})
+        engine.instances.finish_task(
+            "web1", TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN
+        )
+        store = store_class(engine, executor or InlineExecutor(), cached=True)
         return Lifecycle(
             reactor,
             store,
@@ -90,10 +101,10 @@ class GiveBackTests(TestCase):
         )
 
     async def test_aClaimWhoseOutcomeIsUnknownIsGivenBack(self) -> None:
-        lifecycle = self.lifecycle(_ClaimKeptButUnknown)
+        lifecycle = self.lifecycle(executor=_ClaimKeptButUnknown())
         with self.assertRaises(OutcomeUnknown):
             await lifecycle.act("web1", "start")
-        record = lifecycle.state.store.engine.get_instance("web1")
+        record = lifecycle.state.store.engine.instances.get_instance("web1")
         self.assertEqual((record.task_state, record.vm_state), (None, VMState.STOPPED))
         self.assertIsNone(lifecycle.get("web1").task_state)
 
@@ -101,24 +112,26 @@ class GiveBackTests(TestCase):
         lifecycle = self.lifecycle(_HistoryRefused)
         with self.assertRaises(StoreWriteFailed):
             await lifecycle.act("web1", "start")
-        record = lifecycle.state.store.engine.get_instance("web1")
+        record = lifecycle.state.store.engine.instances.get_instance("web1")
         self.assertEqual((record.task_state, record.vm_state), (None, VMState.STOPPED))
         self.assertEqual(lifecycle.state.operations.list(), [])
 
     async def test_givingBackAnUnknownClaimNeverEndsAnotherRequestsClaim(self) -> None:
         """Two starts at once: the first's claim is lost (outcome unknown, nothing kept),
         the second's is kept; giving the first back must leave the second's task alone."""
-        lifecycle = self.lifecycle(_Gated)
+        claim = _ClaimHeld()
+        lifecycle = self.lifecycle(_HistoryGated, claim)
         store = lifecycle.state.store
-        assert isinstance(store, _Gated)
-        store.claim_gate = Deferred()
+        assert isinstance(store, _HistoryGated)
         store.history_gate = Deferred()
         first = Deferred.fromCoroutine(lifecycle.act("web1", "start"))
         second = Deferred.fromCoroutine(lifecycle.act("web1", "start"))
-        store.claim_gate.errback(OutcomeUnknown("the connection was lost during COMMIT"))
+        claim.gate.errback(OutcomeUnknown("the connection was lost during COMMIT"))
         self.failureResultOf(first, OutcomeUnknown)
         # The second claimed once the first was resolved; it is waiting on its history now.
-        self.assertEqual(store.engine.get_instance("web1").task_state, TaskState.POWERING_ON)
+        self.assertEqual(
+            store.engine.instances.get_instance("web1").task_state, TaskState.POWERING_ON
+        )
         store.history_gate.errback(StoreWriteFailed("the disk is full; nothing was kept"))
         self.failureResultOf(second, StoreWriteFailed)
-        self.assertIsNone(store.engine.get_instance("web1").task_state)
+        self.assertIsNone(store.engine.instances.get_instance("web1").task_state)

@@ -32,8 +32,10 @@ class MemberMetricsTests(TestCase):
         store = Store.open(path)
         self.addCleanup(store.close)
         for name, member in (("mine", "b"), ("theirs", "a"), ("theirs2", "a")):
-            store.create_instance(name, {}, {}, member=member)
-            store.finish_task(name, TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN)
+            store.instances.create_instance(name, {}, {}, member=member)
+            store.instances.finish_task(
+                name, TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN
+            )
         on_b = make_lifecycle(self, store_path=path, member="b")
         self.assertEqual(_gauge(on_b, "STOPPED"), 1)
         on_a = make_lifecycle(self, store_path=path, member="a")

@@ -157,7 +157,7 @@ class QEMUKilledTests(FaultTestCase):
         await self.lifecycle.recover()
         [fault] = self.lifecycle.state.events.faults.of("vm1")
         self.assertEqual((fault.kind, fault.message), ("error", error))
-        exited = [a for a in self.store.list_actions("vm1") if a.action == "vm-exited"]
+        exited = [a for a in self.store.actions.list_actions("vm1") if a.action == "vm-exited"]
         self.assertEqual(fault.since, exited[0].finished_at)
         self.assertTrue(killed_at <= fault.since <= restarted_at, (killed_at, fault.since))
         # Started again: the error and its fault are gone, as without a restart.
@@ -167,13 +167,13 @@ class QEMUKilledTests(FaultTestCase):
     @_async
     async def test_aStoredErrorIsRestoredAtTheTimeOfItsFailedAction(self) -> None:
         await self.launch()
-        await self.lifecycle.state.store.set_error("vm1", "older trouble")
+        await self.lifecycle.state.store.instances.set_error("vm1", "older trouble")
         self.lifecycle.state.history("vm1", "vm-exited", "older trouble", ok=False)
         await self.lifecycle.state.store.run(lambda engine: None)  # the history is written
         await self.lifecycle.shutdown()
         self.lifecycle = self.new_lifecycle()
         await self.lifecycle.recover()
-        [older] = [a for a in self.store.list_actions("vm1") if a.action == "vm-exited"]
+        [older] = [a for a in self.store.actions.list_actions("vm1") if a.action == "vm-exited"]
         self.assertEqual(
             [(f.kind, f.message, f.since) for f in self.lifecycle.state.events.faults.of("vm1")],
             [("error", "older trouble", older.finished_at)],
@@ -357,7 +357,7 @@ class SnapshotDiskFullTests(FaultTestCase):
             (record.vm_state, record.task_state, record.power_state),
             (VMState.ACTIVE, None, PowerState.RUNNING),
         )
-        self.assertEqual(self.store.list_snapshots("vm1"), [])
+        self.assertEqual(self.store.snapshots.list_snapshots("vm1"), [])
         self.assertIn("instance-snapshot-failed", self.lifecycle_actions("vm1"))
         self.assertIn("No space left on device", self.faults()["snapshot"])
         os.unlink(filler)  # space again
@@ -365,7 +365,7 @@ class SnapshotDiskFullTests(FaultTestCase):
             await self.lifecycle.act("vm1", "snapshot", snapshot="s1", stateful=False)
         )
         self.assertEqual(operation.error, "")
-        self.assertEqual([s["name"] for s in self.store.list_snapshots("vm1")], ["s1"])
+        self.assertEqual([s["name"] for s in self.store.snapshots.list_snapshots("vm1")], ["s1"])
         self.assertEqual(self.faults(), {})
 
 
@@ -428,8 +428,10 @@ class StoreDiskFullTests(FaultTestCase):
     async def test_storeWritesFailingAreAnnouncedAndShownUntilTheyLand(self) -> None:
         root = _small_filesystem(self, "1m")
         engine = Store.open(os.path.join(root, "vmready.sqlite"))
-        engine.create_instance("vm9", {}, {})
-        engine.finish_task("vm9", TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN)
+        engine.instances.create_instance("vm9", {}, {})
+        engine.instances.finish_task(
+            "vm9", TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN
+        )
         store = AsyncStore.threaded(reactor, engine)
         self.addCleanup(store.close)
         bus = EventBus(reactor.seconds)

@@ -146,7 +146,7 @@ class CreateAndPowerTests(LifecycleTestCase):
         self.assertEqual(self.display_sequence("vm1"), ["BUILD", "ACTIVE"])
         self.assertEqual(record.status.name, "Running")
         self.assertEqual(self.lifecycle_actions("vm1"), ["instance-created", "instance-started"])
-        history = self.store.list_actions("vm1")
+        history = self.store.actions.list_actions("vm1")
         self.assertEqual([(a.action, a.result) for a in history], [("create", "success")])
         self.assertEqual([s.name for s in history[0].steps], ["spawning"])
 
@@ -160,7 +160,7 @@ class CreateAndPowerTests(LifecycleTestCase):
         ):
             with self.assertRaises(BadRequest):
                 await self.lifecycle.create(name, config)
-        self.assertEqual(self.store.list_instances(), [])
+        self.assertEqual(self.store.instances.list_instances(), [])
 
     @_async
     async def test_failedSpawnIsAPersistingError(self) -> None:
@@ -178,7 +178,7 @@ class CreateAndPowerTests(LifecycleTestCase):
     @_async
     async def test_stopWithoutGuestIsForcedAfterTimeoutAndClearsReady(self) -> None:
         await self.launch()
-        self.store.update_config("vm1", {READY_KEY: "true"})
+        self.store.instances.update_config("vm1", {READY_KEY: "true"})
         self.assertEqual(self.lifecycle.get("vm1").status.name, "Ready")
         vm = self.lifecycle.state.vms["vm1"]
         await self.wait(await self.lifecycle.act("vm1", "stop"))
@@ -186,7 +186,7 @@ class CreateAndPowerTests(LifecycleTestCase):
         self.assertEqual((record.vm_state, record.status.name), (VMState.STOPPED, "Stopped"))
         self.assertEqual(record.config[READY_KEY], "false")
         self.assertTrue(vm.gone)
-        steps = [s.name for s in self.store.list_actions("vm1")[0].steps]
+        steps = [s.name for s in self.store.actions.list_actions("vm1")[0].steps]
         self.assertIn(f"forced stop after {STOP_TIMEOUT:g}s timeout", steps)
         self.assertEqual(self.display_sequence("vm1"), ["BUILD", "ACTIVE", "SHUTOFF"])
 
@@ -229,7 +229,7 @@ class CreateAndPowerTests(LifecycleTestCase):
         await connectProtocol(UNIXClientEndpoint(reactor, control), guest)
         await guest.ready
         await self.wait(await self.lifecycle.act("vm1", "stop", timeout=30))
-        steps = [s.name for s in self.store.list_actions("vm1")[0].steps]
+        steps = [s.name for s in self.store.actions.list_actions("vm1")[0].steps]
         self.assertIn("clean stop", steps)
         self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.STOPPED)
 
@@ -250,7 +250,7 @@ class CreateAndPowerTests(LifecycleTestCase):
         pid = self.lifecycle.state.vms["vm1"].pid
         await self.lifecycle.shutdown()  # the daemon loses track; the VM keeps running
         self.lifecycle = self.new_lifecycle()
-        self.store.set_error("vm1", "lost track of the VM")
+        self.store.instances.set_error("vm1", "lost track of the VM")
         operation = await self.lifecycle.act("vm1", "start")
         await self.wait(operation)
         self.assertEqual(operation.error, "")
@@ -352,10 +352,10 @@ class TransitionTests(LifecycleTestCase):
         run_dir = vm.spec.run_dir
         await self.wait(await self.lifecycle.act("vm1", "delete"))
         self.assertEqual(self.display_sequence("vm1"), ["BUILD", "ACTIVE", "DELETED"])
-        self.assertIsNone(self.store.find_instance("vm1"))
+        self.assertIsNone(self.store.instances.find_instance("vm1"))
         self.assertTrue(vm.gone)
         self.assertFalse(os.path.exists(run_dir))
-        self.assertEqual(self.store.list_actions("vm1")[0].action, "delete")
+        self.assertEqual(self.store.actions.list_actions("vm1")[0].action, "delete")
         self.assertTrue(record.uuid)
 
     @_async
@@ -384,7 +384,7 @@ class VMDeathTests(LifecycleTestCase):
     @_async
     async def test_killedVMIsAnErrorThatPersists(self) -> None:
         await self.launch()
-        self.store.update_config("vm1", {READY_KEY: "true"})
+        self.store.instances.update_config("vm1", {READY_KEY: "true"})
         vm = self.lifecycle.state.vms["vm1"]
         assert vm.pid is not None
         os.kill(vm.pid, signal.SIGKILL)
@@ -403,7 +403,7 @@ class VMDeathTests(LifecycleTestCase):
         )
         await self.lifecycle.sync_power_states()
         self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ERROR)
-        self.assertEqual(self.store.list_actions("vm1")[0].action, "vm-exited")
+        self.assertEqual(self.store.actions.list_actions("vm1")[0].action, "vm-exited")
 
     @_async
     async def test_guestPowerOffStopsTheInstance(self) -> None:
@@ -431,7 +431,7 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
         await self.lifecycle.sync_power_states()
         record = self.lifecycle.get("vm1")
         self.assertEqual(record.vm_state, VMState.STOPPED)
-        history = self.store.list_actions("vm1")
+        history = self.store.actions.list_actions("vm1")
         self.assertEqual(history[0].action, "power-sync")
         self.assertIn("VM not running", history[0].steps[0].name)
         self.assertEqual((history[0].result, history[0].error), ("success", None))
@@ -441,21 +441,25 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
         await self.launch()
         vm = self.lifecycle.state.vms["vm1"]
         # The store says stopped (say, an operator fixed the row by hand) while the VM runs.
-        self.store.claim_task("vm1", "test", frozenset({VMState.ACTIVE}), _task("powering-off"))
-        self.store.finish_task("vm1", _task("powering-off"), VMState.STOPPED, PowerState.SHUTDOWN)
+        self.store.instances.claim_task(
+            "vm1", "test", frozenset({VMState.ACTIVE}), _task("powering-off")
+        )
+        self.store.instances.finish_task(
+            "vm1", _task("powering-off"), VMState.STOPPED, PowerState.SHUTDOWN
+        )
         await self.lifecycle.sync_power_states()
         await vm.when_gone()
         record = self.lifecycle.get("vm1")
         self.assertEqual(record.vm_state, VMState.STOPPED)
         self.assertNotIn("vm1", self.lifecycle.state.vms)
-        self.assertIn("stopped it", self.store.list_actions("vm1")[0].steps[0].name)
+        self.assertIn("stopped it", self.store.actions.list_actions("vm1")[0].steps[0].name)
 
     @_async
     async def test_syncLeavesAGuestThatIsPoweringOffToFinish(self) -> None:
         await self.launch()
         vm = self.lifecycle.state.vms["vm1"]
         # QEMU announced SHUTDOWN (a guest power-off) and has not exited yet.
-        self.store.set_power_state("vm1", PowerState.SHUTDOWN)
+        self.store.instances.set_power_state("vm1", PowerState.SHUTDOWN)
         await self.lifecycle.sync_power_states()
         self.assertIs(self.lifecycle.state.vms["vm1"], vm)
         self.assertFalse(vm.gone)
@@ -468,7 +472,7 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
         await self.launch()
         vm = self.lifecycle.state.vms.pop("vm1")  # the daemon lost it in the window
         await vm.force_stop()
-        self.store.set_power_state("vm1", PowerState.SHUTDOWN)
+        self.store.instances.set_power_state("vm1", PowerState.SHUTDOWN)
         await self.lifecycle.sync_power_states()
         record = self.lifecycle.get("vm1")
         self.assertEqual(
@@ -482,32 +486,38 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
         assert pid is not None
         await self.lifecycle.shutdown()  # the daemon lets go; the VM keeps running
         self.lifecycle = self.new_lifecycle()
-        self.store.claim_task("vm1", "test", frozenset({VMState.ACTIVE}), _task("powering-off"))
-        self.store.finish_task("vm1", _task("powering-off"), VMState.STOPPED, PowerState.SHUTDOWN)
+        self.store.instances.claim_task(
+            "vm1", "test", frozenset({VMState.ACTIVE}), _task("powering-off")
+        )
+        self.store.instances.finish_task(
+            "vm1", _task("powering-off"), VMState.STOPPED, PowerState.SHUTDOWN
+        )
         await self.lifecycle.sync_power_states()
         await _until(lambda: not _alive(pid))
-        self.assertIn("stopped it", self.store.list_actions("vm1")[0].steps[0].name)
+        self.assertIn("stopped it", self.store.actions.list_actions("vm1")[0].steps[0].name)
 
     @_async
     async def test_syncSkipsInstancesWithATaskInProgress(self) -> None:
         await self.launch()
         vm = self.lifecycle.state.vms.pop("vm1")
         await vm.force_stop()
-        self.store.claim_task("vm1", "test", frozenset({VMState.ACTIVE}), _task("rebuilding"))
-        actions_before = len(self.store.list_actions("vm1"))
+        self.store.instances.claim_task(
+            "vm1", "test", frozenset({VMState.ACTIVE}), _task("rebuilding")
+        )
+        actions_before = len(self.store.actions.list_actions("vm1"))
         await self.lifecycle.sync_power_states()
         record = self.lifecycle.get("vm1")
         self.assertEqual(
             (record.vm_state, record.task_state), (VMState.ACTIVE, _task("rebuilding"))
         )
-        self.assertEqual(len(self.store.list_actions("vm1")), actions_before)
+        self.assertEqual(len(self.store.actions.list_actions("vm1")), actions_before)
         self.assertNotIn("vm1", self.lifecycle.state.vms)
 
     @_async
     async def test_syncLeavesAStartingInstancesVMAlone(self) -> None:
         await self.launch()
         await self.wait(await self.lifecycle.act("vm1", "stop", force=True))
-        record = self.store.claim_task(
+        record = self.store.instances.claim_task(
             "vm1", "start", frozenset({VMState.STOPPED}), _task("powering-on")
         )
         # The start's VM is up but not yet followed: the poller must keep its hands off.
@@ -529,13 +539,13 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
         record = self.lifecycle.get("vm1")
         self.assertEqual(record.vm_state, VMState.ERROR)
         self.assertIn("did not answer query-status", record.error or "")
-        self.assertEqual(self.store.list_actions("vm1")[0].action, "power-sync")
+        self.assertEqual(self.store.actions.list_actions("vm1")[0].action, "power-sync")
 
     @_async
     async def test_syncLeavesAnInstanceInErrorAndItsVMAlone(self) -> None:
         await self.launch()
         vm = self.lifecycle.state.vms["vm1"]
-        self.store.set_error("vm1", "operator says no")
+        self.store.instances.set_error("vm1", "operator says no")
         await self.lifecycle.sync_power_states()
         self.assertFalse(vm.gone)
         self.assertEqual(await vm.query_power_state(), PowerState.RUNNING)
@@ -546,7 +556,7 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
     async def test_errorSurvivesItsVMExiting(self) -> None:
         await self.launch()
         vm = self.lifecycle.state.vms["vm1"]
-        self.store.set_error("vm1", "resize failed: disk on fire")
+        self.store.instances.set_error("vm1", "resize failed: disk on fire")
         guest = ACPIGuest()
         control = os.path.join(vm.spec.guest_dir, "control")
         await connectProtocol(UNIXClientEndpoint(reactor, control), guest)
@@ -559,12 +569,12 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
         self.assertEqual(
             (record.vm_state, record.error), (VMState.ERROR, "resize failed: disk on fire")
         )
-        self.assertEqual(self.store.list_actions("vm1")[0].action, "vm-exited")
+        self.assertEqual(self.store.actions.list_actions("vm1")[0].action, "vm-exited")
 
     @_async
     async def test_restartedDaemonReadoptsTheRunningVMAndClearsReady(self) -> None:
         await self.launch()
-        self.store.update_config("vm1", {READY_KEY: "true"})
+        self.store.instances.update_config("vm1", {READY_KEY: "true"})
         pid = self.lifecycle.state.vms["vm1"].pid
         await self.lifecycle.shutdown()
         self.lifecycle = self.new_lifecycle()
@@ -578,7 +588,9 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
     async def test_restartResolvesAnInstanceLeftMidTask(self) -> None:
         await self.launch()
         await self.lifecycle.shutdown()
-        self.store.claim_task("vm1", "rebuild", frozenset({VMState.ACTIVE}), _task("rebuilding"))
+        self.store.instances.claim_task(
+            "vm1", "rebuild", frozenset({VMState.ACTIVE}), _task("rebuilding")
+        )
         self.lifecycle = self.new_lifecycle()
         await self.lifecycle.recover()
         record = self.lifecycle.get("vm1")
@@ -593,10 +605,12 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
         pid = vm.pid
         run_dir = vm.spec.run_dir
         await self.lifecycle.shutdown()
-        self.store.claim_task("vm1", "delete", frozenset({VMState.ACTIVE}), _task("deleting"))
+        self.store.instances.claim_task(
+            "vm1", "delete", frozenset({VMState.ACTIVE}), _task("deleting")
+        )
         self.lifecycle = self.new_lifecycle()
         await self.lifecycle.recover()
-        self.assertIsNone(self.store.find_instance("vm1"))
+        self.assertIsNone(self.store.instances.find_instance("vm1"))
         self.assertFalse(os.path.exists(run_dir))
         self.assertEqual(self.display_sequence("vm1"), ["DELETED"])
         assert pid is not None
@@ -610,7 +624,9 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
         pid = vm.pid
         assert pid is not None
         await self.lifecycle.shutdown()
-        self.store.claim_task("vm1", "stop", frozenset({VMState.ACTIVE}), _task("powering-off"))
+        self.store.instances.claim_task(
+            "vm1", "stop", frozenset({VMState.ACTIVE}), _task("powering-off")
+        )
         os.kill(pid, signal.SIGSTOP)
         self.addCleanup(_kill_quietly, pid)
         self.lifecycle = self.new_lifecycle()
@@ -653,7 +669,9 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
         pid = self.lifecycle.state.vms["vm1"].pid
         assert pid is not None
         await self.lifecycle.shutdown()
-        self.store.claim_task("vm1", "freeze", frozenset({VMState.ACTIVE}), _task("pausing"))
+        self.store.instances.claim_task(
+            "vm1", "freeze", frozenset({VMState.ACTIVE}), _task("pausing")
+        )
         self.lifecycle = self.new_lifecycle()
         driver = self.lifecycle.state.driver
         adopt = driver.adopt
@@ -681,7 +699,9 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
         await self.launch()
         await self.wait(await self.lifecycle.act("vm1", "stop", force=True))
         await self.lifecycle.shutdown()
-        self.store.claim_task("vm1", "start", frozenset({VMState.STOPPED}), _task("powering-on"))
+        self.store.instances.claim_task(
+            "vm1", "start", frozenset({VMState.STOPPED}), _task("powering-on")
+        )
         self.lifecycle = self.new_lifecycle()
         await self.lifecycle.recover()
         record = self.lifecycle.get("vm1")

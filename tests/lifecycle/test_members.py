@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, fail
 from twisted.internet.task import Clock
 from twisted.logger import ILogObserver, Logger, formatEvent
 from twisted.trial.unittest import TestCase
@@ -18,6 +19,29 @@ from vmready.lifecycle.members import MEMBER_ONLINE, MEMBER_UNREACHABLE, Members
 from vmready.store.asyncstore import AsyncStore
 from vmready.store.executor import InlineExecutor
 from vmready.store.sqlite import Store
+
+T = TypeVar("T")
+
+
+class _Reachable(InlineExecutor):
+    """Inline; while ``refusing`` is set, each call fails with it at once (and is counted)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refusing: Exception | None = None
+        self.calls = 0
+
+    def submit(self, work: Callable[[], T]) -> Deferred[T]:
+        self.calls += 1
+        if self.refusing is not None:
+            return fail(self.refusing)
+        return super().submit(work)
+
+
+def _executor(membership: Membership) -> _Reachable:
+    executor = membership.store.executor
+    assert isinstance(executor, _Reachable)
+    return executor
 
 
 class MembershipTests(TestCase):
@@ -36,7 +60,7 @@ class MembershipTests(TestCase):
     def member(self, name: str, lease: float = 15.0, fingerprint: str | None = None) -> Membership:
         engine = Store.open(self.path, clock=self.clock.seconds)
         self.addCleanup(engine.close)
-        store = AsyncStore(engine, InlineExecutor(), cached=False, member=name)
+        store = AsyncStore(engine, _Reachable(), cached=False, member=name)
         bus = EventBus(self.clock.seconds)
         seen = self.events.setdefault(name, [])
         bus.subscribe(seen.append)
@@ -123,20 +147,14 @@ class MembershipTests(TestCase):
 
     async def test_aFailingRenewalIsLoggedAndRetried(self) -> None:
         await self.a.start()
-        engine = self.a.store.engine
-        real = engine.renew_held_lease
-        calls: list[str] = []
-
-        def broken(*args: Any) -> float:
-            calls.append("renew")
-            raise sqlite3.OperationalError("database is locked")
-
+        store = _executor(self.a)
         logged: list[dict[str, Any]] = []
         self.a.log = Logger(observer=cast(ILogObserver, logged.append))
-        engine.renew_held_lease = broken  # type: ignore[method-assign,assignment]
+        store.refusing = sqlite3.OperationalError("database is locked")
+        before = store.calls
         self.clock.advance(5)
         self.clock.advance(5)
-        self.assertEqual(calls, ["renew", "renew"])
+        self.assertEqual(store.calls - before, 2)  # one renewal each time
         # Said once, not at every retry.
         self.assertEqual(
             [formatEvent(event) for event in logged],
@@ -145,7 +163,7 @@ class MembershipTests(TestCase):
                 "trying again every 5s"
             ],
         )
-        engine.renew_held_lease = real  # type: ignore[method-assign]
+        store.refusing = None
         self.clock.advance(5)
         self.assertEqual(self.a.view.members[0].lease_expires, 1_000_030.0)
         self.assertEqual(formatEvent(logged[-1]), "renewed the lease of cluster member a again")
@@ -169,17 +187,12 @@ class MembershipTests(TestCase):
         lost: list[LeaseLost] = []
         self.a.lost.addCallback(lost.append)
         engine = self.a.store.engine
-
-        def unreachable(*args: Any) -> float:
-            raise sqlite3.OperationalError("unable to open database file")
-
         # a's lease ran out (its store was out of reach) and a new daemon took the name.
-        real = engine.renew_held_lease
-        engine.renew_held_lease = unreachable  # type: ignore[method-assign,assignment]
+        _executor(self.a).refusing = sqlite3.OperationalError("unable to open database file")
         for _ in range(4):
             self.clock.advance(5)
-        engine.renew_held_lease = real  # type: ignore[method-assign]
-        engine.renew_lease("a", "10.0.0.9:8443", "c" * 64, 15.0)
+        _executor(self.a).refusing = None
+        engine.members.renew_lease("a", "10.0.0.9:8443", "c" * 64, 15.0)
         await self.a.refresh()  # a members notification, before any renewal of a's
         (reported,) = lost
         assert reported.holder is not None
@@ -188,25 +201,20 @@ class MembershipTests(TestCase):
 
     async def test_aLostLeaseStopsTheRenewalsAndIsReported(self) -> None:
         await self.a.start()
-        engine = self.a.store.engine
-        real = engine.renew_held_lease
-
-        def unreachable(*args: Any) -> float:
-            raise sqlite3.OperationalError("unable to open database file")
-
+        store = _executor(self.a)
         logged: list[dict[str, Any]] = []
         self.a.log = Logger(observer=cast(ILogObserver, logged.append))
         lost: list[LeaseLost] = []
         self.a.lost.addCallback(lost.append)
         # The store out of a's reach longer than its lease: it ran out, and a new daemon
         # (another certificate) took the name over.
-        engine.renew_held_lease = unreachable  # type: ignore[method-assign,assignment]
+        store.refusing = sqlite3.OperationalError("unable to open database file")
         for _ in range(4):
             self.clock.advance(5)
         self.assertEqual(lost, [])
         successor = self.member("a", fingerprint="c" * 64)
         await successor.start()
-        engine.renew_held_lease = real  # type: ignore[method-assign]
+        store.refusing = None
         self.clock.advance(5)
         (reported,) = lost
         assert reported.holder is not None
@@ -215,15 +223,9 @@ class MembershipTests(TestCase):
         self.assertIn("member name a was taken over by another daemon", str(reported))
         # No renewal any more; its stop leaves the successor's lease alone.
         self.assertIsNone(self.a._loop)
-        calls: list[str] = []
-
-        def counted(*args: Any) -> float:
-            calls.append("renew")
-            return 0.0
-
-        engine.renew_held_lease = counted  # type: ignore[method-assign,assignment]
+        before = store.calls
         self.clock.advance(30)
-        self.assertEqual(calls, [])
+        self.assertEqual(store.calls, before)
         await self.a.stop()
         view = await successor.refresh()
         self.assertIs(view.state_of("a"), MemberState.ONLINE)
@@ -233,7 +235,7 @@ class MembershipTests(TestCase):
         await self.b.start()
         self.launch(self.b, "web1")
         await self.a.start()
-        record = self.a.store.get_instance("web1")
+        record = self.a.store.view.get_instance("web1")
         self.assertEqual(record.member, "b")
         self.assertFalse(self.a.is_unreachable(record))
         assert self.b._loop is not None
@@ -252,12 +254,12 @@ class MembershipTests(TestCase):
         )
         # Its own instances are never unreachable to a member, nor those of no member.
         self.assertFalse(self.b.is_unreachable(record))
-        self.a.store.engine.create_instance("old", {}, {}, None, "")
-        self.assertFalse(self.a.is_unreachable(self.a.store.get_instance("old")))
+        self.a.store.engine.instances.create_instance("old", {}, {}, None, "")
+        self.assertFalse(self.a.is_unreachable(self.a.store.view.get_instance("old")))
         # A member the store does not know (its row removed): unreachable too.
-        self.a.store.engine.create_instance("lost", {}, {}, None, "ghost")
+        self.a.store.engine.instances.create_instance("lost", {}, {}, None, "ghost")
         self.assertEqual(
-            self.a.unreachable_reason(self.a.store.get_instance("lost")),
+            self.a.unreachable_reason(self.a.store.view.get_instance("lost")),
             "host unreachable: member ghost is not a known cluster member",
         )
 
@@ -301,4 +303,4 @@ class MembershipTests(TestCase):
 
 
 async def _create(store: AsyncStore, name: str) -> None:
-    await store.create_instance(name, {}, {})
+    await store.instances.create_instance(name, {}, {})

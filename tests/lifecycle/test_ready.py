@@ -141,7 +141,7 @@ class IdentityTests(AgentLinkTestCase):
         with open(os.path.join(drive, "server.crt"), "rb") as f:
             self.assertEqual(f.read(), SERVER.cert_pem)
         self.assertEqual(stat.S_IMODE(os.stat(os.path.join(drive, "agent.key")).st_mode), 0o600)
-        found = self.store.instance_for_fingerprint(fingerprint(certificate))
+        found = self.store.certificates.instance_for_fingerprint(fingerprint(certificate))
         assert found is not None
         self.assertEqual(found.name, "vm1")
         with open(os.path.join(drive, "agent.json")) as f:
@@ -186,7 +186,9 @@ class IdentityTests(AgentLinkTestCase):
         with open(os.path.join(self.lifecycle.config_drive(record), "agent.crt"), "rb") as f:
             certificate = f.read()
         await self.wait(await self.lifecycle.act("vm1", "delete"))
-        self.assertIsNone(self.store.instance_for_fingerprint(fingerprint(certificate)))
+        self.assertIsNone(
+            self.store.certificates.instance_for_fingerprint(fingerprint(certificate))
+        )
 
     @_async
     async def test_instancesFromBeforeTheGuestAPIGetAnIdentityAtStart(self) -> None:

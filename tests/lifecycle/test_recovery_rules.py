@@ -30,7 +30,7 @@ class CrashTestCase(LifecycleTestCase):
     async def running(self, **config: str) -> int:
         """NAME launched, its VM running, its workload Ready; the VM's pid."""
         await self.launch(NAME, **config)
-        self.store.update_config(NAME, {READY_KEY: "true"})
+        self.store.instances.update_config(NAME, {READY_KEY: "true"})
         pid = self.lifecycle.state.vms[NAME].pid
         assert pid is not None
         return pid
@@ -49,10 +49,10 @@ class CrashTestCase(LifecycleTestCase):
 
     def claim(self, action: str, *tasks: TaskState) -> None:
         """The action claimed its first task and got as far as the last one."""
-        record = self.store.get_instance(NAME)
-        self.store.claim_task(NAME, action, frozenset({record.vm_state}), tasks[0])
+        record = self.store.instances.get_instance(NAME)
+        self.store.instances.claim_task(NAME, action, frozenset({record.vm_state}), tasks[0])
         for before, after in itertools.pairwise(tasks):
-            self.store.advance_task(NAME, before, after)
+            self.store.instances.advance_task(NAME, before, after)
 
     async def recover(self) -> InstanceRecord:
         """A new daemon's start-up recovery; the instance after it."""
@@ -72,7 +72,7 @@ class CrashTestCase(LifecycleTestCase):
             (record.vm_state, record.task_state, record.power_state), (vm_state, None, power)
         )
         self.assertNotEqual(record.config.get(READY_KEY), "true")
-        [recovered] = [a for a in self.store.list_actions(NAME) if a.action == "recover"]
+        [recovered] = [a for a in self.store.actions.list_actions(NAME) if a.action == "recover"]
         self.assertIn(history, recovered.steps[0].name + (recovered.error or ""))
         states = [
             e.metadata["context"]
@@ -209,7 +209,7 @@ class PowerTaskTests(CrashTestCase):
         self.claim("delete", TaskState.DELETING)
         self.lifecycle = self.new_lifecycle()
         await self.lifecycle.recover()
-        self.assertIsNone(self.store.find_instance(NAME))
+        self.assertIsNone(self.store.instances.find_instance(NAME))
         self.assertIn("instance-deleted", self.lifecycle_actions(NAME))
         await self.assertNoVM(pid)
 
@@ -227,16 +227,16 @@ class ResizeTests(CrashTestCase):
 
     def write_new_size(self) -> None:
         """The resize's one store write: the new size, the old one kept beside it."""
-        self.store.update_config(
+        self.store.instances.update_config(
             NAME,
             {**self.NEW, _PREVIOUS_MEMORY: "128", _PREVIOUS_CPU: "1", READY_KEY: "false"},
         )
 
     def resized(self, power: PowerState) -> None:
         """NAME rests resized (the old size kept), as a finished resize leaves it."""
-        self.store.update_config(NAME, {_PREVIOUS_MEMORY: "128", _PREVIOUS_CPU: "1"})
+        self.store.instances.update_config(NAME, {_PREVIOUS_MEMORY: "128", _PREVIOUS_CPU: "1"})
         self.claim("resize", TaskState.RESIZE_QUEUED)
-        self.store.finish_task(NAME, TaskState.RESIZE_QUEUED, VMState.RESIZED, power)
+        self.store.instances.finish_task(NAME, TaskState.RESIZE_QUEUED, VMState.RESIZED, power)
 
     def assertSize(self, record: InstanceRecord, memory: int, cpus: int) -> None:
         self.assertEqual((record.memory_mib, record.cpus), (memory, cpus))
@@ -279,7 +279,7 @@ class ResizeTests(CrashTestCase):
         pid = await self.running(**self.NEW)
         await self.crash()
         self.claim("resize", *self.RESIZE, TaskState.RESIZE_FINISH)
-        self.store.update_config(NAME, {_PREVIOUS_MEMORY: "128", _PREVIOUS_CPU: "1"})
+        self.store.instances.update_config(NAME, {_PREVIOUS_MEMORY: "128", _PREVIOUS_CPU: "1"})
         record = await self.recover()
         self.assertRule(record, VMState.RESIZED, PowerState.RUNNING, "the new size was applied")
         self.assertSize(record, 256, 2)
@@ -293,7 +293,7 @@ class ResizeTests(CrashTestCase):
     async def test_crashAfterTheStoreWriteOfAStoppedResizeCompletesIt(self) -> None:
         await self.stopped()
         await self.crash()
-        self.store.update_config(NAME, {**self.OLD})
+        self.store.instances.update_config(NAME, {**self.OLD})
         self.claim("resize", *self.RESIZE)
         self.write_new_size()
         record = await self.recover()
@@ -304,7 +304,7 @@ class ResizeTests(CrashTestCase):
     async def test_crashBeforeTheStoreWriteOfAStoppedResizeLeavesItStopped(self) -> None:
         await self.stopped()
         await self.crash()
-        self.store.update_config(NAME, {**self.OLD})
+        self.store.instances.update_config(NAME, {**self.OLD})
         self.claim("resize", TaskState.RESIZE_QUEUED)
         record = await self.recover()
         self.assertRule(record, VMState.STOPPED, PowerState.SHUTDOWN, "rolled back")
@@ -337,7 +337,9 @@ class ResizeTests(CrashTestCase):
         pid = await self.running(**self.NEW)
         await self.crash(pid)
         self.resized(PowerState.RUNNING)
-        self.store.update_config(NAME, {**self.OLD, _PREVIOUS_MEMORY: None, _PREVIOUS_CPU: None})
+        self.store.instances.update_config(
+            NAME, {**self.OLD, _PREVIOUS_MEMORY: None, _PREVIOUS_CPU: None}
+        )
         self.claim("revert-resize", TaskState.RESIZE_REVERTING)
         record = await self.recover()
         self.assertRule(record, VMState.ACTIVE, PowerState.RUNNING, "rolled back")

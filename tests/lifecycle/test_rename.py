@@ -37,17 +37,19 @@ class RenameTests(AgentLinkTestCase):
         operation = await self.wait(await self.lifecycle.rename("vm1", "web1"))
 
         self.assertEqual(operation.error, "")
-        self.assertIsNone(self.store.find_instance("vm1"))
+        self.assertIsNone(self.store.instances.find_instance("vm1"))
         record = self.lifecycle.get("web1")
         self.assertEqual((record.uuid, record.vm_state), (before.uuid, VMState.STOPPED))
         self.assertEqual(self.lifecycle_actions("web1"), ["instance-renamed"])
         renamed = [e for e in self.events if e.metadata.get("action") == "instance-renamed"]
         self.assertEqual(renamed[0].metadata["context"], {"old_name": "vm1"})
-        self.assertEqual([s["name"] for s in self.store.list_snapshots("web1")], ["warm"])
-        history = [action.action for action in self.store.list_actions("web1")]
+        self.assertEqual(
+            [s["name"] for s in self.store.snapshots.list_snapshots("web1")], ["warm"]
+        )
+        history = [action.action for action in self.store.actions.list_actions("web1")]
         self.assertEqual(history[0], "rename")
         self.assertIn("create", history)  # the history before the rename is still its own
-        found = self.store.instance_for_fingerprint(fingerprint(certificate))
+        found = self.store.certificates.instance_for_fingerprint(fingerprint(certificate))
         self.assertEqual(found.name if found else None, "web1")
 
         await self.wait(await self.lifecycle.act("web1", "start"))
@@ -75,7 +77,7 @@ class RenameTests(AgentLinkTestCase):
             error.message,
             "Cannot rename instance vm1: it is running; only a stopped instance can be renamed",
         )
-        self.assertIsNotNone(self.store.find_instance("vm1"))
+        self.assertIsNotNone(self.store.instances.find_instance("vm1"))
 
     @_async
     async def test_aTakenOrBadNameOrAnUnknownInstanceIsRefusedBeforeAnOperation(self) -> None:

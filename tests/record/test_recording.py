@@ -84,14 +84,14 @@ class RecordersTests(SynchronousTestCase):
 
     def test_recordingOffWritesNothing(self) -> None:
         recorders = self.recorders(record_all=False)
-        self.store.create_instance("vm1", {}, {})
+        self.store.instances.create_instance("vm1", {}, {})
         self.assertFalse(recorders.maybe_recording)
         self.assertIsNone(recorders.recorder_for("vm1"))
         self.assertFalse(os.path.exists(self.directory))
 
     def test_theDaemonOptionRecordsEveryInstance(self) -> None:
         recorders = self.recorders(record_all=True)
-        self.store.create_instance("vm1", {"user.a": "b"}, {})
+        self.store.instances.create_instance("vm1", {"user.a": "b"}, {})
         recorder = recorders.recorder_for("vm1")
         assert recorder is not None
         recorder.ring_write(b"CONNECT 2:9\n")
@@ -106,19 +106,19 @@ class RecordersTests(SynchronousTestCase):
 
     def test_theInstanceKeyOptsOut(self) -> None:
         recorders = self.recorders(record_all=True)
-        self.store.create_instance("vm1", {"vmready.record": "false"}, {})
+        self.store.instances.create_instance("vm1", {"vmready.record": "false"}, {})
         self.assertIsNone(recorders.recorder_for("vm1"))
 
     def test_theInstanceKeyOptsIn(self) -> None:
-        self.store.create_instance("vm1", {"vmready.record": "true"}, {})
-        self.store.create_instance("vm2", {}, {})
+        self.store.instances.create_instance("vm1", {"vmready.record": "true"}, {})
+        self.store.instances.create_instance("vm2", {}, {})
         recorders = self.recorders(record_all=False)
         self.assertIsNotNone(recorders.recorder_for("vm1"))
         self.assertIsNone(recorders.recorder_for("vm2"))
 
     def test_lifecycleEventsOfTheInstanceAreRecorded(self) -> None:
         recorders = self.recorders(record_all=True)
-        self.store.create_instance("vm1", {}, {})
+        self.store.instances.create_instance("vm1", {}, {})
         self.lifecycle.state.events.lifecycle("instance-ready", "vm1")
         recorders.close()
         with open(transcript_path(self.directory, "vm1")) as f:
@@ -126,8 +126,10 @@ class RecordersTests(SynchronousTestCase):
         self.assertEqual(kinds, [None, "instance-ready"])
 
     def running(self, name: str, config: dict[str, str] | None = None) -> None:
-        self.store.create_instance(name, config or {}, {})
-        self.store.finish_task(name, TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING)
+        self.store.instances.create_instance(name, config or {}, {})
+        self.store.instances.finish_task(
+            name, TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING
+        )
 
     def test_anOperatorActionIsRecordedBeforeTheStateItCauses(self) -> None:
         recorders = self.recorders(record_all=True)
@@ -154,7 +156,7 @@ class RecordersTests(SynchronousTestCase):
         recorders = self.recorders(record_all=True)
         self.lifecycle.state.recorders = recorders
         self.running("vm1", {"vmready.record": "false"})
-        self.store.create_instance("vm2", {}, {})  # still building: a restart is refused
+        self.store.instances.create_instance("vm2", {}, {})  # still building: a restart is refused
         self.assertIsNotNone(recorders.recorder_for("vm2"))
         self.failureResultOf(
             Deferred.fromCoroutine(self.lifecycle.act("vm2", "restart")), Conflict
@@ -169,7 +171,7 @@ class RecordersTests(SynchronousTestCase):
 
     def test_secretConfigIsRedactedInTheHeader(self) -> None:
         recorders = self.recorders(record_all=True)
-        self.store.create_instance("vm1", {"user.api-key": "k"}, {})
+        self.store.instances.create_instance("vm1", {"user.api-key": "k"}, {})
         recorders.recorder_for("vm1")
         recorders.close()
         with open(transcript_path(self.directory, "vm1")) as f:
@@ -177,7 +179,7 @@ class RecordersTests(SynchronousTestCase):
         self.assertEqual(header["config"], {"user.api-key": "[REDACTED]"})
 
     def test_requestIdsContinueAfterADaemonRestart(self) -> None:
-        self.store.create_instance("vm1", {}, {})
+        self.store.instances.create_instance("vm1", {}, {})
         first = Recorders(self.lifecycle, self.directory, record_all=True)
         recorder = first.recorder_for("vm1")
         assert recorder is not None
@@ -195,7 +197,7 @@ class RecordersTests(SynchronousTestCase):
         recorders = self.recorders(record_all=False)
         self.lifecycle.state.recorders = recorders
         self.running("vm1", {"vmready.record": "true"})
-        vm = _FakeVM(self.lifecycle.spec_for(self.store.get_instance("vm1")))
+        vm = _FakeVM(self.lifecycle.spec_for(self.store.instances.get_instance("vm1")))
         self.lifecycle.watching.attach("vm1", vm)  # type: ignore[arg-type]
         ring = FakeRing(self.clock)
         monitor = AgentMonitor(
@@ -227,7 +229,7 @@ class RecordersTests(SynchronousTestCase):
     def test_aNewVMsHeaderNamesTheLayoutItWillRunWith(self) -> None:
         self.lifecycle.state.serial_layout = LEGACY_LAYOUT
         recorders = self.recorders(record_all=True)
-        self.store.create_instance("vm1", {}, {})
+        self.store.instances.create_instance("vm1", {}, {})
         recorders.recorder_for("vm1")
         recorders.close()
         with open(transcript_path(self.directory, "vm1")) as f:
@@ -237,7 +239,7 @@ class RecordersTests(SynchronousTestCase):
 
     def test_aPemBlockSplitAcrossRingReadsIsRedactedWhole(self) -> None:
         recorders = self.recorders(record_all=True)
-        self.store.create_instance("vm1", {}, {})
+        self.store.instances.create_instance("vm1", {}, {})
         recorder = recorders.recorder_for("vm1")
         assert recorder is not None
         recorder.ring_read(b"x -----BEGIN PRIVATE KEY-----\nAAAA")
@@ -251,7 +253,7 @@ class RecordersTests(SynchronousTestCase):
 
     def test_cloudInitUserDataIsRedacted(self) -> None:
         recorders = self.recorders(record_all=True)
-        self.store.create_instance(
+        self.store.instances.create_instance(
             "vm1", {"cloud-init.user-data": "#cloud-config\npassword: hunter2"}, {}
         )
         recorders.recorder_for("vm1")

@@ -36,7 +36,7 @@ def _committed_config(location: str, name: str) -> dict[str, Any]:
     """What another connection sees of an instance's config: only what is committed."""
     other = Store.open(location)
     try:
-        record = other.find_instance(name)
+        record = other.instances.find_instance(name)
     finally:
         other.close()
     return {} if record is None else dict(record.config)
@@ -53,8 +53,8 @@ class ThreadedStoreTestCase(TestCase):
     def setUp(self) -> None:
         self.path = self.new_location()
         engine = Store.open(self.path)
-        engine.create_instance("vm1", {}, {})
-        engine.finish_task("vm1", TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING)
+        engine.instances.create_instance("vm1", {}, {})
+        engine.instances.finish_task("vm1", TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING)
         self.store = AsyncStore.threaded(reactor, engine)
         self.gate = threading.Event()
         # Whatever happens, the thread is let go and the store closed.
@@ -77,7 +77,7 @@ class ThreadedStoreTestCase(TestCase):
 class WritesOffTheReactorTests(ThreadedStoreTestCase):
     async def test_aWriteWhoseDiskIsStuckLetsTheReactorRunAndCompletesAfterwards(self) -> None:
         held = self.hold()
-        written = self.store.update_config("vm1", {"user.a": "1"})
+        written = self.store.instances.update_config("vm1", {"user.a": "1"})
         ticks = 0
         for _ in range(5):
             # Timers keep firing while the write waits for its (blocked) thread.
@@ -93,7 +93,9 @@ class WritesOffTheReactorTests(ThreadedStoreTestCase):
 
     async def test_nothingQueuedIsLostWhenTheStoreCloses(self) -> None:
         self.hold()
-        writes = [self.store.update_config("vm1", {f"user.k{n}": str(n)}) for n in range(50)]
+        writes = [
+            self.store.instances.update_config("vm1", {f"user.k{n}": str(n)}) for n in range(50)
+        ]
         self.gate.set()
         await self.store.close()
         self.assertEqual(len([w for w in writes if w.called]), 50)
@@ -104,41 +106,44 @@ class WritesOffTheReactorTests(ThreadedStoreTestCase):
 class ReadYourWritesTests(ThreadedStoreTestCase):
     async def test_aReadQueuedAfterAWriteSeesIt(self) -> None:
         self.hold()
-        self.store.update_config("vm1", {"user.a": "1"})
-        read = self.store.run(lambda engine: engine.get_instance("vm1").config.get("user.a"))
+        self.store.instances.update_config("vm1", {"user.a": "1"})
+        read = self.store.run(
+            lambda engine: engine.instances.get_instance("vm1").config.get("user.a")
+        )
         self.gate.set()
         self.assertEqual(await read, "1")
 
     async def test_instanceReadsShowTheCommittedRowFromTheMomentTheWriteFires(self) -> None:
         self.hold()
-        written = self.store.update_config("vm1", {"user.a": "1"})
+        written = self.store.instances.update_config("vm1", {"user.a": "1"})
         # Pending: the reactor's reads show the committed row, not the promise of one.
-        self.assertNotIn("user.a", self.store.get_instance("vm1").config)
+        self.assertNotIn("user.a", self.store.view.get_instance("vm1").config)
         seen: list[str | None] = []
         written.addCallback(
-            lambda _: seen.append(self.store.get_instance("vm1").config.get("user.a"))
+            lambda _: seen.append(self.store.view.get_instance("vm1").config.get("user.a"))
         )
         self.gate.set()
         await written
         self.assertEqual(seen, ["1"])
-        self.assertEqual(self.store.list_instances()[0].config["user.a"], "1")
+        self.assertEqual(self.store.view.list_instances()[0].config["user.a"], "1")
 
     async def test_aDeletedInstanceIsGoneWithItsCertificate(self) -> None:
-        await self.store.set_agent_certificate("vm1", "ab" * 32)
-        self.assertEqual(self.store.instance_for_fingerprint("ab" * 32).name, "vm1")  # type: ignore[union-attr]
-        await self.store.delete_instance("vm1")
-        self.assertIsNone(self.store.find_instance("vm1"))
-        self.assertIsNone(self.store.instance_for_fingerprint("ab" * 32))
-        self.assertRaises(NotFound, self.store.get_instance, "vm1")
+        await self.store.certificates.set_agent_certificate("vm1", "ab" * 32)
+        found = self.store.view.instance_for_fingerprint("ab" * 32)
+        self.assertEqual(found.name if found else None, "vm1")
+        await self.store.instances.delete_instance("vm1")
+        self.assertIsNone(self.store.view.find_instance("vm1"))
+        self.assertIsNone(self.store.view.instance_for_fingerprint("ab" * 32))
+        self.assertRaises(NotFound, self.store.view.get_instance, "vm1")
 
     async def test_clearingReadyEverywhereIsWhatReadsSeeAfterwards(self) -> None:
-        await self.store.update_config("vm1", {"volatile.last_state.ready": "true"})
-        self.assertTrue(self.store.get_instance("vm1").ready)
-        self.assertEqual(await self.store.clear_ready_everywhere(), 1)
-        self.assertNotIn("volatile.last_state.ready", self.store.get_instance("vm1").config)
+        await self.store.instances.update_config("vm1", {"volatile.last_state.ready": "true"})
+        self.assertTrue(self.store.view.get_instance("vm1").ready)
+        self.assertEqual(await self.store.instances.clear_ready_everywhere(), 1)
+        self.assertNotIn("volatile.last_state.ready", self.store.view.get_instance("vm1").config)
         # The committed row, read by the engine itself, is exactly what the reactor reads.
-        stored = await self.store.run(lambda engine: engine.get_instance("vm1"))
-        self.assertEqual(self.store.get_instance("vm1"), stored)
+        stored = await self.store.run(lambda engine: engine.instances.get_instance("vm1"))
+        self.assertEqual(self.store.view.get_instance("vm1"), stored)
 
 
 class BatchingTests(ThreadedStoreTestCase):
@@ -146,12 +151,12 @@ class BatchingTests(ThreadedStoreTestCase):
         stop = ACTIONS["stop"]
         self.hold()
         before = self.store.executor.batches  # type: ignore[attr-defined]
-        claimed = self.store.claim_task("vm1", "stop", stop.allowed_from, stop.tasks[0])
+        claimed = self.store.instances.claim_task("vm1", "stop", stop.allowed_from, stop.tasks[0])
         # The same claim again: the compare-and-swap refuses it, inside the same batch.
-        again = self.store.claim_task("vm1", "stop", stop.allowed_from, stop.tasks[0])
-        wrong = self.store.advance_task("vm1", TaskState.SPAWNING, TaskState.POWERING_ON)
-        updated = self.store.update_config("vm1", {"user.b": "2"})
-        missing = self.store.update_config("nope", {"user.b": "2"})
+        again = self.store.instances.claim_task("vm1", "stop", stop.allowed_from, stop.tasks[0])
+        wrong = self.store.instances.advance_task("vm1", TaskState.SPAWNING, TaskState.POWERING_ON)
+        updated = self.store.instances.update_config("vm1", {"user.b": "2"})
+        missing = self.store.instances.update_config("nope", {"user.b": "2"})
         self.gate.set()
         # Outcomes arrive in order: once the last has, every one has.
         await self.assertFailure(missing, NotFound)
@@ -161,18 +166,18 @@ class BatchingTests(ThreadedStoreTestCase):
         self.assertEqual(self.successResultOf(updated).config["user.b"], "2")
         # The held call was one batch; everything queued behind it, one more: one commit.
         self.assertEqual(self.store.executor.batches - before, 2)  # type: ignore[attr-defined]
-        committed = self.store.get_instance("vm1")
+        committed = self.store.view.get_instance("vm1")
         self.assertEqual((committed.task_state, committed.config["user.b"]), (stop.tasks[0], "2"))
         self.assertEqual(_committed_config(self.path, "vm1")["user.b"], "2")
 
     async def test_aFailingCallInABatchUndoesItsOwnWritesOnly(self) -> None:
         def half_then_fail(engine: Store) -> None:
-            engine.update_config("vm1", {"user.half": "1"})
+            engine.instances.update_config("vm1", {"user.half": "1"})
             raise Conflict("changed its mind")
 
         self.hold()
         failed = self.store.run(half_then_fail)
-        kept = self.store.update_config("vm1", {"user.kept": "1"})
+        kept = self.store.instances.update_config("vm1", {"user.kept": "1"})
         self.gate.set()
         await self.assertFailure(failed, Conflict)
         await kept
@@ -185,14 +190,14 @@ class SQLiteBatchTests(ThreadedStoreTestCase):
         """A full disk or an I/O error ends SQLite's transaction: no call of it was kept."""
 
         def write_then_lose_it_all(engine: Store) -> None:
-            engine.update_config("vm1", {"user.second": "1"})
-            engine._database.db.execute("ROLLBACK")  # what SQLite does on SQLITE_FULL
+            engine.instances.update_config("vm1", {"user.second": "1"})
+            engine.database.db.execute("ROLLBACK")  # what SQLite does on SQLITE_FULL
             raise sqlite3.OperationalError("database or disk is full")
 
         self.hold()
-        first = self.store.update_config("vm1", {"user.first": "1"})
+        first = self.store.instances.update_config("vm1", {"user.first": "1"})
         lost = self.store.run(write_then_lose_it_all)
-        after = self.store.update_config("vm1", {"user.after": "1"})
+        after = self.store.instances.update_config("vm1", {"user.after": "1"})
         self.gate.set()
         calls: list[Deferred[Any]] = [first, lost, after]
         for call in calls:
@@ -202,8 +207,10 @@ class SQLiteBatchTests(ThreadedStoreTestCase):
             [config.get(key) for key in ("user.first", "user.second", "user.after")],
             [None, None, None],
         )
-        self.assertEqual(self.store.get_instance("vm1").config.get("user.first"), None)
-        kept = await self.store.update_config("vm1", {"user.later": "1"})  # the store goes on
+        self.assertEqual(self.store.view.get_instance("vm1").config.get("user.first"), None)
+        kept = await self.store.instances.update_config(
+            "vm1", {"user.later": "1"}
+        )  # the store goes on
         self.assertEqual(kept.config["user.later"], "1")
 
 
@@ -214,26 +221,28 @@ class InlineStoreTests(SynchronousTestCase):
         engine = Store.open(":memory:")
         self.addCleanup(engine.close)
         store = AsyncStore.inline(engine)
-        record = self.successResultOf(store.create_instance("vm1", {}, {}))
-        self.assertEqual(store.get_instance("vm1"), record)
-        self.failureResultOf(store.create_instance("vm1", {}, {}), Conflict)
+        record = self.successResultOf(store.instances.create_instance("vm1", {}, {}))
+        self.assertEqual(store.view.get_instance("vm1"), record)
+        self.failureResultOf(store.instances.create_instance("vm1", {}, {}), Conflict)
 
 
 class RenameReadsTests(ThreadedStoreTestCase):
     async def test_aRenamedInstanceIsReadUnderItsNewNameWithItsCertificate(self) -> None:
-        await self.store.set_agent_certificate("vm1", "ab" * 32)
-        await self.store.claim_task(
+        await self.store.certificates.set_agent_certificate("vm1", "ab" * 32)
+        await self.store.instances.claim_task(
             "vm1", "stop", frozenset({VMState.ACTIVE}), TaskState.POWERING_OFF
         )
-        await self.store.finish_task(
+        await self.store.instances.finish_task(
             "vm1", TaskState.POWERING_OFF, VMState.STOPPED, PowerState.SHUTDOWN
         )
-        renamed = await self.store.rename_instance("vm1", "web", frozenset({VMState.STOPPED}), "r")
+        renamed = await self.store.instances.rename_instance(
+            "vm1", "web", frozenset({VMState.STOPPED}), "r"
+        )
         self.assertEqual(renamed.name, "web")
-        self.assertIsNone(self.store.find_instance("vm1"))
-        self.assertEqual(self.store.get_instance("web"), renamed)
-        self.assertEqual(self.store.instance_for_fingerprint("ab" * 32), renamed)
-        self.assertEqual([r.name for r in self.store.list_instances()], ["web"])
+        self.assertIsNone(self.store.view.find_instance("vm1"))
+        self.assertEqual(self.store.view.get_instance("web"), renamed)
+        self.assertEqual(self.store.view.instance_for_fingerprint("ab" * 32), renamed)
+        self.assertEqual([r.name for r in self.store.view.list_instances()], ["web"])
 
 
 class OnPostgreSQL(ThreadedStoreTestCase):

@@ -74,7 +74,7 @@ class DiskFullTests(TestCase):
         root = small_filesystem(self, "1m")
         self.path = os.path.join(root, "vmready.sqlite")
         engine = Store.open(self.path)
-        engine.create_instance("vm1", {}, {})
+        engine.instances.create_instance("vm1", {}, {})
         self.store = AsyncStore.threaded(reactor, engine)
         self.addCleanup(self.store.close)
         self.root = root
@@ -87,14 +87,16 @@ class DiskFullTests(TestCase):
 
     async def test_aWriteOnAFullDiskWaitsAndLandsOnceThereIsSpace(self) -> None:
         filler = fill(self.root)
-        written = self.store.update_config("vm1", {"user.big": _LARGE})
-        after = self.store.update_config("vm1", {"user.after": "1"})  # waits behind it, in order
+        written = self.store.instances.update_config("vm1", {"user.big": _LARGE})
+        after = self.store.instances.update_config(
+            "vm1", {"user.after": "1"}
+        )  # waits behind it, in order
         while not self.changes:
             await deferLater(reactor, 0.02, lambda: None)
         self.assertIn("disk is full", self.changes[0] or "")
         self.assertIsNotNone(self.store.health.failing_since)
         self.assertFalse(written.called)
-        self.assertNotIn("user.big", self.store.get_instance("vm1").config)
+        self.assertNotIn("user.big", self.store.view.get_instance("vm1").config)
         os.unlink(filler)
         record = await written
         self.assertEqual(record.config["user.big"], _LARGE)
@@ -108,15 +110,15 @@ class DiskFullTests(TestCase):
         assert isinstance(executor, DatabaseThread)
         executor.retry_for = 0.3
         filler = fill(self.root)
-        failed = self.store.update_config("vm1", {"user.big": _LARGE})
+        failed = self.store.instances.update_config("vm1", {"user.big": _LARGE})
         error: Any = await self.assertFailure(failed, StoreWriteFailed)
         self.assertIn("database or disk is full", error.message)
         self.assertIn("nothing of this change was kept", error.message)
         self.assertEqual(error.http_status, 503)
-        self.assertNotIn("user.big", self.store.get_instance("vm1").config)
+        self.assertNotIn("user.big", self.store.view.get_instance("vm1").config)
         self.assertNotIn("user.big", committed(self.path, "vm1"))
         self.assertIsNotNone(self.store.health.failing_since)
         os.unlink(filler)
-        record = await self.store.update_config("vm1", {"user.big": _LARGE})
+        record = await self.store.instances.update_config("vm1", {"user.big": _LARGE})
         self.assertEqual(record.config["user.big"], _LARGE)
         self.assertIsNone(self.store.health.failing_since)

@@ -48,9 +48,9 @@ class MemberStoreTests(_MembersTestCase):
     """Leases on the daemon's clock (SQLite)."""
 
     def test_aMemberJoinsWithALeaseAndIsOnlineUntilItRunsOut(self) -> None:
-        expires = self.store.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
+        expires = self.store.members.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
         self.assertEqual(expires, 1015.0)
-        view = self.store.list_members()
+        view = self.store.members.list_members()
         self.assertEqual([m.name for m in view.members], ["host1"])
         member = view.members[0]
         self.assertEqual(
@@ -59,24 +59,24 @@ class MemberStoreTests(_MembersTestCase):
         )
         self.assertIs(view.state_of("host1"), MemberState.ONLINE)
         self.clock.advance(15)
-        self.assertIs(self.store.list_members().state_of("host1"), MemberState.UNREACHABLE)
+        self.assertIs(self.store.members.list_members().state_of("host1"), MemberState.UNREACHABLE)
 
     def test_renewingMovesTheLeaseAndTheAddressButKeepsTheJoinTime(self) -> None:
-        self.store.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
+        self.store.members.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
         self.clock.advance(10)
-        expires = self.store.renew_held_lease("host1", "10.0.0.9:8443", "aa" * 32, 15.0)
+        expires = self.store.members.renew_held_lease("host1", "10.0.0.9:8443", "aa" * 32, 15.0)
         self.assertEqual(expires, 1025.0)
-        (member,) = self.store.list_members().members
+        (member,) = self.store.members.list_members().members
         self.assertEqual(
             (member.address, member.fingerprint, member.joined_at, member.lease_expires),
             ("10.0.0.9:8443", "aa" * 32, 1000.0, 1025.0),
         )
 
     def test_anotherDaemonIsRefusedUntilTheLeaseRunsOutThenTakesTheNameOver(self) -> None:
-        self.store.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
+        self.store.members.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
         self.clock.advance(14.5)
         with self.assertRaises(LeaseHeld) as refused:
-            self.store.renew_lease("host1", "10.0.0.2:8443", "bb" * 32, 15.0)
+            self.store.members.renew_lease("host1", "10.0.0.2:8443", "bb" * 32, 15.0)
         self.assertEqual(
             str(refused.exception),
             "member name host1 is held by another daemon at 10.0.0.1:8443 (certificate "
@@ -84,8 +84,10 @@ class MemberStoreTests(_MembersTestCase):
             "--member-name, or stop that one",
         )
         self.clock.advance(0.5)  # the lease ran out: a reinstalled host1 keeps its name
-        self.assertEqual(self.store.renew_lease("host1", "10.0.0.2:8443", "bb" * 32, 15.0), 1030.0)
-        (member,) = self.store.list_members().members
+        self.assertEqual(
+            self.store.members.renew_lease("host1", "10.0.0.2:8443", "bb" * 32, 15.0), 1030.0
+        )
+        (member,) = self.store.members.list_members().members
         self.assertEqual(
             (member.address, member.fingerprint, member.joined_at, member.lease_expires),
             ("10.0.0.2:8443", "bb" * 32, 1015.0, 1030.0),
@@ -93,18 +95,20 @@ class MemberStoreTests(_MembersTestCase):
 
     def test_aLeaseThatRanOutIsRenewedByItsDaemonIfNobodyTookItOver(self) -> None:
         # The store was out of reach for longer than the lease: once back, it renews.
-        self.store.renew_lease("host1", "a:1", "aa" * 32, 15.0)
+        self.store.members.renew_lease("host1", "a:1", "aa" * 32, 15.0)
         self.clock.advance(60)
-        self.assertEqual(self.store.renew_held_lease("host1", "a:1", "aa" * 32, 15.0), 1075.0)
-        self.assertIs(self.store.list_members().state_of("host1"), MemberState.ONLINE)
+        self.assertEqual(
+            self.store.members.renew_held_lease("host1", "a:1", "aa" * 32, 15.0), 1075.0
+        )
+        self.assertIs(self.store.members.list_members().state_of("host1"), MemberState.ONLINE)
 
 
 class MembersTests(_MembersTestCase):
     """The ``members`` table and the ``member`` of each instance, whatever the clock."""
 
     def test_aLeaseRunsForItsSecondsFromTheStoresClock(self) -> None:
-        expires = self.store.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
-        view = self.store.list_members()
+        expires = self.store.members.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
+        view = self.store.members.list_members()
         (member,) = view.members
         self.assertEqual(member.lease_expires, expires)
         self.assertAlmostEqual(member.lease_expires - member.joined_at, 15.0, places=6)
@@ -113,10 +117,10 @@ class MembersTests(_MembersTestCase):
         self.assertIs(member.state_at(expires), MemberState.UNREACHABLE)
 
     def test_aRenewalKeepsTheJoinTimeAndTakesTheNewAddress(self) -> None:
-        self.store.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
-        (joined,) = self.store.list_members().members
-        expires = self.store.renew_held_lease("host1", "10.0.0.9:8443", "aa" * 32, 30.0)
-        (member,) = self.store.list_members().members
+        self.store.members.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
+        (joined,) = self.store.members.list_members().members
+        expires = self.store.members.renew_held_lease("host1", "10.0.0.9:8443", "aa" * 32, 30.0)
+        (member,) = self.store.members.list_members().members
         self.assertEqual(
             (member.address, member.fingerprint, member.joined_at, member.lease_expires),
             ("10.0.0.9:8443", "aa" * 32, joined.joined_at, expires),
@@ -125,54 +129,54 @@ class MembersTests(_MembersTestCase):
 
     def test_theSameDaemonJoinsAgainWhileItsLeaseRuns(self) -> None:
         # A daemon restarted at once (killed, its lease still running) is the same member.
-        self.store.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
-        self.store.renew_lease("host1", "10.0.0.1:9443", "aa" * 32, 15.0)
-        (member,) = self.store.list_members().members
+        self.store.members.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
+        self.store.members.renew_lease("host1", "10.0.0.1:9443", "aa" * 32, 15.0)
+        (member,) = self.store.members.list_members().members
         self.assertEqual((member.address, member.fingerprint), ("10.0.0.1:9443", "aa" * 32))
-        self.store.check_join("host1", "aa" * 32)
+        self.store.members.check_join("host1", "aa" * 32)
 
     def test_anotherDaemonIsRefusedWhileTheLeaseRuns(self) -> None:
-        self.store.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
-        (held,) = self.store.list_members().members
+        self.store.members.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
+        (held,) = self.store.members.list_members().members
         with self.assertRaises(LeaseHeld) as refused:
-            self.store.renew_lease("host1", "10.0.0.2:8443", "bb" * 32, 15.0)
+            self.store.members.renew_lease("host1", "10.0.0.2:8443", "bb" * 32, 15.0)
         self.assertEqual(refused.exception.holder, held)
         message = str(refused.exception)
         self.assertIn("member name host1 is held by another daemon at 10.0.0.1:8443", message)
         self.assertIn(f"(certificate {'aa' * 8}…) until {lease_time(held.lease_expires)}", message)
         self.assertNotIn("\n", message)
-        self.assertRaises(LeaseHeld, self.store.check_join, "host1", "bb" * 32)
+        self.assertRaises(LeaseHeld, self.store.members.check_join, "host1", "bb" * 32)
         # Nothing of the row changed.
-        self.assertEqual(self.store.list_members().members, (held,))
+        self.assertEqual(self.store.members.list_members().members, (held,))
 
     def test_anotherDaemonTakesOverALeaseThatRanOut(self) -> None:
-        self.store.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 0.0)  # ran out already
-        self.store.check_join("host1", "bb" * 32)
-        expires = self.store.renew_lease("host1", "10.0.0.2:8443", "bb" * 32, 15.0)
-        (member,) = self.store.list_members().members
+        self.store.members.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 0.0)  # ran out already
+        self.store.members.check_join("host1", "bb" * 32)
+        expires = self.store.members.renew_lease("host1", "10.0.0.2:8443", "bb" * 32, 15.0)
+        (member,) = self.store.members.list_members().members
         self.assertEqual(
             (member.address, member.fingerprint, member.lease_expires),
             ("10.0.0.2:8443", "bb" * 32, expires),
         )
-        self.assertIs(self.store.list_members().state_of("host1"), MemberState.ONLINE)
+        self.assertIs(self.store.members.list_members().state_of("host1"), MemberState.ONLINE)
 
     def test_anotherDaemonTakesOverALeaseGivenUp(self) -> None:
-        self.store.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
-        self.store.create_instance("web1", {}, {}, member="host1")
-        self.store.give_up_lease("host1", "aa" * 32)
-        self.store.renew_lease("host1", "10.0.0.2:8443", "bb" * 32, 15.0)
-        view = self.store.list_members()
+        self.store.members.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
+        self.store.instances.create_instance("web1", {}, {}, member="host1")
+        self.store.members.give_up_lease("host1", "aa" * 32)
+        self.store.members.renew_lease("host1", "10.0.0.2:8443", "bb" * 32, 15.0)
+        view = self.store.members.list_members()
         self.assertEqual(view.members[0].fingerprint, "bb" * 32)
         # Its instances go with the name.
         self.assertEqual(view.instance_counts, {"host1": 1})
 
     def test_theOldHoldersRenewalFailsAfterATakeover(self) -> None:
-        self.store.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
-        self.store.give_up_lease("host1", "aa" * 32)
-        self.store.renew_lease("host1", "10.0.0.2:8443", "bb" * 32, 15.0)
-        (taken,) = self.store.list_members().members
+        self.store.members.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
+        self.store.members.give_up_lease("host1", "aa" * 32)
+        self.store.members.renew_lease("host1", "10.0.0.2:8443", "bb" * 32, 15.0)
+        (taken,) = self.store.members.list_members().members
         with self.assertRaises(LeaseLost) as lost:
-            self.store.renew_held_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
+            self.store.members.renew_held_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
         self.assertEqual(lost.exception.holder, taken)
         self.assertEqual(
             str(lost.exception),
@@ -181,73 +185,74 @@ class MembersTests(_MembersTestCase):
             "this daemon's any more",
         )
         # Nor does its giving up end the new holder's lease.
-        self.store.give_up_lease("host1", "aa" * 32)
-        self.assertEqual(self.store.list_members().members, (taken,))
-        self.assertIs(self.store.list_members().state_of("host1"), MemberState.ONLINE)
+        self.store.members.give_up_lease("host1", "aa" * 32)
+        self.assertEqual(self.store.members.list_members().members, (taken,))
+        self.assertIs(self.store.members.list_members().state_of("host1"), MemberState.ONLINE)
 
     def test_aRenewalOfARemovedMemberFails(self) -> None:
-        self.store.renew_lease("host1", "a:1", "aa" * 32, 15.0)
-        self.store.give_up_lease("host1", "aa" * 32)  # stopped, then retired
-        self.store.remove_member("host1")
+        self.store.members.renew_lease("host1", "a:1", "aa" * 32, 15.0)
+        self.store.members.give_up_lease("host1", "aa" * 32)  # stopped, then retired
+        self.store.members.remove_member("host1")
         with self.assertRaises(LeaseLost) as lost:
-            self.store.renew_held_lease("host1", "a:1", "aa" * 32, 15.0)
+            self.store.members.renew_held_lease("host1", "a:1", "aa" * 32, 15.0)
         self.assertIsNone(lost.exception.holder)
         self.assertIn("member host1 is no longer in the store", str(lost.exception))
 
     def test_givingUpTheLeaseMakesTheMemberUnreachableAtOnce(self) -> None:
-        self.store.renew_lease("host1", "a:1", "aa" * 32, 15.0)
-        self.store.give_up_lease("host1", "aa" * 32)
-        self.assertIs(self.store.list_members().state_of("host1"), MemberState.UNREACHABLE)
+        self.store.members.renew_lease("host1", "a:1", "aa" * 32, 15.0)
+        self.store.members.give_up_lease("host1", "aa" * 32)
+        self.assertIs(self.store.members.list_members().state_of("host1"), MemberState.UNREACHABLE)
 
     def test_instancesAreCountedByTheirMember(self) -> None:
-        self.store.renew_lease("host1", "a:1", "aa" * 32, 15.0)
-        self.store.renew_lease("host2", "b:1", "bb" * 32, 15.0)
-        self.store.create_instance("web1", {}, {}, member="host1")
-        self.store.create_instance("web2", {}, {}, member="host1")
-        self.store.create_instance("db1", {}, {}, member="host2")
-        view = self.store.list_members()
+        self.store.members.renew_lease("host1", "a:1", "aa" * 32, 15.0)
+        self.store.members.renew_lease("host2", "b:1", "bb" * 32, 15.0)
+        self.store.instances.create_instance("web1", {}, {}, member="host1")
+        self.store.instances.create_instance("web2", {}, {}, member="host1")
+        self.store.instances.create_instance("db1", {}, {}, member="host2")
+        view = self.store.members.list_members()
         self.assertEqual(view.instance_counts, {"host1": 2, "host2": 1})
-        self.assertEqual(self.store.get_instance("db1").member, "host2")
+        self.assertEqual(self.store.instances.get_instance("db1").member, "host2")
         least = view.least_loaded()
         assert least is not None
         self.assertEqual(least.name, "host2")
 
     def test_leastLoadedSkipsUnreachableMembers(self) -> None:
-        self.store.renew_lease("host1", "a:1", "aa" * 32, 15.0)
-        self.store.renew_lease("host2", "b:1", "bb" * 32, 15.0)
-        self.store.create_instance("web1", {}, {}, member="host1")
-        self.store.give_up_lease("host2", "bb" * 32)
-        least = self.store.list_members().least_loaded()
+        self.store.members.renew_lease("host1", "a:1", "aa" * 32, 15.0)
+        self.store.members.renew_lease("host2", "b:1", "bb" * 32, 15.0)
+        self.store.instances.create_instance("web1", {}, {}, member="host1")
+        self.store.members.give_up_lease("host2", "bb" * 32)
+        least = self.store.members.list_members().least_loaded()
         assert least is not None
         self.assertEqual(least.name, "host1")
-        self.store.give_up_lease("host1", "aa" * 32)
-        self.assertIsNone(self.store.list_members().least_loaded())
+        self.store.members.give_up_lease("host1", "aa" * 32)
+        self.assertIsNone(self.store.members.list_members().least_loaded())
 
     def test_clearingReadyForOneMemberLeavesTheOthersReady(self) -> None:
         for name, member in (("web1", "host1"), ("db1", "host2")):
-            self.store.create_instance(name, {}, {}, member=member)
-            self.store.finish_task(
+            self.store.instances.create_instance(name, {}, {}, member=member)
+            self.store.instances.finish_task(
                 name, TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING, {READY_KEY: "true"}
             )
-        names, _ = self.store.clear_ready("host1")
-        self.assertEqual(names, ["web1"])
-        self.assertFalse(self.store.get_instance("web1").ready)
-        self.assertTrue(self.store.get_instance("db1").ready)
-        self.assertEqual(self.store.clear_ready_everywhere(), 1)
-        self.assertFalse(self.store.get_instance("db1").ready)
+        self.assertEqual(self.store.instances.clear_ready_everywhere("host1"), 1)
+        self.assertFalse(self.store.instances.get_instance("web1").ready)
+        self.assertTrue(self.store.instances.get_instance("db1").ready)
+        self.assertEqual(self.store.instances.clear_ready_everywhere(), 1)
+        self.assertFalse(self.store.instances.get_instance("db1").ready)
 
     def test_aMemberFindsOnlyItsOwnUnfinishedActionsAndOrphanedOnes(self) -> None:
         for name, member in (("web1", "host1"), ("db1", "host2"), ("gone", "host2")):
-            self.store.create_instance(name, {}, {}, member=member)
-        mine = self.store.start_action("web1", "start", "r1")
-        theirs = self.store.start_action("db1", "stop", "r2")
-        orphaned = self.store.start_action("gone", "delete", "r3")
-        self.store.delete_instance("gone")
+            self.store.instances.create_instance(name, {}, {}, member=member)
+        mine = self.store.actions.start_action("web1", "start", "r1")
+        theirs = self.store.actions.start_action("db1", "stop", "r2")
+        orphaned = self.store.actions.start_action("gone", "delete", "r3")
+        self.store.instances.delete_instance("gone")
         self.assertEqual(
-            [action.id for action in self.store.unfinished_actions("host1")], [mine, orphaned]
+            [action.id for action in self.store.actions.unfinished_actions("host1")],
+            [mine, orphaned],
         )
         self.assertEqual(
-            [action.id for action in self.store.unfinished_actions()], [mine, theirs, orphaned]
+            [action.id for action in self.store.actions.unfinished_actions()],
+            [mine, theirs, orphaned],
         )
 
 
@@ -259,65 +264,69 @@ class OwnedInstancesTests(_MembersTestCase):
         self.engine = self.store
 
     def test_aMemberCreatesItsOwnInstancesAndRunsOnlyThose(self) -> None:
-        self.engine.create_instance("other", {}, {}, member="host2")
+        self.engine.instances.create_instance("other", {}, {}, member="host2")
         store = AsyncStore(self.engine, InlineExecutor(), cached=False, member="host1")
-        created = self.successResultOf(store.create_instance("mine", {}, {}))
+        created = self.successResultOf(store.instances.create_instance("mine", {}, {}))
         self.assertEqual(created.member, "host1")
-        self.assertEqual([r.name for r in store.list_instances()], ["mine", "other"])
-        self.assertEqual([r.name for r in store.owned_instances()], ["mine"])
-        self.assertTrue(store.owns(created))
-        self.assertFalse(store.owns(store.get_instance("other")))
+        self.assertEqual([r.name for r in store.view.list_instances()], ["mine", "other"])
+        self.assertEqual([r.name for r in store.view.owned_instances()], ["mine"])
+        self.assertTrue(store.view.owns(created))
+        self.assertFalse(store.view.owns(store.view.get_instance("other")))
 
     def test_aSingleHostRunsEveryInstance(self) -> None:
-        self.engine.create_instance("old", {}, {})
+        self.engine.instances.create_instance("old", {}, {})
         store = AsyncStore.inline(self.engine)
-        self.assertEqual(self.successResultOf(store.create_instance("new", {}, {})).member, "")
-        self.assertEqual([r.name for r in store.owned_instances()], ["new", "old"])
+        self.assertEqual(
+            self.successResultOf(store.instances.create_instance("new", {}, {})).member, ""
+        )
+        self.assertEqual([r.name for r in store.view.owned_instances()], ["new", "old"])
 
     def test_startingMemberClearsOnlyItsOwnReadyKeys(self) -> None:
         for name, member in (("mine", "host1"), ("theirs", "host2")):
-            self.engine.create_instance(name, {}, {}, member=member)
-            self.engine.finish_task(
+            self.engine.instances.create_instance(name, {}, {}, member=member)
+            self.engine.instances.finish_task(
                 name, TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING, {READY_KEY: "true"}
             )
         store = AsyncStore(self.engine, InlineExecutor(), cached=False, member="host1")
-        self.assertEqual(self.successResultOf(store.clear_ready_everywhere()), 1)
-        self.assertFalse(store.get_instance("mine").ready)
-        self.assertTrue(store.get_instance("theirs").ready)
+        self.assertEqual(self.successResultOf(store.instances.clear_ready_everywhere()), 1)
+        self.assertFalse(store.view.get_instance("mine").ready)
+        self.assertTrue(store.view.get_instance("theirs").ready)
 
     def test_refreshReadsWhatAnotherMemberWrote(self) -> None:
         other = Store.open(self.location)
         self.addCleanup(other.close)
-        other.create_instance("theirs", {}, {}, member="host2")
+        other.instances.create_instance("theirs", {}, {}, member="host2")
         store = AsyncStore(self.engine, InlineExecutor(), cached=True, member="host1")
-        self.assertEqual(store.get_instance("theirs").vm_state, VMState.BUILDING)
-        other.finish_task("theirs", TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING)
+        self.assertEqual(store.view.get_instance("theirs").vm_state, VMState.BUILDING)
+        other.instances.finish_task(
+            "theirs", TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING
+        )
         # Until told, it reads the rows as its own commits left them.
-        self.assertEqual(store.get_instance("theirs").vm_state, VMState.BUILDING)
+        self.assertEqual(store.view.get_instance("theirs").vm_state, VMState.BUILDING)
         refreshed = self.successResultOf(store.refresh_instance("theirs"))
         assert refreshed is not None
-        self.assertEqual(store.get_instance("theirs").vm_state, VMState.ACTIVE)
-        other.delete_instance("theirs")
+        self.assertEqual(store.view.get_instance("theirs").vm_state, VMState.ACTIVE)
+        other.instances.delete_instance("theirs")
         self.assertIsNone(self.successResultOf(store.refresh_instance("theirs")))
-        self.assertIsNone(store.find_instance("theirs"))
+        self.assertIsNone(store.view.find_instance("theirs"))
 
 
 class AgentCertificatesOfMembersTests(_MembersTestCase):
     """The guest API on one member's host knows only the agents of the instances it runs."""
 
     def test_anotherMembersAgentIsUnknownHere(self) -> None:
-        self.store.create_instance("mine", {}, {}, member="host1")
-        self.store.create_instance("theirs", {}, {}, member="host2")
-        self.store.set_agent_certificate("mine", "aa" * 32)
-        self.store.set_agent_certificate("theirs", "bb" * 32)
+        self.store.instances.create_instance("mine", {}, {}, member="host1")
+        self.store.instances.create_instance("theirs", {}, {}, member="host2")
+        self.store.certificates.set_agent_certificate("mine", "aa" * 32)
+        self.store.certificates.set_agent_certificate("theirs", "bb" * 32)
         for cached in (False, True):
             store = AsyncStore(self.store, InlineExecutor(), cached=cached, member="host1")
-            found = store.instance_for_fingerprint("aa" * 32)
+            found = store.view.instance_for_fingerprint("aa" * 32)
             assert found is not None
             self.assertEqual(found.name, "mine")
-            self.assertIsNone(store.instance_for_fingerprint("bb" * 32))
+            self.assertIsNone(store.view.instance_for_fingerprint("bb" * 32))
         alone = AsyncStore(self.store, InlineExecutor(), cached=True)
-        self.assertIsNotNone(alone.instance_for_fingerprint("bb" * 32))
+        self.assertIsNotNone(alone.view.instance_for_fingerprint("bb" * 32))
 
 
 class AgentCertificatesOfMembersTestsOnPostgreSQL(OnPostgreSQL, AgentCertificatesOfMembersTests):
@@ -336,45 +345,45 @@ class RetireTests(_MembersTestCase):
     """``remove_member``: only a member out of its lease, with no instance left, is removed."""
 
     def test_anOnlineMemberIsNotRemoved(self) -> None:
-        expires = self.store.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
+        expires = self.store.members.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
         at = datetime.datetime.fromtimestamp(expires, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         with self.assertRaises(Conflict) as raised:
-            self.store.remove_member("host1")
+            self.store.members.remove_member("host1")
         self.assertEqual(
             str(raised.exception),
             f"cluster member host1 is online (its lease runs until {at}): stop its daemon "
             "first, then remove it",
         )
-        self.assertEqual([m.name for m in self.store.list_members().members], ["host1"])
+        self.assertEqual([m.name for m in self.store.members.list_members().members], ["host1"])
 
     def test_aMemberWithInstancesIsNotRemovedAndTheyAreCounted(self) -> None:
-        self.store.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
-        self.store.create_instance("web1", {}, {}, member="host1")
-        self.store.create_instance("web2", {}, {}, member="host1")
-        self.store.create_instance("db", {}, {}, member="host2")
-        self.store.give_up_lease("host1", "aa" * 32)
+        self.store.members.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
+        self.store.instances.create_instance("web1", {}, {}, member="host1")
+        self.store.instances.create_instance("web2", {}, {}, member="host1")
+        self.store.instances.create_instance("db", {}, {}, member="host2")
+        self.store.members.give_up_lease("host1", "aa" * 32)
         with self.assertRaises(Conflict) as raised:
-            self.store.remove_member("host1")
+            self.store.members.remove_member("host1")
         self.assertEqual(
             str(raised.exception),
             "cluster member host1 still has 2 instances: start it again and delete them "
             "first (vmready cannot move instances to another member)",
         )
-        self.store.delete_instance("web2")
+        self.store.instances.delete_instance("web2")
         with self.assertRaises(Conflict) as raised:
-            self.store.remove_member("host1")
+            self.store.members.remove_member("host1")
         self.assertIn("still has 1 instance:", str(raised.exception))
-        self.assertEqual([m.name for m in self.store.list_members().members], ["host1"])
+        self.assertEqual([m.name for m in self.store.members.list_members().members], ["host1"])
 
     def test_aMemberOutOfItsLeaseWithoutInstancesIsRemoved(self) -> None:
-        self.store.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
-        self.store.renew_lease("host2", "10.0.0.2:8443", "bb" * 32, 15.0)
-        self.store.give_up_lease("host1", "aa" * 32)
-        removed = self.store.remove_member("host1")
+        self.store.members.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
+        self.store.members.renew_lease("host2", "10.0.0.2:8443", "bb" * 32, 15.0)
+        self.store.members.give_up_lease("host1", "aa" * 32)
+        removed = self.store.members.remove_member("host1")
         self.assertEqual((removed.name, removed.fingerprint), ("host1", "aa" * 32))
-        self.assertEqual([m.name for m in self.store.list_members().members], ["host2"])
+        self.assertEqual([m.name for m in self.store.members.list_members().members], ["host2"])
         with self.assertRaises(NotFound) as raised:
-            self.store.remove_member("host1")
+            self.store.members.remove_member("host1")
         self.assertEqual(
             str(raised.exception), "no cluster member is called 'host1' (members: host2)"
         )

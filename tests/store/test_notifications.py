@@ -84,10 +84,12 @@ class ListenerTests(TestCase):
 
     async def test_eachCommittedInstanceWriteIsDeliveredWithItsNameAndMember(self) -> None:
         await self.listener.start()
-        self.store.create_instance("web", {}, {}, member="host1")
-        self.store.finish_task("web", TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN)
-        self.store.rename_instance("web", "api", frozenset({VMState.STOPPED}), "r1")
-        self.store.delete_instance("api")
+        self.store.instances.create_instance("web", {}, {}, member="host1")
+        self.store.instances.finish_task(
+            "web", TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN
+        )
+        self.store.instances.rename_instance("web", "api", frozenset({VMState.STOPPED}), "r1")
+        self.store.instances.delete_instance("api")
         await self.heard.until(4)
         self.assertEqual(
             self.heard.notifications,
@@ -115,12 +117,12 @@ class ListenerTests(TestCase):
         await self.listener.start()
 
         def then_fail() -> None:
-            self.store.create_instance("ghost", {}, {})
+            self.store.instances.create_instance("ghost", {}, {})
             raise Conflict("changed its mind")
 
-        with self.assertRaises(Conflict), self.store.batch():
+        with self.assertRaises(Conflict), self.store.database.batch():
             then_fail()
-        self.store.create_instance("real", {}, {})
+        self.store.instances.create_instance("real", {}, {})
         await self.heard.until(1)
         # Notifications arrive in commit order: had the ghost's been sent, it came first.
         self.assertEqual(
@@ -132,7 +134,7 @@ class ListenerTests(TestCase):
         await self.listener.start()
         store = AsyncStore.threaded(reactor, Store.open(self.location))
         self.addCleanup(store.close)
-        await store.publish_event('{"type": "instance-ready", "name": "web"}')
+        await store.members.publish_event('{"type": "instance-ready", "name": "web"}')
         await self.heard.until(1)
         event = '{"type": "instance-ready", "name": "web"}'
         self.assertEqual(self.heard.notifications, [(EVENTS_CHANNEL, event)])
@@ -147,7 +149,7 @@ class ListenerTests(TestCase):
         self.assertEqual((self.heard.resyncs, self.listener.reconnects), (1, 1))
         store = Store.open(self.location)
         self.addCleanup(store.close)
-        store.create_instance("after", {}, {})
+        store.instances.create_instance("after", {}, {})
         await self.heard.until(1)
         self.assertEqual(self.heard.notifications[0][1]["name"], "after")  # type: ignore[index]
 
@@ -163,13 +165,13 @@ class ListenerTests(TestCase):
         )
         self.addCleanup(listener.stop)
         await listener.start()
-        self.store.renew_lease("m1", "10.0.0.1:8443", "aa" * 32, 30.0)  # joins
-        self.store.renew_lease("m1", "10.0.0.1:8443", "aa" * 32, 30.0)  # renews: nothing
+        self.store.members.renew_lease("m1", "10.0.0.1:8443", "aa" * 32, 30.0)  # joins
+        self.store.members.renew_lease("m1", "10.0.0.1:8443", "aa" * 32, 30.0)  # renews: nothing
         # A committed write after the renewal: had the renewal notified, it came first.
-        self.store.create_instance("web", {}, {}, member="m1")
-        self.store.give_up_lease("m1", "aa" * 32)  # leaves
-        self.store.renew_lease("m1", "10.0.0.1:8443", "aa" * 32, 30.0)  # comes back
-        self.store.renew_lease("m1", "10.0.0.2:8443", "aa" * 32, 30.0)  # moves
+        self.store.instances.create_instance("web", {}, {}, member="m1")
+        self.store.members.give_up_lease("m1", "aa" * 32)  # leaves
+        self.store.members.renew_lease("m1", "10.0.0.1:8443", "aa" * 32, 30.0)  # comes back
+        self.store.members.renew_lease("m1", "10.0.0.2:8443", "aa" * 32, 30.0)  # moves
         await self.heard.until(5)
         heard = [
             (channel, payload["op"], payload["name"])

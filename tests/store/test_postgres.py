@@ -28,6 +28,7 @@ from vmready.domain.model import Conflict, StoreError
 from vmready.domain.states import ACTIONS, PowerState, TaskState, VMState
 from vmready.store.asyncstore import AsyncStore
 from vmready.store.executor import DatabaseThread, StoreHealth, StoreWriteFailed
+from vmready.store.pgschema import BASELINE_VERSION
 from vmready.store.postgres import display_location
 from vmready.store.sqlite import Store
 
@@ -42,6 +43,12 @@ def _database_of(location: str) -> str:
 def _raw(location: str) -> psycopg.Connection[Any]:
     """A plain autocommit connection, to look behind the store's back."""
     return psycopg.connect(location, autocommit=True)
+
+
+def _versions(location: str) -> list[int]:
+    """The schema versions the database records, in order."""
+    with _raw(location) as raw:
+        return [row[0] for row in raw.execute("SELECT version FROM vmready_schema ORDER BY 1")]
 
 
 def _wait_until_blocked(location: str) -> None:
@@ -76,7 +83,7 @@ def _in_thread(work: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
 class OpeningTests(SynchronousTestCase):
     """Store.open on a postgresql:// URL: the engine, the schema, the one-line errors."""
 
-    def test_aNewDatabaseIsMigratedToTheSchemaVersionWithTheTrigger(self) -> None:
+    def test_aNewDatabaseIsCreatedAtTheSchemaVersionWithTheTrigger(self) -> None:
         location = postgres_location(self, migrated=False)
         store = Store.open(location, clock=lambda: 1000.0)
         self.addCleanup(store.close)
@@ -92,8 +99,34 @@ class OpeningTests(SynchronousTestCase):
                 "SELECT tgname FROM pg_trigger WHERE tgrelid = 'instances'::regclass"
                 " AND NOT tgisinternal"
             ).fetchall()
-        self.assertEqual(versions, [(v, 1000.0) for v in range(1, Store.SCHEMA_VERSION + 1)])
+        self.assertEqual(versions, [(Store.SCHEMA_VERSION, 1000.0)])
         self.assertEqual(triggers, [("instances_notify",)])
+
+    def test_aDatabaseThatRecordsEveryVersionSinceTheFirstOpens(self) -> None:
+        """As the schema's first PostgreSQL stores recorded it, one row per version."""
+        location = postgres_location(self)
+        with _raw(location) as raw:
+            raw.execute(
+                "INSERT INTO vmready_schema (version, applied_at)"
+                " SELECT v, 0 FROM generate_series(1, %s - 1) AS v",
+                (Store.SCHEMA_VERSION,),
+            )
+        store = Store.open(location)
+        self.addCleanup(store.close)
+        self.assertEqual(store.schema_version, Store.SCHEMA_VERSION)
+        self.assertEqual(store.instances.create_instance("web", {}, {}).name, "web")
+
+    def test_aVersionOlderThanTheFirstPostgreSQLSchemaIsRefusedAndLeftUntouched(self) -> None:
+        location = postgres_location(self)
+        with _raw(location) as raw:
+            raw.execute("UPDATE vmready_schema SET version = %s", (BASELINE_VERSION - 1,))
+        error = self.assertRaises(StoreError, Store.open, location)
+        self.assertEqual(
+            str(error),
+            f"store {location} has schema version {BASELINE_VERSION - 1}, older than any"
+            f" PostgreSQL store this vmready opens ({BASELINE_VERSION})",
+        )
+        self.assertEqual(_versions(location), [BASELINE_VERSION - 1])
 
     def test_sqliteIsStillAPath(self) -> None:
         path = self.mktemp()
@@ -136,9 +169,7 @@ class OpeningTests(SynchronousTestCase):
             f"store {location} has schema version 7, newer than this vmready understands"
             f" ({Store.SCHEMA_VERSION}); upgrade vmready",
         )
-        with _raw(location) as raw:
-            (count,) = raw.execute("SELECT count(*) FROM vmready_schema").fetchone() or (0,)
-        self.assertEqual(count, Store.SCHEMA_VERSION + 1)
+        self.assertEqual(_versions(location), [Store.SCHEMA_VERSION, 7])
 
     def test_someOtherDatabaseIsRefused(self) -> None:
         location = postgres_location(self, migrated=False)
@@ -154,16 +185,19 @@ class OpeningTests(SynchronousTestCase):
     def test_aFailedMigrationChangesNothing(self) -> None:
         location = postgres_location(self, migrated=False)
 
+        following = Store.SCHEMA_VERSION + 1
+
         class Broken(Store):
+            SCHEMA_VERSION = following
             POSTGRES_MIGRATIONS = [
-                *Store.POSTGRES_MIGRATIONS[:4],
-                (5, "CREATE TABLE extra (x TEXT); ALTER TABLE nowhere ADD COLUMN y TEXT;"),
+                *Store.POSTGRES_MIGRATIONS,
+                (following, "CREATE TABLE extra (x TEXT); ALTER TABLE nowhere ADD COLUMN y TEXT;"),
             ]
 
         error = self.assertRaises(StoreError, Broken.open, location)
         self.assertEqual(
             str(error),
-            f"cannot open store {location}: migration to schema version 5 failed:"
+            f"cannot open store {location}: migration to schema version {following} failed:"
             ' relation "nowhere" does not exist',
         )
         with _raw(location) as raw:
@@ -188,9 +222,7 @@ class OpeningTests(SynchronousTestCase):
             if isinstance(store, Store):
                 self.addCleanup(store.close)
         self.assertEqual([type(store) for store in stores], [Store, Store], stores)
-        with _raw(location) as raw:
-            versions = raw.execute("SELECT version FROM vmready_schema ORDER BY 1").fetchall()
-        self.assertEqual(versions, [(v,) for v in range(1, Store.SCHEMA_VERSION + 1)])
+        self.assertEqual(_versions(location), [Store.SCHEMA_VERSION])
 
     def test_theServersClockStampsLeases(self) -> None:
         store = Store.open(postgres_location(self), clock=lambda: 1000.0)
@@ -199,10 +231,10 @@ class OpeningTests(SynchronousTestCase):
             (server_now,) = raw.execute("SELECT EXTRACT(EPOCH FROM now())::float8").fetchone() or (
                 0.0,
             )
-        expires = store.renew_lease("host1", "a:1", "aa" * 32, 15.0)
+        expires = store.members.renew_lease("host1", "a:1", "aa" * 32, 15.0)
         # Rows keep the store's clock; the lease is on the server's.
         self.assertGreater(expires, server_now)
-        self.assertEqual(store.create_instance("web", {}, {}).created_at, 1000.0)
+        self.assertEqual(store.instances.create_instance("web", {}, {}).created_at, 1000.0)
 
 
 class TwoDaemonsTests(SynchronousTestCase):
@@ -214,29 +246,31 @@ class TwoDaemonsTests(SynchronousTestCase):
         self.second = Store.open(self.location)
         self.addCleanup(self.first.close)
         self.addCleanup(self.second.close)
-        self.first.create_instance("x", {}, {})
-        self.first.finish_task("x", TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING)
+        self.first.instances.create_instance("x", {}, {})
+        self.first.instances.finish_task(
+            "x", TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING
+        )
 
     def test_aConfigUpdateWaitsForTheOtherAndKeepsItsKey(self) -> None:
-        with self.first.batch():
-            self.first.update_config("x", {"user.first": "1"})
+        with self.first.database.batch():
+            self.first.instances.update_config("x", {"user.first": "1"})
             thread, outcome = _in_thread(
-                lambda: self.second.update_config("x", {"user.second": "2"})
+                lambda: self.second.instances.update_config("x", {"user.second": "2"})
             )
             # The second read the row FOR UPDATE: it waits for this transaction.
             _wait_until_blocked(self.location)
         thread.join(JOIN_LIMIT)
         self.assertEqual(outcome[0].config, {"user.first": "1", "user.second": "2"})
         self.assertEqual(
-            self.first.get_instance("x").config, {"user.first": "1", "user.second": "2"}
+            self.first.instances.get_instance("x").config, {"user.first": "1", "user.second": "2"}
         )
 
     def test_aClaimRacingAnotherIsTheConflictSQLiteGives(self) -> None:
         stop, rebuild = ACTIONS["stop"], ACTIONS["rebuild"]
-        with self.first.batch():
-            self.first.claim_task("x", "stop", stop.allowed_from, TaskState.POWERING_OFF)
+        with self.first.database.batch():
+            self.first.instances.claim_task("x", "stop", stop.allowed_from, TaskState.POWERING_OFF)
             thread, outcome = _in_thread(
-                lambda: self.second.claim_task(
+                lambda: self.second.instances.claim_task(
                     "x", "rebuild", rebuild.allowed_from, TaskState.REBUILDING
                 )
             )
@@ -247,7 +281,9 @@ class TwoDaemonsTests(SynchronousTestCase):
         self.assertEqual(
             error.message, "Cannot rebuild instance x: it is stopping (a stop is in progress)"
         )
-        self.assertEqual(self.second.get_instance("x").task_state, TaskState.POWERING_OFF)
+        self.assertEqual(
+            self.second.instances.get_instance("x").task_state, TaskState.POWERING_OFF
+        )
 
     def test_claimsFromTwoThreadsHaveExactlyOneWinner(self) -> None:
         start = threading.Barrier(2)
@@ -255,7 +291,9 @@ class TwoDaemonsTests(SynchronousTestCase):
 
         def claim(store: Store) -> Any:
             start.wait(JOIN_LIMIT)
-            return store.claim_task("x", "stop", stop.allowed_from, TaskState.POWERING_OFF)
+            return store.instances.claim_task(
+                "x", "stop", stop.allowed_from, TaskState.POWERING_OFF
+            )
 
         runs = [_in_thread(functools.partial(claim, store)) for store in (self.first, self.second)]
         for thread, _ in runs:
@@ -275,7 +313,7 @@ class LostConnectionTests(TestCase):
         server = postgres_server()
         self.addCleanup(server.start)  # whatever happens, the other tests get their server
         engine = Store.open(postgres_location(self))
-        engine.create_instance("vm1", {}, {})
+        engine.instances.create_instance("vm1", {}, {})
         store = AsyncStore.threaded(reactor, engine)
         self.addCleanup(store.close)
         changes: list[str | None] = []
@@ -286,11 +324,11 @@ class LostConnectionTests(TestCase):
         store.health.subscribe(changed)
         executor = store.executor
         assert isinstance(executor, DatabaseThread)
-        await store.update_config("vm1", {"user.before": "1"})
+        await store.instances.update_config("vm1", {"user.before": "1"})
         server.stop()
         executor.retry_for = 0.3
         error: Any = await self.assertFailure(
-            store.update_config("vm1", {"user.down": "1"}), StoreWriteFailed
+            store.instances.update_config("vm1", {"user.down": "1"}), StoreWriteFailed
         )
         self.assertIn(f"the store could not write {engine.path}: ", error.message)
         self.assertIn("nothing of this change was kept", error.message)
@@ -299,7 +337,7 @@ class LostConnectionTests(TestCase):
         self.assertEqual(len(changes), 1)
         server.start()
         executor.retry_for = 60.0
-        record = await store.update_config("vm1", {"user.after": "1"})
+        record = await store.instances.update_config("vm1", {"user.after": "1"})
         self.assertEqual(record.config, {"user.before": "1", "user.after": "1"})
         self.assertIsNone(store.health.failing_since)
         self.assertEqual(changes[-1], None)
@@ -307,13 +345,13 @@ class LostConnectionTests(TestCase):
     async def test_aBackendKilledBetweenCallsIsReplacedWithoutAFailure(self) -> None:
         location = postgres_location(self)
         engine = Store.open(location)
-        engine.create_instance("vm1", {}, {})
+        engine.instances.create_instance("vm1", {}, {})
         store = AsyncStore.threaded(reactor, engine)
         self.addCleanup(store.close)
-        await store.update_config("vm1", {"user.a": "1"})
+        await store.instances.update_config("vm1", {"user.a": "1"})
         self.assertGreater(postgres_server().terminate_backends(_database_of(location)), 0)
         # The batch meets the dead connection, is tried again on a new one, and commits.
-        record = await store.update_config("vm1", {"user.b": "2"})
+        record = await store.instances.update_config("vm1", {"user.b": "2"})
         self.assertEqual(record.config, {"user.a": "1", "user.b": "2"})
 
 
@@ -326,26 +364,26 @@ class EventsTests(TestCase):
         self.store = AsyncStore.threaded(reactor, self.engine)
         self.addCleanup(self.store.close)
 
-    def test_aPayloadPostgreSQLWouldRefuseIsAValueError(self) -> None:
-        self.assertRaises(ValueError, self.store.publish_event, "x" * 7901)
+    async def test_aPayloadPostgreSQLWouldRefuseIsAValueError(self) -> None:
+        await self.assertFailure(self.store.members.publish_event("x" * 7901), ValueError)
 
     def test_sqliteHasNobodyToTell(self) -> None:
         engine = Store.open(self.mktemp())
         store = AsyncStore.inline(engine)
         self.addCleanup(engine.close)
-        self.assertRaises(NotImplementedError, store.publish_event, "{}")
+        self.failureResultOf(store.members.publish_event("{}"), NotImplementedError)
 
     async def test_reloadReadsWhatOthersWroteMeanwhile(self) -> None:
         other = Store.open(self.location)
         self.addCleanup(other.close)
-        await self.store.create_instance("mine", {}, {})
-        other.create_instance("theirs", {}, {})
-        other.set_agent_certificate("theirs", "ab" * 32)
-        other.delete_instance("mine")
-        self.assertEqual([r.name for r in self.store.list_instances()], ["mine"])
+        await self.store.instances.create_instance("mine", {}, {})
+        other.instances.create_instance("theirs", {}, {})
+        other.certificates.set_agent_certificate("theirs", "ab" * 32)
+        other.instances.delete_instance("mine")
+        self.assertEqual([r.name for r in self.store.view.list_instances()], ["mine"])
         await self.store.reload_instances()
-        self.assertEqual([r.name for r in self.store.list_instances()], ["theirs"])
-        found = self.store.instance_for_fingerprint("ab" * 32)
+        self.assertEqual([r.name for r in self.store.view.list_instances()], ["theirs"])
+        found = self.store.view.instance_for_fingerprint("ab" * 32)
         self.assertEqual(found.name if found else None, "theirs")
 
 

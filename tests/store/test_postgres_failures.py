@@ -95,8 +95,10 @@ def _active(location: str, *names: str) -> None:
     setup = Store.open(location)
     try:
         for name in names:
-            setup.create_instance(name, {}, {})
-            setup.finish_task(name, TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING)
+            setup.instances.create_instance(name, {}, {})
+            setup.instances.finish_task(
+                name, TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING
+            )
     finally:
         setup.close()
 
@@ -128,8 +130,10 @@ class UnknownOutcomeTests(TestCase):
         gate = Gate()
         held = gate.hold(store)
         stop = ACTIONS["stop"]
-        claimed = store.claim_task("vm1", "stop", stop.allowed_from, TaskState.POWERING_OFF)
-        recorded = store.start_action("vm1", "stop", "req-1")
+        claimed = store.instances.claim_task(
+            "vm1", "stop", stop.allowed_from, TaskState.POWERING_OFF
+        )
+        recorded = store.actions.start_action("vm1", "stop", "req-1")
         gate.opened.set()
         await held
         pid = _waiting_backend(location, "SyncRep")
@@ -145,7 +149,7 @@ class UnknownOutcomeTests(TestCase):
         self.assertEqual(len(error.message.splitlines()), 1)
         # At once, the view has not the claim yet: it is stale, and being read again.
         self.assertTrue(store.stale)
-        self.assertIsNone(store.get_instance("vm1").task_state)
+        self.assertIsNone(store.view.get_instance("vm1").task_state)
         await self.assertFailure(recorded, OutcomeUnknown)
         self.assertIsNotNone(store.health.failing_since)
 
@@ -155,14 +159,15 @@ class UnknownOutcomeTests(TestCase):
             (actions,) = raw.execute("SELECT count(*) FROM actions").fetchone() or (0,)
         self.assertEqual((rows, actions), ([("powering-off",)], 1))
         # The next call in line comes after the reread: the view now shows what committed.
-        history = await store.list_actions("vm1")
+        history = await store.actions.list_actions("vm1")
         self.assertEqual([action.request_id for action in history], ["req-1"])
         self.assertFalse(store.stale)
-        self.assertEqual(store.get_instance("vm1").task_state, TaskState.POWERING_OFF)
+        self.assertEqual(store.view.get_instance("vm1").task_state, TaskState.POWERING_OFF)
         self.assertIsNone(store.health.failing_since)
         # And the claim it holds is the store's: a second one is the usual 409.
         await self.assertFailure(
-            store.claim_task("vm1", "stop", stop.allowed_from, TaskState.POWERING_OFF), Conflict
+            store.instances.claim_task("vm1", "stop", stop.allowed_from, TaskState.POWERING_OFF),
+            Conflict,
         )
 
     async def test_aConnectionLostBeforeCommitIsTriedAgainAndKeptOnce(self) -> None:
@@ -183,8 +188,8 @@ class UnknownOutcomeTests(TestCase):
         locker.execute("SELECT 1 FROM instances WHERE name = 'vm1' FOR UPDATE")
         gate = Gate()
         held = gate.hold(store)
-        recorded = store.start_action("vm1", "configure", "req-1")
-        updated = store.update_config("vm1", {"user.a": "1"})
+        recorded = store.actions.start_action("vm1", "configure", "req-1")
+        updated = store.instances.update_config("vm1", {"user.a": "1"})
         gate.opened.set()
         await held
         _terminate(_waiting_backend(location, "Lock", "wait_event_type"))
@@ -203,7 +208,7 @@ class ConnectionParameterTests(TestCase):
     """Every connection bounds its waits: connect timeout, keepalives, lock timeout."""
 
     def _connection(self, engine: Store) -> PostgresConnection:
-        connection = engine._database.db
+        connection = engine.database.db
         assert isinstance(connection, PostgresConnection)
         return connection
 
@@ -277,7 +282,7 @@ class ConnectionParameterTests(TestCase):
         locker.execute("SELECT 1 FROM instances WHERE name = 'vm1' FOR UPDATE")
 
         error: Any = await self.assertFailure(
-            store.update_config("vm1", {"user.a": "1"}), StoreWriteFailed
+            store.instances.update_config("vm1", {"user.a": "1"}), StoreWriteFailed
         )
         self.assertTrue(
             error.message.startswith(
@@ -287,10 +292,10 @@ class ConnectionParameterTests(TestCase):
         )
         self.assertIn("nothing of this change was kept", error.message)
         self.assertEqual(len(error.message.splitlines()), 1)
-        self.assertEqual(store.get_instance("vm1").config, {})
+        self.assertEqual(store.view.get_instance("vm1").config, {})
 
         locker.execute("ROLLBACK")
-        record = await store.update_config("vm1", {"user.a": "1"})
+        record = await store.instances.update_config("vm1", {"user.a": "1"})
         self.assertEqual(record.config, {"user.a": "1"})
         self.assertIsNone(store.health.failing_since)
 
@@ -340,9 +345,9 @@ class DeadlockTests(TestCase):
         gate, inside = Gate(), Gate()
         held = gate.hold(store)
         batches = executor.batches
-        first = store.update_config("a", {"user.k": "1"})
+        first = store.instances.update_config("a", {"user.k": "1"})
         paused = store.run(inside.work)
-        second = store.update_config("b", {"user.k": "2"})
+        second = store.instances.update_config("b", {"user.k": "2"})
         gate.opened.set()
         await held
         inside.entered.wait(JOIN_LIMIT)  # the batch holds a's lock
@@ -370,11 +375,11 @@ class DeadlockTests(TestCase):
         # The gate's commit, then one for the batch (not tried again); nothing failing.
         self.assertEqual(executor.batches, batches + 2)
         self.assertIsNone(store.health.failing_since)
-        self.assertEqual(store.get_instance("a").config, {"user.k": "1"})
-        self.assertEqual(store.get_instance("b").config, {})
+        self.assertEqual(store.view.get_instance("a").config, {"user.k": "1"})
+        self.assertEqual(store.view.get_instance("b").config, {})
         with _raw(location) as raw:
             rows = raw.execute("SELECT name, config FROM instances ORDER BY name").fetchall()
         self.assertEqual(rows, [("a", '{"user.k":"1"}'), ("b", "{}")])
         # The call can be made again.
-        again = await store.update_config("b", {"user.k": "2"})
+        again = await store.instances.update_config("b", {"user.k": "2"})
         self.assertEqual(again.config, {"user.k": "2"})

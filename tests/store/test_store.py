@@ -70,17 +70,17 @@ store = Store.open(sys.argv[1])
 prefix = sys.argv[2]
 for i in range(int(sys.argv[3])):
     name = f"{prefix}-{i:05d}"
-    store.create_instance(name, {"limits.cpu": "2", "user.n": str(i)}, {})
+    store.instances.create_instance(name, {"limits.cpu": "2", "user.n": str(i)}, {})
     print(name, "created", flush=True)
-    action = store.start_action(name, "create", f"req-{i}")
+    action = store.actions.start_action(name, "create", f"req-{i}")
     print(name, "action-started", flush=True)
-    store.add_step(action, "spawning", "success")
+    store.actions.add_step(action, "spawning", "success")
     print(name, "step-added", flush=True)
-    store.finish_task(
+    store.instances.finish_task(
         name, TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING, {READY_KEY: "true"}
     )
     print(name, "active", flush=True)
-    store.finish_action(action, "success")
+    store.actions.finish_action(action, "success")
     print(name, "action-finished", flush=True)
 sys.stdin.read()
 """
@@ -150,8 +150,8 @@ class _StoreTestCase(SynchronousTestCase):
 
     def active(self, store: Store, name: str, config: dict[str, str] | None = None) -> None:
         """Create name and finish its build, leaving it active with no task."""
-        store.create_instance(name, config or {}, {})
-        store.finish_task(name, TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING)
+        store.instances.create_instance(name, config or {}, {})
+        store.instances.finish_task(name, TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING)
 
 
 class OnPostgreSQL(_StoreTestCase):
@@ -208,10 +208,10 @@ class SchemaTests(_StoreTestCase):
 
     def test_reopenKeepsDataAndDoesNotMigrateAgain(self) -> None:
         first = Store.open(self.path, clock=self.clock.seconds)
-        created = first.create_instance("web", {"limits.memory": "512"}, {})
+        created = first.instances.create_instance("web", {"limits.memory": "512"}, {})
         first.close()
         second = self.open()
-        self.assertEqual(second.get_instance("web"), created)
+        self.assertEqual(second.instances.get_instance("web"), created)
         with _raw(self.path) as raw:
             self.assertEqual(
                 raw.execute("SELECT count(*) FROM vmready_schema").fetchone(),
@@ -240,7 +240,7 @@ class SchemaTests(_StoreTestCase):
         store = NextStore.open(self.path)
         self.addCleanup(store.close)
         self.assertEqual(store.schema_version, _NEXT)
-        self.assertEqual(store.get_instance("old").vm_state, VMState.STOPPED)
+        self.assertEqual(store.instances.get_instance("old").vm_state, VMState.STOPPED)
         with _raw(self.path) as raw:
             self.assertEqual(
                 raw.execute("SELECT version FROM vmready_schema ORDER BY version").fetchall(),
@@ -273,7 +273,7 @@ class SchemaTests(_StoreTestCase):
 
     def test_newerSchemaIsRefusedAndLeftUntouched(self) -> None:
         store = Store.open(self.path)
-        store.create_instance("web", {}, {})
+        store.instances.create_instance("web", {}, {})
         store.close()
         with _raw(self.path) as raw:
             raw.execute("INSERT INTO vmready_schema VALUES (7, 0)")
@@ -351,7 +351,7 @@ class SchemaTests(_StoreTestCase):
         open(self.path, "wb").close()
         store = self.open()
         self.assertEqual(store.schema_version, Store.SCHEMA_VERSION)
-        self.assertEqual(store.list_instances(), [])
+        self.assertEqual(store.instances.list_instances(), [])
 
     def test_versionOneStoreGainsAgentCertificatesAndKeepsItsInstances(self) -> None:
         class VersionOne(Store):
@@ -363,9 +363,9 @@ class SchemaTests(_StoreTestCase):
         _insert_old_instance(self.path, "web")
         store = self.open()
         self.assertEqual(store.schema_version, Store.SCHEMA_VERSION)
-        self.assertEqual(store.get_instance("web").name, "web")
-        store.set_agent_certificate("web", "ab" * 32)
-        found = store.instance_for_fingerprint("ab" * 32)
+        self.assertEqual(store.instances.get_instance("web").name, "web")
+        store.certificates.set_agent_certificate("web", "ab" * 32)
+        found = store.certificates.instance_for_fingerprint("ab" * 32)
         assert found is not None
         self.assertEqual(found.name, "web")
 
@@ -388,7 +388,7 @@ class SchemaTests(_StoreTestCase):
             before = raw.execute(f"{insert} ('web', 'create', 'req-1', 5)").lastrowid
             after = raw.execute(f"{insert} ('web', 'stop', 'req-2', 20)").lastrowid
         store = self.open()
-        self.assertEqual([a.id for a in store.list_actions("web")], [after])
+        self.assertEqual([a.id for a in store.actions.list_actions("web")], [after])
         with _raw(self.path) as raw:
             orphan = raw.execute(
                 "SELECT instance_uuid FROM actions WHERE id = ?", (before,)
@@ -407,8 +407,8 @@ class SchemaTests(_StoreTestCase):
             raw.execute("INSERT INTO agent_certificates VALUES ('web', ?, 1.0)", ("ee" * 32,))
         store = self.open()
         self.assertEqual(store.schema_version, Store.SCHEMA_VERSION)
-        self.assertEqual(store.get_instance("web").name, "web")
-        self.assertEqual(store.agent_fingerprints(), {"web": "ee" * 32})
+        self.assertEqual(store.instances.get_instance("web").name, "web")
+        self.assertEqual(store.certificates.agent_fingerprints(), {"web": "ee" * 32})
         self.assertEqual(store.trust.trusted_certificates(), [])
         store.trust.add_token("x", "h", 1.0, 2.0)
 
@@ -418,7 +418,7 @@ class InstanceTests(_StoreTestCase):
 
     def test_newInstanceIsBuildingWithASpawningTask(self) -> None:
         store = self.open()
-        record = store.create_instance(
+        record = store.instances.create_instance(
             "web", {"limits.memory": "512"}, {"root": {"type": "disk", "path": "/"}}
         )
         self.assertEqual(
@@ -434,81 +434,85 @@ class InstanceTests(_StoreTestCase):
 
     def test_getReturnsWhatWasCreated(self) -> None:
         store = self.open()
-        created = store.create_instance("web", {"user.a": "1"}, {})
-        self.assertEqual(store.get_instance("web"), created)
-        self.assertEqual(store.find_instance("web"), created)
+        created = store.instances.create_instance("web", {"user.a": "1"}, {})
+        self.assertEqual(store.instances.get_instance("web"), created)
+        self.assertEqual(store.instances.find_instance("web"), created)
 
     def test_eachInstanceHasItsOwnUUID(self) -> None:
         store = self.open()
-        first = store.create_instance("a", {}, {})
-        second = store.create_instance("b", {}, {})
+        first = store.instances.create_instance("a", {}, {})
+        second = store.instances.create_instance("b", {}, {})
         self.assertNotEqual(first.uuid, second.uuid)
 
     def test_unknownInstanceIsNotFound(self) -> None:
         store = self.open()
-        error = self.assertRaises(NotFound, store.get_instance, "ghost")
+        error = self.assertRaises(NotFound, store.instances.get_instance, "ghost")
         self.assertEqual((error.message, error.http_status), ("Instance ghost not found", 404))
-        self.assertIsNone(store.find_instance("ghost"))
+        self.assertIsNone(store.instances.find_instance("ghost"))
 
     def test_listIsOrderedByName(self) -> None:
         store = self.open()
         for name in ("web", "db", "cache"):
-            store.create_instance(name, {}, {})
-        self.assertEqual([r.name for r in store.list_instances()], ["cache", "db", "web"])
+            store.instances.create_instance(name, {}, {})
+        self.assertEqual(
+            [r.name for r in store.instances.list_instances()], ["cache", "db", "web"]
+        )
 
     def test_duplicateNameIsAConflictAndKeepsTheFirst(self) -> None:
         store = self.open()
-        first = store.create_instance("web", {"user.a": "1"}, {})
-        error = self.assertRaises(Conflict, store.create_instance, "web", {"user.a": "2"}, {})
+        first = store.instances.create_instance("web", {"user.a": "1"}, {})
+        error = self.assertRaises(
+            Conflict, store.instances.create_instance, "web", {"user.a": "2"}, {}
+        )
         self.assertEqual((error.message, error.http_status), ("Instance web already exists", 409))
-        self.assertEqual(store.list_instances(), [first])
+        self.assertEqual(store.instances.list_instances(), [first])
 
     def test_configValuesMustBeStrings(self) -> None:
         store = self.open()
         bad: Any = {"limits.cpu": 2}
-        self.assertRaises(BadRequest, store.create_instance, "web", bad, {})
-        self.assertIsNone(store.find_instance("web"))
+        self.assertRaises(BadRequest, store.instances.create_instance, "web", bad, {})
+        self.assertIsNone(store.instances.find_instance("web"))
 
     def test_deleteRemovesTheInstance(self) -> None:
         store = self.open()
-        store.create_instance("web", {}, {})
-        store.delete_instance("web")
-        self.assertIsNone(store.find_instance("web"))
-        self.assertRaises(NotFound, store.delete_instance, "web")
+        store.instances.create_instance("web", {}, {})
+        store.instances.delete_instance("web")
+        self.assertIsNone(store.instances.find_instance("web"))
+        self.assertRaises(NotFound, store.instances.delete_instance, "web")
 
     def test_deleteKeepsTheActionHistory(self) -> None:
         store = self.open()
-        store.create_instance("web", {}, {})
-        action = store.start_action("web", "delete", "req-1")
-        store.add_step(action, "deleting", "success")
-        store.finish_action(action, "success")
-        store.delete_instance("web")
-        [history] = store.list_actions("web")
+        store.instances.create_instance("web", {}, {})
+        action = store.actions.start_action("web", "delete", "req-1")
+        store.actions.add_step(action, "deleting", "success")
+        store.actions.finish_action(action, "success")
+        store.instances.delete_instance("web")
+        [history] = store.actions.list_actions("web")
         self.assertEqual((history.action, history.result), ("delete", "success"))
         self.assertEqual([step.name for step in history.steps], ["deleting"])
 
     def test_aNameUsedAgainStartsAHistoryOfItsOwn(self) -> None:
         """Histories are kept by the instance's uuid: a delete and re-create never mix them."""
         store = self.open()
-        store.create_instance("web", {}, {})
-        first = store.start_action("web", "delete", "req-1")
-        store.finish_action(first, "success")
-        store.delete_instance("web")
-        store.create_instance("web", {}, {})
-        self.assertEqual(store.list_actions("web"), [])
-        second = store.start_action("web", "stop", "req-2")
-        self.assertEqual([a.id for a in store.list_actions("web")], [second])
-        store.delete_instance("web")
+        store.instances.create_instance("web", {}, {})
+        first = store.actions.start_action("web", "delete", "req-1")
+        store.actions.finish_action(first, "success")
+        store.instances.delete_instance("web")
+        store.instances.create_instance("web", {}, {})
+        self.assertEqual(store.actions.list_actions("web"), [])
+        second = store.actions.start_action("web", "stop", "req-2")
+        self.assertEqual([a.id for a in store.actions.list_actions("web")], [second])
+        store.instances.delete_instance("web")
         # Gone: the history of the last instance of that name.
-        self.assertEqual([a.id for a in store.list_actions("web")], [second])
+        self.assertEqual([a.id for a in store.actions.list_actions("web")], [second])
 
     def test_deleteTakesTheSnapshotsWithIt(self) -> None:
         store = self.open()
-        store.create_instance("web", {}, {})
-        store.create_snapshot("web", "snap0", False, {})
-        store.delete_instance("web")
-        store.create_instance("web", {}, {})
-        self.assertEqual(store.list_snapshots("web"), [])
+        store.instances.create_instance("web", {}, {})
+        store.snapshots.create_snapshot("web", "snap0", False, {})
+        store.instances.delete_instance("web")
+        store.instances.create_instance("web", {}, {})
+        self.assertEqual(store.snapshots.list_snapshots("web"), [])
 
 
 class TaskTests(_StoreTestCase):
@@ -518,22 +522,24 @@ class TaskTests(_StoreTestCase):
         store = self.open()
         self.active(store, "web")
         self.clock.advance(5)
-        record = store.claim_task(
+        record = store.instances.claim_task(
             "web", "rebuild", ACTIONS["rebuild"].allowed_from, TaskState.REBUILDING
         )
         self.assertEqual(
             (record.vm_state, record.task_state), (VMState.ACTIVE, TaskState.REBUILDING)
         )
         self.assertEqual(record.updated_at, 1005.0)
-        self.assertEqual(store.get_instance("web"), record)
+        self.assertEqual(store.instances.get_instance("web"), record)
 
     def test_secondClaimLosesWithTheTaskStateConflict(self) -> None:
         store = self.open()
         self.active(store, "x")
-        store.claim_task("x", "rebuild", ACTIONS["rebuild"].allowed_from, TaskState.REBUILDING)
+        store.instances.claim_task(
+            "x", "rebuild", ACTIONS["rebuild"].allowed_from, TaskState.REBUILDING
+        )
         error = self.assertRaises(
             Conflict,
-            store.claim_task,
+            store.instances.claim_task,
             "x",
             "resize",
             ACTIONS["resize"].allowed_from,
@@ -543,16 +549,18 @@ class TaskTests(_StoreTestCase):
             (error.message, error.http_status),
             ("Cannot resize instance x: it is rebuilding (a rebuild is in progress)", 409),
         )
-        self.assertEqual(store.get_instance("x").task_state, TaskState.REBUILDING)
+        self.assertEqual(store.instances.get_instance("x").task_state, TaskState.REBUILDING)
 
     def test_twoConnectionsClaimingTheSameInstanceOneWins(self) -> None:
         first = self.open()
         second = self.open()
         self.active(first, "x")
-        second.claim_task("x", "rebuild", ACTIONS["rebuild"].allowed_from, TaskState.REBUILDING)
+        second.instances.claim_task(
+            "x", "rebuild", ACTIONS["rebuild"].allowed_from, TaskState.REBUILDING
+        )
         error = self.assertRaises(
             Conflict,
-            first.claim_task,
+            first.instances.claim_task,
             "x",
             "resize",
             ACTIONS["resize"].allowed_from,
@@ -561,7 +569,7 @@ class TaskTests(_StoreTestCase):
         self.assertEqual(
             error.message, "Cannot resize instance x: it is rebuilding (a rebuild is in progress)"
         )
-        self.assertEqual(first.get_instance("x").task_state, TaskState.REBUILDING)
+        self.assertEqual(first.instances.get_instance("x").task_state, TaskState.REBUILDING)
 
     def test_racingClaimsFromManyConnectionsExactlyOneWins(self) -> None:
         self.active(self.open(), "x")
@@ -586,7 +594,9 @@ class TaskTests(_StoreTestCase):
                 return
             try:
                 start.wait(timeout=60)
-                outcomes[index] = store.claim_task("x", action, ACTIONS[action].allowed_from, task)
+                outcomes[index] = store.instances.claim_task(
+                    "x", action, ACTIONS[action].allowed_from, task
+                )
             except BaseException as error:
                 outcomes[index] = error
             finally:
@@ -602,8 +612,8 @@ class TaskTests(_StoreTestCase):
         self.assertEqual(len(winners), 1, outcomes)
         [winner] = winners
         won_task = contenders[winner][1]
-        self.assertEqual(outcomes[winner], self.open().get_instance("x"))
-        self.assertEqual(self.open().get_instance("x").task_state, won_task)
+        self.assertEqual(outcomes[winner], self.open().instances.get_instance("x"))
+        self.assertEqual(self.open().instances.get_instance("x").task_state, won_task)
         losers = sorted(set(range(len(contenders))) - {winner})
         doing = {
             TaskState.REBUILDING: "rebuilding (a rebuild is in progress)",
@@ -621,53 +631,70 @@ class TaskTests(_StoreTestCase):
     def test_claimFromTheWrongVMStateGivesTheVMStateConflict(self) -> None:
         store = self.open()
         self.active(store, "x")
-        store.claim_task("x", "stop", ACTIONS["stop"].allowed_from, TaskState.POWERING_OFF)
-        store.finish_task("x", TaskState.POWERING_OFF, VMState.STOPPED, PowerState.SHUTDOWN)
+        store.instances.claim_task(
+            "x", "stop", ACTIONS["stop"].allowed_from, TaskState.POWERING_OFF
+        )
+        store.instances.finish_task(
+            "x", TaskState.POWERING_OFF, VMState.STOPPED, PowerState.SHUTDOWN
+        )
         error = self.assertRaises(
             Conflict,
-            store.claim_task,
+            store.instances.claim_task,
             "x",
             "restart",
             ACTIONS["restart"].allowed_from,
             TaskState.REBOOTING,
         )
         self.assertEqual(error.message, "Cannot restart instance x: it is stopped")
-        self.assertIsNone(store.get_instance("x").task_state)
+        self.assertIsNone(store.instances.get_instance("x").task_state)
 
     def test_claimOnAnUnknownInstanceIsNotFound(self) -> None:
         store = self.open()
         error = self.assertRaises(
-            NotFound, store.claim_task, "ghost", "start", frozenset(VMState), TaskState.POWERING_ON
+            NotFound,
+            store.instances.claim_task,
+            "ghost",
+            "start",
+            frozenset(VMState),
+            TaskState.POWERING_ON,
         )
         self.assertEqual(error.message, "Instance ghost not found")
 
     def test_advanceMovesToTheNextTask(self) -> None:
         store = self.open()
         self.active(store, "x")
-        store.claim_task("x", "resize", ACTIONS["resize"].allowed_from, TaskState.RESIZE_QUEUED)
+        store.instances.claim_task(
+            "x", "resize", ACTIONS["resize"].allowed_from, TaskState.RESIZE_QUEUED
+        )
         self.clock.advance(1)
-        record = store.advance_task("x", TaskState.RESIZE_QUEUED, TaskState.RESIZE_PREP)
+        record = store.instances.advance_task("x", TaskState.RESIZE_QUEUED, TaskState.RESIZE_PREP)
         self.assertEqual((record.task_state, record.updated_at), (TaskState.RESIZE_PREP, 1001.0))
 
     def test_advanceFromAStaleTaskIsAConflictAndChangesNothing(self) -> None:
         store = self.open()
         self.active(store, "x")
-        store.claim_task("x", "resize", ACTIONS["resize"].allowed_from, TaskState.RESIZE_QUEUED)
-        store.advance_task("x", TaskState.RESIZE_QUEUED, TaskState.RESIZE_PREP)
+        store.instances.claim_task(
+            "x", "resize", ACTIONS["resize"].allowed_from, TaskState.RESIZE_QUEUED
+        )
+        store.instances.advance_task("x", TaskState.RESIZE_QUEUED, TaskState.RESIZE_PREP)
         error = self.assertRaises(
-            Conflict, store.advance_task, "x", TaskState.RESIZE_QUEUED, TaskState.RESIZE_PREP
+            Conflict,
+            store.instances.advance_task,
+            "x",
+            TaskState.RESIZE_QUEUED,
+            TaskState.RESIZE_PREP,
         )
         self.assertEqual(
             error.message,
             "Instance x moved on: it is at step resize-prep, not at step resize-queued",
         )
-        self.assertEqual(store.get_instance("x").task_state, TaskState.RESIZE_PREP)
+        self.assertEqual(store.instances.get_instance("x").task_state, TaskState.RESIZE_PREP)
 
     def test_finishEndsTheTaskAndAppliesStatesAndConfig(self) -> None:
         store = self.open()
-        store.create_instance("x", {"limits.cpu": "1", "volatile.old": "gone"}, {})
+        store.instances.create_instance("x", {"limits.cpu": "1", "volatile.old": "gone"}, {})
         self.clock.advance(3)
-        record = store.finish_task(
+        record = store.instances.finish_task(
             "x",
             TaskState.SPAWNING,
             VMState.ACTIVE,
@@ -680,22 +707,24 @@ class TaskTests(_StoreTestCase):
         )
         self.assertEqual(record.config, {"limits.cpu": "2", READY_KEY: "false"})
         self.assertEqual(record.updated_at, 1003.0)
-        self.assertEqual(store.get_instance("x"), record)
+        self.assertEqual(store.instances.get_instance("x"), record)
 
     def test_finishWithoutPowerStateKeepsIt(self) -> None:
         store = self.open()
         self.active(store, "x")
-        store.claim_task("x", "freeze", ACTIONS["freeze"].allowed_from, TaskState.PAUSING)
-        record = store.finish_task("x", TaskState.PAUSING, VMState.PAUSED)
+        store.instances.claim_task(
+            "x", "freeze", ACTIONS["freeze"].allowed_from, TaskState.PAUSING
+        )
+        record = store.instances.finish_task("x", TaskState.PAUSING, VMState.PAUSED)
         self.assertEqual(record.power_state, PowerState.RUNNING)
 
     def test_finishFromAStaleTaskIsAConflictAndChangesNothing(self) -> None:
         store = self.open()
         self.active(store, "x")
-        before = store.get_instance("x")
+        before = store.instances.get_instance("x")
         error = self.assertRaises(
             Conflict,
-            store.finish_task,
+            store.instances.finish_task,
             "x",
             TaskState.REBUILDING,
             VMState.STOPPED,
@@ -705,12 +734,14 @@ class TaskTests(_StoreTestCase):
         self.assertEqual(
             error.message, "Instance x moved on: it is no longer in a task, not at step rebuilding"
         )
-        self.assertEqual(store.get_instance("x"), before)
+        self.assertEqual(store.instances.get_instance("x"), before)
 
     def test_setErrorKeepsTheReasonAndEndsTheTask(self) -> None:
         store = self.open()
-        store.create_instance("x", {}, {})
-        record = store.set_error("x", "VM process exited with status 1", PowerState.CRASHED)
+        store.instances.create_instance("x", {}, {})
+        record = store.instances.set_error(
+            "x", "VM process exited with status 1", PowerState.CRASHED
+        )
         self.assertEqual(
             (record.vm_state, record.task_state, record.power_state, record.error),
             (VMState.ERROR, None, PowerState.CRASHED, "VM process exited with status 1"),
@@ -719,57 +750,69 @@ class TaskTests(_StoreTestCase):
 
     def test_errorSurvivesReopen(self) -> None:
         store = Store.open(self.location)
-        store.create_instance("x", {}, {})
-        store.set_error("x", "boom")
+        store.instances.create_instance("x", {}, {})
+        store.instances.set_error("x", "boom")
         store.close()
-        record = self.open().get_instance("x")
+        record = self.open().instances.get_instance("x")
         self.assertEqual((record.vm_state, record.error), (VMState.ERROR, "boom"))
 
     def test_setErrorWithoutPowerStateKeepsIt(self) -> None:
         store = self.open()
         self.active(store, "x")
-        self.assertEqual(store.set_error("x", "boom").power_state, PowerState.RUNNING)
+        self.assertEqual(store.instances.set_error("x", "boom").power_state, PowerState.RUNNING)
 
     def test_finishingOutOfErrorClearsTheError(self) -> None:
         store = self.open()
         self.active(store, "x")
-        store.set_error("x", "boom")
-        store.claim_task("x", "rebuild", ACTIONS["rebuild"].allowed_from, TaskState.REBUILDING)
-        self.assertEqual(store.get_instance("x").error, "boom")
-        record = store.finish_task("x", TaskState.REBUILDING, VMState.ACTIVE, PowerState.RUNNING)
+        store.instances.set_error("x", "boom")
+        store.instances.claim_task(
+            "x", "rebuild", ACTIONS["rebuild"].allowed_from, TaskState.REBUILDING
+        )
+        self.assertEqual(store.instances.get_instance("x").error, "boom")
+        record = store.instances.finish_task(
+            "x", TaskState.REBUILDING, VMState.ACTIVE, PowerState.RUNNING
+        )
         self.assertEqual((record.vm_state, record.error), (VMState.ACTIVE, None))
 
     def test_finishingIntoErrorKeepsTheError(self) -> None:
         store = self.open()
         self.active(store, "x")
-        store.set_error("x", "boom")
-        store.claim_task("x", "rebuild", ACTIONS["rebuild"].allowed_from, TaskState.REBUILDING)
-        record = store.finish_task("x", TaskState.REBUILDING, VMState.ERROR)
+        store.instances.set_error("x", "boom")
+        store.instances.claim_task(
+            "x", "rebuild", ACTIONS["rebuild"].allowed_from, TaskState.REBUILDING
+        )
+        record = store.instances.finish_task("x", TaskState.REBUILDING, VMState.ERROR)
         self.assertEqual((record.vm_state, record.error), (VMState.ERROR, "boom"))
 
     def test_setPowerStateRecordsIt(self) -> None:
         store = self.open()
         self.active(store, "x")
         self.clock.advance(2)
-        record = store.set_power_state("x", PowerState.SHUTDOWN)
+        record = store.instances.set_power_state("x", PowerState.SHUTDOWN)
         self.assertEqual((record.power_state, record.updated_at), (PowerState.SHUTDOWN, 1002.0))
-        self.assertEqual(store.get_instance("x").power_state, PowerState.SHUTDOWN)
+        self.assertEqual(store.instances.get_instance("x").power_state, PowerState.SHUTDOWN)
 
     def test_unchangedPowerStateDoesNotTouchTheInstance(self) -> None:
         store = self.open()
         self.active(store, "x")
-        before = store.get_instance("x")
+        before = store.instances.get_instance("x")
         self.clock.advance(2)
-        self.assertEqual(store.set_power_state("x", PowerState.RUNNING), before)
+        self.assertEqual(store.instances.set_power_state("x", PowerState.RUNNING), before)
 
     def test_statesOfAnUnknownInstanceAreNotFound(self) -> None:
         store = self.open()
-        self.assertRaises(NotFound, store.set_error, "ghost", "boom")
-        self.assertRaises(NotFound, store.set_power_state, "ghost", PowerState.RUNNING)
+        self.assertRaises(NotFound, store.instances.set_error, "ghost", "boom")
+        self.assertRaises(NotFound, store.instances.set_power_state, "ghost", PowerState.RUNNING)
         self.assertRaises(
-            NotFound, store.advance_task, "ghost", TaskState.SPAWNING, TaskState.REBUILDING
+            NotFound,
+            store.instances.advance_task,
+            "ghost",
+            TaskState.SPAWNING,
+            TaskState.REBUILDING,
         )
-        self.assertRaises(NotFound, store.finish_task, "ghost", TaskState.SPAWNING, VMState.ACTIVE)
+        self.assertRaises(
+            NotFound, store.instances.finish_task, "ghost", TaskState.SPAWNING, VMState.ACTIVE
+        )
 
 
 class SettleTests(_StoreTestCase):
@@ -780,7 +823,7 @@ class SettleTests(_StoreTestCase):
     def test_settleMovesAnIdleRunningInstance(self) -> None:
         store = self.open()
         self.active(store, "web", {"volatile.last_state.ready": "true"})
-        record = store.settle(
+        record = store.instances.settle(
             "web",
             self.RUNNING,
             VMState.STOPPED,
@@ -796,21 +839,29 @@ class SettleTests(_StoreTestCase):
     def test_settleLeavesAnInstanceWithATaskAlone(self) -> None:
         store = self.open()
         self.active(store, "web")
-        store.claim_task("web", "rebuild", frozenset({VMState.ACTIVE}), TaskState.REBUILDING)
-        self.assertIsNone(store.settle("web", self.RUNNING, VMState.STOPPED, PowerState.SHUTDOWN))
-        self.assertEqual(store.get_instance("web").task_state, TaskState.REBUILDING)
+        store.instances.claim_task(
+            "web", "rebuild", frozenset({VMState.ACTIVE}), TaskState.REBUILDING
+        )
+        self.assertIsNone(
+            store.instances.settle("web", self.RUNNING, VMState.STOPPED, PowerState.SHUTDOWN)
+        )
+        self.assertEqual(store.instances.get_instance("web").task_state, TaskState.REBUILDING)
 
     def test_settleNeverOverwritesAnError(self) -> None:
         store = self.open()
         self.active(store, "web")
-        store.set_error("web", "disk on fire")
-        self.assertIsNone(store.settle("web", self.RUNNING, VMState.STOPPED, PowerState.SHUTDOWN))
-        record = store.get_instance("web")
+        store.instances.set_error("web", "disk on fire")
+        self.assertIsNone(
+            store.instances.settle("web", self.RUNNING, VMState.STOPPED, PowerState.SHUTDOWN)
+        )
+        record = store.instances.get_instance("web")
         self.assertEqual((record.vm_state, record.error), (VMState.ERROR, "disk on fire"))
 
     def test_settleOfAMissingInstanceIsNone(self) -> None:
         store = self.open()
-        self.assertIsNone(store.settle("nope", self.RUNNING, VMState.STOPPED, PowerState.SHUTDOWN))
+        self.assertIsNone(
+            store.instances.settle("nope", self.RUNNING, VMState.STOPPED, PowerState.SHUTDOWN)
+        )
 
 
 class ConfigTests(_StoreTestCase):
@@ -818,21 +869,23 @@ class ConfigTests(_StoreTestCase):
 
     def test_updateConfigSetsAndDeletesKeys(self) -> None:
         store = self.open()
-        store.create_instance("x", {"user.keep": "1", "user.drop": "2"}, {})
-        record = store.update_config(
+        store.instances.create_instance("x", {"user.keep": "1", "user.drop": "2"}, {})
+        record = store.instances.update_config(
             "x", {"user.drop": None, "user.new": "3", "user.absent": None}
         )
         self.assertEqual(record.config, {"user.keep": "1", "user.new": "3"})
-        self.assertEqual(store.get_instance("x").config, record.config)
+        self.assertEqual(store.instances.get_instance("x").config, record.config)
 
     def test_updateConfigOfAnUnknownInstanceIsNotFound(self) -> None:
         store = self.open()
-        self.assertRaises(NotFound, store.update_config, "ghost", {"user.a": "1"})
+        self.assertRaises(NotFound, store.instances.update_config, "ghost", {"user.a": "1"})
 
     def test_readyKeyMakesARunningInstanceReady(self) -> None:
         store = self.open()
         self.active(store, "x")
-        self.assertEqual(store.update_config("x", {READY_KEY: "true"}).status.name, "Ready")
+        self.assertEqual(
+            store.instances.update_config("x", {READY_KEY: "true"}).status.name, "Ready"
+        )
 
     def test_clearReadyEverywhereRemovesTheKeyAndCountsThem(self) -> None:
         store = self.open()
@@ -840,9 +893,9 @@ class ConfigTests(_StoreTestCase):
         self.active(store, "b", {READY_KEY: "false"})
         self.active(store, "c", {"user.note": f"{READY_KEY} is mentioned only in a value"})
         self.active(store, "d")
-        self.assertEqual(store.clear_ready_everywhere(), 2)
+        self.assertEqual(store.instances.clear_ready_everywhere(), 2)
         self.assertEqual(
-            {r.name: r.config for r in store.list_instances()},
+            {r.name: r.config for r in store.instances.list_instances()},
             {
                 "a": {"user.a": "1"},
                 "b": {},
@@ -850,8 +903,8 @@ class ConfigTests(_StoreTestCase):
                 "d": {},
             },
         )
-        self.assertEqual(store.get_instance("a").status.name, "Running")
-        self.assertEqual(store.clear_ready_everywhere(), 0)
+        self.assertEqual(store.instances.get_instance("a").status.name, "Running")
+        self.assertEqual(store.instances.clear_ready_everywhere(), 0)
 
 
 class ActionHistoryTests(_StoreTestCase):
@@ -859,16 +912,16 @@ class ActionHistoryTests(_StoreTestCase):
 
     def test_actionWithStepsInOrderAndTimestampsFromTheClock(self) -> None:
         store = self.open()
-        action = store.start_action("x", "resize", "req-7")
+        action = store.actions.start_action("x", "resize", "req-7")
         self.clock.advance(1)
-        step = store.start_step(action, "resize-queued")
+        step = store.actions.start_step(action, "resize-queued")
         self.clock.advance(2)
-        store.finish_step(step, "success")
-        store.add_step(action, "resize-prep", "error", "no memory")
+        store.actions.finish_step(step, "success")
+        store.actions.add_step(action, "resize-prep", "error", "no memory")
         self.clock.advance(3)
-        store.finish_action(action, "error", "no memory")
+        store.actions.finish_action(action, "error", "no memory")
         self.assertEqual(
-            store.list_actions("x"),
+            store.actions.list_actions("x"),
             [
                 ActionRecord(
                     id=action,
@@ -889,22 +942,22 @@ class ActionHistoryTests(_StoreTestCase):
 
     def test_actionsAreListedNewestFirstPerInstance(self) -> None:
         store = self.open()
-        first = store.start_action("x", "create", "req-1")
-        store.start_action("y", "create", "req-2")
+        first = store.actions.start_action("x", "create", "req-1")
+        store.actions.start_action("y", "create", "req-2")
         self.clock.advance(1)
-        second = store.start_action("x", "stop", "req-3")
-        third = store.start_action("x", "start", "req-4")
-        self.assertEqual([a.id for a in store.list_actions("x")], [third, second, first])
-        self.assertEqual(store.list_actions("nobody"), [])
+        second = store.actions.start_action("x", "stop", "req-3")
+        third = store.actions.start_action("x", "start", "req-4")
+        self.assertEqual([a.id for a in store.actions.list_actions("x")], [third, second, first])
+        self.assertEqual(store.actions.list_actions("nobody"), [])
 
     def test_unfinishedActionsAreTheOnesWithoutAnEnd(self) -> None:
         store = self.open()
-        done = store.start_action("x", "create", "req-1")
-        store.finish_action(done, "success")
-        open_x = store.start_action("x", "stop", "req-2")
-        store.start_step(open_x, "powering-off")
-        open_y = store.start_action("y", "create", "req-3")
-        unfinished = store.unfinished_actions()
+        done = store.actions.start_action("x", "create", "req-1")
+        store.actions.finish_action(done, "success")
+        open_x = store.actions.start_action("x", "stop", "req-2")
+        store.actions.start_step(open_x, "powering-off")
+        open_y = store.actions.start_action("y", "create", "req-3")
+        unfinished = store.actions.unfinished_actions()
         self.assertEqual([a.id for a in unfinished], [open_x, open_y])
         self.assertEqual(
             unfinished[0].steps, (ActionStep("powering-off", 1000.0, None, None, None),)
@@ -912,17 +965,17 @@ class ActionHistoryTests(_StoreTestCase):
 
     def test_stepsOfAnUnknownActionAreNotFound(self) -> None:
         store = self.open()
-        self.assertRaises(NotFound, store.start_step, 99, "spawning")
-        self.assertRaises(NotFound, store.add_step, 99, "spawning", "success")
-        self.assertRaises(NotFound, store.finish_step, 99, "success")
-        self.assertRaises(NotFound, store.finish_action, 99, "success")
+        self.assertRaises(NotFound, store.actions.start_step, 99, "spawning")
+        self.assertRaises(NotFound, store.actions.add_step, 99, "spawning", "success")
+        self.assertRaises(NotFound, store.actions.finish_step, 99, "success")
+        self.assertRaises(NotFound, store.actions.finish_action, 99, "success")
 
     def test_resultIsSuccessOrError(self) -> None:
         store = self.open()
-        action = store.start_action("x", "create", "req-1")
-        self.assertRaises(ValueError, store.finish_action, action, "Success")
-        self.assertRaises(ValueError, store.add_step, action, "spawning", "ok")
-        self.assertEqual(store.unfinished_actions()[0].steps, ())
+        action = store.actions.start_action("x", "create", "req-1")
+        self.assertRaises(ValueError, store.actions.finish_action, action, "Success")
+        self.assertRaises(ValueError, store.actions.add_step, action, "spawning", "ok")
+        self.assertEqual(store.actions.unfinished_actions()[0].steps, ())
 
 
 class SnapshotTests(_StoreTestCase):
@@ -930,10 +983,10 @@ class SnapshotTests(_StoreTestCase):
 
     def test_createdSnapshotIsListed(self) -> None:
         store = self.open()
-        store.create_instance("x", {}, {})
-        created = store.create_snapshot("x", "snap0", True, {"devices": ["vmready"]})
+        store.instances.create_instance("x", {}, {})
+        created = store.snapshots.create_snapshot("x", "snap0", True, {"devices": ["vmready"]})
         self.clock.advance(1)
-        store.create_snapshot("x", "snap1", False, {})
+        store.snapshots.create_snapshot("x", "snap1", False, {})
         self.assertEqual(
             created,
             {
@@ -944,44 +997,48 @@ class SnapshotTests(_StoreTestCase):
                 "metadata": {"devices": ["vmready"]},
             },
         )
-        self.assertEqual([s["name"] for s in store.list_snapshots("x")], ["snap0", "snap1"])
-        self.assertEqual(store.list_snapshots("x")[0], created)
+        self.assertEqual(
+            [s["name"] for s in store.snapshots.list_snapshots("x")], ["snap0", "snap1"]
+        )
+        self.assertEqual(store.snapshots.list_snapshots("x")[0], created)
 
     def test_deletedSnapshotIsReturnedAndForgottenAndOthersStay(self) -> None:
         store = self.open()
-        store.create_instance("x", {}, {})
-        store.create_instance("y", {}, {})
-        created = store.create_snapshot("x", "snap0", True, {"devices": ["vmready"]})
-        store.create_snapshot("x", "snap1", False, {})
-        store.create_snapshot("y", "snap0", False, {})
-        self.assertEqual(store.delete_snapshot("x", "snap0"), created)
-        self.assertEqual([s["name"] for s in store.list_snapshots("x")], ["snap1"])
-        self.assertEqual([s["name"] for s in store.list_snapshots("y")], ["snap0"])
-        self.assertIsNone(store.find_snapshot("x", "snap0"))
+        store.instances.create_instance("x", {}, {})
+        store.instances.create_instance("y", {}, {})
+        created = store.snapshots.create_snapshot("x", "snap0", True, {"devices": ["vmready"]})
+        store.snapshots.create_snapshot("x", "snap1", False, {})
+        store.snapshots.create_snapshot("y", "snap0", False, {})
+        self.assertEqual(store.snapshots.delete_snapshot("x", "snap0"), created)
+        self.assertEqual([s["name"] for s in store.snapshots.list_snapshots("x")], ["snap1"])
+        self.assertEqual([s["name"] for s in store.snapshots.list_snapshots("y")], ["snap0"])
+        self.assertIsNone(store.snapshots.find_snapshot("x", "snap0"))
         # The name is free again.
-        store.create_snapshot("x", "snap0", False, {})
+        store.snapshots.create_snapshot("x", "snap0", False, {})
 
     def test_deletingASnapshotThatIsNotThereIsNotFound(self) -> None:
         store = self.open()
-        store.create_instance("x", {}, {})
-        error = self.assertRaises(NotFound, store.delete_snapshot, "x", "snap0")
+        store.instances.create_instance("x", {}, {})
+        error = self.assertRaises(NotFound, store.snapshots.delete_snapshot, "x", "snap0")
         self.assertEqual(error.message, "Snapshot snap0 of instance x not found")
-        self.assertRaises(NotFound, store.delete_snapshot, "nobody", "snap0")
+        self.assertRaises(NotFound, store.snapshots.delete_snapshot, "nobody", "snap0")
 
     def test_snapshotNamesAreUniquePerInstance(self) -> None:
         store = self.open()
-        store.create_instance("x", {}, {})
-        store.create_instance("y", {}, {})
-        store.create_snapshot("x", "snap0", False, {})
-        error = self.assertRaises(Conflict, store.create_snapshot, "x", "snap0", True, {})
+        store.instances.create_instance("x", {}, {})
+        store.instances.create_instance("y", {}, {})
+        store.snapshots.create_snapshot("x", "snap0", False, {})
+        error = self.assertRaises(
+            Conflict, store.snapshots.create_snapshot, "x", "snap0", True, {}
+        )
         self.assertEqual(error.message, "Snapshot snap0 of instance x already exists")
-        store.create_snapshot("y", "snap0", True, {})
-        self.assertEqual([s["stateful"] for s in store.list_snapshots("x")], [False])
+        store.snapshots.create_snapshot("y", "snap0", True, {})
+        self.assertEqual([s["stateful"] for s in store.snapshots.list_snapshots("x")], [False])
 
     def test_snapshotsOfAnUnknownInstanceAreNotFound(self) -> None:
         store = self.open()
-        self.assertRaises(NotFound, store.create_snapshot, "ghost", "snap0", False, {})
-        self.assertRaises(NotFound, store.list_snapshots, "ghost")
+        self.assertRaises(NotFound, store.snapshots.create_snapshot, "ghost", "snap0", False, {})
+        self.assertRaises(NotFound, store.snapshots.list_snapshots, "ghost")
 
 
 class DurabilityTests(_StoreTestCase):
@@ -1003,7 +1060,7 @@ class DurabilityTests(_StoreTestCase):
         store = self.open()
         with _raw(self.path) as raw:
             self.assertEqual(raw.execute("PRAGMA integrity_check").fetchall(), [("ok",)])
-        found = {record.name: record for record in store.list_instances()}
+        found = {record.name: record for record in store.instances.list_instances()}
         for name, stage in reported.items():
             self.assertIn(name, found)
             progress = self._progress(store, found[name])
@@ -1021,7 +1078,7 @@ class DurabilityTests(_StoreTestCase):
     def _progress(self, store: Store, record: InstanceRecord) -> int:
         """How far the writer's loop got for record, as an index into STAGES, checking states."""
         self.assertEqual(record.config["user.n"], str(int(record.name.split("-")[1])))
-        actions = store.list_actions(record.name)
+        actions = store.actions.list_actions(record.name)
         progress = STAGES.index("created")
         if actions:
             [action] = actions
@@ -1088,37 +1145,39 @@ class AgentCertificateTests(_StoreTestCase):
 
     def test_unknownFingerprintIsNoInstance(self) -> None:
         store = self.open()
-        store.create_instance("web", {}, {})
-        self.assertIsNone(store.instance_for_fingerprint("00" * 32))
+        store.instances.create_instance("web", {}, {})
+        self.assertIsNone(store.certificates.instance_for_fingerprint("00" * 32))
 
     def test_reissuingReplacesTheOldFingerprint(self) -> None:
         store = self.open()
-        store.create_instance("web", {}, {})
-        store.set_agent_certificate("web", "aa" * 32)
-        store.set_agent_certificate("web", "bb" * 32)
-        self.assertIsNone(store.instance_for_fingerprint("aa" * 32))
-        found = store.instance_for_fingerprint("bb" * 32)
+        store.instances.create_instance("web", {}, {})
+        store.certificates.set_agent_certificate("web", "aa" * 32)
+        store.certificates.set_agent_certificate("web", "bb" * 32)
+        self.assertIsNone(store.certificates.instance_for_fingerprint("aa" * 32))
+        found = store.certificates.instance_for_fingerprint("bb" * 32)
         assert found is not None
         self.assertEqual(found.name, "web")
 
     def test_deletingTheInstanceRevokesItsCertificate(self) -> None:
         store = self.open()
-        store.create_instance("web", {}, {})
-        store.set_agent_certificate("web", "aa" * 32)
-        store.delete_instance("web")
-        store.create_instance("web", {}, {})
-        self.assertIsNone(store.instance_for_fingerprint("aa" * 32))
+        store.instances.create_instance("web", {}, {})
+        store.certificates.set_agent_certificate("web", "aa" * 32)
+        store.instances.delete_instance("web")
+        store.instances.create_instance("web", {}, {})
+        self.assertIsNone(store.certificates.instance_for_fingerprint("aa" * 32))
 
     def test_certificateForAnUnknownInstanceIsRefused(self) -> None:
         store = self.open()
-        self.assertRaises(NotFound, store.set_agent_certificate, "ghost", "aa" * 32)
+        self.assertRaises(NotFound, store.certificates.set_agent_certificate, "ghost", "aa" * 32)
 
     def test_oneFingerprintBelongsToOneInstance(self) -> None:
         store = self.open()
-        store.create_instance("web", {}, {})
-        store.create_instance("db", {}, {})
-        store.set_agent_certificate("web", "aa" * 32)
-        self.assertRaises(self.integrity_error, store.set_agent_certificate, "db", "aa" * 32)
+        store.instances.create_instance("web", {}, {})
+        store.instances.create_instance("db", {}, {})
+        store.certificates.set_agent_certificate("web", "aa" * 32)
+        self.assertRaises(
+            self.integrity_error, store.certificates.set_agent_certificate, "db", "aa" * 32
+        )
 
 
 class TrustStoreTests(_StoreTestCase):
@@ -1177,72 +1236,79 @@ class RenameTests(_StoreTestCase):
     STOPPED = frozenset({VMState.STOPPED})
 
     def stopped(self, store: Store, name: str) -> InstanceRecord:
-        store.create_instance(name, {"user.a": "1"}, {})
-        store.finish_action(store.start_action(name, "create", "req-0"), "success")
-        return store.finish_task(name, TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN)
+        store.instances.create_instance(name, {"user.a": "1"}, {})
+        store.actions.finish_action(store.actions.start_action(name, "create", "req-0"), "success")
+        return store.instances.finish_task(
+            name, TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN
+        )
 
     def test_theRowItsSnapshotsCertificateAndHistoryMoveToTheNewName(self) -> None:
         store = self.open()
         before = self.stopped(store, "web")
-        store.create_snapshot("web", "s1", False, {"config": {"user.a": "1"}})
-        store.create_snapshot("web", "s2", False, {})
-        store.set_agent_certificate("web", "aa" * 32)
+        store.snapshots.create_snapshot("web", "s1", False, {"config": {"user.a": "1"}})
+        store.snapshots.create_snapshot("web", "s2", False, {})
+        store.certificates.set_agent_certificate("web", "aa" * 32)
         self.clock.advance(5)
-        record = store.rename_instance("web", "api", self.STOPPED, "req-1")
+        record = store.instances.rename_instance("web", "api", self.STOPPED, "req-1")
         self.assertEqual(
             (record.name, record.uuid, record.config, record.updated_at),
             ("api", before.uuid, {"user.a": "1"}, 1005.0),
         )
-        self.assertIsNone(store.find_instance("web"))
-        self.assertEqual([s["name"] for s in store.list_snapshots("api")], ["s1", "s2"])
-        self.assertEqual(store.find_snapshot("api", "s1")["metadata"], {"config": {"user.a": "1"}})  # type: ignore[index]
-        found = store.instance_for_fingerprint("aa" * 32)
+        self.assertIsNone(store.instances.find_instance("web"))
+        self.assertEqual([s["name"] for s in store.snapshots.list_snapshots("api")], ["s1", "s2"])
+        snapshot = store.snapshots.find_snapshot("api", "s1")
+        self.assertEqual(snapshot and snapshot["metadata"], {"config": {"user.a": "1"}})
+        found = store.certificates.instance_for_fingerprint("aa" * 32)
         self.assertEqual(found.name if found else None, "api")
-        self.assertEqual(store.agent_fingerprints(), {"api": "aa" * 32})
-        history = store.list_actions("api")
+        self.assertEqual(store.certificates.agent_fingerprints(), {"api": "aa" * 32})
+        history = store.actions.list_actions("api")
         self.assertEqual([a.action for a in history], ["rename", "create"])
         self.assertEqual(
             (history[0].result, history[0].request_id, [s.name for s in history[0].steps]),
             ("success", "req-1", ["rename: web -> api"]),
         )
         # Deleting the renamed instance takes its snapshots and certificate with it.
-        store.delete_instance("api")
-        self.assertIsNone(store.instance_for_fingerprint("aa" * 32))
-        self.assertEqual(store.find_snapshot("api", "s1"), None)
+        store.instances.delete_instance("api")
+        self.assertIsNone(store.certificates.instance_for_fingerprint("aa" * 32))
+        self.assertEqual(store.snapshots.find_snapshot("api", "s1"), None)
 
     def test_aTakenNameARunningInstanceOrATaskChangeNothing(self) -> None:
         store = self.open()
         self.stopped(store, "web")
         self.stopped(store, "db")
         self.active(store, "run")
-        store.create_snapshot("web", "s1", False, {})
+        store.snapshots.create_snapshot("web", "s1", False, {})
         with self.assertRaises(Conflict) as taken:
-            store.rename_instance("web", "db", self.STOPPED, "r")
+            store.instances.rename_instance("web", "db", self.STOPPED, "r")
         self.assertEqual(taken.exception.message, "Cannot rename web to db: instance db exists")
         with self.assertRaises(Conflict) as running:
-            store.rename_instance("run", "api", self.STOPPED, "r")
+            store.instances.rename_instance("run", "api", self.STOPPED, "r")
         self.assertEqual(
             running.exception.message,
             "Cannot rename instance run: it is running; only a stopped instance can be renamed",
         )
-        store.claim_task("web", "start", frozenset({VMState.STOPPED}), TaskState.POWERING_ON)
+        store.instances.claim_task(
+            "web", "start", frozenset({VMState.STOPPED}), TaskState.POWERING_ON
+        )
         with self.assertRaises(Conflict) as busy:
-            store.rename_instance("web", "api", self.STOPPED, "r")
+            store.instances.rename_instance("web", "api", self.STOPPED, "r")
         self.assertIn("Cannot rename instance web: it is starting", busy.exception.message)
-        self.assertRaises(NotFound, store.rename_instance, "ghost", "api", self.STOPPED, "r")
-        self.assertEqual([r.name for r in store.list_instances()], ["db", "run", "web"])
-        self.assertEqual([s["name"] for s in store.list_snapshots("web")], ["s1"])
-        self.assertEqual([a.action for a in store.list_actions("web")], ["create"])
+        self.assertRaises(
+            NotFound, store.instances.rename_instance, "ghost", "api", self.STOPPED, "r"
+        )
+        self.assertEqual([r.name for r in store.instances.list_instances()], ["db", "run", "web"])
+        self.assertEqual([s["name"] for s in store.snapshots.list_snapshots("web")], ["s1"])
+        self.assertEqual([a.action for a in store.actions.list_actions("web")], ["create"])
 
     def test_theRenameSurvivesReopening(self) -> None:
         store = self.open()
         self.stopped(store, "web")
-        store.create_snapshot("web", "s1", False, {})
-        store.rename_instance("web", "api", self.STOPPED, "r")
+        store.snapshots.create_snapshot("web", "s1", False, {})
+        store.instances.rename_instance("web", "api", self.STOPPED, "r")
         store.close()
         reopened = self.open()
-        self.assertEqual([r.name for r in reopened.list_instances()], ["api"])
-        self.assertEqual([s["name"] for s in reopened.list_snapshots("api")], ["s1"])
+        self.assertEqual([r.name for r in reopened.instances.list_instances()], ["api"])
+        self.assertEqual([s["name"] for s in reopened.snapshots.list_snapshots("api")], ["s1"])
 
 
 # Creates a stopped instance "n0" with two snapshots and a certificate, then renames it
@@ -1253,15 +1319,15 @@ from vmready.domain.states import PowerState, TaskState, VMState
 from vmready.store.sqlite import Store
 
 store = Store.open(sys.argv[1])
-store.create_instance("n0", {"user.a": "1"}, {})
-store.finish_task("n0", TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN)
-store.create_snapshot("n0", "s1", False, {})
-store.create_snapshot("n0", "s2", False, {})
-store.set_agent_certificate("n0", "cd" * 32)
+store.instances.create_instance("n0", {"user.a": "1"}, {})
+store.instances.finish_task("n0", TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN)
+store.snapshots.create_snapshot("n0", "s1", False, {})
+store.snapshots.create_snapshot("n0", "s2", False, {})
+store.certificates.set_agent_certificate("n0", "cd" * 32)
 print("n0", flush=True)
 i = 0
 while True:
-    store.rename_instance(f"n{i}", f"n{i + 1}", frozenset({VMState.STOPPED}), f"r{i}")
+    store.instances.rename_instance(f"n{i}", f"n{i + 1}", frozenset({VMState.STOPPED}), f"r{i}")
     i += 1
     print(f"n{i}", flush=True)
 """
@@ -1285,12 +1351,14 @@ class RenameDurabilityTests(_StoreTestCase):
         child.stdout.close()
         last = int(reported[-1][1:])
         store = self.open()
-        [record] = store.list_instances()
+        [record] = store.instances.list_instances()
         # The committed rename it reported, or the one after it, committed before the kill.
         self.assertIn(record.name, (f"n{last}", f"n{last + 1}"))
-        self.assertEqual([s["name"] for s in store.list_snapshots(record.name)], ["s1", "s2"])
-        self.assertEqual(store.agent_fingerprints(), {record.name: "cd" * 32})
-        renames = [a for a in store.list_actions(record.name) if a.action == "rename"]
+        self.assertEqual(
+            [s["name"] for s in store.snapshots.list_snapshots(record.name)], ["s1", "s2"]
+        )
+        self.assertEqual(store.certificates.agent_fingerprints(), {record.name: "cd" * 32})
+        renames = [a for a in store.actions.list_actions(record.name) if a.action == "rename"]
         self.assertEqual(len(renames), int(record.name[1:]))
         with _raw(self.path) as raw:
             self.assertEqual(raw.execute("PRAGMA integrity_check").fetchall(), [("ok",)])

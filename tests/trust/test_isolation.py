@@ -408,11 +408,11 @@ class GuestAPIHost(TestCase):
     async def listen(self, clock: Clock | None = None) -> None:
         """Serve the guest API as the daemon does (``clock``: when certificates are judged)."""
         api = GuestAPI(self.lifecycle)
-        factory = guest_tls_factory(self.server, self.store, guest_site(api.app.resource()))
+        factory = guest_tls_factory(self.server, self.store.view, guest_site(api.app.resource()))
         if clock is not None:
-            api.identify = certificate_identifier(self.store, clock)
+            api.identify = certificate_identifier(self.store.view, clock)
             factory = guest_tls_factory(
-                self.server, self.store, guest_site(api.app.resource()), clock
+                self.server, self.store.view, guest_site(api.app.resource()), clock
             )
         endpoint = serverFromString(reactor, self.transport.server(self.base))
         self.port = await endpoint.listen(factory)
@@ -436,8 +436,8 @@ class GuestAPIHost(TestCase):
         self, name: str, config: dict[str, str], devices: dict[str, dict[str, str]] | None = None
     ) -> tuple[InstanceRecord, CertificatePair]:
         """An idle instance with its identity issued as ``create`` issues it; its drive's pair."""
-        await self.store.create_instance(name, config, devices or {})
-        record = await self.store.finish_task(
+        await self.store.instances.create_instance(name, config, devices or {})
+        record = await self.store.instances.finish_task(
             name, TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN
         )
         await self.lifecycle.issue_agent_identity(record)
@@ -450,7 +450,7 @@ class GuestAPIHost(TestCase):
         operation = await (await self.lifecycle.create(name, config)).when_done()
         await deferLater(reactor, 0, lambda: None)
         self.assertEqual(operation.error, "")
-        record = self.store.get_instance(name)
+        record = self.store.view.get_instance(name)
         return record, self.drive_pair(record)
 
     def drive_pair(self, record: InstanceRecord) -> CertificatePair:
@@ -700,7 +700,7 @@ class IsolationChecks(_ChecksBase):
                 self.assertEqual(reply.body["metadata"], None, path)
                 self.assertEqual(reply.body["type"], "error", path)
                 self.assertNothingOfBravo(reply)
-        self.assertEqual(self.store.get_instance("bravo"), self.bravo)
+        self.assertEqual(self.store.view.get_instance("bravo"), self.bravo)
 
     async def test_aKeyOnlyTheOtherInstanceHasIsNotFound(self) -> None:
         await self.two()
@@ -723,7 +723,7 @@ class IsolationChecks(_ChecksBase):
         self.alpha, self.alpha_pair = await self.launch("alpha", ALPHA_CONFIG)
         self.bravo, self.bravo_pair = await self.launch("bravo", BRAVO_CONFIG)
         await self.listen()
-        bravo_before = self.store.get_instance("bravo")
+        bravo_before = self.store.view.get_instance("bravo")
         ready: list[str] = []
         self.lifecycle.state.events.subscribe(
             lambda event: (
@@ -742,9 +742,9 @@ class IsolationChecks(_ChecksBase):
                 )
                 self.assertEqual((reply.code, reply.body), (200, _sync({})))
                 self.assertEqual(
-                    self.store.get_instance("alpha").ready, state == b"Ready", (query, host)
+                    self.store.view.get_instance("alpha").ready, state == b"Ready", (query, host)
                 )
-                self.assertEqual(self.store.get_instance("bravo"), bravo_before)
+                self.assertEqual(self.store.view.get_instance("bravo"), bravo_before)
         self.assertEqual(set(ready), {"/1.0/instances/alpha"})
 
     async def test_eventsCarryOnlyTheCallersChanges(self) -> None:
@@ -816,7 +816,7 @@ class IsolationChecks(_ChecksBase):
         alert = await self.assertRefusedAtHandshake(self.agent(self.alpha_pair))
         self.assertIn("alert unknown ca", alert)
         self.assertEqual(said, [self.alpha_pair.fingerprint])
-        self.assertEqual(self.store.get_instance("bravo"), self.bravo)
+        self.assertEqual(self.store.view.get_instance("bravo"), self.bravo)
 
     async def test_recreatedInstanceRefusesTheOldCertificate(self) -> None:
         await self.two()
@@ -858,7 +858,7 @@ class IsolationChecks(_ChecksBase):
         await self.two()
         month = datetime.timedelta(days=30)
         expired = generate("vmready-agent-alpha", days=1, now=_NOW - month)
-        await self.store.set_agent_certificate("alpha", expired.fingerprint)
+        await self.store.certificates.set_agent_certificate("alpha", expired.fingerprint)
         said = self.refusals()
         alert = await self.assertRefusedAtHandshake(self.agent(expired))
         self.assertIn("alert unknown ca", alert)
@@ -867,7 +867,7 @@ class IsolationChecks(_ChecksBase):
     async def test_notYetValidCertificateIsRefused(self) -> None:
         await self.two()
         future = generate("vmready-agent-alpha", now=_NOW + datetime.timedelta(days=30))
-        await self.store.set_agent_certificate("alpha", future.fingerprint)
+        await self.store.certificates.set_agent_certificate("alpha", future.fingerprint)
         alert = await self.assertRefusedAtHandshake(self.agent(future))
         self.assertIn("alert unknown ca", alert)
 

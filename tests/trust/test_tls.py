@@ -207,9 +207,9 @@ class LoopbackTLSTests(TestCase):
         self.addCleanup(shutil.rmtree, directory, True)
         store = Store.open(os.path.join(directory, "vmready.sqlite"))
         self.addCleanup(store.close)
-        store.create_instance("web1", {}, {})
-        store.set_agent_certificate("web1", _EXPIRED_AGENT.fingerprint)
-        self.listen(certificate_authorizer(store))
+        store.instances.create_instance("web1", {}, {})
+        store.certificates.set_agent_certificate("web1", _EXPIRED_AGENT.fingerprint)
+        self.listen(certificate_authorizer(store.certificates))
         self.assertRefused(await self.connect(PinnedServerTLS(_EXPIRED_AGENT, _SERVER.cert_pem)))
 
     async def test_agentRefusesAServerThatIsNotThePinnedOne(self) -> None:

@@ -99,7 +99,7 @@ class ActionRoutes(OperatorBase):
     @forwardable
     async def list_actions(self, request: IRequest, name: str) -> bytes:
         """The instance's action history (kept after delete), newest first, with steps."""
-        actions = await self.lifecycle.state.store.list_actions(name)
+        actions = await self.lifecycle.state.store.actions.list_actions(name)
         if not actions:
             self.lifecycle.get(name)
         return sync_response(request, [action.to_json() for action in actions])

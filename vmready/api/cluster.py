@@ -154,7 +154,7 @@ class ClusterContext:
                 f"cluster member {name} is the one answering this request and cannot remove "
                 "itself: stop its daemon, then remove it through another member"
             )
-        removed = await self.membership.store.remove_member(name)
+        removed = await self.membership.store.members.remove_member(name)
         try:
             await self.membership.refresh()
         except Exception as e:

@@ -84,7 +84,7 @@ from vmready.domain.model import (
 from vmready.hypervisor.configdrive import meta_data as cloud_init_meta_data
 from vmready.lifecycle.core import Lifecycle
 from vmready.lifecycle.events import LIFECYCLE, Event
-from vmready.store.asyncstore import InstanceView
+from vmready.store.view import AgentLookup
 from vmready.trust.certs import CertificatePair, fingerprint, is_valid_at
 from vmready.trust.tls import MutualServerTLS, peer_certificate_pem, server_tls_factory
 
@@ -126,7 +126,7 @@ def _guest_visible(key: str) -> bool:
 
 
 def instance_for_certificate(
-    store: InstanceView, cert_pem: bytes, when: datetime.datetime
+    store: AgentLookup, cert_pem: bytes, when: datetime.datetime
 ) -> InstanceRecord | None:
     """The instance a client certificate identifies at ``when``, or None (unknown, revoked,
     outside its validity period, or not a certificate at all)."""
@@ -138,7 +138,7 @@ def instance_for_certificate(
         return None
 
 
-def certificate_authorizer(store: InstanceView, clock: Clock = _utcnow) -> Callable[[bytes], bool]:
+def certificate_authorizer(store: AgentLookup, clock: Clock = _utcnow) -> Callable[[bytes], bool]:
     """For ``MutualServerTLS``: accept a client certificate iff it identifies an instance now."""
 
     def authorize(cert_pem: bytes) -> bool:
@@ -147,7 +147,7 @@ def certificate_authorizer(store: InstanceView, clock: Clock = _utcnow) -> Calla
     return authorize
 
 
-def certificate_identifier(store: InstanceView, clock: Clock = _utcnow) -> Identify:
+def certificate_identifier(store: AgentLookup, clock: Clock = _utcnow) -> Identify:
     """The instance whose certificate the request's TLS peer presented, checked again now."""
 
     def identify(request: IRequest) -> InstanceRecord | None:
@@ -331,7 +331,7 @@ class GuestAPI:
         self, lifecycle: Lifecycle, identify: Identify | None = None, location: str = "none"
     ) -> None:
         self.lifecycle = lifecycle
-        self.identify = identify or certificate_identifier(lifecycle.state.store)
+        self.identify = identify or certificate_identifier(lifecycle.state.store.view)
         self.location = location
 
     def caller(self, request: IRequest) -> InstanceRecord:
@@ -474,7 +474,7 @@ def guest_site(resource: IResource, reactor: IReactorTime | None = None) -> Limi
     return site
 
 
-def peer_instance(store: InstanceView, clock: Clock = _utcnow) -> PeerKey:
+def peer_instance(store: AgentLookup, clock: Clock = _utcnow) -> PeerKey:
     """Who a guest API connection comes from, for the per-guest bound and its log line.
 
     The instance its TLS client certificate identifies (``instance 'web1'``);
@@ -497,7 +497,7 @@ def peer_instance(store: InstanceView, clock: Clock = _utcnow) -> PeerKey:
 
 
 def guest_tls_factory(
-    server: CertificatePair, store: InstanceView, site: Site, clock: Clock = _utcnow
+    server: CertificatePair, store: AgentLookup, site: Site, clock: Clock = _utcnow
 ) -> TLSMemoryBIOFactory:
     """Server-side mutual TLS around ``site``: only certificates of live instances get through.
 

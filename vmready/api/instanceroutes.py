@@ -51,7 +51,7 @@ class InstanceRoutes(OperatorBase):
     async def full_view(self, record: InstanceRecord) -> dict[str, Any]:
         """The instance with its state, snapshots and backups (LXD's ``InstanceFull``)."""
         view = self.instance_view(record)
-        snapshots = await self.lifecycle.state.store.list_snapshots(record.name)
+        snapshots = await self.lifecycle.state.store.snapshots.list_snapshots(record.name)
         view["state"] = state_json(record, self.lifecycle.agent_status(record.name))
         view["snapshots"] = [snapshot_json(snapshot) for snapshot in snapshots]
         view["backups"] = []
@@ -119,7 +119,7 @@ class InstanceRoutes(OperatorBase):
         """
         cluster = self.cluster
         if cluster is not None and request.getHeader(FORWARDED_BY) is None:
-            record = self.lifecycle.state.store.find_instance(name)
+            record = self.lifecycle.state.store.view.find_instance(name)
             owner = None if record is None else cluster.reachable_owner(record)
             if owner is not None:
                 return Deferred.fromCoroutine(self._instance_from(request, owner, name))

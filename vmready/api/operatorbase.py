@@ -165,7 +165,7 @@ def forwardable(handler: Handler) -> Handler:
     def route(api: OperatorBase, request: IRequest, **arguments: Any) -> Any:
         cluster = api.cluster
         if cluster is not None:
-            record = api.lifecycle.state.store.find_instance(arguments["name"])
+            record = api.lifecycle.state.store.view.find_instance(arguments["name"])
             member = cluster.remote_owner(record) if record is not None else None
             if member is not None and record is not None:
                 return Deferred.fromCoroutine(

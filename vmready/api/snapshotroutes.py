@@ -31,7 +31,7 @@ class SnapshotRoutes(OperatorBase):
 
     async def _snapshots(self, name: str) -> list[dict[str, Any]]:
         """The instance's snapshots as the API shows them, oldest first (404: no instance)."""
-        snapshots = await self.lifecycle.state.store.list_snapshots(name)
+        snapshots = await self.lifecycle.state.store.snapshots.list_snapshots(name)
         if not snapshots:
             self.lifecycle.get(name)
         return [snapshot_json(snapshot) for snapshot in snapshots]

@@ -221,7 +221,7 @@ def check_store(location: str, cluster: ClusterSettings | None, fingerprint: str
         fail(str(e))
     try:
         if cluster is not None:
-            store.check_join(cluster.name, fingerprint)
+            store.members.check_join(cluster.name, fingerprint)
     except LeaseHeld as e:
         fail(str(e))
     except Exception as e:  # the server went away since it opened: still one line

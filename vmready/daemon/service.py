@@ -399,7 +399,7 @@ class VMReadyService(MultiService):
         server = self.server_certificate = ensure_server_certificate(self.config.data_dir)
         endpoint_string = self.config.guest_endpoint
         self._remove_stale_guest_sockets()
-        factory = guest_tls_factory(server, self.store, guest_site(self._guest_resource()))
+        factory = guest_tls_factory(server, self.store.view, guest_site(self._guest_resource()))
         port = self.guest_port = await serverFromString(self.reactor, endpoint_string).listen(
             factory
         )
@@ -589,7 +589,7 @@ class VMReadyService(MultiService):
             self.log.error(
                 "cannot join the cluster as member {member} on {store}: {error}; stopping",
                 member=membership.name,
-                store=self.store.path,
+                store=self.store.engine.path,
                 error=e,
             )
             self.notifier.status(f"cannot join the cluster: {e}")

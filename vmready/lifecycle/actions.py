@@ -124,7 +124,7 @@ class Actions:
                 "disk image do not capture the disk yet"
             )
         if action == "snapshot":
-            if await self.state.store.find_snapshot(record.name, name) is not None:
+            if await self.state.store.snapshots.find_snapshot(record.name, name) is not None:
                 raise Conflict(f"Snapshot {name} of instance {record.name} already exists")
             if params["stateful"] and (
                 record.vm_state is not VMState.ACTIVE or not self.state.has_vm(record.name)
@@ -134,7 +134,7 @@ class Actions:
                     "running (a stateful snapshot saves the running VM's memory)"
                 )
             return
-        snapshot = await self.state.store.find_snapshot(record.name, name)
+        snapshot = await self.state.store.snapshots.find_snapshot(record.name, name)
         if snapshot is None:
             raise NotFound(f"Snapshot {name} of instance {record.name} not found")
         if not params["stateful"]:
@@ -232,8 +232,8 @@ class Actions:
         self, context: ActionContext, record: InstanceRecord, timeout: float, force: bool
     ) -> None:
         await self.booting.power_off(context, record.name, timeout, force)
-        await self.state.store.update_config(record.name, {READY_KEY: "false"})
-        await self.booting.launch(self.state.store.get_instance(record.name))
+        await self.state.store.instances.update_config(record.name, {READY_KEY: "false"})
+        await self.booting.launch(self.state.store.view.get_instance(record.name))
         await context.finish(PowerState.RUNNING)
         self.state.events.lifecycle("instance-restarted", record.name)
 
@@ -249,7 +249,7 @@ class Actions:
 
     async def do_rebuild(self, context: ActionContext, record: InstanceRecord) -> None:
         await self.booting.power_off(context, record.name, 0, force=True)
-        record = await self.state.store.update_config(record.name, {READY_KEY: "false"})
+        record = await self.state.store.instances.update_config(record.name, {READY_KEY: "false"})
         boot = BootSource.from_config(record.config)
         if boot.image is not None:
             # The image may have changed or gone since launch: check it again.
@@ -315,7 +315,7 @@ class Actions:
 
     async def forget(self, record: InstanceRecord, reason: str | None = None) -> None:
         """The instance is gone: its row (revoking its certificate), run dir, DELETED event."""
-        await self.state.store.delete_instance(record.name)
+        await self.state.store.instances.delete_instance(record.name)
         self.state.last_agent_status.pop(record.name, None)
         self.state.agent_history.forget(record.name)
         remove_instance_snapshots(self.state.snapshot_root, run_dir_name(record.uuid))

@@ -114,7 +114,7 @@ class Booting:
         }
         if transport == "vsock" and CID_KEY not in record.config:
             updates[CID_KEY] = str(self._new_cid())
-        record = await self.state.store.update_config(record.name, updates)
+        record = await self.state.store.instances.update_config(record.name, updates)
         disk = self.state.disk_path(record)
         if disk is not None and not os.path.exists(disk):
             raise HypervisorError(
@@ -151,7 +151,7 @@ class Booting:
             return await self._fall_back_to_tcg(
                 record, f"QEMU failed to start a guest under KVM: {first}", incoming
             )
-        await self.state.store.update_config(
+        await self.state.store.instances.update_config(
             record.name, {CURRENT_ACCEL_KEY: choice.accel, ACCEL_REASON_KEY: choice.reason}
         )
         self.watching.attach(record.name, vm)
@@ -210,7 +210,7 @@ class Booting:
         """A vsock CID no other instance on this host holds."""
         used = {
             int(record.config[CID_KEY])
-            for record in self.state.store.owned_instances()
+            for record in self.state.store.view.owned_instances()
             if record.config.get(CID_KEY, "").isdigit()
         }
         return allocate_cid(used)
@@ -224,7 +224,9 @@ class Booting:
     ) -> InstanceRecord:
         if was_running:
             await self.power_off(context, name, self.state.stop_timeout, force=False)
-        record = await self.state.store.update_config(name, {**updates, READY_KEY: "false"})
+        record = await self.state.store.instances.update_config(
+            name, {**updates, READY_KEY: "false"}
+        )
         if was_running:
             await self.launch(record)
         return record
@@ -235,7 +237,7 @@ class Booting:
         vm = self.state.vms.get(name)
         if vm is None or vm.gone:
             self.watching.detach(name)
-            record = self.state.store.get_instance(name)
+            record = self.state.store.view.get_instance(name)
             if await self.state.driver.kill_owned(self.state.spec_for(record)):
                 context.note("killed a VM process whose monitor vmready had lost")
             else:

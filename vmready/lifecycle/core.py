@@ -204,7 +204,7 @@ class Lifecycle:
         validate_name(name)
         checked = validate_config(config)
         check_guest_data(checked)
-        if self.state.store.find_instance(name) is not None:
+        if self.state.store.view.find_instance(name) is not None:
             raise Conflict(f"Instance {name} already exists")
         boot = BootSource.from_config(checked)
         if boot.empty and not self.state.settings.default_boot.empty:
@@ -215,7 +215,7 @@ class Lifecycle:
                 f"Cannot launch {name} with {ACCEL_KEY}=kvm: {self.state.kvm_problem}"
             )
         image = await self.state.check_boot_source(boot)
-        record = await self.state.store.create_instance(name, checked, {}, instance_uuid)
+        record = await self.state.store.instances.create_instance(name, checked, {}, instance_uuid)
         context = await ActionContext.begin(self.state, name, "create", TaskState.SPAWNING)
         await self.guestside.issue_agent_identity(record)
         self.state.publish_state(record)
@@ -266,14 +266,16 @@ class Lifecycle:
         # Not before the daemon's start-up reconciliation of the instance is over.
         await self.recovery.reconciled(name)
         if action in ("snapshot", "restore"):
-            current = self.state.store.get_instance(name)
+            current = self.state.store.view.get_instance(name)
             if current.task_state is not None:
                 raise task_conflict(action, name, current.task_state, current.vm_state)
             await self.actions.preflight(action, current, prepared)
         task = spec.tasks[0]
         async with self._claiming(name):
             try:
-                record = await self.state.store.claim_task(name, action, spec.allowed_from, task)
+                record = await self.state.store.instances.claim_task(
+                    name, action, spec.allowed_from, task
+                )
             except OutcomeUnknown:
                 # The claim may have been kept: no action will run it, so give it back.
                 await self._give_back_claim(name, task)
@@ -327,11 +329,11 @@ class Lifecycle:
         there is nothing to give back.  If the store still fails, the task stays
         until the daemon's next start resolves it (as for any interrupted task).
         """
-        current = self.state.store.find_instance(name)
+        current = self.state.store.view.find_instance(name)
         if current is None:
             return
         try:
-            await self.state.store.finish_task(name, task, current.vm_state)
+            await self.state.store.instances.finish_task(name, task, current.vm_state)
         except Conflict:
             return  # not claimed after all (or claimed by another action meanwhile)
         except StoreWriteFailed as e:
@@ -397,7 +399,7 @@ class Lifecycle:
         members are each scraped, and summing them counts each instance once.
         """
         return self.state.metrics.families(
-            [record.operator_status.value for record in self.state.store.owned_instances()],
+            [record.operator_status.value for record in self.state.store.view.owned_instances()],
             [monitor.status for monitor in self.state.monitors.values()],
         )
 

@@ -50,12 +50,12 @@ class GuestSide:
         ``instance-ready`` every time; Started sets "false" with no event.  An
         instance without a running VM cannot be ready: Conflict.
         """
-        record = self.state.store.get_instance(name)
+        record = self.state.store.view.get_instance(name)
         if not self.state.has_vm(name):
             raise Conflict(f"Instance {name} is not running")
         if record.ready != ready or READY_KEY not in record.config:
             # Announced once committed: instance-ready never names a state the store lost.
-            record = await self.state.store.update_config(
+            record = await self.state.store.instances.update_config(
                 name, {READY_KEY: "true" if ready else "false"}
             )
             if ready:
@@ -76,7 +76,7 @@ class GuestSide:
         if guest is None:
             return None
         pair = generate(f"vmready-agent-{record.name}")
-        await self.state.store.set_agent_certificate(record.name, pair.fingerprint)
+        await self.state.store.certificates.set_agent_certificate(record.name, pair.fingerprint)
         write_identity(self.state.config_drive(record), pair, guest.server_cert_pem)
         self.refresh_config_drive(record)
         return pair
@@ -120,7 +120,7 @@ class GuestSide:
         issued a new pair) gets the new one, so its agent can pin it again.
         """
         issued = 0
-        for record in self.state.store.owned_instances():
+        for record in self.state.store.view.owned_instances():
             if await self.ensure_agent_identity(record):
                 issued += 1
         return issued

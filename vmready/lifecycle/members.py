@@ -113,8 +113,10 @@ class Membership:
         error is raised and nothing keeps running (the daemon cannot join):
         ``LeaseHeld`` when another daemon holds this member's lease.
         """
-        await self.store.renew_lease(self.name, self.address, self.fingerprint, self.lease_seconds)
-        self._update(await self.store.list_members(), announce=False)
+        await self.store.members.renew_lease(
+            self.name, self.address, self.fingerprint, self.lease_seconds
+        )
+        self._update(await self.store.members.list_members(), announce=False)
         self.log.info(
             "joined the cluster as member {name} ({address}); lease {lease}s, "
             "{count} member(s) known",
@@ -136,7 +138,7 @@ class Membership:
         if loop is not None and loop.running:
             loop.stop()
         try:
-            await self.store.give_up_lease(self.name, self.fingerprint)
+            await self.store.members.give_up_lease(self.name, self.fingerprint)
         except Exception as e:
             self.log.warn(
                 "could not give up the lease of member {name}: {error} (it runs out by itself)",
@@ -174,7 +176,7 @@ class Membership:
         ``lost`` fires with it.
         """
         try:
-            await self.store.renew_held_lease(
+            await self.store.members.renew_held_lease(
                 self.name, self.address, self.fingerprint, self.lease_seconds
             )
         except LeaseLost as e:
@@ -194,7 +196,7 @@ class Membership:
 
     async def refresh(self) -> MembersView:
         """Read the members again (without renewing), announcing who changed state."""
-        self._update(await self.store.list_members(), announce=True)
+        self._update(await self.store.members.list_members(), announce=True)
         return self.view
 
     def _update(self, view: MembersView, announce: bool) -> None:
@@ -252,7 +254,7 @@ class Membership:
 
     def _instance_counts(self) -> dict[str, int]:
         # From the instances this daemon knows now: fresher than the last read's counts.
-        counts = Counter(record.member for record in self.store.list_instances())
+        counts = Counter(record.member for record in self.store.view.list_instances())
         return {member: count for member, count in counts.items() if member}
 
     def state_of(self, member: MemberRecord) -> MemberState:

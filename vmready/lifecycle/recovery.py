@@ -70,7 +70,7 @@ class Recovery:
         adopted again once the monitor answers.  Instances whose certificate
         files could not be read are looked at again.
         """
-        idle = [record for record in self.state.store.owned_instances() if _syncable(record)]
+        idle = [record for record in self.state.store.view.owned_instances() if _syncable(record)]
         await self._bounded(self._sync_guarded, idle)
 
     async def _bounded(
@@ -89,7 +89,7 @@ class Recovery:
     async def _sync_guarded(self, listed: InstanceRecord) -> None:
         # Listed when the round began; the limit may have kept it waiting since, while an
         # action started or stopped it: act on what the store says now, as the round would.
-        record = self.state.store.find_instance(listed.name)
+        record = self.state.store.view.find_instance(listed.name)
         if record is None or not _syncable(record):
             return
         try:
@@ -136,23 +136,25 @@ class Recovery:
             power = await vm.query_power_state()
         except HypervisorError as e:
             # A monitor that stops answering is not a running VM anyone can manage.
-            current = self.state.store.find_instance(record.name)
+            current = self.state.store.view.find_instance(record.name)
             if current is not None and current.task_state is None:
                 self.watching.detach(record.name)
                 self.state.history(record.name, "power-sync", e.message, ok=False)
                 await self.watching.monitor_lost(current, e.message)
                 await vm.detach()  # hang up on the monitor; the VM itself is left as it is
             return
-        current = self.state.store.find_instance(record.name)
+        current = self.state.store.view.find_instance(record.name)
         if current is not None and current.task_state is None and power is not current.power_state:
-            self.state.publish_state(await self.state.store.set_power_state(record.name, power))
+            self.state.publish_state(
+                await self.state.store.instances.set_power_state(record.name, power)
+            )
 
     async def _adopt_or_settle(self, record: InstanceRecord, why: str) -> None:
         """Re-attach the instance's VM; if none runs, it is stopped; if it won't answer, error."""
         try:
             adopted = await self.state.driver.adopt(self.state.spec_for(record))
         except HypervisorError as e:
-            current = self.state.store.find_instance(record.name)
+            current = self.state.store.view.find_instance(record.name)
             if current is not None and current.task_state is None:
                 self.state.history(record.name, "power-sync", e.message, ok=False)
                 await self.watching.monitor_lost(current, e.message)
@@ -160,7 +162,7 @@ class Recovery:
         if adopted is not None:
             self.watching.attach(record.name, adopted, advertise=True)
             return
-        updated = await self.state.store.settle(
+        updated = await self.state.store.instances.settle(
             record.name,
             _RUNNING_STATES,
             VMState.STOPPED,
@@ -183,9 +185,9 @@ class Recovery:
         if adopted is None:
             # The VM ended meanwhile: the error stays, with nothing left to adopt.
             self.state.history(record.name, "power-sync", "the VM is gone", ok=False)
-            await self.state.store.update_config(record.name, {MONITOR_LOST_KEY: None})
+            await self.state.store.instances.update_config(record.name, {MONITOR_LOST_KEY: None})
             self.state.publish_state(
-                await self.state.store.set_power_state(record.name, PowerState.CRASHED)
+                await self.state.store.instances.set_power_state(record.name, PowerState.CRASHED)
             )
             return
         try:
@@ -194,7 +196,7 @@ class Recovery:
             await adopted.detach()
             return
         vm_state = VMState.PAUSED if power is PowerState.PAUSED else VMState.ACTIVE
-        updated = await self.state.store.settle(
+        updated = await self.state.store.instances.settle(
             record.name, frozenset({VMState.ERROR}), vm_state, power, {MONITOR_LOST_KEY: None}
         )
         if updated is None:
@@ -216,18 +218,18 @@ class Recovery:
         Bulk writes, one transaction each; returns the instances ``reconcile``
         must visit, each marked pending until it has been (``reconciled``).
         """
-        cleared = await self.state.store.clear_ready_everywhere()
+        cleared = await self.state.store.instances.clear_ready_everywhere()
         self.log.info("cleared {key} on {count} instances", key=READY_KEY, count=cleared)
         reason = "daemon stopped during the action"
         member = self.state.store.member
 
         def close_interrupted(engine: Store) -> None:
             # A cluster member closes its own instances' actions, never another's in progress.
-            for action in engine.unfinished_actions(member):
-                engine.finish_action(action.id, "error", reason)
+            for action in engine.actions.unfinished_actions(member):
+                engine.actions.finish_action(action.id, "error", reason)
 
         await self.state.store.run(close_interrupted)
-        records = self.state.store.owned_instances()
+        records = self.state.store.view.owned_instances()
         for record in records:
             self._pending.setdefault(record.name, [])
         await self._restore_errors(records)
@@ -239,7 +241,7 @@ class Recovery:
         if not errors:
             return
         histories = await self.state.store.run(
-            lambda engine: {name: engine.list_actions(name) for name in errors}
+            lambda engine: {name: engine.actions.list_actions(name) for name in errors}
         )
         for name, error in errors.items():
             at = error_time(error, histories[name])
@@ -266,7 +268,7 @@ class Recovery:
 
     async def _reconcile_guarded(self, record: InstanceRecord) -> None:
         try:
-            current = self.state.store.find_instance(record.name)
+            current = self.state.store.view.find_instance(record.name)
             if current is not None and not self.stopping:
                 await self.guestside.ensure_agent_identity(current)
                 try:
@@ -290,7 +292,7 @@ class Recovery:
             await self.state.driver.kill_owned(self.state.spec_for(record))
         except HypervisorError as e:
             why = f"{why}; {e.message}"
-        current = self.state.store.find_instance(record.name)
+        current = self.state.store.view.find_instance(record.name)
         if current is None:
             return
         task = current.task_state
@@ -369,7 +371,7 @@ class Recovery:
     ) -> None:
         detail = f"daemon stopped during {task.value}; now {vm_state}"
         self.state.history(record.name, "recover", detail)
-        finished = await self.state.store.finish_task(record.name, task, vm_state, power)
+        finished = await self.state.store.instances.finish_task(record.name, task, vm_state, power)
         self.state.publish_state(finished)
 
 

@@ -9,7 +9,7 @@ LISTEN/NOTIFY (``store.notifications``).  Two channels matter here:
   lists every instance as committed; after the listener lost its connection
   (notifications in the gap are lost) every row is (``reload_instances``).
 - the *events* channel: each event this daemon's ``EventBus`` publishes about
-  one of its instances goes out as one NOTIFY (``AsyncStore.publish_event``),
+  one of its instances goes out as one NOTIFY (``Members.publish_event``),
   and each one from another member is published on the local bus with its
   original time and member (``EventBus.publish_relayed``), so ``/1.0/events``,
   ``vmready monitor`` and ``vmready wait`` on any member see them all.
@@ -84,21 +84,35 @@ TRIMMED_STRING_CHARS = 200
 _INSTANCE_SOURCE = "/1.0/instances/"
 
 
+class EventPublisher(Protocol):
+    """Where the relay's NOTIFY goes (the store's ``members`` table)."""
+
+    def publish_event(self, payload: str) -> Deferred[None]: ...
+
+
+class RelayView(Protocol):
+    """The instance rows the relay compares (the store's ``view``)."""
+
+    def list_instances(self) -> list[InstanceRecord]: ...
+
+    def owns(self, record: InstanceRecord) -> bool: ...
+
+
 class RelayStore(Protocol):
     """What the relay needs of the store (``store.asyncstore.AsyncStore``)."""
 
     @property
     def member(self) -> str | None: ...
 
-    def publish_event(self, payload: str) -> Deferred[None]: ...
+    @property
+    def members(self) -> EventPublisher: ...
+
+    @property
+    def view(self) -> RelayView: ...
 
     def refresh_instance(self, name: str) -> Deferred[Any]: ...
 
     def reload_instances(self) -> Deferred[None]: ...
-
-    def list_instances(self) -> list[InstanceRecord]: ...
-
-    def owns(self, record: InstanceRecord) -> bool: ...
 
 
 def relayable(event: Event) -> bool:
@@ -355,7 +369,7 @@ class EventRelay:
         if trimmed:
             self.trimmed += 1
         self.sent += 1
-        self.store.publish_event(payload).addErrback(self._publish_failed, event)
+        self.store.members.publish_event(payload).addErrback(self._publish_failed, event)
 
     def _publish_failed(self, failure: Failure, event: Event) -> None:
         self.log.warn(
@@ -396,7 +410,9 @@ class EventRelay:
         event (``instance-deleted`` if it is gone), its context saying
         ``"resynced": true``, so a ``vmready wait`` on this member sees it.
         """
-        before = {r.name: r for r in self.store.list_instances() if not self.store.owns(r)}
+        before = {
+            r.name: r for r in self.store.view.list_instances() if not self.store.view.owns(r)
+        }
         token = self._order.reading()
 
         def done(result: object) -> None:
@@ -415,7 +431,9 @@ class EventRelay:
     def _changed_meanwhile(self, before: dict[str, InstanceRecord]) -> list[Event]:
         """Events for the other members' instances the rows read again show changed."""
         found: list[Event] = []
-        after = {r.name: r for r in self.store.list_instances() if not self.store.owns(r)}
+        after = {
+            r.name: r for r in self.store.view.list_instances() if not self.store.view.owns(r)
+        }
         now = self.bus.now()
         for name in sorted(before.keys() | after.keys()):
             old, new = before.get(name), after.get(name)

@@ -45,7 +45,7 @@ class Renaming:
 
     def check(self, name: str, new_name: str) -> InstanceRecord:
         """The 400, 404 or 409 a rename gets before any operation exists; else the instance."""
-        record = self.state.store.get_instance(name)
+        record = self.state.store.view.get_instance(name)
         validate_name(new_name)
         if new_name == name:
             raise Conflict(f"Cannot rename instance {name}: it is called {new_name} already")
@@ -56,7 +56,7 @@ class Renaming:
                 f"Cannot rename instance {name}: it is "
                 f"{describe_state(record.vm_state, None)}; only a stopped instance can be renamed"
             )
-        if self.state.store.find_instance(new_name) is not None:
+        if self.state.store.view.find_instance(new_name) is not None:
             raise Conflict(f"Cannot rename {name} to {new_name}: instance {new_name} exists")
         return record
 
@@ -68,7 +68,7 @@ class Renaming:
         self.check(name, new_name)
 
         async def work() -> None:
-            record = await self.state.store.rename_instance(
+            record = await self.state.store.instances.rename_instance(
                 name, new_name, RENAMABLE, str(uuid.uuid4())
             )
             self._moved(name, record)

@@ -77,7 +77,7 @@ class ResizeRecovery:
         if written or (previous and task is TaskState.RESIZE_REVERTING):
             await self._stop(record.name, adopted)
             adopted = None
-            record = await self.state.store.update_config(
+            record = await self.state.store.instances.update_config(
                 record.name,
                 {
                     "limits.memory": record.config.get(_PREVIOUS_MEMORY, str(record.memory_mib)),
@@ -120,7 +120,9 @@ class ResizeRecovery:
             vm_state = VMState.STOPPED
         detail = f"daemon stopped during {task.value}; {outcome}: now {vm_state}"
         self.state.history(record.name, "recover", detail)
-        finished = await self.state.store.finish_task(record.name, task, vm_state, power, config)
+        finished = await self.state.store.instances.finish_task(
+            record.name, task, vm_state, power, config
+        )
         self.state.publish_state(finished)
         self.state.events.lifecycle(
             event,

@@ -90,8 +90,8 @@ class Snapshotting:
                 f"Cannot delete snapshot {snapshot} of instance {instance}: the instance is "
                 "being restored from it"
             )
-        record = self.state.store.get_instance(instance)
-        deleted = await self.state.store.delete_snapshot(instance, snapshot)
+        record = self.state.store.view.get_instance(instance)
+        deleted = await self.state.store.snapshots.delete_snapshot(instance, snapshot)
         directory = snapshot_directory(
             self.state.snapshot_root, run_dir_name(record.uuid), snapshot
         )
@@ -173,7 +173,7 @@ class Snapshotting:
                 f"Cannot save snapshot {name} of instance {record.name}: "
                 f"{e.filename or directory}: {e.strerror}"
             ) from e
-        await self.state.store.create_snapshot(record.name, name, stateful, metadata)
+        await self.state.store.snapshots.create_snapshot(record.name, name, stateful, metadata)
 
     async def do_restore(
         self,
@@ -184,7 +184,7 @@ class Snapshotting:
         force: bool,
     ) -> None:
         name = snapshot
-        found = await self.state.store.find_snapshot(record.name, name)
+        found = await self.state.store.snapshots.find_snapshot(record.name, name)
         if found is None:
             raise NotFound(f"Snapshot {name} of instance {record.name} not found")
         metadata = found["metadata"]
@@ -192,7 +192,7 @@ class Snapshotting:
         if was_running or record.vm_state is VMState.ERROR:
             await self.booting.power_off(context, record.name, 0, force=True)
         updates = _config_updates(record.config, _restored_config(record.config, metadata))
-        restored = await self.state.store.update_config(
+        restored = await self.state.store.instances.update_config(
             record.name, {**updates, READY_KEY: "false"}
         )
         if stateful:

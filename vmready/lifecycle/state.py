@@ -286,8 +286,8 @@ class ActionContext:
         started_at = lifecycle.clock.seconds()
 
         def start(engine: Store) -> tuple[int, int]:
-            action_id = engine.start_action(name, action, request_id)
-            return action_id, engine.start_step(action_id, task.value)
+            action_id = engine.actions.start_action(name, action, request_id)
+            return action_id, engine.actions.start_step(action_id, task.value)
 
         action_id, step_id = await lifecycle.store.run(start)
         return cls(lifecycle, name, action, task, action_id, step_id, started_at)
@@ -304,15 +304,17 @@ class ActionContext:
         """Move to the next task_state: store CAS, history step, event."""
         store = self.lifecycle.store
         self._end_step("success")
-        record = await store.advance_task(self.name, self.task, task)
+        record = await store.instances.advance_task(self.name, self.task, task)
         self.task = task
-        self._step_id = await store.start_step(self.action_id, task.value)
+        self._step_id = await store.actions.start_step(self.action_id, task.value)
         self.lifecycle.publish_state(record)
 
     def _end_step(self, result: str, error: str | None = None) -> None:
         """The current step ended; written in order, nobody waits for it."""
         store = self.lifecycle.store
-        self.lifecycle.logged(store.finish_step(self._step_id, result, error), "a history step")
+        self.lifecycle.logged(
+            store.actions.finish_step(self._step_id, result, error), "a history step"
+        )
 
     def progress(self, metadata: dict[str, Any]) -> None:
         """Where the task is, for whoever follows its operation (the metadata of the operation)."""
@@ -329,7 +331,8 @@ class ActionContext:
     def note(self, step: str, result: str = "success", error: str | None = None) -> None:
         """Record an instantaneous step (e.g. a forced stop after a timeout), in order."""
         self.lifecycle.logged(
-            self.lifecycle.store.add_step(self.action_id, step, result, error), "a history step"
+            self.lifecycle.store.actions.add_step(self.action_id, step, result, error),
+            "a history step",
         )
 
     async def finish(
@@ -347,10 +350,10 @@ class ActionContext:
         vm_state = ACTIONS[self.action].end_state(power_state)
         store = self.lifecycle.store
         self._end_step("success")
-        record = await store.finish_task(
+        record = await store.instances.finish_task(
             self.name, self.task, vm_state, power_state if store_power else None, config_updates
         )
-        await store.finish_action(self.action_id, "success")
+        await store.actions.finish_action(self.action_id, "success")
         self.ended = True
         self._count("success")
         self.lifecycle.publish_state(record)
@@ -366,8 +369,8 @@ class ActionContext:
         """
         store = self.lifecycle.store
         self._end_step("error", reason)
-        record = await store.finish_task(self.name, self.task, vm_state, power_state)
-        await store.finish_action(self.action_id, "error", reason)
+        record = await store.instances.finish_task(self.name, self.task, vm_state, power_state)
+        await store.actions.finish_action(self.action_id, "error", reason)
         self.ended = True
         self._count("error")
         self.lifecycle.publish_state(record)
@@ -376,7 +379,7 @@ class ActionContext:
         """Close the history record when the instance itself is about to go (delete)."""
         store = self.lifecycle.store
         self._end_step("success")
-        await store.finish_action(self.action_id, "success")
+        await store.actions.finish_action(self.action_id, "success")
         self._count("success")
 
     async def fail(self, reason: str) -> None:
@@ -384,11 +387,11 @@ class ActionContext:
         self.ended = True
         store = self.lifecycle.store
         self._end_step("error", reason)
-        await store.finish_action(self.action_id, "error", reason)
+        await store.actions.finish_action(self.action_id, "error", reason)
         self._count("error")
-        if store.find_instance(self.name) is None:
+        if store.view.find_instance(self.name) is None:
             return
-        record = await store.set_error(self.name, reason, PowerState.NOSTATE)
+        record = await store.instances.set_error(self.name, reason, PowerState.NOSTATE)
         self.lifecycle.publish_state(record)
         self.lifecycle.events.lifecycle("instance-error", self.name, {"error": reason})
 
@@ -448,11 +451,11 @@ class LifecycleState:
 
     def get(self, name: str) -> InstanceRecord:
         """The instance, or NotFound."""
-        return self.store.get_instance(name)
+        return self.store.view.get_instance(name)
 
     def list(self) -> list[InstanceRecord]:
         """Every instance."""
-        return self.store.list_instances()
+        return self.store.view.list_instances()
 
     def agent_status(self, name: str) -> AgentStatus:
         """What the instance's agent last said (``stopped`` once its VM is gone)."""
@@ -463,7 +466,7 @@ class LifecycleState:
 
     def console_log(self, name: str, limit: int) -> bytes:
         """The tail of the instance's console log (empty before its first boot)."""
-        return read_console(self.console_log_path(self.store.get_instance(name)), limit)
+        return read_console(self.console_log_path(self.store.view.get_instance(name)), limit)
 
     def console_log_path(self, record: InstanceRecord) -> str:
         """Where QEMU appends the instance's serial console (absent before its first boot)."""
@@ -535,7 +538,7 @@ class LifecycleState:
                 f"Cannot change {launch_keys[0]} of instance {name}: the boot source and "
                 "accelerator are chosen at launch (launch a new instance to boot another)"
             )
-        record = self.store.get_instance(name)
+        record = self.store.view.get_instance(name)
         if record.task_state is not None:
             raise task_conflict("update", name, record.task_state, record.vm_state)
         after = {**record.config, **changes}
@@ -547,7 +550,7 @@ class LifecycleState:
                 f"Cannot change {limits[0]} of instance {name} while it is "
                 f"{describe_state(record.vm_state, None)}: use the resize action"
             )
-        updated = await self.store.update_config(name, changes)
+        updated = await self.store.instances.update_config(name, changes)
         self.events.lifecycle("instance-updated", name, {"config": changes})
         return updated
 
@@ -581,14 +584,14 @@ class LifecycleState:
         request_id = str(uuid.uuid4())
 
         def write(engine: Store) -> None:
-            action_id = engine.start_action(name, action, request_id)
+            action_id = engine.actions.start_action(name, action, request_id)
             if ok:
                 # A success has no error: the reason goes in the step's name.
-                engine.add_step(action_id, f"{action}: {detail}", "success")
-                engine.finish_action(action_id, "success")
+                engine.actions.add_step(action_id, f"{action}: {detail}", "success")
+                engine.actions.finish_action(action_id, "success")
             else:
-                engine.add_step(action_id, action, "error", detail)
-                engine.finish_action(action_id, "error", detail)
+                engine.actions.add_step(action_id, action, "error", detail)
+                engine.actions.finish_action(action_id, "error", detail)
 
         self.logged(self.store.run(write), "the action history")
 

@@ -79,18 +79,20 @@ class Watching:
 
     def attach(self, name: str, vm: RunningVM, advertise: bool = False) -> None:
         """Follow ``vm``; ``advertise``: write CONNECT at once (its agent may know an old port)."""
-        record = self.state.store.find_instance(name)
+        record = self.state.store.view.find_instance(name)
         if record is not None and LAYOUT_KEY not in record.config:
             # Adopted from a vmready that did not record layouts: say which one it runs (until
             # it is committed, ``layout_of`` reads the same layout from the key's absence).
             self.state.logged(
-                self.state.store.update_config(name, {LAYOUT_KEY: UNRECORDED_LAYOUT.name}),
+                self.state.store.instances.update_config(
+                    name, {LAYOUT_KEY: UNRECORDED_LAYOUT.name}
+                ),
                 "the serial layout",
             )
         if record is not None and MONITOR_LOST_KEY in record.config:
             # Its VM is followed again (a start adopted or replaced it): the loss is over.
             self.state.logged(
-                self.state.store.update_config(name, {MONITOR_LOST_KEY: None}),
+                self.state.store.instances.update_config(name, {MONITOR_LOST_KEY: None}),
                 "the end of a lost monitor",
             )
             self.state.events.lifecycle(
@@ -135,7 +137,7 @@ class Watching:
 
     def _agent_expected(self, name: str, vm: RunningVM) -> None:
         """The agent has had its time: if it never spoke, a fault says why until it does."""
-        record = self.state.store.find_instance(name)
+        record = self.state.store.view.find_instance(name)
         if vm.gone or record is None or record.power_state is not PowerState.RUNNING:
             return
         if self.state.agent_status(name) is AgentStatus.UNKNOWN:
@@ -148,7 +150,7 @@ class Watching:
         chardev = agent_chardev(vm.spec)
         if guest is None or chardev is None:
             return None
-        record = self.state.store.find_instance(name)
+        record = self.state.store.view.find_instance(name)
         transport = record.config.get(TRANSPORT_KEY, "hvsock") if record else "hvsock"
         link = AgentLink(
             name,
@@ -241,7 +243,7 @@ class Watching:
 
     async def _handle_vm_event(self, name: str, vm: RunningVM, event: VMEvent) -> None:
         """QMP events of a VM we did not ask for: follow power state; a death is an error."""
-        record = self.state.store.find_instance(name)
+        record = self.state.store.view.find_instance(name)
         if record is None or self.state.vms.get(name) is not vm:
             return
         if event.kind in (VMEventKind.GONE, VMEventKind.SHUTDOWN, VMEventKind.PANICKED):
@@ -256,7 +258,7 @@ class Watching:
         if record.task_state is not None:
             return  # the running action owns the VM now
         if event.kind is VMEventKind.PANICKED and record.vm_state is not VMState.ERROR:
-            await self.state.store.update_config(name, {READY_KEY: "false"})
+            await self.state.store.instances.update_config(name, {READY_KEY: "false"})
             self.state.history(name, "guest-panicked", event.detail, ok=False)
             await self.fail_idle(
                 record,
@@ -274,9 +276,9 @@ class Watching:
         if event.power_state is not None and event.power_state is not record.power_state:
             if event.power_state in (PowerState.SHUTDOWN, PowerState.CRASHED) and record.ready:
                 # Not ready from the moment it stops, before its process is gone.
-                await self.state.store.update_config(name, {READY_KEY: "false"})
+                await self.state.store.instances.update_config(name, {READY_KEY: "false"})
             self.state.publish_state(
-                await self.state.store.set_power_state(name, event.power_state)
+                await self.state.store.instances.set_power_state(name, event.power_state)
             )
 
     async def _guest_rebooted(self, record: InstanceRecord, vm: RunningVM) -> None:
@@ -284,7 +286,7 @@ class Watching:
         self.state.metrics.boot_started(record.name, self.state.clock.seconds())
         if record.ready:
             self.state.publish_state(
-                await self.state.store.update_config(record.name, {READY_KEY: "false"})
+                await self.state.store.instances.update_config(record.name, {READY_KEY: "false"})
             )
         if self.state.driver.kind == "fakeqemu":
             shutil.rmtree(fakeqemu_guest_paths(vm.spec)["state_dir"], ignore_errors=True)
@@ -300,15 +302,15 @@ class Watching:
         ready_false: dict[str, str | None] = {READY_KEY: "false"}
         if record.vm_state is VMState.ERROR:
             # The error stays; only note that its VM is gone too.
-            await self.state.store.update_config(record.name, ready_false)
+            await self.state.store.instances.update_config(record.name, ready_false)
             self.state.publish_state(
-                await self.state.store.set_power_state(
+                await self.state.store.instances.set_power_state(
                     record.name, event.power_state or PowerState.CRASHED
                 )
             )
             return
         if clean:
-            updated = await self.state.store.settle(
+            updated = await self.state.store.instances.settle(
                 record.name, _RUNNING_STATES, VMState.STOPPED, PowerState.SHUTDOWN, ready_false
             )
             if updated is not None:
@@ -317,12 +319,12 @@ class Watching:
                     "instance-shutdown", record.name, {"reason": event.detail}
                 )
             return
-        await self.state.store.update_config(record.name, ready_false)
+        await self.state.store.instances.update_config(record.name, ready_false)
         await self.fail_idle(record, event.detail, PowerState.CRASHED)
 
     async def fail_idle(self, record: InstanceRecord, reason: str, power: PowerState) -> None:
         """An instance with no task goes to error with ``reason``; the error persists."""
-        updated = await self.state.store.set_error(record.name, reason, power)
+        updated = await self.state.store.instances.set_error(record.name, reason, power)
         self.state.publish_state(updated)
         self.state.events.lifecycle("instance-error", record.name, {"error": reason})
 
@@ -332,6 +334,6 @@ class Watching:
         Power sync tries to adopt the VM again each round (``MONITOR_LOST_KEY``);
         once its monitor answers, the instance runs again without an action.
         """
-        await self.state.store.update_config(record.name, {MONITOR_LOST_KEY: "true"})
+        await self.state.store.instances.update_config(record.name, {MONITOR_LOST_KEY: "true"})
         await self.fail_idle(record, reason, PowerState.NOSTATE)
         self.state.events.lifecycle("instance-monitor-lost", record.name, {"reason": reason})

@@ -173,7 +173,7 @@ class Recorders:
     def _any_keyed(self) -> bool:
         return any(
             record.config.get(RECORD_KEY) == "true"
-            for record in self.lifecycle.state.store.list_instances()
+            for record in self.lifecycle.state.store.view.list_instances()
         )
 
     def wanted(self, record: InstanceRecord) -> bool:
@@ -189,7 +189,7 @@ class Recorders:
             return self._decided[name]
         if not self.maybe_recording:
             return None
-        record = self.lifecycle.state.store.find_instance(name)
+        record = self.lifecycle.state.store.view.find_instance(name)
         recorder = None
         if record is not None and self.wanted(record):
             try:

@@ -71,7 +71,7 @@ class ReplayCore:
         self.down = False
 
     def _identify(self, request: IRequest) -> InstanceRecord | None:
-        return self.store.find_instance(self.name)
+        return self.store.instances.find_instance(self.name)
 
     def _build(self, port: int) -> Lifecycle:
         from treq.testing import RequestTraversalAgent
@@ -130,10 +130,12 @@ class ReplayCore:
             return
         # A session that began with a running VM (recorded from a daemon start): boot it
         # unrecorded, then let a fresh core adopt it as a starting daemon does.
-        self.store.create_instance(self.name, setup.config, {}, setup.uuid)
-        self.store.finish_task(self.name, TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING)
+        self.store.instances.create_instance(self.name, setup.config, {}, setup.uuid)
+        self.store.instances.finish_task(
+            self.name, TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING
+        )
         lifecycle = self._build(setup.port)
-        record = self.store.get_instance(self.name)
+        record = self.store.instances.get_instance(self.name)
         Deferred.fromCoroutine(self.driver.launch(lifecycle.spec_for(record))).addCallback(
             lambda vm: vm.detach()
         )

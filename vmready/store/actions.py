@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from vmready.domain.model import ActionRecord, ActionStep, NotFound
-from vmready.store.database import Database
+from vmready.store.table import M, Table, operation
 
 __all__ = ["RESULTS", "ActionHistory"]
 
@@ -16,12 +16,10 @@ _ACTION_COLUMNS = "id, instance, action, request_id, started_at, finished_at, re
 _STEP_COLUMNS = "action_id, name, started_at, finished_at, result, error"
 
 
-class ActionHistory:
+class ActionHistory(Table[M]):
     """The ``actions`` and ``steps`` tables."""
 
-    def __init__(self, database: Database) -> None:
-        self._database = database
-
+    @operation
     def start_action(self, name: str, action: str, request_id: str) -> int:
         """Record the start of an action on instance name (kept by its uuid); return its id."""
         return self._database.insert(
@@ -30,6 +28,7 @@ class ActionHistory:
             (name, name, action, request_id, self._database.clock()),
         )
 
+    @operation
     def start_step(self, action_id: int, step: str) -> int:
         """Record the start of a step of an action; return its id."""
         try:
@@ -40,6 +39,7 @@ class ActionHistory:
         except self._database.integrity_errors:
             raise NotFound(f"Action {action_id} not found") from None
 
+    @operation
     def finish_step(self, step_id: int, result: str, error: str | None = None) -> None:
         """Record how a step ended ("success" or "error")."""
         _check_result(result)
@@ -50,6 +50,7 @@ class ActionHistory:
         if not finished:
             raise NotFound(f"Action step {step_id} not found")
 
+    @operation
     def add_step(self, action_id: int, step: str, result: str, error: str | None = None) -> None:
         """Record a step that started and ended at once."""
         _check_result(result)
@@ -63,6 +64,7 @@ class ActionHistory:
         except self._database.integrity_errors:
             raise NotFound(f"Action {action_id} not found") from None
 
+    @operation
     def finish_action(self, action_id: int, result: str, error: str | None = None) -> None:
         """Record how an action ended ("success" or "error")."""
         _check_result(result)
@@ -73,6 +75,7 @@ class ActionHistory:
         if not finished:
             raise NotFound(f"Action {action_id} not found")
 
+    @operation
     def list_actions(self, name: str) -> list[ActionRecord]:
         """The action history of instance name (kept after delete), newest first.
 
@@ -95,13 +98,16 @@ class ActionHistory:
             return self._actions("instance = ? AND instance_uuid IS NULL", (name,), order)
         return self._actions("instance_uuid = ?", (row[0],), order)
 
+    @operation
     def unfinished_actions(self, member: str | None = None) -> list[ActionRecord]:
         """Actions that never finished (the daemon died during them), oldest first.
 
         ``member``: only those on the instances that member runs, and on
         instances no longer in the store (no member will ever finish those);
-        another member's are its own to close when it starts.  None: all.
+        another member's are its own to close when it starts.  None: those of
+        the member the store acts as (all, where it acts as none).
         """
+        member = self._member if member is None else member
         if member is None:
             return self._actions("finished_at IS NULL", (), "id")
         return self._actions(

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 from vmready.domain.model import InstanceRecord
-from vmready.store.database import Database
+from vmready.store.table import M, Table, operation
 
 __all__ = ["AgentCertificates"]
 
 
-class AgentCertificates:
+class AgentCertificates(Table[M]):
     """The ``agent_certificates`` table."""
 
-    def __init__(self, database: Database) -> None:
-        self._database = database
-
+    @operation
     def set_agent_certificate(self, name: str, fingerprint: str) -> None:
         """Record (or replace) the fingerprint of the client certificate issued to an instance."""
         with self._database.transaction():
@@ -25,7 +23,9 @@ class AgentCertificates:
                 " fingerprint = excluded.fingerprint, issued_at = excluded.issued_at",
                 (name, fingerprint, self._database.clock()),
             )
+        self._database.record(lambda rows: rows.certified(name, fingerprint))
 
+    @operation
     def instance_for_fingerprint(self, fingerprint: str) -> InstanceRecord | None:
         """The instance whose agent certificate has this fingerprint (None: unknown or revoked)."""
         row = self._database.db.execute(
@@ -33,6 +33,7 @@ class AgentCertificates:
         ).fetchone()
         return None if row is None else self._database.find_instance(row[0])
 
+    @operation
     def agent_fingerprints(self) -> dict[str, str]:
         """Every instance's agent certificate fingerprint, by instance name."""
         rows = self._database.db.execute("SELECT instance, fingerprint FROM agent_certificates")

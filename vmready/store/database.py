@@ -19,6 +19,13 @@ read-modify-write reads its row with ``get_instance(name, lock=True)``
 (``SELECT … FOR UPDATE``), so the second writer waits for the first and reads
 what it wrote.  Either way the database, not the caller, decides which of two
 racing writers wins.
+
+What a call changed.  Whoever keeps the instance rows in memory
+(``store.view.CommittedInstances``) learns what each call changed from the
+call itself: inside ``recording()`` every write of an instance row (and of an
+agent certificate) notes its change (``record``), a change undone with its
+transaction or savepoint is forgotten with it, and the caller applies what
+is left once the call has committed.
 """
 
 from __future__ import annotations
@@ -35,10 +42,12 @@ from vmready.domain.states import PowerState, TaskState, VMState
 
 __all__ = [
     "INSTANCE_COLUMNS",
+    "Change",
     "CommitUnknown",
     "Connection",
     "Cursor",
     "Database",
+    "InstanceRows",
     "SQLiteDatabase",
     "dump",
     "instance_not_found",
@@ -91,6 +100,29 @@ class Connection(Protocol):
     def close(self) -> None: ...
 
 
+class InstanceRows(Protocol):
+    """What is told of each change a call made to the instance rows (once it committed)."""
+
+    def committed(self, record: InstanceRecord) -> None:
+        """The row now stands as ``record``."""
+
+    def removed(self, name: str) -> None:
+        """The row is gone (and its agent certificate with it)."""
+
+    def renamed(self, old_name: str, record: InstanceRecord) -> None:
+        """The row called ``old_name`` is now ``record`` (its certificate moved with it)."""
+
+    def certified(self, name: str, fingerprint: str) -> None:
+        """The instance's agent now has this certificate (and no other)."""
+
+    def ready_cleared(self, names: list[str], stamp: float) -> None:
+        """These rows lost their ready key at ``stamp``."""
+
+
+# One change to the instance rows, told to whoever keeps them (InstanceRows).
+Change = Callable[[InstanceRows], None]
+
+
 class Database(abc.ABC):
     """One open connection, what its engine does differently, and the clock of its rows.
 
@@ -108,12 +140,16 @@ class Database(abc.ABC):
     LOCK_ROWS: ClassVar[str] = ""
     # What the engine raises for a violated constraint (UNIQUE, FOREIGN KEY).
     integrity_errors: ClassVar[tuple[type[Exception], ...]] = ()
+    # Whether other daemons hear of its changes (NOTIFY, store.notifications).
+    NOTIFIES: ClassVar[bool] = False
 
     def __init__(self, connection: Connection, clock: Callable[[], float]) -> None:
         self.db = connection
         self.clock = clock
         # How deep in savepoints we are; 0: no batch, each transaction is its own.
         self._depth = 0
+        # While recording(): the changes to the instance rows noted so far.
+        self._changes: list[Change] | None = None
 
     def close(self) -> None:
         """Close the database connection."""
@@ -130,10 +166,12 @@ class Database(abc.ABC):
                 yield
             return
         self.db.execute(self.BEGIN_WRITE if immediate else self.BEGIN_READ)
+        noted = self._noted()
         try:
             yield
             self.commit()
         except BaseException:
+            self._forget_since(noted)
             if self.db.in_transaction:
                 self.db.execute("ROLLBACK")
             raise
@@ -164,9 +202,11 @@ class Database(abc.ABC):
         name = f"call{self._depth}"
         self.db.execute(f"SAVEPOINT {name}")
         self._depth += 1
+        noted = self._noted()
         try:
             yield
         except BaseException as e:
+            self._forget_since(noted)
             if not self.db.in_transaction:
                 raise TransactionLost(f"the store's transaction was rolled back: {e}") from e
             self.db.execute(f"ROLLBACK TO {name}")
@@ -176,6 +216,29 @@ class Database(abc.ABC):
             self.db.execute(f"RELEASE {name}")
         finally:
             self._depth -= 1
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[list[Change]]:
+        """Note what the calls inside change of the instance rows, in order, into the list."""
+        changes: list[Change] = []
+        self._changes = changes
+        try:
+            yield changes
+        finally:
+            self._changes = None
+
+    def record(self, change: Change) -> None:
+        """A write's change to the instance rows, noted while ``recording()``."""
+        if self._changes is not None:
+            self._changes.append(change)
+
+    def _noted(self) -> int:
+        return 0 if self._changes is None else len(self._changes)
+
+    def _forget_since(self, noted: int) -> None:
+        """What was rolled back changed nothing."""
+        if self._changes is not None:
+            del self._changes[noted:]
 
     def commit(self) -> None:
         """End the open transaction, keeping it.
@@ -211,6 +274,13 @@ class Database(abc.ABC):
         if record is None:
             raise instance_not_found(name)
         return record
+
+    def notify(self, channel: str, payload: str) -> None:
+        """Tell every member listening on ``channel`` (at commit); PostgreSQL only.
+
+        NotImplementedError on SQLite, whose store has one daemon: nobody to tell.
+        """
+        raise NotImplementedError(f"the {self.engine_name} store has no other members")
 
     @abc.abstractmethod
     def insert(self, sql: str, parameters: Sequence[Any]) -> int:

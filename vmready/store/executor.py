@@ -54,7 +54,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 import psycopg
-from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.defer import Deferred, fail, maybeDeferred, succeed
 from twisted.internet.interfaces import IReactorThreads
 from twisted.python.failure import Failure
 
@@ -172,12 +172,12 @@ class Executor(Protocol):
 
 
 class BatchingEngine(Protocol):
-    """What ``DatabaseThread`` needs of an engine to commit many calls together."""
+    """What ``DatabaseThread`` needs of the engine's database to commit many calls together."""
 
     def batch(self) -> contextlib.AbstractContextManager[None]:
         """One transaction around many calls."""
 
-    def isolated(self) -> contextlib.AbstractContextManager[None]:
+    def savepoint(self) -> contextlib.AbstractContextManager[None]:
         """One call inside a batch, undone alone if it raises."""
 
 
@@ -189,10 +189,7 @@ class InlineExecutor:
         self.health = StoreHealth()
 
     def submit(self, work: Callable[[], T]) -> Deferred[T]:
-        try:
-            return succeed(work())
-        except Exception:
-            return fail(Failure())
+        return maybeDeferred(work)
 
     def stop(self) -> Deferred[None]:
         return succeed(None)
@@ -208,12 +205,15 @@ class DatabaseThread:
         self,
         reactor: IReactorThreads,
         engine: BatchingEngine,
+        path: str,
         name: str = "vmready-store",
         max_batch: int = MAX_BATCH,
         retry_for: float = DEFAULT_RETRY_FOR,
     ) -> None:
         self._reactor = reactor
         self._engine = engine
+        # Where the store is, as its errors name it.
+        self._path = path
         self._max_batch = max_batch
         self.retry_for = retry_for
         self.health = StoreHealth()
@@ -288,7 +288,7 @@ class DatabaseThread:
                 self._reactor.callFromThread(self.health.failed, message)
                 unknown = Failure(
                     OutcomeUnknown(
-                        f"the store could not confirm a write to {self._engine_path()}:"
+                        f"the store could not confirm a write to {self._path}:"
                         f" {message}; the outcome is unknown (this change may have been"
                         " kept: read the instance again before acting on it)"
                     )
@@ -303,7 +303,7 @@ class DatabaseThread:
                 if self._stopping or time.monotonic() + pause > deadline:
                     refused = Failure(
                         StoreWriteFailed(
-                            f"the store could not write {self._engine_path()}: {message} "
+                            f"the store could not write {self._path}: {message} "
                             f"(tried for {self.retry_for:g}s; nothing of this change was kept)"
                         )
                     )
@@ -320,11 +320,8 @@ class DatabaseThread:
         outcomes: list[Any] = []
         with self._engine.batch():
             for work, _done in calls:
-                outcomes.append(_one(self._engine, work, self._engine_path()))
+                outcomes.append(_one(self._engine, work, self._path))
         return outcomes
-
-    def _engine_path(self) -> str:
-        return str(getattr(self._engine, "path", "the store"))
 
     def _finished(self) -> None:
         self._done = True
@@ -335,7 +332,7 @@ class DatabaseThread:
 
 def _one(engine: BatchingEngine, work: Callable[[], Any], path: str) -> Any:
     try:
-        with engine.isolated():
+        with engine.savepoint():
             return work()
     except TransactionLost:
         raise  # the whole batch is gone: every call of it fails, none runs after

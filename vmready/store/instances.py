@@ -7,6 +7,9 @@ then finds the task taken).  Every other write that reads the row before it
 writes it reads with ``lock=True``: PostgreSQL's READ COMMITTED would
 otherwise let two writers read the same row and the second overwrite the
 first's change.
+
+Each write notes the row as it leaves it (``Database.record``): what a
+daemon's committed view in memory applies once the call has committed.
 """
 
 from __future__ import annotations
@@ -24,28 +27,28 @@ from vmready.store.database import (
     instance_from_row,
     instance_not_found,
 )
+from vmready.store.table import M, Table, operation
 
 __all__ = ["Instances"]
 
 
-class Instances:
+class Instances(Table[M]):
     """The ``instances`` table."""
 
-    def __init__(self, database: Database) -> None:
-        self._database = database
-
+    @operation
     def create_instance(
         self,
         name: str,
         config: dict[str, str],
         devices: dict[str, dict[str, str]],
         instance_uuid: str | None = None,
-        member: str = "",
+        member: str | None = None,
     ) -> InstanceRecord:
         """Add an instance, building with a spawning task; Conflict if the name is taken.
 
         ``instance_uuid``: this uuid instead of a new one (a replayed session's);
-        ``member``: the cluster member whose host runs it ("" on a single host).
+        ``member``: the cluster member whose host runs it (None: the one the
+        store acts as; "" on a single host).
         """
         _check_config(config)
         _check_devices(devices)
@@ -53,7 +56,8 @@ class Instances:
         with self._database.transaction():
             if self._database.find_instance(name) is not None:
                 raise Conflict(f"Instance {name} already exists")
-            self._insert(
+            _insert(
+                self._database,
                 name,
                 (
                     name,
@@ -65,35 +69,28 @@ class Instances:
                     dump(devices),
                     now,
                     now,
-                    member,
+                    (self._member or "") if member is None else member,
                 ),
             )
-            return self._database.get_instance(name)
+            return self._committed(self._database.get_instance(name))
 
-    def _insert(self, name: str, values: tuple[Any, ...]) -> None:
-        """The INSERT of a new row; a writer that took the name since we looked: Conflict."""
-        try:
-            self._database.db.execute(
-                f"INSERT INTO instances ({INSTANCE_COLUMNS})"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?)",
-                values,
-            )
-        except self._database.integrity_errors:
-            raise Conflict(f"Instance {name} already exists") from None
-
+    @operation
     def get_instance(self, name: str) -> InstanceRecord:
         """The instance called name, or NotFound."""
         return self._database.get_instance(name)
 
+    @operation
     def find_instance(self, name: str) -> InstanceRecord | None:
         """The instance called name, or None."""
         return self._database.find_instance(name)
 
+    @operation
     def list_instances(self) -> list[InstanceRecord]:
         """Every instance, ordered by name."""
         rows = self._database.db.execute(f"SELECT {INSTANCE_COLUMNS} FROM instances ORDER BY name")
         return [instance_from_row(row) for row in rows]
 
+    @operation
     def claim_task(
         self, name: str, action: str, allowed_from: frozenset[VMState], task: TaskState
     ) -> InstanceRecord:
@@ -108,9 +105,10 @@ class Instances:
             ).rowcount
             current = self._database.get_instance(name)
         if claimed:
-            return current
+            return self._committed(current)
         raise task_conflict(action, name, current.task_state, current.vm_state)
 
+    @operation
     def advance_task(self, name: str, expected: TaskState, task: TaskState) -> InstanceRecord:
         """Move from task_state expected to task; Conflict if the instance is not in expected."""
         with self._database.transaction():
@@ -121,9 +119,10 @@ class Instances:
             ).rowcount
             current = self._database.get_instance(name)
         if advanced:
-            return current
+            return self._committed(current)
         raise _stale_task(name, expected, current)
 
+    @operation
     def finish_task(
         self,
         name: str,
@@ -152,14 +151,16 @@ class Instances:
                     expected.value,
                 ),
             )
-            return self._database.get_instance(name)
+            return self._committed(self._database.get_instance(name))
 
+    @operation
     def set_error(
         self, name: str, reason: str, power_state: PowerState | None = None
     ) -> InstanceRecord:
         """Put the instance in vm_state error with reason, ending any task."""
         with self._database.transaction():
-            self._update_existing(
+            _update_existing(
+                self._database,
                 name,
                 "vm_state = ?, task_state = NULL, error = ?,"
                 " power_state = COALESCE(?, power_state), updated_at = ?",
@@ -170,31 +171,38 @@ class Instances:
                     self._database.clock(),
                 ),
             )
-            return self._database.get_instance(name)
+            return self._committed(self._database.get_instance(name))
 
+    @operation
     def set_power_state(self, name: str, power_state: PowerState) -> InstanceRecord:
         """Record what the hypervisor reports; an unchanged power state writes nothing."""
         with self._database.transaction():
             current = self._database.get_instance(name, lock=True)
             if current.power_state is power_state:
-                return current
-            self._update_existing(
+                return self._committed(current)
+            _update_existing(
+                self._database,
                 name,
                 "power_state = ?, updated_at = ?",
                 (power_state.value, self._database.clock()),
             )
-            return self._database.get_instance(name)
+            return self._committed(self._database.get_instance(name))
 
+    @operation
     def update_config(self, name: str, updates: dict[str, str | None]) -> InstanceRecord:
         """Set config keys (None deletes the key) in one read-modify-write transaction."""
         with self._database.transaction():
             current = self._database.get_instance(name, lock=True)
             config = _updated(current.config, updates)
-            self._update_existing(
-                name, "config = ?, updated_at = ?", (dump(config), self._database.clock())
+            _update_existing(
+                self._database,
+                name,
+                "config = ?, updated_at = ?",
+                (dump(config), self._database.clock()),
             )
-            return self._database.get_instance(name)
+            return self._committed(self._database.get_instance(name))
 
+    @operation
     def settle(
         self,
         name: str,
@@ -229,21 +237,20 @@ class Instances:
                     *states,
                 ),
             ).rowcount
-            return self._database.get_instance(name) if changed else None
+            return self._committed(self._database.get_instance(name)) if changed else None
 
+    @operation
     def clear_ready_everywhere(self, member: str | None = None) -> int:
-        """Remove the ready key from every instance (daemon start); return how many had it."""
-        return len(self.clear_ready(member)[0])
-
-    def clear_ready(self, member: str | None = None) -> tuple[list[str], float]:
-        """Remove the ready key everywhere: the names of the instances that had it, and when.
+        """Remove the ready key (daemon start); how many instances had it.
 
         ``member``: only from the instances that member runs (a cluster member
-        starting clears its own, never another's); None: from every instance.
-        One statement for all of them (SQLite's JSON functions, no row decoded
-        in Python): a daemon starting with thousands of instances waits for
-        this before it serves.
+        starting clears its own, never another's); None: those of the member
+        the store acts as (every instance, where it acts as none).  One
+        statement for all of them (SQLite's JSON functions, no row decoded in
+        Python): a daemon starting with thousands of instances waits for this
+        before it serves.
         """
+        member = self._member if member is None else member
         has_key, key = self._database.has_key(READY_KEY)
         without_key, key_again = self._database.without_key(READY_KEY)
         owned = "" if member is None else " AND member = ?"
@@ -263,8 +270,10 @@ class Instances:
                 f" WHERE {has_key}{owned}",
                 (key_again, now, key, *mine),
             )
-        return names, now
+        self._database.record(lambda rows: rows.ready_cleared(names, now))
+        return len(names)
 
+    @operation
     def rename_instance(
         self, name: str, new_name: str, allowed_from: frozenset[VMState], request_id: str
     ) -> InstanceRecord:
@@ -275,67 +284,21 @@ class Instances:
         owns is keyed by its uuid (its directories, its history), so this one
         transaction is the whole rename: a crash leaves the old name or the new
         one, never half of each.  The rename is recorded in the action history
-        in the same transaction.  The snapshot and certificate rows reference
-        the name without ``ON UPDATE CASCADE`` (the schema's first versions), so
-        they are taken out and put back under the new name around the update.
+        in the same transaction.
         """
-        db = self._database.db
         with self._database.transaction():
             current = self._database.get_instance(name, lock=True)
-            if current.task_state is not None:
-                raise task_conflict("rename", name, current.task_state, current.vm_state)
-            if current.vm_state not in allowed_from:
-                raise Conflict(
-                    f"Cannot rename instance {name}: it is "
-                    f"{describe_state(current.vm_state, None)}; only a stopped instance "
-                    "can be renamed"
-                )
+            _check_renamable(current, allowed_from)
             if self._database.find_instance(new_name) is not None:
                 raise Conflict(f"Cannot rename {name} to {new_name}: instance {new_name} exists")
-            snapshots = db.execute(
-                "SELECT id, name, stateful, created_at, metadata FROM snapshots"
-                " WHERE instance = ? ORDER BY id",
-                (name,),
-            ).fetchall()
-            certificate = db.execute(
-                "SELECT fingerprint, issued_at FROM agent_certificates WHERE instance = ?",
-                (name,),
-            ).fetchone()
-            db.execute("DELETE FROM snapshots WHERE instance = ?", (name,))
-            db.execute("DELETE FROM agent_certificates WHERE instance = ?", (name,))
             now = self._database.clock()
-            try:
-                db.execute(
-                    "UPDATE instances SET name = ?, updated_at = ? WHERE name = ?",
-                    (new_name, now, name),
-                )
-            except self._database.integrity_errors:
-                raise Conflict(
-                    f"Cannot rename {name} to {new_name}: instance {new_name} exists"
-                ) from None
-            db.executemany(
-                "INSERT INTO snapshots (id, instance, name, stateful, created_at, metadata)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                [(row[0], new_name, row[1], row[2], row[3], row[4]) for row in snapshots],
-            )
-            if certificate is not None:
-                db.execute(
-                    "INSERT INTO agent_certificates (instance, fingerprint, issued_at)"
-                    " VALUES (?, ?, ?)",
-                    (new_name, certificate[0], certificate[1]),
-                )
-            action_id = self._database.insert(
-                "INSERT INTO actions (instance, instance_uuid, action, request_id, started_at,"
-                " finished_at, result) VALUES (?, ?, 'rename', ?, ?, ?, 'success')",
-                (new_name, current.uuid, request_id, now, now),
-            )
-            db.execute(
-                "INSERT INTO steps (action_id, name, started_at, finished_at, result)"
-                " VALUES (?, ?, ?, ?, 'success')",
-                (action_id, f"rename: {name} -> {new_name}", now, now),
-            )
-            return self._database.get_instance(new_name)
+            _move_row(self._database, name, new_name, now)
+            _record_rename(self._database, current.uuid, name, new_name, request_id, now)
+            record = self._database.get_instance(new_name)
+        self._database.record(lambda rows: rows.renamed(name, record))
+        return record
 
+    @operation
     def delete_instance(self, name: str) -> None:
         """Remove the instance and its snapshots; its action history stays."""
         deleted = self._database.db.execute(
@@ -343,13 +306,98 @@ class Instances:
         ).rowcount
         if not deleted:
             raise instance_not_found(name)
+        self._database.record(lambda rows: rows.removed(name))
 
-    def _update_existing(self, name: str, assignments: str, values: tuple[Any, ...]) -> None:
-        updated = self._database.db.execute(
-            f"UPDATE instances SET {assignments} WHERE name = ?", (*values, name)
-        ).rowcount
-        if not updated:
-            raise instance_not_found(name)
+    def _committed(self, record: InstanceRecord) -> InstanceRecord:
+        """``record``, the row as this call leaves it (noted for the rows kept in memory)."""
+        self._database.record(lambda rows: rows.committed(record))
+        return record
+
+
+def _insert(database: Database, name: str, values: tuple[Any, ...]) -> None:
+    """The INSERT of a new row; a writer that took the name since we looked: Conflict."""
+    try:
+        database.db.execute(
+            f"INSERT INTO instances ({INSTANCE_COLUMNS})"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?)",
+            values,
+        )
+    except database.integrity_errors:
+        raise Conflict(f"Instance {name} already exists") from None
+
+
+def _update_existing(
+    database: Database, name: str, assignments: str, values: tuple[Any, ...]
+) -> None:
+    updated = database.db.execute(
+        f"UPDATE instances SET {assignments} WHERE name = ?", (*values, name)
+    ).rowcount
+    if not updated:
+        raise instance_not_found(name)
+
+
+def _check_renamable(current: InstanceRecord, allowed_from: frozenset[VMState]) -> None:
+    """The 409 for renaming an instance in a task, or in a state not in ``allowed_from``."""
+    if current.task_state is not None:
+        raise task_conflict("rename", current.name, current.task_state, current.vm_state)
+    if current.vm_state not in allowed_from:
+        raise Conflict(
+            f"Cannot rename instance {current.name}: it is "
+            f"{describe_state(current.vm_state, None)}; only a stopped instance "
+            "can be renamed"
+        )
+
+
+def _move_row(database: Database, name: str, new_name: str, now: float) -> None:
+    """Rename the row, its snapshots and agent certificate with it.
+
+    Their rows reference the name without ``ON UPDATE CASCADE`` (the schema's
+    first versions), so they are taken out and put back under the new name
+    around the update.
+    """
+    db = database.db
+    snapshots = db.execute(
+        "SELECT id, name, stateful, created_at, metadata FROM snapshots"
+        " WHERE instance = ? ORDER BY id",
+        (name,),
+    ).fetchall()
+    certificate = db.execute(
+        "SELECT fingerprint, issued_at FROM agent_certificates WHERE instance = ?", (name,)
+    ).fetchone()
+    db.execute("DELETE FROM snapshots WHERE instance = ?", (name,))
+    db.execute("DELETE FROM agent_certificates WHERE instance = ?", (name,))
+    try:
+        db.execute(
+            "UPDATE instances SET name = ?, updated_at = ? WHERE name = ?", (new_name, now, name)
+        )
+    except database.integrity_errors:
+        raise Conflict(f"Cannot rename {name} to {new_name}: instance {new_name} exists") from None
+    db.executemany(
+        "INSERT INTO snapshots (id, instance, name, stateful, created_at, metadata)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        [(row[0], new_name, row[1], row[2], row[3], row[4]) for row in snapshots],
+    )
+    if certificate is not None:
+        db.execute(
+            "INSERT INTO agent_certificates (instance, fingerprint, issued_at) VALUES (?, ?, ?)",
+            (new_name, certificate[0], certificate[1]),
+        )
+
+
+def _record_rename(
+    database: Database, instance_uuid: str, name: str, new_name: str, request_id: str, now: float
+) -> None:
+    """The rename in the action history: one action of one step, both successful."""
+    action_id = database.insert(
+        "INSERT INTO actions (instance, instance_uuid, action, request_id, started_at,"
+        " finished_at, result) VALUES (?, ?, 'rename', ?, ?, ?, 'success')",
+        (new_name, instance_uuid, request_id, now, now),
+    )
+    database.db.execute(
+        "INSERT INTO steps (action_id, name, started_at, finished_at, result)"
+        " VALUES (?, ?, ?, ?, 'success')",
+        (action_id, f"rename: {name} -> {new_name}", now, now),
+    )
 
 
 def _updated(config: dict[str, str], updates: Mapping[str, str | None]) -> dict[str, str]:

@@ -13,19 +13,18 @@ from typing import Any
 
 from vmready.domain.members import LeaseHeld, LeaseLost, MemberRecord, MemberState, MembersView
 from vmready.domain.model import Conflict, NotFound
-from vmready.store.database import Database
+from vmready.store.notifications import EVENTS_CHANNEL, MAX_PAYLOAD_BYTES
+from vmready.store.table import M, Table, operation
 
 __all__ = ["Members"]
 
 _MEMBER_COLUMNS = "name, address, fingerprint, joined_at, lease_expires"
 
 
-class Members:
+class Members(Table[M]):
     """The ``members`` table."""
 
-    def __init__(self, database: Database) -> None:
-        self._database = database
-
+    @operation
     def renew_lease(
         self, name: str, address: str, fingerprint: str, lease_seconds: float
     ) -> float:
@@ -65,6 +64,7 @@ class Members:
             )
         return expires
 
+    @operation
     def check_join(self, name: str, fingerprint: str) -> None:
         """``LeaseHeld`` if joining as ``name`` with ``fingerprint`` would be refused now.
 
@@ -80,6 +80,7 @@ class Members:
         ):
             raise LeaseHeld(holder)
 
+    @operation
     def renew_held_lease(
         self, name: str, address: str, fingerprint: str, lease_seconds: float
     ) -> float:
@@ -101,6 +102,7 @@ class Members:
                 raise LeaseLost(name, self._find(name))
         return expires
 
+    @operation
     def give_up_lease(self, name: str, fingerprint: str) -> None:
         """Member ``name`` stops cleanly: its lease ends now (its row and instances stay).
 
@@ -113,6 +115,20 @@ class Members:
                 (self._database.now(), name, fingerprint),
             )
 
+    @operation
+    def publish_event(self, payload: str) -> None:
+        """Tell every member listening on ``vmready_events`` (at commit); PostgreSQL only.
+
+        ValueError for a payload PostgreSQL would refuse (7,900 bytes and over);
+        NotImplementedError on SQLite, whose store has one daemon: nobody to tell.
+        """
+        size = len(payload.encode())
+        if self._database.NOTIFIES and size > MAX_PAYLOAD_BYTES:
+            raise ValueError(
+                f"an event of {size} bytes is too large to publish (at most {MAX_PAYLOAD_BYTES})"
+            )
+        self._database.notify(EVENTS_CHANNEL, payload)
+
     def _find(self, name: str, lock: bool = False) -> MemberRecord | None:
         """Member ``name``'s row (``lock``: this transaction goes on to write it), or None."""
         row = self._database.db.execute(
@@ -122,6 +138,7 @@ class Members:
         ).fetchone()
         return None if row is None else _member(row)
 
+    @operation
     def remove_member(self, name: str) -> MemberRecord:
         """Retire member ``name``: its row goes (and with it its certificate's trust).
 
@@ -161,6 +178,7 @@ class Members:
             db.execute("DELETE FROM members WHERE name = ?", (name,))
         return member
 
+    @operation
     def list_members(self) -> MembersView:
         """Every member and how many instances each runs, at one moment of the store's clock."""
         with self._database.transaction(immediate=False):

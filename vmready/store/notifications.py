@@ -6,7 +6,7 @@ with each changed row's name, one on ``members`` notifies ``MEMBERS_CHANNEL``
 when a member joins, comes back, moves, gives its lease up or is removed, one
 on ``trusted_certificates`` notifies ``TRUST_CHANNEL`` when a client
 certificate is trusted or stops being trusted, and
-``AsyncStore.publish_event`` notifies ``EVENTS_CHANNEL`` with a lifecycle event.
+``Members.publish_event`` notifies ``EVENTS_CHANNEL`` with a lifecycle event.
 PostgreSQL delivers a notification only when its transaction commits, so
 nobody hears of a write the store could still lose.
 

@@ -322,6 +322,7 @@ class PostgresDatabase(Database):
     BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ"
     LOCK_ROWS = " FOR UPDATE"
     integrity_errors = (psycopg.IntegrityError,)
+    NOTIFIES = True
 
     def __init__(self, connection: PostgresConnection, clock: Callable[[], float]) -> None:
         super().__init__(connection, clock)

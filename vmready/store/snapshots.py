@@ -7,17 +7,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from vmready.domain.model import Conflict, NotFound
-from vmready.store.database import Database, dump
+from vmready.store.database import dump
+from vmready.store.table import M, Table, operation
 
 __all__ = ["Snapshots"]
 
 
-class Snapshots:
+class Snapshots(Table[M]):
     """The ``snapshots`` table."""
 
-    def __init__(self, database: Database) -> None:
-        self._database = database
-
+    @operation
     def create_snapshot(
         self, instance: str, name: str, stateful: bool, metadata: dict[str, Any]
     ) -> dict[str, Any]:
@@ -46,6 +45,7 @@ class Snapshots:
             ).fetchone()
         return _snapshot(row)
 
+    @operation
     def delete_snapshot(self, instance: str, name: str) -> dict[str, Any]:
         """Forget snapshot ``name`` of instance and return its row; NotFound if it has none."""
         with self._database.transaction():
@@ -58,6 +58,7 @@ class Snapshots:
             )
         return found
 
+    @operation
     def find_snapshot(self, instance: str, name: str) -> dict[str, Any] | None:
         """Snapshot ``name`` of instance, or None."""
         row = self._database.db.execute(
@@ -67,6 +68,7 @@ class Snapshots:
         ).fetchone()
         return None if row is None else _snapshot(row)
 
+    @operation
     def list_snapshots(self, instance: str) -> list[dict[str, Any]]:
         """The snapshots of instance, oldest first; NotFound if there is no such instance."""
         with self._database.transaction(immediate=False):

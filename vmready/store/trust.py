@@ -12,7 +12,7 @@ from __future__ import annotations
 import attrs
 
 from vmready.domain.model import Conflict, Forbidden, NotFound
-from vmready.store.database import Database
+from vmready.store.table import M, Table, operation
 
 __all__ = ["TrustTable", "TrustedCertificate"]
 
@@ -26,12 +26,10 @@ class TrustedCertificate:
     added_at: float
 
 
-class TrustTable:
+class TrustTable(Table[M]):
     """The ``trusted_certificates`` and ``trust_tokens`` tables."""
 
-    def __init__(self, database: Database) -> None:
-        self._database = database
-
+    @operation
     def trusted_certificates(self) -> list[TrustedCertificate]:
         """Every trusted certificate, by name."""
         rows = self._database.db.execute(
@@ -39,6 +37,7 @@ class TrustTable:
         )
         return [TrustedCertificate(row[0], row[1], row[2]) for row in rows]
 
+    @operation
     def add_token(self, name: str, secret_hash: str, now: float, expires_at: float) -> None:
         """Remember a new token for ``name``; Conflict if the name is trusted or promised."""
         with self._database.transaction():
@@ -54,6 +53,7 @@ class TrustTable:
                 (secret_hash, name, now, expires_at),
             )
 
+    @operation
     def redeem_token(self, secret_hash: str, fingerprint: str, now: float) -> TrustedCertificate:
         """Trust ``fingerprint`` under the token's name and delete the token.
 
@@ -89,6 +89,7 @@ class TrustTable:
             )
             return TrustedCertificate(name, fingerprint, now)
 
+    @operation
     def remove_certificate(self, fingerprint: str) -> TrustedCertificate:
         """Stop trusting ``fingerprint``; NotFound if it is not trusted."""
         with self._database.transaction():
