@@ -123,7 +123,7 @@ class _VSockListeningPort(tcp.Port):
         self.port = port
         self.cid = cid
         # tcp.Port annotates factory as a Factory; any IProtocolFactory works.
-        self.factory = factory  # type: ignore[assignment]
+        self.factory = factory  # type: ignore[assignment]  # see above
         self.backlog = backlog
 
     def createInternetSocket(self) -> socket.socket:
@@ -151,7 +151,7 @@ class _VSockListeningPort(tcp.Port):
         self.factory.doStart()
         self.connected = True
         self.socket = skt
-        self.fileno = skt.fileno  # type: ignore[method-assign]
+        self.fileno = skt.fileno  # type: ignore[method-assign]  # as tcp.Port does
         self.numberAccepts = 100
         self.startReading()
 

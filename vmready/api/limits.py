@@ -171,7 +171,7 @@ class LimitedChannel(http.HTTPChannel):
             return
         super().timeoutConnection()
 
-    def connectionLost(self, reason: Failure) -> None:  # type: ignore[override]
+    def connectionLost(self, reason: Failure) -> None:  # type: ignore[override]  # always given
         self._cancel_deadline()
         if self._counted:
             self._counted = False
@@ -217,7 +217,7 @@ class LimitedSite(Site):
     from once it sends its first byte, and ``max_per_peer`` bounds each one's.
     """
 
-    protocol = LimitedChannel  # type: ignore[assignment]
+    protocol = LimitedChannel  # type: ignore[assignment]  # an HTTPChannel, as Site wants
     _limits_log = Logger()
 
     def __init__(

@@ -108,7 +108,7 @@ class LineStream(Protocol):
         """Stop reading (closes the connection)."""
         if not self.closing and self.transport is not None:
             self.closing = True
-            self.transport.stopProducing()  # type: ignore[attr-defined]
+            self.transport.stopProducing()  # type: ignore[attr-defined]  # a producer too
 
     def connectionLost(self, reason: Failure = Failure(ConnectionDone())) -> None:  # noqa: B008
         """Fires ``ended`` with None when we closed it, else with why it ended (for the user)."""

@@ -347,6 +347,6 @@ class RecordingGuestResource:
                 return
             recorder.guest_response(request_id, request.code, b"".join(written), False, secret)
 
-        request.write = write  # type: ignore[method-assign]
+        request.write = write  # type: ignore[method-assign]  # records what is written
         request.notifyFinish().addBoth(finished)
         return self.inner.render(request)

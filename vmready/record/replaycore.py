@@ -80,7 +80,7 @@ class ReplayCore:
         lifecycle = Lifecycle(
             self.clock,
             self.store,
-            self.driver,  # type: ignore[arg-type]
+            self.driver,  # type: ignore[arg-type]  # fakeqemu in memory, the driver's shape
             self.events,
             f"{self._base}/run",
             serial_layout=self.setup.layout,

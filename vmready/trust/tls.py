@@ -76,7 +76,8 @@ def _base_context(own: CertificatePair) -> SSL.Context:
     context.use_certificate(
         crypto.X509.from_cryptography(x509.load_pem_x509_certificate(own.cert_pem))
     )
-    context.use_privatekey(serialization.load_pem_private_key(own.key_pem, password=None))  # type: ignore[arg-type]
+    key = serialization.load_pem_private_key(own.key_pem, password=None)
+    context.use_privatekey(key)  # type: ignore[arg-type]  # ours are of a kind it takes
     context.check_privatekey()
     return context
 
