@@ -166,7 +166,7 @@ class ForwardedConnection:
         """The guest connected: run the command, as libslirp does for each connection."""
         if side is not self.guest:
             return
-        self._detach = self._machine.attach_forward(self)
+        self._detach = self._machine.wiring.attach_forward(self)
         if self._detach is None:
             self.guest.close()
             return

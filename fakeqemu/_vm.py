@@ -124,7 +124,7 @@ class RunningVM:
             return {}
         paths = {
             port.guest_name: os.path.join(self.guest_dir, PORTS_DIRECTORY, port.guest_name)
-            for port in self.machine.ports
+            for port in self.machine.wiring.ports
         }
         paths[CONTROL_SOCKET] = os.path.join(self.guest_dir, CONTROL_SOCKET)
         if self.config.serial_chardev is not None:
@@ -209,7 +209,7 @@ class RunningVM:
                         f"set {GUEST_DIR_VARIABLE} to a shorter directory"
                     ]
                 )
-        for port in self.machine.ports:
+        for port in self.machine.wiring.ports:
             path = paths[port.guest_name]
             _remove_stale_socket(path)
             factory = GuestPortFactory(self.machine, port)
@@ -282,7 +282,7 @@ class RunningVM:
 
     def _load_incoming(self, data: bytes) -> None:
         if self.machine.exited is None:
-            self.machine.load_incoming(data)
+            self.machine.migration.load_incoming(data)
 
     def _report(self, messages: list[str]) -> None:
         """QEMU's own messages, printed with the program prefix where its stderr goes."""

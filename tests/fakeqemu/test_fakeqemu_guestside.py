@@ -235,10 +235,10 @@ class ConsoleTests(_GuestSideTestCase):
         console = vm.connect_console()
         console.write(b"login: ")
         vm.flush()
-        vm.machine.ringbuf_write("console", b"root\n")
+        vm.machine.wiring.ringbuf_write("console", b"root\n")
         vm.flush()
         self.assertEqual(
-            (console.received, vm.machine.ringbuf_read("console", 64)),
+            (console.received, vm.machine.wiring.ringbuf_read("console", 64)),
             (b"", b"login: root\n"),
         )
 
@@ -469,7 +469,7 @@ class DeviceMigrationTests(_GuestSideTestCase):
 
     def saved(self) -> bytes:
         """The state of this test's VM, migrated to a file."""
-        self.vm.machine.migrate("exec:cat > /vm/state", self.vm.files.__setitem__)
+        self.vm.machine.migration.migrate("exec:cat > /vm/state", self.vm.files.__setitem__)
         self.vm.advance()
         return self.vm.files["/vm/state"]
 
