@@ -397,7 +397,7 @@ class StampedAgent:
             return written
 
         # The one instrument: the keeper's write, wrapped; the agent is otherwise untouched.
-        keeper.write = stamped  # type: ignore[method-assign]
+        keeper.write = stamped  # type: ignore[method-assign]  # the instrument, as said
 
     def expect(self, line: bytes) -> asyncio.Future[float]:
         """Resolves to the time ``line`` is next written to the serial port (in the loop)."""

@@ -118,7 +118,7 @@ class ForwardSide(TwistedProtocol):
         if self.lost:
             return
         if IHalfCloseableDescriptor.providedBy(self.transport):
-            self.transport.loseWriteConnection()  # type: ignore[attr-defined]
+            self.transport.loseWriteConnection()  # type: ignore[attr-defined]  # a socket's can
         else:
             # A transport that cannot half-close (an in-memory one) closes.
             self.transport.loseConnection()
@@ -131,7 +131,7 @@ class ForwardSide(TwistedProtocol):
     def close(self) -> None:
         """Drop the connection at once."""
         if self.transport is not None and not self.lost:
-            self.transport.abortConnection()  # type: ignore[attr-defined]
+            self.transport.abortConnection()  # type: ignore[attr-defined]  # a socket's can
 
 
 class ForwardedConnection:

@@ -131,8 +131,16 @@ def check_incoming(config: MachineConfig, path: str, data: bytes) -> dict[str, A
             ]
         )
     _check_ram_blocks(config, document, failed)
-    # QEMU names each device section by its PCI address and loads the sections in
-    # stream order.  A section the destination lacks is fatal.
+    _check_devices(config, document, failed)
+    return document
+
+
+def _check_devices(config: MachineConfig, document: dict[str, Any], failed: str) -> None:
+    """Every device section of the stream must exist at the destination, serial ports alike.
+
+    QEMU names each device section by its PCI address and loads the sections in
+    stream order.  A section the destination lacks is fatal.
+    """
     local = {(d.address, d.section) for d in config.pci_devices}
     local_buses = {bus.pci_address: bus for bus in config.serial_buses}
     source_buses = {b["pci_address"]: b for b in document.get("serial_buses", [])}
@@ -161,7 +169,6 @@ def check_incoming(config: MachineConfig, path: str, data: bytes) -> dict[str, A
                     failed,
                 ]
             )
-    return document
 
 
 def _source_devices(document: dict[str, Any]) -> list[dict[str, Any]]:

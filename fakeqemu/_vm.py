@@ -310,7 +310,7 @@ class RunningVM:
         if self._abrupt:
             for client in list(self.qmp_factory.clients):
                 if client.transport is not None:
-                    client.transport.abortConnection()  # type: ignore[attr-defined]
+                    client.transport.abortConnection()  # type: ignore[attr-defined]  # a socket's can
         else:
             self.qmp_factory.disconnect_all()
         self._stop_listening()

@@ -119,7 +119,7 @@ class _ClientTransport(FakeTransport):
 
     _hung_up = False
 
-    @property  # type: ignore[override]
+    @property  # type: ignore[override]  # iosim's is a plain attribute
     def disconnecting(self) -> bool:
         return self._hung_up
 
