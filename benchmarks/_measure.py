@@ -64,3 +64,17 @@ def show_problems(event: LogEvent) -> None:
 async def sleep(seconds: float) -> None:
     """Let the reactor run for ``seconds``."""
     await task.deferLater(reactor, seconds, lambda: None)
+
+
+def memory_mb(pid: int, field: str = "VmRSS") -> float:
+    """``field`` of ``/proc/<pid>/status`` (VmRSS, VmHWM), in MiB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) / 1024
+    return math.nan
+
+
+def open_files(pid: int) -> int:
+    """How many file descriptors ``pid`` holds."""
+    return len(os.listdir(f"/proc/{pid}/fd"))

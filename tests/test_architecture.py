@@ -275,13 +275,6 @@ KNOWN_OVER_LIMIT: dict[tuple[str, str], int] = {
     ("vmready/store/instances.py", "class Instances"): 322,
     ("vmready/store/instances.py", "function Instances.rename_instance"): 70,
     # Being brought under in this branch (cli, rundemo, transcript, fakeqemu, benchmarks):
-    ("benchmarks/_fleet.py", "module"): 687,
-    ("benchmarks/_fleet.py", "function run_agents"): 66,
-    ("benchmarks/agent_link.py", "module"): 689,
-    ("benchmarks/cluster.py", "function main"): 64,
-    ("benchmarks/crash.py", "function run"): 74,
-    ("benchmarks/guest_tls.py", "function main"): 116,
-    ("benchmarks/ready.py", "module"): 660,
 }
 # ``# type: ignore[code]`` then a comment that says why, on the same line.
 _EXPLAINED_IGNORE = re.compile(r"type:\s*ignore\[[^\]]+\]\s+#\s*\S")
