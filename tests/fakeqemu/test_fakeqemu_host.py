@@ -20,8 +20,9 @@ from twisted.internet.threads import deferToThread
 
 from fakeqemu._host import HostControlFactory, HostControlProtocol, VMHost
 from fakeqemu._hostclient import HostClient, HostRequestError, HostUnreachable
+from tests.fakeqemu.commandlines import RING as AGENT_RING
+from tests.fakeqemu.commandlines import qmp_option
 from tests.fakeqemu.test_fakeqemu_process import (
-    AGENT_RING,
     DEADLINE,
     FAKEQEMU_HOST,
     PROGRAM,
@@ -33,7 +34,6 @@ from tests.fakeqemu.test_fakeqemu_process import (
     deferred_test,
     monitor_closed,
     pause,
-    qmp_option,
     read_file,
     stderr_lines,
     wait_until,
@@ -439,7 +439,7 @@ class LauncherTests(InProcessHostTestCase):
         await self.wait_for_migration(monitor)
         launcher = self.launcher(
             [
-                *agent_devices(legacy_port=True),
+                *agent_devices(legacy=True),
                 *qmp_option(self.path("target.qmp")),
                 "-incoming",
                 f"exec:cat {state}",
@@ -685,7 +685,7 @@ class LauncherLogfileTests(InProcessHostTestCase):
         log = self.log_path()
         launcher = self.launcher(
             [
-                *agent_devices(legacy_port=True),
+                *agent_devices(legacy=True),
                 *qmp_option(self.path("target.qmp")),
                 "-incoming",
                 f"exec:cat {state}",

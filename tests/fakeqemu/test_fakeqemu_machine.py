@@ -18,30 +18,18 @@ from fakeqemu._guest import CLOSE_SETTLE
 from fakeqemu._runstate import RunState
 from fakeqemu._wiring import SerialPort
 from fakeqemu.testing import FakeGuest, InMemoryVM, raw_qmp_transport
+from tests.fakeqemu.commandlines import (
+    LEGACY_PORT,
+    MACHINE,
+    PORT,
+    QMP_SOCKET,
+    agent_port,
+    legacy_port,
+    qmp_option,
+)
 
 EPOCH = 1_700_000_000.25
-QMP_SOCKET = "/vm/qmp.sock"
-PORT = "com.canonical.lxd"
-LEGACY_PORT = "org.linuxcontainers.lxd"
-VM_ARGV = [
-    "-machine",
-    "q35",
-    "-nodefaults",
-    "-display",
-    "none",
-    "-m",
-    "64",
-    "-qmp",
-    f"unix:{QMP_SOCKET},server=on,wait=off",
-    "-chardev",
-    "ringbuf,id=vmready,size=16",
-    "-device",
-    "virtio-serial-pci,id=vs0",
-    "-device",
-    f"virtserialport,chardev=vmready,name={PORT},bus=vs0.0",
-    "-device",
-    f"virtserialport,name={LEGACY_PORT},bus=vs0.0",
-]
+VM_ARGV = [*MACHINE, *qmp_option(QMP_SOCKET), *agent_port(16), *legacy_port()]
 GREETING = {
     "QMP": {
         "version": {"qemu": {"micro": 22, "minor": 2, "major": 7}, "package": "fakeqemu"},

@@ -21,22 +21,14 @@ from fakeqemu._migration import (
     serialize_state,
 )
 from fakeqemu.testing import InMemoryVM, raw_qmp_transport
+from tests.fakeqemu.commandlines import MACHINE, PORT, agent_port, legacy_port
 
 STATE = "/vm/state"
 INCOMING = ["-incoming", f"exec:cat {STATE}"]
 FAILED = "load of migration failed: Invalid argument"
-PORT = "com.canonical.lxd"
-DEVICES = [
-    "-chardev",
-    "ringbuf,id=vmready,size=16",
-    "-device",
-    "virtio-serial-pci,id=vs0",
-    "-device",
-    f"virtserialport,chardev=vmready,name={PORT},bus=vs0.0",
-]
-MACHINE = ["-machine", "q35", "-nodefaults", "-display", "none", "-m", "64"]
+DEVICES = agent_port(16)
 VM_ARGV = [*MACHINE, *DEVICES]
-EXTRA_PORT = ["-device", "virtserialport,name=org.linuxcontainers.lxd,bus=vs0.0"]
+EXTRA_PORT = legacy_port()
 VIRTIO_CONSOLE_LINES = [
     "Failed to load virtio-console:virtio",
     "error while loading state for instance 0x0 of device '0000:00:01.0/virtio-console'",

@@ -29,6 +29,16 @@ from zope.interface import implementer
 
 from fakeqemu import __version__
 from fakeqemu._cmdline import QEMU_VERSION
+from tests.fakeqemu.commandlines import (
+    LEGACY_PORT,
+    MACHINE,
+    agent_port,
+    guest_devices,
+    legacy_port,
+    qmp_option,
+)
+from tests.fakeqemu.commandlines import PORT as AGENT_PORT
+from tests.fakeqemu.commandlines import RING as AGENT_RING
 from tests.processes import kill_if_named
 from tests.reactor import reactor
 from vmready.protocols.qmp import QMPClientProtocol, QMPDisconnected, QMPEvent, connect_qmp
@@ -40,9 +50,6 @@ FAKEQEMU_HOST = os.path.join(BIN_DIRECTORY, "fakeqemu-host")
 # How long a process may take to come up or go away on a loaded CI machine.  A
 # bound on waiting, never an assertion about speed.
 DEADLINE = 30.0
-AGENT_PORT = "com.canonical.lxd"
-LEGACY_PORT = "org.linuxcontainers.lxd"
-AGENT_RING = "vmready"
 
 _E = TypeVar("_E", bound=BaseException)
 _Case = TypeVar("_Case", bound=TestCase)
@@ -60,31 +67,9 @@ def deferred_test(
     return run
 
 
-def qmp_option(path: str) -> list[str]:
-    """``-qmp`` for a monitor socket the way vmready passes it."""
-    return ["-qmp", f"unix:{path},server=on,wait=off"]
-
-
-def agent_devices(ring_size: int = 4096, legacy_port: bool = False) -> list[str]:
+def agent_devices(ring_size: int = 4096, legacy: bool = False) -> list[str]:
     """A q35 machine with the agent's ring buffer wired to com.canonical.lxd."""
-    args = [
-        "-machine",
-        "q35",
-        "-nodefaults",
-        "-display",
-        "none",
-        "-m",
-        "64",
-        "-chardev",
-        f"ringbuf,id={AGENT_RING},size={ring_size}",
-        "-device",
-        "virtio-serial-pci,id=vs0",
-        "-device",
-        f"virtserialport,chardev={AGENT_RING},name={AGENT_PORT},bus=vs0.0",
-    ]
-    if legacy_port:
-        args += ["-device", f"virtserialport,name={LEGACY_PORT},bus=vs0.0"]
-    return args
+    return [*MACHINE, *agent_port(ring_size), *(legacy_port() if legacy else [])]
 
 
 def child_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -822,7 +807,7 @@ class MigrationTests(ProcessTestCase):
         qmp = self.path("target.qmp")
         target = self.spawn(
             [
-                *agent_devices(legacy_port=True),
+                *agent_devices(legacy=True),
                 *qmp_option(qmp),
                 "-incoming",
                 f"exec:cat {state}",
@@ -902,7 +887,7 @@ class MigrationTests(ProcessTestCase):
         qmp, pidfile, log = self.path("target.qmp"), self.path("target.pid"), self.path("vm.log")
         launcher = self.spawn(
             [
-                *agent_devices(legacy_port=True),
+                *agent_devices(legacy=True),
                 *qmp_option(qmp),
                 "-incoming",
                 f"exec:cat {state}",
@@ -1004,18 +989,7 @@ class GuestDeviceTests(ProcessTestCase):
             *agent_devices(),
             "-device",
             f"virtserialport,name={LEGACY_PORT},bus=vs0.0,id=legacy",
-            "-chardev",
-            f"file,id=console,path={self.path('console.log')},append=on",
-            "-serial",
-            "chardev:console",
-            "-fsdev",
-            f"local,id=config,path={self.path('config-drive')},security_model=none,readonly=on",
-            "-device",
-            "virtio-9p-pci,fsdev=config,mount_tag=config",
-            "-netdev",
-            f"user,id=n0,restrict=on,ipv6=off,guestfwd=tcp:10.0.2.100:8443-cmd:{command}",
-            "-device",
-            "virtio-net-pci,netdev=n0,mac=52:54:00:76:6d:01",
+            *guest_devices(self.directory, command, mac="52:54:00:76:6d:01"),
         ]
 
     def guest_path(self, qmp: str, name: str) -> str:

@@ -10,22 +10,10 @@ from twisted.trial.unittest import SynchronousTestCase
 from fakeqemu import CommandLineError
 from fakeqemu._runstate import RunState
 from fakeqemu.testing import FakeGuest, InMemoryVM, raw_qmp_transport
+from tests.fakeqemu.commandlines import MACHINE, PORT, agent_port, qmp_option
 from tests.fakeqemu.test_fakeqemu_machine import GREETING, RecordingQMPClient
 
-PORT = "com.canonical.lxd"
-VM_ARGV = [
-    "-machine",
-    "q35",
-    "-nodefaults",
-    "-qmp",
-    "unix:/vm/qmp.sock,server=on,wait=off",
-    "-chardev",
-    "ringbuf,id=vmready,size=64",
-    "-device",
-    "virtio-serial-pci,id=vs0",
-    "-device",
-    f"virtserialport,chardev=vmready,name={PORT}",
-]
+VM_ARGV = [*MACHINE, *qmp_option(), *agent_port(64)]
 STATE = "/vm/state"
 INCOMING = ["-incoming", f"exec:cat {STATE}"]
 
