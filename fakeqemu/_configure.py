@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shlex
+from typing import TypeVar
 
 from fakeqemu._accel import choose_accelerator
 from fakeqemu._blockdev import BlockdevSpec, open_blockdev
@@ -42,6 +43,7 @@ _MACHINE_PROPERTY_PREFIX = {
     "pc-i440fx-7.2": "pc-i440fx-7.2-machine",
 }
 _MAX_UNIX_PATH = 107
+_Spec = TypeVar("_Spec", bound=ChardevSpec)
 
 
 def configure(loop: OptionLoop, cwd: str) -> MachineConfig:
@@ -54,6 +56,10 @@ def configure(loop: OptionLoop, cwd: str) -> MachineConfig:
         return second.config()
     except CommandLineError as e:
         raise CommandLineError(str(e), second.warnings) from None
+
+
+def _of_kind(chardevs: dict[str, ChardevSpec], kind: type[_Spec]) -> tuple[_Spec, ...]:
+    return tuple(spec for spec in chardevs.values() if isinstance(spec, kind))
 
 
 class _SecondPass:
@@ -78,7 +84,18 @@ class _SecondPass:
         serial = self._serial(chardevs)
         cpu_model = check_cpu_model(loop.cpu, accelerator) if loop.cpu is not None else None
         kernel = self._kernel(machine_type)
-        devices = self._devices(machine_type, chardevs, serial, fsdevs, netdevs, blockdevs)
+        devices = self._devices(
+            DeviceRealizer(
+                machine_type,
+                loop.nodefaults,
+                chardevs,
+                serial,
+                fsdevs,
+                netdevs,
+                blockdevs,
+                self.cwd,
+            )
+        )
         incoming_path = self._incoming_path()
         return MachineConfig(
             name=loop.name,
@@ -92,11 +109,9 @@ class _SecondPass:
             daemonize=loop.daemonize,
             pidfile=loop.pidfile,
             qmp_sockets=tuple(qmp_sockets),
-            ringbufs=tuple(c for c in chardevs.values() if isinstance(c, RingbufSpec)),
-            file_chardevs=tuple(c for c in chardevs.values() if isinstance(c, FileChardevSpec)),
-            socket_chardevs=tuple(
-                c for c in chardevs.values() if isinstance(c, SocketChardevSpec)
-            ),
+            ringbufs=_of_kind(chardevs, RingbufSpec),
+            file_chardevs=_of_kind(chardevs, FileChardevSpec),
+            socket_chardevs=_of_kind(chardevs, SocketChardevSpec),
             serial_chardev=serial,
             serial_buses=devices.serial_buses,
             serial_ports=devices.serial_ports,
@@ -213,20 +228,9 @@ class _SecondPass:
         load_linux(spec, machine_type, loop.memory_bytes, self.cwd)
         return spec
 
-    def _devices(
-        self,
-        machine_type: str,
-        chardevs: dict[str, ChardevSpec],
-        serial: str | None,
-        fsdevs: dict[str, FsdevSpec],
-        netdevs: dict[str, NetdevSpec],
-        blockdevs: dict[str, BlockdevSpec],
-    ) -> Devices:
-        loop = self.loop
-        realizer = DeviceRealizer(
-            machine_type, loop.nodefaults, chardevs, serial, fsdevs, netdevs, blockdevs, self.cwd
-        )
-        for value, driver, opts in loop.devices:
+    def _devices(self, realizer: DeviceRealizer) -> Devices:
+        """Every ``-device``, in command-line order, then the NICs' and netdevs' warnings."""
+        for value, driver, opts in self.loop.devices:
             realizer.realize(value, driver, opts)
         self.warnings.extend(realizer.peer_warnings())
         return realizer.devices()

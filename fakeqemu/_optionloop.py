@@ -77,6 +77,19 @@ _CHARDEV_KEYS = frozenset(
 _FLAG_OPTIONS = frozenset({"nodefaults", "S", "daemonize", "version", "h", "help"})
 # Help requests QEMU answers after its option loop, in the order it checks them.
 _HELP_ORDER = ("machine", "accel", "cpu", "device")
+# Options the loop only stores, and the field each sets (the others have an ``_opt_`` method).
+_STORED = {
+    "nodefaults": "nodefaults",
+    "S": "start_paused",
+    "daemonize": "daemonize",
+    "version": "show_version",
+    "pidfile": "pidfile",
+    "D": "logfile",
+    "kernel": "kernel",
+    "initrd": "initrd",
+    "append": "append",
+    "incoming": "incoming",
+}
 _VALUE_OPTIONS = frozenset(
     {
         "D",
@@ -162,6 +175,11 @@ class OptionLoop:
         self.help_requests: set[str] = set()
 
     def option(self, option: str, value: str | None) -> None:
+        """Take one option: stored as it is, or checked by its ``_opt_`` method."""
+        if option in _STORED:
+            # The last one given wins, as in QEMU; a flag is stored as True.
+            setattr(self, _STORED[option], True if value is None else value)
+            return
         where = f"-{option}" if value is None else f"-{option} {value}"
         handler = getattr(self, "_opt_" + {"M": "machine"}.get(option, option))
         try:
@@ -179,29 +197,11 @@ class OptionLoop:
                 raise HelpRequested(kind)
         check_kernel_options(self.kernel, self.initrd, self.append)
 
-    def _opt_nodefaults(self, _: None) -> None:
-        self.nodefaults = True
-
-    def _opt_S(self, _: None) -> None:  # QEMU's option is -S
-        self.start_paused = True
-
-    def _opt_daemonize(self, _: None) -> None:
-        self.daemonize = True
-
-    def _opt_version(self, _: None) -> None:
-        self.show_version = True
-
     def _opt_h(self, _: None) -> None:
         # As QEMU: the help is printed at once, whatever follows on the command line.
         raise HelpRequested("usage")
 
     _opt_help = _opt_h
-
-    def _opt_pidfile(self, value: str) -> None:
-        self.pidfile = value
-
-    def _opt_D(self, value: str) -> None:  # QEMU's option is -D
-        self.logfile = value
 
     def _opt_name(self, value: str) -> None:
         opts = parse_options(value, "guest")
@@ -295,18 +295,6 @@ class OptionLoop:
         self._new_id(opts, self.device_ids, "device")
         driver = opts.pop("driver", "")
         self.devices.append((value, driver, opts))
-
-    def _opt_kernel(self, value: str) -> None:
-        self.kernel = value
-
-    def _opt_initrd(self, value: str) -> None:
-        self.initrd = value
-
-    def _opt_append(self, value: str) -> None:
-        self.append = value
-
-    def _opt_incoming(self, value: str) -> None:
-        self.incoming = value
 
     @staticmethod
     def _new_id(opts: dict[str, str], taken: set[str], kind: str) -> None:
