@@ -10,7 +10,7 @@ it works against a remote too (``vmready config trust list prod:``).
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -33,6 +33,7 @@ from vmready.cli.userconfig import (
     save_remotes,
     validate_remote_name,
 )
+from vmready.cli.verbs import by_verb
 from vmready.domain.reactor import IVMReadyReactor
 from vmready.trust.certs import CertificatePair, fingerprint
 from vmready.trust.tokens import TokenError, TrustToken, normalize_fingerprint
@@ -298,17 +299,10 @@ async def _trust_remove(client: Client, output: Output, args: argparse.Namespace
     return EXIT_OK
 
 
-_TRUST_VERBS: dict[str, Callable[[Client, Output, argparse.Namespace], Any]] = {
-    "add": _trust_add,
-    "list": _trust_list,
-    "remove": _trust_remove,
-}
-
-
-async def trust_command(client: Client, output: Output, args: argparse.Namespace) -> int:
-    """``vmready config trust VERB``."""
-    result: int = await _TRUST_VERBS[args.trust_verb](client, output, args)
-    return result
+# ``vmready config trust VERB``.
+trust_command = by_verb(
+    "trust_verb", {"add": _trust_add, "list": _trust_list, "remove": _trust_remove}
+)
 
 
 # Commands that talk to a daemon (any remote), dispatched like cli.commands.COMMANDS.

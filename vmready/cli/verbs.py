@@ -1,11 +1,27 @@
-"""Levels of subcommands (``vmready COMMAND``, ``vmready config VERB``…) on argparse."""
+"""Levels of subcommands (``vmready COMMAND``, ``vmready config VERB``…): their parsers on
+argparse, and the command that runs the verb a level's parser found."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-__all__ = ["Verbs"]
+from vmready.cli.client import Client
+from vmready.cli.output import Output
+
+__all__ = ["Verbs", "by_verb"]
+
+VerbCommand = Callable[[Client, Output, argparse.Namespace], Awaitable[int]]
+
+
+def by_verb(dest: str, verbs: Mapping[str, VerbCommand]) -> VerbCommand:
+    """The command of a level of verbs: it runs the one ``args.<dest>`` names."""
+
+    async def command(client: Client, output: Output, args: argparse.Namespace) -> int:
+        return await verbs[getattr(args, dest)](client, output, args)
+
+    return command
 
 
 class Verbs:
