@@ -268,6 +268,15 @@ class ProcessTestCase(TestCase):
 
         self.addCleanup(kill)
 
+    async def agent_vm(
+        self, start: Callable[[list[str]], RecordedProcess] | None = None
+    ) -> tuple[RecordedProcess, QMPClientProtocol, str]:
+        """A VM with the agent's devices, started by ``start`` (default: ``spawn``): its
+        process, its negotiated monitor and the monitor's socket."""
+        qmp = self.path("qmp")
+        process = (start or self.spawn)([*agent_devices(), *qmp_option(qmp)])
+        return process, await self.monitor(qmp, process), qmp
+
     async def monitor(
         self, socket_path: str, process: RecordedProcess | None = None
     ) -> QMPClientProtocol:
@@ -481,9 +490,7 @@ class LifecycleTests(ProcessTestCase):
 
     @deferred_test
     async def test_sigtermShutsDownWithReasonHostSignal(self) -> None:
-        qmp = self.path("qmp")
-        process = self.spawn([*agent_devices(), *qmp_option(qmp)])
-        client = await self.monitor(qmp, process)
+        process, client, _ = await self.agent_vm()
         events = EventRecorder(client)
         process.send_signal("TERM")
         shutdown = await events.first("SHUTDOWN")
@@ -500,9 +507,7 @@ class LifecycleTests(ProcessTestCase):
 
     @deferred_test
     async def test_sigkillFailsPendingCommandsWithDisconnected(self) -> None:
-        qmp = self.path("qmp")
-        process = self.spawn([*agent_devices(), *qmp_option(qmp)])
-        client = await self.monitor(qmp, process)
+        process, client, _ = await self.agent_vm()
         # A stopped process cannot answer, so the command is surely pending when it dies.
         process.send_signal("STOP")
         pending = client.execute("query-status")
@@ -686,11 +691,6 @@ guest.recv(1)  # hold the port open, as an agent does, until the VM closes it
 class GuestSocketTests(ProcessTestCase):
     """The guest end of each virtio serial port is a unix socket a process can open."""
 
-    async def start_vm(self) -> tuple[RecordedProcess, QMPClientProtocol, str]:
-        qmp = self.path("qmp")
-        process = self.spawn([*agent_devices(), *qmp_option(qmp)])
-        return process, await self.monitor(qmp, process), qmp
-
     async def agent_ring_open(self, client: QMPClientProtocol) -> bool:
         chardevs = await client.execute("query-chardev")
         return bool(next(c["frontend-open"] for c in chardevs if c["label"] == AGENT_RING))
@@ -704,7 +704,7 @@ class GuestSocketTests(ProcessTestCase):
 
     @deferred_test
     async def test_guestProcessWritesReachTheRingBuffer(self) -> None:
-        _, client, qmp = await self.start_vm()
+        _, client, qmp = await self.agent_vm()
         agent = self.spawn_python(GUEST_AGENT, self.guest_socket(qmp, AGENT_PORT))
         await wait_until(lambda: agent.stdout == b"sent\n", "the guest process to write")
         drained = ""
@@ -743,7 +743,7 @@ class GuestSocketTests(ProcessTestCase):
 
     @deferred_test
     async def test_frontendOpenFollowsTheGuestSocket(self) -> None:
-        _, client, qmp = await self.start_vm()
+        _, client, qmp = await self.agent_vm()
         before = await self.agent_ring_open(client)
         guest = await self.open_socket(self.guest_socket(qmp, AGENT_PORT), SocketEnd())
         await self.wait_for_frontend(client, True)
@@ -755,7 +755,7 @@ class GuestSocketTests(ProcessTestCase):
 
     @deferred_test
     async def test_guestPoweroffEndsTheVM(self) -> None:
-        process, client, qmp = await self.start_vm()
+        process, client, qmp = await self.agent_vm()
         events = EventRecorder(client)
         control = await self.open_socket(self.control_socket(qmp), SocketEnd())
         assert control.transport is not None
