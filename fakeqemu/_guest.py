@@ -141,32 +141,16 @@ class GuestPortProtocol(_AttachedEnd):
         super().connectionLost(reason)
 
 
-class GuestControlProtocol(LineOnlyReceiver):
-    """The guest OS's power management: ACPI notifications in, power actions out."""
+class GuestControlProtocol(LineOnlyReceiver, _AttachedEnd):
+    """The guest OS's power management: ACPI notifications in (``write``), power actions out."""
 
     delimiter = b"\n"
     MAX_LENGTH = 256
 
-    def __init__(self, machine: Machine) -> None:
-        self._machine = machine
-        self._detach: Callable[[], None] | None = None
-
-    def connectionMade(self) -> None:
+    def _attach(self) -> Callable[[], None] | None:
         if self._machine.exited is not None:
-            assert self.transport is not None
-            self.transport.loseConnection()
-            return
-        self._detach = self._machine.attach_controller(self)
-
-    def write(self, data: bytes) -> None:
-        """An ACPI notification for the guest."""
-        if self.transport is not None:
-            self.transport.write(data)
-
-    def close(self) -> None:
-        """The machine is gone."""
-        if self.transport is not None:
-            self.transport.loseConnection()
+            return None
+        return self._machine.attach_controller(self)
 
     def lineReceived(self, line: bytes) -> None:
         word = line.strip().decode("ascii", "replace")
@@ -184,10 +168,6 @@ class GuestControlProtocol(LineOnlyReceiver):
 
     def lineLengthExceeded(self, line: bytes) -> None:
         self.sendLine(b"error: line too long")
-
-    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # noqa: B008
-        if self._detach is not None:
-            self._detach()
 
 
 class GuestConsoleProtocol(_AttachedEnd):

@@ -228,19 +228,12 @@ class ForwardedConnection:
 class ForwardFactory(Factory):
     """Accepts guest connections on one guestfwd rule's socket."""
 
-    def __init__(
-        self,
-        machine: Machine,
-        spec: GuestForwardSpec,
-        launcher: CommandLauncher,
-        cwd: str,
-        env: Mapping[str, str],
-        report: ReportCallback,
-    ) -> None:
-        self._args = (machine, spec, launcher, cwd, env, report)
+    def __init__(self, connection: Callable[[], ForwardedConnection]) -> None:
+        """``connection`` makes a new relay for each guest connection."""
+        self._connection = connection
 
     def buildProtocol(self, addr: object) -> ForwardSide:
-        return ForwardedConnection(*self._args).guest
+        return self._connection().guest
 
 
 class SpawningLauncher:
