@@ -29,6 +29,7 @@ from fakeqemu._guest import (
 from fakeqemu._guestfwd import (
     FORWARDS_DIRECTORY,
     CommandLauncher,
+    ForwardCommands,
     ForwardedConnection,
     ForwardFactory,
     SpawningLauncher,
@@ -235,20 +236,11 @@ class RunningVM:
         os.makedirs(os.path.join(self.guest_dir, FORWARDS_DIRECTORY), exist_ok=True)
         # QEMU chdirs to / once daemonized; the commands it spawns start there.
         cwd = "/" if self.config.daemonize else self.config.cwd
+        commands = ForwardCommands(self._launcher, cwd, self._environ, self._report)
         for name, forward in forwards.items():
             path = paths[f"{FORWARDS_DIRECTORY}/{name}"]
             _remove_stale_socket(path)
-            factory = ForwardFactory(
-                partial(
-                    ForwardedConnection,
-                    self.machine,
-                    forward,
-                    self._launcher,
-                    cwd,
-                    self._environ,
-                    self._report,
-                )
-            )
+            factory = ForwardFactory(partial(ForwardedConnection, self.machine, forward, commands))
             self._listening.append(self.reactor.listenUNIX(path, factory, mode=0o600))
 
     def _link_shares(self) -> None:

@@ -40,7 +40,7 @@ from fakeqemu._guest import (
     GuestPortProtocol,
     HostChardevProtocol,
 )
-from fakeqemu._guestfwd import ForwardedConnection
+from fakeqemu._guestfwd import ForwardCommands, ForwardedConnection
 from fakeqemu._machine import Machine
 from fakeqemu._qmp import QMPServerFactory
 
@@ -235,14 +235,10 @@ class InMemoryVM:
         if address not in forwards:
             raise KeyError(f"no guestfwd rule for {address!r}")
         cwd = "/" if self.config.daemonize else self.config.cwd
-        connection = ForwardedConnection(
-            self.machine,
-            forwards[address],
-            _InMemoryLauncher(self),
-            cwd,
-            self._environ,
-            self.messages.extend,
+        commands = ForwardCommands(
+            _InMemoryLauncher(self), cwd, self._environ, self.messages.extend
         )
+        connection = ForwardedConnection(self.machine, forwards[address], commands)
         guest = FakeGuest()
         self._connect(connection.guest, guest)
         return guest
