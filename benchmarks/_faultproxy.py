@@ -143,7 +143,7 @@ class Route:
     def address(self) -> str:
         """``127.0.0.1:PORT``, where the route listens."""
         assert self.port is not None
-        return f"{LOOPBACK}:{self.port.getHost().port}"  # type: ignore[attr-defined]
+        return f"{LOOPBACK}:{self.port.getHost().port}"  # type: ignore[attr-defined]  # a TCP port has a port
 
 
 def _producer(side: Protocol | None) -> IPushProducer | None:

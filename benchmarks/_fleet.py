@@ -3,19 +3,17 @@ child processes, an operator event stream, and the guest's PATCH.
 
 ``benchmarks/ready.py`` and ``benchmarks/agent_link.py`` are built on it.  Each
 script runs itself as its own child processes (``--role daemon``, ``--role
-agents``), so a script's ``main`` hands those roles to ``run_daemon`` and
-``run_agents`` here; ``Children`` is told which script to start.
+agents``: ``run_roles``), started through ``benchmarks._children``.
 
 - ``run_daemon``: ``VMReadyService`` exactly as ``twistd vmready --data-dir D``
   builds it (``vmready.daemon.tap.makeService``, default options), with
   ``FAKEQEMU_HOST`` set by the parent, answering ``ready`` (pid, guest API
   port) and ``reads`` (the sum of every ``AgentMonitor.reads``, optionally per
   instance, and the agents' statuses) on its stdin/stdout;
-- ``run_agents``: many real ``vmready.agent`` agents (``load_config`` +
-  ``build_agent`` on each instance's config drive) on one asyncio loop in a
-  thread, each agent's serial writes stamped with ``time.perf_counter`` (one
-  ``CLOCK_MONOTONIC`` for every process of the machine) so that the parent can
-  time a status line from the moment the agent wrote it;
+- ``run_agents`` (``benchmarks._agentworker``): many real agents in one
+  process, each status line stamped as it is written;
+- ``Fleet``: the running processes, started (``Fleet.start``) and torn down
+  (``teardown``) the same way by every fleet benchmark;
 - ``EventWatch``: one operator API event stream, stamping each lifecycle event
   as it arrives;
 - ``notify``: the guest program's ``PATCH /1.0`` on an agent's devlxd socket.
@@ -23,74 +21,54 @@ agents``), so a script's ``main`` hands those roles to ``run_daemon`` and
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import argparse
 import gc
 import glob
 import json
 import os
-import signal
+import shutil
 import sys
-import threading
+import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
-from twisted.internet import reactor as installed_reactor
-from twisted.internet import stdio
+import attrs
+from twisted.internet import task
 from twisted.internet.defer import Deferred, DeferredSemaphore, gatherResults
 from twisted.internet.endpoints import UNIXClientEndpoint
-from twisted.internet.error import ProcessDone, ProcessTerminated
-from twisted.internet.protocol import ProcessProtocol
-from twisted.logger import (
-    FilteringLogObserver,
-    LogLevel,
-    LogLevelFilterPredicate,
-    globalLogBeginner,
-    textFileLogObserver,
-)
-from twisted.protocols.basic import LineReceiver
-from twisted.python.failure import Failure
+from twisted.logger import LogLevel
 from twisted.web.client import Agent, readBody
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory
 from zope.interface import implementer
 
-from benchmarks._measure import ms, nearest_rank, report, sleep
+from benchmarks._agentworker import run_agents
+from benchmarks._children import (
+    POLL_SECONDS,
+    STOP_TIMEOUT,
+    Child,
+    Children,
+    log_to,
+    serve_control,
+)
+from benchmarks._measure import ms, nearest_rank, reactor, report, sleep
 from fakeqemu._hostclient import HostClient, HostUnreachable
-from vmready.agent.config import AgentConfig, load_config
-from vmready.agent.main import configure_logging
-from vmready.agent.service import Agent as GuestAgent
-from vmready.agent.service import build_agent
 from vmready.api.web import BytesProducer
-from vmready.cli.client import Client
+from vmready.cli.client import Client, LineStream
 from vmready.cli.waiter import Waiter
 from vmready.daemon.service import VMReadyService
 from vmready.daemon.tap import Options, makeService
-from vmready.domain.limits import raise_file_limit
 
 BIN_DIRECTORY = os.path.dirname(os.path.abspath(sys.executable))
 FAKEQEMU_HOST = os.path.join(BIN_DIRECTORY, "fakeqemu-host")
 START_TIMEOUT = 120.0
-CALL_TIMEOUT = 300.0
 EVENT_TIMEOUT = 30.0
 CREATE_CONCURRENCY = 16
 AGENT_CHUNK = 50
-POLL_SECONDS = 0.05
 
-STOP_TIMEOUT = 60.0
-# The agent's first status line and the two the cycles time.
-STOPPED_LINE = b"STOPPED\n"
-STARTED_LINE = b"STARTED\n"
-CONNECTED_LINE = b"CONNECTED\n"
-CHATTY_FACTORIES = (
-    "twisted.web.client._HTTP11ClientFactory",
-    "twisted.internet.endpoints.OneShotFactory",
-)
-
-reactor: Any = installed_reactor
-Handler = Callable[..., Coroutine[Any, Any, Any]]
+_Fleet = TypeVar("_Fleet", bound="Fleet")
 
 
 # -- figures ------------------------------------------------------------------
@@ -108,179 +86,6 @@ def p50_p99(samples: Sequence[float]) -> str:
     return (
         f"p50 {ms(nearest_rank(samples, 0.5))}, p99 {ms(nearest_rank(samples, 0.99))}, "
         f"max {ms(max(samples))}"
-    )
-
-
-# -- child processes: a JSON line per command on stdin, a JSON line per answer on stdout ----
-
-
-class ChildError(Exception):
-    """A child process answered a command with an error, or went away."""
-
-
-class ControlChannel(LineReceiver):
-    """The child's end: runs each command's handler, answers with its result or error."""
-
-    delimiter = b"\n"
-    MAX_LENGTH = 64 * 1024 * 1024
-
-    def __init__(self, handlers: dict[str, Handler]) -> None:
-        self.handlers = handlers
-
-    def lineReceived(self, line: bytes) -> None:
-        message = json.loads(line)
-        ident = message["id"]
-        handler = self.handlers.get(message["cmd"])
-        if handler is None:
-            self._answer({"id": ident, "error": f"unknown command {message['cmd']!r}"})
-            return
-        running = Deferred.fromCoroutine(handler(**message.get("args", {})))
-        running.addCallbacks(
-            lambda result: self._answer({"id": ident, "result": result}),
-            lambda failure: self._answer(
-                {"id": ident, "error": f"{failure.type.__name__}: {failure.getErrorMessage()}"}
-            ),
-        )
-
-    def _answer(self, message: dict[str, Any]) -> None:
-        assert self.transport is not None
-        self.transport.write(json.dumps(message).encode("utf-8") + b"\n")
-
-    def connectionLost(self, reason: Failure | None = None) -> None:
-        # The benchmark went away (or closed our stdin): stop, cleanly.
-        if reactor.running:
-            reactor.stop()
-
-
-class Child(ProcessProtocol):
-    """The parent's end of one child process: ``call`` a command, ``terminate`` it."""
-
-    def __init__(self, label: str) -> None:
-        self.label = label
-        self.ended: Deferred[None] = Deferred()
-        self.exit_code: int | None = None
-        self._buffer = b""
-        self._pending: dict[int, Deferred[Any]] = {}
-        self._next = 0
-
-    @property
-    def pid(self) -> int:
-        """The child's process id."""
-        assert self.transport is not None and self.transport.pid is not None
-        return int(self.transport.pid)
-
-    @property
-    def running(self) -> bool:
-        """The child has not exited yet."""
-        return not self.ended.called
-
-    def outReceived(self, data: bytes) -> None:
-        self._buffer += data
-        *lines, self._buffer = self._buffer.split(b"\n")
-        for line in lines:
-            message = json.loads(line)
-            waiter = self._pending.pop(message["id"], None)
-            if waiter is None:
-                continue
-            if "error" in message:
-                waiter.errback(ChildError(f"{self.label}: {message['error']}"))
-            else:
-                waiter.callback(message["result"])
-
-    def processEnded(self, reason: Failure) -> None:
-        if isinstance(reason.value, ProcessDone | ProcessTerminated):
-            self.exit_code = reason.value.exitCode
-        pending, self._pending = self._pending, {}
-        for waiter in pending.values():
-            waiter.errback(ChildError(f"{self.label} exited ({reason.getErrorMessage()})"))
-        self.ended.callback(None)
-
-    def call(self, command: str, timeout: float = CALL_TIMEOUT, **args: Any) -> Deferred[Any]:
-        """Send ``command``; fires with the child's answer."""
-        if not self.running or self.transport is None:
-            raise ChildError(f"{self.label} is not running")
-        self._next += 1
-        waiter: Deferred[Any] = Deferred()
-        self._pending[self._next] = waiter
-        line = json.dumps({"id": self._next, "cmd": command, "args": args}).encode("utf-8")
-        self.transport.write(line + b"\n")
-        return waiter.addTimeout(timeout, reactor)
-
-    async def terminate(self, timeout: float = STOP_TIMEOUT) -> None:
-        """SIGTERM, then SIGKILL after ``timeout``; returns once it exited."""
-        if not self.running:
-            return
-        assert self.transport is not None
-        self.transport.signalProcess("TERM")
-        deadline = time.monotonic() + timeout
-        while self.running:
-            if time.monotonic() > deadline:
-                self.transport.signalProcess("KILL")
-                break
-            await sleep(POLL_SECONDS)
-        await self.ended
-
-
-class Children:
-    """Every process this benchmark started, so that nothing outlives it."""
-
-    def __init__(self, directory: str, script: str) -> None:
-        """``script`` is the benchmark that runs as its own children (``--role …``)."""
-        self.directory = directory
-        self.script = script
-        self.started: list[Child] = []
-
-    def spawn(
-        self,
-        label: str,
-        argv: Sequence[str],
-        log_name: str,
-        environment: dict[str, str] | None = None,
-        control: bool = True,
-    ) -> Child:
-        """Start ``argv``; stderr (and stdout, without ``control``) to ``log_name``."""
-        child = Child(label)
-        with open(os.path.join(self.directory, log_name), "ab") as log:
-            fds: dict[int, int | str] = {0: "w", 1: "r" if control else log.fileno()}
-            fds[2] = log.fileno()
-            reactor.spawnProcess(
-                child,
-                argv[0],
-                list(argv),
-                env=dict(os.environ) if environment is None else environment,
-                childFDs=fds,
-            )
-        self.started.append(child)
-        return child
-
-    def spawn_role(
-        self, label: str, role: str, *extra: str, env: dict[str, str] | None = None
-    ) -> Child:
-        """This script as a child in ``role``."""
-        argv = [sys.executable, self.script, "--role", role, *extra]
-        return self.spawn(label, argv, f"{label}.log", env)
-
-    def kill_left_over(self) -> None:
-        """Last resort once the reactor is gone: SIGKILL every child still running."""
-        for child in self.started:
-            if child.running and child.transport is not None and child.transport.pid:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(child.transport.pid), signal.SIGKILL)
-
-
-def serve_control(handlers: dict[str, Handler]) -> None:
-    """Answer the parent's commands on stdin/stdout."""
-    stdio.StandardIO(ControlChannel(handlers), reactor=reactor)
-
-
-def log_to(path: str, level: LogLevel) -> None:
-    """Log this child at ``level`` and above to ``path`` (as twistd or the agent would)."""
-    levels = LogLevelFilterPredicate(defaultLogLevel=level)
-    for chatty in CHATTY_FACTORIES:
-        levels.setLogLevelForNamespace(chatty, LogLevel.warn)
-    log = open(path, "a")  # noqa: SIM115 - open for the life of the process
-    globalLogBeginner.beginLoggingTo(
-        [FilteringLogObserver(textFileLogObserver(log), [levels])], redirectStandardIO=False
     )
 
 
@@ -346,141 +151,6 @@ def run_daemon(data_dir: str) -> None:
     serve_control({"ready": ready, "reads": reads, "gc": gc_pauses})
     reactor.callWhenRunning(service.startService)
     reactor.addSystemEventTrigger("before", "shutdown", service.stopService)
-    reactor.run()
-
-
-# -- the agent worker child ----------------------------------------------------------
-
-
-class AgentLoop:
-    """The agents' asyncio loop, in a thread beside the reactor that serves the commands."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        threading.Thread(target=self.loop.run_forever, name="agents", daemon=True).start()
-
-    def run(self, coroutine: Coroutine[Any, Any, Any]) -> Deferred[Any]:
-        """``coroutine`` run on the agents' loop; its result as a Deferred on the reactor."""
-        result: Deferred[Any] = Deferred()
-
-        def done(future: Any) -> None:
-            error = future.exception()
-            if error is not None:
-                reactor.callFromThread(result.errback, error)
-            else:
-                reactor.callFromThread(result.callback, future.result())
-
-        asyncio.run_coroutine_threadsafe(coroutine, self.loop).add_done_callback(done)
-        return result
-
-
-class StampedAgent:
-    """One real agent whose status lines are time-stamped as it hands them to the serial port."""
-
-    def __init__(self, config: AgentConfig) -> None:
-        self.config = config
-        self.name = config.instance or config.socket
-        self.agent: GuestAgent = build_agent(config)
-        self.running = False
-        self._expected: dict[bytes, asyncio.Future[float]] = {}
-        keeper = self.agent.serial
-        assert keeper is not None
-        write = keeper.write
-
-        def stamped(data: bytes, announce: bool = False) -> bool:
-            now = time.perf_counter()
-            written = write(data, announce)
-            if written:
-                waiter = self._expected.pop(data, None)
-                if waiter is not None and not waiter.done():
-                    waiter.set_result(now)
-            return written
-
-        # The one instrument: the keeper's write, wrapped; the agent is otherwise untouched.
-        keeper.write = stamped  # type: ignore[method-assign]  # the benchmark's probe
-
-    def expect(self, line: bytes) -> asyncio.Future[float]:
-        """Resolves to the time ``line`` is next written to the serial port (in the loop)."""
-        waiter: asyncio.Future[float] = asyncio.get_running_loop().create_future()
-        self._expected[line] = waiter
-        return waiter
-
-    async def start(self) -> None:
-        """Start the agent (in the agents' loop)."""
-        await self.agent.start()
-        self.running = True
-
-    async def stop(self) -> None:
-        """Stop the agent (in the agents' loop)."""
-        self.running = False
-        await self.agent.stop()
-
-
-def run_agents(directory: str) -> None:
-    """``--role agents``: many agents in one process, started and cycled on command."""
-    raise_file_limit()
-    log_to(os.path.join(directory, f"agents-{os.getpid()}.log"), LogLevel.info)
-    configure_logging()  # the agents' own lines, to stderr: the same log file
-    agents: dict[str, StampedAgent] = {}
-    loop = AgentLoop()
-
-    async def start_all(drives: list[str]) -> int:
-        for drive in drives:
-            agent = StampedAgent(load_config({"config-drive": drive}))
-            agents[agent.name] = agent
-            await agent.start()
-        return len(drives)
-
-    async def start(drives: list[str]) -> int:
-        started: int = await loop.run(start_all(drives))
-        return started
-
-    async def stop_one(agent: StampedAgent, unstamped: bool) -> dict[str, Any]:
-        stopped = agent.expect(STOPPED_LINE)
-        asked = time.perf_counter()
-        await agent.stop()
-        if unstamped and not stopped.done():
-            # The agent's stop is over (its port closed, flushed) and no STOPPED went through
-            # the keeper's write: time from the moment it was asked to stop instead.
-            stopped.cancel()
-            return {"stopped": asked, "asked": asked, "stamped": False}
-        return {"stopped": await asyncio.wait_for(stopped, EVENT_TIMEOUT), "asked": asked}
-
-    async def stop_agent(name: str, unstamped: bool = False) -> dict[str, Any]:
-        """Stop ``name``'s agent; ``unstamped``: no STOPPED line seen is not an error."""
-        result: dict[str, Any] = await loop.run(stop_one(agents[name], unstamped))
-        return result
-
-    async def start_one(agent: StampedAgent) -> dict[str, float]:
-        started, connected = agent.expect(STARTED_LINE), agent.expect(CONNECTED_LINE)
-        await agent.start()
-        return {
-            "started": await asyncio.wait_for(started, EVENT_TIMEOUT),
-            "connected": await asyncio.wait_for(connected, EVENT_TIMEOUT),
-        }
-
-    async def start_agent(name: str) -> dict[str, float]:
-        agent = agents[name] = StampedAgent(agents[name].config)
-        result: dict[str, float] = await loop.run(start_one(agent))
-        return result
-
-    async def stop_running() -> int:
-        running = [agent for agent in agents.values() if agent.running]
-        await asyncio.gather(*(agent.stop() for agent in running))
-        return len(running)
-
-    async def stop_all() -> int:
-        stopped: int = await loop.run(stop_running())
-        return stopped
-
-    serve_control(
-        {
-            "start": start,
-            "stop_agent": stop_agent,
-            "start_agent": start_agent,
-            "stop_all": stop_all,
-        }
-    )
     reactor.run()
 
 
@@ -687,3 +357,112 @@ def log_problems(directory: str) -> None:
             report(f"    {seen} x {text}")
     if not found:
         report("  none")
+
+
+# -- the parent: the fleet's processes, started and stopped ---------------------------
+
+
+@attrs.define
+class Fleet:
+    """fakeqemu-host, the daemon on it, the agent workers and an operator event stream."""
+
+    args: argparse.Namespace
+    directory: str
+    data_dir: str
+    children: Children
+    client: Client
+    watch: EventWatch
+    stream: LineStream
+    daemon: Child
+    host: Child
+    workers: list[Child]
+    guest_port: int
+    drives: dict[str, str] = attrs.field(factory=dict)
+    worker_of: dict[str, Child] = attrs.field(factory=dict)
+
+    @classmethod
+    async def start(
+        cls: type[_Fleet], args: argparse.Namespace, children: Children, directory: str
+    ) -> _Fleet:
+        """Host, daemon (answering), event stream, ``args.agent_workers`` workers."""
+        host, control = await start_host(children, directory)
+        data_dir = os.path.join(directory, "d")
+        os.makedirs(data_dir, mode=0o700)
+        environment = dict(os.environ)
+        environment.pop("FAKEQEMU_GUEST_DIR", None)
+        environment["FAKEQEMU_HOST"] = control
+        daemon = children.spawn_role("daemon", "daemon", data_dir, env=environment)
+        info = await daemon.call("ready", timeout=START_TIMEOUT)
+        client = Client(reactor, os.path.join(data_dir, "vmready.sock"))
+        watch = EventWatch()
+        stream = await client.events(["lifecycle"], watch.on_event)
+        workers = [
+            children.spawn_role(f"agents{index}", "agents", directory)
+            for index in range(args.agent_workers)
+        ]
+        return cls(
+            args, directory, data_dir, children, client, watch, stream, daemon, host, workers,
+            int(info["guest_port"]),
+        )  # fmt: skip
+
+
+async def teardown(fleet: Fleet | None, children: Children, directory: str) -> None:
+    """Stop the agents, then every child; show what they logged as problems."""
+    started = time.perf_counter()
+    if fleet is not None:
+        for worker in fleet.workers:
+            if worker.running:
+                try:
+                    await worker.call("stop_all", timeout=STOP_TIMEOUT)
+                except Exception as e:
+                    report(f"  stopping {worker.label}: {e}")
+        fleet.stream.close()
+        await fleet.stream.ended
+    for child in reversed(children.started):
+        await child.terminate()
+    report("\nwarnings and errors the children logged")
+    log_problems(directory)
+    report(
+        f"\nteardown: agents, daemon and fakeqemu-host (with every VM) stopped in "
+        f"{time.perf_counter() - started:.1f} s"
+    )
+
+
+def run_roles(role: str | None, directory: str, others: dict[str, Callable[[str], None]]) -> bool:
+    """Run this process as the child ``role`` asks for (daemon, agents, ``others``); whether
+    it was one."""
+    roles = {"daemon": run_daemon, "agents": run_agents, **others}
+    if role is None:
+        return False
+    roles[role](directory)
+    return True
+
+
+def run_parent(
+    script: str,
+    prefix: str,
+    keep: bool,
+    run: Callable[[Children, str], Awaitable[Any]],
+) -> tuple[Any, int | str | None]:
+    """``run`` on the reactor in a new directory under /tmp; every child is killed and the
+    directory removed (unless ``keep``) after.  Its result (None if it failed), and the
+    status to exit with."""
+    directory = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    children = Children(directory, script)
+    result: list[Any] = []
+
+    async def entry() -> None:
+        result.append(await run(children, directory))
+
+    code: int | str | None = 0
+    try:
+        task.react(lambda _reactor: Deferred.fromCoroutine(entry()), [])
+    except SystemExit as e:
+        code = e.code
+    finally:
+        children.kill_left_over()
+        if keep:
+            report(f"kept {directory}")
+        else:
+            shutil.rmtree(directory, ignore_errors=True)
+    return (result[0] if result else None), code

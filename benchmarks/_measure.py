@@ -1,4 +1,5 @@
-"""What the benchmark scripts share: percentiles, CPU time, output, and the reactor's sleep.
+"""What the benchmark scripts share: percentiles, what ``/proc`` says of a process (CPU time,
+memory, open files), output, and the reactor's sleep.
 
 The scripts import it as ``benchmarks._measure``: they run from the checkout,
 whose root the editable install puts on ``sys.path``.
@@ -85,3 +86,30 @@ def react(
         cleanup()
         for line in out:
             print(line, flush=True)
+
+
+def status_kib(pid: int, field: str = "VmRSS") -> int:
+    """A KiB field (``VmRSS``, ``VmHWM``) of ``/proc/<pid>/status``."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {field} for pid {pid}")
+
+
+def memory_mb(pid: int, field: str = "VmRSS") -> float:
+    """``field`` of ``/proc/<pid>/status`` in MiB (nan if the process has none)."""
+    try:
+        return status_kib(pid, field) / 1024
+    except RuntimeError:
+        return math.nan
+
+
+def mib(kib: float) -> str:
+    """KiB as a MiB figure."""
+    return f"{kib / 1024:.1f} MiB"
+
+
+def open_files(pid: int) -> int:
+    """How many file descriptors ``pid`` holds."""
+    return len(os.listdir(f"/proc/{pid}/fd"))

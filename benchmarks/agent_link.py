@@ -79,48 +79,44 @@ the goals (at 1,000 VMs on 2 cores) are shown beside the figures.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import os
 import random
 import resource
-import shutil
 import sys
-import tempfile
 import time
-from collections import Counter
 from collections.abc import Sequence
-from typing import Any
 
 import attrs
-from twisted.internet import reactor as installed_reactor
-from twisted.internet import task
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.logger import globalLogPublisher
 
+from benchmarks._children import Children
+from benchmarks._filebudget import FileBudget, raise_files_for
 from benchmarks._fleet import (
     EVENT_TIMEOUT,
-    START_TIMEOUT,
-    STOP_TIMEOUT,
-    Child,
-    Children,
-    EventWatch,
+    Fleet,
     create_all,
     devlxd_socket,
     find_drives,
-    log_problems,
     notify,
     p50_p99,
     plural,
-    run_agents,
-    run_daemon,
+    run_parent,
+    run_roles,
     start_agents,
-    start_host,
+    teardown,
     timed_ready,
 )
-from benchmarks._measure import cpu_seconds, nearest_rank, report, show_problems, sleep
-from vmready.cli.client import Client, LineStream
-from vmready.domain.limits import raise_file_limit
+from benchmarks._measure import (
+    cpu_seconds,
+    memory_mb,
+    nearest_rank,
+    open_files,
+    report,
+    show_problems,
+    sleep,
+)
 
 SCRIPT = os.path.abspath(__file__)
 # Seconds, at most, of random pause before an agent is stopped or started.
@@ -130,12 +126,6 @@ RECONNECT_TIMEOUT = 300.0
 # Creation progress is shown this many times over the run, at least every PROGRESS_MOST VMs.
 PROGRESS_STEPS = 10
 PROGRESS_MOST = 250
-# Open files each VM may cost the process that holds most of them (fakeqemu-host: 9), and
-# a margin.
-FILES_PER_VM = 12
-FILES_MARGIN = 4096
-
-reactor: Any = installed_reactor
 
 # The goals at 1,000 VMs on 2 cores (issue 13): shown beside the figures, not enforced.
 GOAL_READS_PER_S = 10.0
@@ -166,61 +156,15 @@ def figure(value: float, digits: int = 1) -> str:
     return f"{value:.{digits}f}" if math.isfinite(value) else str(value)
 
 
-def memory_mb(pid: int, field: str = "VmRSS") -> float:
-    """``field`` of ``/proc/<pid>/status`` (VmRSS, VmHWM), in MiB."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(f"{field}:"):
-                return int(line.split()[1]) / 1024
-    return math.nan
-
-
-def open_files(pid: int) -> int:
-    """How many file descriptors ``pid`` holds."""
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def raise_files_for(vms: int) -> tuple[int, int]:
-    """Lift this process's open-file limits for ``vms`` VMs (children inherit them).
-
-    The soft limit goes to the hard one, as ``raise_file_limit`` does; the hard
-    one too, up to ``fs.nr_open``, when this process may (root): each VM costs
-    the fakeqemu-host, the daemon and the agent workers several descriptors.
-    """
-    raise_file_limit()
-    wanted = FILES_PER_VM * vms + FILES_MARGIN
-    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    if hard < wanted:
-        # Not allowed (no CAP_SYS_RESOURCE): the children live with the hard limit there is.
-        with contextlib.suppress(OSError, ValueError):
-            with open("/proc/sys/fs/nr_open") as f:
-                ceiling = int(f.read())
-            target = min(wanted, ceiling)
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, target))
-    return resource.getrlimit(resource.RLIMIT_NOFILE)
-
-
 # -- the fleet ------------------------------------------------------------------
 
 
 @attrs.define
-class Fleet:
-    """Everything the measurements share."""
+class LinkFleet(Fleet):
+    """The fleet, which of its VMs have an agent, and when the last VM started."""
 
-    args: argparse.Namespace
-    directory: str
-    data_dir: str
-    children: Children
-    client: Client
-    watch: EventWatch
-    stream: LineStream
-    daemon: Child
-    host: Child
-    workers: list[Child]
     with_agent: list[str] = attrs.field(factory=list)
     agentless: list[str] = attrs.field(factory=list)
-    drives: dict[str, str] = attrs.field(factory=dict)
-    worker_of: dict[str, Child] = attrs.field(factory=dict)
     vms_started_at: float = 0.0
 
     def say(self, line: str) -> None:
@@ -237,53 +181,7 @@ def agentless_names(names: Sequence[str], share: float) -> set[str]:
     }
 
 
-class FileBudget:
-    """Whether the next step fits each process's open-file limit, at the cost seen so far.
-
-    fakeqemu-host holds about 9 descriptors per VM, the daemon about 3, an agent
-    worker about 3 per agent: past the limit a process fails in ways that tell
-    nothing about the agent link, so the fleet stops growing first.
-    """
-
-    # Stop short of the limit by this share: sockets come and go (event streams, PATCHes).
-    HEADROOM = 0.05
-
-    def __init__(self, fleet: Fleet) -> None:
-        self.limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        self.base = {pid: open_files(pid) for pid in self._pids(fleet)}
-
-    def _pids(self, fleet: Fleet) -> list[int]:
-        return [fleet.host.pid, fleet.daemon.pid, *(worker.pid for worker in fleet.workers)]
-
-    def short_of(self, fleet: Fleet, batch: Sequence[str], without: set[str]) -> str | None:
-        """Why ``batch`` would not fit (the first process short of descriptors), or None."""
-        vms = len(fleet.with_agent) + len(fleet.agentless)
-        held = Counter(fleet.worker_of[name].pid for name in fleet.with_agent)
-        coming = Counter(
-            fleet.workers[index % len(fleet.workers)].pid
-            for index, name in enumerate(n for n in batch if n not in without)
-        )
-        units = {fleet.host.pid: (vms, len(batch)), fleet.daemon.pid: (vms, len(batch))}
-        for worker in fleet.workers:
-            units[worker.pid] = (held[worker.pid], coming[worker.pid])
-        labels = {fleet.host.pid: "fakeqemu-host", fleet.daemon.pid: "the daemon"}
-        for pid, (now, more) in units.items():
-            if now == 0:
-                continue
-            current = open_files(pid)
-            each = (current - self.base[pid]) / now
-            expected = current + each * more
-            if expected > (1 - self.HEADROOM) * self.limit:
-                label = labels.get(pid, f"agent worker {pid}")
-                return (
-                    f"{label} holds {current} files ({each:.1f} per "
-                    f"{'VM' if pid in labels else 'agent'}); {len(batch)} more VMs would take it "
-                    f"to about {expected:.0f} of its limit of {self.limit}"
-                )
-        return None
-
-
-async def grow_fleet(fleet: Fleet, names: Sequence[str], without: set[str]) -> None:
+async def grow_fleet(fleet: LinkFleet, names: Sequence[str], without: set[str]) -> None:
     """Create the instances a step at a time, each step's agents CONNECTED before the next.
 
     Agents come up right after their VMs, as in a real fleet; it also keeps the
@@ -302,7 +200,8 @@ async def grow_fleet(fleet: Fleet, names: Sequence[str], without: set[str]) -> N
             report(f"  --setup-limit {limit:g} s reached: the fleet is {done} of {len(names)} VMs")
             break
         batch = names[done : done + step]
-        short = files.short_of(fleet, batch, without)
+        vms = len(fleet.with_agent) + len(fleet.agentless)
+        short = files.short_of(fleet, vms, fleet.with_agent, batch, without)
         if short is not None:
             report(f"  {short}: the fleet is {done} of {len(names)} VMs")
             break
@@ -328,40 +227,22 @@ async def grow_fleet(fleet: Fleet, names: Sequence[str], without: set[str]) -> N
     fleet.vms_started_at = time.perf_counter()
 
 
-async def build(args: argparse.Namespace, children: Children, directory: str) -> Fleet:
-    """Host, daemon, event stream, workers; the instances created, their agents CONNECTED."""
-    host, control = await start_host(children, directory)
-    data_dir = os.path.join(directory, "d")
-    os.makedirs(data_dir, mode=0o700)
-    environment = dict(os.environ)
-    environment.pop("FAKEQEMU_GUEST_DIR", None)
-    environment["FAKEQEMU_HOST"] = control
-    daemon = children.spawn_role("daemon", "daemon", data_dir, env=environment)
-    await daemon.call("ready", timeout=START_TIMEOUT)
-    client = Client(reactor, os.path.join(data_dir, "vmready.sock"))
-    watch = EventWatch()
-    stream = await client.events(["lifecycle"], watch.on_event)
-    workers = [
-        children.spawn_role(f"agents{index}", "agents", directory)
-        for index in range(args.agent_workers)
-    ]
-    fleet = Fleet(
-        args, directory, data_dir, children, client, watch, stream, daemon, host, workers
-    )
+async def build(fleet: LinkFleet) -> None:
+    """The instances created, their agents CONNECTED."""
+    args = fleet.args
     names = [f"l{index}" for index in range(args.vms)]
     without = agentless_names(names, args.agentless_share)
     report(
         f"vmready agent-link benchmark: {plural(args.vms, 'VM')} in one fakeqemu-host "
-        f"(pid {host.pid}), {len(names) - len(without)} with an agent, {len(without)} "
-        f"without; daemon pid {daemon.pid} (VMReadyService as twistd builds it, default "
-        f"options); {len(workers)} agent worker processes; {os.cpu_count()} CPUs; "
+        f"(pid {fleet.host.pid}), {len(names) - len(without)} with an agent, {len(without)} "
+        f"without; daemon pid {fleet.daemon.pid} (VMReadyService as twistd builds it, default "
+        f"options); {len(fleet.workers)} agent worker processes; {os.cpu_count()} CPUs; "
         f"open-file limits {resource.getrlimit(resource.RLIMIT_NOFILE)}"
     )
     report("\nset-up")
     await grow_fleet(fleet, names, without)
-    statuses = await daemon.call("reads")
+    statuses = await fleet.daemon.call("reads")
     report(f"  the daemon's agent statuses: {statuses['statuses']}")
-    return fleet
 
 
 # -- the measurements ---------------------------------------------------------------
@@ -386,7 +267,7 @@ def reads_in(before: dict[str, int], after: dict[str, int], names: Sequence[str]
     return total
 
 
-async def measure_idle(fleet: Fleet) -> Idle:
+async def measure_idle(fleet: LinkFleet) -> Idle:
     """Reads per group, daemon CPU and RSS over ``--window`` quiet seconds."""
     window = fleet.args.window
     pids = {"daemon": fleet.daemon.pid, "fakeqemu-host": fleet.host.pid}
@@ -437,7 +318,7 @@ async def measure_idle(fleet: Fleet) -> Idle:
     return idle
 
 
-async def say_gc_pauses(fleet: Fleet, since: float, what: str) -> None:
+async def say_gc_pauses(fleet: LinkFleet, since: float, what: str) -> None:
     """The daemon's garbage-collector pauses of 5 ms or more since ``since`` (its clock)."""
     answer = await fleet.daemon.call("gc", since=since)
     pauses = answer["pauses"]
@@ -451,7 +332,7 @@ async def say_gc_pauses(fleet: Fleet, since: float, what: str) -> None:
     )
 
 
-async def measure_ready(fleet: Fleet) -> list[float]:
+async def measure_ready(fleet: LinkFleet) -> list[float]:
     """Guest PATCH Ready → waiting client, one at a time on different connected instances."""
     count = fleet.args.ready_samples
     names = fleet.with_agent
@@ -498,7 +379,7 @@ class Cycle:
     reconnected: float = math.inf
 
 
-async def stop_one(fleet: Fleet, name: str) -> Cycle:
+async def stop_one(fleet: LinkFleet, name: str) -> Cycle:
     """Stop ``name``'s agent after a random pause; the time until the daemon announced it."""
     result = Cycle()
     await sleep(random.uniform(0.0, PHASE_JITTER))
@@ -517,7 +398,7 @@ async def stop_one(fleet: Fleet, name: str) -> Cycle:
     return result
 
 
-async def restart_one(fleet: Fleet, name: str, result: Cycle) -> None:
+async def restart_one(fleet: LinkFleet, name: str, result: Cycle) -> None:
     """Start ``name``'s agent again; the time until the daemon announced it CONNECTED."""
     await sleep(random.uniform(0.0, PHASE_JITTER))
     event = fleet.watch.expect(name, "instance-agent-connected", RECONNECT_TIMEOUT)
@@ -532,7 +413,7 @@ async def restart_one(fleet: Fleet, name: str, result: Cycle) -> None:
         report(f"  no instance-agent-connected for {name}: {type(e).__name__}: {e}")
 
 
-async def measure_stopped(fleet: Fleet) -> list[float]:
+async def measure_stopped(fleet: LinkFleet) -> list[float]:
     """``--cycles`` agents stop (``--wave`` at a time), then start again."""
     names = fleet.with_agent
     cycles = min(fleet.args.cycles, len(names))
@@ -572,30 +453,12 @@ async def measure_stopped(fleet: Fleet) -> list[float]:
 # -- the run ---------------------------------------------------------------------
 
 
-async def teardown(fleet: Fleet | None, children: Children, directory: str) -> None:
-    """Stop the agents, then every child; show what they logged as problems."""
-    started = time.perf_counter()
-    if fleet is not None:
-        for worker in fleet.workers:
-            if worker.running:
-                try:
-                    await worker.call("stop_all", timeout=STOP_TIMEOUT)
-                except Exception as e:
-                    report(f"  stopping {worker.label}: {e}")
-        fleet.stream.close()
-        await fleet.stream.ended
-    for child in reversed(children.started):
-        await child.terminate()
-    report("\nwarnings and errors the children logged")
-    log_problems(directory)
-    report(f"\nteardown: {time.perf_counter() - started:.1f} s")
-
-
 async def run(args: argparse.Namespace, children: Children, directory: str) -> str:
     """Set up, settle, measure; the last line."""
-    fleet: Fleet | None = None
+    fleet: LinkFleet | None = None
     try:
-        fleet = await build(args, children, directory)
+        fleet = await LinkFleet.start(args, children, directory)
+        await build(fleet)
         report(f"\nsettling {args.settle:g} s")
         await sleep(args.settle)
         since = time.perf_counter()
@@ -652,36 +515,17 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the benchmark (or, with ``--role``, one of its child processes)."""
     args = parse(argv)
-    if args.role == "daemon":
-        run_daemon(args.role_directory)
-        return
-    if args.role == "agents":
-        run_agents(args.role_directory)
+    if run_roles(args.role, args.role_directory, {}):
         return
     raise_files_for(args.vms)
     globalLogPublisher.addObserver(show_problems)
-    directory = tempfile.mkdtemp(prefix="vmrl-", dir="/tmp")
-    children = Children(directory, SCRIPT)
     started = time.perf_counter()
-    last: list[str] = []
-
-    async def entry() -> None:
-        last.append(await run(args, children, directory))
-
-    code: str | int | None = 0
-    try:
-        task.react(lambda _reactor: Deferred.fromCoroutine(entry()), [])
-    except SystemExit as e:
-        code = e.code
-    finally:
-        children.kill_left_over()
-        if args.keep:
-            report(f"kept {directory}")
-        else:
-            shutil.rmtree(directory, ignore_errors=True)
+    last, code = run_parent(
+        SCRIPT, "vmrl-", args.keep, lambda children, directory: run(args, children, directory)
+    )
     report(f"\ntotal: {time.perf_counter() - started:.0f} s")
-    for line in last:
-        report(line)
+    if last is not None:
+        report(last)
     sys.exit(code)
 
 

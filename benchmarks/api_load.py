@@ -59,9 +59,9 @@ from twisted.trial.unittest import SkipTest
 
 from benchmarks._clusterworld import Cluster
 from benchmarks._fleet import create_all
-from benchmarks._measure import nearest_rank, react, reactor, report, sleep
+from benchmarks._measure import nearest_rank, react, reactor, report, sleep, status_kib
 from benchmarks.crash import Daemon
-from benchmarks.lifecycle import Processes, proc_status_kib, start_host
+from benchmarks.lifecycle import Processes, start_host
 from tests.postgres import postgres_server
 from vmready.cli.client import APIError, Client, LineStream, instance_path
 from vmready.cli.errors import CommandError
@@ -210,7 +210,7 @@ class RSS:
         largest = 0.0
         for pid in self.pids:
             with contextlib.suppress(OSError, RuntimeError):
-                largest = max(largest, proc_status_kib(pid, "VmRSS") / 1024)
+                largest = max(largest, status_kib(pid, "VmRSS") / 1024)
         self.samples.append((time.monotonic() - self.started, largest))
 
     def at(self, seconds: float) -> float:

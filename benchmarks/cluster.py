@@ -199,6 +199,42 @@ def _event_time(event: dict[str, Any]) -> float:
     return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
 
 
+def _measure_fanout(
+    members: list[Member], streams: list[EventStream], owned: dict[str, list[str]], events: int
+) -> None:
+    """``events`` config changes on the first member: each event's latency on each member."""
+    first = members[0]
+    before = [len(_updates(stream)) for stream in streams]
+    for index in range(events):
+        _patch(first.socket_path, owned[first.name][index % len(owned[first.name])], str(index))
+    _wait_for(streams, [count + events for count in before])
+    for member, stream, skip in zip(members, streams, before, strict=True):
+        latencies = [arrived - _event_time(event) for arrived, event in _updates(stream)[skip:]]
+        where = "local" if member is first else "relayed"
+        print(
+            f"fanout member={member.name} ({where}) events={len(latencies)} "
+            + _percentiles(latencies)
+        )
+
+
+def _measure_forwarding(members: list[Member], owned: dict[str, list[str]], requests: int) -> None:
+    """``requests`` changes of one instance, alternately local and forwarded."""
+    first = members[0]
+    target = owned[first.name][0]
+    local: list[float] = []
+    forwarded: list[float] = []
+    for index in range(requests):
+        via, samples = (first, local) if index % 2 == 0 else (members[1], forwarded)
+        sent = time.perf_counter()
+        _patch(via.socket_path, target, f"r{index}")
+        samples.append(time.perf_counter() - sent)
+    print(f"action local requests={len(local)} " + _percentiles(local))
+    print(f"action forwarded requests={len(forwarded)} " + _percentiles(forwarded))
+    p50 = statistics.median(forwarded) - statistics.median(local)
+    p99 = _p99(forwarded) - _p99(local)
+    print(f"forward_overhead p50_ms={p50 * 1000:.2f} p99_ms={p99 * 1000:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--members", type=int, default=3, choices=(2, 3))
@@ -226,36 +262,8 @@ def main() -> None:
         streams = [EventStream(member.socket_path) for member in members]
         time.sleep(1.0)  # let start-up events pass before counting
 
-        first = members[0]
-        before = [len(_updates(stream)) for stream in streams]
-        for index in range(args.events):
-            _patch(
-                first.socket_path, owned[first.name][index % len(owned[first.name])], str(index)
-            )
-        _wait_for(streams, [count + args.events for count in before])
-        for member, stream, skip in zip(members, streams, before, strict=True):
-            latencies = [
-                arrived - _event_time(event) for arrived, event in _updates(stream)[skip:]
-            ]
-            where = "local" if member is first else "relayed"
-            print(
-                f"fanout member={member.name} ({where}) events={len(latencies)} "
-                + _percentiles(latencies)
-            )
-
-        target = owned[first.name][0]
-        local: list[float] = []
-        forwarded: list[float] = []
-        for index in range(args.requests):
-            via, samples = (first, local) if index % 2 == 0 else (members[1], forwarded)
-            sent = time.perf_counter()
-            _patch(via.socket_path, target, f"r{index}")
-            samples.append(time.perf_counter() - sent)
-        print(f"action local requests={len(local)} " + _percentiles(local))
-        print(f"action forwarded requests={len(forwarded)} " + _percentiles(forwarded))
-        p50 = statistics.median(forwarded) - statistics.median(local)
-        p99 = _p99(forwarded) - _p99(local)
-        print(f"forward_overhead p50_ms={p50 * 1000:.2f} p99_ms={p99 * 1000:.2f}")
+        _measure_fanout(members, streams, owned, args.events)
+        _measure_forwarding(members, owned, args.requests)
     finally:
         for stream in streams:
             stream.close()

@@ -56,10 +56,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 from twisted.internet.task import LoopingCall
 
 from benchmarks._crashworld import (
     Guests,
+    Row,
     committed_rows,
     kill_vms,
     run_dir_of,
@@ -355,72 +357,97 @@ async def ready_problems(fleet: Fleet, guests: Guests, timeout: float) -> list[s
         await sleep(POLL_SECONDS * 5)
 
 
+_PROBLEMS = ("lost", "stuck", "inconsistent")
+
+
+@attrs.define
+class Kills:
+    """The run of kills: the daemon of the moment, what was fired, what was found."""
+
+    args: argparse.Namespace
+    data_dir: str
+    client: Client
+    fleet: Fleet
+    guests: Guests
+    rng: random.Random
+    daemon: Daemon
+    starts: int = 0
+    totals: dict[str, int] = attrs.field(factory=lambda: dict.fromkeys(_PROBLEMS, 0))
+
+    async def kill_once(self, kill: int) -> None:
+        """A burst of actions, ``kill -9`` after a random delay, a new daemon; what it shows."""
+        args, fleet = self.args, self.fleet
+        fleet.fired = []
+        for _ in range(self.rng.randint(1, args.burst)):
+            await fleet.fire(self.rng, await fleet.instances())
+            await sleep(self.rng.uniform(0, 0.05))
+        delay = self.rng.uniform(0, args.max_delay)
+        await sleep(delay)
+        self.daemon.kill9()
+        tracebacks = self.daemon.tracebacks()
+        rows = committed_rows(os.path.join(self.data_dir, "vmready.sqlite"))
+        self.starts += 1
+        self.daemon = Daemon(self.data_dir, self.starts)
+        recovered = await self.daemon.recovered(self.client)
+        instances, settled = await settle(fleet, args.settle)
+        listed = {i["name"] for i in instances}
+        expected = (fleet.created | set(rows)) - fleet.delete_sent
+        found = {
+            "lost": sorted(expected - listed),
+            "stuck": [f"{i['name']}: {i['task_state']}" for i in instances if i["task_state"]],
+            "inconsistent": await consistent(self.data_dir, fleet, 5.0)
+            + await ready_problems(fleet, self.guests, args.ready_timeout),
+        }
+        fleet.created -= set(found["lost"])  # counted once
+        for what, items in found.items():
+            self.totals[what] += len(items)
+        mid = sorted(f"{r.name}:{r.task_state}" for r in rows.values() if r.task_state)
+        errors = sum(i["vm_state"] == "error" for i in instances)
+        report(
+            f"kill {kill}: {len(fleet.fired)} actions, +{delay:.2f}s, mid-task {mid or '-'}; "
+            f"recovered in {recovered:.1f}s, settled {settled:.1f}s; "
+            f"{len(instances)} instances, {errors} in error"
+        )
+        if args.verbose:
+            report(f"  fired {fleet.fired}")
+        if any(found.values()) or tracebacks:
+            self.show_problems(kill, rows, found, tracebacks)
+
+    def show_problems(
+        self, kill: int, rows: dict[str, Row], found: dict[str, list[str]], tracebacks: int
+    ) -> None:
+        """What was fired and committed at a kill that left a problem, and each problem."""
+        report(f"  seed {self.args.seed}, kill {kill}: fired {self.fleet.fired}")
+        report(f"  committed at the kill: {sorted(map(str, rows.values()))}")
+        for what, items in found.items():
+            for item in items:
+                report(f"  {what}: {item}")
+        if tracebacks:
+            report(
+                f"  the killed daemon logged {tracebacks} tracebacks "
+                f"(twistd-{self.starts - 1}.log)"
+            )
+
+
 async def run(args: argparse.Namespace, directory: str, guests: Guests, out: list[str]) -> None:
     rng = random.Random(args.seed)
     data_dir = directory
-    starts = 0
-    daemon = Daemon(data_dir, starts)
     client = Client(reactor, os.path.join(data_dir, "vmready.sock"))
     fleet = Fleet(client, guests, data_dir, args.vms)
+    kills = Kills(args, data_dir, client, fleet, guests, rng, Daemon(data_dir, 0))
     syncing = LoopingCall(guests.sync)
     syncing.clock = reactor
     syncing.start(GUEST_SYNC_SECONDS)
     try:
-        await daemon.recovered(client)
+        await kills.daemon.recovered(client)
         for _ in range(args.vms):
             await fleet.launch(rng)
         await settle(fleet, args.settle)
-        totals = {"lost": 0, "stuck": 0, "inconsistent": 0}
         began = time.monotonic()
         for kill in range(1, args.kills + 1):
-            fleet.fired = []
-            for _ in range(rng.randint(1, args.burst)):
-                await fleet.fire(rng, await fleet.instances())
-                await sleep(rng.uniform(0, 0.05))
-            delay = rng.uniform(0, args.max_delay)
-            await sleep(delay)
-            daemon.kill9()
-            tracebacks = daemon.tracebacks()
-            rows = committed_rows(os.path.join(data_dir, "vmready.sqlite"))
-            starts += 1
-            daemon = Daemon(data_dir, starts)
-            recovered = await daemon.recovered(client)
-            instances, settled = await settle(fleet, args.settle)
-            listed = {i["name"] for i in instances}
-            expected = (fleet.created | set(rows)) - fleet.delete_sent
-            lost = sorted(expected - listed)
-            stuck = [f"{i['name']}: {i['task_state']}" for i in instances if i["task_state"]]
-            inconsistent = await consistent(data_dir, fleet, 5.0)
-            inconsistent += await ready_problems(fleet, guests, args.ready_timeout)
-            fleet.created -= set(lost)  # counted once
-            totals["lost"] += len(lost)
-            totals["stuck"] += len(stuck)
-            totals["inconsistent"] += len(inconsistent)
-            mid = sorted(f"{r.name}:{r.task_state}" for r in rows.values() if r.task_state)
-            errors = sum(i["vm_state"] == "error" for i in instances)
-            report(
-                f"kill {kill}: {len(fleet.fired)} actions, +{delay:.2f}s, mid-task {mid or '-'}; "
-                f"recovered in {recovered:.1f}s, settled {settled:.1f}s; "
-                f"{len(instances)} instances, {errors} in error"
-            )
-            if args.verbose:
-                report(f"  fired {fleet.fired}")
-            if lost or stuck or inconsistent or tracebacks:
-                report(f"  seed {args.seed}, kill {kill}: fired {fleet.fired}")
-                report(f"  committed at the kill: {sorted(map(str, rows.values()))}")
-                for what, items in (
-                    ("lost", lost),
-                    ("stuck", stuck),
-                    ("inconsistent", inconsistent),
-                ):
-                    for item in items:
-                        report(f"  {what}: {item}")
-                if tracebacks:
-                    report(
-                        f"  the killed daemon logged {tracebacks} tracebacks "
-                        f"(twistd-{starts - 1}.log)"
-                    )
+            await kills.kill_once(kill)
         report(f"time: {time.monotonic() - began:.0f} s for {args.kills} kills")
+        totals = kills.totals
         out.append(
             f"kills={args.kills} lost={totals['lost']} stuck={totals['stuck']} "
             f"inconsistent={totals['inconsistent']}"
@@ -428,7 +455,7 @@ async def run(args: argparse.Namespace, directory: str, guests: Guests, out: lis
     finally:
         if syncing.running:
             syncing.stop()
-        daemon.kill9()
+        kills.daemon.kill9()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

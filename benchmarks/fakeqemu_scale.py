@@ -27,6 +27,7 @@ from typing import Any
 from twisted.internet import task
 from twisted.internet.defer import Deferred, gatherResults
 
+from benchmarks._measure import mib, open_files, status_kib
 from fakeqemu._hostclient import HostClient, HostUnreachable
 from vmready.domain.limits import raise_file_limit
 from vmready.domain.reactor import default_reactor
@@ -70,25 +71,6 @@ def vm_arguments(index: int, qmp: str) -> list[str]:
         "virtserialport,name=org.linuxcontainers.lxd,bus=vs0.0",
         "-daemonize",
     ]
-
-
-def rss_kib(pid: int) -> int:
-    """Resident set size of ``pid`` in KiB, from /proc/<pid>/status."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no VmRSS for pid {pid}")
-
-
-def open_fds(pid: int) -> int:
-    """How many file descriptors ``pid`` holds."""
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def mib(kib: float) -> str:
-    """KiB as a MiB figure."""
-    return f"{kib / 1024:.1f} MiB"
 
 
 def wait_for_host(control: str, host: subprocess.Popen[bytes]) -> None:
@@ -146,7 +128,7 @@ async def measure_monitors(
         )
         clients = list(connected)
         report(f"QMP connect:        {len(clients)} monitors negotiated in {seconds:.2f} s")
-        report(f"host fds connected: {open_fds(host_pid)} with every monitor connected")
+        report(f"host fds connected: {open_files(host_pid)} with every monitor connected")
 
         def read(client: QMPClientProtocol) -> Deferred[Any]:
             return client.execute("ringbuf-read", {"device": RING, "size": RING_SIZE})
@@ -164,7 +146,7 @@ async def measure_monitors(
             f"ringbuf-read round: {len(clients)} reads one at a time:    {seconds:.3f} s "
             f"({seconds / len(clients) * 1000:.2f} ms per read)"
         )
-        report(f"host RSS connected: {mib(rss_kib(host_pid))} with every monitor connected")
+        report(f"host RSS connected: {mib(status_kib(host_pid))} with every monitor connected")
     finally:
         for client in clients:
             client.close()
@@ -199,14 +181,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"fakeqemu scale: {args.vms} VMs on one fakeqemu-host (pid {host.pid}), "
             f"{os.cpu_count()} CPUs, {args.launchers} launchers at once"
         )
-        baseline_rss, baseline_fds = rss_kib(host.pid), open_fds(host.pid)
+        baseline_rss, baseline_fds = status_kib(host.pid), open_files(host.pid)
         sockets = [os.path.join(directory, f"vm{index}.qmp") for index in range(args.vms)]
         seconds = launch_all(control, sockets, args.launchers)
         report(
             f"launch:             {args.vms} VMs in {seconds:.1f} s "
             f"({args.vms / seconds:.1f} VMs/s, each by its own fakeqemu-system-x86_64)"
         )
-        rss, fds = rss_kib(host.pid), open_fds(host.pid)
+        rss, fds = status_kib(host.pid), open_files(host.pid)
         report(
             f"host RSS:           {mib(baseline_rss)} empty, {mib(rss)} with {args.vms} VMs: "
             f"{(rss - baseline_rss) / args.vms:.1f} KiB per VM"

@@ -57,6 +57,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from benchmarks._measure import cpu_seconds
 from vmready.domain.reactor import default_reactor
 
 SCRIPT = os.path.abspath(__file__)
@@ -168,43 +169,17 @@ def run_bare(
 ) -> None:
     """``--role bare``: a plain twisted.web Site behind the daemon's mutual TLS, nothing else."""
     from twisted.internet.defer import Deferred
-    from twisted.protocols.tls import TLSMemoryBIOFactory
-    from twisted.web.resource import Resource
-    from twisted.web.server import Request, Site
 
+    from benchmarks._bareserver import bare_site
     from vmready.agentlink.hvsock import HybridVSockServerEndpoint
     from vmready.agentlink.vsockaddress import HybridVSockAddress
-    from vmready.trust.certs import SERVER_CERT, SERVER_KEY, CertificatePair, fingerprint
-    from vmready.trust.tls import MutualServerTLS
 
     reactor = default_reactor()
 
-    class FixedAnswer(Resource):
-        """Every GET answers the same JSON bytes."""
-
-        isLeaf = True
-
-        def __init__(self, body: bytes) -> None:
-            super().__init__()
-            self.body = body
-
-        def render_GET(self, request: Request) -> bytes:
-            request.setHeader(b"Content-Type", b"application/json")
-            return self.body
-
     _log_to(os.path.join(directory, "bare-server.log"))
-    with open(os.path.join(data_dir, SERVER_CERT), "rb") as c:
-        cert_pem = c.read()
-    with open(os.path.join(data_dir, SERVER_KEY), "rb") as k:
-        key_pem = k.read()
-    with open(os.path.join(drive, "agent.crt"), "rb") as f:
-        allowed = fingerprint(f.read())
     with open(body_path, "rb") as f:
         body = f.read()
-    tls = MutualServerTLS(
-        CertificatePair(cert_pem, key_pem), lambda pem: fingerprint(pem) == allowed
-    )
-    factory = TLSMemoryBIOFactory(tls, False, Site(FixedAnswer(body)))
+    factory = bare_site(data_dir, os.path.join(drive, "agent.crt"), body)
     path = os.path.join(directory, "bare.sock")
 
     async def listen() -> None:
@@ -268,13 +243,6 @@ def fetch_once(drive: str, path: str, port: int) -> tuple[int, bytes]:
 
 
 # -- the parent ----------------------------------------------------------------------
-
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time ``pid`` has used."""
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        fields = f.read().rpartition(b")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Server:
@@ -355,7 +323,8 @@ def median(rounds: Sequence[Round]) -> Round:
     return sorted(rounds, key=lambda r: r.rate)[(len(rounds) - 1) // 2]
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line (the roles' options are hidden)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--role", choices=("guest", "bare"), help=argparse.SUPPRESS)
     parser.add_argument("--directory", help=argparse.SUPPRESS)
@@ -379,91 +348,105 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--profile", help="cProfile each server into PROFILE.guest and PROFILE.bare"
     )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def start_servers(
+    args: argparse.Namespace, directory: str, servers: list[Server]
+) -> tuple[Server, Server, str]:
+    """The guest API's server, then the bare one answering its body: (guest, bare, drive)."""
+
+    def profile(label: str) -> list[str]:
+        return ["--profile", f"{os.path.abspath(args.profile)}.{label}"] if args.profile else []
+
+    guest = Server(
+        "guest", ["--role", "guest", "--directory", directory, *profile("guest")], directory
+    )
+    servers.append(guest)
+    if args.pin:
+        os.sched_setaffinity(guest.pid, SERVER_CPUS)
+    drive = guest.facts["drive"]
+    status, body = fetch_once(drive, guest.facts["path"], guest.facts["port"])
+    if status != 200:
+        raise SystemExit(f"the guest API answered {status}: {body!r}")
+    body_path = os.path.join(directory, "body.json")
+    with open(body_path, "wb") as f:
+        f.write(body)
+    where = ["--directory", directory, "--data-dir", guest.facts["data_dir"]]
+    bare = Server(
+        "bare",
+        ["--role", "bare", *where, "--drive", drive, "--body", body_path, *profile("bare")],
+        directory,
+    )
+    servers.append(bare)
+    if args.pin:
+        os.sched_setaffinity(bare.pid, SERVER_CPUS)
+    _, bare_body = fetch_once(drive, bare.facts["path"], bare.facts["port"])
+    print(
+        f"guest API GET /1.0 against a bare twisted.web Site behind the same MutualServerTLS "
+        f"({'the same' if bare_body == body else 'DIFFERENT'} {len(body)} body bytes); "
+        f"a new mutual-TLS connection per request (the agent's client code); "
+        f"{args.rounds} rounds of {args.seconds:g} s per server, alternating; median round",
+        flush=True,
+    )
+    return guest, bare, drive
+
+
+def compare(
+    args: argparse.Namespace, guest: Server, bare: Server, drive: str, in_flight: int
+) -> tuple[float, float]:
+    """``--rounds`` rounds of each server with ``in_flight`` requests; the medians' rates."""
+    workers = min(args.client_processes, in_flight)
+    results: dict[str, list[Round]] = {"guest": [], "bare": []}
+    context = multiprocessing.get_context("fork")
+    # The clients yield to the servers (nice), so that the server is the limit where the
+    # machine allows, and keep off the servers' CPU.
+    with context.Pool(workers, initializer=_client_worker, initargs=(bool(args.pin),)) as pool:
+        for _ in range(args.rounds):
+            for server in (guest, bare):
+                run_round(pool, server, drive, WARM_UP, in_flight, workers)
+                results[server.label].append(
+                    run_round(pool, server, drive, args.seconds, in_flight, workers)
+                )
+    for label, rounds in results.items():
+        middle = median(rounds)
+        errors = sum(r.errors for r in rounds)
+        print(
+            f"  {in_flight} in flight ({workers} client processes), {label:5}: "
+            f"{middle.rate:6.0f} req/s, server {1e3 * middle.cpu_per_request:.2f} ms "
+            f"CPU/request ({100 * middle.server_cpu / middle.seconds:.0f}% of a CPU); "
+            f"range {min(r.rate for r in rounds):.0f}-{max(r.rate for r in rounds):.0f}"
+            + (f"; {errors} errors" if errors else ""),
+            flush=True,
+        )
+    g, b = median(results["guest"]), median(results["bare"])
+    # The least disturbed round of each (this machine is shared) says it with less noise.
+    least = {label: min(r.cpu_per_request for r in rounds) for label, rounds in results.items()}
+    print(
+        f"  {in_flight} in flight: ratio guest/bare {g.rate / b.rate:.2f} req/s, "
+        f"{b.cpu_per_request / g.cpu_per_request:.2f} by server CPU per request "
+        f"({least['bare'] / least['guest']:.2f} in each one's least CPU round)",
+        flush=True,
+    )
+    return g.rate, b.rate
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse(argv)
     if args.role == "guest":
         run_guest(args.directory, args.profile)
         return
     if args.role == "bare":
         run_bare(args.directory, args.data_dir, args.drive, args.body, args.profile)
         return
-
     directory = tempfile.mkdtemp(prefix="vmr-guest-tls-")
     servers: list[Server] = []
     try:
-
-        def profile(label: str) -> list[str]:
-            return (
-                ["--profile", f"{os.path.abspath(args.profile)}.{label}"] if args.profile else []
-            )
-
-        guest = Server(
-            "guest", ["--role", "guest", "--directory", directory, *profile("guest")], directory
-        )
-        servers.append(guest)
-        pin = bool(args.pin)
-        if pin:
-            os.sched_setaffinity(guest.pid, SERVER_CPUS)
-        drive = guest.facts["drive"]
-        status, body = fetch_once(drive, guest.facts["path"], guest.facts["port"])
-        if status != 200:
-            raise SystemExit(f"the guest API answered {status}: {body!r}")
-        body_path = os.path.join(directory, "body.json")
-        with open(body_path, "wb") as f:
-            f.write(body)
-        where = ["--directory", directory, "--data-dir", guest.facts["data_dir"]]
-        bare = Server(
-            "bare",
-            ["--role", "bare", *where, "--drive", drive, "--body", body_path, *profile("bare")],
-            directory,
-        )
-        servers.append(bare)
-        if pin:
-            os.sched_setaffinity(bare.pid, SERVER_CPUS)
-        _, bare_body = fetch_once(drive, bare.facts["path"], bare.facts["port"])
-        print(
-            f"guest API GET /1.0 against a bare twisted.web Site behind the same MutualServerTLS "
-            f"({'the same' if bare_body == body else 'DIFFERENT'} {len(body)} body bytes); "
-            f"a new mutual-TLS connection per request (the agent's client code); "
-            f"{args.rounds} rounds of {args.seconds:g} s per server, alternating; median round",
-            flush=True,
-        )
-        ratios: dict[int, tuple[float, float]] = {}
-        context = multiprocessing.get_context("fork")
-        for in_flight in sorted({1, args.concurrency}):
-            workers = min(args.client_processes, in_flight)
-            results: dict[str, list[Round]] = {"guest": [], "bare": []}
-            # The clients yield to the servers (nice), so that the server is the limit where
-            # the machine allows, and keep off the servers' CPU.
-            with context.Pool(workers, initializer=_client_worker, initargs=(pin,)) as pool:
-                for _ in range(args.rounds):
-                    for server in (guest, bare):
-                        run_round(pool, server, drive, WARM_UP, in_flight, workers)
-                        results[server.label].append(
-                            run_round(pool, server, drive, args.seconds, in_flight, workers)
-                        )
-            for label, rounds in results.items():
-                middle = median(rounds)
-                errors = sum(r.errors for r in rounds)
-                print(
-                    f"  {in_flight} in flight ({workers} client processes), {label:5}: "
-                    f"{middle.rate:6.0f} req/s, server {1e3 * middle.cpu_per_request:.2f} ms "
-                    f"CPU/request ({100 * middle.server_cpu / middle.seconds:.0f}% of a CPU); "
-                    f"range {min(r.rate for r in rounds):.0f}-{max(r.rate for r in rounds):.0f}"
-                    + (f"; {errors} errors" if errors else ""),
-                    flush=True,
-                )
-            g, b = median(results["guest"]), median(results["bare"])
-            ratios[in_flight] = (g.rate, b.rate)
-            # The least disturbed round of each (this machine is shared) says it with less noise.
-            least = {
-                label: min(r.cpu_per_request for r in rounds) for label, rounds in results.items()
-            }
-            print(
-                f"  {in_flight} in flight: ratio guest/bare {g.rate / b.rate:.2f} req/s, "
-                f"{b.cpu_per_request / g.cpu_per_request:.2f} by server CPU per request "
-                f"({least['bare'] / least['guest']:.2f} in each one's least CPU round)",
-                flush=True,
-            )
+        guest, bare, drive = start_servers(args, directory, servers)
+        ratios = {
+            in_flight: compare(args, guest, bare, drive, in_flight)
+            for in_flight in sorted({1, args.concurrency})
+        }
         guest_rps, bare_rps = ratios[max(ratios)]
         ratio = guest_rps / bare_rps
         print(f"guest_rps={guest_rps:.0f} bare_rps={bare_rps:.0f} ratio={ratio:.2f}")

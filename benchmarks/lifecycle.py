@@ -51,7 +51,17 @@ from twisted.internet import task
 from twisted.internet.defer import Deferred, DeferredSemaphore, TimeoutError, gatherResults
 from twisted.logger import globalLogPublisher
 
-from benchmarks._measure import cpu_seconds, ms, nearest_rank, report, show_problems, sleep
+from benchmarks._measure import (
+    cpu_seconds,
+    mib,
+    ms,
+    nearest_rank,
+    open_files,
+    report,
+    show_problems,
+    sleep,
+    status_kib,
+)
 from fakeqemu._hostclient import HostClient, HostUnreachable
 from vmready.cli.client import Client
 from vmready.cli.errors import CommandError
@@ -80,25 +90,6 @@ T = TypeVar("T")
 
 
 # -- figures ------------------------------------------------------------------
-
-
-def proc_status_kib(pid: int, field: str) -> int:
-    """A KiB field (``VmHWM``, ``VmRSS``) of /proc/<pid>/status."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no {field} for pid {pid}")
-
-
-def open_fds(pid: int) -> int:
-    """How many file descriptors ``pid`` holds."""
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def mib(kib: float) -> str:
-    """KiB as a MiB figure."""
-    return f"{kib / 1024:.1f} MiB"
 
 
 async def timed(step: Awaitable[T]) -> tuple[float, T]:
@@ -361,13 +352,13 @@ async def measure_count(
         if failures:
             report(f"  failed:        {len(failures)}, e.g. {failures[0]}")
 
-        running_hwm = proc_status_kib(daemon.pid, "VmHWM")
+        running_hwm = status_kib(daemon.pid, "VmHWM")
         before = cpu_seconds(daemon.pid)
         await sleep(args.idle_seconds)
         used = cpu_seconds(daemon.pid) - before
         report(
             f"  daemon RSS:    peak (VmHWM) {mib(running_hwm)} after launching; "
-            f"{mib(proc_status_kib(daemon.pid, 'VmRSS'))} now, {open_fds(daemon.pid)} fds"
+            f"{mib(status_kib(daemon.pid, 'VmRSS'))} now, {open_files(daemon.pid)} fds"
         )
         report(
             f"  idle CPU:      {used:.2f} CPU s in {args.idle_seconds:g} s = "
@@ -451,7 +442,7 @@ async def measure_start(processes: Processes, directory: str, rows: int) -> None
             report(
                 f"  {count:>6,} rows:   API answers after {answered:.2f} s, "
                 f"recovery logged after {recovered:.2f} s; "
-                f"peak RSS {mib(proc_status_kib(daemon.pid, 'VmHWM'))}"
+                f"peak RSS {mib(status_kib(daemon.pid, 'VmHWM'))}"
             )
         finally:
             await daemon.stop()

@@ -79,82 +79,54 @@ import argparse
 import json
 import os
 import random
-import shutil
-import tempfile
+import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
 
 import attrs
-from twisted.internet import reactor as installed_reactor
-from twisted.internet import task
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.endpoints import wrapClientTLS
 from twisted.logger import LogLevel, globalLogPublisher
-from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.web.client import Agent, readBody
 from twisted.web.iweb import IAgent
-from twisted.web.resource import Resource
-from twisted.web.server import Request, Site
 
+from benchmarks._bareserver import bare_site
+from benchmarks._children import Children, log_to, serve_control
 from benchmarks._fleet import (
     CREATE_CONCURRENCY,
     EVENT_TIMEOUT,
-    START_TIMEOUT,
-    STOP_TIMEOUT,
-    Child,
-    Children,
-    EventWatch,
+    Fleet,
     OneEndpoint,
     create_all,
     devlxd_socket,
     find_drives,
-    log_problems,
-    log_to,
     notify,
     p50_p99,
     plural,
-    run_agents,
-    run_daemon,
-    serve_control,
+    run_parent,
+    run_roles,
     start_agents,
-    start_host,
+    teardown,
     timed_ready,
 )
-from benchmarks._measure import cpu_seconds, report, show_problems, sleep
+from benchmarks._measure import cpu_seconds, reactor, report, show_problems, sleep
 from vmready.agentlink.hvsock import HybridVSockClientEndpoint, HybridVSockServerEndpoint
 from vmready.agentlink.link import PollIntervals
 from vmready.agentlink.vsockaddress import HybridVSockAddress
-from vmready.cli.client import Client
 from vmready.daemon.tap import Options
 from vmready.domain.limits import raise_file_limit
-from vmready.trust.certs import SERVER_CERT, SERVER_KEY, CertificatePair, fingerprint
-from vmready.trust.tls import MutualServerTLS, PinnedServerTLS
+from vmready.trust.certs import CertificatePair
+from vmready.trust.tls import PinnedServerTLS
 
 SCRIPT = os.path.abspath(__file__)
 # Seconds, at most, of random pause before an agent is stopped or started in a cycle.
 PHASE_JITTER = 1.0
 
-reactor: Any = installed_reactor
 DEFAULT_POLL = PollIntervals()
 
 
 # -- the bare TLS server child -------------------------------------------------------
-
-
-class FixedAnswer(Resource):
-    """Every GET answers the same JSON bytes."""
-
-    isLeaf = True
-
-    def __init__(self, body: bytes) -> None:
-        super().__init__()
-        self.body = body
-
-    def render_GET(self, request: Request) -> bytes:
-        request.setHeader(b"Content-Type", b"application/json")
-        return self.body
 
 
 def run_bare(directory: str) -> None:
@@ -163,19 +135,8 @@ def run_bare(directory: str) -> None:
     log_to(os.path.join(directory, "bare-server.log"), LogLevel.info)
 
     async def serve(data_dir: str, client_cert: str, body: str, path: str) -> int:
-        with open(os.path.join(data_dir, SERVER_CERT), "rb") as c:
-            cert_pem = c.read()
-        with open(os.path.join(data_dir, SERVER_KEY), "rb") as k:
-            key_pem = k.read()
-        with open(client_cert, "rb") as f:
-            allowed = fingerprint(f.read())
-        tls = MutualServerTLS(
-            CertificatePair(cert_pem, key_pem), lambda pem: fingerprint(pem) == allowed
-        )
-        site = Site(FixedAnswer(body.encode("utf-8")))
-        port = await HybridVSockServerEndpoint(reactor, path).listen(
-            TLSMemoryBIOFactory(tls, False, site)
-        )
+        factory = bare_site(data_dir, client_cert, body.encode("utf-8"))
+        port = await HybridVSockServerEndpoint(reactor, path).listen(factory)
         address = port.getHost()
         assert isinstance(address, HybridVSockAddress)
         return address.port
@@ -204,21 +165,9 @@ async def get_state(client: IAgent) -> tuple[int, bytes]:
 
 
 @attrs.define
-class Bench:
-    """Everything the stages share."""
+class Bench(Fleet):
+    """Everything the stages share: the fleet, and the instances of the stages so far."""
 
-    args: argparse.Namespace
-    directory: str
-    data_dir: str
-    children: Children
-    client: Client
-    watch: EventWatch
-    daemon: Child
-    host: Child
-    workers: list[Child]
-    guest_port: int
-    drives: dict[str, str] = attrs.field(factory=dict)
-    worker_of: dict[str, Child] = attrs.field(factory=dict)
     names: list[str] = attrs.field(factory=list)
     ready: set[str] = attrs.field(factory=set)
     summary: list[str] = attrs.field(factory=list)
@@ -517,35 +466,18 @@ async def measure_guest_api(bench: Bench) -> None:
 
 async def run(args: argparse.Namespace, children: Children, directory: str) -> list[str]:
     """All stages, in order; the summary lines."""
-    host, control = await start_host(children, directory)
-    data_dir = os.path.join(directory, "d")
-    os.makedirs(data_dir, mode=0o700)
-    environment = dict(os.environ)
-    environment.pop("FAKEQEMU_GUEST_DIR", None)
-    environment["FAKEQEMU_HOST"] = control
-    daemon = children.spawn_role("daemon", "daemon", data_dir, env=environment)
-    info = await daemon.call("ready", timeout=START_TIMEOUT)
-    client = Client(reactor, os.path.join(data_dir, "vmready.sock"))
-    watch = EventWatch()
-    stream = await client.events(["lifecycle"], watch.on_event)
-    workers = [
-        children.spawn_role(f"agents{index}", "agents", directory)
-        for index in range(args.agent_workers)
-    ]
-    bench = Bench(
-        args, directory, data_dir, children, client, watch, daemon, host, workers,
-        int(info["guest_port"]),
-    )  # fmt: skip
-    poll = DEFAULT_POLL
-    report(
-        f"vmready ready benchmark: fakeqemu, {os.cpu_count()} CPUs, counts "
-        f"{', '.join(str(c) for c in args.counts)}; daemon pid {daemon.pid} "
-        f"(VMReadyService as twistd builds it, default options: agent link reads on "
-        f"VSERPORT_CHANGE, safety read every {poll.safety:g} s, power sync every "
-        f"{Options()['power-sync-interval']} s); fakeqemu-host pid {host.pid}; "
-        f"{len(workers)} agent worker processes (default heartbeat and retries)"
-    )
+    bench: Bench | None = None
     try:
+        bench = await Bench.start(args, children, directory)
+        poll = DEFAULT_POLL
+        report(
+            f"vmready ready benchmark: fakeqemu, {os.cpu_count()} CPUs, counts "
+            f"{', '.join(str(c) for c in args.counts)}; daemon pid {bench.daemon.pid} "
+            f"(VMReadyService as twistd builds it, default options: agent link reads on "
+            f"VSERPORT_CHANGE, safety read every {poll.safety:g} s, power sync every "
+            f"{Options()['power-sync-interval']} s); fakeqemu-host pid {bench.host.pid}; "
+            f"{len(bench.workers)} agent worker processes (default heartbeat and retries)"
+        )
         for count in args.counts:
             report(f"\n{plural(count, 'instance')}")
             await grow(bench, count)
@@ -556,23 +488,7 @@ async def run(args: argparse.Namespace, children: Children, directory: str) -> l
             if count == args.counts[0]:
                 await measure_guest_api(bench)
     finally:
-        started = time.perf_counter()
-        for worker in workers:
-            if worker.running:
-                try:
-                    await worker.call("stop_all", timeout=STOP_TIMEOUT)
-                except Exception as e:
-                    report(f"  stopping {worker.label}: {e}")
-        stream.close()
-        await stream.ended
-        for child in [*workers, daemon, host]:
-            await child.terminate()
-        report("\nwarnings and errors the children logged")
-        log_problems(directory)
-        report(
-            f"\nteardown: agents, daemon and fakeqemu-host (with every VM) stopped in "
-            f"{time.perf_counter() - started:.1f} s"
-        )
+        await teardown(bench, children, directory)
     return bench.summary
 
 
@@ -622,38 +538,20 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the benchmark (or, with ``--role``, one of its child processes)."""
     args = parse(argv)
-    if args.role == "daemon":
-        run_daemon(args.role_directory)
-        return
-    if args.role == "agents":
-        run_agents(args.role_directory)
-        return
-    if args.role == "bare":
-        run_bare(args.role_directory)
+    if run_roles(args.role, args.role_directory, {"bare": run_bare}):
         return
     raise_file_limit()
     globalLogPublisher.addObserver(show_problems)
-    directory = tempfile.mkdtemp(prefix="vmrr-", dir="/tmp")
-    children = Children(directory, SCRIPT)
     started = time.perf_counter()
-    summary: list[str] = []
-
-    async def entry() -> None:
-        summary.extend(await run(args, children, directory))
-
-    try:
-        task.react(lambda _reactor: Deferred.fromCoroutine(entry()), [])
-    finally:
-        children.kill_left_over()
-        if args.keep:
-            report(f"kept {directory}")
-        else:
-            shutil.rmtree(directory, ignore_errors=True)
-        if summary:
-            report("\nsummary")
-            for line in summary:
-                report(f"  {line}")
-        report(f"\ntotal: {time.perf_counter() - started:.0f} s")
+    summary, code = run_parent(
+        SCRIPT, "vmrr-", args.keep, lambda children, directory: run(args, children, directory)
+    )
+    if summary:
+        report("\nsummary")
+        for line in summary:
+            report(f"  {line}")
+    report(f"\ntotal: {time.perf_counter() - started:.0f} s")
+    sys.exit(code)
 
 
 if __name__ == "__main__":

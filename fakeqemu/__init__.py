@@ -6,9 +6,10 @@ Run it as ``fakeqemu-system-x86_64`` (or ``python -m fakeqemu``) with a
 """
 
 from fakeqemu._cmdline import CommandLineError, MachineConfig, parse_command_line
-from fakeqemu._machine import Machine, MachineError, RunState
+from fakeqemu._machine import Machine
 from fakeqemu._migration import IncomingMigrationError
 from fakeqemu._ringbuf import RingBuffer
+from fakeqemu._runstate import MachineError, RunState
 from fakeqemu._vm import RunningVM, StartError, guest_directory
 
 __version__ = "0.1.0"

@@ -286,9 +286,16 @@ class DeviceRealizer:
             if name in self._port_names:
                 raise CommandLineError(f"virtio-serial-bus: A port already exists by name {name}")
             self._port_names.add(name)
-        taken = {p.nr for p in self._ports if p.bus_name == bus_name}
-        if nr_given:
-            nr = nr_given[-1]
+        nr = self._port_number(bus, nr_given[-1] if nr_given else None)
+        self._ports.append(
+            SerialPortSpec(bus_name, nr, name, chardev[0] if chardev else None, opts.get("id"))
+        )
+
+    def _port_number(self, bus: SerialBusSpec, given: int | None) -> int:
+        """A port's number on its bus: ``nr=`` if free, else the lowest free one from 1."""
+        taken = {p.nr for p in self._ports if p.bus_name == bus.bus_name}
+        if given is not None:
+            nr = given
             if nr == 0:
                 raise CommandLineError(
                     "Port number 0 on virtio-serial devices reserved for virtconsole devices "
@@ -303,9 +310,7 @@ class DeviceRealizer:
                 "virtio-serial-bus: Out-of-range port id specified, "
                 f"max. allowed: {bus.max_ports - 1}"
             )
-        self._ports.append(
-            SerialPortSpec(bus_name, nr, name, chardev[0] if chardev else None, opts.get("id"))
-        )
+        return nr
 
     # -- pvpanic ----------------------------------------------------------
 

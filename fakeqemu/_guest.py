@@ -23,7 +23,8 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.protocols.basic import LineOnlyReceiver
 from twisted.python.failure import Failure
 
-from fakeqemu._machine import Machine, SerialPort
+from fakeqemu._machine import Machine
+from fakeqemu._wiring import SerialPort
 
 PORTS_DIRECTORY = "virtio-ports"
 CONTROL_SOCKET = "control"
@@ -114,15 +115,15 @@ class GuestPortProtocol(_AttachedEnd):
         super().connectionMade()
         early, self._early = bytes(self._early), bytearray()
         if early and self._detach is not None:
-            self._machine.guest_wrote(self._port, early)
+            self._machine.wiring.guest_wrote(self._port, early)
 
     def _attach(self) -> Callable[[], None] | None:
-        if not self._machine.open_port(self._port, self):
+        if not self._machine.wiring.open_port(self._port, self):
             return None  # busy, or the machine is gone
         return self._detached
 
     def _detached(self) -> None:
-        self._machine.close_port(self._port, self)
+        self._machine.wiring.close_port(self._port, self)
         if self._queue and self._port.guest is None:
             self._queue.pop(0).admit()
 
@@ -130,7 +131,7 @@ class GuestPortProtocol(_AttachedEnd):
         if self._refusal is not None:
             self._early += data
         elif self._detach is not None:
-            self._machine.guest_wrote(self._port, data)
+            self._machine.wiring.guest_wrote(self._port, data)
 
     def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # noqa: B008
         if self._refusal is not None:
@@ -140,32 +141,16 @@ class GuestPortProtocol(_AttachedEnd):
         super().connectionLost(reason)
 
 
-class GuestControlProtocol(LineOnlyReceiver):
-    """The guest OS's power management: ACPI notifications in, power actions out."""
+class GuestControlProtocol(LineOnlyReceiver, _AttachedEnd):
+    """The guest OS's power management: ACPI notifications in (``write``), power actions out."""
 
     delimiter = b"\n"
     MAX_LENGTH = 256
 
-    def __init__(self, machine: Machine) -> None:
-        self._machine = machine
-        self._detach: Callable[[], None] | None = None
-
-    def connectionMade(self) -> None:
+    def _attach(self) -> Callable[[], None] | None:
         if self._machine.exited is not None:
-            assert self.transport is not None
-            self.transport.loseConnection()
-            return
-        self._detach = self._machine.attach_controller(self)
-
-    def write(self, data: bytes) -> None:
-        """An ACPI notification for the guest."""
-        if self.transport is not None:
-            self.transport.write(data)
-
-    def close(self) -> None:
-        """The machine is gone."""
-        if self.transport is not None:
-            self.transport.loseConnection()
+            return None
+        return self._machine.attach_controller(self)
 
     def lineReceived(self, line: bytes) -> None:
         word = line.strip().decode("ascii", "replace")
@@ -184,20 +169,16 @@ class GuestControlProtocol(LineOnlyReceiver):
     def lineLengthExceeded(self, line: bytes) -> None:
         self.sendLine(b"error: line too long")
 
-    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # noqa: B008
-        if self._detach is not None:
-            self._detach()
-
 
 class GuestConsoleProtocol(_AttachedEnd):
     """One guest process holding the serial console (ttyS0) open."""
 
     def _attach(self) -> Callable[[], None] | None:
-        return self._machine.attach_console(self)
+        return self._machine.wiring.attach_console(self)
 
     def dataReceived(self, data: bytes) -> None:
         if self._detach is not None:
-            self._machine.console_wrote(data)
+            self._machine.wiring.console_wrote(data)
 
 
 class GuestConsoleFactory(Factory):
@@ -231,10 +212,10 @@ class HostChardevProtocol(_AttachedEnd):
         self._chardev_id = chardev_id
 
     def _attach(self) -> Callable[[], None] | None:
-        return self._machine.chardev_connected(self._chardev_id, self)
+        return self._machine.wiring.chardev_connected(self._chardev_id, self)
 
     def dataReceived(self, data: bytes) -> None:
-        self._machine.host_wrote(self._chardev_id, self, data)
+        self._machine.wiring.host_wrote(self._chardev_id, self, data)
 
 
 class HostChardevFactory(Factory):

@@ -32,6 +32,7 @@ import subprocess
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+import attrs
 from twisted.internet.interfaces import IHalfCloseableDescriptor, IHalfCloseableProtocol
 from twisted.internet.protocol import Factory
 from twisted.internet.protocol import Protocol as TwistedProtocol
@@ -131,27 +132,27 @@ class ForwardSide(TwistedProtocol):
     def close(self) -> None:
         """Drop the connection at once."""
         if self.transport is not None and not self.lost:
-            self.transport.abortConnection()  # type: ignore[attr-defined]  # socket or iosim: both do
+            self.transport.abortConnection()  # type: ignore[attr-defined]  # a socket's can
+
+
+@attrs.frozen
+class ForwardCommands:
+    """How a VM runs its guestfwd rules' commands: started by ``launcher`` in QEMU's
+    directory and environment, their failures told to ``report`` as QEMU prints them."""
+
+    launcher: CommandLauncher
+    cwd: str
+    env: Mapping[str, str]
+    report: ReportCallback
 
 
 class ForwardedConnection:
     """A guest's connection through one guestfwd rule, relayed to the command serving it."""
 
-    def __init__(
-        self,
-        machine: Machine,
-        spec: GuestForwardSpec,
-        launcher: CommandLauncher,
-        cwd: str,
-        env: Mapping[str, str],
-        report: ReportCallback,
-    ) -> None:
+    def __init__(self, machine: Machine, spec: GuestForwardSpec, commands: ForwardCommands):
         self._machine = machine
         self._spec = spec
-        self._launcher = launcher
-        self._cwd = cwd
-        self._env = env
-        self._report = report
+        self._commands = commands
         self.guest = ForwardSide(self, "guest")
         self.command = ForwardSide(self, "command")
         self._detach: Callable[[], None] | None = None
@@ -166,23 +167,26 @@ class ForwardedConnection:
         """The guest connected: run the command, as libslirp does for each connection."""
         if side is not self.guest:
             return
-        self._detach = self._machine.attach_forward(self)
+        self._detach = self._machine.wiring.attach_forward(self)
         if self._detach is None:
             self.guest.close()
             return
         try:
             argv = parse_argv(self._spec.command)
         except ShellParseError as e:
-            self._report([f"Slirp: fork_exec invalid command: {self._spec.command}\nerror: {e}"])
+            self._commands.report(
+                [f"Slirp: fork_exec invalid command: {self._spec.command}\nerror: {e}"]
+            )
             self._refuse()
             return
-        executable = find_executable(argv[0], self._env)
+        commands = self._commands
+        executable = find_executable(argv[0], commands.env)
         try:
             if executable is None:
                 raise FileNotFoundError(2, os.strerror(2))
-            self._launcher.launch(executable, argv, self._cwd, self._env, self.command)
+            commands.launcher.launch(executable, argv, commands.cwd, commands.env, self.command)
         except OSError as e:
-            self._report(
+            commands.report(
                 [
                     "Slirp: fork_exec: Failed to execute child process "
                     f"\u201c{argv[0]}\u201d ({e.strerror})"
@@ -213,7 +217,7 @@ class ForwardedConnection:
         if side is self.guest and self._detach is not None:
             self._detach()
         if side is self.command:
-            self._launcher.connection_ended()
+            self._commands.launcher.connection_ended()
         self._peer(side).finish()
 
     def write(self, data: bytes) -> None:
@@ -228,19 +232,12 @@ class ForwardedConnection:
 class ForwardFactory(Factory):
     """Accepts guest connections on one guestfwd rule's socket."""
 
-    def __init__(
-        self,
-        machine: Machine,
-        spec: GuestForwardSpec,
-        launcher: CommandLauncher,
-        cwd: str,
-        env: Mapping[str, str],
-        report: ReportCallback,
-    ) -> None:
-        self._args = (machine, spec, launcher, cwd, env, report)
+    def __init__(self, connection: Callable[[], ForwardedConnection]) -> None:
+        """``connection`` makes a new relay for each guest connection."""
+        self._connection = connection
 
     def buildProtocol(self, addr: object) -> ForwardSide:
-        return ForwardedConnection(*self._args).guest
+        return self._connection().guest
 
 
 class SpawningLauncher:

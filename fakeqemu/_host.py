@@ -120,12 +120,7 @@ class VMHost:
         with ``-D FILE`` prints to FILE, as QEMU's daemon does (FILE is its stderr);
         what it prints while starting goes back to the launcher, which prints it there.
         """
-        try:
-            config = resolve_paths(parse_command_line(argv, cwd), cwd)
-        except CommandLineError as e:
-            raise HostError("CommandLineError", str(e)) from None
-        if config.show_version:
-            raise HostError("CommandLineError", "-version: not a VM")
+        config = _vm_config(argv, cwd)
         self._counter += 1
         vm_id = str(self._counter)
         guest_dir = guest_directory(config, environ)
@@ -162,16 +157,7 @@ class VMHost:
             hosted.vm.start()
         except StartError as e:
             raise HostError("StartError", str(e)) from None
-        if config.pidfile:
-            try:
-                with open(config.pidfile, "w") as f:
-                    f.write(f"{os.getpid()}\n")
-            except OSError as e:
-                hosted.vm.kill()
-                raise HostError(
-                    "StartError",
-                    f"cannot create PID file: Could not create '{config.pidfile}': {e.strerror}",
-                ) from None
+        _write_pidfile(hosted)
         self.vms[vm_id] = hosted
         started = True
         self.log.info("launched VM {vm_id} ({name})", vm_id=vm_id, name=config.name)
@@ -240,6 +226,33 @@ class VMHost:
             }
             for hosted in self.vms.values()
         ]
+
+
+def _vm_config(argv: Sequence[str], cwd: str) -> MachineConfig:
+    """The VM a command line describes, its paths taken from ``cwd``; a refusal as HostError."""
+    try:
+        config = resolve_paths(parse_command_line(argv, cwd), cwd)
+    except CommandLineError as e:
+        raise HostError("CommandLineError", str(e)) from None
+    if config.show_version:
+        raise HostError("CommandLineError", "-version: not a VM")
+    return config
+
+
+def _write_pidfile(hosted: HostedVM) -> None:
+    """``-pidfile``: the host's pid, the process the VM runs in; a VM that cannot write it dies."""
+    pidfile = hosted.vm.config.pidfile
+    if not pidfile:
+        return
+    try:
+        with open(pidfile, "w") as f:
+            f.write(f"{os.getpid()}\n")
+    except OSError as e:
+        hosted.vm.kill()
+        raise HostError(
+            "StartError",
+            f"cannot create PID file: Could not create '{pidfile}': {e.strerror}",
+        ) from None
 
 
 class HostControlProtocol(LineOnlyReceiver):

@@ -96,18 +96,7 @@ class QMPInputSplitter:
                 return []
             self._recovering = False
         if self._in_string:
-            if byte < 0x20 or byte >= 0xFE:
-                return self._lexical_error(byte)
-            self._pending.append(byte)
-            if self._escape:
-                self._escape = False
-            elif byte == 0x5C:  # backslash
-                self._escape = True
-            elif byte == 0x22:  # closing quote
-                self._in_string = False
-                if self._depth == 0:
-                    return self._emit()
-            return []
+            return self._string_byte(byte)
         out: list[StreamItem] = []
         if self._scalar:
             if byte in _SCALAR_CONTINUE:
@@ -117,47 +106,62 @@ class QMPInputSplitter:
             self._scalar = False
             if self._depth == 0:
                 out.extend(self._emit())
+        out.extend(self._token_byte(byte))
+        return out
+
+    def _string_byte(self, byte: int) -> list[StreamItem]:
+        """A byte inside a string: kept, until the closing quote."""
+        if byte < 0x20 or byte >= 0xFE:
+            return self._lexical_error(byte)
+        self._pending.append(byte)
+        if self._escape:
+            self._escape = False
+        elif byte == 0x5C:  # backslash
+            self._escape = True
+        elif byte == 0x22:  # closing quote
+            self._in_string = False
+            if self._depth == 0:
+                return self._emit()
+        return []
+
+    def _token_byte(self, byte: int) -> list[StreamItem]:
+        """A byte between tokens: white space, or the start of a token."""
         if byte in _WHITESPACE:
             if self._pending:
                 self._pending.append(byte)
-            return out
+            return []
         self._token_start = len(self._pending)
         if byte == 0x22:
             self._in_string = True
             self._pending.append(byte)
-            return out
+            return []
         if byte in b"{[":
             self._depth += 1
             self._pending.append(byte)
             if self._depth > MAX_NESTING:
                 self._reset()
-                out.append(ParseError("JSON nesting depth limit exceeded"))
-            return out
+                return [ParseError("JSON nesting depth limit exceeded")]
+            return []
         if byte in b"}]":
             if self._depth == 0:
                 self._reset()
-                out.append(ParseError("JSON parse error, expecting value"))
-                return out
+                return [ParseError("JSON parse error, expecting value")]
             self._depth -= 1
             self._pending.append(byte)
-            if self._depth == 0:
-                out.extend(self._emit())
-            return out
+            return self._emit() if self._depth == 0 else []
         if byte in b":,":
             if self._depth == 0:
                 # A lone separator is a whole JSON text, and not a value.
                 self._reset()
-                out.append(ParseError("JSON parse error, expecting value"))
-                return out
+                return [ParseError("JSON parse error, expecting value")]
             self._pending.append(byte)
-            return out
+            return []
         if byte in _SCALAR_START:
             self._scalar = True
             self._pending.append(byte)
-            return out
+            return []
         # Anything else is a lexical error: QEMU reports it and recovers.
-        out.extend(self._lexical_error(byte))
-        return out
+        return self._lexical_error(byte)
 
 
 def _decode(text: bytes) -> StreamItem:

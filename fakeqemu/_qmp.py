@@ -16,8 +16,10 @@ from twisted.python.failure import Failure
 
 from fakeqemu._cmdline import QEMU_PACKAGE, QEMU_VERSION
 from fakeqemu._jsonstream import ParsedObject, QMPInputSplitter
-from fakeqemu._machine import MIGRATION_CAPABILITIES, Machine, MachineError
+from fakeqemu._machine import Machine
+from fakeqemu._migration import MIGRATION_CAPABILITIES
 from fakeqemu._ringbuf import Base64Error, decode_qmp_base64, encode_qmp_utf8
+from fakeqemu._runstate import MachineError
 
 Message = dict[str, Any]
 FileWriter = Callable[[str, bytes], None]
@@ -252,17 +254,17 @@ class QMPSession:
         return {}
 
     def _cmd_query_chardev(self) -> list[Message]:
-        return self._machine.query_chardev()
+        return self._machine.wiring.query_chardev()
 
     def _cmd_ringbuf_read(self, device: str, size: int, format: str = "utf8") -> str:
-        data = self._machine.ringbuf_read(device, size)
+        data = self._machine.wiring.ringbuf_read(device, size)
         if format == "base64":
             return base64.b64encode(data).decode("ascii")
         return encode_qmp_utf8(data)
 
     def _cmd_ringbuf_write(self, device: str, data: str, format: str = "utf8") -> Message:
         if format == "base64":
-            self._machine.ringbuf_device(device)  # QEMU looks the device up before decoding
+            self._machine.wiring.ringbuf_device(device)  # QEMU looks the device up before decoding
             try:
                 payload = decode_qmp_base64(data)
             except Base64Error as e:
@@ -270,15 +272,15 @@ class QMPSession:
         else:
             # QEMU holds strings as modified UTF-8, where U+0000 is \xC0\x80.
             payload = data.encode("utf-8", "surrogatepass").replace(b"\0", b"\xc0\x80")
-        self._machine.ringbuf_write(device, payload)
+        self._machine.wiring.ringbuf_write(device, payload)
         return {}
 
     def _cmd_migrate(self, uri: str, **_ignored: bool) -> Message:
-        self._machine.migrate(uri, self._write_file)
+        self._machine.migration.migrate(uri, self._write_file)
         return {}
 
     def _cmd_query_migrate(self) -> Message:
-        return dict(self._machine.migration)
+        return dict(self._machine.migration.info)
 
     def _cmd_migrate_set_capabilities(self, capabilities: list[Any]) -> Message:
         # QEMU checks the whole list before it changes anything.
@@ -290,11 +292,11 @@ class QMPSession:
                 )
             _check_arguments(_CAPABILITY_ENTRY, entry, prefix=f"{where}.")
         for entry in capabilities:
-            self._machine.set_migrate_capability(entry["capability"], entry["state"])
+            self._machine.migration.set_capability(entry["capability"], entry["state"])
         return {}
 
     def _cmd_query_migrate_capabilities(self) -> list[Message]:
-        return self._machine.query_migrate_capabilities()
+        return self._machine.migration.query_capabilities()
 
 
 def encode_message(message: Message) -> bytes:

@@ -6,11 +6,12 @@ import contextlib
 import os
 import stat
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.error import CannotListenError
-from twisted.internet.interfaces import IListeningPort
+from twisted.internet.interfaces import IListeningPort, IProtocolFactory
 from twisted.logger import Logger
 
 from fakeqemu._chardev import open_chardev_files
@@ -28,6 +29,8 @@ from fakeqemu._guest import (
 from fakeqemu._guestfwd import (
     FORWARDS_DIRECTORY,
     CommandLauncher,
+    ForwardCommands,
+    ForwardedConnection,
     ForwardFactory,
     SpawningLauncher,
 )
@@ -124,7 +127,7 @@ class RunningVM:
             return {}
         paths = {
             port.guest_name: os.path.join(self.guest_dir, PORTS_DIRECTORY, port.guest_name)
-            for port in self.machine.ports
+            for port in self.machine.wiring.ports
         }
         paths[CONTROL_SOCKET] = os.path.join(self.guest_dir, CONTROL_SOCKET)
         if self.config.serial_chardev is not None:
@@ -167,33 +170,29 @@ class RunningVM:
             chardev_file.close()
 
     def _listen_qmp(self, path: str) -> None:
-        _remove_stale_socket(path)
-        try:
-            self._listening.append(self.reactor.listenUNIX(path, self.qmp_factory))
-        except CannotListenError as e:
-            # QEMU names the option (fakeqemu accepts only this form of it) and the bind error.
-            raise StartError(
-                [
-                    f"-qmp unix:{path},server=on,wait=off: "
-                    f"Failed to bind socket to {path}: {_strerror(e.socketError)}"
-                ]
-            ) from e
+        # fakeqemu accepts only this form of the option.
+        self._listen_unix(path, self.qmp_factory, f"-qmp unix:{path},server=on,wait=off", path)
 
     def _listen_chardevs(self) -> None:
         """Each ``socket`` chardev's unix socket, where a host process connects."""
         for spec in self.config.socket_chardevs:
-            path = self.config.host_path(spec.path)
-            _remove_stale_socket(path)
-            factory = HostChardevFactory(self.machine, spec.id)
-            try:
-                self._listening.append(self.reactor.listenUNIX(path, factory))
-            except CannotListenError as e:
-                raise StartError(
-                    [
-                        f"-chardev socket,id={spec.id},path={spec.path},server=on,wait=off: "
-                        f"Failed to bind socket to {spec.path}: {_strerror(e.socketError)}"
-                    ]
-                ) from e
+            self._listen_unix(
+                self.config.host_path(spec.path),
+                HostChardevFactory(self.machine, spec.id),
+                f"-chardev socket,id={spec.id},path={spec.path},server=on,wait=off",
+                spec.path,
+            )
+
+    def _listen_unix(self, path: str, factory: IProtocolFactory, option: str, given: str) -> None:
+        """Listen on ``path``; QEMU names the ``option`` and the path as ``given`` if the bind
+        fails, with the bind error."""
+        _remove_stale_socket(path)
+        try:
+            self._listening.append(self.reactor.listenUNIX(path, factory))
+        except CannotListenError as e:
+            raise StartError(
+                [f"{option}: Failed to bind socket to {given}: {_strerror(e.socketError)}"]
+            ) from e
 
     def _listen_guest(self) -> None:
         paths = self.guest_socket_paths()
@@ -209,7 +208,7 @@ class RunningVM:
                         f"set {GUEST_DIR_VARIABLE} to a shorter directory"
                     ]
                 )
-        for port in self.machine.ports:
+        for port in self.machine.wiring.ports:
             path = paths[port.guest_name]
             _remove_stale_socket(path)
             factory = GuestPortFactory(self.machine, port)
@@ -237,12 +236,11 @@ class RunningVM:
         os.makedirs(os.path.join(self.guest_dir, FORWARDS_DIRECTORY), exist_ok=True)
         # QEMU chdirs to / once daemonized; the commands it spawns start there.
         cwd = "/" if self.config.daemonize else self.config.cwd
+        commands = ForwardCommands(self._launcher, cwd, self._environ, self._report)
         for name, forward in forwards.items():
             path = paths[f"{FORWARDS_DIRECTORY}/{name}"]
             _remove_stale_socket(path)
-            factory = ForwardFactory(
-                self.machine, forward, self._launcher, cwd, self._environ, self._report
-            )
+            factory = ForwardFactory(partial(ForwardedConnection, self.machine, forward, commands))
             self._listening.append(self.reactor.listenUNIX(path, factory, mode=0o600))
 
     def _link_shares(self) -> None:
@@ -282,7 +280,7 @@ class RunningVM:
 
     def _load_incoming(self, data: bytes) -> None:
         if self.machine.exited is None:
-            self.machine.load_incoming(data)
+            self.machine.migration.load_incoming(data)
 
     def _report(self, messages: list[str]) -> None:
         """QEMU's own messages, printed with the program prefix where its stderr goes."""

@@ -40,7 +40,7 @@ from fakeqemu._guest import (
     GuestPortProtocol,
     HostChardevProtocol,
 )
-from fakeqemu._guestfwd import ForwardedConnection
+from fakeqemu._guestfwd import ForwardCommands, ForwardedConnection
 from fakeqemu._machine import Machine
 from fakeqemu._qmp import QMPServerFactory
 
@@ -168,7 +168,7 @@ class InMemoryVM:
             # QEMU 7.2 then waits in inmigrate for one that never comes.
             data = self.files.get(self.config.incoming_path)
             if data:
-                self.machine.load_incoming(data)
+                self.machine.migration.load_incoming(data)
 
     def _write_file(self, path: str, data: bytes) -> None:
         self.files[path] = data
@@ -195,7 +195,7 @@ class InMemoryVM:
 
     def connect_guest(self, port_name: str) -> FakeGuest:
         """Open the port a guest sees as ``/dev/virtio-ports/<port_name>``."""
-        port = self.machine.find_port(port_name)
+        port = self.machine.wiring.find_port(port_name)
         if port is None:
             raise KeyError(f"no virtio serial port named {port_name!r}")
         guest = FakeGuest()
@@ -219,7 +219,7 @@ class InMemoryVM:
 
     def connect_chardev(self, chardev_id: str) -> FakeGuest:
         """Connect as a host process to the ``socket`` chardev ``chardev_id`` (its unix socket)."""
-        if chardev_id not in self.machine.socket_chardevs:
+        if chardev_id not in self.machine.wiring.socket_chardevs:
             raise KeyError(f"no socket chardev {chardev_id!r} on the command line")
         client = FakeGuest()
         self._connect(HostChardevProtocol(self.machine, chardev_id), client)
@@ -235,14 +235,10 @@ class InMemoryVM:
         if address not in forwards:
             raise KeyError(f"no guestfwd rule for {address!r}")
         cwd = "/" if self.config.daemonize else self.config.cwd
-        connection = ForwardedConnection(
-            self.machine,
-            forwards[address],
-            _InMemoryLauncher(self),
-            cwd,
-            self._environ,
-            self.messages.extend,
+        commands = ForwardCommands(
+            _InMemoryLauncher(self), cwd, self._environ, self.messages.extend
         )
+        connection = ForwardedConnection(self.machine, forwards[address], commands)
         guest = FakeGuest()
         self._connect(connection.guest, guest)
         return guest

@@ -35,7 +35,7 @@ from vmready.agent.config import AgentConfig, Transport
 from vmready.agent.memory import ReadyMemory
 from vmready.agent.service import Agent as GuestAgent
 from vmready.agent.service import build_agent
-from vmready.protocols.transcript import read_transcript
+from vmready.protocols.transcriptreader import read_transcript
 from vmready.trust.certs import CertificatePair, generate, write_config_drive
 
 CLIENT = generate("demo")

@@ -36,7 +36,7 @@ from vmready.agent.host import (
 from vmready.agent.network import NetworkPlan, NetworkSetupError, parse_network
 from vmready.agent.recording import AgentRecorder, RecordingConnector
 from vmready.agent.tls import client_context, pinned_der
-from vmready.protocols.transcript import read_transcript
+from vmready.protocols.transcriptreader import read_transcript
 from vmready.trust.certs import CertificatePair, generate
 
 CLIENT = generate("vmready-agent-demo")

@@ -25,12 +25,12 @@ from tests.conformance.support import (
     AGENT_PORT,
     AGENT_RING,
     LEGACY_PORT,
-    REQUIRE_QEMU_VARIABLE,
     START_TIMEOUT,
     Backend,
     EventLog,
     VMWorkspace,
     base_arguments,
+    cannot_run,
     launch_daemonized,
     monitor,
     qemu_text,
@@ -53,11 +53,7 @@ class BackendTestCase(TestCase):
     def setUp(self) -> None:
         reason = self.backend.unavailable_reason()
         if reason is not None:
-            if os.environ.get(REQUIRE_QEMU_VARIABLE) == "1":
-                self.fail(
-                    f"{REQUIRE_QEMU_VARIABLE}=1 but {self.backend.name} cannot run: {reason}"
-                )
-            self.skipTest(reason)
+            cannot_run(self, f"{self.backend.name} cannot run: {reason}")
         self.workspace = VMWorkspace()
         self.addCleanup(self.workspace.cleanup)
 

@@ -12,7 +12,6 @@ panic) cannot run on real QEMU without booting one; they are in
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 
 from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
@@ -29,13 +28,13 @@ from tests.conformance.support import (
     AGENT_PORT,
     AGENT_RING,
     LEGACY_PORT,
-    REQUIRE_QEMU_VARIABLE,
     EventLog,
     ProcessResult,
     base_arguments,
     launch_daemonized,
     monitor,
     qemu_text,
+    require_program,
     run_foreground,
     start_daemonized,
 )
@@ -51,12 +50,7 @@ class DeviceTestCase(BackendTestCase):
 
     def qemu_img(self, *args: str) -> None:
         """Run ``qemu-img`` for a fixture; skip (fail under VMREADY_REQUIRE_QEMU=1) without it."""
-        program = shutil.which("qemu-img")
-        if program is None:
-            reason = "qemu-img is not installed (Debian: apt-get install qemu-utils)"
-            if os.environ.get(REQUIRE_QEMU_VARIABLE) == "1":
-                self.fail(f"{REQUIRE_QEMU_VARIABLE}=1 but {reason}")
-            self.skipTest(reason)
+        program = require_program(self, "qemu-img", "qemu-utils")
         subprocess.run([program, *args], check=True, capture_output=True)
 
     def image(self, name: str = "disk.qcow2", backing: str | None = None) -> str:

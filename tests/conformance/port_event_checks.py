@@ -29,7 +29,6 @@ same order, and the same ring-buffer contents.
 from __future__ import annotations
 
 import abc
-import os
 import stat
 
 from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
@@ -40,9 +39,9 @@ from tests.conformance.support import (
     AGENT_PORT,
     AGENT_RING,
     LEGACY_PORT,
-    REQUIRE_QEMU_VARIABLE,
     EventLog,
     base_arguments,
+    cannot_run,
     monitor,
     start_daemonized,
 )
@@ -211,9 +210,7 @@ class QemuPortEventChecks(PortEventChecks):
         try:
             self.guest = ensure_guest(default_cache_dir(), log=lambda line: None)
         except (GuestImageError, OSError) as e:  # the build needs packages and tools
-            if os.environ.get(REQUIRE_QEMU_VARIABLE) == "1":
-                self.fail(f"{REQUIRE_QEMU_VARIABLE}=1 but the demo guest cannot be built: {e}")
-            self.skipTest(f"the demo guest cannot be built here: {e}")
+            cannot_run(self, f"the demo guest cannot be built here: {e}")
 
     def initrd(self) -> str:
         """The demo initramfs with this check's /init appended (the later archive wins)."""

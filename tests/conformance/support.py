@@ -11,13 +11,14 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
+from twisted.trial.unittest import SynchronousTestCase
 
 from tests.reactor import reactor
 from vmready.hypervisor.accel import accelerators_for_host
@@ -30,6 +31,21 @@ START_TIMEOUT = 60.0
 
 # Re-exported from the one command-line builder: the serial layout vmready gives a VM.
 __all__ = ["AGENT_PORT", "AGENT_RING", "LEGACY_PORT"]
+
+
+def cannot_run(case: SynchronousTestCase, reason: str) -> NoReturn:
+    """Skip ``case`` for ``reason``; under VMREADY_REQUIRE_QEMU=1 (CI) fail it instead."""
+    if os.environ.get(REQUIRE_QEMU_VARIABLE) == "1":
+        case.fail(f"{REQUIRE_QEMU_VARIABLE}=1 but {reason}")
+    case.skipTest(reason)
+
+
+def require_program(case: SynchronousTestCase, program: str, package: str) -> str:
+    """Where ``program`` is; where it is missing, ``cannot_run`` names its Debian ``package``."""
+    path = shutil.which(program)
+    if path is None:
+        cannot_run(case, f"{program} is not installed (Debian: apt-get install {package})")
+    return path
 
 
 def accelerator() -> str:

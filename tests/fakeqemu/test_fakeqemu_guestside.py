@@ -16,11 +16,17 @@ from fakeqemu._cmdline import parse_command_line
 from fakeqemu._guest import CLOSE_SETTLE
 from fakeqemu._migration import IncomingMigrationError, check_incoming
 from fakeqemu.testing import InMemoryVM, write_kernel, write_qcow2
+from tests.fakeqemu.commandlines import (
+    FORWARD,
+    LEGACY_PORT,
+    MACHINE,
+    PORT,
+    agent_port,
+    guest_devices,
+    legacy_port,
+    qmp_option,
+)
 from tests.fakeqemu.test_fakeqemu_machine import EMPTY, EPOCH, RecordingQMPClient, _VMTestCase
-
-PORT = "com.canonical.lxd"
-LEGACY_PORT = "org.linuxcontainers.lxd"
-FORWARD = "10.0.2.100:8443"
 
 
 class _GuestSideTestCase(_VMTestCase):
@@ -39,35 +45,11 @@ class _GuestSideTestCase(_VMTestCase):
     def arguments(self, *extra: str) -> list[str]:
         """The contract's command line (no disk, no kernel), plus ``extra``."""
         return [
-            "-machine",
-            "q35",
-            "-nodefaults",
-            "-display",
-            "none",
-            "-m",
-            "64",
-            "-qmp",
-            "unix:/vm/qmp.sock,server=on,wait=off",
-            "-device",
-            "virtio-serial-pci,id=vs0",
-            "-chardev",
-            "ringbuf,id=vmready,size=64",
-            "-device",
-            f"virtserialport,chardev=vmready,name={PORT},bus=vs0.0,id={PORT}",
-            "-device",
-            f"virtserialport,name={LEGACY_PORT},bus=vs0.0",
-            "-chardev",
-            f"file,id=console,path={self.path('console.log')},append=on",
-            "-serial",
-            "chardev:console",
-            "-fsdev",
-            f"local,id=config,path={self.path('config-drive')},security_model=none,readonly=on",
-            "-device",
-            "virtio-9p-pci,fsdev=config,mount_tag=config",
-            "-netdev",
-            f"user,id=n0,restrict=on,ipv6=off,guestfwd=tcp:{FORWARD}-cmd:socat - UNIX-CONNECT:/a",
-            "-device",
-            "virtio-net-pci,netdev=n0",
+            *MACHINE,
+            *qmp_option(),
+            *agent_port(64, port_id=PORT),
+            *legacy_port(),
+            *guest_devices(self.directory, "socat - UNIX-CONNECT:/a"),
             *extra,
         ]
 
@@ -235,10 +217,10 @@ class ConsoleTests(_GuestSideTestCase):
         console = vm.connect_console()
         console.write(b"login: ")
         vm.flush()
-        vm.machine.ringbuf_write("console", b"root\n")
+        vm.machine.wiring.ringbuf_write("console", b"root\n")
         vm.flush()
         self.assertEqual(
-            (console.received, vm.machine.ringbuf_read("console", 64)),
+            (console.received, vm.machine.wiring.ringbuf_read("console", 64)),
             (b"", b"login: root\n"),
         )
 
@@ -469,7 +451,7 @@ class DeviceMigrationTests(_GuestSideTestCase):
 
     def saved(self) -> bytes:
         """The state of this test's VM, migrated to a file."""
-        self.vm.machine.migrate("exec:cat > /vm/state", self.vm.files.__setitem__)
+        self.vm.machine.migration.migrate("exec:cat > /vm/state", self.vm.files.__setitem__)
         self.vm.advance()
         return self.vm.files["/vm/state"]
 

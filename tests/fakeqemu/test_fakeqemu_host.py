@@ -20,8 +20,9 @@ from twisted.internet.threads import deferToThread
 
 from fakeqemu._host import HostControlFactory, HostControlProtocol, VMHost
 from fakeqemu._hostclient import HostClient, HostRequestError, HostUnreachable
+from tests.fakeqemu.commandlines import RING as AGENT_RING
+from tests.fakeqemu.commandlines import qmp_option
 from tests.fakeqemu.test_fakeqemu_process import (
-    AGENT_RING,
     DEADLINE,
     FAKEQEMU_HOST,
     PROGRAM,
@@ -33,7 +34,6 @@ from tests.fakeqemu.test_fakeqemu_process import (
     deferred_test,
     monitor_closed,
     pause,
-    qmp_option,
     read_file,
     stderr_lines,
     wait_until,
@@ -406,9 +406,7 @@ class LauncherTests(InProcessHostTestCase):
 
     @deferred_test
     async def test_foregroundLauncherStaysUntilTheVMQuits(self) -> None:
-        qmp = self.path("qmp")
-        launcher = self.launcher([*agent_devices(), *qmp_option(qmp)])
-        client = await self.monitor(qmp, launcher)
+        launcher, client, _ = await self.agent_vm(self.launcher)
         await client.execute("query-status")
         running_while_vm_runs = launcher.status is None
         await client.execute("quit")
@@ -417,9 +415,7 @@ class LauncherTests(InProcessHostTestCase):
 
     @deferred_test
     async def test_foregroundLauncherExitsWithTheVMsStatus(self) -> None:
-        qmp = self.path("qmp")
-        launcher = self.launcher([*agent_devices(), *qmp_option(qmp)])
-        await self.monitor(qmp, launcher)
+        launcher, _, _ = await self.agent_vm(self.launcher)
         (vm,) = await (await self.control_client()).call("list")
         await (await self.control_client()).call(
             "crash", vm=vm["vm"], message="virtio: zero sized buffers"
@@ -439,7 +435,7 @@ class LauncherTests(InProcessHostTestCase):
         await self.wait_for_migration(monitor)
         launcher = self.launcher(
             [
-                *agent_devices(legacy_port=True),
+                *agent_devices(legacy=True),
                 *qmp_option(self.path("target.qmp")),
                 "-incoming",
                 f"exec:cat {state}",
@@ -469,9 +465,7 @@ class LauncherTests(InProcessHostTestCase):
 
     @deferred_test
     async def test_sigtermToTheLauncherShutsTheVMDown(self) -> None:
-        qmp = self.path("qmp")
-        launcher = self.launcher([*agent_devices(), *qmp_option(qmp)])
-        client = await self.monitor(qmp, launcher)
+        launcher, client, _ = await self.agent_vm(self.launcher)
         events = EventRecorder(client)
         launcher.send_signal("TERM")
         shutdown = await events.first("SHUTDOWN")
@@ -487,9 +481,7 @@ class LauncherTests(InProcessHostTestCase):
 
     @deferred_test
     async def test_killingTheForegroundLauncherKillsItsVM(self) -> None:
-        qmp = self.path("qmp")
-        launcher = self.launcher([*agent_devices(), *qmp_option(qmp)])
-        client = await self.monitor(qmp, launcher)
+        launcher, client, _ = await self.agent_vm(self.launcher)
         events = EventRecorder(client)
         launcher.send_signal("KILL")
         await monitor_closed(client)
@@ -685,7 +677,7 @@ class LauncherLogfileTests(InProcessHostTestCase):
         log = self.log_path()
         launcher = self.launcher(
             [
-                *agent_devices(legacy_port=True),
+                *agent_devices(legacy=True),
                 *qmp_option(self.path("target.qmp")),
                 "-incoming",
                 f"exec:cat {state}",
@@ -868,10 +860,8 @@ class EarlySignalTests(InProcessHostTestCase):
 
     @deferred_test
     async def test_sigtermBeforeTheLaunchReplyStillShutsTheVMDown(self) -> None:
-        qmp = self.path("qmp")
-        launcher = self.launcher([*agent_devices(), *qmp_option(qmp)])
         # The VM runs, but its launcher has not heard so: QEMU would already handle SIGTERM.
-        client = await self.monitor(qmp, launcher)
+        launcher, client, _ = await self.agent_vm(self.launcher)
         events = EventRecorder(client)
         launcher.send_signal("TERM")
         self.release.callback(None)

@@ -15,32 +15,21 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from fakeqemu import RingBuffer
 from fakeqemu._guest import CLOSE_SETTLE
-from fakeqemu._machine import RunState, SerialPort
+from fakeqemu._runstate import RunState
+from fakeqemu._wiring import SerialPort
 from fakeqemu.testing import FakeGuest, InMemoryVM, raw_qmp_transport
+from tests.fakeqemu.commandlines import (
+    LEGACY_PORT,
+    MACHINE,
+    PORT,
+    QMP_SOCKET,
+    agent_port,
+    legacy_port,
+    qmp_option,
+)
 
 EPOCH = 1_700_000_000.25
-QMP_SOCKET = "/vm/qmp.sock"
-PORT = "com.canonical.lxd"
-LEGACY_PORT = "org.linuxcontainers.lxd"
-VM_ARGV = [
-    "-machine",
-    "q35",
-    "-nodefaults",
-    "-display",
-    "none",
-    "-m",
-    "64",
-    "-qmp",
-    f"unix:{QMP_SOCKET},server=on,wait=off",
-    "-chardev",
-    "ringbuf,id=vmready,size=16",
-    "-device",
-    "virtio-serial-pci,id=vs0",
-    "-device",
-    f"virtserialport,chardev=vmready,name={PORT},bus=vs0.0",
-    "-device",
-    f"virtserialport,name={LEGACY_PORT},bus=vs0.0",
-]
+VM_ARGV = [*MACHINE, *qmp_option(QMP_SOCKET), *agent_port(16), *legacy_port()]
 GREETING = {
     "QMP": {
         "version": {"qemu": {"micro": 22, "minor": 2, "major": 7}, "package": "fakeqemu"},
@@ -177,7 +166,7 @@ class _VMTestCase(SynchronousTestCase):
 
     def port(self, name: str = PORT) -> SerialPort:
         """The machine's port of that name."""
-        port = self.vm.machine.find_port(name)
+        port = self.vm.machine.wiring.find_port(name)
         assert port is not None
         return port
 
@@ -560,7 +549,7 @@ class RunStateTests(_VMTestCase):
         self.vm = self.make_vm([*VM_ARGV, "-S", "-incoming", "exec:cat /state"])
         self.client = self.connect()
         self.execute("cont")
-        self.vm.machine.load_incoming(self.saved_state())
+        self.vm.machine.migration.load_incoming(self.saved_state())
         self.vm.flush()
         self.assertEqual((self.status(), self.client.event_names()), ("running", ["RESUME"]))
 
@@ -568,7 +557,7 @@ class RunStateTests(_VMTestCase):
         self.vm = self.make_vm([*VM_ARGV, "-incoming", "exec:cat /state"])
         self.client = self.connect()
         self.execute("stop")
-        self.vm.machine.load_incoming(self.saved_state())
+        self.vm.machine.migration.load_incoming(self.saved_state())
         self.vm.flush()
         self.assertEqual((self.status(), self.client.event_names()), ("paused", []))
 
@@ -585,7 +574,7 @@ class RunStateTests(_VMTestCase):
     def saved_state(self) -> bytes:
         """A state file from a VM with this test's devices."""
         source = InMemoryVM(VM_ARGV)
-        source.machine.migrate("exec:cat > /state", source.files.__setitem__)
+        source.machine.migration.migrate("exec:cat > /state", source.files.__setitem__)
         source.advance()
         return source.files["/state"]
 
@@ -878,7 +867,7 @@ class RingbufCommandTests(_VMTestCase):
 
     def test_aReplacedRingbufTakesTheGuestsWritesAndTheReads(self) -> None:
         guest = self.guest()
-        original = self.vm.machine.replace_ringbuf("vmready", RingBuffer(16))
+        original = self.vm.machine.wiring.replace_ringbuf("vmready", RingBuffer(16))
         guest.write(b"STARTED\n")
         self.vm.flush()
         self.assertEqual((len(original), self.read()), (0, "STARTED\n"))
@@ -1223,15 +1212,15 @@ class SerialPortTests(SynchronousTestCase):
     """What a guest sees of the ports."""
 
     def test_namedPortIsFoundByItsName(self) -> None:
-        port = InMemoryVM(VM_ARGV).machine.find_port(PORT)
+        port = InMemoryVM(VM_ARGV).machine.wiring.find_port(PORT)
         self.assertEqual(None if port is None else port.spec.chardev, "vmready")
 
     def test_unnamedPortHasABusAndNumberName(self) -> None:
         vm = InMemoryVM([*VM_ARGV, "-device", "virtserialport,bus=vs0.0"])
-        self.assertEqual(vm.machine.ports[-1].guest_name, "vportvs0p0n3")
+        self.assertEqual(vm.machine.wiring.ports[-1].guest_name, "vportvs0p0n3")
 
     def test_unknownPortIsNotFound(self) -> None:
-        self.assertIsNone(InMemoryVM(VM_ARGV).machine.find_port("nope"))
+        self.assertIsNone(InMemoryVM(VM_ARGV).machine.wiring.find_port("nope"))
 
     def test_guestCannotOpenAPortOfAnExitedMachine(self) -> None:
         vm = InMemoryVM(VM_ARGV)
@@ -1242,11 +1231,11 @@ class SerialPortTests(SynchronousTestCase):
 
     def test_guestWritesAfterExitAreDropped(self) -> None:
         vm = InMemoryVM(VM_ARGV)
-        port = vm.machine.find_port(PORT)
+        port = vm.machine.wiring.find_port(PORT)
         assert port is not None
         vm.machine.exit(0, [])
-        vm.machine.guest_wrote(port, b"late")
-        self.assertEqual(vm.machine.ringbufs["vmready"].peek(), b"")
+        vm.machine.wiring.guest_wrote(port, b"late")
+        self.assertEqual(vm.machine.wiring.ringbufs["vmready"].peek(), b"")
 
     def test_exitIsReportedOnce(self) -> None:
         vm = InMemoryVM(VM_ARGV)

@@ -21,22 +21,14 @@ from fakeqemu._migration import (
     serialize_state,
 )
 from fakeqemu.testing import InMemoryVM, raw_qmp_transport
+from tests.fakeqemu.commandlines import MACHINE, PORT, agent_port, legacy_port
 
 STATE = "/vm/state"
 INCOMING = ["-incoming", f"exec:cat {STATE}"]
 FAILED = "load of migration failed: Invalid argument"
-PORT = "com.canonical.lxd"
-DEVICES = [
-    "-chardev",
-    "ringbuf,id=vmready,size=16",
-    "-device",
-    "virtio-serial-pci,id=vs0",
-    "-device",
-    f"virtserialport,chardev=vmready,name={PORT},bus=vs0.0",
-]
-MACHINE = ["-machine", "q35", "-nodefaults", "-display", "none", "-m", "64"]
+DEVICES = agent_port(16)
 VM_ARGV = [*MACHINE, *DEVICES]
-EXTRA_PORT = ["-device", "virtserialport,name=org.linuxcontainers.lxd,bus=vs0.0"]
+EXTRA_PORT = legacy_port()
 VIRTIO_CONSOLE_LINES = [
     "Failed to load virtio-console:virtio",
     "error while loading state for instance 0x0 of device '0000:00:01.0/virtio-console'",
@@ -57,7 +49,7 @@ def saved_state(argv: list[str], guest_bytes: bytes = b"") -> bytes:
         source.flush()
         guest.write(guest_bytes)
         source.flush()
-    source.machine.migrate(f"exec:cat > {STATE}", source.files.__setitem__)
+    source.machine.migration.migrate(f"exec:cat > {STATE}", source.files.__setitem__)
     source.advance()
     return source.files[STATE]
 
@@ -116,10 +108,10 @@ class StateFileTests(SynchronousTestCase):
 
     def test_migrationDoesNotDrainTheRingbuf(self) -> None:
         source = InMemoryVM(VM_ARGV)
-        source.machine.ringbuf_write("vmready", b"kept")
-        source.machine.migrate(f"exec:cat > {STATE}", source.files.__setitem__)
+        source.machine.wiring.ringbuf_write("vmready", b"kept")
+        source.machine.migration.migrate(f"exec:cat > {STATE}", source.files.__setitem__)
         source.advance()
-        self.assertEqual(source.machine.ringbufs["vmready"].peek(), b"kept")
+        self.assertEqual(source.machine.wiring.ringbufs["vmready"].peek(), b"kept")
 
 
 class IncomingCheckTests(SynchronousTestCase):
@@ -247,7 +239,7 @@ class RestoreTests(SynchronousTestCase):
 
     def test_restoredMigrationReportsCompleted(self) -> None:
         vm = self.restore(VM_ARGV, saved_state(VM_ARGV))
-        self.assertEqual(vm.machine.migration, {"status": "completed"})
+        self.assertEqual(vm.machine.migration.info, {"status": "completed"})
 
     def test_renamedPortRestoresAndIsReachableByItsNewName(self) -> None:
         renamed = [*MACHINE, *DEVICES[:-1], "virtserialport,chardev=vmready,name=new,bus=vs0.0"]
@@ -258,7 +250,7 @@ class RestoreTests(SynchronousTestCase):
 
     def test_ringbufContentsAreNotRestored(self) -> None:
         vm = self.restore(VM_ARGV, saved_state(VM_ARGV, b"STARTED\n"))
-        self.assertEqual(vm.machine.ringbuf_read("vmready", 100), b"")
+        self.assertEqual(vm.machine.wiring.ringbuf_read("vmready", 100), b"")
 
     def test_extraPortExitsWithQemusLines(self) -> None:
         vm = self.restore([*VM_ARGV, *EXTRA_PORT], saved_state(VM_ARGV))
@@ -293,6 +285,6 @@ class RestoreTests(SynchronousTestCase):
 
     def test_restoredVmCanMigrateAgain(self) -> None:
         vm = self.restore(VM_ARGV, saved_state(VM_ARGV))
-        vm.machine.migrate("exec:cat > /vm/again", vm.files.__setitem__)
+        vm.machine.migration.migrate("exec:cat > /vm/again", vm.files.__setitem__)
         vm.advance()
         self.assertEqual(document(vm.files["/vm/again"])["machine"], "pc-q35-7.2")

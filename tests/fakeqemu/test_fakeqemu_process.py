@@ -29,6 +29,16 @@ from zope.interface import implementer
 
 from fakeqemu import __version__
 from fakeqemu._cmdline import QEMU_VERSION
+from tests.fakeqemu.commandlines import (
+    LEGACY_PORT,
+    MACHINE,
+    agent_port,
+    guest_devices,
+    legacy_port,
+    qmp_option,
+)
+from tests.fakeqemu.commandlines import PORT as AGENT_PORT
+from tests.fakeqemu.commandlines import RING as AGENT_RING
 from tests.processes import kill_if_named
 from tests.reactor import reactor
 from vmready.protocols.qmp import QMPClientProtocol, QMPDisconnected, QMPEvent, connect_qmp
@@ -40,9 +50,6 @@ FAKEQEMU_HOST = os.path.join(BIN_DIRECTORY, "fakeqemu-host")
 # How long a process may take to come up or go away on a loaded CI machine.  A
 # bound on waiting, never an assertion about speed.
 DEADLINE = 30.0
-AGENT_PORT = "com.canonical.lxd"
-LEGACY_PORT = "org.linuxcontainers.lxd"
-AGENT_RING = "vmready"
 
 _E = TypeVar("_E", bound=BaseException)
 _Case = TypeVar("_Case", bound=TestCase)
@@ -60,31 +67,9 @@ def deferred_test(
     return run
 
 
-def qmp_option(path: str) -> list[str]:
-    """``-qmp`` for a monitor socket the way vmready passes it."""
-    return ["-qmp", f"unix:{path},server=on,wait=off"]
-
-
-def agent_devices(ring_size: int = 4096, legacy_port: bool = False) -> list[str]:
+def agent_devices(ring_size: int = 4096, legacy: bool = False) -> list[str]:
     """A q35 machine with the agent's ring buffer wired to com.canonical.lxd."""
-    args = [
-        "-machine",
-        "q35",
-        "-nodefaults",
-        "-display",
-        "none",
-        "-m",
-        "64",
-        "-chardev",
-        f"ringbuf,id={AGENT_RING},size={ring_size}",
-        "-device",
-        "virtio-serial-pci,id=vs0",
-        "-device",
-        f"virtserialport,chardev={AGENT_RING},name={AGENT_PORT},bus=vs0.0",
-    ]
-    if legacy_port:
-        args += ["-device", f"virtserialport,name={LEGACY_PORT},bus=vs0.0"]
-    return args
+    return [*MACHINE, *agent_port(ring_size), *(legacy_port() if legacy else [])]
 
 
 def child_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -282,6 +267,15 @@ class ProcessTestCase(TestCase):
                 kill_if_named(pid, os.path.dirname(pidfile))
 
         self.addCleanup(kill)
+
+    async def agent_vm(
+        self, start: Callable[[list[str]], RecordedProcess] | None = None
+    ) -> tuple[RecordedProcess, QMPClientProtocol, str]:
+        """A VM with the agent's devices, started by ``start`` (default: ``spawn``): its
+        process, its negotiated monitor and the monitor's socket."""
+        qmp = self.path("qmp")
+        process = (start or self.spawn)([*agent_devices(), *qmp_option(qmp)])
+        return process, await self.monitor(qmp, process), qmp
 
     async def monitor(
         self, socket_path: str, process: RecordedProcess | None = None
@@ -496,9 +490,7 @@ class LifecycleTests(ProcessTestCase):
 
     @deferred_test
     async def test_sigtermShutsDownWithReasonHostSignal(self) -> None:
-        qmp = self.path("qmp")
-        process = self.spawn([*agent_devices(), *qmp_option(qmp)])
-        client = await self.monitor(qmp, process)
+        process, client, _ = await self.agent_vm()
         events = EventRecorder(client)
         process.send_signal("TERM")
         shutdown = await events.first("SHUTDOWN")
@@ -515,9 +507,7 @@ class LifecycleTests(ProcessTestCase):
 
     @deferred_test
     async def test_sigkillFailsPendingCommandsWithDisconnected(self) -> None:
-        qmp = self.path("qmp")
-        process = self.spawn([*agent_devices(), *qmp_option(qmp)])
-        client = await self.monitor(qmp, process)
+        process, client, _ = await self.agent_vm()
         # A stopped process cannot answer, so the command is surely pending when it dies.
         process.send_signal("STOP")
         pending = client.execute("query-status")
@@ -701,11 +691,6 @@ guest.recv(1)  # hold the port open, as an agent does, until the VM closes it
 class GuestSocketTests(ProcessTestCase):
     """The guest end of each virtio serial port is a unix socket a process can open."""
 
-    async def start_vm(self) -> tuple[RecordedProcess, QMPClientProtocol, str]:
-        qmp = self.path("qmp")
-        process = self.spawn([*agent_devices(), *qmp_option(qmp)])
-        return process, await self.monitor(qmp, process), qmp
-
     async def agent_ring_open(self, client: QMPClientProtocol) -> bool:
         chardevs = await client.execute("query-chardev")
         return bool(next(c["frontend-open"] for c in chardevs if c["label"] == AGENT_RING))
@@ -719,7 +704,7 @@ class GuestSocketTests(ProcessTestCase):
 
     @deferred_test
     async def test_guestProcessWritesReachTheRingBuffer(self) -> None:
-        _, client, qmp = await self.start_vm()
+        _, client, qmp = await self.agent_vm()
         agent = self.spawn_python(GUEST_AGENT, self.guest_socket(qmp, AGENT_PORT))
         await wait_until(lambda: agent.stdout == b"sent\n", "the guest process to write")
         drained = ""
@@ -758,7 +743,7 @@ class GuestSocketTests(ProcessTestCase):
 
     @deferred_test
     async def test_frontendOpenFollowsTheGuestSocket(self) -> None:
-        _, client, qmp = await self.start_vm()
+        _, client, qmp = await self.agent_vm()
         before = await self.agent_ring_open(client)
         guest = await self.open_socket(self.guest_socket(qmp, AGENT_PORT), SocketEnd())
         await self.wait_for_frontend(client, True)
@@ -770,7 +755,7 @@ class GuestSocketTests(ProcessTestCase):
 
     @deferred_test
     async def test_guestPoweroffEndsTheVM(self) -> None:
-        process, client, qmp = await self.start_vm()
+        process, client, qmp = await self.agent_vm()
         events = EventRecorder(client)
         control = await self.open_socket(self.control_socket(qmp), SocketEnd())
         assert control.transport is not None
@@ -822,7 +807,7 @@ class MigrationTests(ProcessTestCase):
         qmp = self.path("target.qmp")
         target = self.spawn(
             [
-                *agent_devices(legacy_port=True),
+                *agent_devices(legacy=True),
                 *qmp_option(qmp),
                 "-incoming",
                 f"exec:cat {state}",
@@ -902,7 +887,7 @@ class MigrationTests(ProcessTestCase):
         qmp, pidfile, log = self.path("target.qmp"), self.path("target.pid"), self.path("vm.log")
         launcher = self.spawn(
             [
-                *agent_devices(legacy_port=True),
+                *agent_devices(legacy=True),
                 *qmp_option(qmp),
                 "-incoming",
                 f"exec:cat {state}",
@@ -1004,18 +989,7 @@ class GuestDeviceTests(ProcessTestCase):
             *agent_devices(),
             "-device",
             f"virtserialport,name={LEGACY_PORT},bus=vs0.0,id=legacy",
-            "-chardev",
-            f"file,id=console,path={self.path('console.log')},append=on",
-            "-serial",
-            "chardev:console",
-            "-fsdev",
-            f"local,id=config,path={self.path('config-drive')},security_model=none,readonly=on",
-            "-device",
-            "virtio-9p-pci,fsdev=config,mount_tag=config",
-            "-netdev",
-            f"user,id=n0,restrict=on,ipv6=off,guestfwd=tcp:10.0.2.100:8443-cmd:{command}",
-            "-device",
-            "virtio-net-pci,netdev=n0,mac=52:54:00:76:6d:01",
+            *guest_devices(self.directory, command, mac="52:54:00:76:6d:01"),
         ]
 
     def guest_path(self, qmp: str, name: str) -> str:

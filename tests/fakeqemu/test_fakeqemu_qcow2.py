@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import struct
 import subprocess
 
@@ -11,6 +10,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from fakeqemu._qcow2 import ImageError, Qcow2Header, parse_qcow2_header
 from fakeqemu.testing import write_qcow2
+from tests.conformance.support import require_program
 
 
 class Qcow2HeaderTests(SynchronousTestCase):
@@ -65,12 +65,7 @@ class WriteQcow2Tests(SynchronousTestCase):
 
     def qemu_img(self) -> str:
         """qemu-img, or skip: this checks the helper against the real tool."""
-        program = shutil.which("qemu-img")
-        if program is None:
-            if os.environ.get("VMREADY_REQUIRE_QEMU") == "1":
-                self.fail("VMREADY_REQUIRE_QEMU=1 but qemu-img is not installed")
-            self.skipTest("qemu-img is not installed (Debian: apt-get install qemu-utils)")
-        return program
+        return require_program(self, "qemu-img", "qemu-utils")
 
     def test_qemuImgChecksTheImageClean(self) -> None:
         qemu_img = self.qemu_img()

@@ -8,24 +8,12 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from fakeqemu import CommandLineError
-from fakeqemu._machine import RunState
+from fakeqemu._runstate import RunState
 from fakeqemu.testing import FakeGuest, InMemoryVM, raw_qmp_transport
+from tests.fakeqemu.commandlines import MACHINE, PORT, agent_port, qmp_option
 from tests.fakeqemu.test_fakeqemu_machine import GREETING, RecordingQMPClient
 
-PORT = "com.canonical.lxd"
-VM_ARGV = [
-    "-machine",
-    "q35",
-    "-nodefaults",
-    "-qmp",
-    "unix:/vm/qmp.sock,server=on,wait=off",
-    "-chardev",
-    "ringbuf,id=vmready,size=64",
-    "-device",
-    "virtio-serial-pci,id=vs0",
-    "-device",
-    f"virtserialport,chardev=vmready,name={PORT}",
-]
+VM_ARGV = [*MACHINE, *qmp_option(), *agent_port(64)]
 STATE = "/vm/state"
 INCOMING = ["-incoming", f"exec:cat {STATE}"]
 
@@ -43,7 +31,7 @@ def negotiated_client(vm: InMemoryVM) -> RecordingQMPClient:
 def migrated_state() -> bytes:
     """A state file from a VM with VM_ARGV's devices."""
     source = InMemoryVM(VM_ARGV)
-    source.machine.migrate(f"exec:cat > {STATE}", source.files.__setitem__)
+    source.machine.migration.migrate(f"exec:cat > {STATE}", source.files.__setitem__)
     source.advance()
     return source.files[STATE]
 
@@ -54,7 +42,7 @@ class InMemoryVMTests(SynchronousTestCase):
     def test_configComesFromTheCommandLine(self) -> None:
         vm = InMemoryVM(VM_ARGV)
         self.assertEqual(
-            (vm.config.machine_type, [p.guest_name for p in vm.machine.ports]),
+            (vm.config.machine_type, [p.guest_name for p in vm.machine.wiring.ports]),
             ("pc-q35-7.2", [PORT]),
         )
 
@@ -78,7 +66,7 @@ class InMemoryVMTests(SynchronousTestCase):
     def test_migrateWritesIntoTheFilesDict(self) -> None:
         files: dict[str, bytes] = {}
         vm = InMemoryVM(VM_ARGV, files=files)
-        vm.machine.migrate(f"exec:cat > {STATE}", vm.qmp_factory.write_file)
+        vm.machine.migration.migrate(f"exec:cat > {STATE}", vm.qmp_factory.write_file)
         vm.advance()
         self.assertEqual(json.loads(files[STATE])["machine"], "pc-q35-7.2")
 
@@ -133,7 +121,7 @@ class ConnectionTests(SynchronousTestCase):
 
     def test_guestIsOpenOnceConnected(self) -> None:
         guest = self.vm.connect_guest(PORT)
-        port = self.vm.machine.find_port(PORT)
+        port = self.vm.machine.wiring.find_port(PORT)
         self.assertEqual((guest.open, port is not None and port.guest is not None), (True, True))
 
     def test_unknownPortIsAKeyError(self) -> None:
@@ -143,9 +131,11 @@ class ConnectionTests(SynchronousTestCase):
     def test_guestWritesArriveOnFlush(self) -> None:
         guest = self.vm.connect_guest(PORT)
         guest.write(b"STARTED\n")
-        before = self.vm.machine.ringbufs["vmready"].peek()
+        before = self.vm.machine.wiring.ringbufs["vmready"].peek()
         self.vm.flush()
-        self.assertEqual((before, self.vm.machine.ringbufs["vmready"].peek()), (b"", b"STARTED\n"))
+        self.assertEqual(
+            (before, self.vm.machine.wiring.ringbufs["vmready"].peek()), (b"", b"STARTED\n")
+        )
 
     def test_guestRecordsWhatArrives(self) -> None:
         vm = InMemoryVM(
@@ -172,7 +162,7 @@ class ConnectionTests(SynchronousTestCase):
         guest = self.vm.connect_guest(PORT)
         guest.close()
         self.vm.flush()
-        port = self.vm.machine.find_port(PORT)
+        port = self.vm.machine.wiring.find_port(PORT)
         self.assertEqual((guest.open, port is not None and port.guest), (False, None))
 
     def test_controlChannelReceivesPowerdown(self) -> None:

@@ -22,8 +22,8 @@ from vmready.protocols.transcript import (
     PADDED_BODY_LIMIT,
     TranscriptError,
     body_from_fields,
-    read_transcript,
 )
+from vmready.protocols.transcriptreader import read_transcript
 
 _HEADER = {"format": FORMAT, "version": 1, "side": "agent", "instance": "web1"}
 

@@ -1,13 +1,16 @@
-"""A fuzz target as a trial test method: 200 inputs, the same ones every run."""
+"""Fuzz targets as trial test methods: 200 inputs each, the same ones every run."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from hypothesis import HealthCheck, given, settings
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.fuzzing.target import FuzzTarget
+
+_Case = TypeVar("_Case", bound=type[SynchronousTestCase])
 
 
 def fuzzed(target: FuzzTarget) -> Any:
@@ -28,10 +31,18 @@ def fuzzed(target: FuzzTarget) -> Any:
     return test
 
 
-def tested_targets(case: type) -> set[str]:
-    """The names of the targets the ``fuzzed`` methods of test case class ``case`` run."""
-    return {
-        value.__doc__.split(":")[0]
-        for name, value in vars(case).items()
-        if name.startswith("test_") and value.__doc__ and ":" in value.__doc__
-    }
+def method_name(target: FuzzTarget) -> str:
+    """``ring-reader`` → ``test_ringReader``."""
+    first, *rest = target.name.split("-")
+    return "test_" + first + "".join(word.capitalize() for word in rest)
+
+
+def with_target_tests(targets: Iterable[FuzzTarget]) -> Callable[[_Case], _Case]:
+    """A class decorator: a ``fuzzed`` test method per target, named after it."""
+
+    def decorate(case: _Case) -> _Case:
+        for target in targets:
+            setattr(case, method_name(target), fuzzed(target))
+        return case
+
+    return decorate

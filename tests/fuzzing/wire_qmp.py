@@ -17,6 +17,7 @@ from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 
 from fakeqemu.testing import InMemoryVM, raw_qmp_transport
+from tests.fakeqemu.commandlines import MACHINE, agent_port, qmp_option
 from tests.fuzzing.target import FuzzTarget
 from tests.fuzzing.wire_mutations import (
     dumps,
@@ -178,23 +179,7 @@ _COMMANDS = [
     "no-such-command",
 ]
 
-_VM_ARGV = [
-    "-machine",
-    "q35",
-    "-nodefaults",
-    "-display",
-    "none",
-    "-m",
-    "64",
-    "-qmp",
-    "unix:/vm/qmp.sock,server=on,wait=off",
-    "-chardev",
-    "ringbuf,id=vmready,size=64",
-    "-device",
-    "virtio-serial-pci,id=vs0",
-    "-device",
-    "virtserialport,chardev=vmready,name=com.canonical.lxd,bus=vs0.0",
-]
+_VM_ARGV = [*MACHINE, *qmp_option(), *agent_port(64)]
 
 _ARGUMENTS: dict[str, dict[str, Any]] = {
     "qmp_capabilities": {"enable": ["oob"]},

@@ -29,12 +29,11 @@ from vmready.protocols.transcript import (
     FORMAT,
     HOST_KINDS,
     VERSION,
-    Transcript,
     TranscriptError,
     body_from_fields,
     data_from_fields,
-    read_transcript,
 )
+from vmready.protocols.transcriptreader import Transcript, read_transcript
 from vmready.record.replayinputs import (
     connect_ports,
     failed_in_recording,

@@ -17,7 +17,7 @@ from typing import Any
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.trial.unittest import TestCase
 
-from tests.conformance.support import REQUIRE_QEMU_VARIABLE
+from tests.conformance.support import require_program
 from tests.reactor import reactor
 from vmready.domain.model import BadRequest
 from vmready.hypervisor.bootsource import BootSource
@@ -49,10 +49,7 @@ class RefusedLaunchTests(TestCase):
     """Every refusal is one clear message; nothing is left behind."""
 
     def setUp(self) -> None:
-        if shutil.which("qemu-img") is None:
-            if os.environ.get(REQUIRE_QEMU_VARIABLE) == "1":
-                self.fail(f"{REQUIRE_QEMU_VARIABLE}=1 but qemu-img is not installed")
-            self.skipTest("qemu-img is not installed (Debian: apt-get install qemu-utils)")
+        require_program(self, "qemu-img", "qemu-utils")
         self.directory = tempfile.mkdtemp(prefix="vmr-bl-", dir="/tmp")
         self.addCleanup(shutil.rmtree, self.directory, True)
         self.store = Store.open(os.path.join(self.directory, "vmready.sqlite"))

@@ -19,7 +19,7 @@ from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from tests.conformance.support import REQUIRE_QEMU_VARIABLE
+from tests.conformance.support import require_program
 from tests.hypervisor.test_guestimage import fake_pvh_kernel
 from tests.reactor import reactor
 from vmready.domain.model import BadRequest, HypervisorError
@@ -86,16 +86,6 @@ def ext_filesystem(size: int = MIB, blocks: int | None = None) -> bytes:
     """A raw ext filesystem image of ``size`` bytes whose superblock counts ``blocks`` 1 KiB."""
     count = size // 1024 if blocks is None else blocks
     return bytes(put(put(blank(size), 1024 + 4, le(count, 4)), 1080, b"\x53\xef"))
-
-
-def require_qemu_img(case: SynchronousTestCase) -> None:
-    """Skip ``case`` where qemu-img is missing (fail under VMREADY_REQUIRE_QEMU=1)."""
-    if shutil.which(QEMU_IMG) is not None:
-        return
-    reason = "qemu-img is not installed (Debian: apt-get install qemu-utils)"
-    if os.environ.get(REQUIRE_QEMU_VARIABLE) == "1":
-        case.fail(f"{REQUIRE_QEMU_VARIABLE}=1 but {reason}")
-    case.skipTest(reason)
 
 
 def qemu_img(*args: str) -> str:
@@ -650,7 +640,7 @@ class ImageToolTestCase(TestCase):
     """Runs the real qemu-img on images made in a fresh directory."""
 
     def setUp(self) -> None:
-        require_qemu_img(self)
+        require_program(self, QEMU_IMG, "qemu-utils")
         self.directory = os.path.abspath(self.mktemp())
         os.makedirs(self.directory)
         self.tool = ImageTool(reactor)

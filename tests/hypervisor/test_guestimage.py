@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from tests.conformance.support import cannot_run
 from vmready.guestfiles import LOADER_FILES, boothook, executable, loader_files
 from vmready.hypervisor.bootfiles import has_pvh_entry
 from vmready.hypervisor.guestimage import inputs as guest_inputs
@@ -65,9 +66,6 @@ from vmready.hypervisor.guestimage.initramfs import (
 )
 from vmready.hypervisor.guestimage.inputs import GuestInputs, Package, image_files, resolve_inputs
 from vmready.hypervisor.guestimage.rootfs import customize_root
-
-REQUIRE_QEMU_VARIABLE = "VMREADY_REQUIRE_QEMU"
-
 
 # --- Fakes -------------------------------------------------------------------------------
 
@@ -1003,11 +1001,7 @@ class RealBuildTests(SynchronousTestCase):
         self.cache = default_cache_dir()
         reason = unavailable_reason(self.cache)
         if reason is not None:
-            if os.environ.get(REQUIRE_QEMU_VARIABLE) == "1":
-                self.fail(
-                    f"{REQUIRE_QEMU_VARIABLE}=1 but the demo guest cannot be built: {reason}"
-                )
-            self.skipTest(reason)
+            cannot_run(self, f"the demo guest cannot be built: {reason}")
         self.guest = ensure_guest(self.cache, log=lambda line: None)
 
     def test_theKernelIsABzImageAndItsPVHForm(self) -> None:

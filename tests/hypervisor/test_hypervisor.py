@@ -30,6 +30,7 @@ from twisted.protocols.basic import LineOnlyReceiver
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
+from tests.conformance.support import require_program
 from tests.reactor import reactor
 from vmready.domain.model import HypervisorError
 from vmready.domain.states import PowerState
@@ -49,7 +50,6 @@ from vmready.hypervisor.vmevents import (
 )
 from vmready.protocols.qmp import QMPEvent
 
-REQUIRE_QEMU_VARIABLE = "VMREADY_REQUIRE_QEMU"
 QEMU_BINARY_VARIABLE = "VMREADY_QEMU_BINARY"
 WAIT = 30.0
 
@@ -537,12 +537,7 @@ class RealQemuPowerTests(PowerChecks, VMTestCase):
     binary = os.environ.get(QEMU_BINARY_VARIABLE) or None
 
     def setUp(self) -> None:
-        program = self.binary or "qemu-system-x86_64"
-        if shutil.which(program) is None:
-            reason = f"{program} is not installed (Debian: apt-get install qemu-system-x86)"
-            if os.environ.get(REQUIRE_QEMU_VARIABLE) == "1":
-                self.fail(f"{REQUIRE_QEMU_VARIABLE}=1 but {reason}")
-            self.skipTest(reason)
+        require_program(self, self.binary or "qemu-system-x86_64", "qemu-system-x86")
         super().setUp()
 
 

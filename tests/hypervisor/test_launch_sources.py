@@ -23,7 +23,7 @@ from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 
 from fakeqemu.testing import write_kernel
-from tests.conformance.support import REQUIRE_QEMU_VARIABLE
+from tests.conformance.support import require_program
 from tests.hypervisor.test_boot_launch import _async
 from tests.lifecycle.test_lifecycle import ACPIGuest
 from tests.reactor import reactor
@@ -75,10 +75,7 @@ class LaunchTestCase(TestCase):
     """A lifecycle on a fresh data dir, driving fakeqemu (or a stand-in binary)."""
 
     def setUp(self) -> None:
-        if shutil.which("qemu-img") is None:
-            if os.environ.get(REQUIRE_QEMU_VARIABLE) == "1":
-                self.fail(f"{REQUIRE_QEMU_VARIABLE}=1 but qemu-img is not installed")
-            self.skipTest("qemu-img is not installed (Debian: apt-get install qemu-utils)")
+        require_program(self, "qemu-img", "qemu-utils")
         self.directory = tempfile.mkdtemp(prefix="vmr-ls-", dir="/tmp")
         self.addCleanup(shutil.rmtree, self.directory, True)
         self.store = Store.open(os.path.join(self.directory, "vmready.sqlite"))

@@ -16,7 +16,7 @@ from typing import Any
 from twisted.internet.defer import ensureDeferred
 from twisted.trial.unittest import TestCase
 
-from tests.conformance.support import REAL_QEMU, REQUIRE_QEMU_VARIABLE
+from tests.conformance.support import REAL_QEMU, cannot_run
 from tests.lifecycle.test_lifecycle import _async, _until
 from tests.reactor import reactor
 from vmready.domain.model import BadRequest, Conflict, HypervisorError, InstanceRecord, NotFound
@@ -592,9 +592,7 @@ class QemuSnapshotTestCase(SnapshotTestCase):
     def setUp(self) -> None:
         reason = REAL_QEMU.unavailable_reason()
         if reason is not None:
-            if os.environ.get(REQUIRE_QEMU_VARIABLE) == "1":
-                self.fail(f"{REQUIRE_QEMU_VARIABLE}=1 but QEMU cannot run: {reason}")
-            self.skipTest(reason)
+            cannot_run(self, f"QEMU cannot run: {reason}")
         super().setUp()
 
 

@@ -18,9 +18,9 @@ from vmready.protocols.transcript import (
     body_from_fields,
     data_fields,
     data_from_fields,
-    read_transcript,
     redact_json,
 )
+from vmready.protocols.transcriptreader import read_transcript
 from vmready.trust.certs import generate
 
 HEADER = {"side": "host", "instance": "vm1", "uuid": "u-1", "host_port": 1}

@@ -14,7 +14,7 @@ import signal
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.system import System
-from vmready.protocols.transcript import read_transcript
+from vmready.protocols.transcriptreader import read_transcript
 from vmready.record.replay import replay
 
 NAME = "web1"

@@ -285,7 +285,7 @@ class RecordedInputTests(SynchronousTestCase):
         self.assertIn('"display_status": "ERROR", "error": "guest kernel panicked', got)
 
     def test_hostInitiatedEventsAreNotInputs(self) -> None:
-        from vmready.protocols.transcript import Entry
+        from vmready.protocols.transcriptreader import Entry
         from vmready.record.replayinputs import guest_power_action
 
         def action(event: str, data: dict[str, Any]) -> str | None:

@@ -98,7 +98,7 @@ class EventSocketProtocol(WebSocketServerProtocol):
 class EventSocketFactory(WebSocketServerFactory):
     """The WebSocket of one ``/1.0/events`` request: its bus, types and feed limit."""
 
-    protocol = EventSocketProtocol  # type: ignore[assignment]
+    protocol = EventSocketProtocol  # type: ignore[assignment]  # autobahn types it as its base protocol
 
     def __init__(
         self,

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Awaitable, Callable
 from urllib.parse import quote
 
 from vmready.cli import tables
 from vmready.cli.client import Client
 from vmready.cli.errors import EXIT_OK
 from vmready.cli.output import Output, to_yaml
+from vmready.cli.verbs import by_verb
 
 __all__ = ["cluster_command"]
 
@@ -41,13 +41,7 @@ def _quoted(name: str) -> str:
     return quote(name, safe="", errors="surrogateescape")
 
 
-_VERBS: dict[str, Callable[[Client, Output, argparse.Namespace], Awaitable[int]]] = {
-    "list": _cluster_list,
-    "show": _cluster_show,
-    "remove": _cluster_remove,
-}
-
-
-async def cluster_command(client: Client, output: Output, args: argparse.Namespace) -> int:
-    """``vmready cluster VERB``."""
-    return await _VERBS[args.cluster_verb](client, output, args)
+# ``vmready cluster VERB``.
+cluster_command = by_verb(
+    "cluster_verb", {"list": _cluster_list, "show": _cluster_show, "remove": _cluster_remove}
+)

@@ -20,6 +20,7 @@ from vmready.cli.completion import completion_script
 from vmready.cli.configops import config_command, operation_command
 from vmready.cli.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandError, UsageError
 from vmready.cli.output import EventCSV, Output, to_yaml
+from vmready.cli.verbs import by_verb
 from vmready.cli.waiter import Waiter, parse_condition
 from vmready.hypervisor.accel import ACCEL_KEY
 from vmready.hypervisor.bootsource import APPEND_KEY, IMAGE_KEY, INITRD_KEY, KERNEL_KEY
@@ -247,17 +248,15 @@ async def _cmd_snapshot_delete(client: Client, output: Output, args: argparse.Na
     return EXIT_OK
 
 
-_SNAPSHOT_VERBS: dict[str, Callable[[Client, Output, argparse.Namespace], Any]] = {
-    "create": _cmd_snapshot,
-    "delete": _cmd_snapshot_delete,
-    "list": _cmd_snapshots,
-    "restore": _cmd_restore,
-}
-
-
-async def _cmd_snapshot_verb(client: Client, output: Output, args: argparse.Namespace) -> int:
-    result: int = await _SNAPSHOT_VERBS[args.snapshot_verb](client, output, args)
-    return result
+_cmd_snapshot_verb = by_verb(
+    "snapshot_verb",
+    {
+        "create": _cmd_snapshot,
+        "delete": _cmd_snapshot_delete,
+        "list": _cmd_snapshots,
+        "restore": _cmd_restore,
+    },
+)
 
 
 async def _cmd_delete(client: Client, output: Output, args: argparse.Namespace) -> int:

@@ -315,44 +315,46 @@ def fish_script(parser: argparse.ArgumentParser) -> str:
             f"complete -c vmready -n {_fish_quote(no_command)} -a {name} -d {_fish_quote(text)}"
         )
     for spec in specs:
-        if len(spec.path) == 1:
-            condition = no_command
-        else:
-            condition = " ; and ".join(
-                f"__fish_seen_subcommand_from {word}" for word in spec.path[1:]
-            )
-            if spec.verbs:
-                verbs = " ".join(name for name, _ in spec.verbs)
-                condition += f" ; and not __fish_seen_subcommand_from {verbs}"
-                for name, text in spec.verbs:
-                    lines.append(
-                        f"complete -c vmready -n {_fish_quote(condition)} -a {name} "
-                        f"-d {_fish_quote(text)}"
-                    )
-        for option in spec.options:
-            flag = f"-l {option[2:]}" if option.startswith("--") else f"-s {option[1:]}"
-            choices = spec.values.get(option)
-            takes = ""
-            if choices:
-                takes = f" -x -a {_fish_quote(' '.join(choices))}"
-            elif option in spec.files:
-                takes = " -r -F"
-            elif choices is not None:
-                takes = " -x"
-            lines.append(f"complete -c vmready -n {_fish_quote(condition)} {flag}{takes}")
-        if INSTANCE in spec.arguments and not spec.verbs:
-            lines.append(
-                f"complete -c vmready -n {_fish_quote(condition)} -a '(__vmready_instances)'"
-            )
-        for kind in spec.arguments:
-            if isinstance(kind, tuple):
-                lines.append(
-                    f"complete -c vmready -n {_fish_quote(condition)} "
-                    f"-a {_fish_quote(' '.join(kind))}"
-                )
-            elif kind == FILE:
-                lines.append(f"complete -c vmready -n {_fish_quote(condition)} -F")
+        lines += _fish_spec(spec, no_command)
     return "\n".join(lines) + "\n"
+
+
+def _fish_spec(spec: CommandSpec, no_command: str) -> list[str]:
+    """The fish lines of one command (or verb): its verbs, options and arguments."""
+    lines: list[str] = []
+    if len(spec.path) == 1:
+        condition = no_command
+    else:
+        condition = " ; and ".join(f"__fish_seen_subcommand_from {word}" for word in spec.path[1:])
+        if spec.verbs:
+            verbs = " ".join(name for name, _ in spec.verbs)
+            condition += f" ; and not __fish_seen_subcommand_from {verbs}"
+            for name, text in spec.verbs:
+                lines.append(
+                    f"complete -c vmready -n {_fish_quote(condition)} -a {name} "
+                    f"-d {_fish_quote(text)}"
+                )
+    for option in spec.options:
+        flag = f"-l {option[2:]}" if option.startswith("--") else f"-s {option[1:]}"
+        choices = spec.values.get(option)
+        takes = ""
+        if choices:
+            takes = f" -x -a {_fish_quote(' '.join(choices))}"
+        elif option in spec.files:
+            takes = " -r -F"
+        elif choices is not None:
+            takes = " -x"
+        lines.append(f"complete -c vmready -n {_fish_quote(condition)} {flag}{takes}")
+    if INSTANCE in spec.arguments and not spec.verbs:
+        lines.append(f"complete -c vmready -n {_fish_quote(condition)} -a '(__vmready_instances)'")
+    for kind in spec.arguments:
+        if isinstance(kind, tuple):
+            lines.append(
+                f"complete -c vmready -n {_fish_quote(condition)} -a {_fish_quote(' '.join(kind))}"
+            )
+        elif kind == FILE:
+            lines.append(f"complete -c vmready -n {_fish_quote(condition)} -F")
+    return lines
 
 
 def completion_script(parser: argparse.ArgumentParser, shell: str) -> str:

@@ -22,6 +22,7 @@ from vmready.cli.client import Client, get_instance, instance_path
 from vmready.cli.errors import EXIT_FAILED, EXIT_OK, CommandError, UsageError
 from vmready.cli.output import Output, to_yaml
 from vmready.cli.remotecommands import trust_command
+from vmready.cli.verbs import by_verb
 
 __all__ = ["DAEMON_CONFIG_FILE", "config_command", "operation_command", "parse_set"]
 
@@ -131,19 +132,17 @@ async def _config_unset(client: Client, output: Output, args: argparse.Namespace
     return await _patch(client, output, name, dict.fromkeys(keys))
 
 
-_CONFIG_VERBS: dict[str, Command] = {
-    "show": _config_show,
-    "get": _config_get,
-    "set": _config_set,
-    "unset": _config_unset,
-    "trust": trust_command,
-}
-
-
-async def config_command(client: Client, output: Output, args: argparse.Namespace) -> int:
-    """``vmready config VERB``."""
-    result: int = await _CONFIG_VERBS[args.config_verb](client, output, args)
-    return result
+# ``vmready config VERB``.
+config_command = by_verb(
+    "config_verb",
+    {
+        "show": _config_show,
+        "get": _config_get,
+        "set": _config_set,
+        "unset": _config_unset,
+        "trust": trust_command,
+    },
+)
 
 
 def _operation_path(operation_id: str, *rest: str) -> str:
@@ -193,14 +192,8 @@ async def _operation_wait(client: Client, output: Output, args: argparse.Namespa
     return EXIT_OK
 
 
-_OPERATION_VERBS: dict[str, Command] = {
-    "list": _operation_list,
-    "show": _operation_show,
-    "wait": _operation_wait,
-}
-
-
-async def operation_command(client: Client, output: Output, args: argparse.Namespace) -> int:
-    """``vmready operation VERB``."""
-    result: int = await _OPERATION_VERBS[args.operation_verb](client, output, args)
-    return result
+# ``vmready operation VERB``.
+operation_command = by_verb(
+    "operation_verb",
+    {"list": _operation_list, "show": _operation_show, "wait": _operation_wait},
+)

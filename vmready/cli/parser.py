@@ -11,8 +11,9 @@ from vmready.cli.completion import SHELLS
 from vmready.cli.errors import UsageError
 from vmready.cli.output import FORMATS
 from vmready.cli.remoteparser import add_remote_commands
-from vmready.cli.suggest import with_choice_suggestion
+from vmready.cli.suggest import command_index, with_choice_suggestion
 from vmready.cli.tables import DEFAULT_COLUMNS, LIST_COLUMNS, Column, parse_columns
+from vmready.cli.verbs import Verbs
 from vmready.hypervisor.accel import ACCEL_CHOICES
 
 __all__ = ["SNAPSHOT_VERBS", "build_parser", "with_snapshot_verb"]
@@ -93,39 +94,12 @@ install:
 """
 
 
+_RAW = argparse.RawDescriptionHelpFormatter
+_NO_WAIT_HELP = "print the operation's id and return at once instead of waiting for it"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``vmready`` argument parser."""
-    common = _Parser(add_help=False)
-    common.add_argument(
-        "--socket",
-        default=argparse.SUPPRESS,
-        help="the daemon's API socket (default: $VMREADY_SOCKET or <data dir>/vmready.sock)",
-    )
-    common.add_argument(
-        "--format",
-        choices=FORMATS,
-        default=argparse.SUPPRESS,
-        help="output format where the output is data (default: table)",
-    )
-    action = _Parser(add_help=False)
-    waiting = action.add_mutually_exclusive_group()
-    waiting.add_argument(
-        "--wait",
-        dest="no_wait",
-        action="store_false",
-        default=False,
-        help="wait for the operation to finish, showing its progress on a terminal (default)",
-    )
-    no_wait_help = "print the operation's id and return at once instead of waiting for it"
-    waiting.add_argument("--no-wait", dest="no_wait", action="store_true", help=no_wait_help)
-    # launch waits for its operation unless --no-wait; its --wait waits for more (Ready).
-    launching = _Parser(add_help=False)
-    launch_waiting = launching.add_mutually_exclusive_group()
-    launch_waiting.add_argument(
-        "--wait", action="store_true", help="then wait until the workload reports Ready"
-    )
-    launch_waiting.add_argument("--no-wait", action="store_true", help=no_wait_help)
-
     parser = _Parser(
         prog="vmready",
         description="Operate vmready instances through the daemon's API.",
@@ -148,12 +122,74 @@ def build_parser() -> argparse.ArgumentParser:
         default="table",
         help="output format where the output is data (also accepted after COMMAND)",
     )
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    commands = Verbs(parser, "command", _common_options(), metavar="COMMAND")
+    action = _action_options()
+    _add_launch(commands)
+    _add_list_and_info(commands)
+    _add_actions(commands, action)
+    _add_snapshot_commands(commands, action)
+    config_verbs = _add_config_commands(commands)
+    rename = commands.add("rename", "rename a stopped instance", action)
+    rename.add_argument("name")
+    rename.add_argument("new_name", metavar="NEW")
+    _add_operation_commands(commands)
+    _add_watching_commands(commands)
+    _add_replay(commands)
+    cluster_verbs = _add_cluster_commands(commands)
+    # Remote use: ``remote``, ``config trust``, and list's and monitor's optional REMOTE:.
+    add_remote_commands(commands, config_verbs, cluster_verbs)
+    commands.add(
+        "completion",
+        "print the shell completion script of bash, zsh or fish",
+        description="Print a completion script for SHELL: commands, options, instance names.",
+        epilog=_COMPLETION_HELP,
+        formatter_class=_RAW,
+        shared=False,
+    ).add_argument("shell", metavar="SHELL", choices=SHELLS, help="bash, zsh or fish")
+    return parser
 
-    def add(name: str, help: str, *parents: _Parser) -> argparse.ArgumentParser:
-        return commands.add_parser(name, help=help, description=help, parents=[common, *parents])
 
-    launch = add("launch", "create and start an instance", launching)
+def _common_options() -> _Parser:
+    """``--socket`` and ``--format``, also accepted after COMMAND."""
+    common = _Parser(add_help=False)
+    common.add_argument(
+        "--socket",
+        default=argparse.SUPPRESS,
+        help="the daemon's API socket (default: $VMREADY_SOCKET or <data dir>/vmready.sock)",
+    )
+    common.add_argument(
+        "--format",
+        choices=FORMATS,
+        default=argparse.SUPPRESS,
+        help="output format where the output is data (default: table)",
+    )
+    return common
+
+
+def _action_options() -> _Parser:
+    """An action's ``--wait`` (the default) or ``--no-wait``."""
+    action = _Parser(add_help=False)
+    waiting = action.add_mutually_exclusive_group()
+    waiting.add_argument(
+        "--wait",
+        dest="no_wait",
+        action="store_false",
+        default=False,
+        help="wait for the operation to finish, showing its progress on a terminal (default)",
+    )
+    waiting.add_argument("--no-wait", dest="no_wait", action="store_true", help=_NO_WAIT_HELP)
+    return action
+
+
+def _add_launch(commands: Verbs) -> None:
+    # launch waits for its operation unless --no-wait; its --wait waits for more (Ready).
+    launching = _Parser(add_help=False)
+    launch_waiting = launching.add_mutually_exclusive_group()
+    launch_waiting.add_argument(
+        "--wait", action="store_true", help="then wait until the workload reports Ready"
+    )
+    launch_waiting.add_argument("--no-wait", action="store_true", help=_NO_WAIT_HELP)
+    launch = commands.add("launch", "create and start an instance", launching)
     launch.add_argument("name")
     launch.add_argument("--memory", help="memory, MiB or with a unit (512, 2GiB)")
     launch.add_argument("--cpus", type=int, help="number of vCPUs")
@@ -183,13 +219,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="in a cluster: the member to launch on (default: the least loaded online one)",
     )
 
-    listing = commands.add_parser(
+
+def _add_list_and_info(commands: Verbs) -> None:
+    listing = commands.add(
         "list",
-        help="list instances with their status",
+        "list instances with their status",
         description="List instances with their status.",
         epilog=_LIST_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        parents=[common],
+        formatter_class=_RAW,
     )
     listing.add_argument(
         "-c",
@@ -199,10 +236,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="COLUMNS",
         help=f"the columns of the table and CSV formats (default: {DEFAULT_COLUMNS})",
     )
-    add("info", "show one instance").add_argument("name")
-    add("start", "start an instance", action).add_argument("name")
+    commands.add("info", "show one instance").add_argument("name")
+
+
+def _add_actions(commands: Verbs, action: _Parser) -> None:
+    """The actions on one instance: start to delete."""
+    commands.add("start", "start an instance", action).add_argument("name")
     for name, text in (("stop", "stop an instance"), ("restart", "restart an instance")):
-        sub = add(name, text, action)
+        sub = commands.add(name, text, action)
         sub.add_argument("name")
         sub.add_argument("--force", action="store_true", help="power off at once")
         sub.add_argument(
@@ -216,33 +257,35 @@ def build_parser() -> argparse.ArgumentParser:
         ("unfreeze", "resume a frozen instance"),
         ("rebuild", "rebuild an instance (also recovers one in Error)"),
     ):
-        add(name, text, action).add_argument("name")
-    resize = add(
+        commands.add(name, text, action).add_argument("name")
+    resize = commands.add(
         "resize", "change memory and/or vCPUs (then confirm-resize or revert-resize)", action
     )
     resize.add_argument("name")
     resize.add_argument("--memory", help="new memory, MiB or with a unit")
     resize.add_argument("--cpus", type=int, help="new number of vCPUs")
-    add("confirm-resize", "keep the new size of a resized instance", action).add_argument("name")
-    add("revert-resize", "go back to the size before the resize", action).add_argument("name")
-    delete = add("delete", "delete an instance", action)
+    for name, text in (
+        ("confirm-resize", "keep the new size of a resized instance"),
+        ("revert-resize", "go back to the size before the resize"),
+    ):
+        commands.add(name, text, action).add_argument("name")
+    delete = commands.add("delete", "delete an instance", action)
     delete.add_argument("name")
     delete.add_argument("--force", action="store_true", help="delete even if it is running")
-    snapshot = commands.add_parser(
+
+
+def _add_snapshot_commands(commands: Verbs, action: _Parser) -> None:
+    verbs = commands.group(
         "snapshot",
-        help="take, delete, list or restore an instance's snapshots",
+        "take, delete, list or restore an instance's snapshots",
         description=(
             "Snapshots of an instance: its config, and with --stateful its running VM. "
             "'vmready snapshot NAME SNAPSHOT' is short for 'vmready snapshot create NAME "
             "SNAPSHOT'."
         ),
+        dest="snapshot_verb",
     )
-    verbs = snapshot.add_subparsers(dest="snapshot_verb", metavar="VERB", required=True)
-
-    def verb(name: str, help: str, *parents: _Parser) -> argparse.ArgumentParser:
-        return verbs.add_parser(name, help=help, description=help, parents=[common, *parents])
-
-    create = verb(
+    create = verbs.add(
         "create", "take a snapshot of an instance (its config; --stateful: its VM)", action
     )
     create.add_argument("name")
@@ -252,15 +295,15 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also save the running VM's state (it pauses while QEMU writes it)",
     )
-    forget = verb(
+    forget = verbs.add(
         "delete", "delete a snapshot and its files (refused while a restore from it runs)"
     )
     forget.add_argument("name")
     forget.add_argument("snapshot", metavar="SNAPSHOT")
-    verb("list", "list an instance's snapshots").add_argument("name")
+    verbs.add("list", "list an instance's snapshots").add_argument("name")
     for restore in (
-        verb("restore", "restore an instance from one of its snapshots", action),
-        add("restore", "restore an instance from one of its snapshots", action),
+        verbs.add("restore", "restore an instance from one of its snapshots", action),
+        commands.add("restore", "restore an instance from one of its snapshots", action),
     ):
         restore.add_argument("name")
         restore.add_argument("snapshot", metavar="SNAPSHOT")
@@ -272,10 +315,13 @@ def build_parser() -> argparse.ArgumentParser:
             action="store_true",
             help="with --stateful: let QEMU try even if the device set changed since the snapshot",
         )
-    # -- config, rename, operation (docs/operator-guide.md) --------------------
-    config = commands.add_parser(
+
+
+def _add_config_commands(commands: Verbs) -> Verbs:
+    """``config`` (docs/operator-guide.md); its verbs, for ``config trust`` to join."""
+    verbs = commands.group(
         "config",
-        help=(
+        (
             "show, get, set or unset an instance's config keys, show the daemon's options, "
             "manage the remote API's trusted clients (config trust)"
         ),
@@ -285,19 +331,14 @@ def build_parser() -> argparse.ArgumentParser:
             "instance's key, 'config get KEY' a daemon option. 'config trust' manages the "
             "client certificates the daemon's remote API trusts."
         ),
+        dest="config_verb",
         epilog=_CONFIG_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_RAW,
     )
-    config_verbs = config.add_subparsers(dest="config_verb", metavar="VERB", required=True)
 
     def config_verb(name: str, help: str, usage: str) -> argparse.ArgumentParser:
-        return config_verbs.add_parser(
-            name,
-            help=help,
-            description=help,
-            parents=[common],
-            usage=f"vmready config {name} [-h] [--socket SOCKET] [--format FORMAT] {usage}",
-        )
+        usage = f"vmready config {name} [-h] [--socket SOCKET] [--format FORMAT] {usage}"
+        return verbs.add(name, help, usage=usage)
 
     config_verb(
         "show", "an instance's config (YAML unless --format), or the daemon's options", "[NAME]"
@@ -315,29 +356,22 @@ def build_parser() -> argparse.ArgumentParser:
     config_verb("unset", "remove instance keys: NAME KEY...", "NAME KEY...").add_argument(
         "args", nargs="+", metavar="ARG", help="NAME KEY..."
     )
-    rename = add("rename", "rename a stopped instance", action)
-    rename.add_argument("name")
-    rename.add_argument("new_name", metavar="NEW")
-    operation = commands.add_parser(
+    return verbs
+
+
+def _add_operation_commands(commands: Verbs) -> None:
+    verbs = commands.group(
         "operation",
-        help="list, show or wait for the daemon's operations (long-running actions)",
+        "list, show or wait for the daemon's operations (long-running actions)",
         description=(
             "The daemon's operations: every action (launch, stop, snapshot, rename…) runs as "
             "one; finished ones are kept for 5 minutes."
         ),
+        dest="operation_verb",
     )
-    operation_verbs = operation.add_subparsers(
-        dest="operation_verb", metavar="VERB", required=True
-    )
-
-    def operation_verb(name: str, help: str) -> argparse.ArgumentParser:
-        return operation_verbs.add_parser(name, help=help, description=help, parents=[common])
-
-    operation_verb("list", "list operations, oldest first")
-    operation_verb("show", "show one operation (YAML unless --format)").add_argument(
-        "id", metavar="ID"
-    )
-    operation_wait = operation_verb(
+    verbs.add("list", "list operations, oldest first")
+    verbs.add("show", "show one operation (YAML unless --format)").add_argument("id", metavar="ID")
+    operation_wait = verbs.add(
         "wait", "wait until an operation ends: exit 0 if it succeeded, 1 if it failed"
     )
     operation_wait.add_argument("id", metavar="ID")
@@ -347,38 +381,42 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="give up after this many seconds (exit 1; the operation runs on)",
     )
-    # -- end of config, rename, operation ----------------------------------------
-    console = add("console", "show an instance's serial console")
+
+
+def _add_watching_commands(commands: Verbs) -> None:
+    """What shows an instance or the daemon: console, history, metrics, events, wait."""
+    console = commands.add("console", "show an instance's serial console")
     console.add_argument("name")
     console.add_argument(
         "--show-log", action="store_true", help="print the console log (what the guest wrote)"
     )
-    add("snapshots", "list an instance's snapshots").add_argument("name")
-    add("actions", "show an instance's action history").add_argument("name")
-    add("metrics", "print the daemon's metrics (Prometheus text format)")
-    monitor = add("monitor", "print events as they happen, until interrupted")
-    monitor.add_argument(
+    commands.add("snapshots", "list an instance's snapshots").add_argument("name")
+    commands.add("actions", "show an instance's action history").add_argument("name")
+    commands.add("metrics", "print the daemon's metrics (Prometheus text format)")
+    commands.add("monitor", "print events as they happen, until interrupted").add_argument(
         "--type",
         action="append",
         default=[],
         help="event types to show: lifecycle, operation (default: all); repeatable",
     )
-    wait = commands.add_parser(
+    wait = commands.add(
         "wait",
-        help="wait until an instance reaches a status, or its agent connects",
+        "wait until an instance reaches a status, or its agent connects",
         description="Wait until an instance reaches a status.",
         epilog=_WAIT_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        parents=[common],
+        formatter_class=_RAW,
     )
     wait.add_argument("name")
     wait.add_argument("condition", metavar="CONDITION", help="status=<status>, or agent")
     wait.add_argument(
         "--timeout", type=_seconds, metavar="SECONDS", help="give up after this many seconds"
     )
-    replay = commands.add_parser(
+
+
+def _add_replay(commands: Verbs) -> None:
+    replay = commands.add(
         "replay",
-        help="replay a recorded session against a fresh in-memory daemon (no daemon needed)",
+        "replay a recorded session against a fresh in-memory daemon (no daemon needed)",
         description=(
             "Replay a transcript (recorded by twistd vmready --record-dir, vmready.record=true "
             "or vmready-agent --record) against a fresh daemon core and a fakeqemu VM on a "
@@ -389,6 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
             "first divergence is printed); 2 the transcript is malformed or of an "
             "unsupported version (its line is named)"
         ),
+        shared=False,
     )
     replay.add_argument("file", metavar="FILE", help="the transcript (JSON lines)")
     replay.add_argument(
@@ -396,50 +435,40 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="replay at the recorded pace, printing each record (default: as fast as possible)",
     )
-    cluster = commands.add_parser(
+
+
+def _add_cluster_commands(commands: Verbs) -> Verbs:
+    verbs = commands.group(
         "cluster",
-        help="list, show or remove the members of the daemon's cluster",
+        "list, show or remove the members of the daemon's cluster",
         description=(
             "The members of the daemon's cluster: daemons sharing one store, each holding a "
             "lease it renews. A member whose lease ran out is UNREACHABLE; its instances show "
             "UNKNOWN until it returns."
         ),
+        dest="cluster_verb",
     )
-    cluster_verbs = cluster.add_subparsers(dest="cluster_verb", metavar="VERB", required=True)
-    cluster_verbs.add_parser(
+    verbs.add(
         "list",
-        help="list the members (NAME ADDRESS STATE INSTANCES)",
+        "list the members (NAME ADDRESS STATE INSTANCES)",
         description="List the members (NAME ADDRESS STATE INSTANCES).",
-        parents=[common],
     )
-    cluster_verbs.add_parser(
+    verbs.add(
         "show",
-        help="show one member (YAML unless --format)",
+        "show one member (YAML unless --format)",
         description="Show one member (YAML unless --format).",
-        parents=[common],
     ).add_argument("member", metavar="NAME")
-    cluster_verbs.add_parser(
+    verbs.add(
         "remove",
-        help="retire a member: offline, with no instance left",
+        "retire a member: offline, with no instance left",
         description=(
             "Retire a member: its row goes and its certificate is no longer trusted as a "
             "member's. Refused while it is online (stop its daemon first), while instances "
             "are still on it (vmready cannot move them: delete them first), and by the member "
             "itself (ask another member)."
         ),
-        parents=[common],
     ).add_argument("member", metavar="NAME")
-    # Remote use: ``remote``, ``config trust``, and list's and monitor's optional REMOTE:.
-    add_remote_commands(commands, common, config_verbs)
-    completion = commands.add_parser(
-        "completion",
-        help="print the shell completion script of bash, zsh or fish",
-        description="Print a completion script for SHELL: commands, options, instance names.",
-        epilog=_COMPLETION_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    completion.add_argument("shell", metavar="SHELL", choices=SHELLS, help="bash, zsh or fish")
-    return parser
+    return verbs
 
 
 def with_snapshot_verb(argv: list[str]) -> list[str]:
@@ -448,18 +477,8 @@ def with_snapshot_verb(argv: list[str]) -> list[str]:
     An instance named like a verb is reached with the verb spelled out:
     ``vmready snapshot create delete SNAPSHOT``.
     """
-    index = 0
-    while index < len(argv):
-        token = argv[index]
-        if token in ("--socket", "--format"):
-            index += 2
-        elif token.startswith("-"):
-            index += 1
-        else:
-            break
-    else:
-        return argv
-    if argv[index] != "snapshot":
+    index = command_index(argv)
+    if index is None or argv[index] != "snapshot":
         return argv
     rest = argv[index + 1 :]
     if not rest or rest[0] in SNAPSHOT_VERBS or rest[0] in ("-h", "--help"):

@@ -10,7 +10,7 @@ it works against a remote too (``vmready config trust list prod:``).
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -33,8 +33,9 @@ from vmready.cli.userconfig import (
     save_remotes,
     validate_remote_name,
 )
+from vmready.cli.verbs import by_verb
 from vmready.domain.reactor import IVMReadyReactor
-from vmready.trust.certs import fingerprint
+from vmready.trust.certs import CertificatePair, fingerprint
 from vmready.trust.tokens import TokenError, TrustToken, normalize_fingerprint
 
 __all__ = ["cmd_remote", "trust_command"]
@@ -132,62 +133,98 @@ async def _remote_add(
         raise CommandError(
             f"remote {name} exists already (vmready remote remove {name} first)", EXIT_FAILED
         )
-    token: TrustToken | None = None
-    if args.token is not None:
-        if args.accept_certificate or args.fingerprint:
-            raise UsageError(
-                "--token pins the server's certificate itself: "
-                "no --accept-certificate or --fingerprint with it"
-            )
-        try:
-            token = TrustToken.decode(args.token)
-        except TokenError as e:
-            raise UsageError(f"invalid --token: {e}") from None
-    if args.url is not None:
-        url = parse_remote_url(args.url)
-    elif token is not None and token.addresses:
-        url = parse_remote_url(f"https://{token.addresses[0]}")
+    token = _token(args)
+    url = _remote_url(args, token)
+    identity = client_identity(directory)
+    if token is not None:
+        pinned = token.fingerprint
     else:
-        raise UsageError("remote add needs a URL (https://HOST[:PORT]) or a --token naming one")
+        pinned = await _accepted_fingerprint(reactor, output, args, name, url, identity)
+    remote = Remote(url, pinned)
+    tls = PinnedRemote(reactor, remote.host, remote.port, identity, pinned)
+    client = Client.remote(reactor, name, url, tls)
+    await _be_trusted(client, output, name, url, identity, args.token if token else None)
+    save_remotes(directory, attrs.evolve(remotes, remotes={**remotes.remotes, name: remote}))
+    output.line(f"Remote {name} added: {url}")
+    return EXIT_OK
+
+
+def _token(args: argparse.Namespace) -> TrustToken | None:
+    """``--token``, which pins the certificate itself, decoded (None: not given)."""
+    if args.token is None:
+        return None
+    if args.accept_certificate or args.fingerprint:
+        raise UsageError(
+            "--token pins the server's certificate itself: "
+            "no --accept-certificate or --fingerprint with it"
+        )
+    try:
+        return TrustToken.decode(args.token)
+    except TokenError as e:
+        raise UsageError(f"invalid --token: {e}") from None
+
+
+def _remote_url(args: argparse.Namespace, token: TrustToken | None) -> str:
+    """The URL given, else the token's first address."""
+    if args.url is not None:
+        return parse_remote_url(args.url)
+    if token is not None and token.addresses:
+        return parse_remote_url(f"https://{token.addresses[0]}")
+    raise UsageError("remote add needs a URL (https://HOST[:PORT]) or a --token naming one")
+
+
+async def _accepted_fingerprint(
+    reactor: IVMReadyReactor,
+    output: Output,
+    args: argparse.Namespace,
+    name: str,
+    url: str,
+    identity: CertificatePair,
+) -> str:
+    """Without a token: the server's certificate, shown, and pinned only once the operator
+    matched it (``--fingerprint``) or accepted it (``--accept-certificate``)."""
     expected = None
     if args.fingerprint is not None:
         try:
             expected = normalize_fingerprint(args.fingerprint)
         except TokenError as e:
             raise UsageError(f"--fingerprint: {e}") from None
-    identity = client_identity(directory)
     place = Remote(url, "0" * 64)
-    if token is not None:
-        pinned = token.fingerprint
-    else:
-        shown = fingerprint(
-            await probe_server_certificate(reactor, place.host, place.port, identity, url)
+    shown = fingerprint(
+        await probe_server_certificate(reactor, place.host, place.port, identity, url)
+    )
+    output.line(f"Certificate fingerprint: {shown}")
+    if expected is not None and expected != shown:
+        raise CommandError(
+            f"not adding {name}: the certificate of {url} has fingerprint {shown}, not "
+            f"{expected} (the one you expected): is something between you and the daemon?",
+            EXIT_FAILED,
         )
-        output.line(f"Certificate fingerprint: {shown}")
-        if expected is not None and expected != shown:
-            raise CommandError(
-                f"not adding {name}: the certificate of {url} has fingerprint {shown}, not "
-                f"{expected} (the one you expected): is something between you and the daemon?",
-                EXIT_FAILED,
-            )
-        if expected is None and not args.accept_certificate:
-            raise CommandError(
-                f"not adding {name}: check the fingerprint above against the daemon's (on its "
-                "host: openssl x509 -in <data-dir>/server.crt -noout -fingerprint -sha256), then "
-                "run again with --fingerprint SHA256 or --accept-certificate; or use a trust "
-                "token (--token)",
-                EXIT_FAILED,
-            )
-        pinned = shown
-    remote = Remote(url, pinned)
-    tls = PinnedRemote(reactor, remote.host, remote.port, identity, pinned)
-    client = Client.remote(reactor, name, url, tls)
+    if expected is None and not args.accept_certificate:
+        raise CommandError(
+            f"not adding {name}: check the fingerprint above against the daemon's (on its "
+            "host: openssl x509 -in <data-dir>/server.crt -noout -fingerprint -sha256), then "
+            "run again with --fingerprint SHA256 or --accept-certificate; or use a trust "
+            "token (--token)",
+            EXIT_FAILED,
+        )
+    return shown
+
+
+async def _be_trusted(
+    client: Client,
+    output: Output,
+    name: str,
+    url: str,
+    identity: CertificatePair,
+    token: str | None,
+) -> None:
+    """Have the daemon trust this client with the token, or check that it does already."""
     try:
         if token is not None:
-            assert args.token is not None
-            entry = (
-                await client.request("POST", "/1.0/certificates", {"trust_token": args.token})
-            )["metadata"]
+            entry = (await client.request("POST", "/1.0/certificates", {"trust_token": token}))[
+                "metadata"
+            ]
             output.line(f"Client certificate trusted by {url} as {entry.get('name')}")
         else:
             # An untrusted client reads GET /1.0 too, as LXD's: its "auth" says.
@@ -201,9 +238,6 @@ async def _remote_add(
                 )
     except APIError as e:
         raise CommandError(f"not adding {name}: {e.error}", EXIT_FAILED) from None
-    save_remotes(directory, attrs.evolve(remotes, remotes={**remotes.remotes, name: remote}))
-    output.line(f"Remote {name} added: {url}")
-    return EXIT_OK
 
 
 # -- config trust ---------------------------------------------------------
@@ -266,17 +300,10 @@ async def _trust_remove(client: Client, output: Output, args: argparse.Namespace
     return EXIT_OK
 
 
-_TRUST_VERBS: dict[str, Callable[[Client, Output, argparse.Namespace], Any]] = {
-    "add": _trust_add,
-    "list": _trust_list,
-    "remove": _trust_remove,
-}
-
-
-async def trust_command(client: Client, output: Output, args: argparse.Namespace) -> int:
-    """``vmready config trust VERB``."""
-    result: int = await _TRUST_VERBS[args.trust_verb](client, output, args)
-    return result
+# ``vmready config trust VERB``.
+trust_command = by_verb(
+    "trust_verb", {"add": _trust_add, "list": _trust_list, "remove": _trust_remove}
+)
 
 
 # Commands that talk to a daemon (any remote), dispatched like cli.commands.COMMANDS.

@@ -13,6 +13,7 @@ from vmready.cli.errors import CommandError
 
 __all__ = [
     "closest",
+    "command_index",
     "command_names",
     "unknown_command",
     "with_choice_suggestion",
@@ -41,8 +42,8 @@ def command_names(parser: argparse.ArgumentParser) -> list[str]:
     return []
 
 
-def unknown_command(argv: Sequence[str], commands: Sequence[str]) -> str | None:
-    """What to say when the command word of ``argv`` is no command; None when it is one."""
+def command_index(argv: Sequence[str]) -> int | None:
+    """Where the command word of ``argv`` is, after the options before it (None: nowhere)."""
     index = 0
     while index < len(argv):
         token = argv[index]
@@ -51,8 +52,14 @@ def unknown_command(argv: Sequence[str], commands: Sequence[str]) -> str | None:
         elif token.startswith("-"):
             index += 1
         else:
-            break
-    else:
+            return index
+    return None
+
+
+def unknown_command(argv: Sequence[str], commands: Sequence[str]) -> str | None:
+    """What to say when the command word of ``argv`` is no command; None when it is one."""
+    index = command_index(argv)
+    if index is None:
         return None
     word = argv[index]
     if word in commands:

@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 from vmready.hypervisor.configdrive import AGENT_CONFIG, AGENT_ZIPAPP
 from vmready.lifecycle.core import CONFIG_DRIVE, run_dir_name
@@ -197,62 +198,14 @@ def main(argv: list[str] | None = None) -> None:
         ensure_host_packages()
     started = time.monotonic()
     socket_path = os.path.join(args.data_dir, "vmready.sock")
-    twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
-    os.makedirs(args.data_dir, exist_ok=True)
-    log = os.path.join(args.data_dir, "vmready.log")
-    # The embedded defaults: no /etc/vmready/vmready.yaml of the host applies to the demo.
-    command = [twistd, "-n", "--pidfile", "", "--logfile", log, "vmready", "--config", ""]
-    command += ["--data-dir", args.data_dir, "--hypervisor", args.hypervisor]
-    print(f"vmready: starting the daemon: twistd -n vmready --data-dir {args.data_dir}")
-    print(f"vmready: its log is {log}")
-    daemon = subprocess.Popen(command)
+    daemon = start_daemon(args.data_dir, args.hypervisor)
     try:
         wait_for_socket(daemon, socket_path)
-        existing = cli(socket_path, "info", DEMO, "--format", "json", check=False, quiet=True)
-        if existing.returncode == 0:
-            status = json.loads(existing.stdout).get("status")
-            if status in ("Stopped", "Error"):
-                cli(socket_path, "start", DEMO)
-            else:
-                print(f"vmready: instance {DEMO} is {status}: its VM outlived the last daemon")
-        elif real:
-            launch_real_demo(socket_path, args.data_dir)
-        else:
-            cli(socket_path, "launch", DEMO, "--memory", "256", "--cpus", "1")
-        cli(socket_path, "wait", DEMO, "status=running", "--timeout", "120")
+        bring_up(socket_path, args.data_dir, real)
         if real:
-            # The guest boots, its loader starts the agent, its workload declares Ready.
-            cli(socket_path, "wait", DEMO, "agent", "--timeout", str(REAL_READY_TIMEOUT))
-            cli(socket_path, "wait", DEMO, "status=ready", "--timeout", str(REAL_READY_TIMEOUT))
-            instance = json.loads(
-                cli(socket_path, "info", DEMO, "--format", "json", quiet=True).stdout
-            )
-            accel = (instance.get("boot") or {}).get("accel") or {}
-            print(
-                f"vmready: {DEMO} is READY {time.monotonic() - started:.1f}s after the daemon "
-                f"started, under {str(accel.get('current')).upper()} ({accel.get('reason')})"
-            )
+            reach_ready_in_real_guest(socket_path, started)
         else:
-            instance = json.loads(
-                cli(socket_path, "info", DEMO, "--format", "json", quiet=True).stdout
-            )
-            devlxd_socket = ensure_agent(args.data_dir, instance)
-            cli(socket_path, "wait", DEMO, "agent", "--timeout", "60")
-            again = cli(
-                socket_path,
-                "wait",
-                DEMO,
-                "status=ready",
-                "--timeout",
-                "3",
-                check=False,
-                quiet=True,
-            )
-            if again.returncode == 0:
-                print(f"vmready: {DEMO} is READY again: its agent re-reported Ready by itself")
-            else:
-                declare_ready(devlxd_socket)
-                cli(socket_path, "wait", DEMO, "status=ready", "--timeout", "60")
+            reach_ready_as_guest(socket_path, args.data_dir)
         cli(socket_path, "list")
         if args.exit:
             return
@@ -267,6 +220,67 @@ def main(argv: list[str] | None = None) -> None:
         if daemon.poll() is None:
             daemon.send_signal(signal.SIGTERM)
             daemon.wait(timeout=30)
+
+
+def start_daemon(data_dir: str, hypervisor: str) -> subprocess.Popen[bytes]:
+    """``twistd -n vmready`` on the data dir, logging to its ``vmready.log``."""
+    twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
+    os.makedirs(data_dir, exist_ok=True)
+    log = os.path.join(data_dir, "vmready.log")
+    # The embedded defaults: no /etc/vmready/vmready.yaml of the host applies to the demo.
+    command = [twistd, "-n", "--pidfile", "", "--logfile", log, "vmready", "--config", ""]
+    command += ["--data-dir", data_dir, "--hypervisor", hypervisor]
+    print(f"vmready: starting the daemon: twistd -n vmready --data-dir {data_dir}")
+    print(f"vmready: its log is {log}")
+    return subprocess.Popen(command)
+
+
+def bring_up(socket_path: str, data_dir: str, real: bool) -> None:
+    """The demo instance RUNNING: adopted, started again, or launched."""
+    existing = cli(socket_path, "info", DEMO, "--format", "json", check=False, quiet=True)
+    if existing.returncode == 0:
+        status = json.loads(existing.stdout).get("status")
+        if status in ("Stopped", "Error"):
+            cli(socket_path, "start", DEMO)
+        else:
+            print(f"vmready: instance {DEMO} is {status}: its VM outlived the last daemon")
+    elif real:
+        launch_real_demo(socket_path, data_dir)
+    else:
+        cli(socket_path, "launch", DEMO, "--memory", "256", "--cpus", "1")
+    cli(socket_path, "wait", DEMO, "status=running", "--timeout", "120")
+
+
+def _demo_instance(socket_path: str) -> dict[str, Any]:
+    instance: dict[str, Any] = json.loads(
+        cli(socket_path, "info", DEMO, "--format", "json", quiet=True).stdout
+    )
+    return instance
+
+
+def reach_ready_in_real_guest(socket_path: str, started: float) -> None:
+    """The guest boots, its loader starts the agent, its workload declares Ready."""
+    cli(socket_path, "wait", DEMO, "agent", "--timeout", str(REAL_READY_TIMEOUT))
+    cli(socket_path, "wait", DEMO, "status=ready", "--timeout", str(REAL_READY_TIMEOUT))
+    accel = (_demo_instance(socket_path).get("boot") or {}).get("accel") or {}
+    print(
+        f"vmready: {DEMO} is READY {time.monotonic() - started:.1f}s after the daemon "
+        f"started, under {str(accel.get('current')).upper()} ({accel.get('reason')})"
+    )
+
+
+def reach_ready_as_guest(socket_path: str, data_dir: str) -> None:
+    """Play the fakeqemu guest: its agent, then its workload's Ready (unless re-reported)."""
+    devlxd_socket = ensure_agent(data_dir, _demo_instance(socket_path))
+    cli(socket_path, "wait", DEMO, "agent", "--timeout", "60")
+    again = cli(
+        socket_path, "wait", DEMO, "status=ready", "--timeout", "3", check=False, quiet=True
+    )
+    if again.returncode == 0:
+        print(f"vmready: {DEMO} is READY again: its agent re-reported Ready by itself")
+    else:
+        declare_ready(devlxd_socket)
+        cli(socket_path, "wait", DEMO, "status=ready", "--timeout", "60")
 
 
 if __name__ == "__main__":

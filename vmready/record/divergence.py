@@ -12,7 +12,8 @@ from typing import Any
 
 import attrs
 
-from vmready.protocols.transcript import Entry, Transcript, data_from_fields
+from vmready.protocols.transcript import data_from_fields
+from vmready.protocols.transcriptreader import Entry, Transcript
 from vmready.record.replayinputs import connect_ports, guest_power_action
 from vmready.record.replayoutputs import (
     CHANNELS,

@@ -100,8 +100,8 @@ class ReplayCore:
         if chardev is None:
             return
         if self.setup.side == "host":
-            size = vm.machine.ringbuf_device(chardev).size
-            vm.machine.replace_ringbuf(chardev, ScriptedRing(size, self._recorded_read))
+            size = vm.machine.wiring.ringbuf_device(chardev).size
+            vm.machine.wiring.replace_ringbuf(chardev, ScriptedRing(size, self._recorded_read))
             return
         for wired in spec.serial_ports:
             if wired.chardev == chardev:

@@ -11,7 +11,8 @@ import contextlib
 from collections.abc import Iterable, Sequence
 
 from vmready.protocols.ringbuffer import parse_connect
-from vmready.protocols.transcript import Entry, data_from_fields
+from vmready.protocols.transcript import data_from_fields
+from vmready.protocols.transcriptreader import Entry
 
 __all__ = [
     "connect_ports",

@@ -24,13 +24,12 @@ from twisted.web.iweb import IResponse
 from vmready.api.web import BytesProducer
 from vmready.domain.model import VMReadyError
 from vmready.protocols.transcript import (
-    Entry,
-    Transcript,
     body_fields,
     body_from_fields,
     data_from_fields,
     looks_secret,
 )
+from vmready.protocols.transcriptreader import Entry, Transcript
 from vmready.record.divergence import ReplayResult, compare
 from vmready.record.recording import EVENTS_PATH
 from vmready.record.replaycore import ReplayCore
