@@ -70,6 +70,28 @@ class ConfigCommandTests(CLITestCase):
         self.assertEqual(code, 2)
         self.assertIn("expected KEY=VALUE, got 'oops'", err)
 
+    async def test_theDocumentedGuestDataLoopStopsAtTheBoundInOneLine(self) -> None:
+        # docs/real-guests.md's loop: 120,000-byte values until the daemon refuses one.
+        await self.launch("c1")
+        value = "x" * 120000
+        for i in range(1, 41):
+            code, out, err = await self.cli("config", "set", "c1", f"user.k{i}", value)
+            if code:
+                break
+        self.assertEqual(
+            (i, code, out, err),
+            (
+                35,
+                1,
+                "",
+                "vmready: Error: Invalid config: the instance's user.* and cloud-init.* keys "
+                "come to 4.1 MiB, more than the 4 MiB a guest is given at boot (its NoCloud "
+                "seed and config drive); make them smaller\n",
+            ),
+        )
+        self.assertNotIn("user.k35", self.lifecycle.get("c1").config)
+        self.assertIn("user.k34", self.lifecycle.get("c1").config)
+
     async def test_theDaemonsOptionsAreReadButNotSet(self) -> None:
         self.assertEqual(await self.cli("config", "get", "stop-timeout"), (0, "30\n", ""))
         self.assertEqual(await self.cli("config", "get", "no-such-option"), (0, "\n", ""))

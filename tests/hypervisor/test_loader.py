@@ -740,6 +740,14 @@ class BoothookTests(SynchronousTestCase):
             (1, f"{HOOK}cannot mount the NoCloud seed /dev/vdb: mount: /run/x: wrong fs type.\n"),
         )
 
+    def test_noMountPointSaysSo(self) -> None:
+        guest = self.seeded()
+        shutil.rmtree(os.path.join(guest.root, "run"))
+        self.assertEqual(
+            self.hook(guest),
+            (1, f"{HOOK}cannot make a mount point in /run: the vmready agent is not installed\n"),
+        )
+
     def test_aSeedWithoutTheLoaderSaysSo(self) -> None:
         guest = FakeGuest(self)
         guest.seed()

@@ -25,12 +25,26 @@ class MissingAgentReasonTests(SynchronousTestCase):
         )
 
     def test_cloudInitRanButDidNotStartIt(self) -> None:
-        console = MARK + b"[   20.1] cloud-init[412]: Cloud-init v. 22.4.2 running 'init'\n"
+        console = MARK + (
+            b"[   20.1] cloud-init[412]: Cloud-init v. 22.4.2 running 'init'\n"
+            b"[   31.7] cloud-init[690]: Cloud-init v. 22.4.2 finished at Sun, 29 Nov 2026 "
+            b"08:10:00 +0000. Datasource DataSourceNoCloud [seed=/dev/vdb].  Up 31.60 seconds\n"
+        )
         self.assertEqual(
             missing_agent_reason(console, 120),
             "no agent spoke 120s into the boot: cloud-init ran in the guest but did not start it "
             "(a user-data with vendor_data: {enabled: false} turns the agent off; cloud-init's "
             "lines on the console say more)",
+        )
+
+    def test_cloudInitStillRunningIsNotBlamed(self) -> None:
+        # A slow first boot: cloud-init has not reached the stage that runs the vendor-data.
+        console = MARK + b"[   20.1] cloud-init[412]: Cloud-init v. 22.4.2 running 'init-local'\n"
+        self.assertEqual(
+            missing_agent_reason(console, 120),
+            "no agent spoke 120s into the boot: cloud-init is still running in the guest and "
+            "has not started it yet (a slow first boot: this clears when the agent speaks; "
+            "cloud-init's lines on the console say how far it got)",
         )
 
     def test_theLoadersOwnLastWordIsQuoted(self) -> None:
@@ -63,5 +77,5 @@ class MissingAgentReasonTests(SynchronousTestCase):
         log = os.path.join(self.mktemp(), "console.log")
         mark_boot(log, "starting web1")
         with open(log, "ab") as f:
-            f.write(b"Cloud-init v. 22.4.2 running 'modules:final'\n")
+            f.write(b"Cloud-init v. 22.4.2 finished at Sun, 29 Nov 2026 08:10:00 +0000.\n")
         self.assertIn("cloud-init ran in the guest but did not start it", agent_absence(log))

@@ -8,16 +8,20 @@ their seams, as for the demo guest.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 from collections.abc import Sequence
 
 from twisted.trial.unittest import SynchronousTestCase
 
 from vmready.guestfiles import loader_files
+from vmready.hypervisor.guestimage.__main__ import print_stock
 from vmready.hypervisor.guestimage.commands import CommandResult, GuestImageError
 from vmready.hypervisor.guestimage.stock import (
     DOCUMENTED_INSTALL,
     MANUAL_SCRIPT,
+    StockGuest,
     StockInputs,
     ensure_stock_guest,
     resolve_stock_inputs,
@@ -158,3 +162,26 @@ class StockCacheTests(SynchronousTestCase):
         )
         self.assertEqual(again, built)
         self.assertTrue(said[0].startswith("guest image: warning: resolving the stock image's"))
+
+
+class PrintStockTests(SynchronousTestCase):
+    """What ``python -m vmready.hypervisor.guestimage --stock`` prints is guest-image.md's."""
+
+    def test_theDocumentedTranscriptIsWhatItPrints(self) -> None:
+        with open(os.path.join(DOCS, "guest-image.md"), encoding="utf-8") as f:
+            docs = f.read()
+        command = "$ sudo .venv/bin/python -m vmready.hypervisor.guestimage --stock\n"
+        self.assertIn(command, docs)
+        documented = docs.split(command, 1)[1].split("```", 1)[0]
+        directory = "/root/.cache/vmready/stock/35077521622cafd0"
+        stock = StockGuest(
+            kernel=f"{directory}/vmlinuz",
+            initrd=f"{directory}/initrd.img",
+            stock=f"{directory}/stock.qcow2",
+            loader=f"{directory}/loader.qcow2",
+            manual=f"{directory}/manual.qcow2",
+        )
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            print_stock(stock)
+        self.assertEqual(printed.getvalue(), documented)

@@ -8,7 +8,7 @@ neither boots, and its agent never speaks.  ``AGENT_EXPECTED_WITHIN``
 seconds into a boot with no word from an agent, the daemon reads the boot's
 console (the part after its own ``--- vmready: … ---`` mark) and says what
 it shows: the loader's or the agent's own last complaint, cloud-init having
-run without starting it, a guest that wrote nothing at all, or neither
+run without starting it (or still running), a guest that wrote nothing at all, or neither
 cloud-init nor the loader (``agent_absence``; ``missing_agent_reason`` is the
 pure part).
 """
@@ -33,6 +33,8 @@ _BOOT_MARK = b"\n--- vmready: "
 # What the loader's scripts and the agent begin their lines with.
 _OWN_PREFIXES = ("vmready-agent-setup: ", "vmready-agent: ", "install.sh: ", "vmready-boothook: ")
 _CLOUD_INIT = "Cloud-init v. "
+# What cloud-init's final stage prints when it is over ("Cloud-init v. 22.4.2 finished at …").
+_CLOUD_INIT_FINISHED = " finished at "
 _HINT = (
     "use a cloud image with cloud-init (it reads the instance's NoCloud seed, whose vendor-data "
     "starts the agent), or install the vmready loader in the image (docs/real-guests.md)"
@@ -66,7 +68,16 @@ def missing_agent_reason(console: bytes, seconds: float) -> str:
     complaint = _own_complaint(text)
     if complaint is not None:
         return f"{said}; its last word on the console: {complaint}"
-    if _CLOUD_INIT in text:
+    finished = any(
+        _CLOUD_INIT in line and _CLOUD_INIT_FINISHED in line for line in text.splitlines()
+    )
+    if _CLOUD_INIT in text and not finished:
+        return (
+            f"{said}: cloud-init is still running in the guest and has not started it yet "
+            "(a slow first boot: this clears when the agent speaks; cloud-init's lines on the "
+            "console say how far it got)"
+        )
+    if finished:
         return (
             f"{said}: cloud-init ran in the guest but did not start it (a user-data with "
             "vendor_data: {enabled: false} turns the agent off; cloud-init's lines on the "
