@@ -220,7 +220,7 @@ class CreateTests(APITestCase):
         self.assertError(
             await self.call("GET", "/1.0/instances?recursion=all"),
             400,
-            "Invalid recursion 'all': expected 0 or 1",
+            "Invalid recursion 'all': expected 0, 1 or 2",
         )
 
     async def test_duplicateNameIs409(self) -> None:

@@ -120,6 +120,23 @@ class StalledConsumerTests(TestCase):
         self.assertEqual(event["metadata"]["action"], "instance-ready")
         self.assertEqual(event["type"], "lifecycle")
 
+    async def test_theTypeFilterHoldsOnTheWebSocket(self) -> None:
+        # The consumer asked for type=lifecycle: an operation event never reaches it.
+        client, _feed = await self.connect(upgrade_request(b"localhost"), b" 101 ")
+        self.lifecycle.state.events.publish("operation", {"id": "x", "status": "Running"})
+        self.lifecycle.state.events.lifecycle("instance-ready", "web1")
+        data = b""
+        for _ in range(200):
+            await deferLater(reactor, 0.01, lambda: None)
+            with contextlib.suppress(BlockingIOError):
+                data += client.recv(65536)
+            if text_frame(data) is not None:
+                break
+        event = json.loads(text_frame(data) or b"null")
+        self.assertEqual(
+            (event["type"], event["metadata"]["action"]), ("lifecycle", "instance-ready")
+        )
+
 
 def upgrade_request(host: bytes) -> bytes:
     """A ``GET /1.0/events?type=lifecycle`` asking to become a WebSocket (``Host: host``)."""

@@ -7,14 +7,18 @@ by vmready" answers.  The real clients run in ``tests/lxdclients``.
 
 from __future__ import annotations
 
+import os
+import re
 from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
+import vmready
 from tests.api.test_api import APITestCase
 from vmready.api.filtering import parse_filter
 from vmready.domain.model import BadRequest
 
+DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "docs")
 _WEB1 = {
     "name": "web1",
     "status": "Running",
@@ -278,6 +282,23 @@ class NotSupportedTests(APITestCase):
     async def test_collectionsAre501(self) -> None:
         reply = await self.call("GET", "/1.0/storage-pools/default")
         self.assertError(reply, 501, "Storage pools (lxc storage): not supported by vmready")
+        reply = await self.call("GET", "/1.0/networks")
+        self.assertError(reply, 501, "Networks (lxc network): not supported by vmready")
+        reply = await self.call("POST", "/1.0/images", {"source": {"type": "url"}})
+        self.assertError(
+            reply,
+            501,
+            "Images (lxc image, lxc launch IMAGE; vmready boots what config's boot.image "
+            "names): not supported by vmready",
+        )
+
+    async def test_anotherProjectCannotBeCreated(self) -> None:
+        reply = await self.call("POST", "/1.0/projects", {"name": "p2"})
+        self.assertError(
+            reply,
+            501,
+            "Profiles and projects other than an empty 'default': not supported by vmready",
+        )
 
     async def test_onlyTheEmptyDefaultProfile(self) -> None:
         profile = (await self.call("GET", "/1.0/profiles/default")).metadata
@@ -288,3 +309,85 @@ class NotSupportedTests(APITestCase):
             501,
             "Profiles and projects other than an empty 'default': not supported by vmready",
         )
+
+
+class ServerTests(APITestCase):
+    """``GET /1.0`` as LXD's clients read it: the extensions honoured, the server's environment."""
+
+    async def test_theExtensionsAreExactlyTheDocumentedOnes(self) -> None:
+        with open(os.path.join(DOCS, "api.md"), encoding="utf-8") as f:
+            documented = f.read().split("What works, and the API extensions", 1)[1]
+        documented = documented.split("Times are RFC", 1)[0]
+        server = (await self.call("GET", "/1.0")).metadata
+        self.assertEqual(
+            server["api_extensions"],
+            [
+                "instances",
+                "api_filtering",
+                "container_full",
+                "instance_get_full",
+                "console",
+                "event_lifecycle",
+                "event_project",
+                "etag",
+            ],
+        )
+        # docs/api.md names each (lower-case, in backquotes), in the same order, and no other.
+        self.assertEqual(re.findall(r"`([a-z_]+)`", documented), server["api_extensions"])
+
+    async def test_theEnvironmentNamesTheServerAsLXDDoes(self) -> None:
+        environment = (await self.call("GET", "/1.0")).metadata["environment"]
+        self.assertEqual(environment["server"], "vmready")
+        self.assertEqual(environment["server_version"], vmready.__version__)
+        self.assertEqual(environment["kernel_version"], os.uname().release)
+        self.assertEqual(environment["driver"], environment["hypervisor"])
+        self.assertEqual(environment["instance_types"], ["virtual-machine"])
+        self.assertEqual(environment["project"], "default")
+        self.assertIsInstance(environment["server_name"], str)
+
+
+class InstanceFieldsTests(APITestCase):
+    """An instance has LXD's fields beside vmready's own; a create is stopped unless started."""
+
+    async def test_lxdsFieldsAreThere(self) -> None:
+        await self.launch(config={"user.role": "web"})
+        shown = (await self.call("GET", "/1.0/instances/web1")).metadata
+        self.assertEqual(
+            {
+                key: shown[key]
+                for key in (
+                    "type",
+                    "ephemeral",
+                    "stateful",
+                    "profiles",
+                    "description",
+                    "project",
+                    "devices",
+                    "expanded_devices",
+                )
+            },
+            {
+                "type": "virtual-machine",
+                "ephemeral": False,
+                "stateful": False,
+                "profiles": ["default"],
+                "description": "",
+                "project": "default",
+                "devices": {},
+                "expanded_devices": {},
+            },
+        )
+        self.assertEqual(shown["expanded_config"]["user.role"], "web")
+        self.assertEqual(shown["architecture"], "x86_64")
+        self.assertRegex(shown["last_used_at"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
+        # vmready's own fields stay.
+        self.assertIn("operator_status", shown)
+        self.assertIn("agent", shown)
+
+    async def test_aCreateWithoutStartLeavesItStopped(self) -> None:
+        await self.settle(await self.call("POST", "/1.0/instances", {"name": "db1"}))
+        self.assertEqual((await self.state("db1"))["status"], "Stopped")
+        await self.settle(
+            await self.call("POST", "/1.0/instances", {"name": "db2", "start": False})
+        )
+        self.assertEqual((await self.state("db2"))["status"], "Stopped")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -1150,6 +1151,15 @@ class NoDaemonTests(TestCase):
             f"vmready: cannot reach the vmready daemon at {self.socket}: "
             f"No such file or directory {_HINT}\n",
         )
+
+
+class VersionTests(TestCase):
+    async def test_versionIsTheOneTheDaemonReports(self) -> None:
+        # GET /1.0's environment.server_version is vmready.__version__ too (lxc version).
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            code = await run(reactor, ["--version"], io.StringIO(), io.StringIO())
+        self.assertEqual((code, printed.getvalue()), (0, f"vmready {vmready.__version__}\n"))
 
 
 def _strict_utf8() -> tuple[IO[str], io.BytesIO]:

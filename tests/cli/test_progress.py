@@ -64,7 +64,8 @@ def operation_event(op_id: str, name: str, metadata: Any) -> dict[str, Any]:
     return {"type": "operation", "metadata": operation(op_id, name, metadata)}
 
 
-GRACE = {"shutdown": {"timeout": 30.0, "force_at": 1030.0}}
+# force_at: Unix second 1030, as the daemon writes it.
+GRACE = {"shutdown": {"timeout": 30.0, "force_at": "1970-01-01T00:17:10Z"}}
 
 
 class ProgressTests(SynchronousTestCase):

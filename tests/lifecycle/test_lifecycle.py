@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import shutil
 import signal
@@ -209,7 +210,8 @@ class CreateAndPowerTests(LifecycleTestCase):
         grace = reported[1]["shutdown"]
         self.assertEqual(set(grace), {"timeout", "force_at"})
         self.assertEqual(grace["timeout"], STOP_TIMEOUT)
-        self.assertTrue(before + STOP_TIMEOUT <= grace["force_at"] <= after, grace)
+        force_at = datetime.datetime.fromisoformat(grace["force_at"]).timestamp()
+        self.assertTrue(before + STOP_TIMEOUT <= force_at <= after, grace)
         # fakeqemu ignores the ACPI button: the grace ran out.
         self.assertEqual(reported[2], {"shutdown": {**grace, "result": "forced"}})
         self.assertEqual(operation.to_json()["metadata"], reported[2])

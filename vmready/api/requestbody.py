@@ -118,7 +118,7 @@ def recursion_level(request: IRequest) -> int:
     try:
         return int(raw)
     except ValueError:
-        raise BadRequest(f"Invalid recursion {raw!r}: expected 0 or 1") from None
+        raise BadRequest(f"Invalid recursion {raw!r}: expected 0, 1 or 2") from None
 
 
 def seconds_param(raw: str | None, name: str) -> float | None:

@@ -9,6 +9,7 @@ rewrites one line of a terminal in place.  ``ActionProgress`` (in
 
 from __future__ import annotations
 
+import datetime
 import math
 import os
 import time
@@ -81,6 +82,16 @@ def is_terminal(stream: IO[str], environ: Mapping[str, str] | None = None) -> bo
     except (OSError, ValueError):  # a closed stream
         return False
     return tty and environ.get("TERM") != "dumb"
+
+
+def _unix_seconds(stamp: object) -> float | None:
+    """An operation's RFC 3339 time (``force_at``) as Unix seconds; None if it is not one."""
+    if not isinstance(stamp, str):
+        return None
+    try:
+        return datetime.datetime.fromisoformat(stamp).timestamp()
+    except ValueError:
+        return None
 
 
 def _clock_time(seconds: float) -> str:
@@ -157,7 +168,7 @@ class Progress:
         shutdown = self.shutdown
         if shutdown is not None:
             timeout = shutdown.get("timeout")
-            force_at = shutdown.get("force_at")
+            force_at = _unix_seconds(shutdown.get("force_at"))
             if "result" in shutdown:
                 if self.command in _BOOTS_AGAIN:
                     return "booting the VM again"

@@ -38,6 +38,7 @@ from vmready.hypervisor.console import (
 )
 from vmready.hypervisor.imagetool import ImageInfo
 from vmready.hypervisor.runningvm import RunningVM
+from vmready.lifecycle.events import rfc3339
 from vmready.lifecycle.guestside import GuestSide
 from vmready.lifecycle.state import (
     _SIGN_OF_LIFE_POLL,
@@ -249,7 +250,7 @@ class Booting:
             context.note("forced stop")
             return
         # The grace period starts now (the ACPI button is pressed at once): say when it ends.
-        grace = {"timeout": timeout, "force_at": self.state.clock.seconds() + timeout}
+        grace = {"timeout": timeout, "force_at": rfc3339(self.state.clock.seconds() + timeout)}
         context.progress({"shutdown": grace})
         how = await vm.shutdown(timeout, self.state.clock)
         context.progress({"shutdown": {**grace, "result": how}})
