@@ -173,7 +173,7 @@ def _forwardable(handler: Handler) -> Handler:
     def route(api: OperatorAPI, request: IRequest, **arguments: Any) -> Any:
         cluster = api.cluster
         if cluster is not None:
-            record = api.lifecycle.state.store.find_instance(arguments["name"])
+            record = api.lifecycle.store.find_instance(arguments["name"])
             member = cluster.remote_owner(record) if record is not None else None
             if member is not None and record is not None:
                 return Deferred.fromCoroutine(
@@ -242,14 +242,14 @@ class OperatorAPI:
         self.cluster = cluster
         self.hypervisor = hypervisor
         # Without one: a daemon with no remote API (trust tokens are refused, saying why).
-        self.trust = trust or TrustRegistry(lifecycle.state.store, lifecycle.state.clock.seconds)
+        self.trust = trust or TrustRegistry(lifecycle.store, lifecycle.clock.seconds)
         # The daemon's effective options, shown read-only as the server's ``config``.
         self.config = dict(config or {})
 
     # -- errors: the one place an exception becomes a response ------------
 
     def _instance_json(self, record: InstanceRecord) -> dict[str, Any]:
-        state = self.lifecycle.state
+        lifecycle = self.lifecycle
         # On a cluster member: where it runs, and whether that member is unreachable.
         placed: dict[str, Any] = (
             {}
@@ -261,10 +261,10 @@ class OperatorAPI:
         )
         return instance_json(
             record,
-            self.lifecycle.agent_status(record.name),
-            state.events.faults.of(record.name),
-            state.agent_history.of(record.name),
-            self.lifecycle.console_log_path(record),
+            lifecycle.running.agent_status(record.name),
+            lifecycle.events.faults.of(record.name),
+            lifecycle.agent_history.of(record.name),
+            lifecycle.specs.console_log_path(record),
             **placed,
         )
 
@@ -313,7 +313,7 @@ class OperatorAPI:
     @app.route("/1.0/instances", methods=["GET"])
     def list_instances(self, request: IRequest) -> bytes:
         """Every instance, as URLs or (``recursion=1``) objects."""
-        records = sorted(self.lifecycle.list(), key=lambda record: record.name)
+        records = sorted(self.lifecycle.store.list_instances(), key=lambda record: record.name)
         if recursion_level(request) >= 1:
             return sync_response(request, [self._instance_json(record) for record in records])
         return sync_response(request, [instance_url(record.name) for record in records])
@@ -367,11 +367,12 @@ class OperatorAPI:
         """
         cluster = self.cluster
         if cluster is not None and request.getHeader(FORWARDED_BY) is None:
-            record = self.lifecycle.state.store.find_instance(name)
+            record = self.lifecycle.store.find_instance(name)
             owner = None if record is None else cluster.reachable_owner(record)
             if owner is not None:
                 return Deferred.fromCoroutine(self._instance_from(request, owner, name))
-        return sync_response(request, self._instance_json(self.lifecycle.get(name)))
+        record = self.lifecycle.store.get_instance(name)
+        return sync_response(request, self._instance_json(record))
 
     async def _instance_from(self, request: IRequest, owner: MemberRecord, name: str) -> bytes:
         """The instance as its member shows it; this member's view if that member fails."""
@@ -387,7 +388,9 @@ class OperatorAPI:
                 error=e.message,
             )
             request.setResponseCode(200)
-            return sync_response(request, self._instance_json(self.lifecycle.get(name)))
+            return sync_response(
+                request, self._instance_json(self.lifecycle.store.get_instance(name))
+            )
 
     @app.route("/1.0/instances/<name>", methods=["PATCH"])
     @_forwardable
@@ -397,9 +400,8 @@ class OperatorAPI:
         config = field(body, "config", dict, "an object")
         if config is None:
             raise BadRequest("Invalid field 'config': an object of keys to set is required")
-        return sync_response(
-            request, self._instance_json(await self.lifecycle.update_config(name, config))
-        )
+        updated = await self.lifecycle.configuring.update_config(name, config)
+        return sync_response(request, self._instance_json(updated))
 
     @app.route("/1.0/instances/<name>", methods=["PUT"])
     @_forwardable
@@ -417,7 +419,7 @@ class OperatorAPI:
             value = field(body, flag, bool, "true or false")
             if value is not None:
                 params[flag] = value
-        self.lifecycle.get(name)
+        self.lifecycle.store.get_instance(name)
         return _async(request, await self.lifecycle.act(name, "restore", **params))
 
     @app.route("/1.0/instances/<name>", methods=["POST"])
@@ -431,7 +433,7 @@ class OperatorAPI:
         new_name = field(body, "name", str, "an instance name")
         if new_name is None:
             raise BadRequest("Invalid field 'name': the instance's new name is required")
-        return _async(request, await self.lifecycle.rename(name, new_name))
+        return _async(request, await self.lifecycle.renaming.rename(name, new_name))
 
     @app.route("/1.0/instances/<name>/snapshots", methods=["GET"])
     @_forwardable
@@ -441,7 +443,7 @@ class OperatorAPI:
             request,
             [
                 snapshot_json(snapshot)
-                for snapshot in await self.lifecycle.state.store.list_snapshots(name)
+                for snapshot in await self.lifecycle.store.list_snapshots(name)
             ],
         )
 
@@ -460,30 +462,31 @@ class OperatorAPI:
         stateful = field(body, "stateful", bool, "true or false")
         if stateful is not None:
             params["stateful"] = stateful
-        self.lifecycle.get(name)
+        self.lifecycle.store.get_instance(name)
         return _async(request, await self.lifecycle.act(name, "snapshot", **params))
 
     @app.route("/1.0/instances/<name>/snapshots/<snapshot>", methods=["DELETE"])
     @_forwardable
     async def delete_snapshot(self, request: IRequest, name: str, snapshot: str) -> bytes:
         """Delete a snapshot, answering with what it was; 409 while a restore from it runs."""
-        self.lifecycle.get(name)
-        deleted = await self.lifecycle.delete_snapshot(name, snapshot)
+        self.lifecycle.store.get_instance(name)
+        deleted = await self.lifecycle.snapshotting.delete_snapshot(name, snapshot)
         return sync_response(request, snapshot_json(deleted))
 
     @app.route("/1.0/instances/<name>", methods=["DELETE"])
     @_forwardable
     async def delete_instance(self, request: IRequest, name: str) -> bytes:
         """Delete an instance (its VM is stopped first); answers with the operation."""
-        self.lifecycle.get(name)
+        self.lifecycle.store.get_instance(name)
         return _async(request, await self.lifecycle.act(name, "delete"))
 
     @app.route("/1.0/instances/<name>/state", methods=["GET"])
     @_forwardable
     def get_state(self, request: IRequest, name: str) -> bytes:
         """The instance's status and the three fields it is derived from."""
+        record = self.lifecycle.store.get_instance(name)
         return sync_response(
-            request, state_json(self.lifecycle.get(name), self.lifecycle.agent_status(name))
+            request, state_json(record, self.lifecycle.running.agent_status(name))
         )
 
     @app.route("/1.0/instances/<name>/state", methods=["PUT"])
@@ -499,7 +502,7 @@ class OperatorAPI:
             )
         force = field(body, "force", bool, "true or false")
         timeout = field(body, "timeout", (int, float), "a number of seconds")
-        self.lifecycle.get(name)
+        self.lifecycle.store.get_instance(name)
         params: dict[str, Any] = {}
         if action in ("stop", "restart"):
             if force is not None:
@@ -526,14 +529,15 @@ class OperatorAPI:
             value = field(body, key, (str, int), "a number or a string")
             if value is not None:
                 params[key] = value
-        self.lifecycle.get(name)
+        self.lifecycle.store.get_instance(name)
         return _async(request, await self.lifecycle.act(name, action, **params))
 
     @app.route("/1.0/instances/<name>/console", methods=["GET"])
     @_forwardable
     def get_console(self, request: IRequest, name: str) -> bytes:
         """The guest's serial console log (the last ``MAX_CONSOLE_BYTES``), as raw bytes."""
-        log = self.lifecycle.console_log(name, MAX_CONSOLE_BYTES)
+        record = self.lifecycle.store.get_instance(name)
+        log = self.lifecycle.specs.console_log(record, MAX_CONSOLE_BYTES)
         request.setHeader(b"Content-Type", b"application/octet-stream")
         return log
 
@@ -541,9 +545,9 @@ class OperatorAPI:
     @_forwardable
     async def list_actions(self, request: IRequest, name: str) -> bytes:
         """The instance's action history (kept after delete), newest first, with steps."""
-        actions = await self.lifecycle.state.store.list_actions(name)
+        actions = await self.lifecycle.store.list_actions(name)
         if not actions:
-            self.lifecycle.get(name)
+            self.lifecycle.store.get_instance(name)
         return sync_response(request, [action.to_json() for action in actions])
 
     # -- cluster ----------------------------------------------------------
@@ -587,7 +591,7 @@ class OperatorAPI:
         web_request = cast(http.Request, request)
         stream = EventStream(web_request)
         web_request.registerProducer(stream, True)
-        unsubscribe = self.lifecycle.state.events.subscribe(stream.deliver, types)
+        unsubscribe = self.lifecycle.events.subscribe(stream.deliver, types)
         # Headers now: a client that saw them knows it is subscribed.
         request.write(b"")
 
@@ -601,9 +605,7 @@ class OperatorAPI:
         """Operations grouped by status, as URLs or (``recursion=1``) objects."""
         recursion = recursion_level(request)
         grouped: dict[str, list[Any]] = {}
-        for operation in sorted(
-            self.lifecycle.state.operations.list(), key=lambda op: op.created_at
-        ):
+        for operation in sorted(self.lifecycle.operations.list(), key=lambda op: op.created_at):
             item = operation.to_json()
             key = str(item["status"]).lower()
             grouped.setdefault(key, []).append(
@@ -615,22 +617,20 @@ class OperatorAPI:
     @_forwardable_operation()
     def get_operation(self, request: IRequest, operation_id: str) -> bytes:
         """One operation."""
-        return sync_response(request, self.lifecycle.state.operations.get(operation_id).to_json())
+        return sync_response(request, self.lifecycle.operations.get(operation_id).to_json())
 
     @app.route("/1.0/operations/<operation_id>/wait", methods=["GET"])
     @_forwardable_operation(waits=True)
     async def wait_operation(self, request: IRequest, operation_id: str) -> bytes:
         """The operation once done, or as it is when ``?timeout=S`` runs out (-1: no limit)."""
-        operation = self.lifecycle.state.operations.get(operation_id)
+        operation = self.lifecycle.operations.get(operation_id)
         timeout = _requested_wait(request)
         if not operation.done:
             done = operation.when_done()
             if timeout is None:
                 await done
             else:
-                await race(
-                    [done, deferLater(self.lifecycle.state.clock, timeout, lambda: operation)]
-                )
+                await race([done, deferLater(self.lifecycle.clock, timeout, lambda: operation)])
         return sync_response(request, operation.to_json())
 
     # -- the remote API's trust store -------------------------------------

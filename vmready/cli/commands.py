@@ -21,7 +21,7 @@ from vmready.cli.configops import config_command, operation_command
 from vmready.cli.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandError, UsageError
 from vmready.cli.output import EventCSV, Output, to_yaml
 from vmready.cli.waiter import Waiter, parse_condition
-from vmready.hypervisor.accel import ACCEL_KEY
+from vmready.domain.config import ACCEL_KEY
 from vmready.hypervisor.bootsource import APPEND_KEY, IMAGE_KEY, INITRD_KEY, KERNEL_KEY
 
 __all__ = ["COMMANDS", "cmd_replay"]

@@ -12,7 +12,7 @@ from vmready.cli.output import FORMATS
 from vmready.cli.remoteparser import add_remote_commands
 from vmready.cli.suggest import with_choice_suggestion
 from vmready.cli.tables import DEFAULT_COLUMNS, LIST_COLUMNS, Column, parse_columns
-from vmready.hypervisor.accel import ACCEL_CHOICES
+from vmready.domain.config import ACCEL_CHOICES
 
 __all__ = ["SNAPSHOT_VERBS", "build_parser", "with_snapshot_verb"]
 

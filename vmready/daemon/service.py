@@ -62,10 +62,15 @@ from vmready.hypervisor.cmdline import CURRENT_LAYOUT, SERIAL_LAYOUTS
 from vmready.hypervisor.configdrive import DriveContents
 from vmready.hypervisor.console import DEFAULT_CONSOLE_MAX_BYTES
 from vmready.hypervisor.driver import HypervisorDriver
-from vmready.lifecycle.core import DEFAULT_KVM_PROBE_TIMEOUT, GuestLink, LaunchSettings, Lifecycle
+from vmready.lifecycle.core import (
+    DEFAULT_KVM_PROBE_TIMEOUT,
+    DEFAULT_SYNC_CONCURRENCY,
+    GuestLink,
+    LaunchSettings,
+    Lifecycle,
+)
 from vmready.lifecycle.events import EventBus
 from vmready.lifecycle.members import Membership
-from vmready.lifecycle.recovery import DEFAULT_SYNC_CONCURRENCY
 from vmready.lifecycle.relay import CHANNELS, EventRelay
 from vmready.protocols.transcript import DEFAULT_KEEP, DEFAULT_MAX_BYTES
 from vmready.record.recording import Recorders, RecordingGuestResource
@@ -255,6 +260,7 @@ class VMReadyService(MultiService):
             kvm_probe_timeout=config.kvm_probe_timeout,
             console_max_bytes=config.console_max_bytes,
             drive=drive_contents(config.data_dir),
+            kvm_problem=kvm_device_problem(),
         )
         lifecycle = self.lifecycle = Lifecycle(
             self.reactor,
@@ -267,21 +273,21 @@ class VMReadyService(MultiService):
             settings=settings,
             sync_concurrency=config.sync_concurrency,
         )
-        lifecycle.state.kvm_problem = kvm_device_problem()
         self.log.info(
             "new VMs reach the guest API over {transport}; KVM: {kvm}",
             transport=transport,
-            kvm=lifecycle.state.kvm_problem or "the device opens (a first guest proves it runs)",
+            kvm=settings.kvm_problem or "the device opens (a first guest proves it runs)",
         )
 
         # Always present: an instance may ask to be recorded (vmready.record=true).
-        self.recorders = lifecycle.state.recorders = Recorders(
+        self.recorders = Recorders(
             lifecycle,
             config.transcript_dir,
             record_all=config.record_dir is not None,
             max_bytes=config.record_max_bytes,
             keep=config.record_keep,
         )
+        lifecycle.recording.use(self.recorders)
         self.trust = TrustRegistry(self.store, self.reactor.seconds)
         api = OperatorAPI(
             lifecycle, config.hypervisor, self.trust, config.server_config(transport)
@@ -299,11 +305,11 @@ class VMReadyService(MultiService):
         # A single host clears Ready (on the database thread) while the guest API starts; a
         # cluster member only once it holds its lease: until then, no instance is its own.
         preparing = (
-            Deferred.fromCoroutine(lifecycle.prepare_recovery())
+            Deferred.fromCoroutine(lifecycle.recovery.prepare())
             if config.member_name is None
             else None
         )
-        Deferred.fromCoroutine(self._start_guest_api(version)).addCallbacks(
+        Deferred.fromCoroutine(self._start_guest_api(driver, version)).addCallbacks(
             lambda _: self._start_recovery(site, preparing),
             self._guest_api_failed,
             errbackArgs=(preparing,),
@@ -392,10 +398,10 @@ class VMReadyService(MultiService):
         self.reactor.callWhenRunning(self.reactor.stop)
         self.recovered.errback(failure)
 
-    async def _start_guest_api(self, version: Deferred[str]) -> None:
+    async def _start_guest_api(self, driver: HypervisorDriver, version: Deferred[str]) -> None:
         """Listen for agents on a fresh random port (and the forward socket); advertise it."""
         assert self.store is not None and self.lifecycle is not None
-        await self._judge_kvm(version)
+        await self._judge_kvm(driver, version)
         server = self.server_certificate = ensure_server_certificate(self.config.data_dir)
         endpoint_string = self.config.guest_endpoint
         self._remove_stale_guest_sockets()
@@ -415,8 +421,8 @@ class VMReadyService(MultiService):
         transport = (
             f"hvsock:{address.path}" if isinstance(address, HybridVSockAddress) else "vsock"
         )
-        self.lifecycle.state.guest = GuestLink(
-            address.port, server.cert_pem, transport, self.config.agent_poll, forward
+        self.lifecycle.reach.listening(
+            GuestLink(address.port, server.cert_pem, transport, self.config.agent_poll, forward)
         )
         self.log.info(
             "guest API on {endpoint}: agents are told CONNECT 2:{port}",
@@ -432,16 +438,16 @@ class VMReadyService(MultiService):
         if self.recorders is not None:
             resource = RecordingGuestResource(resource, api.identify, self.recorders)
         # Outermost: every answer is counted, whoever wrote it.
-        return CountedGuestResource(resource, self.lifecycle.state.metrics)
+        return CountedGuestResource(resource, self.lifecycle.metrics)
 
-    async def _judge_kvm(self, version: Deferred[str]) -> None:
+    async def _judge_kvm(self, driver: HypervisorDriver, version: Deferred[str]) -> None:
         """Load what this host taught earlier daemons about KVM (per kernel and QEMU build)."""
         assert self.lifecycle is not None
-        driver = self.lifecycle.state.driver
         key = f"{os.uname().release}|{driver.program_name}|{await version}"
         path = os.path.join(self.config.data_dir, KVM_VERDICT_FILE)
-        self.lifecycle.state.kvm = KVMVerdicts(path, key)
-        verdict = self.lifecycle.state.kvm.verdict
+        verdicts = KVMVerdicts(path, key)
+        self.lifecycle.booting.use_kvm_verdicts(verdicts)
+        verdict = verdicts.verdict
         if verdict is not None:
             self.log.info(
                 "KVM on this host: {works} ({reason})",
@@ -478,7 +484,7 @@ class VMReadyService(MultiService):
         if self.membership is not None and not await self._join_cluster(self.membership):
             return
         if preparing is None:
-            preparing = Deferred.fromCoroutine(self.lifecycle.prepare_recovery())
+            preparing = Deferred.fromCoroutine(self.lifecycle.recovery.prepare())
         records = await preparing
         if self.https_port is not None:
             _release(self.https_port)
@@ -487,7 +493,7 @@ class VMReadyService(MultiService):
         progress = ReconcileProgress(self.notifier, len(records), self.reactor.seconds)
         for record in records:
             self.lifecycle.recovery.reconciled(record.name).addCallback(progress.one_done)
-        await self.lifecycle.reconcile(records)
+        await self.lifecycle.recovery.reconcile(records)
         self.log.info("recovered {count} instances", count=len(records))
         self.notifier.status(f"serving {len(records)} instances")
         self._start_timers()
@@ -554,7 +560,7 @@ class VMReadyService(MultiService):
             self.config.member_address or "",
             self.server_certificate.fingerprint,
             self.store,
-            self.lifecycle.state.events,
+            self.lifecycle.events,
             self.reactor,
             self.config.lease_seconds,
         )
@@ -621,7 +627,7 @@ class VMReadyService(MultiService):
             lifecycle = self.lifecycle
             timer = TimerService(
                 self.config.power_sync_interval,
-                lambda: Deferred.fromCoroutine(lifecycle.sync_power_states()),
+                lambda: Deferred.fromCoroutine(lifecycle.power_sync.sync_power_states()),
             )
             timer.setName(POWER_SYNC_TIMER)
             timer.clock = self.reactor

@@ -80,15 +80,15 @@ class ReplayCore:
         lifecycle = Lifecycle(
             self.clock,
             self.store,
-            self.driver,  # type: ignore[arg-type]
+            self.driver,
             self.events,
             f"{self._base}/run",
             serial_layout=self.setup.layout,
         )
-        lifecycle.state.guest = GuestLink(
-            port, _SERVER_PEM, "hvsock:/replay", self.setup.intervals
+        lifecycle.reach.listening(
+            GuestLink(port, _SERVER_PEM, "hvsock:/replay", self.setup.intervals)
         )
-        lifecycle.state.recorders = HookLookup(self.hooks)
+        lifecycle.recording.use(HookLookup(self.hooks))
         self.lifecycle = lifecycle
         self.agent = RequestTraversalAgent(GuestAPI(lifecycle, self._identify).app.resource())
         return lifecycle
@@ -134,7 +134,7 @@ class ReplayCore:
         self.store.finish_task(self.name, TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING)
         lifecycle = self._build(setup.port)
         record = self.store.get_instance(self.name)
-        Deferred.fromCoroutine(self.driver.launch(lifecycle.spec_for(record))).addCallback(
+        Deferred.fromCoroutine(self.driver.launch(lifecycle.specs.spec_for(record))).addCallback(
             lambda vm: vm.detach()
         )
         self.settle()
@@ -145,7 +145,7 @@ class ReplayCore:
         self.stop()
         self.down = False
         lifecycle = self._build(port)
-        Deferred.fromCoroutine(lifecycle.recover())
+        Deferred.fromCoroutine(lifecycle.recovery.recover())
         self.settle()
 
     def stop(self) -> None:
@@ -195,7 +195,7 @@ class ReplayCore:
         """Let go of everything (nothing real runs; only the temporary run dir remains)."""
         if self.lifecycle is not None:
             self.stop()
-            self.lifecycle.state.operations.stop()
+            self.lifecycle.operations.stop()
         for call in self.clock.getDelayedCalls():
             if call.active():
                 call.cancel()

@@ -1,0 +1,44 @@
+"""An operator's change of an instance's config: user keys any time, limits only while stopped."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vmready.domain.config import config_changes, is_launch_key
+from vmready.domain.model import BadRequest, Conflict, InstanceRecord, task_conflict
+from vmready.domain.states import RUNNING_VM_STATES, describe_state
+from vmready.lifecycle.events import EventBus
+from vmready.store.asyncstore import AsyncStore
+
+__all__ = ["Configuring"]
+
+
+class Configuring:
+    """An operator's change of an instance's config (LXD's ``PUT``/``PATCH`` of an instance)."""
+
+    def __init__(self, *, store: AsyncStore, events: EventBus) -> None:
+        self.store = store
+        self.events = events
+
+    async def update_config(self, name: str, config: dict[str, Any]) -> InstanceRecord:
+        """Set user-settable keys (``None`` removes one); limits change only through resize."""
+        changes = config_changes(config)
+        launch_keys = sorted(key for key in changes if is_launch_key(key))
+        if launch_keys:
+            raise BadRequest(
+                f"Cannot change {launch_keys[0]} of instance {name}: the boot source and "
+                "accelerator are chosen at launch (launch a new instance to boot another)"
+            )
+        record = self.store.get_instance(name)
+        if record.task_state is not None:
+            raise task_conflict("update", name, record.task_state, record.vm_state)
+        limits = sorted(key for key in changes if key.startswith("limits."))
+        if limits and record.vm_state in RUNNING_VM_STATES:
+            # The VM would keep its old size while the config claimed the new one.
+            raise Conflict(
+                f"Cannot change {limits[0]} of instance {name} while it is "
+                f"{describe_state(record.vm_state, None)}: use the resize action"
+            )
+        updated = await self.store.update_config(name, changes)
+        self.events.lifecycle("instance-updated", name, {"config": changes})
+        return updated
