@@ -21,7 +21,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from fakeqemu.testing import InMemoryVM
 from tests.fixtures import make_lifecycle
 from tests.reactor import reactor
-from vmready.daemon.service import drive_contents
+from vmready.daemon.assembly import drive_contents
 from vmready.domain.model import InstanceRecord
 from vmready.hypervisor.cmdline import VMSpec
 from vmready.hypervisor.configdrive import DriveContents, write_settings
