@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import attrs
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.lifecycle.test_lifecycle import _async, _until
-from tests.lifecycle.test_ready import FAST, SERVER, AgentLinkTestCase
+from tests.lifecycle.test_ready import AgentLinkTestCase
 from tests.reactor import reactor
 from vmready.lifecycle.agenthistory import DEFAULT_HISTORY_LENGTH, AgentHistory, LinkChange
-from vmready.lifecycle.core import GuestLink
 from vmready.protocols.ringbuffer import AgentStatus
 
 LOST = "lost: the agent said nothing for 15.0s (no heartbeat)"
@@ -80,14 +78,7 @@ class AgentHistoryLifecycleTests(AgentLinkTestCase):
 
     @_async
     async def test_aStartedAgentThatFallsSilentIsLostThenBack(self) -> None:
-        self.lifecycle.reach.listening(
-            GuestLink(
-                self.port,
-                SERVER.cert_pem,
-                "hvsock:/nonexistent",
-                attrs.evolve(FAST, silence_timeout=0.5, safety=0.2),
-            )
-        )
+        self.guest_api_listens(self.lifecycle, silence_timeout=0.5, safety=0.2)
         before = reactor.seconds()
         await self.launch()
         guest = await self.connected_guest()

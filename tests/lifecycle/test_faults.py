@@ -15,17 +15,16 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 
-import attrs
 from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 from tests.lifecycle.test_lifecycle import _async, _until
-from tests.lifecycle.test_ready import FAST, SERVER, AgentLinkTestCase
+from tests.lifecycle.test_ready import SERVER, AgentLinkTestCase
 from tests.reactor import reactor
 from vmready.domain.model import ActionRecord
 from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
 from vmready.hypervisor.driver import HypervisorDriver
-from vmready.lifecycle.core import GuestLink, Lifecycle
+from vmready.lifecycle.core import Lifecycle
 from vmready.lifecycle.events import EventBus
 from vmready.lifecycle.faults import Fault, FaultLog, error_time
 from vmready.lifecycle.watching import MONITOR_LOST_KEY
@@ -264,14 +263,7 @@ class AgentFaultTests(FaultTestCase):
 
     @_async
     async def test_hungAgentIsLostUntilItSpeaksAgain(self) -> None:
-        self.lifecycle.reach.listening(
-            GuestLink(
-                self.port,
-                SERVER.cert_pem,
-                "hvsock:/nonexistent",
-                attrs.evolve(FAST, silence_timeout=0.5, safety=0.2),
-            )
-        )
+        self.guest_api_listens(self.lifecycle, silence_timeout=0.5, safety=0.2)
         await self.launch()
         guest = await self.connected_guest()
         await _until(lambda: self.lifecycle.running.agent_status("vm1") is AgentStatus.STOPPED)

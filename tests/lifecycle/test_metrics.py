@@ -12,6 +12,7 @@ from tests.lifecycle.test_ready import AgentLinkTestCase
 from tests.reactor import reactor
 from vmready.domain.model import HypervisorError
 from vmready.domain.states import ACTIONS, OperatorStatus
+from vmready.lifecycle.booting import Booting
 from vmready.lifecycle.metrics import (
     ACTION_DURATION_BUCKETS,
     READY_LATENCY_BUCKETS,
@@ -261,7 +262,7 @@ class LifecycleCountingTests(AgentLinkTestCase):
         async def refused(*args: object, **kwargs: object) -> None:
             raise HypervisorError("QEMU refused to start")
 
-        self.patch(self.lifecycle.booting, "launch", refused)
+        self.patch(Booting, "launch", refused)
         operation = await self.wait(await self.lifecycle.act("vm1", "start"))
         self.assertEqual(operation.error, "QEMU refused to start")
         self.assertEqual(self.metrics.actions.value("create", "success"), 1)

@@ -100,10 +100,15 @@ class AgentLinkTestCase(LifecycleTestCase):
         lifecycle = super().new_lifecycle(driver)
         type(self).port += 1
         if guest_api:
-            lifecycle.reach.listening(
-                GuestLink(self.port, SERVER.cert_pem, "hvsock:/nonexistent", FAST)
-            )
+            self.guest_api_listens(lifecycle)
         return lifecycle
+
+    def guest_api_listens(self, lifecycle: Lifecycle, **intervals: float) -> None:
+        """``lifecycle``'s guest API listens: agents are followed, polled at FAST (or so)."""
+        link = GuestLink(
+            self.port, SERVER.cert_pem, "hvsock:/nonexistent", attrs.evolve(FAST, **intervals)
+        )
+        lifecycle.reach.listening(link)
 
     async def guest(self, name: str = "vm1") -> SerialGuest:
         """Open the instance's agent port as the agent would."""
@@ -279,11 +284,7 @@ class HandshakeTests(AgentLinkTestCase):
     @_async
     async def test_stoppedWrittenWithoutClosingWaitsForTheSafetyRead(self) -> None:
         """An agent that writes without reopening is heard, only later: on the safety read."""
-        self.lifecycle.reach.listening(
-            GuestLink(
-                self.port, SERVER.cert_pem, "hvsock:/nonexistent", attrs.evolve(FAST, safety=1.0)
-            )
-        )
+        self.guest_api_listens(self.lifecycle, safety=1.0)
         await self.launch()
         guest = await self.connected_guest()
         monitor = self.lifecycle.running.monitors["vm1"]
@@ -343,14 +344,8 @@ class SilentAgentTests(AgentLinkTestCase):
 
     @_async
     async def test_agentThatFallsSilentIsAnnouncedStopped(self) -> None:
-        self.lifecycle.reach.listening(
-            GuestLink(
-                self.port,
-                SERVER.cert_pem,
-                "hvsock:/nonexistent",
-                attrs.evolve(FAST, silence_timeout=0.5, safety=0.2),  # hung: seen on a safety read
-            )
-        )
+        # Hung: seen on a safety read.
+        self.guest_api_listens(self.lifecycle, silence_timeout=0.5, safety=0.2)
         await self.launch()
         await self.connected_guest()
         # ... and the guest says nothing more: no heartbeat.

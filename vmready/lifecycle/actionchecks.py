@@ -27,23 +27,15 @@ DEFAULT_STOP_TIMEOUT = 30.0
 MAX_STOP_TIMEOUT = 3600.0
 
 
+@attrs.define(kw_only=True, eq=False)
 class ActionChecks:
     """An action's checks before anything is claimed: a 400, 404 or 409 before its operation."""
 
-    def __init__(
-        self,
-        *,
-        store: AsyncStore,
-        specs: InstanceSpecs,
-        running: RunningVMs,
-        booting: Booting,
-        stop_timeout: float,
-    ) -> None:
-        self.store = store
-        self.specs = specs
-        self.running = running
-        self.booting = booting
-        self.stop_timeout = stop_timeout
+    store: AsyncStore
+    specs: InstanceSpecs
+    running: RunningVMs
+    booting: Booting
+    stop_timeout: float
 
     def prepare(self, action: str, params: dict[str, Any]) -> dict[str, Any]:
         """Validate an action's parameters before anything is claimed."""

@@ -11,6 +11,7 @@ import os
 import shutil
 from collections.abc import Awaitable
 
+import attrs
 from twisted.logger import Logger
 
 from vmready.domain.model import (
@@ -38,6 +39,7 @@ PREVIOUS_MEMORY_KEY = "volatile.resize.previous.memory"
 PREVIOUS_CPU_KEY = "volatile.resize.previous.cpu"
 
 
+@attrs.define(kw_only=True, eq=False)
 class Actions:
     """An operator's actions on an instance, each a task.
 
@@ -47,28 +49,15 @@ class Actions:
 
     log = Logger()
 
-    def __init__(
-        self,
-        *,
-        store: AsyncStore,
-        events: EventBus,
-        driver: Hypervisor,
-        specs: InstanceSpecs,
-        running: RunningVMs,
-        agent_history: AgentHistory,
-        booting: Booting,
-        watching: Watching,
-        stop_timeout: float,
-    ) -> None:
-        self.store = store
-        self.events = events
-        self.driver = driver
-        self.specs = specs
-        self.running = running
-        self.agent_history = agent_history
-        self.booting = booting
-        self.watching = watching
-        self.stop_timeout = stop_timeout
+    store: AsyncStore
+    events: EventBus
+    driver: Hypervisor
+    specs: InstanceSpecs
+    running: RunningVMs
+    agent_history: AgentHistory
+    booting: Booting
+    watching: Watching
+    stop_timeout: float
 
     async def guarded(self, context: ActionContext, work: Awaitable[None]) -> None:
         """Run an action's body; any failure ends the task in error with its reason."""

@@ -59,6 +59,7 @@ from vmready.store.asyncstore import AsyncStore
 _SIGN_OF_LIFE_POLL = 0.25
 
 
+@attrs.define(kw_only=True, eq=False)
 class Booting:
     """Starting QEMU for an instance.
 
@@ -68,40 +69,27 @@ class Booting:
 
     log = Logger()
 
-    def __init__(
-        self,
-        *,
-        reactor: IReactorTime,
-        store: AsyncStore,
-        events: EventBus,
-        journal: Journal,
-        metrics: LifecycleMetrics,
-        driver: Hypervisor,
-        specs: InstanceSpecs,
-        running: RunningVMs,
-        reach: GuestReach,
-        settings: LaunchSettings,
-        serial_layout: SerialLayout,
-        guestside: GuestSide,
-        watching: Watching,
-    ) -> None:
-        self.clock = reactor
-        self.store = store
-        self.events = events
-        self.journal = journal
-        self.metrics = metrics
-        self.driver = driver
-        self.specs = specs
-        self.running = running
-        self.reach = reach
-        self.settings = settings
-        # The serial wiring new VMs get; a running VM keeps the one it was started with.
-        self.serial_layout = serial_layout
-        self.guestside = guestside
-        self.watching = watching
-        self.images = ImageTool(reactor)
-        # What this host taught earlier daemons about KVM (None: never try KVM on trial).
-        self.kvm: KVMVerdicts | None = None
+    clock: IReactorTime
+    store: AsyncStore
+    events: EventBus
+    journal: Journal
+    metrics: LifecycleMetrics
+    driver: Hypervisor
+    specs: InstanceSpecs
+    running: RunningVMs
+    reach: GuestReach
+    settings: LaunchSettings
+    # The serial wiring new VMs get; a running VM keeps the one it was started with.
+    serial_layout: SerialLayout
+    guestside: GuestSide
+    watching: Watching
+    images: ImageTool = attrs.field(init=False)
+    # What this host taught earlier daemons about KVM (None: never try KVM on trial).
+    kvm: KVMVerdicts | None = attrs.field(init=False, default=None)
+
+    def __attrs_post_init__(self) -> None:
+        # ``clock`` is the daemon's reactor: qemu-img runs as a process.
+        self.images = ImageTool(self.clock)
 
     @property
     def kvm_problem(self) -> str | None:
@@ -213,8 +201,7 @@ class Booting:
             f"a guest under KVM showed no sign of life within {timeout:g}s "
             "(nothing on its console, no word from its agent)"
         )
-        self.watching.detach(record.name)
-        await vm.force_stop()
+        await self.watching.force_stop(record.name, vm)
         return await self._fall_back_to_tcg(record, reason, incoming)
 
     async def _fall_back_to_tcg(

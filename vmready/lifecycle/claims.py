@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
+import attrs
 from twisted.internet.defer import DeferredLock
 from twisted.logger import Logger
 
@@ -17,6 +18,7 @@ from vmready.store.executor import OutcomeUnknown, StoreWriteFailed
 __all__ = ["Claims"]
 
 
+@attrs.define(kw_only=True, eq=False)
 class Claims:
     """Claims of instances' tasks: the store's compare-and-swap, then the action's history.
 
@@ -27,11 +29,10 @@ class Claims:
 
     log = Logger()
 
-    def __init__(self, *, store: AsyncStore, journal: Journal) -> None:
-        self.store = store
-        self.journal = journal
-        # Per instance, while a claim (and its giving back) is under way: claims wait in turn.
-        self._locks: dict[str, DeferredLock] = {}
+    store: AsyncStore
+    journal: Journal
+    # Per instance, while a claim (and its giving back) is under way: claims wait in turn.
+    _locks: dict[str, DeferredLock] = attrs.field(init=False, factory=dict)
 
     async def claim(
         self, name: str, action: str, allowed_from: frozenset[VMState], task: TaskState

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
+
 from vmready.domain.config import config_changes, is_launch_key
 from vmready.domain.model import BadRequest, Conflict, InstanceRecord, task_conflict
 from vmready.domain.states import RUNNING_VM_STATES, describe_state
@@ -13,12 +15,12 @@ from vmready.store.asyncstore import AsyncStore
 __all__ = ["Configuring"]
 
 
+@attrs.define(kw_only=True, eq=False)
 class Configuring:
     """An operator's change of an instance's config (LXD's ``PUT``/``PATCH`` of an instance)."""
 
-    def __init__(self, *, store: AsyncStore, events: EventBus) -> None:
-        self.store = store
-        self.events = events
+    store: AsyncStore
+    events: EventBus
 
     async def update_config(self, name: str, config: dict[str, Any]) -> InstanceRecord:
         """Set user-settable keys (``None`` removes one); limits change only through resize."""

@@ -127,7 +127,9 @@ class Lifecycle:
         self.recording = Recording()
         self.running = RunningVMs()
         self.specs = InstanceSpecs(run_root, self.reach, snapshot_root, disk_root)
-        self.journal = Journal(reactor, self.store, events, self.metrics)
+        self.journal = Journal(
+            clock=reactor, store=self.store, events=events, metrics=self.metrics
+        )
         self.claims = Claims(store=self.store, journal=self.journal)
         self.configuring = Configuring(store=self.store, events=events)
         self._build_vm_parts(reactor, serial_layout)
@@ -160,7 +162,7 @@ class Lifecycle:
             driver_kind=self.driver.kind,
         )
         self.booting = Booting(
-            reactor=reactor,
+            clock=reactor,
             store=self.store,
             events=self.events,
             journal=self.journal,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import attrs
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
@@ -35,38 +36,29 @@ from vmready.store.asyncstore import AsyncStore
 from vmready.trust.certs import CertificatePair, fingerprint, generate, write_private
 
 
+@attrs.define(kw_only=True, eq=False)
 class GuestSide:
     """The guest's side of an instance: Ready, its agent identity, its config drive."""
 
     log = Logger()
 
-    def __init__(
-        self,
-        *,
-        clock: IReactorTime,
-        store: AsyncStore,
-        events: EventBus,
-        journal: Journal,
-        metrics: LifecycleMetrics,
-        running: RunningVMs,
-        specs: InstanceSpecs,
-        reach: GuestReach,
-        settings: LaunchSettings,
-        driver_kind: str,
-    ) -> None:
-        self.clock = clock
-        self.store = store
-        self.events = events
-        self.journal = journal
-        self.metrics = metrics
-        self.running = running
-        self.specs = specs
-        self.reach = reach
-        self.settings = settings
-        # A fakeqemu guest is a host process: its drive says where its devices are.
-        self.fakeqemu = driver_kind == "fakeqemu"
-        # Instances whose config-drive certificate files could not be read, and why.
-        self.unreadable: dict[str, str] = {}
+    clock: IReactorTime
+    store: AsyncStore
+    events: EventBus
+    journal: Journal
+    metrics: LifecycleMetrics
+    running: RunningVMs
+    specs: InstanceSpecs
+    reach: GuestReach
+    settings: LaunchSettings
+    driver_kind: str
+    # Instances whose config-drive certificate files could not be read, and why.
+    unreadable: dict[str, str] = attrs.field(init=False, factory=dict)
+
+    @property
+    def fakeqemu(self) -> bool:
+        """Whether guests are fakeqemu's: host processes whose devices are sockets."""
+        return self.driver_kind == "fakeqemu"
 
     async def set_ready(self, name: str, ready: bool) -> InstanceRecord:
         """The guest's workload declared itself Ready (or withdrew it: Started).

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
@@ -26,22 +27,16 @@ from vmready.store.sqlite import Store
 __all__ = ["ActionContext", "Journal"]
 
 
+@attrs.define(kw_only=True, eq=False)
 class Journal:
     """The action history and the ``instance-state`` events, for every part."""
 
     log = Logger()
 
-    def __init__(
-        self,
-        clock: IReactorTime,
-        store: AsyncStore,
-        events: EventBus,
-        metrics: LifecycleMetrics,
-    ) -> None:
-        self.clock = clock
-        self.store = store
-        self.events = events
-        self.metrics = metrics
+    clock: IReactorTime
+    store: AsyncStore
+    events: EventBus
+    metrics: LifecycleMetrics
 
     async def begin(self, name: str, action: str, task: TaskState) -> ActionContext:
         """The action's history record and its first step, written before it does anything."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+import attrs
 from twisted.internet.defer import Deferred, DeferredSemaphore, gatherResults
 from twisted.logger import Logger
 
@@ -27,34 +28,22 @@ from vmready.store.asyncstore import AsyncStore
 __all__ = ["PowerSync", "bounded"]
 
 
+@attrs.define(kw_only=True, eq=False)
 class PowerSync:
     """Power sync: the store made to agree with the VMs that really run, round by round."""
 
     log = Logger()
 
-    def __init__(
-        self,
-        *,
-        store: AsyncStore,
-        events: EventBus,
-        journal: Journal,
-        driver: Hypervisor,
-        specs: InstanceSpecs,
-        running: RunningVMs,
-        watching: Watching,
-        guestside: GuestSide,
-        concurrency: int,
-    ) -> None:
-        self.store = store
-        self.events = events
-        self.journal = journal
-        self.driver = driver
-        self.specs = specs
-        self.running = running
-        self.watching = watching
-        self.guestside = guestside
-        # At most this many instances reconciled at once.
-        self.concurrency = concurrency
+    store: AsyncStore
+    events: EventBus
+    journal: Journal
+    driver: Hypervisor
+    specs: InstanceSpecs
+    running: RunningVMs
+    watching: Watching
+    guestside: GuestSide
+    # At most this many instances reconciled at once.
+    concurrency: int
 
     async def sync_power_states(self) -> None:
         """One reconciliation round, ``concurrency`` instances at a time; tasks left alone.
@@ -104,8 +93,7 @@ class PowerSync:
         if shutting_down:
             return  # its exit settles the instance (stopped, with the guest's reason)
         if not should_run:
-            self.watching.detach(record.name)
-            await vm.force_stop()
+            await self.watching.force_stop(record.name, vm)
             self.journal.history(
                 record.name,
                 "power-sync",

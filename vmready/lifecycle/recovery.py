@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import contextlib
 
+import attrs
 from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 
 from vmready.domain.model import HypervisorError, InstanceRecord, VMReadyError
 from vmready.domain.states import READY_KEY, RUNNING_VM_STATES, PowerState, TaskState, VMState
-from vmready.hypervisor.runningvm import RunningVM
 from vmready.lifecycle.actions import Actions
 from vmready.lifecycle.booting import Booting
 from vmready.lifecycle.events import EventBus
@@ -45,6 +45,7 @@ _TASKS_RESOLVED_BY_A_RUNNING_VM = frozenset(
 )
 
 
+@attrs.define(kw_only=True, eq=False)
 class Recovery:
     """Daemon-start recovery: Ready cleared, interrupted actions closed, each VM re-adopted.
 
@@ -54,41 +55,33 @@ class Recovery:
 
     log = Logger()
 
-    def __init__(
-        self,
-        *,
-        store: AsyncStore,
-        events: EventBus,
-        journal: Journal,
-        driver: Hypervisor,
-        specs: InstanceSpecs,
-        running: RunningVMs,
-        watching: Watching,
-        guestside: GuestSide,
-        actions: Actions,
-        power_sync: PowerSync,
-        booting: Booting,
-        concurrency: int,
-    ) -> None:
-        self.store = store
-        self.events = events
-        self.journal = journal
-        self.driver = driver
-        self.specs = specs
-        self.running = running
-        self.watching = watching
-        self.guestside = guestside
-        self.actions = actions
-        self.power_sync = power_sync
+    store: AsyncStore
+    events: EventBus
+    journal: Journal
+    driver: Hypervisor
+    specs: InstanceSpecs
+    running: RunningVMs
+    watching: Watching
+    guestside: GuestSide
+    actions: Actions
+    power_sync: PowerSync
+    booting: Booting
+    # At most this many instances reconciled at once.
+    concurrency: int
+    resizes: ResizeRecovery = attrs.field(init=False)
+    # Instances whose start-up reconciliation has not run yet.
+    _pending: dict[str, list[Deferred[None]]] = attrs.field(init=False, factory=dict)
+    # Set when the daemon stops: what has not been reconciled yet is left for the next start.
+    _stopping: bool = attrs.field(init=False, default=False)
+
+    def __attrs_post_init__(self) -> None:
         self.resizes = ResizeRecovery(
-            store=store, events=events, journal=journal, booting=booting, watching=watching
+            store=self.store,
+            events=self.events,
+            journal=self.journal,
+            booting=self.booting,
+            watching=self.watching,
         )
-        # At most this many instances reconciled at once.
-        self.concurrency = concurrency
-        # Instances whose start-up reconciliation has not run yet.
-        self._pending: dict[str, list[Deferred[None]]] = {}
-        # Set when the daemon stops: what has not been reconciled yet is left for the next start.
-        self._stopping = False
 
     def stop(self) -> None:
         """The daemon stops: what has not been reconciled yet is left for the next start."""
@@ -211,11 +204,11 @@ class Recovery:
         if adopted is not None:
             self.watching.attach(record.name, adopted, advertise=True)
         if task is TaskState.DELETING:
-            await self._stop_adopted(record.name, adopted)
+            await self.watching.force_stop(record.name, adopted)
             await self.actions.forget(record, reason)
             return
         if task is TaskState.POWERING_OFF:
-            await self._stop_adopted(record.name, adopted)
+            await self.watching.force_stop(record.name, adopted)
             await self._resolve(record, task, VMState.STOPPED, PowerState.SHUTDOWN)
             return
         if task in RESIZE_TASKS:
@@ -241,13 +234,8 @@ class Recovery:
         if task is TaskState.POWERING_ON and adopted is None:
             await self._resolve(record, task, VMState.STOPPED, PowerState.SHUTDOWN)
             return
-        await self._stop_adopted(record.name, adopted)
+        await self.watching.force_stop(record.name, adopted)
         await self._resolve_error(record, reason)
-
-    async def _stop_adopted(self, name: str, adopted: RunningVM | None) -> None:
-        if adopted is not None:
-            self.watching.detach(name)
-            await adopted.force_stop()
 
     async def _resolve_error(self, record: InstanceRecord, reason: str) -> None:
         """A task that cannot be finished after a restart ends in error, saying so."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import uuid
 
+import attrs
 from twisted.logger import Logger
 
 from vmready.domain.config import validate_name
@@ -37,29 +38,19 @@ __all__ = ["RENAMABLE", "Renaming"]
 RENAMABLE = frozenset({VMState.STOPPED})
 
 
+@attrs.define(kw_only=True, eq=False)
 class Renaming:
     """Renames stopped instances."""
 
     log = Logger()
 
-    def __init__(
-        self,
-        *,
-        store: AsyncStore,
-        events: EventBus,
-        journal: Journal,
-        operations: Operations,
-        running: RunningVMs,
-        recovery: Recovery,
-        guestside: GuestSide,
-    ) -> None:
-        self.store = store
-        self.events = events
-        self.journal = journal
-        self.operations = operations
-        self.running = running
-        self.recovery = recovery
-        self.guestside = guestside
+    store: AsyncStore
+    events: EventBus
+    journal: Journal
+    operations: Operations
+    running: RunningVMs
+    recovery: Recovery
+    guestside: GuestSide
 
     def check(self, name: str, new_name: str) -> InstanceRecord:
         """The 400, 404 or 409 a rename gets before any operation exists; else the instance."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import attrs
+
 from vmready.domain.model import InstanceRecord
 from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
 from vmready.hypervisor.runningvm import RunningVM
@@ -30,6 +32,7 @@ RESIZE_TASKS = frozenset(
 _RESIZE_MAY_HAVE_WRITTEN = frozenset({TaskState.RESIZE_MIGRATING, TaskState.RESIZE_FINISH})
 
 
+@attrs.define(kw_only=True, eq=False)
 class ResizeRecovery:
     """A resize, confirm or revert cut short: completed or rolled back, never half-applied.
 
@@ -50,20 +53,11 @@ class ResizeRecovery:
     - a confirm changes only the store: it is completed.
     """
 
-    def __init__(
-        self,
-        *,
-        store: AsyncStore,
-        events: EventBus,
-        journal: Journal,
-        booting: Booting,
-        watching: Watching,
-    ) -> None:
-        self.store = store
-        self.events = events
-        self.journal = journal
-        self.booting = booting
-        self.watching = watching
+    store: AsyncStore
+    events: EventBus
+    journal: Journal
+    booting: Booting
+    watching: Watching
 
     async def recover(
         self, record: InstanceRecord, task: TaskState, adopted: RunningVM | None
@@ -88,7 +82,7 @@ class ResizeRecovery:
             )
             return
         if written or (previous and task is TaskState.RESIZE_REVERTING):
-            await self._stop(record.name, adopted)
+            await self.watching.force_stop(record.name, adopted)
             adopted = None
             record = await self.store.update_config(
                 record.name,
@@ -107,11 +101,6 @@ class ResizeRecovery:
         await self._finish(
             record, task, adopted, "rolled back to the old size", "instance-resize-reverted"
         )
-
-    async def _stop(self, name: str, vm: RunningVM | None) -> None:
-        if vm is not None:
-            self.watching.detach(name)
-            await vm.force_stop()
 
     async def _finish(
         self,

@@ -10,6 +10,7 @@ import shutil
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
@@ -38,6 +39,7 @@ RESTORE_TIMEOUT = 600.0
 _RESTORE_POLL_SECONDS = 0.05
 
 
+@attrs.define(kw_only=True, eq=False)
 class Snapshotting:
     """Snapshots and restores.
 
@@ -46,28 +48,16 @@ class Snapshotting:
 
     log = Logger()
 
-    def __init__(
-        self,
-        *,
-        clock: IReactorTime,
-        store: AsyncStore,
-        events: EventBus,
-        journal: Journal,
-        driver: Hypervisor,
-        specs: InstanceSpecs,
-        running: RunningVMs,
-        booting: Booting,
-    ) -> None:
-        self.clock = clock
-        self.store = store
-        self.events = events
-        self.journal = journal
-        self.driver = driver
-        self.specs = specs
-        self.running = running
-        self.booting = booting
-        # Restores under way, by (instance, snapshot): how many use that snapshot now.
-        self._restoring: dict[tuple[str, str], int] = {}
+    clock: IReactorTime
+    store: AsyncStore
+    events: EventBus
+    journal: Journal
+    driver: Hypervisor
+    specs: InstanceSpecs
+    running: RunningVMs
+    booting: Booting
+    # Restores under way, by (instance, snapshot): how many use that snapshot now.
+    _restoring: dict[tuple[str, str], int] = attrs.field(init=False, factory=dict)
 
     def reserve_for_restore(self, instance: str, snapshot: str) -> Callable[[], None]:
         """Mark the snapshot in use by a restore until the returned function is called.

@@ -21,6 +21,7 @@ from vmready.hypervisor.cmdline import (
     UNRECORDED_LAYOUT,
     GuestForward,
     SerialLayout,
+    SerialPort,
     VMSpec,
 )
 from vmready.hypervisor.console import read_console
@@ -143,17 +144,20 @@ class InstanceSpecs:
 
 def agent_chardev(spec: VMSpec) -> str | None:
     """The ring buffer the VM's agent writes to: the one wired to its agent port, new or old."""
-    for wanted in (AGENT_PORT, LEGACY_PORT):
-        for port in spec.serial_ports:
-            if port.name == wanted and port.chardev is not None:
-                return port.chardev
-    return None
+    port = _agent_port(spec)
+    return port.chardev if port is not None else None
 
 
 def agent_port_name(spec: VMSpec) -> str | None:
     """The name of the port wired to the agent's ring buffer (the agent tries it first)."""
+    port = _agent_port(spec)
+    return port.name if port is not None else None
+
+
+def _agent_port(spec: VMSpec) -> SerialPort | None:
+    """The agent's port with a ring buffer behind it: the current name first, then the legacy."""
     for wanted in (AGENT_PORT, LEGACY_PORT):
         for port in spec.serial_ports:
             if port.name == wanted and port.chardev is not None:
-                return port.name
+                return port
     return None

@@ -7,6 +7,7 @@ import shutil
 from collections.abc import Callable
 from typing import cast
 
+import attrs
 from twisted.internet.defer import Deferred, DeferredLock
 from twisted.internet.interfaces import IReactorTime, IReactorUNIX
 from twisted.logger import Logger
@@ -52,44 +53,37 @@ _VM_ENDED_CAUSES = {
 }
 
 
+@attrs.define(kw_only=True, eq=False)
 class Watching:
     """Following a running VM: its QMP events, its agent, and what its going away means."""
 
     log = Logger()
 
-    def __init__(
-        self,
-        *,
-        reactor: IReactorTime,
-        store: AsyncStore,
-        events: EventBus,
-        journal: Journal,
-        metrics: LifecycleMetrics,
-        running: RunningVMs,
-        reach: GuestReach,
-        recording: Recording,
-        agent_history: AgentHistory,
-        driver_kind: str,
-    ) -> None:
-        self.reactor = reactor
-        self.store = store
-        self.events = events
-        self.journal = journal
-        self.metrics = metrics
-        self.running = running
-        self.reach = reach
-        self.recording = recording
-        self.agent_history = agent_history
-        # A fakeqemu guest keeps its tmpfs in the run dir: a reboot empties it.
-        self.fakeqemu = driver_kind == "fakeqemu"
-        # What undoes each followed VM's subscriptions.
-        self._unsubscribe: dict[str, Callable[[], None]] = {}
-        # One per instance: its VM events are handled one after the other.
-        self._event_locks: dict[str, DeferredLock] = {}
-        # Instances whose VM was adopted and its agent sent CONNECT again, until the agent's
-        # next change (its history entry says so).
-        self._advertised: set[str] = set()
-        store.health.subscribe(self._store_health_changed)
+    reactor: IReactorTime
+    store: AsyncStore
+    events: EventBus
+    journal: Journal
+    metrics: LifecycleMetrics
+    running: RunningVMs
+    reach: GuestReach
+    recording: Recording
+    agent_history: AgentHistory
+    driver_kind: str
+    # What undoes each followed VM's subscriptions.
+    _unsubscribe: dict[str, Callable[[], None]] = attrs.field(init=False, factory=dict)
+    # One per instance: its VM events are handled one after the other.
+    _event_locks: dict[str, DeferredLock] = attrs.field(init=False, factory=dict)
+    # Instances whose VM was adopted and its agent sent CONNECT again, until the agent's
+    # next change (its history entry says so).
+    _advertised: set[str] = attrs.field(init=False, factory=set)
+
+    def __attrs_post_init__(self) -> None:
+        self.store.health.subscribe(self._store_health_changed)
+
+    @property
+    def fakeqemu(self) -> bool:
+        """Whether guests are fakeqemu's: a reboot empties the tmpfs they keep in the run dir."""
+        return self.driver_kind == "fakeqemu"
 
     def _store_health_changed(self, health: StoreHealth) -> None:
         """The store's writes started failing (the disk is full) or succeed again: say so."""
@@ -220,6 +214,12 @@ class Watching:
         self.running.vms.pop(name, None)
         self.metrics.boot_ended(name)
         self._stop_following_agent(name, announce, cause)
+
+    async def force_stop(self, name: str, vm: RunningVM | None) -> None:
+        """Stop following the instance's VM and kill it (None: no VM to stop)."""
+        if vm is not None:
+            self.detach(name)
+            await vm.force_stop()
 
     def _stop_following_agent(
         self, name: str, announce: bool = True, cause: str = "its VM stopped"
