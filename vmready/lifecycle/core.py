@@ -15,8 +15,9 @@ actions and creates instances, and it hands out its parts for the rest.
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
+import attrs
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
@@ -81,6 +82,8 @@ __all__ = [
     "run_dir_name",
 ]
 
+_Part = TypeVar("_Part", bound=attrs.AttrsInstance)
+
 
 class Lifecycle:
     """Runs actions on instances against a store and a hypervisor driver.
@@ -128,122 +131,29 @@ class Lifecycle:
         self.recording = Recording()
         self.running = RunningVMs()
         self.specs = InstanceSpecs(run_root, self.reach, snapshot_root, disk_root)
-        self.journal = Journal(
-            clock=reactor, store=self.store, events=events, metrics=self.metrics
-        )
-        self.claims = Claims(store=self.store, journal=self.journal)
-        self.configuring = Configuring(store=self.store, events=events)
-        self._build_vm_parts(reactor, serial_layout)
-        self._build_action_parts(stop_timeout, sync_concurrency)
+        self.journal = self._part(Journal)
+        self.claims = self._part(Claims)
+        self.configuring = self._part(Configuring)
+        kind = driver.kind
+        self.guestside = self._part(GuestSide, driver_kind=kind)
+        self.watching = self._part(Watching, reactor=reactor, driver_kind=kind)
+        self.booting = self._part(Booting, serial_layout=serial_layout)
+        self.snapshotting = self._part(Snapshotting)
+        self.checks = self._part(ActionChecks, stop_timeout=stop_timeout)
+        self.actions = self._part(Actions, stop_timeout=stop_timeout)
+        self.power_sync = self._part(PowerSync, concurrency=sync_concurrency)
+        self.recovery = self._part(Recovery, concurrency=sync_concurrency)
+        self.renaming = self._part(Renaming)
 
-    def _build_vm_parts(self, reactor: IReactorTime, serial_layout: SerialLayout) -> None:
-        """The parts that follow and start VMs: guestside, watching, booting, snapshotting."""
-        self.guestside = GuestSide(
-            clock=reactor,
-            store=self.store,
-            events=self.events,
-            journal=self.journal,
-            metrics=self.metrics,
-            running=self.running,
-            specs=self.specs,
-            reach=self.reach,
-            settings=self.settings,
-            driver_kind=self.driver.kind,
-        )
-        self.watching = Watching(
-            reactor=reactor,
-            clock=reactor,
-            store=self.store,
-            events=self.events,
-            journal=self.journal,
-            metrics=self.metrics,
-            running=self.running,
-            reach=self.reach,
-            recording=self.recording,
-            agent_history=self.agent_history,
-            driver_kind=self.driver.kind,
-        )
-        self.booting = Booting(
-            clock=reactor,
-            store=self.store,
-            events=self.events,
-            journal=self.journal,
-            metrics=self.metrics,
-            driver=self.driver,
-            specs=self.specs,
-            running=self.running,
-            reach=self.reach,
-            settings=self.settings,
-            serial_layout=serial_layout,
-            guestside=self.guestside,
-            watching=self.watching,
-        )
-        self.snapshotting = Snapshotting(
-            clock=reactor,
-            store=self.store,
-            events=self.events,
-            journal=self.journal,
-            driver=self.driver,
-            specs=self.specs,
-            running=self.running,
-            booting=self.booting,
-        )
+    def _part(self, part: type[_Part], **own: Any) -> _Part:
+        """``part`` built with ``own`` and, for each other field it declares, this lifecycle's.
 
-    def _build_action_parts(self, stop_timeout: float, sync_concurrency: int) -> None:
-        """The parts that act on instances: checks, actions, power sync, recovery, renaming."""
-        store, events, journal = self.store, self.events, self.journal
-        self.checks = ActionChecks(
-            store=store,
-            specs=self.specs,
-            running=self.running,
-            booting=self.booting,
-            stop_timeout=stop_timeout,
-        )
-        self.actions = Actions(
-            store=store,
-            events=events,
-            driver=self.driver,
-            specs=self.specs,
-            running=self.running,
-            agent_history=self.agent_history,
-            booting=self.booting,
-            watching=self.watching,
-            stop_timeout=stop_timeout,
-        )
-        self.power_sync = PowerSync(
-            store=store,
-            events=events,
-            journal=journal,
-            driver=self.driver,
-            specs=self.specs,
-            running=self.running,
-            watching=self.watching,
-            guestside=self.guestside,
-            concurrency=sync_concurrency,
-        )
-        self.recovery = Recovery(
-            store=store,
-            events=events,
-            journal=journal,
-            driver=self.driver,
-            specs=self.specs,
-            running=self.running,
-            watching=self.watching,
-            guestside=self.guestside,
-            actions=self.actions,
-            power_sync=self.power_sync,
-            booting=self.booting,
-            concurrency=sync_concurrency,
-        )
-        self.renaming = Renaming(
-            store=store,
-            events=events,
-            journal=journal,
-            operations=self.operations,
-            running=self.running,
-            recovery=self.recovery,
-            guestside=self.guestside,
-        )
+        Each part names in its fields the collaborators it uses (and gets no
+        other); those built before it are handed in, so parts are built in one
+        direction: a part naming one not built yet fails here, at construction.
+        """
+        wanted = (field.name for field in attrs.fields(part) if field.init)
+        return part(**{name: getattr(self, name) for name in wanted if name not in own}, **own)
 
     async def create(
         self,
