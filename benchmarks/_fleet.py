@@ -110,13 +110,13 @@ def run_daemon(data_dir: str) -> None:
         if not recovered.called:
             await recovered
         lifecycle = service.lifecycle
-        assert lifecycle is not None and lifecycle.state.guest is not None
-        return {"pid": os.getpid(), "guest_port": lifecycle.state.guest.port}
+        assert lifecycle is not None and lifecycle.reach.link is not None
+        return {"pid": os.getpid(), "guest_port": lifecycle.reach.link.port}
 
     async def reads(per_instance: bool = False) -> dict[str, Any]:
         lifecycle = service.lifecycle
         assert lifecycle is not None
-        by_name = dict(lifecycle.state.monitors)
+        by_name = dict(lifecycle.running.monitors)
         monitors = list(by_name.values())
         answer = {
             "at": time.perf_counter(),

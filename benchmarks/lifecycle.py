@@ -16,9 +16,9 @@ launcher hands the VM to the host.  Then:
   of one CPU;
 - **power-sync round**: the daemon is stopped (its VMs keep running), a
   ``Lifecycle`` over the same store and run directory is built in this process,
-  ``Lifecycle.recover`` re-adopts the N VMs through their QMP sockets (timed
-  too), and ``Lifecycle.sync_power_states`` is timed over ``--sync-rounds``
-  rounds.
+  ``lifecycle.recovery.recover`` re-adopts the N VMs through their QMP sockets
+  (timed too), and ``lifecycle.power_sync.sync_power_states`` is timed over
+  ``--sync-rounds`` rounds.
 
 Once, without VMs: **daemon start time** from spawning twistd until the API
 answers and the daemon has logged that recovery ran, with an empty store and
@@ -383,15 +383,15 @@ async def measure_power_sync(data_dir: str, count: int, rounds: int) -> None:
         os.path.join(data_dir, "run"),
     )
     try:
-        seconds, _ = await timed(lifecycle.recover())
-        adopted = len(lifecycle.state.vms)
+        seconds, _ = await timed(lifecycle.recovery.recover())
+        adopted = len(lifecycle.running.vms)
         report(
             f"  re-adopt:      {adopted} of {count} running VMs in {seconds:.2f} s "
-            f"(Lifecycle.recover, in-process)"
+            f"(lifecycle.recovery.recover, in-process)"
         )
         samples = []
         for _ in range(rounds):
-            seconds, _ = await timed(lifecycle.sync_power_states())
+            seconds, _ = await timed(lifecycle.power_sync.sync_power_states())
             samples.append(seconds)
         median = statistics.median(samples)
         report(
@@ -399,7 +399,10 @@ async def measure_power_sync(data_dir: str, count: int, rounds: int) -> None:
             f"({ms(median / max(adopted, 1))} each; {rounds} rounds, "
             f"min {ms(min(samples))}, max {ms(max(samples))})"
         )
-        unchanged = sum(record.power_state is PowerState.RUNNING for record in lifecycle.list())
+        unchanged = sum(
+            record.power_state is PowerState.RUNNING
+            for record in lifecycle.store.view.list_instances()
+        )
         if unchanged != count:
             report(f"  note:          {unchanged} of {count} still running after the rounds")
     finally:

@@ -84,7 +84,7 @@ class APITestCase(TestCase):
     def operation(self, reply: Reply) -> Operation:
         """The operation an async reply names."""
         self.assertEqual(reply.code, 202, reply.body)
-        operation: Operation = self.lifecycle.state.operations.get(reply.metadata["id"])
+        operation: Operation = self.lifecycle.operations.get(reply.metadata["id"])
         return operation
 
     async def settle(self, reply: Reply) -> Operation:
@@ -147,7 +147,7 @@ class ServerTests(APITestCase):
         def broken() -> list[Any]:
             raise RuntimeError("database on fire")
 
-        self.patch(self.lifecycle, "list", broken)
+        self.patch(self.lifecycle.store.view, "list_instances", broken)
         self.assertError(await self.call("GET", "/1.0/instances"), 500, "internal error")
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
 
@@ -348,14 +348,14 @@ class PatchTests(APITestCase):
     async def test_setsAndDeletesUserKeys(self) -> None:
         await self.launch("web1", {"user.a": "1"})
         seen: list[Event] = []
-        self.lifecycle.state.events.subscribe(seen.append)
+        self.lifecycle.events.subscribe(seen.append)
         reply = await self.call(
             "PATCH", "/1.0/instances/web1", {"config": {"user.a": None, "user.b": "2"}}
         )
         self.assertEqual(reply.code, 200)
         expected = {"user.b": "2", "volatile.serial.layout": "current", **STARTED_UNDER_TCG}
         self.assertEqual(reply.metadata["config"], expected)
-        self.assertEqual(self.lifecycle.get("web1").config, expected)
+        self.assertEqual(self.lifecycle.store.view.get_instance("web1").config, expected)
         self.assertEqual([event.metadata["action"] for event in seen], ["instance-updated"])
 
     async def test_volatileKeysAreNotSettable(self) -> None:
@@ -447,8 +447,8 @@ class StateTests(APITestCase):
 
     async def test_agentStatusIsInTheInstanceAndItsState(self) -> None:
         await self.launch("web1")
-        self.patch(self.lifecycle, "agent_status", lambda name: AgentStatus.CONNECTED)
-        await self.lifecycle.set_ready("web1", True)
+        self.patch(self.lifecycle.running, "agent_status", lambda name: AgentStatus.CONNECTED)
+        await self.lifecycle.guestside.set_ready("web1", True)
         instance = (await self.call("GET", "/1.0/instances/web1")).metadata
         self.assertEqual(instance["agent"], {"status": "connected", "history": []})
         self.assertEqual((instance["status"], instance["status_code"]), ("Ready", 113))
@@ -459,7 +459,7 @@ class StateTests(APITestCase):
 
     async def test_agentHistoryIsInTheInstanceOldestFirstWithReasons(self) -> None:
         await self.launch("web1")
-        history = self.lifecycle.state.agent_history
+        history = self.lifecycle.agent_history
         history.record("web1", LinkChange("started", 1_800_000_000.0))
         history.record("web1", LinkChange("connected", 1_800_000_001.5))
         lost = "lost: the agent said nothing for 15.0s (no heartbeat)"
@@ -483,7 +483,7 @@ class StateTests(APITestCase):
         await self.launch("web1")
         path = (await self.call("GET", "/1.0/instances/web1")).metadata["console"]["log"]
         self.assertTrue(os.path.isabs(path), path)
-        spec = self.lifecycle.spec_for(self.lifecycle.get("web1"))
+        spec = self.lifecycle.specs.spec_for(self.lifecycle.store.view.get_instance("web1"))
         self.assertEqual(path, os.path.abspath(spec.console_log))
         # The file the console endpoint serves (the guest may have written more since).
         console = self.http.get("http://vmready/1.0/instances/web1/console")
@@ -726,7 +726,7 @@ class EventStreamTests(APITestCase):
 
     async def test_disconnectUnsubscribes(self) -> None:
         unsubscribed: list[bool] = []
-        subscribe = self.lifecycle.state.events.subscribe
+        subscribe = self.lifecycle.events.subscribe
 
         def spy(listener: Any, types: frozenset[str] | None = None) -> Any:
             unsubscribe = subscribe(listener, types)
@@ -737,14 +737,14 @@ class EventStreamTests(APITestCase):
 
             return recorded
 
-        self.patch(self.lifecycle.state.events, "subscribe", spy)
+        self.patch(self.lifecycle.events, "subscribe", spy)
         lines, _ = await self.open()
         self.assertEqual(unsubscribed, [])
         assert lines.transport is not None
         lines.transport.stopProducing()  # type: ignore[attr-defined]
         self.http.flush()
         self.assertEqual(unsubscribed, [True])
-        self.lifecycle.state.events.lifecycle("instance-ready", "web1")
+        self.lifecycle.events.lifecycle("instance-ready", "web1")
 
 
 class OperationTests(APITestCase):
@@ -804,7 +804,7 @@ class OperationTests(APITestCase):
 
     async def test_waitOnAFailedOperationShowsItsError(self) -> None:
         await self.launch("web1")
-        self.patch(self.lifecycle.state.driver, "program", ["/nonexistent/qemu"])
+        self.patch(self.lifecycle.driver, "program", ["/nonexistent/qemu"])
         operation = await self.operation(
             await self.call("POST", "/1.0/instances/web1/actions/rebuild")
         ).when_done()
@@ -909,7 +909,7 @@ class SnapshotAPITests(APITestCase):
         )
         await self.call("PATCH", "/1.0/instances/web1", {"config": {"user.role": "web"}})
         await self.settle(await self.call("PUT", "/1.0/instances/web1", {"restore": "s1"}))
-        self.assertEqual(self.lifecycle.get("web1").config["user.role"], "db")
+        self.assertEqual(self.lifecycle.store.view.get_instance("web1").config["user.role"], "db")
 
     async def test_statefulRestoreIntoAnotherLayoutIs409AndChangesNothing(self) -> None:
         await self.launch("web1")
@@ -918,14 +918,14 @@ class SnapshotAPITests(APITestCase):
                 "POST", "/1.0/instances/web1/snapshots", {"name": "s1", "stateful": True}
             )
         )
-        self.patch(self.lifecycle.state, "serial_layout", LEGACY_LAYOUT)
-        before = self.lifecycle.get("web1")
+        self.patch(self.lifecycle.booting, "serial_layout", LEGACY_LAYOUT)
+        before = self.lifecycle.store.view.get_instance("web1")
         reply = await self.call("PUT", "/1.0/instances/web1", {"restore": "s1", "stateful": True})
         self.assertEqual(reply.code, 409)
         self.assertIn(
             "Cannot restore the state of snapshot s1 of instance web1", reply.body["error"]
         )
-        self.assertEqual(self.lifecycle.get("web1"), before)
+        self.assertEqual(self.lifecycle.store.view.get_instance("web1"), before)
 
     async def test_badSnapshotRequestsAreRefused(self) -> None:
         await self.launch("web1")
@@ -1055,7 +1055,7 @@ class RenameTests(APITestCase):
             404,
             "Instance nope not found",
         )
-        descriptions = [op.description for op in self.lifecycle.state.operations.list()]
+        descriptions = [op.description for op in self.lifecycle.operations.list()]
         self.assertFalse([d for d in descriptions if d.startswith("Renaming")])
 
 

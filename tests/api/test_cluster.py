@@ -182,15 +182,13 @@ class ClusterTestCase(TestCase):
 
     async def start_member(self, name: str) -> Member:
         lifecycle = make_lifecycle(self, store_path=self.store_path, member=name)
-        store = lifecycle.state.store
+        store = lifecycle.store
         server = generate(f"vmready-{name}")
         trust = TrustRegistry(store, reactor.seconds, server.fingerprint)
         await trust.load()
         api = OperatorAPI(lifecycle, "fakeqemu", trust)
         resource = api.app.resource()
-        membership = Membership(
-            name, "", server.fingerprint, store, lifecycle.state.events, reactor
-        )
+        membership = Membership(name, "", server.fingerprint, store, lifecycle.events, reactor)
         remote = Accepting(remote_tls_factory(server, remote_site(resource, trust, membership)))
         tls_port = await serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(remote)
         self.addCleanup(self._stop_listening, tls_port)
@@ -288,7 +286,7 @@ class MembersAPITests(ClusterTestCase):
     async def test_membersAsURLsAndObjects(self) -> None:
         await self.launch(self.a, "web1", target="a")
         # As the daemon does when the store tells it another member wrote a row.
-        await self.b.lifecycle.state.store.refresh_instance("web1")
+        await self.b.lifecycle.store.refresh_instance("web1")
         reply = await self.call(self.b, "GET", "/1.0/cluster/members")
         self.assertEqual(reply.metadata, ["/1.0/cluster/members/a", "/1.0/cluster/members/b"])
         reply = await self.call(self.b, "GET", "/1.0/cluster/members?recursion=1")
@@ -363,9 +361,9 @@ class PlacementAndForwardingTests(ClusterTestCase):
     async def test_launchOnTheTargetThroughAnyMember(self) -> None:
         operation = await self.launch(self.b, "web1", target="a")
         # b relayed the launch to a: a runs it, b sees it in the shared store.
-        self.assertEqual(self.a.lifecycle.get("web1").member, "a")
-        self.assertTrue(self.a.lifecycle.state.has_vm("web1"))
-        self.assertFalse(self.b.lifecycle.state.has_vm("web1"))
+        self.assertEqual(self.a.lifecycle.store.view.get_instance("web1").member, "a")
+        self.assertTrue(self.a.lifecycle.running.has_vm("web1"))
+        self.assertFalse(self.b.lifecycle.running.has_vm("web1"))
         self.assertEqual(operation["resources"]["instances"], ["/1.0/instances/web1"])
         for via in (self.a, self.b):
             shown = (await self.call(via, "GET", "/1.0/instances/web1")).metadata
@@ -376,9 +374,9 @@ class PlacementAndForwardingTests(ClusterTestCase):
     async def test_launchGoesToTheLeastLoadedMember(self) -> None:
         await self.launch(self.a, "web1", target="a")
         await self.launch(self.a, "web2")
-        self.assertEqual(self.b.lifecycle.get("web2").member, "b")
+        self.assertEqual(self.b.lifecycle.store.view.get_instance("web2").member, "b")
         await self.launch(self.b, "web3")
-        self.assertEqual(self.a.lifecycle.get("web3").member, "a")
+        self.assertEqual(self.a.lifecycle.store.view.get_instance("web3").member, "a")
 
     async def test_launchTargets(self) -> None:
         reply = await self.call(
@@ -401,15 +399,19 @@ class PlacementAndForwardingTests(ClusterTestCase):
 
     async def test_actionsThroughTheNonOwner(self) -> None:
         await self.launch(self.a, "web1", target="a")
-        await self.b.lifecycle.state.store.refresh_instance("web1")
+        await self.b.lifecycle.store.refresh_instance("web1")
         stopping = await self.call(
             self.b, "PUT", "/1.0/instances/web1/state", {"action": "stop", "force": True}
         )
         self.assertEqual(stopping.headers["location"], [stopping.body["operation"]])
         await self.wait(self.b, stopping)
-        self.assertEqual(self.a.lifecycle.get("web1").vm_state.value, "stopped")
+        self.assertEqual(
+            self.a.lifecycle.store.view.get_instance("web1").vm_state.value, "stopped"
+        )
         # b read it again once the relayed operation finished.
-        self.assertEqual(self.b.lifecycle.get("web1").vm_state.value, "stopped")
+        self.assertEqual(
+            self.b.lifecycle.store.view.get_instance("web1").vm_state.value, "stopped"
+        )
         shown = await self.call(self.b, "GET", "/1.0/instances/web1/state")
         self.assertEqual(shown.metadata["status"], "Stopped")
         # A refusal comes back as the owner said it, byte for byte: a 409 stays a 409.
@@ -432,15 +434,17 @@ class PlacementAndForwardingTests(ClusterTestCase):
             self.b, "PATCH", "/1.0/instances/web1", {"config": {"user.role": "web"}}
         )
         self.assertEqual(patched.metadata["config"]["user.role"], "web")
-        self.assertEqual(self.b.lifecycle.get("web1").config["user.role"], "web")
+        self.assertEqual(
+            self.b.lifecycle.store.view.get_instance("web1").config["user.role"], "web"
+        )
         deleting = await self.call(self.b, "DELETE", "/1.0/instances/web1")
         await self.wait(self.b, deleting)
-        self.assertIsNone(self.a.lifecycle.state.store.view.find_instance("web1"))
-        self.assertIsNone(self.b.lifecycle.state.store.view.find_instance("web1"))
+        self.assertIsNone(self.a.lifecycle.store.view.find_instance("web1"))
+        self.assertIsNone(self.b.lifecycle.store.view.find_instance("web1"))
 
     async def test_theConflictOfARaceIsA409ThroughTheNonOwner(self) -> None:
         await self.launch(self.a, "web1", target="a")
-        await self.b.lifecycle.state.store.refresh_instance("web1")
+        await self.b.lifecycle.store.refresh_instance("web1")
         # a's restart claims the task; b's stop, relayed to a meanwhile, loses the CAS.
         restarting = await self.call(
             self.a, "PUT", "/1.0/instances/web1/state", {"action": "restart", "force": True}
@@ -457,14 +461,14 @@ class PlacementAndForwardingTests(ClusterTestCase):
 
     async def test_operationsOfRelayedRequestsAreWaitedThroughTheNonOwner(self) -> None:
         await self.launch(self.a, "web1", target="a")
-        await self.b.lifecycle.state.store.refresh_instance("web1")
+        await self.b.lifecycle.store.refresh_instance("web1")
         reply = await self.call(
             self.b, "PUT", "/1.0/instances/web1/state", {"action": "stop", "force": True}
         )
         operation_id = reply.metadata["id"]
         # An operation of a, not of b: b relays the reads of it.
-        self.assertIn(operation_id, [op.id for op in self.a.lifecycle.state.operations.list()])
-        self.assertNotIn(operation_id, [op.id for op in self.b.lifecycle.state.operations.list()])
+        self.assertIn(operation_id, [op.id for op in self.a.lifecycle.operations.list()])
+        self.assertNotIn(operation_id, [op.id for op in self.b.lifecycle.operations.list()])
         await self.wait(self.b, reply)
         shown = await self.call(self.b, "GET", f"/1.0/operations/{operation_id}")
         self.assertEqual(shown.metadata["status"], "Success")
@@ -473,7 +477,7 @@ class PlacementAndForwardingTests(ClusterTestCase):
 
     async def test_aForwardedRequestIsNotForwardedAgain(self) -> None:
         await self.launch(self.a, "web1", target="a")
-        await self.b.lifecycle.state.store.refresh_instance("web1")
+        await self.b.lifecycle.store.refresh_instance("web1")
         reply = await self.call(
             self.b,
             "PUT",
@@ -506,7 +510,7 @@ class UnreachableOwnerTests(ClusterTestCase):
 
     async def test_instancesOfAnUnreachableMemberAreUnknownUntilItReturns(self) -> None:
         await self.launch(self.a, "web1", target="a")
-        await self.b.lifecycle.state.store.refresh_instance("web1")
+        await self.b.lifecycle.store.refresh_instance("web1")
         await self.a.membership.stop()
         await self.b.membership.refresh()
         member = self.b.membership.view.find("a")
@@ -524,7 +528,9 @@ class UnreachableOwnerTests(ClusterTestCase):
             {"kind": "host", "message": reason, "since": rfc3339(member.lease_expires)},
         )
         # Stored as it was: nothing was written.
-        self.assertEqual(self.b.lifecycle.get("web1").operator_status.value, "RUNNING")
+        self.assertEqual(
+            self.b.lifecycle.store.view.get_instance("web1").operator_status.value, "RUNNING"
+        )
         reply = await self.call(
             self.b, "PUT", "/1.0/instances/web1/state", {"action": "stop", "force": True}
         )
@@ -536,7 +542,7 @@ class UnreachableOwnerTests(ClusterTestCase):
 
     async def test_anOwnerThatCannotBeReached(self) -> None:
         await self.launch(self.a, "web1", target="a")
-        await self.b.lifecycle.state.store.refresh_instance("web1")
+        await self.b.lifecycle.store.refresh_instance("web1")
         await self._stop_listening(self.a.tls_port)
         reply = await self.call(
             self.b, "PUT", "/1.0/instances/web1/state", {"action": "stop", "force": True}
@@ -551,8 +557,8 @@ class UnreachableOwnerTests(ClusterTestCase):
     async def test_anInstanceIsShownAsItsMemberShowsIt(self) -> None:
         """Its faults, agent link and console log live on its member: b asks a."""
         await self.launch(self.a, "web1", target="a")
-        await self.b.lifecycle.state.store.refresh_instance("web1")
-        self.a.lifecycle.state.events.lifecycle(
+        await self.b.lifecycle.store.refresh_instance("web1")
+        self.a.lifecycle.events.lifecycle(
             "instance-snapshot-failed", "web1", {"error": "the disk is full"}
         )
         on_a = (await self.call(self.a, "GET", "/1.0/instances/web1")).metadata
@@ -560,11 +566,11 @@ class UnreachableOwnerTests(ClusterTestCase):
         self.assertEqual(on_b, on_a)
         self.assertEqual([fault["kind"] for fault in on_b["faults"]], ["snapshot"])
         # b's own view knows nothing of it.
-        self.assertEqual(self.b.lifecycle.state.events.faults.of("web1"), [])
+        self.assertEqual(self.b.lifecycle.events.faults.of("web1"), [])
 
     async def test_anOwnerNotAnsweringLeavesTheInstanceShownFromTheStore(self) -> None:
         await self.launch(self.a, "web1", target="a")
-        await self.b.lifecycle.state.store.refresh_instance("web1")
+        await self.b.lifecycle.store.refresh_instance("web1")
         await self._stop_listening(self.a.tls_port)
         reply = await self.call(self.b, "GET", "/1.0/instances/web1")
         self.assertEqual(reply.code, 200, reply.body)
@@ -705,7 +711,7 @@ class ConnectionReuseTests(ClusterTestCase):
 
     async def owned_by_a(self) -> None:
         await self.launch(self.a, "web1", target="a")
-        await self.b.lifecycle.state.store.refresh_instance("web1")
+        await self.b.lifecycle.store.refresh_instance("web1")
 
     async def set_role(self, value: str) -> None:
         reply = await self.call(
@@ -731,7 +737,9 @@ class ConnectionReuseTests(ClusterTestCase):
         await self.set_role("db")
         state = await self.call(self.b, "GET", "/1.0/instances/web1/state")
         self.assertEqual(state.code, 200, state.body)
-        self.assertEqual(self.a.lifecycle.get("web1").config["user.role"], "db")
+        self.assertEqual(
+            self.a.lifecycle.store.view.get_instance("web1").config["user.role"], "db"
+        )
         self.assertEqual(self.a.remote.accepted, before + 1)
         self.assertEqual(len(self.a.remote.open), 1)
 
@@ -800,7 +808,7 @@ class ConnectionReuseTests(ClusterTestCase):
         self.assertEqual(self.a.remote.accepted, accepted + 1)
         await kept.lost
         # An action: it may have reached the owner, so it is not sent again.
-        running = self.a.lifecycle.get("web1").vm_state
+        running = self.a.lifecycle.store.view.get_instance("web1").vm_state
         [kept] = self.a.remote.open
         kept.drop_on_data = True
         reply = await self.call(
@@ -812,7 +820,7 @@ class ConnectionReuseTests(ClusterTestCase):
             f"lost the connection to cluster member a at {self.a.address} before it answered",
         )
         self.assertEqual(self.a.remote.accepted, accepted + 1)
-        self.assertEqual(self.a.lifecycle.get("web1").vm_state, running)
+        self.assertEqual(self.a.lifecycle.store.view.get_instance("web1").vm_state, running)
 
     async def test_closeLeavesNoConnectionOpen(self) -> None:
         record = self.record_of_a()
@@ -873,7 +881,7 @@ class DeadlineTests(ClusterTestCase):
     async def frozen_connection(self) -> _Counted:
         """web1 runs on a; b's kept connection to a, which a then stops reading (frozen)."""
         await self.launch(self.a, "web1", target="a")
-        await self.b.lifecycle.state.store.refresh_instance("web1")
+        await self.b.lifecycle.store.refresh_instance("web1")
         reply = await self.call(self.b, "GET", "/1.0/instances/web1/state")
         self.assertEqual(reply.code, 200, reply.body)
         [kept] = self.a.remote.open
@@ -890,7 +898,7 @@ class DeadlineTests(ClusterTestCase):
     async def done_operation(self) -> tuple[_Counted, str]:
         """A stop of web1 on a, done, relayed by b; b's kept connection to a, frozen."""
         await self.launch(self.a, "web1", target="a")
-        await self.b.lifecycle.state.store.refresh_instance("web1")
+        await self.b.lifecycle.store.refresh_instance("web1")
         stopping = await self.call(
             self.b, "PUT", "/1.0/instances/web1/state", {"action": "stop", "force": True}
         )
@@ -984,7 +992,7 @@ class DeadlineTests(ClusterTestCase):
     async def test_aWaitLongerThanTheDeadlineIsNotCutShort(self) -> None:
         cluster = self.context(self.b)
         await self.launch(self.a, "web1", target="a")
-        await self.b.lifecycle.state.store.refresh_instance("web1")
+        await self.b.lifecycle.store.refresh_instance("web1")
         # fakeqemu's guest ignores the ACPI button: the stop takes its whole timeout.
         stopping = await self.call(
             self.b, "PUT", "/1.0/instances/web1/state", {"action": "stop", "timeout": 6}

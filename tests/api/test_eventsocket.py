@@ -69,7 +69,7 @@ class StalledConsumerTests(TestCase):
     async def stall(self, feed: BoundedFeed, client: socket.socket) -> list[int]:
         """Publish EVENTS events the client does not read; the feed's holdings after each."""
         held = []
-        bus = self.lifecycle.state.events
+        bus = self.lifecycle.events
         for number in range(EVENTS):
             bus.lifecycle("instance-updated", "web1", {"n": number, "padding": PAYLOAD})
             held.append(feed.pending_bytes)
@@ -108,7 +108,7 @@ class StalledConsumerTests(TestCase):
     async def test_aReadingWebSocketConsumerGetsEveryEventAsAMessage(self) -> None:
         # pylxd's ws4py says "localhost:None" on a unix socket.
         client, _feed = await self.connect(upgrade_request(b"localhost:None"), b" 101 ")
-        self.lifecycle.state.events.lifecycle("instance-ready", "web1")
+        self.lifecycle.events.lifecycle("instance-ready", "web1")
         data = b""
         for _ in range(200):
             await deferLater(reactor, 0.01, lambda: None)
@@ -123,8 +123,8 @@ class StalledConsumerTests(TestCase):
     async def test_theTypeFilterHoldsOnTheWebSocket(self) -> None:
         # The consumer asked for type=lifecycle: an operation event never reaches it.
         client, _feed = await self.connect(upgrade_request(b"localhost"), b" 101 ")
-        self.lifecycle.state.events.publish("operation", {"id": "x", "status": "Running"})
-        self.lifecycle.state.events.lifecycle("instance-ready", "web1")
+        self.lifecycle.events.publish("operation", {"id": "x", "status": "Running"})
+        self.lifecycle.events.lifecycle("instance-ready", "web1")
         data = b""
         for _ in range(200):
             await deferLater(reactor, 0.01, lambda: None)

@@ -131,7 +131,7 @@ class GuestAPITestCase(TestCase):
 
     def setUp(self) -> None:
         self.lifecycle: Lifecycle = make_lifecycle(self)
-        self.store = self.lifecycle.state.store.engine
+        self.store = self.lifecycle.store.engine
         self.revoked: set[str] = set()
         self.api = GuestAPI(self.lifecycle, self.identify, location="host1")
         # StubTreq grows treq's functions at run time; mypy cannot see them.
@@ -196,7 +196,9 @@ class GuestAPITestCase(TestCase):
 
     def update(self, name: str, config: dict[str, Any]) -> None:
         """The operator changes config (what ``PATCH /1.0/instances/<name>`` does)."""
-        self.successResultOf(Deferred.fromCoroutine(self.lifecycle.update_config(name, config)))
+        self.successResultOf(
+            Deferred.fromCoroutine(self.lifecycle.configuring.update_config(name, config))
+        )
         self.http.flush()
 
     def assertSync(self, reply: Reply, metadata: Any) -> None:
@@ -302,7 +304,7 @@ class PatchStateTests(GuestAPITestCase):
     async def test_readyEmitsInstanceReadyEveryTime(self) -> None:
         await self.launch()
         seen: list[Event] = []
-        self.lifecycle.state.events.subscribe(seen.append, frozenset({LIFECYCLE}))
+        self.lifecycle.events.subscribe(seen.append, frozenset({LIFECYCLE}))
         for _ in range(2):
             await self.call("PATCH", "/1.0", {"state": "Ready"})
         ready = [e for e in seen if e.metadata["action"] == "instance-ready"]
@@ -544,17 +546,17 @@ class EventTests(GuestAPITestCase):
 
     async def test_disconnectUnsubscribes(self) -> None:
         self.add()
-        before = len(self.lifecycle.state.events._subscribers)
+        before = len(self.lifecycle.events._subscribers)
         lines, _ = await self.open_events()
-        self.assertEqual(len(self.lifecycle.state.events._subscribers), before + 1)
+        self.assertEqual(len(self.lifecycle.events._subscribers), before + 1)
         assert lines.transport is not None
         lines.transport.stopProducing()  # type: ignore[attr-defined]
         self.http.flush()
-        self.assertEqual(len(self.lifecycle.state.events._subscribers), before)
+        self.assertEqual(len(self.lifecycle.events._subscribers), before)
 
     async def test_streamEndsWhenTheInstanceIsDeleted(self) -> None:
         self.add()
-        before = len(self.lifecycle.state.events._subscribers)
+        before = len(self.lifecycle.events._subscribers)
         lines, _ = await self.open_events()
         operation = await (await self.lifecycle.act("web1", "delete")).when_done()
         self.assertEqual(operation.error, "")
@@ -563,7 +565,7 @@ class EventTests(GuestAPITestCase):
         assert lines.reason is not None
         self.assertIsInstance(lines.reason.value, ResponseDone)
         self.assertEqual(lines.buffer, b"")
-        self.assertEqual(len(self.lifecycle.state.events._subscribers), before)
+        self.assertEqual(len(self.lifecycle.events._subscribers), before)
 
     async def test_streamEndsWhenTheCallerIsRevoked(self) -> None:
         self.add()
@@ -720,7 +722,7 @@ class GuestTLSTests(TestCase):
 
     def setUp(self) -> None:
         self.lifecycle = make_lifecycle(self)
-        self.store = self.lifecycle.state.store.engine
+        self.store = self.lifecycle.store.engine
         _add(self.store, "web1")
         self.store.certificates.set_agent_certificate("web1", _WEB1.fingerprint)
         _add(self.store, "web2")
@@ -838,7 +840,7 @@ class GuestTLSTests(TestCase):
         lines.transport.pauseProducing()  # type: ignore[attr-defined]
         published = 40
         for number in range(published):
-            await self.lifecycle.update_config(
+            await self.lifecycle.configuring.update_config(
                 "web1", {"user.blob": f"{number:02} " + "x" * 65536}
             )
             await deferLater(reactor, 0.005, lambda: None)

@@ -317,7 +317,7 @@ class EventStreamTimeoutTests(TestCase):
     def test_theGuestEventStreamStaysOpen(self) -> None:
         clock = Clock()
         lifecycle = make_lifecycle(self)
-        store = lifecycle.state.store.engine
+        store = lifecycle.store.engine
         store.instances.create_instance("web1", {}, {})
         api = GuestAPI(lifecycle, identify=lambda request: store.instances.find_instance("web1"))
         connection = _Connection(guest_site(api.app.resource(), reactor=clock))

@@ -56,23 +56,25 @@ class MetricsAPITests(TestCase):
     def setUp(self) -> None:
         self.lifecycle: Lifecycle = make_lifecycle(self)
         # A guest API "listens": running VMs get an agent link, their ring buffer is read.
-        self.lifecycle.state.guest = GuestLink(
-            40999,
-            _SERVER.cert_pem,
-            "hvsock:/nonexistent",
-            PollIntervals(follow_up=0.02, follow_up_window=5.0),
+        self.lifecycle.reach.listening(
+            GuestLink(
+                40999,
+                _SERVER.cert_pem,
+                "hvsock:/nonexistent",
+                PollIntervals(follow_up=0.02, follow_up_window=5.0),
+            )
         )
         # StubTreq grows treq's functions at run time; mypy cannot see them.
         self.operator: Any = StubTreq(OperatorAPI(self.lifecycle, "fakeqemu").app.resource())
         guest = GuestAPI(self.lifecycle, self.identify)
         self.guest: Any = StubTreq(
-            CountedGuestResource(guest.app.resource(), self.lifecycle.state.metrics)
+            CountedGuestResource(guest.app.resource(), self.lifecycle.metrics)
         )
 
     def identify(self, request: IRequest) -> InstanceRecord | None:
         """The instance the test header names."""
         name = request.getHeader(_CALLER)
-        return self.lifecycle.state.store.view.find_instance(name.decode()) if name else None
+        return self.lifecycle.store.view.find_instance(name.decode()) if name else None
 
     async def request(self, http: Any, method: str, url: str, **kwargs: Any) -> tuple[Any, bytes]:
         pending = http.request(method, url, **kwargs)
@@ -105,7 +107,7 @@ class MetricsAPITests(TestCase):
             data=b'{"name": "web1", "start": true}',
         )
         self.assertEqual(response.code, 202, body)
-        operation = self.lifecycle.state.operations.get(json.loads(body)["metadata"]["id"])
+        operation = self.lifecycle.operations.get(json.loads(body)["metadata"]["id"])
         await operation.when_done()
         self.assertEqual(operation.error, "")
 
@@ -124,13 +126,11 @@ class MetricsAPITests(TestCase):
         self.assertEqual(values['vmready_actions_total{action="create",result="success"}'], 0)
         self.assertEqual(values['vmready_qmp_ring_reads_total{result="ok"}'], 0)
         self.assertEqual(values["vmready_ready_latency_seconds_count"], 0)
-        self.assertEqual(
-            values["vmready_start_time_seconds"], self.lifecycle.state.metrics.started_at
-        )
+        self.assertEqual(values["vmready_start_time_seconds"], self.lifecycle.metrics.started_at)
 
     async def test_scrapeReflectsWhatHappened(self) -> None:
         await self.launch()
-        metrics = self.lifecycle.state.metrics
+        metrics = self.lifecycle.metrics
         await self.until(lambda: metrics.ring_reads.value("ok") > 0)
         self.assertEqual(await self.guest_call("PATCH", "/1.0", {"state": "Ready"}), 200)
         self.assertEqual(await self.guest_call("PATCH", "/1.0", {"state": "Up"}), 400)
@@ -167,7 +167,7 @@ class MetricsAPITests(TestCase):
             )
             # unfreeze is refused before it starts (an active instance is not frozen).
             self.assertEqual(response.code, code, body)
-        for operation in self.lifecycle.state.operations.list():
+        for operation in self.lifecycle.operations.list():
             await operation.when_done()
         values = await self.scrape()
         self.assertEqual(values['vmready_actions_total{action="unfreeze",result="error"}'], 0)

@@ -43,7 +43,7 @@ class RemoteAPITestCase(TestCase):
     async def setUp(self) -> None:  # type: ignore[override]
         self.lifecycle = make_lifecycle(self)
         server = generate("vmready")
-        self.trust = TrustRegistry(self.lifecycle.state.store, reactor.seconds, server.fingerprint)
+        self.trust = TrustRegistry(self.lifecycle.store, reactor.seconds, server.fingerprint)
         await self.trust.load()
         self.api = OperatorAPI(self.lifecycle, "fakeqemu", self.trust)
         resource = self.api.app.resource()
@@ -198,7 +198,7 @@ class EventWebSocketTests(RemoteAPITestCase):
 
     async def test_eventsArriveAsMessages(self) -> None:
         tls = await self.subscribed()
-        self.lifecycle.state.events.lifecycle("instance-ready", "web1")
+        self.lifecycle.events.lifecycle("instance-ready", "web1")
         frame = await deferToThread(_read_frame, tls)
         event = json.loads(frame)
         self.assertEqual(

@@ -224,12 +224,14 @@ class CLITestCase(UnixAPITestCase):
 
     def declare_ready(self, name: str = "web1") -> None:
         """What the guest API does when the workload says Ready."""
-        self.successResultOf(Deferred.fromCoroutine(self.lifecycle.set_ready(name, True)))
+        self.successResultOf(
+            Deferred.fromCoroutine(self.lifecycle.guestside.set_ready(name, True))
+        )
 
     def agent_says(self, status: AgentStatus, name: str = "web1") -> None:
         """What the daemon's agent monitor does when the agent's status line changes."""
-        self.patch(self.lifecycle, "agent_status", lambda _name: status)
-        self.lifecycle.state.events.lifecycle(
+        self.patch(self.lifecycle.running, "agent_status", lambda _name: status)
+        self.lifecycle.events.lifecycle(
             f"instance-agent-{status.value}", name, {"status": status.value}
         )
 
@@ -271,7 +273,7 @@ class ListAndInfoTests(CLITestCase):
         self.assertEqual(
             out, "NAME  STATUS    LXD       TASK\nweb1  STOPPING  STOPPING  powering-off\n"
         )
-        for operation in self.lifecycle.state.operations.list():
+        for operation in self.lifecycle.operations.list():
             await operation.when_done()
         _, out, _ = await self.cli("list", "-c", "ns")
         self.assertEqual(out, "NAME  STATUS\nweb1  STOPPED\n")
@@ -304,7 +306,7 @@ class ListAndInfoTests(CLITestCase):
                 "TASK", "POWER", "UUID", "ERROR",
             ],
         )  # fmt: skip
-        uuid = self.lifecycle.get("web1").uuid
+        uuid = self.lifecycle.store.view.get_instance("web1").uuid
         self.assertEqual(
             row.split(),
             [
@@ -349,7 +351,7 @@ class ListAndInfoTests(CLITestCase):
 
     async def test_listCSVShowsTheError(self) -> None:
         await self.launch("web1")
-        self.patch(self.lifecycle.state.driver, "program", ["/nonexistent/qemu"])
+        self.patch(self.lifecycle.driver, "program", ["/nonexistent/qemu"])
         await self.cli("rebuild", "web1")
         _, out, _ = await self.cli("list", "--format", "csv", "-c", "name,status,error")
         rows = list(csv.reader(io.StringIO(out)))
@@ -458,7 +460,7 @@ class ListAndInfoTests(CLITestCase):
 
     async def test_infoShowsThePersistedError(self) -> None:
         await self.launch("web1")
-        self.patch(self.lifecycle.state.driver, "program", ["/nonexistent/qemu"])
+        self.patch(self.lifecycle.driver, "program", ["/nonexistent/qemu"])
         await self.cli("rebuild", "web1")
         _, out, _ = await self.cli("info", "web1")
         self.assertIn("Status: ERROR", out.splitlines())
@@ -466,9 +468,9 @@ class ListAndInfoTests(CLITestCase):
 
     async def test_infoShowsTheFaultsStillStandingWithTheirTimes(self) -> None:
         await self.launch("web1")
-        self.patch(self.lifecycle.state.driver, "program", ["/nonexistent/qemu"])
+        self.patch(self.lifecycle.driver, "program", ["/nonexistent/qemu"])
         await self.cli("rebuild", "web1")
-        events = self.lifecycle.state.events
+        events = self.lifecycle.events
         events.lifecycle("agent-link-lost", "web1", {"reason": "the port closed"})
         events.server("store-write-failed", {"error": "database or disk is full"})
         _, out, _ = await self.cli("info", "web1")
@@ -484,7 +486,9 @@ class ListAndInfoTests(CLITestCase):
     async def test_infoShowsWhereTheConsoleIsLogged(self) -> None:
         await self.launch("web1")
         _, out, _ = await self.cli("info", "web1")
-        path = self.lifecycle.console_log_path(self.lifecycle.get("web1"))
+        path = self.lifecycle.specs.console_log_path(
+            self.lifecycle.store.view.get_instance("web1")
+        )
         self.assertTrue(os.path.isabs(path), path)
         self.assertIn(
             f"Console log: {path} (vmready console web1 --show-log prints it)", out.splitlines()
@@ -500,12 +504,12 @@ class ListAndInfoTests(CLITestCase):
         await self.launch("web1")
         _, out, _ = await self.cli("info", "web1")
         self.assertIn("Agent link history: (no change since the daemon started)", out.splitlines())
-        history = self.lifecycle.state.agent_history
+        history = self.lifecycle.agent_history
         history.record("web1", LinkChange("started", 1_800_000_000.0))
         history.record("web1", LinkChange("connected", 1_800_000_001.0))
         lost = "lost: the agent said nothing for 15.0s (no heartbeat)"
         history.record("web1", LinkChange("stopped", 1_800_000_030.0, lost))
-        self.lifecycle.state.events.lifecycle("agent-link-lost", "web1", {"reason": lost[6:]})
+        self.lifecycle.events.lifecycle("agent-link-lost", "web1", {"reason": lost[6:]})
         _, out, _ = await self.cli("info", "web1")
         lines = out.splitlines()
         start = lines.index("Agent link history:")
@@ -550,7 +554,7 @@ class ActionCommandTests(CLITestCase):
         )
         self.assertEqual((code, out, err), (0, "Creating web1\nweb1: RUNNING\n", ""))
         self.assertEqual(
-            self.lifecycle.get("web1").config,
+            self.lifecycle.store.view.get_instance("web1").config,
             {
                 "limits.memory": "512",
                 "limits.cpu": "2",
@@ -601,13 +605,13 @@ class ActionCommandTests(CLITestCase):
         ]
         for argv, expected in steps:
             self.assertEqual(await self.cli(*argv), (0, expected, ""), argv)
-        record = self.lifecycle.get("web1")
+        record = self.lifecycle.store.view.get_instance("web1")
         self.assertEqual((record.memory_mib, record.cpus), (512, 1))
 
     async def test_stopTimeoutIsPassedOn(self) -> None:
         await self.launch("web1")
         self.assertEqual((await self.cli("stop", "web1", "--timeout", "0"))[0], 0)
-        history = await self.lifecycle.state.store.actions.list_actions("web1")
+        history = await self.lifecycle.store.actions.list_actions("web1")
         self.assertIn("forced stop after 0s timeout", [step.name for step in history[0].steps])
 
     async def test_noWaitReturnsWithTheOperation(self) -> None:
@@ -615,7 +619,7 @@ class ActionCommandTests(CLITestCase):
         code, out, _ = await self.cli("stop", "web1", "--force", "--no-wait")
         self.assertEqual(code, 0)
         self.assertRegex(out, r"^Operation /1\.0/operations/[0-9a-f-]{36}: Stop instance web1\n$")
-        for operation in self.lifecycle.state.operations.list():
+        for operation in self.lifecycle.operations.list():
             await operation.when_done()
 
     async def test_resizeNeedsMemoryOrCPUs(self) -> None:
@@ -636,7 +640,7 @@ class ActionCommandTests(CLITestCase):
 
     async def test_failedOperationPrintsItsError(self) -> None:
         await self.launch("web1")
-        self.patch(self.lifecycle.state.driver, "program", ["/nonexistent/qemu"])
+        self.patch(self.lifecycle.driver, "program", ["/nonexistent/qemu"])
         code, out, err = await self.cli("rebuild", "web1")
         self.assertEqual((code, out), (1, ""))
         self.assertEqual(
@@ -704,12 +708,12 @@ class ActionCommandTests(CLITestCase):
         self.assertEqual(result["instance"], None)
         self.assertEqual(result["operation"]["description"], "Stop instance web1")
         self.assertRegex(result["operation"]["id"], r"^[0-9a-f-]{36}$")
-        for operation in self.lifecycle.state.operations.list():
+        for operation in self.lifecycle.operations.list():
             await operation.when_done()
 
     async def test_aFailedActionInJSONStillPrintsTheResultAndExits1(self) -> None:
         await self.launch("web1")
-        self.patch(self.lifecycle.state.driver, "program", ["/nonexistent/qemu"])
+        self.patch(self.lifecycle.driver, "program", ["/nonexistent/qemu"])
         code, out, err = await self.cli("rebuild", "web1", "--format", "json")
         self.assertEqual(code, 1)
         self.assertTrue(err.startswith("vmready: Error: cannot start web1: "), err)
@@ -913,7 +917,7 @@ class WaitTests(CLITestCase):
 
     async def test_aReadyThatARunningTaskWillUndoDoesNotEndTheWait(self) -> None:
         await self.launch("web1")
-        store = self.lifecycle.state.store
+        store = self.lifecycle.store
         await store.instances.claim_task(
             "web1", "restart", frozenset({VMState.ACTIVE}), TaskState.REBOOTING
         )
@@ -924,7 +928,7 @@ class WaitTests(CLITestCase):
         await deferLater(reactor, 0.2, lambda: None)
         self.assertNoResult(waiting)
         record = await store.instances.finish_task("web1", TaskState.REBOOTING, VMState.ACTIVE)
-        self.lifecycle.state.publish_state(record)  # the task ended; Ready still set
+        self.lifecycle.journal.publish_state(record)  # the task ended; Ready still set
         self.assertEqual(await waiting, (0, "web1: READY\n", ""))
 
     async def test_runningIsMetByReady(self) -> None:
@@ -967,7 +971,7 @@ class WaitTests(CLITestCase):
         checked = self.site.when_request("GET /1.0/instances/web1")
         waiting = self.background("wait", "web1", "status=ready")
         await checked
-        vm = self.lifecycle.state.vms["web1"]
+        vm = self.lifecycle.running.vms["web1"]
         assert vm.pid is not None
         os.kill(vm.pid, signal.SIGKILL)
         code, out, err = await waiting
@@ -1025,7 +1029,7 @@ class WaitTests(CLITestCase):
 
     async def test_waitingForErrorIsMetByError(self) -> None:
         await self.launch("web1")
-        self.patch(self.lifecycle.state.driver, "program", ["/nonexistent/qemu"])
+        self.patch(self.lifecycle.driver, "program", ["/nonexistent/qemu"])
         await self.cli("rebuild", "web1")
         self.assertEqual(await self.cli("wait", "web1", "status=error"), (0, "web1: ERROR\n", ""))
 
@@ -1464,7 +1468,7 @@ class SnapshotCommandTests(CLITestCase):
     async def test_refusedStatefulRestoreIsOneLineAndExit1(self) -> None:
         await self.launch("web1")
         await self.cli("snapshot", "web1", "s1", "--stateful")
-        self.patch(self.lifecycle.state, "serial_layout", LEGACY_LAYOUT)
+        self.patch(self.lifecycle.booting, "serial_layout", LEGACY_LAYOUT)
         code, out, err = await self.cli("restore", "web1", "s1", "--stateful")
         self.assertEqual((code, out), (1, ""))
         self.assertTrue(

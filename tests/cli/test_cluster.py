@@ -30,7 +30,7 @@ class ClusterCLITests(ClusterTestCase):
 
     async def test_clusterList(self) -> None:
         await self.ok(self.a, "launch", "web1", "--target", "a")
-        await self.b.lifecycle.state.store.refresh_instance("web1")
+        await self.b.lifecycle.store.refresh_instance("web1")
         table = await self.ok(self.b, "cluster", "list")
         self.assertEqual(
             [line.split() for line in table.splitlines()],
@@ -65,7 +65,7 @@ class ClusterCLITests(ClusterTestCase):
             await self.ok(self.b, "launch", "web1", "--target", "a"),
             "Creating web1\nweb1: RUNNING\n",
         )
-        self.assertEqual(self.a.lifecycle.get("web1").member, "a")
+        self.assertEqual(self.a.lifecycle.store.view.get_instance("web1").member, "a")
         listed = await self.ok(self.b, "list")
         self.assertEqual(
             [line.split() for line in listed.splitlines()],
@@ -86,7 +86,7 @@ class ClusterCLITests(ClusterTestCase):
 
     async def test_anUnreachableMembersInstancesAreUnknown(self) -> None:
         await self.ok(self.a, "launch", "web1", "--target", "a")
-        await self.b.lifecycle.state.store.refresh_instance("web1")
+        await self.b.lifecycle.store.refresh_instance("web1")
         await self.a.membership.stop()
         await self.b.membership.refresh()
         member = self.b.membership.view.find("a")
@@ -119,7 +119,7 @@ class ClusterCLITests(ClusterTestCase):
         self.assertTrue(err.endswith("): stop its daemon first, then remove it\n"), err)
         await self.ok(self.b, "launch", "web1", "--target", "b")
         # As the daemon does when the store tells it another member wrote a row.
-        await self.a.lifecycle.state.store.refresh_instance("web1")
+        await self.a.lifecycle.store.refresh_instance("web1")
         await self.b.membership.stop()
         self.assertEqual(
             await self.cli(self.a, "cluster", "remove", "b"),

@@ -34,10 +34,10 @@ class ConfigCommandTests(CLITestCase):
         code, out, _ = await self.cli("config", "show", "web1")
         self.assertEqual(code, 0)
         shown = yaml.safe_load(out)
-        self.assertEqual(shown, self.lifecycle.get("web1").config)
+        self.assertEqual(shown, self.lifecycle.store.view.get_instance("web1").config)
         self.assertEqual(list(shown), sorted(shown))
         self.assertEqual(await self.cli("config", "unset", "web1", "user.x"), (0, "", ""))
-        self.assertNotIn("user.x", self.lifecycle.get("web1").config)
+        self.assertNotIn("user.x", self.lifecycle.store.view.get_instance("web1").config)
         # A key that is not set: an empty line, success (as incus does).
         self.assertEqual(await self.cli("config", "get", "web1", "user.x"), (0, "\n", ""))
         code, out, _ = await self.cli("--format", "json", "config", "get", "web1", "user.x")
@@ -89,8 +89,8 @@ class ConfigCommandTests(CLITestCase):
                 "seed and config drive); make them smaller\n",
             ),
         )
-        self.assertNotIn("user.k35", self.lifecycle.get("c1").config)
-        self.assertIn("user.k34", self.lifecycle.get("c1").config)
+        self.assertNotIn("user.k35", self.lifecycle.store.view.get_instance("c1").config)
+        self.assertIn("user.k34", self.lifecycle.store.view.get_instance("c1").config)
 
     async def test_theDaemonsOptionsAreReadButNotSet(self) -> None:
         self.assertEqual(await self.cli("config", "get", "stop-timeout"), (0, "30\n", ""))
@@ -181,9 +181,7 @@ class OperationCommandTests(CLITestCase):
             [(row.split()[0], row.split()[-1]) for row in rows],
             [
                 (op.id, "web1")
-                for op in sorted(
-                    self.lifecycle.state.operations.list(), key=lambda o: o.created_at
-                )
+                for op in sorted(self.lifecycle.operations.list(), key=lambda o: o.created_at)
             ],
         )
         self.assertRegex(out, r"Stop instance web1 +SUCCESS ")
@@ -198,7 +196,7 @@ class OperationCommandTests(CLITestCase):
         await self.cli("stop", "web1", "--force")
         code, out, _ = await self.cli("start", "web1", "--no-wait", "--format", "json")
         start = json.loads(out)["operation"]["id"]
-        operation = self.lifecycle.state.operations.get(start)
+        operation = self.lifecycle.operations.get(start)
         await operation.when_done()
         operation.finish(operation.updated_at, "the VM would not boot")  # as a failed start ends
         code, out, err = await self.cli("operation", "wait", start)
@@ -220,7 +218,7 @@ class OperationCommandTests(CLITestCase):
                 "(Stop instance web1: still running)\n",
             ),
         )
-        await self.lifecycle.state.operations.get(stop).when_done()
+        await self.lifecycle.operations.get(stop).when_done()
 
     async def test_anUnknownOperationIsNotFound(self) -> None:
         code, _, err = await self.cli("operation", "show", "nope")

@@ -225,7 +225,7 @@ class TerminalProgressTests(CLITestCase):
         # The line is cleared before the result is printed: it ends empty.
         self.assertTrue(err.endswith(CLEAR), err)
         self.assertNotIn("\n", err)
-        history = await self.lifecycle.state.store.actions.list_actions("web1")
+        history = await self.lifecycle.store.actions.list_actions("web1")
         self.assertIn(
             f"forced stop after {STOP_TIMEOUT:g}s timeout", [s.name for s in history[0].steps]
         )
@@ -245,7 +245,7 @@ class TerminalProgressTests(CLITestCase):
         self.assertRegex(
             out, r"^Operation /1\.0/operations/[0-9a-f-]{36}: Unfreeze instance web1\n$"
         )
-        for pending in self.lifecycle.state.operations.list():
+        for pending in self.lifecycle.operations.list():
             await pending.when_done()
 
     async def test_notATerminalGetsNoProgress(self) -> None:
@@ -254,7 +254,7 @@ class TerminalProgressTests(CLITestCase):
 
     async def test_aFailedActionClearsTheLineBeforeItsError(self) -> None:
         await self.launch("web1")
-        self.patch(self.lifecycle.state.driver, "program", ["/nonexistent/qemu"])
+        self.patch(self.lifecycle.driver, "program", ["/nonexistent/qemu"])
         code, out, err = await self.terminal("rebuild", "web1")
         self.assertEqual((code, out), (1, ""))
         self.assertIn(CLEAR + "vmready: Error: cannot start web1", err)

@@ -34,9 +34,7 @@ class RemoteTestCase(TestCase):
     async def setUp(self) -> None:  # type: ignore[override]
         self.lifecycle = make_lifecycle(self)
         self.server = generate("vmready")
-        self.trust = TrustRegistry(
-            self.lifecycle.state.store, reactor.seconds, self.server.fingerprint
-        )
+        self.trust = TrustRegistry(self.lifecycle.store, reactor.seconds, self.server.fingerprint)
         await self.trust.load()
         resource = OperatorAPI(self.lifecycle, "fakeqemu", self.trust).app.resource()
         self.dir = tempfile.mkdtemp(prefix="vmr-remote-")
@@ -151,7 +149,7 @@ class TokenFlowTests(RemoteTestCase):
         self.assertIn("instance-stopped", actions)
         monitoring.cancel()
         self.failureResultOf(monitoring, CancelledError)
-        self.assertEqual(self.lifecycle.get("web1").vm_state.value, "stopped")
+        self.assertEqual(self.lifecycle.store.view.get_instance("web1").vm_state.value, "stopped")
 
     async def test_defaultRemote(self) -> None:
         await self.added()
@@ -159,7 +157,7 @@ class TokenFlowTests(RemoteTestCase):
         self.assertEqual(await self.ok("remote", "switch", "prod"), "Default remote: prod\n")
         self.assertEqual(await self.ok("remote", "get-default"), "prod\n")
         await self.ok("launch", "web2")  # no REMOTE: the default remote
-        self.assertEqual(self.lifecycle.get("web2").name, "web2")
+        self.assertEqual(self.lifecycle.store.view.get_instance("web2").name, "web2")
         rows = json.loads(await self.ok("remote", "list", "--format", "json"))
         self.assertEqual(
             [(row["name"], row["url"], row["default"]) for row in rows],

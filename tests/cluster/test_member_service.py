@@ -20,7 +20,7 @@ from tests.daemon.test_daemon_service import StopRecordingReactor
 from tests.postgres import postgres_location, postgres_server
 from tests.reactor import reactor
 from vmready.cli.client import Client
-from vmready.daemon import service as daemon
+from vmready.daemon import clustermember
 from vmready.daemon.service import DaemonConfig, VMReadyService
 from vmready.domain.members import LeaseLost, MemberState
 from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
@@ -92,7 +92,7 @@ class MemberServiceTests(TestCase):
             def __init__(self, the_reactor: Any, location: str, *rest: Any) -> None:
                 super().__init__(the_reactor, postgres_server().url("nowhere"), *rest)
 
-        self.patch(daemon, "NotificationListener", Refused)
+        self.patch(clustermember, "NotificationListener", Refused)
         stopper = StopRecordingReactor()
         service = self.service(the_reactor=stopper)
         service.startService()

@@ -68,7 +68,7 @@ class Site:
 
     def subscribed(self) -> Deferred[None]:
         """Fires when the next event stream subscribes here."""
-        events = self.lifecycle.state.events
+        events = self.lifecycle.events
         subscribe = events.subscribe
         done: Deferred[None] = Deferred()
 
@@ -96,7 +96,7 @@ class SharedTrustTests(TestCase):
     async def start_site(self, name: str) -> Site:
         lifecycle = make_lifecycle(self, store_path=self.location, member=name)
         server = generate(f"vmready-{name}")
-        trust = TrustRegistry(lifecycle.state.store, reactor.seconds, server.fingerprint)
+        trust = TrustRegistry(lifecycle.store, reactor.seconds, server.fingerprint)
         await trust.load()
         resource = OperatorAPI(lifecycle, "fakeqemu", trust).app.resource()
         socket = os.path.join(self.dir, f"{name}.sock")

@@ -17,33 +17,33 @@ from twisted.trial.unittest import TestCase
 
 from tests.reactor import reactor
 from vmready.cli.client import Client, DaemonUnreachable
-from vmready.daemon import service as daemon
 from vmready.daemon.service import GC_SWEEP_TIMER, POWER_SYNC_TIMER, DaemonConfig, VMReadyService
 from vmready.domain.model import InstanceRecord
 from vmready.domain.reactor import IVMReadyReactor
-from vmready.lifecycle.core import Lifecycle
+from vmready.lifecycle import core as lifecycle_core
+from vmready.lifecycle.recovery import Recovery
 
 
-def recovery_waits_for(gate: Deferred[None]) -> type[Lifecycle]:
-    """A Lifecycle whose recovery starts only once ``gate`` fires (and fails if it fails)."""
+def recovery_waits_for(gate: Deferred[None]) -> type[Recovery]:
+    """A lifecycle's recovery that starts only once ``gate`` fires (and fails if it fails)."""
 
-    class GatedLifecycle(Lifecycle):
-        async def prepare_recovery(self) -> list[InstanceRecord]:
+    class GatedRecovery(Recovery):
+        async def prepare(self) -> list[InstanceRecord]:
             await gate
-            return await super().prepare_recovery()
+            return await super().prepare()
 
-    return GatedLifecycle
+    return GatedRecovery
 
 
-def reconciliation_waits_for(gate: Deferred[None]) -> type[Lifecycle]:
-    """A Lifecycle whose per-instance reconciliation starts only once ``gate`` fires."""
+def reconciliation_waits_for(gate: Deferred[None]) -> type[Recovery]:
+    """A lifecycle's recovery whose per-instance reconciliation starts once ``gate`` fires."""
 
-    class GatedLifecycle(Lifecycle):
+    class GatedRecovery(Recovery):
         async def reconcile(self, records: list[InstanceRecord]) -> None:
             await gate
             await super().reconcile(records)
 
-    return GatedLifecycle
+    return GatedRecovery
 
 
 class StopRecordingReactor:
@@ -152,7 +152,7 @@ class DaemonServiceTests(TestCase):
     def test_apiListensOnlyOnceReadyIsCleared(self) -> Deferred[None]:
         async def check() -> None:
             gate: Deferred[None] = Deferred()
-            self.patch(daemon, "Lifecycle", recovery_waits_for(gate))
+            self.patch(lifecycle_core, "Recovery", recovery_waits_for(gate))
             service = self.service()
             service.startService()
             client = Client(reactor, self.socket_path)
@@ -167,7 +167,7 @@ class DaemonServiceTests(TestCase):
     def test_apiServesWhileInstancesAreReconciledAndPowerSyncWaits(self) -> Deferred[None]:
         async def check() -> None:
             gate: Deferred[None] = Deferred()
-            self.patch(daemon, "Lifecycle", reconciliation_waits_for(gate))
+            self.patch(lifecycle_core, "Recovery", reconciliation_waits_for(gate))
             service = self.service(interval=2.5)
             service.startService()
             await service.serving
@@ -199,7 +199,7 @@ class DaemonServiceTests(TestCase):
     def test_apiListensEvenIfRecoveryFails(self) -> Deferred[None]:
         async def check() -> None:
             gate: Deferred[None] = Deferred()
-            self.patch(daemon, "Lifecycle", recovery_waits_for(gate))
+            self.patch(lifecycle_core, "Recovery", recovery_waits_for(gate))
             service = self.service()
             service.startService()
             gate.errback(RuntimeError("the store is on fire"))
@@ -238,18 +238,18 @@ class GuestAPIStartTests(DaemonServiceTests):
     def test_eachStartListensOnANewRandomPortAndAdvertisesIt(self) -> Deferred[None]:
         async def check() -> None:
             first = await self.started(0)
-            assert first.lifecycle is not None and first.lifecycle.state.guest is not None
-            port = first.lifecycle.state.guest.port
+            assert first.lifecycle is not None and first.lifecycle.reach.link is not None
+            port = first.lifecycle.reach.link.port
             self.assertEqual(self.guest_sockets(), [f"guest-api.sock_{port}"])
             self.assertEqual(
-                first.lifecycle.state.guest.transport,
+                first.lifecycle.reach.link.transport,
                 f"hvsock:{os.path.join(self.directory, 'guest-api.sock')}",
             )
             await first.stopService()
             self.assertEqual(self.guest_sockets(), [])
             second = await self.started(0)
-            assert second.lifecycle is not None and second.lifecycle.state.guest is not None
-            self.assertNotEqual(second.lifecycle.state.guest.port, port)
+            assert second.lifecycle is not None and second.lifecycle.reach.link is not None
+            self.assertNotEqual(second.lifecycle.reach.link.port, port)
 
         return ensureDeferred(check())
 
@@ -262,8 +262,8 @@ class GuestAPIStartTests(DaemonServiceTests):
                 certificate = f.read()
             await first.stopService()
             second = await self.started(0)
-            assert second.lifecycle is not None and second.lifecycle.state.guest is not None
-            self.assertEqual(second.lifecycle.state.guest.server_cert_pem, certificate)
+            assert second.lifecycle is not None and second.lifecycle.reach.link is not None
+            self.assertEqual(second.lifecycle.reach.link.server_cert_pem, certificate)
 
         return ensureDeferred(check())
 

@@ -22,7 +22,6 @@ from zope.interface import implementer
 from tests.daemon.test_daemon import DEADLINE, twistd
 from tests.reactor import reactor
 from vmready.cli.client import Client, DaemonUnreachable
-from vmready.daemon import service as daemon
 from vmready.daemon.notify import (
     Notifier,
     ReconcileProgress,
@@ -34,7 +33,8 @@ from vmready.daemon.notify import (
 from vmready.daemon.service import WATCHDOG_TIMER, DaemonConfig, VMReadyService
 from vmready.daemon.tap import Options, makeService
 from vmready.domain.model import InstanceRecord
-from vmready.lifecycle.core import Lifecycle
+from vmready.lifecycle import core as lifecycle_core
+from vmready.lifecycle.recovery import Recovery
 from vmready.store.sqlite import Store
 
 
@@ -216,15 +216,15 @@ class ReconcileProgressTests(SynchronousTestCase):
         )
 
 
-def recovery_waits_for(gate: Deferred[None]) -> type[Lifecycle]:
-    """A Lifecycle whose recovery (clearing Ready) starts only once ``gate`` fires."""
+def recovery_waits_for(gate: Deferred[None]) -> type[Recovery]:
+    """A lifecycle's recovery (clearing Ready) that starts only once ``gate`` fires."""
 
-    class GatedLifecycle(Lifecycle):
-        async def prepare_recovery(self) -> list[InstanceRecord]:
+    class GatedRecovery(Recovery):
+        async def prepare(self) -> list[InstanceRecord]:
             await gate
-            return await super().prepare_recovery()
+            return await super().prepare()
 
-    return GatedLifecycle
+    return GatedRecovery
 
 
 class ServiceNotificationTests(TestCase):
@@ -247,7 +247,7 @@ class ServiceNotificationTests(TestCase):
         async def check() -> None:
             instances(self.directory, "a", "b", "c")
             gate: Deferred[None] = Deferred()
-            self.patch(daemon, "Lifecycle", recovery_waits_for(gate))
+            self.patch(lifecycle_core, "Recovery", recovery_waits_for(gate))
             service = self.service()
             service.startService()
             client = Client(reactor, self.socket_path)

@@ -16,8 +16,8 @@ from tests.fuzzing import web_certs, web_config, web_guest, web_operator, web_to
 from tests.fuzzing.web_http import RUNNING, WORLDS, request
 from vmready.api.guest import instance_for_certificate
 from vmready.daemon.configfile import ConfigFileError, parse_settings
+from vmready.domain.config import parse_cpus, parse_memory, validate_config
 from vmready.domain.model import BadRequest
-from vmready.lifecycle.state import parse_cpus, parse_memory, validate_config
 from vmready.trust.certs import generate
 from vmready.trust.tls import MutualServerTLS
 from vmready.trust.tokens import TokenError, TrustToken

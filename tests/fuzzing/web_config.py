@@ -2,7 +2,7 @@
 
 ``twistd vmready`` reads ``/etc/vmready/vmready.yaml`` (``daemon.configfile``);
 an operator's ``POST /1.0/instances``, ``PATCH`` and resize hand instance
-config keys and values (``lifecycle.state.validate_config``, ``parse_memory``,
+config keys and values (``domain.config.validate_config``, ``parse_memory``,
 ``parse_cpus``).  Both must refuse what is wrong in one precise line and
 accept only what they document.
 """
@@ -29,9 +29,9 @@ from vmready.daemon.configfile import (
     read_settings,
 )
 from vmready.daemon.tap import Options
-from vmready.domain.model import BadRequest
-from vmready.hypervisor.accel import ACCEL_CHOICES, ACCEL_KEY
-from vmready.lifecycle.state import (
+from vmready.domain.config import (
+    ACCEL_CHOICES,
+    ACCEL_KEY,
     MAX_CPUS,
     MAX_MEMORY_MIB,
     MIN_MEMORY_MIB,
@@ -40,6 +40,7 @@ from vmready.lifecycle.state import (
     parse_memory,
     validate_config,
 )
+from vmready.domain.model import BadRequest
 
 # -- the daemon's config file ---------------------------------------------------
 

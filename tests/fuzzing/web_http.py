@@ -91,7 +91,7 @@ class World:
         self.lifecycle = Lifecycle(
             self.clock,
             self.engine,
-            self.driver,  # type: ignore[arg-type]
+            self.driver,
             bus,
             os.path.join(base, "run"),
         )
@@ -145,17 +145,17 @@ class World:
                 (record.name, len(self.engine.actions.list_actions(record.name)))
                 for record in records
             ),
-            tuple(sorted(op.id for op in self.lifecycle.state.operations.list())),
+            tuple(sorted(op.id for op in self.lifecycle.operations.list())),
             len(self.events),
         )
 
     def operation_id(self) -> str:
         """The id of an operation the world has (the running instance's create, done)."""
-        return self.lifecycle.state.operations.list()[0].id
+        return self.lifecycle.operations.list()[0].id
 
     def close(self) -> None:
         """Let go of the store and every timer."""
-        self.lifecycle.state.operations.stop()
+        self.lifecycle.operations.stop()
         for call in self.clock.getDelayedCalls():
             if call.active():
                 call.cancel()

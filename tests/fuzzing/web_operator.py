@@ -176,7 +176,7 @@ def check_answer(answer: Answer | None, statuses: frozenset[int], before: Any, w
         assert body.get("type") == "async" and body.get("status_code") == 100, body
         location = answer.headers.get(b"location", b"").decode()
         assert location == body.get("operation") and location.startswith("/1.0/operations/"), body
-        world.lifecycle.state.operations.get(location.rsplit("/", 1)[1])
+        world.lifecycle.operations.get(location.rsplit("/", 1)[1])
     else:
         assert body.get("type") == "sync" and body.get("status_code") == 200, body
 

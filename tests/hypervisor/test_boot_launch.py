@@ -83,7 +83,7 @@ class RefusedLaunchTests(TestCase):
         for left in ("run", "disks"):
             where = os.path.join(self.directory, left)
             self.assertEqual(os.listdir(where) if os.path.isdir(where) else [], [], left)
-        self.assertEqual(self.lifecycle.state.vms, {})
+        self.assertEqual(self.lifecycle.running.vms, {})
         message: str = caught.exception.message
         return message
 
@@ -150,7 +150,9 @@ class RefusedLaunchTests(TestCase):
 
     @_async
     async def test_kvmWhereKvmCannotBeUsed(self) -> None:
-        self.lifecycle.state.kvm_problem = "/dev/kvm cannot be opened: No such file or directory"
+        self.lifecycle = self.new_lifecycle(
+            LaunchSettings(kvm_problem="/dev/kvm cannot be opened: No such file or directory")
+        )
         self.assertEqual(
             await self.refusal({"boot.accel": "kvm"}),
             "Cannot launch vm1 with boot.accel=kvm: "
@@ -187,7 +189,7 @@ class RefusedLaunchTests(TestCase):
         kernel = fake_kernel(self.path("vmlinuz"))
         self.store.instances.create_instance("vm1", {"boot.kernel": kernel}, {})
         with self.assertRaises(BadRequest) as caught:
-            await self.lifecycle.update_config("vm1", {"boot.append": "quiet"})
+            await self.lifecycle.configuring.update_config("vm1", {"boot.append": "quiet"})
         self.assertEqual(
             caught.exception.message,
             "Cannot change boot.append of instance vm1: the boot source and accelerator are "

@@ -15,20 +15,18 @@ import shutil
 import stat
 import tempfile
 
-import attrs
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from fakeqemu.testing import InMemoryVM
 from tests.fixtures import make_lifecycle
 from tests.reactor import reactor
-from vmready.daemon.service import drive_contents
+from vmready.daemon.assembly import drive_contents
 from vmready.domain.model import InstanceRecord
 from vmready.hypervisor.cmdline import VMSpec
 from vmready.hypervisor.configdrive import DriveContents, write_settings
 from vmready.hypervisor.guestdata import GuestData
-from vmready.lifecycle.core import CONFIG_DRIVE, Lifecycle
-from vmready.lifecycle.state import GuestLink
+from vmready.lifecycle.core import CONFIG_DRIVE, GuestLink, LaunchSettings, Lifecycle
 from vmready.trust.certs import ensure_server_certificate, fingerprint
 
 SECRET = "BRAVO-SECRET"
@@ -70,26 +68,25 @@ class ConfigDriveIsolationTests(TestCase):
     timeout = 60
 
     async def setUp(self) -> None:  # type: ignore[override]
-        self.lifecycle: Lifecycle = make_lifecycle(self)
         data_dir = tempfile.mkdtemp(prefix="vmr-drive-")
         self.addCleanup(shutil.rmtree, data_dir, True)
         server = ensure_server_certificate(data_dir)
-        state = self.lifecycle.state
-        state.settings = attrs.evolve(state.settings, drive=drive_contents(data_dir))
-        state.guest = GuestLink(1024, server.cert_pem, "hvsock:/nonexistent")
+        settings = LaunchSettings(drive=drive_contents(data_dir))
+        self.lifecycle: Lifecycle = make_lifecycle(self, settings=settings)
+        self.lifecycle.reach.listening(GuestLink(1024, server.cert_pem, "hvsock:/nonexistent"))
         self.alpha = await self.launch("alpha", ALPHA_CONFIG)
         self.bravo = await self.launch("bravo", BRAVO_CONFIG)
-        self.alpha_spec = self.lifecycle.spec_for(self.alpha)
-        self.bravo_spec = self.lifecycle.spec_for(self.bravo)
+        self.alpha_spec = self.lifecycle.specs.spec_for(self.alpha)
+        self.bravo_spec = self.lifecycle.specs.spec_for(self.bravo)
 
     async def launch(self, name: str, config: dict[str, str]) -> InstanceRecord:
         operation = await (await self.lifecycle.create(name, config)).when_done()
         await deferLater(reactor, 0, lambda: None)
         self.assertEqual(operation.error, "")
-        return self.lifecycle.get(name)
+        return self.lifecycle.store.view.get_instance(name)
 
     def drive(self, record: InstanceRecord) -> str:
-        return self.lifecycle.config_drive(record)
+        return self.lifecycle.specs.config_drive(record)
 
     def bravo_markers(self) -> list[bytes]:
         """What would betray bravo in a file: its name, uuid, run dir, certificate, data."""
@@ -123,7 +120,7 @@ class ConfigDriveIsolationTests(TestCase):
                 for marker in markers:
                     self.assertNotIn(marker, content, relative)
         with open(os.path.join(top, "agent.crt"), "rb") as f:
-            found = self.lifecycle.state.store.view.instance_for_fingerprint(fingerprint(f.read()))
+            found = self.lifecycle.store.view.instance_for_fingerprint(fingerprint(f.read()))
         assert found is not None
         self.assertEqual(found.uuid, self.alpha.uuid)
 

@@ -106,8 +106,14 @@ class LaunchTestCase(TestCase):
         )
         return lifecycle
 
+    def console_log(self, name: str, limit: int) -> bytes:
+        """The tail of the instance's console log, as ``vmready console --show-log`` reads it."""
+        return self.lifecycle.specs.console_log(
+            self.lifecycle.store.view.get_instance(name), limit
+        )
+
     async def _kill_everything(self) -> None:
-        for vm in list(self.lifecycle.state.vms.values()):
+        for vm in list(self.lifecycle.running.vms.values()):
             if not vm.gone:
                 await vm.force_stop()
         await self.lifecycle.shutdown()
@@ -116,7 +122,7 @@ class LaunchTestCase(TestCase):
         operation = await self.lifecycle.create(name, config)
         await operation.when_done()
         self.assertEqual(operation.error, "")
-        return self.lifecycle.get(name)
+        return self.lifecycle.store.view.get_instance(name)
 
     def actions(self, name: str) -> list[str]:
         return [
@@ -134,30 +140,30 @@ class OverlayTests(LaunchTestCase):
     @_async
     async def test_launchBootsAnOverlayOfTheImage(self) -> None:
         record = await self.launch(**{"boot.image": self.image, "boot.accel": "tcg"})
-        overlay = self.lifecycle.disk_path(record)
+        overlay = self.lifecycle.specs.disk_path(record)
         assert overlay is not None
         self.assertEqual(os.path.dirname(overlay), os.path.join(self.directory, "disks"))
         made = image_info(overlay)
         self.assertEqual((made["format"], made["backing-filename"]), ("qcow2", self.image))
-        self.assertEqual(self.lifecycle.state.vms["vm1"].spec.disk, overlay)
+        self.assertEqual(self.lifecycle.running.vms["vm1"].spec.disk, overlay)
 
     @_async
     async def test_rebuildReplacesTheOverlay(self) -> None:
         record = await self.launch(**{"boot.image": self.image, "boot.accel": "tcg"})
-        overlay = self.lifecycle.disk_path(record)
+        overlay = self.lifecycle.specs.disk_path(record)
         assert overlay is not None
         with open(overlay, "ab") as f:
             f.write(b"\0" * 65536)  # what the guest wrote
         grown = os.path.getsize(overlay)
         await (await self.lifecycle.act("vm1", "rebuild")).when_done()
-        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ACTIVE)
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").vm_state, VMState.ACTIVE)
         self.assertLess(os.path.getsize(overlay), grown)
         self.assertEqual(image_info(overlay)["backing-filename"], self.image)
 
     @_async
     async def test_deleteRemovesTheOverlay(self) -> None:
         record = await self.launch(**{"boot.image": self.image, "boot.accel": "tcg"})
-        overlay = self.lifecycle.disk_path(record)
+        overlay = self.lifecycle.specs.disk_path(record)
         assert overlay is not None
         await (await self.lifecycle.act("vm1", "delete")).when_done()
         self.assertFalse(os.path.exists(overlay))
@@ -167,13 +173,13 @@ class OverlayTests(LaunchTestCase):
     async def test_startWithoutItsOverlaySaysRebuild(self) -> None:
         record = await self.launch(**{"boot.image": self.image, "boot.accel": "tcg"})
         await (await self.lifecycle.act("vm1", "stop", force=True)).when_done()
-        overlay = self.lifecycle.disk_path(record)
+        overlay = self.lifecycle.specs.disk_path(record)
         assert overlay is not None
         os.unlink(overlay)
         operation = await self.lifecycle.act("vm1", "start")
         await operation.when_done()
         self.assertEqual(
-            self.lifecycle.get("vm1").error,
+            self.lifecycle.store.view.get_instance("vm1").error,
             f"the root disk of vm1, {overlay}, is missing; rebuild the instance to boot its "
             f"image {self.image} afresh",
         )
@@ -209,7 +215,7 @@ class VsockCIDTests(LaunchTestCase):
 
     def qemu_cid(self, name: str) -> int:
         """The guest-cid on the command line of the instance's running QEMU."""
-        with open(self.lifecycle.state.vms[name].spec.pidfile) as f:
+        with open(self.lifecycle.running.vms[name].spec.pidfile) as f:
             pid = int(f.read())
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             words = f.read().decode().split("\0")
@@ -233,11 +239,15 @@ class VsockCIDTests(LaunchTestCase):
         after_restart = self.qemu_cid("vm1")
         await self.lifecycle.shutdown()
         self.lifecycle = self.new_lifecycle(settings=LaunchSettings(transport="vsock"))
-        await self.lifecycle.recover()
+        await self.lifecycle.recovery.recover()
         await (await self.lifecycle.act("vm1", "stop", force=True)).when_done()
         await (await self.lifecycle.act("vm1", "start")).when_done()
         self.assertEqual(
-            (after_restart, self.qemu_cid("vm1"), self.lifecycle.get("vm1").config[CID_KEY]),
+            (
+                after_restart,
+                self.qemu_cid("vm1"),
+                self.lifecycle.store.view.get_instance("vm1").config[CID_KEY],
+            ),
             (cid, cid, str(cid)),
         )
 
@@ -254,10 +264,11 @@ class AcceleratorTests(LaunchTestCase):
     """auto: KVM where a guest runs under it, else TCG, said out loud."""
 
     def kvm_lifecycle(self, binary: str | None = None, probe: float = 30.0) -> Lifecycle:
-        lifecycle = self.new_lifecycle(binary, LaunchSettings(kvm_probe_timeout=probe))
-        lifecycle.state.kvm_problem = None  # as on a host where /dev/kvm opens
+        # As on a host where /dev/kvm opens.
+        settings = LaunchSettings(kvm_probe_timeout=probe, kvm_problem=None)
+        lifecycle = self.new_lifecycle(binary, settings)
         verdicts = os.path.join(self.directory, "kvm-verdict.json")
-        lifecycle.state.kvm = KVMVerdicts(verdicts, "test-host")
+        lifecycle.booting.use_kvm_verdicts(KVMVerdicts(verdicts, "test-host"))
         return lifecycle
 
     def aborting_qemu(self) -> str:
@@ -281,8 +292,8 @@ class AcceleratorTests(LaunchTestCase):
             (changed[0].metadata["context"]["from"], changed[0].metadata["context"]["to"]),
             ("kvm", "tcg"),
         )
-        assert self.lifecycle.state.kvm is not None
-        verdict = self.lifecycle.state.kvm.verdict
+        assert self.lifecycle.booting.kvm is not None
+        verdict = self.lifecycle.booting.kvm.verdict
         assert verdict is not None
         self.assertFalse(verdict.works)
         self.assertIn("accelerator", [a.action for a in self.store.actions.list_actions("vm1")])
@@ -313,26 +324,27 @@ class AcceleratorTests(LaunchTestCase):
     async def test_guestThatWritesToItsConsoleProvesKvm(self) -> None:
         self.lifecycle = self.kvm_lifecycle(probe=30.0)
         operation = await self.lifecycle.create("vm1", {"boot.kernel": self.kernel})
-        await until(lambda: "vm1" in self.lifecycle.state.vms)
-        console = os.path.join(self.lifecycle.state.vms["vm1"].spec.guest_dir, "console")
+        await until(lambda: "vm1" in self.lifecycle.running.vms)
+        console = os.path.join(self.lifecycle.running.vms["vm1"].spec.guest_dir, "console")
         await until(lambda: os.path.exists(console))
         await connectProtocol(UNIXClientEndpoint(reactor, console), ConsoleWriter())
         await operation.when_done()
-        record = self.lifecycle.get("vm1")
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual(record.config["volatile.accel"], "kvm")
         assert (
-            self.lifecycle.state.kvm is not None and self.lifecycle.state.kvm.verdict is not None
+            self.lifecycle.booting.kvm is not None
+            and self.lifecycle.booting.kvm.verdict is not None
         )
-        self.assertTrue(self.lifecycle.state.kvm.verdict.works)
-        self.assertIn("Linux version 6.1.0", self.lifecycle.console_log("vm1", 4096).decode())
+        self.assertTrue(self.lifecycle.booting.kvm.verdict.works)
+        self.assertIn("Linux version 6.1.0", self.console_log("vm1", 4096).decode())
 
     @_async
     async def test_explicitTcgIsNeverProbed(self) -> None:
         self.lifecycle = self.kvm_lifecycle(self.aborting_qemu())
         record = await self.launch(**{"boot.kernel": self.kernel, "boot.accel": "tcg"})
         self.assertEqual(record.config["volatile.accel"], "tcg")
-        assert self.lifecycle.state.kvm is not None
-        self.assertIsNone(self.lifecycle.state.kvm.verdict)
+        assert self.lifecycle.booting.kvm is not None
+        self.assertIsNone(self.lifecycle.booting.kvm.verdict)
 
     @_async
     async def test_explicitKvmFailureIsTheInstancesError(self) -> None:
@@ -341,12 +353,12 @@ class AcceleratorTests(LaunchTestCase):
             "vm1", {"boot.kernel": self.kernel, "boot.accel": "kvm"}
         )
         await operation.when_done()
-        record = self.lifecycle.get("vm1")
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual(record.vm_state, VMState.ERROR)
         self.assertIn("failed to set MSR 0x10a", record.error or "")
 
     def command_line(self, name: str) -> list[str]:
-        pid = self.lifecycle.state.vms[name].pid
+        pid = self.lifecycle.running.vms[name].pid
         assert pid is not None
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return f.read().decode().split("\0")
@@ -358,7 +370,7 @@ class GuestEventTests(LaunchTestCase):
     @_async
     async def test_guestPanicIsAnErrorWithItsReason(self) -> None:
         await self.launch(**{"boot.accel": "tcg"})
-        vm = self.lifecycle.state.vms["vm1"]
+        vm = self.lifecycle.running.vms["vm1"]
         guest = ACPIGuest()
         control = os.path.join(vm.spec.guest_dir, "control")
         await connectProtocol(UNIXClientEndpoint(reactor, control), guest)
@@ -366,8 +378,10 @@ class GuestEventTests(LaunchTestCase):
         assert guest.transport is not None
         guest.transport.write(b"panic\n")
         await vm.when_gone()
-        await until(lambda: self.lifecycle.get("vm1").vm_state is VMState.ERROR)
-        record = self.lifecycle.get("vm1")
+        await until(
+            lambda: self.lifecycle.store.view.get_instance("vm1").vm_state is VMState.ERROR
+        )
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertIn("guest kernel panicked", record.error or "")
         self.assertIn("vmready console vm1 --show-log", record.error or "")
         self.assertEqual(record.config.get(READY_KEY), "false")
@@ -376,17 +390,17 @@ class GuestEventTests(LaunchTestCase):
     async def test_consoleLogIsCappedAndRotated(self) -> None:
         self.lifecycle = self.new_lifecycle(settings=LaunchSettings(console_max_bytes=4096))
         await self.launch(**{"boot.accel": "tcg"})
-        vm = self.lifecycle.state.vms["vm1"]
+        vm = self.lifecycle.running.vms["vm1"]
         with open(vm.spec.console_log, "ab") as f:
             f.write(b"x" * 10000 + b"\nthe last line\n")
         self.lifecycle.rotate_consoles()
         self.assertEqual(os.path.getsize(vm.spec.console_log), 0)
         self.assertLessEqual(os.path.getsize(vm.spec.console_log + ".1"), 4096)
-        self.assertTrue(self.lifecycle.console_log("vm1", 4096).endswith(b"the last line\n"))
+        self.assertTrue(self.console_log("vm1", 4096).endswith(b"the last line\n"))
 
     @_async
     async def test_everyBootIsMarkedInTheConsoleLog(self) -> None:
         await self.launch(**{"boot.accel": "tcg"})
         await (await self.lifecycle.act("vm1", "restart", force=True)).when_done()
-        log = self.lifecycle.console_log("vm1", 65536).decode()
+        log = self.console_log("vm1", 65536).decode()
         self.assertEqual(log.count("--- vmready: starting vm1: TCG, as the instance asks"), 2)

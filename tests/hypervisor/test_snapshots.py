@@ -62,10 +62,11 @@ class SnapshotTestCase(TestCase):
         self.events: list[Event] = []
         bus = EventBus(reactor.seconds)
         bus.subscribe(self.events.append)
+        self.driver = HypervisorDriver(reactor, self.hypervisor)
         return Lifecycle(
             reactor,
             self.store,
-            HypervisorDriver(reactor, self.hypervisor),
+            self.driver,
             bus,
             os.path.join(self.directory, "run"),
             stop_timeout=STOP_TIMEOUT,
@@ -76,15 +77,15 @@ class SnapshotTestCase(TestCase):
         """Stop this daemon (VMs keep running) and start one with ``layout``."""
         await self.lifecycle.shutdown()
         self.lifecycle = self.new_lifecycle(layout)
-        await self.lifecycle.recover()
+        await self.lifecycle.recovery.recover()
 
     async def _kill_everything(self) -> None:
-        for vm in list(self.lifecycle.state.vms.values()):
+        for vm in list(self.lifecycle.running.vms.values()):
             if not vm.gone:
                 await vm.force_stop()
         await self.lifecycle.shutdown()
         for record in self.store.instances.list_instances():
-            await self.lifecycle.state.driver.kill_owned(self.lifecycle.spec_for(record))
+            await self.lifecycle.driver.kill_owned(self.lifecycle.specs.spec_for(record))
 
     async def finish(self, operation: Any) -> Any:
         done = await operation.when_done()
@@ -95,7 +96,7 @@ class SnapshotTestCase(TestCase):
             await self.lifecycle.create(name, {"limits.memory": "64", **config})
         )
         self.assertEqual(operation.error, "")
-        return self.lifecycle.get(name)
+        return self.lifecycle.store.view.get_instance(name)
 
     def snapshot_dir(self, record: InstanceRecord, name: str) -> str:
         return os.path.join(self.directory, "snapshots", run_dir_name(record.uuid), name)
@@ -119,7 +120,7 @@ class RenameChecks(SnapshotTestCase):
     async def test_newVMsGetTheNewPortWiredAndTheOldNameUnwired(self) -> None:
         record = await self.launch()
         self.assertEqual(record.config[LAYOUT_KEY], "current")
-        ports = self.lifecycle.spec_for(record).serial_ports
+        ports = self.lifecycle.specs.spec_for(record).serial_ports
         self.assertEqual(
             [(port.name, port.chardev) for port in ports],
             [(AGENT_PORT, AGENT_RING), (LEGACY_PORT, None)],
@@ -139,22 +140,26 @@ class RenameChecks(SnapshotTestCase):
     async def test_upgradedDaemonKeepsTheLayoutARunningVMWasStartedWith(self) -> None:
         await self.upgrade(LEGACY_LAYOUT)
         record = await self.launch()
-        pid = self.lifecycle.state.vms["vm1"].pid
+        pid = self.lifecycle.running.vms["vm1"].pid
         await self.upgrade(CURRENT_LAYOUT)
-        adopted = self.lifecycle.state.vms["vm1"]
+        adopted = self.lifecycle.running.vms["vm1"]
         self.assertEqual(adopted.pid, pid)
-        self.assertEqual(self.lifecycle.get("vm1").config[LAYOUT_KEY], "legacy")
+        self.assertEqual(
+            self.lifecycle.store.view.get_instance("vm1").config[LAYOUT_KEY], "legacy"
+        )
         self.assertEqual(adopted.spec.serial_ports, LEGACY_LAYOUT.ports)
         # Read through the chardev it was started with: nothing refused, nothing there yet.
         self.assertEqual(await adopted.ringbuf_read(AGENT_RING, 64), b"")
         # A restart gives it the new layout, recorded.
         await self.finish(await self.lifecycle.act("vm1", "restart", force=True))
-        self.assertEqual(self.lifecycle.get("vm1").config[LAYOUT_KEY], "current")
-        self.assertEqual(self.lifecycle.state.vms["vm1"].spec.serial_ports, CURRENT_LAYOUT.ports)
+        self.assertEqual(
+            self.lifecycle.store.view.get_instance("vm1").config[LAYOUT_KEY], "current"
+        )
+        self.assertEqual(self.lifecycle.running.vms["vm1"].spec.serial_ports, CURRENT_LAYOUT.ports)
         self.assertIn(AGENT_PORT, " ".join(self.command_line(record)))
 
     def command_line(self, record: InstanceRecord) -> list[str]:
-        pid = self.lifecycle.state.vms[record.name].pid
+        pid = self.lifecycle.running.vms[record.name].pid
         assert pid is not None
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return f.read().decode().split("\0")
@@ -167,12 +172,14 @@ class SnapshotChecks(SnapshotTestCase):
     async def test_statelessSnapshotBringsTheConfigBack(self) -> None:
         await self.launch(**{"user.role": "db"})
         await self.finish(await self.lifecycle.act("vm1", "snapshot", snapshot="before"))
-        await self.lifecycle.update_config("vm1", {"user.role": "web", "user.extra": "1"})
+        await self.lifecycle.configuring.update_config(
+            "vm1", {"user.role": "web", "user.extra": "1"}
+        )
         operation = await self.finish(
             await self.lifecycle.act("vm1", "restore", snapshot="before")
         )
         self.assertEqual(operation.error, "")
-        record = self.lifecycle.get("vm1")
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual(
             (record.config["user.role"], "user.extra" in record.config), ("db", False)
         )
@@ -183,14 +190,14 @@ class SnapshotChecks(SnapshotTestCase):
     @_async
     async def test_statefulSnapshotSavesTheStateAndTheVMRunsOn(self) -> None:
         record = await self.launch()
-        pid = self.lifecycle.state.vms["vm1"].pid
+        pid = self.lifecycle.running.vms["vm1"].pid
         operation = await self.finish(
             await self.lifecycle.act("vm1", "snapshot", snapshot="s1", stateful=True)
         )
         self.assertEqual(operation.error, "")
-        vm = self.lifecycle.state.vms["vm1"]
+        vm = self.lifecycle.running.vms["vm1"]
         self.assertEqual((vm.pid, await vm.query_power_state()), (pid, PowerState.RUNNING))
-        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ACTIVE)
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").vm_state, VMState.ACTIVE)
         snapshot = self.store.snapshots.find_snapshot("vm1", "s1")
         assert snapshot is not None
         self.assertTrue(snapshot["stateful"])
@@ -208,16 +215,16 @@ class SnapshotChecks(SnapshotTestCase):
         await self.finish(
             await self.lifecycle.act("vm1", "snapshot", snapshot="s1", stateful=True)
         )
-        pid = self.lifecycle.state.vms["vm1"].pid
+        pid = self.lifecycle.running.vms["vm1"].pid
         operation = await self.finish(
             await self.lifecycle.act("vm1", "restore", snapshot="s1", stateful=True)
         )
         self.assertEqual(operation.error, "")
-        record = self.lifecycle.get("vm1")
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual(
             (record.vm_state, record.power_state), (VMState.ACTIVE, PowerState.RUNNING)
         )
-        vm = self.lifecycle.state.vms["vm1"]
+        vm = self.lifecycle.running.vms["vm1"]
         self.assertNotEqual(vm.pid, pid)
         self.assertEqual(await vm.query_power_state(), PowerState.RUNNING)
 
@@ -230,14 +237,14 @@ class SnapshotChecks(SnapshotTestCase):
             await self.finish(
                 await self.lifecycle.act("vm1", "snapshot", snapshot=name, stateful=True)
             )
-        vm = self.lifecycle.state.vms["vm1"]
-        deleted = await self.lifecycle.delete_snapshot("vm1", "s1")
+        vm = self.lifecycle.running.vms["vm1"]
+        deleted = await self.lifecycle.snapshotting.delete_snapshot("vm1", "s1")
         self.assertEqual((deleted["name"], deleted["stateful"]), ("s1", True))
         self.assertEqual([s["name"] for s in self.store.snapshots.list_snapshots("vm1")], ["s2"])
         self.assertEqual(sorted(self.files(record)), ["s2/snapshot.json", "s2/state"])
-        self.assertIs(self.lifecycle.state.vms["vm1"], vm)
+        self.assertIs(self.lifecycle.running.vms["vm1"], vm)
         self.assertEqual(await vm.query_power_state(), PowerState.RUNNING)
-        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ACTIVE)
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").vm_state, VMState.ACTIVE)
         self.assertIn(
             ("instance-snapshot-deleted", {"snapshot": "s1"}),
             [
@@ -253,7 +260,7 @@ class SnapshotChecks(SnapshotTestCase):
         with self.assertRaises(NotFound):
             await self.lifecycle.act("vm1", "restore", snapshot="s1")
         with self.assertRaises(NotFound):
-            await self.lifecycle.delete_snapshot("vm1", "s1")
+            await self.lifecycle.snapshotting.delete_snapshot("vm1", "s1")
 
     async def legacy_snapshot_then_upgrade(self) -> InstanceRecord:
         await self.upgrade(LEGACY_LAYOUT)
@@ -263,12 +270,12 @@ class SnapshotChecks(SnapshotTestCase):
         )
         self.assertEqual(operation.error, "")
         await self.upgrade(CURRENT_LAYOUT)
-        return self.lifecycle.get("vm1")
+        return self.lifecycle.store.view.get_instance("vm1")
 
     @_async
     async def test_statefulRestoreIntoANewLayoutIsRefusedBeforeAnythingChanges(self) -> None:
         record = await self.legacy_snapshot_then_upgrade()
-        pid = self.lifecycle.state.vms["vm1"].pid
+        pid = self.lifecycle.running.vms["vm1"].pid
         files = self.files(record)
         snapshots = self.store.snapshots.list_snapshots("vm1")
         with self.assertRaises(Conflict) as caught:
@@ -278,11 +285,11 @@ class SnapshotChecks(SnapshotTestCase):
         self.assertIn("would now start with layout current (com.canonical.lxd on the", message)
         self.assertIn("Restore without --stateful", message)
         self.assertIn("--force", message)
-        after = self.lifecycle.get("vm1")
+        after = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual(after, record)
-        self.assertEqual(self.lifecycle.state.vms["vm1"].pid, pid)
+        self.assertEqual(self.lifecycle.running.vms["vm1"].pid, pid)
         self.assertEqual(
-            await self.lifecycle.state.vms["vm1"].query_power_state(), PowerState.RUNNING
+            await self.lifecycle.running.vms["vm1"].query_power_state(), PowerState.RUNNING
         )
         self.assertEqual(self.files(record), files)
         self.assertEqual(self.store.snapshots.list_snapshots("vm1"), snapshots)
@@ -295,26 +302,28 @@ class SnapshotChecks(SnapshotTestCase):
             await self.lifecycle.act("vm1", "restore", snapshot="old", stateful=True, force=True)
         )
         state = os.path.join(self.snapshot_dir(record, "old"), "state")
-        said = [f"{self.lifecycle.state.driver.program_name}: {line}" for line in QEMU_LINES]
+        said = [f"{self.driver.program_name}: {line}" for line in QEMU_LINES]
         self.assertEqual(
             operation.error.splitlines(),
             [f"Failed restoring state from {state}: {said[0]}", *said[1:]],
         )
-        failed = self.lifecycle.get("vm1")
+        failed = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual(failed.vm_state, VMState.ERROR)
         self.assertEqual(failed.error, operation.error)
         self.assertEqual(self.files(record), files)
         self.assertEqual([s["name"] for s in self.store.snapshots.list_snapshots("vm1")], ["old"])
         # The poller never turns it into "stopped".
-        await self.lifecycle.sync_power_states()
-        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ERROR)
+        await self.lifecycle.power_sync.sync_power_states()
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").vm_state, VMState.ERROR)
         # A stateless restore recovers it.
         recovered = await self.finish(await self.lifecycle.act("vm1", "restore", snapshot="old"))
         self.assertEqual(recovered.error, "")
-        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.STOPPED)
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").vm_state, VMState.STOPPED)
         started = await self.finish(await self.lifecycle.act("vm1", "start"))
         self.assertEqual(started.error, "")
-        self.assertEqual(self.lifecycle.get("vm1").config[LAYOUT_KEY], "current")
+        self.assertEqual(
+            self.lifecycle.store.view.get_instance("vm1").config[LAYOUT_KEY], "current"
+        )
 
     @_async
     async def test_startRecoversAFailedForcedRestore(self) -> None:
@@ -322,17 +331,17 @@ class SnapshotChecks(SnapshotTestCase):
         await self.finish(
             await self.lifecycle.act("vm1", "restore", snapshot="old", stateful=True, force=True)
         )
-        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ERROR)
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").vm_state, VMState.ERROR)
         started = await self.finish(await self.lifecycle.act("vm1", "start"))
         self.assertEqual(started.error, "")
-        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ACTIVE)
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").vm_state, VMState.ACTIVE)
 
     @_async
     async def test_statelessRestoreOfALegacySnapshotWorksAfterTheUpgrade(self) -> None:
         await self.legacy_snapshot_then_upgrade()
         operation = await self.finish(await self.lifecycle.act("vm1", "restore", snapshot="old"))
         self.assertEqual(operation.error, "")
-        record = self.lifecycle.get("vm1")
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual((record.vm_state, record.config[LAYOUT_KEY]), (VMState.ACTIVE, "current"))
 
 
@@ -345,7 +354,7 @@ class SnapshotRefusalTests(SnapshotTestCase):
         await self.finish(await self.lifecycle.act("vm1", "stop", force=True))
         with self.assertRaises(Conflict):
             await self.lifecycle.act("vm1", "snapshot", snapshot="s", stateful=True)
-        self.assertIsNone(self.lifecycle.get("vm1").task_state)
+        self.assertIsNone(self.lifecycle.store.view.get_instance("vm1").task_state)
 
     @_async
     async def test_duplicateSnapshotNameIsRefused(self) -> None:
@@ -390,8 +399,8 @@ class SnapshotRefusalTests(SnapshotTestCase):
         with self.assertRaises(Conflict) as caught:
             await self.lifecycle.act("vm1", "restore", snapshot="s", stateful=True)
         self.assertIn("is missing", caught.exception.message)
-        await _until(lambda: self.lifecycle.get("vm1").task_state is None)
-        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ACTIVE)
+        await _until(lambda: self.lifecycle.store.view.get_instance("vm1").task_state is None)
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").vm_state, VMState.ACTIVE)
 
 
 class SnapshotDeleteTests(SnapshotTestCase):
@@ -408,21 +417,21 @@ class SnapshotDeleteTests(SnapshotTestCase):
         restoring = await self.lifecycle.act("vm1", "restore", snapshot="s1", stateful=True)
         self.assertFalse(restoring.done)
         with self.assertRaises(Conflict) as caught:
-            await self.lifecycle.delete_snapshot("vm1", "s1")
+            await self.lifecycle.snapshotting.delete_snapshot("vm1", "s1")
         self.assertEqual(
             caught.exception.message,
             "Cannot delete snapshot s1 of instance vm1: the instance is being restored from it",
         )
         # Another snapshot of the instance is not in use.
-        await self.lifecycle.delete_snapshot("vm1", "other")
+        await self.lifecycle.snapshotting.delete_snapshot("vm1", "other")
         operation = await self.finish(restoring)
         self.assertEqual(operation.error, "")
-        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ACTIVE)
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").vm_state, VMState.ACTIVE)
         self.assertEqual(
             {path: data for path, data in self.files(record).items() if path.startswith("s1/")},
             {path: data for path, data in files.items() if path.startswith("s1/")},
         )
-        await self.lifecycle.delete_snapshot("vm1", "s1")
+        await self.lifecycle.snapshotting.delete_snapshot("vm1", "s1")
         self.assertEqual(self.store.snapshots.list_snapshots("vm1"), [])
         self.assertEqual(self.files(record), {})
 
@@ -432,32 +441,32 @@ class SnapshotDeleteTests(SnapshotTestCase):
         await self.finish(await self.lifecycle.act("vm1", "snapshot", snapshot="s"))
         with self.assertRaises(BadRequest):
             await self.lifecycle.act("vm1", "restore", snapshot="s", stateful=True)
-        await self.lifecycle.delete_snapshot("vm1", "s")
+        await self.lifecycle.snapshotting.delete_snapshot("vm1", "s")
         self.assertEqual(self.store.snapshots.list_snapshots("vm1"), [])
 
     @_async
     async def test_aRestoreAskedAfterTheDeleteFindsNoSnapshotAndChangesNothing(self) -> None:
         await self.launch(**{"user.role": "db"})
         await self.finish(await self.lifecycle.act("vm1", "snapshot", snapshot="s"))
-        await self.lifecycle.update_config("vm1", {"user.role": "web"})
-        before = self.lifecycle.get("vm1")
-        deleting = ensureDeferred(self.lifecycle.delete_snapshot("vm1", "s"))
+        await self.lifecycle.configuring.update_config("vm1", {"user.role": "web"})
+        before = self.lifecycle.store.view.get_instance("vm1")
+        deleting = ensureDeferred(self.lifecycle.snapshotting.delete_snapshot("vm1", "s"))
         with self.assertRaises(NotFound):
             await self.lifecycle.act("vm1", "restore", snapshot="s")
         await deleting
-        self.assertEqual(self.lifecycle.get("vm1"), before)
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1"), before)
 
     @_async
     async def test_unknownSnapshotInstanceOrBadNameAreRefusedPrecisely(self) -> None:
         await self.launch()
         with self.assertRaises(NotFound) as missing:
-            await self.lifecycle.delete_snapshot("vm1", "nope")
+            await self.lifecycle.snapshotting.delete_snapshot("vm1", "nope")
         self.assertEqual(missing.exception.message, "Snapshot nope of instance vm1 not found")
         with self.assertRaises(NotFound):
-            await self.lifecycle.delete_snapshot("vm9", "s")
+            await self.lifecycle.snapshotting.delete_snapshot("vm9", "s")
         for name in ("", "../x", "a/b", ".", "x" * 64):
             with self.assertRaises(BadRequest):
-                await self.lifecycle.delete_snapshot("vm1", name)
+                await self.lifecycle.snapshotting.delete_snapshot("vm1", name)
 
     @_async
     async def test_theDirectoryOfAnotherInstancesSnapshotIsNeverTouched(self) -> None:
@@ -466,7 +475,7 @@ class SnapshotDeleteTests(SnapshotTestCase):
         for name in ("vm1", "vm2"):
             await self.finish(await self.lifecycle.act(name, "snapshot", snapshot="s"))
         kept = self.files(second)
-        await self.lifecycle.delete_snapshot("vm1", "s")
+        await self.lifecycle.snapshotting.delete_snapshot("vm1", "s")
         self.assertEqual(self.files(first), {})
         self.assertEqual(self.files(second), kept)
         self.assertEqual([s["name"] for s in self.store.snapshots.list_snapshots("vm2")], ["s"])
@@ -478,15 +487,15 @@ class InterruptedSnapshotTests(SnapshotTestCase):
     @_async
     async def test_restartAfterAnInterruptedSnapshotResumesTheVM(self) -> None:
         await self.launch()
-        await self.lifecycle.state.vms["vm1"].pause()  # as migrate leaves it
+        await self.lifecycle.running.vms["vm1"].pause()  # as migrate leaves it
         self.store.instances.claim_task(
             "vm1", "snapshot", frozenset({VMState.ACTIVE}), TaskState.SNAPSHOTTING
         )
         await self.upgrade(CURRENT_LAYOUT)
-        record = self.lifecycle.get("vm1")
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual((record.vm_state, record.task_state), (VMState.ACTIVE, None))
         self.assertEqual(
-            await self.lifecycle.state.vms["vm1"].query_power_state(), PowerState.RUNNING
+            await self.lifecycle.running.vms["vm1"].query_power_state(), PowerState.RUNNING
         )
         self.assertEqual(self.store.snapshots.list_snapshots("vm1"), [])
 
@@ -498,7 +507,7 @@ class InterruptedSnapshotTests(SnapshotTestCase):
             "vm1", "restore", frozenset({VMState.ACTIVE}), TaskState.RESTORING
         )
         await self.upgrade(CURRENT_LAYOUT)
-        record = self.lifecycle.get("vm1")
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual(record.vm_state, VMState.ERROR)
         self.assertIn("daemon stopped during restoring", record.error or "")
         self.assertEqual([s["name"] for s in self.store.snapshots.list_snapshots("vm1")], ["s"])
@@ -517,10 +526,10 @@ class UnrecordedLayoutTests(SnapshotTestCase):
         await self.launch()
         self.store.instances.update_config("vm1", {LAYOUT_KEY: None})  # and it recorded nothing
         await self.upgrade(CURRENT_LAYOUT)
-        record = self.lifecycle.get("vm1")
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual(record.config[LAYOUT_KEY], "unrecorded")
         self.assertEqual(
-            self.lifecycle.state.vms["vm1"].spec.serial_ports, UNRECORDED_LAYOUT.ports
+            self.lifecycle.running.vms["vm1"].spec.serial_ports, UNRECORDED_LAYOUT.ports
         )
         await self.finish(await self.lifecycle.act("vm1", "snapshot", snapshot="s", stateful=True))
         with self.assertRaises(Conflict) as caught:
@@ -534,7 +543,7 @@ class FailedSnapshotTests(SnapshotTestCase):
     @_async
     async def test_failedStatefulSnapshotKeepsTheInstanceActiveAndRecordsNothing(self) -> None:
         record = await self.launch()
-        vm = self.lifecycle.state.vms["vm1"]
+        vm = self.lifecycle.running.vms["vm1"]
 
         async def disk_full(path: str, timeout: float = 600.0) -> None:
             raise HypervisorError("saving the state of vm1 failed: No space left on device")
@@ -544,11 +553,11 @@ class FailedSnapshotTests(SnapshotTestCase):
             await self.lifecycle.act("vm1", "snapshot", snapshot="s", stateful=True)
         )
         self.assertIn("No space left on device", operation.error)
-        after = self.lifecycle.get("vm1")
+        after = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual(
             (after.vm_state, after.task_state, after.error), (VMState.ACTIVE, None, None)
         )
-        self.assertIs(self.lifecycle.state.vms["vm1"], vm)
+        self.assertIs(self.lifecycle.running.vms["vm1"], vm)
         self.assertEqual(self.store.snapshots.list_snapshots("vm1"), [])
         self.assertEqual(self.files(record), {})
         self.assertEqual(self.store.actions.list_actions("vm1")[0].result, "error")
@@ -560,13 +569,13 @@ class FailedSnapshotTests(SnapshotTestCase):
     @_async
     async def test_startFromErrorKeepsAVMThatStillRunsAndIsFollowed(self) -> None:
         await self.launch()
-        vm = self.lifecycle.state.vms["vm1"]
+        vm = self.lifecycle.running.vms["vm1"]
         self.store.instances.set_error("vm1", "something went wrong", PowerState.RUNNING)
         started = await self.finish(await self.lifecycle.act("vm1", "start"))
         self.assertEqual(started.error, "")
-        self.assertIs(self.lifecycle.state.vms["vm1"], vm)
+        self.assertIs(self.lifecycle.running.vms["vm1"], vm)
         self.assertFalse(vm.gone)
-        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ACTIVE)
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").vm_state, VMState.ACTIVE)
 
     @_async
     async def test_forceWithoutStatefulIsABadRequest(self) -> None:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import attrs
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.lifecycle.test_lifecycle import _async, _until
-from tests.lifecycle.test_ready import FAST, SERVER, AgentLinkTestCase
+from tests.lifecycle.test_ready import AgentLinkTestCase
 from tests.reactor import reactor
 from vmready.lifecycle.agenthistory import DEFAULT_HISTORY_LENGTH, AgentHistory, LinkChange
-from vmready.lifecycle.core import GuestLink
 from vmready.protocols.ringbuffer import AgentStatus
 
 LOST = "lost: the agent said nothing for 15.0s (no heartbeat)"
@@ -76,24 +74,16 @@ class AgentHistoryLifecycleTests(AgentLinkTestCase):
     """The history a real agent link leaves, against fakeqemu VMs and a serial agent."""
 
     def history(self, name: str = "vm1") -> list[tuple[str, str | None]]:
-        return [
-            (change.status, change.reason)
-            for change in self.lifecycle.state.agent_history.of(name)
-        ]
+        return [(change.status, change.reason) for change in self.lifecycle.agent_history.of(name)]
 
     @_async
     async def test_aStartedAgentThatFallsSilentIsLostThenBack(self) -> None:
-        self.lifecycle.state.guest = GuestLink(
-            self.port,
-            SERVER.cert_pem,
-            "hvsock:/nonexistent",
-            attrs.evolve(FAST, silence_timeout=0.5, safety=0.2),
-        )
+        self.guest_api_listens(self.lifecycle, silence_timeout=0.5, safety=0.2)
         before = reactor.seconds()
         await self.launch()
         guest = await self.connected_guest()
         self.assertEqual(self.history(), [("started", None), ("connected", None)])
-        await _until(lambda: self.lifecycle.agent_status("vm1") is AgentStatus.STOPPED)
+        await _until(lambda: self.lifecycle.running.agent_status("vm1") is AgentStatus.STOPPED)
         [(status, reason)] = self.history()[2:]
         self.assertEqual(status, "stopped")
         assert reason is not None
@@ -101,7 +91,7 @@ class AgentHistoryLifecycleTests(AgentLinkTestCase):
         guest.say(b"STARTED\n")  # it wakes up and starts over
         await _until(lambda: len(self.history()) == 4)
         self.assertEqual(self.history()[3], ("started", None))
-        times = [change.at for change in self.lifecycle.state.agent_history.of("vm1")]
+        times = [change.at for change in self.lifecycle.agent_history.of("vm1")]
         self.assertEqual(times, sorted(times))
         self.assertLessEqual(before, times[0])
 
@@ -111,7 +101,7 @@ class AgentHistoryLifecycleTests(AgentLinkTestCase):
         guest = await self.connected_guest()
         for port in (guest.status, guest.connect):  # SIGKILL: both its ports close
             port.transport.loseConnection()  # type: ignore[union-attr]
-        await _until(lambda: self.lifecycle.agent_status("vm1") is AgentStatus.STOPPED)
+        await _until(lambda: self.lifecycle.running.agent_status("vm1") is AgentStatus.STOPPED)
         self.assertEqual(
             self.history()[-1], ("stopped", "lost: the agent closed its port without STOPPED")
         )
@@ -123,7 +113,7 @@ class AgentHistoryLifecycleTests(AgentLinkTestCase):
         ]
         self.assertEqual(
             [event.timestamp for event in agent_events],
-            [change.at for change in self.lifecycle.state.agent_history.of("vm1")],
+            [change.at for change in self.lifecycle.agent_history.of("vm1")],
         )
         self.assertEqual(
             agent_events[-1].metadata["context"], {"status": "stopped", "previous": "connected"}
@@ -144,12 +134,12 @@ class AgentHistoryLifecycleTests(AgentLinkTestCase):
         await self.lifecycle.shutdown()  # the daemon stops; the VM and its agent run on
         self.lifecycle = self.new_lifecycle()
         self.assertEqual(self.history(), [])  # a new daemon knows no history
-        await self.lifecycle.recover()
+        await self.lifecycle.recovery.recover()
         guest.say(b"STARTED\n")  # its link to the old daemon is gone: it starts over
         await _until(lambda: self.history() != [])
         self.assertEqual(self.history()[0][1], "the VM was adopted; CONNECT advertised again")
         guest.say(b"CONNECTED\n")
-        await _until(lambda: self.lifecycle.agent_status("vm1") is AgentStatus.CONNECTED)
+        await _until(lambda: self.lifecycle.running.agent_status("vm1") is AgentStatus.CONNECTED)
         self.assertEqual(self.history()[-1], ("connected", None))
 
     @_async

@@ -101,14 +101,14 @@ class BoundedTests(SynchronousTestCase):
         self.assertEqual(states, {VMState.STOPPED})
 
     def test_powerSyncVisitsAtMostTheLimitAtOnce(self) -> None:
-        done = Deferred.fromCoroutine(self.lifecycle.sync_power_states())
+        done = Deferred.fromCoroutine(self.lifecycle.power_sync.sync_power_states())
         self.assertAllVisitedNeverMoreThanTheLimit(done)
 
     def test_powerSyncActsOnTheInstanceAsItIsWhenItsTurnComes(self) -> None:
         """An action begun while the round waits for its turn: the round leaves it alone."""
-        done = Deferred.fromCoroutine(self.lifecycle.sync_power_states())
+        done = Deferred.fromCoroutine(self.lifecycle.power_sync.sync_power_states())
         last = f"vm{INSTANCES - 1:03}"
-        store = self.lifecycle.state.store
+        store = self.lifecycle.store
         self.successResultOf(
             store.instances.claim_task(
                 last, "stop", frozenset({VMState.ACTIVE}), TaskState.POWERING_OFF
@@ -124,18 +124,18 @@ class BoundedTests(SynchronousTestCase):
         self.assertEqual(len(self.driver.adopting), INSTANCES - 1)
 
     def test_startUpReconciliationVisitsAtMostTheLimitAtOnce(self) -> None:
-        done = Deferred.fromCoroutine(self.lifecycle.recover())
+        done = Deferred.fromCoroutine(self.lifecycle.recovery.recover())
         self.assertAllVisitedNeverMoreThanTheLimit(done)
 
     def test_readyIsClearedBeforeAnyInstanceIsReconciled(self) -> None:
-        records = self.successResultOf(Deferred.fromCoroutine(self.lifecycle.prepare_recovery()))
+        records = self.successResultOf(Deferred.fromCoroutine(self.lifecycle.recovery.prepare()))
         self.assertEqual(len(records), INSTANCES)
         self.assertFalse(any(record.ready for record in self.store.instances.list_instances()))
         self.assertEqual(self.driver.adopting, [])
 
     def test_anActionWaitsForItsInstancesReconciliation(self) -> None:
-        records = self.successResultOf(Deferred.fromCoroutine(self.lifecycle.prepare_recovery()))
-        reconciling = Deferred.fromCoroutine(self.lifecycle.reconcile(records))
+        records = self.successResultOf(Deferred.fromCoroutine(self.lifecycle.recovery.prepare()))
+        reconciling = Deferred.fromCoroutine(self.lifecycle.recovery.reconcile(records))
         last = records[-1].name  # beyond the first LIMIT: not even started
         acting = Deferred.fromCoroutine(self.lifecycle.act(last, "stop"))
         self.assertNoResult(acting)
@@ -197,9 +197,9 @@ class EventsAfterCommitTests(TestCase):
 
     async def test_instanceReadyOnlyOnceReadyIsCommitted(self) -> None:
         await self.store.instances.update_config("vm000", {READY_KEY: "false"})
-        self.lifecycle.state.vms["vm000"] = SimpleNamespace(gone=False)  # type: ignore[assignment]
+        self.lifecycle.running.vms["vm000"] = SimpleNamespace(gone=False)  # type: ignore[assignment]
         self.hold()
-        await self.held(Deferred.fromCoroutine(self.lifecycle.set_ready("vm000", True)))
+        await self.held(Deferred.fromCoroutine(self.lifecycle.guestside.set_ready("vm000", True)))
         actions = [action for action, _committed in self.seen]
         self.assertEqual(actions, ["instance-state", "instance-ready"])
         for _action, (_state, config) in self.seen:
@@ -220,7 +220,9 @@ class EventsAfterCommitTests(TestCase):
     async def test_anUpdateIsAnnouncedOnlyOnceCommitted(self) -> None:
         self.hold()
         await self.held(
-            Deferred.fromCoroutine(self.lifecycle.update_config("vm000", {"user.a": "1"}))
+            Deferred.fromCoroutine(
+                self.lifecycle.configuring.update_config("vm000", {"user.a": "1"})
+            )
         )
         self.assertEqual(
             [(a, c["user.a"]) for a, (_s, c) in self.seen], [("instance-updated", "1")]

@@ -104,24 +104,24 @@ class GiveBackTests(TestCase):
         lifecycle = self.lifecycle(executor=_ClaimKeptButUnknown())
         with self.assertRaises(OutcomeUnknown):
             await lifecycle.act("web1", "start")
-        record = lifecycle.state.store.engine.instances.get_instance("web1")
+        record = lifecycle.store.engine.instances.get_instance("web1")
         self.assertEqual((record.task_state, record.vm_state), (None, VMState.STOPPED))
-        self.assertIsNone(lifecycle.get("web1").task_state)
+        self.assertIsNone(lifecycle.store.view.get_instance("web1").task_state)
 
     async def test_aClaimWhoseActionCannotBeRecordedIsGivenBack(self) -> None:
         lifecycle = self.lifecycle(_HistoryRefused)
         with self.assertRaises(StoreWriteFailed):
             await lifecycle.act("web1", "start")
-        record = lifecycle.state.store.engine.instances.get_instance("web1")
+        record = lifecycle.store.engine.instances.get_instance("web1")
         self.assertEqual((record.task_state, record.vm_state), (None, VMState.STOPPED))
-        self.assertEqual(lifecycle.state.operations.list(), [])
+        self.assertEqual(lifecycle.operations.list(), [])
 
     async def test_givingBackAnUnknownClaimNeverEndsAnotherRequestsClaim(self) -> None:
         """Two starts at once: the first's claim is lost (outcome unknown, nothing kept),
         the second's is kept; giving the first back must leave the second's task alone."""
         claim = _ClaimHeld()
         lifecycle = self.lifecycle(_HistoryGated, claim)
-        store = lifecycle.state.store
+        store = lifecycle.store
         assert isinstance(store, _HistoryGated)
         store.history_gate = Deferred()
         first = Deferred.fromCoroutine(lifecycle.act("web1", "start"))

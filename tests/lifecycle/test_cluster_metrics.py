@@ -16,7 +16,7 @@ from vmready.store.sqlite import Store
 
 def _gauge(lifecycle: Lifecycle, status: str) -> float:
     """The ``vmready_instances`` sample for ``status`` in a scrape."""
-    for family in lifecycle.metrics():
+    for family in lifecycle.metric_families():
         if family.name == "vmready_instances":
             for sample in family.samples:
                 if dict(sample.labels).get("status") == status:

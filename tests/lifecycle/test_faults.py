@@ -15,17 +15,16 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 
-import attrs
 from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 from tests.lifecycle.test_lifecycle import _async, _until
-from tests.lifecycle.test_ready import FAST, SERVER, AgentLinkTestCase
+from tests.lifecycle.test_ready import SERVER, AgentLinkTestCase
 from tests.reactor import reactor
 from vmready.domain.model import ActionRecord
 from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
 from vmready.hypervisor.driver import HypervisorDriver
-from vmready.lifecycle.core import GuestLink, Lifecycle
+from vmready.lifecycle.core import Lifecycle
 from vmready.lifecycle.events import EventBus
 from vmready.lifecycle.faults import Fault, FaultLog, error_time
 from vmready.lifecycle.watching import MONITOR_LOST_KEY
@@ -37,7 +36,7 @@ from vmready.store.sqlite import Store
 class FaultTestCase(AgentLinkTestCase):
     def faults(self, name: str = "vm1") -> dict[str, str]:
         """The standing faults ``vmready info`` would show, by kind."""
-        return {fault.kind: fault.message for fault in self.lifecycle.state.events.faults.of(name)}
+        return {fault.kind: fault.message for fault in self.lifecycle.events.faults.of(name)}
 
 
 class QMPSocketGoneTests(FaultTestCase):
@@ -46,15 +45,15 @@ class QMPSocketGoneTests(FaultTestCase):
     @_async
     async def test_lostMonitorIsAnErrorUntilTheSocketIsBack(self) -> None:
         await self.launch()
-        vm = self.lifecycle.state.vms["vm1"]
+        vm = self.lifecycle.running.vms["vm1"]
         pid = vm.pid
         socket = vm.spec.qmp_socket
         await self.lifecycle.shutdown()
         hidden = socket + ".away"
         os.rename(socket, hidden)  # gone, while QEMU runs on
         self.lifecycle = self.new_lifecycle()
-        await self.lifecycle.recover()
-        record = self.lifecycle.get("vm1")
+        await self.lifecycle.recovery.recover()
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual(
             (record.vm_state, record.task_state, record.power_state),
             (VMState.ERROR, None, PowerState.NOSTATE),
@@ -64,56 +63,58 @@ class QMPSocketGoneTests(FaultTestCase):
         self.assertIn("instance-monitor-lost", self.lifecycle_actions("vm1"))
         self.assertEqual(sorted(self.faults()), ["error", "monitor"])
         # Still gone: power sync leaves it in error and its VM alone.
-        await self.lifecycle.sync_power_states()
-        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ERROR)
+        await self.lifecycle.power_sync.sync_power_states()
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").vm_state, VMState.ERROR)
         os.rename(hidden, socket)  # back
-        await self.lifecycle.sync_power_states()
-        record = self.lifecycle.get("vm1")
+        await self.lifecycle.power_sync.sync_power_states()
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual(
             (record.vm_state, record.power_state, record.error),
             (VMState.ACTIVE, PowerState.RUNNING, None),
         )
         self.assertNotIn(MONITOR_LOST_KEY, record.config)
-        self.assertEqual(self.lifecycle.state.vms["vm1"].pid, pid)
+        self.assertEqual(self.lifecycle.running.vms["vm1"].pid, pid)
         self.assertEqual(self.lifecycle_actions("vm1")[-1], "instance-monitor-restored")
         self.assertEqual(self.faults(), {})
         # The agent is followed again: it reconnects and can be Ready.
         await self.connected_guest()
-        await self.lifecycle.set_ready("vm1", True)
-        self.assertEqual(self.lifecycle.get("vm1").status.name, "Ready")
+        await self.lifecycle.guestside.set_ready("vm1", True)
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").status.name, "Ready")
 
     @_async
     async def test_monitorThatStopsAnsweringIsReadoptedWhenItAnswersAgain(self) -> None:
-        self.lifecycle.state.driver.command_timeout = 0.5
-        self.lifecycle.state.driver.adopt_timeout = 0.5
+        self.driver.command_timeout = 0.5
+        self.driver.adopt_timeout = 0.5
         await self.launch()
-        pid = self.lifecycle.state.vms["vm1"].pid
+        pid = self.lifecycle.running.vms["vm1"].pid
         assert pid is not None
         os.kill(pid, signal.SIGSTOP)
         self.addCleanup(_continue, pid)
-        await self.lifecycle.sync_power_states()
-        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ERROR)
+        await self.lifecycle.power_sync.sync_power_states()
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").vm_state, VMState.ERROR)
         self.assertIn("monitor", self.faults())
         os.kill(pid, signal.SIGCONT)
-        await self.lifecycle.sync_power_states()
-        record = self.lifecycle.get("vm1")
+        await self.lifecycle.power_sync.sync_power_states()
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual((record.vm_state, record.error), (VMState.ACTIVE, None))
-        self.assertEqual(self.lifecycle.state.vms["vm1"].pid, pid)
+        self.assertEqual(self.lifecycle.running.vms["vm1"].pid, pid)
 
     @_async
     async def test_startOfALostInstanceReplacesItsVMAndEndsTheLoss(self) -> None:
         await self.launch()
-        vm = self.lifecycle.state.vms["vm1"]
+        vm = self.lifecycle.running.vms["vm1"]
         await self.lifecycle.shutdown()
         os.unlink(vm.spec.qmp_socket)  # gone for good
         self.lifecycle = self.new_lifecycle()
-        await self.lifecycle.recover()
-        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ERROR)
+        await self.lifecycle.recovery.recover()
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").vm_state, VMState.ERROR)
         operation = await self.wait(await self.lifecycle.act("vm1", "start"))
         self.assertEqual(operation.error, "")
-        record = self.lifecycle.get("vm1")
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual(record.vm_state, VMState.ACTIVE)
-        await _until(lambda: MONITOR_LOST_KEY not in self.lifecycle.get("vm1").config)
+        await _until(
+            lambda: MONITOR_LOST_KEY not in self.lifecycle.store.view.get_instance("vm1").config
+        )
         self.assertEqual(self.faults(), {})
 
 
@@ -122,40 +123,44 @@ class QEMUKilledTests(FaultTestCase):
     async def test_killedQEMUIsAnErrorShownWithItsTimeUntilStarted(self) -> None:
         await self.launch()
         await self.connected_guest()
-        await self.lifecycle.set_ready("vm1", True)
-        vm = self.lifecycle.state.vms["vm1"]
+        await self.lifecycle.guestside.set_ready("vm1", True)
+        vm = self.lifecycle.running.vms["vm1"]
         assert vm.pid is not None
         os.kill(vm.pid, signal.SIGKILL)
-        await _until(lambda: self.lifecycle.get("vm1").vm_state is VMState.ERROR)
-        record = self.lifecycle.get("vm1")
+        await _until(
+            lambda: self.lifecycle.store.view.get_instance("vm1").vm_state is VMState.ERROR
+        )
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual(
             (record.power_state, record.config[READY_KEY]), (PowerState.CRASHED, "false")
         )
-        self.assertIs(self.lifecycle.agent_status("vm1"), AgentStatus.STOPPED)
+        self.assertIs(self.lifecycle.running.agent_status("vm1"), AgentStatus.STOPPED)
         self.assertIn("instance-error", self.lifecycle_actions("vm1"))
         self.assertEqual(self.faults(), {"error": record.error})
         await self.wait(await self.lifecycle.act("vm1", "start"))
-        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ACTIVE)
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").vm_state, VMState.ACTIVE)
         self.assertEqual(self.faults(), {})
         await self.connected_guest()
-        await self.lifecycle.set_ready("vm1", True)
+        await self.lifecycle.guestside.set_ready("vm1", True)
 
     @_async
     async def test_theErrorKeepsItsTimeAcrossADaemonRestart(self) -> None:
         await self.launch()
-        vm = self.lifecycle.state.vms["vm1"]
+        vm = self.lifecycle.running.vms["vm1"]
         assert vm.pid is not None
         killed_at = reactor.seconds()
         os.kill(vm.pid, signal.SIGKILL)
-        await _until(lambda: self.lifecycle.get("vm1").vm_state is VMState.ERROR)
-        error = self.lifecycle.get("vm1").error
+        await _until(
+            lambda: self.lifecycle.store.view.get_instance("vm1").vm_state is VMState.ERROR
+        )
+        error = self.lifecycle.store.view.get_instance("vm1").error
         assert error is not None
         await self.lifecycle.shutdown()
         restarted_at = reactor.seconds()
         self.lifecycle = self.new_lifecycle()  # a new daemon on the same SQLite file
-        self.assertEqual(self.lifecycle.state.events.faults.of("vm1"), [])
-        await self.lifecycle.recover()
-        [fault] = self.lifecycle.state.events.faults.of("vm1")
+        self.assertEqual(self.lifecycle.events.faults.of("vm1"), [])
+        await self.lifecycle.recovery.recover()
+        [fault] = self.lifecycle.events.faults.of("vm1")
         self.assertEqual((fault.kind, fault.message), ("error", error))
         exited = [a for a in self.store.actions.list_actions("vm1") if a.action == "vm-exited"]
         self.assertEqual(fault.since, exited[0].finished_at)
@@ -167,15 +172,15 @@ class QEMUKilledTests(FaultTestCase):
     @_async
     async def test_aStoredErrorIsRestoredAtTheTimeOfItsFailedAction(self) -> None:
         await self.launch()
-        await self.lifecycle.state.store.instances.set_error("vm1", "older trouble")
-        self.lifecycle.state.history("vm1", "vm-exited", "older trouble", ok=False)
-        await self.lifecycle.state.store.run(lambda engine: None)  # the history is written
+        await self.lifecycle.store.instances.set_error("vm1", "older trouble")
+        self.lifecycle.journal.history("vm1", "vm-exited", "older trouble", ok=False)
+        await self.lifecycle.store.run(lambda engine: None)  # the history is written
         await self.lifecycle.shutdown()
         self.lifecycle = self.new_lifecycle()
-        await self.lifecycle.recover()
+        await self.lifecycle.recovery.recover()
         [older] = [a for a in self.store.actions.list_actions("vm1") if a.action == "vm-exited"]
         self.assertEqual(
-            [(f.kind, f.message, f.since) for f in self.lifecycle.state.events.faults.of("vm1")],
+            [(f.kind, f.message, f.since) for f in self.lifecycle.events.faults.of("vm1")],
             [("error", "older trouble", older.finished_at)],
         )
 
@@ -233,13 +238,13 @@ class AgentFaultTests(FaultTestCase):
     async def test_killedAgentIsLostUntilItComesBack(self) -> None:
         await self.launch()
         guest = await self.connected_guest()
-        await self.lifecycle.set_ready("vm1", True)
+        await self.lifecycle.guestside.set_ready("vm1", True)
         for port in (guest.status, guest.connect):  # SIGKILL: both its ports close
             port.transport.loseConnection()  # type: ignore[union-attr]
-        await _until(lambda: self.lifecycle.agent_status("vm1") is AgentStatus.STOPPED)
+        await _until(lambda: self.lifecycle.running.agent_status("vm1") is AgentStatus.STOPPED)
         self.assertEqual(self.lifecycle_actions("vm1")[-1], "agent-link-lost")
         self.assertIn("closed its port without STOPPED", self.faults()["agent"])
-        record = self.lifecycle.get("vm1")
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual(
             (record.vm_state, record.power_state), (VMState.ACTIVE, PowerState.RUNNING)
         )
@@ -247,8 +252,8 @@ class AgentFaultTests(FaultTestCase):
         await guest.connect.closed
         await self.connected_guest()  # the agent is back
         self.assertEqual(self.faults(), {})
-        await self.lifecycle.set_ready("vm1", True)
-        self.assertEqual(self.lifecycle.get("vm1").status.name, "Ready")
+        await self.lifecycle.guestside.set_ready("vm1", True)
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").status.name, "Ready")
 
     @_async
     async def test_agentThatSaysStoppedIsNotAFault(self) -> None:
@@ -256,21 +261,16 @@ class AgentFaultTests(FaultTestCase):
         guest = await self.connected_guest()
         guest.say(b"STOPPED\n")
         guest.status.transport.loseConnection()  # type: ignore[union-attr]
-        await _until(lambda: self.lifecycle.agent_status("vm1") is AgentStatus.STOPPED)
+        await _until(lambda: self.lifecycle.running.agent_status("vm1") is AgentStatus.STOPPED)
         self.assertNotIn("agent-link-lost", self.lifecycle_actions("vm1"))
         self.assertEqual(self.faults(), {})
 
     @_async
     async def test_hungAgentIsLostUntilItSpeaksAgain(self) -> None:
-        self.lifecycle.state.guest = GuestLink(
-            self.port,
-            SERVER.cert_pem,
-            "hvsock:/nonexistent",
-            attrs.evolve(FAST, silence_timeout=0.5, safety=0.2),
-        )
+        self.guest_api_listens(self.lifecycle, silence_timeout=0.5, safety=0.2)
         await self.launch()
         guest = await self.connected_guest()
-        await _until(lambda: self.lifecycle.agent_status("vm1") is AgentStatus.STOPPED)
+        await _until(lambda: self.lifecycle.running.agent_status("vm1") is AgentStatus.STOPPED)
         self.assertIn("no heartbeat", self.faults()["agent"])
         self.assertEqual(self.lifecycle_actions("vm1")[-1], "agent-link-lost")
         guest.say(b"STARTED\n")  # it wakes up and starts over
@@ -284,43 +284,45 @@ class CertificateFaultTests(FaultTestCase):
     async def test_anUnusableCertificateFileDoesNotStopRecovery(self) -> None:
         record = await self.launch()
         await self.launch("vm2")
-        server = os.path.join(self.lifecycle.config_drive(record), "server.crt")
+        server = os.path.join(self.lifecycle.specs.config_drive(record), "server.crt")
         await self.lifecycle.shutdown()
         os.unlink(server)
         os.mkdir(server)  # the daemon reads it at start: now it cannot
         self.lifecycle = self.new_lifecycle()
-        await self.lifecycle.recover()
+        await self.lifecycle.recovery.recover()
         # Its VM is adopted as usual; only its certificate is at fault, and no other's.
-        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ACTIVE)
-        self.assertIn("vm1", self.lifecycle.state.vms)
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").vm_state, VMState.ACTIVE)
+        self.assertIn("vm1", self.lifecycle.running.vms)
         self.assertIn("Is a directory", self.faults()["certificate"])
         self.assertEqual(self.faults("vm2"), {})
         self.assertIn("instance-certificate-error", self.lifecycle_actions("vm1"))
         os.rmdir(server)
         with open(server, "wb") as f:
             f.write(SERVER.cert_pem)
-        await self.lifecycle.sync_power_states()
+        await self.lifecycle.power_sync.sync_power_states()
         self.assertEqual(self.faults(), {})
         self.assertEqual(self.lifecycle_actions("vm1")[-1], "instance-certificate-restored")
 
     @_async
     async def test_aCertificateWithoutReadPermissionIsReportedUntilReadable(self) -> None:
         record = await self.launch()
-        drive = self.lifecycle.config_drive(record)
+        drive = self.lifecycle.specs.config_drive(record)
         crt = os.path.join(drive, "agent.crt")
         os.chmod(crt, 0)
         with _unprivileged(drive):
             self.lifecycle.guestside.recheck_identity(record)
         self.assertIn("agent.crt: Permission denied", self.faults()["certificate"])
-        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ACTIVE)
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").vm_state, VMState.ACTIVE)
         os.chmod(crt, 0o644)
-        await self.lifecycle.sync_power_states()  # as the files' owner, the daemon's user
+        await (
+            self.lifecycle.power_sync.sync_power_states()
+        )  # as the files' owner, the daemon's user
         self.assertEqual(self.faults(), {})
 
     @_async
     async def test_missingOrCorruptCertificateIsReported(self) -> None:
         record = await self.launch()
-        drive = self.lifecycle.config_drive(record)
+        drive = self.lifecycle.specs.config_drive(record)
         key = os.path.join(drive, "agent.key")
         with open(key, "rb") as f:
             saved = f.read()
@@ -341,7 +343,7 @@ class SnapshotDiskFullTests(FaultTestCase):
     @_async
     async def test_snapshotOnAFullDiskFailsAndTheNextOneSucceeds(self) -> None:
         root = _small_filesystem(self, "64k")
-        self.lifecycle.state.snapshot_root = root
+        self.lifecycle.specs.snapshot_root = root
         await self.launch()
         filler = os.path.join(root, "filler")
         with contextlib.suppress(OSError), open(filler, "wb") as f:
@@ -352,7 +354,7 @@ class SnapshotDiskFullTests(FaultTestCase):
             await self.lifecycle.act("vm1", "snapshot", snapshot="s1", stateful=False)
         )
         self.assertIn("No space left on device", operation.error)
-        record = self.lifecycle.get("vm1")
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual(
             (record.vm_state, record.task_state, record.power_state),
             (VMState.ACTIVE, None, PowerState.RUNNING),
@@ -446,7 +448,7 @@ class StoreDiskFullTests(FaultTestCase):
                 f.write(b"\0" * 4096)
                 f.flush()
         update = Deferred.fromCoroutine(
-            lifecycle.update_config("vm9", {"user.big": "x" * 200_000})
+            lifecycle.configuring.update_config("vm9", {"user.big": "x" * 200_000})
         )
         await _until(lambda: "store-write-failed" in seen)
         shown = {fault.kind: fault.message for fault in bus.faults.of("vm9")}

@@ -4,8 +4,8 @@ The bound on the guest-visible config (``vmready.hypervisor.guestdata``) is
 checked when an instance is created and when its config changes: one line, and
 nothing created or changed.  ``instance-agent-missing`` is raised for a VM of
 the ``qemu`` driver whose agent said nothing ``AGENT_EXPECTED_WITHIN`` seconds
-after the daemon began following it (here a fakeqemu VM with the lifecycle's
-clock a ``task.Clock`` and its driver called ``qemu``): a fault ``vmready info``
+after the daemon began following it (here a fakeqemu VM followed on a
+``task.Clock``, as by a ``qemu`` driver's daemon): a fault ``vmready info``
 shows until an agent speaks or the VM stops.
 """
 
@@ -39,40 +39,47 @@ class GuestDataBoundTests(AgentLinkTestCase):
         with self.assertRaises(BadRequest) as caught:
             await self.lifecycle.create("vm1", {"user.big": TOO_BIG, "user.more": "y" * 100000})
         self.assertEqual(str(caught.exception), LIMIT)
-        self.assertEqual(self.lifecycle.list(), [])
+        self.assertEqual(self.lifecycle.store.view.list_instances(), [])
         self.assertFalse(os.path.exists(os.path.join(self.directory, "run")))
 
     @_async
     async def test_aChangePastTheBoundIsRefusedAndChangesNothing(self) -> None:
         await self.launch("vm1", **{"user.big": TOO_BIG[:-200000]})
         with self.assertRaises(BadRequest) as caught:
-            await self.lifecycle.update_config("vm1", {"cloud-init.user-data": "y" * 300000})
+            await self.lifecycle.configuring.update_config(
+                "vm1", {"cloud-init.user-data": "y" * 300000}
+            )
         self.assertEqual(str(caught.exception), LIMIT)
-        self.assertNotIn("cloud-init.user-data", self.lifecycle.get("vm1").config)
+        self.assertNotIn(
+            "cloud-init.user-data", self.lifecycle.store.view.get_instance("vm1").config
+        )
 
     @_async
     async def test_removingKeysIsAlwaysAllowed(self) -> None:
         await self.launch("vm1", **{"user.big": TOO_BIG[:-200000]})
-        await self.lifecycle.update_config("vm1", {"user.big": None})
-        self.assertNotIn("user.big", self.lifecycle.get("vm1").config)
+        await self.lifecycle.configuring.update_config("vm1", {"user.big": None})
+        self.assertNotIn("user.big", self.lifecycle.store.view.get_instance("vm1").config)
 
 
 class AgentMissingTests(AgentLinkTestCase):
     def setUp(self) -> None:
         super().setUp()
         self.clock = Clock()
-        self.lifecycle.state.clock = self.clock
-        self.lifecycle.state.driver.kind = "qemu"  # as a real guest's daemon
+        self.lifecycle.watching.clock = self.clock  # the agent's polls and the check's timer
+        self.lifecycle.watching.driver_kind = "qemu"  # as a real guest's daemon
 
     def faults(self) -> dict[str, str]:
-        return {
-            fault.kind: fault.message for fault in self.lifecycle.state.events.faults.of("vm1")
-        }
+        return {fault.kind: fault.message for fault in self.lifecycle.events.faults.of("vm1")}
 
     @_async
     async def test_aGuestWhoseAgentNeverSpeaksIsAFaultWithItsReason(self) -> None:
         await self.launch()
-        with open(self.lifecycle.spec_for(self.lifecycle.get("vm1")).console_log, "ab") as f:
+        with open(
+            self.lifecycle.specs.spec_for(
+                self.lifecycle.store.view.get_instance("vm1")
+            ).console_log,
+            "ab",
+        ) as f:
             f.write(b"Welcome to Debian GNU/Linux 12 (bookworm)!\n")
         self.clock.advance(AGENT_EXPECTED_WITHIN - 1)
         self.assertEqual(self.faults(), {})
@@ -94,26 +101,24 @@ class AgentMissingTests(AgentLinkTestCase):
         guest = await self.guest()
         guest.say(b"STARTED\n")
         for _ in range(400):  # the monitor reads the ring on its (fake) clock's polls
-            if self.lifecycle.agent_status("vm1") is not AgentStatus.UNKNOWN:
+            if self.lifecycle.running.agent_status("vm1") is not AgentStatus.UNKNOWN:
                 break
             self.clock.advance(0.1)
             await deferLater(reactor, 0.01, lambda: None)
-        self.assertIs(self.lifecycle.agent_status("vm1"), AgentStatus.STARTED)
+        self.assertIs(self.lifecycle.running.agent_status("vm1"), AgentStatus.STARTED)
         self.clock.advance(AGENT_EXPECTED_WITHIN)
         self.assertNotIn("instance-agent-missing", self.lifecycle_actions("vm1"))
 
     @_async
     async def test_aStoppedVMIsNoLongerWatched(self) -> None:
         await self.launch()
-        self.lifecycle.state.driver.kind = "fakeqemu"  # its stop waits on the real reactor
-        self.lifecycle.state.clock = self.lifecycle.state.reactor
         await self.wait(await self.lifecycle.act("vm1", "stop", force=True))
         self.clock.advance(AGENT_EXPECTED_WITHIN)
         self.assertNotIn("instance-agent-missing", self.lifecycle_actions("vm1"))
 
     @_async
     async def test_fakeqemuGuestsAreNotWatched(self) -> None:
-        self.lifecycle.state.driver.kind = "fakeqemu"  # its agent is a host process, or none
+        self.lifecycle.watching.driver_kind = "fakeqemu"  # its agent is a host process, or none
         await self.launch()
         self.clock.advance(AGENT_EXPECTED_WITHIN)
         self.assertNotIn("instance-agent-missing", self.lifecycle_actions("vm1"))

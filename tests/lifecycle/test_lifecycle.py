@@ -72,12 +72,15 @@ class LifecycleTestCase(TestCase):
         self.lifecycle = self.new_lifecycle()
         self.addCleanup(self._kill_everything)
 
-    def new_lifecycle(self) -> Lifecycle:
-        """A lifecycle as a (re)started daemon builds it, on the same store and run dir."""
+    def new_lifecycle(self, driver: HypervisorDriver | None = None) -> Lifecycle:
+        """A lifecycle as a (re)started daemon builds it, on the same store and run dir.
+
+        ``driver``: fakeqemu's by default; the one in use is ``self.driver``.
+        """
         self.events: list[Event] = []
         bus = EventBus(reactor.seconds)
         bus.subscribe(self.events.append)
-        driver = HypervisorDriver(reactor, "fakeqemu")
+        driver = self.driver = driver or HypervisorDriver(reactor, "fakeqemu")
         return Lifecycle(
             reactor,
             self.store,
@@ -88,7 +91,7 @@ class LifecycleTestCase(TestCase):
         )
 
     async def _kill_everything(self) -> None:
-        for vm in list(self.lifecycle.state.vms.values()):
+        for vm in list(self.lifecycle.running.vms.values()):
             if not vm.gone:
                 await vm.force_stop()
         await self.lifecycle.shutdown()
@@ -102,7 +105,7 @@ class LifecycleTestCase(TestCase):
         operation = await self.lifecycle.create(name, config)
         await self.wait(operation)
         self.assertEqual(operation.error, "")
-        return self.lifecycle.get(name)
+        return self.lifecycle.store.view.get_instance(name)
 
     def display_sequence(self, name: str) -> list[str]:
         """The display statuses the instance-state events showed, repeats collapsed."""
@@ -126,7 +129,7 @@ class LifecycleTestCase(TestCase):
 
     def vm_option(self, name: str, option: str) -> str:
         """A value from the running VM's real command line (from /proc), past the program."""
-        pid = self.lifecycle.state.vms[name].pid
+        pid = self.lifecycle.running.vms[name].pid
         assert pid is not None
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             argv = f.read().decode().split("\0")
@@ -165,25 +168,27 @@ class CreateAndPowerTests(LifecycleTestCase):
 
     @_async
     async def test_failedSpawnIsAPersistingError(self) -> None:
-        self.lifecycle.state.driver = HypervisorDriver(reactor, "fakeqemu", "/nonexistent/qemu")
+        self.lifecycle = self.new_lifecycle(
+            HypervisorDriver(reactor, "fakeqemu", "/nonexistent/qemu")
+        )
         operation = await self.lifecycle.create("vm1", {})
         await self.wait(operation)
-        record = self.lifecycle.get("vm1")
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual(record.vm_state, VMState.ERROR)
         self.assertTrue(record.error)
         self.assertEqual(operation.error, record.error)
         self.assertEqual(self.display_sequence("vm1"), ["BUILD", "ERROR"])
-        await self.lifecycle.sync_power_states()
-        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ERROR)
+        await self.lifecycle.power_sync.sync_power_states()
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").vm_state, VMState.ERROR)
 
     @_async
     async def test_stopWithoutGuestIsForcedAfterTimeoutAndClearsReady(self) -> None:
         await self.launch()
         self.store.instances.update_config("vm1", {READY_KEY: "true"})
-        self.assertEqual(self.lifecycle.get("vm1").status.name, "Ready")
-        vm = self.lifecycle.state.vms["vm1"]
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").status.name, "Ready")
+        vm = self.lifecycle.running.vms["vm1"]
         await self.wait(await self.lifecycle.act("vm1", "stop"))
-        record = self.lifecycle.get("vm1")
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual((record.vm_state, record.status.name), (VMState.STOPPED, "Stopped"))
         self.assertEqual(record.config[READY_KEY], "false")
         self.assertTrue(vm.gone)
@@ -227,59 +232,59 @@ class CreateAndPowerTests(LifecycleTestCase):
     async def test_stopWithACPIGuestIsClean(self) -> None:
         await self.launch()
         guest = ACPIGuest()
-        control = os.path.join(self.lifecycle.state.vms["vm1"].spec.guest_dir, "control")
+        control = os.path.join(self.lifecycle.running.vms["vm1"].spec.guest_dir, "control")
         await connectProtocol(UNIXClientEndpoint(reactor, control), guest)
         await guest.ready
         await self.wait(await self.lifecycle.act("vm1", "stop", timeout=30))
         steps = [s.name for s in self.store.actions.list_actions("vm1")[0].steps]
         self.assertIn("clean stop", steps)
-        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.STOPPED)
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").vm_state, VMState.STOPPED)
 
     @_async
     async def test_startAfterStopRunsANewVM(self) -> None:
         await self.launch()
         await self.wait(await self.lifecycle.act("vm1", "stop", force=True))
         await self.wait(await self.lifecycle.act("vm1", "start"))
-        record = self.lifecycle.get("vm1")
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual(
             (record.vm_state, record.power_state), (VMState.ACTIVE, PowerState.RUNNING)
         )
-        self.assertIn("vm1", self.lifecycle.state.vms)
+        self.assertIn("vm1", self.lifecycle.running.vms)
 
     @_async
     async def test_startFromErrorAdoptsAVMThatStillRuns(self) -> None:
         await self.launch()
-        pid = self.lifecycle.state.vms["vm1"].pid
+        pid = self.lifecycle.running.vms["vm1"].pid
         await self.lifecycle.shutdown()  # the daemon loses track; the VM keeps running
         self.lifecycle = self.new_lifecycle()
         self.store.instances.set_error("vm1", "lost track of the VM")
         operation = await self.lifecycle.act("vm1", "start")
         await self.wait(operation)
         self.assertEqual(operation.error, "")
-        record = self.lifecycle.get("vm1")
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual((record.vm_state, record.error), (VMState.ACTIVE, None))
-        self.assertEqual(self.lifecycle.state.vms["vm1"].pid, pid)
+        self.assertEqual(self.lifecycle.running.vms["vm1"].pid, pid)
 
     @_async
     async def test_restartReplacesTheVMProcess(self) -> None:
         await self.launch()
-        before = self.lifecycle.state.vms["vm1"].pid
+        before = self.lifecycle.running.vms["vm1"].pid
         await self.wait(await self.lifecycle.act("vm1", "restart", force=True))
-        after = self.lifecycle.state.vms["vm1"].pid
+        after = self.lifecycle.running.vms["vm1"].pid
         self.assertNotEqual(before, after)
-        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ACTIVE)
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").vm_state, VMState.ACTIVE)
 
     @_async
     async def test_freezeAndUnfreezePauseTheVCPUs(self) -> None:
         await self.launch()
         await self.wait(await self.lifecycle.act("vm1", "freeze"))
-        record = self.lifecycle.get("vm1")
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual((record.status.name, int(record.status.code)), ("Frozen", 110))
-        vm = self.lifecycle.state.vms["vm1"]
+        vm = self.lifecycle.running.vms["vm1"]
         self.assertEqual(await vm.query_power_state(), PowerState.PAUSED)
         await self.wait(await self.lifecycle.act("vm1", "unfreeze"))
         self.assertEqual(await vm.query_power_state(), PowerState.RUNNING)
-        self.assertEqual(self.lifecycle.get("vm1").status.name, "Running")
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").status.name, "Running")
 
 
 class TransitionTests(LifecycleTestCase):
@@ -302,7 +307,7 @@ class TransitionTests(LifecycleTestCase):
         self.assertEqual(self.vm_option("vm1", "-m"), "512M")
         self.assertEqual(self.vm_option("vm1", "-smp"), "2")
         await self.wait(await self.lifecycle.act("vm1", "confirm-resize"))
-        record = self.lifecycle.get("vm1")
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual(
             (record.vm_state, record.memory_mib, record.cpus), (VMState.ACTIVE, 512, 2)
         )
@@ -312,20 +317,20 @@ class TransitionTests(LifecycleTestCase):
     async def test_revertResizeGivesTheVMItsOldSizeBack(self) -> None:
         await self.launch(**{"limits.memory": "256"})
         await self.wait(await self.lifecycle.act("vm1", "resize", memory="1GiB"))
-        self.assertEqual(self.lifecycle.get("vm1").memory_mib, 1024)
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").memory_mib, 1024)
         await self.wait(await self.lifecycle.act("vm1", "revert-resize"))
         self.assertEqual(self.vm_option("vm1", "-m"), "256M")
         self.assertEqual(self.display_sequence("vm1")[-1], "ACTIVE")
-        self.assertEqual(self.lifecycle.get("vm1").memory_mib, 256)
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").memory_mib, 256)
 
     @_async
     async def test_stoppedResizeThenConfirmEndsStoppedAndCanStart(self) -> None:
         await self.launch(**{"limits.memory": "256"})
         await self.wait(await self.lifecycle.act("vm1", "stop", force=True))
         await self.wait(await self.lifecycle.act("vm1", "resize", memory="512"))
-        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.RESIZED)
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").vm_state, VMState.RESIZED)
         await self.wait(await self.lifecycle.act("vm1", "confirm-resize"))
-        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.STOPPED)
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").vm_state, VMState.STOPPED)
         await self.wait(await self.lifecycle.act("vm1", "start"))
         self.assertEqual(self.vm_option("vm1", "-m"), "512M")
 
@@ -335,9 +340,9 @@ class TransitionTests(LifecycleTestCase):
         await self.wait(await self.lifecycle.act("vm1", "stop", force=True))
         await self.wait(await self.lifecycle.act("vm1", "resize", memory="512"))
         await self.wait(await self.lifecycle.act("vm1", "revert-resize"))
-        record = self.lifecycle.get("vm1")
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual((record.vm_state, record.memory_mib), (VMState.STOPPED, 256))
-        self.assertNotIn("vm1", self.lifecycle.state.vms)
+        self.assertNotIn("vm1", self.lifecycle.running.vms)
 
     @_async
     async def test_nonFiniteOrHugeStopTimeoutIsRefused(self) -> None:
@@ -345,12 +350,12 @@ class TransitionTests(LifecycleTestCase):
         for timeout in (float("inf"), float("nan"), 1e400, 10**9, 10**400, -1):
             with self.assertRaises(BadRequest):
                 await self.lifecycle.act("vm1", "stop", timeout=timeout)
-        self.assertIsNone(self.lifecycle.get("vm1").task_state)
+        self.assertIsNone(self.lifecycle.store.view.get_instance("vm1").task_state)
 
     @_async
     async def test_deleteGoesActiveToDeletedWithoutBuild(self) -> None:
         record = await self.launch()
-        vm = self.lifecycle.state.vms["vm1"]
+        vm = self.lifecycle.running.vms["vm1"]
         run_dir = vm.spec.run_dir
         await self.wait(await self.lifecycle.act("vm1", "delete"))
         self.assertEqual(self.display_sequence("vm1"), ["BUILD", "ACTIVE", "DELETED"])
@@ -387,12 +392,14 @@ class VMDeathTests(LifecycleTestCase):
     async def test_killedVMIsAnErrorThatPersists(self) -> None:
         await self.launch()
         self.store.instances.update_config("vm1", {READY_KEY: "true"})
-        vm = self.lifecycle.state.vms["vm1"]
+        vm = self.lifecycle.running.vms["vm1"]
         assert vm.pid is not None
         os.kill(vm.pid, signal.SIGKILL)
         await vm.when_gone()
-        await _until(lambda: self.lifecycle.get("vm1").vm_state is VMState.ERROR)
-        record = self.lifecycle.get("vm1")
+        await _until(
+            lambda: self.lifecycle.store.view.get_instance("vm1").vm_state is VMState.ERROR
+        )
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertIn("exited unexpectedly", record.error or "")
         self.assertEqual(record.config[READY_KEY], "false")
         last_state = [
@@ -403,14 +410,14 @@ class VMDeathTests(LifecycleTestCase):
         self.assertEqual(
             (last_state["display_status"], last_state["error"]), ("ERROR", record.error)
         )
-        await self.lifecycle.sync_power_states()
-        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.ERROR)
+        await self.lifecycle.power_sync.sync_power_states()
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").vm_state, VMState.ERROR)
         self.assertEqual(self.store.actions.list_actions("vm1")[0].action, "vm-exited")
 
     @_async
     async def test_guestPowerOffStopsTheInstance(self) -> None:
         await self.launch()
-        vm = self.lifecycle.state.vms["vm1"]
+        vm = self.lifecycle.running.vms["vm1"]
         control = os.path.join(vm.spec.guest_dir, "control")
         guest = ACPIGuest()
         await connectProtocol(UNIXClientEndpoint(reactor, control), guest)
@@ -418,8 +425,10 @@ class VMDeathTests(LifecycleTestCase):
         assert guest.transport is not None
         guest.transport.write(b"poweroff\n")
         await vm.when_gone()
-        await _until(lambda: self.lifecycle.get("vm1").vm_state is VMState.STOPPED)
-        self.assertEqual(self.lifecycle.get("vm1").config[READY_KEY], "false")
+        await _until(
+            lambda: self.lifecycle.store.view.get_instance("vm1").vm_state is VMState.STOPPED
+        )
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").config[READY_KEY], "false")
 
 
 class PowerSyncAndRecoveryTests(LifecycleTestCase):
@@ -428,10 +437,10 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
     @_async
     async def test_syncStopsAnActiveInstanceWhoseVMIsGoneAndSaysWhy(self) -> None:
         await self.launch()
-        vm = self.lifecycle.state.vms.pop("vm1")
+        vm = self.lifecycle.running.vms.pop("vm1")
         await vm.force_stop()
-        await self.lifecycle.sync_power_states()
-        record = self.lifecycle.get("vm1")
+        await self.lifecycle.power_sync.sync_power_states()
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual(record.vm_state, VMState.STOPPED)
         history = self.store.actions.list_actions("vm1")
         self.assertEqual(history[0].action, "power-sync")
@@ -441,7 +450,7 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
     @_async
     async def test_syncStopsAVMThatRunsForAStoppedInstance(self) -> None:
         await self.launch()
-        vm = self.lifecycle.state.vms["vm1"]
+        vm = self.lifecycle.running.vms["vm1"]
         # The store says stopped (say, an operator fixed the row by hand) while the VM runs.
         self.store.instances.claim_task(
             "vm1", "test", frozenset({VMState.ACTIVE}), _task("powering-off")
@@ -449,34 +458,36 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
         self.store.instances.finish_task(
             "vm1", _task("powering-off"), VMState.STOPPED, PowerState.SHUTDOWN
         )
-        await self.lifecycle.sync_power_states()
+        await self.lifecycle.power_sync.sync_power_states()
         await vm.when_gone()
-        record = self.lifecycle.get("vm1")
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual(record.vm_state, VMState.STOPPED)
-        self.assertNotIn("vm1", self.lifecycle.state.vms)
+        self.assertNotIn("vm1", self.lifecycle.running.vms)
         self.assertIn("stopped it", self.store.actions.list_actions("vm1")[0].steps[0].name)
 
     @_async
     async def test_syncLeavesAGuestThatIsPoweringOffToFinish(self) -> None:
         await self.launch()
-        vm = self.lifecycle.state.vms["vm1"]
+        vm = self.lifecycle.running.vms["vm1"]
         # QEMU announced SHUTDOWN (a guest power-off) and has not exited yet.
         self.store.instances.set_power_state("vm1", PowerState.SHUTDOWN)
-        await self.lifecycle.sync_power_states()
-        self.assertIs(self.lifecycle.state.vms["vm1"], vm)
+        await self.lifecycle.power_sync.sync_power_states()
+        self.assertIs(self.lifecycle.running.vms["vm1"], vm)
         self.assertFalse(vm.gone)
         await vm.force_stop()  # what the guest's power-off ends in: the VM exits
-        await _until(lambda: self.lifecycle.get("vm1").vm_state is VMState.STOPPED)
+        await _until(
+            lambda: self.lifecycle.store.view.get_instance("vm1").vm_state is VMState.STOPPED
+        )
         self.assertIn("instance-shutdown", self.lifecycle_actions("vm1"))
 
     @_async
     async def test_syncSettlesAPoweredOffInstanceWhoseVMIsGone(self) -> None:
         await self.launch()
-        vm = self.lifecycle.state.vms.pop("vm1")  # the daemon lost it in the window
+        vm = self.lifecycle.running.vms.pop("vm1")  # the daemon lost it in the window
         await vm.force_stop()
         self.store.instances.set_power_state("vm1", PowerState.SHUTDOWN)
-        await self.lifecycle.sync_power_states()
-        record = self.lifecycle.get("vm1")
+        await self.lifecycle.power_sync.sync_power_states()
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual(
             (record.vm_state, record.power_state), (VMState.STOPPED, PowerState.SHUTDOWN)
         )
@@ -484,7 +495,7 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
     @_async
     async def test_syncStopsAnUnfollowedVMOfAStoppedInstance(self) -> None:
         await self.launch()
-        pid = self.lifecycle.state.vms["vm1"].pid
+        pid = self.lifecycle.running.vms["vm1"].pid
         assert pid is not None
         await self.lifecycle.shutdown()  # the daemon lets go; the VM keeps running
         self.lifecycle = self.new_lifecycle()
@@ -494,26 +505,26 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
         self.store.instances.finish_task(
             "vm1", _task("powering-off"), VMState.STOPPED, PowerState.SHUTDOWN
         )
-        await self.lifecycle.sync_power_states()
+        await self.lifecycle.power_sync.sync_power_states()
         await _until(lambda: not _alive(pid))
         self.assertIn("stopped it", self.store.actions.list_actions("vm1")[0].steps[0].name)
 
     @_async
     async def test_syncSkipsInstancesWithATaskInProgress(self) -> None:
         await self.launch()
-        vm = self.lifecycle.state.vms.pop("vm1")
+        vm = self.lifecycle.running.vms.pop("vm1")
         await vm.force_stop()
         self.store.instances.claim_task(
             "vm1", "test", frozenset({VMState.ACTIVE}), _task("rebuilding")
         )
         actions_before = len(self.store.actions.list_actions("vm1"))
-        await self.lifecycle.sync_power_states()
-        record = self.lifecycle.get("vm1")
+        await self.lifecycle.power_sync.sync_power_states()
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual(
             (record.vm_state, record.task_state), (VMState.ACTIVE, _task("rebuilding"))
         )
         self.assertEqual(len(self.store.actions.list_actions("vm1")), actions_before)
-        self.assertNotIn("vm1", self.lifecycle.state.vms)
+        self.assertNotIn("vm1", self.lifecycle.running.vms)
 
     @_async
     async def test_syncLeavesAStartingInstancesVMAlone(self) -> None:
@@ -523,22 +534,22 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
             "vm1", "start", frozenset({VMState.STOPPED}), _task("powering-on")
         )
         # The start's VM is up but not yet followed: the poller must keep its hands off.
-        vm = await self.lifecycle.state.driver.launch(self.lifecycle.spec_for(record))
+        vm = await self.lifecycle.driver.launch(self.lifecycle.specs.spec_for(record))
         self.addCleanup(vm.force_stop)
-        await self.lifecycle.sync_power_states()
+        await self.lifecycle.power_sync.sync_power_states()
         self.assertFalse(vm.gone)
         self.assertEqual(await vm.query_power_state(), PowerState.RUNNING)
 
     @_async
     async def test_syncRecordsAMonitorThatStoppedAnsweringAsAnError(self) -> None:
-        self.lifecycle.state.driver.command_timeout = 0.5
+        self.driver.command_timeout = 0.5
         await self.launch()
-        pid = self.lifecycle.state.vms["vm1"].pid
+        pid = self.lifecycle.running.vms["vm1"].pid
         assert pid is not None
         os.kill(pid, signal.SIGSTOP)
         self.addCleanup(_kill_quietly, pid)
-        await self.lifecycle.sync_power_states()
-        record = self.lifecycle.get("vm1")
+        await self.lifecycle.power_sync.sync_power_states()
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual(record.vm_state, VMState.ERROR)
         self.assertIn("did not answer query-status", record.error or "")
         self.assertEqual(self.store.actions.list_actions("vm1")[0].action, "power-sync")
@@ -546,18 +557,18 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
     @_async
     async def test_syncLeavesAnInstanceInErrorAndItsVMAlone(self) -> None:
         await self.launch()
-        vm = self.lifecycle.state.vms["vm1"]
+        vm = self.lifecycle.running.vms["vm1"]
         self.store.instances.set_error("vm1", "operator says no")
-        await self.lifecycle.sync_power_states()
+        await self.lifecycle.power_sync.sync_power_states()
         self.assertFalse(vm.gone)
         self.assertEqual(await vm.query_power_state(), PowerState.RUNNING)
-        record = self.lifecycle.get("vm1")
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual((record.vm_state, record.error), (VMState.ERROR, "operator says no"))
 
     @_async
     async def test_errorSurvivesItsVMExiting(self) -> None:
         await self.launch()
-        vm = self.lifecycle.state.vms["vm1"]
+        vm = self.lifecycle.running.vms["vm1"]
         self.store.instances.set_error("vm1", "resize failed: disk on fire")
         guest = ACPIGuest()
         control = os.path.join(vm.spec.guest_dir, "control")
@@ -566,8 +577,8 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
         assert guest.transport is not None
         guest.transport.write(b"poweroff\n")
         await vm.when_gone()
-        await _until(lambda: "vm1" not in self.lifecycle.state.vms)
-        record = self.lifecycle.get("vm1")
+        await _until(lambda: "vm1" not in self.lifecycle.running.vms)
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual(
             (record.vm_state, record.error), (VMState.ERROR, "resize failed: disk on fire")
         )
@@ -577,12 +588,12 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
     async def test_restartedDaemonReadoptsTheRunningVMAndClearsReady(self) -> None:
         await self.launch()
         self.store.instances.update_config("vm1", {READY_KEY: "true"})
-        pid = self.lifecycle.state.vms["vm1"].pid
+        pid = self.lifecycle.running.vms["vm1"].pid
         await self.lifecycle.shutdown()
         self.lifecycle = self.new_lifecycle()
-        await self.lifecycle.recover()
-        self.assertEqual(self.lifecycle.state.vms["vm1"].pid, pid)
-        record = self.lifecycle.get("vm1")
+        await self.lifecycle.recovery.recover()
+        self.assertEqual(self.lifecycle.running.vms["vm1"].pid, pid)
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertNotIn(READY_KEY, record.config)
         self.assertEqual((record.vm_state, record.status.name), (VMState.ACTIVE, "Running"))
 
@@ -594,8 +605,8 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
             "vm1", "rebuild", frozenset({VMState.ACTIVE}), _task("rebuilding")
         )
         self.lifecycle = self.new_lifecycle()
-        await self.lifecycle.recover()
-        record = self.lifecycle.get("vm1")
+        await self.lifecycle.recovery.recover()
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertIsNone(record.task_state)
         self.assertEqual(record.vm_state, VMState.ERROR)
         self.assertEqual(record.error, "daemon stopped during rebuilding")
@@ -603,7 +614,7 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
     @_async
     async def test_restartFinishesAnInterruptedDelete(self) -> None:
         record = await self.launch()
-        vm = self.lifecycle.state.vms["vm1"]
+        vm = self.lifecycle.running.vms["vm1"]
         pid = vm.pid
         run_dir = vm.spec.run_dir
         await self.lifecycle.shutdown()
@@ -611,7 +622,7 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
             "vm1", "delete", frozenset({VMState.ACTIVE}), _task("deleting")
         )
         self.lifecycle = self.new_lifecycle()
-        await self.lifecycle.recover()
+        await self.lifecycle.recovery.recover()
         self.assertIsNone(self.store.instances.find_instance("vm1"))
         self.assertFalse(os.path.exists(run_dir))
         self.assertEqual(self.display_sequence("vm1"), ["DELETED"])
@@ -622,7 +633,7 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
     @_async
     async def test_restartWithAnUnansweringVMEndsTheTaskInError(self) -> None:
         await self.launch()
-        vm = self.lifecycle.state.vms["vm1"]
+        vm = self.lifecycle.running.vms["vm1"]
         pid = vm.pid
         assert pid is not None
         await self.lifecycle.shutdown()
@@ -632,9 +643,9 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
         os.kill(pid, signal.SIGSTOP)
         self.addCleanup(_kill_quietly, pid)
         self.lifecycle = self.new_lifecycle()
-        self.lifecycle.state.driver.adopt_timeout = 1.0
-        await self.lifecycle.recover()
-        record = self.lifecycle.get("vm1")
+        self.driver.adopt_timeout = 1.0
+        await self.lifecycle.recovery.recover()
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual((record.vm_state, record.task_state), (VMState.ERROR, None))
         self.assertIn("daemon stopped during powering-off", record.error or "")
         await _until(lambda: not _alive(pid))
@@ -642,7 +653,7 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
     @_async
     async def test_stopKillsAVMWhoseMonitorSocketVanished(self) -> None:
         await self.launch()
-        vm = self.lifecycle.state.vms["vm1"]
+        vm = self.lifecycle.running.vms["vm1"]
         pid = vm.pid
         assert pid is not None
         await self.lifecycle.shutdown()
@@ -650,7 +661,7 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
         self.lifecycle = self.new_lifecycle()
         await self.wait(await self.lifecycle.act("vm1", "stop", force=True))
         await _until(lambda: not _alive(pid))
-        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.STOPPED)
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").vm_state, VMState.STOPPED)
 
     @_async
     async def test_restartKeepsAStoppedResizeAwaitingConfirmation(self) -> None:
@@ -659,23 +670,23 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
         await self.wait(await self.lifecycle.act("vm1", "resize", memory="512"))
         await self.lifecycle.shutdown()
         self.lifecycle = self.new_lifecycle()
-        await self.lifecycle.recover()
-        self.assertEqual(self.lifecycle.get("vm1").vm_state, VMState.RESIZED)
+        await self.lifecycle.recovery.recover()
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").vm_state, VMState.RESIZED)
         await self.wait(await self.lifecycle.act("vm1", "revert-resize"))
-        record = self.lifecycle.get("vm1")
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual((record.vm_state, record.memory_mib), (VMState.STOPPED, 256))
 
     @_async
     async def test_restartWithAMonitorThatGreetsButHangsEndsTheTaskInError(self) -> None:
         await self.launch()
-        pid = self.lifecycle.state.vms["vm1"].pid
+        pid = self.lifecycle.running.vms["vm1"].pid
         assert pid is not None
         await self.lifecycle.shutdown()
         self.store.instances.claim_task(
             "vm1", "freeze", frozenset({VMState.ACTIVE}), _task("pausing")
         )
         self.lifecycle = self.new_lifecycle()
-        driver = self.lifecycle.state.driver
+        driver = self.driver
         adopt = driver.adopt
 
         async def adopt_hanging(spec: Any) -> Any:
@@ -689,8 +700,8 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
             return vm
 
         driver.adopt = adopt_hanging  # type: ignore[method-assign]
-        await self.lifecycle.recover()
-        record = self.lifecycle.get("vm1")
+        await self.lifecycle.recovery.recover()
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual((record.vm_state, record.task_state), (VMState.ERROR, None))
         self.assertIn("daemon stopped during pausing", record.error or "")
         self.assertIn("did not answer query-status", record.error or "")
@@ -705,8 +716,8 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
             "vm1", "start", frozenset({VMState.STOPPED}), _task("powering-on")
         )
         self.lifecycle = self.new_lifecycle()
-        await self.lifecycle.recover()
-        record = self.lifecycle.get("vm1")
+        await self.lifecycle.recovery.recover()
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual((record.vm_state, record.task_state), (VMState.STOPPED, None))
 
 

@@ -12,6 +12,7 @@ from tests.lifecycle.test_ready import AgentLinkTestCase
 from tests.reactor import reactor
 from vmready.domain.model import HypervisorError
 from vmready.domain.states import ACTIONS, OperatorStatus
+from vmready.lifecycle.booting import Booting
 from vmready.lifecycle.metrics import (
     ACTION_DURATION_BUCKETS,
     READY_LATENCY_BUCKETS,
@@ -251,7 +252,7 @@ class LifecycleCountingTests(AgentLinkTestCase):
 
     @property
     def metrics(self) -> LifecycleMetrics:
-        return self.lifecycle.state.metrics
+        return self.lifecycle.metrics
 
     @_async
     async def test_actionsAreCountedWithTheirResult(self) -> None:
@@ -261,7 +262,7 @@ class LifecycleCountingTests(AgentLinkTestCase):
         async def refused(*args: object, **kwargs: object) -> None:
             raise HypervisorError("QEMU refused to start")
 
-        self.patch(self.lifecycle.booting, "launch", refused)
+        self.patch(Booting, "launch", refused)
         operation = await self.wait(await self.lifecycle.act("vm1", "start"))
         self.assertEqual(operation.error, "QEMU refused to start")
         self.assertEqual(self.metrics.actions.value("create", "success"), 1)
@@ -282,12 +283,12 @@ class LifecycleCountingTests(AgentLinkTestCase):
     async def test_ringReadsAndTheirBytesAreCounted(self) -> None:
         await self.launch()
         await self.connected_guest()
-        monitor = self.lifecycle.state.monitors["vm1"]
+        monitor = self.lifecycle.running.monitors["vm1"]
         self.assertGreaterEqual(self.metrics.ring_reads.value("ok"), monitor.reads)
         self.assertGreater(monitor.reads, 0)
         # Everything the agent said, drained: "STARTED\n" and "CONNECTED\n".
         self.assertEqual(self.metrics.ring_read_bytes.value(), len(b"STARTED\nCONNECTED\n"))
-        links = _samples(_family(self.lifecycle.metrics(), "vmready_agent_links"))
+        links = _samples(_family(self.lifecycle.metric_families(), "vmready_agent_links"))
         self.assertEqual(links[("", (("state", "connected"),))], 1)
         self.assertEqual(sum(links.values()), 1)
 
@@ -295,25 +296,25 @@ class LifecycleCountingTests(AgentLinkTestCase):
     async def test_readyLatencyIsObservedOncePerBoot(self) -> None:
         before = reactor.seconds()
         await self.launch()
-        await self.lifecycle.set_ready("vm1", True)
+        await self.lifecycle.guestside.set_ready("vm1", True)
         self.assertEqual(self.metrics.ready_latency.count(), 1)
         self.assertLessEqual(self.metrics.ready_latency.total(), reactor.seconds() - before)
-        await self.lifecycle.set_ready("vm1", False)
-        await self.lifecycle.set_ready("vm1", True)
+        await self.lifecycle.guestside.set_ready("vm1", False)
+        await self.lifecycle.guestside.set_ready("vm1", True)
         self.assertEqual(self.metrics.ready_latency.count(), 1)
         await self.wait(await self.lifecycle.act("vm1", "restart", force=True))
-        await self.lifecycle.set_ready("vm1", True)
+        await self.lifecycle.guestside.set_ready("vm1", True)
         self.assertEqual(self.metrics.ready_latency.count(), 2)
-        statuses = _samples(_family(self.lifecycle.metrics(), "vmready_instances"))
+        statuses = _samples(_family(self.lifecycle.metric_families(), "vmready_instances"))
         self.assertEqual(statuses[("", (("status", "READY"),))], 1)
 
     @_async
     async def test_aGuestRebootIsANewBoot(self) -> None:
         await self.launch()
-        await self.lifecycle.set_ready("vm1", True)
+        await self.lifecycle.guestside.set_ready("vm1", True)
         await self.guest_control(b"reboot\n")
-        await _until(lambda: not self.lifecycle.get("vm1").ready)
-        await self.lifecycle.set_ready("vm1", True)
+        await _until(lambda: not self.lifecycle.store.view.get_instance("vm1").ready)
+        await self.lifecycle.guestside.set_ready("vm1", True)
         self.assertEqual(self.metrics.ready_latency.count(), 2)
 
     @_async
@@ -321,7 +322,7 @@ class LifecycleCountingTests(AgentLinkTestCase):
         await self.launch()
         await self.lifecycle.shutdown()
         self.lifecycle = self.new_lifecycle()
-        await self.lifecycle.recover()
-        await _until(lambda: self.lifecycle.state.has_vm("vm1"))
-        await self.lifecycle.set_ready("vm1", True)
+        await self.lifecycle.recovery.recover()
+        await _until(lambda: self.lifecycle.running.has_vm("vm1"))
+        await self.lifecycle.guestside.set_ready("vm1", True)
         self.assertEqual(self.metrics.ready_latency.count(), 0)

@@ -25,8 +25,9 @@ from tests.reactor import reactor
 from vmready.agentlink.link import PollIntervals
 from vmready.domain.model import Conflict
 from vmready.domain.states import READY_KEY, StatusCode
-from vmready.hypervisor.cmdline import AGENT_PORT, CONNECT_PORT
-from vmready.lifecycle.core import GuestLink, Lifecycle, fakeqemu_guest_paths
+from vmready.hypervisor.cmdline import AGENT_PORT, CONNECT_PORT, fakeqemu_guest_paths
+from vmready.hypervisor.driver import HypervisorDriver
+from vmready.lifecycle.core import GuestLink, Lifecycle
 from vmready.protocols.ringbuffer import AgentStatus
 from vmready.trust.certs import fingerprint, generate
 
@@ -83,7 +84,7 @@ class AgentLinkTestCase(LifecycleTestCase):
 
     async def guest_control(self, command: bytes) -> None:
         """Write ``command`` to vm1's fakeqemu guest control socket (poweroff, reboot…)."""
-        spec = self.lifecycle.spec_for(self.lifecycle.get("vm1"))
+        spec = self.lifecycle.specs.spec_for(self.lifecycle.store.view.get_instance("vm1"))
         control = Protocol()
         await connectProtocol(
             UNIXClientEndpoint(reactor, os.path.join(spec.guest_dir, "control")), control
@@ -92,15 +93,26 @@ class AgentLinkTestCase(LifecycleTestCase):
         control.transport.write(command)
         self.addCleanup(control.transport.loseConnection)
 
-    def new_lifecycle(self) -> Lifecycle:
-        lifecycle = super().new_lifecycle()
+    def new_lifecycle(
+        self, driver: HypervisorDriver | None = None, guest_api: bool = True
+    ) -> Lifecycle:
+        """A lifecycle whose guest API listens (on a new port), unless not ``guest_api``."""
+        lifecycle = super().new_lifecycle(driver)
         type(self).port += 1
-        lifecycle.state.guest = GuestLink(self.port, SERVER.cert_pem, "hvsock:/nonexistent", FAST)
+        if guest_api:
+            self.guest_api_listens(lifecycle)
         return lifecycle
+
+    def guest_api_listens(self, lifecycle: Lifecycle, **intervals: float) -> None:
+        """``lifecycle``'s guest API listens: agents are followed, polled at FAST (or so)."""
+        link = GuestLink(
+            self.port, SERVER.cert_pem, "hvsock:/nonexistent", attrs.evolve(FAST, **intervals)
+        )
+        lifecycle.reach.listening(link)
 
     async def guest(self, name: str = "vm1") -> SerialGuest:
         """Open the instance's agent port as the agent would."""
-        spec = self.lifecycle.spec_for(self.lifecycle.get(name))
+        spec = self.lifecycle.specs.spec_for(self.lifecycle.store.view.get_instance(name))
         holders = []
         for port in (AGENT_PORT, CONNECT_PORT):
             holder = PortHolder()
@@ -125,7 +137,7 @@ class AgentLinkTestCase(LifecycleTestCase):
         guest.say(b"STARTED\n")
         await _until(lambda: b"CONNECT" in guest.received)
         guest.say(b"CONNECTED\n")
-        await _until(lambda: self.lifecycle.agent_status(name) is AgentStatus.CONNECTED)
+        await _until(lambda: self.lifecycle.running.agent_status(name) is AgentStatus.CONNECTED)
         return guest
 
 
@@ -135,7 +147,7 @@ class IdentityTests(AgentLinkTestCase):
     @_async
     async def test_createWritesAConfigDriveWithTheInstancesOwnCertificate(self) -> None:
         record = await self.launch()
-        drive = self.lifecycle.config_drive(record)
+        drive = self.lifecycle.specs.config_drive(record)
         with open(os.path.join(drive, "agent.crt"), "rb") as f:
             certificate = f.read()
         with open(os.path.join(drive, "server.crt"), "rb") as f:
@@ -146,7 +158,7 @@ class IdentityTests(AgentLinkTestCase):
         self.assertEqual(found.name, "vm1")
         with open(os.path.join(drive, "agent.json")) as f:
             settings = json.load(f)
-        spec = self.lifecycle.spec_for(record)
+        spec = self.lifecycle.specs.spec_for(record)
         self.assertEqual(
             settings,
             {
@@ -163,7 +175,7 @@ class IdentityTests(AgentLinkTestCase):
     @_async
     async def test_everyBootStartsWithAnEmptyGuestTmpfs(self) -> None:
         record = await self.launch()
-        state_dir = fakeqemu_guest_paths(self.lifecycle.spec_for(record))["state_dir"]
+        state_dir = fakeqemu_guest_paths(self.lifecycle.specs.spec_for(record))["state_dir"]
         os.makedirs(state_dir)
         with open(os.path.join(state_dir, "ready"), "w") as f:
             f.write("ready\n")
@@ -176,14 +188,16 @@ class IdentityTests(AgentLinkTestCase):
         second = await self.launch("vm2")
         pems = []
         for record in (first, second):
-            with open(os.path.join(self.lifecycle.config_drive(record), "agent.crt"), "rb") as f:
+            with open(
+                os.path.join(self.lifecycle.specs.config_drive(record), "agent.crt"), "rb"
+            ) as f:
                 pems.append(f.read())
         self.assertNotEqual(fingerprint(pems[0]), fingerprint(pems[1]))
 
     @_async
     async def test_deleteRevokesTheCertificate(self) -> None:
         record = await self.launch()
-        with open(os.path.join(self.lifecycle.config_drive(record), "agent.crt"), "rb") as f:
+        with open(os.path.join(self.lifecycle.specs.config_drive(record), "agent.crt"), "rb") as f:
             certificate = f.read()
         await self.wait(await self.lifecycle.act("vm1", "delete"))
         self.assertIsNone(
@@ -192,16 +206,16 @@ class IdentityTests(AgentLinkTestCase):
 
     @_async
     async def test_instancesFromBeforeTheGuestAPIGetAnIdentityAtStart(self) -> None:
-        self.lifecycle.state.guest = None
+        self.lifecycle = self.new_lifecycle(guest_api=False)
         record = await self.launch()
-        self.assertFalse(os.path.exists(self.lifecycle.config_drive(record)))
+        self.assertFalse(os.path.exists(self.lifecycle.specs.config_drive(record)))
         await self.lifecycle.shutdown()
         self.lifecycle = self.new_lifecycle()
-        self.assertEqual(await self.lifecycle.ensure_agent_identities(), 1)
-        self.assertEqual(await self.lifecycle.ensure_agent_identities(), 0)
-        drive = self.lifecycle.config_drive(record)
+        self.assertEqual(await self.lifecycle.guestside.ensure_agent_identities(), 1)
+        self.assertEqual(await self.lifecycle.guestside.ensure_agent_identities(), 0)
+        drive = self.lifecycle.specs.config_drive(record)
         self.assertTrue(os.path.exists(os.path.join(drive, "agent.crt")))
-        await self.lifecycle.recover()  # follow the VM again, so the cleanup stops it
+        await self.lifecycle.recovery.recover()  # follow the VM again, so the cleanup stops it
 
 
 class NewServerCertificateTests(AgentLinkTestCase):
@@ -209,12 +223,14 @@ class NewServerCertificateTests(AgentLinkTestCase):
     async def test_aNewDaemonCertificateIsWrittenToEveryConfigDrive(self) -> None:
         record = await self.launch()
         renewed = generate("vmready-renewed")
-        assert self.lifecycle.state.guest is not None
-        self.lifecycle.state.guest = attrs.evolve(
-            self.lifecycle.state.guest, server_cert_pem=renewed.cert_pem
+        assert self.lifecycle.reach.link is not None
+        self.lifecycle.reach.listening(
+            attrs.evolve(self.lifecycle.reach.link, server_cert_pem=renewed.cert_pem)
         )
-        await self.lifecycle.ensure_agent_identities()
-        with open(os.path.join(self.lifecycle.config_drive(record), "server.crt"), "rb") as f:
+        await self.lifecycle.guestside.ensure_agent_identities()
+        with open(
+            os.path.join(self.lifecycle.specs.config_drive(record), "server.crt"), "rb"
+        ) as f:
             self.assertEqual(f.read(), renewed.cert_pem)
 
 
@@ -228,7 +244,7 @@ class HandshakeTests(AgentLinkTestCase):
         guest.say(b"STARTED\n")
         await _until(lambda: b"\n" in guest.received)
         self.assertEqual(guest.received, f"CONNECT 2:{self.port}\n".encode())
-        self.assertEqual(self.lifecycle.agent_status("vm1"), AgentStatus.STARTED)
+        self.assertEqual(self.lifecycle.running.agent_status("vm1"), AgentStatus.STARTED)
         self.assertEqual(self.agent_events(), ["instance-agent-started"])
 
     @_async
@@ -244,7 +260,7 @@ class HandshakeTests(AgentLinkTestCase):
         await self.launch()
         await self.connected_guest()
         await self.wait(await self.lifecycle.act("vm1", "stop", force=True))
-        self.assertEqual(self.lifecycle.agent_status("vm1"), AgentStatus.STOPPED)
+        self.assertEqual(self.lifecycle.running.agent_status("vm1"), AgentStatus.STOPPED)
         self.assertEqual(self.agent_events()[-1], "instance-agent-stopped")
 
     @_async
@@ -252,10 +268,10 @@ class HandshakeTests(AgentLinkTestCase):
         """As an agent exits: STOPPED, then its port closes (VSERPORT_CHANGE): read then."""
         await self.launch()
         guest = await self.connected_guest()
-        monitor = self.lifecycle.state.monitors["vm1"]
+        monitor = self.lifecycle.running.monitors["vm1"]
         guest.say(b"STOPPED\n")
         guest.status.transport.loseConnection()  # type: ignore[union-attr]
-        await _until(lambda: self.lifecycle.agent_status("vm1") is AgentStatus.STOPPED)
+        await _until(lambda: self.lifecycle.running.agent_status("vm1") is AgentStatus.STOPPED)
         self.assertEqual(self.agent_events()[-1], "instance-agent-stopped")
         self.assertIs(monitor.link.port_open, False)
 
@@ -264,23 +280,21 @@ class HandshakeTests(AgentLinkTestCase):
         await self.launch()
         guest = await self.connected_guest()
         guest.status.transport.loseConnection()  # type: ignore[union-attr]  # SIGKILL
-        await _until(lambda: self.lifecycle.agent_status("vm1") is AgentStatus.STOPPED)
+        await _until(lambda: self.lifecycle.running.agent_status("vm1") is AgentStatus.STOPPED)
         self.assertEqual(self.agent_events()[-1], "instance-agent-stopped")
 
     @_async
     async def test_stoppedWrittenWithoutClosingWaitsForTheSafetyRead(self) -> None:
         """An agent that writes without reopening is heard, only later: on the safety read."""
-        self.lifecycle.state.guest = GuestLink(
-            self.port, SERVER.cert_pem, "hvsock:/nonexistent", attrs.evolve(FAST, safety=1.0)
-        )
+        self.guest_api_listens(self.lifecycle, safety=1.0)
         await self.launch()
         guest = await self.connected_guest()
-        monitor = self.lifecycle.state.monitors["vm1"]
+        monitor = self.lifecycle.running.monitors["vm1"]
         reads = monitor.reads
         guest.say(b"STOPPED\n")
         await deferLater(reactor, 0.3, lambda: None)
-        self.assertIs(self.lifecycle.agent_status("vm1"), AgentStatus.CONNECTED)
-        await _until(lambda: self.lifecycle.agent_status("vm1") is AgentStatus.STOPPED)
+        self.assertIs(self.lifecycle.running.agent_status("vm1"), AgentStatus.CONNECTED)
+        await _until(lambda: self.lifecycle.running.agent_status("vm1") is AgentStatus.STOPPED)
         self.assertEqual(monitor.reads, reads + 1)
 
     @_async
@@ -292,11 +306,11 @@ class HandshakeTests(AgentLinkTestCase):
         guest.received = b""
         self.lifecycle = self.new_lifecycle()
         self.assertNotEqual(self.port, old_port)
-        await self.lifecycle.recover()
+        await self.lifecycle.recovery.recover()
         await _until(lambda: b"\n" in guest.received)
         self.assertEqual(guest.received, f"CONNECT 2:{self.port}\n".encode())
         guest.say(b"CONNECTED\n")
-        await _until(lambda: self.lifecycle.agent_status("vm1") is AgentStatus.CONNECTED)
+        await _until(lambda: self.lifecycle.running.agent_status("vm1") is AgentStatus.CONNECTED)
 
     @_async
     async def test_garbageOnTheSerialLineIsIgnored(self) -> None:
@@ -306,7 +320,7 @@ class HandshakeTests(AgentLinkTestCase):
         guest.say(b"STARTED\n")
         await _until(lambda: b"CONNECT" in guest.received)
         self.assertEqual(guest.received, f"CONNECT 2:{self.port}\n".encode())
-        self.assertEqual(self.lifecycle.agent_status("vm1"), AgentStatus.STARTED)
+        self.assertEqual(self.lifecycle.running.agent_status("vm1"), AgentStatus.STARTED)
 
 
 class FrozenVMTests(AgentLinkTestCase):
@@ -319,8 +333,8 @@ class FrozenVMTests(AgentLinkTestCase):
         await self.wait(await self.lifecycle.act("vm1", "freeze"))
         await self.lifecycle.shutdown()
         self.lifecycle = self.new_lifecycle()
-        await self.lifecycle.recover()
-        monitor = self.lifecycle.state.monitors["vm1"]
+        await self.lifecycle.recovery.recover()
+        monitor = self.lifecycle.running.monitors["vm1"]
         await deferLater(reactor, 0.5, lambda: None)  # 25 follow-up intervals
         self.assertEqual(monitor.reads, 0)
         await self.wait(await self.lifecycle.act("vm1", "unfreeze"))
@@ -332,16 +346,12 @@ class SilentAgentTests(AgentLinkTestCase):
 
     @_async
     async def test_agentThatFallsSilentIsAnnouncedStopped(self) -> None:
-        self.lifecycle.state.guest = GuestLink(
-            self.port,
-            SERVER.cert_pem,
-            "hvsock:/nonexistent",
-            attrs.evolve(FAST, silence_timeout=0.5, safety=0.2),  # hung: seen on a safety read
-        )
+        # Hung: seen on a safety read.
+        self.guest_api_listens(self.lifecycle, silence_timeout=0.5, safety=0.2)
         await self.launch()
         await self.connected_guest()
         # ... and the guest says nothing more: no heartbeat.
-        await _until(lambda: self.lifecycle.agent_status("vm1") is AgentStatus.STOPPED)
+        await _until(lambda: self.lifecycle.running.agent_status("vm1") is AgentStatus.STOPPED)
         self.assertEqual(self.agent_events()[-1], "instance-agent-stopped")
 
 
@@ -351,18 +361,18 @@ class ReadyTests(AgentLinkTestCase):
     @_async
     async def test_readySetsTheKeyAndStatusAndAnnouncesEveryTime(self) -> None:
         await self.launch()
-        record = await self.lifecycle.set_ready("vm1", True)
+        record = await self.lifecycle.guestside.set_ready("vm1", True)
         self.assertEqual(record.config[READY_KEY], "true")
         self.assertEqual((record.status.name, record.status.code), ("Ready", StatusCode.READY))
-        await self.lifecycle.set_ready("vm1", True)
+        await self.lifecycle.guestside.set_ready("vm1", True)
         ready_events = [a for a in self.lifecycle_actions("vm1") if a == "instance-ready"]
         self.assertEqual(len(ready_events), 2)
 
     @_async
     async def test_startedClearsReadyWithoutAnEvent(self) -> None:
         await self.launch()
-        await self.lifecycle.set_ready("vm1", True)
-        record = await self.lifecycle.set_ready("vm1", False)
+        await self.lifecycle.guestside.set_ready("vm1", True)
+        record = await self.lifecycle.guestside.set_ready("vm1", False)
         self.assertEqual(record.config[READY_KEY], "false")
         self.assertEqual(record.status.name, "Running")
         self.assertEqual(self.lifecycle_actions("vm1").count("instance-ready"), 1)
@@ -372,36 +382,38 @@ class ReadyTests(AgentLinkTestCase):
         await self.launch()
         await self.wait(await self.lifecycle.act("vm1", "stop", force=True))
         with self.assertRaises(Conflict):
-            await self.lifecycle.set_ready("vm1", True)
+            await self.lifecycle.guestside.set_ready("vm1", True)
 
     @_async
     async def test_apiStopSetsReadyFalse(self) -> None:
         await self.launch()
-        await self.lifecycle.set_ready("vm1", True)
+        await self.lifecycle.guestside.set_ready("vm1", True)
         await self.wait(await self.lifecycle.act("vm1", "stop", timeout=STOP_TIMEOUT))
-        self.assertEqual(self.lifecycle.get("vm1").config[READY_KEY], "false")
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").config[READY_KEY], "false")
 
     @_async
     async def test_guestPowerOffSetsReadyFalse(self) -> None:
         await self.launch()
-        await self.lifecycle.set_ready("vm1", True)
+        await self.lifecycle.guestside.set_ready("vm1", True)
         await self.guest_control(b"poweroff\n")
-        await _until(lambda: self.lifecycle.get("vm1").status.name == "Stopped")
-        self.assertEqual(self.lifecycle.get("vm1").config[READY_KEY], "false")
+        await _until(
+            lambda: self.lifecycle.store.view.get_instance("vm1").status.name == "Stopped"
+        )
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").config[READY_KEY], "false")
 
     @_async
     async def test_guestRebootClearsReadyAndTheAgentStartsOver(self) -> None:
         record = await self.launch()
         await self.connected_guest()
-        await self.lifecycle.set_ready("vm1", True)
-        state_dir = fakeqemu_guest_paths(self.lifecycle.spec_for(record))["state_dir"]
+        await self.lifecycle.guestside.set_ready("vm1", True)
+        state_dir = fakeqemu_guest_paths(self.lifecycle.specs.spec_for(record))["state_dir"]
         os.makedirs(state_dir, exist_ok=True)
         await self.guest_control(b"reboot\n")
-        await _until(lambda: not self.lifecycle.get("vm1").ready)
-        self.assertEqual(self.lifecycle.get("vm1").config[READY_KEY], "false")
-        self.assertEqual(self.lifecycle.get("vm1").status.name, "Running")
+        await _until(lambda: not self.lifecycle.store.view.get_instance("vm1").ready)
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").config[READY_KEY], "false")
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").status.name, "Running")
         self.assertFalse(os.path.exists(state_dir))
-        self.assertEqual(self.lifecycle.agent_status("vm1"), AgentStatus.UNKNOWN)
+        self.assertEqual(self.lifecycle.running.agent_status("vm1"), AgentStatus.UNKNOWN)
         self.assertEqual(self.agent_events()[-1], "instance-agent-stopped")
         # The new boot's agent is followed like the first one.
         await self.connected_guest()
@@ -411,28 +423,30 @@ class ReadyTests(AgentLinkTestCase):
         await self.launch()
         await self.connected_guest()
         await self.guest_control(b"poweroff\n")
-        await _until(lambda: self.lifecycle.agent_status("vm1") is AgentStatus.STOPPED)
+        await _until(lambda: self.lifecycle.running.agent_status("vm1") is AgentStatus.STOPPED)
 
     @_async
     async def test_vmKilledSetsReadyFalse(self) -> None:
         await self.launch()
-        await self.lifecycle.set_ready("vm1", True)
-        pid = self.lifecycle.state.vms["vm1"].pid
+        await self.lifecycle.guestside.set_ready("vm1", True)
+        pid = self.lifecycle.running.vms["vm1"].pid
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
-        await _until(lambda: self.lifecycle.get("vm1").status.name == "Error")
-        self.assertEqual(self.lifecycle.get("vm1").config[READY_KEY], "false")
+        await _until(lambda: self.lifecycle.store.view.get_instance("vm1").status.name == "Error")
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").config[READY_KEY], "false")
 
     @_async
     async def test_daemonStartRemovesTheKeyAndReadyCanBeDeclaredAgain(self) -> None:
         await self.launch()
         await self.connected_guest()
-        await self.lifecycle.set_ready("vm1", True)
+        await self.lifecycle.guestside.set_ready("vm1", True)
         await self.lifecycle.shutdown()
         self.lifecycle = self.new_lifecycle()
-        await self.lifecycle.recover()
-        record = self.lifecycle.get("vm1")
+        await self.lifecycle.recovery.recover()
+        record = self.lifecycle.store.view.get_instance("vm1")
         self.assertNotIn(READY_KEY, record.config)
         self.assertEqual(record.status.name, "Running")
-        await self.lifecycle.set_ready("vm1", True)  # what the agent does once it reconnected
-        self.assertEqual(self.lifecycle.get("vm1").status.name, "Ready")
+        await self.lifecycle.guestside.set_ready(
+            "vm1", True
+        )  # what the agent does once it reconnected
+        self.assertEqual(self.lifecycle.store.view.get_instance("vm1").status.name, "Ready")

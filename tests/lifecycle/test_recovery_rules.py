@@ -18,10 +18,10 @@ import signal
 from tests.lifecycle.test_lifecycle import LifecycleTestCase, _alive, _async, _until
 from vmready.domain.model import InstanceRecord
 from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
-from vmready.lifecycle.state import _PREVIOUS_CPU, _PREVIOUS_MEMORY
+from vmready.lifecycle.actions import PREVIOUS_CPU_KEY, PREVIOUS_MEMORY_KEY
 
 NAME = "vm1"
-PREVIOUS = (_PREVIOUS_MEMORY, _PREVIOUS_CPU)
+PREVIOUS = (PREVIOUS_MEMORY_KEY, PREVIOUS_CPU_KEY)
 
 
 class CrashTestCase(LifecycleTestCase):
@@ -31,7 +31,7 @@ class CrashTestCase(LifecycleTestCase):
         """NAME launched, its VM running, its workload Ready; the VM's pid."""
         await self.launch(NAME, **config)
         self.store.instances.update_config(NAME, {READY_KEY: "true"})
-        pid = self.lifecycle.state.vms[NAME].pid
+        pid = self.lifecycle.running.vms[NAME].pid
         assert pid is not None
         return pid
 
@@ -57,8 +57,8 @@ class CrashTestCase(LifecycleTestCase):
     async def recover(self) -> InstanceRecord:
         """A new daemon's start-up recovery; the instance after it."""
         self.lifecycle = self.new_lifecycle()
-        await self.lifecycle.recover()
-        return self.lifecycle.get(NAME)
+        await self.lifecycle.recovery.recover()
+        return self.lifecycle.store.view.get_instance(NAME)
 
     def assertRule(
         self,
@@ -83,7 +83,7 @@ class CrashTestCase(LifecycleTestCase):
         self.assertEqual(states[-1]["vm_state"], vm_state.value)
         self.assertIsNone(states[-1]["task_state"])
         runs = power in (PowerState.RUNNING, PowerState.PAUSED)
-        vm = self.lifecycle.state.vms.get(NAME)
+        vm = self.lifecycle.running.vms.get(NAME)
         self.assertEqual(vm is not None and not vm.gone, runs)
         if runs:
             assert vm is not None and vm.pid is not None
@@ -108,7 +108,7 @@ class PowerTaskTests(CrashTestCase):
         self.claim("create", TaskState.SPAWNING)
         record = await self.recover()
         self.assertRule(record, VMState.ACTIVE, PowerState.RUNNING, "spawning")
-        self.assertEqual(self.lifecycle.state.vms[NAME].pid, pid)
+        self.assertEqual(self.lifecycle.running.vms[NAME].pid, pid)
 
     @_async
     async def test_spawningWithoutAVMEndsInError(self) -> None:
@@ -183,7 +183,7 @@ class PowerTaskTests(CrashTestCase):
         self.claim("snapshot", TaskState.SNAPSHOTTING)
         record = await self.recover()
         self.assertRule(record, VMState.ACTIVE, PowerState.RUNNING, "image-snapshot")
-        self.assertEqual(self.lifecycle.state.vms[NAME].pid, pid)
+        self.assertEqual(self.lifecycle.running.vms[NAME].pid, pid)
 
     @_async
     async def test_snapshottingAStoppedInstanceEndsStopped(self) -> None:
@@ -208,7 +208,7 @@ class PowerTaskTests(CrashTestCase):
         await self.crash()
         self.claim("delete", TaskState.DELETING)
         self.lifecycle = self.new_lifecycle()
-        await self.lifecycle.recover()
+        await self.lifecycle.recovery.recover()
         self.assertIsNone(self.store.instances.find_instance(NAME))
         self.assertIn("instance-deleted", self.lifecycle_actions(NAME))
         await self.assertNoVM(pid)
@@ -229,12 +229,14 @@ class ResizeTests(CrashTestCase):
         """The resize's one store write: the new size, the old one kept beside it."""
         self.store.instances.update_config(
             NAME,
-            {**self.NEW, _PREVIOUS_MEMORY: "128", _PREVIOUS_CPU: "1", READY_KEY: "false"},
+            {**self.NEW, PREVIOUS_MEMORY_KEY: "128", PREVIOUS_CPU_KEY: "1", READY_KEY: "false"},
         )
 
     def resized(self, power: PowerState) -> None:
         """NAME rests resized (the old size kept), as a finished resize leaves it."""
-        self.store.instances.update_config(NAME, {_PREVIOUS_MEMORY: "128", _PREVIOUS_CPU: "1"})
+        self.store.instances.update_config(
+            NAME, {PREVIOUS_MEMORY_KEY: "128", PREVIOUS_CPU_KEY: "1"}
+        )
         self.claim("resize", TaskState.RESIZE_QUEUED)
         self.store.instances.finish_task(NAME, TaskState.RESIZE_QUEUED, VMState.RESIZED, power)
 
@@ -251,7 +253,7 @@ class ResizeTests(CrashTestCase):
         record = await self.recover()
         self.assertRule(record, VMState.ACTIVE, PowerState.RUNNING, "rolled back")
         self.assertSize(record, 128, 1)
-        self.assertEqual(self.lifecycle.state.vms[NAME].pid, pid)
+        self.assertEqual(self.lifecycle.running.vms[NAME].pid, pid)
         self.assertIn("instance-resize-reverted", self.lifecycle_actions(NAME))
 
     @_async
@@ -279,13 +281,15 @@ class ResizeTests(CrashTestCase):
         pid = await self.running(**self.NEW)
         await self.crash()
         self.claim("resize", *self.RESIZE, TaskState.RESIZE_FINISH)
-        self.store.instances.update_config(NAME, {_PREVIOUS_MEMORY: "128", _PREVIOUS_CPU: "1"})
+        self.store.instances.update_config(
+            NAME, {PREVIOUS_MEMORY_KEY: "128", PREVIOUS_CPU_KEY: "1"}
+        )
         record = await self.recover()
         self.assertRule(record, VMState.RESIZED, PowerState.RUNNING, "the new size was applied")
         self.assertSize(record, 256, 2)
-        self.assertEqual(self.lifecycle.state.vms[NAME].pid, pid)
+        self.assertEqual(self.lifecycle.running.vms[NAME].pid, pid)
         await self.wait(await self.lifecycle.act(NAME, "revert-resize"))
-        reverted = self.lifecycle.get(NAME)
+        reverted = self.lifecycle.store.view.get_instance(NAME)
         self.assertEqual((reverted.vm_state, reverted.memory_mib), (VMState.ACTIVE, 128))
         self.assertEqual(self.vm_option(NAME, "-m"), "128M")
 
@@ -319,7 +323,7 @@ class ResizeTests(CrashTestCase):
         record = await self.recover()
         self.assertRule(record, VMState.ACTIVE, PowerState.RUNNING, "confirmed")
         self.assertSize(record, 256, 2)
-        self.assertEqual(self.lifecycle.state.vms[NAME].pid, pid)
+        self.assertEqual(self.lifecycle.running.vms[NAME].pid, pid)
 
     @_async
     async def test_revertCutShortBeforeItsStoreWriteIsCompleted(self) -> None:
@@ -338,7 +342,7 @@ class ResizeTests(CrashTestCase):
         await self.crash(pid)
         self.resized(PowerState.RUNNING)
         self.store.instances.update_config(
-            NAME, {**self.OLD, _PREVIOUS_MEMORY: None, _PREVIOUS_CPU: None}
+            NAME, {**self.OLD, PREVIOUS_MEMORY_KEY: None, PREVIOUS_CPU_KEY: None}
         )
         self.claim("revert-resize", TaskState.RESIZE_REVERTING)
         record = await self.recover()

@@ -17,7 +17,7 @@ class RenameTests(AgentLinkTestCase):
     async def refused(self, name: str, new_name: str, kind: type[VMReadyError]) -> VMReadyError:
         """The error ``rename`` raises, before any operation exists."""
         try:
-            await self.lifecycle.rename(name, new_name)
+            await self.lifecycle.renaming.rename(name, new_name)
         except kind as e:
             return e
         raise AssertionError(f"rename {name} {new_name} was not refused")
@@ -30,15 +30,15 @@ class RenameTests(AgentLinkTestCase):
             await self.lifecycle.act("vm1", "snapshot", snapshot="warm", stateful=True)
         )
         await self.wait(await self.lifecycle.act("vm1", "stop", force=True))
-        before = self.lifecycle.get("vm1")
-        with open(os.path.join(self.lifecycle.config_drive(before), "agent.crt"), "rb") as f:
+        before = self.lifecycle.store.view.get_instance("vm1")
+        with open(os.path.join(self.lifecycle.specs.config_drive(before), "agent.crt"), "rb") as f:
             certificate = f.read()
 
-        operation = await self.wait(await self.lifecycle.rename("vm1", "web1"))
+        operation = await self.wait(await self.lifecycle.renaming.rename("vm1", "web1"))
 
         self.assertEqual(operation.error, "")
         self.assertIsNone(self.store.instances.find_instance("vm1"))
-        record = self.lifecycle.get("web1")
+        record = self.lifecycle.store.view.get_instance("web1")
         self.assertEqual((record.uuid, record.vm_state), (before.uuid, VMState.STOPPED))
         self.assertEqual(self.lifecycle_actions("web1"), ["instance-renamed"])
         renamed = [e for e in self.events if e.metadata.get("action") == "instance-renamed"]
@@ -53,17 +53,17 @@ class RenameTests(AgentLinkTestCase):
         self.assertEqual(found.name if found else None, "web1")
 
         await self.wait(await self.lifecycle.act("web1", "start"))
-        with open(os.path.join(self.lifecycle.config_drive(record), "agent.json")) as f:
+        with open(os.path.join(self.lifecycle.specs.config_drive(record), "agent.json")) as f:
             self.assertEqual(json.load(f)["instance"], "web1")
         await self.connected_guest("web1")
-        self.assertIs(self.lifecycle.agent_status("web1"), AgentStatus.CONNECTED)
-        self.assertTrue((await self.lifecycle.set_ready("web1", True)).ready)
+        self.assertIs(self.lifecycle.running.agent_status("web1"), AgentStatus.CONNECTED)
+        self.assertTrue((await self.lifecycle.guestside.set_ready("web1", True)).ready)
 
         restored = await self.wait(
             await self.lifecycle.act("web1", "restore", snapshot="warm", stateful=True)
         )
         self.assertEqual(restored.error, "")
-        after = self.lifecycle.get("web1")
+        after = self.lifecycle.store.view.get_instance("web1")
         self.assertEqual(
             (after.vm_state, after.power_state, after.config["user.role"]),
             (VMState.ACTIVE, PowerState.RUNNING, "db"),
@@ -89,18 +89,16 @@ class RenameTests(AgentLinkTestCase):
         bad = await self.refused("vm1", "2bad", BadRequest)
         self.assertIn("Invalid instance name '2bad'", bad.message)
         await self.refused("nope", "web1", NotFound)
-        self.assertEqual(
-            self.lifecycle.state.operations.list()[-1].description, "Stop instance vm1"
-        )
+        self.assertEqual(self.lifecycle.operations.list()[-1].description, "Stop instance vm1")
 
     @_async
     async def test_standingFaultsFollowTheNewName(self) -> None:
         await self.launch("vm1")
         await self.wait(await self.lifecycle.act("vm1", "stop", force=True))
-        self.lifecycle.state.events.lifecycle(
+        self.lifecycle.events.lifecycle(
             "instance-certificate-error", "vm1", {"error": "agent.crt: Permission denied"}
         )
-        await self.wait(await self.lifecycle.rename("vm1", "web1"))
-        faults = self.lifecycle.state.events.faults
+        await self.wait(await self.lifecycle.renaming.rename("vm1", "web1"))
+        faults = self.lifecycle.events.faults
         self.assertEqual([f.kind for f in faults.of("web1")], ["certificate"])
         self.assertEqual(faults.of("vm1"), [])

@@ -14,10 +14,12 @@ from tests.agentlink.test_agentmonitor import INTERVALS, FakeRing
 from vmready.agentlink.link import AgentLink
 from vmready.agentlink.monitor import AgentMonitor
 from vmready.daemon.tap import Options
-from vmready.domain.model import BadRequest, Conflict
+from vmready.domain.config import validate_config
+from vmready.domain.model import BadRequest, Conflict, HypervisorError
 from vmready.domain.states import PowerState, TaskState, VMState
-from vmready.hypervisor.cmdline import CURRENT_LAYOUT, LEGACY_LAYOUT
-from vmready.lifecycle.core import Lifecycle, validate_config
+from vmready.hypervisor.cmdline import CURRENT_LAYOUT, LEGACY_LAYOUT, VMSpec
+from vmready.hypervisor.runningvm import RunningVM
+from vmready.lifecycle.core import Lifecycle
 from vmready.lifecycle.events import EventBus
 from vmready.protocols.qmp import QMPEvent
 from vmready.record.recording import Recorders, transcript_path
@@ -57,10 +59,23 @@ def kinds_of(path: str) -> list[str]:
 
 
 class _NothingRuns:
-    """A driver with no VM to stop."""
+    """A driver with no VM: none starts, none runs to adopt or to stop."""
 
-    def kill_owned(self, spec: object) -> Deferred[bool]:
+    kind = "none"
+
+    async def launch(
+        self, spec: VMSpec, paused: bool = False, incoming: str | None = None
+    ) -> RunningVM:
+        raise HypervisorError("nothing starts here")
+
+    async def adopt(self, spec: VMSpec) -> RunningVM | None:
+        return None
+
+    def kill_owned(self, spec: VMSpec) -> Deferred[bool]:
         return succeed(False)
+
+    async def wait_released(self, spec: VMSpec) -> None:
+        """Nothing to wait for."""
 
 
 class RecordersTests(SynchronousTestCase):
@@ -71,7 +86,7 @@ class RecordersTests(SynchronousTestCase):
         self.lifecycle = Lifecycle(
             self.clock,
             self.store,
-            None,  # type: ignore[arg-type]
+            _NothingRuns(),
             EventBus(self.clock.seconds),
             self.mktemp(),
         )
@@ -119,7 +134,7 @@ class RecordersTests(SynchronousTestCase):
     def test_lifecycleEventsOfTheInstanceAreRecorded(self) -> None:
         recorders = self.recorders(record_all=True)
         self.store.instances.create_instance("vm1", {}, {})
-        self.lifecycle.state.events.lifecycle("instance-ready", "vm1")
+        self.lifecycle.events.lifecycle("instance-ready", "vm1")
         recorders.close()
         with open(transcript_path(self.directory, "vm1")) as f:
             kinds = [json.loads(line).get("action") for line in f]
@@ -133,9 +148,8 @@ class RecordersTests(SynchronousTestCase):
 
     def test_anOperatorActionIsRecordedBeforeTheStateItCauses(self) -> None:
         recorders = self.recorders(record_all=True)
-        self.lifecycle.state.recorders = recorders
+        self.lifecycle.recording.use(recorders)
         self.running("vm1")
-        self.lifecycle.state.driver = _NothingRuns()  # type: ignore[assignment]
         self.successResultOf(
             Deferred.fromCoroutine(self.lifecycle.act("vm1", "stop", force=True, timeout=7))
         )
@@ -154,7 +168,7 @@ class RecordersTests(SynchronousTestCase):
 
     def test_aRefusedActionOrAnUnrecordedInstanceIsNotRecorded(self) -> None:
         recorders = self.recorders(record_all=True)
-        self.lifecycle.state.recorders = recorders
+        self.lifecycle.recording.use(recorders)
         self.running("vm1", {"vmready.record": "false"})
         self.store.instances.create_instance("vm2", {}, {})  # still building: a restart is refused
         self.assertIsNotNone(recorders.recorder_for("vm2"))
@@ -195,9 +209,9 @@ class RecordersTests(SynchronousTestCase):
 
     def test_recordingSwitchedOffAndOnGoesOnRecordingTheRunningVM(self) -> None:
         recorders = self.recorders(record_all=False)
-        self.lifecycle.state.recorders = recorders
+        self.lifecycle.recording.use(recorders)
         self.running("vm1", {"vmready.record": "true"})
-        vm = _FakeVM(self.lifecycle.spec_for(self.store.instances.get_instance("vm1")))
+        vm = _FakeVM(self.lifecycle.specs.spec_for(self.store.instances.get_instance("vm1")))
         self.lifecycle.watching.attach("vm1", vm)  # type: ignore[arg-type]
         ring = FakeRing(self.clock)
         monitor = AgentMonitor(
@@ -211,7 +225,7 @@ class RecordersTests(SynchronousTestCase):
         for record in ("false", "true"):
             self.successResultOf(
                 Deferred.fromCoroutine(
-                    self.lifecycle.update_config("vm1", {"vmready.record": record})
+                    self.lifecycle.configuring.update_config("vm1", {"vmready.record": record})
                 )
             )
         vm.qmp_event("SHUTDOWN")
@@ -227,7 +241,7 @@ class RecordersTests(SynchronousTestCase):
         )
 
     def test_aNewVMsHeaderNamesTheLayoutItWillRunWith(self) -> None:
-        self.lifecycle.state.serial_layout = LEGACY_LAYOUT
+        self.lifecycle.booting.serial_layout = LEGACY_LAYOUT
         recorders = self.recorders(record_all=True)
         self.store.instances.create_instance("vm1", {}, {})
         recorders.recorder_for("vm1")

@@ -99,9 +99,8 @@ from vmready.domain.model import InstanceRecord
 from vmready.domain.states import PowerState, TaskState, VMState
 from vmready.hypervisor.cmdline import GuestForward
 from vmready.hypervisor.driver import HypervisorDriver
-from vmready.lifecycle.core import Lifecycle
+from vmready.lifecycle.core import GuestLink, Lifecycle
 from vmready.lifecycle.events import EventBus
-from vmready.lifecycle.state import GuestLink
 from vmready.store.asyncstore import AsyncStore
 from vmready.store.sqlite import Store
 from vmready.trust.certs import CertificatePair, ensure_server_certificate, generate
@@ -389,16 +388,18 @@ class GuestAPIHost(TestCase):
             os.path.join(self.base, "run"),
             stop_timeout=0.3,
         )
-        self.lifecycle.state.guest = GuestLink(1024, self.server.cert_pem, "hvsock:/nonexistent")
+        self.lifecycle.reach.listening(
+            GuestLink(1024, self.server.cert_pem, "hvsock:/nonexistent")
+        )
         self.addCleanup(self._tear_down_lifecycle)
         self.clients: list[Client] = []
         self.port: IListeningPort | None = None
 
     async def _tear_down_lifecycle(self) -> None:
         lifecycle = self.lifecycle
-        pending = [op.when_done() for op in lifecycle.state.operations.list() if not op.done]
+        pending = [op.when_done() for op in lifecycle.operations.list() if not op.done]
         await gatherResults(pending)
-        vms = [lifecycle.state.vms.pop(name) for name in list(lifecycle.state.vms)]
+        vms = [lifecycle.running.vms.pop(name) for name in list(lifecycle.running.vms)]
         for vm in vms:
             await vm.force_stop()
         await deferLater(reactor, 0, lambda: None)
@@ -440,7 +441,7 @@ class GuestAPIHost(TestCase):
         record = await self.store.instances.finish_task(
             name, TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN
         )
-        await self.lifecycle.issue_agent_identity(record)
+        await self.lifecycle.guestside.issue_agent_identity(record)
         return record, self.drive_pair(record)
 
     async def launch(
@@ -455,7 +456,7 @@ class GuestAPIHost(TestCase):
 
     def drive_pair(self, record: InstanceRecord) -> CertificatePair:
         """The client certificate and key in the instance's config drive (what its guest reads)."""
-        drive = self.lifecycle.config_drive(record)
+        drive = self.lifecycle.specs.config_drive(record)
         with (
             open(os.path.join(drive, "agent.crt"), "rb") as c,
             open(os.path.join(drive, "agent.key"), "rb") as k,
@@ -725,7 +726,7 @@ class IsolationChecks(_ChecksBase):
         await self.listen()
         bravo_before = self.store.view.get_instance("bravo")
         ready: list[str] = []
-        self.lifecycle.state.events.subscribe(
+        self.lifecycle.events.subscribe(
             lambda event: (
                 ready.append(event.metadata["source"])
                 if event.metadata.get("action") == "instance-ready"
@@ -758,10 +759,10 @@ class IsolationChecks(_ChecksBase):
             lines = Lines()
             response.deliverBody(lines)
             streams.append(lines)
-        await self.lifecycle.update_config(
+        await self.lifecycle.configuring.update_config(
             "bravo", {"user.owner": f"{SECRET}-2", "user.new": SECRET}
         )
-        await self.lifecycle.update_config("alpha", {"user.owner": "alpha-2"})
+        await self.lifecycle.configuring.update_config("alpha", {"user.owner": "alpha-2"})
         for lines in streams:
             for _ in range(500):
                 if lines.buffer:
@@ -851,7 +852,7 @@ class IsolationChecks(_ChecksBase):
         self.assertEqual(operation.error, "")
         await lines.ended
         await self.add("alpha", ALPHA_CONFIG)
-        await self.lifecycle.update_config("alpha", {"user.owner": "the new alpha"})
+        await self.lifecycle.configuring.update_config("alpha", {"user.owner": "the new alpha"})
         self.assertEqual(lines.buffer, b"")
 
     async def test_expiredCertificateIsRefused(self) -> None:

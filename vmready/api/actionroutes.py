@@ -44,7 +44,11 @@ class ActionRoutes(OperatorBase):
     def get_state(self, request: IRequest, name: str) -> bytes:
         """The instance's status and the three fields it is derived from."""
         return sync_response(
-            request, state_json(self.lifecycle.get(name), self.lifecycle.agent_status(name))
+            request,
+            state_json(
+                self.lifecycle.store.view.get_instance(name),
+                self.lifecycle.running.agent_status(name),
+            ),
         )
 
     @app.route("/1.0/instances/<name>/state", methods=["PUT"])
@@ -65,7 +69,7 @@ class ActionRoutes(OperatorBase):
                 "Invalid field 'stateful': stateful stops and starts are not supported by "
                 "vmready (take a stateful snapshot instead)"
             )
-        self.lifecycle.get(name)
+        self.lifecycle.store.view.get_instance(name)
         params: dict[str, Any] = {}
         if action in ("stop", "restart"):
             if force is not None:
@@ -92,16 +96,16 @@ class ActionRoutes(OperatorBase):
             value = field(body, key, (str, int), "a number or a string")
             if value is not None:
                 params[key] = value
-        self.lifecycle.get(name)
+        self.lifecycle.store.view.get_instance(name)
         return async_response(request, await self.lifecycle.act(name, action, **params))
 
     @app.route("/1.0/instances/<name>/actions", methods=["GET"])
     @forwardable
     async def list_actions(self, request: IRequest, name: str) -> bytes:
         """The instance's action history (kept after delete), newest first, with steps."""
-        actions = await self.lifecycle.state.store.actions.list_actions(name)
+        actions = await self.lifecycle.store.actions.list_actions(name)
         if not actions:
-            self.lifecycle.get(name)
+            self.lifecycle.store.view.get_instance(name)
         return sync_response(request, [action.to_json() for action in actions])
 
     @app.route("/1.0/instances/<name>/console", methods=["GET"])
@@ -114,7 +118,7 @@ class ActionRoutes(OperatorBase):
     @forwardable
     def list_logs(self, request: IRequest, name: str) -> bytes:
         """The instance's log files, as LXD lists them: the console log only."""
-        self.lifecycle.get(name)
+        self.lifecycle.store.view.get_instance(name)
         return sync_response(request, [f"{instance_url(name)}/logs/{CONSOLE_LOG_FILE}"])
 
     @app.route("/1.0/instances/<name>/logs/<filename>", methods=["GET"])
@@ -122,13 +126,15 @@ class ActionRoutes(OperatorBase):
     def get_log(self, request: IRequest, name: str, filename: str) -> bytes:
         """A log file: ``console.log`` (and ``qemu.log``, which LXD's clients ask a VM for)."""
         if filename not in (CONSOLE_LOG_FILE, QEMU_LOG_FILE):
-            self.lifecycle.get(name)
+            self.lifecycle.store.view.get_instance(name)
             raise NotFound(
                 f"Log file {filename!r} not found: instance {name} has {CONSOLE_LOG_FILE} only"
             )
         return self._console_log(request, name)
 
     def _console_log(self, request: IRequest, name: str) -> bytes:
-        log = self.lifecycle.console_log(name, MAX_CONSOLE_BYTES)
+        log = self.lifecycle.specs.console_log(
+            self.lifecycle.store.view.get_instance(name), MAX_CONSOLE_BYTES
+        )
         request.setHeader(b"Content-Type", b"application/octet-stream")
         return log

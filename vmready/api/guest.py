@@ -331,7 +331,7 @@ class GuestAPI:
         self, lifecycle: Lifecycle, identify: Identify | None = None, location: str = "none"
     ) -> None:
         self.lifecycle = lifecycle
-        self.identify = identify or certificate_identifier(lifecycle.state.store.view)
+        self.identify = identify or certificate_identifier(lifecycle.store.view)
         self.location = location
 
     def caller(self, request: IRequest) -> InstanceRecord:
@@ -377,7 +377,7 @@ class GuestAPI:
         state = _requested_state(read_body(request))
         if state not in (_READY, _STARTED):
             raise BadRequest(f"Invalid state {_go_quote(state)}")
-        await self.lifecycle.set_ready(record.name, state == _READY)
+        await self.lifecycle.guestside.set_ready(record.name, state == _READY)
         return sync_response(request, {})
 
     @app.route("/1.0/config", methods=["GET"])
@@ -447,7 +447,7 @@ class GuestAPI:
             for guest_event in feed.feed(event):
                 stream.deliver(guest_event)
 
-        unsubscribe = self.lifecycle.state.events.subscribe(deliver, frozenset({LIFECYCLE}))
+        unsubscribe = self.lifecycle.events.subscribe(deliver, frozenset({LIFECYCLE}))
         # Klein cancels this when the connection is lost; ``end`` fires it otherwise.
         done: Deferred[None] = Deferred(lambda _: unsubscribe())
         # Headers now: a guest that saw them knows it is subscribed.

@@ -51,8 +51,8 @@ class InstanceRoutes(OperatorBase):
     async def full_view(self, record: InstanceRecord) -> dict[str, Any]:
         """The instance with its state, snapshots and backups (LXD's ``InstanceFull``)."""
         view = self.instance_view(record)
-        snapshots = await self.lifecycle.state.store.snapshots.list_snapshots(record.name)
-        view["state"] = state_json(record, self.lifecycle.agent_status(record.name))
+        snapshots = await self.lifecycle.store.snapshots.list_snapshots(record.name)
+        view["state"] = state_json(record, self.lifecycle.running.agent_status(record.name))
         view["snapshots"] = [snapshot_json(snapshot) for snapshot in snapshots]
         view["backups"] = []
         return view
@@ -65,7 +65,9 @@ class InstanceRoutes(OperatorBase):
     @app.route("/1.0/instances", methods=["GET"])
     async def list_instances(self, request: IRequest) -> bytes:
         """Every instance (``filter=``), as URLs, objects (1) or with state and snapshots (2)."""
-        records = sorted(self.lifecycle.list(), key=lambda record: record.name)
+        records = sorted(
+            self.lifecycle.store.view.list_instances(), key=lambda record: record.name
+        )
         recursion = recursion_level(request)
         wanted = parse_filter(query_param(request, "filter"))
         if recursion >= 2:
@@ -119,14 +121,14 @@ class InstanceRoutes(OperatorBase):
         """
         cluster = self.cluster
         if cluster is not None and request.getHeader(FORWARDED_BY) is None:
-            record = self.lifecycle.state.store.view.find_instance(name)
+            record = self.lifecycle.store.view.find_instance(name)
             owner = None if record is None else cluster.reachable_owner(record)
             if owner is not None:
                 return Deferred.fromCoroutine(self._instance_from(request, owner, name))
         return Deferred.fromCoroutine(self._local_instance(request, name))
 
     async def _local_instance(self, request: IRequest, name: str) -> bytes:
-        record = self.lifecycle.get(name)
+        record = self.lifecycle.store.view.get_instance(name)
         if recursion_level(request) >= 1:
             return self._answer_instance(request, await self.full_view(record))
         return self._answer_instance(request, self.instance_view(record))
@@ -155,7 +157,7 @@ class InstanceRoutes(OperatorBase):
         config = field(body, "config", dict, "an object")
         if config is None:
             raise BadRequest("Invalid field 'config': an object of keys to set is required")
-        record = await self.lifecycle.update_config(name, config)
+        record = await self.lifecycle.configuring.update_config(name, config)
         return self._answer_instance(request, self.instance_view(record))
 
     @app.route("/1.0/instances/<name>", methods=["PUT"])
@@ -168,12 +170,12 @@ class InstanceRoutes(OperatorBase):
         body = read_json_body(request)
         if body.get("restore") is not None:
             return await self._restore(request, name, body)
-        record = self.lifecycle.get(name)
+        record = self.lifecycle.store.view.get_instance(name)
         view = self.instance_view(record)
         self._check_etag(request, view)
         changes = put_changes(record, body, {*view, "state", "snapshots", "backups"})
         if changes:
-            await self.lifecycle.update_config(name, changes)
+            await self.lifecycle.configuring.update_config(name, changes)
         return async_response(request, self.done_operation(f"Updating instance {name}", name))
 
     def _check_etag(self, request: IRequest, view: dict[str, Any]) -> None:
@@ -199,7 +201,7 @@ class InstanceRoutes(OperatorBase):
             value = field(body, flag, bool, "true or false")
             if value is not None:
                 params[flag] = value
-        self.lifecycle.get(name)
+        self.lifecycle.store.view.get_instance(name)
         return async_response(request, await self.lifecycle.act(name, "restore", **params))
 
     @app.route("/1.0/instances/<name>", methods=["POST"])
@@ -207,11 +209,11 @@ class InstanceRoutes(OperatorBase):
     async def rename_instance(self, request: IRequest, name: str) -> bytes:
         """LXD's rename (``{"name": NEW}`` and a move's fields), of a stopped instance."""
         new_name = rename_request(read_json_body(request))
-        return async_response(request, await self.lifecycle.rename(name, new_name))
+        return async_response(request, await self.lifecycle.renaming.rename(name, new_name))
 
     @app.route("/1.0/instances/<name>", methods=["DELETE"])
     @forwardable
     async def delete_instance(self, request: IRequest, name: str) -> bytes:
         """Delete an instance (its VM is stopped first); answers with the operation."""
-        self.lifecycle.get(name)
+        self.lifecycle.store.view.get_instance(name)
         return async_response(request, await self.lifecycle.act(name, "delete"))

@@ -20,8 +20,8 @@ import attrs
 
 from vmready.api.requestbody import field
 from vmready.api.views import ARCHITECTURE, PROFILES, ZERO_TIME
+from vmready.domain.config import is_launch_key, is_user_key
 from vmready.domain.model import BadRequest, InstanceRecord
-from vmready.lifecycle.state import _LAUNCH_KEYS, _USER_KEYS
 
 __all__ = [
     "CreateRequest",
@@ -148,12 +148,12 @@ def put_changes(
     for key in record.config:
         if key in config:
             continue
-        if _LAUNCH_KEYS.fullmatch(key):
+        if is_launch_key(key):
             raise BadRequest(
                 f"Cannot remove {key} of instance {record.name}: the boot source is chosen "
                 "at launch"
             )
-        if _USER_KEYS.fullmatch(key):
+        if is_user_key(key):
             changes[key] = None
     return changes
 

@@ -39,7 +39,7 @@ def build_info() -> MetricFamily:
 
 def metrics_response(request: IRequest, lifecycle: Lifecycle) -> bytes:
     """Every metric, as Prometheus scrapes them."""
-    body = exposition([build_info(), *lifecycle.metrics()])
+    body = exposition([build_info(), *lifecycle.metric_families()])
     request.setResponseCode(200)
     request.setHeader(b"Content-Type", CONTENT_TYPE.encode("ascii"))
     request.setHeader(b"Content-Length", b"%d" % len(body))

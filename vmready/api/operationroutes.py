@@ -41,7 +41,7 @@ class OperationRoutes(OperatorBase):
     def events(self, request: IRequest) -> Deferred[None] | IResource:
         """Events until the client goes away: a WebSocket if asked for, else JSON lines."""
         types = event_types(query_param(request, "type"))
-        bus = self.lifecycle.state.events
+        bus = self.lifecycle.events
         if wants_websocket(request):
             return event_socket(request, bus, types, self.event_feeds, self.event_buffer_limit)
         request.setResponseCode(200)
@@ -67,9 +67,7 @@ class OperationRoutes(OperatorBase):
         """Operations grouped by status, as URLs or (``recursion=1``) objects."""
         recursion = recursion_level(request)
         grouped: dict[str, list[Any]] = {}
-        for operation in sorted(
-            self.lifecycle.state.operations.list(), key=lambda op: op.created_at
-        ):
+        for operation in sorted(self.lifecycle.operations.list(), key=lambda op: op.created_at):
             item = operation.to_json()
             key = str(item["status"]).lower()
             grouped.setdefault(key, []).append(
@@ -81,20 +79,18 @@ class OperationRoutes(OperatorBase):
     @forwardable_operation()
     def get_operation(self, request: IRequest, operation_id: str) -> bytes:
         """One operation."""
-        return sync_response(request, self.lifecycle.state.operations.get(operation_id).to_json())
+        return sync_response(request, self.lifecycle.operations.get(operation_id).to_json())
 
     @app.route("/1.0/operations/<operation_id>/wait", methods=["GET"])
     @forwardable_operation(waits=True)
     async def wait_operation(self, request: IRequest, operation_id: str) -> bytes:
         """The operation once done, or as it is when ``?timeout=S`` runs out (-1: no limit)."""
-        operation = self.lifecycle.state.operations.get(operation_id)
+        operation = self.lifecycle.operations.get(operation_id)
         timeout = requested_wait(request)
         if not operation.done:
             done = operation.when_done()
             if timeout is None:
                 await done
             else:
-                await race(
-                    [done, deferLater(self.lifecycle.state.clock, timeout, lambda: operation)]
-                )
+                await race([done, deferLater(self.lifecycle.clock, timeout, lambda: operation)])
         return sync_response(request, operation.to_json())

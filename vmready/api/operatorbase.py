@@ -165,7 +165,7 @@ def forwardable(handler: Handler) -> Handler:
     def route(api: OperatorBase, request: IRequest, **arguments: Any) -> Any:
         cluster = api.cluster
         if cluster is not None:
-            record = api.lifecycle.state.store.view.find_instance(arguments["name"])
+            record = api.lifecycle.store.view.find_instance(arguments["name"])
             member = cluster.remote_owner(record) if record is not None else None
             if member is not None and record is not None:
                 return Deferred.fromCoroutine(
@@ -234,7 +234,7 @@ class OperatorBase:
         self.cluster = cluster
         self.hypervisor = hypervisor
         # Without one: a daemon with no remote API (trust tokens are refused, saying why).
-        self.trust = trust or TrustRegistry(lifecycle.state.store, lifecycle.state.clock.seconds)
+        self.trust = trust or TrustRegistry(lifecycle.store, lifecycle.clock.seconds)
         # The daemon's effective options, shown read-only as the server's ``config``.
         self.config = dict(config or {})
         # The event consumers connected now, either form, and what each may have held.
@@ -243,7 +243,7 @@ class OperatorBase:
 
     def instance_view(self, record: InstanceRecord) -> dict[str, Any]:
         """The instance object as this daemon shows it (``api.views.instance_json``)."""
-        state = self.lifecycle.state
+        lifecycle = self.lifecycle
         # On a cluster member: where it runs, and whether that member is unreachable.
         placed: dict[str, Any] = (
             {}
@@ -255,10 +255,10 @@ class OperatorBase:
         )
         return instance_json(
             record,
-            self.lifecycle.agent_status(record.name),
-            state.events.faults.of(record.name),
-            state.agent_history.of(record.name),
-            self.lifecycle.console_log_path(record),
+            self.lifecycle.running.agent_status(record.name),
+            lifecycle.events.faults.of(record.name),
+            lifecycle.agent_history.of(record.name),
+            lifecycle.specs.console_log_path(record),
             **placed,
         )
 
@@ -270,7 +270,7 @@ class OperatorBase:
         async def done() -> None:
             """The work was done before the operation was made."""
 
-        operation = self.lifecycle.state.operations.run(description, instance, done)
+        operation = self.lifecycle.operations.run(description, instance, done)
         operation.metadata = metadata
         return operation
 

@@ -31,9 +31,9 @@ class SnapshotRoutes(OperatorBase):
 
     async def _snapshots(self, name: str) -> list[dict[str, Any]]:
         """The instance's snapshots as the API shows them, oldest first (404: no instance)."""
-        snapshots = await self.lifecycle.state.store.snapshots.list_snapshots(name)
+        snapshots = await self.lifecycle.store.snapshots.list_snapshots(name)
         if not snapshots:
-            self.lifecycle.get(name)
+            self.lifecycle.store.view.get_instance(name)
         return [snapshot_json(snapshot) for snapshot in snapshots]
 
     @app.route("/1.0/instances/<name>/snapshots", methods=["GET"])
@@ -50,7 +50,7 @@ class SnapshotRoutes(OperatorBase):
     async def create_snapshot(self, request: IRequest, name: str) -> bytes:
         """Take a snapshot: ``{"name": SNAP, "stateful": bool}``."""
         params = snapshot_request(read_json_body(request))
-        self.lifecycle.get(name)
+        self.lifecycle.store.view.get_instance(name)
         return async_response(request, await self.lifecycle.act(name, "snapshot", **params))
 
     @app.route("/1.0/instances/<name>/snapshots/<snapshot>", methods=["GET"])
@@ -70,7 +70,7 @@ class SnapshotRoutes(OperatorBase):
         The snapshot is gone by then: the operation is finished, and its
         metadata is the snapshot as it was.
         """
-        self.lifecycle.get(name)
-        deleted = snapshot_json(await self.lifecycle.delete_snapshot(name, snapshot))
+        self.lifecycle.store.view.get_instance(name)
+        deleted = snapshot_json(await self.lifecycle.snapshotting.delete_snapshot(name, snapshot))
         operation = self.done_operation(f"Deleting snapshot {name}/{snapshot}", name, deleted)
         return async_response(request, operation)

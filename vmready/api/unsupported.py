@@ -77,7 +77,7 @@ class UnsupportedRoutes(OperatorBase):
     @app.route(f"/1.0/instances/<name>/<{_INSTANCE_ANY}:feature>", methods=ALL_METHODS)
     def instance_feature(self, request: IRequest, name: str, feature: str) -> bytes:
         """``exec``, ``files``… of an instance: 501 naming the feature."""
-        self.lifecycle.get(name)
+        self.lifecycle.store.view.get_instance(name)
         raise _refuse(_INSTANCE_FEATURES[feature])
 
     @app.route(f"/1.0/instances/<name>/<{_INSTANCE_ANY}:feature>/<path:rest>", methods=ALL_METHODS)
@@ -90,7 +90,7 @@ class UnsupportedRoutes(OperatorBase):
     @app.route("/1.0/instances/<name>/console", methods=["POST"])
     def attach_console(self, request: IRequest, name: str) -> bytes:
         """Attaching to the console (``lxc console`` without ``--show-log``): 501."""
-        self.lifecycle.get(name)
+        self.lifecycle.store.view.get_instance(name)
         raise _refuse("attaching to an instance's console (lxc console --show-log reads its log)")
 
     @app.route(f"/1.0/<{_COLLECTIONS_ANY}:collection>", methods=ALL_METHODS)
@@ -106,7 +106,10 @@ class UnsupportedRoutes(OperatorBase):
     # -- the defaults that exist ------------------------------------------
 
     def _used_by(self) -> list[str]:
-        return [instance_url(record.name) for record in sorted(self.lifecycle.list(), key=_name)]
+        return [
+            instance_url(record.name)
+            for record in sorted(self.lifecycle.store.view.list_instances(), key=_name)
+        ]
 
     def _default(self, kind: str) -> dict[str, Any]:
         """The one profile or project there is, ``default``: empty."""

@@ -6,9 +6,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from vmready.agentlink.transport import TRANSPORT_KEY
+from vmready.domain.config import ACCEL_KEY
 from vmready.domain.model import InstanceRecord
 from vmready.domain.states import OperatorStatus, StatusCode
-from vmready.hypervisor.accel import ACCEL_KEY, ACCEL_REASON_KEY, CURRENT_ACCEL_KEY
+from vmready.hypervisor.accel import ACCEL_REASON_KEY, CURRENT_ACCEL_KEY
 from vmready.hypervisor.bootsource import BootSource
 from vmready.hypervisor.cmdline import SERIAL_LAYOUTS
 from vmready.lifecycle.agenthistory import LinkChange

@@ -22,7 +22,7 @@ from vmready.cli.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandError, U
 from vmready.cli.output import EventCSV, Output, to_yaml
 from vmready.cli.verbs import by_verb
 from vmready.cli.waiter import Waiter, parse_condition
-from vmready.hypervisor.accel import ACCEL_KEY
+from vmready.domain.config import ACCEL_KEY
 from vmready.hypervisor.bootsource import APPEND_KEY, IMAGE_KEY, INITRD_KEY, KERNEL_KEY
 
 __all__ = ["COMMANDS", "cmd_replay"]

@@ -32,6 +32,10 @@ class VMState(enum.StrEnum):
     DELETED = "deleted"
 
 
+# The vm_states in which an instance's VM runs (frozen or not), unless it was shut down.
+RUNNING_VM_STATES = frozenset({VMState.ACTIVE, VMState.PAUSED, VMState.RESIZED})
+
+
 class TaskState(enum.StrEnum):
     """The transition in progress."""
 

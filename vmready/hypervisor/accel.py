@@ -26,8 +26,6 @@ from twisted.logger import Logger
 from vmready.hypervisor.cmdline import device_problem
 
 __all__ = [
-    "ACCEL_CHOICES",
-    "ACCEL_KEY",
     "ACCEL_REASON_KEY",
     "CURRENT_ACCEL_KEY",
     "AccelChoice",
@@ -38,10 +36,8 @@ __all__ = [
     "kvm_device_problem",
 ]
 
-ACCEL_KEY = "boot.accel"
 CURRENT_ACCEL_KEY = "volatile.accel"
 ACCEL_REASON_KEY = "volatile.accel.reason"
-ACCEL_CHOICES = ("auto", "kvm", "tcg")
 
 
 @attrs.frozen

@@ -55,6 +55,7 @@ __all__ = [
     "device_arguments",
     "device_problem",
     "escape_option",
+    "fakeqemu_guest_paths",
     "qmp_address",
     "serial_arguments",
 ]
@@ -251,6 +252,21 @@ class VMSpec:
     def guest_dir(self) -> str:
         """fakeqemu's guest-side sockets (``virtio-ports/<name>``, ``control``)."""
         return self.qmp_socket + GUEST_DIR_SUFFIX
+
+
+def fakeqemu_guest_paths(spec: VMSpec) -> dict[str, str]:
+    """Where a fakeqemu guest's agent finds its ports, serves its socket, keeps its tmpfs.
+
+    A fakeqemu guest is a host process: its devices are sockets in the run
+    directory, and its "tmpfs" (``state_dir``) a directory a new boot empties.
+    """
+    guest_root = os.path.join(spec.run_dir, "guest")
+    return {
+        "virtio_ports": os.path.join(spec.guest_dir, "virtio-ports"),
+        "tcp_sockets": os.path.join(spec.guest_dir, "tcp"),
+        "devlxd_socket": os.path.join(guest_root, "lxd.sock"),
+        "state_dir": os.path.join(guest_root, "run"),
+    }
 
 
 def device_problem(device: str) -> str | None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import attrs
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from vmready.agentlink.transport import (
@@ -16,32 +18,47 @@ from vmready.domain.model import (
     InstanceRecord,
 )
 from vmready.domain.states import READY_KEY
-from vmready.hypervisor.cmdline import (
-    SerialLayout,
-)
+from vmready.hypervisor.cmdline import SerialLayout, fakeqemu_guest_paths
 from vmready.hypervisor.configdrive import (
     AGENT_CONFIG,
     write_identity,
     write_settings,
 )
 from vmready.hypervisor.guestdata import guest_data
-from vmready.lifecycle.state import (
-    LifecycleState,
-    agent_port_name,
-    fakeqemu_guest_paths,
-)
+from vmready.lifecycle.events import EventBus
+from vmready.lifecycle.guestlink import GuestReach
+from vmready.lifecycle.journal import Journal
+from vmready.lifecycle.metrics import LifecycleMetrics
+from vmready.lifecycle.running import RunningVMs
+from vmready.lifecycle.settings import LaunchSettings
+from vmready.lifecycle.specs import InstanceSpecs, agent_port_name
+from vmready.store.asyncstore import AsyncStore
 from vmready.trust.certs import CertificatePair, fingerprint, generate, write_private
 
 
+@attrs.define(kw_only=True, eq=False)
 class GuestSide:
     """The guest's side of an instance: Ready, its agent identity, its config drive."""
 
     log = Logger()
 
-    def __init__(self, state: LifecycleState) -> None:
-        self.state = state
-        # Instances whose config-drive certificate files could not be read, and why.
-        self.unreadable: dict[str, str] = {}
+    clock: IReactorTime
+    store: AsyncStore
+    events: EventBus
+    journal: Journal
+    metrics: LifecycleMetrics
+    running: RunningVMs
+    specs: InstanceSpecs
+    reach: GuestReach
+    settings: LaunchSettings
+    driver_kind: str
+    # Instances whose config-drive certificate files could not be read, and why.
+    unreadable: dict[str, str] = attrs.field(init=False, factory=dict)
+
+    @property
+    def fakeqemu(self) -> bool:
+        """Whether guests are fakeqemu's: host processes whose devices are sockets."""
+        return self.driver_kind == "fakeqemu"
 
     async def set_ready(self, name: str, ready: bool) -> InstanceRecord:
         """The guest's workload declared itself Ready (or withdrew it: Started).
@@ -50,34 +67,34 @@ class GuestSide:
         ``instance-ready`` every time; Started sets "false" with no event.  An
         instance without a running VM cannot be ready: Conflict.
         """
-        record = self.state.store.view.get_instance(name)
-        if not self.state.has_vm(name):
+        record = self.store.view.get_instance(name)
+        if not self.running.has_vm(name):
             raise Conflict(f"Instance {name} is not running")
         if record.ready != ready or READY_KEY not in record.config:
             # Announced once committed: instance-ready never names a state the store lost.
-            record = await self.state.store.instances.update_config(
+            record = await self.store.instances.update_config(
                 name, {READY_KEY: "true" if ready else "false"}
             )
             if ready:
-                self.state.metrics.ready(name, self.state.clock.seconds())
-            self.state.publish_state(record)
+                self.metrics.ready(name, self.clock.seconds())
+            self.journal.publish_state(record)
         if ready:
-            self.state.events.lifecycle("instance-ready", name)
+            self.events.lifecycle("instance-ready", name)
         return record
 
     async def issue_agent_identity(self, record: InstanceRecord) -> CertificatePair | None:
         """A fresh client certificate for the instance's agent, and its config drive.
 
         The store keeps only the fingerprint: whoever presents this certificate
-        is this instance, and nothing else is.  Without a guest API (no
-        ``guest``) there is nothing to issue.
+        is this instance, and nothing else is.  Without a guest API (no link
+        yet) there is nothing to issue.
         """
-        guest = self.state.guest
+        guest = self.reach.link
         if guest is None:
             return None
         pair = generate(f"vmready-agent-{record.name}")
-        await self.state.store.certificates.set_agent_certificate(record.name, pair.fingerprint)
-        write_identity(self.state.config_drive(record), pair, guest.server_cert_pem)
+        await self.store.certificates.set_agent_certificate(record.name, pair.fingerprint)
+        write_identity(self.specs.config_drive(record), pair, guest.server_cert_pem)
         self.refresh_config_drive(record)
         return pair
 
@@ -88,28 +105,28 @@ class GuestSide:
         transport: str | None = None,
     ) -> None:
         """Write the drive's settings, agent, loader and guest data (and its NoCloud seed)."""
-        guest = self.state.guest
+        guest = self.reach.link
         if guest is None:
             return
-        transport = transport or record.config.get(TRANSPORT_KEY, self.state.settings.transport)
-        spec = self.state.spec_for(record, layout=layout, transport=transport)
+        transport = transport or record.config.get(TRANSPORT_KEY, self.settings.transport)
+        spec = self.specs.spec_for(record, layout=layout, transport=transport)
         wired = agent_port_name(spec)
         # A real guest dials vsock (a forward CONNECT names its own address); a fakeqemu
         # guest, a host process, dials the daemon's hybrid vsock sockets.
-        dial = guest.transport if self.state.driver.kind == "fakeqemu" else "vsock"
+        dial = guest.transport if self.fakeqemu else "vsock"
         settings: dict[str, str] = {"instance": record.name, "transport": dial}
         if wired is not None:
             settings["port"] = wired
         if transport == "forward":
             settings["network_mac"] = forward_mac(record.uuid)
             settings["network_address"] = FORWARD_GUEST_NETWORK_ADDRESS
-        if self.state.driver.kind == "fakeqemu":
+        if self.fakeqemu:
             # A fakeqemu guest is a host process: its devices are sockets in the run dir.
             settings.update(fakeqemu_guest_paths(spec))
         write_settings(
-            self.state.config_drive(record),
+            self.specs.config_drive(record),
             settings,
-            self.state.settings.drive,
+            self.settings.drive,
             guest_data(record),
         )
 
@@ -120,7 +137,7 @@ class GuestSide:
         issued a new pair) gets the new one, so its agent can pin it again.
         """
         issued = 0
-        for record in self.state.store.view.owned_instances():
+        for record in self.store.view.owned_instances():
             if await self.ensure_agent_identity(record):
                 issued += 1
         return issued
@@ -132,7 +149,7 @@ class GuestSide:
         fault alone (``instance-certificate-error``), never the daemon's: the
         others, and this one's VM, are recovered as usual.
         """
-        drive = self.state.config_drive(record)
+        drive = self.specs.config_drive(record)
         try:
             self._refresh_pinned_certificate(record, drive)
             missing = not os.path.exists(os.path.join(drive, AGENT_CONFIG))
@@ -149,15 +166,21 @@ class GuestSide:
         Only what the guest's agent needs: ``agent.crt`` (a PEM certificate),
         ``agent.key`` and ``server.crt``, once the drive has an identity.
         """
-        drive = self.state.config_drive(record)
-        if self.state.guest is None or not os.path.exists(os.path.join(drive, AGENT_CONFIG)):
+        drive = self.specs.config_drive(record)
+        if self.reach.link is None or not os.path.exists(os.path.join(drive, AGENT_CONFIG)):
             return
-        problem = unreadable_identity(drive, self.state.guest.server_cert_pem)
+        problem = unreadable_identity(drive, self.reach.link.server_cert_pem)
         if problem is not None:
             self._certificates_failed(record.name, problem)
         elif self.unreadable.pop(record.name, None) is not None:
             self.log.info("{name}: its certificate files are readable again", name=record.name)
-            self.state.events.lifecycle("instance-certificate-restored", record.name)
+            self.events.lifecycle("instance-certificate-restored", record.name)
+
+    def renamed(self, name: str, new_name: str) -> None:
+        """A stopped instance was renamed: a certificate fault standing goes with it."""
+        problem = self.unreadable.pop(name, None)
+        if problem is not None:
+            self.unreadable[new_name] = problem
 
     def _certificates_failed(self, name: str, problem: str) -> None:
         if self.unreadable.get(name) == problem:
@@ -165,10 +188,10 @@ class GuestSide:
         self.unreadable[name] = problem
         error = f"the agent's certificate files cannot be used: {problem}"
         self.log.warn("{name}: {error}", name=name, error=error)
-        self.state.events.lifecycle("instance-certificate-error", name, {"error": error})
+        self.events.lifecycle("instance-certificate-error", name, {"error": error})
 
     def _refresh_pinned_certificate(self, record: InstanceRecord, drive: str) -> None:
-        guest = self.state.guest
+        guest = self.reach.link
         path = os.path.join(drive, "server.crt")
         if guest is None or not os.path.exists(path):
             return

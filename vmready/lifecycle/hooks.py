@@ -1,4 +1,4 @@
-"""What the lifecycle tells a session recorder, as interfaces (``vmready.record`` implements them).
+"""What the lifecycle needs from outside, as interfaces: a session recorder and a hypervisor.
 
 The lifecycle sits below record and replay: it knows only these protocols,
 and the daemon (or a replay) hands it something that provides them.
@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-__all__ = ["RECORD_KEY", "RecorderLookup", "SessionHooks"]
+from twisted.internet.defer import Deferred
 
-# The per-instance config key that switches recording on or off ("true"/"false").
-RECORD_KEY = "vmready.record"
+from vmready.hypervisor.cmdline import VMSpec
+from vmready.hypervisor.runningvm import RunningVM
+
+__all__ = ["Hypervisor", "RecorderLookup", "Recording", "SessionHooks"]
 
 
 class SessionHooks(Protocol):
@@ -35,3 +37,48 @@ class RecorderLookup(Protocol):
 
     def recorder_for(self, name: str) -> SessionHooks | None:
         """The instance's hooks, or None when nothing about it is recorded."""
+
+
+class Recording:
+    """The recorder lookup the lifecycle's parts ask: none until one is handed over (``use``).
+
+    The daemon's recorders are built over the lifecycle, so they are handed
+    over once both exist, before any VM is followed.
+    """
+
+    def __init__(self) -> None:
+        self._lookup: RecorderLookup | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """Whether sessions may be recorded at all (else no hook is ever asked for)."""
+        return self._lookup is not None
+
+    def use(self, lookup: RecorderLookup) -> None:
+        """Sessions may be recorded from now on: ``lookup`` says whose."""
+        self._lookup = lookup
+
+    def recorder_for(self, name: str) -> SessionHooks | None:
+        """The instance's hooks, or None when it is not recorded (or nothing is)."""
+        return self._lookup.recorder_for(name) if self._lookup is not None else None
+
+
+class Hypervisor(Protocol):
+    """What the lifecycle asks of a hypervisor driver (``HypervisorDriver``, the replay's own)."""
+
+    # "fakeqemu", "qemu", or another driver's name: a fakeqemu guest is a host process.
+    kind: str
+
+    async def launch(
+        self, spec: VMSpec, paused: bool = False, incoming: str | None = None
+    ) -> RunningVM:
+        """Start ``spec``'s VM (``incoming``: restore that state file)."""
+
+    async def adopt(self, spec: VMSpec) -> RunningVM | None:
+        """Re-attach to ``spec``'s VM if it still runs; None if it does not."""
+
+    def kill_owned(self, spec: VMSpec) -> Deferred[bool]:
+        """Kill ``spec``'s VM process that nothing follows; fires with whether there was one."""
+
+    async def wait_released(self, spec: VMSpec) -> None:
+        """Wait until nothing answers on ``spec``'s monitor socket any more."""

@@ -106,13 +106,17 @@ class Membership:
         """Seconds between two renewals: a third of the lease, so two may fail in a row."""
         return self.lease_seconds / 3
 
-    async def start(self) -> None:
+    async def start(self, address: str | None = None) -> None:
         """Join (or come back): renew the lease and read the members, then every ``interval``.
 
-        Fires once the first renewal and read committed; if that fails, the
-        error is raised and nothing keeps running (the daemon cannot join):
-        ``LeaseHeld`` when another daemon holds this member's lease.
+        ``address``: where the mutual-TLS API was bound, when it was not known
+        as this membership was made.  Fires once the first renewal and read
+        committed; if that fails, the error is raised and nothing keeps running
+        (the daemon cannot join): ``LeaseHeld`` when another daemon holds this
+        member's lease.
         """
+        if address is not None:
+            self.address = address
         await self.store.members.renew_lease(
             self.name, self.address, self.fingerprint, self.lease_seconds
         )

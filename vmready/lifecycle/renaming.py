@@ -18,14 +18,19 @@ from __future__ import annotations
 
 import uuid
 
+import attrs
 from twisted.logger import Logger
 
+from vmready.domain.config import validate_name
 from vmready.domain.model import Conflict, InstanceRecord, task_conflict
 from vmready.domain.states import VMState, describe_state
+from vmready.lifecycle.events import EventBus
 from vmready.lifecycle.guestside import GuestSide
-from vmready.lifecycle.operations import Operation
+from vmready.lifecycle.journal import Journal
+from vmready.lifecycle.operations import Operation, Operations
 from vmready.lifecycle.recovery import Recovery
-from vmready.lifecycle.state import LifecycleState, validate_name
+from vmready.lifecycle.running import RunningVMs
+from vmready.store.asyncstore import AsyncStore
 
 __all__ = ["RENAMABLE", "Renaming"]
 
@@ -33,30 +38,34 @@ __all__ = ["RENAMABLE", "Renaming"]
 RENAMABLE = frozenset({VMState.STOPPED})
 
 
+@attrs.define(kw_only=True, eq=False)
 class Renaming:
     """Renames stopped instances."""
 
     log = Logger()
 
-    def __init__(self, state: LifecycleState, recovery: Recovery, guestside: GuestSide) -> None:
-        self.state = state
-        self.recovery = recovery
-        self.guestside = guestside
+    store: AsyncStore
+    events: EventBus
+    journal: Journal
+    operations: Operations
+    running: RunningVMs
+    recovery: Recovery
+    guestside: GuestSide
 
     def check(self, name: str, new_name: str) -> InstanceRecord:
         """The 400, 404 or 409 a rename gets before any operation exists; else the instance."""
-        record = self.state.store.view.get_instance(name)
+        record = self.store.view.get_instance(name)
         validate_name(new_name)
         if new_name == name:
             raise Conflict(f"Cannot rename instance {name}: it is called {new_name} already")
         if record.task_state is not None:
             raise task_conflict("rename", name, record.task_state, record.vm_state)
-        if record.vm_state not in RENAMABLE or self.state.has_vm(name):
+        if record.vm_state not in RENAMABLE or self.running.has_vm(name):
             raise Conflict(
                 f"Cannot rename instance {name}: it is "
                 f"{describe_state(record.vm_state, None)}; only a stopped instance can be renamed"
             )
-        if self.state.store.view.find_instance(new_name) is not None:
+        if self.store.view.find_instance(new_name) is not None:
             raise Conflict(f"Cannot rename {name} to {new_name}: instance {new_name} exists")
         return record
 
@@ -68,21 +77,17 @@ class Renaming:
         self.check(name, new_name)
 
         async def work() -> None:
-            record = await self.state.store.instances.rename_instance(
+            record = await self.store.instances.rename_instance(
                 name, new_name, RENAMABLE, str(uuid.uuid4())
             )
             self._moved(name, record)
 
-        return self.state.operations.run(f"Renaming instance {name} to {new_name}", name, work)
+        return self.operations.run(f"Renaming instance {name} to {new_name}", name, work)
 
     def _moved(self, name: str, record: InstanceRecord) -> None:
         """The store committed: what the daemon holds by name follows, then it is announced."""
-        status = self.state.last_agent_status.pop(name, None)
-        if status is not None:
-            self.state.last_agent_status[record.name] = status
-        problem = self.guestside.unreadable.pop(name, None)
-        if problem is not None:
-            self.guestside.unreadable[record.name] = problem
+        self.running.renamed(name, record.name)
+        self.guestside.renamed(name, record.name)
         self.log.info("renamed instance {name} to {new_name}", name=name, new_name=record.name)
-        self.state.events.lifecycle("instance-renamed", record.name, {"old_name": name})
-        self.state.publish_state(record)
+        self.events.lifecycle("instance-renamed", record.name, {"old_name": name})
+        self.journal.publish_state(record)

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import attrs
+
 from vmready.domain.model import InstanceRecord
 from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
 from vmready.hypervisor.runningvm import RunningVM
-from vmready.lifecycle.actions import Actions
-from vmready.lifecycle.state import _PREVIOUS_CPU, _PREVIOUS_MEMORY, LifecycleState
+from vmready.lifecycle.actions import PREVIOUS_CPU_KEY, PREVIOUS_MEMORY_KEY
+from vmready.lifecycle.booting import Booting
+from vmready.lifecycle.events import EventBus
+from vmready.lifecycle.journal import Journal
 from vmready.lifecycle.watching import Watching
+from vmready.store.asyncstore import AsyncStore
 
 __all__ = ["RESIZE_TASKS", "ResizeRecovery"]
 
@@ -27,6 +32,7 @@ RESIZE_TASKS = frozenset(
 _RESIZE_MAY_HAVE_WRITTEN = frozenset({TaskState.RESIZE_MIGRATING, TaskState.RESIZE_FINISH})
 
 
+@attrs.define(kw_only=True, eq=False)
 class ResizeRecovery:
     """A resize, confirm or revert cut short: completed or rolled back, never half-applied.
 
@@ -47,16 +53,17 @@ class ResizeRecovery:
     - a confirm changes only the store: it is completed.
     """
 
-    def __init__(self, state: LifecycleState, actions: Actions, watching: Watching) -> None:
-        self.state = state
-        self.actions = actions
-        self.watching = watching
+    store: AsyncStore
+    events: EventBus
+    journal: Journal
+    booting: Booting
+    watching: Watching
 
     async def recover(
         self, record: InstanceRecord, task: TaskState, adopted: RunningVM | None
     ) -> None:
         """Complete or roll back ``record``'s interrupted ``task`` (one of the resize tasks)."""
-        previous = _PREVIOUS_MEMORY in record.config or _PREVIOUS_CPU in record.config
+        previous = PREVIOUS_MEMORY_KEY in record.config or PREVIOUS_CPU_KEY in record.config
         ran_before = record.power_state in (PowerState.RUNNING, PowerState.PAUSED)
         if task is TaskState.RESIZE_CONFIRMING:
             await self._finish(
@@ -65,7 +72,7 @@ class ResizeRecovery:
                 adopted,
                 "the resize is confirmed",
                 "instance-resize-confirmed",
-                {_PREVIOUS_MEMORY: None, _PREVIOUS_CPU: None},
+                {PREVIOUS_MEMORY_KEY: None, PREVIOUS_CPU_KEY: None},
             )
             return
         written = previous and task in _RESIZE_MAY_HAVE_WRITTEN
@@ -75,28 +82,25 @@ class ResizeRecovery:
             )
             return
         if written or (previous and task is TaskState.RESIZE_REVERTING):
-            await self._stop(record.name, adopted)
+            await self.watching.force_stop(record.name, adopted)
             adopted = None
-            record = await self.state.store.instances.update_config(
+            record = await self.store.instances.update_config(
                 record.name,
                 {
-                    "limits.memory": record.config.get(_PREVIOUS_MEMORY, str(record.memory_mib)),
-                    "limits.cpu": record.config.get(_PREVIOUS_CPU, str(record.cpus)),
-                    _PREVIOUS_MEMORY: None,
-                    _PREVIOUS_CPU: None,
+                    "limits.memory": record.config.get(
+                        PREVIOUS_MEMORY_KEY, str(record.memory_mib)
+                    ),
+                    "limits.cpu": record.config.get(PREVIOUS_CPU_KEY, str(record.cpus)),
+                    PREVIOUS_MEMORY_KEY: None,
+                    PREVIOUS_CPU_KEY: None,
                     READY_KEY: "false",
                 },
             )
         if adopted is None and ran_before:
-            adopted = await self.actions.booting.launch(record)
+            adopted = await self.booting.launch(record)
         await self._finish(
             record, task, adopted, "rolled back to the old size", "instance-resize-reverted"
         )
-
-    async def _stop(self, name: str, vm: RunningVM | None) -> None:
-        if vm is not None:
-            self.watching.detach(name)
-            await vm.force_stop()
 
     async def _finish(
         self,
@@ -119,12 +123,12 @@ class ResizeRecovery:
         else:
             vm_state = VMState.STOPPED
         detail = f"daemon stopped during {task.value}; {outcome}: now {vm_state}"
-        self.state.history(record.name, "recover", detail)
-        finished = await self.state.store.instances.finish_task(
+        self.journal.history(record.name, "recover", detail)
+        finished = await self.store.instances.finish_task(
             record.name, task, vm_state, power, config
         )
-        self.state.publish_state(finished)
-        self.state.events.lifecycle(
+        self.journal.publish_state(finished)
+        self.events.lifecycle(
             event,
             record.name,
             {"reason": detail, "memory_mib": finished.memory_mib, "cpus": finished.cpus},

@@ -11,9 +11,11 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
+from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
+from vmready.domain.config import config_updates, restored_config, snapshot_config
 from vmready.domain.model import (
     Conflict,
     HypervisorError,
@@ -23,25 +25,21 @@ from vmready.domain.model import (
 )
 from vmready.domain.states import READY_KEY, PowerState, VMState
 from vmready.hypervisor.qemulog import read_log_lines
-from vmready.hypervisor.snapshots import (
-    STATE_FILE,
-    snapshot_directory,
-    validate_snapshot_name,
-    write_metadata,
-)
+from vmready.hypervisor.snapshots import STATE_FILE, validate_snapshot_name, write_metadata
 from vmready.lifecycle.booting import Booting
-from vmready.lifecycle.state import (
-    _RESTORE_POLL_SECONDS,
-    RESTORE_TIMEOUT,
-    ActionContext,
-    LifecycleState,
-    _config_updates,
-    _restored_config,
-    _snapshotted,
-    run_dir_name,
-)
+from vmready.lifecycle.events import EventBus
+from vmready.lifecycle.hooks import Hypervisor
+from vmready.lifecycle.journal import ActionContext, Journal
+from vmready.lifecycle.running import RunningVMs
+from vmready.lifecycle.specs import InstanceSpecs
+from vmready.store.asyncstore import AsyncStore
+
+# How long a stateful restore may take to load its state, and how often it is looked at.
+RESTORE_TIMEOUT = 600.0
+_RESTORE_POLL_SECONDS = 0.05
 
 
+@attrs.define(kw_only=True, eq=False)
 class Snapshotting:
     """Snapshots and restores.
 
@@ -50,11 +48,16 @@ class Snapshotting:
 
     log = Logger()
 
-    def __init__(self, state: LifecycleState, booting: Booting) -> None:
-        self.state = state
-        self.booting = booting
-        # Restores under way, by (instance, snapshot): how many use that snapshot now.
-        self._restoring: dict[tuple[str, str], int] = {}
+    clock: IReactorTime
+    store: AsyncStore
+    events: EventBus
+    journal: Journal
+    driver: Hypervisor
+    specs: InstanceSpecs
+    running: RunningVMs
+    booting: Booting
+    # Restores under way, by (instance, snapshot): how many use that snapshot now.
+    _restoring: dict[tuple[str, str], int] = attrs.field(init=False, factory=dict)
 
     def reserve_for_restore(self, instance: str, snapshot: str) -> Callable[[], None]:
         """Mark the snapshot in use by a restore until the returned function is called.
@@ -90,30 +93,24 @@ class Snapshotting:
                 f"Cannot delete snapshot {snapshot} of instance {instance}: the instance is "
                 "being restored from it"
             )
-        record = self.state.store.view.get_instance(instance)
-        deleted = await self.state.store.snapshots.delete_snapshot(instance, snapshot)
-        directory = snapshot_directory(
-            self.state.snapshot_root, run_dir_name(record.uuid), snapshot
-        )
+        record = self.store.view.get_instance(instance)
+        deleted = await self.store.snapshots.delete_snapshot(instance, snapshot)
+        directory = self.specs.snapshot_dir(record, snapshot)
         shutil.rmtree(directory, ignore_errors=True)
-        self.state.history(instance, "snapshot-delete", f"deleted snapshot {snapshot}")
-        self.state.events.lifecycle("instance-snapshot-deleted", instance, {"snapshot": snapshot})
+        self.journal.history(instance, "snapshot-delete", f"deleted snapshot {snapshot}")
+        self.events.lifecycle("instance-snapshot-deleted", instance, {"snapshot": snapshot})
         return deleted
-
-    def restored_record(self, record: InstanceRecord, metadata: dict[str, Any]) -> InstanceRecord:
-        """The instance as it will be once the snapshot's config is back (not stored)."""
-        return attrs.evolve(record, config=_restored_config(record.config, metadata))
 
     async def do_snapshot(
         self, context: ActionContext, record: InstanceRecord, snapshot: str, stateful: bool
     ) -> None:
         name = snapshot
-        directory = snapshot_directory(self.state.snapshot_root, run_dir_name(record.uuid), name)
-        running = self.state.has_vm(record.name)
-        spec = self.state.spec_for(record)
+        directory = self.specs.snapshot_dir(record, name)
+        running = self.running.has_vm(record.name)
+        spec = self.specs.spec_for(record)
         metadata: dict[str, Any] = {
-            "config": {key: value for key, value in record.config.items() if _snapshotted(key)},
-            "layout": self.state.layout_of(record).name,
+            "config": snapshot_config(record.config),
+            "layout": self.specs.layout_of(record).name,
             "device_set": spec.device_set(),
             "state": STATE_FILE if stateful else None,
         }
@@ -122,7 +119,7 @@ class Snapshotting:
             await self._save(record, directory, name, stateful, metadata)
         except VMReadyError as e:
             shutil.rmtree(directory, ignore_errors=True)
-            vm_alive = self.state.has_vm(record.name)
+            vm_alive = self.running.has_vm(record.name)
             if vm_alive == running:
                 # The VM runs on as before (or was never running): nothing to put in error.
                 await context.abandon(
@@ -130,7 +127,7 @@ class Snapshotting:
                     PowerState.RUNNING if running else None,
                     e.message,
                 )
-                self.state.events.lifecycle(
+                self.events.lifecycle(
                     "instance-snapshot-failed", record.name, {"snapshot": name, "error": e.message}
                 )
             raise
@@ -141,7 +138,7 @@ class Snapshotting:
             await context.finish(PowerState.RUNNING)
         else:
             await context.finish(PowerState.SHUTDOWN, store_power=False)
-        self.state.events.lifecycle(
+        self.events.lifecycle(
             "instance-snapshot-created", record.name, {"snapshot": name, "stateful": stateful}
         )
 
@@ -161,7 +158,7 @@ class Snapshotting:
         try:
             os.makedirs(directory, mode=0o700)
             if stateful:
-                vm = self.state.vm(record.name)
+                vm = self.running.vm(record.name)
                 try:
                     await vm.migrate_to_file(os.path.join(directory, STATE_FILE))
                 finally:
@@ -173,7 +170,7 @@ class Snapshotting:
                 f"Cannot save snapshot {name} of instance {record.name}: "
                 f"{e.filename or directory}: {e.strerror}"
             ) from e
-        await self.state.store.snapshots.create_snapshot(record.name, name, stateful, metadata)
+        await self.store.snapshots.create_snapshot(record.name, name, stateful, metadata)
 
     async def do_restore(
         self,
@@ -184,21 +181,19 @@ class Snapshotting:
         force: bool,
     ) -> None:
         name = snapshot
-        found = await self.state.store.snapshots.find_snapshot(record.name, name)
+        found = await self.store.snapshots.find_snapshot(record.name, name)
         if found is None:
             raise NotFound(f"Snapshot {name} of instance {record.name} not found")
         metadata = found["metadata"]
-        was_running = self.state.has_vm(record.name)
+        was_running = self.running.has_vm(record.name)
         if was_running or record.vm_state is VMState.ERROR:
             await self.booting.power_off(context, record.name, 0, force=True)
-        updates = _config_updates(record.config, _restored_config(record.config, metadata))
-        restored = await self.state.store.instances.update_config(
+        updates = config_updates(record.config, restored_config(record.config, metadata))
+        restored = await self.store.instances.update_config(
             record.name, {**updates, READY_KEY: "false"}
         )
         if stateful:
-            directory = snapshot_directory(
-                self.state.snapshot_root, run_dir_name(record.uuid), name
-            )
+            directory = self.specs.snapshot_dir(record, name)
             saved = metadata.get("device_set", {})
             accel = saved.get("accel") if saved.get("accel") in ("kvm", "tcg") else None
             state = os.path.join(directory, STATE_FILE)
@@ -209,7 +204,7 @@ class Snapshotting:
             await context.finish(PowerState.RUNNING)
         else:
             await context.finish(PowerState.SHUTDOWN)
-        self.state.events.lifecycle(
+        self.events.lifecycle(
             "instance-restored", record.name, {"snapshot": name, "stateful": stateful}
         )
 
@@ -224,20 +219,20 @@ class Snapshotting:
             vm = await self.booting.launch(record, incoming=path, accel=accel)
         except HypervisorError as e:
             raise HypervisorError(f"Failed restoring state from {path}: {e.message}") from e
-        deadline = self.state.clock.seconds() + RESTORE_TIMEOUT
+        deadline = self.clock.seconds() + RESTORE_TIMEOUT
         while not vm.gone:
             power = await vm.query_power_state()
             if power is PowerState.RUNNING:
                 context.note(f"loaded the state from {path}")
                 return
-            if self.state.clock.seconds() >= deadline:
+            if self.clock.seconds() >= deadline:
                 raise HypervisorError(
                     f"Failed restoring state from {path}: QEMU did not finish loading it "
                     f"within {RESTORE_TIMEOUT:g}s"
                 )
-            await deferLater(self.state.clock, _RESTORE_POLL_SECONDS, lambda: None)
+            await deferLater(self.clock, _RESTORE_POLL_SECONDS, lambda: None)
         gone = await vm.when_gone()
-        await self.state.driver.wait_released(vm.spec)
+        await self.driver.wait_released(vm.spec)
         # A daemonized QEMU reports a failed load only in its -D log.
         lines = read_log_lines(vm.spec)
         said = "\n".join(lines) if lines else gone.detail

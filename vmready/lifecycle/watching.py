@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from typing import cast
 
+import attrs
 from twisted.internet.defer import Deferred, DeferredLock
-from twisted.internet.interfaces import IReactorUNIX
+from twisted.internet.interfaces import IReactorTime, IReactorUNIX
 from twisted.logger import Logger
 
 from vmready.agentlink.connectport import ConnectPort
@@ -20,25 +22,22 @@ from vmready.agentlink.transport import (
 from vmready.domain.model import (
     InstanceRecord,
 )
-from vmready.domain.states import READY_KEY, PowerState, VMState
-from vmready.hypervisor.cmdline import (
-    UNRECORDED_LAYOUT,
-)
+from vmready.domain.states import READY_KEY, RUNNING_VM_STATES, PowerState, VMState
+from vmready.hypervisor.cmdline import UNRECORDED_LAYOUT, fakeqemu_guest_paths
 from vmready.hypervisor.noagent import AGENT_EXPECTED_WITHIN, agent_absence
 from vmready.hypervisor.runningvm import RunningVM
 from vmready.hypervisor.vmevents import VMEvent, VMEventKind
-from vmready.lifecycle.agenthistory import LinkChange
-from vmready.lifecycle.metrics import CountedRingDevice
-from vmready.lifecycle.state import (
-    _RUNNING_STATES,
-    LAYOUT_KEY,
-    LifecycleState,
-    agent_chardev,
-    agent_port_name,
-    fakeqemu_guest_paths,
-)
+from vmready.lifecycle.agenthistory import AgentHistory, LinkChange
+from vmready.lifecycle.events import EventBus
+from vmready.lifecycle.guestlink import GuestReach
+from vmready.lifecycle.hooks import Recording
+from vmready.lifecycle.journal import Journal
+from vmready.lifecycle.metrics import CountedRingDevice, LifecycleMetrics
+from vmready.lifecycle.running import RunningVMs
+from vmready.lifecycle.specs import LAYOUT_KEY, agent_chardev, agent_port_name
 from vmready.protocols.qmp import QMPEvent
 from vmready.protocols.ringbuffer import AgentStatus
+from vmready.store.asyncstore import AsyncStore
 from vmready.store.executor import StoreHealth
 
 # Set on an instance put in error because its VM's QMP monitor could not be reached while
@@ -56,57 +55,75 @@ _VM_ENDED_CAUSES = {
 }
 
 
+@attrs.define(kw_only=True, eq=False)
 class Watching:
     """Following a running VM: its QMP events, its agent, and what its going away means."""
 
     log = Logger()
 
-    def __init__(self, state: LifecycleState) -> None:
-        self.state = state
-        # One per instance: its VM events are handled one after the other.
-        self._event_locks: dict[str, DeferredLock] = {}
-        # Instances whose VM was adopted and its agent sent CONNECT again, until the agent's
-        # next change (its history entry says so).
-        self._advertised: set[str] = set()
-        state.store.health.subscribe(self._store_health_changed)
+    # The daemon's reactor (its agents' connect ports); ``clock``: the agents' polls, timers.
+    reactor: IReactorTime
+    clock: IReactorTime
+    store: AsyncStore
+    events: EventBus
+    journal: Journal
+    metrics: LifecycleMetrics
+    running: RunningVMs
+    reach: GuestReach
+    recording: Recording
+    agent_history: AgentHistory
+    driver_kind: str
+    # What undoes each followed VM's subscriptions.
+    _unsubscribe: dict[str, Callable[[], None]] = attrs.field(init=False, factory=dict)
+    # One per instance: its VM events are handled one after the other.
+    _event_locks: dict[str, DeferredLock] = attrs.field(init=False, factory=dict)
+    # Instances whose VM was adopted and its agent sent CONNECT again, until the agent's
+    # next change (its history entry says so).
+    _advertised: set[str] = attrs.field(init=False, factory=set)
+
+    def __attrs_post_init__(self) -> None:
+        self.store.health.subscribe(self._store_health_changed)
+
+    @property
+    def fakeqemu(self) -> bool:
+        """Whether guests are fakeqemu's: a reboot empties the tmpfs they keep in the run dir."""
+        return self.driver_kind == "fakeqemu"
 
     def _store_health_changed(self, health: StoreHealth) -> None:
         """The store's writes started failing (the disk is full) or succeed again: say so."""
         if health.failing_since is not None:
-            self.state.events.server("store-write-failed", {"error": health.error or ""})
+            self.events.server("store-write-failed", {"error": health.error or ""})
         else:
-            self.state.events.server("store-write-recovered")
+            self.events.server("store-write-recovered")
 
     def attach(self, name: str, vm: RunningVM, advertise: bool = False) -> None:
         """Follow ``vm``; ``advertise``: write CONNECT at once (its agent may know an old port)."""
-        record = self.state.store.view.find_instance(name)
+        record = self.store.view.find_instance(name)
         if record is not None and LAYOUT_KEY not in record.config:
             # Adopted from a vmready that did not record layouts: say which one it runs (until
             # it is committed, ``layout_of`` reads the same layout from the key's absence).
-            self.state.logged(
-                self.state.store.instances.update_config(
-                    name, {LAYOUT_KEY: UNRECORDED_LAYOUT.name}
-                ),
+            self.journal.logged(
+                self.store.instances.update_config(name, {LAYOUT_KEY: UNRECORDED_LAYOUT.name}),
                 "the serial layout",
             )
         if record is not None and MONITOR_LOST_KEY in record.config:
             # Its VM is followed again (a start adopted or replaced it): the loss is over.
-            self.state.logged(
-                self.state.store.instances.update_config(name, {MONITOR_LOST_KEY: None}),
+            self.journal.logged(
+                self.store.instances.update_config(name, {MONITOR_LOST_KEY: None}),
                 "the end of a lost monitor",
             )
-            self.state.events.lifecycle(
+            self.events.lifecycle(
                 "instance-monitor-restored", name, {"reason": "its VM is followed again"}
             )
         self.detach(name)
-        self.state.vms[name] = vm
+        self.running.vms[name] = vm
         undo = [vm.subscribe(lambda event: self._vm_event(name, vm, event))]
-        recorders = self.state.recorders
-        if recorders is not None:
+        recording = self.recording
+        if recording.enabled:
             # Recorded as it arrives, before the core (or the VM handle) reacts to it; the
             # recorder is looked up each time (recording may be switched off and on).
             def record_event(event: QMPEvent) -> None:
-                recorder = recorders.recorder_for(name)
+                recorder = recording.recorder_for(name)
                 if recorder is not None:
                     recorder.qmp_event(event.name, event.data)
 
@@ -122,35 +139,33 @@ class Watching:
             )
             if frozen:
                 monitor.paused()  # adopted frozen: its agent cannot speak until unfrozen
-            if self.state.driver.kind == "qemu":
+            if self.driver_kind == "qemu":
                 # A real guest whose agent never speaks: say why, as its console tells it.
-                check = self.state.clock.callLater(
-                    AGENT_EXPECTED_WITHIN, self._agent_expected, name, vm
-                )
+                check = self.clock.callLater(AGENT_EXPECTED_WITHIN, self._agent_expected, name, vm)
                 undo.append(lambda: check.cancel() if check.active() else None)
 
         def unsubscribe() -> None:
             for step in undo:
                 step()
 
-        self.state.unsubscribe[name] = unsubscribe
+        self._unsubscribe[name] = unsubscribe
 
     def _agent_expected(self, name: str, vm: RunningVM) -> None:
         """The agent has had its time: if it never spoke, a fault says why until it does."""
-        record = self.state.store.view.find_instance(name)
+        record = self.store.view.find_instance(name)
         if vm.gone or record is None or record.power_state is not PowerState.RUNNING:
             return
-        if self.state.agent_status(name) is AgentStatus.UNKNOWN:
+        if self.running.agent_status(name) is AgentStatus.UNKNOWN:
             reason = agent_absence(vm.spec.console_log)
             self.log.warn("{name}: {reason}", name=name, reason=reason)
-            self.state.events.lifecycle("instance-agent-missing", name, {"reason": reason})
+            self.events.lifecycle("instance-agent-missing", name, {"reason": reason})
 
     def _follow_agent(self, name: str, vm: RunningVM) -> AgentMonitor | None:
-        guest = self.state.guest
+        guest = self.reach.link
         chardev = agent_chardev(vm.spec)
         if guest is None or chardev is None:
             return None
-        record = self.state.store.view.find_instance(name)
+        record = self.store.view.find_instance(name)
         transport = record.config.get(TRANSPORT_KEY, "hvsock") if record else "hvsock"
         link = AgentLink(
             name,
@@ -159,19 +174,19 @@ class Watching:
             guest.intervals,
             connect=connect_line(transport, guest.port),
         )
-        recorders = self.state.recorders
+        recording = self.recording
         # A VM started before vmready gave VMs a vmready.connect port has none.
         has_port = os.path.exists(vm.spec.connect_socket)
         monitor = AgentMonitor(
-            self.state.clock,
-            CountedRingDevice(vm, self.state.metrics),
+            self.clock,
+            CountedRingDevice(vm, self.metrics),
             link,
             chardev,
             lambda change: self._agent_changed(name, change),
-            (lambda: recorders.recorder_for(name)) if recorders is not None else None,
+            (lambda: recording.recorder_for(name)) if recording.enabled else None,
             ConnectPort(
                 # The daemon's reactor (a replay's clock never has such a port).
-                cast(IReactorUNIX, self.state.reactor),
+                cast(IReactorUNIX, self.reactor),
                 vm.spec.connect_socket,
                 name,
             )
@@ -179,18 +194,18 @@ class Watching:
             else None,
             port_id=agent_port_name(vm.spec),
         )
-        self.state.monitors[name] = monitor
+        self.running.monitors[name] = monitor
         return monitor
 
     def _qmp_event(self, name: str, event: QMPEvent) -> None:
         """Any QMP event: the instance's agent monitor (whichever follows it now) reads at once."""
-        monitor = self.state.monitors.get(name)
+        monitor = self.running.monitors.get(name)
         if monitor is not None:
             monitor.qmp_event(event.name, event.data)
 
     def _agent_changed(self, name: str, change: StatusChanged) -> None:
-        self.state.last_agent_status[name] = change.current
-        event = self.state.events.lifecycle(
+        self.running.last_agent_status[name] = change.current
+        event = self.events.lifecycle(
             change.event_action,
             name,
             {"status": change.current.value, "previous": change.previous.value},
@@ -204,32 +219,34 @@ class Watching:
             reason = change.cause
         elif readvertised:
             reason = _READVERTISED
-        self.state.agent_history.record(
-            name, LinkChange(change.current.value, event.timestamp, reason)
-        )
+        self.agent_history.record(name, LinkChange(change.current.value, event.timestamp, reason))
         if change.lost is not None:
             # Gone without a word (killed) or hung (no heartbeat): a fault until it is back.
-            self.state.events.lifecycle(
-                "agent-link-lost", name, {"reason": f"the agent {change.lost}"}
-            )
+            self.events.lifecycle("agent-link-lost", name, {"reason": f"the agent {change.lost}"})
 
     def detach(self, name: str, announce: bool = True, cause: str = "its VM stopped") -> None:
         """Stop following the instance's VM; ``cause``: why its agent stops with it."""
-        unsubscribe = self.state.unsubscribe.pop(name, None)
+        unsubscribe = self._unsubscribe.pop(name, None)
         if unsubscribe is not None:
             unsubscribe()
-        self.state.vms.pop(name, None)
-        self.state.metrics.boot_ended(name)
+        self.running.vms.pop(name, None)
+        self.metrics.boot_ended(name)
         self._stop_following_agent(name, announce, cause)
+
+    async def force_stop(self, name: str, vm: RunningVM | None) -> None:
+        """Stop following the instance's VM and kill it (None: no VM to stop)."""
+        if vm is not None:
+            self.detach(name)
+            await vm.force_stop()
 
     def _stop_following_agent(
         self, name: str, announce: bool = True, cause: str = "its VM stopped"
     ) -> None:
         self._advertised.discard(name)
-        monitor = self.state.monitors.pop(name, None)
+        monitor = self.running.monitors.pop(name, None)
         if monitor is not None:
             monitor.stop(announce, cause)
-            self.state.last_agent_status[name] = monitor.status
+            self.running.last_agent_status[name] = monitor.status
 
     def _vm_event(self, name: str, vm: RunningVM, event: VMEvent) -> None:
         """A VM event: handled after the instance's earlier ones (each waits for its writes)."""
@@ -243,13 +260,13 @@ class Watching:
 
     async def _handle_vm_event(self, name: str, vm: RunningVM, event: VMEvent) -> None:
         """QMP events of a VM we did not ask for: follow power state; a death is an error."""
-        record = self.state.store.view.find_instance(name)
-        if record is None or self.state.vms.get(name) is not vm:
+        record = self.store.view.find_instance(name)
+        if record is None or self.running.vms.get(name) is not vm:
             return
         if event.kind in (VMEventKind.GONE, VMEventKind.SHUTDOWN, VMEventKind.PANICKED):
             # The guest OS is gone or going, whoever owns the instance now: so is its agent.
             self._stop_following_agent(name, cause=_VM_ENDED_CAUSES[event.kind])
-        monitor = self.state.monitors.get(name)
+        monitor = self.running.monitors.get(name)
         if monitor is not None:
             if event.kind is VMEventKind.STOP:
                 monitor.paused()
@@ -258,8 +275,8 @@ class Watching:
         if record.task_state is not None:
             return  # the running action owns the VM now
         if event.kind is VMEventKind.PANICKED and record.vm_state is not VMState.ERROR:
-            await self.state.store.instances.update_config(name, {READY_KEY: "false"})
-            self.state.history(name, "guest-panicked", event.detail, ok=False)
+            await self.store.instances.update_config(name, {READY_KEY: "false"})
+            self.journal.history(name, "guest-panicked", event.detail, ok=False)
             await self.fail_idle(
                 record,
                 f"{event.detail}; its console log may say why (vmready console {name} --show-log)",
@@ -276,19 +293,19 @@ class Watching:
         if event.power_state is not None and event.power_state is not record.power_state:
             if event.power_state in (PowerState.SHUTDOWN, PowerState.CRASHED) and record.ready:
                 # Not ready from the moment it stops, before its process is gone.
-                await self.state.store.instances.update_config(name, {READY_KEY: "false"})
-            self.state.publish_state(
-                await self.state.store.instances.set_power_state(name, event.power_state)
+                await self.store.instances.update_config(name, {READY_KEY: "false"})
+            self.journal.publish_state(
+                await self.store.instances.set_power_state(name, event.power_state)
             )
 
     async def _guest_rebooted(self, record: InstanceRecord, vm: RunningVM) -> None:
         """A reset is a new boot: its workload has not said Ready yet; its agent starts over."""
-        self.state.metrics.boot_started(record.name, self.state.clock.seconds())
+        self.metrics.boot_started(record.name, self.clock.seconds())
         if record.ready:
-            self.state.publish_state(
-                await self.state.store.instances.update_config(record.name, {READY_KEY: "false"})
+            self.journal.publish_state(
+                await self.store.instances.update_config(record.name, {READY_KEY: "false"})
             )
-        if self.state.driver.kind == "fakeqemu":
+        if self.fakeqemu:
             shutil.rmtree(fakeqemu_guest_paths(vm.spec)["state_dir"], ignore_errors=True)
         self._stop_following_agent(record.name, cause="its guest rebooted")
         monitor = self._follow_agent(record.name, vm)
@@ -298,35 +315,33 @@ class Watching:
     async def _vm_went_away(self, record: InstanceRecord, event: VMEvent) -> None:
         # The driver judges the exit: SHUTDOWN for a shutdown QEMU announced, CRASHED otherwise.
         clean = event.power_state is PowerState.SHUTDOWN
-        self.state.history(record.name, "vm-exited", event.detail, ok=clean)
+        self.journal.history(record.name, "vm-exited", event.detail, ok=clean)
         ready_false: dict[str, str | None] = {READY_KEY: "false"}
         if record.vm_state is VMState.ERROR:
             # The error stays; only note that its VM is gone too.
-            await self.state.store.instances.update_config(record.name, ready_false)
-            self.state.publish_state(
-                await self.state.store.instances.set_power_state(
+            await self.store.instances.update_config(record.name, ready_false)
+            self.journal.publish_state(
+                await self.store.instances.set_power_state(
                     record.name, event.power_state or PowerState.CRASHED
                 )
             )
             return
         if clean:
-            updated = await self.state.store.instances.settle(
-                record.name, _RUNNING_STATES, VMState.STOPPED, PowerState.SHUTDOWN, ready_false
+            updated = await self.store.instances.settle(
+                record.name, RUNNING_VM_STATES, VMState.STOPPED, PowerState.SHUTDOWN, ready_false
             )
             if updated is not None:
-                self.state.publish_state(updated)
-                self.state.events.lifecycle(
-                    "instance-shutdown", record.name, {"reason": event.detail}
-                )
+                self.journal.publish_state(updated)
+                self.events.lifecycle("instance-shutdown", record.name, {"reason": event.detail})
             return
-        await self.state.store.instances.update_config(record.name, ready_false)
+        await self.store.instances.update_config(record.name, ready_false)
         await self.fail_idle(record, event.detail, PowerState.CRASHED)
 
     async def fail_idle(self, record: InstanceRecord, reason: str, power: PowerState) -> None:
         """An instance with no task goes to error with ``reason``; the error persists."""
-        updated = await self.state.store.instances.set_error(record.name, reason, power)
-        self.state.publish_state(updated)
-        self.state.events.lifecycle("instance-error", record.name, {"error": reason})
+        updated = await self.store.instances.set_error(record.name, reason, power)
+        self.journal.publish_state(updated)
+        self.events.lifecycle("instance-error", record.name, {"error": reason})
 
     async def monitor_lost(self, record: InstanceRecord, reason: str) -> None:
         """The VM runs but its QMP monitor cannot be reached: error, marked for re-adoption.
@@ -334,6 +349,6 @@ class Watching:
         Power sync tries to adopt the VM again each round (``MONITOR_LOST_KEY``);
         once its monitor answers, the instance runs again without an action.
         """
-        await self.state.store.instances.update_config(record.name, {MONITOR_LOST_KEY: "true"})
+        await self.store.instances.update_config(record.name, {MONITOR_LOST_KEY: "true"})
         await self.fail_idle(record, reason, PowerState.NOSTATE)
-        self.state.events.lifecycle("instance-monitor-lost", record.name, {"reason": reason})
+        self.events.lifecycle("instance-monitor-lost", record.name, {"reason": reason})

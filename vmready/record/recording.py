@@ -32,11 +32,12 @@ from twisted.web.resource import IResource
 from zope.interface import implementer
 
 from vmready.api.web import LocalRequest
+from vmready.domain.config import RECORD_KEY
 from vmready.domain.model import InstanceRecord
-from vmready.domain.states import VMState
+from vmready.domain.states import RUNNING_VM_STATES
 from vmready.hypervisor.cmdline import SerialLayout
 from vmready.lifecycle.events import LIFECYCLE, Event
-from vmready.lifecycle.hooks import RECORD_KEY, RecorderLookup, SessionHooks
+from vmready.lifecycle.hooks import RecorderLookup, SessionHooks
 from vmready.protocols.transcript import (
     DEFAULT_KEEP,
     DEFAULT_MAX_BYTES,
@@ -52,7 +53,6 @@ if TYPE_CHECKING:
     from vmready.lifecycle.core import Lifecycle
 
 __all__ = [
-    "RECORD_KEY",
     "InstanceRecorder",
     "RecorderLookup",
     "Recorders",
@@ -63,8 +63,6 @@ __all__ = [
 
 EVENTS_PATH = "/1.0/events"
 _SOURCE_PREFIX = "/1.0/instances/"
-# A VM in these states runs with the layout it was started with.
-_RUNNING = frozenset({VMState.ACTIVE, VMState.PAUSED, VMState.RESIZED})
 
 
 def transcript_path(directory: str, instance: str) -> str:
@@ -163,7 +161,7 @@ class Recorders:
         # again (recording switched off and on) is no daemon start.
         self._opened: set[str] = set()
         self._keyed = self._any_keyed()
-        self._unsubscribe = lifecycle.state.events.subscribe(self._event, frozenset({LIFECYCLE}))
+        self._unsubscribe = lifecycle.events.subscribe(self._event, frozenset({LIFECYCLE}))
 
     @property
     def maybe_recording(self) -> bool:
@@ -173,7 +171,7 @@ class Recorders:
     def _any_keyed(self) -> bool:
         return any(
             record.config.get(RECORD_KEY) == "true"
-            for record in self.lifecycle.state.store.view.list_instances()
+            for record in self.lifecycle.store.view.list_instances()
         )
 
     def wanted(self, record: InstanceRecord) -> bool:
@@ -189,7 +187,7 @@ class Recorders:
             return self._decided[name]
         if not self.maybe_recording:
             return None
-        record = self.lifecycle.state.store.view.find_instance(name)
+        record = self.lifecycle.store.view.find_instance(name)
         recorder = None
         if record is not None and self.wanted(record):
             try:
@@ -209,9 +207,9 @@ class Recorders:
 
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
         lifecycle = self.lifecycle
-        guest = lifecycle.state.guest
+        guest = lifecycle.reach.link
         layout = self.layout_for(record)
-        spec = lifecycle.spec_for(record, layout)
+        spec = lifecycle.specs.spec_for(record, layout)
         creating = record.vm_state.value == "building"
         header: dict[str, Any] = {
             "side": "host",
@@ -255,9 +253,10 @@ class Recorders:
         A running VM keeps the layout it was started with; any other is started
         with this daemon's (``Lifecycle._launch`` records it only then).
         """
-        if record.vm_state in _RUNNING:
-            return self.lifecycle.layout_of(record)
-        return self.lifecycle.state.serial_layout
+        # A running VM keeps the layout it was started with.
+        if record.vm_state in RUNNING_VM_STATES:
+            return self.lifecycle.specs.layout_of(record)
+        return self.lifecycle.booting.serial_layout
 
     def _event(self, event: Event) -> None:
         source = str(event.metadata.get("source", ""))

@@ -80,15 +80,15 @@ class ReplayCore:
         lifecycle = Lifecycle(
             self.clock,
             self.store,
-            self.driver,  # type: ignore[arg-type]  # the driver calls a replay makes, in memory
+            self.driver,
             self.events,
             f"{self._base}/run",
             serial_layout=self.setup.layout,
         )
-        lifecycle.state.guest = GuestLink(
-            port, _SERVER_PEM, "hvsock:/replay", self.setup.intervals
+        lifecycle.reach.listening(
+            GuestLink(port, _SERVER_PEM, "hvsock:/replay", self.setup.intervals)
         )
-        lifecycle.state.recorders = HookLookup(self.hooks)
+        lifecycle.recording.use(HookLookup(self.hooks))
         self.lifecycle = lifecycle
         self.agent = RequestTraversalAgent(GuestAPI(lifecycle, self._identify).app.resource())
         return lifecycle
@@ -136,7 +136,7 @@ class ReplayCore:
         )
         lifecycle = self._build(setup.port)
         record = self.store.instances.get_instance(self.name)
-        Deferred.fromCoroutine(self.driver.launch(lifecycle.spec_for(record))).addCallback(
+        Deferred.fromCoroutine(self.driver.launch(lifecycle.specs.spec_for(record))).addCallback(
             lambda vm: vm.detach()
         )
         self.settle()
@@ -147,7 +147,7 @@ class ReplayCore:
         self.stop()
         self.down = False
         lifecycle = self._build(port)
-        Deferred.fromCoroutine(lifecycle.recover())
+        Deferred.fromCoroutine(lifecycle.recovery.recover())
         self.settle()
 
     def stop(self) -> None:
@@ -197,7 +197,7 @@ class ReplayCore:
         """Let go of everything (nothing real runs; only the temporary run dir remains)."""
         if self.lifecycle is not None:
             self.stop()
-            self.lifecycle.state.operations.stop()
+            self.lifecycle.operations.stop()
         for call in self.clock.getDelayedCalls():
             if call.active():
                 call.cancel()

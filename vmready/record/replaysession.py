@@ -142,7 +142,7 @@ class ReplaySession:
             # The recorded host read at this moment: so does this one (a poll at once, as
             # after a QMP event), so what it reads is seen in step with the guest's requests.
             lifecycle = core.lifecycle
-            monitor = lifecycle.state.monitors.get(self.name) if lifecycle else None
+            monitor = lifecycle.running.monitors.get(self.name) if lifecycle else None
             if monitor is not None:
                 monitor.qmp_event()
                 core.settle()

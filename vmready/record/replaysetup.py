@@ -16,9 +16,9 @@ from typing import Any
 import attrs
 
 from vmready.agentlink.link import PollIntervals
+from vmready.domain.config import validate_config, validate_name
 from vmready.domain.model import VMReadyError
 from vmready.hypervisor.cmdline import CURRENT_LAYOUT, SERIAL_LAYOUTS, SerialLayout
-from vmready.lifecycle.core import validate_config, validate_name
 from vmready.protocols.transcript import TranscriptError
 from vmready.protocols.transcriptreader import Transcript
 from vmready.record.replayinputs import first_agent_port

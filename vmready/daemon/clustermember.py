@@ -1,0 +1,158 @@
+"""The daemon as a cluster member: hearing the others, its lease, its events relayed.
+
+Only a daemon with ``--member-name`` has one.  It hears the other members
+(LISTEN) before anything else (``hear``), so no write of another member's
+after the store was first read goes unheard; it becomes a member before its
+APIs serve (``become``: the remote API trusts the others through the
+membership), and takes its lease once its remote API is bound (``join``).
+"""
+
+from __future__ import annotations
+
+from twisted.internet.address import IPv4Address, IPv6Address
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IListeningPort
+from twisted.logger import Logger
+
+from vmready.api.trust import TrustRegistry
+from vmready.daemon.clusteroptions import bound_member_address
+from vmready.domain.members import LeaseHeld, LeaseLost
+from vmready.domain.reactor import IVMReadyReactor
+from vmready.lifecycle.events import EventBus
+from vmready.lifecycle.members import Membership
+from vmready.lifecycle.relay import CHANNELS, EventRelay
+from vmready.store.asyncstore import AsyncStore
+from vmready.store.notifications import MEMBERS_CHANNEL, TRUST_CHANNEL, NotificationListener
+
+__all__ = ["ClusterMember"]
+
+
+class ClusterMember:
+    """Member ``name`` of the cluster sharing the store at ``store_location``."""
+
+    log = Logger()
+
+    def __init__(
+        self,
+        reactor: IVMReadyReactor,
+        store: AsyncStore,
+        store_location: str,
+        events: EventBus,
+        trust: TrustRegistry,
+        name: str,
+    ) -> None:
+        self.reactor = reactor
+        self.store = store
+        self.events = events
+        self.trust = trust
+        self.name = name
+        self.relay = EventRelay(events, store, name)
+        self.listener = NotificationListener(
+            reactor,
+            store_location,
+            (*CHANNELS, MEMBERS_CHANNEL, TRUST_CHANNEL),
+            self._notified,
+            self._resync,
+        )
+        self.membership: Membership | None = None
+        # Whether this member holds its lease (given up on a clean stop).
+        self._joined = False
+        self._listening: Deferred[None] | None = None
+
+    def hear(self) -> None:
+        """Hear the others (LISTEN) from now on, and tell them this member's events.
+
+        Once LISTEN is in effect every row is read again (``join`` waits for it).
+        """
+        self.relay.start()
+        store = self.store
+        self._listening = self.listener.start().addCallback(lambda _: store.reload_instances())
+
+    def become(self, address: str, fingerprint: str, lease_seconds: float) -> Membership:
+        """This member's membership, before its APIs serve (``address``: "" until bound)."""
+        self.membership = Membership(
+            self.name, address, fingerprint, self.store, self.events, self.reactor, lease_seconds
+        )
+        return self.membership
+
+    async def join(self, https_address: str, bound: IListeningPort | None) -> Deferred[LeaseLost]:
+        """Hear the others, then take this member's lease; raises (and logs) what refused it.
+
+        Its address is ``--member-address``, else ``https_address`` as
+        ``bound`` (the remote API) listens.  ``LeaseHeld``: another daemon is
+        this member.  Returns what fires if the lease is lost later.
+        """
+        membership = self.membership
+        assert membership is not None and self._listening is not None
+        address = None
+        if not membership.address:
+            assert bound is not None
+            host = bound.getHost()
+            assert isinstance(host, IPv4Address | IPv6Address)
+            address = bound_member_address(https_address, host.port)
+        try:
+            await self._listening
+            await membership.start(address)
+        except LeaseHeld as e:
+            # Another daemon is this member: refused in its one line, touching nothing.
+            self.log.error("{refusal}; stopping", refusal=str(e))
+            raise
+        except Exception as e:
+            self.log.error(
+                "cannot join the cluster as member {member} on {store}: {error}; stopping",
+                member=self.name,
+                store=self.store.engine.path,
+                error=e,
+            )
+            raise
+        self._joined = True
+        return membership.lost.addCallback(self._lost)
+
+    def _lost(self, lost: LeaseLost) -> LeaseLost:
+        """Another daemon holds this member's lease now: it is not this one's to give up."""
+        self._joined = False
+        return lost
+
+    async def stop(self) -> None:
+        """Relay no more, give the lease up (the others see this member gone at once), unhear."""
+        self.relay.stop()
+        if self.membership is not None and self._joined:
+            await self.membership.stop()
+        await self.listener.stop()
+
+    def _notified(self, channel: str, payload: str) -> None:
+        """A notification: members or trust changed, or the relay's (rows, events)."""
+        if channel == MEMBERS_CHANNEL:
+            self._members_changed()
+        elif channel == TRUST_CHANNEL:
+            self._trust_changed()
+        else:
+            self.relay.deliver(channel, payload)
+
+    def _resync(self) -> None:
+        """The listener was cut off and is back: whatever it missed is read again."""
+        self.relay.resync()
+        self._members_changed()
+        self._trust_changed()
+
+    def _trust_changed(self) -> None:
+        """A client certificate was trusted or removed (maybe through another member): read
+        the trust store now; one gone is revoked here too (its requests end)."""
+        self.trust.refresh().addErrback(
+            lambda failure: self.log.warn(
+                "cannot read the trusted certificates again: {error}",
+                error=failure.getErrorMessage(),
+            )
+        )
+
+    def _members_changed(self) -> None:
+        """A member joined, came back, moved or left: read the members now, not at renewal."""
+        membership = self.membership
+        if membership is None or not self._joined:
+            return
+        Deferred.fromCoroutine(membership.refresh()).addErrback(
+            lambda failure: self.log.warn(
+                "cannot read the cluster's members again: {error}",
+                error=failure.getErrorMessage(),
+            )
+        )
