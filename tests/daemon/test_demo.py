@@ -23,7 +23,8 @@ class DemoTests(SynchronousTestCase):
             [sys.executable, "-m", "vmready.daemon.demo", "--workdir", workdir, "--name", "t1"],
             capture_output=True,
             text=True,
-            timeout=120,
+            # A hang guard, not a speed check: a loaded 2-core machine takes minutes.
+            timeout=600,
             check=False,
         )
         self.assertEqual(result.returncode, 0, result.stderr)
@@ -79,7 +80,8 @@ class RunDemoTests(SynchronousTestCase):
             ],
             capture_output=True,
             text=True,
-            timeout=120,
+            # A hang guard, not a speed check: a loaded 2-core machine takes minutes.
+            timeout=600,
             check=False,
         )
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
