@@ -71,7 +71,7 @@ from twisted.internet.interfaces import (
     IReactorSocket,
     IStreamClientEndpoint,
 )
-from twisted.internet.protocol import Protocol, ServerFactory
+from twisted.internet.protocol import ServerFactory
 from twisted.internet.task import deferLater
 from twisted.logger import ILogObserver, Logger
 from twisted.python.failure import Failure
@@ -84,6 +84,7 @@ from zope.interface import implementer
 
 from tests.fixtures import TrackingReactor
 from tests.reactor import reactor
+from tests.received import Received
 from vmready.agentlink.hvsock import HybridVSockClientEndpoint
 from vmready.agentlink.transport import forward_mac
 from vmready.agentlink.vsock import VSockClientEndpoint, vsock_unavailable_reason
@@ -342,24 +343,6 @@ class Reply:
     code: int
     body: Any
     raw: bytes
-
-
-class Lines(Protocol):
-    """Collects a streamed body (``/1.0/events``)."""
-
-    def __init__(self) -> None:
-        self.buffer = b""
-        self.ended: Deferred[None] = Deferred()
-
-    def dataReceived(self, data: bytes) -> None:
-        self.buffer += data
-
-    @property
-    def events(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.buffer.splitlines() if line.strip()]
-
-    def connectionLost(self, reason: Failure | None = None) -> None:
-        self.ended.callback(None)
 
 
 # -- the daemon's side -----------------------------------------------------------
@@ -755,7 +738,7 @@ class IsolationChecks(_ChecksBase):
             path = _with_query(b"/1.0/events", query)
             response = await self.send(client, b"GET", path, host=host, headers=headers)
             self.assertEqual(response.code, 200)
-            lines = Lines()
+            lines = Received()
             response.deliverBody(lines)
             streams.append(lines)
         await self.lifecycle.update_config(
@@ -764,7 +747,7 @@ class IsolationChecks(_ChecksBase):
         await self.lifecycle.update_config("alpha", {"user.owner": "alpha-2"})
         for lines in streams:
             for _ in range(500):
-                if lines.buffer:
+                if lines.received:
                     break
                 await deferLater(reactor, 0.01, lambda: None)
             # Delivered in order: a leaked bravo event would have come first.
@@ -772,7 +755,7 @@ class IsolationChecks(_ChecksBase):
                 [event["metadata"] for event in lines.events],
                 [{"key": "user.owner", "old_value": "alpha", "value": "alpha-2"}],
             )
-            self.assertNothingOfBravo(lines.buffer)
+            self.assertNothingOfBravo(lines.received)
 
     # -- certificates that are not the caller's current one ---------------------
 
@@ -845,14 +828,14 @@ class IsolationChecks(_ChecksBase):
         await self.two()
         client = await self.connect(self.agent(self.alpha_pair))
         response = await self.send(client, b"GET", b"/1.0/events")
-        lines = Lines()
+        lines = Received()
         response.deliverBody(lines)
         operation = await (await self.lifecycle.act("alpha", "delete")).when_done()
         self.assertEqual(operation.error, "")
-        await lines.ended
+        await lines.closed
         await self.add("alpha", ALPHA_CONFIG)
         await self.lifecycle.update_config("alpha", {"user.owner": "the new alpha"})
-        self.assertEqual(lines.buffer, b"")
+        self.assertEqual(lines.received, b"")
 
     async def test_expiredCertificateIsRefused(self) -> None:
         await self.two()
