@@ -36,6 +36,7 @@ from twisted.web.client import (
 from twisted.web.iweb import IAgentEndpointFactory, IRequest
 from zope.interface import implementer
 
+from tests.envelopes import error_envelope, sync_envelope
 from tests.fixtures import Reply, make_lifecycle
 from tests.reactor import reactor
 from vmready.api import guest as guest_api
@@ -70,32 +71,6 @@ _WEB2 = generate("web2")
 _STRANGER = generate("web1")
 # The header through which in-memory tests say who is calling (StubTreq has no TLS).
 _CALLER = b"X-Test-Caller"
-
-
-def _sync(metadata: Any) -> dict[str, Any]:
-    """LXD's success envelope around metadata."""
-    return {
-        "type": "sync",
-        "status": "Success",
-        "status_code": 200,
-        "operation": "",
-        "error_code": 0,
-        "error": "",
-        "metadata": metadata,
-    }
-
-
-def _error(code: int, message: str) -> dict[str, Any]:
-    """LXD's error envelope."""
-    return {
-        "type": "error",
-        "status": "",
-        "status_code": 0,
-        "operation": "",
-        "error_code": code,
-        "error": message,
-        "metadata": None,
-    }
 
 
 class _Lines(Protocol):
@@ -201,11 +176,11 @@ class GuestAPITestCase(TestCase):
 
     def assertSync(self, reply: Reply, metadata: Any) -> None:
         """A 200 success envelope around exactly this metadata."""
-        self.assertEqual((reply.code, reply.body), (200, _sync(metadata)))
+        self.assertEqual((reply.code, reply.body), (200, sync_envelope(metadata)))
 
     def assertError(self, reply: Reply, code: int, message: str) -> None:
         """LXD's error envelope with this status and text."""
-        self.assertEqual((reply.code, reply.body), (code, _error(code, message)))
+        self.assertEqual((reply.code, reply.body), (code, error_envelope(code, message)))
 
 
 class ServerTests(GuestAPITestCase):
@@ -788,7 +763,7 @@ class GuestTLSTests(TestCase):
         self.assertEqual(reply.code, 200)
         self.assertEqual(
             reply.body,
-            _sync(
+            sync_envelope(
                 {
                     "api_version": "1.0",
                     "instance_type": "virtual-machine",
@@ -819,7 +794,7 @@ class GuestTLSTests(TestCase):
         self.assertEqual((await self.get(client, "/1.0")).code, 200)
         self.store.instances.delete_instance("web1")
         reply = await self.get(client, "/1.0")
-        self.assertEqual((reply.code, reply.body), (403, _error(403, FORBIDDEN_MESSAGE)))
+        self.assertEqual((reply.code, reply.body), (403, error_envelope(403, FORBIDDEN_MESSAGE)))
 
     async def test_certificatePastItsValidityIsRefusedByEveryRequest(self) -> None:
         later = _NOW + datetime.timedelta(days=20 * 365)
@@ -827,7 +802,7 @@ class GuestTLSTests(TestCase):
             self.lifecycle, identify=certificate_identifier(self.store.certificates, lambda: later)
         )
         reply = await self.get(self.agent(_WEB1), "/1.0")
-        self.assertEqual((reply.code, reply.body), (403, _error(403, FORBIDDEN_MESSAGE)))
+        self.assertEqual((reply.code, reply.body), (403, error_envelope(403, FORBIDDEN_MESSAGE)))
 
     async def test_guestThatStopsReadingItsEventsIsCutOff(self) -> None:
         self.patch(guest_api, "EventStream", functools.partial(EventStream, limit=64 * 1024))
@@ -860,7 +835,7 @@ class GuestTLSTests(TestCase):
         with capturedLogs() as logs:
             refused = await self.get(self.agent(_WEB1), "/1.0")
         message = "Too many connections from this instance (limit 2)"
-        self.assertEqual((refused.code, refused.body), (429, _error(429, message)))
+        self.assertEqual((refused.code, refused.body), (429, error_envelope(429, message)))
         self.assertEqual([log["peer"] for log in logs if "peer" in log], ["instance 'web1'"])
         # Another guest is not held back by this one.
         self.assertEqual((await self.get(self.agent(_WEB2), "/1.0")).code, 200)
@@ -911,7 +886,7 @@ class GuestTLSTests(TestCase):
         with capturedLogs():
             refused = await self.get(self.agent(_WEB1), "/1.0")
         message = "Too many connections from this instance (limit 2)"
-        self.assertEqual((refused.code, refused.body), (429, _error(429, message)))
+        self.assertEqual((refused.code, refused.body), (429, error_envelope(429, message)))
 
     async def test_aConnectionThatNeverStartsItsHandshakeIsClosedWhenIdle(self) -> None:
         self.listen()

@@ -82,6 +82,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 from zope.interface import implementer
 
+from tests.envelopes import error_envelope, sync_envelope
 from tests.fixtures import TrackingReactor
 from tests.reactor import reactor
 from tests.received import Received
@@ -522,37 +523,13 @@ ALPHA_DEVICES = {"root": {"type": "disk", "path": "/", "pool": "alpha-pool"}}
 BRAVO_DEVICES = {"root": {"type": "disk", "path": "/", "pool": f"{SECRET}-pool"}}
 
 
-def _sync(metadata: Any) -> dict[str, Any]:
-    return {
-        "type": "sync",
-        "status": "Success",
-        "status_code": 200,
-        "operation": "",
-        "error_code": 0,
-        "error": "",
-        "metadata": metadata,
-    }
-
-
-def _error(code: int, message: str) -> dict[str, Any]:
-    return {
-        "type": "error",
-        "status": "",
-        "status_code": 0,
-        "operation": "",
-        "error_code": code,
-        "error": message,
-        "metadata": None,
-    }
-
-
 def alpha_answers(alpha: InstanceRecord) -> dict[bytes, tuple[int, Any]]:
     """What each GET route must answer alpha, written from alpha's record, not from the API."""
     return {
-        b"/": (200, _sync(["/1.0"])),
+        b"/": (200, sync_envelope(["/1.0"])),
         b"/1.0": (
             200,
-            _sync(
+            sync_envelope(
                 {
                     "api_version": "1.0",
                     "instance_type": "virtual-machine",
@@ -563,7 +540,7 @@ def alpha_answers(alpha: InstanceRecord) -> dict[bytes, tuple[int, Any]]:
         ),
         b"/1.0/config": (
             200,
-            _sync(
+            sync_envelope(
                 [
                     "/1.0/config/cloud-init.user-data",
                     "/1.0/config/user.alpha-only",
@@ -572,13 +549,16 @@ def alpha_answers(alpha: InstanceRecord) -> dict[bytes, tuple[int, Any]]:
                 ]
             ),
         ),
-        b"/1.0/config/user.owner": (200, _sync("alpha")),
-        b"/1.0/config/cloud-init.user-data": (200, _sync(ALPHA_CONFIG["cloud-init.user-data"])),
+        b"/1.0/config/user.owner": (200, sync_envelope("alpha")),
+        b"/1.0/config/cloud-init.user-data": (
+            200,
+            sync_envelope(ALPHA_CONFIG["cloud-init.user-data"]),
+        ),
         b"/1.0/meta-data": (
             200,
-            _sync(f"instance-id: {alpha.uuid}\nlocal-hostname: alpha\nalpha-meta: 1"),
+            sync_envelope(f"instance-id: {alpha.uuid}\nlocal-hostname: alpha\nalpha-meta: 1"),
         ),
-        b"/1.0/devices": (200, _sync(ALPHA_DEVICES)),
+        b"/1.0/devices": (200, sync_envelope(ALPHA_DEVICES)),
     }
 
 
@@ -690,7 +670,7 @@ class IsolationChecks(_ChecksBase):
         reply = await self.call(
             self.agent(self.alpha_pair), b"GET", b"/1.0/config/user.bravo-only", host=b"bravo"
         )
-        self.assertEqual((reply.code, reply.body), (404, _error(404, "not found")))
+        self.assertEqual((reply.code, reply.body), (404, error_envelope(404, "not found")))
 
     async def test_eachCertificateIsItsOwnInstance(self) -> None:
         # The control: the same requests with bravo's own certificate answer about bravo.
@@ -723,7 +703,7 @@ class IsolationChecks(_ChecksBase):
                 reply = await self.call(
                     tls, b"PATCH", _with_query(b"/1.0", query), body, host, headers
                 )
-                self.assertEqual((reply.code, reply.body), (200, _sync({})))
+                self.assertEqual((reply.code, reply.body), (200, sync_envelope({})))
                 self.assertEqual(
                     self.store.view.get_instance("alpha").ready, state == b"Ready", (query, host)
                 )
@@ -822,7 +802,9 @@ class IsolationChecks(_ChecksBase):
         await self.add("alpha", ALPHA_CONFIG)
         for path in (b"/1.0", b"/1.0/meta-data", b"/1.0/config/user.owner"):
             reply = await self.read(await self.send(client, b"GET", path, persistent=True))
-            self.assertEqual((reply.code, reply.body), (403, _error(403, FORBIDDEN_MESSAGE)))
+            self.assertEqual(
+                (reply.code, reply.body), (403, error_envelope(403, FORBIDDEN_MESSAGE))
+            )
 
     async def test_eventStreamOfADeletedInstanceEndsBeforeItsSuccessorSpeaks(self) -> None:
         await self.two()
@@ -864,7 +846,7 @@ class IsolationChecks(_ChecksBase):
         self.assertEqual(first.code, 200)
         now[0] = _NOW + datetime.timedelta(days=11 * 365)  # past the 10 years it is valid for
         reply = await self.read(await self.send(client, b"GET", b"/1.0", persistent=True))
-        self.assertEqual((reply.code, reply.body), (403, _error(403, FORBIDDEN_MESSAGE)))
+        self.assertEqual((reply.code, reply.body), (403, error_envelope(403, FORBIDDEN_MESSAGE)))
         # And a new connection does not get past the handshake.
         alert = await self.assertRefusedAtHandshake(self.agent(self.alpha_pair))
         self.assertIn("alert unknown ca", alert)
