@@ -11,10 +11,11 @@ from twisted.python.failure import Failure
 
 
 class Received(Protocol):
-    """Records what arrives; ``closed`` fires when the connection ends."""
+    """Records what arrives; ``closed`` fires when the connection ends, ``reason`` says why."""
 
     def __init__(self) -> None:
         self.received = b""
+        self.reason: Failure | None = None
         self.closed: Deferred[None] = Deferred()
 
     def dataReceived(self, data: bytes) -> None:
@@ -26,5 +27,6 @@ class Received(Protocol):
         return [json.loads(line) for line in self.received.splitlines() if line.strip()]
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self.reason = reason
         if not self.closed.called:
             self.closed.callback(None)

@@ -19,12 +19,10 @@ from treq.testing import StubTreq
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import UNIXClientEndpoint, wrapClientTLS
 from twisted.internet.interfaces import IOpenSSLClientConnectionCreator, IStreamClientEndpoint
-from twisted.internet.protocol import Protocol
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.internet.unix import Port as UNIXPort
 from twisted.logger import capturedLogs
-from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.client import (
     Agent,
@@ -39,6 +37,7 @@ from zope.interface import implementer
 from tests.envelopes import error_envelope, sync_envelope
 from tests.fixtures import Reply, make_lifecycle
 from tests.reactor import reactor
+from tests.received import Received
 from vmready.api import guest as guest_api
 from vmready.api.eventstream import EventStream
 from vmready.api.guest import (
@@ -71,26 +70,6 @@ _WEB2 = generate("web2")
 _STRANGER = generate("web1")
 # The header through which in-memory tests say who is calling (StubTreq has no TLS).
 _CALLER = b"X-Test-Caller"
-
-
-class _Lines(Protocol):
-    """Collects a streamed response body as JSON lines."""
-
-    def __init__(self) -> None:
-        self.buffer = b""
-        self.reason: Failure | None = None
-        self.ended: Deferred[None] = Deferred()
-
-    def dataReceived(self, data: bytes) -> None:
-        self.buffer += data
-
-    @property
-    def events(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.buffer.splitlines() if line.strip()]
-
-    def connectionLost(self, reason: Failure | None = None) -> None:
-        self.reason = reason
-        self.ended.callback(None)
 
 
 def _add(store: Store, name: str, config: dict[str, str] | None = None, **devices: Any) -> None:
@@ -158,14 +137,14 @@ class GuestAPITestCase(TestCase):
             },
         )
 
-    async def open_events(self, query: str = "", caller: str = "web1") -> tuple[_Lines, Any]:
+    async def open_events(self, query: str = "", caller: str = "web1") -> tuple[Received, Any]:
         """Open ``caller``'s event stream; its line collector and the response."""
         pending = self.http.get(
             "http://guest/1.0/events" + query, headers={_CALLER: [caller.encode()]}
         )
         self.http.flush()
         response = await pending
-        lines = _Lines()
+        lines = Received()
         response.deliverBody(lines)
         return lines, response
 
@@ -488,19 +467,19 @@ class EventTests(GuestAPITestCase):
         self.assertEqual(sorted(event), ["metadata", "timestamp", "type"])
         self.assertEqual(event["type"], "config")
         self.assertRegex(event["timestamp"], _RFC3339)
-        self.assertFalse(lines.ended.called)
+        self.assertFalse(lines.closed.called)
 
     async def test_unchangedValuesAndOtherKeysSendNothing(self) -> None:
         self.add(config={"user.a": "1"})
         lines, _ = await self.open_events()
         self.update("web1", {"user.a": "1", "limits.memory": "512"})
-        self.assertEqual(lines.buffer, b"")
+        self.assertEqual(lines.received, b"")
 
     async def test_deviceFilterLeavesConfigEventsOut(self) -> None:
         self.add()
         lines, _ = await self.open_events("?type=device")
         self.update("web1", {"user.a": "1"})
-        self.assertEqual(lines.buffer, b"")
+        self.assertEqual(lines.received, b"")
 
     async def test_typeFilterTakesCommaListsAndRepeats(self) -> None:
         self.add()
@@ -534,10 +513,10 @@ class EventTests(GuestAPITestCase):
         operation = await (await self.lifecycle.act("web1", "delete")).when_done()
         self.assertEqual(operation.error, "")
         self.http.flush()
-        await lines.ended
+        await lines.closed
         assert lines.reason is not None
         self.assertIsInstance(lines.reason.value, ResponseDone)
-        self.assertEqual(lines.buffer, b"")
+        self.assertEqual(lines.received, b"")
         self.assertEqual(len(self.lifecycle.state.events._subscribers), before)
 
     async def test_streamEndsWhenTheCallerIsRevoked(self) -> None:
@@ -545,10 +524,10 @@ class EventTests(GuestAPITestCase):
         lines, _ = await self.open_events()
         self.revoked.add("web1")
         self.update("web1", {"user.a": "1"})
-        await lines.ended
+        await lines.closed
         assert lines.reason is not None
         self.assertIsInstance(lines.reason.value, ResponseDone)
-        self.assertEqual(lines.buffer, b"")
+        self.assertEqual(lines.received, b"")
 
 
 class GuestEventFeedTests(SynchronousTestCase):
@@ -807,7 +786,7 @@ class GuestTLSTests(TestCase):
     async def test_guestThatStopsReadingItsEventsIsCutOff(self) -> None:
         self.patch(guest_api, "EventStream", functools.partial(EventStream, limit=64 * 1024))
         response = await self.agent(_WEB1).get("https://guest/1.0/events")
-        lines = _Lines()
+        lines = Received()
         response.deliverBody(lines)
         assert lines.transport is not None
         lines.transport.pauseProducing()  # type: ignore[attr-defined]
@@ -818,7 +797,7 @@ class GuestTLSTests(TestCase):
             )
             await deferLater(reactor, 0.005, lambda: None)
         lines.transport.resumeProducing()  # type: ignore[attr-defined]
-        await lines.ended
+        await lines.closed
         assert lines.reason is not None
         self.assertIsInstance(lines.reason.value, ResponseFailed)
         numbers = [int(event["metadata"]["value"][:2]) for event in lines.events]
