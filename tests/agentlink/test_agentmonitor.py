@@ -11,19 +11,12 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from vmready.agentlink.link import AgentLink, PollIntervals, StatusChanged
+from tests.agentlink.test_agentlink import INTERVALS
+from vmready.agentlink.link import AgentLink, StatusChanged
 from vmready.agentlink.monitor import AgentMonitor
 from vmready.domain.model import HypervisorError
 from vmready.protocols.ringbuffer import AgentStatus
 
-INTERVALS = PollIntervals(
-    follow_up=0.05,
-    follow_up_window=10.0,
-    agentless_first=1.0,
-    safety=120.0,
-    reopen_grace=1.0,
-    silence_timeout=15.0,
-)
 PORT = "com.canonical.lxd"
 
 

@@ -9,16 +9,14 @@ from io import BytesIO
 from typing import Any
 
 from treq.testing import StubTreq
-from twisted.internet.defer import Deferred
-from twisted.internet.protocol import Protocol
 from twisted.internet.task import deferLater
-from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.server import Request
 from twisted.web.test.requesthelper import DummyChannel
 
 from tests.fixtures import STARTED_UNDER_TCG, STOP_TIMEOUT, Reply, make_lifecycle
 from tests.reactor import reactor
+from tests.received import Received
 from vmready.api.eventstream import MAX_PENDING_BYTES, EventStream
 from vmready.api.operator import OperatorAPI
 from vmready.api.requestbody import MAX_BODY_BYTES, read_json_body
@@ -33,24 +31,6 @@ from vmready.protocols.ringbuffer import AgentStatus
 
 _RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
 _NO_BODY = object()
-
-
-class _Lines(Protocol):
-    """Collects a streamed response body as JSON lines."""
-
-    def __init__(self) -> None:
-        self.buffer = b""
-        self.ended: Deferred[None] = Deferred()
-
-    def dataReceived(self, data: bytes) -> None:
-        self.buffer += data
-
-    @property
-    def events(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.buffer.splitlines() if line.strip()]
-
-    def connectionLost(self, reason: Failure | None = None) -> None:
-        self.ended.callback(None)
 
 
 class APITestCase(TestCase):
@@ -672,12 +652,12 @@ class ActionTests(APITestCase):
 class EventStreamTests(APITestCase):
     """``GET /1.0/events``: newline-delimited JSON, filtered, kept open."""
 
-    async def open(self, query: str = "") -> tuple[_Lines, Any]:
+    async def open(self, query: str = "") -> tuple[Received, Any]:
         """Open the stream; returns its line collector and the response."""
         pending = self.http.get("http://vmready/1.0/events" + query)
         self.http.flush()
         response = await pending
-        lines = _Lines()
+        lines = Received()
         response.deliverBody(lines)
         return lines, response
 
@@ -701,7 +681,7 @@ class EventStreamTests(APITestCase):
         )
         self.assertEqual(events[0]["metadata"]["source"], "/1.0/instances/web1")
         self.assertRegex(events[0]["timestamp"], _RFC3339)
-        self.assertFalse(lines.ended.called)
+        self.assertFalse(lines.closed.called)
 
     async def test_operationFilterShowsOnlyOperations(self) -> None:
         lines, _ = await self.open("?type=operation")

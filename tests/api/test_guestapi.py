@@ -19,12 +19,10 @@ from treq.testing import StubTreq
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import UNIXClientEndpoint, wrapClientTLS
 from twisted.internet.interfaces import IOpenSSLClientConnectionCreator, IStreamClientEndpoint
-from twisted.internet.protocol import Protocol
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.internet.unix import Port as UNIXPort
 from twisted.logger import capturedLogs
-from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.client import (
     Agent,
@@ -36,8 +34,10 @@ from twisted.web.client import (
 from twisted.web.iweb import IAgentEndpointFactory, IRequest
 from zope.interface import implementer
 
+from tests.envelopes import error_envelope, sync_envelope
 from tests.fixtures import Reply, make_lifecycle
 from tests.reactor import reactor
+from tests.received import Received
 from vmready.api import guest as guest_api
 from vmready.api.eventstream import EventStream
 from vmready.api.guest import (
@@ -70,52 +70,6 @@ _WEB2 = generate("web2")
 _STRANGER = generate("web1")
 # The header through which in-memory tests say who is calling (StubTreq has no TLS).
 _CALLER = b"X-Test-Caller"
-
-
-def _sync(metadata: Any) -> dict[str, Any]:
-    """LXD's success envelope around metadata."""
-    return {
-        "type": "sync",
-        "status": "Success",
-        "status_code": 200,
-        "operation": "",
-        "error_code": 0,
-        "error": "",
-        "metadata": metadata,
-    }
-
-
-def _error(code: int, message: str) -> dict[str, Any]:
-    """LXD's error envelope."""
-    return {
-        "type": "error",
-        "status": "",
-        "status_code": 0,
-        "operation": "",
-        "error_code": code,
-        "error": message,
-        "metadata": None,
-    }
-
-
-class _Lines(Protocol):
-    """Collects a streamed response body as JSON lines."""
-
-    def __init__(self) -> None:
-        self.buffer = b""
-        self.reason: Failure | None = None
-        self.ended: Deferred[None] = Deferred()
-
-    def dataReceived(self, data: bytes) -> None:
-        self.buffer += data
-
-    @property
-    def events(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.buffer.splitlines() if line.strip()]
-
-    def connectionLost(self, reason: Failure | None = None) -> None:
-        self.reason = reason
-        self.ended.callback(None)
 
 
 def _add(store: Store, name: str, config: dict[str, str] | None = None, **devices: Any) -> None:
@@ -183,14 +137,14 @@ class GuestAPITestCase(TestCase):
             },
         )
 
-    async def open_events(self, query: str = "", caller: str = "web1") -> tuple[_Lines, Any]:
+    async def open_events(self, query: str = "", caller: str = "web1") -> tuple[Received, Any]:
         """Open ``caller``'s event stream; its line collector and the response."""
         pending = self.http.get(
             "http://guest/1.0/events" + query, headers={_CALLER: [caller.encode()]}
         )
         self.http.flush()
         response = await pending
-        lines = _Lines()
+        lines = Received()
         response.deliverBody(lines)
         return lines, response
 
@@ -203,11 +157,11 @@ class GuestAPITestCase(TestCase):
 
     def assertSync(self, reply: Reply, metadata: Any) -> None:
         """A 200 success envelope around exactly this metadata."""
-        self.assertEqual((reply.code, reply.body), (200, _sync(metadata)))
+        self.assertEqual((reply.code, reply.body), (200, sync_envelope(metadata)))
 
     def assertError(self, reply: Reply, code: int, message: str) -> None:
         """LXD's error envelope with this status and text."""
-        self.assertEqual((reply.code, reply.body), (code, _error(code, message)))
+        self.assertEqual((reply.code, reply.body), (code, error_envelope(code, message)))
 
 
 class ServerTests(GuestAPITestCase):
@@ -515,19 +469,19 @@ class EventTests(GuestAPITestCase):
         self.assertEqual(sorted(event), ["metadata", "timestamp", "type"])
         self.assertEqual(event["type"], "config")
         self.assertRegex(event["timestamp"], _RFC3339)
-        self.assertFalse(lines.ended.called)
+        self.assertFalse(lines.closed.called)
 
     async def test_unchangedValuesAndOtherKeysSendNothing(self) -> None:
         self.add(config={"user.a": "1"})
         lines, _ = await self.open_events()
         self.update("web1", {"user.a": "1", "limits.memory": "512"})
-        self.assertEqual(lines.buffer, b"")
+        self.assertEqual(lines.received, b"")
 
     async def test_deviceFilterLeavesConfigEventsOut(self) -> None:
         self.add()
         lines, _ = await self.open_events("?type=device")
         self.update("web1", {"user.a": "1"})
-        self.assertEqual(lines.buffer, b"")
+        self.assertEqual(lines.received, b"")
 
     async def test_typeFilterTakesCommaListsAndRepeats(self) -> None:
         self.add()
@@ -561,10 +515,10 @@ class EventTests(GuestAPITestCase):
         operation = await (await self.lifecycle.act("web1", "delete")).when_done()
         self.assertEqual(operation.error, "")
         self.http.flush()
-        await lines.ended
+        await lines.closed
         assert lines.reason is not None
         self.assertIsInstance(lines.reason.value, ResponseDone)
-        self.assertEqual(lines.buffer, b"")
+        self.assertEqual(lines.received, b"")
         self.assertEqual(len(self.lifecycle.events._subscribers), before)
 
     async def test_streamEndsWhenTheCallerIsRevoked(self) -> None:
@@ -572,10 +526,10 @@ class EventTests(GuestAPITestCase):
         lines, _ = await self.open_events()
         self.revoked.add("web1")
         self.update("web1", {"user.a": "1"})
-        await lines.ended
+        await lines.closed
         assert lines.reason is not None
         self.assertIsInstance(lines.reason.value, ResponseDone)
-        self.assertEqual(lines.buffer, b"")
+        self.assertEqual(lines.received, b"")
 
 
 class GuestEventFeedTests(SynchronousTestCase):
@@ -790,7 +744,7 @@ class GuestTLSTests(TestCase):
         self.assertEqual(reply.code, 200)
         self.assertEqual(
             reply.body,
-            _sync(
+            sync_envelope(
                 {
                     "api_version": "1.0",
                     "instance_type": "virtual-machine",
@@ -821,7 +775,7 @@ class GuestTLSTests(TestCase):
         self.assertEqual((await self.get(client, "/1.0")).code, 200)
         self.store.instances.delete_instance("web1")
         reply = await self.get(client, "/1.0")
-        self.assertEqual((reply.code, reply.body), (403, _error(403, FORBIDDEN_MESSAGE)))
+        self.assertEqual((reply.code, reply.body), (403, error_envelope(403, FORBIDDEN_MESSAGE)))
 
     async def test_certificatePastItsValidityIsRefusedByEveryRequest(self) -> None:
         later = _NOW + datetime.timedelta(days=20 * 365)
@@ -829,12 +783,12 @@ class GuestTLSTests(TestCase):
             self.lifecycle, identify=certificate_identifier(self.store.certificates, lambda: later)
         )
         reply = await self.get(self.agent(_WEB1), "/1.0")
-        self.assertEqual((reply.code, reply.body), (403, _error(403, FORBIDDEN_MESSAGE)))
+        self.assertEqual((reply.code, reply.body), (403, error_envelope(403, FORBIDDEN_MESSAGE)))
 
     async def test_guestThatStopsReadingItsEventsIsCutOff(self) -> None:
         self.patch(guest_api, "EventStream", functools.partial(EventStream, limit=64 * 1024))
         response = await self.agent(_WEB1).get("https://guest/1.0/events")
-        lines = _Lines()
+        lines = Received()
         response.deliverBody(lines)
         assert lines.transport is not None
         lines.transport.pauseProducing()  # type: ignore[attr-defined]
@@ -845,7 +799,7 @@ class GuestTLSTests(TestCase):
             )
             await deferLater(reactor, 0.005, lambda: None)
         lines.transport.resumeProducing()  # type: ignore[attr-defined]
-        await lines.ended
+        await lines.closed
         assert lines.reason is not None
         self.assertIsInstance(lines.reason.value, ResponseFailed)
         numbers = [int(event["metadata"]["value"][:2]) for event in lines.events]
@@ -862,7 +816,7 @@ class GuestTLSTests(TestCase):
         with capturedLogs() as logs:
             refused = await self.get(self.agent(_WEB1), "/1.0")
         message = "Too many connections from this instance (limit 2)"
-        self.assertEqual((refused.code, refused.body), (429, _error(429, message)))
+        self.assertEqual((refused.code, refused.body), (429, error_envelope(429, message)))
         self.assertEqual([log["peer"] for log in logs if "peer" in log], ["instance 'web1'"])
         # Another guest is not held back by this one.
         self.assertEqual((await self.get(self.agent(_WEB2), "/1.0")).code, 200)
@@ -913,7 +867,7 @@ class GuestTLSTests(TestCase):
         with capturedLogs():
             refused = await self.get(self.agent(_WEB1), "/1.0")
         message = "Too many connections from this instance (limit 2)"
-        self.assertEqual((refused.code, refused.body), (429, _error(429, message)))
+        self.assertEqual((refused.code, refused.body), (429, error_envelope(429, message)))
 
     async def test_aConnectionThatNeverStartsItsHandshakeIsClosedWhenIdle(self) -> None:
         self.listen()

@@ -22,6 +22,7 @@ from benchmarks._faultproxy import (
     socket_owner,
 )
 from tests.reactor import reactor
+from tests.received import Received
 
 # Long enough for bytes on loopback to arrive many times over: what has not arrived by
 # then was held back.
@@ -121,20 +122,6 @@ class _Upstream:
         return gatherResults([echo.lost for echo in self.served])
 
 
-class _Client(Protocol):
-    """Collects what it receives; ``closed`` fires when the connection ends."""
-
-    def __init__(self) -> None:
-        self.received = b""
-        self.closed: Deferred[None] = Deferred()
-
-    def dataReceived(self, data: bytes) -> None:
-        self.received += data
-
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        self.closed.callback(None)
-
-
 class ProxyTests(TestCase):
     """Real loopback sockets through the proxy: relayed, silenced, healed."""
 
@@ -153,19 +140,19 @@ class ProxyTests(TestCase):
         )
         return proxy, route, upstream
 
-    async def dial(self, route: Route) -> _Client:
-        client = _Client()
+    async def dial(self, route: Route) -> Received:
+        client = Received()
         host, port = route.address.split(":")
         await connectProtocol(TCP4ClientEndpoint(reactor, host, int(port)), client)
         self.addCleanup(self.hang_up, client)
         return client
 
-    def hang_up(self, client: _Client) -> Deferred[None]:
+    def hang_up(self, client: Received) -> Deferred[None]:
         if client.transport is not None and client.connected:
             client.transport.loseConnection()
         return client.closed
 
-    async def received(self, client: _Client, expected: bytes) -> None:
+    async def received(self, client: Received, expected: bytes) -> None:
         """Until ``client`` has received ``expected`` (the test's timeout bounds it)."""
         while client.received != expected:
             await deferLater(reactor, 0.01, lambda: None)

@@ -29,7 +29,6 @@ from tests.fakeqemu.test_fakeqemu_process import (
     EventRecorder,
     ProcessTestCase,
     RecordedProcess,
-    SocketEnd,
     agent_devices,
     deferred_test,
     monitor_closed,
@@ -39,10 +38,11 @@ from tests.fakeqemu.test_fakeqemu_process import (
     wait_until,
 )
 from tests.reactor import reactor
+from tests.received import Received
 from vmready.protocols.qmp import connect_qmp
 
 
-class ControlClient(SocketEnd):
+class ControlClient(Received):
     """The host's control protocol from the test's side: one JSON request per line."""
 
     def __init__(self) -> None:
@@ -538,7 +538,7 @@ class LauncherTests(InProcessHostTestCase):
         self.assertEqual(await launcher.exit_status(), 0)
         guest_dir = os.path.join(workdir, "vm.qmp.guest")
         forward = await self.open_socket(
-            os.path.join(guest_dir, "tcp", "10.0.2.100:1"), SocketEnd()
+            os.path.join(guest_dir, "tcp", "10.0.2.100:1"), Received()
         )
         await forward.closed
         self.assertEqual(

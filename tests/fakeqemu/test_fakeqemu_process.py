@@ -21,7 +21,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
 from twisted.internet.error import ProcessExitedAlready, ProcessTerminated
 from twisted.internet.interfaces import IHalfCloseableProtocol, IProcessTransport
-from twisted.internet.protocol import ProcessProtocol, Protocol, connectionDone
+from twisted.internet.protocol import ProcessProtocol, Protocol
 from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
@@ -41,6 +41,7 @@ from tests.fakeqemu.commandlines import PORT as AGENT_PORT
 from tests.fakeqemu.commandlines import RING as AGENT_RING
 from tests.processes import kill_if_named
 from tests.reactor import reactor
+from tests.received import Received
 from vmready.protocols.qmp import QMPClientProtocol, QMPDisconnected, QMPEvent, connect_qmp
 
 BIN_DIRECTORY = os.path.dirname(os.path.abspath(sys.executable))
@@ -123,25 +124,10 @@ def monitor_closed(client: QMPClientProtocol) -> Deferred[None]:
     return client.when_closed().addTimeout(DEADLINE, reactor)
 
 
-class SocketEnd(Protocol):
-    """A test's end of a unix socket: records what arrives and when it closes."""
-
-    def __init__(self) -> None:
-        self.received = b""
-        self.closed: Deferred[None] = Deferred()
-
-    def dataReceived(self, data: bytes) -> None:
-        self.received += data
-
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        if not self.closed.called:
-            self.closed.callback(None)
+_P = TypeVar("_P", bound=Received)
 
 
-_P = TypeVar("_P", bound=SocketEnd)
-
-
-def _disconnect(protocol: SocketEnd) -> Deferred[None] | None:
+def _disconnect(protocol: Received) -> Deferred[None] | None:
     if protocol.closed.called or protocol.transport is None:
         return None
     protocol.transport.loseConnection()
@@ -732,8 +718,8 @@ class GuestSocketTests(ProcessTestCase):
             ]
         )
         await self.monitor(qmp, process)
-        guest = await self.open_socket(self.guest_socket(qmp, "vmready.connect"), SocketEnd())
-        host = await self.open_socket(connect, SocketEnd())
+        guest = await self.open_socket(self.guest_socket(qmp, "vmready.connect"), Received())
+        host = await self.open_socket(connect, Received())
         assert host.transport is not None and guest.transport is not None
         host.transport.write(b"CONNECT 2:1234\n")
         guest.transport.write(b"ok\n")
@@ -745,7 +731,7 @@ class GuestSocketTests(ProcessTestCase):
     async def test_frontendOpenFollowsTheGuestSocket(self) -> None:
         _, client, qmp = await self.agent_vm()
         before = await self.agent_ring_open(client)
-        guest = await self.open_socket(self.guest_socket(qmp, AGENT_PORT), SocketEnd())
+        guest = await self.open_socket(self.guest_socket(qmp, AGENT_PORT), Received())
         await self.wait_for_frontend(client, True)
         assert guest.transport is not None
         guest.transport.loseConnection()
@@ -757,7 +743,7 @@ class GuestSocketTests(ProcessTestCase):
     async def test_guestPoweroffEndsTheVM(self) -> None:
         process, client, qmp = await self.agent_vm()
         events = EventRecorder(client)
-        control = await self.open_socket(self.control_socket(qmp), SocketEnd())
+        control = await self.open_socket(self.control_socket(qmp), Received())
         assert control.transport is not None
         control.transport.write(b"poweroff\n")
         shutdown = await events.first("SHUTDOWN")
@@ -948,7 +934,7 @@ class MigrationTests(ProcessTestCase):
 
 
 @implementer(IHalfCloseableProtocol)
-class HalfClosingEnd(SocketEnd):
+class HalfClosingEnd(Received):
     """A socket end that can shut down its sending side and still read the answer."""
 
     def __init__(self) -> None:
@@ -975,7 +961,7 @@ class HalfClosingEnd(SocketEnd):
         self.transport.loseWriteConnection()  # type: ignore[attr-defined]
 
 
-def _received(end: SocketEnd, expected: bytes) -> bool:
+def _received(end: Received, expected: bytes) -> bool:
     return end.received == expected
 
 
@@ -1062,7 +1048,7 @@ class GuestDeviceTests(ProcessTestCase):
             ]
         )
         self.assertEqual(await launcher.exit_status(), 0)
-        guest = await self.open_socket(self.guest_path(qmp, "tcp/10.0.2.100:8443"), SocketEnd())
+        guest = await self.open_socket(self.guest_path(qmp, "tcp/10.0.2.100:8443"), Received())
         await guest.closed
         with open(log, "rb") as f:
             self.assertEqual(
@@ -1085,7 +1071,7 @@ class GuestDeviceTests(ProcessTestCase):
             [*self.devices(command="pwd"), *qmp_option(qmp), "-daemonize", "-pidfile", pidfile]
         )
         self.assertEqual(await launcher.exit_status(), 0)
-        guest = await self.open_socket(self.guest_path(qmp, "tcp/10.0.2.100:8443"), SocketEnd())
+        guest = await self.open_socket(self.guest_path(qmp, "tcp/10.0.2.100:8443"), Received())
         await guest.closed
         self.assertEqual(guest.received, b"/\n")
 
@@ -1102,7 +1088,7 @@ class GuestDeviceTests(ProcessTestCase):
     async def test_portWithAnIdReportsTheGuestOpeningIt(self) -> None:
         _, client, qmp = await self.start_vm()
         events = EventRecorder(client)
-        guest = await self.open_socket(self.guest_socket(qmp, LEGACY_PORT), SocketEnd())
+        guest = await self.open_socket(self.guest_socket(qmp, LEGACY_PORT), Received())
         opened = await events.first("VSERPORT_CHANGE")
         assert guest.transport is not None
         guest.transport.loseConnection()

@@ -10,7 +10,8 @@ from twisted.internet.task import Clock
 from twisted.python import usage
 from twisted.trial.unittest import SynchronousTestCase
 
-from tests.agentlink.test_agentmonitor import INTERVALS, FakeRing
+from tests.agentlink.test_agentlink import INTERVALS
+from tests.agentlink.test_agentmonitor import FakeRing
 from vmready.agentlink.link import AgentLink
 from vmready.agentlink.monitor import AgentMonitor
 from vmready.daemon.tap import Options

@@ -15,6 +15,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
+from tests.envelopes import sync_envelope
 from vmready.cli.main import run
 from vmready.domain.reactor import IVMReadyReactor
 from vmready.protocols.transcript import TranscriptError
@@ -475,16 +476,7 @@ class CommandLineTests(SynchronousTestCase):
 
 def sync(metadata: Any) -> str:
     """A guest API answer's body, as the host serialises it."""
-    envelope = {
-        "type": "sync",
-        "status": "Success",
-        "status_code": 200,
-        "operation": "",
-        "error_code": 0,
-        "error": "",
-        "metadata": metadata,
-    }
-    return json.dumps(envelope) + "\n"
+    return json.dumps(sync_envelope(metadata)) + "\n"
 
 
 def record(t: float, kind: str, **fields: Any) -> str:

@@ -71,7 +71,7 @@ from twisted.internet.interfaces import (
     IReactorSocket,
     IStreamClientEndpoint,
 )
-from twisted.internet.protocol import Protocol, ServerFactory
+from twisted.internet.protocol import ServerFactory
 from twisted.internet.task import deferLater
 from twisted.logger import ILogObserver, Logger
 from twisted.python.failure import Failure
@@ -82,8 +82,10 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 from zope.interface import implementer
 
+from tests.envelopes import error_envelope, sync_envelope
 from tests.fixtures import TrackingReactor
 from tests.reactor import reactor
+from tests.received import Received
 from vmready.agentlink.hvsock import HybridVSockClientEndpoint
 from vmready.agentlink.transport import forward_mac
 from vmready.agentlink.vsock import VSockClientEndpoint, vsock_unavailable_reason
@@ -343,24 +345,6 @@ class Reply:
     raw: bytes
 
 
-class Lines(Protocol):
-    """Collects a streamed body (``/1.0/events``)."""
-
-    def __init__(self) -> None:
-        self.buffer = b""
-        self.ended: Deferred[None] = Deferred()
-
-    def dataReceived(self, data: bytes) -> None:
-        self.buffer += data
-
-    @property
-    def events(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.buffer.splitlines() if line.strip()]
-
-    def connectionLost(self, reason: Failure | None = None) -> None:
-        self.ended.callback(None)
-
-
 # -- the daemon's side -----------------------------------------------------------
 
 
@@ -540,37 +524,13 @@ ALPHA_DEVICES = {"root": {"type": "disk", "path": "/", "pool": "alpha-pool"}}
 BRAVO_DEVICES = {"root": {"type": "disk", "path": "/", "pool": f"{SECRET}-pool"}}
 
 
-def _sync(metadata: Any) -> dict[str, Any]:
-    return {
-        "type": "sync",
-        "status": "Success",
-        "status_code": 200,
-        "operation": "",
-        "error_code": 0,
-        "error": "",
-        "metadata": metadata,
-    }
-
-
-def _error(code: int, message: str) -> dict[str, Any]:
-    return {
-        "type": "error",
-        "status": "",
-        "status_code": 0,
-        "operation": "",
-        "error_code": code,
-        "error": message,
-        "metadata": None,
-    }
-
-
 def alpha_answers(alpha: InstanceRecord) -> dict[bytes, tuple[int, Any]]:
     """What each GET route must answer alpha, written from alpha's record, not from the API."""
     return {
-        b"/": (200, _sync(["/1.0"])),
+        b"/": (200, sync_envelope(["/1.0"])),
         b"/1.0": (
             200,
-            _sync(
+            sync_envelope(
                 {
                     "api_version": "1.0",
                     "instance_type": "virtual-machine",
@@ -581,7 +541,7 @@ def alpha_answers(alpha: InstanceRecord) -> dict[bytes, tuple[int, Any]]:
         ),
         b"/1.0/config": (
             200,
-            _sync(
+            sync_envelope(
                 [
                     "/1.0/config/cloud-init.user-data",
                     "/1.0/config/user.alpha-only",
@@ -590,13 +550,16 @@ def alpha_answers(alpha: InstanceRecord) -> dict[bytes, tuple[int, Any]]:
                 ]
             ),
         ),
-        b"/1.0/config/user.owner": (200, _sync("alpha")),
-        b"/1.0/config/cloud-init.user-data": (200, _sync(ALPHA_CONFIG["cloud-init.user-data"])),
+        b"/1.0/config/user.owner": (200, sync_envelope("alpha")),
+        b"/1.0/config/cloud-init.user-data": (
+            200,
+            sync_envelope(ALPHA_CONFIG["cloud-init.user-data"]),
+        ),
         b"/1.0/meta-data": (
             200,
-            _sync(f"instance-id: {alpha.uuid}\nlocal-hostname: alpha\nalpha-meta: 1"),
+            sync_envelope(f"instance-id: {alpha.uuid}\nlocal-hostname: alpha\nalpha-meta: 1"),
         ),
-        b"/1.0/devices": (200, _sync(ALPHA_DEVICES)),
+        b"/1.0/devices": (200, sync_envelope(ALPHA_DEVICES)),
     }
 
 
@@ -708,7 +671,7 @@ class IsolationChecks(_ChecksBase):
         reply = await self.call(
             self.agent(self.alpha_pair), b"GET", b"/1.0/config/user.bravo-only", host=b"bravo"
         )
-        self.assertEqual((reply.code, reply.body), (404, _error(404, "not found")))
+        self.assertEqual((reply.code, reply.body), (404, error_envelope(404, "not found")))
 
     async def test_eachCertificateIsItsOwnInstance(self) -> None:
         # The control: the same requests with bravo's own certificate answer about bravo.
@@ -741,7 +704,7 @@ class IsolationChecks(_ChecksBase):
                 reply = await self.call(
                     tls, b"PATCH", _with_query(b"/1.0", query), body, host, headers
                 )
-                self.assertEqual((reply.code, reply.body), (200, _sync({})))
+                self.assertEqual((reply.code, reply.body), (200, sync_envelope({})))
                 self.assertEqual(
                     self.store.view.get_instance("alpha").ready, state == b"Ready", (query, host)
                 )
@@ -756,7 +719,7 @@ class IsolationChecks(_ChecksBase):
             path = _with_query(b"/1.0/events", query)
             response = await self.send(client, b"GET", path, host=host, headers=headers)
             self.assertEqual(response.code, 200)
-            lines = Lines()
+            lines = Received()
             response.deliverBody(lines)
             streams.append(lines)
         await self.lifecycle.configuring.update_config(
@@ -765,7 +728,7 @@ class IsolationChecks(_ChecksBase):
         await self.lifecycle.configuring.update_config("alpha", {"user.owner": "alpha-2"})
         for lines in streams:
             for _ in range(500):
-                if lines.buffer:
+                if lines.received:
                     break
                 await deferLater(reactor, 0.01, lambda: None)
             # Delivered in order: a leaked bravo event would have come first.
@@ -773,7 +736,7 @@ class IsolationChecks(_ChecksBase):
                 [event["metadata"] for event in lines.events],
                 [{"key": "user.owner", "old_value": "alpha", "value": "alpha-2"}],
             )
-            self.assertNothingOfBravo(lines.buffer)
+            self.assertNothingOfBravo(lines.received)
 
     # -- certificates that are not the caller's current one ---------------------
 
@@ -840,20 +803,22 @@ class IsolationChecks(_ChecksBase):
         await self.add("alpha", ALPHA_CONFIG)
         for path in (b"/1.0", b"/1.0/meta-data", b"/1.0/config/user.owner"):
             reply = await self.read(await self.send(client, b"GET", path, persistent=True))
-            self.assertEqual((reply.code, reply.body), (403, _error(403, FORBIDDEN_MESSAGE)))
+            self.assertEqual(
+                (reply.code, reply.body), (403, error_envelope(403, FORBIDDEN_MESSAGE))
+            )
 
     async def test_eventStreamOfADeletedInstanceEndsBeforeItsSuccessorSpeaks(self) -> None:
         await self.two()
         client = await self.connect(self.agent(self.alpha_pair))
         response = await self.send(client, b"GET", b"/1.0/events")
-        lines = Lines()
+        lines = Received()
         response.deliverBody(lines)
         operation = await (await self.lifecycle.act("alpha", "delete")).when_done()
         self.assertEqual(operation.error, "")
-        await lines.ended
+        await lines.closed
         await self.add("alpha", ALPHA_CONFIG)
         await self.lifecycle.configuring.update_config("alpha", {"user.owner": "the new alpha"})
-        self.assertEqual(lines.buffer, b"")
+        self.assertEqual(lines.received, b"")
 
     async def test_expiredCertificateIsRefused(self) -> None:
         await self.two()
@@ -882,7 +847,7 @@ class IsolationChecks(_ChecksBase):
         self.assertEqual(first.code, 200)
         now[0] = _NOW + datetime.timedelta(days=11 * 365)  # past the 10 years it is valid for
         reply = await self.read(await self.send(client, b"GET", b"/1.0", persistent=True))
-        self.assertEqual((reply.code, reply.body), (403, _error(403, FORBIDDEN_MESSAGE)))
+        self.assertEqual((reply.code, reply.body), (403, error_envelope(403, FORBIDDEN_MESSAGE)))
         # And a new connection does not get past the handshake.
         alert = await self.assertRefusedAtHandshake(self.agent(self.alpha_pair))
         self.assertIn("alert unknown ca", alert)

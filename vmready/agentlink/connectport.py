@@ -1,15 +1,10 @@
 """The daemon's end of a VM's ``vmready.connect`` port: where CONNECT lines are written.
 
-Statuses travel guest → host through the agent's ring buffer, which the
-daemon drains with ``ringbuf-read``.  The answer cannot travel back that way:
-QEMU's ``ringbuf-write`` only appends to the buffer the host itself reads, and
-nothing reaches the guest.  So every VM has a second virtio serial port,
-``vmready.connect``, backed by a ``socket`` chardev QEMU serves on
-``<run dir>/connect.sock``; the daemon connects to it and writes
-``CONNECT …`` lines, which the agent reads from
-``/dev/virtio-ports/vmready.connect``.  While nobody is connected, the guest
-side reads end-of-file and the agent waits; QEMU accepts one client at a
-time, so a new daemon takes over once the old one's connection is gone.
+QEMU's ``ringbuf-write`` only appends to the buffer the host itself reads, so
+CONNECT travels on a second virtio serial port, ``vmready.connect``, a socket
+chardev QEMU serves on ``<run dir>/connect.sock``; the agent reads it from
+``/dev/virtio-ports/vmready.connect``.  QEMU accepts one client at a time, so
+a new daemon takes over once the old one's connection is gone.
 """
 
 from __future__ import annotations

@@ -1,40 +1,18 @@
 """The host's side of one agent link, without I/O: when to read, when to write CONNECT.
 
 One ``AgentLink`` per running instance decides, from what the ring buffer
-showed and what QEMU reported, the next thing the daemon should do.  It is
-driven by events, not by a timer:
-
-- QEMU reports ``VSERPORT_CHANGE`` when the guest opens or closes the agent's
-  port (at most one a second per port: the first at once, then only the last
-  change of that second, at its end; so the link never counts on seeing every
-  change, only on an event after each).  The agent holds its port open while
-  it runs and, after each status line it wants seen at once, closes and
-  reopens it: so every change reaches the host as an event, and the ring
-  buffer is read then (``port_changed``).
-  Any other QMP event of the VM asks for one read too (``qmp_event``).
-- A few reads follow an event that promises a line soon (*follow-ups*, at
-  ``follow_up`` seconds doubling, for at most ``follow_up_window``): after a
-  CONNECT is written (until CONNECTED), and after a port opens with nothing in
-  it yet (until the new agent says anything).  They also serve agents that
-  write without reopening.
-- A port that closes without a STOPPED line (the agent was killed) and stays
-  closed for ``reopen_grace`` seconds means the agent is gone: STOPPED.
-- A VM whose agent never appeared is read with exponential backoff, from
-  ``agentless_first`` up to ``safety``; its first port event wakes it at once.
-- Otherwise one slow safety read every ``safety`` seconds, for agents that
-  write without reopening and to notice a hung guest (its heartbeat stopped:
-  after ``silence_timeout`` with nothing said, the agent is taken as stopped).
-
-It also decides when to write ``CONNECT <cid>:<port>``: whenever a STARTED
-line arrives (the agent repeats STARTED until it reaches the host, so a lost
-CONNECT is retried), and once at daemon start for every running VM, because
-the daemon's port is new; and which status change to announce
-(``instance-agent-started`` …).
+showed and what QEMU reported, the next thing the daemon should do: read the
+ring at once on a port event or any other QMP event, follow up a promised line
+with reads from ``follow_up`` seconds doubling, take an agent whose port stayed
+closed past ``reopen_grace`` (or that fell silent) as stopped, read an
+agentless VM with backoff and everything else at the slow ``safety`` pace;
+write ``CONNECT`` whenever a STARTED line arrives and once at daemon start; and
+which status change to announce.  docs/protocol.md ("When the daemon reads the
+ring") gives the rules and their reasons.
 
 The daemon feeds it inputs (``vm_started``, ``vm_stopped``, ``port_changed``,
 ``qmp_event``, ``ring_read``, ``connect_written``) and carries out the
 returned ``Command`` objects; ``next_poll_delay`` says when to read next.
-Tests do the same with a list and a number for the time.
 """
 
 from __future__ import annotations

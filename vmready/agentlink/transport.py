@@ -1,20 +1,12 @@
 """How a VM's agent reaches the guest API: the three transports, and which a VM gets.
 
-- ``vsock``: the host has ``/dev/vhost-vsock``; the VM gets ``vhost-vsock-pci``
-  with a CID of its own (unique among this daemon's instances, kept across
-  restarts) and the agent dials ``CONNECT 2:<port>`` over AF_VSOCK.
-- ``forward``: no ``/dev/vhost-vsock`` (nested clouds, most CI runners): the
-  VM gets a user-mode network restricted to one forward, from the guest's
-  ``10.0.2.100:8443`` to the daemon's guest API socket, one stream per
-  connection; the agent is told ``CONNECT tcp:10.0.2.100:8443``.
-- ``hvsock``: fakeqemu guests, which are host processes: hybrid vsock, unix
-  sockets ``<path>_<port>``; ``CONNECT 2:<port>``.
-
-A VM keeps the transport it was started with (``volatile.guest.transport``)
-until it restarts; only a VM started with ``forward`` is ever sent the
-``tcp:`` form, and its agent came from this vmready's config drive, so an
-agent that knows only vsock never sees a line it cannot parse.  Mutual TLS
-and identification by client certificate are the same on all three.
+``vsock`` where the host has ``/dev/vhost-vsock`` (``CONNECT 2:<port>``);
+``forward``, a user-mode network with one forward from the guest's
+``10.0.2.100:8443`` to the guest API, where it has not (``CONNECT
+tcp:10.0.2.100:8443``); ``hvsock`` for fakeqemu guests, host processes on unix
+sockets ``<path>_<port>``.  A VM keeps its transport (``volatile.guest.transport``)
+until it restarts, so only an agent from this vmready's config drive is ever
+sent the ``tcp:`` form.  docs/protocol.md ("The two forms of CONNECT") says why.
 """
 
 from __future__ import annotations

@@ -1,53 +1,14 @@
 """The guest API ("devlxd") the daemon serves to each VM's agent over mutual TLS.
 
-The caller is identified by its client certificate alone, on every request:
-the certificate's SHA-256 fingerprint must belong to an instance in the store
-and the certificate must be inside its validity period.  A certificate of a
-deleted instance is refused at the TLS handshake (``certificate_authorizer``)
-and again by every request on a connection that was already open, with 403
-``Forbidden: unknown or revoked client certificate``.  An instance only ever
-sees and changes itself.
-
-Answers use LXD's envelope, as LXD speaks to its agent over vsock; the agent
-unwraps it for the guest.  Success is ``{"type": "sync", "status": "Success",
-"status_code": 200, "operation": "", "error_code": 0, "error": "", "metadata": …}``;
-an error is ``{"type": "error", "status": "", "status_code": 0, "operation": "",
-"error_code": N, "error": "…", "metadata": null}`` with HTTP status N.  The
-texts are LXD's where LXD has one.
-
-Routes and their errors (besides 403 above, 404 ``not found`` for an unknown
-path and 405 ``method "DELETE" not allowed`` for a wrong method):
-
-- ``GET /`` → ``["/1.0"]``.
-- ``GET /1.0`` → ``{"api_version": "1.0", "instance_type": "virtual-machine",
-  "location": …, "state": "Ready" | "Started"}``; Ready iff
-  ``volatile.last_state.ready`` is ``"true"``.
-- ``PATCH /1.0`` with ``{"state": "Ready"}`` or ``{"state": "Started"}`` (exact,
-  case-sensitive; other keys are ignored, as LXD ignores unknown fields) → ``{}``.
-  400 ``Invalid request body: <why>`` when the body is not JSON; 400
-  ``Invalid state "<v>"`` (Go's ``%q``) for any other value, where a missing or
-  non-string state reads as the empty string, as in Go; 413 ``Request body too
-  large (limit 1048576 bytes)``; 409 from the lifecycle when no VM runs.
-- ``GET /1.0/config`` → ``/1.0/config/<key>`` for each ``user.*`` and
-  ``cloud-init.*`` key, sorted, keys as they are (LXD does not escape them).
-- ``GET /1.0/config/<key>`` (key percent-decoded) → the raw value; 403
-  ``not authorized`` for any other prefix; 404 ``not found`` when unset or empty.
-- ``GET /1.0/meta-data`` → ``instance-id: <uuid>\\nlocal-hostname: <name>\\n``
-  followed by ``user.meta-data`` if set (as LXD; newer LXD uses the uuid too).
-- ``GET /1.0/devices`` → the instance's devices.
-- ``GET /1.0/events`` (``?type=config,device``, or ``type`` repeated) → newline-
-  delimited JSON, not enveloped: ``{"type": "config", "timestamp": …, "metadata":
-  {"key", "old_value", "value"}}`` per changed ``user.*``/``cloud-init.*`` key (a
-  removed key has value ``""``).  400 ``Invalid event type "<t>"``.  vmready has
-  no device hot-plug yet, so no ``device`` event is ever sent.  The stream ends
-  when the instance is deleted or its certificate stops identifying it, and a
-  reader that stops reading is cut off (``vmready.api.eventstream.EventStream``).
+The caller is identified by its client certificate alone, checked again on
+every request (``certificate_identifier``): an instance only ever sees and
+changes itself.  Answers use LXD's envelope and, where LXD has one, its error
+texts.  The routes, their answers and errors are in docs/guest-api.md.
 """
 
 from __future__ import annotations
 
 import datetime
-import json
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -65,12 +26,11 @@ from twisted.web.server import Site
 
 from vmready.api.eventstream import EventStream
 from vmready.api.limits import MAX_GUEST_CONNECTIONS, LimitedSite, PeerKey
-from vmready.api.requestbody import read_body
+from vmready.api.requestbody import parse_json, read_body
 from vmready.api.views import rfc3339
 from vmready.api.web import (
     ErrorStyle,
     handle_error,
-    json_response,
     literal_paths,
     local_site,
     sync_response,
@@ -236,11 +196,6 @@ def _error_envelope(code: int, message: str) -> dict[str, Any]:
     }
 
 
-def _error(request: IRequest, code: int, message: str) -> bytes:
-    """An error answered outside the error handler."""
-    return json_response(request, code, _error_envelope(code, message))
-
-
 def _go_quote(text: str) -> str:
     """``text`` as Go's ``%q`` writes it (``strconv.Quote``), for LXD's error texts."""
     out = ['"']
@@ -283,19 +238,9 @@ _GO_ESCAPES = {
 }
 
 
-def _not_json(constant: str) -> Any:
-    """Python's json accepts NaN and Infinity; JSON (and Go) do not."""
-    raise ValueError(f"{constant} is not valid JSON")
-
-
 def _requested_state(raw: bytes) -> str:
     """The ``state`` a PATCH body asks for, decoded as Go decodes it into a string field."""
-    try:
-        body = json.loads(raw, parse_constant=_not_json)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise BadRequest(f"Invalid request body: {e}") from None
-    except RecursionError:
-        raise BadRequest("Invalid request body: nested too deeply") from None
+    body = parse_json(raw)
     state = body.get("state") if isinstance(body, dict) else None
     return state if isinstance(state, str) else ""
 

@@ -1,28 +1,13 @@
 """What one HTTP connection may cost vmready: body size, time, and how many connections.
 
-twisted.web reads a whole request body before the resource sees the request,
-and its only timer is an idle timeout that every byte resets: a client could
-make the daemon read 100 MiB to answer 413, or hold a connection forever by
-trickling a byte a minute.  ``LimitedChannel`` enforces, per connection:
-
-- a request body declared longer than ``MAX_BODY_BYTES`` is refused with 413
-  as soon as its headers are in (before any ``100 Continue``), and a chunked
-  one as soon as it passes the cap; nothing more is read, the connection closes;
-- a request must arrive whole (line, headers, body) within ``REQUEST_DEADLINE``
-  seconds of its first byte, else 408 and the connection closes;
-- a keep-alive connection with no request under way closes after
-  ``IDLE_TIMEOUT`` seconds of silence.  Once a request is in, neither timer
-  runs: a streamed answer (``GET /1.0/events``) lasts as long as it needs.
-
-``LimitedSite`` bounds the connections open at once, in total
-(``max_connections``: a new one over it gets 503) and per peer
-(``max_per_peer`` connections with the same ``peer_key``, e.g. per guest,
-counted from the end of its TLS handshake, or from its first byte without TLS:
-429 over it, answered at once, even to a connection that has sent nothing).
-
-Every refusal is answered in the server's own error envelope, with
-``Connection: close``, and the connection is closed: aborted if the peer does
-not read it within the channel's ``abortTimeout``.
+twisted.web reads a whole body before the resource sees the request, and its
+only timer is an idle timeout every byte resets.  ``LimitedChannel`` refuses
+an over-long body as soon as its headers say so (413), a request not whole
+within ``REQUEST_DEADLINE`` of its first byte (408) and closes an idle
+keep-alive connection after ``IDLE_TIMEOUT``; ``LimitedSite`` bounds the
+connections open at once, in total (503) and per peer (429).  Each refusal is
+an answer in the server's own envelope, then the connection closes.  The
+limits are in docs/api.md and docs/reliability.md.
 """
 
 from __future__ import annotations

@@ -1,33 +1,13 @@
 """The operator API over mutual TLS (``--https-address``): the same API, for trusted clients.
 
-The TLS handshake presents the daemon's own ``server.crt``, the one its agents
-pin, and asks for a client certificate: one that is presented must be a
-self-signed leaf inside its validity period, or the handshake fails.  As
-LXD's server does, it lets a client that presents none connect: such a
-client may read ``GET /`` and ``GET /1.0`` (LXD's untrusted view: the API
-extensions, ``"auth": "untrusted"``), which is how ``lxc remote add`` learns
-the server's certificate before it has one of its own trusted; every other
-request it makes is answered 403.  Whether a certificate is *trusted* is
-decided per request, by its SHA-256 fingerprint against the trust store
-(``api.trust``), not in the handshake: an untrusted client must be able to
-make the one request that trusts it, ``POST /1.0/certificates`` with a trust
-token.  Every other request of an untrusted client, but those two reads, is
-answered 403 with LXD's error envelope (a clear "not trusted" rather than a
-handshake that breaks off without saying why).  Removing a certificate from
-the trust store ends its client's requests in progress: a revoked client
-keeps no event stream, JSON lines or WebSocket (the request that removed it
-gets its answer, then its connection closes).
-
-In a cluster the certificates of the current members (the fingerprints the
-members table holds, as the ``Membership`` last read them) are trusted too,
-as ``member NAME``: each member forwards requests to another presenting its
-own server certificate.  Only those: a certificate stops being trusted this
-way when its member's row is gone (``cluster remove``) or holds another
-fingerprint.  A member whose lease ran out (unreachable) keeps its row, and
-so its trust: coming back, it must relay requests and answer relayed ones at
-once, before every other member has read its new lease; it holds no more
-than its row's owner had, and whoever can write the members table is trusted
-already.
+The handshake presents the daemon's ``server.crt`` and accepts any self-signed
+client certificate inside its validity, or none (as LXD does); whether it is
+*trusted* is decided per request against the trust store (``api.trust``), so
+that an untrusted client can make the one request that trusts it (redeeming a
+token) and read ``GET /`` and ``GET /1.0``; anything else is 403.  Removing a
+certificate ends its client's requests in progress.  In a cluster, the current
+members' server certificates are trusted too, as ``member NAME``: they relay
+requests to each other.  The rules are in docs/security.md.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ __all__ = [
     "MAX_BODY_BYTES",
     "event_types",
     "field",
+    "parse_json",
     "query_param",
     "read_body",
     "read_json_body",
@@ -56,19 +57,24 @@ def read_json_body(request: IRequest, limit: int = MAX_BODY_BYTES) -> dict[str, 
     raw = read_body(request, limit)
     if not raw.strip():
         return {}
-    try:
-        body = json.loads(raw, parse_constant=_not_json)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise BadRequest(f"Invalid request body: {e}") from None
-    except RecursionError:
-        raise BadRequest("Invalid request body: nested too deeply") from None
+    body = parse_json(raw)
     if not isinstance(body, dict):
         raise BadRequest(f"Invalid request body: expected a JSON object, got {_kind(body)}")
     return body
 
 
+def parse_json(raw: bytes) -> Any:
+    """A request body as strict JSON (400 ``Invalid request body: …`` otherwise)."""
+    try:
+        return json.loads(raw, parse_constant=_not_json)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise BadRequest(f"Invalid request body: {e}") from None
+    except RecursionError:
+        raise BadRequest("Invalid request body: nested too deeply") from None
+
+
 def _not_json(constant: str) -> Any:
-    """Python's json accepts NaN and Infinity; JSON does not."""
+    """Python's json accepts NaN and Infinity; JSON (and Go) do not."""
     raise ValueError(f"{constant} is not valid JSON")
 
 

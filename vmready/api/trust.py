@@ -1,21 +1,12 @@
 """Who may use the remote operator API: the trust store, its tokens, and each request's peer.
 
-``TrustRegistry`` keeps the trusted client certificates in memory (loaded
-before the remote API listens), so the gate in front of the remote API
-(``api.remote``) decides every request without waiting for the store; every
-change is committed to the store first.  Cluster members share the store, so
-a certificate may be trusted or removed through another member: each member
-reads the trust store again (``refresh``) when PostgreSQL tells it so
-(``vmready_trust``) or its listener was cut off, and a certificate gone from
-the store is revoked as a removal here revokes it.  It issues trust
-tokens (``vmready config trust add NAME``), redeems them for the client
-certificate that presents one, lists and removes trusted certificates, and
-tells whoever listens when one is removed (the gate then closes that
-client's open connections, an event stream included).
-
-A request's ``Peer`` is what the gate found out about its TLS client; a
-request on the unix socket has none: whoever reaches that socket is the
-daemon's administrator.
+``TrustRegistry`` keeps the trusted client certificates in memory, so the gate
+in front of the remote API (``api.remote``) decides every request without
+waiting for the store; every change is committed to the store first, and a
+member reads the store again (``refresh``) when another member changed it.  It
+tells whoever listens when a certificate is removed (the gate then closes that
+client's connections).  A request on the unix socket has no ``Peer``: whoever
+reaches that socket is the daemon's administrator.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """``vmready``: the operator's command line, a client of the daemon's API on its unix socket.
 
-Every command is one or a few requests to the operator API.  Actions wait for
-their operation by default and report its error; ``wait`` subscribes to the
-event stream first and then wakes on the event, never polling.  Exit status:
-0 success; 1 an error: the daemon refused (an unknown instance too), the
-action failed, no daemon or lost the daemon (``wait``: also timed out);
-2 usage error; 3 (``wait``
-only) the instance was deleted or went to Error while waiting for another
-status; 2 also for an unknown command (with the closest one: "did you
-mean"); an unknown instance's error names the closest instance; 128 + the
-signal's number when interrupted: 130 for SIGINT (Ctrl-C),
-143 for SIGTERM.  An interrupted command prints nothing more.
+Every command is one or a few requests to the operator API; actions wait for
+their operation by default.  Exit status: 0 success, 1 an error, 2 a usage
+error, 3 (``wait`` only) the instance was deleted or went to Error, 128 + the
+signal's number when interrupted (130 for SIGINT, 143 for SIGTERM); the
+parser's epilogs say the same to the operator.
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """Cluster members: daemons sharing one store, each holding a lease it renews.
 
 A member is one daemon: its name, the address of its members' mutual-TLS API,
-the SHA-256 fingerprint of the server certificate it presents there, and the
-time its lease runs out.  The store keeps the members (``store.members``); the
-lease is renewed by the member itself.  A member whose lease has run out is
-*unreachable*: its instances are not lost and not stopped, their state is
-unknown until it comes back.  No I/O here.
-
-A member's lease is held by one daemon, the one whose certificate
-fingerprint its row carries: a second daemon given the same name (a host
-cloned from the same image, a name reused while the old host still runs) is
-refused while that lease runs (``LeaseHeld``), and may take the name over
-only once it ran out or was given up.  A daemon whose lease was taken over
-that way learns it at its next renewal (``LeaseLost``) and stops: the
-instances of that name are the new holder's now.
+the fingerprint of the server certificate it presents there, and when its
+lease runs out.  A member whose lease ran out is *unreachable*: its instances'
+state is unknown until it comes back.  A lease is held by the daemon whose
+fingerprint its row carries: another daemon under the same name is refused
+while it runs (``LeaseHeld``), and the holder whose name was taken over learns
+it at its next renewal (``LeaseLost``) and stops.  No I/O here; the rules are
+in docs/architecture.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """The daemon's recorders: one transcript per recorded instance, fed by hooks in the core.
 
-``Recorders`` decides per instance whether it is recorded — ``vmready.record``
-("true"/"false") in the instance's config wins, else the daemon's
-``--record-dir`` records every instance — and hands out one
-``InstanceRecorder`` per recorded instance.  The core's hooks ask for the
-recorder at each call (recording can be switched off and on while a VM runs;
-the answer is a dict look-up once decided) and skip all recording work when
-they get None, so an instance that is not recorded costs nothing but that
-question.
-
-What is recorded, and where it is hooked: every non-empty ``ringbuf-read`` and
-every ``ringbuf-write`` (``AgentMonitor``), QMP events (``Lifecycle._attach``),
-operators' actions (``Lifecycle.act``, once the action claimed the task), guest
-API requests and answers (``RecordingGuestResource`` around the guest API), the
-instance's lifecycle events (the event bus), and a ``daemon-start`` when a
-restarted daemon continues an instance's transcript (not when recording is
-switched back on in the same daemon: nothing marks that).  Request ids go on
-from the highest one in a continued file.
+``Recorders`` decides per instance whether it is recorded (``vmready.record``
+in its config wins, else the daemon's ``--record-dir`` records all) and hands
+out one ``InstanceRecorder`` per recorded instance.  The core's hooks ask for
+it at each call and skip all recording work on None, so an instance that is
+not recorded costs only that question.  What is recorded, and when, is in
+docs/transcripts.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
 """Replay a recorded session against a fresh daemon core and compare what the host does.
 
-``replay(path)`` builds the real core — an in-memory ``Store``, an ``EventBus``,
-a ``Lifecycle`` whose driver runs fakeqemu in-process (``fakeqemu.testing.InMemoryVM``),
-the ``GuestAPI`` — all on one ``task.Clock``, then walks the transcript in time
-order, stepping the clock from one timer to the next so the daemon polls,
-times out and answers exactly as it would, only without waiting:
-
-- the guest's side is fed as recorded.  From a host transcript, each non-empty
-  ``ring-read`` is what the host's next ``ringbuf-read`` at or after its time
-  returns, byte for byte (overflow fragments included; the host's own echoes
-  are part of what was recorded).  From an agent transcript, each
-  ``serial-out`` is written into the VM's port at its time, as the agent did.
-  ``guest-request``/``host-request`` records are sent through the guest API at
-  their time; a ``daemon-start`` (or, agent side, a CONNECT naming a new
-  port) replaces the core with a new one on the same store, as a restart does;
-- what the host does is collected: its ring-buffer writes, its HTTP answers
-  and (host transcripts) the instance's lifecycle events, and compared with
-  the recorded ones channel by channel, in order, not by timestamp.
-
-The first divergence is the one with the earliest recorded time.
-``ReplayResult.describe()`` says it in one line; ``vmready replay`` prints it.
+``replay(path)`` builds the real core (an in-memory ``Store``, an ``EventBus``,
+a ``Lifecycle`` over fakeqemu in-process, the ``GuestAPI``) on one
+``task.Clock``, feeds it the guest's side of the transcript at its recorded
+times, stepping the clock from timer to timer, and compares what the host does
+(ring writes, HTTP answers, lifecycle events) with the recording, channel by
+channel in order.  ``ReplayResult.describe()`` says the earliest divergence in
+one line.  docs/transcripts.md says what is fed and compared.
 
 This module reads and checks the transcript and runs the replay; the parts are
 ``replaysetup`` (the header), ``replaycore`` (the core and its clock, on

@@ -1,40 +1,13 @@
 """The store as the daemon uses it: every call a Deferred, run by the engine's executor.
 
-``AsyncStore`` has the engine's tables (``store.sqlite.Tables``: ``instances``,
-``actions``, ``snapshots``, ``members``, ``certificates``, ``trust``), each
-in the ``Async`` mode (``store.table``): ``store.instances.claim_task(...)``
-takes the arguments of ``Instances.claim_task`` and returns a Deferred that
-fires, on the reactor thread, once the call ran and its transaction
-committed; ``run(work)`` does the same for any work on the engine (several
-calls in one turn).  The engine runs on an ``Executor``: the daemon's
-``DatabaseThread`` (one thread, in order, queued calls committed together;
-on PostgreSQL its connection comes from a pool) or ``InlineExecutor`` (at
-once, for replays and unit tests); the layers above see only this class,
-whichever the engine.
-
-Whoever announces a state (an event, a response) waits for the Deferred of the
-write that made it first: nothing is announced that the store could lose.
-
-Instance reads (``view``: ``get_instance``, ``find_instance``,
-``list_instances``, ``owned_instances``, the agent certificate lookup) are
-synchronous and never touch the disk: on a database thread they read
-``store.view.CommittedInstances``, the rows as of the last commit.  It is kept
-up to date without a wrapper per write: every call runs inside the
-database's ``recording()``, where each write of an instance row or agent
-certificate notes what it changed (``Database.record``; a change rolled back
-is forgotten), the executor hands the result back with those changes, and
-they are applied as the call's Deferred fires, before its callbacks run:
-in commit order, so whoever awaited a write reads it back, and nobody reads
-a state that is not committed.  A write the disk refused
-(``executor.StoreWriteFailed``) changes nothing they read.  Inline, they read
-the engine itself (``LiveInstances``), which is the same thing there.
-
-A write whose outcome is unknown (``executor.OutcomeUnknown``: PostgreSQL's
-connection lost during COMMIT) may have committed although its Deferred
-failed: the view is then ``stale``, and every row is read again
-(``reload_instances``) as the next call in line; while the store does not
-answer, that read fails and is asked again, until the view shows what really
-committed.
+``AsyncStore`` has the engine's tables in the ``Async`` mode (``store.table``):
+``store.instances.claim_task(...)`` returns a Deferred that fires once the
+call's transaction committed, and ``run(work)`` does the same for any work on
+the engine.  Instance reads (``view``) are synchronous: the rows as of the
+last commit, kept up to date from what each call recorded it changed
+(``Database.recording``), applied before the call's callbacks run; after an
+``OutcomeUnknown`` every row is read again (``reload_instances``).  See
+docs/architecture.md, "the store".
 """
 
 from __future__ import annotations

@@ -1,31 +1,14 @@
 """The connection the store's tables share: transactions, the clock, instance rows by name.
 
-Synchronous on purpose: this is the engine, run on the store's one database
-thread (``store.executor``), never on the reactor's.  Inside a ``batch`` (many
-queued calls committed together) each call and each transaction is a
-SAVEPOINT instead: one call's error undoes that call alone.
-
-The tables (``store.instances`` and the others) run on SQLite and on
-PostgreSQL with one SQL text: ``?`` placeholders, standard SQL.  What the
-engines do differently is here, in ``Database``'s subclasses
-(``SQLiteDatabase`` below, ``store.postgres.PostgresDatabase``): how a write
-transaction begins, how a read-modify-write locks the row it read, the id of
-an inserted row, the JSON of the ready key, whose clock stamps leases.
-
-Write safety: on SQLite every write that reads before it writes runs inside
-``BEGIN IMMEDIATE``, which serialises writers.  PostgreSQL runs READ
-COMMITTED, where two transactions may read the same row at once; there a
-read-modify-write reads its row with ``get_instance(name, lock=True)``
-(``SELECT … FOR UPDATE``), so the second writer waits for the first and reads
-what it wrote.  Either way the database, not the caller, decides which of two
-racing writers wins.
-
-What a call changed.  Whoever keeps the instance rows in memory
-(``store.view.CommittedInstances``) learns what each call changed from the
-call itself: inside ``recording()`` every write of an instance row (and of an
-agent certificate) notes its change (``record``), a change undone with its
-transaction or savepoint is forgotten with it, and the caller applies what
-is left once the call has committed.
+Synchronous on purpose: the engine, run on the store's one database thread
+(``store.executor``).  Inside a ``batch`` each call and each transaction is a
+SAVEPOINT, undone alone.  The tables run on SQLite and PostgreSQL with one SQL
+text; what the engines do differently (how a write transaction begins and
+locks the row it reads, inserted ids, the ready key's JSON, the leases'
+clock) is in ``Database``'s subclasses, ``SQLiteDatabase`` here and
+``store.postgres.PostgresDatabase``.  Inside ``recording()`` each write of an
+instance row or agent certificate notes its change (``record``), forgotten if
+its savepoint is undone, for the committed view in memory.
 """
 
 from __future__ import annotations

@@ -1,45 +1,17 @@
 """Where the store's engine runs: one database thread, or inline for tests and replays.
 
-The daemon's store must never make the reactor wait on the disk, so every
-call, read or write, goes to ``DatabaseThread``: one thread, calls run in the
-order they were submitted (every read sees every earlier write), and the calls
-queued while the thread was busy run together in one transaction (one commit,
-one fsync for a whole power-sync round), each in its own savepoint so that
-one call's error (a Conflict) fails that call alone.  A call's Deferred fires
-on the reactor thread only after the transaction that holds it committed, so
-whoever waits on it never announces a state the store might still lose.
-
-A write the disk refuses (SQLite's "database or disk is full", an I/O error,
-``ENOSPC``), or PostgreSQL cannot take (the connection lost before
-``COMMIT``, the server restarting, a row lock waited for past
-``lock_timeout``), is not dropped: the
-whole batch is rolled back and run again, with a growing pause, for up to
-``retry_for`` seconds, later calls waiting behind it in order;
-``StoreHealth`` says on the reactor thread when writes start failing and
-when they succeed again.  If the disk is still refusing after
-``retry_for``, each call of the batch fails with ``StoreWriteFailed`` (a 503
-with one clear line) and nothing of it was kept: the store stays as it was.
-
-Not so when PostgreSQL's connection is lost while the server answers the
-batch's ``COMMIT`` (``database.CommitUnknown``): the batch may have committed,
-and running it again could apply it twice (an action recorded twice, a claim
-that committed answered 409).  Each call of such a batch fails at once with
-``OutcomeUnknown``, a ``StoreWriteFailed`` whose line says the outcome is
-unknown; whoever keeps rows in memory reads them again
-(``AsyncStore.reload_instances``) before believing them.  A connection lost
-before ``COMMIT`` was sent left nothing behind, and the batch is tried again.
-
-A deadlock between one call of a batch and another member's transaction
-fails that call alone (``CallDeadlocked``, a 503): PostgreSQL ends the
-deadlocked statement, whose savepoint is rolled back; the transaction, and
-the locks the batch's earlier calls hold, stay usable, so the batch goes on
-and commits, and the other transaction then has what it waited for.  A lock
-wait that runs out (``lock_timeout``) is a write failure like a lost
-connection: the batch is tried again, then fails.
-
-``InlineExecutor`` runs each call at once on the caller's thread: a replay,
-whose clock is a ``task.Clock``, must stay deterministic, and a unit test can
-read the result at once.
+``DatabaseThread`` keeps the disk off the reactor: calls run in order on one
+thread, those queued while it was busy in one transaction, each in its own
+savepoint (one call's error fails that call alone); a call's Deferred fires on
+the reactor thread only once its transaction committed.  A write the disk or
+PostgreSQL refuses is rolled back and tried again for ``retry_for`` seconds,
+then each call fails with ``StoreWriteFailed`` (nothing kept); ``StoreHealth``
+announces when writes start and stop failing.  A connection lost during
+``COMMIT`` fails the batch at once with ``OutcomeUnknown`` (it may have
+committed: never run again); a deadlock fails its one call
+(``CallDeadlocked``).  ``InlineExecutor`` runs each call at once, for replays
+on a ``task.Clock`` and unit tests.  See docs/architecture.md and
+docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -56,8 +28,10 @@ from typing import Any, Protocol, TypeVar
 import psycopg
 from twisted.internet.defer import Deferred, fail, maybeDeferred, succeed
 from twisted.internet.interfaces import IReactorThreads
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from vmready.domain.listeners import Listener, Listeners
 from vmready.domain.model import VMReadyError
 from vmready.store.database import CommitUnknown, TransactionLost
 
@@ -73,6 +47,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+_log = Logger()
 
 # At most this many calls share a transaction: a commit is never far away.
 MAX_BATCH = 512
@@ -119,9 +94,6 @@ def is_write_failure(error: BaseException) -> bool:
     return isinstance(error, OSError) and error.errno in _DISK_ERRNOS
 
 
-HealthListener = Callable[["StoreHealth"], None]
-
-
 class StoreHealth:
     """Whether the store's writes succeed, on the reactor thread: since when they fail, why."""
 
@@ -129,12 +101,11 @@ class StoreHealth:
         self._clock = clock
         self.failing_since: float | None = None
         self.error: str | None = None
-        self._listeners: list[HealthListener] = []
+        self._listeners: Listeners[StoreHealth] = Listeners(_log, "store health listener failed")
 
-    def subscribe(self, listener: HealthListener) -> Callable[[], None]:
+    def subscribe(self, listener: Listener[StoreHealth]) -> Callable[[], None]:
         """Call ``listener`` when writes start failing and when they succeed again."""
-        self._listeners.append(listener)
-        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+        return self._listeners.subscribe(listener)
 
     def failed(self, error: str) -> None:
         """A write was refused; the first of a run is announced."""
@@ -142,7 +113,7 @@ class StoreHealth:
         self.error = error
         if first:
             self.failing_since = self._clock()
-            self._notify()
+            self._listeners.notify(self)
 
     def succeeded(self) -> None:
         """A batch committed: if writes were failing, they no longer are."""
@@ -150,11 +121,7 @@ class StoreHealth:
             return
         self.failing_since = None
         self.error = None
-        self._notify()
-
-    def _notify(self) -> None:
-        for listener in list(self._listeners):
-            listener(self)
+        self._listeners.notify(self)
 
 
 class Executor(Protocol):

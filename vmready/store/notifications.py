@@ -1,26 +1,14 @@
 """PostgreSQL's LISTEN/NOTIFY, heard on a thread of its own and delivered on the reactor.
 
 Members sharing one PostgreSQL store tell each other what changed through it:
-a trigger on ``instances`` (``store.pgschema``) notifies ``INSTANCES_CHANNEL``
-with each changed row's name, one on ``members`` notifies ``MEMBERS_CHANNEL``
-when a member joins, comes back, moves, gives its lease up or is removed, one
-on ``trusted_certificates`` notifies ``TRUST_CHANNEL`` when a client
-certificate is trusted or stops being trusted, and
-``Members.publish_event`` notifies ``EVENTS_CHANNEL`` with a lifecycle event.
-PostgreSQL delivers a notification only when its transaction commits, so
-nobody hears of a write the store could still lose.
-
-``NotificationListener`` holds one autocommit connection of its own (with
-``store.postgres.connection_string``'s defaults: TCP keepalives notice a
-dead server or a partitioned network, which an idle listener would otherwise
-never learn of) with
-``LISTEN`` on each channel, and waits for notifications on a thread of its
-own (psycopg's ``notifies()`` generator, woken every ``_POLL`` seconds to see
-whether it should stop); each one is handed to ``deliver`` on the reactor
-thread.  When the connection is lost, notifications sent until it is back
-are lost too: the listener reconnects (a growing pause between tries),
-LISTENs again and only then calls ``resync()``, for its owner to read again
-everything it may have missed.
+triggers (``store.pgschema``) notify a changed instance row, member or trusted
+certificate, and ``Members.publish_event`` a lifecycle event; PostgreSQL sends
+a notification only when its transaction commits.  ``NotificationListener``
+LISTENs on its own autocommit connection (with ``connection_string``'s
+keepalives: an idle listener would never learn of a dead server) and hands
+each notification to ``deliver`` on the reactor thread.  A lost connection
+loses what was sent meanwhile: the listener reconnects, LISTENs again and only
+then calls ``resync()``, for its owner to read again what it missed.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """The store's schema on PostgreSQL: created at the current version, migrated from there.
 
-PostgreSQL came with schema version 5, so no PostgreSQL store of an older
-version exists: an empty database gets the whole schema at once
-(``BASELINE``, at ``BASELINE_VERSION``), and ``MIGRATIONS`` holds only what
-comes after it (nothing yet).  The versions mean what SQLite's mean
-(``store.schema``, which keeps its whole history: SQLite stores of every
-version are deployed), in PostgreSQL's types: REAL is DOUBLE PRECISION, an
-``INTEGER PRIMARY KEY`` an identity column; JSON columns stay text, as the
-tables read and write them.  On PostgreSQL only, triggers tell the other
-members of every change to ``instances`` (NOTIFY on ``vmready_instances``),
-of members joining, leaving or removed (``vmready_members``) and of client
-certificates trusted or removed (``vmready_trust``), each sent when its
-transaction commits.
-
-The schema is created or migrated at start in one transaction that first
-takes a transaction advisory lock: of two daemons starting at once on an
-empty database, one creates it while the other waits, then finds nothing
-left to do.  A database written by a newer vmready is refused, with the same
-line as on SQLite.
+PostgreSQL came with schema version 5: an empty database gets the whole schema
+at once (``BASELINE``), and ``MIGRATIONS`` holds only what comes after it.  The
+versions mean what SQLite's mean (``store.schema``), in PostgreSQL's types; the
+triggers that NOTIFY the other members exist on PostgreSQL only.  Creating or
+migrating runs in one transaction under an advisory lock, so two daemons
+starting at once do it once; a database of a newer vmready is refused as on
+SQLite.
 """
 
 from __future__ import annotations

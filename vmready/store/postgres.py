@@ -1,54 +1,17 @@
 """PostgreSQL under the store's tables: the connection, and what it does unlike SQLite.
 
-The tables write one SQL text for both engines, with SQLite's ``?``
-placeholders; ``PostgresConnection`` turns them into psycopg's ``%s``.  It is
-the store's one connection, taken from a ``psycopg_pool.ConnectionPool``, used
-by one thread at a time (the store's database thread), in autocommit mode so
-that ``Database`` opens and commits its transactions itself, as on SQLite.
-When the server goes away the connection is given back (the pool throws a
-broken one away and opens another), the failing call raises psycopg's
-``OperationalError``, which the executor counts as a write failure (the batch
-is tried again, then fails with ``StoreWriteFailed``), and the next call runs
-on a new connection once the server is back.
+``PostgresConnection`` is the store's one connection, taken from a pool, used
+by the database thread in autocommit mode (``Database`` opens and commits its
+transactions itself, as on SQLite), with SQLite's ``?`` placeholders turned
+into psycopg's.  A connection lost during ``COMMIT`` raises ``CommitUnknown``
+(the batch may have committed: it must not run again); lost any earlier, it is
+an ``OperationalError``, a write failure the executor tries again.
 
-A lost connection is not always "nothing kept": if it is lost while the
-server is answering ``COMMIT`` (the connection cut, the backend terminated
-while it waited for a synchronous standby, a partitioned network noticed
-through keepalives), the transaction may have committed.  ``commit`` tells
-that case apart and raises ``CommitUnknown`` instead of psycopg's error: the
-executor must not run such a batch again (it could apply it twice), and
-whoever keeps rows in memory must read them again.  An error before
-``COMMIT`` (a statement's), or a ``COMMIT`` the server refused on a
-connection still up, left nothing behind.
-
-Every connection (the pool's and the notification listener's) is made with
-``connection_string``, which adds what the URL does not set itself:
-
-- ``connect_timeout=10``: a server that does not answer fails the connection
-  in 10 s instead of the operating system's minutes;
-- ``keepalives=1``, ``keepalives_idle=10``, ``keepalives_interval=5``,
-  ``keepalives_count=3``: TCP notices a dead peer (a partitioned network, a
-  host gone) within about 25 s of silence, and the waiting call fails;
-- ``tcp_user_timeout=30000`` (ms): the same when data sent is never
-  acknowledged (keepalives are only sent on an idle connection);
-- ``options=-c lock_timeout=10s``: a write blocked on a row another member
-  keeps locked fails after 10 s ("canceling statement due to lock timeout"),
-  a write failure tried again then reported, instead of waiting forever;
-- ``application_name=vmready`` (the listener: ``vmready-listener``), seen in
-  ``pg_stat_activity``.
-
-The URL's own parameters win (``?connect_timeout=3&keepalives_idle=30``, and a
-``lock_timeout`` in its ``options``, which are kept after vmready's); so do
-``PGCONNECT_TIMEOUT``, ``PGAPPNAME`` and ``PGOPTIONS`` when the URL sets
-neither.  The keepalive and TCP settings apply to TCP connections only (a unix
-socket has no peer to lose).
-
-``PostgresDatabase`` holds what differs: transactions begin with a plain
-``BEGIN`` (READ COMMITTED, with ``SELECT … FOR UPDATE`` where a write reads
-first), reads that span several statements see one snapshot (REPEATABLE
-READ), ids come back through ``RETURNING``, the ready key is removed with
-jsonb operators, and leases are stamped with the server's clock, the one
-clock every member shares.
+``connection_string`` adds bounded waits to every connection unless the URL
+(or ``PGCONNECT_TIMEOUT``, ``PGAPPNAME``, ``PGOPTIONS``) sets them:
+``CONNECTION_DEFAULTS``' connect timeout and TCP keepalives (a dead peer is
+noticed in about 25 s) and ``lock_timeout=10s``.  ``PostgresDatabase`` holds
+what the engine does differently (docs/architecture.md, "the store").
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """The instance store: instances, their action history and snapshots, in SQLite or PostgreSQL.
 
-``Store`` is the entry point (this module is named for its first engine):
-``Store.open`` opens (creating or migrating) an SQLite file
-(``store.schema``) or, given a ``postgresql://`` URL, a PostgreSQL database
-(``store.pgschema``, ``store.postgres``) over one connection
-(``store.database``), the same on both engines.  Its tables (``Tables``) are
-one object per concern, each the only place its operations are written:
-the instance rows (``.instances``, ``store.instances``), the agent
-certificates (``.certificates``), the action history (``.actions``), the
-snapshots (``.snapshots``), the cluster members and their events
-(``.members``) and the remote API's trust store (``.trust``).  On a
-``Store`` each call runs at once: ``store.instances.claim_task(...)``;
-``store.asyncstore.AsyncStore`` has the same tables, each call a Deferred.
+``Store`` is the entry point (the module is named for its first engine):
+``Store.open`` opens, creating or migrating, an SQLite file or a
+``postgresql://`` database.  Its tables (``Tables``) are one object per
+concern, each the only place its operations are written; on a ``Store`` each
+call runs at once, on ``store.asyncstore.AsyncStore`` each is a Deferred.
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
 """Each store operation written once, called at once or queued: ``Table`` and ``@operation``.
 
-A table module (``store.instances`` and its siblings) declares each of its
-operations once, as a synchronous method of a ``Table`` subclass decorated
-with ``@operation``.  The table object decides how a call runs, by its mode
-(its type parameter):
-
-- ``Instances[Sync]`` (the engine's, ``store.sqlite.Store``): the call runs
-  at once on the caller's thread and returns its result;
-- ``Instances[Async]`` (``store.asyncstore.AsyncStore``'s): the call's
-  arguments are taken now (dicts, lists and sets copied: the engine reads
-  them later, on its own thread), the call is handed to the store's
-  executor, and a ``Deferred`` of its result comes back.
-
-mypy checks both: ``@operation``'s ``__get__`` is typed by overloads on the
-table's mode, so ``store.instances.claim_task(...)`` has the arguments of
-``Instances.claim_task`` and returns an ``InstanceRecord`` on a ``Store``, a
-``Deferred[InstanceRecord]`` on an ``AsyncStore``.  An operation's body
-always runs on a ``Sync`` table (an ``Async`` one keeps a ``Sync`` twin over
-the same database), so inside a body every other operation is a plain call.
+A table module (``store.instances`` and its siblings) declares each operation
+once, a synchronous method of a ``Table`` subclass marked ``@operation``.  The
+table's mode decides how a call runs: on ``Instances[Sync]`` (``Store``'s) at
+once; on ``Instances[Async]`` (``AsyncStore``'s) its arguments are copied now
+and the call handed to the executor, returning a ``Deferred``.  ``__get__``'s
+overloads let mypy check both forms against the one declaration.  A body
+always runs on a ``Sync`` table, so inside it every other operation is a
+plain call.
 """
 
 from __future__ import annotations

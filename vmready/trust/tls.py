@@ -1,26 +1,15 @@
 """Mutual TLS for the guest API: who may connect, decided from certificates alone.
 
-The daemon presents its own certificate and demands one from the caller; the
-caller's certificate is accepted exactly when ``authorize`` says so (its
-fingerprint belongs to a live instance and it is inside its validity period).
-The agent presents its instance's certificate and accepts the daemon only if
-the daemon's certificate is the one pinned in its config drive.  No CA is
-involved: every certificate is self-signed and identified by its SHA-256
-fingerprint, as LXD does for its VMs.
+The daemon presents its certificate and accepts the caller's exactly when
+``authorize`` says so; the agent accepts the daemon only if it presents the
+pinned certificate.  No CA: every certificate is self-signed and identified by
+its SHA-256 fingerprint, as LXD does for its VMs.
 
-Each factory configures its OpenSSL context once, when built, and hands the
-same context to every connection (pyOpenSSL refuses to change a used context).
-
-No TLS session is ever resumed: a resumed session skips the certificate check,
-and the agent opens a new connection per request without offering one anyway.
-What makes a handshake cheap instead: OpenSSL asks about a self-signed leaf
-more than once per handshake (once for its chain error, once at the end), and
-the server decides once per connection (``_PeerVerdict``, the connection's app
-data; a connection is never renegotiated, so that is once per handshake),
-keeping the peer's PEM so that each request on the connection reads it back
-(``peer_certificate_pem``) instead of converting the certificate again.
-``server_tls_factory`` wraps a server factory in it, its connections keeping
-the interface declarations Twisted gives them (``_TLSServerProtocol``).
+Each factory configures its OpenSSL context once, when built (pyOpenSSL
+refuses to change a used context).  No session is ever resumed (a resumed
+session skips the certificate check); the server decides once per connection
+(``_PeerVerdict``) and keeps the peer's PEM for each request on it
+(``peer_certificate_pem``).
 """
 
 from __future__ import annotations
