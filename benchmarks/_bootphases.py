@@ -4,7 +4,8 @@
 clock when it arrives, and every lifecycle event likewise.  Lines that carry
 the guest's uptime (the kernel's ``[    1.234567]`` timestamps, the demo
 initramfs's ``vmready-initramfs: [1.23] …``, the agent's ``vmready-agent:
-boot: process [2.31] STARTED [2.87]``) are placed on the host's clock through
+boot: process [2.31] STARTED [2.87]``, its setup's ``vmready-agent-setup:
+boot: setup [1.95] copied [2.20]``) are placed on the host's clock through
 the kernel's start: each such line arrived no sooner than (kernel start +
 its uptime), so the kernel started no later than the smallest (arrival -
 uptime) of them, which is the estimate.  Lines without a guest time count from
@@ -54,6 +55,7 @@ MILESTONES = (
     Milestone("kernel", "firmware done: the kernel starts (guest uptime 0)"),
     Milestone("init", "the initramfs's /init runs"),
     Milestone("root", "root file system mounted; systemd starts"),
+    Milestone("setup", "systemd runs the agent's unit: its setup copies the drive"),
     Milestone("agent", "the agent's process starts"),
     Milestone("said", "the agent writes STARTED (guest)"),
     Milestone("started", "STARTED at the host (event)"),
@@ -68,9 +70,14 @@ _KERNEL = re.compile(r"^" + _UPTIME + r" \S")
 # The demo initramfs: its first line, its module loading (older images), the root mounted.
 _INIT = re.compile(r"^vmready-initramfs: " + _UPTIME + r" (?:started|loading)")
 _ROOT = re.compile(r"^vmready-initramfs: " + _UPTIME + r" mounted")
-_AGENT = re.compile(r"vmready-agent: boot: (.*)$")
+_AGENT = re.compile(r"vmready-agent(?:-setup)?: boot: (.*)$")
 _AGENT_MOMENT = re.compile(r"(\w+) " + _UPTIME)
-_AGENT_MILESTONES = {"process": "agent", "STARTED": "said", "CONNECT": "connect"}
+_AGENT_MILESTONES = {
+    "setup": "setup",
+    "process": "agent",
+    "STARTED": "said",
+    "CONNECT": "connect",
+}
 _EXEC_MARK = "--- vmready: starting "
 
 

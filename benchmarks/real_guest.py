@@ -70,7 +70,6 @@ START_TIMEOUT = 120.0
 BOOT_TIMEOUT = 600.0
 # The host's milestones: the lifecycle event that dates each.
 HOST_EVENTS = (
-    ("qemu", "instance-started"),
     ("started", "instance-agent-started"),
     ("connected", "instance-agent-connected"),
     ("ready", "instance-ready"),

@@ -24,6 +24,11 @@ CONSOLE = [
         "vmready-agent-setup: copied the config drive (9p tag 'config') to /run/vmready-agent",
     ),
     (
+        103.50,
+        "[    2.920000] vmready-agent-setup[137]: vmready-agent-setup: boot: setup [2.40] "
+        "copied [2.90]",
+    ),
+    (
         104.60,
         "[    3.950000] vmready-agent[201]: vmready-agent: boot: process [3.10] STARTED [3.80]",
     ),
@@ -41,7 +46,14 @@ class GuestTimesTests(SynchronousTestCase):
     def test_initramfsAndAgentLinesAreDated(self) -> None:
         self.assertEqual(
             guest_times(lines()),
-            {"init": 0.35, "root": 1.80, "agent": 3.10, "said": 3.80, "connect": 4.20},
+            {
+                "init": 0.35,
+                "root": 1.80,
+                "setup": 2.40,
+                "agent": 3.10,
+                "said": 3.80,
+                "connect": 4.20,
+            },
         )
 
     def test_anOlderInitramfsIsDatedByItsModuleLoading(self) -> None:
@@ -94,6 +106,7 @@ class TimelineTests(SynchronousTestCase):
             "kernel": 1.05,
             "init": 1.40,
             "root": 2.85,
+            "setup": 3.45,
             "agent": 4.15,
             "said": 4.85,
             "started": 4.6,
