@@ -312,7 +312,13 @@ def restart_once(bench: Bench, name: str) -> Boot:
     return bench.measure(name, sent, lambda: None)
 
 
-def delete(bench: Bench, name: str) -> None:
+def delete(bench: Bench, name: str, keep: str | None) -> None:
+    """Delete ``name``; with ``keep``, its console's lines first, as they arrived."""
+    if keep is not None:
+        with open(os.path.join(keep, f"console-{name}.txt"), "w") as f:
+            f.writelines(
+                f"{line.arrived:.3f} {line.text}\n" for line in bench.consoles.since(name, 0)
+            )
     subprocess.run(bench.cli("delete", name, "--force"), check=True, capture_output=True)
 
 
@@ -329,7 +335,7 @@ def report(title: str, boots: list[Boot]) -> dict[str, float]:
     return phases
 
 
-def run(bench: Bench, guest: BootFiles, boots: int, restarts: int) -> str:
+def run(bench: Bench, guest: BootFiles, boots: int, restarts: int, keep: str | None) -> str:
     """Boot (and restart) the guest; the summary line."""
     cold: list[Boot] = []
     warm: list[Boot] = []
@@ -343,7 +349,7 @@ def run(bench: Bench, guest: BootFiles, boots: int, restarts: int) -> str:
         for again in range(restarts):
             warm.append(restart_once(bench, name))
             print(f"  restart {again + 1}/{restarts}: {warm[-1].describe()}", flush=True)
-        delete(bench, name)
+        delete(bench, name, keep)
     phases = report("cold boots", cold)
     if warm:
         report("restarts of a READY guest", warm)
@@ -369,7 +375,9 @@ def main() -> None:
     parser.add_argument("--restarts", type=int, default=0, help="restarts of each READY guest")
     parser.add_argument("--cache", default=os.path.expanduser("~/.cache/vmready/guest"))
     parser.add_argument("--image", choices=("demo", "stock"), default="demo")
-    parser.add_argument("--keep", action="store_true", help="keep the data dir (consoles, log)")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the data dir, the log and each boot's console"
+    )
     args = parser.parse_args()
     print(f"building or reusing the {args.image} guest…", flush=True)
     guest = boot_files(args.image, args.cache)
@@ -386,7 +394,7 @@ def main() -> None:
                 raise SystemExit(f"the daemon did not start; see {data_dir}/log")
             time.sleep(0.1)
         bench = Bench(socket_path, Events(socket_path), Consoles(data_dir))
-        print(run(bench, guest, args.boots, args.restarts))
+        print(run(bench, guest, args.boots, args.restarts, data_dir if args.keep else None))
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(timeout=60)
