@@ -61,6 +61,7 @@ MILESTONES = (
     Milestone("started", "STARTED at the host (event)"),
     Milestone("connect", "the host's CONNECT read by the agent (guest)"),
     Milestone("connected", "CONNECTED at the host (event)"),
+    Milestone("relay", "the workload's PATCH reaches the agent (guest)"),
     Milestone("ready", "the workload's PATCH Ready at the host (event)"),
     Milestone("woken", "a `vmready wait NAME status=ready` client exits"),
 )
@@ -77,6 +78,7 @@ _AGENT_MILESTONES = {
     "process": "agent",
     "STARTED": "said",
     "CONNECT": "connect",
+    "relay": "relay",
 }
 _EXEC_MARK = "--- vmready: starting "
 
@@ -128,9 +130,11 @@ def timeline(
     ``ready``, ``woken``) on the same clock.
     """
     found = {name: at - since for name, at in host.items()}
-    mark = next((line for line in lines if line.text.startswith(_EXEC_MARK)), None)
-    if mark is not None:
-        found["exec"] = mark.arrived - since
+    marks = [i for i, line in enumerate(lines) if line.text.startswith(_EXEC_MARK)]
+    if marks:
+        # This boot's lines only: a restarted guest's last words come before its mark.
+        lines = lines[marks[0] :]
+        found["exec"] = lines[0].arrived - since
     zero = kernel_start(lines)
     if zero is not None:
         found["kernel"] = zero - since

@@ -10,6 +10,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from tests.agent.test_agent_service import Harness
 from vmready.agent.boottimes import BootTimeline, process_start
+from vmready.agent.proxy import HostUnreachable
 
 
 class TimelineTests(SynchronousTestCase):
@@ -64,3 +65,16 @@ class AgentLinesTests(SynchronousTestCase):
         self.assertEqual(
             boot, ["boot: process [1.50] STARTED [2.00]", "boot: CONNECT [3.00] CONNECTED [4.00]"]
         )
+
+    def test_theFirstReadyTheHostAcceptedIsDatedWithTheFirstRelayedRequest(self) -> None:
+        harness = Harness(self)
+        times = iter([7.0, 8.0])
+        harness.agent.timeline = BootTimeline(clock=lambda: next(times))
+        harness.agent.timeline.marks["CONNECTED"] = 6.0
+        with self.assertLogs("vmready.agent.service") as logged:
+            # No link yet: the request is refused, and dated all the same.
+            self.assertRaises(HostUnreachable, harness.agent.route)
+            harness.agent.remember_state("Ready")
+            harness.agent.remember_state("Ready")
+        boot = [r.getMessage() for r in logged.records if r.getMessage().startswith("boot:")]
+        self.assertEqual(boot, ["boot: relay [7.00] Ready [8.00]"])

@@ -33,6 +33,7 @@ CONSOLE = [
         "[    3.950000] vmready-agent[201]: vmready-agent: boot: process [3.10] STARTED [3.80]",
     ),
     (105.30, "vmready-agent: boot: CONNECT [4.20] CONNECTED [4.65]"),
+    (105.90, "vmready-agent: boot: relay [5.10] Ready [5.30]"),
 ]
 
 
@@ -53,6 +54,7 @@ class GuestTimesTests(SynchronousTestCase):
                 "agent": 3.10,
                 "said": 3.80,
                 "connect": 4.20,
+                "relay": 5.10,
             },
         )
 
@@ -112,12 +114,18 @@ class TimelineTests(SynchronousTestCase):
             "started": 4.6,
             "connect": 5.25,
             "connected": 5.9,
+            "relay": 6.15,
             "ready": 6.5,
             "woken": 6.8,
         }
         self.assertEqual(found.keys(), expected.keys())
         for name, value in expected.items():
             self.assertAlmostEqual(found[name], value, places=6, msg=name)
+
+    def test_aRestartedGuestsLastWordsBeforeTheMarkAreNotThisBoot(self) -> None:
+        shutdown = ConsoleLine(99.8, "[  120.000000] systemd-shutdown[1]: Syncing filesystems")
+        found = timeline([shutdown, *lines()], {}, since=99.5)
+        self.assertAlmostEqual(found["kernel"], 1.05)
 
     def test_withoutDatedLinesOnlyTheHostsMilestones(self) -> None:
         found = timeline([], {"ready": 12.0}, since=2.0)

@@ -4,11 +4,13 @@ A reader of the console (and ``benchmarks/real_guest.py``) sees where a boot's
 time went: when the agent's process started, when it first said ``STARTED``,
 when the host's ``CONNECT`` reached it and when it said ``CONNECTED``, each
 in seconds since the guest's kernel started (``CLOCK_BOOTTIME``, the clock of
-the kernel's own timestamps).  Two lines per process, at the first ``STARTED``
-and the first ``CONNECTED``::
+the kernel's own timestamps).  A line per process at the first ``STARTED``,
+the first ``CONNECTED``, and the first Ready the host accepted (with when the
+first request to relay to the host reached the agent: the workload's)::
 
     vmready-agent: boot: process [2.31] STARTED [2.87]
     vmready-agent: boot: CONNECT [3.02] CONNECTED [3.41]
+    vmready-agent: boot: relay [3.60] Ready [3.75]
 """
 
 from __future__ import annotations

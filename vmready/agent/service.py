@@ -237,6 +237,7 @@ class Agent:
 
     def route(self) -> HostRoute:
         """Where the devlxd proxy sends a request now; HostUnreachable while the link is down."""
+        self.timeline.mark("relay")
         address = self.core.link
         if address is None:
             raise HostUnreachable(self.core.unreachable_reason)
@@ -246,6 +247,8 @@ class Agent:
         """The host accepted a guest program's state: remember Ready for this boot."""
         self.memory.remember(state == "Ready")
         log.info("the workload declared %s", state)
+        if state == "Ready" and self.timeline.mark("Ready"):
+            log.info("%s", self.timeline.line("relay", "Ready"))
 
     def hold_state(self, state: str) -> None:
         """A guest program declared ``state`` while the host was unreachable: deliver it later."""
