@@ -52,7 +52,7 @@ class Milestone:
 # In the order a boot passes them; a phase is the time from the previous milestone present.
 MILESTONES = (
     Milestone("exec", "the daemon starts QEMU (its console mark)"),
-    Milestone("kernel", "firmware done: the kernel starts (guest uptime 0)"),
+    Milestone("kernel", "the kernel's clock starts (after the firmware, early set-up)"),
     Milestone("init", "the initramfs's /init runs"),
     Milestone("root", "root file system mounted; systemd starts"),
     Milestone("setup", "systemd runs the agent's unit: its setup copies the drive"),
@@ -62,7 +62,7 @@ MILESTONES = (
     Milestone("connect", "the host's CONNECT read by the agent (guest)"),
     Milestone("connected", "CONNECTED at the host (event)"),
     Milestone("relay", "the workload's PATCH reaches the agent (guest)"),
-    Milestone("ready", "the workload's PATCH Ready at the host (event)"),
+    Milestone("ready", "Ready at the host (event)"),
     Milestone("woken", "a `vmready wait NAME status=ready` client exits"),
 )
 
