@@ -9,33 +9,37 @@ cloud-init); ``--image stock`` is the stock-like cloud image
 nothing of vmready), whose agent comes from the NoCloud seed's vendor-data and
 whose cloud-config ``runcmd`` declares Ready.  Each boot is one
 ``POST /1.0/instances`` with the guest's image, kernel and initrd, and a
-workload (its user-data) that declares Ready as soon as the agent takes it.
-From the moment the POST is sent (the daemon makes the overlay and starts
-QEMU at once), the ``/1.0/events`` stream dates each phase:
+workload (its user-data) that declares Ready as soon as the agent takes it;
+a ``vmready wait NAME status=ready`` client is started right after the POST.
 
-- **qemu**: QEMU runs and answers on its monitor (``instance-started``);
-- **started**: the agent said STARTED on its serial port (``instance-agent-started``);
-- **connected**: the agent reached the guest API over mutual TLS (``instance-agent-connected``);
-- **ready**: the workload's Ready reached the daemon (``instance-ready``).
+Every lifecycle event (``/1.0/events``) and every line of the guest's console
+log is stamped with this host's clock as it arrives; the guest's own times
+(kernel timestamps, the demo initramfs's and the agent's dated lines) are put
+on the same clock through the kernel's start (``_bootphases``).  Each boot's
+milestones are printed, then per milestone the median time from the POST and
+the median phase (from the milestone before).  ``--restarts N`` then restarts
+the READY guest N times (``PUT …/state {"action": "restart"}``, what
+``vmready restart`` sends) and dates each back to READY the same way.
 
 Each instance is deleted before the next boot.  The accelerator is the
 daemon's choice (``--accel auto``: KVM where a guest runs under it, else
-TCG), and is printed.  Figures only: nothing here passes or fails.  The last
-line is exactly ``connected_s=<median> ready_s=<median> accel=<kvm|tcg>`` for
-the demo guest, ``image=stock ready_s=<median> accel=<kvm|tcg>`` for the
-stock image.
+TCG), and is printed with its reason.  Figures only: nothing here passes or
+fails.  The last line is exactly ``connected_s=<median> ready_s=<median>
+accel=<kvm|tcg> phases=<name>:<median phase>,…`` for the demo guest (and
+``restart_s=<median>`` before ``accel`` with ``--restarts``),
+``image=stock ready_s=<median> accel=<kvm|tcg> phases=…`` for the stock image.
 
-    .venv/bin/python benchmarks/real_guest.py --boots 5
+    .venv/bin/python benchmarks/real_guest.py --boots 5 --restarts 1
     .venv/bin/python benchmarks/real_guest.py --image stock --boots 3
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import http.client
 import json
 import os
-import select
 import shutil
 import signal
 import socket
@@ -43,11 +47,20 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 
+from benchmarks._bootphases import (
+    MILESTONES,
+    ConsoleLine,
+    medians,
+    phase_durations,
+    timeline,
+)
 from vmready.hypervisor.guestimage.build import ensure_guest
 from vmready.hypervisor.guestimage.stock import ensure_stock_guest
 
@@ -55,12 +68,13 @@ BIN_DIRECTORY = os.path.dirname(os.path.abspath(sys.executable))
 TWISTD = os.path.join(BIN_DIRECTORY, "twistd")
 START_TIMEOUT = 120.0
 BOOT_TIMEOUT = 600.0
-PHASES = (
-    ("qemu", "instance-started"),
+# The host's milestones: the lifecycle event that dates each.
+HOST_EVENTS = (
     ("started", "instance-agent-started"),
     ("connected", "instance-agent-connected"),
     ("ready", "instance-ready"),
 )
+POLL = 0.01
 WORKLOAD = """#!/bin/sh
 until vmready-agent notify ready --timeout 5; do sleep 0.1; done
 """
@@ -107,38 +121,83 @@ def request(socket_path: str, method: str, path: str, body: Any = None) -> dict[
 
 
 class Events:
-    """The lifecycle event stream, each event stamped with when it arrived here."""
+    """The lifecycle event stream, each event stamped with when it arrived here (a thread)."""
 
     def __init__(self, socket_path: str) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.connect(socket_path)
         self.sock.sendall(b"GET /1.0/events?type=lifecycle HTTP/1.0\r\nHost: vmready\r\n\r\n")
-        self.buffer = b""
-        while b"\r\n\r\n" not in self.buffer:
-            self.buffer += self.sock.recv(65536)
-        self.buffer = self.buffer.partition(b"\r\n\r\n")[2]
+        self.seen: list[tuple[float, str, str]] = []  # (arrival, action, instance name)
+        self.closed = False
+        threading.Thread(target=self._read, daemon=True).start()
 
-    def until(self, name: str, action: str, deadline: float) -> float:
-        """When ``action`` about ``name`` arrived (the first one from now)."""
+    def _read(self) -> None:
+        buffer = b""
+        while b"\r\n\r\n" not in buffer:
+            buffer += self.sock.recv(65536)
+        buffer = buffer.partition(b"\r\n\r\n")[2]
         while True:
-            while b"\n" in self.buffer:
-                line, self.buffer = self.buffer.split(b"\n", 1)
-                if not line.strip():
-                    continue
-                event = json.loads(line)
-                metadata = event.get("metadata") or {}
-                source = str(metadata.get("source", ""))
-                if metadata.get("action") == action and source.endswith(f"/{name}"):
-                    return time.monotonic()
-            left = deadline - time.monotonic()
-            if left <= 0:
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                if line.strip():
+                    metadata = json.loads(line).get("metadata") or {}
+                    source = str(metadata.get("source", ""))
+                    action = str(metadata.get("action", ""))
+                    self.seen.append((time.monotonic(), action, source.rpartition("/")[2]))
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                self.closed = True
+                return
+            buffer += chunk
+
+    def first(self, name: str, action: str, after: float, deadline: float) -> float:
+        """When the first ``action`` about ``name`` since ``after`` arrived (waiting for it)."""
+        while True:
+            for arrived, seen_action, seen_name in list(self.seen):
+                if arrived >= after and seen_action == action and seen_name == name:
+                    return arrived
+            if self.closed:
+                raise SystemExit("the daemon closed the event stream")
+            if time.monotonic() > deadline:
                 raise SystemExit(f"{name}: no {action} within {BOOT_TIMEOUT:g}s")
-            readable, _, _ = select.select([self.sock], [], [], min(left, 1.0))
-            if readable:
-                chunk = self.sock.recv(65536)
-                if not chunk:
-                    raise SystemExit("the daemon closed the event stream")
-                self.buffer += chunk
+            time.sleep(POLL)
+
+
+class Consoles:
+    """Every console log under the data dir, line by line, each stamped on arrival (a thread)."""
+
+    def __init__(self, data_dir: str) -> None:
+        self.pattern = os.path.join(data_dir, "run", "*", "console.log")
+        self.lines: dict[str, list[ConsoleLine]] = {}
+        self._read: dict[str, tuple[int, bytes]] = {}
+        threading.Thread(target=self._follow, daemon=True).start()
+
+    def _follow(self) -> None:
+        while True:
+            for path in glob.glob(self.pattern):
+                offset, partial = self._read.get(path, (0, b""))
+                try:
+                    with open(path, "rb") as f:
+                        f.seek(offset)
+                        data = f.read()
+                except OSError:
+                    continue
+                now = time.monotonic()
+                *complete, partial = (partial + data).split(b"\n")
+                self.lines.setdefault(path, []).extend(
+                    ConsoleLine(now, line.decode("utf-8", "replace").rstrip("\r"))
+                    for line in complete
+                )
+                self._read[path] = (offset + len(data), partial)
+            time.sleep(POLL)
+
+    def since(self, name: str, after: float) -> list[ConsoleLine]:
+        """``name``'s console lines that arrived after ``after``."""
+        mark = f"--- vmready: starting {name}: "
+        for lines in list(self.lines.values()):
+            if any(line.text.startswith(mark) for line in lines):
+                return [line for line in lines if line.arrived >= after]
+        return []
 
 
 def boot_files(image: str, cache: str) -> BootFiles:
@@ -156,8 +215,53 @@ def boot_files(image: str, cache: str) -> BootFiles:
     return BootFiles(guest.image, kernel, guest.initrd, guest.append, WORKLOAD)
 
 
-def boot_once(socket_path: str, events: Events, name: str, guest: BootFiles) -> dict[str, float]:
-    """Launch ``name``, date its phases from the POST, delete it; seconds per phase."""
+@attrs.frozen
+class Bench:
+    """The daemon under measurement: its socket, its event stream, its guests' consoles."""
+
+    socket_path: str
+    events: Events
+    consoles: Consoles
+
+    def cli(self, *args: str) -> list[str]:
+        """A ``vmready`` command line against this daemon."""
+        return [sys.executable, "-m", "vmready.cli.main", "--socket", self.socket_path, *args]
+
+    def measure(self, name: str, since: float, woken: Callable[[], float | None]) -> Boot:
+        """The boot of ``name`` that began at ``since``, once READY: its milestones."""
+        deadline = since + BOOT_TIMEOUT
+        host = {
+            phase: self.events.first(name, action, since, deadline)
+            for phase, action in HOST_EVENTS
+        }
+        woke = woken()
+        if woke is not None:
+            host["woken"] = woke
+        time.sleep(0.5)  # the agent's dated lines reach the console through the journal
+        found = timeline(self.consoles.since(name, since), host, since)
+        instance = request(self.socket_path, "GET", f"/1.0/instances/{name}")["metadata"]
+        accel = instance["boot"]["accel"]
+        return Boot(found, accel["current"], accel.get("reason") or "")
+
+
+@attrs.frozen
+class Boot:
+    """One boot's milestones (seconds from its start), its accelerator and why."""
+
+    milestones: dict[str, float]
+    accel: str
+    reason: str
+
+    def describe(self) -> str:
+        return ", ".join(
+            f"{m.name} {self.milestones[m.name]:.2f}s"
+            for m in MILESTONES
+            if m.name in self.milestones
+        )
+
+
+def boot_once(bench: Bench, name: str, guest: BootFiles) -> Boot:
+    """Launch ``name`` and date its boot from the POST; it is left READY."""
     config = {
         "limits.memory": str(guest.memory_mib),
         "limits.cpu": "2",
@@ -169,40 +273,115 @@ def boot_once(socket_path: str, events: Events, name: str, guest: BootFiles) -> 
     }
     sent = time.monotonic()
     answer = request(
-        socket_path, "POST", "/1.0/instances", {"name": name, "config": config, "start": True}
+        bench.socket_path,
+        "POST",
+        "/1.0/instances",
+        {"name": name, "config": config, "start": True},
     )
     if answer.get("type") == "error":
         raise SystemExit(f"launch {name}: {answer.get('error')}")
-    deadline = sent + BOOT_TIMEOUT
-    figures = {phase: events.until(name, action, deadline) - sent for phase, action in PHASES}
-    accel = request(socket_path, "GET", f"/1.0/instances/{name}")["metadata"]["boot"]["accel"]
-    figures["accel"] = 1.0 if accel["current"] == "kvm" else 0.0
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vmready.cli.main",
-            "--socket",
-            socket_path,
-            "delete",
-            name,
-            "--force",
-        ],
-        check=True,
-        capture_output=True,
+    waiter = subprocess.Popen(
+        bench.cli("wait", name, "status=ready", "--timeout", str(int(BOOT_TIMEOUT))),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
-    return figures
+    woke: list[float] = []
+
+    def wait_for_waiter() -> None:
+        waiter.wait()
+        woke.append(time.monotonic())
+
+    watcher = threading.Thread(target=wait_for_waiter, daemon=True)
+    watcher.start()
+
+    def woken() -> float | None:
+        watcher.join(BOOT_TIMEOUT)
+        return woke[0] if woke and waiter.returncode == 0 else None
+
+    return bench.measure(name, sent, woken)
+
+
+def restart_once(bench: Bench, name: str) -> Boot:
+    """Restart the READY ``name`` as ``vmready restart`` does, and date it back to READY."""
+    sent = time.monotonic()
+    answer = request(
+        bench.socket_path, "PUT", f"/1.0/instances/{name}/state", {"action": "restart"}
+    )
+    if answer.get("type") == "error":
+        raise SystemExit(f"restart {name}: {answer.get('error')}")
+    return bench.measure(name, sent, lambda: None)
+
+
+def delete(bench: Bench, name: str, keep: str | None) -> None:
+    """Delete ``name``; with ``keep``, its console's lines first, as they arrived."""
+    if keep is not None:
+        with open(os.path.join(keep, f"console-{name}.txt"), "w") as f:
+            f.writelines(
+                f"{line.arrived:.3f} {line.text}\n" for line in bench.consoles.since(name, 0)
+            )
+    subprocess.run(bench.cli("delete", name, "--force"), check=True, capture_output=True)
+
+
+def report(title: str, boots: list[Boot]) -> dict[str, float]:
+    """The per-milestone medians of ``boots`` as a table; the median phases."""
+    at = medians([boot.milestones for boot in boots])
+    phases = medians([phase_durations(boot.milestones) for boot in boots])
+    print()
+    print(f"{title} ({len(boots)}): milestone    from start (median)   phase (median)")
+    for milestone in MILESTONES:
+        name = milestone.name
+        if name in at:
+            print(f"  {name:<10} {at[name]:9.2f}s {phases[name]:16.2f}s   {milestone.what}")
+    return phases
+
+
+def run(bench: Bench, guest: BootFiles, boots: int, restarts: int, keep: str | None) -> str:
+    """Boot (and restart) the guest; the summary line."""
+    cold: list[Boot] = []
+    warm: list[Boot] = []
+    for number in range(boots):
+        name = f"bench{number}"
+        boot = boot_once(bench, name, guest)
+        cold.append(boot)
+        print(f"boot {number + 1}/{boots} ({boot.accel}): {boot.describe()}", flush=True)
+        if number == 0:
+            print(f"  accelerator: {boot.accel} ({boot.reason})", flush=True)
+        for again in range(restarts):
+            warm.append(restart_once(bench, name))
+            print(f"  restart {again + 1}/{restarts}: {warm[-1].describe()}", flush=True)
+        delete(bench, name, keep)
+    phases = report("cold boots", cold)
+    if warm:
+        report("restarts of a READY guest", warm)
+    print(f"load average after the runs: {os.getloadavg()[0]:.2f}")
+    accel = "kvm" if all(boot.accel == "kvm" for boot in cold) else "tcg"
+    connected = statistics.median(boot.milestones["connected"] for boot in cold)
+    ready = statistics.median(boot.milestones["ready"] for boot in cold)
+    compact = ",".join(f"{name}:{value:.2f}" for name, value in phases.items())
+    restart = ""
+    if warm:
+        restart = f" restart_s={statistics.median(b.milestones['ready'] for b in warm):.2f}"
+    if guest.user_data == STOCK_WORKLOAD:
+        return f"image=stock ready_s={ready:.2f}{restart} accel={accel} phases={compact}"
+    return (
+        f"connected_s={connected:.2f} ready_s={ready:.2f}{restart} accel={accel} phases={compact}"
+    )
 
 
 def main() -> None:
     """Entry point."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--boots", type=int, default=5)
+    parser.add_argument("--restarts", type=int, default=0, help="restarts of each READY guest")
     parser.add_argument("--cache", default=os.path.expanduser("~/.cache/vmready/guest"))
     parser.add_argument("--image", choices=("demo", "stock"), default="demo")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the data dir, the log and each boot's console"
+    )
     args = parser.parse_args()
     print(f"building or reusing the {args.image} guest…", flush=True)
     guest = boot_files(args.image, args.cache)
+    print(f"load average before the runs: {os.getloadavg()[0]:.2f}", flush=True)
     data_dir = tempfile.mkdtemp(prefix="vmr-bench-", dir="/tmp")
     socket_path = os.path.join(data_dir, "vmready.sock")
     command = [TWISTD, "-n", "--pidfile", "", "--logfile", os.path.join(data_dir, "log")]
@@ -214,37 +393,16 @@ def main() -> None:
             if daemon.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"the daemon did not start; see {data_dir}/log")
             time.sleep(0.1)
-        events = Events(socket_path)
-        runs = []
-        for number in range(args.boots):
-            figures = boot_once(socket_path, events, f"bench{number}", guest)
-            runs.append(figures)
-            accel = "kvm" if figures["accel"] else "tcg"
-            print(
-                f"boot {number + 1}/{args.boots} ({accel}): "
-                + ", ".join(f"{phase} {figures[phase]:.2f}s" for phase, _ in PHASES),
-                flush=True,
-            )
-        print()
-        print("phase (from POST)    median      min      max")
-        for phase, _ in PHASES:
-            values = [run[phase] for run in runs]
-            print(
-                f"{phase:<18} {statistics.median(values):8.2f}s {min(values):7.2f}s "
-                f"{max(values):7.2f}s"
-            )
-        accel = "kvm" if all(run["accel"] for run in runs) else "tcg"
-        connected = statistics.median(run["connected"] for run in runs)
-        ready = statistics.median(run["ready"] for run in runs)
-        if args.image == "stock":
-            print(f"image=stock ready_s={ready:.2f} accel={accel}")
-        else:
-            print(f"connected_s={connected:.2f} ready_s={ready:.2f} accel={accel}")
+        bench = Bench(socket_path, Events(socket_path), Consoles(data_dir))
+        print(run(bench, guest, args.boots, args.restarts, data_dir if args.keep else None))
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(timeout=60)
         kill_strays(data_dir)
-        shutil.rmtree(data_dir, ignore_errors=True)
+        if args.keep:
+            print(f"kept {data_dir}")
+        else:
+            shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def kill_strays(data_dir: str) -> None:

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from typing import Any, cast
@@ -335,3 +336,45 @@ class NotifyTests(SynchronousTestCase):
             run_virtual(self, scenario),
             f"cannot reach the agent at {self.socket}: No such file or directory",
         )
+
+
+class NotifyImportsTests(SynchronousTestCase):
+    """``vmready-agent notify`` (a second interpreter at every boot) loads none of the agent."""
+
+    def test_theCommandLineModuleLoadsOnlyWhatNotifyNeeds(self) -> None:
+        probe = (
+            "import sys; import vmready.agent.main; "
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('vmready'))))"
+        )
+        checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-S",
+                "-I",
+                "-c",
+                f"import sys; sys.path.insert(0, {checkout!r}); " + probe,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        self.assertEqual(
+            result.stdout.split(),
+            [
+                "vmready",
+                "vmready.agent",
+                "vmready.agent.httpwire",
+                "vmready.agent.main",
+                "vmready.agent.minimum",
+                "vmready.agent.notify",
+                "vmready.agent.options",
+            ],
+        )
+
+    def test_theAgentsNamesStillComeFromThePackage(self) -> None:
+        import vmready.agent
+
+        self.assertIs(vmready.agent.Agent, vmready.agent.service.Agent)
+        self.assertRaises(AttributeError, getattr, vmready.agent, "NoSuchThing")

@@ -46,7 +46,7 @@ from tests.conformance.support import (
     start_daemonized,
 )
 from tests.reactor import reactor
-from vmready.hypervisor.guestimage.initramfs import ArchiveEntry, gzip_bytes, newc_archive
+from vmready.hypervisor.guestimage.initramfs import ArchiveEntry, newc_archive
 from vmready.protocols.qmp import QMPClientProtocol
 
 # The guest's /init: load the demo initramfs's modules, run the program, power off.
@@ -219,7 +219,7 @@ class QemuPortEventChecks(PortEventChecks):
         init = ArchiveEntry("init", stat.S_IFREG | 0o755, GUEST_PROGRAM.encode())
         path = self.workspace.file("initrd.img")
         with open(path, "wb") as f:
-            f.write(demo + gzip_bytes(newc_archive([init])))
+            f.write(demo + newc_archive([init]))
         return path
 
     async def run_guest_program(self) -> QMPClientProtocol:

@@ -36,6 +36,7 @@ EXPECTED = {
     "vmready/agent/__init__.py",
     "vmready/agent/answers.py",
     "vmready/agent/bootdata.py",
+    "vmready/agent/boottimes.py",
     "vmready/agent/config.py",
     "vmready/agent/connectport.py",
     "vmready/agent/core.py",
@@ -46,6 +47,7 @@ EXPECTED = {
     "vmready/agent/minimum.py",
     "vmready/agent/network.py",
     "vmready/agent/notify.py",
+    "vmready/agent/options.py",
     "vmready/agent/proxy.py",
     "vmready/agent/recording.py",
     "vmready/agent/sdnotify.py",
@@ -131,7 +133,8 @@ class BundleContentsTests(SynchronousTestCase):
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
             main = archive.read("__main__.py").decode()
-        self.assertEqual(names, ["__main__.py", *sorted(EXPECTED)])
+        compiled = [name[:-3] + ".pyc" for name in EXPECTED]
+        self.assertEqual(names, ["__main__.py", *sorted([*EXPECTED, *compiled])])
         self.assertEqual(
             main.splitlines()[1:], ["import vmready.agent.main", "vmready.agent.main.main()"]
         )
@@ -240,6 +243,23 @@ class IsolatedRunTests(SynchronousTestCase):
             (result.returncode, result.stderr),
             (1, "vmready-agent: config drive /nonexistent is not a directory\n"),
         )
+
+    def test_thisPythonImportsTheBundledBytecodeWithoutCompiling(self) -> None:
+        # Compiled here, a module names its file as the bundle does; compiled from the
+        # zip's source, it would name it inside the archive's path.
+        probe = (
+            "import sys; sys.path.insert(0, sys.argv[1]); import vmready.agent.service as s; "
+            "print(s.Agent.start.__code__.co_filename)"
+        )
+        result = subprocess.run(
+            [sys.executable, "-S", "-I", "-c", probe, self.zipapp],
+            env={},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        self.assertEqual((result.stdout, result.stderr), ("vmready/agent/service.py\n", ""))
 
     def test_aUsageErrorIsStatusTwo(self) -> None:
         result = run_isolated(sys.executable, self.zipapp, "--heartbeat", "0")

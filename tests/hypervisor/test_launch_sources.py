@@ -32,6 +32,7 @@ from vmready.domain.model import InstanceRecord
 from vmready.domain.states import READY_KEY, VMState
 from vmready.hypervisor.accel import KVMVerdicts
 from vmready.hypervisor.driver import HypervisorDriver
+from vmready.hypervisor.kvmprobe import KVMProbe
 from vmready.lifecycle.core import LaunchSettings, Lifecycle
 from vmready.lifecycle.events import Event, EventBus
 from vmready.store.sqlite import Store
@@ -311,6 +312,24 @@ class AcceleratorTests(LaunchTestCase):
             "KVM does not run guests on this host", record.config["volatile.accel.reason"]
         )
         self.assertNotIn("instance-accelerator-changed", self.actions("vm2"))
+
+    @_async
+    async def test_aProbeThatFailsUnderKvmStartsTcgWithoutTryingTheGuest(self) -> None:
+        self.lifecycle = self.kvm_lifecycle()
+        said = "qemu fails under KVM on this host (a probe VM with no image ended by signal 6)"
+
+        async def probe() -> KVMProbe:
+            return KVMProbe(False, said)
+
+        self.patch(self.lifecycle.booting.driver, "probe_kvm", probe)
+        record = await self.launch(**{"boot.kernel": self.kernel})
+        self.assertEqual(record.config["volatile.accel"], "tcg")
+        self.assertEqual(record.config["volatile.accel.reason"], f"TCG: KVM failed here ({said})")
+        self.assertNotIn("KVM, on trial", self.console_log("vm1", 4096).decode())
+        assert self.lifecycle.booting.kvm is not None
+        verdict = self.lifecycle.booting.kvm.verdict
+        self.assertEqual((verdict.works, verdict.reason) if verdict else None, (False, said))
+        self.assertIn("instance-accelerator-changed", self.actions("vm1"))
 
     @_async
     async def test_silentGuestUnderKvmIsRestartedUnderTcg(self) -> None:

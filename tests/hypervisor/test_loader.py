@@ -214,6 +214,14 @@ class SetupFromTheDriveTests(SynchronousTestCase):
         )
         self.assertEqual(guest.mounts(), ["/"])
 
+    def test_theSetupDatesItsShareOfTheBootOnTheGuestsClock(self) -> None:
+        guest = FakeGuest(self)
+        guest.put("guest/proc/uptime", "12.34 20.00\n")
+        result = guest.setup()
+        self.assertEqual(
+            result.stderr.splitlines()[-1], f"{SETUP}boot: setup [12.34] copied [12.34]"
+        )
+
     def test_theCopyIsRootsAlone(self) -> None:
         guest = FakeGuest(self)
         guest.setup()

@@ -19,6 +19,7 @@ from vmready.domain.config import validate_config
 from vmready.domain.model import BadRequest, Conflict, HypervisorError
 from vmready.domain.states import PowerState, TaskState, VMState
 from vmready.hypervisor.cmdline import CURRENT_LAYOUT, LEGACY_LAYOUT, VMSpec
+from vmready.hypervisor.kvmprobe import KVMProbe
 from vmready.hypervisor.runningvm import RunningVM
 from vmready.lifecycle.core import Lifecycle
 from vmready.lifecycle.events import EventBus
@@ -77,6 +78,10 @@ class _NothingRuns:
 
     async def wait_released(self, spec: VMSpec) -> None:
         """Nothing to wait for."""
+
+    async def probe_kvm(self) -> KVMProbe | None:
+        """No VM runs here: no verdict."""
+        return None
 
 
 class RecordersTests(SynchronousTestCase):

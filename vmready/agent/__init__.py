@@ -14,21 +14,47 @@ transport's NIC), ``httpwire`` (the HTTP/1.1 codec both ends use), ``proxy``
 ``recording`` (``--record``), ``config`` (config drive and options),
 ``minimum`` (the interpreter it needs, checked first),
 ``service`` (all of them wired together on asyncio), ``notify`` (the
-``notify`` command) and ``main`` (the command line).
+``notify`` command), ``options`` (what both share), ``boottimes`` (the boot's
+dated console lines) and ``main`` (the command line).
 """
 
+import importlib
 import logging
+from typing import TYPE_CHECKING, Any
 
 from vmready.agent.minimum import require_supported_python
 
 require_supported_python()  # before anything that needs a newer Python, or ssl
 
-from vmready.agent.config import AgentConfig, ConfigError, load_config  # noqa: E402
-from vmready.agent.core import AgentCore, HostAddress, TcpAddress, VsockAddress  # noqa: E402
-from vmready.agent.service import Agent, build_agent  # noqa: E402
+if TYPE_CHECKING:
+    from vmready.agent.config import AgentConfig, ConfigError, load_config
+    from vmready.agent.core import AgentCore, HostAddress, TcpAddress, VsockAddress
+    from vmready.agent.service import Agent, build_agent
 
 # A library's manners: nothing printed unless the program (main) configures logging.
 logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+# The face's names are imported when first asked for: ``vmready-agent notify``, a
+# second interpreter at every boot, imports this package and needs none of them.
+_FACE = {
+    "Agent": "service",
+    "AgentConfig": "config",
+    "AgentCore": "core",
+    "ConfigError": "options",
+    "HostAddress": "core",
+    "TcpAddress": "core",
+    "VsockAddress": "core",
+    "build_agent": "service",
+    "load_config": "config",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _FACE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
 
 __all__ = [
     "Agent",

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from typing import Any
 from vmready.agent.bootdata import BootData, load_boot_data
 from vmready.agent.connectport import CONNECT_PORT_NAME
 from vmready.agent.network import DEFAULT_SYSFS_NET, NetworkPlan, parse_network
+from vmready.agent.options import DEFAULT_SOCKET, ConfigError, parse_count, parse_seconds
 from vmready.agent.serial import (
     DEFAULT_DEV,
     DEFAULT_SYSFS_PORTS,
@@ -54,7 +54,6 @@ __all__ = [
 
 DEFAULT_CONFIG_DRIVE = "/var/lib/vmready-agent/config"
 DEFAULT_TRANSPORT = "vsock"
-DEFAULT_SOCKET = "/dev/lxd/sock"
 DEFAULT_STATE_DIR = "/run/vmready-agent"
 DEFAULT_HEARTBEAT = 5.0
 DEFAULT_RETRIES = 3
@@ -79,10 +78,6 @@ _DRIVE_KEYS = {
 _PATH_KEYS = ("virtio_ports", "devlxd_socket", "state_dir", "tcp_sockets")
 
 log = logging.getLogger(__name__)
-
-
-class ConfigError(Exception):
-    """The configuration cannot work; the message is one line for the operator."""
 
 
 @dataclass(frozen=True)
@@ -188,28 +183,6 @@ def _settings(drive: str) -> dict[str, Any]:
             value = os.path.join(drive, value)  # an absolute value stays as it is
         settings[option] = value
     return settings
-
-
-def parse_seconds(value: Any, name: str) -> float:
-    """A positive, finite number of seconds for option ``--name``; ConfigError otherwise."""
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"--{name} must be a number of seconds, not {value!r}") from None
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise ConfigError(f"--{name} must be a positive number of seconds, not {value!r}")
-    return seconds
-
-
-def parse_count(value: Any, name: str) -> int:
-    """A whole number, zero or more, for option ``--name``; ConfigError otherwise."""
-    try:
-        count = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"--{name} must be a whole number, not {value!r}") from None
-    if count < 0:
-        raise ConfigError(f"--{name} must be zero or more, not {value!r}")
-    return count
 
 
 def _network(merged: Mapping[str, Any], drive: str) -> NetworkPlan | None:

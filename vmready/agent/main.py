@@ -14,20 +14,17 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from vmready.agent.config import (
-    DEFAULT_CONFIG_DRIVE,
-    DEFAULT_HEARTBEAT,
-    DEFAULT_RETRIES,
-    ConfigError,
-    load_config,
-    parse_count,
-    parse_seconds,
-    parse_transport,
-)
 from vmready.agent.notify import SYNOPSIS, NotifyFailed, UsageError, notify, parse_notify
-from vmready.agent.service import Agent, build_agent
+from vmready.agent.options import ConfigError, parse_count, parse_seconds
+
+if TYPE_CHECKING:
+    from vmready.agent.service import Agent
+
+# The agent's own modules (its configuration, TLS, serial port, service) are
+# imported where the agent runs, not at the top: ``vmready-agent notify`` is a
+# second interpreter started while the guest boots, and needs none of them.
 
 __all__ = ["main", "parse_options", "run_agent", "run_notify"]
 
@@ -63,6 +60,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
+    from vmready.agent.config import DEFAULT_CONFIG_DRIVE, DEFAULT_HEARTBEAT, DEFAULT_RETRIES
+
     parser = _Parser(prog=PROGRAM, usage=USAGE, description=DESCRIPTION)
     add = parser.add_argument
     add(
@@ -96,6 +95,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def parse_options(args: Sequence[str]) -> dict[str, Any]:
     """The command line as ``load_config`` options (command-line names); UsageError."""
+    from vmready.agent.config import parse_transport
+
     parsed = _parser().parse_args(list(args))
     try:
         heartbeat = parse_seconds(parsed.heartbeat, "heartbeat")
@@ -180,6 +181,9 @@ def run_agent(args: Sequence[str]) -> int:
         _usage(PROGRAM, "[options]")
         return EXIT_USAGE
     configure_logging()
+    from vmready.agent.config import load_config
+    from vmready.agent.service import build_agent
+
     try:
         agent = build_agent(load_config(options))
     except ConfigError as e:

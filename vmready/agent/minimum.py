@@ -9,6 +9,7 @@ any Python 3: no ``from __future__ import annotations``, so the annotations
 that need newer Pythons are strings.
 """
 
+import importlib.util
 import sys
 from collections.abc import Sequence
 from typing import Optional
@@ -26,12 +27,8 @@ def interpreter_problem(
             MINIMUM[0], MINIMUM[1], ".".join(str(part) for part in version)
         )
     if has_ssl is None:
-        try:
-            import ssl  # noqa: F401 - only its presence matters here
-        except ImportError:
-            has_ssl = False
-        else:
-            has_ssl = True
+        # Found, not imported: ``notify`` (started at boot) never loads ssl.
+        has_ssl = all(importlib.util.find_spec(name) is not None for name in ("ssl", "_ssl"))
     if not has_ssl:
         return "needs Python's ssl module, and this Python was built without it"
     return ""

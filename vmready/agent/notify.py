@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from vmready.agent import httpwire
-from vmready.agent.config import DEFAULT_SOCKET, ConfigError, parse_seconds
+from vmready.agent.options import DEFAULT_SOCKET, ConfigError, parse_seconds
 
 __all__ = ["STATES", "NotifyFailed", "NotifyRequest", "UsageError", "notify", "parse_notify"]
 

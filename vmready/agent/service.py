@@ -20,6 +20,7 @@ from collections.abc import Awaitable
 from typing import Callable
 
 from vmready.agent.bootdata import BootData
+from vmready.agent.boottimes import BootTimeline, process_start
 from vmready.agent.config import AgentConfig, ConfigError
 from vmready.agent.connectport import ConnectPortReader
 from vmready.agent.core import (
@@ -47,6 +48,7 @@ from vmready.agent.recording import AgentRecorder, RecordingConnector
 from vmready.agent.sdnotify import ServiceManager, from_os_environment
 from vmready.agent.serial import FoundPort, SerialKeeper, find_port
 from vmready.agent.tls import TLSConfigError, client_context, pinned_der
+from vmready.protocols.ringbuffer import AgentStatus
 
 __all__ = ["DIAL_TIMEOUT", "Agent", "bind_socket", "build_agent", "prepare_socket_path"]
 
@@ -78,6 +80,7 @@ class Agent:
         deliver: Deliverer | None = None,
         boot_data: BootData | None = None,
         manager: ServiceManager | None = None,
+        timeline: BootTimeline | None = None,
     ) -> None:
         """Add the serial keeper with ``attach_serial`` and the socket with ``attach_socket``.
 
@@ -85,7 +88,8 @@ class Agent:
         sends a state the workload declared while the host was unreachable
         (defaults: ``open_link`` and ``patch_state`` on ``endpoint_for``'s endpoint).
         ``boot_data`` answers what it can while the link is down; ``manager`` is
-        told when the socket serves (default: nobody).
+        told when the socket serves (default: nobody); ``timeline`` dates this
+        process's first STARTED and CONNECTED on the console (default: from now).
         """
         self.core = core
         self.endpoint_for = endpoint_for
@@ -101,6 +105,7 @@ class Agent:
         self.connect_port: ConnectPortReader | None = None
         self.boot_data = boot_data
         self.manager = manager or ServiceManager()
+        self.timeline = timeline or BootTimeline()
         self.proxy = GuestAPIProxy(
             self.route,
             self.remember_state,
@@ -232,6 +237,7 @@ class Agent:
 
     def route(self) -> HostRoute:
         """Where the devlxd proxy sends a request now; HostUnreachable while the link is down."""
+        self.timeline.mark("relay")
         address = self.core.link
         if address is None:
             raise HostUnreachable(self.core.unreachable_reason)
@@ -241,6 +247,8 @@ class Agent:
         """The host accepted a guest program's state: remember Ready for this boot."""
         self.memory.remember(state == "Ready")
         log.info("the workload declared %s", state)
+        if state == "Ready" and self.timeline.mark("Ready"):
+            log.info("%s", self.timeline.line("relay", "Ready"))
 
     def hold_state(self, state: str) -> None:
         """A guest program declared ``state`` while the host was unreachable: deliver it later."""
@@ -255,6 +263,7 @@ class Agent:
             if isinstance(command, WriteStatus):
                 self._write(command)
             elif isinstance(command, Dial):
+                self.timeline.mark("CONNECT")
                 self._dial(command)
             elif isinstance(command, AbandonDial):
                 if self._dialing is not None and self._dialing[0] == command.dial_id:
@@ -272,6 +281,11 @@ class Agent:
         written = self.serial is not None and self.serial.write(command.line, command.announce)
         if written and self.recorder is not None:
             self.recorder.serial_out(command.line)
+        if written and self.timeline.mark(command.status.name):
+            if command.status is AgentStatus.STARTED:
+                log.info("%s", self.timeline.line("process", "STARTED"))
+            elif command.status is AgentStatus.CONNECTED:
+                log.info("%s", self.timeline.line("CONNECT", "CONNECTED"))
 
     def _dial(self, command: Dial) -> None:
         task = asyncio.ensure_future(self._dial_after(command.delay, command.address))
@@ -431,6 +445,7 @@ def build_agent(config: AgentConfig) -> Agent:
         recorder=recorder,
         boot_data=config.boot_data,
         manager=from_os_environment(),
+        timeline=BootTimeline(started=process_start()),
     )
     prepare_socket_path(config.socket)
     agent.attach_socket(bind_socket(config.socket), config.socket)

@@ -34,6 +34,7 @@ from vmready.domain.model import HypervisorError
 from vmready.domain.reactor import IVMReadyReactor
 from vmready.hypervisor.cmdline import VMSpec, build_command_line
 from vmready.hypervisor.commands import DEFAULT_COMMAND_TIMEOUT
+from vmready.hypervisor.kvmprobe import KVMProbe, probe_kvm
 from vmready.hypervisor.qemulog import OUTPUT_CAP, error_lines, read_log_lines
 from vmready.hypervisor.runningvm import RunningVM
 from vmready.hypervisor.stopping import DEFAULT_KILL_TIMEOUT
@@ -123,6 +124,12 @@ class HypervisorDriver:
                 "qemu": QEMU_PROGRAM,
             }[kind]
         )
+
+    async def probe_kvm(self) -> KVMProbe | None:
+        """QEMU's own verdict on KVM here, from a probe VM (None: fakeqemu runs no guest code)."""
+        if self.kind != "qemu":
+            return None
+        return await probe_kvm(self.reactor, self.reactor, self.program, self.program_name)
 
     def command_line(
         self, spec: VMSpec, paused: bool = False, incoming: str | None = None

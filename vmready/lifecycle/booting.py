@@ -177,6 +177,13 @@ class Booting:
         self, record: InstanceRecord, choice: AccelChoice, incoming: str | None
     ) -> RunningVM:
         """Launch under ``choice``; a KVM trial that fails is retried under TCG, saying so."""
+        if choice.probe and incoming is None and self.kvm is not None:
+            # QEMU's own verdict first, in well under a second, from a VM with no image.
+            probe = await self.driver.probe_kvm()
+            if probe is not None and not probe.starts:
+                return await self._fall_back_to_tcg(record, probe.reason, incoming)
+            if probe is not None:
+                self.log.info("{name}: {reason}", name=record.name, reason=probe.reason)
         spec = self.specs.spec_for(record, accel=choice.accel)
         doing = "restoring" if incoming is not None else "starting"
         started_at = mark_boot(spec.console_log, f"{doing} {record.name}: {choice.reason}")

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 from twisted.internet.defer import Deferred
 
 from vmready.hypervisor.cmdline import VMSpec
+from vmready.hypervisor.kvmprobe import KVMProbe
 from vmready.hypervisor.runningvm import RunningVM
 
 __all__ = ["Hypervisor", "RecorderLookup", "Recording", "SessionHooks"]
@@ -82,3 +83,6 @@ class Hypervisor(Protocol):
 
     async def wait_released(self, spec: VMSpec) -> None:
         """Wait until nothing answers on ``spec``'s monitor socket any more."""
+
+    async def probe_kvm(self) -> KVMProbe | None:
+        """QEMU's own verdict on KVM here, from a VM with no image (None: no verdict)."""

@@ -17,6 +17,7 @@ from twisted.internet.task import Clock
 from fakeqemu import RingBuffer
 from fakeqemu.testing import InMemoryVM
 from vmready.hypervisor.cmdline import VMSpec, build_command_line
+from vmready.hypervisor.kvmprobe import KVMProbe
 from vmready.hypervisor.runningvm import RunningVM
 from vmready.lifecycle.hooks import SessionHooks
 from vmready.protocols.qmp import QMPClientProtocol
@@ -111,3 +112,7 @@ class ReplayDriver:
 
     async def wait_released(self, spec: VMSpec) -> None:
         """Nothing to wait for in memory."""
+
+    async def probe_kvm(self) -> KVMProbe | None:
+        """A replay runs no guest code: no verdict."""
+        return None

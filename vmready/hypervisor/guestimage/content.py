@@ -31,7 +31,7 @@ __all__ = [
 
 
 # Bump when the builder makes a different image from the same inputs.
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 
 
 SUITE = "bookworm"
@@ -157,6 +157,9 @@ MASKED_UNITS = (
 # Generators that look for disks and devices this VM never has; each costs a
 # process at every boot (and again on every daemon-reload).
 MASKED_GENERATORS = (
+    # A login prompt on ttyS0 (root's password is locked: nobody logs in), started
+    # while the agent starts.
+    "systemd-getty-generator",
     "systemd-cryptsetup-generator",
     "systemd-gpt-auto-generator",
     "systemd-hibernate-resume-generator",
@@ -189,6 +192,7 @@ fail() {
 }
 
 mount -t proc proc /proc || fail "cannot mount /proc"
+say "started"
 mount -t sysfs sysfs /sys || fail "cannot mount /sys"
 mount -t devtmpfs devtmpfs /dev || fail "cannot mount /dev (devtmpfs)"
 exec </dev/console >/dev/console 2>&1
@@ -282,7 +286,8 @@ fi
 script=/run/vmready-user-data
 cp "$user_data" "$script"
 chmod 0700 "$script"
-echo "vmready-user-data: running the instance's user-data"
+read -r up _ </proc/uptime
+echo "vmready-user-data: [$up] running the instance's user-data"
 exec "$script"
 """
 

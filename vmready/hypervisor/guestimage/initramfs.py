@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import gzip
 import io
 import lzma
 import os
@@ -20,7 +19,6 @@ from vmready.hypervisor.guestimage.content import BUSYBOX_APPLETS, INIT_SCRIPT
 
 __all__ = [
     "ArchiveEntry",
-    "gzip_bytes",
     "initramfs_entries",
     "is_bzimage",
     "kernel_modules",
@@ -191,11 +189,6 @@ def initramfs_entries(
         ArchiveEntry(f"lib/modules/{name}.ko", regular | 0o644, data) for name, data in modules
     )
     return entries
-
-
-def gzip_bytes(data: bytes) -> bytes:
-    """``data`` gzipped reproducibly (no name, no timestamp)."""
-    return gzip.compress(data, compresslevel=9, mtime=0)
 
 
 def is_bzimage(kernel: bytes) -> bool:
