@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -69,7 +70,10 @@ class RunDemoTests(SynchronousTestCase):
                         continue
 
     def run_demo(self) -> list[str]:
-        result = subprocess.run(
+        # Its own session, so that a hang's cleanup ends the daemon it started too (left
+        # running, that daemon would hold trial's pipes open and trial would never end);
+        # no stdin, so that nothing it starts holds trial's.
+        demo = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -78,14 +82,21 @@ class RunDemoTests(SynchronousTestCase):
                 self.data_dir,
                 "--exit",
             ],
-            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            # A hang guard, not a speed check: a loaded 2-core machine takes minutes.
-            timeout=600,
-            check=False,
+            start_new_session=True,
         )
-        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
-        return result.stdout.splitlines()
+        try:
+            # A hang guard, not a speed check: a loaded 2-core machine takes minutes.
+            out, err = demo.communicate(timeout=600)
+        except subprocess.TimeoutExpired:
+            os.killpg(demo.pid, signal.SIGKILL)
+            out, err = demo.communicate()
+            self.fail(f"./dev run did not end within 600 s:\n{out}{err}")
+        self.assertEqual(demo.returncode, 0, out + err)
+        return out.splitlines()
 
     def test_firstRunLaunchesDemoAndItsAgentMakesItReady(self) -> None:
         lines = self.run_demo()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -63,6 +64,15 @@ Reasserter = Callable[[HostAddress], Awaitable[None]]
 Deliverer = Callable[[HostAddress, str], Awaitable[None]]
 
 
+def _remove_own_socket(path: str, identity: tuple[int, int] | None) -> None:
+    """Unlink the socket file at ``path`` if it is still ours (another agent may have
+    replaced it since)."""
+    with contextlib.suppress(OSError):
+        here = os.lstat(path)
+        if (here.st_dev, here.st_ino) == identity:
+            os.unlink(path)
+
+
 class Agent:
     """The in-guest agent: serial handshake, link to the host, Ready memory, devlxd socket."""
 
@@ -98,7 +108,7 @@ class Agent:
         self.heartbeat = heartbeat
         self.dial_timeout = dial_timeout
         self.dial: Dialer = dial or self._open_link
-        self.reassert: Reasserter = reassert or self._patch_ready
+        self.reassert: Reasserter = reassert or functools.partial(self._patch_state, state="Ready")
         self.deliver: Deliverer = deliver or self._patch_state
         self.recorder = recorder
         self.serial: SerialKeeper | None = None
@@ -192,19 +202,11 @@ class Agent:
             self.proxy.close_connections()
             await self._server.wait_closed()
             self._server = None
-        self._remove_socket()
+        if self._listening is not None and self.socket_path is not None:
+            _remove_own_socket(self.socket_path, self._socket_identity)
+            self._listening.close()
         if self.recorder is not None:
             self.recorder.close()
-
-    def _remove_socket(self) -> None:
-        if self._listening is None or self.socket_path is None:
-            return
-        with contextlib.suppress(OSError):
-            here = os.lstat(self.socket_path)
-            # Only our own socket file: another agent may have replaced it since.
-            if (here.st_dev, here.st_ino) == self._socket_identity:
-                os.unlink(self.socket_path)
-        self._listening.close()
 
     # -- inputs -------------------------------------------------------------
 
@@ -299,9 +301,6 @@ class Agent:
 
     async def _open_link(self, address: HostAddress) -> LinkWatch:
         return await open_link(self.endpoint_for(address))
-
-    async def _patch_ready(self, address: HostAddress) -> None:
-        await patch_state(self.endpoint_for(address), "Ready")
 
     async def _patch_state(self, address: HostAddress, state: str) -> None:
         await patch_state(self.endpoint_for(address), state)
