@@ -373,6 +373,28 @@ class PlacementAndForwardingTests(ClusterTestCase):
         listed = (await self.call(self.b, "GET", "/1.0/instances?recursion=1")).metadata
         self.assertEqual([(i["name"], i["location"]) for i in listed], [("web1", "a")])
 
+    async def test_aMemberThatJustJoinedIsTrustedAtItsFirstRelayedRequest(self) -> None:
+        """c joins and at once relays a launch to a, which has not read c's row yet: a reads
+        the members again before refusing c's certificate, and serves the request."""
+        c = await self.start_member("c")
+        assert c.api.cluster is not None
+        self.addCleanup(c.api.cluster.close)
+        self.assertIsNone(self.a.membership.find("c"))
+        reply = await self.call(
+            c, "POST", "/1.0/instances?target=a", {"name": "web1", "start": False}
+        )
+        self.assertEqual(reply.code, 202, reply.body)
+        await self.wait(c, reply)
+        self.assertEqual(self.a.lifecycle.get("web1").member, "a")
+
+    async def test_anUnknownCertificateIsStillRefusedAfterTheMembersAreReadAgain(self) -> None:
+        stranger = self.forwarder(generate("stranger"), "stranger")
+        record = self.b.membership.view.find("a")
+        assert record is not None
+        answer = await stranger.forward(record, b"GET", b"/1.0/instances", b"", None)
+        self.assertEqual(answer.code, 403)
+        self.assertIn(b"is not trusted by the daemon", answer.body)
+
     async def test_launchGoesToTheLeastLoadedMember(self) -> None:
         await self.launch(self.a, "web1", target="a")
         await self.launch(self.a, "web2")

@@ -27,7 +27,9 @@ fingerprint.  A member whose lease ran out (unreachable) keeps its row, and
 so its trust: coming back, it must relay requests and answer relayed ones at
 once, before every other member has read its new lease; it holds no more
 than its row's owner had, and whoever can write the members table is trusted
-already.
+already.  A certificate no member is known by is judged once more after the
+members were read again (one read for every such request at that moment): a
+member that joined a moment ago relays at once, before this one read its row.
 """
 
 from __future__ import annotations
@@ -36,12 +38,13 @@ import datetime
 from collections.abc import Callable
 from typing import Any, cast
 
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import ITCPTransport
 from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.web import http
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource, Resource
-from twisted.web.server import Site
+from twisted.web.server import NOT_DONE_YET, Site
 
 from vmready.api.limits import MAX_OPERATOR_CONNECTIONS
 from vmready.api.operator import OPERATOR_ERRORS
@@ -83,6 +86,9 @@ class TrustedClientsOnly(Resource):
         # The requests in progress of each trusted certificate, with their connections'
         # transports (a WebSocket takes its over from twisted.web): ended if it is removed.
         self._requests: dict[str, dict[IRequest, ITCPTransport | None]] = {}
+        # A read of the members under way for unknown certificates, and who waits for it.
+        self._reading_members = False
+        self._members_waiting: list[Deferred[None]] = []
         trust.on_revoked(self._revoked)
 
     def render(self, request: IRequest) -> Any:
@@ -105,14 +111,56 @@ class TrustedClientsOnly(Resource):
         if entry is not None:
             self._track(presented, request)
         elif trusted_as is None and not public and (request.method, request.path) != _REDEEM:
-            return self._refuse(
-                request,
-                f"not authorized: this client's certificate ({presented}) is not trusted by "
-                "the daemon; add it with a trust token ('vmready config trust add NAME' on "
-                "the daemon's host, then 'vmready remote add ... --token TOKEN' or "
-                "'lxc remote add NAME TOKEN')",
-            )
+            if self._membership is not None:
+                self._read_members_then_decide(request, presented, self._membership)
+                return NOT_DONE_YET
+            return self._refuse_untrusted(request, presented)
         return self._api.render(request)
+
+    def _read_members_then_decide(
+        self, request: IRequest, presented: str, membership: Membership
+    ) -> None:
+        """An unknown certificate may be a member's that joined since the members were read
+        (it relays at once): read them once more before refusing it."""
+        gone: list[object] = []
+        cast(http.Request, request).notifyFinish().addErrback(gone.append)
+
+        def decide(_: object) -> None:
+            if gone:
+                return  # the client went away meanwhile
+            member = membership.member_for_fingerprint(presented)
+            if member is None or member.name == membership.name:
+                body: Any = self._refuse_untrusted(request, presented)
+            else:
+                mark_peer(request, Peer(presented, f"member {member.name}"))
+                body = self._api.render(request)
+            if body is not NOT_DONE_YET:
+                request.write(body)
+                request.finish()
+
+        # A read that fails leaves the members as they were: the certificate stays unknown.
+        waiting: Deferred[None] = Deferred()
+        self._members_waiting.append(waiting)
+        waiting.addCallback(decide)
+        if not self._reading_members:
+            self._reading_members = True
+            Deferred.fromCoroutine(membership.refresh()).addBoth(self._members_read_done)
+
+    def _members_read_done(self, result: object) -> None:
+        """One read serves every request that waited for it (a failed one too)."""
+        self._reading_members = False
+        waiting, self._members_waiting = self._members_waiting, []
+        for each in waiting:
+            each.callback(None)
+
+    def _refuse_untrusted(self, request: IRequest, presented: str) -> bytes:
+        return self._refuse(
+            request,
+            f"not authorized: this client's certificate ({presented}) is not trusted by "
+            "the daemon; add it with a trust token ('vmready config trust add NAME' on "
+            "the daemon's host, then 'vmready remote add ... --token TOKEN' or "
+            "'lxc remote add NAME TOKEN')",
+        )
 
     def _refuse(self, request: IRequest, message: str) -> bytes:
         return json_response(request, 403, OPERATOR_ERRORS.envelope(403, message))

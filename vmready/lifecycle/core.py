@@ -14,11 +14,12 @@ from __future__ import annotations
 import builtins
 import contextlib
 from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 from twisted.internet.defer import Deferred, DeferredLock, gatherResults
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from vmready.domain.model import (
     BadRequest,
@@ -134,6 +135,8 @@ __all__ = [
     "validate_name",
 ]
 
+T = TypeVar("T")
+
 
 class Lifecycle:
     """Runs actions on instances against a store and a hypervisor driver.
@@ -215,6 +218,17 @@ class Lifecycle:
                 f"Cannot launch {name} with {ACCEL_KEY}=kvm: {self.state.kvm_problem}"
             )
         image = await self.state.check_boot_source(boot)
+        return await _to_its_end(self._create(name, checked, instance_uuid, start, image))
+
+    async def _create(
+        self,
+        name: str,
+        checked: dict[str, Any],
+        instance_uuid: str | None,
+        start: bool,
+        image: ImageInfo | None,
+    ) -> Operation:
+        """``create`` once checked: the row, its history and its operation, all or none."""
         record = await self.state.store.instances.create_instance(name, checked, {}, instance_uuid)
         context = await ActionContext.begin(self.state, name, "create", TaskState.SPAWNING)
         await self.guestside.issue_agent_identity(record)
@@ -247,11 +261,15 @@ class Lifecycle:
             if action == "restore"
             else _nothing_to_release
         )
-        try:
-            return await self._start_action(name, action, prepared, runner, release)
-        except BaseException:
-            release()
-            raise
+
+        async def start() -> Operation:
+            try:
+                return await self._start_action(name, action, prepared, runner, release)
+            except BaseException:
+                release()
+                raise
+
+        return await _to_its_end(start())
 
     async def _start_action(
         self,
@@ -485,3 +503,26 @@ class Lifecycle:
 
 def _nothing_to_release() -> None:
     """What an action that holds no snapshot releases when it ends."""
+
+
+def _to_its_end(work: Coroutine[Any, Any, T]) -> Deferred[T]:
+    """``work``'s outcome; cancelling the wait leaves ``work`` running to its end.
+
+    A request's handler is cancelled when its client goes away (Klein does so);
+    a claim taken must still get its history and its operation, or the task
+    stays claimed with nothing to run it.  Whatever ``work`` ends in after the
+    wait was cancelled has nobody to hear it: the operation reports itself.
+    """
+    running = Deferred.fromCoroutine(work)
+    waiting: Deferred[T] = Deferred()
+
+    def passed_on(result: T | Failure) -> None:
+        if waiting.called:
+            return  # cancelled: nobody waits any more
+        if isinstance(result, Failure):
+            waiting.errback(result)
+        else:
+            waiting.callback(result)
+
+    running.addBoth(passed_on)
+    return waiting
