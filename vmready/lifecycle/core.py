@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from twisted.internet.defer import Deferred, DeferredLock, gatherResults
 from twisted.internet.interfaces import IReactorTime
@@ -135,7 +136,38 @@ __all__ = [
     "validate_name",
 ]
 
+P = ParamSpec("P")
 T = TypeVar("T")
+
+
+def _runs_to_its_end(
+    method: Callable[P, Coroutine[Any, Any, T]],
+) -> Callable[P, Coroutine[Any, Any, T]]:
+    """``method``, whose run goes on to its end when its caller's wait is cancelled.
+
+    A request's handler is cancelled when its client goes away (Klein does
+    so); a claim taken must still get its history and its operation, or the
+    task stays claimed with nothing to run it.  Whatever the run ends in after
+    the wait was cancelled has nobody to hear it: the operation reports itself.
+    """
+
+    @functools.wraps(method)
+    async def to_its_end(*args: P.args, **kwargs: P.kwargs) -> T:
+        running = Deferred.fromCoroutine(method(*args, **kwargs))
+        waiting: Deferred[T] = Deferred()
+
+        def passed_on(result: T | Failure) -> None:
+            if waiting.called:
+                return  # cancelled: nobody waits any more
+            if isinstance(result, Failure):
+                waiting.errback(result)
+            else:
+                waiting.callback(result)
+
+        running.addBoth(passed_on)
+        return await waiting
+
+    return to_its_end
 
 
 class Lifecycle:
@@ -188,6 +220,7 @@ class Lifecycle:
         )
         self.renaming = Renaming(state, self.recovery, self.guestside)
 
+    @_runs_to_its_end
     async def create(
         self,
         name: str,
@@ -218,17 +251,6 @@ class Lifecycle:
                 f"Cannot launch {name} with {ACCEL_KEY}=kvm: {self.state.kvm_problem}"
             )
         image = await self.state.check_boot_source(boot)
-        return await _to_its_end(self._create(name, checked, instance_uuid, start, image))
-
-    async def _create(
-        self,
-        name: str,
-        checked: dict[str, Any],
-        instance_uuid: str | None,
-        start: bool,
-        image: ImageInfo | None,
-    ) -> Operation:
-        """``create`` once checked: the row, its history and its operation, all or none."""
         record = await self.state.store.instances.create_instance(name, checked, {}, instance_uuid)
         context = await ActionContext.begin(self.state, name, "create", TaskState.SPAWNING)
         await self.guestside.issue_agent_identity(record)
@@ -236,15 +258,12 @@ class Lifecycle:
         self.state.events.lifecycle("instance-created", name)
 
         async def work() -> None:
-            body = (
-                self.booting.spawn(context, record, image)
-                if start
-                else self.booting.build_stopped(context, record, image)
-            )
-            await self.actions.guarded(context, body)
+            build = self.booting.spawn if start else self.booting.build_stopped
+            await self.actions.guarded(context, build(context, record, image))
 
         return self.state.operations.run(f"Creating instance {name}", name, work)
 
+    @_runs_to_its_end
     async def act(self, name: str, action: str, **params: Any) -> Operation:
         """Run a named action; a 409 is raised here, before the operation, if it cannot start."""
         spec = ACTIONS.get(action)
@@ -261,15 +280,11 @@ class Lifecycle:
             if action == "restore"
             else _nothing_to_release
         )
-
-        async def start() -> Operation:
-            try:
-                return await self._start_action(name, action, prepared, runner, release)
-            except BaseException:
-                release()
-                raise
-
-        return await _to_its_end(start())
+        try:
+            return await self._start_action(name, action, prepared, runner, release)
+        except BaseException:
+            release()
+            raise
 
     async def _start_action(
         self,
@@ -304,9 +319,8 @@ class Lifecycle:
                 # The claim was kept, the action's history could not be: no action runs.
                 await self._give_back_claim(name, task)
                 raise
-        recorder = (
-            self.state.recorders.recorder_for(name) if self.state.recorders is not None else None
-        )
+        recorders = self.state.recorders
+        recorder = recorders.recorder_for(name) if recorders is not None else None
         if recorder is not None:
             # Before the state it causes: an input of the session, replayed as such.
             recorder.operator_action(action, prepared)
@@ -503,26 +517,3 @@ class Lifecycle:
 
 def _nothing_to_release() -> None:
     """What an action that holds no snapshot releases when it ends."""
-
-
-def _to_its_end(work: Coroutine[Any, Any, T]) -> Deferred[T]:
-    """``work``'s outcome; cancelling the wait leaves ``work`` running to its end.
-
-    A request's handler is cancelled when its client goes away (Klein does so);
-    a claim taken must still get its history and its operation, or the task
-    stays claimed with nothing to run it.  Whatever ``work`` ends in after the
-    wait was cancelled has nobody to hear it: the operation reports itself.
-    """
-    running = Deferred.fromCoroutine(work)
-    waiting: Deferred[T] = Deferred()
-
-    def passed_on(result: T | Failure) -> None:
-        if waiting.called:
-            return  # cancelled: nobody waits any more
-        if isinstance(result, Failure):
-            waiting.errback(result)
-        else:
-            waiting.callback(result)
-
-    running.addBoth(passed_on)
-    return waiting

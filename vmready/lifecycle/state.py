@@ -51,9 +51,7 @@ from vmready.hypervisor.cmdline import (
     SerialLayout,
     VMSpec,
 )
-from vmready.hypervisor.configdrive import (
-    DriveContents,
-)
+from vmready.hypervisor.configdrive import DriveContents
 from vmready.hypervisor.console import (
     DEFAULT_CONSOLE_MAX_BYTES,
     read_console,
@@ -67,6 +65,7 @@ from vmready.lifecycle.events import EventBus, instance_state_context
 from vmready.lifecycle.hooks import RECORD_KEY, RecorderLookup
 from vmready.lifecycle.metrics import LifecycleMetrics
 from vmready.lifecycle.operations import Operations
+from vmready.lifecycle.unawaited import log_failed_write
 from vmready.protocols.ringbuffer import AgentStatus
 from vmready.store.asyncstore import AsyncStore
 from vmready.store.sqlite import Store
@@ -596,8 +595,8 @@ class LifecycleState:
         self.logged(self.store.run(write), "the action history")
 
     def logged(self, written: Deferred[Any], what: str) -> None:
-        """A write nobody waits for: its failure is logged, not lost."""
-        written.addErrback(lambda failure: self.log.failure("writing {what}", failure, what=what))
+        """A write nobody waits for: its failure is logged (``log_failed_write``), not lost."""
+        written.addErrback(log_failed_write, self.log, what)
 
 
 def agent_chardev(spec: VMSpec) -> str | None:
