@@ -51,7 +51,8 @@ from vmready.daemon.clusteroptions import (
 from vmready.daemon.collector import HeapSweeper
 from vmready.daemon.httpsaddress import HTTPSAddress
 from vmready.daemon.notify import Notifier, ReconcileProgress
-from vmready.domain.members import LeaseHeld, LeaseLost
+from vmready.daemon.rereads import Reread
+from vmready.domain.members import LeaseHeld, LeaseLost, MemberRetired
 from vmready.domain.model import InstanceRecord
 from vmready.domain.reactor import IVMReadyReactor
 from vmready.guestfiles import loader_files
@@ -224,6 +225,7 @@ class VMReadyService(MultiService):
         self.forward_port: IListeningPort | None = None
         self.https_port: IListeningPort | None = None
         self.trust: TrustRegistry | None = None
+        self._trust_reads: Reread | None = None  # the trust store read again when told
         self.server_certificate: CertificatePair | None = None
         self._api: IResource | None = None
         self.recorders: Recorders | None = None
@@ -283,10 +285,10 @@ class VMReadyService(MultiService):
             keep=config.record_keep,
         )
         self.trust = TrustRegistry(self.store, self.reactor.seconds)
-        api = OperatorAPI(
+        self._trust_reads = Reread(self.reactor, self.trust.refresh, "the trusted certificates")
+        self.operator_api = api = OperatorAPI(
             lifecycle, config.hypervisor, self.trust, config.server_config(transport)
         )
-        self.operator_api = api
         self._api = api.app.resource()
         site = operator_site(self._api)
         if self.notifier.watchdog is not None:
@@ -349,14 +351,8 @@ class VMReadyService(MultiService):
     def _trust_changed(self) -> None:
         """A client certificate was trusted or removed (maybe through another member): read
         the trust store now; one gone is revoked here too (its requests end)."""
-        if self.trust is None:
-            return
-        self.trust.refresh().addErrback(
-            lambda failure: self.log.warn(
-                "cannot read the trusted certificates again: {error}",
-                error=failure.getErrorMessage(),
-            )
-        )
+        if self._trust_reads is not None:
+            self._trust_reads.now()
 
     def _members_changed(self) -> None:
         """A member joined, came back, moved or left: read the members now, not at renewal."""
@@ -579,8 +575,8 @@ class VMReadyService(MultiService):
         try:
             await self._listening
             await membership.start()
-        except LeaseHeld as e:
-            # Another daemon is this member: refused in its one line, touching nothing.
+        except (LeaseHeld, MemberRetired) as e:
+            # Another daemon is this member, or the name is retired: one line, touching nothing.
             self.log.error("{refusal}; stopping", refusal=str(e))
             self.notifier.status(f"cannot join the cluster: {e}")
             self.reactor.callWhenRunning(self.reactor.stop)
@@ -662,6 +658,8 @@ class VMReadyService(MultiService):
     async def _stop(self) -> None:
         self.notifier.stopping("stopping: letting go of the VMs (they keep running)")
         await super().stopService()
+        if self._trust_reads is not None:
+            self._trust_reads.stop()
         for port in (self.https_port, self.guest_port, self.forward_port):
             if port is not None:
                 stopped = port.stopListening()

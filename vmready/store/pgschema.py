@@ -187,7 +187,22 @@ CREATE TRIGGER trusted_certificates_notify
 """
 
 # The migrations after BASELINE_VERSION, in order: (version, SQL).
-MIGRATIONS: list[tuple[int, str]] = []
+MIGRATIONS: list[tuple[int, str]] = [
+    (
+        6,
+        # As SQLite's migration 6 (store.schema): the fencing token and retired names.
+        """
+        ALTER TABLE members ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE actions ADD COLUMN member TEXT NOT NULL DEFAULT '';
+        ALTER TABLE actions ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
+        CREATE TABLE retired_members (
+            name TEXT PRIMARY KEY,
+            fingerprint TEXT NOT NULL,
+            retired_at DOUBLE PRECISION NOT NULL
+        );
+        """,
+    ),
+]
 
 assert [version for version, _ in MIGRATIONS] == list(
     range(BASELINE_VERSION + 1, SCHEMA_VERSION + 1)

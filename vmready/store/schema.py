@@ -20,7 +20,7 @@ __all__ = ["BUSY_TIMEOUT_SECONDS", "MIGRATIONS", "SCHEMA_VERSION", "check_versio
 BUSY_TIMEOUT_SECONDS = 5.0
 
 # The version the newest migration brings a store to.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _SCHEMA_TABLE = "vmready_schema"
 
@@ -134,6 +134,22 @@ MIGRATIONS: list[tuple[int, str]] = [
         );
         ALTER TABLE instances ADD COLUMN member TEXT NOT NULL DEFAULT '';
         CREATE INDEX instances_by_member ON instances (member);
+        """,
+    ),
+    (
+        6,
+        # The fencing token: each join of a member name bumps its epoch, every write checks
+        # it; each action row says which member wrote it, at which epoch.  Retired names
+        # are kept, so that a retired member started again is refused, not let in.
+        """
+        ALTER TABLE members ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE actions ADD COLUMN member TEXT NOT NULL DEFAULT '';
+        ALTER TABLE actions ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
+        CREATE TABLE retired_members (
+            name TEXT PRIMARY KEY,
+            fingerprint TEXT NOT NULL,
+            retired_at REAL NOT NULL
+        );
         """,
     ),
 ]
