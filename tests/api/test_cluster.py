@@ -1026,6 +1026,33 @@ class DeadlineTests(ClusterTestCase):
             self.assertGreaterEqual(reactor.seconds() - started, wait)
         await self.wait(self.b, stopping)
 
+    async def test_aRelayedWaitFollowsItsMemberToANewAddress(self) -> None:
+        """a comes back on another address while b relays a wait to it: each step of the wait
+        reads a's record again, so the steps after the move dial the new address."""
+        cluster = self.context(self.b)
+        cluster.wait_step = 0.3
+        await self.launch(self.a, "web1", target="a")
+        await self.b.lifecycle.state.store.refresh_instance("web1")
+        # fakeqemu's guest ignores the ACPI button: the stop takes its whole timeout.
+        stopping = await self.call(
+            self.b, "PUT", "/1.0/instances/web1/state", {"action": "stop", "timeout": 3}
+        )
+        operation = stopping.body["operation"]
+        waiting = Deferred.fromCoroutine(self.call(self.b, "GET", f"{operation}/wait?timeout=-1"))
+        await deferLater(reactor, 0.5, lambda: None)
+        self.assertFalse(waiting.called)
+        # a listens on another port too now, and its row says so.
+        moved = await serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(self.a.remote)
+        self.addCleanup(self._stop_listening, moved)
+        self.a.membership.address = f"127.0.0.1:{_port(moved)}"
+        await self.a.membership.renew()
+        await self.b.membership.refresh()
+        reply = await waiting
+        self.assertEqual((reply.code, reply.metadata["status"]), (200, "Success"), reply.body)
+        # The steps after the move went to the new address (the old one's kept connection
+        # was not reused for them).
+        self.assertNotEqual(_connections_to(_port(moved)), [])
+
     async def test_aWaitWithNoLimitOnAMemberThatStopsAnswering(self) -> None:
         """It holds its lease (only the way between the two is cut): the wait still ends."""
         kept, operation = await self.done_operation()
