@@ -489,6 +489,21 @@ class FencingTests(_MembersTestCase):
 class FencingTestsOnPostgreSQL(OnPostgreSQL, FencingTests):
     """The same tests on a real PostgreSQL server (the row lock, the server's clock)."""
 
+    def test_aDaemonFrozenInsideAWriteDoesNotKeepItsNameFromBeingTakenOver(self) -> None:
+        """Its write's fencing check locked its members row, then it froze before COMMIT:
+        the server ends its idle session (and the lock), and the takeover goes through."""
+        location = f"{self.location}&options=-c%20idle_in_transaction_session_timeout%3D300ms"
+        frozen = Store.open(location, clock=self.clock.seconds)
+        self.addCleanup(frozen.close)
+        frozen.members.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
+        frozen.members.give_up_lease("host1", "aa" * 32)  # as when its lease ran out
+        frozen.database.db.execute("BEGIN")
+        frozen.database.check_fence()  # and it never goes on
+        new = self.other_daemon()
+        new.members.renew_lease("host1", "10.0.0.2:8443", "bb" * 32, 15.0)
+        (holder,) = new.members.list_members().members
+        self.assertEqual((holder.fingerprint, holder.epoch), ("bb" * 32, 3))
+
 
 class RetireTestsOnPostgreSQL(OnPostgreSQL, RetireTests):
     """The same tests on a real PostgreSQL server."""

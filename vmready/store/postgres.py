@@ -34,6 +34,11 @@ Every connection (the pool's and the notification listener's) is made with
 - ``options=-c lock_timeout=10s``: a write blocked on a row another member
   keeps locked fails after 10 s ("canceling statement due to lock timeout"),
   a write failure tried again then reported, instead of waiting forever;
+- ``options=-c idle_in_transaction_session_timeout=5s``: a daemon frozen
+  (or cut off) in the middle of a transaction has its session ended by the
+  server, and with it the row locks it held (its members row, locked by the
+  fencing check of each write: ``store.members``), so that another daemon
+  may take its name over; a live daemon's transactions never idle that long;
 - ``application_name=vmready`` (the listener: ``vmready-listener``), seen in
   ``pg_stat_activity``.
 
@@ -91,6 +96,7 @@ CONNECTION_DEFAULTS: dict[str, str | int] = {
     "tcp_user_timeout": 30000,
 }
 LOCK_TIMEOUT = "10s"
+IDLE_IN_TRANSACTION_TIMEOUT = "5s"
 # libpq's environment variables for the parameters above that have one.
 _ENVIRONMENT = {
     "connect_timeout": "PGCONNECT_TIMEOUT",
@@ -129,7 +135,11 @@ def connection_string(
         defaults["application_name"] = application_name
     # Later -c settings win: the operator's options (the URL's, else PGOPTIONS) go after ours.
     theirs = str(params.get("options") or os.environ.get("PGOPTIONS") or "")
-    defaults["options"] = f"-c lock_timeout={LOCK_TIMEOUT} {theirs}".strip()
+    ours = (
+        f"-c lock_timeout={LOCK_TIMEOUT}"
+        f" -c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_TIMEOUT}"
+    )
+    defaults["options"] = f"{ours} {theirs}".strip()
     return psycopg.conninfo.make_conninfo(location, **defaults)
 
 
