@@ -196,6 +196,15 @@ class MembersTests(_MembersTestCase):
         self.assertEqual(self.store.members.list_members().members, (taken,))
         self.assertIs(self.store.members.list_members().state_of("host1"), MemberState.ONLINE)
 
+    def test_aConnectionThatDidNotJoinRenewsByTheCertificateAlone(self) -> None:
+        """No fence to check (it never joined): the row's certificate decides."""
+        self.store.members.renew_lease("host1", "a:1", "aa" * 32, 15.0)
+        other = Store.open(self.location, clock=self.clock.seconds)
+        self.addCleanup(other.close)
+        expires = other.members.renew_held_lease("host1", "a:1", "aa" * 32, 15.0)
+        (member,) = other.members.list_members().members
+        self.assertEqual((member.lease_expires, member.epoch), (expires, 1))
+
     def test_aRenewalOfARemovedMemberFails(self) -> None:
         self.store.members.renew_lease("host1", "a:1", "aa" * 32, 15.0)
         self.store.members.give_up_lease("host1", "aa" * 32)  # stopped, then retired

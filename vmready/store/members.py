@@ -108,10 +108,12 @@ class Members(Table[M]):
         with self._database.transaction(fenced=False):
             now = self._database.now()
             expires = now + lease_seconds
+            # Only the lease this connection joined (when it did join: ``fence``).
+            same_join = "" if epoch is None else f" AND epoch = {int(epoch)}"
             renewed = self._database.db.execute(
                 "UPDATE members SET address = ?, lease_expires = ?"
-                " WHERE name = ? AND fingerprint = ? AND (? IS NULL OR epoch = ?)",
-                (address, expires, name, fingerprint, epoch, epoch),
+                f" WHERE name = ? AND fingerprint = ?{same_join}",
+                (address, expires, name, fingerprint),
             )
             if renewed.rowcount != 1:
                 raise LeaseLost(name, self._find(name))
