@@ -37,7 +37,7 @@ from vmready.store.postgres import (
     display_location,
     one_line,
 )
-from vmready.store.schema import SCHEMA_VERSION, check_version
+from vmready.store.schema import SCHEMA_VERSION, check_version, fencing_migration
 
 __all__ = ["BASELINE", "BASELINE_VERSION", "MIGRATIONS", "connect"]
 
@@ -188,20 +188,7 @@ CREATE TRIGGER trusted_certificates_notify
 
 # The migrations after BASELINE_VERSION, in order: (version, SQL).
 MIGRATIONS: list[tuple[int, str]] = [
-    (
-        6,
-        # As SQLite's migration 6 (store.schema): the fencing token and retired names.
-        """
-        ALTER TABLE members ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
-        ALTER TABLE actions ADD COLUMN member TEXT NOT NULL DEFAULT '';
-        ALTER TABLE actions ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
-        CREATE TABLE retired_members (
-            name TEXT PRIMARY KEY,
-            fingerprint TEXT NOT NULL,
-            retired_at DOUBLE PRECISION NOT NULL
-        );
-        """,
-    ),
+    (6, fencing_migration("DOUBLE PRECISION")),
 ]
 
 assert [version for version, _ in MIGRATIONS] == list(
