@@ -87,7 +87,9 @@ class Figures:
     streams_failed: int = 0
 
     def error(self, what: str) -> None:
-        self.errors[what[:160]] += 1
+        # A broken connection's reason is a list of Failure reprs: keep what each one says.
+        said = what.replace("[Failure instance: Traceback (failure with no frames): ", "")
+        self.errors[said[:200]] += 1
 
 
 @attrs.define

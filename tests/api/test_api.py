@@ -9,10 +9,11 @@ from io import BytesIO
 from typing import Any
 
 from treq.testing import StubTreq
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.server import Request
-from twisted.web.test.requesthelper import DummyChannel
+from twisted.web.test.requesthelper import DummyChannel, DummyRequest
 
 from tests.fixtures import STARTED_UNDER_TCG, STOP_TIMEOUT, Reply, make_lifecycle
 from tests.reactor import reactor
@@ -780,6 +781,21 @@ class OperationTests(APITestCase):
         body = json.loads(await self.http.content(response))
         self.assertEqual(body["metadata"]["status"], "Running")
         self.assertEqual(body["metadata"]["status_code"], 103)
+        await self.settle(reply)
+
+    async def test_aCancelledWaitEndsAsCancelledNotAsAnError(self) -> None:
+        """The client of a ``/wait?timeout=`` went away (Klein cancels the handler): the
+        wait ends as cancelled, which Klein drops quietly, not as a FailureGroup it logs."""
+        await self.launch("web1")
+        reply = await self.call("PUT", "/1.0/instances/web1/state", {"action": "stop"})
+        operation = self.operation(reply)
+        request = DummyRequest([b"1.0", b"operations", operation.id.encode(), b"wait"])
+        request.args = {b"timeout": [b"30"]}
+        waiting = Deferred.fromCoroutine(
+            self.api.wait_operation(request, operation_id=operation.id)
+        )
+        waiting.cancel()
+        self.failureResultOf(waiting, CancelledError)
         await self.settle(reply)
 
     async def test_waitOnAFailedOperationShowsItsError(self) -> None:

@@ -371,6 +371,28 @@ class PlacementAndForwardingTests(ClusterTestCase):
         listed = (await self.call(self.b, "GET", "/1.0/instances?recursion=1")).metadata
         self.assertEqual([(i["name"], i["location"]) for i in listed], [("web1", "a")])
 
+    async def test_aMemberThatJustJoinedIsTrustedAtItsFirstRelayedRequest(self) -> None:
+        """c joins and at once relays a launch to a, which has not read c's row yet: a reads
+        the members again before refusing c's certificate, and serves the request."""
+        c = await self.start_member("c")
+        assert c.api.cluster is not None
+        self.addCleanup(c.api.cluster.close)
+        self.assertIsNone(self.a.membership.find("c"))
+        reply = await self.call(
+            c, "POST", "/1.0/instances?target=a", {"name": "web1", "start": False}
+        )
+        self.assertEqual(reply.code, 202, reply.body)
+        await self.wait(c, reply)
+        self.assertEqual(self.a.lifecycle.store.view.get_instance("web1").member, "a")
+
+    async def test_anUnknownCertificateIsStillRefusedAfterTheMembersAreReadAgain(self) -> None:
+        stranger = self.forwarder(generate("stranger"), "stranger")
+        record = self.b.membership.view.find("a")
+        assert record is not None
+        answer = await stranger.forward(record, b"GET", b"/1.0/instances", b"", None)
+        self.assertEqual(answer.code, 403)
+        self.assertIn(b"is not trusted by the daemon", answer.body)
+
     async def test_launchGoesToTheLeastLoadedMember(self) -> None:
         await self.launch(self.a, "web1", target="a")
         await self.launch(self.a, "web2")
@@ -1011,6 +1033,33 @@ class DeadlineTests(ClusterTestCase):
             )
             self.assertGreaterEqual(reactor.seconds() - started, wait)
         await self.wait(self.b, stopping)
+
+    async def test_aRelayedWaitFollowsItsMemberToANewAddress(self) -> None:
+        """a comes back on another address while b relays a wait to it: each step of the wait
+        reads a's record again, so the steps after the move dial the new address."""
+        cluster = self.context(self.b)
+        cluster.wait_step = 0.3
+        await self.launch(self.a, "web1", target="a")
+        await self.b.lifecycle.store.refresh_instance("web1")
+        # fakeqemu's guest ignores the ACPI button: the stop takes its whole timeout.
+        stopping = await self.call(
+            self.b, "PUT", "/1.0/instances/web1/state", {"action": "stop", "timeout": 3}
+        )
+        operation = stopping.body["operation"]
+        waiting = Deferred.fromCoroutine(self.call(self.b, "GET", f"{operation}/wait?timeout=-1"))
+        await deferLater(reactor, 0.5, lambda: None)
+        self.assertFalse(waiting.called)
+        # a listens on another port too now, and its row says so.
+        moved = await serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(self.a.remote)
+        self.addCleanup(self._stop_listening, moved)
+        self.a.membership.address = f"127.0.0.1:{_port(moved)}"
+        await self.a.membership.renew()
+        await self.b.membership.refresh()
+        reply = await waiting
+        self.assertEqual((reply.code, reply.metadata["status"]), (200, "Success"), reply.body)
+        # The steps after the move went to the new address (the old one's kept connection
+        # was not reused for them).
+        self.assertNotEqual(_connections_to(_port(moved)), [])
 
     async def test_aWaitWithNoLimitOnAMemberThatStopsAnswering(self) -> None:
         """It holds its lease (only the way between the two is cut): the wait still ends."""

@@ -6,11 +6,11 @@ of load on one daemon and on three members, each as a process of its own.
 
 What these tests assert: the harness exits 0, did what it was asked (the
 faults, one line each; clients and requests), and ends with its one line,
-which is parsed; the fault harness' verdict is the checker's over the history
-it recorded (read back from ``--history`` and checked again).  Not asserted:
-the counts of violations (what the checker finds is a finding about the
-daemon, reported by the harness, not a result of this test) nor any figure of
-time or memory (benchmarks print figures; tests do not judge speed).
+which is parsed and whose counts of what went wrong are zero: nothing lost,
+stuck, inconsistent or run by two masters, no error answer; the fault
+harness' verdict is the checker's over the history it recorded (read back
+from ``--history`` and checked again).  Not asserted: any figure of time or
+memory (benchmarks print figures; tests do not judge speed).
 
 Both need PostgreSQL (the cluster), as ``tests.postgres``: skipped without it
 unless ``VMREADY_REQUIRE_POSTGRES=1``.
@@ -71,6 +71,7 @@ class ClusterFaultsTests(SynchronousTestCase):
         self.assertIsNotNone(verdict, last)
         assert verdict is not None
         self.assertGreater(int(verdict.group(1)), 0)
+        self.assertEqual(verdict.groups()[1:], ("0", "0", "0", "0"), done.stdout[-3000:])
         faults = [line for line in done.stdout.splitlines() if line.startswith("fault ")]
         kinds = [line.split(": ")[1] for line in faults]
         self.assertEqual(sorted(kinds), ["freeze", "kill", "partition", "postgres"], faults)
@@ -93,6 +94,8 @@ class APILoadTests(SynchronousTestCase):
             last,
         )
         self.assertIsNotNone(figures, last)
+        assert figures is not None
+        self.assertEqual(figures.group(4), "0", done.stdout[-3000:])
         kinds = [line.split(":")[0] for line in done.stdout.splitlines()]
         for kind in ("get", "list", "state"):
             self.assertIn(kind, kinds)

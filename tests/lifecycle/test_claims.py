@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.trial.unittest import TestCase
 
 from tests.reactor import reactor
@@ -81,7 +81,10 @@ class _HistoryGated(AsyncStore):
 
 class GiveBackTests(TestCase):
     def lifecycle(
-        self, store_class: type[AsyncStore] = AsyncStore, executor: Executor | None = None
+        self,
+        store_class: type[AsyncStore] = AsyncStore,
+        executor: Executor | None = None,
+        hypervisor: str | None = None,
     ) -> Lifecycle:
         directory = tempfile.mkdtemp(prefix="vmready-claims-")
         self.addCleanup(shutil.rmtree, directory, True)
@@ -92,13 +95,15 @@ class GiveBackTests(TestCase):
             "web1", TaskState.SPAWNING, VMState.STOPPED, PowerState.SHUTDOWN
         )
         store = store_class(engine, executor or InlineExecutor(), cached=True)
-        return Lifecycle(
+        lifecycle = Lifecycle(
             reactor,
             store,
-            HypervisorDriver(reactor, "fakeqemu"),
+            HypervisorDriver(reactor, "fakeqemu", hypervisor),
             EventBus(reactor.seconds),
             os.path.join(directory, "run"),
         )
+        self.addCleanup(lifecycle.operations.stop)
+        return lifecycle
 
     async def test_aClaimWhoseOutcomeIsUnknownIsGivenBack(self) -> None:
         lifecycle = self.lifecycle(executor=_ClaimKeptButUnknown())
@@ -135,3 +140,24 @@ class GiveBackTests(TestCase):
         store.history_gate.errback(StoreWriteFailed("the disk is full; nothing was kept"))
         self.failureResultOf(second, StoreWriteFailed)
         self.assertIsNone(store.engine.instances.get_instance("web1").task_state)
+
+    async def test_aCancelledRequestStillRunsTheActionItClaimed(self) -> None:
+        """The client goes away (Klein cancels its handler) once the claim committed, while
+        the action's history is being written: the action still runs to its end, so the
+        task is not left claimed with nothing to run it."""
+        # A hypervisor that cannot start: the action ends quickly, in an error.
+        lifecycle = self.lifecycle(_HistoryGated, hypervisor="/nonexistent/fakeqemu")
+        store = lifecycle.store
+        assert isinstance(store, _HistoryGated)
+        store.history_gate = Deferred()
+        request = Deferred.fromCoroutine(lifecycle.act("web1", "start"))
+        self.assertEqual(
+            store.engine.instances.get_instance("web1").task_state, TaskState.POWERING_ON
+        )
+        request.cancel()
+        self.failureResultOf(request, CancelledError)
+        store.history_gate.callback(None)
+        (operation,) = lifecycle.operations.list()
+        await operation.when_done()
+        self.assertIsNone(store.engine.instances.get_instance("web1").task_state)
+        self.assertEqual(store.engine.actions.unfinished_actions(), [])

@@ -12,8 +12,9 @@ from twisted.internet.task import Clock
 from twisted.logger import ILogObserver, Logger, formatEvent
 from twisted.trial.unittest import TestCase
 
-from vmready.domain.members import LeaseHeld, LeaseLost, MemberState
+from vmready.domain.members import Fenced, LeaseHeld, LeaseLost, MemberState
 from vmready.domain.model import NotFound, Unavailable
+from vmready.domain.states import PowerState
 from vmready.lifecycle.events import Event, EventBus
 from vmready.lifecycle.members import MEMBER_ONLINE, MEMBER_UNREACHABLE, Membership
 from vmready.store.asyncstore import AsyncStore
@@ -195,6 +196,27 @@ class MembershipTests(TestCase):
         engine.members.renew_lease("a", "10.0.0.9:8443", "c" * 64, 15.0)
         await self.a.refresh()  # a members notification, before any renewal of a's
         (reported,) = lost
+        assert reported.holder is not None
+        self.assertEqual(reported.holder.fingerprint, "c" * 64)
+        self.assertIsNone(self.a._loop)
+
+    async def test_aWriteAfterATakeoverIsRefusedAndStopsItBeforeTheNextRenewal(self) -> None:
+        """a was frozen past its lease (no renewal ran) and a new daemon took its name: a's
+        first write is refused by the store, and that loses the lease at once."""
+        await self.a.start()
+        self.launch(self.a, "web1")
+        lost: list[LeaseLost] = []
+        self.a.lost.addCallback(lost.append)
+        self.clock.advance(4)  # no renewal yet (every 5 s)
+        self.a.store.engine.members.give_up_lease("a", "a" * 64)  # as if it ran out
+        successor = self.member("a", fingerprint="c" * 64)
+        await successor.start()
+        before = _executor(self.a).calls
+        with self.assertRaises(Fenced) as refused:
+            await self.a.store.instances.set_power_state("web1", PowerState.SHUTDOWN)
+        self.assertEqual(_executor(self.a).calls, before + 1)  # the write alone: no renewal
+        (reported,) = lost
+        self.assertEqual(reported.holder, refused.exception.holder)
         assert reported.holder is not None
         self.assertEqual(reported.holder.fingerprint, "c" * 64)
         self.assertIsNone(self.a._loop)

@@ -15,7 +15,14 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.postgres import postgres_location
-from vmready.domain.members import LeaseHeld, LeaseLost, MemberState, lease_time
+from vmready.domain.members import (
+    Fenced,
+    LeaseHeld,
+    LeaseLost,
+    MemberRetired,
+    MemberState,
+    lease_time,
+)
 from vmready.domain.model import Conflict, NotFound
 from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
 from vmready.store.asyncstore import AsyncStore
@@ -188,6 +195,15 @@ class MembersTests(_MembersTestCase):
         self.store.members.give_up_lease("host1", "aa" * 32)
         self.assertEqual(self.store.members.list_members().members, (taken,))
         self.assertIs(self.store.members.list_members().state_of("host1"), MemberState.ONLINE)
+
+    def test_aConnectionThatDidNotJoinRenewsByTheCertificateAlone(self) -> None:
+        """No fence to check (it never joined): the row's certificate decides."""
+        self.store.members.renew_lease("host1", "a:1", "aa" * 32, 15.0)
+        other = Store.open(self.location, clock=self.clock.seconds)
+        self.addCleanup(other.close)
+        expires = other.members.renew_held_lease("host1", "a:1", "aa" * 32, 15.0)
+        (member,) = other.members.list_members().members
+        self.assertEqual((member.lease_expires, member.epoch), (expires, 1))
 
     def test_aRenewalOfARemovedMemberFails(self) -> None:
         self.store.members.renew_lease("host1", "a:1", "aa" * 32, 15.0)
@@ -387,6 +403,115 @@ class RetireTests(_MembersTestCase):
         self.assertEqual(
             str(raised.exception), "no cluster member is called 'host1' (members: host2)"
         )
+
+
+class FencingTests(_MembersTestCase):
+    """Each join bumps the member's lease epoch; every write checks it in its transaction."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.store.members.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
+        self.store.instances.create_instance("web1", {}, {}, member="host1")
+        self.store.instances.finish_task("web1", TaskState.SPAWNING, VMState.ACTIVE)
+
+    def other_daemon(self) -> Store:
+        other = Store.open(self.location, clock=self.clock.seconds)
+        self.addCleanup(other.close)
+        return other
+
+    def test_eachJoinBumpsTheEpoch(self) -> None:
+        self.assertEqual(self.store.members.list_members().members[0].epoch, 1)
+        self.store.members.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
+        self.store.members.renew_held_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
+        self.assertEqual(self.store.members.list_members().members[0].epoch, 2)
+
+    def test_aFrozenDaemonsWritesAreRefusedOnceItsNameWasTakenOver(self) -> None:
+        """It has not renewed since (it was frozen): its first write is refused, by the store,
+        and nothing of it is kept."""
+        self.store.members.give_up_lease("host1", "aa" * 32)  # as when its lease ran out
+        new = self.other_daemon()
+        new.members.renew_lease("host1", "10.0.0.2:8443", "bb" * 32, 15.0)
+        (holder,) = new.members.list_members().members
+        writes = [
+            lambda: self.store.instances.claim_task(
+                "web1", "stop", frozenset({VMState.ACTIVE}), TaskState.POWERING_OFF
+            ),
+            lambda: self.store.instances.set_power_state("web1", PowerState.SHUTDOWN),
+            lambda: self.store.actions.start_action("web1", "stop", "request-1"),
+            lambda: self.store.instances.delete_instance("web1"),
+        ]
+        for write in writes:
+            with self.assertRaises(Fenced) as refused:
+                write()
+            self.assertEqual(refused.exception.holder, holder)
+            self.assertEqual(refused.exception.http_status, 503)
+        self.assertEqual(
+            str(refused.exception),
+            "the store refused this daemon's write: member name host1 was taken over by "
+            f"another daemon at 10.0.0.2:8443 (certificate {'bb' * 8}…) (lease epoch 2; this "
+            "daemon joined at epoch 1)",
+        )
+        record = new.instances.get_instance("web1")
+        self.assertEqual((record.task_state, record.power_state), (None, PowerState.NOSTATE))
+        self.assertEqual(new.actions.list_actions("web1"), [])
+        # The new holder writes.
+        new.instances.claim_task(
+            "web1", "stop", frozenset({VMState.ACTIVE}), TaskState.POWERING_OFF
+        )
+
+    def test_theSameDaemonStartedAgainFencesItsOlderProcess(self) -> None:
+        """Same certificate, same name: the older process (frozen, say) is fenced too."""
+        self.other_daemon().members.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
+        with self.assertRaises(Fenced):
+            self.store.instances.set_power_state("web1", PowerState.SHUTDOWN)
+        with self.assertRaises(LeaseLost):
+            self.store.members.renew_held_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
+
+    def test_anActionRowSaysWhichMemberWroteItAndUnderWhichEpoch(self) -> None:
+        self.store.actions.start_action("web1", "stop", "request-1")
+        row = self.store.database.db.execute(
+            "SELECT member, epoch FROM actions WHERE instance = 'web1'"
+        ).fetchone()
+        self.assertEqual(tuple(row), ("host1", 1))
+
+    def test_aRetiredNameIsNotJoinedAgain(self) -> None:
+        self.store.instances.delete_instance("web1")
+        self.store.members.give_up_lease("host1", "aa" * 32)
+        self.store.members.remove_member("host1")
+        (stamp,) = self.store.database.db.execute(
+            "SELECT retired_at FROM retired_members WHERE name = 'host1'"
+        ).fetchone()
+        retired_at = lease_time(float(stamp))
+        message = (
+            f"member name host1 was retired at {retired_at} ('vmready cluster remove'); a "
+            "retired name is not reused: give this daemon another --member-name"
+        )
+        for fingerprint in ("aa" * 32, "bb" * 32):
+            with self.assertRaises(MemberRetired) as refused:
+                self.other_daemon().members.check_join("host1", fingerprint)
+            self.assertEqual(str(refused.exception), message)
+            with self.assertRaises(MemberRetired):
+                self.other_daemon().members.renew_lease("host1", "a:1", fingerprint, 15.0)
+        self.assertEqual(self.store.members.list_members().members, ())
+
+
+class FencingTestsOnPostgreSQL(OnPostgreSQL, FencingTests):
+    """The same tests on a real PostgreSQL server (the row lock, the server's clock)."""
+
+    def test_aDaemonFrozenInsideAWriteDoesNotKeepItsNameFromBeingTakenOver(self) -> None:
+        """Its write's fencing check locked its members row, then it froze before COMMIT:
+        the server ends its idle session (and the lock), and the takeover goes through."""
+        location = f"{self.location}&options=-c%20idle_in_transaction_session_timeout%3D300ms"
+        frozen = Store.open(location, clock=self.clock.seconds)
+        self.addCleanup(frozen.close)
+        frozen.members.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
+        frozen.members.give_up_lease("host1", "aa" * 32)  # as when its lease ran out
+        frozen.database.db.execute("BEGIN")
+        frozen.database.check_fence()  # and it never goes on
+        new = self.other_daemon()
+        new.members.renew_lease("host1", "10.0.0.2:8443", "bb" * 32, 15.0)
+        (holder,) = new.members.list_members().members
+        self.assertEqual((holder.fingerprint, holder.epoch), ("bb" * 32, 3))
 
 
 class RetireTestsOnPostgreSQL(OnPostgreSQL, RetireTests):

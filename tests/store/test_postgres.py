@@ -99,7 +99,11 @@ class OpeningTests(SynchronousTestCase):
                 "SELECT tgname FROM pg_trigger WHERE tgrelid = 'instances'::regclass"
                 " AND NOT tgisinternal"
             ).fetchall()
-        self.assertEqual(versions, [(Store.SCHEMA_VERSION, 1000.0)])
+        # The baseline, then each migration after it.
+        self.assertEqual(
+            versions,
+            [(version, 1000.0) for version in range(BASELINE_VERSION, Store.SCHEMA_VERSION + 1)],
+        )
         self.assertEqual(triggers, [("instances_notify",)])
 
     def test_aDatabaseThatRecordsEveryVersionSinceTheFirstOpens(self) -> None:
@@ -109,7 +113,7 @@ class OpeningTests(SynchronousTestCase):
             raw.execute(
                 "INSERT INTO vmready_schema (version, applied_at)"
                 " SELECT v, 0 FROM generate_series(1, %s - 1) AS v",
-                (Store.SCHEMA_VERSION,),
+                (BASELINE_VERSION,),
             )
         store = Store.open(location)
         self.addCleanup(store.close)
@@ -119,6 +123,7 @@ class OpeningTests(SynchronousTestCase):
     def test_aVersionOlderThanTheFirstPostgreSQLSchemaIsRefusedAndLeftUntouched(self) -> None:
         location = postgres_location(self)
         with _raw(location) as raw:
+            raw.execute("DELETE FROM vmready_schema WHERE version > %s", (BASELINE_VERSION,))
             raw.execute("UPDATE vmready_schema SET version = %s", (BASELINE_VERSION - 1,))
         error = self.assertRaises(StoreError, Store.open, location)
         self.assertEqual(
@@ -162,14 +167,17 @@ class OpeningTests(SynchronousTestCase):
     def test_aNewerSchemaIsRefusedWithTheSQLiteLineAndLeftUntouched(self) -> None:
         location = postgres_location(self)
         with _raw(location) as raw:
-            raw.execute("INSERT INTO vmready_schema VALUES (7, 0)")
+            raw.execute("INSERT INTO vmready_schema VALUES (%s, 0)", (Store.SCHEMA_VERSION + 1,))
         error = self.assertRaises(StoreError, Store.open, location)
+        newer = Store.SCHEMA_VERSION + 1
         self.assertEqual(
             str(error),
-            f"store {location} has schema version 7, newer than this vmready understands"
+            f"store {location} has schema version {newer}, newer than this vmready understands"
             f" ({Store.SCHEMA_VERSION}); upgrade vmready",
         )
-        self.assertEqual(_versions(location), [Store.SCHEMA_VERSION, 7])
+        self.assertEqual(
+            _versions(location), [*range(BASELINE_VERSION, Store.SCHEMA_VERSION + 1), newer]
+        )
 
     def test_someOtherDatabaseIsRefused(self) -> None:
         location = postgres_location(self, migrated=False)
@@ -222,7 +230,9 @@ class OpeningTests(SynchronousTestCase):
             if isinstance(store, Store):
                 self.addCleanup(store.close)
         self.assertEqual([type(store) for store in stores], [Store, Store], stores)
-        self.assertEqual(_versions(location), [Store.SCHEMA_VERSION])
+        self.assertEqual(
+            _versions(location), list(range(BASELINE_VERSION, Store.SCHEMA_VERSION + 1))
+        )
 
     def test_theServersClockStampsLeases(self) -> None:
         store = Store.open(postgres_location(self), clock=lambda: 1000.0)

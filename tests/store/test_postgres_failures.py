@@ -230,6 +230,7 @@ class ConnectionParameterTests(TestCase):
             },
         )
         self.assertEqual(_show(connection, "lock_timeout"), "10s")
+        self.assertEqual(_show(connection, "idle_in_transaction_session_timeout"), "5s")
         self.assertEqual(_show(connection, "application_name"), "vmready")
 
     def test_theURLsOwnParametersWin(self) -> None:

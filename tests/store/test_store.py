@@ -172,7 +172,7 @@ class SchemaTests(_StoreTestCase):
     def test_newStoreHasTheSchemaAndRecordsItsVersion(self) -> None:
         store = self.open()
         self.assertEqual(store.schema_version, Store.SCHEMA_VERSION)
-        self.assertEqual(Store.SCHEMA_VERSION, 5)
+        self.assertEqual(Store.SCHEMA_VERSION, 6)
         self.assertEqual(store.path, self.path)
         with _raw(self.path) as raw:
             versions = raw.execute("SELECT version, applied_at FROM vmready_schema").fetchall()
@@ -180,7 +180,8 @@ class SchemaTests(_StoreTestCase):
                 row[0] for row in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")
             }
         self.assertEqual(
-            versions, [(1, 1000.0), (2, 1000.0), (3, 1000.0), (4, 1000.0), (5, 1000.0)]
+            versions,
+            [(1, 1000.0), (2, 1000.0), (3, 1000.0), (4, 1000.0), (5, 1000.0), (6, 1000.0)],
         )
         self.assertEqual(
             tables,
@@ -194,6 +195,7 @@ class SchemaTests(_StoreTestCase):
                 "trusted_certificates",
                 "trust_tokens",
                 "members",
+                "retired_members",
             },
         )
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from twisted.internet.defer import Deferred, race
+from twisted.internet.defer import CancelledError, Deferred, FailureGroup, race
 from twisted.internet.task import deferLater
 from twisted.web import http
 from twisted.web.iweb import IRequest
@@ -92,5 +92,10 @@ class OperationRoutes(OperatorBase):
             if timeout is None:
                 await done
             else:
-                await race([done, deferLater(self.lifecycle.clock, timeout, lambda: operation)])
+                timer = deferLater(self.lifecycle.clock, timeout, lambda: operation)
+                try:
+                    await race([done, timer])
+                except FailureGroup as e:
+                    # The wait was cancelled (its client went away): both were cancelled too.
+                    raise CancelledError() from e
         return sync_response(request, operation.to_json())

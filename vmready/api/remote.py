@@ -7,7 +7,9 @@ that an untrusted client can make the one request that trusts it (redeeming a
 token) and read ``GET /`` and ``GET /1.0``; anything else is 403.  Removing a
 certificate ends its client's requests in progress.  In a cluster, the current
 members' server certificates are trusted too, as ``member NAME``: they relay
-requests to each other.  The rules are in docs/security.md.
+requests to each other (a certificate no member is known by is judged again
+after one re-read of the members: a member that just joined relays at once).
+The rules are in docs/security.md.
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ import datetime
 from collections.abc import Callable
 from typing import Any, cast
 
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import ITCPTransport
 from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.web import http
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource, Resource
-from twisted.web.server import Site
+from twisted.web.server import NOT_DONE_YET, Site
 
 from vmready.api.limits import MAX_OPERATOR_CONNECTIONS
 from vmready.api.operator import OPERATOR_ERRORS
@@ -63,6 +66,9 @@ class TrustedClientsOnly(Resource):
         # The requests in progress of each trusted certificate, with their connections'
         # transports (a WebSocket takes its over from twisted.web): ended if it is removed.
         self._requests: dict[str, dict[IRequest, ITCPTransport | None]] = {}
+        # A read of the members under way for unknown certificates, and who waits for it.
+        self._reading_members = False
+        self._members_waiting: list[Deferred[None]] = []
         trust.on_revoked(self._revoked)
 
     def render(self, request: IRequest) -> Any:
@@ -85,14 +91,56 @@ class TrustedClientsOnly(Resource):
         if entry is not None:
             self._track(presented, request)
         elif trusted_as is None and not public and (request.method, request.path) != _REDEEM:
-            return self._refuse(
-                request,
-                f"not authorized: this client's certificate ({presented}) is not trusted by "
-                "the daemon; add it with a trust token ('vmready config trust add NAME' on "
-                "the daemon's host, then 'vmready remote add ... --token TOKEN' or "
-                "'lxc remote add NAME TOKEN')",
-            )
+            if self._membership is not None:
+                self._read_members_then_decide(request, presented, self._membership)
+                return NOT_DONE_YET
+            return self._refuse_untrusted(request, presented)
         return self._api.render(request)
+
+    def _read_members_then_decide(
+        self, request: IRequest, presented: str, membership: Membership
+    ) -> None:
+        """An unknown certificate may be a member's that joined since the members were read
+        (it relays at once): read them once more before refusing it."""
+        gone: list[object] = []
+        cast(http.Request, request).notifyFinish().addErrback(gone.append)
+
+        def decide(_: object) -> None:
+            if gone:
+                return  # the client went away meanwhile
+            member = membership.member_for_fingerprint(presented)
+            if member is None or member.name == membership.name:
+                body: Any = self._refuse_untrusted(request, presented)
+            else:
+                mark_peer(request, Peer(presented, f"member {member.name}"))
+                body = self._api.render(request)
+            if body is not NOT_DONE_YET:
+                request.write(body)
+                request.finish()
+
+        # A read that fails leaves the members as they were: the certificate stays unknown.
+        waiting: Deferred[None] = Deferred()
+        self._members_waiting.append(waiting)
+        waiting.addCallback(decide)
+        if not self._reading_members:
+            self._reading_members = True
+            Deferred.fromCoroutine(membership.refresh()).addBoth(self._members_read_done)
+
+    def _members_read_done(self, result: object) -> None:
+        """One read serves every request that waited for it (a failed one too)."""
+        self._reading_members = False
+        waiting, self._members_waiting = self._members_waiting, []
+        for each in waiting:
+            each.callback(None)
+
+    def _refuse_untrusted(self, request: IRequest, presented: str) -> bytes:
+        return self._refuse(
+            request,
+            f"not authorized: this client's certificate ({presented}) is not trusted by "
+            "the daemon; add it with a trust token ('vmready config trust add NAME' on "
+            "the daemon's host, then 'vmready remote add ... --token TOKEN' or "
+            "'lxc remote add NAME TOKEN')",
+        )
 
     def _refuse(self, request: IRequest, message: str) -> bytes:
         return json_response(request, 403, OPERATOR_ERRORS.envelope(403, message))

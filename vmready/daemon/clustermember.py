@@ -16,7 +16,8 @@ from twisted.logger import Logger
 
 from vmready.api.trust import TrustRegistry
 from vmready.daemon.clusteroptions import bound_member_address
-from vmready.domain.members import LeaseHeld, LeaseLost
+from vmready.daemon.rereads import Reread
+from vmready.domain.members import LeaseHeld, LeaseLost, MemberRetired
 from vmready.domain.reactor import IVMReadyReactor
 from vmready.lifecycle.events import EventBus
 from vmready.lifecycle.members import Membership
@@ -45,6 +46,8 @@ class ClusterMember:
         self.store = store
         self.events = events
         self.trust = trust
+        # The trust store read again when told, and again until a read succeeds.
+        self.trust_reads = Reread(reactor, trust.refresh, "the trusted certificates")
         self.name = name
         self.relay = EventRelay(events, store, name)
         self.listener = NotificationListener(
@@ -80,7 +83,8 @@ class ClusterMember:
 
         Its address is ``--member-address``, else ``https_address`` as
         ``bound`` (the remote API) listens.  ``LeaseHeld``: another daemon is
-        this member.  Returns what fires if the lease is lost later.
+        this member; ``MemberRetired``: the name was retired.  Returns what fires
+        if the lease is lost later.
         """
         membership = self.membership
         assert membership is not None and self._listening is not None
@@ -93,8 +97,8 @@ class ClusterMember:
         try:
             await self._listening
             await membership.start(address)
-        except LeaseHeld as e:
-            # Another daemon is this member: refused in its one line, touching nothing.
+        except (LeaseHeld, MemberRetired) as e:
+            # Another daemon is this member, or the name is retired: one line, touching nothing.
             self.log.error("{refusal}; stopping", refusal=str(e))
             raise
         except Exception as e:
@@ -116,6 +120,7 @@ class ClusterMember:
     async def stop(self) -> None:
         """Relay no more, give the lease up (the others see this member gone at once), unhear."""
         self.relay.stop()
+        self.trust_reads.stop()
         if self.membership is not None and self._joined:
             await self.membership.stop()
         await self.listener.stop()
@@ -138,12 +143,7 @@ class ClusterMember:
     def _trust_changed(self) -> None:
         """A client certificate was trusted or removed (maybe through another member): read
         the trust store now; one gone is revoked here too (its requests end)."""
-        self.trust.refresh().addErrback(
-            lambda failure: self.log.warn(
-                "cannot read the trusted certificates again: {error}",
-                error=failure.getErrorMessage(),
-            )
-        )
+        self.trust_reads.now()
 
     def _members_changed(self) -> None:
         """A member joined, came back, moved or left: read the members now, not at renewal."""

@@ -28,7 +28,7 @@ from vmready.agentlink.hvsock import HybridVSockServerEndpoint
 from vmready.agentlink.vsock import VSockServerEndpoint
 from vmready.daemon.clusteroptions import ClusterSettings, display_location
 from vmready.daemon.httpsaddress import HTTPSAddress
-from vmready.domain.members import LeaseHeld
+from vmready.domain.members import LeaseHeld, MemberRetired
 from vmready.domain.model import StoreError
 from vmready.domain.reactor import default_reactor
 from vmready.store.sqlite import Store
@@ -222,7 +222,7 @@ def check_store(location: str, cluster: ClusterSettings | None, fingerprint: str
     try:
         if cluster is not None:
             store.members.check_join(cluster.name, fingerprint)
-    except LeaseHeld as e:
+    except (LeaseHeld, MemberRetired) as e:
         fail(str(e))
     except Exception as e:  # the server went away since it opened: still one line
         fail(f"cannot read the cluster's members in {display_location(location)}: {e}")

@@ -17,10 +17,14 @@ import enum
 
 import attrs
 
+from vmready.domain.model import Unavailable
+
 __all__ = [
+    "Fenced",
     "LeaseHeld",
     "LeaseLost",
     "MemberRecord",
+    "MemberRetired",
     "MemberState",
     "MembersView",
     "lease_time",
@@ -55,6 +59,8 @@ class MemberRecord:
     joined_at: float
     # When its lease runs out, on the store's clock.
     lease_expires: float
+    # The fencing token: counts the joins of the name (each daemon start, each takeover).
+    epoch: int = 0
 
     def state_at(self, now: float) -> MemberState:
         """Online while the lease holds, unreachable once it ran out."""
@@ -138,3 +144,38 @@ class LeaseLost(Exception):
         super().__init__(f"{told}; stopping: its instances are not this daemon's any more")
         self.name = name
         self.holder = holder
+
+
+class Fenced(Unavailable):
+    """The store refused a write made under a lease epoch the member's row has moved past.
+
+    Every write of a cluster member checks, in its own transaction, that the
+    member's row still has the epoch this daemon joined with: a daemon that
+    was frozen while another took its name over learns it at its first
+    write, and nothing it writes is kept.  ``holder``: the row now (None: gone).
+    """
+
+    def __init__(self, name: str, epoch: int, holder: MemberRecord | None) -> None:
+        if holder is None:
+            told = f"member {name} is no longer in the store"
+        else:
+            told = (
+                f"member name {name} was taken over by another daemon {_holder(holder)} "
+                f"(lease epoch {holder.epoch}; this daemon joined at epoch {epoch})"
+            )
+        super().__init__(f"the store refused this daemon's write: {told}")
+        self.name = name
+        self.epoch = epoch
+        self.holder = holder
+
+
+class MemberRetired(Exception):
+    """Joining under a name ``cluster remove`` retired: a name is never silently reused."""
+
+    def __init__(self, name: str, retired_at: float) -> None:
+        super().__init__(
+            f"member name {name} was retired at {lease_time(retired_at)} "
+            "('vmready cluster remove'); a retired name is not reused: give this daemon "
+            "another --member-name"
+        )
+        self.name = name

@@ -14,13 +14,15 @@ actions and creates instances, and it hands out its parts for the rest.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import attrs
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from vmready.domain.config import (
     ACCEL_KEY,
@@ -83,6 +85,38 @@ __all__ = [
 ]
 
 _Part = TypeVar("_Part", bound=attrs.AttrsInstance)
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _runs_to_its_end(
+    method: Callable[P, Coroutine[Any, Any, T]],
+) -> Callable[P, Coroutine[Any, Any, T]]:
+    """``method``, whose run goes on to its end when its caller's wait is cancelled.
+
+    A request's handler is cancelled when its client goes away (Klein does
+    so); a claim taken must still get its history and its operation, or the
+    task stays claimed with nothing to run it.  Whatever the run ends in after
+    the wait was cancelled has nobody to hear it: the operation reports itself.
+    """
+
+    @functools.wraps(method)
+    async def to_its_end(*args: P.args, **kwargs: P.kwargs) -> T:
+        running = Deferred.fromCoroutine(method(*args, **kwargs))
+        waiting: Deferred[T] = Deferred()
+
+        def passed_on(result: T | Failure) -> None:
+            if waiting.called:
+                return  # cancelled: nobody waits any more
+            if isinstance(result, Failure):
+                waiting.errback(result)
+            else:
+                waiting.callback(result)
+
+        running.addBoth(passed_on)
+        return await waiting
+
+    return to_its_end
 
 
 class Lifecycle:
@@ -155,6 +189,7 @@ class Lifecycle:
         wanted = (field.name for field in attrs.fields(part) if field.init)
         return part(**{name: getattr(self, name) for name in wanted if name not in own}, **own)
 
+    @_runs_to_its_end
     async def create(
         self,
         name: str,
@@ -191,15 +226,12 @@ class Lifecycle:
         self.events.lifecycle("instance-created", name)
 
         async def work() -> None:
-            body = (
-                self.booting.spawn(context, record, image)
-                if start
-                else self.booting.build_stopped(context, record, image)
-            )
-            await self.actions.guarded(context, body)
+            build = self.booting.spawn if start else self.booting.build_stopped
+            await self.actions.guarded(context, build(context, record, image))
 
         return self.operations.run(f"Creating instance {name}", name, work)
 
+    @_runs_to_its_end
     async def act(self, name: str, action: str, **params: Any) -> Operation:
         """Run a named action; a 409 is raised here, before the operation, if it cannot start."""
         spec = ACTIONS.get(action)

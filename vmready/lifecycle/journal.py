@@ -21,6 +21,7 @@ from vmready.domain.model import InstanceRecord
 from vmready.domain.states import ACTIONS, PowerState, TaskState, VMState
 from vmready.lifecycle.events import EventBus, instance_state_context
 from vmready.lifecycle.metrics import LifecycleMetrics
+from vmready.lifecycle.unawaited import log_failed_write
 from vmready.store.asyncstore import AsyncStore
 from vmready.store.sqlite import Store
 
@@ -75,8 +76,8 @@ class Journal:
         self.logged(self.store.run(write), "the action history")
 
     def logged(self, written: Deferred[Any], what: str) -> None:
-        """A write nobody waits for: its failure is logged, not lost."""
-        written.addErrback(lambda failure: self.log.failure("writing {what}", failure, what=what))
+        """A write nobody waits for: its failure is logged (``log_failed_write``), not lost."""
+        written.addErrback(log_failed_write, self.log, what)
 
 
 class ActionContext:

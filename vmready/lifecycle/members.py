@@ -29,9 +29,10 @@ still holds.  Two failures differ:
 - the lease is lost (``LeaseLost``: another daemon took the name over after
   this one's lease ran out, or its row was removed): renewals stop, the one
   line is logged, and ``lost`` fires with it; the daemon must stop, since the
-  instances of that name are the other daemon's now.  Until then it may act
-  at most one ``interval`` longer than the new holder: the renewal is what
-  tells it.
+  instances of that name are the other daemon's now.  It need not wait for
+  its renewal to learn it: its join fenced the store's connection with the
+  lease epoch (``store.members``), and its first write after the takeover is
+  refused (``Fenced``, a 503 to whoever asked), which loses the lease too.
 """
 
 from __future__ import annotations
@@ -43,7 +44,14 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
-from vmready.domain.members import LeaseLost, MemberRecord, MemberState, MembersView, lease_time
+from vmready.domain.members import (
+    Fenced,
+    LeaseLost,
+    MemberRecord,
+    MemberState,
+    MembersView,
+    lease_time,
+)
 from vmready.domain.model import InstanceRecord, NotFound, Unavailable
 from vmready.lifecycle.events import EventBus
 from vmready.store.asyncstore import AsyncStore
@@ -98,6 +106,7 @@ class Membership:
         self._failing = False
         # Fires (once) with the LeaseLost that stopped the renewals: the daemon must stop.
         self.lost: Deferred[LeaseLost] = Deferred()
+        store.fenced_by = self._fenced
 
     # -- the lease ------------------------------------------------------------
 
@@ -187,6 +196,11 @@ class Membership:
             self._lose(e)
             raise
         return await self.refresh()
+
+    def _fenced(self, fenced: Fenced) -> None:
+        """The store refused a write of this daemon: its name was taken over (or removed)."""
+        if fenced.name == self.name:
+            self._lose(LeaseLost(self.name, fenced.holder))
 
     def _lose(self, lost: LeaseLost) -> None:
         """The lease is another daemon's now: stop renewing it and say so (once)."""

@@ -22,58 +22,66 @@ class ActionHistory(Table[M]):
     @operation
     def start_action(self, name: str, action: str, request_id: str) -> int:
         """Record the start of an action on instance name (kept by its uuid); return its id."""
-        return self._database.insert(
-            "INSERT INTO actions (instance, instance_uuid, action, request_id, started_at)"
-            " VALUES (?, (SELECT uuid FROM instances WHERE name = ?), ?, ?, ?)",
-            (name, name, action, request_id, self._database.clock()),
-        )
+        # Which member wrote it, under which lease (the fence): "" and 0 for a single host.
+        member, epoch = self._database.fence or ("", 0)
+        with self._database.transaction():
+            return self._database.insert(
+                "INSERT INTO actions"
+                " (instance, instance_uuid, action, request_id, started_at, member, epoch)"
+                " VALUES (?, (SELECT uuid FROM instances WHERE name = ?), ?, ?, ?, ?, ?)",
+                (name, name, action, request_id, self._database.clock(), member, epoch),
+            )
 
     @operation
     def start_step(self, action_id: int, step: str) -> int:
         """Record the start of a step of an action; return its id."""
-        try:
-            return self._database.insert(
-                "INSERT INTO steps (action_id, name, started_at) VALUES (?, ?, ?)",
-                (action_id, step, self._database.clock()),
-            )
-        except self._database.integrity_errors:
-            raise NotFound(f"Action {action_id} not found") from None
+        with self._database.transaction():
+            try:
+                return self._database.insert(
+                    "INSERT INTO steps (action_id, name, started_at) VALUES (?, ?, ?)",
+                    (action_id, step, self._database.clock()),
+                )
+            except self._database.integrity_errors:
+                raise NotFound(f"Action {action_id} not found") from None
 
     @operation
     def finish_step(self, step_id: int, result: str, error: str | None = None) -> None:
         """Record how a step ended ("success" or "error")."""
-        _check_result(result)
-        finished = self._database.db.execute(
-            "UPDATE steps SET finished_at = ?, result = ?, error = ? WHERE id = ?",
-            (self._database.clock(), result, error, step_id),
-        ).rowcount
-        if not finished:
-            raise NotFound(f"Action step {step_id} not found")
+        with self._database.transaction():
+            _check_result(result)
+            finished = self._database.db.execute(
+                "UPDATE steps SET finished_at = ?, result = ?, error = ? WHERE id = ?",
+                (self._database.clock(), result, error, step_id),
+            ).rowcount
+            if not finished:
+                raise NotFound(f"Action step {step_id} not found")
 
     @operation
     def add_step(self, action_id: int, step: str, result: str, error: str | None = None) -> None:
         """Record a step that started and ended at once."""
-        _check_result(result)
-        now = self._database.clock()
-        try:
-            self._database.db.execute(
-                "INSERT INTO steps (action_id, name, started_at, finished_at, result, error)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                (action_id, step, now, now, result, error),
-            )
-        except self._database.integrity_errors:
-            raise NotFound(f"Action {action_id} not found") from None
+        with self._database.transaction():
+            _check_result(result)
+            now = self._database.clock()
+            try:
+                self._database.db.execute(
+                    "INSERT INTO steps (action_id, name, started_at, finished_at, result, error)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    (action_id, step, now, now, result, error),
+                )
+            except self._database.integrity_errors:
+                raise NotFound(f"Action {action_id} not found") from None
 
     @operation
     def finish_action(self, action_id: int, result: str, error: str | None = None) -> None:
         """Record how an action ended ("success" or "error")."""
-        _check_result(result)
-        finished = self._database.db.execute(
-            "UPDATE actions SET finished_at = ?, result = ?, error = ? WHERE id = ?",
-            (self._database.clock(), result, error, action_id),
-        ).rowcount
-        if not finished:
-            raise NotFound(f"Action {action_id} not found")
+        with self._database.transaction():
+            _check_result(result)
+            finished = self._database.db.execute(
+                "UPDATE actions SET finished_at = ?, result = ?, error = ? WHERE id = ?",
+                (self._database.clock(), result, error, action_id),
+            ).rowcount
+            if not finished:
+                raise NotFound(f"Action {action_id} not found")
 
     @operation
     def list_actions(self, name: str) -> list[ActionRecord]:

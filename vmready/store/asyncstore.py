@@ -20,6 +20,7 @@ from twisted.internet.interfaces import IReactorThreads
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from vmready.domain.members import Fenced
 from vmready.domain.model import InstanceRecord
 from vmready.store.database import Change
 from vmready.store.executor import (
@@ -66,6 +67,8 @@ class AsyncStore(Tables[Async]):
         )
         # An outcome was unknown: the view may lack a write that committed, until reloaded.
         self._stale = False
+        # Told when the store refuses a write as fenced (this daemon's lease was taken over).
+        self.fenced_by: Callable[[Fenced], None] | None = None
 
     @classmethod
     def inline(cls, engine: Store) -> AsyncStore:
@@ -146,7 +149,7 @@ class AsyncStore(Tables[Async]):
         """Every call goes to the executor here; once committed, what it changed is in the view."""
         cache = self._cache
         if cache is None:
-            return self._executor.submit(work)
+            return self._executor.submit(work).addErrback(self._watch_outcome)
         database = self.engine.database
 
         def recorded() -> tuple[T, list[Change]]:
@@ -165,10 +168,13 @@ class AsyncStore(Tables[Async]):
         return done.addCallback(committed)
 
     def _watch_outcome(self, failure: Failure) -> Failure:
-        """On the reactor thread, as a call fails: after an unknown outcome, reread every row."""
+        """On the reactor thread, as a call fails: after an unknown outcome, reread every row;
+        a write refused as fenced is told to ``fenced_by``."""
         if failure.check(OutcomeUnknown) and not self._stale:
             self._stale = True
             self._reread()
+        if isinstance(failure.value, Fenced) and self.fenced_by is not None:
+            self.fenced_by(failure.value)
         return failure
 
     def _reread(self) -> None:

@@ -20,11 +20,13 @@ import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Protocol
 
+from vmready.domain.members import Fenced, MemberRecord
 from vmready.domain.model import InstanceRecord, NotFound, StoreError
 from vmready.domain.states import PowerState, TaskState, VMState
 
 __all__ = [
     "INSTANCE_COLUMNS",
+    "MEMBER_COLUMNS",
     "Change",
     "CommitUnknown",
     "Connection",
@@ -34,8 +36,10 @@ __all__ = [
     "SQLiteDatabase",
     "dump",
     "instance_not_found",
+    "member_from_row",
 ]
 
+MEMBER_COLUMNS = "name, address, fingerprint, joined_at, lease_expires, epoch"
 INSTANCE_COLUMNS = (
     "name, uuid, vm_state, task_state, power_state, config, devices, error, created_at,"
     " updated_at, member"
@@ -133,24 +137,33 @@ class Database(abc.ABC):
         self._depth = 0
         # While recording(): the changes to the instance rows noted so far.
         self._changes: list[Change] | None = None
+        # The member this connection writes as and the lease epoch it joined at (set by
+        # its join, ``Members.renew_lease``): every write checks it (``check_fence``).
+        self.fence: tuple[str, int] | None = None
 
     def close(self) -> None:
         """Close the database connection."""
         self.db.close()
 
     @contextlib.contextmanager
-    def transaction(self, immediate: bool = True) -> Iterator[None]:
+    def transaction(self, immediate: bool = True, fenced: bool = True) -> Iterator[None]:
         """One transaction; IMMEDIATE takes the write lock first so reads see what is written.
 
-        Inside a batch it is a savepoint: atomic, committed with the batch.
+        Inside a batch it is a savepoint: atomic, committed with the batch.  A
+        write (``immediate``) of a member checks its fence first (``fenced``;
+        only the lease's own writes do not).
         """
         if self._depth:
             with self.savepoint():
+                if immediate and fenced:
+                    self.check_fence()
                 yield
             return
         self.db.execute(self.BEGIN_WRITE if immediate else self.BEGIN_READ)
         noted = self._noted()
         try:
+            if immediate and fenced:
+                self.check_fence()
             yield
             self.commit()
         except BaseException:
@@ -222,6 +235,23 @@ class Database(abc.ABC):
         """What was rolled back changed nothing."""
         if self._changes is not None:
             del self._changes[noted:]
+
+    def check_fence(self) -> None:
+        """``Fenced`` unless this member's row still has the epoch it joined at.
+
+        Inside the write's transaction, the row locked (``LOCK_ROWS``; SQLite's
+        writers are serialised anyway): a takeover waits until this write
+        commits, and a write after a takeover sees it and is refused.
+        """
+        if self.fence is None:
+            return
+        name, epoch = self.fence
+        row = self.db.execute(
+            f"SELECT {MEMBER_COLUMNS} FROM members WHERE name = ?{self.LOCK_ROWS}", (name,)
+        ).fetchone()
+        holder = None if row is None else member_from_row(row)
+        if holder is None or holder.epoch != epoch:
+            raise Fenced(name, epoch, holder)
 
     def commit(self) -> None:
         """End the open transaction, keeping it.
@@ -325,6 +355,18 @@ def instance_from_row(row: Sequence[Any]) -> InstanceRecord:
         updated_at=updated,
         error=error,
         member=member,
+    )
+
+
+def member_from_row(row: Sequence[Any]) -> MemberRecord:
+    """The record of a row of ``MEMBER_COLUMNS``."""
+    return MemberRecord(
+        name=row[0],
+        address=row[1],
+        fingerprint=row[2],
+        joined_at=float(row[3]),
+        lease_expires=float(row[4]),
+        epoch=int(row[5]),
     )
 
 

@@ -301,12 +301,13 @@ class Instances(Table[M]):
     @operation
     def delete_instance(self, name: str) -> None:
         """Remove the instance and its snapshots; its action history stays."""
-        deleted = self._database.db.execute(
-            "DELETE FROM instances WHERE name = ?", (name,)
-        ).rowcount
-        if not deleted:
-            raise instance_not_found(name)
-        self._database.record(lambda rows: rows.removed(name))
+        with self._database.transaction():
+            deleted = self._database.db.execute(
+                "DELETE FROM instances WHERE name = ?", (name,)
+            ).rowcount
+            if not deleted:
+                raise instance_not_found(name)
+            self._database.record(lambda rows: rows.removed(name))
 
     def _committed(self, record: InstanceRecord) -> InstanceRecord:
         """``record``, the row as this call leaves it (noted for the rows kept in memory)."""

@@ -3,22 +3,33 @@
 A row is held by one daemon, known by its certificate's fingerprint: joining
 (``renew_lease``) is refused while another daemon's lease runs, and a later
 renewal (``renew_held_lease``) renews only a lease this daemon still holds.
+
+Each join bumps the row's ``epoch`` (the fencing token) and fences the
+joining connection with it (``Database.fence``): every later write of that
+daemon checks, in its own transaction, that the row still has that epoch,
+so a daemon frozen while another took its name over can write nothing once
+it wakes, not even before its next renewal.  A name ``remove_member``
+retired is kept (``retired_members``) and never joined again.
 """
 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Sequence
-from typing import Any
 
-from vmready.domain.members import LeaseHeld, LeaseLost, MemberRecord, MemberState, MembersView
+from vmready.domain.members import (
+    LeaseHeld,
+    LeaseLost,
+    MemberRecord,
+    MemberRetired,
+    MemberState,
+    MembersView,
+)
 from vmready.domain.model import Conflict, NotFound
+from vmready.store.database import MEMBER_COLUMNS, member_from_row
 from vmready.store.notifications import EVENTS_CHANNEL, MAX_PAYLOAD_BYTES
 from vmready.store.table import M, Table, operation
 
 __all__ = ["Members"]
-
-_MEMBER_COLUMNS = "name, address, fingerprint, joined_at, lease_expires"
 
 
 class Members(Table[M]):
@@ -36,32 +47,33 @@ class Members(Table[M]):
         over (its row, and so its instances) once it ran out or was given up:
         a host reinstalled with a new certificate keeps its name.
         """
-        with self._database.transaction():
+        with self._database.transaction(fenced=False):
+            self._refuse_retired(name)
             now = self._database.now()
             expires = now + lease_seconds
             inserted = self._database.db.execute(
-                f"INSERT INTO members ({_MEMBER_COLUMNS}) VALUES (?, ?, ?, ?, ?)"
+                f"INSERT INTO members ({MEMBER_COLUMNS}) VALUES (?, ?, ?, ?, ?, 1)"
                 " ON CONFLICT (name) DO NOTHING",
                 (name, address, fingerprint, now, expires),
             )
             if inserted.rowcount == 1:
-                return expires
-            # Another daemon joining as ``name`` at once waits here until this one commits.
-            holder = self._find(name, lock=True)
-            assert holder is not None  # the row the INSERT conflicted with, locked now
-            if holder.fingerprint == fingerprint:
+                epoch = 1
+            else:
+                # Another daemon joining as ``name`` at once waits here until this one commits.
+                holder = self._find(name, lock=True)
+                assert holder is not None  # the row the INSERT conflicted with, locked now
+                ours = holder.fingerprint == fingerprint
+                if not ours and holder.state_at(now) is MemberState.ONLINE:
+                    raise LeaseHeld(holder)
+                # The same daemon started again keeps its joined_at; another takes the name over.
+                joined = holder.joined_at if ours else now
+                epoch = holder.epoch + 1
                 self._database.db.execute(
-                    "UPDATE members SET address = ?, lease_expires = ? WHERE name = ?",
-                    (address, expires, name),
+                    "UPDATE members SET address = ?, fingerprint = ?, joined_at = ?,"
+                    " lease_expires = ?, epoch = ? WHERE name = ?",
+                    (address, fingerprint, joined, expires, epoch, name),
                 )
-                return expires
-            if holder.state_at(now) is MemberState.ONLINE:
-                raise LeaseHeld(holder)
-            self._database.db.execute(
-                "UPDATE members SET address = ?, fingerprint = ?, joined_at = ?,"
-                " lease_expires = ? WHERE name = ?",
-                (address, fingerprint, now, expires, name),
-            )
+        self._database.fence = (name, epoch)
         return expires
 
     @operation
@@ -71,6 +83,7 @@ class Members(Table[M]):
         A check before a daemon starts (``renew_lease`` decides when it joins).
         """
         with self._database.transaction(immediate=False):
+            self._refuse_retired(name)
             now = self._database.now()
             holder = self._find(name)
         if (
@@ -90,12 +103,16 @@ class Members(Table[M]):
         lease that ran out is renewed if nobody took the name over meanwhile,
         and ``LeaseLost`` says who did (or that the row is gone).
         """
-        with self._database.transaction():
+        fence = self._database.fence
+        epoch = fence[1] if fence is not None and fence[0] == name else None
+        with self._database.transaction(fenced=False):
             now = self._database.now()
             expires = now + lease_seconds
+            # Only the lease this connection joined (when it did join: ``fence``).
+            same_join = "" if epoch is None else f" AND epoch = {int(epoch)}"
             renewed = self._database.db.execute(
                 "UPDATE members SET address = ?, lease_expires = ?"
-                " WHERE name = ? AND fingerprint = ?",
+                f" WHERE name = ? AND fingerprint = ?{same_join}",
                 (address, expires, name, fingerprint),
             )
             if renewed.rowcount != 1:
@@ -109,7 +126,7 @@ class Members(Table[M]):
         Only the daemon holding it (``fingerprint``) gives it up: one whose
         name was taken over leaves the new holder's lease alone.
         """
-        with self._database.transaction():
+        with self._database.transaction(fenced=False):
             self._database.db.execute(
                 "UPDATE members SET lease_expires = ? WHERE name = ? AND fingerprint = ?",
                 (self._database.now(), name, fingerprint),
@@ -129,18 +146,27 @@ class Members(Table[M]):
             )
         self._database.notify(EVENTS_CHANNEL, payload)
 
+    def _refuse_retired(self, name: str) -> None:
+        """``MemberRetired`` if ``remove_member`` retired the name."""
+        row = self._database.db.execute(
+            "SELECT retired_at FROM retired_members WHERE name = ?", (name,)
+        ).fetchone()
+        if row is not None:
+            raise MemberRetired(name, float(row[0]))
+
     def _find(self, name: str, lock: bool = False) -> MemberRecord | None:
         """Member ``name``'s row (``lock``: this transaction goes on to write it), or None."""
         row = self._database.db.execute(
-            f"SELECT {_MEMBER_COLUMNS} FROM members WHERE name = ?"
+            f"SELECT {MEMBER_COLUMNS} FROM members WHERE name = ?"
             f"{self._database.LOCK_ROWS if lock else ''}",
             (name,),
         ).fetchone()
-        return None if row is None else _member(row)
+        return None if row is None else member_from_row(row)
 
     @operation
     def remove_member(self, name: str) -> MemberRecord:
-        """Retire member ``name``: its row goes (and with it its certificate's trust).
+        """Retire member ``name``: its row goes (and with it its certificate's trust), its
+        name is kept as retired (never joined again).
 
         Refused while its lease holds (Conflict: it may be serving, and would
         join again at its next renewal) or while instances are still stamped
@@ -149,10 +175,10 @@ class Members(Table[M]):
         store's clock, in the transaction that deletes, the row locked: a
         renewal racing the removal waits for it.
         """
-        with self._database.transaction():
+        with self._database.transaction(fenced=False):
             db = self._database.db
             row = db.execute(
-                f"SELECT {_MEMBER_COLUMNS} FROM members WHERE name = ?{self._database.LOCK_ROWS}",
+                f"SELECT {MEMBER_COLUMNS} FROM members WHERE name = ?{self._database.LOCK_ROWS}",
                 (name,),
             ).fetchone()
             if row is None:
@@ -160,7 +186,7 @@ class Members(Table[M]):
                 raise NotFound(
                     f"no cluster member is called {name!r} (members: {', '.join(known) or 'none'})"
                 )
-            member = _member(row)
+            member = member_from_row(row)
             if member.state_at(self._database.now()) is MemberState.ONLINE:
                 raise Conflict(
                     f"cluster member {name} is online (its lease runs until "
@@ -176,6 +202,10 @@ class Members(Table[M]):
                     f"delete them first (vmready cannot move instances to another member)"
                 )
             db.execute("DELETE FROM members WHERE name = ?", (name,))
+            db.execute(
+                "INSERT INTO retired_members (name, fingerprint, retired_at) VALUES (?, ?, ?)",
+                (name, member.fingerprint, self._database.now()),
+            )
         return member
 
     @operation
@@ -184,7 +214,7 @@ class Members(Table[M]):
         with self._database.transaction(immediate=False):
             now = self._database.now()
             rows = self._database.db.execute(
-                f"SELECT {_MEMBER_COLUMNS} FROM members ORDER BY name"
+                f"SELECT {MEMBER_COLUMNS} FROM members ORDER BY name"
             ).fetchall()
             counts = {
                 row[0]: int(row[1])
@@ -192,17 +222,7 @@ class Members(Table[M]):
                     "SELECT member, COUNT(*) FROM instances GROUP BY member"
                 )
             }
-        return MembersView(tuple(_member(row) for row in rows), now, counts)
-
-
-def _member(row: Sequence[Any]) -> MemberRecord:
-    return MemberRecord(
-        name=row[0],
-        address=row[1],
-        fingerprint=row[2],
-        joined_at=float(row[3]),
-        lease_expires=float(row[4]),
-    )
+        return MembersView(tuple(member_from_row(row) for row in rows), now, counts)
 
 
 def _utc(seconds: float) -> str:

@@ -26,7 +26,7 @@ from vmready.store.postgres import (
     display_location,
     one_line,
 )
-from vmready.store.schema import SCHEMA_VERSION, check_version
+from vmready.store.schema import SCHEMA_VERSION, check_version, fencing_migration
 
 __all__ = ["BASELINE", "BASELINE_VERSION", "MIGRATIONS", "connect"]
 
@@ -176,7 +176,9 @@ CREATE TRIGGER trusted_certificates_notify
 """
 
 # The migrations after BASELINE_VERSION, in order: (version, SQL).
-MIGRATIONS: list[tuple[int, str]] = []
+MIGRATIONS: list[tuple[int, str]] = [
+    (6, fencing_migration("DOUBLE PRECISION")),
+]
 
 assert [version for version, _ in MIGRATIONS] == list(
     range(BASELINE_VERSION + 1, SCHEMA_VERSION + 1)

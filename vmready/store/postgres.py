@@ -10,8 +10,11 @@ an ``OperationalError``, a write failure the executor tries again.
 ``connection_string`` adds bounded waits to every connection unless the URL
 (or ``PGCONNECT_TIMEOUT``, ``PGAPPNAME``, ``PGOPTIONS``) sets them:
 ``CONNECTION_DEFAULTS``' connect timeout and TCP keepalives (a dead peer is
-noticed in about 25 s) and ``lock_timeout=10s``.  ``PostgresDatabase`` holds
-what the engine does differently (docs/architecture.md, "the store").
+noticed in about 25 s), ``lock_timeout=10s`` and
+``idle_in_transaction_session_timeout=5s`` (a daemon frozen inside a write
+loses its session and the locks it held, so its name can be taken over).
+``PostgresDatabase`` holds what the engine does differently
+(docs/architecture.md, "the store").
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ CONNECTION_DEFAULTS: dict[str, str | int] = {
     "tcp_user_timeout": 30000,
 }
 LOCK_TIMEOUT = "10s"
+IDLE_IN_TRANSACTION_TIMEOUT = "5s"
 # libpq's environment variables for the parameters above that have one.
 _ENVIRONMENT = {
     "connect_timeout": "PGCONNECT_TIMEOUT",
@@ -92,7 +96,11 @@ def connection_string(
         defaults["application_name"] = application_name
     # Later -c settings win: the operator's options (the URL's, else PGOPTIONS) go after ours.
     theirs = str(params.get("options") or os.environ.get("PGOPTIONS") or "")
-    defaults["options"] = f"-c lock_timeout={LOCK_TIMEOUT} {theirs}".strip()
+    ours = (
+        f"-c lock_timeout={LOCK_TIMEOUT}"
+        f" -c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_TIMEOUT}"
+    )
+    defaults["options"] = f"{ours} {theirs}".strip()
     return psycopg.conninfo.make_conninfo(location, **defaults)
 
 

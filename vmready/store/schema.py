@@ -15,14 +15,41 @@ from collections.abc import Callable
 
 from vmready.domain.model import StoreError
 
-__all__ = ["BUSY_TIMEOUT_SECONDS", "MIGRATIONS", "SCHEMA_VERSION", "check_version", "connect"]
+__all__ = [
+    "BUSY_TIMEOUT_SECONDS",
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "check_version",
+    "connect",
+    "fencing_migration",
+]
 
 BUSY_TIMEOUT_SECONDS = 5.0
 
 # The version the newest migration brings a store to.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _SCHEMA_TABLE = "vmready_schema"
+
+
+def fencing_migration(real: str) -> str:
+    """Migration 6, with the engine's type of a real number (PostgreSQL runs it too).
+
+    The fencing token: each join of a member name bumps its epoch, every write
+    checks it; each action row says which member wrote it, at which epoch.
+    Retired names are kept, so that a retired member started again is refused.
+    """
+    return f"""
+        ALTER TABLE members ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE actions ADD COLUMN member TEXT NOT NULL DEFAULT '';
+        ALTER TABLE actions ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
+        CREATE TABLE retired_members (
+            name TEXT PRIMARY KEY,
+            fingerprint TEXT NOT NULL,
+            retired_at {real} NOT NULL
+        );
+        """
+
 
 MIGRATIONS: list[tuple[int, str]] = [
     (
@@ -136,6 +163,7 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX instances_by_member ON instances (member);
         """,
     ),
+    (6, fencing_migration("REAL")),
 ]
 
 
