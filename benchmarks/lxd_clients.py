@@ -205,6 +205,26 @@ def report_events(websocket: list[float], lines: list[float]) -> None:
     )
 
 
+def start_daemon(directory: str, socket_path: str) -> subprocess.Popen[bytes]:
+    """A fresh ``twistd -n vmready`` (fakeqemu) in ``directory``, once its socket is there."""
+    daemon = subprocess.Popen(
+        [
+            *(TWISTD, "-n", "--pidfile", "", "--logfile", os.path.join(directory, "vmready.log")),
+            *("vmready", "--config", "", "--data-dir", directory, "--power-sync-interval", "0"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + TIMEOUT
+    while not os.path.exists(socket_path):
+        if time.monotonic() > deadline or daemon.poll() is not None:
+            daemon.kill()
+            raise SystemExit("the daemon did not start")
+        time.sleep(0.05)
+    time.sleep(0.5)
+    return daemon
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=200, help="start/stop round trips each")
@@ -216,21 +236,8 @@ def main() -> None:
     directory = tempfile.mkdtemp(prefix="vmr-lxdb-", dir="/tmp")
     socket_path = os.path.join(directory, "vmready.sock")
     env = {**os.environ, "LXD_SOCKET": socket_path, "LXD_CONF": directory}
-    daemon = subprocess.Popen(
-        [
-            *(TWISTD, "-n", "--pidfile", "", "--logfile", os.path.join(directory, "vmready.log")),
-            *("vmready", "--config", "", "--data-dir", directory, "--power-sync-interval", "0"),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    daemon = start_daemon(directory, socket_path)
     try:
-        deadline = time.monotonic() + TIMEOUT
-        while not os.path.exists(socket_path):
-            if time.monotonic() > deadline or daemon.poll() is not None:
-                raise SystemExit("the daemon did not start")
-            time.sleep(0.05)
-        time.sleep(0.5)
         run([lxc, "init", NAME, "--empty", "--vm"], env)
         figures = {
             "lxc": timed_rounds(

@@ -109,14 +109,7 @@ class StalledConsumerTests(TestCase):
         # pylxd's ws4py says "localhost:None" on a unix socket.
         client, _feed = await self.connect(upgrade_request(b"localhost:None"), b" 101 ")
         self.lifecycle.events.lifecycle("instance-ready", "web1")
-        data = b""
-        for _ in range(200):
-            await deferLater(reactor, 0.01, lambda: None)
-            with contextlib.suppress(BlockingIOError):
-                data += client.recv(65536)
-            if text_frame(data) is not None:
-                break
-        event = json.loads(text_frame(data) or b"null")
+        event = await first_event(client)
         self.assertEqual(event["metadata"]["action"], "instance-ready")
         self.assertEqual(event["type"], "lifecycle")
 
@@ -125,17 +118,22 @@ class StalledConsumerTests(TestCase):
         client, _feed = await self.connect(upgrade_request(b"localhost"), b" 101 ")
         self.lifecycle.events.publish("operation", {"id": "x", "status": "Running"})
         self.lifecycle.events.lifecycle("instance-ready", "web1")
-        data = b""
-        for _ in range(200):
-            await deferLater(reactor, 0.01, lambda: None)
-            with contextlib.suppress(BlockingIOError):
-                data += client.recv(65536)
-            if text_frame(data) is not None:
-                break
-        event = json.loads(text_frame(data) or b"null")
+        event = await first_event(client)
         self.assertEqual(
             (event["type"], event["metadata"]["action"]), ("lifecycle", "instance-ready")
         )
+
+
+async def first_event(client: socket.socket) -> Any:
+    """The event in the first text frame ``client`` receives (None if none comes in 2 s)."""
+    data = b""
+    for _ in range(200):
+        await deferLater(reactor, 0.01, lambda: None)
+        with contextlib.suppress(BlockingIOError):
+            data += client.recv(65536)
+        if text_frame(data) is not None:
+            break
+    return json.loads(text_frame(data) or b"null")
 
 
 def upgrade_request(host: bytes) -> bytes:

@@ -308,6 +308,28 @@ def serial_arguments(ports: Sequence[SerialPort], ring_size: int) -> list[str]:
     return args
 
 
+def disk_arguments(spec: VMSpec) -> list[str]:
+    """The root disk, then the NoCloud seed: the guest sees them as /dev/vda and /dev/vdb."""
+    args = []
+    if spec.disk is not None:
+        args += [
+            "-blockdev",
+            f"driver=qcow2,node-name={ROOT_NODE},file.driver=file,"
+            f"file.filename={escape_option(spec.disk)}",
+            "-device",
+            f"virtio-blk-pci,drive={ROOT_NODE}",
+        ]
+    if spec.seed is not None:
+        args += [
+            "-blockdev",
+            f"driver=raw,node-name={SEED_NODE},read-only=on,file.driver=file,"
+            f"file.filename={escape_option(spec.seed)}",
+            "-device",
+            f"virtio-blk-pci,drive={SEED_NODE}",
+        ]
+    return args
+
+
 def device_arguments(spec: VMSpec) -> list[str]:
     """Console log, pvpanic, config drive, transport, root disk: devices past the serial bus."""
     args = []
@@ -346,23 +368,7 @@ def device_arguments(spec: VMSpec) -> list[str]:
         ]
     if spec.vsock_cid is not None:
         args += ["-device", f"vhost-vsock-pci,guest-cid={spec.vsock_cid}"]
-    if spec.disk is not None:
-        args += [
-            "-blockdev",
-            f"driver=qcow2,node-name={ROOT_NODE},file.driver=file,"
-            f"file.filename={escape_option(spec.disk)}",
-            "-device",
-            f"virtio-blk-pci,drive={ROOT_NODE}",
-        ]
-    if spec.seed is not None:
-        # After the root disk: the guest sees it as the second one (/dev/vdb).
-        args += [
-            "-blockdev",
-            f"driver=raw,node-name={SEED_NODE},read-only=on,file.driver=file,"
-            f"file.filename={escape_option(spec.seed)}",
-            "-device",
-            f"virtio-blk-pci,drive={SEED_NODE}",
-        ]
+    args += disk_arguments(spec)
     if spec.kernel is not None:
         args += ["-kernel", spec.kernel]
         if spec.initrd is not None:

@@ -317,7 +317,7 @@ class SQLiteDatabase(Database):
     integrity_errors = (sqlite3.IntegrityError,)
 
     def insert(self, sql: str, parameters: Sequence[Any]) -> int:
-        row_id = self.db.execute(sql, parameters).lastrowid  # type: ignore[attr-defined]
+        row_id = self.db.execute(sql, parameters).lastrowid  # type: ignore[attr-defined]  # sqlite3's cursor has it
         assert row_id is not None, "an INSERT always sets lastrowid"
         return int(row_id)
 

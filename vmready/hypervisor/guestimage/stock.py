@@ -229,6 +229,22 @@ def _take_boot_files(root: str, workdir: str) -> None:
         shutil.copyfile(found[0], os.path.join(workdir, name))
 
 
+def _manual_disk(root: str, workdir: str, run: CommandRunner) -> None:
+    """The documented install at first boot, cloud-init out of its way; then back to stock."""
+    manual = {
+        "/etc/cloud/cloud-init.disabled": (b"", 0o644),
+        "/usr/local/sbin/vmready-documented-install": (MANUAL_SCRIPT.encode(), 0o755),
+        f"/etc/systemd/system/{MANUAL_UNIT_NAME}": (MANUAL_UNIT.encode(), 0o644),
+    }
+    for path, (data, mode) in manual.items():
+        _write(root, path, data, mode)
+    wants = f"/etc/systemd/system/multi-user.target.wants/{MANUAL_UNIT_NAME}"
+    _link(root, wants, f"/etc/systemd/system/{MANUAL_UNIT_NAME}")
+    _disk(root, os.path.join(workdir, MANUAL_IMAGE), workdir, run)
+    for path in [*manual, wants]:
+        os.unlink(os.path.join(root, path.lstrip("/")))
+
+
 def build_stock(
     inputs: StockInputs, workdir: str, run: CommandRunner, log: Callable[[str], None]
 ) -> None:
@@ -263,20 +279,7 @@ def build_stock(
         os.unlink(os.path.join(root, "etc/resolv.conf"))
     _disk(root, os.path.join(workdir, STOCK_IMAGE), workdir, run)
 
-    # The documented install at first boot, cloud-init out of its way; then back to stock.
-    manual = {
-        "/etc/cloud/cloud-init.disabled": (b"", 0o644),
-        "/usr/local/sbin/vmready-documented-install": (MANUAL_SCRIPT.encode(), 0o755),
-        f"/etc/systemd/system/{MANUAL_UNIT_NAME}": (MANUAL_UNIT.encode(), 0o644),
-    }
-    for path, (data, mode) in manual.items():
-        _write(root, path, data, mode)
-    wants = f"/etc/systemd/system/multi-user.target.wants/{MANUAL_UNIT_NAME}"
-    _link(root, wants, f"/etc/systemd/system/{MANUAL_UNIT_NAME}")
-    _disk(root, os.path.join(workdir, MANUAL_IMAGE), workdir, run)
-    for path in [*manual, wants]:
-        os.unlink(os.path.join(root, path.lstrip("/")))
-
+    _manual_disk(root, workdir, run)
     loader_dir = os.path.join(workdir, "loader")
     for name, data in loader_files().items():
         _write(loader_dir, name, data, 0o755 if executable(name) else 0o644)
