@@ -3,6 +3,7 @@ and what every call changed kept in the committed view."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -68,12 +69,9 @@ class CommittedViewTests(SynchronousTestCase):
 
     def test_aWriteRolledBackInsideACallLeavesTheViewAlone(self) -> None:
         def change_its_mind(engine: Store) -> None:
-            try:
-                with engine.database.savepoint():
-                    engine.instances.create_instance("ghost", {}, {})
-                    raise Conflict("changed its mind")
-            except Conflict:
-                pass
+            with contextlib.suppress(Conflict), engine.database.savepoint():
+                engine.instances.create_instance("ghost", {}, {})
+                raise Conflict("changed its mind")
             engine.instances.update_config("vm1", {"user.b": "2"})
 
         self.successResultOf(self.store.run(change_its_mind))

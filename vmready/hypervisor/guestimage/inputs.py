@@ -126,18 +126,22 @@ def kernel_package_of(depends: str, metapackage: str = KERNEL_METAPACKAGE) -> st
     )
 
 
+def apt_show_metapackage(
+    run: CommandRunner, step: str, metapackage: str
+) -> dict[str, dict[str, str]]:
+    """``apt-cache show`` of ``metapackage``, parsed; a one-line error if apt knows none."""
+    shown = parse_apt_show(
+        run_step(run, step, ["apt-cache", "show", "--no-all-versions", metapackage]).decode()
+    )
+    if metapackage not in shown:
+        raise GuestImageError(f"{step} failed: apt knows no {metapackage} (apt-get update?)")
+    return shown
+
+
 def resolve_inputs(run: CommandRunner = run_command) -> GuestInputs:
     """Ask apt which versions a build would use now (no download; apt's lists must be current)."""
     step = "resolving the kernel package"
-    shown = parse_apt_show(
-        run_step(
-            run, step, ["apt-cache", "show", "--no-all-versions", KERNEL_METAPACKAGE]
-        ).decode()
-    )
-    if KERNEL_METAPACKAGE not in shown:
-        raise GuestImageError(
-            f"{step} failed: apt knows no {KERNEL_METAPACKAGE} (apt-get update?)"
-        )
+    shown = apt_show_metapackage(run, step, KERNEL_METAPACKAGE)
     kernel_name = kernel_package_of(shown[KERNEL_METAPACKAGE].get("Depends", ""))
     names = [kernel_name, BUSYBOX_PACKAGE, *ROOT_PACKAGES]
     step = "resolving the guest's packages"

@@ -52,7 +52,12 @@ from vmready.hypervisor.guestimage.commands import (
     run_step,
 )
 from vmready.hypervisor.guestimage.content import SUITE
-from vmready.hypervisor.guestimage.inputs import Package, kernel_package_of, parse_apt_show
+from vmready.hypervisor.guestimage.inputs import (
+    Package,
+    apt_show_metapackage,
+    kernel_package_of,
+    parse_apt_show,
+)
 from vmready.hypervisor.guestimage.rootfs import host_apt_sources
 
 __all__ = [
@@ -168,15 +173,7 @@ def stock_files() -> dict[str, bytes]:
 def resolve_stock_inputs(run: CommandRunner = run_command) -> StockInputs:
     """Ask apt which versions a build would use now."""
     step = "resolving the stock image's packages"
-    shown = parse_apt_show(
-        run_step(
-            run, step, ["apt-cache", "show", "--no-all-versions", KERNEL_METAPACKAGE]
-        ).decode()
-    )
-    if KERNEL_METAPACKAGE not in shown:
-        raise GuestImageError(
-            f"{step} failed: apt knows no {KERNEL_METAPACKAGE} (apt-get update?)"
-        )
+    shown = apt_show_metapackage(run, step, KERNEL_METAPACKAGE)
     kernel = kernel_package_of(shown[KERNEL_METAPACKAGE].get("Depends", ""), KERNEL_METAPACKAGE)
     names = [kernel, *PACKAGES]
     shown = parse_apt_show(
