@@ -85,6 +85,17 @@ class MemberServiceTests(TestCase):
         # A clean stop: the others see it unreachable at once, not 30 s later.
         self.assertIs(self.members().state_of("a"), MemberState.UNREACHABLE)
 
+    async def startedAndStopped(self) -> VMReadyService:
+        """A member started that stops the reactor before it serves."""
+        stopper = StopRecordingReactor()
+        service = self.service(the_reactor=stopper)
+        service.startService()
+        while not stopper.when_running:
+            await _turn()
+        self.assertEqual([f.__name__ for f in stopper.when_running], ["stop"])
+        self.assertFalse(service.serving.called)
+        return service
+
     async def test_aMemberThatCannotListenForNotificationsStops(self) -> None:
         class Refused(NotificationListener):
             """A real listener, on a database the server does not have: LISTEN fails."""
@@ -93,13 +104,7 @@ class MemberServiceTests(TestCase):
                 super().__init__(the_reactor, postgres_server().url("nowhere"), *rest)
 
         self.patch(clustermember, "NotificationListener", Refused)
-        stopper = StopRecordingReactor()
-        service = self.service(the_reactor=stopper)
-        service.startService()
-        while not stopper.when_running:
-            await _turn()
-        self.assertEqual([f.__name__ for f in stopper.when_running], ["stop"])
-        self.assertFalse(service.serving.called)
+        await self.startedAndStopped()
         # It never joined: no lease was taken.
         self.assertIsNone(self.members().find("a"))
 
@@ -112,13 +117,7 @@ class MemberServiceTests(TestCase):
             "web1", TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING, {READY_KEY: "true"}
         )
         (held,) = engine.members.list_members().members
-        stopper = StopRecordingReactor()
-        service = self.service(the_reactor=stopper)
-        service.startService()
-        while not stopper.when_running:
-            await _turn()
-        self.assertEqual([f.__name__ for f in stopper.when_running], ["stop"])
-        self.assertFalse(service.serving.called)
+        service = await self.startedAndStopped()
         # Nothing of the other daemon's: its lease, its instance's Ready key and task.
         self.assertEqual(engine.members.list_members().members, (held,))
         web1 = engine.instances.get_instance("web1")

@@ -32,6 +32,15 @@ def twistd(data_dir: str, *extra: str) -> list[str]:
     return [*head, "--data-dir", data_dir, *extra]
 
 
+def taken_tcp_endpoint(case: SynchronousTestCase) -> str:
+    """The endpoint of a loopback TCP port another socket listens on for the test's length."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    case.addCleanup(listener.close)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    return f"tcp:{listener.getsockname()[1]}:interface=127.0.0.1"
+
+
 class StartupRefusalTests(SynchronousTestCase):
     """The daemon refuses to start with one line naming the reason, and exits 1."""
 
@@ -100,11 +109,7 @@ class StartupRefusalTests(SynchronousTestCase):
         )
 
     def test_tcpPortInUse(self) -> None:
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.addCleanup(listener.close)
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(1)
-        endpoint = f"tcp:{listener.getsockname()[1]}:interface=127.0.0.1"
+        endpoint = taken_tcp_endpoint(self)
         line = self.refusal(*twistd(self.directory, "--listen", endpoint))
         self.assertEqual(line, f"vmready: cannot listen on {endpoint}: Address already in use")
 
@@ -152,17 +157,27 @@ class StartupRefusalTests(SynchronousTestCase):
             self.assertEqual(f.read(), "keep me")
 
 
-class GuestListenAddressTests(SynchronousTestCase):
-    """check_guest_listen_address: the guest API listens on vsock or hybrid vsock, or nowhere."""
+class AddressCheckTestCase(SynchronousTestCase):
+    """A directory of its own, and what ``check`` says of an address it refuses."""
 
     def setUp(self) -> None:
-        self.directory = tempfile.mkdtemp(prefix="vmr-dg-", dir="/tmp")
+        self.directory = tempfile.mkdtemp(prefix="vmr-dl-", dir="/tmp")
         self.addCleanup(shutil.rmtree, self.directory, True)
+
+    def check(self, listen: str) -> None:
+        raise NotImplementedError
 
     def refusal(self, listen: str) -> str:
         with self.assertRaises(SystemExit) as caught:
-            check_guest_listen_address(listen)
+            self.check(listen)
         return str(caught.exception.code)
+
+
+class GuestListenAddressTests(AddressCheckTestCase):
+    """check_guest_listen_address: the guest API listens on vsock or hybrid vsock, or nowhere."""
+
+    def check(self, listen: str) -> None:
+        check_guest_listen_address(listen)
 
     def test_tcpIsRefused(self) -> None:
         self.assertEqual(
@@ -223,17 +238,11 @@ class GuestListenAddressTests(SynchronousTestCase):
         self.assertIn("--agent-poll-safety must be more than 0 and at most 3600 seconds", said)
 
 
-class ListenAddressTests(SynchronousTestCase):
+class ListenAddressTests(AddressCheckTestCase):
     """check_listen_address: what makeService refuses before twistd starts, and what it clears."""
 
-    def setUp(self) -> None:
-        self.directory = tempfile.mkdtemp(prefix="vmr-dm-", dir="/tmp")
-        self.addCleanup(shutil.rmtree, self.directory, True)
-
-    def refusal(self, listen: str) -> str:
-        with self.assertRaises(SystemExit) as caught:
-            check_listen_address(listen)
-        return str(caught.exception.code)
+    def check(self, listen: str) -> None:
+        check_listen_address(listen)
 
     def test_staleSocketIsRemoved(self) -> None:
         path = os.path.join(self.directory, "stale.sock")
@@ -286,11 +295,7 @@ class ListenAddressTests(SynchronousTestCase):
         )
 
     def test_takenTcpPortIsRefused(self) -> None:
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.addCleanup(listener.close)
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(1)
-        listen = f"tcp:{listener.getsockname()[1]}:interface=127.0.0.1"
+        listen = taken_tcp_endpoint(self)
         self.assertEqual(
             self.refusal(listen), f"vmready: cannot listen on {listen}: Address already in use"
         )

@@ -21,6 +21,7 @@ from vmready.daemon.service import GC_SWEEP_TIMER, POWER_SYNC_TIMER, DaemonConfi
 from vmready.domain.model import InstanceRecord
 from vmready.domain.reactor import IVMReadyReactor
 from vmready.lifecycle import core as lifecycle_core
+from vmready.lifecycle.core import GuestLink
 from vmready.lifecycle.recovery import Recovery
 
 
@@ -87,6 +88,16 @@ class DaemonServiceTests(TestCase):
         await service.recovered
         return service
 
+    def gated(
+        self, waits_for: Callable[[Deferred[None]], type[Recovery]], interval: float = 0
+    ) -> tuple[Deferred[None], VMReadyService]:
+        """A service started whose recovery ``waits_for`` the gate returned with it."""
+        gate: Deferred[None] = Deferred()
+        self.patch(lifecycle_core, "Recovery", waits_for(gate))
+        service = self.service(interval)
+        service.startService()
+        return gate, service
+
     def timers(self, service: VMReadyService) -> list[TimerService]:
         return [
             child
@@ -151,10 +162,7 @@ class DaemonServiceTests(TestCase):
 
     def test_apiListensOnlyOnceReadyIsCleared(self) -> Deferred[None]:
         async def check() -> None:
-            gate: Deferred[None] = Deferred()
-            self.patch(lifecycle_core, "Recovery", recovery_waits_for(gate))
-            service = self.service()
-            service.startService()
+            gate, service = self.gated(recovery_waits_for)
             client = Client(reactor, self.socket_path)
             with self.assertRaises(DaemonUnreachable):
                 await client.get("/1.0")
@@ -166,10 +174,7 @@ class DaemonServiceTests(TestCase):
 
     def test_apiServesWhileInstancesAreReconciledAndPowerSyncWaits(self) -> Deferred[None]:
         async def check() -> None:
-            gate: Deferred[None] = Deferred()
-            self.patch(lifecycle_core, "Recovery", reconciliation_waits_for(gate))
-            service = self.service(interval=2.5)
-            service.startService()
+            gate, service = self.gated(reconciliation_waits_for, interval=2.5)
             await service.serving
             client = Client(reactor, self.socket_path)
             self.assertEqual(await client.get("/1.0/instances"), [])
@@ -198,10 +203,7 @@ class DaemonServiceTests(TestCase):
 
     def test_apiListensEvenIfRecoveryFails(self) -> Deferred[None]:
         async def check() -> None:
-            gate: Deferred[None] = Deferred()
-            self.patch(lifecycle_core, "Recovery", recovery_waits_for(gate))
-            service = self.service()
-            service.startService()
+            gate, service = self.gated(recovery_waits_for)
             gate.errback(RuntimeError("the store is on fire"))
             with self.assertRaises(RuntimeError):
                 await service.recovered
@@ -235,6 +237,14 @@ class GuestAPIStartTests(DaemonServiceTests):
     def guest_sockets(self) -> list[str]:
         return sorted(n for n in os.listdir(self.directory) if n.startswith("guest-api.sock_"))
 
+    async def restarted_link(self, first: VMReadyService) -> GuestLink:
+        """The guest link of a daemon started after ``first`` stopped (leaving no socket)."""
+        await first.stopService()
+        self.assertEqual(self.guest_sockets(), [])
+        second = await self.started(0)
+        assert second.lifecycle is not None and second.lifecycle.reach.link is not None
+        return second.lifecycle.reach.link
+
     def test_eachStartListensOnANewRandomPortAndAdvertisesIt(self) -> Deferred[None]:
         async def check() -> None:
             first = await self.started(0)
@@ -245,11 +255,7 @@ class GuestAPIStartTests(DaemonServiceTests):
                 first.lifecycle.reach.link.transport,
                 f"hvsock:{os.path.join(self.directory, 'guest-api.sock')}",
             )
-            await first.stopService()
-            self.assertEqual(self.guest_sockets(), [])
-            second = await self.started(0)
-            assert second.lifecycle is not None and second.lifecycle.reach.link is not None
-            self.assertNotEqual(second.lifecycle.reach.link.port, port)
+            self.assertNotEqual((await self.restarted_link(first)).port, port)
 
         return ensureDeferred(check())
 
@@ -260,10 +266,7 @@ class GuestAPIStartTests(DaemonServiceTests):
             self.assertEqual(os.stat(key).st_mode & 0o777, 0o600)
             with open(os.path.join(self.directory, "server.crt"), "rb") as f:
                 certificate = f.read()
-            await first.stopService()
-            second = await self.started(0)
-            assert second.lifecycle is not None and second.lifecycle.reach.link is not None
-            self.assertEqual(second.lifecycle.reach.link.server_cert_pem, certificate)
+            self.assertEqual((await self.restarted_link(first)).server_cert_pem, certificate)
 
         return ensureDeferred(check())
 

@@ -14,6 +14,12 @@ from twisted.trial.unittest import SynchronousTestCase
 from tests.processes import kill_if_named
 
 
+def assertInOrder(case: SynchronousTestCase, lines: list[str], expected: list[str]) -> None:
+    """Each expected line is among ``lines``, in the order given."""
+    positions = [lines.index(line) for line in expected]
+    case.assertEqual(positions, sorted(positions))
+
+
 class DemoTests(SynchronousTestCase):
     """``python -m vmready.daemon.demo`` walks STARTED → CONNECT → CONNECTED, then shuts down."""
 
@@ -41,8 +47,7 @@ class DemoTests(SynchronousTestCase):
             "QMP events seen: VSERPORT_CHANGE, VSERPORT_CHANGE, SHUTDOWN",
             "vmready demo: VM shut down cleanly",
         ]
-        positions = [steps.index(line) for line in expected]
-        self.assertEqual(positions, sorted(positions))
+        assertInOrder(self, steps, expected)
         self.assertFalse(os.path.exists(os.path.join(workdir, "vm.pid")))
 
 
@@ -107,8 +112,7 @@ class RunDemoTests(SynchronousTestCase):
             "$ vmready-agent notify ready   # in the guest, by its workload",
             "demo: READY",
         ]
-        positions = [lines.index(line) for line in steps]
-        self.assertEqual(positions, sorted(positions))
+        assertInOrder(self, lines, steps)
         row = next(line for line in lines if line.startswith("demo "))
         self.assertEqual(row.split(), ["demo", "READY", "256MiB", "1"])
 

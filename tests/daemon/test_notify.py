@@ -20,6 +20,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from zope.interface import implementer
 
 from tests.daemon.test_daemon import DEADLINE, twistd
+from tests.daemon.test_daemon_service import recovery_waits_for
 from tests.reactor import reactor
 from vmready.cli.client import Client, DaemonUnreachable
 from vmready.daemon.notify import (
@@ -32,9 +33,7 @@ from vmready.daemon.notify import (
 )
 from vmready.daemon.service import WATCHDOG_TIMER, DaemonConfig, VMReadyService
 from vmready.daemon.tap import Options, makeService
-from vmready.domain.model import InstanceRecord
 from vmready.lifecycle import core as lifecycle_core
-from vmready.lifecycle.recovery import Recovery
 from vmready.store.sqlite import Store
 
 
@@ -216,17 +215,6 @@ class ReconcileProgressTests(SynchronousTestCase):
         )
 
 
-def recovery_waits_for(gate: Deferred[None]) -> type[Recovery]:
-    """A lifecycle's recovery (clearing Ready) that starts only once ``gate`` fires."""
-
-    class GatedRecovery(Recovery):
-        async def prepare(self) -> list[InstanceRecord]:
-            await gate
-            return await super().prepare()
-
-    return GatedRecovery
-
-
 class ServiceNotificationTests(TestCase):
     """VMReadyService in-process: READY only once the API serves, then the reconciliation."""
 
@@ -331,6 +319,16 @@ class DaemonUnderAManagerTests(SynchronousTestCase):
         self.addCleanup(stop)
         return daemon
 
+    def serving(self, **environment: str) -> subprocess.Popen[bytes]:
+        """A daemon started with ``environment``, once its operator API answers."""
+        daemon = self.start(**environment)
+        deadline = time.monotonic() + DEADLINE
+        while not self.answers():
+            self.assertIsNone(daemon.poll())
+            self.assertLess(time.monotonic(), deadline)
+            time.sleep(0.1)
+        return daemon
+
     def answers(self) -> bool:
         """Whether the operator API answers a request now."""
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -383,24 +381,14 @@ class DaemonUnderAManagerTests(SynchronousTestCase):
         self.stop(daemon)
 
     def test_withoutNotifySocketTheDaemonRunsAsEver(self) -> None:
-        daemon = self.start()
-        deadline = time.monotonic() + DEADLINE
-        while not self.answers():
-            self.assertIsNone(daemon.poll())
-            self.assertLess(time.monotonic(), deadline)
-            time.sleep(0.1)
+        daemon = self.serving()
         said = self.stop(daemon)
         self.assertNotIn("notify", said)
         self.assertNotIn("Traceback", said)
 
     def test_aMissingManagerSocketIsOneWarning(self) -> None:
         missing = os.path.join(self.directory, "gone.sock")
-        daemon = self.start(NOTIFY_SOCKET=missing)
-        deadline = time.monotonic() + DEADLINE
-        while not self.answers():
-            self.assertIsNone(daemon.poll())
-            self.assertLess(time.monotonic(), deadline)
-            time.sleep(0.1)
+        daemon = self.serving(NOTIFY_SOCKET=missing)
         said = self.stop(daemon)
         self.assertEqual(said.count("cannot notify the service manager"), 1, said)
         self.assertNotIn("Traceback", said)

@@ -34,6 +34,11 @@ class LxcTestCase(SynchronousTestCase):
         """``lxc launch NAME --empty --vm``: created and started."""
         self.lxc.run("launch", name, "--empty", "--vm")
 
+    def assertListedAfter(self, status: str, *command: str) -> None:
+        """``lxc COMMAND``, after which the daemon lists c1 as ``status``."""
+        self.lxc.run(*command)
+        self.assertEqual(self.system.listed_status("c1"), status)
+
 
 class ListTests(LxcTestCase):
     """``lxc list``: the table, the formats, columns and filters."""
@@ -81,10 +86,8 @@ class PowerTests(LxcTestCase):
 
     def test_stopStartAndForcedStop(self) -> None:
         self.launch("c1")
-        self.lxc.run("stop", "c1")
-        self.assertEqual(self.system.listed_status("c1"), "STOPPED")
-        self.lxc.run("start", "c1")
-        self.assertEqual(self.system.listed_status("c1"), "RUNNING")
+        self.assertListedAfter("STOPPED", "stop", "c1")
+        self.assertListedAfter("RUNNING", "start", "c1")
         self.lxc.run("stop", "c1", "--force")
         self.assertEqual(self.lxc.status("c1"), "STOPPED")
 
@@ -101,8 +104,7 @@ class PowerTests(LxcTestCase):
         self.launch("c1")
         self.lxc.run("pause", "c1")
         self.assertEqual(self.lxc.status("c1"), "FROZEN")
-        self.lxc.run("start", "c1")
-        self.assertEqual(self.system.listed_status("c1"), "RUNNING")
+        self.assertListedAfter("RUNNING", "start", "c1")
 
 
 class InfoTests(LxcTestCase):

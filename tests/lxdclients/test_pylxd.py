@@ -31,6 +31,11 @@ class PylxdTestCase(SynchronousTestCase):
         instance: Instance = self.client.instances.create({**EMPTY_VM, **fields}, wait=True)
         return instance
 
+    def assertSyncedStatus(self, instance: Instance, status: str) -> None:
+        """After ``sync()``, the object shows ``status``."""
+        instance.sync()
+        self.assertEqual(instance.status, status)
+
 
 class InstanceTests(PylxdTestCase):
     """``instances.all/get/exists/create``, config saves, rename, delete."""
@@ -68,11 +73,9 @@ class PowerTests(PylxdTestCase):
         instance = self.create()
         for _ in range(3):
             instance.start(wait=True)
-            instance.sync()
-            self.assertEqual(instance.status, "Running")
+            self.assertSyncedStatus(instance, "Running")
             instance.stop(wait=True)
-            instance.sync()
-            self.assertEqual(instance.status, "Stopped")
+            self.assertSyncedStatus(instance, "Stopped")
         self.assertEqual(self.system.listed_status("c1"), "STOPPED")
 
     def test_restartFreezeUnfreeze(self) -> None:
@@ -80,11 +83,9 @@ class PowerTests(PylxdTestCase):
         instance.start(wait=True)
         instance.restart(wait=True)
         instance.freeze(wait=True)
-        instance.sync()
-        self.assertEqual(instance.status, "Frozen")
+        self.assertSyncedStatus(instance, "Frozen")
         instance.unfreeze(wait=True)
-        instance.sync()
-        self.assertEqual(instance.status, "Running")
+        self.assertSyncedStatus(instance, "Running")
 
 
 class SnapshotTests(PylxdTestCase):

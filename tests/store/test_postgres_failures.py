@@ -212,13 +212,18 @@ class ConnectionParameterTests(TestCase):
         assert isinstance(connection, PostgresConnection)
         return connection
 
-    def test_thePoolsConnectionHasTheDefaults(self) -> None:
-        engine = Store.open(postgres_location(self))
+    def _opened(self, location: str) -> tuple[PostgresConnection, dict[str, str | None]]:
+        """The pool's connection of a store opened at location, and its bounds."""
+        engine = Store.open(location)
         self.addCleanup(engine.close)
         connection = self._connection(engine)
         parameters = connection.info.get_parameters()
+        return connection, {key: parameters.get(key) for key in _BOUNDS}
+
+    def test_thePoolsConnectionHasTheDefaults(self) -> None:
+        connection, bounds = self._opened(postgres_location(self))
         self.assertEqual(
-            {key: parameters.get(key) for key in _BOUNDS},
+            bounds,
             {
                 "connect_timeout": "10",
                 "keepalives": "1",
@@ -238,12 +243,9 @@ class ConnectionParameterTests(TestCase):
             f"{postgres_location(self)}&connect_timeout=3&keepalives_idle=30"
             "&application_name=mine&options=-c%20lock_timeout%3D250ms"
         )
-        engine = Store.open(location)
-        self.addCleanup(engine.close)
-        connection = self._connection(engine)
-        parameters = connection.info.get_parameters()
+        connection, bounds = self._opened(location)
         self.assertEqual(
-            {key: parameters.get(key) for key in _BOUNDS},
+            bounds,
             {
                 "connect_timeout": "3",
                 "keepalives": "1",

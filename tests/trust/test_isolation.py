@@ -56,7 +56,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from OpenSSL import SSL, crypto
 from twisted.internet.address import UNIXAddress
-from twisted.internet.defer import Deferred, gatherResults, maybeDeferred, succeed
+from twisted.internet.defer import Deferred, maybeDeferred, succeed
 from twisted.internet.endpoints import (
     TCP4ClientEndpoint,
     connectProtocol,
@@ -83,7 +83,7 @@ from twisted.web.iweb import IResponse
 from zope.interface import implementer
 
 from tests.envelopes import error_envelope, sync_envelope
-from tests.fixtures import TrackingReactor
+from tests.fixtures import TrackingReactor, stop_lifecycle
 from tests.reactor import reactor
 from tests.received import Received
 from vmready.agentlink.hvsock import HybridVSockClientEndpoint
@@ -380,14 +380,7 @@ class GuestAPIHost(TestCase):
         self.port: IListeningPort | None = None
 
     async def _tear_down_lifecycle(self) -> None:
-        lifecycle = self.lifecycle
-        pending = [op.when_done() for op in lifecycle.operations.list() if not op.done]
-        await gatherResults(pending)
-        vms = [lifecycle.running.vms.pop(name) for name in list(lifecycle.running.vms)]
-        for vm in vms:
-            await vm.force_stop()
-        await deferLater(reactor, 0, lambda: None)
-        self.tracking.cancel_pending()
+        await stop_lifecycle(self.lifecycle, self.tracking)
         await self.store.close()
 
     async def listen(self, clock: Clock | None = None) -> None:
@@ -482,13 +475,12 @@ class GuestAPIHost(TestCase):
         tls: IOpenSSLClientConnectionCreator,
         method: bytes,
         path: bytes,
-        body: bytes | None = None,
-        host: bytes = b"guest",
-        headers: dict[bytes, list[bytes]] | None = None,
+        **options: Any,
     ) -> Reply:
-        """One request on a connection of its own; the whole response once it is closed."""
+        """One request (``options`` as send's) on a connection of its own; the whole
+        response once it is closed."""
         client = await self.connect(tls)
-        response = await self.send(client, method, path, body, host, headers)
+        response = await self.send(client, method, path, **options)
         reply = await self.read(response)
         await client.lost
         return reply
@@ -659,7 +651,7 @@ class IsolationChecks(_ChecksBase):
         for path in PATHS_NAMING_BRAVO:
             for method in (b"GET", b"PATCH"):
                 body = b'{"state": "Ready"}' if method == b"PATCH" else None
-                reply = await self.call(self.agent(self.alpha_pair), method, path, body)
+                reply = await self.call(self.agent(self.alpha_pair), method, path, body=body)
                 self.assertIn(reply.code, (403, 404, 405), path)
                 self.assertEqual(reply.body["metadata"], None, path)
                 self.assertEqual(reply.body["type"], "error", path)
@@ -702,7 +694,12 @@ class IsolationChecks(_ChecksBase):
             for state in (b"Ready", b"Started"):
                 body = b'{"state": "%s", "instance": "bravo", "name": "bravo"}' % state
                 reply = await self.call(
-                    tls, b"PATCH", _with_query(b"/1.0", query), body, host, headers
+                    tls,
+                    b"PATCH",
+                    _with_query(b"/1.0", query),
+                    body=body,
+                    host=host,
+                    headers=headers,
                 )
                 self.assertEqual((reply.code, reply.body), (200, sync_envelope({})))
                 self.assertEqual(
