@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+from collections.abc import Callable
 from typing import Any, cast
 
 from twisted.internet.defer import Deferred
@@ -24,15 +25,16 @@ from vmready.record.replay import replay
 HERE = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "transcripts"
 )
-FIXTURES = [
-    "boot-to-ready.jsonl",
-    "daemon-restart.jsonl",
-    "agent-crash.jsonl",
-    "ring-overflow.jsonl",
-    "bad-input-barrage.jsonl",
-    "guest-poweroff.jsonl",
-    "operator-restart.jsonl",
-]
+# Each recorded session, and what happens in it.
+FIXTURES = {
+    "boot-to-ready.jsonl": "boot to Ready",
+    "daemon-restart.jsonl": "the daemon restarts mid-session",
+    "agent-crash.jsonl": "the agent crashes",
+    "ring-overflow.jsonl": "the ring buffer overflows, lines arriving in fragments",
+    "bad-input-barrage.jsonl": "a barrage of bad input",
+    "guest-poweroff.jsonl": "the guest powers off mid-session",
+    "operator-restart.jsonl": "the operator restarts the instance",
+}
 
 
 def lines_of(name: str) -> list[str]:
@@ -57,44 +59,56 @@ def first_line(lines: list[str], wanted: Any) -> tuple[int, dict[str, Any]]:
     raise AssertionError("no such record")
 
 
-def altered(name: str, change: Any) -> tuple[list[str], int]:
-    """The fixture's lines with the first record ``change`` accepts rewritten; its line."""
+def altered(
+    name: str, wanted: Callable[[dict[str, Any]], object], edit: Callable[[dict[str, Any]], object]
+) -> tuple[list[str], int]:
+    """The fixture's lines with the first record ``wanted`` accepts changed by ``edit``;
+    its line."""
     lines = lines_of(name)
     for index, line in enumerate(lines[1:], start=1):
         record = json.loads(line)
-        if change(record):
+        if wanted(record):
+            edit(record)
             lines[index] = json.dumps(record)
             return lines, index + 1
     raise AssertionError(f"nothing in {name} to alter")
 
 
+def with_stopped_in_a_body() -> tuple[list[str], int]:
+    """boot-to-ready.jsonl with the first guest API answer saying Stopped, not Started."""
+    return altered(
+        "boot-to-ready.jsonl",
+        lambda record: record["kind"] == "guest-response" and not record.get("stream"),
+        lambda record: record.update(body=record["body"].replace('"Started"', '"Stopped"')),
+    )
+
+
+def with_another_connect_port() -> tuple[list[str], int]:
+    """boot-to-ready.jsonl with the host's CONNECT line naming port 4243; that line."""
+    return altered(
+        "boot-to-ready.jsonl",
+        lambda record: record["kind"] == "ring-write",
+        lambda record: record.update(text="CONNECT 2:4243\n"),
+    )
+
+
 class FixtureTests(SynchronousTestCase):
     """Each recorded session replays against a fresh core and matches."""
 
-    def assertMatches(self, name: str) -> None:
-        result = replay(os.path.join(HERE, name))
-        self.assertTrue(result.matched, result.describe())
-
-    def test_bootToReadyMatches(self) -> None:
-        self.assertMatches("boot-to-ready.jsonl")
-
-    def test_daemonRestartMidSessionMatches(self) -> None:
-        self.assertMatches("daemon-restart.jsonl")
-
-    def test_agentCrashMatches(self) -> None:
-        self.assertMatches("agent-crash.jsonl")
-
-    def test_ringBufferOverflowWithFragmentsMatches(self) -> None:
-        self.assertMatches("ring-overflow.jsonl")
-
-    def test_badInputBarrageMatches(self) -> None:
-        self.assertMatches("bad-input-barrage.jsonl")
-
-    def test_guestPowerOffMidSessionMatches(self) -> None:
-        self.assertMatches("guest-poweroff.jsonl")
-
-    def test_operatorRestartMatches(self) -> None:
-        self.assertMatches("operator-restart.jsonl")
+    def test_everyRecordedSessionMatches(self) -> None:
+        results = {name: replay(os.path.join(HERE, name)) for name in FIXTURES}
+        self.assertEqual(
+            {
+                f"{name} ({FIXTURES[name]})": result.describe()
+                for name, result in results.items()
+                if not result.matched
+            },
+            {},
+        )
+        self.assertEqual(
+            sorted(FIXTURES),
+            sorted(n for n in os.listdir(HERE) if n.endswith(".jsonl") and ".agent." not in n),
+        )
 
     def test_theGuestPowerOffIsFedAndTheHostFollows(self) -> None:
         result = replay(os.path.join(HERE, "guest-poweroff.jsonl"))
@@ -145,13 +159,7 @@ class DivergenceTests(SynchronousTestCase):
     """An altered recording shows the first place the host did something else."""
 
     def test_aChangedConnectPortDiverges(self) -> None:
-        def change(record: dict[str, Any]) -> bool:
-            if record["kind"] != "ring-write":
-                return False
-            record["text"] = "CONNECT 2:4243\n"
-            return True
-
-        lines, line = altered("boot-to-ready.jsonl", change)
+        lines, line = with_another_connect_port()
         result = replay(lines)
         assert result.divergence is not None
         self.assertEqual(result.divergence.line, line)
@@ -159,13 +167,11 @@ class DivergenceTests(SynchronousTestCase):
         self.assertRegex(result.divergence.got, r'^ring-write "CONNECT 2:\d+\\n"$')
 
     def test_aChangedHTTPStatusDiverges(self) -> None:
-        def change(record: dict[str, Any]) -> bool:
-            if record["kind"] != "guest-response" or record.get("stream"):
-                return False
-            record["status"] = 500
-            return True
-
-        lines, line = altered("boot-to-ready.jsonl", change)
+        lines, line = altered(
+            "boot-to-ready.jsonl",
+            lambda record: record["kind"] == "guest-response" and not record.get("stream"),
+            lambda record: record.update(status=500),
+        )
         result = replay(lines)
         assert result.divergence is not None
         self.assertEqual(result.divergence.line, line)
@@ -185,13 +191,7 @@ class DivergenceTests(SynchronousTestCase):
         self.assertIn("instance-agent-stopped", result.divergence.got)
 
     def test_theDivergenceIsOneReadableLine(self) -> None:
-        def change(record: dict[str, Any]) -> bool:
-            if record["kind"] != "ring-write":
-                return False
-            record["text"] = "CONNECT 2:4243\n"
-            return True
-
-        lines, line = altered("boot-to-ready.jsonl", change)
+        lines, line = with_another_connect_port()
         result = replay(lines)
         self.assertRegex(
             result.describe(),
@@ -231,13 +231,11 @@ class RecordedInputTests(SynchronousTestCase):
         self.assertIn('"task_state": "rebooting"', result.divergence.expected)
 
     def test_anOperatorActionTheCoreRefusesDiverges(self) -> None:
-        def change(record: dict[str, Any]) -> bool:
-            if record["kind"] != "operator-action":
-                return False
-            record["params"]["timeout"] = -1
-            return True
-
-        lines, line = altered("operator-restart.jsonl", change)
+        lines, line = altered(
+            "operator-restart.jsonl",
+            lambda record: record["kind"] == "operator-action",
+            lambda record: record["params"].update(timeout=-1),
+        )
         result = replay(lines)
         assert result.divergence is not None, result.describe()
         self.assertEqual(result.divergence.line, line)
@@ -264,13 +262,11 @@ class RecordedInputTests(SynchronousTestCase):
     def as_if_the_guest(self, event: str, data: dict[str, Any]) -> str:
         """What the host did instead, had the guest of guest-poweroff.jsonl done ``event``."""
 
-        def change(record: dict[str, Any]) -> bool:
-            if record["kind"] != "qmp-event":
-                return False
-            record.update(event=event, data=data)
-            return True
-
-        lines, _ = altered("guest-poweroff.jsonl", change)
+        lines, _ = altered(
+            "guest-poweroff.jsonl",
+            lambda record: record["kind"] == "qmp-event",
+            lambda record: record.update(event=event, data=data),
+        )
         result = replay(lines)
         assert result.divergence is not None, result.describe()
         return result.divergence.got
@@ -305,6 +301,9 @@ class RecordedInputTests(SynchronousTestCase):
             self.assertIsNone(action(event, {}))
 
 
+TELEPORT = '{"t": 1, "kind": "teleport"}'
+
+
 class MalformedTests(SynchronousTestCase):
     """A transcript that cannot be replayed is refused, naming its line."""
 
@@ -312,50 +311,48 @@ class MalformedTests(SynchronousTestCase):
         error: TranscriptError = self.assertRaises(TranscriptError, replay, lines)
         return error
 
-    def test_notJSONNamesTheLine(self) -> None:
+    def refusal_with(self, index: int, line: str) -> TranscriptError:
+        """The refusal of boot-to-ready.jsonl with its line ``index`` (from 0) replaced."""
         lines = lines_of("boot-to-ready.jsonl")
-        lines[6] = "{oops"
-        error = self.refusal(lines)
+        lines[index] = line
+        return self.refusal(lines)
+
+    def version_refusal(self, version: int) -> str:
+        """What a transcript whose header says format ``version`` is refused with."""
+        header = lines_of("boot-to-ready.jsonl")[0]
+        return str(self.refusal_with(0, header.replace('"version":1', f'"version":{version}')))
+
+    def test_notJSONNamesTheLine(self) -> None:
+        error = self.refusal_with(6, "{oops")
         self.assertEqual(error.line, 7)
         self.assertIn("line 7: not JSON (", str(error))
 
     def test_aNewerVersionIsRefused(self) -> None:
-        lines = lines_of("boot-to-ready.jsonl")
-        lines[0] = lines[0].replace('"version":1', '"version":9')
         self.assertEqual(
-            str(self.refusal(lines)).split(";")[0],
+            self.version_refusal(9).split(";")[0],
             "transcript <lines> line 1: format version 9 is newer than this vmready "
             "understands (1)",
         )
 
     def test_anOlderVersionIsRefusedClearly(self) -> None:
-        lines = lines_of("boot-to-ready.jsonl")
-        lines[0] = lines[0].replace('"version":1', '"version":0')
         self.assertIn(
-            "format version 0 is older than this vmready replays (1)", str(self.refusal(lines))
+            "format version 0 is older than this vmready replays (1)", self.version_refusal(0)
         )
 
     def test_anUnknownKindIsRefused(self) -> None:
-        lines = lines_of("boot-to-ready.jsonl")
-        lines[3] = '{"t": 1, "kind": "teleport"}'
-        self.assertIn("line 4: unknown record kind 'teleport'", str(self.refusal(lines)))
+        error = self.refusal_with(3, TELEPORT)
+        self.assertIn("line 4: unknown record kind 'teleport'", str(error))
 
     def test_anUnknownKindSuggestsANewerVmready(self) -> None:
-        lines = lines_of("boot-to-ready.jsonl")
-        lines[3] = '{"t": 1, "kind": "teleport"}'
-        self.assertIn("a kind added by a newer vmready?", str(self.refusal(lines)))
+        self.assertIn("a kind added by a newer vmready?", str(self.refusal_with(3, TELEPORT)))
 
     def test_anOperatorActionNeedsItsParams(self) -> None:
-        lines = lines_of("boot-to-ready.jsonl")
-        lines[3] = '{"t": 1, "kind": "operator-action", "action": "stop"}'
-        self.assertIn(
-            'line 4: a operator-action record needs "params" (dict)', str(self.refusal(lines))
-        )
+        error = self.refusal_with(3, '{"t": 1, "kind": "operator-action", "action": "stop"}')
+        self.assertIn('line 4: a operator-action record needs "params" (dict)', str(error))
 
     def test_aRecordMissingAFieldIsRefused(self) -> None:
-        lines = lines_of("boot-to-ready.jsonl")
-        lines[2] = '{"t": 1, "kind": "daemon-start"}'
-        self.assertIn('line 3: a daemon-start record needs "port"', str(self.refusal(lines)))
+        error = self.refusal_with(2, '{"t": 1, "kind": "daemon-start"}')
+        self.assertIn('line 3: a daemon-start record needs "port"', str(error))
 
     def test_notATranscriptIsRefused(self) -> None:
         self.assertIn("line 1: not a vmready transcript header", str(self.refusal(['{"a": 1}'])))
@@ -398,13 +395,7 @@ class CommandLineTests(SynchronousTestCase):
         )
 
     def test_aDivergenceExitsOne(self) -> None:
-        def change(record: dict[str, Any]) -> bool:
-            if record["kind"] != "ring-write":
-                return False
-            record["text"] = "CONNECT 2:4243\n"
-            return True
-
-        lines, line = altered("boot-to-ready.jsonl", change)
+        lines, line = with_another_connect_port()
         code, out, _ = self.run_replay(self.write(lines))
         self.assertEqual(code, 1)
         self.assertIn(f"(line {line}): expected ring-write", out)
@@ -494,26 +485,14 @@ class ComparedTests(SynchronousTestCase):
     """What the host answers and does is compared in full, to the end."""
 
     def test_anAlteredResponseBodyDivergesNamingItsLine(self) -> None:
-        def change(record: dict[str, Any]) -> bool:
-            if record["kind"] != "guest-response" or record.get("stream"):
-                return False
-            record["body"] = record["body"].replace('"Started"', '"Stopped"')
-            return True
-
-        lines, line = altered("boot-to-ready.jsonl", change)
+        lines, line = with_stopped_in_a_body()
         result = replay(lines)
         assert result.divergence is not None, result.describe()
         self.assertEqual(result.divergence.line, line)
         self.assertTrue(result.divergence.expected.endswith(" to GET /1.0"))
 
     def test_aLongBodyShowsItsFirstDifferenceOnBothSides(self) -> None:
-        def change(record: dict[str, Any]) -> bool:
-            if record["kind"] != "guest-response" or record.get("stream"):
-                return False
-            record["body"] = record["body"].replace('"Started"', '"Stopped"')
-            return True
-
-        lines, _ = altered("boot-to-ready.jsonl", change)
+        lines, _ = with_stopped_in_a_body()
         divergence = replay(lines).divergence
         assert divergence is not None
         # The bodies only differ past the first 160 characters: a window shows where.
