@@ -48,17 +48,20 @@ FORWARDS_DIRECTORY = "tcp"
 ReportCallback = Callable[[list[str]], None]
 
 
+@attrs.frozen
+class CommandLine:
+    """A forward's command as it is run: the program found, its words, where and with what."""
+
+    executable: str
+    argv: list[str]
+    cwd: str
+    env: Mapping[str, str]
+
+
 class CommandLauncher(Protocol):
     """Starts a forward's command with its standard streams on a connection to ``command_side``."""
 
-    def launch(
-        self,
-        executable: str,
-        argv: list[str],
-        cwd: str,
-        env: Mapping[str, str],
-        command_side: TwistedProtocol,
-    ) -> None:
+    def launch(self, command: CommandLine, command_side: TwistedProtocol) -> None:
         """Start the command; raise OSError if it cannot be executed."""
 
     def connection_ended(self) -> None:
@@ -184,7 +187,8 @@ class ForwardedConnection:
         try:
             if executable is None:
                 raise FileNotFoundError(2, os.strerror(2))
-            commands.launcher.launch(executable, argv, commands.cwd, commands.env, self.command)
+            command = CommandLine(executable, argv, commands.cwd, commands.env)
+            commands.launcher.launch(command, self.command)
         except OSError as e:
             commands.report(
                 [
@@ -253,26 +257,19 @@ class SpawningLauncher:
         self._reactor = reactor
         self._children: list[subprocess.Popen[bytes]] = []
 
-    def launch(
-        self,
-        executable: str,
-        argv: list[str],
-        cwd: str,
-        env: Mapping[str, str],
-        command_side: TwistedProtocol,
-    ) -> None:
-        """Start ``argv``; raise OSError if it cannot be executed; adopt our end."""
+    def launch(self, command: CommandLine, command_side: TwistedProtocol) -> None:
+        """Start ``command``; raise OSError if it cannot be executed; adopt our end."""
         self._reap()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             child = subprocess.Popen(
-                argv,
-                executable=executable,
+                command.argv,
+                executable=command.executable,
                 stdin=theirs.fileno(),
                 stdout=theirs.fileno(),
                 stderr=theirs.fileno(),
-                cwd=cwd,
-                env=dict(env),
+                cwd=command.cwd,
+                env=dict(command.env),
                 start_new_session=True,
             )
         except OSError:

@@ -26,6 +26,14 @@ FileWriter = Callable[[str, bytes], None]
 
 _TYPE_NAMES = {str: "string", int: "integer", bool: "boolean", list: "array", dict: "object"}
 _REQUEST_MEMBERS = ("execute", "arguments", "id")
+# The commands that only act on the machine: each answers {}.
+_ACTIONS: dict[str, Callable[[Machine], None]] = {
+    "cont": Machine.cont,
+    "stop": Machine.stop,
+    "system_powerdown": Machine.system_powerdown,
+    "system_reset": Machine.system_reset,
+    "quit": Machine.quit,
+}
 
 
 class CommandError(Exception):
@@ -200,8 +208,12 @@ class QMPSession:
             # None of the commands fakeqemu emulates is allowed out of band.
             raise CommandError("GenericError", f"The command {command} does not support OOB")
         _check_arguments(schema, arguments)
-        handler = getattr(self, "_cmd_" + command.replace("-", "_"))
+        action = _ACTIONS.get(command)
         try:
+            if action is not None:
+                action(self._machine)
+                return {}
+            handler = getattr(self, "_cmd_" + command.replace("-", "_"))
             return handler(**{k.replace("-", "_"): v for k, v in arguments.items()})
         except MachineError as e:
             raise CommandError("GenericError", str(e)) from None
@@ -232,26 +244,6 @@ class QMPSession:
 
     def _cmd_query_commands(self) -> list[Message]:
         return [{"name": name} for name in COMMAND_SCHEMAS]
-
-    def _cmd_cont(self) -> Message:
-        self._machine.cont()
-        return {}
-
-    def _cmd_stop(self) -> Message:
-        self._machine.stop()
-        return {}
-
-    def _cmd_system_powerdown(self) -> Message:
-        self._machine.system_powerdown()
-        return {}
-
-    def _cmd_system_reset(self) -> Message:
-        self._machine.system_reset()
-        return {}
-
-    def _cmd_quit(self) -> Message:
-        self._machine.quit()
-        return {}
 
     def _cmd_query_chardev(self) -> list[Message]:
         return self._machine.wiring.query_chardev()

@@ -40,7 +40,7 @@ from fakeqemu._guest import (
     GuestPortProtocol,
     HostChardevProtocol,
 )
-from fakeqemu._guestfwd import ForwardCommands, ForwardedConnection
+from fakeqemu._guestfwd import CommandLine, ForwardCommands, ForwardedConnection
 from fakeqemu._machine import Machine
 from fakeqemu._qmp import QMPServerFactory
 
@@ -91,17 +91,14 @@ class _InMemoryLauncher:
     def __init__(self, vm: InMemoryVM) -> None:
         self._vm = vm
 
-    def launch(
-        self,
-        executable: str,
-        argv: list[str],
-        cwd: str,
-        env: Mapping[str, str],
-        command_side: Protocol,
-    ) -> None:
+    def launch(self, command: CommandLine, command_side: Protocol) -> None:
         process = FakeGuest()
         self._vm._connect(command_side, process)
-        self._vm.commands.append(ForwardedCommand(executable, argv, cwd, dict(env), process))
+        self._vm.commands.append(
+            ForwardedCommand(
+                command.executable, command.argv, command.cwd, dict(command.env), process
+            )
+        )
 
     def connection_ended(self) -> None:
         """No process to collect."""
