@@ -181,27 +181,21 @@ class GuestConsoleProtocol(_AttachedEnd):
             self._machine.wiring.console_wrote(data)
 
 
-class GuestConsoleFactory(Factory):
-    """Builds the protocol for the console socket."""
+class EachConnection(Factory):
+    """A guest or host socket's factory: ``make`` builds each connection's protocol."""
 
-    def __init__(self, machine: Machine) -> None:
-        self._machine = machine
+    def __init__(self, make: Callable[[], Protocol]) -> None:
+        self._make = make
 
-    def buildProtocol(self, addr: object) -> GuestConsoleProtocol:
-        return GuestConsoleProtocol(self._machine)
+    def buildProtocol(self, addr: object) -> Protocol:
+        return self._make()
 
 
-class GuestPortFactory(Factory):
-    """Builds the protocol for one port's socket."""
-
-    def __init__(self, machine: Machine, port: SerialPort) -> None:
-        self._machine = machine
-        self._port = port
-        # Openers waiting for the holder's close to be read (see GuestPortProtocol).
-        self._waiting: list[GuestPortProtocol] = []
-
-    def buildProtocol(self, addr: object) -> GuestPortProtocol:
-        return GuestPortProtocol(self._machine, self._port, self._waiting)
+def guest_port_factory(machine: Machine, port: SerialPort) -> EachConnection:
+    """What serves one port's socket: its openers share one list of those waiting for the
+    holder's close to be read (see GuestPortProtocol)."""
+    waiting: list[GuestPortProtocol] = []
+    return EachConnection(lambda: GuestPortProtocol(machine, port, waiting))
 
 
 class HostChardevProtocol(_AttachedEnd):
@@ -216,24 +210,3 @@ class HostChardevProtocol(_AttachedEnd):
 
     def dataReceived(self, data: bytes) -> None:
         self._machine.wiring.host_wrote(self._chardev_id, self, data)
-
-
-class HostChardevFactory(Factory):
-    """Builds the protocol for one socket chardev's listening socket."""
-
-    def __init__(self, machine: Machine, chardev_id: str) -> None:
-        self._machine = machine
-        self._chardev_id = chardev_id
-
-    def buildProtocol(self, addr: object) -> HostChardevProtocol:
-        return HostChardevProtocol(self._machine, self._chardev_id)
-
-
-class GuestControlFactory(Factory):
-    """Builds the protocol for the control socket."""
-
-    def __init__(self, machine: Machine) -> None:
-        self._machine = machine
-
-    def buildProtocol(self, addr: object) -> GuestControlProtocol:
-        return GuestControlProtocol(self._machine)

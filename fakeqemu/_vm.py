@@ -21,10 +21,11 @@ from fakeqemu._guest import (
     CONTROL_SOCKET,
     PORTS_DIRECTORY,
     SHARES_DIRECTORY,
-    GuestConsoleFactory,
-    GuestControlFactory,
-    GuestPortFactory,
-    HostChardevFactory,
+    EachConnection,
+    GuestConsoleProtocol,
+    GuestControlProtocol,
+    HostChardevProtocol,
+    guest_port_factory,
 )
 from fakeqemu._guestfwd import (
     FORWARDS_DIRECTORY,
@@ -178,7 +179,7 @@ class RunningVM:
         for spec in self.config.socket_chardevs:
             self._listen_unix(
                 self.config.host_path(spec.path),
-                HostChardevFactory(self.machine, spec.id),
+                EachConnection(partial(HostChardevProtocol, self.machine, spec.id)),
                 f"-chardev socket,id={spec.id},path={spec.path},server=on,wait=off",
                 spec.path,
             )
@@ -198,8 +199,7 @@ class RunningVM:
         paths = self.guest_socket_paths()
         if not paths:
             return
-        assert self.guest_dir is not None
-        os.makedirs(os.path.join(self.guest_dir, PORTS_DIRECTORY), exist_ok=True)
+        self._make_guest_directory(PORTS_DIRECTORY)
         for path in paths.values():
             if len(os.fsencode(path)) > _MAX_UNIX_PATH:
                 raise StartError(
@@ -209,47 +209,44 @@ class RunningVM:
                     ]
                 )
         for port in self.machine.wiring.ports:
-            path = paths[port.guest_name]
-            _remove_stale_socket(path)
-            factory = GuestPortFactory(self.machine, port)
-            self._listening.append(self.reactor.listenUNIX(path, factory, mode=0o600))
-        control = paths[CONTROL_SOCKET]
-        _remove_stale_socket(control)
-        self._listening.append(
-            self.reactor.listenUNIX(control, GuestControlFactory(self.machine), mode=0o600)
-        )
+            self._listen_for_guest(paths[port.guest_name], guest_port_factory(self.machine, port))
+        control = EachConnection(partial(GuestControlProtocol, self.machine))
+        self._listen_for_guest(paths[CONTROL_SOCKET], control)
         if CONSOLE_SOCKET in paths:
-            console = paths[CONSOLE_SOCKET]
-            _remove_stale_socket(console)
-            self._listening.append(
-                self.reactor.listenUNIX(console, GuestConsoleFactory(self.machine), mode=0o600)
-            )
+            console = EachConnection(partial(GuestConsoleProtocol, self.machine))
+            self._listen_for_guest(paths[CONSOLE_SOCKET], console)
         self._listen_forwards(paths)
         self._link_shares()
 
+    def _make_guest_directory(self, name: str) -> None:
+        """``<guest dir>/<name>``, made if need be."""
+        assert self.guest_dir is not None
+        os.makedirs(os.path.join(self.guest_dir, name), exist_ok=True)
+
+    def _listen_for_guest(self, path: str, factory: IProtocolFactory) -> None:
+        """A guest-side socket at ``path``, for the guest's user only, in place of a stale one."""
+        _remove_stale_socket(path)
+        self._listening.append(self.reactor.listenUNIX(path, factory, mode=0o600))
+
     def _listen_forwards(self, paths: dict[str, str]) -> None:
         """One socket per guestfwd rule; the last rule for an address wins, as in libslirp."""
-        assert self.guest_dir is not None
         forwards = {forward.socket_name: forward for forward in self.config.guest_forwards}
         if not forwards:
             return
-        os.makedirs(os.path.join(self.guest_dir, FORWARDS_DIRECTORY), exist_ok=True)
+        self._make_guest_directory(FORWARDS_DIRECTORY)
         # QEMU chdirs to / once daemonized; the commands it spawns start there.
         cwd = "/" if self.config.daemonize else self.config.cwd
         commands = ForwardCommands(self._launcher, cwd, self._environ, self._report)
         for name, forward in forwards.items():
-            path = paths[f"{FORWARDS_DIRECTORY}/{name}"]
-            _remove_stale_socket(path)
             factory = ForwardFactory(partial(ForwardedConnection, self.machine, forward, commands))
-            self._listening.append(self.reactor.listenUNIX(path, factory, mode=0o600))
+            self._listen_for_guest(paths[f"{FORWARDS_DIRECTORY}/{name}"], factory)
 
     def _link_shares(self) -> None:
         """``9p/<tag>``: a symlink to each export, the fake guest's view of the mount."""
         links = self.share_paths()
         if not links:
             return
-        assert self.guest_dir is not None
-        os.makedirs(os.path.join(self.guest_dir, SHARES_DIRECTORY), exist_ok=True)
+        self._make_guest_directory(SHARES_DIRECTORY)
         for share in self.config.shares:
             link = links[share.mount_tag]
             with contextlib.suppress(FileNotFoundError):
