@@ -45,6 +45,16 @@ class _MembersTestCase(SynchronousTestCase):
         os.makedirs(directory)
         return os.path.join(directory, "vmready.sqlite")
 
+    def assertOnlyMember(
+        self, address: str, fingerprint: str, joined_at: float, lease_expires: float
+    ) -> None:
+        """The store holds one member, with that address, certificate, join time and lease."""
+        (member,) = self.store.members.list_members().members
+        self.assertEqual(
+            (member.address, member.fingerprint, member.joined_at, member.lease_expires),
+            (address, fingerprint, joined_at, lease_expires),
+        )
+
 
 class OnPostgreSQL(_MembersTestCase):
     def new_location(self) -> str:
@@ -73,11 +83,7 @@ class MemberStoreTests(_MembersTestCase):
         self.clock.advance(10)
         expires = self.store.members.renew_held_lease("host1", "10.0.0.9:8443", "aa" * 32, 15.0)
         self.assertEqual(expires, 1025.0)
-        (member,) = self.store.members.list_members().members
-        self.assertEqual(
-            (member.address, member.fingerprint, member.joined_at, member.lease_expires),
-            ("10.0.0.9:8443", "aa" * 32, 1000.0, 1025.0),
-        )
+        self.assertOnlyMember("10.0.0.9:8443", "aa" * 32, 1000.0, 1025.0)
 
     def test_anotherDaemonIsRefusedUntilTheLeaseRunsOutThenTakesTheNameOver(self) -> None:
         self.store.members.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
@@ -94,11 +100,7 @@ class MemberStoreTests(_MembersTestCase):
         self.assertEqual(
             self.store.members.renew_lease("host1", "10.0.0.2:8443", "bb" * 32, 15.0), 1030.0
         )
-        (member,) = self.store.members.list_members().members
-        self.assertEqual(
-            (member.address, member.fingerprint, member.joined_at, member.lease_expires),
-            ("10.0.0.2:8443", "bb" * 32, 1015.0, 1030.0),
-        )
+        self.assertOnlyMember("10.0.0.2:8443", "bb" * 32, 1015.0, 1030.0)
 
     def test_aLeaseThatRanOutIsRenewedByItsDaemonIfNobodyTookItOver(self) -> None:
         # The store was out of reach for longer than the lease: once back, it renews.
@@ -127,11 +129,7 @@ class MembersTests(_MembersTestCase):
         self.store.members.renew_lease("host1", "10.0.0.1:8443", "aa" * 32, 15.0)
         (joined,) = self.store.members.list_members().members
         expires = self.store.members.renew_held_lease("host1", "10.0.0.9:8443", "aa" * 32, 30.0)
-        (member,) = self.store.members.list_members().members
-        self.assertEqual(
-            (member.address, member.fingerprint, member.joined_at, member.lease_expires),
-            ("10.0.0.9:8443", "aa" * 32, joined.joined_at, expires),
-        )
+        self.assertOnlyMember("10.0.0.9:8443", "aa" * 32, joined.joined_at, expires)
         self.assertGreaterEqual(expires, joined.lease_expires)
 
     def test_theSameDaemonJoinsAgainWhileItsLeaseRuns(self) -> None:
