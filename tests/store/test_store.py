@@ -116,9 +116,24 @@ def _insert_old_instance(path: str, name: str) -> None:
         )
 
 
+def _store_at_version(path: str, version: int) -> None:
+    """A store at ``path`` as vmready left it at schema ``version``, closed."""
+
+    class Older(Store):
+        SCHEMA_VERSION = version
+        MIGRATIONS: ClassVar[list[tuple[int, str]]] = MIGRATIONS[:version]
+
+    Older.open(path).close()
+
+
 def _read(path: str) -> bytes:
     with open(path, "rb") as f:
         return f.read()
+
+
+def claim(store: Store, name: str, action: str, task: TaskState) -> InstanceRecord:
+    """``store`` claims ``name`` for ``action`` from the states the action starts from."""
+    return store.instances.claim_task(name, action, ACTIONS[action].allowed_from, task)
 
 
 class _StoreTestCase(SynchronousTestCase):
@@ -152,6 +167,13 @@ class _StoreTestCase(SynchronousTestCase):
         """Create name and finish its build, leaving it active with no task."""
         store.instances.create_instance(name, config or {}, {})
         store.instances.finish_task(name, TaskState.SPAWNING, VMState.ACTIVE, PowerState.RUNNING)
+
+    def claimed(self, name: str, action: str, task: TaskState) -> Store:
+        """A store whose active instance ``name`` is claimed for ``action``."""
+        store = self.open()
+        self.active(store, name)
+        claim(store, name, action, task)
+        return store
 
 
 class OnPostgreSQL(_StoreTestCase):
@@ -356,12 +378,7 @@ class SchemaTests(_StoreTestCase):
         self.assertEqual(store.instances.list_instances(), [])
 
     def test_versionOneStoreGainsAgentCertificatesAndKeepsItsInstances(self) -> None:
-        class VersionOne(Store):
-            SCHEMA_VERSION = 1
-            MIGRATIONS: ClassVar[list[tuple[int, str]]] = MIGRATIONS[:1]
-
-        old = VersionOne.open(self.path)
-        old.close()
+        _store_at_version(self.path, 1)
         _insert_old_instance(self.path, "web")
         store = self.open()
         self.assertEqual(store.schema_version, Store.SCHEMA_VERSION)
@@ -373,12 +390,7 @@ class SchemaTests(_StoreTestCase):
 
     def test_version2HistoriesAreKeptByUuidWhereTheyCanBe(self) -> None:
         """Migrated actions belong to the instance of their name only if it existed then."""
-
-        class VersionTwo(Store):
-            SCHEMA_VERSION = 2
-            MIGRATIONS: ClassVar[list[tuple[int, str]]] = MIGRATIONS[:2]
-
-        VersionTwo.open(self.path).close()
+        _store_at_version(self.path, 2)
         with _raw(self.path) as raw:
             # An action of an earlier "web" (t=5), then today's web (created at t=10) and its own.
             raw.execute(
@@ -398,12 +410,7 @@ class SchemaTests(_StoreTestCase):
         self.assertEqual(orphan, (None,))
 
     def test_versionThreeStoreGainsTheTrustTablesAndKeepsItsData(self) -> None:
-        class VersionThree(Store):
-            SCHEMA_VERSION = 3
-            MIGRATIONS: ClassVar[list[tuple[int, str]]] = MIGRATIONS[:3]
-
-        old = VersionThree.open(self.path)
-        old.close()
+        _store_at_version(self.path, 3)
         _insert_old_instance(self.path, "web")
         with _raw(self.path) as raw:
             raw.execute("INSERT INTO agent_certificates VALUES ('web', ?, 1.0)", ("ee" * 32,))
@@ -524,9 +531,7 @@ class TaskTests(_StoreTestCase):
         store = self.open()
         self.active(store, "web")
         self.clock.advance(5)
-        record = store.instances.claim_task(
-            "web", "rebuild", ACTIONS["rebuild"].allowed_from, TaskState.REBUILDING
-        )
+        record = claim(store, "web", "rebuild", TaskState.REBUILDING)
         self.assertEqual(
             (record.vm_state, record.task_state), (VMState.ACTIVE, TaskState.REBUILDING)
         )
@@ -534,19 +539,8 @@ class TaskTests(_StoreTestCase):
         self.assertEqual(store.instances.get_instance("web"), record)
 
     def test_secondClaimLosesWithTheTaskStateConflict(self) -> None:
-        store = self.open()
-        self.active(store, "x")
-        store.instances.claim_task(
-            "x", "rebuild", ACTIONS["rebuild"].allowed_from, TaskState.REBUILDING
-        )
-        error = self.assertRaises(
-            Conflict,
-            store.instances.claim_task,
-            "x",
-            "resize",
-            ACTIONS["resize"].allowed_from,
-            TaskState.RESIZE_QUEUED,
-        )
+        store = self.claimed("x", "rebuild", TaskState.REBUILDING)
+        error = self.assertRaises(Conflict, claim, store, "x", "resize", TaskState.RESIZE_QUEUED)
         self.assertEqual(
             (error.message, error.http_status),
             ("Cannot resize instance x: it is rebuilding (a rebuild is in progress)", 409),
@@ -557,17 +551,8 @@ class TaskTests(_StoreTestCase):
         first = self.open()
         second = self.open()
         self.active(first, "x")
-        second.instances.claim_task(
-            "x", "rebuild", ACTIONS["rebuild"].allowed_from, TaskState.REBUILDING
-        )
-        error = self.assertRaises(
-            Conflict,
-            first.instances.claim_task,
-            "x",
-            "resize",
-            ACTIONS["resize"].allowed_from,
-            TaskState.RESIZE_QUEUED,
-        )
+        claim(second, "x", "rebuild", TaskState.REBUILDING)
+        error = self.assertRaises(Conflict, claim, first, "x", "resize", TaskState.RESIZE_QUEUED)
         self.assertEqual(
             error.message, "Cannot resize instance x: it is rebuilding (a rebuild is in progress)"
         )
@@ -596,9 +581,7 @@ class TaskTests(_StoreTestCase):
                 return
             try:
                 start.wait(timeout=60)
-                outcomes[index] = store.instances.claim_task(
-                    "x", action, ACTIONS[action].allowed_from, task
-                )
+                outcomes[index] = claim(store, "x", action, task)
             except BaseException as error:
                 outcomes[index] = error
             finally:
@@ -631,22 +614,11 @@ class TaskTests(_StoreTestCase):
         )
 
     def test_claimFromTheWrongVMStateGivesTheVMStateConflict(self) -> None:
-        store = self.open()
-        self.active(store, "x")
-        store.instances.claim_task(
-            "x", "stop", ACTIONS["stop"].allowed_from, TaskState.POWERING_OFF
-        )
+        store = self.claimed("x", "stop", TaskState.POWERING_OFF)
         store.instances.finish_task(
             "x", TaskState.POWERING_OFF, VMState.STOPPED, PowerState.SHUTDOWN
         )
-        error = self.assertRaises(
-            Conflict,
-            store.instances.claim_task,
-            "x",
-            "restart",
-            ACTIONS["restart"].allowed_from,
-            TaskState.REBOOTING,
-        )
+        error = self.assertRaises(Conflict, claim, store, "x", "restart", TaskState.REBOOTING)
         self.assertEqual(error.message, "Cannot restart instance x: it is stopped")
         self.assertIsNone(store.instances.get_instance("x").task_state)
 
@@ -663,21 +635,13 @@ class TaskTests(_StoreTestCase):
         self.assertEqual(error.message, "Instance ghost not found")
 
     def test_advanceMovesToTheNextTask(self) -> None:
-        store = self.open()
-        self.active(store, "x")
-        store.instances.claim_task(
-            "x", "resize", ACTIONS["resize"].allowed_from, TaskState.RESIZE_QUEUED
-        )
+        store = self.claimed("x", "resize", TaskState.RESIZE_QUEUED)
         self.clock.advance(1)
         record = store.instances.advance_task("x", TaskState.RESIZE_QUEUED, TaskState.RESIZE_PREP)
         self.assertEqual((record.task_state, record.updated_at), (TaskState.RESIZE_PREP, 1001.0))
 
     def test_advanceFromAStaleTaskIsAConflictAndChangesNothing(self) -> None:
-        store = self.open()
-        self.active(store, "x")
-        store.instances.claim_task(
-            "x", "resize", ACTIONS["resize"].allowed_from, TaskState.RESIZE_QUEUED
-        )
+        store = self.claimed("x", "resize", TaskState.RESIZE_QUEUED)
         store.instances.advance_task("x", TaskState.RESIZE_QUEUED, TaskState.RESIZE_PREP)
         error = self.assertRaises(
             Conflict,
@@ -712,11 +676,7 @@ class TaskTests(_StoreTestCase):
         self.assertEqual(store.instances.get_instance("x"), record)
 
     def test_finishWithoutPowerStateKeepsIt(self) -> None:
-        store = self.open()
-        self.active(store, "x")
-        store.instances.claim_task(
-            "x", "freeze", ACTIONS["freeze"].allowed_from, TaskState.PAUSING
-        )
+        store = self.claimed("x", "freeze", TaskState.PAUSING)
         record = store.instances.finish_task("x", TaskState.PAUSING, VMState.PAUSED)
         self.assertEqual(record.power_state, PowerState.RUNNING)
 
@@ -767,9 +727,7 @@ class TaskTests(_StoreTestCase):
         store = self.open()
         self.active(store, "x")
         store.instances.set_error("x", "boom")
-        store.instances.claim_task(
-            "x", "rebuild", ACTIONS["rebuild"].allowed_from, TaskState.REBUILDING
-        )
+        claim(store, "x", "rebuild", TaskState.REBUILDING)
         self.assertEqual(store.instances.get_instance("x").error, "boom")
         record = store.instances.finish_task(
             "x", TaskState.REBUILDING, VMState.ACTIVE, PowerState.RUNNING
@@ -780,9 +738,7 @@ class TaskTests(_StoreTestCase):
         store = self.open()
         self.active(store, "x")
         store.instances.set_error("x", "boom")
-        store.instances.claim_task(
-            "x", "rebuild", ACTIONS["rebuild"].allowed_from, TaskState.REBUILDING
-        )
+        claim(store, "x", "rebuild", TaskState.REBUILDING)
         record = store.instances.finish_task("x", TaskState.REBUILDING, VMState.ERROR)
         self.assertEqual((record.vm_state, record.error), (VMState.ERROR, "boom"))
 
