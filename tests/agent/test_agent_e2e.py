@@ -17,12 +17,9 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import treq
-from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import UNIXClientEndpoint
 from twisted.internet.interfaces import IPushProducer
-from twisted.internet.protocol import Protocol
 from twisted.internet.task import deferLater
-from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.iweb import IAgent, IAgentEndpointFactory
@@ -31,6 +28,7 @@ from zope.interface import implementer
 from tests.agentfakes import FakeGuestHost, agent_ports
 from tests.asynciotesting import AgentThread
 from tests.reactor import reactor
+from tests.received import Received
 from vmready.agent.config import AgentConfig, Transport
 from vmready.agent.memory import ReadyMemory
 from vmready.agent.service import Agent as GuestAgent
@@ -62,18 +60,8 @@ class _OneEndpoint:
         return self.endpoint
 
 
-class LineCollector(Protocol):
+class LineCollector(Received):
     """A guest program reading an event stream."""
-
-    def __init__(self) -> None:
-        self.data = b""
-        self.ended: Deferred[None] = Deferred()
-
-    def dataReceived(self, data: bytes) -> None:
-        self.data += data
-
-    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # noqa: B008
-        self.ended.callback(None)
 
     def close(self) -> None:
         cast(IPushProducer, self.transport).stopProducing()
@@ -204,7 +192,8 @@ class AgentEndToEndTests(TestCase):
         self.assertEqual(host.patches, ["Ready"])
         self.assertTrue(ReadyMemory(self.state_dir).is_ready())
 
-    async def test_hostStoppingMakesTheAgentSayStarted(self) -> None:
+    async def host_stopped(self) -> None:
+        """A connected agent's host stops; once the agent says STARTED again."""
         host = await self.start_host()
         self.start_agent()
         await self.connected(host)
@@ -212,13 +201,11 @@ class AgentEndToEndTests(TestCase):
         await host.stop()
         await started
 
+    async def test_hostStoppingMakesTheAgentSayStarted(self) -> None:
+        await self.host_stopped()
+
     async def test_guestRequestAfterTheHostStoppedIs503(self) -> None:
-        host = await self.start_host()
-        self.start_agent()
-        await self.connected(host)
-        started = self.peer.wait_for(b"STARTED")
-        await host.stop()
-        await started
+        await self.host_stopped()
         code, body = await self.guest("GET", "/1.0")
         self.assertEqual(code, 503)
         self.assertTrue(
@@ -269,10 +256,10 @@ class AgentEndToEndTests(TestCase):
         response.deliverBody(reader)
         await eventually(lambda: host.event_streams == 2)  # the link watch and the guest's
         host.send_event({"type": "config", "metadata": {"key": "user.foo"}})
-        await eventually(lambda: reader.data.endswith(b"\n"))
-        self.assertEqual(reader.data, b'{"type": "config", "metadata": {"key": "user.foo"}}\n')
+        await eventually(lambda: reader.received.endswith(b"\n"))
+        self.assertEqual(reader.received, b'{"type": "config", "metadata": {"key": "user.foo"}}\n')
         reader.close()
-        await reader.ended
+        await reader.closed
 
     async def test_guestLeavingTheEventStreamClosesTheHostStream(self) -> None:
         host = await self.start_host()
@@ -285,8 +272,8 @@ class AgentEndToEndTests(TestCase):
         reader.close()
         await eventually(lambda: host.event_streams == 1)
 
-    async def test_unpinnedHostCertificateIsNeverConnected(self) -> None:
-        host = await self.start_host(server=IMPOSTOR)
+    async def never_connected(self, host: FakeGuestHost) -> bytes:
+        """An agent told to CONNECT to ``host`` stays STARTED; the 503 body it answers."""
         self.start_agent()
         await self.peer.wait_for(b"STARTED", since=0)
         started = self.peer.wait_for(b"STARTED")
@@ -295,20 +282,18 @@ class AgentEndToEndTests(TestCase):
         self.assertNotIn(b"CONNECTED", self.peer.lines)
         code, body = await self.guest("GET", "/1.0")
         self.assertEqual(code, 503)
+        return body
+
+    async def test_unpinnedHostCertificateIsNeverConnected(self) -> None:
+        host = await self.start_host(server=IMPOSTOR)
+        body = await self.never_connected(host)
         self.assertIn(
             b"TLS handshake failed (certificate verify failed: self-signed certificate)", body
         )
 
     async def test_hostThatDoesNotKnowTheAgentIsNeverConnected(self) -> None:
         host = await self.start_host(client=STRANGER)
-        self.start_agent()
-        await self.peer.wait_for(b"STARTED", since=0)
-        started = self.peer.wait_for(b"STARTED")
-        self.connect_port.send(host.connect_line)
-        await started
-        self.assertNotIn(b"CONNECTED", self.peer.lines)
-        code, body = await self.guest("GET", "/1.0")
-        self.assertEqual(code, 503)
+        body = await self.never_connected(host)
         self.assertIn(b"TLS handshake failed (tlsv1 alert unknown ca)", body)
 
     async def test_serialResetReopensThePortAndSaysConnected(self) -> None:

@@ -20,7 +20,7 @@ from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from tests.agentfakes import FakeGuestHost, agent_ports
+from tests.agentfakes import FakeGuestHost, FakeSerialPeer, agent_ports
 from tests.asynciotesting import run_virtual
 from tests.reactor import reactor
 from tests.system import unix_http
@@ -63,32 +63,44 @@ class Notifications(DatagramProtocol):
             self.first.callback(datagram)
 
 
+def demo_guest(
+    case: TestCase, base: str, relative: bool
+) -> tuple[str, str, FakeSerialPeer, FakeSerialPeer, FakeGuestHost]:
+    """Instance demo's config drive under ``base``, and a fake host it trusts, stopped at
+    cleanup: the drive, the devlxd socket path, the far ends of its status and connect
+    ports, the host.  ``relative``: agent.json names the ports and state directory
+    relative to the drive, as a guest running the agent from its drive sees them."""
+    drive = os.path.join(base, "drive")
+    socket = os.path.join(base, "lxd", "sock")
+    host_path = os.path.join(base, "g.sock")
+    ports = os.path.join(drive if relative else base, "vp")
+    write_config_drive(drive, CLIENT, SERVER.cert_pem)
+    with open(os.path.join(drive, "agent.json"), "w") as f:
+        json.dump(
+            {
+                "instance": "demo",
+                "virtio_ports": "vp" if relative else ports,
+                "transport": f"hvsock:{host_path}",
+                "devlxd_socket": socket,
+                "state_dir": "run" if relative else os.path.join(base, "run"),
+            },
+            f,
+        )
+    peer, connect_port = agent_ports(reactor, ports, case.addCleanup)
+    host = FakeGuestHost(reactor, SERVER, CLIENT.cert_pem, host_path)
+    case.addCleanup(host.stop)
+    return drive, socket, peer, connect_port, host
+
+
 class AgentProcessTests(TestCase):
     """vmready-agent run as a child process against a fake host and serial peer."""
 
     def setUp(self) -> None:
         self.base = tempfile.mkdtemp(prefix="vra-")
         self.addCleanup(shutil.rmtree, self.base, True)
-        self.drive = os.path.join(self.base, "drive")
-        self.socket = os.path.join(self.base, "lxd", "sock")
-        host_path = os.path.join(self.base, "g.sock")
-        write_config_drive(self.drive, CLIENT, SERVER.cert_pem)
-        with open(os.path.join(self.drive, "agent.json"), "w") as f:
-            json.dump(
-                {
-                    "instance": "demo",
-                    "virtio_ports": os.path.join(self.base, "vp"),
-                    "transport": f"hvsock:{host_path}",
-                    "devlxd_socket": self.socket,
-                    "state_dir": os.path.join(self.base, "run"),
-                },
-                f,
-            )
-        self.peer, self.connect_port = agent_ports(
-            reactor, os.path.join(self.base, "vp"), self.addCleanup
+        self.drive, self.socket, self.peer, self.connect_port, self.host = demo_guest(
+            self, self.base, relative=False
         )
-        self.host = FakeGuestHost(reactor, SERVER, CLIENT.cert_pem, host_path)
-        self.addCleanup(self.host.stop)
 
     def spawn(self, *args: str, env: dict[str, str] | None = None) -> Process:
         process = Process()

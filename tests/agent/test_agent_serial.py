@@ -534,31 +534,28 @@ class UnixSocketPortTests(SynchronousTestCase):
 
         self.assertEqual(run_in_loop(self, scenario), ["closed by the other end"])
 
-    def test_missingSocketIsAnOpenError(self) -> None:
+    def open_error(self, path: str) -> str:
+        """Why ``open_serial(path)`` refused (the SerialOpenError's message), or "opened"."""
+
         async def scenario() -> str:
             try:
-                await open_serial(self.path, lambda data: None, lambda reason: None)
+                await open_serial(path, lambda data: None, lambda reason: None)
             except SerialOpenError as e:
                 return str(e)
             return "opened"
 
+        return run_in_loop(self, scenario)
+
+    def test_missingSocketIsAnOpenError(self) -> None:
         self.assertEqual(
-            run_in_loop(self, scenario), f"cannot open {self.path}: No such file or directory"
+            self.open_error(self.path), f"cannot open {self.path}: No such file or directory"
         )
 
     def test_aPlainFileIsRefused(self) -> None:
         plain = os.path.join(self.base, "file")
         open(plain, "w").close()
-
-        async def scenario() -> str:
-            try:
-                await open_serial(plain, lambda data: None, lambda reason: None)
-            except SerialOpenError as e:
-                return str(e)
-            return "opened"
-
         self.assertEqual(
-            run_in_loop(self, scenario), f"{plain} is neither a character device nor a unix socket"
+            self.open_error(plain), f"{plain} is neither a character device nor a unix socket"
         )
 
     def test_keeperReopensAPortTheVMReset(self) -> None:
@@ -612,15 +609,23 @@ class CharacterDevicePortTests(SynchronousTestCase):
             got += os.read(self.master, 1024)
         return got
 
-    def test_writesReachTheDevice(self) -> None:
+    def device_reads(self, sent_first: bytes = b"") -> bytes:
+        """What the device's far end reads of the agent's STARTED line, written after the
+        far end sent ``sent_first``."""
+
         async def scenario() -> bytes:
             channel = await open_serial(self.path, lambda data: None, lambda reason: None)
+            if sent_first:
+                os.write(self.master, sent_first)
             channel.write(b"STARTED\n")
             got = await self.read_master(8)
             channel.close()
             return got
 
-        self.assertEqual(run_in_loop(self, scenario), b"STARTED\n")
+        return run_in_loop(self, scenario)
+
+    def test_writesReachTheDevice(self) -> None:
+        self.assertEqual(self.device_reads(), b"STARTED\n")
 
     def test_deviceBytesReachTheAgent(self) -> None:
         async def scenario() -> bytes:
@@ -641,16 +646,8 @@ class CharacterDevicePortTests(SynchronousTestCase):
         self.assertEqual(run_in_loop(self, scenario), b"CONNECT 2:1234\n")
 
     def test_deviceIsInRawModeWithoutEcho(self) -> None:
-        async def scenario() -> bytes:
-            channel = await open_serial(self.path, lambda data: None, lambda reason: None)
-            os.write(self.master, b"CONNECT 2:1234\n")
-            channel.write(b"STARTED\n")
-            got = await self.read_master(8)
-            channel.close()
-            return got
-
         # Without raw mode the line discipline would echo the CONNECT back first.
-        self.assertEqual(run_in_loop(self, scenario), b"STARTED\n")
+        self.assertEqual(self.device_reads(b"CONNECT 2:1234\n"), b"STARTED\n")
 
     def test_closeReportsClosedByTheAgent(self) -> None:
         async def scenario() -> list[str]:

@@ -112,6 +112,22 @@ class InProcessHostTestCase(HostTestCase):
         """What serves the control socket."""
         return HostControlFactory(self.host)
 
+    async def wait_for_migration(self, monitor: Any) -> None:
+        """Poll query-migrate until the migration completed."""
+        deadline = reactor.seconds() + DEADLINE
+        while (await monitor.execute("query-migrate")).get("status") != "completed":
+            if reactor.seconds() > deadline:
+                raise AssertionError("migration never completed")
+            await pause()
+
+    async def save_state(self, state: str) -> None:
+        """A hosted VM with the agent's devices saves its state to the file ``state``."""
+        source = self.path("source.qmp")
+        await self.launch([*agent_devices(), *qmp_option(source)])
+        monitor = await self.monitor(source)
+        await monitor.execute("migrate", {"uri": f"exec:cat > {state}"})
+        await self.wait_for_migration(monitor)
+
     def _stop_host(self, port: IListeningPort) -> Deferred[None] | None:
         for hosted in list(self.host.vms.values()):
             hosted.vm.kill()
@@ -212,35 +228,32 @@ class HostControlTests(InProcessHostTestCase):
             ],
         )
 
-    @deferred_test
-    async def test_killDisconnectsTheMonitorWithoutAnEvent(self) -> None:
+    async def ended_by(self, request: str, **arguments: Any) -> tuple[Any, ...]:
+        """A VM ended by the control ``request``, its monitor closed; the request's answer,
+        what a waiter was told, the monitor's events and what the host then lists."""
         qmp = self.path("qmp")
         launched = await self.launch([*agent_devices(), *qmp_option(qmp)])
         monitor = await self.monitor(qmp)
         events = EventRecorder(monitor)
         waiter = await self.control_client()
         exited = waiter.call("wait", vm=launched["vm"])
-        killer = await self.control_client()
-        self.assertEqual(await killer.call("kill", vm=launched["vm"]), {})
+        client = await self.control_client()
+        answer = await client.call(request, vm=launched["vm"], **arguments)
         await monitor_closed(monitor)
+        return answer, await exited, events.names(), await client.call("list")
+
+    @deferred_test
+    async def test_killDisconnectsTheMonitorWithoutAnEvent(self) -> None:
         self.assertEqual(
-            (await exited, events.names(), await killer.call("list")),
-            ({"status": -9, "stderr": []}, [], []),
+            await self.ended_by("kill"),
+            ({}, {"status": -9, "stderr": []}, [], []),
         )
 
     @deferred_test
     async def test_crashReportsItsMessageToAWaiter(self) -> None:
-        qmp = self.path("qmp")
-        launched = await self.launch([*agent_devices(), *qmp_option(qmp)])
-        monitor = await self.monitor(qmp)
-        events = EventRecorder(monitor)
-        waiter = await self.control_client()
-        exited = waiter.call("wait", vm=launched["vm"])
-        crasher = await self.control_client()
-        await crasher.call("crash", vm=launched["vm"], message="virtio: zero sized buffers")
-        await monitor_closed(monitor)
+        _, exited, events, _ = await self.ended_by("crash", message="virtio: zero sized buffers")
         self.assertEqual(
-            (await exited, events.names()),
+            (exited, events),
             ({"status": -6, "stderr": ["virtio: zero sized buffers"]}, []),
         )
 
@@ -427,12 +440,8 @@ class LauncherTests(InProcessHostTestCase):
 
     @deferred_test
     async def test_foregroundLauncherReportsARefusedRestore(self) -> None:
-        source = self.path("source.qmp")
         state = self.path("vm.state")
-        await self.launch([*agent_devices(), *qmp_option(source)])
-        monitor = await self.monitor(source)
-        await monitor.execute("migrate", {"uri": f"exec:cat > {state}"})
-        await self.wait_for_migration(monitor)
+        await self.save_state(state)
         launcher = self.launcher(
             [
                 *agent_devices(legacy=True),
@@ -455,29 +464,9 @@ class LauncherTests(InProcessHostTestCase):
             ),
         )
 
-    async def wait_for_migration(self, monitor: Any) -> None:
-        """Poll query-migrate until the migration completed."""
-        deadline = reactor.seconds() + DEADLINE
-        while (await monitor.execute("query-migrate")).get("status") != "completed":
-            if reactor.seconds() > deadline:
-                raise AssertionError("migration never completed")
-            await pause()
-
     @deferred_test
     async def test_sigtermToTheLauncherShutsTheVMDown(self) -> None:
-        launcher, client, _ = await self.agent_vm(self.launcher)
-        events = EventRecorder(client)
-        launcher.send_signal("TERM")
-        shutdown = await events.first("SHUTDOWN")
-        status = await launcher.exit_status()
-        self.assertEqual(
-            (shutdown.data, status, launcher.stderr),
-            (
-                {"guest": False, "reason": "host-signal"},
-                0,
-                stderr_lines("terminating on signal 15"),
-            ),
-        )
+        await self.assertSigtermShutsDown(self.launcher)
 
     @deferred_test
     async def test_killingTheForegroundLauncherKillsItsVM(self) -> None:
@@ -554,11 +543,7 @@ class LauncherTests(InProcessHostTestCase):
     async def test_relativeIncomingPathResolvesAgainstTheLaunchersDirectory(self) -> None:
         workdir = self.path("work")
         os.mkdir(workdir)
-        source = self.path("source.qmp")
-        await self.launch([*agent_devices(), *qmp_option(source)])
-        monitor = await self.monitor(source)
-        await monitor.execute("migrate", {"uri": f"exec:cat > {workdir}/vm.state"})
-        await self.wait_for_migration(monitor)
+        await self.save_state(f"{workdir}/vm.state")
         launcher = self.launcher(
             [*agent_devices(), *qmp_option("target.qmp"), "-incoming", "exec:cat vm.state"],
             cwd=workdir,
@@ -574,13 +559,6 @@ class LauncherTests(InProcessHostTestCase):
 
 class LauncherLogfileTests(InProcessHostTestCase):
     """``-D FILE`` on a hosted VM: the launcher opens FILE as QEMU would; the host adds to it."""
-
-    def log_path(self, directory: str | None = None) -> str:
-        """A log file holding a line from an earlier run."""
-        path = os.path.join(directory or self.directory, "vm.log")
-        with open(path, "wb") as f:
-            f.write(b"an earlier run\n")
-        return path
 
     async def wait_for_log(self, path: str, expected: bytes) -> None:
         """Poll until the log file holds exactly ``expected``."""
@@ -624,21 +602,7 @@ class LauncherLogfileTests(InProcessHostTestCase):
 
     @deferred_test
     async def test_startErrorOfADaemonizedVMGoesToTheLogfile(self) -> None:
-        log, missing = self.log_path(), self.path("no-such-directory/qmp")
-        launcher = self.launcher(
-            ["-machine", "none", *qmp_option(missing), "-daemonize", "-D", log]
-        )
-        self.assertEqual(
-            (await launcher.exit_status(), launcher.stderr, read_file(log)),
-            (
-                1,
-                b"",
-                stderr_lines(
-                    f"-qmp unix:{missing},server=on,wait=off: "
-                    f"Failed to bind socket to {missing}: No such file or directory"
-                ),
-            ),
-        )
+        await self.assertStartErrorLogged(self.launcher)
 
     @deferred_test
     async def test_exitLinesOfADaemonizedVMGoToItsLogfile(self) -> None:
@@ -666,14 +630,8 @@ class LauncherLogfileTests(InProcessHostTestCase):
 
     @deferred_test
     async def test_daemonizedRefusedRestoreLogsQEMUsLines(self) -> None:
-        source, state = self.path("source.qmp"), self.path("vm.state")
-        await self.launch([*agent_devices(), *qmp_option(source)])
-        monitor = await self.monitor(source)
-        await monitor.execute("migrate", {"uri": f"exec:cat > {state}"})
-        deadline = reactor.seconds() + DEADLINE
-        while (await monitor.execute("query-migrate")).get("status") != "completed":
-            self.assertLess(reactor.seconds(), deadline, "migration never completed")
-            await pause()
+        state = self.path("vm.state")
+        await self.save_state(state)
         log = self.log_path()
         launcher = self.launcher(
             [
@@ -696,7 +654,7 @@ class LauncherLogfileTests(InProcessHostTestCase):
                 "load of migration failed: Invalid argument",
             ),
         )
-        self.assertEqual([vm["qmp"] for vm in self.host.list()], [[source]])
+        self.assertEqual([vm["qmp"] for vm in self.host.list()], [[self.path("source.qmp")]])
 
     @deferred_test
     async def test_missingIncomingFileComplaintLandsInTheLogfile(self) -> None:

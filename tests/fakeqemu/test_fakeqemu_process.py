@@ -243,6 +243,41 @@ class ProcessTestCase(TestCase):
             recorded.send_signal("KILL")
         return recorded.ended()
 
+    def log_path(self, directory: str | None = None) -> str:
+        """A log file holding a line from an earlier run."""
+        path = os.path.join(directory or self.directory, "vm.log")
+        with open(path, "wb") as f:
+            f.write(b"an earlier run\n")
+        return path
+
+    async def assertStartErrorLogged(self, start: Callable[[list[str]], RecordedProcess]) -> None:
+        """A VM ``start`` daemonizes with ``-D`` cannot bind its monitor: it exits 1, saying
+        why in the log file only."""
+        log, missing = self.log_path(), self.path("no-such-directory/qmp")
+        launcher = start(["-machine", "none", *qmp_option(missing), "-daemonize", "-D", log])
+        self.assertEqual(
+            (await launcher.exit_status(), launcher.stderr, read_file(log)),
+            (
+                1,
+                b"",
+                stderr_lines(
+                    f"-qmp unix:{missing},server=on,wait=off: "
+                    f"Failed to bind socket to {missing}: No such file or directory"
+                ),
+            ),
+        )
+
+    def daemon(self, qmp: str, *options: str, legacy: bool = False) -> tuple[RecordedProcess, str]:
+        """A VM with the agent's devices and ``options``, its monitor at ``qmp``, daemonized
+        (killed at cleanup); its launcher and pidfile."""
+        pidfile = self.path("vm.pid")
+        devices = agent_devices(legacy=legacy)
+        launcher = self.spawn(
+            [*devices, *qmp_option(qmp), *options, "-daemonize", "-pidfile", pidfile]
+        )
+        self.kill_daemon_at_cleanup(pidfile)
+        return launcher, pidfile
+
     def kill_daemon_at_cleanup(self, pidfile: str) -> None:
         """A standalone daemon will write its pid to ``pidfile``: SIGKILL it at the end."""
 
@@ -262,6 +297,26 @@ class ProcessTestCase(TestCase):
         qmp = self.path("qmp")
         process = (start or self.spawn)([*agent_devices(), *qmp_option(qmp)])
         return process, await self.monitor(qmp, process), qmp
+
+    async def assertSigtermShutsDown(
+        self, start: Callable[[list[str]], RecordedProcess] | None = None
+    ) -> None:
+        """SIGTERM to the process of an ``agent_vm(start)``: a SHUTDOWN for a host signal,
+        then exit 0 saying so."""
+        process, client, _ = await self.agent_vm(start)
+        events = EventRecorder(client)
+        process.send_signal("TERM")
+        shutdown = await events.first("SHUTDOWN")
+        status = await process.exit_status()
+        # QEMU adds "from pid N (name)" when it knows the sender; fakeqemu cannot know.
+        self.assertEqual(
+            (shutdown.data, status, process.stderr),
+            (
+                {"guest": False, "reason": "host-signal"},
+                0,
+                stderr_lines("terminating on signal 15"),
+            ),
+        )
 
     async def monitor(
         self, socket_path: str, process: RecordedProcess | None = None
@@ -407,11 +462,8 @@ class LifecycleTests(ProcessTestCase):
 
     @deferred_test
     async def test_daemonizeReturnsZeroOnceTheMonitorAnswers(self) -> None:
-        qmp, pidfile = self.path("qmp"), self.path("vm.pid")
-        launcher = self.spawn(
-            [*agent_devices(), *qmp_option(qmp), "-daemonize", "-pidfile", pidfile]
-        )
-        self.kill_daemon_at_cleanup(pidfile)
+        qmp = self.path("qmp")
+        launcher, pidfile = self.daemon(qmp)
         status = await launcher.exit_status()
         daemon_pid = read_pid(pidfile)
         self.assertEqual((status, launcher.stdout, launcher.stderr), (0, b"", b""))
@@ -425,11 +477,8 @@ class LifecycleTests(ProcessTestCase):
 
     @deferred_test
     async def test_daemonDetachesItsStandardStreams(self) -> None:
-        qmp, pidfile = self.path("qmp"), self.path("vm.pid")
-        launcher = self.spawn(
-            [*agent_devices(), *qmp_option(qmp), "-daemonize", "-pidfile", pidfile]
-        )
-        self.kill_daemon_at_cleanup(pidfile)
+        qmp = self.path("qmp")
+        launcher, pidfile = self.daemon(qmp)
         await wait_until(lambda: read_pid(pidfile) is not None, "the daemon's pidfile")
         daemon_pid = read_pid(pidfile)
         assert daemon_pid is not None
@@ -476,20 +525,7 @@ class LifecycleTests(ProcessTestCase):
 
     @deferred_test
     async def test_sigtermShutsDownWithReasonHostSignal(self) -> None:
-        process, client, _ = await self.agent_vm()
-        events = EventRecorder(client)
-        process.send_signal("TERM")
-        shutdown = await events.first("SHUTDOWN")
-        status = await process.exit_status()
-        # QEMU adds "from pid N (name)" when it knows the sender; fakeqemu cannot know.
-        self.assertEqual(
-            (shutdown.data, status, process.stderr),
-            (
-                {"guest": False, "reason": "host-signal"},
-                0,
-                stderr_lines("terminating on signal 15"),
-            ),
-        )
+        await self.assertSigtermShutsDown()
 
     @deferred_test
     async def test_sigkillFailsPendingCommandsWithDisconnected(self) -> None:
@@ -517,13 +553,6 @@ class LogfileTests(ProcessTestCase):
     Errors found after the option loop go to FILE instead of stderr when
     daemonized; option-loop errors stay on stderr; FILE is truncated at start.
     """
-
-    def log_path(self) -> str:
-        """The test's log file, holding a line from an earlier run."""
-        path = self.path("vm.log")
-        with open(path, "wb") as f:
-            f.write(b"an earlier run\n")
-        return path
 
     @deferred_test
     async def test_daemonizedLateErrorGoesOnlyToTheLogfile(self) -> None:
@@ -614,27 +643,12 @@ class LogfileTests(ProcessTestCase):
 
     @deferred_test
     async def test_startErrorOfADaemonGoesToTheLogfile(self) -> None:
-        log, missing = self.log_path(), self.path("no-such-directory/qmp")
-        launcher = self.spawn(["-machine", "none", *qmp_option(missing), "-daemonize", "-D", log])
-        self.assertEqual(
-            (await launcher.exit_status(), launcher.stderr, read_file(log)),
-            (
-                1,
-                b"",
-                stderr_lines(
-                    f"-qmp unix:{missing},server=on,wait=off: "
-                    f"Failed to bind socket to {missing}: No such file or directory"
-                ),
-            ),
-        )
+        await self.assertStartErrorLogged(self.spawn)
 
     @deferred_test
     async def test_daemonKeepsTheLogfileAsItsStderr(self) -> None:
-        qmp, pidfile, log = self.path("qmp"), self.path("vm.pid"), self.log_path()
-        launcher = self.spawn(
-            [*agent_devices(), *qmp_option(qmp), "-daemonize", "-pidfile", pidfile, "-D", log]
-        )
-        self.kill_daemon_at_cleanup(pidfile)
+        qmp, log = self.path("qmp"), self.log_path()
+        launcher, pidfile = self.daemon(qmp, "-D", log)
         self.assertEqual((await launcher.exit_status(), launcher.stderr), (0, b""))
         daemon_pid = read_pid(pidfile)
         assert daemon_pid is not None
@@ -651,11 +665,8 @@ class LogfileTests(ProcessTestCase):
 
     @deferred_test
     async def test_sigtermLineOfADaemonLandsInTheLogfile(self) -> None:
-        qmp, pidfile, log = self.path("qmp"), self.path("vm.pid"), self.log_path()
-        launcher = self.spawn(
-            [*agent_devices(), *qmp_option(qmp), "-daemonize", "-pidfile", pidfile, "-D", log]
-        )
-        self.kill_daemon_at_cleanup(pidfile)
+        qmp, log = self.path("qmp"), self.log_path()
+        launcher, pidfile = self.daemon(qmp, "-D", log)
         self.assertEqual(await launcher.exit_status(), 0)
         daemon_pid = read_pid(pidfile)
         assert daemon_pid is not None
@@ -852,6 +863,17 @@ class MigrationTests(ProcessTestCase):
         )
         return process
 
+    async def daemon_restoring(
+        self, qmp: str, incoming: str, legacy: bool = False
+    ) -> tuple[str, str]:
+        """A daemonized VM told to restore from ``incoming``, its monitor at ``qmp``; its
+        pidfile and log file once its launcher has returned."""
+        log = self.path("vm.log")
+        launcher, pidfile = self.daemon(qmp, "-incoming", incoming, "-D", log, legacy=legacy)
+        # As QEMU's: the launcher has returned before the daemon loads the stream.
+        self.assertEqual((await launcher.exit_status(), launcher.stderr), (0, b""))
+        return pidfile, log
+
     @deferred_test
     async def test_missingIncomingFileLeavesTheVMWaiting(self) -> None:
         missing = self.path("missing.state")
@@ -870,23 +892,8 @@ class MigrationTests(ProcessTestCase):
     @deferred_test
     async def test_daemonizedRefusedRestoreLogsQEMUsLinesAndExits(self) -> None:
         state = await self.save_state()
-        qmp, pidfile, log = self.path("target.qmp"), self.path("target.pid"), self.path("vm.log")
-        launcher = self.spawn(
-            [
-                *agent_devices(legacy=True),
-                *qmp_option(qmp),
-                "-incoming",
-                f"exec:cat {state}",
-                "-daemonize",
-                "-pidfile",
-                pidfile,
-                "-D",
-                log,
-            ]
-        )
-        self.kill_daemon_at_cleanup(pidfile)
-        # As QEMU's: the launcher has returned before the daemon loads the stream.
-        self.assertEqual((await launcher.exit_status(), launcher.stderr), (0, b""))
+        qmp = self.path("target.qmp")
+        pidfile, log = await self.daemon_restoring(qmp, f"exec:cat {state}", legacy=True)
         expected = stderr_lines(
             "Failed to load virtio-console:virtio",
             "error while loading state for instance 0x0 of device '0000:00:01.0/virtio-console'",
@@ -898,23 +905,8 @@ class MigrationTests(ProcessTestCase):
 
     @deferred_test
     async def test_missingIncomingFileComplaintLandsInTheLogfile(self) -> None:
-        missing, qmp, pidfile = self.path("missing.state"), self.path("qmp"), self.path("vm.pid")
-        log = self.path("vm.log")
-        launcher = self.spawn(
-            [
-                *agent_devices(),
-                *qmp_option(qmp),
-                "-incoming",
-                f"exec:cat {missing}",
-                "-daemonize",
-                "-pidfile",
-                pidfile,
-                "-D",
-                log,
-            ]
-        )
-        self.kill_daemon_at_cleanup(pidfile)
-        self.assertEqual((await launcher.exit_status(), launcher.stderr), (0, b""))
+        missing, qmp = self.path("missing.state"), self.path("qmp")
+        _, log = await self.daemon_restoring(qmp, f"exec:cat {missing}")
         client = await self.monitor(qmp)
         self.assertEqual(
             ((await client.execute("query-status"))["status"], read_file(log)),

@@ -20,12 +20,10 @@ import zipfile
 
 from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
 
-from tests.agent.test_agent_main import Process
-from tests.agentfakes import FakeGuestHost, agent_ports
+from tests.agent.test_agent_main import Process, demo_guest
 from tests.reactor import reactor
 from vmready.agent.serial import PORT_NAME
 from vmready.hypervisor import agentbundle
-from vmready.trust.certs import generate, write_config_drive
 
 CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXPECTED = {
@@ -55,8 +53,6 @@ EXPECTED = {
     "vmready/agent/service.py",
     "vmready/agent/tls.py",
 }
-CLIENT = generate("demo")
-SERVER = generate("vmready")
 
 
 def python39() -> str | None:
@@ -299,21 +295,10 @@ class Python39EndToEndTests(TestCase):
         self.base = tempfile.mkdtemp(prefix="vra-")
         self.addCleanup(shutil.rmtree, self.base, True)
         self.zipapp = agentbundle.build_zipapp(self.base)
-        self.drive = os.path.join(self.base, "drive")
-        self.socket = os.path.join(self.base, "lxd", "sock")
-        host_path = os.path.join(self.base, "g.sock")
-        write_config_drive(self.drive, CLIENT, SERVER.cert_pem)
-        with open(os.path.join(self.drive, "agent.json"), "w") as f:
-            f.write(
-                f'{{"instance": "demo", "virtio_ports": "vp", "transport": "hvsock:{host_path}", '
-                f'"devlxd_socket": "{self.socket}", "state_dir": "run"}}'
-            )
         # The host's CONNECT lines come on a port of their own, as from a vmready daemon.
-        self.peer, self.connect_port = agent_ports(
-            reactor, os.path.join(self.drive, "vp"), self.addCleanup
+        self.drive, self.socket, self.peer, self.connect_port, self.host = demo_guest(
+            self, self.base, relative=True
         )
-        self.host = FakeGuestHost(reactor, SERVER, CLIENT.cert_pem, host_path)
-        self.addCleanup(self.host.stop)
 
     def spawn(self, *args: str) -> Process:
         process = Process()
