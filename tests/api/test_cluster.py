@@ -215,6 +215,14 @@ class ClusterTestCase(TestCase):
         ).listen(member.remote)
         self.addCleanup(self._stop_listening, member.tls_port)
 
+    async def unreachable(self, gone: Member, seen_by: Member) -> MemberRecord:
+        """``gone`` stops renewing its lease; ``seen_by``'s view of it once it has read so."""
+        await gone.membership.stop()
+        await seen_by.membership.refresh()
+        record = seen_by.membership.view.find(gone.name)
+        assert record is not None
+        return record
+
     def forwarder(self, identity: CertificatePair, name: str) -> Forwarder:
         """A forwarder of its own, closed at the test's end."""
         forwarder = Forwarder(reactor, identity, name)
@@ -273,6 +281,17 @@ class ClusterTestCase(TestCase):
         self.assertEqual((operation["status"], operation["err"]), ("Success", ""))
         return operation
 
+    def assertRefusedCertificateOfA(self, failure: Any) -> None:
+        """A 502: member a's server answered with a certificate the members table does not pin."""
+        self.assertEqual(failure.http_status, 502)
+        self.assertTrue(
+            failure.message.startswith(
+                f"refused the certificate of cluster member a at {self.a.address}: the "
+                "server's certificate has fingerprint "
+            ),
+            failure.message,
+        )
+
     def assertError(self, reply: Reply, code: int, message: str) -> None:
         self.assertEqual(
             (reply.code, reply.body),
@@ -320,11 +339,8 @@ class MembersAPITests(ClusterTestCase):
         )
 
     async def test_anUnreachableMember(self) -> None:
-        await self.b.membership.stop()
-        await self.a.membership.refresh()
+        view = await self.unreachable(self.b, self.a)
         member = (await self.call(self.a, "GET", "/1.0/cluster/members/b")).metadata
-        view = self.a.membership.view.find("b")
-        assert view is not None
         self.assertEqual(
             (member["status"], member["message"]),
             ("Unreachable", f"lease ran out at {lease_time(view.lease_expires)}"),
@@ -405,10 +421,7 @@ class PlacementAndForwardingTests(ClusterTestCase):
             self.a, "POST", "/1.0/instances?target=c", {"name": "web1", "start": True}
         )
         self.assertError(reply, 404, "no cluster member is called 'c' (members: a, b)")
-        await self.b.membership.stop()
-        await self.a.membership.refresh()
-        expires = self.a.membership.view.find("b")
-        assert expires is not None
+        expires = await self.unreachable(self.b, self.a)
         reply = await self.call(
             self.a, "POST", "/1.0/instances?target=b", {"name": "web1", "start": True}
         )
@@ -533,10 +546,7 @@ class UnreachableOwnerTests(ClusterTestCase):
     async def test_instancesOfAnUnreachableMemberAreUnknownUntilItReturns(self) -> None:
         await self.launch(self.a, "web1", target="a")
         await self.b.lifecycle.store.refresh_instance("web1")
-        await self.a.membership.stop()
-        await self.b.membership.refresh()
-        member = self.b.membership.view.find("a")
-        assert member is not None
+        member = await self.unreachable(self.a, self.b)
         at = lease_time(member.lease_expires)
         reason = f"host unreachable: member a's lease ran out at {at}"
         shown = (await self.call(self.b, "GET", "/1.0/instances/web1")).metadata
@@ -608,14 +618,7 @@ class UnreachableOwnerTests(ClusterTestCase):
         failure = await _failure(
             Deferred.fromCoroutine(forwarder.forward(forged, b"GET", b"/1.0/instances", b"", None))
         )
-        self.assertEqual(failure.http_status, 502)
-        self.assertTrue(
-            failure.message.startswith(
-                f"refused the certificate of cluster member a at {self.a.address}: the "
-                "server's certificate has fingerprint "
-            ),
-            failure.message,
-        )
+        self.assertRefusedCertificateOfA(failure)
 
     async def test_onlyMembersAreTrusted(self) -> None:
         record = self.b.membership.view.find("a")
@@ -656,10 +659,16 @@ class RetireTests(ClusterTestCase):
             ": stop its daemon first, then remove it",
         )
 
+    async def assertRemovalRefused(self, name: str, code: int, message: str) -> None:
+        """Removing member ``name`` through a is refused with ``code`` and ``message``."""
+        self.assertError(
+            await self.call(self.a, "DELETE", f"/1.0/cluster/members/{name}"), code, message
+        )
+
     async def test_theMemberAnsweringDoesNotRemoveItself(self) -> None:
         await self.a.membership.stop()
-        self.assertError(
-            await self.call(self.a, "DELETE", "/1.0/cluster/members/a"),
+        await self.assertRemovalRefused(
+            "a",
             409,
             "cluster member a is the one answering this request and cannot remove itself: "
             "stop its daemon, then remove it through another member",
@@ -670,23 +679,22 @@ class RetireTests(ClusterTestCase):
         await self.launch(self.b, "web1", target="b")
         await self.launch(self.b, "web2", target="b")
         await self.b.membership.stop()
-        self.assertError(
-            await self.call(self.a, "DELETE", "/1.0/cluster/members/b"),
+        await self.assertRemovalRefused(
+            "b",
             409,
             "cluster member b still has 2 instances: start it again and delete them first "
             "(vmready cannot move instances to another member)",
         )
 
     async def test_unknownMember(self) -> None:
-        self.assertError(
-            await self.call(self.a, "DELETE", "/1.0/cluster/members/c"),
+        await self.assertRemovalRefused(
+            "c",
             404,
             "no cluster member is called 'c' (members: a, b)",
         )
 
     async def test_anUnreachableMemberStaysTrustedUntilItIsRemoved(self) -> None:
-        await self.b.membership.stop()
-        await self.a.membership.refresh()
+        await self.unreachable(self.b, self.a)
         # Unreachable, b is still a member: when it comes back it forwards at once.
         self.assertEqual((await self.as_b()).code, 200)
         reply = await self.call(self.a, "DELETE", "/1.0/cluster/members/b")
@@ -706,8 +714,7 @@ class RetireTests(ClusterTestCase):
         )
 
     async def test_aRemovalIsAnsweredEvenIfTheMembersCannotBeReadAgain(self) -> None:
-        await self.b.membership.stop()
-        await self.a.membership.refresh()
+        await self.unreachable(self.b, self.a)
         membership = self.a.membership
 
         async def store_down() -> Any:
@@ -774,14 +781,7 @@ class ConnectionReuseTests(ClusterTestCase):
         # not used (it would answer 200), a new one is made and refuses a's certificate.
         renewed = attrs.evolve(record, fingerprint="00" * 32)
         failure = await _failure(Deferred.fromCoroutine(self.get(renewed)))
-        self.assertEqual(failure.http_status, 502)
-        self.assertTrue(
-            failure.message.startswith(
-                f"refused the certificate of cluster member a at {self.a.address}: the "
-                "server's certificate has fingerprint "
-            ),
-            failure.message,
-        )
+        self.assertRefusedCertificateOfA(failure)
         self.assertEqual(self.a.remote.accepted, accepted + 1)
         await first.lost  # the old identity's connection was closed
         # a moved (another port, same certificate): a connection to the new address only.
@@ -1078,10 +1078,7 @@ class DeadlineTests(ClusterTestCase):
         # Well past the deadline, it still waits (as asked); then a's lease runs out.
         await deferLater(reactor, self.DEADLINE * 2, lambda: None)
         self.assertFalse(waiting.called)
-        await self.a.membership.stop()
-        await self.b.membership.refresh()
-        record = self.b.membership.view.find("a")
-        assert record is not None
+        record = await self.unreachable(self.a, self.b)
         reply = await waiting
         self.assertError(
             reply,

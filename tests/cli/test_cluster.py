@@ -87,10 +87,7 @@ class ClusterCLITests(ClusterTestCase):
     async def test_anUnreachableMembersInstancesAreUnknown(self) -> None:
         await self.ok(self.a, "launch", "web1", "--target", "a")
         await self.b.lifecycle.store.refresh_instance("web1")
-        await self.a.membership.stop()
-        await self.b.membership.refresh()
-        member = self.b.membership.view.find("a")
-        assert member is not None
+        member = await self.unreachable(self.a, self.b)
         at = lease_time(member.lease_expires)
         listed = await self.ok(self.b, "list")
         self.assertEqual(listed.splitlines()[1].split(), ["web1", "UNKNOWN", "256MiB", "1", "a"])

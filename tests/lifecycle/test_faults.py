@@ -11,16 +11,15 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
-import tempfile
 from collections.abc import Iterator
 
 from twisted.internet.defer import Deferred
-from twisted.trial.unittest import SkipTest, SynchronousTestCase
+from twisted.trial.unittest import SynchronousTestCase
 
 from tests.lifecycle.test_lifecycle import _async, _until
 from tests.lifecycle.test_ready import SERVER, AgentLinkTestCase
 from tests.reactor import reactor
+from tests.store.test_diskfull import small_filesystem
 from vmready.domain.model import ActionRecord
 from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
 from vmready.hypervisor.driver import HypervisorDriver
@@ -342,7 +341,7 @@ class SnapshotDiskFullTests(FaultTestCase):
 
     @_async
     async def test_snapshotOnAFullDiskFailsAndTheNextOneSucceeds(self) -> None:
-        root = _small_filesystem(self, "64k")
+        root = small_filesystem(self, "64k")
         self.lifecycle.specs.snapshot_root = root
         await self.launch()
         filler = os.path.join(root, "filler")
@@ -401,34 +400,12 @@ def _unprivileged(directory: str) -> Iterator[None]:
             os.chmod(path, mode)
 
 
-def _small_filesystem(test: FaultTestCase, size: str) -> str:
-    """A real filesystem of ``size`` (tmpfs), unmounted after the test; skips without root."""
-    if os.geteuid() != 0:
-        raise SkipTest("mounting a small tmpfs needs root; run as root to test a full disk")
-    root = tempfile.mkdtemp(prefix="vmr-full-", dir="/tmp")
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", root],
-        capture_output=True,
-        text=True,
-    )
-    if mounted.returncode != 0:
-        os.rmdir(root)
-        raise SkipTest(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-
-    def unmount() -> None:
-        subprocess.run(["umount", root], check=False)
-        os.rmdir(root)
-
-    test.addCleanup(unmount)
-    return root
-
-
 class StoreDiskFullTests(FaultTestCase):
     """The store's disk fills up under a running lifecycle: announced, shown, then recovered."""
 
     @_async
     async def test_storeWritesFailingAreAnnouncedAndShownUntilTheyLand(self) -> None:
-        root = _small_filesystem(self, "1m")
+        root = small_filesystem(self, "1m")
         engine = Store.open(os.path.join(root, "vmready.sqlite"))
         engine.instances.create_instance("vm9", {}, {})
         engine.instances.finish_task(
