@@ -32,7 +32,13 @@ from twisted.protocols.basic import LineReceiver
 from twisted.python.failure import Failure
 
 from benchmarks._measure import reactor, sleep
+from fakeqemu._hostclient import HostClient, HostUnreachable
 
+# The programs a benchmark starts, beside the Python running it.
+BIN_DIRECTORY = os.path.dirname(os.path.abspath(sys.executable))
+TWISTD = os.path.join(BIN_DIRECTORY, "twistd")
+FAKEQEMU_HOST = os.path.join(BIN_DIRECTORY, "fakeqemu-host")
+START_TIMEOUT = 120.0
 CALL_TIMEOUT = 300.0
 STOP_TIMEOUT = 60.0
 POLL_SECONDS = 0.05
@@ -42,6 +48,26 @@ CHATTY_FACTORIES = (
 )
 
 Handler = Callable[..., Coroutine[Any, Any, Any]]
+
+
+def host_answering(control: str) -> bool:
+    """Whether a fakeqemu-host answers on its control socket ``control`` now."""
+    try:
+        with HostClient(control) as client:
+            client.call("list")
+    except HostUnreachable:
+        return False
+    return True
+
+
+async def host_answers(control: str, running: Callable[[], bool], log: str) -> None:
+    """Once the fakeqemu-host on ``control`` answers; exits saying where its ``log`` is if
+    it stops ``running`` or takes longer than START_TIMEOUT."""
+    deadline = time.monotonic() + START_TIMEOUT
+    while not host_answering(control):
+        if not running() or time.monotonic() > deadline:
+            raise SystemExit(f"fakeqemu-host did not start; see {log}")
+        await sleep(POLL_SECONDS)
 
 
 class ChildError(Exception):

@@ -27,7 +27,6 @@ import glob
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -46,24 +45,23 @@ from zope.interface import implementer
 
 from benchmarks._agentworker import run_agents
 from benchmarks._children import (
+    FAKEQEMU_HOST,
     POLL_SECONDS,
+    START_TIMEOUT,
     STOP_TIMEOUT,
     Child,
     Children,
+    host_answers,
     log_to,
     serve_control,
 )
 from benchmarks._measure import ms, nearest_rank, reactor, report, sleep
-from fakeqemu._hostclient import HostClient, HostUnreachable
 from vmready.api.web import BytesProducer
 from vmready.cli.client import Client, LineStream
 from vmready.cli.waiter import Waiter
 from vmready.daemon.service import VMReadyService
 from vmready.daemon.tap import Options, makeService
 
-BIN_DIRECTORY = os.path.dirname(os.path.abspath(sys.executable))
-FAKEQEMU_HOST = os.path.join(BIN_DIRECTORY, "fakeqemu-host")
-START_TIMEOUT = 120.0
 EVENT_TIMEOUT = 30.0
 CREATE_CONCURRENCY = 16
 AGENT_CHUNK = 50
@@ -224,16 +222,8 @@ async def start_host(children: Children, directory: str) -> tuple[Child, str]:
     host = children.spawn(
         "fakeqemu-host", [FAKEQEMU_HOST, "--control", control, "serve"], "host.log", control=False
     )
-    deadline = time.monotonic() + START_TIMEOUT
-    while True:
-        try:
-            with HostClient(control) as client:
-                client.call("list")
-            return host, control
-        except HostUnreachable:
-            if not host.running or time.monotonic() > deadline:
-                raise SystemExit("fakeqemu-host did not start; see host.log") from None
-            await sleep(POLL_SECONDS)
+    await host_answers(control, lambda: host.running, "host.log")
+    return host, control
 
 
 class EventWatch:

@@ -27,8 +27,8 @@ from typing import Any
 from twisted.internet import task
 from twisted.internet.defer import Deferred, gatherResults
 
+from benchmarks._children import host_answering
 from benchmarks._measure import mib, open_files, status_kib
-from fakeqemu._hostclient import HostClient, HostUnreachable
 from vmready.domain.limits import raise_file_limit
 from vmready.domain.reactor import default_reactor
 from vmready.protocols.qmp import QMPClientProtocol, connect_qmp
@@ -76,15 +76,10 @@ def vm_arguments(index: int, qmp: str) -> list[str]:
 def wait_for_host(control: str, host: subprocess.Popen[bytes]) -> None:
     """Block until the host answers on its control socket."""
     deadline = time.monotonic() + START_TIMEOUT
-    while True:
-        try:
-            with HostClient(control) as client:
-                client.call("list")
-            return
-        except HostUnreachable:
-            if host.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("fakeqemu-host did not start; see its log") from None
-            time.sleep(0.05)
+    while not host_answering(control):
+        if host.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("fakeqemu-host did not start; see its log")
+        time.sleep(0.05)
 
 
 def launch_all(control: str, sockets: Sequence[str], launchers: int) -> float:

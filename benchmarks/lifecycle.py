@@ -40,7 +40,6 @@ import shutil
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Sequence
@@ -51,6 +50,7 @@ from twisted.internet import task
 from twisted.internet.defer import Deferred, DeferredSemaphore, TimeoutError, gatherResults
 from twisted.logger import globalLogPublisher
 
+from benchmarks._children import FAKEQEMU_HOST, START_TIMEOUT, TWISTD, host_answers
 from benchmarks._measure import (
     cpu_seconds,
     mib,
@@ -62,7 +62,6 @@ from benchmarks._measure import (
     sleep,
     status_kib,
 )
-from fakeqemu._hostclient import HostClient, HostUnreachable
 from vmready.cli.client import Client
 from vmready.cli.errors import CommandError
 from vmready.daemon.tap import Options
@@ -73,10 +72,6 @@ from vmready.lifecycle.core import Lifecycle
 from vmready.lifecycle.events import EventBus
 from vmready.store.sqlite import Store
 
-BIN_DIRECTORY = os.path.dirname(os.path.abspath(sys.executable))
-TWISTD = os.path.join(BIN_DIRECTORY, "twistd")
-FAKEQEMU_HOST = os.path.join(BIN_DIRECTORY, "fakeqemu-host")
-START_TIMEOUT = 120.0
 LAUNCH_TIMEOUT = 300.0
 STOP_TIMEOUT = 60.0
 POLL_SECONDS = 0.01
@@ -154,16 +149,8 @@ async def start_host(processes: Processes, directory: str) -> tuple[subprocess.P
     log = open(os.path.join(directory, "host.log"), "wb")  # noqa: SIM115 - the child keeps it
     with log:
         host = processes.spawn([FAKEQEMU_HOST, "--control", control, "serve"], log)
-    deadline = time.monotonic() + START_TIMEOUT
-    while True:
-        try:
-            with HostClient(control) as client:
-                client.call("list")
-            return host, control
-        except HostUnreachable:
-            if host.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"fakeqemu-host did not start; see {log.name}") from None
-            await sleep(POLL_SECONDS)
+    await host_answers(control, lambda: host.poll() is None, log.name)
+    return host, control
 
 
 class Daemon:

@@ -61,12 +61,10 @@ from benchmarks._bootphases import (
     phase_durations,
     timeline,
 )
+from benchmarks._children import START_TIMEOUT, TWISTD
 from vmready.hypervisor.guestimage.build import ensure_guest
 from vmready.hypervisor.guestimage.stock import ensure_stock_guest
 
-BIN_DIRECTORY = os.path.dirname(os.path.abspath(sys.executable))
-TWISTD = os.path.join(BIN_DIRECTORY, "twistd")
-START_TIMEOUT = 120.0
 BOOT_TIMEOUT = 600.0
 # The host's milestones: the lifecycle event that dates each.
 HOST_EVENTS = (
