@@ -72,6 +72,13 @@ class MonitorTests(SynchronousTestCase):
             port_id=PORT,
         )
 
+    def assertNoReadsFor(self, seconds: float) -> int:
+        """``seconds`` pass without a ring-buffer read; the reads so far."""
+        reads = self.ring.reads
+        self.clock.advance(seconds)
+        self.assertEqual(self.ring.reads, reads)
+        return reads
+
     def statuses(self) -> list[str]:
         return [change.current.value for change in self.changes]
 
@@ -218,9 +225,7 @@ class MonitorTests(SynchronousTestCase):
         self.monitor.start(advertise=False)
         self.clock.advance(0)
         self.monitor.paused()
-        reads = self.ring.reads
-        self.clock.advance(600)
-        self.assertEqual(self.ring.reads, reads)
+        reads = self.assertNoReadsFor(600)
         self.monitor.resumed()
         self.clock.advance(0)
         self.assertEqual(self.ring.reads, reads + 1)
@@ -230,9 +235,7 @@ class MonitorTests(SynchronousTestCase):
         self.monitor.start(advertise=False)
         self.clock.advance(0)
         self.monitor.stop()
-        reads = self.ring.reads
-        self.clock.advance(600)
-        self.assertEqual(self.ring.reads, reads)
+        self.assertNoReadsFor(600)
         self.assertEqual(self.statuses(), ["connected", "stopped"])
         self.assertEqual(self.clock.getDelayedCalls(), [])
 

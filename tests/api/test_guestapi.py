@@ -532,14 +532,20 @@ class EventTests(GuestAPITestCase):
         self.assertEqual(lines.received, b"")
 
 
+def _fresh_store(case: SynchronousTestCase, prefix: str) -> Store:
+    """A store in a directory of its own, both gone after ``case``."""
+    directory = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    case.addCleanup(shutil.rmtree, directory, True)
+    store = Store.open(os.path.join(directory, "vmready.sqlite"))
+    case.addCleanup(store.close)
+    return store
+
+
 class GuestEventFeedTests(SynchronousTestCase):
     """The lifecycle → guest event translation, without I/O."""
 
     def setUp(self) -> None:
-        directory = tempfile.mkdtemp(prefix="vmr-feed-", dir="/tmp")
-        self.addCleanup(shutil.rmtree, directory, True)
-        self.store = Store.open(os.path.join(directory, "vmready.sqlite"))
-        self.addCleanup(self.store.close)
+        self.store = _fresh_store(self, "vmr-feed-")
         _add(self.store, "web1", {"user.a": "1", "limits.cpu": "1"})
 
     def feed(self, types: frozenset[str] = frozenset({"config", "device"})) -> GuestEventFeed:
@@ -595,10 +601,7 @@ class CertificateIdentityTests(SynchronousTestCase):
     """Certificates → instances: the fingerprint must be known and the date inside validity."""
 
     def setUp(self) -> None:
-        directory = tempfile.mkdtemp(prefix="vmr-ident-", dir="/tmp")
-        self.addCleanup(shutil.rmtree, directory, True)
-        self.store = Store.open(os.path.join(directory, "vmready.sqlite"))
-        self.addCleanup(self.store.close)
+        self.store = _fresh_store(self, "vmr-ident-")
         _add(self.store, "web1")
         self.store.certificates.set_agent_certificate("web1", _WEB1.fingerprint)
 

@@ -152,6 +152,15 @@ class QMPClientProtocolErrorTests(SynchronousTestCase):
         )
         self.transport.clear()
 
+    def assertReplyIgnored(self, reply: bytes) -> None:
+        """After the greeting, ``reply`` to a pending command neither answers it nor
+        breaks the connection."""
+        self._greet()
+        pending = self.client.execute("query-status")
+        self.client.dataReceived(reply)
+        self.assertNoResult(pending)
+        self.assertFalse(self.transport.disconnecting)
+
     def test_sendsIdsAndArgumentsAsJSONLines(self) -> None:
         self._greet()
         self.client.execute("ringbuf-read", {"device": "r", "size": 4})
@@ -182,11 +191,7 @@ class QMPClientProtocolErrorTests(SynchronousTestCase):
         self.assertTrue(self.transport.disconnecting)
 
     def test_replyWithUnknownIdIsIgnored(self) -> None:
-        self._greet()
-        pending = self.client.execute("query-status")
-        self.client.dataReceived(b'{"return": {}, "id": 999}\r\n')
-        self.assertNoResult(pending)
-        self.assertFalse(self.transport.disconnecting)
+        self.assertReplyIgnored(b'{"return": {}, "id": 999}\r\n')
 
     def test_disconnectDuringGreetingFailsWaiters(self) -> None:
         ready = self.client.when_ready()
@@ -214,11 +219,7 @@ class QMPClientProtocolErrorTests(SynchronousTestCase):
         self.assertEqual(events, [])
 
     def test_replyWithUnhashableIdIsIgnored(self) -> None:
-        self._greet()
-        pending = self.client.execute("query-status")
-        self.client.dataReceived(b'{"return": {}, "id": [1, 2]}\r\n')
-        self.assertNoResult(pending)
-        self.assertFalse(self.transport.disconnecting)
+        self.assertReplyIgnored(b'{"return": {}, "id": [1, 2]}\r\n')
 
     def test_secondGreetingIsAProtocolError(self) -> None:
         self._greet()
