@@ -41,6 +41,12 @@ from vmready.store.executor import InlineExecutor
 from vmready.store.sqlite import Store
 
 
+def _lifecycle(action: str, instance: str, context: dict[str, Any]) -> Event:
+    """A lifecycle event about ``instance``, with its ``context``."""
+    metadata = {"action": action, "source": f"/1.0/instances/{instance}", "context": context}
+    return Event(LIFECYCLE, 5.0, metadata)
+
+
 class Wire:
     """NOTIFY between members, in memory: each payload reaches every relay, in order."""
 
@@ -132,20 +138,17 @@ class EncodingTests(SynchronousTestCase):
         relayed = Event(LIFECYCLE, 1.0, {"source": "/1.0/instances/web1"}, "b", relayed=True)
         self.assertFalse(relayable(relayed))
 
-    def test_aBigContextIsTrimmedAndSaysSo(self) -> None:
-        # cloud-init user data can be far bigger than a NOTIFY payload may be.
-        event = Event(
-            LIFECYCLE,
-            5.0,
-            {
-                "action": "instance-updated",
-                "source": "/1.0/instances/web1",
-                "context": {"config": {"cloud-init.user-data": "x" * 20_000, "user.a": "b"}},
-            },
-        )
+    def trimmed(self, event: Event) -> str:
+        """``event``'s payload, which had to be trimmed to fit a NOTIFY."""
         payload, trimmed = encode_event(event, "a") or ("", False)
         self.assertTrue(trimmed)
         self.assertLessEqual(len(payload.encode()), MAX_PAYLOAD_BYTES)
+        return payload
+
+    def test_aBigContextIsTrimmedAndSaysSo(self) -> None:
+        # cloud-init user data can be far bigger than a NOTIFY payload may be.
+        config = {"cloud-init.user-data": "x" * 20_000, "user.a": "b"}
+        payload = self.trimmed(_lifecycle("instance-updated", "web1", {"config": config}))
         self.assertTrue(json.loads(payload)["trimmed"])
         decoded = decode_event(payload)
         assert decoded is not None
@@ -161,31 +164,13 @@ class EncodingTests(SynchronousTestCase):
 
     def test_aContextOfManyKeysIsDroppedAndSaysSo(self) -> None:
         many = {f"user.k{i}": "v" * 100 for i in range(200)}
-        event = Event(
-            LIFECYCLE,
-            5.0,
-            {"action": "instance-updated", "source": "/1.0/instances/w", "context": many},
-        )
-        payload, trimmed = encode_event(event, "a") or ("", False)
-        self.assertTrue(trimmed)
-        self.assertLessEqual(len(payload.encode()), MAX_PAYLOAD_BYTES)
+        payload = self.trimmed(_lifecycle("instance-updated", "w", many))
         decoded = decode_event(payload)
         assert decoded is not None
         self.assertEqual(decoded[1].metadata["context"], {"trimmed": True})
 
     def test_multibyteTextIsCountedInBytes(self) -> None:
-        event = Event(
-            LIFECYCLE,
-            5.0,
-            {
-                "action": "instance-error",
-                "source": "/1.0/instances/w",
-                "context": {"e": "é" * 5000},
-            },
-        )
-        payload, trimmed = encode_event(event, "a") or ("", False)
-        self.assertTrue(trimmed)
-        self.assertLessEqual(len(payload.encode()), MAX_PAYLOAD_BYTES)
+        self.trimmed(_lifecycle("instance-error", "w", {"e": "é" * 5000}))
 
     def test_aBigOperationKeepsItsIdentity(self) -> None:
         event = Event(
