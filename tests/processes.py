@@ -8,6 +8,16 @@ import signal
 from collections.abc import Iterator
 
 
+def process_state(pid: int) -> bytes | None:
+    """The state letter /proc shows for process ``pid`` (R, S, T, Z…), or None if none is."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[0] if fields else None
+
+
 def strays(directory: str) -> Iterator[int]:
     """Live processes whose command line names ``directory`` (a test's own temp dir)."""
     for entry in os.listdir("/proc"):

@@ -53,6 +53,17 @@ def _last_line(case: SynchronousTestCase, done: subprocess.CompletedProcess[str]
     return lines[-1]
 
 
+def _last_line_matching(
+    case: SynchronousTestCase, done: subprocess.CompletedProcess[str], pattern: str
+) -> re.Match[str]:
+    """The match of the run's last line against pattern, which it must match whole."""
+    last = _last_line(case, done)
+    match = re.fullmatch(pattern, last)
+    case.assertIsNotNone(match, last)
+    assert match is not None
+    return match
+
+
 class ClusterFaultsTests(SynchronousTestCase):
     def test_fourFaultsOfEveryKindAreInjectedAndTheHistoryChecked(self) -> None:
         require_postgres()
@@ -62,14 +73,13 @@ class ClusterFaultsTests(SynchronousTestCase):
             *("--faults", "4", "--seed", "40", "--gap", "1", "--instances", "4"),
             *("--clients", "2", "--settle", "60", "--history", recorded),
         )
-        last = _last_line(self, done)
-        verdict = re.fullmatch(
+        verdict = _last_line_matching(
+            self,
+            done,
             r"faults=4 actions=(\d+) lost=(\d+) stuck=(\d+) inconsistent=(\d+) "
             r"double_master=(\d+)",
-            last,
         )
-        self.assertIsNotNone(verdict, last)
-        assert verdict is not None
+        last = verdict.group(0)
         self.assertGreater(int(verdict.group(1)), 0)
         self.assertEqual(verdict.groups()[1:], ("0", "0", "0", "0"), done.stdout[-3000:])
         faults = [line for line in done.stdout.splitlines() if line.startswith("fault ")]
@@ -87,14 +97,12 @@ class ClusterFaultsTests(SynchronousTestCase):
 
 class APILoadTests(SynchronousTestCase):
     def assertLoadLine(self, done: subprocess.CompletedProcess[str], clients: int) -> None:
-        last = _last_line(self, done)
-        figures = re.fullmatch(
+        figures = _last_line_matching(
+            self,
+            done,
             rf"clients={clients} rps=([\d.]+) p50_ms=([\d.]+) p99_ms=([\d.]+) "
             r"errors=(\d+) rss_mb=([\d.]+)",
-            last,
         )
-        self.assertIsNotNone(figures, last)
-        assert figures is not None
         self.assertEqual(figures.group(4), "0", done.stdout[-3000:])
         kinds = [line.split(":")[0] for line in done.stdout.splitlines()]
         for kind in ("get", "list", "state"):

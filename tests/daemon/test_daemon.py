@@ -32,6 +32,30 @@ def twistd(data_dir: str, *extra: str) -> list[str]:
     return [*head, "--data-dir", data_dir, *extra]
 
 
+def api_answers(socket_path: str) -> bool:
+    """Whether the operator API on ``socket_path`` answers a request now."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(socket_path)
+        probe.sendall(b"GET /1.0 HTTP/1.0\r\n\r\n")
+        return probe.recv(64).startswith(b"HTTP/1.0 200")
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+def wait_for_api(
+    case: SynchronousTestCase, daemon: subprocess.Popen[bytes], socket_path: str
+) -> None:
+    """Once ``daemon``'s operator API answers on ``socket_path``; fails if it exits first."""
+    deadline = time.monotonic() + DEADLINE
+    while not api_answers(socket_path):
+        case.assertIsNone(daemon.poll())
+        case.assertLess(time.monotonic(), deadline)
+        time.sleep(0.1)
+
+
 def taken_tcp_endpoint(case: SynchronousTestCase) -> str:
     """The endpoint of a loopback TCP port another socket listens on for the test's length."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -19,7 +18,7 @@ from twisted.python import usage
 from twisted.scripts._twistd_unix import ServerOptions  # what twistd runs on Linux
 from twisted.trial.unittest import SynchronousTestCase
 
-from tests.daemon.test_daemon import DEADLINE, twistd
+from tests.daemon.test_daemon import DEADLINE, twistd, wait_for_api
 from vmready.daemon.logformat import json_observer, rfc3339, twistd_observer
 
 
@@ -142,11 +141,7 @@ class DaemonJSONLogTests(SynchronousTestCase):
         )
         self.addCleanup(_kill, daemon)
         api = os.path.join(self.directory, "vmready.sock")
-        deadline = time.monotonic() + DEADLINE
-        while not _answers(api):
-            self.assertIsNone(daemon.poll())
-            self.assertLess(time.monotonic(), deadline)
-            time.sleep(0.1)
+        wait_for_api(self, daemon, api)
         daemon.send_signal(signal.SIGTERM)
         out, err = daemon.communicate(timeout=DEADLINE)
         self.assertEqual(err, b"")
@@ -164,15 +159,3 @@ def _kill(daemon: subprocess.Popen[bytes]) -> None:
     if daemon.poll() is None:
         daemon.kill()
         daemon.communicate(timeout=DEADLINE)
-
-
-def _answers(path: str) -> bool:
-    """Whether something accepts connections on the unix socket ``path``."""
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(path)
-    except OSError:
-        return False
-    finally:
-        probe.close()
-    return True

@@ -19,7 +19,7 @@ from twisted.logger import ILogObserver, LogEvent, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from zope.interface import implementer
 
-from tests.daemon.test_daemon import DEADLINE, twistd
+from tests.daemon.test_daemon import DEADLINE, api_answers, twistd, wait_for_api
 from tests.daemon.test_daemon_service import recovery_waits_for
 from tests.reactor import reactor
 from vmready.cli.client import Client, DaemonUnreachable
@@ -322,24 +322,8 @@ class DaemonUnderAManagerTests(SynchronousTestCase):
     def serving(self, **environment: str) -> subprocess.Popen[bytes]:
         """A daemon started with ``environment``, once its operator API answers."""
         daemon = self.start(**environment)
-        deadline = time.monotonic() + DEADLINE
-        while not self.answers():
-            self.assertIsNone(daemon.poll())
-            self.assertLess(time.monotonic(), deadline)
-            time.sleep(0.1)
+        wait_for_api(self, daemon, self.socket_path)
         return daemon
-
-    def answers(self) -> bool:
-        """Whether the operator API answers a request now."""
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(self.socket_path)
-            probe.sendall(b"GET /1.0 HTTP/1.0\r\n\r\n")
-            return probe.recv(64).startswith(b"HTTP/1.0 200")
-        except OSError:
-            return False
-        finally:
-            probe.close()
 
     def manager(self, abstract: bool = False) -> ManagerSocket:
         manager = ManagerSocket(self.directory, abstract)
@@ -360,7 +344,7 @@ class DaemonUnderAManagerTests(SynchronousTestCase):
         daemon = self.start(NOTIFY_SOCKET=manager.variable)
         first = manager.next()
         self.assertEqual(first.get("READY"), "1", first)
-        self.assertTrue(self.answers())  # READY=1 was sent once the API served
+        self.assertTrue(api_answers(self.socket_path))  # READY=1 was sent once the API served
         statuses: list[str] = []
         while not statuses or statuses[-1] != "serving 2 instances":
             statuses.append(manager.next()["STATUS"])

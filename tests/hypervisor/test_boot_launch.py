@@ -8,31 +8,13 @@ tests look at the store, the data dir and the processes afterwards.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import tempfile
-from collections.abc import Callable, Coroutine
-from typing import Any
 
-from twisted.internet.defer import Deferred, ensureDeferred
-from twisted.trial.unittest import TestCase
-
-from tests.conformance.support import require_program
-from tests.reactor import reactor
+from tests.hypervisor.test_launch_sources import LaunchTestCase
+from tests.lifecycle.test_lifecycle import _async
 from vmready.domain.model import BadRequest
 from vmready.hypervisor.bootsource import BootSource
-from vmready.hypervisor.driver import HypervisorDriver
-from vmready.lifecycle.core import LaunchSettings, Lifecycle
-from vmready.lifecycle.events import EventBus
-from vmready.store.sqlite import Store
-
-
-def _async(test: Callable[[Any], Coroutine[Any, Any, None]]) -> Callable[[Any], Deferred[None]]:
-    def run(self: Any) -> Deferred[None]:
-        return ensureDeferred(test(self))
-
-    run.__name__ = test.__name__
-    return run
+from vmready.lifecycle.core import LaunchSettings
 
 
 def fake_kernel(path: str) -> str:
@@ -45,26 +27,8 @@ def fake_kernel(path: str) -> str:
     return path
 
 
-class RefusedLaunchTests(TestCase):
+class RefusedLaunchTests(LaunchTestCase):
     """Every refusal is one clear message; nothing is left behind."""
-
-    def setUp(self) -> None:
-        require_program(self, "qemu-img", "qemu-utils")
-        self.directory = tempfile.mkdtemp(prefix="vmr-bl-", dir="/tmp")
-        self.addCleanup(shutil.rmtree, self.directory, True)
-        self.store = Store.open(os.path.join(self.directory, "vmready.sqlite"))
-        self.addCleanup(self.store.close)
-        self.lifecycle = self.new_lifecycle()
-
-    def new_lifecycle(self, settings: LaunchSettings | None = None) -> Lifecycle:
-        return Lifecycle(
-            reactor,
-            self.store,
-            HypervisorDriver(reactor, "fakeqemu"),
-            EventBus(reactor.seconds),
-            os.path.join(self.directory, "run"),
-            settings=settings,
-        )
 
     def path(self, name: str) -> str:
         return os.path.join(self.directory, "files", name)
@@ -151,7 +115,9 @@ class RefusedLaunchTests(TestCase):
     @_async
     async def test_kvmWhereKvmCannotBeUsed(self) -> None:
         self.lifecycle = self.new_lifecycle(
-            LaunchSettings(kvm_problem="/dev/kvm cannot be opened: No such file or directory")
+            settings=LaunchSettings(
+                kvm_problem="/dev/kvm cannot be opened: No such file or directory"
+            )
         )
         self.assertEqual(
             await self.refusal({"boot.accel": "kvm"}),
@@ -180,7 +146,7 @@ class RefusedLaunchTests(TestCase):
     @_async
     async def test_theDaemonsDefaultIsCheckedToo(self) -> None:
         settings = LaunchSettings(default_boot=BootSource(kernel=self.write("k", b"not one")))
-        self.lifecycle = self.new_lifecycle(settings)
+        self.lifecycle = self.new_lifecycle(settings=settings)
         self.assertIn("is not a Linux kernel", await self.refusal({}))
 
     @_async

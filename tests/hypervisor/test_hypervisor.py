@@ -31,6 +31,7 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from tests.conformance.support import require_program
+from tests.processes import process_state
 from tests.reactor import reactor
 from vmready.domain.model import HypervisorError
 from vmready.domain.states import PowerState
@@ -78,23 +79,18 @@ async def eventually(condition: Callable[[], bool], seconds: float = WAIT) -> No
 
 def process_is_stopped(pid: int) -> bool:
     """Whether ``pid`` is stopped by a signal (state T in /proc)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
-    except (OSError, IndexError):
-        return False
+    return process_state(pid) in (b"T", b"t")
 
 
 def vm_process_alive(pid: int, qmp_socket: str) -> bool:
     """Whether ``pid`` is a live, unreaped process whose command line names ``qmp_socket``."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmdline = f.read()
-    except (OSError, IndexError):
+    if process_state(pid) in (None, b"Z", b"X"):
         return False
-    return state not in (b"Z", b"X") and os.fsencode(qmp_socket) in cmdline
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return os.fsencode(qmp_socket) in f.read()
+    except OSError:
+        return False
 
 
 class EventRecorder:

@@ -16,7 +16,7 @@ import tempfile
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from tests.conformance.support import require_program
-from tests.hypervisor.test_boot_launch import _async
+from tests.lifecycle.test_lifecycle import _async
 from tests.reactor import reactor
 from vmready.hypervisor.accel import kvm_device_problem
 from vmready.hypervisor.driver import HypervisorDriver

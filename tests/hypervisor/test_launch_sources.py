@@ -24,8 +24,7 @@ from twisted.trial.unittest import TestCase
 
 from fakeqemu.testing import write_kernel
 from tests.conformance.support import require_program
-from tests.hypervisor.test_boot_launch import _async
-from tests.lifecycle.test_lifecycle import ACPIGuest
+from tests.lifecycle.test_lifecycle import _async, guest_ends, lifecycle_actions
 from tests.reactor import reactor
 from vmready.agentlink.transport import CID_KEY, TRANSPORT_KEY
 from vmready.domain.model import InstanceRecord
@@ -126,13 +125,7 @@ class LaunchTestCase(TestCase):
         return self.lifecycle.store.view.get_instance(name)
 
     def actions(self, name: str) -> list[str]:
-        return [
-            e.metadata["action"]
-            for e in self.events
-            if e.type == "lifecycle"
-            and e.metadata.get("source") == f"/1.0/instances/{name}"
-            and e.metadata["action"] != "instance-state"
-        ]
+        return lifecycle_actions(self.events, name)
 
 
 class OverlayTests(LaunchTestCase):
@@ -390,13 +383,7 @@ class GuestEventTests(LaunchTestCase):
     async def test_guestPanicIsAnErrorWithItsReason(self) -> None:
         await self.launch(**{"boot.accel": "tcg"})
         vm = self.lifecycle.running.vms["vm1"]
-        guest = ACPIGuest()
-        control = os.path.join(vm.spec.guest_dir, "control")
-        await connectProtocol(UNIXClientEndpoint(reactor, control), guest)
-        await guest.ready
-        assert guest.transport is not None
-        guest.transport.write(b"panic\n")
-        await vm.when_gone()
+        await guest_ends(vm, b"panic\n")
         await until(
             lambda: self.lifecycle.store.view.get_instance("vm1").vm_state is VMState.ERROR
         )

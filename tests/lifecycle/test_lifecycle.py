@@ -16,12 +16,13 @@ from twisted.internet.protocol import Protocol
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 
-from tests.processes import kill_strays
+from tests.processes import kill_strays, process_state
 from tests.reactor import reactor
 from vmready.domain.model import BadRequest, Conflict, InstanceRecord
 from vmready.domain.states import READY_KEY, PowerState, VMState
 from vmready.hypervisor.commands import MonitorTimeout
 from vmready.hypervisor.driver import HypervisorDriver
+from vmready.hypervisor.runningvm import RunningVM
 from vmready.lifecycle.core import Lifecycle
 from vmready.lifecycle.events import Event, EventBus
 from vmready.store.sqlite import Store
@@ -35,6 +36,17 @@ def _async(test: Callable[[Any], Coroutine[Any, Any, None]]) -> Callable[[Any], 
 
     run.__name__ = test.__name__
     return run
+
+
+def lifecycle_actions(events: list[Event], name: str) -> list[str]:
+    """The actions of the lifecycle events about ``name``, other than instance-state."""
+    return [
+        e.metadata["action"]
+        for e in events
+        if e.type == "lifecycle"
+        and e.metadata.get("source") == f"/1.0/instances/{name}"
+        and e.metadata["action"] != "instance-state"
+    ]
 
 
 class ACPIGuest(Protocol):
@@ -55,6 +67,23 @@ class ACPIGuest(Protocol):
         if b"POWERDOWN\n" in self.buffer:
             assert self.transport is not None
             self.transport.write(b"poweroff\n")
+
+
+async def acpi_guest(vm: RunningVM) -> ACPIGuest:
+    """An ACPIGuest on ``vm``'s power-management socket, once the host has registered it."""
+    guest = ACPIGuest()
+    control = os.path.join(vm.spec.guest_dir, "control")
+    await connectProtocol(UNIXClientEndpoint(reactor, control), guest)
+    await guest.ready
+    return guest
+
+
+async def guest_ends(vm: RunningVM, line: bytes) -> None:
+    """The guest OS says ``line`` (``poweroff``, ``panic``) to the host; once ``vm`` is gone."""
+    guest = await acpi_guest(vm)
+    assert guest.transport is not None
+    guest.transport.write(line)
+    await vm.when_gone()
 
 
 class LifecycleTestCase(TestCase):
@@ -119,13 +148,7 @@ class LifecycleTestCase(TestCase):
 
     def lifecycle_actions(self, name: str) -> list[str]:
         """Lifecycle event actions about ``name``, other than instance-state."""
-        return [
-            e.metadata["action"]
-            for e in self.events
-            if e.type == "lifecycle"
-            and e.metadata.get("source") == f"/1.0/instances/{name}"
-            and e.metadata["action"] != "instance-state"
-        ]
+        return lifecycle_actions(self.events, name)
 
     def vm_option(self, name: str, option: str) -> str:
         """A value from the running VM's real command line (from /proc), past the program."""
@@ -231,10 +254,7 @@ class CreateAndPowerTests(LifecycleTestCase):
     @_async
     async def test_stopWithACPIGuestIsClean(self) -> None:
         await self.launch()
-        guest = ACPIGuest()
-        control = os.path.join(self.lifecycle.running.vms["vm1"].spec.guest_dir, "control")
-        await connectProtocol(UNIXClientEndpoint(reactor, control), guest)
-        await guest.ready
+        await acpi_guest(self.lifecycle.running.vms["vm1"])
         await self.wait(await self.lifecycle.act("vm1", "stop", timeout=30))
         steps = [s.name for s in self.store.actions.list_actions("vm1")[0].steps]
         self.assertIn("clean stop", steps)
@@ -418,13 +438,7 @@ class VMDeathTests(LifecycleTestCase):
     async def test_guestPowerOffStopsTheInstance(self) -> None:
         await self.launch()
         vm = self.lifecycle.running.vms["vm1"]
-        control = os.path.join(vm.spec.guest_dir, "control")
-        guest = ACPIGuest()
-        await connectProtocol(UNIXClientEndpoint(reactor, control), guest)
-        await guest.ready
-        assert guest.transport is not None
-        guest.transport.write(b"poweroff\n")
-        await vm.when_gone()
+        await guest_ends(vm, b"poweroff\n")
         await _until(
             lambda: self.lifecycle.store.view.get_instance("vm1").vm_state is VMState.STOPPED
         )
@@ -570,13 +584,7 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
         await self.launch()
         vm = self.lifecycle.running.vms["vm1"]
         self.store.instances.set_error("vm1", "resize failed: disk on fire")
-        guest = ACPIGuest()
-        control = os.path.join(vm.spec.guest_dir, "control")
-        await connectProtocol(UNIXClientEndpoint(reactor, control), guest)
-        await guest.ready
-        assert guest.transport is not None
-        guest.transport.write(b"poweroff\n")
-        await vm.when_gone()
+        await guest_ends(vm, b"poweroff\n")
         await _until(lambda: "vm1" not in self.lifecycle.running.vms)
         record = self.lifecycle.store.view.get_instance("vm1")
         self.assertEqual(
@@ -723,11 +731,7 @@ class PowerSyncAndRecoveryTests(LifecycleTestCase):
 
 def _alive(pid: int) -> bool:
     """Whether a process exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return False
+    return process_state(pid) not in (None, b"Z")
 
 
 def _kill_quietly(pid: int) -> None:

@@ -18,10 +18,10 @@ from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol
 from twisted.internet.task import deferLater
-from twisted.python.failure import Failure
 
 from tests.lifecycle.test_lifecycle import STOP_TIMEOUT, LifecycleTestCase, _async, _until
 from tests.reactor import reactor
+from tests.received import Received
 from vmready.agentlink.link import PollIntervals
 from vmready.domain.model import Conflict
 from vmready.domain.states import READY_KEY, StatusCode
@@ -35,25 +35,11 @@ FAST = PollIntervals(follow_up=0.02, follow_up_window=5.0)
 SERVER = generate("vmready-test-server")
 
 
-class PortHolder(Protocol):
-    """A guest process holding one virtio port open: what arrived on it."""
-
-    def __init__(self) -> None:
-        self.received = b""
-        self.closed: Deferred[None] = Deferred()
-
-    def dataReceived(self, data: bytes) -> None:
-        self.received += data
-
-    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # noqa: B008
-        self.closed.callback(None)
-
-
 class SerialGuest:
     """The agent's two ports, as the agent holds them: it says its status on the first
     (into the ring buffer), the host's CONNECT lines arrive on ``vmready.connect``."""
 
-    def __init__(self, status: PortHolder, connect: PortHolder) -> None:
+    def __init__(self, status: Received, connect: Received) -> None:
         self.status = status
         self.connect = connect
 
@@ -115,12 +101,12 @@ class AgentLinkTestCase(LifecycleTestCase):
         spec = self.lifecycle.specs.spec_for(self.lifecycle.store.view.get_instance(name))
         holders = []
         for port in (AGENT_PORT, CONNECT_PORT):
-            holder = PortHolder()
+            holder = Received()
             path = os.path.join(spec.guest_dir, "virtio-ports", port)
             await connectProtocol(UNIXClientEndpoint(reactor, path), holder)
             holders.append(holder)
 
-            def hang_up(holder: PortHolder = holder) -> Deferred[None] | None:
+            def hang_up(holder: Received = holder) -> Deferred[None] | None:
                 if holder.transport is not None and not holder.closed.called:
                     holder.transport.loseConnection()
                     return holder.closed
