@@ -201,6 +201,11 @@ class KeeperHarness:
     def on_open(self) -> None:
         self.opened += 1
 
+    async def started(self) -> None:
+        """The keeper started, and its first opening tried."""
+        self.keeper.start()
+        await settle()
+
     async def open(self, path: str, on_data: OnData, on_lost: OnLost) -> SerialChannel:
         self.attempts.append(asyncio.get_running_loop().time())
         if self.refusals:
@@ -228,8 +233,7 @@ class SerialKeeperTests(SynchronousTestCase):
         harness = KeeperHarness()
 
         async def scenario() -> None:
-            harness.keeper.start()
-            await settle()
+            await harness.started()
 
         run_virtual(self, scenario)
         self.assertEqual((harness.opened, harness.keeper.is_open), (1, True))
@@ -238,8 +242,7 @@ class SerialKeeperTests(SynchronousTestCase):
         harness = KeeperHarness()
 
         async def scenario() -> bool:
-            harness.keeper.start()
-            await settle()
+            await harness.started()
             return harness.keeper.write(b"STARTED\n")
 
         self.assertTrue(run_virtual(self, scenario))
@@ -250,8 +253,7 @@ class SerialKeeperTests(SynchronousTestCase):
         harness.refusals = 1
 
         async def scenario() -> bool:
-            harness.keeper.start()
-            await settle()
+            await harness.started()
             written = harness.keeper.write(b"STARTED\n")
             await harness.keeper.stop()
             return written
@@ -331,8 +333,7 @@ class SerialKeeperTests(SynchronousTestCase):
         harness = KeeperHarness()
 
         async def scenario() -> None:
-            harness.keeper.start()
-            await settle()
+            await harness.started()
             harness.keeper.write(b"STOPPED\n")
             await harness.keeper.stop()
 
@@ -346,8 +347,7 @@ class SerialKeeperTests(SynchronousTestCase):
         harness.refusals = 1
 
         async def scenario() -> None:
-            harness.keeper.start()
-            await settle()
+            await harness.started()
             await harness.keeper.stop()
             await asyncio.sleep(10)
 
@@ -359,8 +359,7 @@ class SerialKeeperTests(SynchronousTestCase):
         harness.flushes = False
 
         async def scenario() -> float:
-            harness.keeper.start()
-            await settle()
+            await harness.started()
             loop = asyncio.get_running_loop()
             started = loop.time()
             await harness.keeper.stop()
@@ -377,8 +376,7 @@ class PulseTests(SynchronousTestCase):
         harness = KeeperHarness()
 
         async def scenario() -> None:
-            harness.keeper.start()
-            await settle()
+            await harness.started()
             harness.keeper.write(b"CONNECTED\n", announce=True)
             await settle()
 
@@ -394,8 +392,7 @@ class PulseTests(SynchronousTestCase):
         harness = KeeperHarness()
 
         async def scenario() -> None:
-            harness.keeper.start()
-            await settle()
+            await harness.started()
             harness.keeper.write(b"CONNECTED\n")
             await settle()
 
@@ -408,8 +405,7 @@ class PulseTests(SynchronousTestCase):
         harness.flushes = False  # the first close waits for its flush: the pulse is slow
 
         async def scenario() -> None:
-            harness.keeper.start()
-            await settle()
+            await harness.started()
             harness.keeper.write(b"STARTED\n", announce=True)
             await settle()
             harness.flushes = True
@@ -427,8 +423,7 @@ class PulseTests(SynchronousTestCase):
         harness.flushes = False
 
         async def scenario() -> None:
-            harness.keeper.start()
-            await settle()
+            await harness.started()
             harness.keeper.write(b"STARTED\n", announce=True)
             await settle()
             harness.flushes = True
@@ -447,8 +442,7 @@ class PulseTests(SynchronousTestCase):
         harness = KeeperHarness(delays=(1.0, 2.0))
 
         async def scenario() -> None:
-            harness.keeper.start()
-            await settle()
+            await harness.started()
             harness.refusals = 1
             harness.keeper.write(b"STARTED\n", announce=True)
             await asyncio.sleep(5)
