@@ -474,6 +474,16 @@ def record(t: float, kind: str, **fields: Any) -> str:
     return json.dumps({"t": t, "kind": kind, **fields})
 
 
+def answered_get(t: float, request_id: int, path: str, metadata: Any) -> list[str]:
+    """The agent's GET of ``path`` at ``t`` and the host's 200 with ``metadata`` 10 ms later."""
+    return [
+        record(t, "host-request", id=request_id, method="GET", path=path, body=""),
+        record(
+            round(t + 0.01, 3), "host-response", id=request_id, status=200, body=sync(metadata)
+        ),
+    ]
+
+
 def with_header(lines: list[str], **changes: Any) -> list[str]:
     """The lines with the header's fields changed."""
     header = json.loads(lines[0])
@@ -533,39 +543,13 @@ class AgentSideTests(SynchronousTestCase):
 
     def test_configAndMetaDataAnswersArePrimedFromTheRecording(self) -> None:
         uuid = "85aa3c18-49c6-4c36-aa87-c93da4de77d4"
+        keys = [f"/1.0/config/user.{key}" for key in ("empty", "greeting", "meta-data")]
+        meta_data = f"instance-id: {uuid}\nlocal-hostname: web1\nfoo: bar\n"
         lines = self.agent_lines(
             [
-                record(1.0, "host-request", id=10, method="GET", path="/1.0/config", body=""),
-                record(
-                    1.01,
-                    "host-response",
-                    id=10,
-                    status=200,
-                    body=sync(
-                        [
-                            "/1.0/config/user.empty",
-                            "/1.0/config/user.greeting",
-                            "/1.0/config/user.meta-data",
-                        ]
-                    ),
-                ),
-                record(
-                    1.1,
-                    "host-request",
-                    id=11,
-                    method="GET",
-                    path="/1.0/config/user.greeting",
-                    body="",
-                ),
-                record(1.11, "host-response", id=11, status=200, body=sync("hello")),
-                record(1.2, "host-request", id=12, method="GET", path="/1.0/meta-data", body=""),
-                record(
-                    1.21,
-                    "host-response",
-                    id=12,
-                    status=200,
-                    body=sync(f"instance-id: {uuid}\nlocal-hostname: web1\nfoo: bar\n"),
-                ),
+                *answered_get(1.0, 10, "/1.0/config", keys),
+                *answered_get(1.1, 11, "/1.0/config/user.greeting", "hello"),
+                *answered_get(1.2, 12, "/1.0/meta-data", meta_data),
             ]
         )
         result = replay(lines)
@@ -574,19 +558,7 @@ class AgentSideTests(SynchronousTestCase):
 
     def test_whatTheHostDecidesIsStillCompared(self) -> None:
         # limits.* are not the guest's to read: the host refuses, whatever was recorded.
-        lines = self.agent_lines(
-            [
-                record(
-                    1.0,
-                    "host-request",
-                    id=10,
-                    method="GET",
-                    path="/1.0/config/limits.memory",
-                    body="",
-                ),
-                record(1.01, "host-response", id=10, status=200, body=sync("128")),
-            ]
-        )
+        lines = self.agent_lines(answered_get(1.0, 10, "/1.0/config/limits.memory", "128"))
         result = replay(lines)
         assert result.divergence is not None, result.describe()
         self.assertEqual(result.divergence.line, len(lines) - 1)
