@@ -206,13 +206,16 @@ class CheckerTests(SynchronousTestCase):
         where = {importer: importer.replace(".", "/") + ".py"}
         return layer_violations({importer: [(7, target)]}, where)
 
+    def counts(self, *imports: tuple[str, str]) -> list[int]:
+        """How many violations each (importer, target) import is."""
+        return [len(self.violations(importer, target)) for importer, target in imports]
+
     def test_anImportUpTheLayersIsAViolation(self) -> None:
+        [violation] = self.violations("vmready.domain.states", "vmready.lifecycle.core")
         self.assertEqual(
-            self.violations("vmready.domain.states", "vmready.lifecycle.core"),
-            [
-                "vmready/domain/states.py:7: vmready.domain.states -> vmready.lifecycle.core "
-                "(domain, rank 0, may not import lifecycle, rank 5)"
-            ],
+            violation,
+            "vmready/domain/states.py:7: vmready.domain.states -> vmready.lifecycle.core "
+            "(domain, rank 0, may not import lifecycle, rank 5)",
         )
 
     def test_anImportDownTheLayersIsFine(self) -> None:
@@ -223,21 +226,21 @@ class CheckerTests(SynchronousTestCase):
 
     def test_theAgentImportsNothingButItsSharedFormats(self) -> None:
         self.assertEqual(
-            [
-                len(self.violations("vmready.agent.core", "vmready.domain.states")),
-                len(self.violations("vmready.agent.core", "vmready.protocols.ringbuffer")),
-                len(self.violations("vmready.cli.main", "vmready.agent.core")),
-            ],
+            self.counts(
+                ("vmready.agent.core", "vmready.domain.states"),
+                ("vmready.agent.core", "vmready.protocols.ringbuffer"),
+                ("vmready.cli.main", "vmready.agent.core"),
+            ),
             [1, 0, 1],
         )
 
     def test_fakeqemuOnlyInTheReplayAndOnlyPublic(self) -> None:
         self.assertEqual(
-            [
-                len(self.violations("vmready.cli.main", "fakeqemu.testing")),
-                len(self.violations("vmready.record.replaydriver", "fakeqemu._machine")),
-                len(self.violations("vmready.record.replaydriver", "fakeqemu.testing")),
-            ],
+            self.counts(
+                ("vmready.cli.main", "fakeqemu.testing"),
+                ("vmready.record.replaydriver", "fakeqemu._machine"),
+                ("vmready.record.replaydriver", "fakeqemu.testing"),
+            ),
             [1, 1, 0],
         )
 
