@@ -1096,6 +1096,20 @@ class WaitTests(CLITestCase):
             self.assertIn(line, text)
 
 
+def _fill_listen_queue(path: str) -> list[socket.socket]:
+    """Connections to the unix socket ``path`` until its listening queue is full."""
+    waiting: list[socket.socket] = []
+    while True:
+        client = socket.socket(socket.AF_UNIX)
+        client.setblocking(False)
+        try:
+            client.connect(path)
+        except BlockingIOError:
+            client.close()
+            return waiting
+        waiting.append(client)
+
+
 class NoDaemonTests(TestCase):
     """One clear line when nothing listens on the socket."""
 
@@ -1127,6 +1141,25 @@ class NoDaemonTests(TestCase):
             err.getvalue(),
             f"vmready: cannot reach the vmready daemon at {self.socket}: "
             f"Connection refused {_HINT}\n",
+        )
+
+    async def test_fullListenQueueSaysTheDaemonIsBusyNotThatItIsNotRunning(self) -> None:
+        # A daemon too busy to accept: its socket's queue is full, so the kernel turns
+        # a connect away (EAGAIN) although the daemon runs.
+        busy = socket.socket(socket.AF_UNIX)
+        self.addCleanup(busy.close)
+        busy.bind(self.socket)
+        busy.listen(0)
+        for waiting in _fill_listen_queue(self.socket):
+            self.addCleanup(waiting.close)
+        err = io.StringIO()
+        code = await run(reactor, ["--socket", self.socket, "list"], io.StringIO(), err)
+        self.assertEqual(code, 1)
+        self.assertEqual(
+            err.getvalue(),
+            f"vmready: cannot reach the vmready daemon at {self.socket}: its queue of "
+            "connections waiting to be accepted is full (it is too busy to accept more "
+            "now; try again)\n",
         )
 
     async def test_socketFromTheEnvironment(self) -> None:

@@ -320,7 +320,31 @@ class OptionsTests(TestCase):
 
         options = Options()
         options.parseOptions(["--data-dir", "/tmp/vmr-opt"])
-        self.assertEqual(options["listen"], "unix:/tmp/vmr-opt/vmready.sock:mode=600")
+        self.assertEqual(options["listen"], "unix:/tmp/vmr-opt/vmready.sock:mode=600:backlog=256")
+
+    async def test_theDefaultSocketQueuesAsManyConnectionsAsTheAPIServes(self) -> None:
+        # Connections wait in the kernel's queue while the daemon is busy; a queue shorter
+        # than the API's own bound hung up on clients of a daemon that was merely busy.
+        from twisted.internet.endpoints import serverFromString
+        from twisted.internet.protocol import Factory, Protocol
+
+        from vmready.api.limits import MAX_OPERATOR_CONNECTIONS
+        from vmready.daemon.tap import Options
+
+        directory = tempfile.mkdtemp(prefix="vmr-queue-")
+        self.addCleanup(shutil.rmtree, directory, True)
+        options = Options()
+        options.parseOptions(["--data-dir", directory])
+        port = await serverFromString(reactor, options["listen"]).listen(
+            Factory.forProtocol(Protocol)
+        )
+        self.addCleanup(port.stopListening)
+        # The reactor does not run between these connects: none is accepted meanwhile.
+        for _ in range(MAX_OPERATOR_CONNECTIONS):
+            client = socket.socket(socket.AF_UNIX)
+            client.setblocking(False)
+            self.addCleanup(client.close)
+            client.connect(os.path.join(directory, "vmready.sock"))  # no BlockingIOError
 
     def test_stopTimeoutMustBeFiniteAndBounded(self) -> None:
         from twisted.python import usage

@@ -14,11 +14,11 @@ from vmready.daemon.tap import Options
 class HTTPSAddressTests(SynchronousTestCase):
     def test_spellings(self) -> None:
         cases = {
-            "127.0.0.1:9443": ("127.0.0.1", 9443, "tcp:port=9443:interface=127.0.0.1"),
-            ":8443": ("", 8443, "tcp:port=8443"),
-            "10.0.0.5": ("10.0.0.5", 8443, "tcp:port=8443:interface=10.0.0.5"),
-            "[::1]:9000": ("::1", 9000, "tcp:port=9000:interface=\\:\\:1"),
-            "::": ("::", 8443, "tcp:port=8443:interface=\\:\\:"),
+            "127.0.0.1:9443": ("127.0.0.1", 9443, "tcp:port=9443:backlog=256:interface=127.0.0.1"),
+            ":8443": ("", 8443, "tcp:port=8443:backlog=256"),
+            "10.0.0.5": ("10.0.0.5", 8443, "tcp:port=8443:backlog=256:interface=10.0.0.5"),
+            "[::1]:9000": ("::1", 9000, "tcp:port=9000:backlog=256:interface=\\:\\:1"),
+            "::": ("::", 8443, "tcp:port=8443:backlog=256:interface=\\:\\:"),
         }
         for text, (host, port, endpoint) in cases.items():
             address = HTTPSAddress.parse(text)

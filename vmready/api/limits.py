@@ -33,6 +33,7 @@ __all__ = [
     "IDLE_TIMEOUT",
     "MAX_GUEST_CONNECTIONS",
     "MAX_OPERATOR_CONNECTIONS",
+    "OPERATOR_LISTEN_BACKLOG",
     "REQUEST_DEADLINE",
     "Envelope",
     "LimitedChannel",
@@ -49,6 +50,10 @@ IDLE_TIMEOUT = 60.0
 MAX_GUEST_CONNECTIONS = 16
 # Operator API connections open at once, all clients together.
 MAX_OPERATOR_CONNECTIONS = 256
+# Connections the kernel holds for the operator API until they are accepted: as many as it
+# serves, so a burst waits its turn (or gets the 503 past the bound) instead of being hung up
+# on by the kernel while the daemon is busy (a unix socket's default queue of 50 was).
+OPERATOR_LISTEN_BACKLOG = MAX_OPERATOR_CONNECTIONS
 
 # An error response body for (status, message): the server's own envelope.
 Envelope = Callable[[int, str], Any]

@@ -40,6 +40,7 @@ from vmready.domain.reactor import IVMReadyReactor
 __all__ = [
     "APIError",
     "Client",
+    "DaemonBusy",
     "DaemonUnreachable",
     "LineStream",
     "get_instance",
@@ -53,10 +54,20 @@ _HOST = "http://vmready"
 class DaemonUnreachable(CommandError):
     """The daemon's socket cannot be connected to."""
 
-    def __init__(self, socket_path: str, reason: str) -> None:
+    def __init__(self, socket_path: str, reason: str, hint: str = _START_HINT) -> None:
         super().__init__(
-            f"cannot reach the vmready daemon at {socket_path}: {reason} ({_START_HINT})",
-            EXIT_FAILED,
+            f"cannot reach the vmready daemon at {socket_path}: {reason} ({hint})", EXIT_FAILED
+        )
+
+
+class DaemonBusy(DaemonUnreachable):
+    """The daemon runs, but its socket's queue of connections not yet accepted is full."""
+
+    def __init__(self, socket_path: str) -> None:
+        super().__init__(
+            socket_path,
+            "its queue of connections waiting to be accepted is full",
+            "it is too busy to accept more now; try again",
         )
 
 
@@ -134,6 +145,7 @@ class Client:
             _UnixSocket(reactor, socket_path),
             f"the vmready daemon at {socket_path}",
             lambda reason: DaemonUnreachable(socket_path, reason),
+            lambda: DaemonBusy(socket_path),
         )
         self.socket_path = socket_path
 
@@ -147,6 +159,9 @@ class Client:
             tls,
             daemon,
             lambda reason: CommandError(f"cannot reach {daemon}: {reason}", EXIT_FAILED),
+            lambda: CommandError(
+                f"cannot reach {daemon}: it hung up on the connection", EXIT_FAILED
+            ),
         )
         self.socket_path = url
         return self
@@ -157,10 +172,12 @@ class Client:
         endpoints: IAgentEndpointFactory,
         daemon: str,
         unreachable: Callable[[str], CommandError],
+        busy: Callable[[], CommandError],
     ) -> None:
         self.reactor = reactor
         self.daemon = daemon
         self._unreachable = unreachable
+        self._busy = busy
         self._pinned = endpoints.tls if isinstance(endpoints, PinnedRemote) else None
         self._http = HTTPClient(Agent.usingEndpointFactory(reactor, endpoints))
 
@@ -197,6 +214,8 @@ class Client:
             )
             return response
         except ConnectError as e:
+            if _closed_while_connecting(e):
+                raise self._busy() from None
             raise self._unreachable(_connect_reason(e)) from None
         except (ResponseFailed, RequestTransmissionFailed) as e:
             raise self._failed(e) from None
@@ -284,6 +303,16 @@ def _connect_reason(error: ConnectError) -> str:
     if isinstance(error.osError, int):
         return os.strerror(error.osError)
     return str(error.args[0]) if error.args else str(error)
+
+
+def _closed_while_connecting(error: ConnectError) -> bool:
+    """Whether the socket was closed before it connected, with no error of the OS's.
+
+    A unix socket's connect whose listening queue is full is told "try again"
+    (EAGAIN) and then hung up on: Twisted ends such an attempt as a plain
+    ``ConnectError`` naming no OS error; every error the OS names has its own.
+    """
+    return type(error) is ConnectError and error.osError is None
 
 
 def instance_path(name: str, *rest: str) -> str:

@@ -11,6 +11,8 @@ import socket
 
 import attrs
 
+from vmready.api.limits import OPERATOR_LISTEN_BACKLOG
+
 __all__ = ["DEFAULT_HTTPS_PORT", "HTTPSAddress"]
 
 DEFAULT_HTTPS_PORT = 8443
@@ -57,10 +59,11 @@ class HTTPSAddress:
 
     def endpoint(self) -> str:
         """The Twisted endpoint string to listen with (TLS is added around it)."""
+        listen = f"tcp:port={self.port}:backlog={OPERATOR_LISTEN_BACKLOG}"
         if not self.host:
-            return f"tcp:port={self.port}"
+            return listen
         escaped = self.host.replace("\\", "\\\\").replace(":", "\\:")
-        return f"tcp:port={self.port}:interface={escaped}"
+        return f"{listen}:interface={escaped}"
 
     def advertised(self, port: int) -> list[str]:
         """``host:port`` strings a trust token names (``port``: the one actually bound)."""

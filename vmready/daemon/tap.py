@@ -12,6 +12,7 @@ from twisted.python import usage
 
 from vmready.agentlink.link import PollIntervals
 from vmready.agentlink.transport import TransportError, choose_transport, vhost_vsock_problem
+from vmready.api.limits import OPERATOR_LISTEN_BACKLOG
 from vmready.daemon.clusteroptions import (
     CLUSTER_OPTIONS,
     ClusterSettings,
@@ -316,7 +317,7 @@ class Options(usage.Options):
         if not self["listen"]:
             # Whoever can reach the operator socket controls every VM: owner only.
             path = os.path.join(self["data-dir"], "vmready.sock").replace(":", "\\:")
-            self["listen"] = f"unix:{path}:mode=600"
+            self["listen"] = f"unix:{path}:mode=600:backlog={OPERATOR_LISTEN_BACKLOG}"
 
     @property
     def default_boot(self) -> BootSource:
