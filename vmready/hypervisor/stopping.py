@@ -146,6 +146,7 @@ class VMStopper:
 
     async def kill_and_wait(self, why: str, timer: IReactorTime) -> None:
         """SIGKILL the VM's process because ``why`` and wait for it to be gone."""
+        await self.commands.guard.before_acting(self._name, "SIGKILL")
         self.follower.kill(why)
         try:
             await self.follower.when_gone().addTimeout(self.kill_timeout, timer)
