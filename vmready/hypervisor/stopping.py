@@ -86,6 +86,8 @@ class VMStopper:
         if may_go and not follower.detached:
             if await self._await_power_off(deadline, timer):
                 return "clean"
+            # Asked first: a daemon woken past its lease neither forces nor says it will.
+            await self.commands.guard.before_acting(self._name, "force")
             self.log.info(
                 "VM {name} did not power off within {timeout}s; forcing it",
                 name=self._name,
