@@ -34,15 +34,19 @@ class _Renewals:
     def __init__(self) -> None:
         self.calls = 0
         self.outcome: Exception | None = None
+        self.pending: Deferred[None] | None = None
         self.guard: LeaseGuard | None = None
         self.clock: Clock | None = None
 
     async def __call__(self) -> None:
         self.calls += 1
+        sent = self.clock.seconds() if self.clock is not None else 0.0
+        if self.pending is not None:
+            await self.pending
         if self.outcome is not None:
             raise self.outcome
-        assert self.guard is not None and self.clock is not None
-        self.guard.confirm(self.clock.seconds())
+        assert self.guard is not None
+        self.guard.confirm(sent)
 
 
 class _SpawnRecorder:
@@ -121,6 +125,17 @@ class LeaseGuardTests(SynchronousTestCase):
             "not acting on VM web1 (quit): the lease of member m1 may have run out (last "
             "confirmed 10.0s ago, lease 3s) and renewing it failed: the store is out of reach",
         )
+
+    def test_stepsWaitingAtOnceShareOneRenewal(self) -> None:
+        self.guard.confirm(self.clock.seconds())
+        self.clock.advance(10)
+        answer: Deferred[None] = Deferred()
+        self.renewals.pending = answer
+        first, second = self.before_acting(), self.before_acting()
+        answer.callback(None)
+        self.successResultOf(first)
+        self.successResultOf(second)
+        self.assertEqual(self.renewals.calls, 1)
 
     def test_aLostLeaseRefusesEveryStepWithoutAskingTheStoreAgain(self) -> None:
         self.guard.confirm(self.clock.seconds())

@@ -14,8 +14,9 @@ from typing import Protocol
 
 __all__ = ["ALWAYS", "READS", "ActingGuard"]
 
-# QMP commands that only read: allowed whatever the guard says.
-READS = frozenset({"query-status", "query-migrate", "ringbuf-read"})
+# QMP commands that do not change the VM, allowed whatever the guard says: reads, and the
+# agent link's own traffic on its ring buffer.
+READS = frozenset({"query-status", "query-migrate", "ringbuf-read", "ringbuf-write"})
 
 
 class ActingGuard(Protocol):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+from twisted.internet.defer import DeferredLock
 from twisted.logger import Logger
 
 from vmready.domain.members import ActingRefused, LeaseLost
@@ -45,6 +46,8 @@ class LeaseGuard:
         # the lease was lost).
         self.confirmed_at: float | None = None
         self.lost = False
+        # One renewal at a time for the steps waiting on it: the others find it done.
+        self._renewing = DeferredLock()
 
     def confirm(self, sent_at: float) -> None:
         """A renewal sent at ``sent_at`` (``now()`` before sending) succeeded."""
@@ -76,10 +79,19 @@ class LeaseGuard:
         Past a lease length since the last confirmed renewal (a daemon woken
         from a freeze, a store out of reach) the lease is renewed first;
         ``ActingRefused`` if that finds it lost (the membership's ``lost``
-        fires: the daemon stops) or fails.
+        fires: the daemon stops) or fails.  Steps waiting at once share one renewal.
         """
         if self.may_act():
             return
+        await self._renewing.acquire()
+        try:
+            await self._renew_before(vm, what)
+        finally:
+            self._renewing.release()
+
+    async def _renew_before(self, vm: str, what: str) -> None:
+        if self.may_act():
+            return  # renewed while this step waited for the renewal in flight
         if self.lost:
             raise ActingRefused(vm, what, self.name, "was lost")
         since = self.since()
