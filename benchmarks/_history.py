@@ -436,28 +436,24 @@ def double_masters(history: History) -> list[Violation]:
     grants: dict[str, list[Grant]] = defaultdict(list)
     for grant in history.grants:
         grants[grant.member].append(grant)
-    for span in [*history.store_spans, *history.member_spans]:
-        taken = _taken_over(grants.get(span.member, []), span.epoch, span.started)
+    late = [
+        (span.instance, span.member, span.epoch, span.started, f"{_described(span)} ran")
+        for span in [*history.store_spans, *history.member_spans]
+    ]
+    late += [
+        (act.instance, act.member, act.epoch, act.at, f"{act.actor} acted on its VM ({act.what})")
+        for act in history.acts
+    ]
+    for instance, member, epoch, at, what in late:
+        taken = _taken_over(grants.get(member, []), epoch, at)
         if taken is not None:
+            by = f", by {taken.actor}" if taken.actor else ""
             found.append(
                 Violation(
                     "double_master",
-                    span.instance,
-                    f"{_described(span)} ran under epoch {span.epoch} of member {span.member}, "
-                    f"taken over at {taken.at:.3f} (epoch {taken.epoch}"
-                    f"{', by ' + taken.actor if taken.actor else ''})",
-                )
-            )
-    for act in history.acts:
-        taken = _taken_over(grants.get(act.member, []), act.epoch, act.at)
-        if taken is not None:
-            found.append(
-                Violation(
-                    "double_master",
-                    act.instance,
-                    f"{act.actor} acted on its VM at {act.at:.3f} ({act.what}) under epoch "
-                    f"{act.epoch} of member {act.member}, taken over at {taken.at:.3f} "
-                    f"(epoch {taken.epoch}{', by ' + taken.actor if taken.actor else ''})",
+                    instance,
+                    f"{what} at {at:.3f} under epoch {epoch} of member {member}, taken over "
+                    f"at {taken.at:.3f} (epoch {taken.epoch}{by})",
                 )
             )
     found += [Violation("double_master", member, what) for member, what in history.lingering]

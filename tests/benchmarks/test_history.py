@@ -210,7 +210,9 @@ class DoubleMasterTests(SynchronousTestCase):
         grants = [Grant("m1", 1, 0.0, "m1#1"), Grant("m1", 2, 10.0, "m1#2")]
         spans = [Span("c1", "powering-off", 12.0, 12.5, "m1", "m1#1", 1)]
         found = verdict(member_spans=spans, grants=grants)
-        self.assertDoubleMaster(found, "ran under epoch 1 of member m1, taken over at 10.000")
+        self.assertDoubleMaster(
+            found, "ran at 12.000 under epoch 1 of member m1, taken over at 10.000"
+        )
 
     def test_anActionBeforeTheTakeoverIsNoDoubleMaster(self) -> None:
         grants = [Grant("m1", 1, 0.0), Grant("m1", 2, 10.0)]
@@ -257,7 +259,9 @@ class DoubleMasterTests(SynchronousTestCase):
         grants = [Grant("m1", 1, 0.0, "m1#1"), Grant("m1", 2, 10.0, "m1#2")]
         acts = [Act("c1", 11.0, "starting VM c1: fakeqemu", "m1", "m1#1", 1)]
         found = verdict(acts=acts, grants=grants)
-        self.assertDoubleMaster(found, "m1#1 acted on its VM at 11.000 (starting VM c1")
+        self.assertDoubleMaster(
+            found, "m1#1 acted on its VM (starting VM c1: fakeqemu) at 11.000 under epoch 1"
+        )
 
     def test_anActBeforeTheTakeoverOrOfTheNewHolderIsNoDoubleMaster(self) -> None:
         grants = [Grant("m1", 1, 0.0, "m1#1"), Grant("m1", 2, 10.0, "m1#2")]
