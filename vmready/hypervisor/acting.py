@@ -3,7 +3,7 @@
 Every step that changes a VM from the host (starting its process, a QMP
 command that is not a read, a SIGKILL) first awaits ``before_acting``.  A
 daemon alone on its host may always act (``ALWAYS``); a cluster member may
-act only while its lease is known to hold (``vmready.lifecycle.members``), so
+act only while its lease is known to hold (``vmready.lifecycle.leaseguard``), so
 a daemon frozen past its lease does not act on instances another daemon may
 hold by then.
 """
