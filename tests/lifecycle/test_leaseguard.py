@@ -137,6 +137,21 @@ class LeaseGuardTests(SynchronousTestCase):
         self.successResultOf(second)
         self.assertEqual(self.renewals.calls, 1)
 
+    def test_aRenewalAnsweredMoreThanALeaseAfterItWasSentRefusesTheStep(self) -> None:
+        self.guard.confirm(self.clock.seconds())
+        self.clock.advance(10)
+        answer: Deferred[None] = Deferred()
+        self.renewals.pending = answer
+        acting = self.before_acting()
+        self.clock.advance(3.0)  # the store took the whole lease to answer
+        answer.callback(None)
+        refused = self.failureResultOf(acting, ActingRefused).value
+        self.assertEqual(
+            refused.message,
+            "not acting on VM web1 (quit): the lease of member m1 was renewed too late to be "
+            "sure it holds",
+        )
+
     def test_aLostLeaseRefusesEveryStepWithoutAskingTheStoreAgain(self) -> None:
         self.guard.confirm(self.clock.seconds())
         self.guard.revoke()

@@ -25,8 +25,11 @@ __all__ = ["LeaseGuard"]
 class LeaseGuard:
     """When member ``name``'s lease was last confirmed, and whether this daemon may act now.
 
-    ``renew`` renews the lease (``Membership.renew``: LeaseLost when another
-    daemon holds it now); a successful renewal calls ``confirm``.
+    ``renew`` renews the lease (``Membership.renew_lease``, one store write:
+    LeaseLost when another daemon holds it now); a successful renewal calls
+    ``confirm``.  A renewal answered more than a lease after it was sent
+    confirms nothing (the store's lease may have run out since it committed):
+    the step is refused.
     """
 
     log = Logger()

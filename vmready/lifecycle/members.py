@@ -120,7 +120,7 @@ class Membership:
         self.lost: Deferred[LeaseLost] = Deferred()
         store.fenced_by = self._fenced
         # Whether the lease surely holds now: steps on VMs ask it (``before_acting``).
-        self.guard = LeaseGuard(name, lease_seconds, monotonic or clock.seconds, self.renew)
+        self.guard = LeaseGuard(name, lease_seconds, monotonic or clock.seconds, self.renew_lease)
 
     # -- the lease ------------------------------------------------------------
 
@@ -204,6 +204,12 @@ class Membership:
         ``LeaseLost`` if another daemon holds the lease now: renewals stop, and
         ``lost`` fires with it.
         """
+        await self.renew_lease()
+        return await self.refresh()
+
+    async def renew_lease(self) -> None:
+        """Renew the lease alone (``guard`` asks it before a step on a VM); ``LeaseLost`` if
+        another daemon holds it now: renewals stop, and ``lost`` fires with it."""
         sent = self.guard.now()
         try:
             await self.store.members.renew_held_lease(
@@ -213,7 +219,6 @@ class Membership:
             self._lose(e)
             raise
         self.guard.confirm(sent)
-        return await self.refresh()
 
     def _fenced(self, fenced: Fenced) -> None:
         """The store refused a write of this daemon: its name was taken over (or removed)."""
