@@ -14,6 +14,7 @@ from twisted.internet.defer import CancelledError, TimeoutError
 
 from benchmarks._clusterworld import Cluster, Incarnation
 from benchmarks._crashworld import vm_processes
+from benchmarks._faultacts import log_acts
 from benchmarks._faultschedule import Fault, Faults
 from benchmarks._faultworkload import POLL_SECONDS, REQUEST_TIMEOUT, Recorder, within
 from benchmarks._history import (
@@ -23,6 +24,7 @@ from benchmarks._history import (
     Span,
     Verdict,
     spans_from_events,
+    with_acts,
 )
 from benchmarks._measure import report, sleep
 from benchmarks.crash import vm_problems
@@ -130,10 +132,11 @@ def build_history(
     by_uuid = {str(uuid): keys[name] for uuid, name in created if name in keys}
     store_spans, notes = _store_spans(cluster, by_uuid)
     listed = next(iter(views.values()), [])
+    acts = log_acts(cluster.every_incarnation(), keys)
     return History(
         ops=recorder.ops,
         store_spans=store_spans,
-        member_spans=member_spans(cluster, recorder),
+        member_spans=with_acts(member_spans(cluster, recorder), acts),
         notes=notes,
         grants=[
             Grant(i.member, i.epoch, i.joined or i.spawned, i.label)
@@ -147,6 +150,7 @@ def build_history(
         },
         problems=_vm_problems(cluster, faults, listed),
         lingering=faults.lingering,
+        acts=acts,
     )
 
 

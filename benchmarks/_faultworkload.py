@@ -206,7 +206,8 @@ class Workload:
         name = f"c{self.launched}"
         ref = self.refs[name] = Ref(name, name, memory=rng.choice(MEMORY_CHOICES))
         self.recorder.keys[name] = name
-        body = {"name": name, "config": {"limits.memory": str(ref.memory)}}
+        # Launched as `lxc launch` does: created and started (LXD's create alone rests stopped).
+        body = {"name": name, "config": {"limits.memory": str(ref.memory)}, "start": True}
         target = rng.choice([None, *self.cluster.members])
         path = "/1.0/instances" + ("" if target is None else f"?target={target}")
         await self._operation(ref, "launch", via, "POST", path, body)

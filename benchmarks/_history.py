@@ -25,8 +25,14 @@ of it and says what is wrong, by four rules:
   two daemons acting on it at once; an action whose end was never recorded is
   judged by the stuck rule, not here), or an action by a daemon under a lease
   epoch that another daemon had taken over before the action started, or a
-  daemon that went on running after another took its member over.  Counted
-  once per instance (or member).
+  step on a VM (``Act``: its own log says it started, killed, stopped or
+  forced it) by a daemon whose member another daemon had taken over by then,
+  or a daemon that went on running after another took its member over.
+  Counted once per instance (or member).  A task a daemon announced and never
+  closed because it ended first (frozen, then stopped when it learnt of the
+  takeover) is judged up to the last moment it showed itself acting on that
+  instance (its own events, its acts), not up to its end: being frozen with a
+  task open is not acting, doing something after waking is.
 
 The checker is plain functions over plain records: it is tested on synthetic
 histories (``tests/benchmarks/test_history.py``), one per violation.
@@ -45,6 +51,7 @@ import attrs
 __all__ = [
     "ATTRIBUTES",
     "RULES",
+    "Act",
     "ClientOp",
     "FinalInstance",
     "Grant",
@@ -56,6 +63,7 @@ __all__ = [
     "check",
     "history_from_json",
     "spans_from_events",
+    "with_acts",
 ]
 
 Outcome = Literal["ok", "refused", "failed", "unknown"]
@@ -130,12 +138,32 @@ class Span:
     member: str = ""
     actor: str | None = None
     epoch: int | None = None
+    # A task its daemon never closed because the daemon ended first: the last moment the
+    # daemon showed itself acting on the instance (its events, its acts). None: ``finished``.
+    acted_until: float | None = None
+
+    @property
+    def end(self) -> float:
+        """Until when it ran, as far as anyone acted (an unfinished span runs on forever)."""
+        if self.acted_until is not None:
+            return self.acted_until
+        return math.inf if self.finished is None else self.finished
 
     def overlaps(self, other: Span) -> bool:
-        """Whether the two ran at one moment (an unfinished span runs on forever)."""
-        end = math.inf if self.finished is None else self.finished
-        other_end = math.inf if other.finished is None else other.finished
-        return self.started < other_end and other.started < end
+        """Whether the two ran at one moment."""
+        return self.started < other.end and other.started < self.end
+
+
+@attrs.frozen
+class Act:
+    """A step on an instance's VM that a daemon's own log says it took, at ``at``."""
+
+    instance: str
+    at: float
+    what: str
+    member: str
+    actor: str
+    epoch: int | None
 
 
 @attrs.frozen
@@ -187,7 +215,8 @@ class History:
     ``members``: each member and whether it held its lease at the end.
     ``problems``: what the harness found wrong with the VMs; ``lingering``:
     (member, what happened) for each daemon that went on running after
-    another took its member over.
+    another took its member over; ``acts``: the steps on VMs the daemons' logs
+    tell of.
     """
 
     ops: Sequence[ClientOp] = ()
@@ -202,6 +231,7 @@ class History:
     )
     problems: Sequence[str] = ()
     lingering: Sequence[tuple[str, str]] = ()
+    acts: Sequence[Act] = ()
 
 
 @attrs.frozen
@@ -406,25 +436,36 @@ def double_masters(history: History) -> list[Violation]:
     grants: dict[str, list[Grant]] = defaultdict(list)
     for grant in history.grants:
         grants[grant.member].append(grant)
-    for span in [*history.store_spans, *history.member_spans]:
-        if span.epoch is None:
-            continue
-        newer = [
-            g for g in grants.get(span.member, []) if g.epoch > span.epoch and g.at <= span.started
-        ]
-        if newer:
-            taken = min(newer, key=lambda g: g.at)
+    late = [
+        (span.instance, span.member, span.epoch, span.started, f"{_described(span)} ran")
+        for span in [*history.store_spans, *history.member_spans]
+    ]
+    late += [
+        (act.instance, act.member, act.epoch, act.at, f"{act.actor} acted on its VM ({act.what})")
+        for act in history.acts
+    ]
+    for instance, member, epoch, at, what in late:
+        taken = _taken_over(grants.get(member, []), epoch, at)
+        if taken is not None:
+            by = f", by {taken.actor}" if taken.actor else ""
             found.append(
                 Violation(
                     "double_master",
-                    span.instance,
-                    f"{_described(span)} ran under epoch {span.epoch} of member {span.member}, "
-                    f"taken over at {taken.at:.3f} (epoch {taken.epoch}"
-                    f"{', by ' + taken.actor if taken.actor else ''})",
+                    instance,
+                    f"{what} at {at:.3f} under epoch {epoch} of member {member}, taken over "
+                    f"at {taken.at:.3f} (epoch {taken.epoch}{by})",
                 )
             )
     found += [Violation("double_master", member, what) for member, what in history.lingering]
     return found
+
+
+def _taken_over(grants: Sequence[Grant], epoch: int | None, at: float) -> Grant | None:
+    """The first grant of a newer epoch than ``epoch`` made by ``at``, or None."""
+    if epoch is None:
+        return None
+    newer = [g for g in grants if g.epoch > epoch and g.at <= at]
+    return min(newer, key=lambda g: g.at) if newer else None
 
 
 def _start(span: Span) -> float:
@@ -433,6 +474,8 @@ def _start(span: Span) -> float:
 
 def _described(span: Span) -> str:
     end = "never ended" if span.finished is None else f"to {span.finished:.3f}"
+    if span.acted_until is not None:
+        end += f", last seen acting at {span.acted_until:.3f}"
     who = f" by {span.actor}" if span.actor else ""
     return f"{span.action}{who} ({span.started:.3f} {end})"
 
@@ -451,23 +494,55 @@ def spans_from_events(
     task_state None once the instance shows no task (or is gone).
 
     A task runs from the first event naming it to the next event without one;
-    one still running when the daemon ended (``until``: it was killed) ran until
-    then, one still running in a daemon that lives on never ended.
+    one still running when the daemon ended (``until``: it was killed, or
+    stopped) ran until then, and the daemon was last seen acting on it at its
+    last event on it (``acted_until``); one still running in a daemon that
+    lives on never ended.
     """
     running: dict[str, tuple[str, float]] = {}
+    last: dict[str, float] = {}
     spans = []
     for at, instance, task in events:
         if task is not None:
             running.setdefault(instance, (task, at))
+            last[instance] = at
             continue
         begun = running.pop(instance, None)
         if begun is not None:
             spans.append(Span(instance, begun[0], begun[1], at, member, actor, epoch))
     spans += [
-        Span(instance, task, at, until, member, actor, epoch)
+        Span(
+            instance,
+            task,
+            at,
+            until,
+            member,
+            actor,
+            epoch,
+            acted_until=None if until is None else last[instance],
+        )
         for instance, (task, at) in running.items()
     ]
     return spans
+
+
+def with_acts(spans: Iterable[Span], acts: Sequence[Act]) -> list[Span]:
+    """``spans`` whose daemon was last seen acting (``acted_until``) later, by an act of its
+    own on the instance while the span ran."""
+    extended = []
+    for span in spans:
+        if span.acted_until is not None:
+            end = math.inf if span.finished is None else span.finished
+            times = [
+                act.at
+                for act in acts
+                if act.actor == span.actor
+                and act.instance == span.instance
+                and span.started <= act.at <= end
+            ]
+            span = attrs.evolve(span, acted_until=max([span.acted_until, *times]))
+        extended.append(span)
+    return extended
 
 
 # -- a history written as JSON, read back ---------------------------------------------------
@@ -499,4 +574,5 @@ def history_from_json(document: Mapping[str, Any]) -> History:
         },
         problems=list(document["problems"]),
         lingering=[(member, what) for member, what in document["lingering"]],
+        acts=[Act(**act) for act in document.get("acts", [])],
     )

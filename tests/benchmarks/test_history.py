@@ -9,6 +9,7 @@ import attrs
 from twisted.trial.unittest import SynchronousTestCase
 
 from benchmarks._history import (
+    Act,
     ClientOp,
     FinalInstance,
     Grant,
@@ -19,6 +20,7 @@ from benchmarks._history import (
     check,
     history_from_json,
     spans_from_events,
+    with_acts,
 )
 
 RUNNING = FinalInstance("c1", "c1", "m1", "active", None, "running", 128, 1)
@@ -208,7 +210,9 @@ class DoubleMasterTests(SynchronousTestCase):
         grants = [Grant("m1", 1, 0.0, "m1#1"), Grant("m1", 2, 10.0, "m1#2")]
         spans = [Span("c1", "powering-off", 12.0, 12.5, "m1", "m1#1", 1)]
         found = verdict(member_spans=spans, grants=grants)
-        self.assertDoubleMaster(found, "ran under epoch 1 of member m1, taken over at 10.000")
+        self.assertDoubleMaster(
+            found, "ran at 12.000 under epoch 1 of member m1, taken over at 10.000"
+        )
 
     def test_anActionBeforeTheTakeoverIsNoDoubleMaster(self) -> None:
         grants = [Grant("m1", 1, 0.0), Grant("m1", 2, 10.0)]
@@ -223,6 +227,59 @@ class DoubleMasterTests(SynchronousTestCase):
     def test_aDaemonThatRanOnAfterATakeoverIsADoubleMaster(self) -> None:
         found = verdict(lingering=[("m1", "m1#1 still ran 33s after it woke")])
         self.assertDoubleMaster(found, "still ran")
+
+    def test_aFrozenDaemonsOpenTaskIsJudgedUpToItsLastEventNotItsEnd(self) -> None:
+        # m1#1 announced a stop at 5, was frozen, taken over at 10, woke and stopped at 20,
+        # doing nothing on c1 after 6; m1#2 powered c1 on from 12 to 14.
+        frozen = spans_from_events(
+            [(5.0, "c1", "powering-off"), (6.0, "c1", "powering-off")], "m1", "m1#1", 1, until=20.0
+        )
+        spans = [*frozen, Span("c1", "powering-on", 12.0, 14.0, "m1", "m1#2", 2)]
+        grants = [Grant("m1", 1, 0.0, "m1#1"), Grant("m1", 2, 10.0, "m1#2")]
+        self.assertEqual(verdict(member_spans=spans, grants=grants).violations, [])
+
+    def test_aFrozenDaemonsEventAfterWakingOverlapsTheNewHolder(self) -> None:
+        frozen = spans_from_events(
+            [(5.0, "c1", "powering-off"), (13.0, "c1", "powering-off")],
+            "m1",
+            "m1#1",
+            1,
+            until=20.0,
+        )
+        spans = [*frozen, Span("c1", "powering-on", 12.0, 14.0, "m1", "m1#2", 2)]
+        self.assertDoubleMaster(verdict(member_spans=spans), "last seen acting at 13.000")
+
+    def test_aFrozenDaemonsActAfterWakingOverlapsTheNewHolder(self) -> None:
+        frozen = spans_from_events([(5.0, "c1", "powering-off")], "m1", "m1#1", 1, until=20.0)
+        acts = [Act("c1", 13.0, "VM c1 did not power off within 1s; forcing it", "m1", "m1#1", 1)]
+        spans = [*with_acts(frozen, acts), Span("c1", "powering-on", 12.0, 14.0, "m1", "m1#2", 2)]
+        self.assertDoubleMaster(verdict(member_spans=spans), "powering-off by m1#1")
+
+    def test_anActAfterATakeoverIsADoubleMaster(self) -> None:
+        grants = [Grant("m1", 1, 0.0, "m1#1"), Grant("m1", 2, 10.0, "m1#2")]
+        acts = [Act("c1", 11.0, "starting VM c1: fakeqemu", "m1", "m1#1", 1)]
+        found = verdict(acts=acts, grants=grants)
+        self.assertDoubleMaster(
+            found, "m1#1 acted on its VM (starting VM c1: fakeqemu) at 11.000 under epoch 1"
+        )
+
+    def test_anActBeforeTheTakeoverOrOfTheNewHolderIsNoDoubleMaster(self) -> None:
+        grants = [Grant("m1", 1, 0.0, "m1#1"), Grant("m1", 2, 10.0, "m1#2")]
+        acts = [
+            Act("c1", 9.0, "pressed the ACPI power button of c1", "m1", "m1#1", 1),
+            Act("c1", 11.0, "starting VM c1: fakeqemu", "m1", "m1#2", 2),
+        ]
+        self.assertEqual(verdict(acts=acts, grants=grants).violations, [])
+
+    def test_actsOutsideASpanOrOfAnotherDaemonDoNotExtendIt(self) -> None:
+        frozen = spans_from_events([(5.0, "c1", "powering-off")], "m1", "m1#1", 1, until=20.0)
+        acts = [
+            Act("c1", 21.0, "starting VM c1: fakeqemu", "m1", "m1#1", 1),
+            Act("c1", 13.0, "starting VM c1: fakeqemu", "m1", "m1#2", 2),
+            Act("c2", 13.0, "starting VM c2: fakeqemu", "m1", "m1#1", 1),
+        ]
+        (span,) = with_acts(frozen, acts)
+        self.assertEqual(span.acted_until, 5.0)
 
     def test_doubleMastersAreCountedOncePerInstance(self) -> None:
         spans = [Span("c1", "a", 5.0, 9.0), Span("c1", "b", 6.0, 7.0), Span("c1", "c", 8, 10)]
@@ -239,9 +296,10 @@ class SpansFromEventsTests(SynchronousTestCase):
             [Span("c1", "resize-queued", 1.0, 3.0, "m1", "m1#1", 1)],
         )
 
-    def test_aTaskOfADaemonThatEndedRanUntilThen(self) -> None:
-        spans = spans_from_events([(1.0, "c1", "powering-on")], "m1", "m1#1", 1, until=4.0)
-        self.assertEqual(spans, [Span("c1", "powering-on", 1.0, 4.0, "m1", "m1#1", 1)])
+    def test_aTaskOfADaemonThatEndedRanUntilThenLastSeenActingAtItsLastEvent(self) -> None:
+        events = [(1.0, "c1", "powering-on"), (2.0, "c1", "powering-on")]
+        spans = spans_from_events(events, "m1", "m1#1", 1, until=4.0)
+        self.assertEqual(spans, [Span("c1", "powering-on", 1.0, 4.0, "m1", "m1#1", 1, 2.0)])
 
     def test_aTaskStillRunningNeverEnded(self) -> None:
         spans = spans_from_events([(1.0, "c1", "powering-on")], "m1", "m1#1", None)
@@ -261,6 +319,7 @@ class JSONTests(SynchronousTestCase):
             final=[attrs.evolve(RUNNING, snapshots=frozenset({"s1"}))],
             problems=["a problem"],
             lingering=[("m1", "m1#1 still ran")],
+            acts=[Act("c1", 3.0, "starting VM c1: fakeqemu", "m1", "m1#1", 1)],
         )
         text = json.dumps(attrs.asdict(written), default=sorted)
         self.assertEqual(history_from_json(json.loads(text)), written)

@@ -53,6 +53,8 @@ class DaemonParts:
     api: IResource
     # A cluster member's (--member-name): hearing the others, its lease; None on one host.
     cluster: ClusterMember | None
+    # The lifecycle's: a member's lease guards its steps on VMs.
+    driver: HypervisorDriver
 
     def guest_resource(self) -> IResource:
         """The guest API's resource: recorded when sessions may be, every answer counted."""
@@ -90,7 +92,9 @@ def assemble(
     )
     lifecycle.recording.use(recorders)
     api = OperatorAPI(lifecycle, config.hypervisor, trust, config.server_config(transport))
-    return DaemonParts(store, trust, lifecycle, recorders, api, api.app.resource(), cluster)
+    return DaemonParts(
+        store, trust, lifecycle, recorders, api, api.app.resource(), cluster, driver
+    )
 
 
 def build_lifecycle(

@@ -9,6 +9,8 @@ membership), and takes its lease once its remote API is bound (``join``).
 
 from __future__ import annotations
 
+import time
+
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IListeningPort
@@ -74,7 +76,15 @@ class ClusterMember:
     def become(self, address: str, fingerprint: str, lease_seconds: float) -> Membership:
         """This member's membership, before its APIs serve (``address``: "" until bound)."""
         self.membership = Membership(
-            self.name, address, fingerprint, self.store, self.events, self.reactor, lease_seconds
+            self.name,
+            address,
+            fingerprint,
+            self.store,
+            self.events,
+            self.reactor,
+            lease_seconds,
+            # The lease is timed for acting on this host's own clock, which never jumps.
+            monotonic=time.monotonic,
         )
         return self.membership
 

@@ -255,7 +255,8 @@ class VMReadyService(MultiService):
         """The member's parts, before its APIs serve: its membership, forwarding in the API.
 
         The remote API trusts the other members' certificates through the
-        membership; the operator API relays requests about their instances.
+        membership; the operator API relays requests about their instances;
+        the hypervisor driver acts on VMs only while the lease surely holds.
         """
         assert parts.cluster is not None and self.server_certificate is not None
         membership = parts.cluster.become(
@@ -267,6 +268,8 @@ class VMReadyService(MultiService):
         parts.operator_api.cluster = ClusterContext.over_tls(
             membership, self.reactor, self.server_certificate
         )
+        # No step on a VM once the lease may have run out (a freeze, a partition).
+        parts.driver.guard = membership.guard
 
     async def _join_cluster(self, cluster: ClusterMember) -> bool:
         """Hear the other members, then take this member's lease; else stop, saying why.

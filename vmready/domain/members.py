@@ -20,6 +20,7 @@ import attrs
 from vmready.domain.model import Unavailable
 
 __all__ = [
+    "ActingRefused",
     "Fenced",
     "LeaseHeld",
     "LeaseLost",
@@ -167,6 +168,22 @@ class Fenced(Unavailable):
         self.name = name
         self.epoch = epoch
         self.holder = holder
+
+
+class ActingRefused(Unavailable):
+    """A step on a VM refused: this daemon's lease may have run out and no renewal confirms it.
+
+    A daemon acts on its member's instances only while its lease surely holds
+    (confirmed less than a lease ago, on its own clock): one woken from a
+    freeze, or cut off from the store, might act on instances another daemon
+    holds by then.  ``reason`` says why the lease could not be confirmed.
+    """
+
+    def __init__(self, vm: str, what: str, name: str, reason: str) -> None:
+        super().__init__(f"not acting on VM {vm} ({what}): the lease of member {name} {reason}")
+        self.vm = vm
+        self.what = what
+        self.name = name
 
 
 class MemberRetired(Exception):

@@ -2,7 +2,8 @@
 
 Every command is bounded by ``command_timeout``: a stopped or hung QEMU keeps
 its socket open and answers nothing, which is a ``MonitorTimeout`` rather than
-a wait forever.
+a wait forever.  Every command that is not a read (``acting.READS``) first
+asks ``guard`` whether this daemon may act on the VM now.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from twisted.internet.task import deferLater
 
 from vmready.domain.model import HypervisorError
 from vmready.domain.states import PowerState
+from vmready.hypervisor.acting import ALWAYS, READS, ActingGuard
 from vmready.hypervisor.following import VMFollower
 from vmready.hypervisor.vmevents import VMEvent, power_state_for
 from vmready.hypervisor.vmprocess import EXIT_POLL_SECONDS
@@ -46,8 +48,10 @@ class VMCommands:
         reactor: IReactorTime,
         follower: VMFollower,
         command_timeout: float = DEFAULT_COMMAND_TIMEOUT,
+        guard: ActingGuard = ALWAYS,
     ) -> None:
         self.follower = follower
+        self.guard = guard
         # How long any QMP command may go unanswered (timed on ``reactor``).
         self.command_timeout = command_timeout
         self._reactor = reactor
@@ -63,7 +67,12 @@ class VMCommands:
         clock: IReactorTime | None = None,
         timeout: float | None = None,
     ) -> Any:
-        """``command``'s return value; MonitorTimeout after ``timeout`` (``command_timeout``)."""
+        """``command``'s return value; MonitorTimeout after ``timeout`` (``command_timeout``).
+
+        A command that is not a read is sent only once ``guard`` allows it.
+        """
+        if command not in READS:
+            await self.guard.before_acting(self._name, command)
         limit = self.command_timeout if timeout is None else timeout
         timer: IReactorTime = clock if clock is not None else self._reactor
         try:

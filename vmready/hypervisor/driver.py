@@ -11,6 +11,8 @@ QMP monitor disconnecting, which the ``RunningVM`` it returns follows
 Only a live process whose command line names the VM's QMP socket is ever
 signalled (``vmprocess``).  ``HypervisorDriver.kill_owned`` SIGKILLs a VM no
 ``RunningVM`` follows (its monitor socket vanished, or it does not answer).
+A launch, a kill and every QMP command that is not a read first ask ``guard``
+(``acting``): a cluster member whose lease may have run out does not act.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import shutil
 import signal
 import sys
 
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred
 from twisted.internet.error import ProcessExitedAlready
 from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.protocol import ProcessProtocol
@@ -32,6 +34,7 @@ from twisted.python.failure import Failure
 
 from vmready.domain.model import HypervisorError
 from vmready.domain.reactor import IVMReadyReactor
+from vmready.hypervisor.acting import ALWAYS, ActingGuard
 from vmready.hypervisor.cmdline import VMSpec, build_command_line
 from vmready.hypervisor.commands import DEFAULT_COMMAND_TIMEOUT
 from vmready.hypervisor.kvmprobe import KVMProbe, probe_kvm
@@ -114,6 +117,8 @@ class HypervisorDriver:
             )
         self.reactor = reactor
         self.kind = kind
+        # Asked before each step that changes a VM (a cluster member's lease sets it).
+        self.guard: ActingGuard = ALWAYS
         self.program: list[str] = program
         # What messages call the hypervisor ("python3" would say nothing).
         self.program_name = (
@@ -147,6 +152,7 @@ class HypervisorDriver:
                 f"cannot start {spec.name}: the hypervisor program {self.program[0]!r} "
                 f"is not installed"
             )
+        await self.guard.before_acting(spec.name, "start")
         self._prepare_run_dir(spec)
         argv = self.command_line(spec, paused, incoming)
         self.log.info("starting VM {name}: {command}", name=spec.name, command=shlex.join(argv))
@@ -187,7 +193,7 @@ class HypervisorDriver:
                 f"({e}); QEMU's stderr is closed once it daemonizes, so it said nothing more"
             ) from e
         self.log.info("VM {name} runs as process {pid}", name=spec.name, pid=pid)
-        return RunningVM(self.reactor, spec, client, pid, self.command_timeout)
+        return RunningVM(self.reactor, spec, client, pid, self.command_timeout, self.guard)
 
     async def adopt(self, spec: VMSpec) -> RunningVM | None:
         """Re-attach to ``spec``'s VM if it still runs, not restarting it; else None.
@@ -218,7 +224,7 @@ class HypervisorDriver:
             remove_stale_files(spec)
             return None
         self.log.info("adopted VM {name} (process {pid})", name=spec.name, pid=pid)
-        return RunningVM(self.reactor, spec, client, pid, self.command_timeout)
+        return RunningVM(self.reactor, spec, client, pid, self.command_timeout, self.guard)
 
     async def wait_released(self, spec: VMSpec) -> None:
         """Wait (up to ``kill_timeout``) until nothing answers on ``spec``'s QMP socket.
@@ -241,17 +247,21 @@ class HypervisorDriver:
         alone (False).  The signal is sent before this returns; the Deferred
         fires once the process is gone, or fails with a HypervisorError if it
         survives ``kill_timeout``.  Stale files stay for ``adopt`` or ``launch``
-        to remove.
+        to remove.  A refusal of ``guard`` fails the Deferred, nothing signalled.
         """
+        return Deferred.fromCoroutine(self._kill_owned(spec))
+
+    async def _kill_owned(self, spec: VMSpec) -> bool:
         pid = owned_pid(spec)
         if pid is None:
-            return succeed(False)
+            return False
+        await self.guard.before_acting(spec.name, "SIGKILL")
         self.log.warn("killing VM {name} (process {pid})", name=spec.name, pid=pid)
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
-            return succeed(False)  # it ended on its own meanwhile
-        return Deferred.fromCoroutine(self._await_killed(spec, pid))
+            return False  # it ended on its own meanwhile
+        return await self._await_killed(spec, pid)
 
     async def _await_killed(self, spec: VMSpec, pid: int) -> bool:
         deadline = self.reactor.seconds() + self.kill_timeout

@@ -3,7 +3,8 @@
 It is made of three parts, one concern each: ``following.VMFollower`` (its
 events and its process until it is gone), ``commands.VMCommands`` (the QMP
 commands, each bounded by ``command_timeout``) and ``stopping.VMStopper``
-(the ACPI button, ``quit``, SIGKILL).
+(the ACPI button, ``quit``, SIGKILL).  Each command that is not a read, and
+each SIGKILL, first asks ``guard`` (``acting``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from vmready.domain.states import PowerState
+from vmready.hypervisor.acting import ALWAYS, ActingGuard
 from vmready.hypervisor.cmdline import VMSpec
 from vmready.hypervisor.commands import DEFAULT_COMMAND_TIMEOUT, VMCommands
 from vmready.hypervisor.following import VMFollower
@@ -37,12 +39,13 @@ class RunningVM:
         qmp: QMPClientProtocol,
         pid: int | None,
         command_timeout: float = DEFAULT_COMMAND_TIMEOUT,
+        guard: ActingGuard = ALWAYS,
     ) -> None:
         self.spec = spec
         self.qmp = qmp
         self._reactor = reactor
         self.follower = VMFollower(reactor, spec, qmp, pid, self.log)
-        self.commands = VMCommands(reactor, self.follower, command_timeout)
+        self.commands = VMCommands(reactor, self.follower, command_timeout, guard)
         self.stopper = VMStopper(reactor, self.follower, self.commands, self.log)
 
     @property

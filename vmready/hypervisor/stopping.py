@@ -86,6 +86,8 @@ class VMStopper:
         if may_go and not follower.detached:
             if await self._await_power_off(deadline, timer):
                 return "clean"
+            # Asked first: a daemon woken past its lease neither forces nor says it will.
+            await self.commands.guard.before_acting(self._name, "force")
             self.log.info(
                 "VM {name} did not power off within {timeout}s; forcing it",
                 name=self._name,
@@ -146,6 +148,7 @@ class VMStopper:
 
     async def kill_and_wait(self, why: str, timer: IReactorTime) -> None:
         """SIGKILL the VM's process because ``why`` and wait for it to be gone."""
+        await self.commands.guard.before_acting(self._name, "SIGKILL")
         self.follower.kill(why)
         try:
             await self.follower.when_gone().addTimeout(self.kill_timeout, timer)

@@ -135,6 +135,8 @@ class Lifecycle:
     """
 
     log = Logger()
+    # How long a stopping daemon lets its running operations end before it stops without them.
+    stop_grace = 5.0
 
     def __init__(
         self,
@@ -314,15 +316,20 @@ class Lifecycle:
                 )
 
     def shutdown(self) -> Deferred[None]:
-        """Daemon stopping: let go of the VMs (they keep running), without touching the store."""
+        """Daemon stopping (no request taken any more): let the running operations end, for
+        ``stop_grace`` seconds at most, then let go of the VMs (they keep running)."""
+        return Deferred.fromCoroutine(self._shutdown())
+
+    async def _shutdown(self) -> None:
         self.recovery.stop()
+        await self.operations.settle(self.stop_grace)
         self.operations.stop()
         detaching = []
         for name in list(self.running.vms):
             vm = self.running.vms[name]
             self.watching.detach(name, announce=False)
             detaching.append(vm.detach())
-        return gatherResults(detaching).addCallback(lambda _: None)
+        await gatherResults(detaching)
 
 
 def _nothing_to_release() -> None:

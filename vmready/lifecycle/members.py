@@ -33,11 +33,20 @@ still holds.  Two failures differ:
   its renewal to learn it: its join fenced the store's connection with the
   lease epoch (``store.members``), and its first write after the takeover is
   refused (``Fenced``, a 503 to whoever asked), which loses the lease too.
+
+Nor does it act on its host before it learns: the store cannot refuse a VM
+start or a SIGKILL.  ``guard`` knows when a renewal that succeeded was sent,
+on this daemon's own monotonic clock (``monotonic``); once a lease length
+has passed since, a step on a VM (``guard.before_acting``, asked by the
+hypervisor driver) first renews the lease; the step runs if the renewal succeeds, and
+is refused (``ActingRefused``) if the lease was lost (the daemon stops, as
+on any ``LeaseLost``) or the store cannot be reached.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
@@ -54,6 +63,7 @@ from vmready.domain.members import (
 )
 from vmready.domain.model import InstanceRecord, NotFound, Unavailable
 from vmready.lifecycle.events import EventBus
+from vmready.lifecycle.leaseguard import LeaseGuard
 from vmready.store.asyncstore import AsyncStore
 
 __all__ = [
@@ -75,6 +85,7 @@ class Membership:
     ``address`` is host:port of its mutual-TLS API (where other members
     forward requests to), ``fingerprint`` the SHA-256 fingerprint of the
     server certificate it presents there (and as a client when it forwards).
+    ``monotonic`` times the lease for ``guard`` (``clock.seconds`` unless given).
     """
 
     log = Logger()
@@ -88,6 +99,7 @@ class Membership:
         events: EventBus,
         clock: IReactorTime,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        monotonic: Callable[[], float] | None = None,
     ) -> None:
         if lease_seconds <= 0:
             raise ValueError(f"a lease lasts more than 0 seconds, not {lease_seconds!r}")
@@ -107,6 +119,8 @@ class Membership:
         # Fires (once) with the LeaseLost that stopped the renewals: the daemon must stop.
         self.lost: Deferred[LeaseLost] = Deferred()
         store.fenced_by = self._fenced
+        # Whether the lease surely holds now: steps on VMs ask it (``before_acting``).
+        self.guard = LeaseGuard(name, lease_seconds, monotonic or clock.seconds, self.renew_lease)
 
     # -- the lease ------------------------------------------------------------
 
@@ -126,9 +140,11 @@ class Membership:
         """
         if address is not None:
             self.address = address
+        sent = self.guard.now()
         await self.store.members.renew_lease(
             self.name, self.address, self.fingerprint, self.lease_seconds
         )
+        self.guard.confirm(sent)
         self._update(await self.store.members.list_members(), announce=False)
         self.log.info(
             "joined the cluster as member {name} ({address}); lease {lease}s, "
@@ -188,6 +204,13 @@ class Membership:
         ``LeaseLost`` if another daemon holds the lease now: renewals stop, and
         ``lost`` fires with it.
         """
+        await self.renew_lease()
+        return await self.refresh()
+
+    async def renew_lease(self) -> None:
+        """Renew the lease alone (``guard`` asks it before a step on a VM); ``LeaseLost`` if
+        another daemon holds it now: renewals stop, and ``lost`` fires with it."""
+        sent = self.guard.now()
         try:
             await self.store.members.renew_held_lease(
                 self.name, self.address, self.fingerprint, self.lease_seconds
@@ -195,7 +218,7 @@ class Membership:
         except LeaseLost as e:
             self._lose(e)
             raise
-        return await self.refresh()
+        self.guard.confirm(sent)
 
     def _fenced(self, fenced: Fenced) -> None:
         """The store refused a write of this daemon: its name was taken over (or removed)."""
@@ -203,7 +226,8 @@ class Membership:
             self._lose(LeaseLost(self.name, fenced.holder))
 
     def _lose(self, lost: LeaseLost) -> None:
-        """The lease is another daemon's now: stop renewing it and say so (once)."""
+        """The lease is another daemon's now: stop renewing it and acting, and say so (once)."""
+        self.guard.revoke()
         loop, self._loop = self._loop, None
         if loop is not None and loop.running:
             loop.stop()

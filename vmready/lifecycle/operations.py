@@ -6,7 +6,7 @@ import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred, DeferredList, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
@@ -87,6 +87,8 @@ class Operations:
         self._events = events
         self._operations: dict[str, Operation] = {}
         self._expiries: dict[str, IDelayedCall] = {}
+        # Set once the daemon stops (``settle``).
+        self.stopping = False
 
     def run(
         self,
@@ -111,6 +113,14 @@ class Operations:
             value = failure.value
             if isinstance(value, VMReadyError):
                 finished(value.message)
+            elif self.stopping:
+                # Cut off by the daemon's stop (its store closed under it): not a bug.
+                self.log.warn(
+                    "operation {description} ended as the daemon stopped: {error}",
+                    description=description,
+                    error=value,
+                )
+                finished(f"the daemon stopped: {value}")
             else:
                 self.log.failure(
                     "operation {description} failed", failure, description=description
@@ -131,6 +141,25 @@ class Operations:
     def _forget(self, operation_id: str) -> None:
         self._operations.pop(operation_id, None)
         self._expiries.pop(operation_id, None)
+
+    async def settle(self, bound: float) -> list[Operation]:
+        """Daemon stopping: wait up to ``bound`` seconds for the running operations to end,
+        before the store closes; the ones still running (they end as the stop cuts them off)."""
+        self.stopping = True
+        running = [operation for operation in self._operations.values() if not operation.done]
+        if running:
+            # Cancelled at ``bound``: each waiter ends cancelled, the list fires all the same.
+            ending = DeferredList([op.when_done() for op in running], consumeErrors=True)
+            await ending.addTimeout(bound, self._clock)
+        cut = [operation for operation in running if not operation.done]
+        for operation in cut:
+            self.log.warn(
+                "operation {description} still runs {bound:g}s after the daemon began to "
+                "stop; stopping without it",
+                description=operation.description,
+                bound=bound,
+            )
+        return cut
 
     def stop(self) -> None:
         """Cancel the retention timers (daemon shutdown)."""

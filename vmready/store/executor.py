@@ -42,6 +42,7 @@ __all__ = [
     "Executor",
     "InlineExecutor",
     "OutcomeUnknown",
+    "StoreClosed",
     "StoreHealth",
     "StoreWriteFailed",
 ]
@@ -65,6 +66,13 @@ class StoreWriteFailed(TransactionLost, VMReadyError):
     """The store could not write (the disk is full, say); nothing of the call was kept."""
 
     http_status = 503
+
+
+class StoreClosed(RuntimeError):
+    """A call after the store was closed (the daemon stops): nothing of it was run."""
+
+    def __init__(self) -> None:
+        super().__init__("the store is closed")
 
 
 class OutcomeUnknown(StoreWriteFailed):
@@ -196,7 +204,7 @@ class DatabaseThread:
 
     def submit(self, work: Callable[[], T]) -> Deferred[T]:
         if self._stopping:
-            return fail(RuntimeError("the store is closed"))
+            return fail(StoreClosed())
         done: Deferred[T] = Deferred()
         self._queue.put((work, done))
         return done

@@ -1,0 +1,72 @@
+"""The steps on VMs each daemon's own log tells of (``Act``), for the double-master rule.
+
+A daemon's events say which task it announced; its log says what it did to a
+VM's process from the host: started it, pressed its power button, forced or
+killed it.  A daemon frozen with a task open that does none of these after
+waking did not act; one that does, did (``benchmarks._history``).
+
+twistd's text log stamps each line to the second: an act is taken to be at
+the *end* of its second, so that a doubt counts against the daemon.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+
+from benchmarks._clusterworld import Incarnation
+from benchmarks._history import Act
+
+__all__ = ["acts_in_log", "log_acts"]
+
+_LINE = re.compile(r"^(?P<time>\S+) \[vmready\.hypervisor\.[^\]]*\] (?P<message>.*)$")
+_NAME = r"(?P<name>[^\s:()]+)"
+# What the hypervisor's log says when it does something to a VM, the VM's name in it.
+_ACTS = tuple(
+    re.compile(pattern)
+    for pattern in (
+        rf"^starting VM {_NAME}: ",
+        rf"^VM {_NAME} runs as process ",
+        rf"^killing (?:half-started )?VM {_NAME} \(process ",
+        rf"^pressed the ACPI power button of {_NAME}",
+        rf"^VM {_NAME} did not power off within .*; forcing it",
+        rf"^{_NAME}: the monitor closed as QEMU exited",
+        rf"^QEMU refused (?:quit|system_powerdown) for {_NAME}: ",
+    )
+)
+
+
+def acts_in_log(
+    lines: Iterable[str], keys: Mapping[str, str], member: str, actor: str, epoch: int | None
+) -> list[Act]:
+    """The acts in the log ``lines`` of daemon ``actor`` (member ``member``'s, under
+    ``epoch``), on the instances ``keys`` names (name → the harness' key)."""
+    found = []
+    for line in lines:
+        matched = _LINE.match(line.rstrip("\n"))
+        if matched is None:
+            continue
+        message = matched["message"]
+        for pattern in _ACTS:
+            act = pattern.match(message)
+            if act is None or act["name"] not in keys:
+                continue
+            at = datetime.strptime(matched["time"], "%Y-%m-%dT%H:%M:%S%z").timestamp() + 1.0
+            found.append(Act(keys[act["name"]], at, message[:120], member, actor, epoch))
+            break
+    return found
+
+
+def log_acts(incarnations: Iterable[Incarnation], keys: Mapping[str, str]) -> list[Act]:
+    """The acts in the logs of ``incarnations`` (a log not there tells of none)."""
+    found = []
+    for incarnation in incarnations:
+        try:
+            with open(incarnation.daemon.log_path, encoding="utf-8", errors="replace") as log:
+                found += acts_in_log(
+                    log, keys, incarnation.member, incarnation.label, incarnation.epoch
+                )
+        except FileNotFoundError:
+            continue
+    return found
