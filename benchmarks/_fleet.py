@@ -55,11 +55,9 @@ from benchmarks._children import (
 )
 from benchmarks._measure import ms, nearest_rank, reactor, report, sleep
 from fakeqemu._hostclient import HostClient, HostUnreachable
-from vmready.api.web import BytesProducer
-from vmready.cli.client import Client, LineStream
-from vmready.cli.waiter import Waiter
-from vmready.daemon.service import VMReadyService
-from vmready.daemon.tap import Options, makeService
+from vmready.api import BytesProducer
+from vmready.cli import Client, LineStream, Waiter
+from vmready.daemon import Options, VMReadyService, makeService
 
 BIN_DIRECTORY = os.path.dirname(os.path.abspath(sys.executable))
 FAKEQEMU_HOST = os.path.join(BIN_DIRECTORY, "fakeqemu-host")

@@ -63,15 +63,12 @@ from benchmarks._measure import (
     status_kib,
 )
 from fakeqemu._hostclient import HostClient, HostUnreachable
-from vmready.cli.client import Client
-from vmready.cli.errors import CommandError
-from vmready.daemon.tap import Options
-from vmready.domain.limits import raise_file_limit
-from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
-from vmready.hypervisor.driver import HypervisorDriver
-from vmready.lifecycle.core import Lifecycle
-from vmready.lifecycle.events import EventBus
-from vmready.store.sqlite import Store
+from vmready.cli import Client, CommandError
+from vmready.daemon import Options
+from vmready.domain import READY_KEY, PowerState, TaskState, VMState, raise_file_limit
+from vmready.hypervisor import HypervisorDriver
+from vmready.lifecycle import EventBus, Lifecycle
+from vmready.store import Store
 
 BIN_DIRECTORY = os.path.dirname(os.path.abspath(sys.executable))
 TWISTD = os.path.join(BIN_DIRECTORY, "twistd")

@@ -61,8 +61,7 @@ from benchmarks._bootphases import (
     phase_durations,
     timeline,
 )
-from vmready.hypervisor.guestimage.build import ensure_guest
-from vmready.hypervisor.guestimage.stock import ensure_stock_guest
+from vmready.hypervisor.guestimage import ensure_guest, ensure_stock_guest
 
 BIN_DIRECTORY = os.path.dirname(os.path.abspath(sys.executable))
 TWISTD = os.path.join(BIN_DIRECTORY, "twistd")

@@ -11,8 +11,8 @@ from __future__ import annotations
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from vmready.domain.members import Fenced
-from vmready.store.executor import StoreWriteFailed
+from vmready.domain import Fenced
+from vmready.store import StoreWriteFailed
 
 __all__ = ["log_failed_write"]
 
