@@ -42,12 +42,12 @@ MAX_MEMORY_MIB = 1024 * 1024
 MAX_CPUS = 64
 # The accelerator an instance asks for at launch (``vmready.hypervisor.accel`` chooses).
 ACCEL_KEY = "boot.accel"
+ACCEL_CHOICES = ("auto", "kvm", "tcg")
 # The boot source an instance asks for at launch (``vmready.hypervisor.bootsource``).
 IMAGE_KEY = "boot.image"
 KERNEL_KEY = "boot.kernel"
 INITRD_KEY = "boot.initrd"
 APPEND_KEY = "boot.append"
-ACCEL_CHOICES = ("auto", "kvm", "tcg")
 # The per-instance key that switches recording on or off ("true"/"false").
 RECORD_KEY = "vmready.record"
 

@@ -11,7 +11,9 @@ the demo guest (the ``guestimage`` package).
 
 ``guestimage`` has a face of its own, outside this one: the daemon never loads the
 image builder; so has ``agentbundle``, a command too (``python -m``), which must
-run unloaded.
+run unloaded. The builder, run on its own, still loads this whole face first
+(Twisted included); its builds take minutes, so that is kept rather than split
+this face module by module.
 """
 
 from vmready.hypervisor.accel import (
