@@ -22,11 +22,9 @@ from twisted.logger import LogLevel
 
 from benchmarks._children import Handler, log_to, serve_control
 from benchmarks._measure import reactor
-from vmready.agent.config import AgentConfig, load_config
-from vmready.agent.main import configure_logging
-from vmready.agent.service import Agent as GuestAgent
-from vmready.agent.service import build_agent
-from vmready.domain.limits import raise_file_limit
+from vmready.agent import Agent as GuestAgent
+from vmready.agent import AgentConfig, build_agent, configure_logging, load_config
+from vmready.domain import raise_file_limit
 
 EVENT_TIMEOUT = 30.0
 # The agent's first status line and the two the cycles time.

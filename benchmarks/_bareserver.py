@@ -9,8 +9,7 @@ from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
 
-from vmready.trust.certs import SERVER_CERT, SERVER_KEY, CertificatePair, fingerprint
-from vmready.trust.tls import MutualServerTLS
+from vmready.trust import SERVER_CERT, SERVER_KEY, CertificatePair, MutualServerTLS, fingerprint
 
 
 class FixedAnswer(Resource):

@@ -38,7 +38,7 @@ from benchmarks._faultproxy import LOOPBACK, FaultProxy, Route
 from benchmarks._measure import reactor
 from benchmarks.crash import Daemon
 from tests.postgres import PostgresServer
-from vmready.cli.client import Client
+from vmready.cli import Client
 
 __all__ = ["Cluster", "Incarnation", "Member", "free_port"]
 

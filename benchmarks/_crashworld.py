@@ -22,8 +22,8 @@ from typing import IO, Any
 
 import attrs
 
-from vmready.hypervisor.configdrive import AGENT_CONFIG, AGENT_ZIPAPP
-from vmready.lifecycle.core import CONFIG_DRIVE, run_dir_name
+from vmready.hypervisor import AGENT_CONFIG, AGENT_ZIPAPP
+from vmready.lifecycle import CONFIG_DRIVE, run_dir_name
 
 PROBE_TIMEOUT = 3.0
 

@@ -28,8 +28,8 @@ from benchmarks._history import (
 )
 from benchmarks._measure import report, sleep
 from benchmarks.crash import vm_problems
-from vmready.cli.errors import CommandError
-from vmready.domain.states import ACTIONS
+from vmready.cli import CommandError
+from vmready.domain import ACTIONS
 
 # The store's action rows that are actions (a task, or a rename); the rest are its own notes.
 STORE_ACTIONS = frozenset({*ACTIONS, "rename"})

@@ -22,8 +22,7 @@ from benchmarks._history import (
 )
 from benchmarks._measure import reactor, report, sleep
 from benchmarks.crash import CPU_CHOICES, MEMORY_CHOICES
-from vmready.cli.client import APIError, DaemonUnreachable, LineStream, instance_path
-from vmready.cli.errors import CommandError
+from vmready.cli import APIError, CommandError, DaemonUnreachable, LineStream, instance_path
 
 # Actions clients send, by the instance's vm_state (an instance mid-task gets any: a 409).
 WORKLOAD_CHOICES = {

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from benchmarks._fleet import Fleet
 from benchmarks._measure import open_files
-from vmready.domain.limits import raise_file_limit
+from vmready.domain import raise_file_limit
 
 # Open files each VM may cost the process that holds most of them (fakeqemu-host: 9), and
 # a margin.

@@ -56,11 +56,9 @@ from benchmarks._children import (
     serve_control,
 )
 from benchmarks._measure import ms, nearest_rank, reactor, report, sleep
-from vmready.api.web import BytesProducer
-from vmready.cli.client import Client, LineStream
-from vmready.cli.waiter import Waiter
-from vmready.daemon.service import VMReadyService
-from vmready.daemon.tap import Options, makeService
+from vmready.api import BytesProducer
+from vmready.cli import Client, LineStream, Waiter
+from vmready.daemon import Options, VMReadyService, makeService
 
 EVENT_TIMEOUT = 30.0
 CREATE_CONCURRENCY = 16

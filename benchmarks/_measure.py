@@ -18,7 +18,7 @@ from twisted.internet.defer import Deferred
 from twisted.logger import ILogObserver, LogEvent, LogLevel, formatEvent
 from zope.interface import provider
 
-from vmready.domain.reactor import default_reactor
+from vmready.domain import default_reactor
 
 installed_reactor = default_reactor()
 

@@ -63,9 +63,8 @@ from benchmarks._measure import nearest_rank, react, reactor, report, sleep, sta
 from benchmarks.crash import Daemon
 from benchmarks.lifecycle import Processes, start_host
 from tests.postgres import postgres_server
-from vmready.cli.client import APIError, Client, LineStream, instance_path
-from vmready.cli.errors import CommandError
-from vmready.domain.limits import raise_file_limit
+from vmready.cli import APIError, Client, CommandError, LineStream, instance_path
+from vmready.domain import raise_file_limit
 
 REQUEST_TIMEOUT = 60.0
 RSS_SECONDS = 5.0

@@ -46,8 +46,8 @@ from datetime import datetime
 from typing import Any
 
 from tests.postgres import postgres_server
-from vmready.domain.states import PowerState, TaskState, VMState
-from vmready.store.sqlite import Store
+from vmready.domain import PowerState, TaskState, VMState
+from vmready.store import Store
 
 TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
 DEADLINE = 120.0

@@ -78,7 +78,7 @@ from benchmarks._faultworkload import POLL_SECONDS, Recorder, Workload
 from benchmarks._history import Verdict, check
 from benchmarks._measure import react, reactor, report, sleep
 from tests.postgres import postgres_server
-from vmready.domain.limits import raise_file_limit
+from vmready.domain import raise_file_limit
 
 GUEST_SYNC_SECONDS = 0.5
 

@@ -70,9 +70,8 @@ from benchmarks._crashworld import (
 )
 from benchmarks._fleet import notify
 from benchmarks._measure import react, reactor, report, sleep
-from vmready.cli.client import Client, instance_path
-from vmready.cli.errors import CommandError
-from vmready.domain.limits import raise_file_limit
+from vmready.cli import Client, CommandError, instance_path
+from vmready.domain import raise_file_limit
 
 TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
 START_TIMEOUT = 120.0

@@ -29,8 +29,7 @@ from twisted.internet.defer import Deferred, gatherResults
 
 from benchmarks._children import host_answering
 from benchmarks._measure import mib, open_files, status_kib
-from vmready.domain.limits import raise_file_limit
-from vmready.domain.reactor import default_reactor
+from vmready.domain import default_reactor, raise_file_limit
 from vmready.protocols.qmp import QMPClientProtocol, connect_qmp
 
 installed_reactor = default_reactor()

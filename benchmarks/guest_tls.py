@@ -58,7 +58,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from benchmarks._measure import cpu_seconds
-from vmready.domain.reactor import default_reactor
+from vmready.domain import default_reactor
 
 SCRIPT = os.path.abspath(__file__)
 INSTANCE = "bench1"
@@ -98,7 +98,7 @@ def _announce(**facts: Any) -> None:
 
 def _serve(directory: str, listen: Any, profile: str | None) -> None:
     """Run the reactor until SIGTERM, cProfiling it into ``profile`` if asked."""
-    from vmready.domain.limits import raise_file_limit
+    from vmready.domain import raise_file_limit
 
     reactor = default_reactor()
     raise_file_limit()
@@ -117,16 +117,14 @@ def run_guest(directory: str, profile: str | None) -> None:
     """``--role guest``: the daemon's guest API stack on a real store and instance."""
     from twisted.internet.defer import Deferred
 
-    from vmready.agentlink.hvsock import HybridVSockServerEndpoint
-    from vmready.agentlink.vsockaddress import HybridVSockAddress
-    from vmready.api.guest import GuestAPI, guest_site, guest_tls_factory
-    from vmready.domain.states import PowerState, TaskState, VMState
-    from vmready.hypervisor.driver import HypervisorDriver
-    from vmready.lifecycle.core import Lifecycle
-    from vmready.lifecycle.events import EventBus
-    from vmready.record.recording import Recorders, RecordingGuestResource
-    from vmready.store.sqlite import Store
-    from vmready.trust.certs import ensure_server_certificate, generate, write_config_drive
+    from vmready.agentlink import HybridVSockAddress, HybridVSockServerEndpoint
+    from vmready.api import GuestAPI, guest_site, guest_tls_factory
+    from vmready.domain import PowerState, TaskState, VMState
+    from vmready.hypervisor import HypervisorDriver
+    from vmready.lifecycle import EventBus, Lifecycle
+    from vmready.record import Recorders, RecordingGuestResource
+    from vmready.store import Store
+    from vmready.trust import ensure_server_certificate, generate, write_config_drive
 
     reactor = default_reactor()
 
@@ -171,8 +169,7 @@ def run_bare(
     from twisted.internet.defer import Deferred
 
     from benchmarks._bareserver import bare_site
-    from vmready.agentlink.hvsock import HybridVSockServerEndpoint
-    from vmready.agentlink.vsockaddress import HybridVSockAddress
+    from vmready.agentlink import HybridVSockAddress, HybridVSockServerEndpoint
 
     reactor = default_reactor()
 
@@ -196,10 +193,7 @@ def run_bare(
 
 def _endpoint(drive: str, path: str, port: int) -> Any:
     """The agent's ``HostEndpoint`` for the server at hybrid vsock ``path``/``port``."""
-    from vmready.agent.config import Transport
-    from vmready.agent.core import VsockAddress
-    from vmready.agent.host import HostConnector
-    from vmready.agent.tls import client_context, pinned_der
+    from vmready.agent import HostConnector, Transport, VsockAddress, client_context, pinned_der
 
     with open(os.path.join(drive, "server.crt"), "rb") as f:
         server_pem = f.read()

@@ -62,15 +62,12 @@ from benchmarks._measure import (
     sleep,
     status_kib,
 )
-from vmready.cli.client import Client
-from vmready.cli.errors import CommandError
-from vmready.daemon.tap import Options
-from vmready.domain.limits import raise_file_limit
-from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
-from vmready.hypervisor.driver import HypervisorDriver
-from vmready.lifecycle.core import Lifecycle
-from vmready.lifecycle.events import EventBus
-from vmready.store.sqlite import Store
+from vmready.cli import Client, CommandError
+from vmready.daemon import Options
+from vmready.domain import READY_KEY, PowerState, TaskState, VMState, raise_file_limit
+from vmready.hypervisor import HypervisorDriver
+from vmready.lifecycle import EventBus, Lifecycle
+from vmready.store import Store
 
 LAUNCH_TIMEOUT = 300.0
 STOP_TIMEOUT = 60.0

@@ -40,7 +40,7 @@ from typing import Any
 
 from pylxd import Client
 
-from vmready.lifecycle.core import CONFIG_DRIVE, run_dir_name
+from vmready.lifecycle import CONFIG_DRIVE, run_dir_name
 
 BIN = os.path.dirname(os.path.abspath(sys.executable))
 TWISTD = os.path.join(BIN, "twistd")

@@ -111,13 +111,15 @@ from benchmarks._fleet import (
     timed_ready,
 )
 from benchmarks._measure import cpu_seconds, reactor, report, show_problems, sleep
-from vmready.agentlink.hvsock import HybridVSockClientEndpoint, HybridVSockServerEndpoint
-from vmready.agentlink.link import PollIntervals
-from vmready.agentlink.vsockaddress import HybridVSockAddress
-from vmready.daemon.tap import Options
-from vmready.domain.limits import raise_file_limit
-from vmready.trust.certs import CertificatePair
-from vmready.trust.tls import PinnedServerTLS
+from vmready.agentlink import (
+    HybridVSockAddress,
+    HybridVSockClientEndpoint,
+    HybridVSockServerEndpoint,
+    PollIntervals,
+)
+from vmready.daemon import Options
+from vmready.domain import raise_file_limit
+from vmready.trust import CertificatePair, PinnedServerTLS
 
 SCRIPT = os.path.abspath(__file__)
 # Seconds, at most, of random pause before an agent is stopped or started in a cycle.

@@ -62,8 +62,7 @@ from benchmarks._bootphases import (
     timeline,
 )
 from benchmarks._children import START_TIMEOUT, TWISTD
-from vmready.hypervisor.guestimage.build import ensure_guest
-from vmready.hypervisor.guestimage.stock import ensure_stock_guest
+from vmready.hypervisor.guestimage import ensure_guest, ensure_stock_guest
 
 BOOT_TIMEOUT = 600.0
 # The host's milestones: the lifecycle event that dates each.

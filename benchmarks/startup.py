@@ -48,8 +48,8 @@ import tempfile
 import time
 from typing import Any
 
-from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
-from vmready.store.sqlite import Store
+from vmready.domain import READY_KEY, PowerState, TaskState, VMState
+from vmready.store import Store
 
 SOCKET_NAME = "vmready.sock"
 STARTED_FILE = "service-started"
@@ -134,8 +134,8 @@ def run_daemon(data_dir: str, profile: str | None) -> None:
         textFileLogObserver,
     )
 
-    from vmready.daemon.tap import Options, makeService
-    from vmready.domain.reactor import default_reactor
+    from vmready.daemon import Options, makeService
+    from vmready.domain import default_reactor
 
     reactor: Any = default_reactor()
     options = Options()

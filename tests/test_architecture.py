@@ -11,6 +11,10 @@ Every ``import`` counts wherever it stands (in a function, under
 ``TYPE_CHECKING``): an import that only the type checker sees still ties
 the layers together.
 
+Each subpackage has a face: its ``__init__``'s ``__all__``.  Outside the
+subpackage (in ``vmready``, the plugins, fakeqemu and the benchmarks) a module
+imports only names of that face, never an inner module; tests are exempt.
+
 Sizes hold too, outside the tests: a module of at most 600 lines, a class of
 300, a function of 60; and every ``# type: ignore`` says why on its line.
 """
@@ -47,9 +51,7 @@ RANKS = {
     "daemon": 9,
 }
 # What the guest agent may import of vmready: it runs in a stock guest.
-AGENT_SHARES = frozenset(
-    {"vmready", "vmready.protocols.ringbuffer", "vmready.protocols.transcript"}
-)
+AGENT_SHARES = frozenset({"vmready", "vmready.protocols"})
 FAKEQEMU_PUBLIC = frozenset({"fakeqemu", "fakeqemu.testing"})
 # The replay's modules that run fakeqemu in memory: its core and its driver.
 FAKEQEMU_USERS = frozenset({"vmready.record.replaycore", "vmready.record.replaydriver"})
@@ -228,7 +230,7 @@ class CheckerTests(SynchronousTestCase):
         self.assertEqual(
             self.counts(
                 ("vmready.agent.core", "vmready.domain.states"),
-                ("vmready.agent.core", "vmready.protocols.ringbuffer"),
+                ("vmready.agent.core", "vmready.protocols"),
                 ("vmready.cli.main", "vmready.agent.core"),
             ),
             [1, 0, 1],
@@ -251,6 +253,167 @@ class CheckerTests(SynchronousTestCase):
 
     def test_noCycleInALine(self) -> None:
         self.assertEqual(cycles({"a": {"b"}, "b": {"c"}, "c": set()}), [])
+
+
+# Faces besides each subpackage's ``__init__``: a module, or a package inside a
+# subpackage, whose ``__all__`` other subpackages may import from too (each
+# subpackage's ``__init__`` says why it splits its face).
+SPLIT_FACES = {
+    "agentlink": ("vmready.agentlink.transport",),
+    "hypervisor": ("vmready.hypervisor.agentbundle", "vmready.hypervisor.guestimage"),
+    "record": ("vmready.record.replay",),
+    "protocols": (
+        "vmready.protocols.qmp",
+        "vmready.protocols.prometheus",
+        "vmready.protocols.transcriptreader",
+    ),
+}
+# Where imports of vmready go through its faces: everything but the tests.
+FACED = ("vmready", "twisted/plugins", "fakeqemu", "benchmarks")
+
+
+def declared_all(source: str, path: str) -> frozenset[str] | None:
+    """The names of a module's ``__all__`` (a literal list or tuple), or None without one."""
+    for node in ast.parse(source, path).body:
+        if not isinstance(node, ast.Assign):
+            continue
+        if [getattr(target, "id", None) for target in node.targets] == ["__all__"]:
+            return frozenset(ast.literal_eval(node.value))
+    return None
+
+
+def vmready_faces() -> dict[str, frozenset[str] | None]:
+    """Every face of vmready's subpackages, by dotted name: the names of its ``__all__``."""
+    known = modules("vmready")
+    names = [f"vmready.{package}" for package in RANKS if package != "guestfiles"]
+    names += ["vmready.agent", "vmready.guestfiles"]
+    names += [face for faces in SPLIT_FACES.values() for face in faces]
+    found = {}
+    for name in sorted(names):
+        with open(os.path.join(CHECKOUT, known[name]), encoding="utf-8") as f:
+            found[name] = declared_all(f.read(), known[name])
+    return found
+
+
+def face_violations(
+    path: str, module: str, source: str, faces: dict[str, frozenset[str] | None]
+) -> list[str]:
+    """Each import in ``source`` (module ``module``, file ``path``) of another
+    subpackage's inside, as ``file:line: what (the face to use)``."""
+    own = subpackage(module)
+    found = []
+
+    def check(line: int, target: str, name: str | None) -> None:
+        if target == "vmready" or subpackage(target) == own:
+            return  # ``from vmready import store`` imports a face
+        what = target if name is None else f"{name} from {target}"
+        if target in faces:
+            if name is None or name in (faces[target] or ()):
+                return
+            found.append(f"{path}:{line}: {module} imports {what}, not in {target}'s face")
+            return
+        face = max((f for f in faces if target.startswith(f + ".")), key=len, default=None)
+        if face is None:
+            face = f"vmready.{subpackage(target)}"
+        found.append(f"{path}:{line}: {module} imports {what}: use its face {face}")
+
+    for node in ast.walk(ast.parse(source, path)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "vmready":
+                    check(node.lineno, alias.name, None)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for alias in node.names:
+                if node.module.split(".")[0] == "vmready":
+                    check(node.lineno, node.module, alias.name)
+    return found
+
+
+class FaceTests(SynchronousTestCase):
+    """Each subpackage is used through its face only."""
+
+    def test_everyFaceDeclaresItsNames(self) -> None:
+        faces = vmready_faces()
+        self.assertEqual(sorted(name for name, names in faces.items() if names is None), [])
+
+    def test_importsOfAnotherSubpackageGoThroughItsFace(self) -> None:
+        faces = vmready_faces()
+        found = []
+        for package in FACED:
+            for module, path in sorted(modules(package).items()):
+                with open(os.path.join(CHECKOUT, path), encoding="utf-8") as f:
+                    found += face_violations(path, module, f.read(), faces)
+        self.assertEqual(found, [])
+
+
+class FaceCheckerTests(SynchronousTestCase):
+    """The face check can fail: each on a small made-up source."""
+
+    FACES: dict[str, frozenset[str] | None] = {
+        "vmready.store": frozenset({"Store"}),
+        "vmready.hypervisor": frozenset({"HypervisorDriver"}),
+        "vmready.hypervisor.guestimage": frozenset({"ensure_guest"}),
+    }
+
+    def violations(self, source: str, module: str = "vmready.lifecycle.core") -> list[str]:
+        return face_violations("made.py", module, source, self.FACES)
+
+    def test_aNameOfTheFaceIsFine(self) -> None:
+        self.assertEqual(self.violations("from vmready.store import Store\n"), [])
+
+    def test_anInnerModuleIsAViolationThatNamesTheFace(self) -> None:
+        self.assertEqual(
+            self.violations("x = 1\nfrom vmready.store.sqlite import Store\n"),
+            [
+                "made.py:2: vmready.lifecycle.core imports Store from vmready.store.sqlite: "
+                "use its face vmready.store"
+            ],
+        )
+
+    def test_aNameMissingFromTheFaceIsAViolation(self) -> None:
+        self.assertEqual(
+            self.violations("def f():\n    from vmready.store import Table\n"),
+            [
+                "made.py:2: vmready.lifecycle.core imports Table from vmready.store, "
+                "not in vmready.store's face"
+            ],
+        )
+
+    def test_importingAnInnerModuleIsAViolation(self) -> None:
+        self.assertEqual(
+            self.violations("import vmready.store.sqlite\nfrom vmready.store import sqlite\n"),
+            [
+                "made.py:1: vmready.lifecycle.core imports vmready.store.sqlite: "
+                "use its face vmready.store",
+                "made.py:2: vmready.lifecycle.core imports sqlite from vmready.store, "
+                "not in vmready.store's face",
+            ],
+        )
+
+    def test_aSplitFaceIsNamedForItsInside(self) -> None:
+        source = "from vmready.hypervisor.guestimage import ensure_guest\n"
+        source += "from vmready.hypervisor.guestimage.build import ensure_guest\n"
+        self.assertEqual(
+            self.violations(source),
+            [
+                "made.py:2: vmready.lifecycle.core imports ensure_guest from "
+                "vmready.hypervisor.guestimage.build: use its face vmready.hypervisor.guestimage"
+            ],
+        )
+
+    def test_aSubpackageReachesInsideItself(self) -> None:
+        source = "from vmready.store.sqlite import Store\nimport vmready.store.table\n"
+        self.assertEqual(self.violations(source, module="vmready.store.asyncstore"), [])
+
+    def test_codeOutsideVmreadyUsesTheFacesToo(self) -> None:
+        source = "from vmready.hypervisor.driver import HypervisorDriver\n"
+        self.assertEqual(len(self.violations(source, module="benchmarks.lifecycle")), 1)
+
+    def test_aFaceIsReadFromItsAll(self) -> None:
+        self.assertEqual(
+            [declared_all('__all__ = ["a", "b"]\n', "m.py"), declared_all("a = 1\n", "m.py")],
+            [frozenset({"a", "b"}), None],
+        )
 
 
 def private_twisted_imports(path: str) -> list[str]:

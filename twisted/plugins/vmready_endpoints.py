@@ -1,6 +1,6 @@
 """Registers the ``vsock:`` and ``hvsock:`` endpoint strings (servers and clients)."""
 
-from vmready.agentlink.endpointstrings import (
+from vmready.agentlink import (
     HybridVSockClientParser,
     HybridVSockServerParser,
     VSockClientParser,

@@ -27,9 +27,12 @@ from vmready.agent.minimum import require_supported_python
 require_supported_python()  # before anything that needs a newer Python, or ssl
 
 if TYPE_CHECKING:
-    from vmready.agent.config import AgentConfig, ConfigError, load_config
+    from vmready.agent.config import AgentConfig, ConfigError, Transport, load_config
     from vmready.agent.core import AgentCore, HostAddress, TcpAddress, VsockAddress
+    from vmready.agent.host import HostConnector
+    from vmready.agent.main import configure_logging
     from vmready.agent.service import Agent, build_agent
+    from vmready.agent.tls import client_context, pinned_der
 
 # A library's manners: nothing printed unless the program (main) configures logging.
 logging.getLogger(__name__).addHandler(logging.NullHandler())
@@ -42,10 +45,15 @@ _FACE = {
     "AgentCore": "core",
     "ConfigError": "options",
     "HostAddress": "core",
+    "HostConnector": "host",
     "TcpAddress": "core",
+    "Transport": "config",
     "VsockAddress": "core",
     "build_agent": "service",
+    "client_context": "tls",
+    "configure_logging": "main",
     "load_config": "config",
+    "pinned_der": "tls",
 }
 
 
@@ -62,8 +70,13 @@ __all__ = [
     "AgentCore",
     "ConfigError",
     "HostAddress",
+    "HostConnector",
     "TcpAddress",
+    "Transport",
     "VsockAddress",
     "build_agent",
+    "client_context",
+    "configure_logging",
     "load_config",
+    "pinned_der",
 ]

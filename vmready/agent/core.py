@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Union
 
-from vmready.protocols.ringbuffer import (
+from vmready.protocols import (
     MAX_LINE_BYTES,
     AgentStatus,
     DiscardedFragment,

@@ -22,7 +22,7 @@ from vmready.agent.host import (
     describe_failure,
 )
 from vmready.agent.network import NetworkPlan
-from vmready.protocols.transcript import (
+from vmready.protocols import (
     DEFAULT_KEEP,
     DEFAULT_MAX_BYTES,
     PemRedactor,

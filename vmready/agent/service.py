@@ -49,7 +49,7 @@ from vmready.agent.recording import AgentRecorder, RecordingConnector
 from vmready.agent.sdnotify import ServiceManager, from_os_environment
 from vmready.agent.serial import FoundPort, SerialKeeper, find_port
 from vmready.agent.tls import TLSConfigError, client_context, pinned_der
-from vmready.protocols.ringbuffer import AgentStatus
+from vmready.protocols import AgentStatus
 
 __all__ = ["DIAL_TIMEOUT", "Agent", "bind_socket", "build_agent", "prepare_socket_path"]
 

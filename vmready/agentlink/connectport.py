@@ -16,7 +16,7 @@ from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from vmready.domain.model import HypervisorError
+from vmready.domain import HypervisorError
 
 __all__ = ["CONNECT_TIMEOUT", "ConnectPort"]
 

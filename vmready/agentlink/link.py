@@ -23,7 +23,7 @@ from collections.abc import Mapping
 import attrs
 from twisted.logger import Logger
 
-from vmready.protocols.ringbuffer import (
+from vmready.protocols import (
     AgentStatus,
     DiscardedFragment,
     HostEcho,

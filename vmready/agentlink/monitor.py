@@ -20,9 +20,8 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 from vmready.agentlink.link import AgentLink, StatusChanged, WriteConnect
-from vmready.domain.listeners import Listeners
-from vmready.domain.model import HypervisorError
-from vmready.protocols.ringbuffer import AgentStatus
+from vmready.domain import HypervisorError, Listeners
+from vmready.protocols import AgentStatus
 
 __all__ = ["AgentMonitor", "ConnectWriter", "RingBufferDevice", "RingRecorder"]
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import random
 from collections.abc import Collection
 
-from vmready.hypervisor.cmdline import FORWARD_GUEST_ADDRESS, FORWARD_GUEST_PORT, device_problem
-from vmready.protocols.ringbuffer import format_connect, format_tcp_connect
+from vmready.hypervisor import FORWARD_GUEST_ADDRESS, FORWARD_GUEST_PORT, device_problem
+from vmready.protocols import format_connect, format_tcp_connect
 
 __all__ = [
     "CID_KEY",

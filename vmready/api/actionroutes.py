@@ -19,7 +19,7 @@ from vmready.api.operatorbase import OperatorBase, async_response, forwardable, 
 from vmready.api.requestbody import DEFAULT_TIMEOUT, field, read_json_body
 from vmready.api.views import instance_url, state_json
 from vmready.api.web import sync_response
-from vmready.domain.model import BadRequest, NotFound
+from vmready.domain import BadRequest, NotFound
 
 __all__ = ["CONSOLE_LOG_FILE", "MAX_CONSOLE_BYTES", "ActionRoutes"]
 

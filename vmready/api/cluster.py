@@ -35,19 +35,20 @@ from twisted.web.iweb import IRequest
 
 from vmready.api.forwarding import DEADLINE, FORWARDED_BY, Forwarder, Relayed
 from vmready.api.views import unreachable_fault
-from vmready.domain.members import MemberRecord, MemberState
-from vmready.domain.model import (
+from vmready.domain import (
     Conflict,
     InstanceRecord,
+    IVMReadyReactor,
     LoopDetected,
+    MemberRecord,
+    MemberState,
     NotFound,
     Unavailable,
     VMReadyError,
+    lease_time,
 )
-from vmready.domain.reactor import IVMReadyReactor
-from vmready.lifecycle.faults import Fault
-from vmready.lifecycle.members import Membership, lease_time
-from vmready.trust.certs import CertificatePair
+from vmready.lifecycle import Fault, Membership
+from vmready.trust import CertificatePair
 
 __all__ = [
     "MAX_REMEMBERED_OPERATIONS",

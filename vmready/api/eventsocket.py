@@ -29,7 +29,7 @@ from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource
 
 from vmready.api.eventstream import BoundedFeed, encode_event
-from vmready.lifecycle.events import Event, EventBus
+from vmready.lifecycle import Event, EventBus
 
 __all__ = ["EventSocketFactory", "EventSocketProtocol", "event_socket", "wants_websocket"]
 

@@ -23,7 +23,7 @@ from twisted.logger import Logger
 from twisted.web import http
 from zope.interface import implementer
 
-from vmready.lifecycle.events import Event
+from vmready.lifecycle import Event
 
 __all__ = ["MAX_PENDING_BYTES", "BoundedFeed", "EventStream", "encode_event"]
 

@@ -14,7 +14,7 @@ import shlex
 from collections.abc import Callable
 from typing import Any
 
-from vmready.domain.model import BadRequest
+from vmready.domain import BadRequest
 
 __all__ = ["Predicate", "parse_filter"]
 

@@ -60,11 +60,8 @@ from zope.interface import implementer
 
 from vmready.api.limits import IDLE_TIMEOUT
 from vmready.api.web import BytesProducer
-from vmready.domain.members import MemberRecord
-from vmready.domain.model import BadGateway, BadRequest, Unavailable
-from vmready.domain.reactor import IVMReadyReactor
-from vmready.trust.certs import CertificatePair
-from vmready.trust.tls import PinnedServerTLS, connect_reason, ssl_reason
+from vmready.domain import BadGateway, BadRequest, IVMReadyReactor, MemberRecord, Unavailable
+from vmready.trust import CertificatePair, PinnedServerTLS, connect_reason, ssl_reason
 
 __all__ = [
     "CACHED_CONNECTION_TIMEOUT",

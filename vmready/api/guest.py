@@ -35,18 +35,18 @@ from vmready.api.web import (
     local_site,
     sync_response,
 )
-from vmready.domain.model import (
-    BadRequest,
-    Forbidden,
-    InstanceRecord,
-    NotFound,
+from vmready.domain import BadRequest, Forbidden, InstanceRecord, NotFound
+from vmready.hypervisor import meta_data as cloud_init_meta_data
+from vmready.lifecycle import LIFECYCLE, Event, Lifecycle
+from vmready.store import AgentLookup
+from vmready.trust import (
+    CertificatePair,
+    MutualServerTLS,
+    fingerprint,
+    is_valid_at,
+    peer_certificate_pem,
+    server_tls_factory,
 )
-from vmready.hypervisor.configdrive import meta_data as cloud_init_meta_data
-from vmready.lifecycle.core import Lifecycle
-from vmready.lifecycle.events import LIFECYCLE, Event
-from vmready.store.view import AgentLookup
-from vmready.trust.certs import CertificatePair, fingerprint, is_valid_at
-from vmready.trust.tls import MutualServerTLS, peer_certificate_pem, server_tls_factory
 
 __all__ = [
     "FORBIDDEN_MESSAGE",

@@ -24,12 +24,12 @@ from vmready.api.operatorbase import OperatorBase, async_response, forwardable, 
 from vmready.api.requestbody import field, query_param, read_json_body, recursion_level
 from vmready.api.views import instance_url, snapshot_json, state_json
 from vmready.api.web import sync_response
-from vmready.domain.members import MemberRecord
-from vmready.domain.model import (
+from vmready.domain import (
     BadGateway,
     BadRequest,
     InstanceRecord,
     LoopDetected,
+    MemberRecord,
     Unavailable,
     VMReadyError,
 )

@@ -20,8 +20,7 @@ import attrs
 
 from vmready.api.requestbody import field
 from vmready.api.views import ARCHITECTURE, PROFILES, ZERO_TIME
-from vmready.domain.config import is_launch_key, is_user_key
-from vmready.domain.model import BadRequest, InstanceRecord
+from vmready.domain import BadRequest, InstanceRecord, is_launch_key, is_user_key
 
 __all__ = [
     "CreateRequest",

@@ -20,8 +20,7 @@ from twisted.web.server import Request
 from zope.interface import implementer
 
 import vmready
-from vmready.lifecycle.core import Lifecycle
-from vmready.lifecycle.metrics import LifecycleMetrics
+from vmready.lifecycle import Lifecycle, LifecycleMetrics
 from vmready.protocols.prometheus import CONTENT_TYPE, GAUGE, MetricFamily, Sample, exposition
 
 __all__ = ["CountedGuestResource", "build_info", "metrics_response"]

@@ -29,10 +29,8 @@ from vmready.api.requestbody import query_param, seconds_param
 from vmready.api.trust import TrustRegistry
 from vmready.api.views import instance_json, operation_url
 from vmready.api.web import ErrorStyle, handle_error, json_response, literal_paths, local_site
-from vmready.domain.model import InstanceRecord, NotFound
-from vmready.domain.states import StatusCode
-from vmready.lifecycle.core import Lifecycle
-from vmready.lifecycle.operations import Operation
+from vmready.domain import InstanceRecord, NotFound, StatusCode
+from vmready.lifecycle import Lifecycle, Operation
 
 __all__ = [
     "DEFAULT_PROJECT",

@@ -30,9 +30,15 @@ from vmready.api.limits import MAX_OPERATOR_CONNECTIONS
 from vmready.api.operator import OPERATOR_ERRORS
 from vmready.api.trust import Peer, TrustRegistry, mark_peer
 from vmready.api.web import json_response, local_site
-from vmready.lifecycle.members import Membership
-from vmready.trust.certs import CertificatePair, fingerprint, is_valid_at
-from vmready.trust.tls import MutualServerTLS, peer_certificate_pem, server_tls_factory
+from vmready.lifecycle import Membership
+from vmready.trust import (
+    CertificatePair,
+    MutualServerTLS,
+    fingerprint,
+    is_valid_at,
+    peer_certificate_pem,
+    server_tls_factory,
+)
 
 __all__ = ["REMOTE_PURPOSE", "TrustedClientsOnly", "remote_site", "remote_tls_factory"]
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from twisted.web.iweb import IRequest
 
-from vmready.domain.model import BadRequest, PayloadTooLarge
-from vmready.lifecycle.events import EVENT_TYPES
+from vmready.domain import BadRequest, PayloadTooLarge
+from vmready.lifecycle import EVENT_TYPES
 
 __all__ = [
     "DEFAULT_TIMEOUT",

@@ -21,7 +21,7 @@ from vmready.api.operatorbase import OperatorBase, operator_app
 from vmready.api.requestbody import recursion_level
 from vmready.api.trust import peer_of
 from vmready.api.web import sync_response
-from vmready.domain.model import NotFound
+from vmready.domain import NotFound
 
 __all__ = ["API_EXTENSIONS", "ServerRoutes", "server_environment"]
 

@@ -19,7 +19,7 @@ from vmready.api.operatorbase import OperatorBase, async_response, forwardable, 
 from vmready.api.requestbody import read_json_body, recursion_level
 from vmready.api.views import snapshot_json, snapshot_url
 from vmready.api.web import sync_response
-from vmready.domain.model import NotFound
+from vmready.domain import NotFound
 
 __all__ = ["SnapshotRoutes"]
 

@@ -21,11 +21,9 @@ from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 
-from vmready.domain.model import BadRequest, Forbidden, NotFound
-from vmready.store.asyncstore import AsyncStore
-from vmready.store.sqlite import Store
-from vmready.store.trust import TrustedCertificate
-from vmready.trust.tokens import TokenError, TrustToken, hash_secret, normalize_fingerprint
+from vmready.domain import BadRequest, Forbidden, NotFound
+from vmready.store import AsyncStore, Store, TrustedCertificate
+from vmready.trust import TokenError, TrustToken, hash_secret, normalize_fingerprint
 
 __all__ = [
     "DEFAULT_TOKEN_LIFETIME",

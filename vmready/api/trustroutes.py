@@ -20,8 +20,8 @@ from vmready.api.operatorbase import OperatorBase, operator_app
 from vmready.api.requestbody import read_json_body, recursion_level
 from vmready.api.trust import certificate_json, peer_of, refuse_untrusted
 from vmready.api.web import sync_response
-from vmready.domain.model import BadRequest
-from vmready.trust.tokens import TokenError, TrustToken
+from vmready.domain import BadRequest
+from vmready.trust import TokenError, TrustToken
 
 __all__ = ["TrustRoutes"]
 

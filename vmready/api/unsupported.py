@@ -23,7 +23,7 @@ from vmready.api.operatorbase import (
 from vmready.api.requestbody import recursion_level
 from vmready.api.views import instance_url
 from vmready.api.web import sync_response
-from vmready.domain.model import NotFound, VMReadyError
+from vmready.domain import NotFound, VMReadyError
 
 __all__ = ["NotSupported", "UnsupportedRoutes"]
 

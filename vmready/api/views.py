@@ -6,18 +6,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from vmready.agentlink.transport import TRANSPORT_KEY
-from vmready.domain.config import ACCEL_KEY
-from vmready.domain.model import InstanceRecord
-from vmready.domain.states import OperatorStatus, StatusCode
-from vmready.hypervisor.accel import ACCEL_REASON_KEY, CURRENT_ACCEL_KEY
-from vmready.hypervisor.bootsource import BootSource
-from vmready.hypervisor.cmdline import SERIAL_LAYOUTS
-from vmready.lifecycle.agenthistory import LinkChange
-from vmready.lifecycle.core import LAYOUT_KEY
-from vmready.lifecycle.events import rfc3339
-from vmready.lifecycle.faults import Fault
-from vmready.lifecycle.operations import Operation
-from vmready.protocols.ringbuffer import AgentStatus
+from vmready.domain import ACCEL_KEY, InstanceRecord, OperatorStatus, StatusCode
+from vmready.hypervisor import ACCEL_REASON_KEY, CURRENT_ACCEL_KEY, SERIAL_LAYOUTS, BootSource
+from vmready.lifecycle import LAYOUT_KEY, Fault, LinkChange, Operation, rfc3339
+from vmready.protocols import AgentStatus
 
 __all__ = [
     "ARCHITECTURE",

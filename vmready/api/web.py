@@ -28,8 +28,7 @@ from zope.interface import implementer
 
 from vmready.api.limits import LimitedSite, PeerKey, body_overflowed
 from vmready.api.requestbody import MAX_BODY_BYTES
-from vmready.domain.model import BadRequest, VMReadyError
-from vmready.domain.states import StatusCode
+from vmready.domain import BadRequest, StatusCode, VMReadyError
 
 KleinT = TypeVar("KleinT", bound=Klein)
 

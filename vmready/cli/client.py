@@ -35,7 +35,7 @@ from zope.interface import implementer
 
 from vmready.cli.errors import EXIT_FAILED, CommandError
 from vmready.cli.remotetls import PinnedRemote, tls_failure
-from vmready.domain.reactor import IVMReadyReactor
+from vmready.domain import IVMReadyReactor
 
 __all__ = [
     "APIError",

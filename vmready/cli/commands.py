@@ -22,8 +22,7 @@ from vmready.cli.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandError, U
 from vmready.cli.output import EventCSV, Output, to_yaml
 from vmready.cli.verbs import by_verb
 from vmready.cli.waiter import Waiter, parse_condition
-from vmready.domain.config import ACCEL_KEY
-from vmready.hypervisor.bootsource import APPEND_KEY, IMAGE_KEY, INITRD_KEY, KERNEL_KEY
+from vmready.domain import ACCEL_KEY, APPEND_KEY, IMAGE_KEY, INITRD_KEY, KERNEL_KEY
 
 __all__ = ["COMMANDS", "cmd_replay"]
 
@@ -368,7 +367,7 @@ COMMANDS: dict[str, Callable[[Client, Output, argparse.Namespace], Any]] = {
 
 def _replayed_line(entry: Any) -> str:
     """What ``vmready replay --realtime`` prints for a record it just replayed."""
-    from vmready.protocols.transcript import data_from_fields
+    from vmready.protocols import data_from_fields
 
     shown = entry.fields.get("text")
     if shown is None and entry.kind in ("ring-read", "ring-write"):
@@ -380,7 +379,7 @@ def _replayed_line(entry: Any) -> str:
 
 async def cmd_replay(reactor: IReactorTime, output: Output, args: argparse.Namespace) -> int:
     """``vmready replay FILE``: runs in this process; the daemon is not involved."""
-    from vmready.protocols.transcript import TranscriptError
+    from vmready.protocols import TranscriptError
     from vmready.record.replay import replay, replay_realtime
 
     try:

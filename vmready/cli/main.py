@@ -27,7 +27,7 @@ from vmready.cli.parser import build_parser, with_snapshot_verb
 from vmready.cli.remotecommands import cmd_remote
 from vmready.cli.suggest import command_names, unknown_command, with_instance_suggestion
 from vmready.cli.targets import client_for
-from vmready.domain.reactor import IVMReadyReactor, default_reactor
+from vmready.domain import IVMReadyReactor, default_reactor
 
 __all__ = ["main", "run"]
 

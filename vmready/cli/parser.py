@@ -14,7 +14,7 @@ from vmready.cli.remoteparser import add_remote_commands
 from vmready.cli.suggest import command_index, with_choice_suggestion
 from vmready.cli.tables import DEFAULT_COLUMNS, LIST_COLUMNS, Column, parse_columns
 from vmready.cli.verbs import Verbs
-from vmready.domain.config import ACCEL_CHOICES
+from vmready.domain import ACCEL_CHOICES
 
 __all__ = ["SNAPSHOT_VERBS", "build_parser", "with_snapshot_verb"]
 

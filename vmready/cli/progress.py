@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import IO, Any
 
-from vmready.domain.states import TaskState
+from vmready.domain import TaskState
 
 __all__ = [
     "SPINNER",

@@ -34,9 +34,14 @@ from vmready.cli.userconfig import (
     validate_remote_name,
 )
 from vmready.cli.verbs import by_verb
-from vmready.domain.reactor import IVMReadyReactor
-from vmready.trust.certs import CertificatePair, fingerprint
-from vmready.trust.tokens import TokenError, TrustToken, normalize_fingerprint
+from vmready.domain import IVMReadyReactor
+from vmready.trust import (
+    CertificatePair,
+    TokenError,
+    TrustToken,
+    fingerprint,
+    normalize_fingerprint,
+)
 
 __all__ = ["cmd_remote", "trust_command"]
 

@@ -22,9 +22,9 @@ from twisted.web.iweb import IAgentEndpointFactory
 from zope.interface import implementer
 
 from vmready.cli.errors import EXIT_FAILED, CommandError
-from vmready.domain.reactor import IVMReadyReactor
-from vmready.trust.certs import CertificatePair
-from vmready.trust.tls import (
+from vmready.domain import IVMReadyReactor
+from vmready.trust import (
+    CertificatePair,
     PinnedServerTLS,
     ServerCertificateProbe,
     connect_reason,

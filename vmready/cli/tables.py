@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from vmready.domain.states import READY_KEY
+from vmready.domain import READY_KEY
 
 __all__ = [
     "DEFAULT_COLUMNS",

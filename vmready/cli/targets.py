@@ -18,8 +18,7 @@ from vmready.cli.client import Client
 from vmready.cli.errors import EXIT_FAILED, CommandError, UsageError
 from vmready.cli.remotetls import PinnedRemote
 from vmready.cli.userconfig import LOCAL, Remotes, client_identity, config_dir, load_remotes
-from vmready.domain.paths import SOCKET_VARIABLE, default_socket
-from vmready.domain.reactor import IVMReadyReactor
+from vmready.domain import SOCKET_VARIABLE, IVMReadyReactor, default_socket
 
 __all__ = ["REMOTE_ARGUMENT", "choose_remote", "client_for", "local_socket", "split_remote"]
 

@@ -22,8 +22,13 @@ import attrs
 import yaml
 
 from vmready.cli.errors import EXIT_FAILED, CommandError, UsageError
-from vmready.trust.certs import CertificateError, CertificatePair, ensure_certificate_pair
-from vmready.trust.tokens import TokenError, normalize_fingerprint
+from vmready.trust import (
+    CertificateError,
+    CertificatePair,
+    TokenError,
+    ensure_certificate_pair,
+    normalize_fingerprint,
+)
 
 __all__ = [
     "LOCAL",

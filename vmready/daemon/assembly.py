@@ -15,24 +15,16 @@ from twisted.logger import Logger
 from twisted.web.resource import IResource
 
 from vmready.agentlink.transport import choose_transport, vhost_vsock_problem
-from vmready.api.guest import GuestAPI
-from vmready.api.metrics import CountedGuestResource
-from vmready.api.operator import OperatorAPI
-from vmready.api.trust import TrustRegistry
+from vmready.api import CountedGuestResource, GuestAPI, OperatorAPI, TrustRegistry
 from vmready.daemon.clustermember import ClusterMember
 from vmready.daemon.daemonconfig import DaemonConfig
-from vmready.domain.reactor import IVMReadyReactor
+from vmready.domain import IVMReadyReactor
 from vmready.guestfiles import loader_files
-from vmready.hypervisor.accel import kvm_device_problem
+from vmready.hypervisor import SERIAL_LAYOUTS, DriveContents, HypervisorDriver, kvm_device_problem
 from vmready.hypervisor.agentbundle import build_zipapp
-from vmready.hypervisor.cmdline import SERIAL_LAYOUTS
-from vmready.hypervisor.configdrive import DriveContents
-from vmready.hypervisor.driver import HypervisorDriver
-from vmready.lifecycle.core import LaunchSettings, Lifecycle
-from vmready.lifecycle.events import EventBus
-from vmready.record.recording import Recorders, RecordingGuestResource
-from vmready.store.asyncstore import AsyncStore
-from vmready.store.sqlite import Store
+from vmready.lifecycle import EventBus, LaunchSettings, Lifecycle
+from vmready.record import Recorders, RecordingGuestResource
+from vmready.store import AsyncStore, Store
 
 __all__ = ["DaemonParts", "assemble", "build_lifecycle", "drive_contents"]
 

@@ -16,16 +16,12 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
 
-from vmready.api.trust import TrustRegistry
+from vmready.api import TrustRegistry
 from vmready.daemon.clusteroptions import bound_member_address
 from vmready.daemon.rereads import Reread
-from vmready.domain.members import LeaseHeld, LeaseLost, MemberRetired
-from vmready.domain.reactor import IVMReadyReactor
-from vmready.lifecycle.events import EventBus
-from vmready.lifecycle.members import Membership
-from vmready.lifecycle.relay import CHANNELS, EventRelay
-from vmready.store.asyncstore import AsyncStore
-from vmready.store.notifications import MEMBERS_CHANNEL, TRUST_CHANNEL, NotificationListener
+from vmready.domain import IVMReadyReactor, LeaseHeld, LeaseLost, MemberRetired
+from vmready.lifecycle import CHANNELS, EventBus, EventRelay, Membership
+from vmready.store import MEMBERS_CHANNEL, TRUST_CHANNEL, AsyncStore, NotificationListener
 
 __all__ = ["ClusterMember"]
 

@@ -28,8 +28,8 @@ import attrs
 
 from vmready.daemon.httpsaddress import HTTPSAddress
 from vmready.daemon.optionvalues import seconds
-from vmready.lifecycle.members import DEFAULT_LEASE_SECONDS
-from vmready.store.postgres import display_location, is_postgres_location
+from vmready.lifecycle import DEFAULT_LEASE_SECONDS
+from vmready.store import display_location, is_postgres_location
 
 __all__ = [
     "CLUSTER_OPTIONS",

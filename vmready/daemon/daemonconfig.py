@@ -6,13 +6,11 @@ import os
 
 import attrs
 
-from vmready.agentlink.link import PollIntervals
+from vmready.agentlink import PollIntervals
 from vmready.daemon.clusteroptions import DEFAULT_LEASE_SECONDS, display_location
-from vmready.hypervisor.bootsource import BootSource
-from vmready.hypervisor.cmdline import CURRENT_LAYOUT
-from vmready.hypervisor.console import DEFAULT_CONSOLE_MAX_BYTES
-from vmready.lifecycle.core import DEFAULT_KVM_PROBE_TIMEOUT, DEFAULT_SYNC_CONCURRENCY
-from vmready.protocols.transcript import DEFAULT_KEEP, DEFAULT_MAX_BYTES
+from vmready.hypervisor import CURRENT_LAYOUT, DEFAULT_CONSOLE_MAX_BYTES, BootSource
+from vmready.lifecycle import DEFAULT_KVM_PROBE_TIMEOUT, DEFAULT_SYNC_CONCURRENCY
+from vmready.protocols import DEFAULT_KEEP, DEFAULT_MAX_BYTES
 
 __all__ = ["FORWARD_SOCKET_NAME", "GUEST_SOCKET_BASE", "DaemonConfig"]
 

@@ -22,22 +22,10 @@ from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol
 from twisted.internet.task import deferLater, react
 
-from vmready.domain.reactor import IVMReadyReactor
-from vmready.hypervisor.cmdline import (
-    AGENT_PORT,
-    AGENT_RING,
-    CONNECT_PORT,
-    VMSpec,
-    build_command_line,
-)
+from vmready.domain import IVMReadyReactor
+from vmready.hypervisor import AGENT_PORT, AGENT_RING, CONNECT_PORT, VMSpec, build_command_line
+from vmready.protocols import AgentStatus, HostEcho, RingBufferReader, StatusLine, format_connect
 from vmready.protocols.qmp import QMPClientProtocol, QMPEvent, connect_qmp
-from vmready.protocols.ringbuffer import (
-    AgentStatus,
-    HostEcho,
-    RingBufferReader,
-    StatusLine,
-    format_connect,
-)
 
 RING = AGENT_RING
 RING_SIZE = 4096

@@ -15,11 +15,9 @@ from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IListeningPort, IProtocolFactory
 from twisted.logger import Logger
 
-from vmready.agentlink.hvsock import HybridVSockServerEndpoint
-from vmready.agentlink.link import PollIntervals
-from vmready.agentlink.vsockaddress import HybridVSockAddress
-from vmready.domain.reactor import IVMReadyReactor
-from vmready.lifecycle.core import GuestLink
+from vmready.agentlink import HybridVSockAddress, HybridVSockServerEndpoint, PollIntervals
+from vmready.domain import IVMReadyReactor
+from vmready.lifecycle import GuestLink
 
 __all__ = ["GuestListeners"]
 

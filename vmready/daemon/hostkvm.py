@@ -10,9 +10,8 @@ from twisted.internet.utils import getProcessOutputAndValue
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from vmready.domain.reactor import IVMReadyReactor
-from vmready.hypervisor.accel import KVMVerdicts
-from vmready.hypervisor.driver import HypervisorDriver
+from vmready.domain import IVMReadyReactor
+from vmready.hypervisor import HypervisorDriver, KVMVerdicts
 
 __all__ = ["KVM_VERDICT_FILE", "load_kvm_verdicts", "program_version"]
 

@@ -11,7 +11,7 @@ import socket
 
 import attrs
 
-from vmready.api.limits import OPERATOR_LISTEN_BACKLOG
+from vmready.api import OPERATOR_LISTEN_BACKLOG
 
 __all__ = ["DEFAULT_HTTPS_PORT", "HTTPSAddress"]
 

@@ -24,14 +24,11 @@ from twisted.internet.endpoints import (
 from twisted.internet.protocol import Factory
 from twisted.python.lockfile import FilesystemLock
 
-from vmready.agentlink.hvsock import HybridVSockServerEndpoint
-from vmready.agentlink.vsock import VSockServerEndpoint
+from vmready.agentlink import HybridVSockServerEndpoint, VSockServerEndpoint
 from vmready.daemon.clusteroptions import ClusterSettings, display_location
 from vmready.daemon.httpsaddress import HTTPSAddress
-from vmready.domain.members import LeaseHeld, MemberRetired
-from vmready.domain.model import StoreError
-from vmready.domain.reactor import default_reactor
-from vmready.store.sqlite import Store
+from vmready.domain import LeaseHeld, MemberRetired, StoreError, default_reactor
+from vmready.store import Store
 
 __all__ = [
     "check_data_dir",

@@ -14,12 +14,11 @@ from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
 from twisted.web.resource import IResource
 
-from vmready.api.remote import remote_site, remote_tls_factory
-from vmready.api.trust import TrustRegistry
+from vmready.api import TrustRegistry, remote_site, remote_tls_factory
 from vmready.daemon.httpsaddress import HTTPSAddress
-from vmready.domain.reactor import IVMReadyReactor
-from vmready.lifecycle.members import Membership
-from vmready.trust.certs import CertificatePair
+from vmready.domain import IVMReadyReactor
+from vmready.lifecycle import Membership
+from vmready.trust import CertificatePair
 
 __all__ = ["CannotServe", "RemoteAPI"]
 

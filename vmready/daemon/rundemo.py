@@ -23,8 +23,8 @@ import sys
 import time
 from typing import Any
 
-from vmready.hypervisor.configdrive import AGENT_CONFIG, AGENT_ZIPAPP
-from vmready.lifecycle.core import CONFIG_DRIVE, run_dir_name
+from vmready.hypervisor import AGENT_CONFIG, AGENT_ZIPAPP
+from vmready.lifecycle import CONFIG_DRIVE, run_dir_name
 
 DEMO = "demo"
 START_TIMEOUT = 60.0
@@ -160,7 +160,7 @@ def ensure_host_packages() -> None:
 
 def launch_real_demo(socket_path: str, data_dir: str) -> None:
     """Build (or reuse) the demo guest and launch ``demo`` from it, its workload included."""
-    from vmready.hypervisor.guestimage.build import ensure_guest
+    from vmready.hypervisor.guestimage import ensure_guest
 
     guest = ensure_guest(os.path.join(data_dir, "images"), log=print)
     cli(

@@ -23,9 +23,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.server import Site
 
-from vmready.api.cluster import ClusterContext
-from vmready.api.guest import guest_site, guest_tls_factory
-from vmready.api.operator import operator_site
+from vmready.api import ClusterContext, guest_site, guest_tls_factory, operator_site
 from vmready.daemon.assembly import DaemonParts, assemble
 from vmready.daemon.clustermember import ClusterMember
 from vmready.daemon.collector import HeapSweeper
@@ -34,14 +32,11 @@ from vmready.daemon.guestlisteners import GuestListeners
 from vmready.daemon.hostkvm import load_kvm_verdicts, program_version
 from vmready.daemon.notify import Notifier, ReconcileProgress
 from vmready.daemon.remoteapi import CannotServe, RemoteAPI
-from vmready.domain.members import LeaseLost
-from vmready.domain.model import InstanceRecord
-from vmready.domain.reactor import IVMReadyReactor
-from vmready.hypervisor.driver import HypervisorDriver
-from vmready.lifecycle.core import Lifecycle
-from vmready.lifecycle.members import Membership
-from vmready.store.asyncstore import AsyncStore
-from vmready.trust.certs import CertificatePair, ensure_server_certificate
+from vmready.domain import InstanceRecord, IVMReadyReactor, LeaseLost
+from vmready.hypervisor import HypervisorDriver
+from vmready.lifecycle import Lifecycle, Membership
+from vmready.store import AsyncStore
+from vmready.trust import CertificatePair, ensure_server_certificate
 
 # DaemonConfig and GUEST_SOCKET_BASE (daemon.daemonconfig): what the service is built from.
 __all__ = [

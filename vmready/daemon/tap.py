@@ -10,9 +10,9 @@ from typing import Any
 from twisted.logger import Logger
 from twisted.python import usage
 
-from vmready.agentlink.link import PollIntervals
+from vmready.agentlink import PollIntervals
 from vmready.agentlink.transport import TransportError, choose_transport, vhost_vsock_problem
-from vmready.api.limits import OPERATOR_LISTEN_BACKLOG
+from vmready.api import OPERATOR_LISTEN_BACKLOG
 from vmready.daemon.clusteroptions import (
     CLUSTER_OPTIONS,
     ClusterSettings,
@@ -44,18 +44,17 @@ from vmready.daemon.preflight import (
     fail,
 )
 from vmready.daemon.service import GUEST_SOCKET_BASE, DaemonConfig, VMReadyService
-from vmready.domain.limits import raise_file_limit
-from vmready.domain.model import VMReadyError
-from vmready.domain.paths import default_data_dir
-from vmready.domain.reactor import default_reactor
-from vmready.hypervisor.bootfiles import check_files
-from vmready.hypervisor.bootsource import BootSource
-from vmready.hypervisor.cmdline import CURRENT_LAYOUT, STARTABLE_LAYOUTS
-from vmready.hypervisor.console import DEFAULT_CONSOLE_MAX_BYTES
-from vmready.lifecycle.core import DEFAULT_KVM_PROBE_TIMEOUT, MAX_STOP_TIMEOUT
-from vmready.lifecycle.recovery import DEFAULT_SYNC_CONCURRENCY
-from vmready.protocols.transcript import DEFAULT_KEEP, DEFAULT_MAX_BYTES
-from vmready.trust.certs import CertificateError, ensure_server_certificate
+from vmready.domain import VMReadyError, default_data_dir, default_reactor, raise_file_limit
+from vmready.hypervisor import (
+    CURRENT_LAYOUT,
+    DEFAULT_CONSOLE_MAX_BYTES,
+    STARTABLE_LAYOUTS,
+    BootSource,
+    check_files,
+)
+from vmready.lifecycle import DEFAULT_KVM_PROBE_TIMEOUT, DEFAULT_SYNC_CONCURRENCY, MAX_STOP_TIMEOUT
+from vmready.protocols import DEFAULT_KEEP, DEFAULT_MAX_BYTES
+from vmready.trust import CertificateError, ensure_server_certificate
 
 HYPERVISORS = ("fakeqemu", "qemu")
 # More would only queue in the store and the hypervisor: each instance is a few QMP calls.

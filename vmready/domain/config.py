@@ -17,6 +17,10 @@ from vmready.domain.model import BadRequest
 __all__ = [
     "ACCEL_CHOICES",
     "ACCEL_KEY",
+    "APPEND_KEY",
+    "IMAGE_KEY",
+    "INITRD_KEY",
+    "KERNEL_KEY",
     "MAX_CPUS",
     "MAX_MEMORY_MIB",
     "MIN_MEMORY_MIB",
@@ -39,6 +43,11 @@ MAX_CPUS = 64
 # The accelerator an instance asks for at launch (``vmready.hypervisor.accel`` chooses).
 ACCEL_KEY = "boot.accel"
 ACCEL_CHOICES = ("auto", "kvm", "tcg")
+# The boot source an instance asks for at launch (``vmready.hypervisor.bootsource``).
+IMAGE_KEY = "boot.image"
+KERNEL_KEY = "boot.kernel"
+INITRD_KEY = "boot.initrd"
+APPEND_KEY = "boot.append"
 # The per-instance key that switches recording on or off ("true"/"false").
 RECORD_KEY = "vmready.record"
 

@@ -14,7 +14,7 @@ import stat
 import struct
 from typing import BinaryIO
 
-from vmready.domain.model import BadRequest
+from vmready.domain import BadRequest
 from vmready.hypervisor.bootsource import KERNEL_KEY, BootSource
 
 __all__ = [

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from vmready.domain.model import BadRequest
+from vmready.domain import APPEND_KEY, IMAGE_KEY, INITRD_KEY, KERNEL_KEY, BadRequest
 
 __all__ = [
     "APPEND_KEY",
@@ -36,10 +36,6 @@ __all__ = [
     "BootSource",
 ]
 
-IMAGE_KEY = "boot.image"
-KERNEL_KEY = "boot.kernel"
-INITRD_KEY = "boot.initrd"
-APPEND_KEY = "boot.append"
 BOOT_KEYS = (IMAGE_KEY, KERNEL_KEY, INITRD_KEY, APPEND_KEY)
 # x86's COMMAND_LINE_SIZE is 2048 bytes, the terminating NUL included.
 MAX_APPEND_BYTES = 2047

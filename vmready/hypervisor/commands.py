@@ -17,8 +17,7 @@ from twisted.internet.defer import CancelledError, Deferred, TimeoutError
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 
-from vmready.domain.model import HypervisorError
-from vmready.domain.states import PowerState
+from vmready.domain import HypervisorError, PowerState
 from vmready.hypervisor.acting import ALWAYS, READS, ActingGuard
 from vmready.hypervisor.following import VMFollower
 from vmready.hypervisor.vmevents import VMEvent, power_state_for

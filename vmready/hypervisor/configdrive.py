@@ -32,10 +32,10 @@ from collections.abc import Mapping
 
 import attrs
 
-from vmready.domain.model import HypervisorError
+from vmready.domain import HypervisorError
 from vmready.hypervisor.guestdata import GuestData, meta_data
 from vmready.hypervisor.nocloud import seed_path, write_seed
-from vmready.trust.certs import CertificatePair, write_private
+from vmready.trust import CertificatePair, write_private
 
 __all__ = [
     "AGENT_CONFIG",

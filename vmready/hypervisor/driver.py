@@ -32,8 +32,7 @@ from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from vmready.domain.model import HypervisorError
-from vmready.domain.reactor import IVMReadyReactor
+from vmready.domain import HypervisorError, IVMReadyReactor
 from vmready.hypervisor.acting import ALWAYS, ActingGuard
 from vmready.hypervisor.cmdline import VMSpec, build_command_line
 from vmready.hypervisor.commands import DEFAULT_COMMAND_TIMEOUT

@@ -19,9 +19,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
-from vmready.domain.listeners import Listeners
-from vmready.domain.model import HypervisorError
-from vmready.domain.states import PowerState
+from vmready.domain import HypervisorError, Listeners, PowerState
 from vmready.hypervisor.cmdline import VMSpec
 from vmready.hypervisor.vmevents import VMEvent, VMEventKind, gone_event, vm_event_for
 from vmready.hypervisor.vmprocess import EXIT_POLL_SECONDS, is_vm_process

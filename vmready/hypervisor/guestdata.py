@@ -26,7 +26,7 @@ from typing import Any
 
 import attrs
 
-from vmready.domain.model import BadRequest, InstanceRecord
+from vmready.domain import BadRequest, InstanceRecord
 from vmready.hypervisor.bootsource import BootSource
 
 __all__ = [

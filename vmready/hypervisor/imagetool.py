@@ -23,7 +23,7 @@ from twisted.internet.interfaces import IReactorProcess, IReactorTime
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.python.failure import Failure
 
-from vmready.domain.model import BadRequest, HypervisorError
+from vmready.domain import BadRequest, HypervisorError
 from vmready.hypervisor.bootfiles import check_raw_image, read_head
 
 __all__ = ["IMAGE_FORMATS", "MAX_CHAIN", "QEMU_IMG", "ImageInfo", "ImageTool", "parse_image_info"]

@@ -15,7 +15,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from vmready.domain.states import PowerState
+from vmready.domain import PowerState
 from vmready.hypervisor.acting import ALWAYS, ActingGuard
 from vmready.hypervisor.cmdline import VMSpec
 from vmready.hypervisor.commands import DEFAULT_COMMAND_TIMEOUT, VMCommands

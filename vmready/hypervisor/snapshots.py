@@ -20,7 +20,7 @@ import re
 import shutil
 from typing import Any
 
-from vmready.domain.model import BadRequest
+from vmready.domain import BadRequest
 from vmready.hypervisor.cmdline import SERIAL_LAYOUTS, SerialLayout
 
 __all__ = [

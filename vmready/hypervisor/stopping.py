@@ -13,7 +13,7 @@ from twisted.internet.defer import TimeoutError
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from vmready.domain.model import HypervisorError
+from vmready.domain import HypervisorError
 from vmready.hypervisor.commands import MonitorTimeout, VMCommands
 from vmready.hypervisor.following import VMFollower
 from vmready.protocols.qmp import QMPDisconnected, QMPError

@@ -6,7 +6,7 @@ import enum
 
 import attrs
 
-from vmready.domain.states import PowerState
+from vmready.domain import PowerState
 from vmready.protocols.qmp import QMPEvent
 
 __all__ = [

@@ -7,19 +7,21 @@ from typing import Any
 
 import attrs
 
-from vmready.domain.config import parse_cpus, parse_memory, restored_config
-from vmready.domain.model import BadRequest, Conflict, InstanceRecord, NotFound
-from vmready.domain.states import VMState
-from vmready.hypervisor.snapshots import (
-    STATE_FILE,
-    describe_layout,
-    state_mismatch,
-    validate_snapshot_name,
+from vmready.domain import (
+    BadRequest,
+    Conflict,
+    InstanceRecord,
+    NotFound,
+    VMState,
+    parse_cpus,
+    parse_memory,
+    restored_config,
 )
+from vmready.hypervisor import STATE_FILE, describe_layout, state_mismatch, validate_snapshot_name
 from vmready.lifecycle.booting import Booting
 from vmready.lifecycle.running import RunningVMs
 from vmready.lifecycle.specs import InstanceSpecs
-from vmready.store.asyncstore import AsyncStore
+from vmready.store import AsyncStore
 
 __all__ = ["DEFAULT_STOP_TIMEOUT", "MAX_STOP_TIMEOUT", "ActionChecks"]
 

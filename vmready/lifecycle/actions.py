@@ -14,14 +14,16 @@ from collections.abc import Awaitable
 import attrs
 from twisted.logger import Logger
 
-from vmready.domain.model import (
+from vmready.domain import (
+    READY_KEY,
     HypervisorError,
     InstanceRecord,
+    PowerState,
+    TaskState,
     VMReadyError,
+    VMState,
 )
-from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
-from vmready.hypervisor.bootsource import BootSource
-from vmready.hypervisor.snapshots import remove_instance_snapshots
+from vmready.hypervisor import BootSource, remove_instance_snapshots
 from vmready.lifecycle.agenthistory import AgentHistory
 from vmready.lifecycle.booting import Booting
 from vmready.lifecycle.events import EventBus
@@ -30,7 +32,7 @@ from vmready.lifecycle.journal import ActionContext
 from vmready.lifecycle.running import RunningVMs
 from vmready.lifecycle.specs import InstanceSpecs, run_dir_name
 from vmready.lifecycle.watching import Watching
-from vmready.store.asyncstore import AsyncStore
+from vmready.store import AsyncStore
 
 __all__ = ["PREVIOUS_CPU_KEY", "PREVIOUS_MEMORY_KEY", "Actions"]
 

@@ -15,33 +15,24 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
-from vmready.agentlink.transport import (
-    CID_KEY,
-    TRANSPORT_KEY,
-    allocate_cid,
-)
-from vmready.domain.config import ACCEL_KEY
-from vmready.domain.model import (
-    HypervisorError,
-    InstanceRecord,
-)
-from vmready.domain.states import PowerState
-from vmready.hypervisor.accel import (
+from vmready.agentlink.transport import CID_KEY, TRANSPORT_KEY, allocate_cid
+from vmready.domain import ACCEL_KEY, HypervisorError, InstanceRecord, PowerState
+from vmready.hypervisor import (
     ACCEL_REASON_KEY,
     CURRENT_ACCEL_KEY,
     AccelChoice,
+    BootSource,
+    ImageInfo,
+    ImageTool,
     KVMVerdicts,
+    RunningVM,
+    SerialLayout,
+    check_files,
     choose_accel,
-)
-from vmready.hypervisor.bootfiles import check_files
-from vmready.hypervisor.bootsource import BootSource
-from vmready.hypervisor.cmdline import SerialLayout, fakeqemu_guest_paths
-from vmready.hypervisor.console import (
     console_size,
+    fakeqemu_guest_paths,
     mark_boot,
 )
-from vmready.hypervisor.imagetool import ImageInfo, ImageTool
-from vmready.hypervisor.runningvm import RunningVM
 from vmready.lifecycle.events import EventBus, rfc3339
 from vmready.lifecycle.guestlink import GuestReach
 from vmready.lifecycle.guestside import GuestSide
@@ -52,8 +43,8 @@ from vmready.lifecycle.running import RunningVMs
 from vmready.lifecycle.settings import LaunchSettings
 from vmready.lifecycle.specs import LAYOUT_KEY, InstanceSpecs
 from vmready.lifecycle.watching import Watching
-from vmready.protocols.ringbuffer import AgentStatus
-from vmready.store.asyncstore import AsyncStore
+from vmready.protocols import AgentStatus
+from vmready.store import AsyncStore
 
 # How often a first KVM boot is looked at for a sign of life.
 _SIGN_OF_LIFE_POLL = 0.25

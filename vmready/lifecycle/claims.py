@@ -9,11 +9,9 @@ import attrs
 from twisted.internet.defer import DeferredLock
 from twisted.logger import Logger
 
-from vmready.domain.model import Conflict, InstanceRecord
-from vmready.domain.states import TaskState, VMState
+from vmready.domain import Conflict, InstanceRecord, TaskState, VMState
 from vmready.lifecycle.journal import ActionContext, Journal
-from vmready.store.asyncstore import AsyncStore
-from vmready.store.executor import OutcomeUnknown, StoreWriteFailed
+from vmready.store import AsyncStore, OutcomeUnknown, StoreWriteFailed
 
 __all__ = ["Claims"]
 

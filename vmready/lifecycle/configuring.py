@@ -6,12 +6,19 @@ from typing import Any
 
 import attrs
 
-from vmready.domain.config import config_changes, is_launch_key
-from vmready.domain.model import BadRequest, Conflict, InstanceRecord, task_conflict
-from vmready.domain.states import RUNNING_VM_STATES, describe_state
-from vmready.hypervisor.guestdata import check_guest_data
+from vmready.domain import (
+    RUNNING_VM_STATES,
+    BadRequest,
+    Conflict,
+    InstanceRecord,
+    config_changes,
+    describe_state,
+    is_launch_key,
+    task_conflict,
+)
+from vmready.hypervisor import check_guest_data
 from vmready.lifecycle.events import EventBus
-from vmready.store.asyncstore import AsyncStore
+from vmready.store import AsyncStore
 
 __all__ = ["Configuring"]
 

@@ -24,17 +24,23 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from vmready.domain.config import (
+from vmready.domain import (
     ACCEL_KEY,
+    ACTIONS,
+    BadRequest,
+    Conflict,
+    TaskState,
+    task_conflict,
     validate_config,
     validate_name,
 )
-from vmready.domain.model import BadRequest, Conflict, task_conflict
-from vmready.domain.states import ACTIONS, TaskState
-from vmready.hypervisor.bootsource import BootSource
-from vmready.hypervisor.cmdline import CURRENT_LAYOUT, SerialLayout
-from vmready.hypervisor.console import rotate_console
-from vmready.hypervisor.guestdata import check_guest_data
+from vmready.hypervisor import (
+    CURRENT_LAYOUT,
+    BootSource,
+    SerialLayout,
+    check_guest_data,
+    rotate_console,
+)
 from vmready.lifecycle.actionchecks import (
     DEFAULT_STOP_TIMEOUT,
     MAX_STOP_TIMEOUT,
@@ -67,8 +73,7 @@ from vmready.lifecycle.specs import (
 )
 from vmready.lifecycle.watching import Watching
 from vmready.protocols.prometheus import MetricFamily
-from vmready.store.asyncstore import AsyncStore
-from vmready.store.sqlite import Store
+from vmready.store import AsyncStore, Store
 
 __all__ = [
     "CONFIG_DRIVE",

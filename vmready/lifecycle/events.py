@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 from twisted.logger import Logger
 
-from vmready.domain.model import InstanceRecord
+from vmready.domain import InstanceRecord
 from vmready.lifecycle.faults import SERVER_SOURCE, FaultLog
 
 LIFECYCLE = "lifecycle"

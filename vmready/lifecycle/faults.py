@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 
-from vmready.domain.model import ActionRecord
+from vmready.domain import ActionRecord
 
 __all__ = ["SERVER_SOURCE", "Fault", "FaultLog", "error_time"]
 

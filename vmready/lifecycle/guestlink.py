@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from vmready.agentlink.link import PollIntervals
+from vmready.agentlink import PollIntervals
 
 __all__ = ["GuestLink", "GuestReach"]
 

@@ -8,23 +8,16 @@ import attrs
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from vmready.agentlink.transport import (
-    FORWARD_GUEST_NETWORK_ADDRESS,
-    TRANSPORT_KEY,
-    forward_mac,
-)
-from vmready.domain.model import (
-    Conflict,
-    InstanceRecord,
-)
-from vmready.domain.states import READY_KEY
-from vmready.hypervisor.cmdline import SerialLayout, fakeqemu_guest_paths
-from vmready.hypervisor.configdrive import (
+from vmready.agentlink.transport import FORWARD_GUEST_NETWORK_ADDRESS, TRANSPORT_KEY, forward_mac
+from vmready.domain import READY_KEY, Conflict, InstanceRecord
+from vmready.hypervisor import (
     AGENT_CONFIG,
+    SerialLayout,
+    fakeqemu_guest_paths,
+    guest_data,
     write_identity,
     write_settings,
 )
-from vmready.hypervisor.guestdata import guest_data
 from vmready.lifecycle.events import EventBus
 from vmready.lifecycle.guestlink import GuestReach
 from vmready.lifecycle.journal import Journal
@@ -32,8 +25,8 @@ from vmready.lifecycle.metrics import LifecycleMetrics
 from vmready.lifecycle.running import RunningVMs
 from vmready.lifecycle.settings import LaunchSettings
 from vmready.lifecycle.specs import InstanceSpecs, agent_port_name
-from vmready.store.asyncstore import AsyncStore
-from vmready.trust.certs import CertificatePair, fingerprint, generate, write_private
+from vmready.store import AsyncStore
+from vmready.trust import CertificatePair, fingerprint, generate, write_private
 
 
 @attrs.define(kw_only=True, eq=False)

@@ -10,9 +10,7 @@ from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred
 
-from vmready.hypervisor.cmdline import VMSpec
-from vmready.hypervisor.kvmprobe import KVMProbe
-from vmready.hypervisor.runningvm import RunningVM
+from vmready.hypervisor import KVMProbe, RunningVM, VMSpec
 
 __all__ = ["Hypervisor", "RecorderLookup", "Recording", "SessionHooks"]
 

@@ -17,13 +17,11 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from vmready.domain.model import InstanceRecord
-from vmready.domain.states import ACTIONS, PowerState, TaskState, VMState
+from vmready.domain import ACTIONS, InstanceRecord, PowerState, TaskState, VMState
 from vmready.lifecycle.events import EventBus, instance_state_context
 from vmready.lifecycle.metrics import LifecycleMetrics
 from vmready.lifecycle.unawaited import log_failed_write
-from vmready.store.asyncstore import AsyncStore
-from vmready.store.sqlite import Store
+from vmready.store import AsyncStore, Store
 
 __all__ = ["ActionContext", "Journal"]
 

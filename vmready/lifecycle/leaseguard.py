@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from twisted.internet.defer import DeferredLock
 from twisted.logger import Logger
 
-from vmready.domain.members import ActingRefused, LeaseLost
+from vmready.domain import ActingRefused, LeaseLost
 
 __all__ = ["LeaseGuard"]
 

@@ -53,18 +53,20 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
-from vmready.domain.members import (
+from vmready.domain import (
     Fenced,
+    InstanceRecord,
     LeaseLost,
     MemberRecord,
     MemberState,
     MembersView,
+    NotFound,
+    Unavailable,
     lease_time,
 )
-from vmready.domain.model import InstanceRecord, NotFound, Unavailable
 from vmready.lifecycle.events import EventBus
 from vmready.lifecycle.leaseguard import LeaseGuard
-from vmready.store.asyncstore import AsyncStore
+from vmready.store import AsyncStore
 
 __all__ = [
     "DEFAULT_LEASE_SECONDS",

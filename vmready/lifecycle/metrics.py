@@ -18,8 +18,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
-from vmready.agentlink.monitor import RingBufferDevice
-from vmready.domain.states import ACTIONS, OperatorStatus
+from vmready.agentlink import RingBufferDevice
+from vmready.domain import ACTIONS, OperatorStatus
+from vmready.protocols import AgentStatus
 from vmready.protocols.prometheus import (
     COUNTER,
     GAUGE,
@@ -28,7 +29,6 @@ from vmready.protocols.prometheus import (
     Sample,
     histogram_samples,
 )
-from vmready.protocols.ringbuffer import AgentStatus
 
 __all__ = [
     "ACTION_DURATION_BUCKETS",

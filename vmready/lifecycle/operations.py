@@ -10,8 +10,7 @@ from twisted.internet.defer import Deferred, DeferredList, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
-from vmready.domain.model import NotFound, VMReadyError
-from vmready.domain.states import StatusCode
+from vmready.domain import NotFound, StatusCode, VMReadyError
 from vmready.lifecycle.events import OPERATION, EventBus, rfc3339
 
 # Finished operations stay queryable this long (LXD keeps them for a while too).

@@ -14,8 +14,15 @@ import attrs
 from twisted.internet.defer import Deferred, DeferredSemaphore, gatherResults
 from twisted.logger import Logger
 
-from vmready.domain.model import HypervisorError, InstanceRecord, VMReadyError
-from vmready.domain.states import READY_KEY, RUNNING_VM_STATES, PowerState, VMState
+from vmready.domain import (
+    READY_KEY,
+    RUNNING_VM_STATES,
+    HypervisorError,
+    InstanceRecord,
+    PowerState,
+    VMReadyError,
+    VMState,
+)
 from vmready.lifecycle.events import EventBus
 from vmready.lifecycle.guestside import GuestSide
 from vmready.lifecycle.hooks import Hypervisor
@@ -23,7 +30,7 @@ from vmready.lifecycle.journal import Journal
 from vmready.lifecycle.running import RunningVMs
 from vmready.lifecycle.specs import InstanceSpecs
 from vmready.lifecycle.watching import MONITOR_LOST_KEY, Watching
-from vmready.store.asyncstore import AsyncStore
+from vmready.store import AsyncStore
 
 __all__ = ["PowerSync", "bounded"]
 

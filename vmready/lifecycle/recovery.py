@@ -12,8 +12,16 @@ import attrs
 from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 
-from vmready.domain.model import HypervisorError, InstanceRecord, VMReadyError
-from vmready.domain.states import READY_KEY, RUNNING_VM_STATES, PowerState, TaskState, VMState
+from vmready.domain import (
+    READY_KEY,
+    RUNNING_VM_STATES,
+    HypervisorError,
+    InstanceRecord,
+    PowerState,
+    TaskState,
+    VMReadyError,
+    VMState,
+)
 from vmready.lifecycle.actions import Actions
 from vmready.lifecycle.booting import Booting
 from vmready.lifecycle.events import EventBus
@@ -26,8 +34,7 @@ from vmready.lifecycle.resizerecovery import RESIZE_TASKS, ResizeRecovery
 from vmready.lifecycle.running import RunningVMs
 from vmready.lifecycle.specs import InstanceSpecs
 from vmready.lifecycle.watching import Watching
-from vmready.store.asyncstore import AsyncStore
-from vmready.store.sqlite import Store
+from vmready.store import AsyncStore, Store
 
 __all__ = ["DEFAULT_SYNC_CONCURRENCY", "Recovery"]
 

@@ -51,7 +51,7 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from vmready.domain.model import InstanceRecord
+from vmready.domain import InstanceRecord
 from vmready.lifecycle.events import (
     EVENT_TYPES,
     LIFECYCLE,
@@ -60,7 +60,7 @@ from vmready.lifecycle.events import (
     EventBus,
     instance_state_context,
 )
-from vmready.store.notifications import EVENTS_CHANNEL, INSTANCES_CHANNEL, MAX_PAYLOAD_BYTES
+from vmready.store import EVENTS_CHANNEL, INSTANCES_CHANNEL, MAX_PAYLOAD_BYTES
 
 __all__ = [
     "CHANNELS",

@@ -21,16 +21,21 @@ import uuid
 import attrs
 from twisted.logger import Logger
 
-from vmready.domain.config import validate_name
-from vmready.domain.model import Conflict, InstanceRecord, task_conflict
-from vmready.domain.states import VMState, describe_state
+from vmready.domain import (
+    Conflict,
+    InstanceRecord,
+    VMState,
+    describe_state,
+    task_conflict,
+    validate_name,
+)
 from vmready.lifecycle.events import EventBus
 from vmready.lifecycle.guestside import GuestSide
 from vmready.lifecycle.journal import Journal
 from vmready.lifecycle.operations import Operation, Operations
 from vmready.lifecycle.recovery import Recovery
 from vmready.lifecycle.running import RunningVMs
-from vmready.store.asyncstore import AsyncStore
+from vmready.store import AsyncStore
 
 __all__ = ["RENAMABLE", "Renaming"]
 

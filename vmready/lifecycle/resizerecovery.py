@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import attrs
 
-from vmready.domain.model import InstanceRecord
-from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
-from vmready.hypervisor.runningvm import RunningVM
+from vmready.domain import READY_KEY, InstanceRecord, PowerState, TaskState, VMState
+from vmready.hypervisor import RunningVM
 from vmready.lifecycle.actions import PREVIOUS_CPU_KEY, PREVIOUS_MEMORY_KEY
 from vmready.lifecycle.booting import Booting
 from vmready.lifecycle.events import EventBus
 from vmready.lifecycle.journal import Journal
 from vmready.lifecycle.watching import Watching
-from vmready.store.asyncstore import AsyncStore
+from vmready.store import AsyncStore
 
 __all__ = ["RESIZE_TASKS", "ResizeRecovery"]
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from vmready.agentlink.monitor import AgentMonitor
-from vmready.domain.model import HypervisorError
-from vmready.hypervisor.runningvm import RunningVM
-from vmready.protocols.ringbuffer import AgentStatus
+from vmready.agentlink import AgentMonitor
+from vmready.domain import HypervisorError
+from vmready.hypervisor import RunningVM
+from vmready.protocols import AgentStatus
 
 __all__ = ["RunningVMs"]
 

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from vmready.hypervisor.bootsource import BootSource
-from vmready.hypervisor.configdrive import DriveContents
-from vmready.hypervisor.console import DEFAULT_CONSOLE_MAX_BYTES
+from vmready.hypervisor import DEFAULT_CONSOLE_MAX_BYTES, BootSource, DriveContents
 
 __all__ = ["DEFAULT_KVM_PROBE_TIMEOUT", "KVM_NOT_PROBED", "LaunchSettings"]
 

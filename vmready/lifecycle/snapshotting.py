@@ -15,24 +15,27 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
-from vmready.domain.config import config_updates, restored_config, snapshot_config
-from vmready.domain.model import (
+from vmready.domain import (
+    READY_KEY,
     Conflict,
     HypervisorError,
     InstanceRecord,
     NotFound,
+    PowerState,
     VMReadyError,
+    VMState,
+    config_updates,
+    restored_config,
+    snapshot_config,
 )
-from vmready.domain.states import READY_KEY, PowerState, VMState
-from vmready.hypervisor.qemulog import read_log_lines
-from vmready.hypervisor.snapshots import STATE_FILE, validate_snapshot_name, write_metadata
+from vmready.hypervisor import STATE_FILE, read_log_lines, validate_snapshot_name, write_metadata
 from vmready.lifecycle.booting import Booting
 from vmready.lifecycle.events import EventBus
 from vmready.lifecycle.hooks import Hypervisor
 from vmready.lifecycle.journal import ActionContext, Journal
 from vmready.lifecycle.running import RunningVMs
 from vmready.lifecycle.specs import InstanceSpecs
-from vmready.store.asyncstore import AsyncStore
+from vmready.store import AsyncStore
 
 # How long a stateful restore may take to load its state, and how often it is looked at.
 RESTORE_TIMEOUT = 600.0

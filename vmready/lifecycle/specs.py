@@ -10,22 +10,22 @@ from __future__ import annotations
 import os
 
 from vmready.agentlink.transport import CID_KEY, TRANSPORT_KEY, forward_mac
-from vmready.domain.model import InstanceRecord
-from vmready.hypervisor.accel import CURRENT_ACCEL_KEY
-from vmready.hypervisor.bootsource import BootSource
-from vmready.hypervisor.cmdline import (
+from vmready.domain import InstanceRecord
+from vmready.hypervisor import (
     AGENT_PORT,
     CONSOLE_LOG_NAME,
+    CURRENT_ACCEL_KEY,
     LEGACY_PORT,
     SERIAL_LAYOUTS,
     UNRECORDED_LAYOUT,
+    BootSource,
     GuestForward,
     SerialLayout,
     SerialPort,
     VMSpec,
+    read_console,
+    snapshot_directory,
 )
-from vmready.hypervisor.console import read_console
-from vmready.hypervisor.snapshots import snapshot_directory
 from vmready.lifecycle.guestlink import GuestReach
 
 __all__ = [

@@ -12,8 +12,8 @@ from __future__ import annotations
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from vmready.domain.members import Fenced
-from vmready.store.executor import StoreClosed, StoreWriteFailed
+from vmready.domain import Fenced
+from vmready.store import StoreClosed, StoreWriteFailed
 
 __all__ = ["log_failed_write"]
 

@@ -12,21 +12,18 @@ from twisted.internet.defer import Deferred, DeferredLock
 from twisted.internet.interfaces import IReactorTime, IReactorUNIX
 from twisted.logger import Logger
 
-from vmready.agentlink.connectport import ConnectPort
-from vmready.agentlink.link import AgentLink, StatusChanged
-from vmready.agentlink.monitor import AgentMonitor
-from vmready.agentlink.transport import (
-    TRANSPORT_KEY,
-    connect_line,
+from vmready.agentlink import AgentLink, AgentMonitor, ConnectPort, StatusChanged
+from vmready.agentlink.transport import TRANSPORT_KEY, connect_line
+from vmready.domain import READY_KEY, RUNNING_VM_STATES, InstanceRecord, PowerState, VMState
+from vmready.hypervisor import (
+    AGENT_EXPECTED_WITHIN,
+    UNRECORDED_LAYOUT,
+    RunningVM,
+    VMEvent,
+    VMEventKind,
+    agent_absence,
+    fakeqemu_guest_paths,
 )
-from vmready.domain.model import (
-    InstanceRecord,
-)
-from vmready.domain.states import READY_KEY, RUNNING_VM_STATES, PowerState, VMState
-from vmready.hypervisor.cmdline import UNRECORDED_LAYOUT, fakeqemu_guest_paths
-from vmready.hypervisor.noagent import AGENT_EXPECTED_WITHIN, agent_absence
-from vmready.hypervisor.runningvm import RunningVM
-from vmready.hypervisor.vmevents import VMEvent, VMEventKind
 from vmready.lifecycle.agenthistory import AgentHistory, LinkChange
 from vmready.lifecycle.events import EventBus
 from vmready.lifecycle.guestlink import GuestReach
@@ -35,10 +32,9 @@ from vmready.lifecycle.journal import Journal
 from vmready.lifecycle.metrics import CountedRingDevice, LifecycleMetrics
 from vmready.lifecycle.running import RunningVMs
 from vmready.lifecycle.specs import LAYOUT_KEY, agent_chardev, agent_port_name
+from vmready.protocols import AgentStatus
 from vmready.protocols.qmp import QMPEvent
-from vmready.protocols.ringbuffer import AgentStatus
-from vmready.store.asyncstore import AsyncStore
-from vmready.store.executor import StoreHealth
+from vmready.store import AsyncStore, StoreHealth
 
 # Set on an instance put in error because its VM's QMP monitor could not be reached while
 # the VM still ran: power sync tries to adopt that VM again, and clears it when it can.

@@ -22,8 +22,7 @@ from twisted.logger import Logger
 from twisted.protocols.basic import LineOnlyReceiver
 from twisted.python.failure import Failure
 
-from vmready.domain.listeners import Listeners
-from vmready.domain.reactor import IVMReadyReactor
+from vmready.domain import IVMReadyReactor, Listeners
 
 __all__ = [
     "QMPClientProtocol",

@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from vmready.protocols.transcript import data_from_fields
+from vmready.protocols import data_from_fields
 from vmready.protocols.transcriptreader import Entry, Transcript
 from vmready.record.replayinputs import connect_ports, guest_power_action
 from vmready.record.replayoutputs import (

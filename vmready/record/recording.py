@@ -20,14 +20,11 @@ from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource
 from zope.interface import implementer
 
-from vmready.api.web import LocalRequest
-from vmready.domain.config import RECORD_KEY
-from vmready.domain.model import InstanceRecord
-from vmready.domain.states import RUNNING_VM_STATES
-from vmready.hypervisor.cmdline import SerialLayout
-from vmready.lifecycle.events import LIFECYCLE, Event
-from vmready.lifecycle.hooks import RecorderLookup, SessionHooks
-from vmready.protocols.transcript import (
+from vmready.api import LocalRequest
+from vmready.domain import RECORD_KEY, RUNNING_VM_STATES, InstanceRecord
+from vmready.hypervisor import SerialLayout
+from vmready.lifecycle import LIFECYCLE, Event, RecorderLookup, SessionHooks
+from vmready.protocols import (
     DEFAULT_KEEP,
     DEFAULT_MAX_BYTES,
     PemRedactor,
@@ -39,7 +36,7 @@ from vmready.protocols.transcript import (
 )
 
 if TYPE_CHECKING:
-    from vmready.lifecycle.core import Lifecycle
+    from vmready.lifecycle import Lifecycle
 
 __all__ = [
     "InstanceRecorder",
@@ -192,7 +189,7 @@ class Recorders:
         return recorder
 
     def _open(self, record: InstanceRecord) -> InstanceRecorder:
-        from vmready.lifecycle.core import agent_chardev
+        from vmready.lifecycle import agent_chardev
 
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
         lifecycle = self.lifecycle

@@ -24,7 +24,7 @@ from typing import Any
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import Clock
 
-from vmready.protocols.transcript import FORMAT, TranscriptError
+from vmready.protocols import FORMAT, TranscriptError
 from vmready.protocols.transcriptreader import Entry, Transcript, read_transcript
 from vmready.record.divergence import ReplayResult
 from vmready.record.replaysession import ReplaySession

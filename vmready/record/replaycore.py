@@ -20,17 +20,14 @@ from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 
 from fakeqemu.testing import FakeGuest, InMemoryVM
-from vmready.api.guest import GuestAPI
-from vmready.domain.model import InstanceRecord
-from vmready.domain.states import PowerState, TaskState, VMState
-from vmready.hypervisor.bootsource import BOOT_KEYS
-from vmready.hypervisor.cmdline import VMSpec
-from vmready.lifecycle.core import GuestLink, Lifecycle, agent_chardev
-from vmready.lifecycle.events import LIFECYCLE, EventBus
+from vmready.api import GuestAPI
+from vmready.domain import InstanceRecord, PowerState, TaskState, VMState
+from vmready.hypervisor import BOOT_KEYS, VMSpec
+from vmready.lifecycle import LIFECYCLE, EventBus, GuestLink, Lifecycle, agent_chardev
 from vmready.record.replaydriver import HookLookup, ReplayDriver, ReplayHooks, ScriptedRing
 from vmready.record.replayoutputs import Outputs
 from vmready.record.replaysetup import ReplaySetup
-from vmready.store.sqlite import Store
+from vmready.store import Store
 
 __all__ = ["ReplayCore"]
 

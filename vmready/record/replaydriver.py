@@ -16,10 +16,8 @@ from twisted.internet.task import Clock
 
 from fakeqemu import RingBuffer
 from fakeqemu.testing import InMemoryVM
-from vmready.hypervisor.cmdline import VMSpec, build_command_line
-from vmready.hypervisor.kvmprobe import KVMProbe
-from vmready.hypervisor.runningvm import RunningVM
-from vmready.lifecycle.hooks import SessionHooks
+from vmready.hypervisor import KVMProbe, RunningVM, VMSpec, build_command_line
+from vmready.lifecycle import SessionHooks
 from vmready.protocols.qmp import QMPClientProtocol
 
 __all__ = ["HookLookup", "ReplayDriver", "ReplayHooks", "ScriptedRing"]

@@ -10,8 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Sequence
 
-from vmready.protocols.ringbuffer import parse_connect
-from vmready.protocols.transcript import data_from_fields
+from vmready.protocols import data_from_fields, parse_connect
 from vmready.protocols.transcriptreader import Entry
 
 __all__ = [

@@ -14,8 +14,8 @@ from typing import Any
 
 import attrs
 
-from vmready.lifecycle.events import Event
-from vmready.protocols.transcript import redact_json
+from vmready.lifecycle import Event
+from vmready.protocols import redact_json
 
 __all__ = [
     "CHANNELS",

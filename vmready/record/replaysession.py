@@ -21,14 +21,9 @@ from twisted.web.client import readBody
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 
-from vmready.api.web import BytesProducer
-from vmready.domain.model import VMReadyError
-from vmready.protocols.transcript import (
-    body_fields,
-    body_from_fields,
-    data_from_fields,
-    looks_secret,
-)
+from vmready.api import BytesProducer
+from vmready.domain import VMReadyError
+from vmready.protocols import body_fields, body_from_fields, data_from_fields, looks_secret
 from vmready.protocols.transcriptreader import Entry, Transcript
 from vmready.record.divergence import ReplayResult, compare
 from vmready.record.recording import EVENTS_PATH

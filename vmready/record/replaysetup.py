@@ -15,11 +15,10 @@ from typing import Any
 
 import attrs
 
-from vmready.agentlink.link import PollIntervals
-from vmready.domain.config import validate_config, validate_name
-from vmready.domain.model import VMReadyError
-from vmready.hypervisor.cmdline import CURRENT_LAYOUT, SERIAL_LAYOUTS, SerialLayout
-from vmready.protocols.transcript import TranscriptError
+from vmready.agentlink import PollIntervals
+from vmready.domain import VMReadyError, validate_config, validate_name
+from vmready.hypervisor import CURRENT_LAYOUT, SERIAL_LAYOUTS, SerialLayout
+from vmready.protocols import TranscriptError
 from vmready.protocols.transcriptreader import Transcript
 from vmready.record.replayinputs import first_agent_port
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vmready.domain.model import ActionRecord, ActionStep, NotFound
+from vmready.domain import ActionRecord, ActionStep, NotFound
 from vmready.store.table import M, Table, operation
 
 __all__ = ["RESULTS", "ActionHistory"]

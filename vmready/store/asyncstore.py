@@ -20,8 +20,7 @@ from twisted.internet.interfaces import IReactorThreads
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from vmready.domain.members import Fenced
-from vmready.domain.model import InstanceRecord
+from vmready.domain import Fenced, InstanceRecord
 from vmready.store.database import Change
 from vmready.store.executor import (
     DatabaseThread,

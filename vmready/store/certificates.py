@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vmready.domain.model import InstanceRecord
+from vmready.domain import InstanceRecord
 from vmready.store.table import M, Table, operation
 
 __all__ = ["AgentCertificates"]

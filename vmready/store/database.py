@@ -20,9 +20,16 @@ import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Protocol
 
-from vmready.domain.members import Fenced, MemberRecord
-from vmready.domain.model import InstanceRecord, NotFound, StoreError
-from vmready.domain.states import PowerState, TaskState, VMState
+from vmready.domain import (
+    Fenced,
+    InstanceRecord,
+    MemberRecord,
+    NotFound,
+    PowerState,
+    StoreError,
+    TaskState,
+    VMState,
+)
 
 __all__ = [
     "INSTANCE_COLUMNS",

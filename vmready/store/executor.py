@@ -31,8 +31,7 @@ from twisted.internet.interfaces import IReactorThreads
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from vmready.domain.listeners import Listener, Listeners
-from vmready.domain.model import VMReadyError
+from vmready.domain import Listener, Listeners, VMReadyError
 from vmready.store.database import CommitUnknown, TransactionLost
 
 __all__ = [

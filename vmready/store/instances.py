@@ -18,8 +18,17 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from vmready.domain.model import BadRequest, Conflict, InstanceRecord, task_conflict
-from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState, describe_state
+from vmready.domain import (
+    READY_KEY,
+    BadRequest,
+    Conflict,
+    InstanceRecord,
+    PowerState,
+    TaskState,
+    VMState,
+    describe_state,
+    task_conflict,
+)
 from vmready.store.database import (
     INSTANCE_COLUMNS,
     Database,

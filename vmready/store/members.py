@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import datetime
 
-from vmready.domain.members import (
+from vmready.domain import (
+    Conflict,
     LeaseHeld,
     LeaseLost,
     MemberRecord,
     MemberRetired,
     MemberState,
     MembersView,
+    NotFound,
 )
-from vmready.domain.model import Conflict, NotFound
 from vmready.store.database import MEMBER_COLUMNS, member_from_row
 from vmready.store.notifications import EVENTS_CHANNEL, MAX_PAYLOAD_BYTES
 from vmready.store.table import M, Table, operation

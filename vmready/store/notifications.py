@@ -22,7 +22,7 @@ from psycopg import sql
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorFromThreads
 
-from vmready.domain.model import StoreError
+from vmready.domain import StoreError
 from vmready.store.postgres import connection_string, one_line
 
 __all__ = [

@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from vmready.domain.model import StoreError
+from vmready.domain import StoreError
 from vmready.store.notifications import INSTANCES_CHANNEL, MEMBERS_CHANNEL, TRUST_CHANNEL
 from vmready.store.postgres import (
     CONNECTION_DEFAULTS,

@@ -29,7 +29,7 @@ import psycopg
 from psycopg import pq
 from psycopg_pool import ConnectionPool
 
-from vmready.domain.model import StoreError
+from vmready.domain import StoreError
 from vmready.store.database import CommitUnknown, Cursor, Database
 
 __all__ = [

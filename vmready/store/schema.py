@@ -13,7 +13,7 @@ import os
 import sqlite3
 from collections.abc import Callable
 
-from vmready.domain.model import StoreError
+from vmready.domain import StoreError
 
 __all__ = [
     "BUSY_TIMEOUT_SECONDS",

@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from vmready.domain.model import Conflict, NotFound
+from vmready.domain import Conflict, NotFound
 from vmready.store.database import dump
 from vmready.store.table import M, Table, operation
 

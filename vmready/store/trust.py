@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import attrs
 
-from vmready.domain.model import Conflict, Forbidden, NotFound
+from vmready.domain import Conflict, Forbidden, NotFound
 from vmready.store.table import M, Table, operation
 
 __all__ = ["TrustTable", "TrustedCertificate"]

@@ -14,8 +14,7 @@ from __future__ import annotations
 import abc
 from typing import Protocol
 
-from vmready.domain.model import InstanceRecord
-from vmready.domain.states import READY_KEY
+from vmready.domain import READY_KEY, InstanceRecord
 from vmready.store.database import instance_not_found
 from vmready.store.sqlite import Store
 

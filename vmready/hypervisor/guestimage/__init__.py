@@ -29,3 +29,8 @@ guests on disk), ``build`` (the steps, ``ensure_guest``), ``stock`` (the stock-l
 cloud image the real-guest tests boot: Debian's cloud kernel and cloud-init, nothing of
 vmready; ``ensure_stock_guest``) and ``__main__`` (the CLI).
 """
+
+from vmready.hypervisor.guestimage.build import ensure_guest
+from vmready.hypervisor.guestimage.stock import ensure_stock_guest
+
+__all__ = ["ensure_guest", "ensure_stock_guest"]
