@@ -13,17 +13,15 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from twisted.trial.unittest import SynchronousTestCase
 
-from vmready.agent.config import (
-    DEFAULT_SOCKET,
-    DEFAULT_STATE_DIR,
-    DEFAULT_VIRTIO_PORTS,
-    ConfigError,
-    Transport,
-    load_config,
-    parse_transport,
-)
+from vmready.agent.config import DEFAULT_STATE_DIR, Transport, load_config, parse_transport
 from vmready.agent.network import NetworkPlan
-from vmready.agent.serial import DEFAULT_SYSFS_PORTS, LEGACY_PORT_NAME, PORT_NAME
+from vmready.agent.options import DEFAULT_SOCKET, ConfigError
+from vmready.agent.serial import (
+    DEFAULT_SYSFS_PORTS,
+    DEFAULT_VIRTIO_PORTS,
+    LEGACY_PORT_NAME,
+    PORT_NAME,
+)
 from vmready.trust.certs import generate, write_config_drive
 
 CLIENT = generate("demo")

@@ -21,16 +21,10 @@ from twisted.trial.unittest import SynchronousTestCase
 from tests.agentfakes import MemoryTransport, memory_response
 from tests.asynciotesting import run_virtual
 from vmready.agent import httpwire
+from vmready.agent.answers import Answer, devlxd_answer
 from vmready.agent.bootdata import BootData
 from vmready.agent.host import HostEndpoint, HostError, HostResponse
-from vmready.agent.proxy import (
-    MAX_REQUEST_BODY,
-    Answer,
-    GuestAPIProxy,
-    HostRoute,
-    HostUnreachable,
-    devlxd_answer,
-)
+from vmready.agent.proxy import MAX_REQUEST_BODY, GuestAPIProxy, HostRoute, HostUnreachable
 
 LABEL = "vsock 2:49152"
 

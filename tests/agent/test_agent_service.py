@@ -22,10 +22,10 @@ from twisted.trial.unittest import SynchronousTestCase
 from tests.agent.test_agent_serial import FakeChannel
 from tests.agentfakes import MemoryLink
 from tests.asynciotesting import run_virtual
-from vmready.agent.config import ConfigError
 from vmready.agent.core import AgentCore, Backoff, HostAddress, VsockAddress
 from vmready.agent.host import HostError, HostRefused, LinkWatch
 from vmready.agent.memory import ReadyMemory
+from vmready.agent.options import ConfigError
 from vmready.agent.proxy import HostUnreachable
 from vmready.agent.serial import PORT_NAME, FoundPort, OnData, OnLost, SerialChannel, SerialKeeper
 from vmready.agent.service import Agent, bind_socket, prepare_socket_path

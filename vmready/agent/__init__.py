@@ -27,10 +27,11 @@ from vmready.agent.minimum import require_supported_python
 require_supported_python()  # before anything that needs a newer Python, or ssl
 
 if TYPE_CHECKING:
-    from vmready.agent.config import AgentConfig, ConfigError, Transport, load_config
+    from vmready.agent.config import AgentConfig, Transport, load_config
     from vmready.agent.core import AgentCore, HostAddress, TcpAddress, VsockAddress
     from vmready.agent.host import HostConnector
     from vmready.agent.main import configure_logging
+    from vmready.agent.options import ConfigError
     from vmready.agent.service import Agent, build_agent
     from vmready.agent.tls import client_context, pinned_der
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-__all__ = ["JSON", "RAW", "TEXT", "Answer", "devlxd_answer", "metadata_answer", "plain"]
-
 JSON = "application/json"
 RAW = "application/octet-stream"
 TEXT = "text/plain; charset=utf-8"

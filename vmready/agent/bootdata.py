@@ -29,8 +29,6 @@ from urllib.parse import unquote
 
 from vmready.agent.answers import Answer, metadata_answer, plain
 
-__all__ = ["BOOT_DATA", "BootData", "load_boot_data"]
-
 BOOT_DATA = "guest-api.json"
 META_DATA_PATH = "/1.0/meta-data"
 CONFIG_PATH = "/1.0/config"

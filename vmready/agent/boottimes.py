@@ -19,8 +19,6 @@ import os
 import time
 from typing import Callable
 
-__all__ = ["BootTimeline", "process_start", "uptime"]
-
 
 def uptime() -> float:
     """Seconds since the kernel started (suspend included), as the kernel's timestamps count."""

@@ -38,20 +38,6 @@ from vmready.agent.serial import (
 )
 from vmready.agent.tls import KeyMismatch, TLSConfigError, check_certificate, client_context
 
-__all__ = [
-    "DEFAULT_CONFIG_DRIVE",
-    "DEFAULT_SOCKET",
-    "DEFAULT_STATE_DIR",
-    "DEFAULT_VIRTIO_PORTS",
-    "AgentConfig",
-    "ConfigError",
-    "Transport",
-    "load_config",
-    "parse_count",
-    "parse_seconds",
-    "parse_transport",
-]
-
 DEFAULT_CONFIG_DRIVE = "/var/lib/vmready-agent/config"
 DEFAULT_TRANSPORT = "vsock"
 DEFAULT_STATE_DIR = "/run/vmready-agent"

@@ -30,8 +30,6 @@ from typing import Callable
 
 from vmready.agent.serial import FoundPort, SerialPortMissing
 
-__all__ = ["CONNECT_PORT_NAME", "MISSING_RECHECK", "READ_AGAIN_DELAYS", "ConnectPortReader"]
-
 CONNECT_PORT_NAME = "vmready.connect"
 # Seconds to wait before reading again after end-of-file (no host connected).
 READ_AGAIN_DELAYS = (0.5, 1.0, 2.0)

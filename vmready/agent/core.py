@@ -51,21 +51,6 @@ from vmready.protocols import (
     connect_line_problem,
 )
 
-__all__ = [
-    "AbandonDial",
-    "AgentCore",
-    "Backoff",
-    "CloseLink",
-    "Command",
-    "Dial",
-    "HostAddress",
-    "Phase",
-    "ReassertReady",
-    "TcpAddress",
-    "VsockAddress",
-    "WriteStatus",
-]
-
 NO_CONNECT_YET = "the host has not sent CONNECT yet"
 
 log = logging.getLogger(__name__)

@@ -35,23 +35,6 @@ from vmready.agent.core import HostAddress, TcpAddress, VsockAddress
 from vmready.agent.network import NetworkPlan, NetworkSetupError, bring_up
 from vmready.agent.tls import describe_ssl_error
 
-__all__ = [
-    "API_VERSION",
-    "MAX_ANSWER_BYTES",
-    "AnswerTooLarge",
-    "HostAnswer",
-    "HostConnector",
-    "HostEndpoint",
-    "HostError",
-    "HostRefused",
-    "HostResponse",
-    "LinkWatch",
-    "describe_failure",
-    "envelope_metadata",
-    "open_link",
-    "patch_state",
-]
-
 API_VERSION = "1.0"
 EVENTS_PATH = "/1.0/events"
 # The host is trusted, but an answer is held in memory: bound it anyway.

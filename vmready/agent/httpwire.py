@@ -33,28 +33,6 @@ import re
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
-__all__ = [
-    "MAX_HEADERS",
-    "MAX_HEAD_BYTES",
-    "MAX_LINE_BYTES",
-    "BodyTooLarge",
-    "Framing",
-    "HTTPError",
-    "Headers",
-    "IncompleteMessage",
-    "RequestHead",
-    "ResponseHead",
-    "body_chunks",
-    "encode_chunk",
-    "encode_request",
-    "encode_response_head",
-    "read_body",
-    "read_request_head",
-    "read_response_head",
-    "request_framing",
-    "response_framing",
-]
-
 MAX_LINE_BYTES = 8 * 1024
 MAX_HEADERS = 100
 MAX_HEAD_BYTES = 64 * 1024

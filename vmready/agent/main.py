@@ -26,8 +26,6 @@ if TYPE_CHECKING:
 # imported where the agent runs, not at the top: ``vmready-agent notify`` is a
 # second interpreter started while the guest boots, and needs none of them.
 
-__all__ = ["main", "parse_options", "run_agent", "run_notify"]
-
 PROGRAM = "vmready-agent"
 EXIT_OK = 0
 EXIT_FAILED = 1

@@ -13,8 +13,6 @@ import contextlib
 import os
 import tempfile
 
-__all__ = ["PENDING_FILE", "READY_FILE", "ReadyMemory"]
-
 READY_FILE = "ready"
 # A state the workload declared while the host was unreachable, to deliver on the next link.
 PENDING_FILE = "pending"

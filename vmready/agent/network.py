@@ -26,15 +26,6 @@ import struct
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = [
-    "DEFAULT_SYSFS_NET",
-    "NetworkPlan",
-    "NetworkSetupError",
-    "bring_up",
-    "find_interface",
-    "parse_network",
-]
-
 DEFAULT_SYSFS_NET = "/sys/class/net"
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914

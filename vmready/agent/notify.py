@@ -18,8 +18,6 @@ from typing import NoReturn
 from vmready.agent import httpwire
 from vmready.agent.options import DEFAULT_SOCKET, ConfigError, parse_seconds
 
-__all__ = ["STATES", "NotifyFailed", "NotifyRequest", "UsageError", "notify", "parse_notify"]
-
 STATES = {"ready": "Ready", "started": "Started"}
 MAX_ANSWER = 64 * 1024
 

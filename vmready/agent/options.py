@@ -10,8 +10,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["DEFAULT_SOCKET", "ConfigError", "parse_count", "parse_seconds"]
-
 DEFAULT_SOCKET = "/dev/lxd/sock"
 
 

@@ -41,15 +41,6 @@ from vmready.agent.host import (
     describe_failure,
 )
 
-__all__ = [
-    "MAX_REQUEST_BODY",
-    "Answer",
-    "GuestAPIProxy",
-    "HostRoute",
-    "HostUnreachable",
-    "devlxd_answer",
-]
-
 MAX_REQUEST_BODY = 1024 * 1024
 # A body past the limit is still read (and dropped) up to this much, so that the
 # client, still sending it, sees the 413 rather than a reset connection.

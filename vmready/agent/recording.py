@@ -32,8 +32,6 @@ from vmready.protocols import (
     looks_secret,
 )
 
-__all__ = ["AgentRecorder", "RecordingConnector", "RecordingEndpoint"]
-
 EVENTS_PATH = "/1.0/events"
 
 

@@ -19,14 +19,6 @@ import socket
 from collections.abc import Mapping, MutableMapping
 from typing import Union
 
-__all__ = [
-    "NOTIFY_SOCKET",
-    "ServiceManager",
-    "datagram",
-    "from_os_environment",
-    "notify_address",
-]
-
 NOTIFY_SOCKET = "NOTIFY_SOCKET"
 
 log = logging.getLogger(__name__)

@@ -35,23 +35,6 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = [
-    "DEFAULT_DEV",
-    "DEFAULT_SYSFS_PORTS",
-    "DEFAULT_VIRTIO_PORTS",
-    "LEGACY_PORT_NAME",
-    "PORT_NAME",
-    "REOPEN_DELAYS",
-    "FoundPort",
-    "SerialChannel",
-    "SerialKeeper",
-    "SerialOpenError",
-    "SerialPortMissing",
-    "find_port",
-    "open_serial",
-    "port_names",
-]
-
 PORT_NAME = "com.canonical.lxd"
 LEGACY_PORT_NAME = "org.linuxcontainers.lxd"
 DEFAULT_VIRTIO_PORTS = "/dev/virtio-ports"

@@ -22,7 +22,7 @@ from typing import Callable
 
 from vmready.agent.bootdata import BootData
 from vmready.agent.boottimes import BootTimeline, process_start
-from vmready.agent.config import AgentConfig, ConfigError
+from vmready.agent.config import AgentConfig
 from vmready.agent.connectport import ConnectPortReader
 from vmready.agent.core import (
     AbandonDial,
@@ -44,14 +44,13 @@ from vmready.agent.host import (
     patch_state,
 )
 from vmready.agent.memory import ReadyMemory
+from vmready.agent.options import ConfigError
 from vmready.agent.proxy import GuestAPIProxy, HostRoute, HostUnreachable
 from vmready.agent.recording import AgentRecorder, RecordingConnector
 from vmready.agent.sdnotify import ServiceManager, from_os_environment
 from vmready.agent.serial import FoundPort, SerialKeeper, find_port
 from vmready.agent.tls import TLSConfigError, client_context, pinned_der
 from vmready.protocols import AgentStatus
-
-__all__ = ["DIAL_TIMEOUT", "Agent", "bind_socket", "build_agent", "prepare_socket_path"]
 
 # Connect, TLS, GET /1.0 and the event stream's headers, together.
 DIAL_TIMEOUT = 15.0

@@ -14,14 +14,6 @@ import re
 import ssl
 from typing import Callable, NoReturn
 
-__all__ = [
-    "KeyMismatch",
-    "TLSConfigError",
-    "client_context",
-    "describe_ssl_error",
-    "pinned_der",
-]
-
 _BEGIN_CERTIFICATE = "-----BEGIN CERTIFICATE-----"
 _OPENSSL_DETAIL = re.compile(r"^\[[A-Z0-9_]+: [A-Z0-9_]+\] (.*?)(?: \(_ssl\.c:\d+\))?$")
 
