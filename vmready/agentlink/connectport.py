@@ -18,8 +18,6 @@ from twisted.python.failure import Failure
 
 from vmready.domain import HypervisorError
 
-__all__ = ["CONNECT_TIMEOUT", "ConnectPort"]
-
 CONNECT_TIMEOUT = 5.0
 # The agent never writes on this port; whatever arrives is dropped, counted up to this.
 _IGNORED_LIMIT = 64 * 1024

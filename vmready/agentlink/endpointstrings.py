@@ -29,13 +29,6 @@ from vmready.agentlink.vsockaddress import (
     VMADDR_CID_LOCAL,
 )
 
-__all__ = [
-    "HybridVSockClientParser",
-    "HybridVSockServerParser",
-    "VSockClientParser",
-    "VSockServerParser",
-]
-
 
 def _arguments(
     prefix: str, args: Iterable[object], kwargs: Mapping[str, object], names: tuple[str, ...]

@@ -42,12 +42,6 @@ from zope.interface import implementer
 
 from vmready.agentlink.vsockaddress import HybridVSockAddress, positive, u32
 
-__all__ = [
-    "HybridVSockClientEndpoint",
-    "HybridVSockListeningPort",
-    "HybridVSockServerEndpoint",
-]
-
 # Where a hybrid port 0 lands: above the privileged range, below the sign bit
 # (some VMMs keep ports in signed ints).
 _RANDOM_PORT_RANGE = (1024, 2**31)

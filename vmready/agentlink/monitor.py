@@ -23,8 +23,6 @@ from vmready.agentlink.link import AgentLink, StatusChanged, WriteConnect
 from vmready.domain import HypervisorError, Listeners
 from vmready.protocols import AgentStatus
 
-__all__ = ["AgentMonitor", "ConnectWriter", "RingBufferDevice", "RingRecorder"]
-
 
 class RingBufferDevice(Protocol):
     """What the monitor needs of a VM (``RunningVM`` provides it)."""

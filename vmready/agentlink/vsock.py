@@ -54,8 +54,6 @@ from vmready.agentlink.vsockaddress import (
     u32,
 )
 
-__all__ = ["VSockClientEndpoint", "VSockServerEndpoint", "vsock_unavailable_reason"]
-
 _LOOPBACK_PROBE_TIMEOUT = 0.5
 # Connections accepted at most per readable event of a listening socket.
 _ACCEPTS_PER_READ = 100

@@ -10,19 +10,6 @@ import attrs
 from twisted.internet.interfaces import IAddress
 from zope.interface import implementer
 
-__all__ = [
-    "AF_VSOCK",
-    "U32_MAX",
-    "VMADDR_CID_ANY",
-    "VMADDR_CID_HOST",
-    "VMADDR_CID_LOCAL",
-    "VMADDR_PORT_ANY",
-    "HybridVSockAddress",
-    "VSockAddress",
-    "positive",
-    "u32",
-]
-
 AF_VSOCK: int = getattr(socket, "AF_VSOCK", 40)
 VMADDR_CID_ANY: int = getattr(socket, "VMADDR_CID_ANY", 0xFFFFFFFF)
 VMADDR_CID_LOCAL: int = getattr(socket, "VMADDR_CID_LOCAL", 1)

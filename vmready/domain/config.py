@@ -14,29 +14,6 @@ from typing import Any
 
 from vmready.domain.model import BadRequest
 
-__all__ = [
-    "ACCEL_CHOICES",
-    "ACCEL_KEY",
-    "APPEND_KEY",
-    "IMAGE_KEY",
-    "INITRD_KEY",
-    "KERNEL_KEY",
-    "MAX_CPUS",
-    "MAX_MEMORY_MIB",
-    "MIN_MEMORY_MIB",
-    "RECORD_KEY",
-    "config_changes",
-    "config_updates",
-    "is_launch_key",
-    "is_user_key",
-    "parse_cpus",
-    "parse_memory",
-    "restored_config",
-    "snapshot_config",
-    "validate_config",
-    "validate_name",
-]
-
 MIN_MEMORY_MIB = 16
 MAX_MEMORY_MIB = 1024 * 1024
 MAX_CPUS = 64

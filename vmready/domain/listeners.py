@@ -9,8 +9,6 @@ from twisted.internet.defer import maybeDeferred
 from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 
-__all__ = ["Listener", "Listeners"]
-
 T = TypeVar("T")
 # A listener may answer with a Deferred: its failure is logged too.
 Listener = Callable[[T], object]

@@ -19,18 +19,6 @@ import attrs
 
 from vmready.domain.model import Unavailable
 
-__all__ = [
-    "ActingRefused",
-    "Fenced",
-    "LeaseHeld",
-    "LeaseLost",
-    "MemberRecord",
-    "MemberRetired",
-    "MemberState",
-    "MembersView",
-    "lease_time",
-]
-
 # How much of a holder's certificate fingerprint a refusal shows: enough to tell two apart.
 _FINGERPRINT_SHOWN = 16
 

@@ -21,8 +21,6 @@ from twisted.internet.interfaces import (
     IReactorUNIX,
 )
 
-__all__ = ["IVMReadyReactor", "default_reactor"]
-
 
 class IVMReadyReactor(
     IReactorCore,

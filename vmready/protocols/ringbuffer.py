@@ -25,26 +25,6 @@ import re
 from dataclasses import dataclass
 from typing import Union
 
-__all__ = [
-    "MAX_LINE_BYTES",
-    "AgentStatus",
-    "DiscardedFragment",
-    "HostEcho",
-    "Noise",
-    "OverlongLine",
-    "Record",
-    "RingBufferReader",
-    "StatusLine",
-    "TcpHostEcho",
-    "UndecodableLine",
-    "connect_line_problem",
-    "format_connect",
-    "format_tcp_connect",
-    "parse_connect",
-    "parse_connect_line",
-    "parse_tcp_connect",
-]
-
 MAX_LINE_BYTES = 256
 _CONNECT = re.compile(r"CONNECT (\d{1,10}):(\d{1,10})", re.ASCII)
 _TCP_CONNECT = re.compile(r"CONNECT tcp:([0-9.]{1,15}):(\d{1,10})", re.ASCII)

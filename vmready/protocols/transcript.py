@@ -31,30 +31,6 @@ from typing import IO, Any
 
 import vmready
 
-__all__ = [
-    "AGENT_KINDS",
-    "BODY_LIMIT",
-    "DEFAULT_KEEP",
-    "DEFAULT_MAX_BYTES",
-    "FORMAT",
-    "HOST_KINDS",
-    "PADDED_BODY_LIMIT",
-    "PEM_BLOCK_LIMIT",
-    "REDACTED",
-    "REDACTED_PEM",
-    "VERSION",
-    "PemRedactor",
-    "TranscriptError",
-    "TranscriptWriter",
-    "body_fields",
-    "body_from_fields",
-    "data_fields",
-    "data_from_fields",
-    "looks_secret",
-    "redact_json",
-    "redact_text",
-]
-
 FORMAT = "vmready-transcript"
 VERSION = 1
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024

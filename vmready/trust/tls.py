@@ -36,14 +36,6 @@ from zope.interface.declarations import Provides
 
 from vmready.trust.certs import CertificatePair, fingerprint, is_valid_at
 
-__all__ = [
-    "MutualServerTLS",
-    "PinnedServerTLS",
-    "ServerCertificateProbe",
-    "peer_certificate_pem",
-    "server_tls_factory",
-]
-
 Authorize = Callable[[bytes], bool]
 Clock = Callable[[], datetime.datetime]
 _SESSION_CONTEXT = b"vmready-guest-api"

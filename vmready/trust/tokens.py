@@ -24,8 +24,6 @@ from typing import Any
 
 import attrs
 
-__all__ = ["TokenError", "TrustToken", "hash_secret", "new_secret", "normalize_fingerprint"]
-
 _FINGERPRINT = re.compile(r"[0-9a-f]{64}")
 _SECRET = re.compile(r"[0-9a-f]{32,128}")
 SECRET_BYTES = 32
