@@ -29,8 +29,6 @@ from vmready.record.replayoutputs import (
     state_text,
 )
 
-__all__ = ["Divergence", "ReplayResult", "compare"]
-
 # Past TEXT_LIMIT, a divergence shows a window around the first differing
 # character, this many characters either side.
 _WINDOW = 40

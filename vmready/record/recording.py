@@ -23,7 +23,7 @@ from zope.interface import implementer
 from vmready.api import LocalRequest
 from vmready.domain import RECORD_KEY, RUNNING_VM_STATES, InstanceRecord
 from vmready.hypervisor import SerialLayout
-from vmready.lifecycle import LIFECYCLE, Event, RecorderLookup, SessionHooks
+from vmready.lifecycle import LIFECYCLE, Event
 from vmready.protocols import (
     DEFAULT_KEEP,
     DEFAULT_MAX_BYTES,
@@ -37,15 +37,6 @@ from vmready.protocols import (
 
 if TYPE_CHECKING:
     from vmready.lifecycle import Lifecycle
-
-__all__ = [
-    "InstanceRecorder",
-    "RecorderLookup",
-    "Recorders",
-    "RecordingGuestResource",
-    "SessionHooks",
-    "transcript_path",
-]
 
 EVENTS_PATH = "/1.0/events"
 _SOURCE_PREFIX = "/1.0/instances/"

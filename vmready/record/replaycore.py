@@ -29,8 +29,6 @@ from vmready.record.replayoutputs import Outputs
 from vmready.record.replaysetup import ReplaySetup
 from vmready.store import Store
 
-__all__ = ["ReplayCore"]
-
 _MAX_STEPS = 1_000_000
 _SERVER_PEM = b"replay: no certificate\n"
 

@@ -20,8 +20,6 @@ from vmready.hypervisor import KVMProbe, RunningVM, VMSpec, build_command_line
 from vmready.lifecycle import SessionHooks
 from vmready.protocols.qmp import QMPClientProtocol
 
-__all__ = ["HookLookup", "ReplayDriver", "ReplayHooks", "ScriptedRing"]
-
 
 class ScriptedRing(RingBuffer):
     """The agent's ring buffer in a host-transcript replay: reads return what was recorded.

@@ -13,14 +13,6 @@ from collections.abc import Iterable, Sequence
 from vmready.protocols import data_from_fields, parse_connect
 from vmready.protocols.transcriptreader import Entry
 
-__all__ = [
-    "connect_ports",
-    "failed_in_recording",
-    "first_agent_port",
-    "guest_power_action",
-    "host_lost",
-]
-
 
 def guest_power_action(entry: Entry) -> str | None:
     """The guest's own power action a recorded ``qmp-event`` shows, as fakeqemu's control word.

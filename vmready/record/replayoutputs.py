@@ -17,20 +17,6 @@ import attrs
 from vmready.lifecycle import Event
 from vmready.protocols import redact_json
 
-__all__ = [
-    "CHANNELS",
-    "TEXT_LIMIT",
-    "Output",
-    "Outputs",
-    "answer_text",
-    "body_key",
-    "normalised",
-    "operator_text",
-    "quoted",
-    "short",
-    "state_text",
-]
-
 CHANNELS = ("ring-write", "http", "state", "action")
 _BODY_FIELDS = ("body", "body_b64", "body_length", "truncated")
 # A text is shown whole up to this length.

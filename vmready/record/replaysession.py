@@ -37,8 +37,6 @@ from vmready.record.replayinputs import (
 from vmready.record.replayoutputs import Outputs, operator_text, short
 from vmready.record.replaysetup import replay_setup
 
-__all__ = ["ReplaySession"]
-
 # After the last record: how long the host may still act on what it was fed.
 _SETTLE_SECONDS = 3.0
 # How long past the last record a ring-read may wait for the host's next read.

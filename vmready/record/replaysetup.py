@@ -22,8 +22,6 @@ from vmready.protocols import TranscriptError
 from vmready.protocols.transcriptreader import Transcript
 from vmready.record.replayinputs import first_agent_port
 
-__all__ = ["FIXED_UUID", "ReplaySetup", "replay_setup"]
-
 FIXED_UUID = "00000000-0000-4000-8000-000000000000"
 _CONFIG_PREFIX = "/1.0/config/"
 _META_DATA_PATH = "/1.0/meta-data"

@@ -7,8 +7,6 @@ from typing import Any
 from vmready.domain import ActionRecord, ActionStep, NotFound
 from vmready.store.table import M, Table, operation
 
-__all__ = ["RESULTS", "ActionHistory"]
-
 # The results an action or a step may finish with (Nova's "Success" / "Error").
 RESULTS = frozenset({"success", "error"})
 

@@ -34,8 +34,6 @@ from vmready.store.sqlite import Store, Tables
 from vmready.store.table import Async
 from vmready.store.view import CommittedInstances, InstanceView, LiveInstances
 
-__all__ = ["AsyncStore"]
-
 T = TypeVar("T")
 
 _log = Logger()

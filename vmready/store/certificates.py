@@ -5,8 +5,6 @@ from __future__ import annotations
 from vmready.domain import InstanceRecord
 from vmready.store.table import M, Table, operation
 
-__all__ = ["AgentCertificates"]
-
 
 class AgentCertificates(Table[M]):
     """The ``agent_certificates`` table."""

@@ -31,21 +31,6 @@ from vmready.domain import (
     VMState,
 )
 
-__all__ = [
-    "INSTANCE_COLUMNS",
-    "MEMBER_COLUMNS",
-    "Change",
-    "CommitUnknown",
-    "Connection",
-    "Cursor",
-    "Database",
-    "InstanceRows",
-    "SQLiteDatabase",
-    "dump",
-    "instance_not_found",
-    "member_from_row",
-]
-
 MEMBER_COLUMNS = "name, address, fingerprint, joined_at, lease_expires, epoch"
 INSTANCE_COLUMNS = (
     "name, uuid, vm_state, task_state, power_state, config, devices, error, created_at,"

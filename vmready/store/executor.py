@@ -34,18 +34,6 @@ from twisted.python.failure import Failure
 from vmready.domain import Listener, Listeners, VMReadyError
 from vmready.store.database import CommitUnknown, TransactionLost
 
-__all__ = [
-    "BatchingEngine",
-    "CallDeadlocked",
-    "DatabaseThread",
-    "Executor",
-    "InlineExecutor",
-    "OutcomeUnknown",
-    "StoreClosed",
-    "StoreHealth",
-    "StoreWriteFailed",
-]
-
 T = TypeVar("T")
 _log = Logger()
 

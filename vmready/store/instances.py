@@ -38,8 +38,6 @@ from vmready.store.database import (
 )
 from vmready.store.table import M, Table, operation
 
-__all__ = ["Instances"]
-
 
 class Instances(Table[M]):
     """The ``instances`` table."""

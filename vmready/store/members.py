@@ -30,8 +30,6 @@ from vmready.store.database import MEMBER_COLUMNS, member_from_row
 from vmready.store.notifications import EVENTS_CHANNEL, MAX_PAYLOAD_BYTES
 from vmready.store.table import M, Table, operation
 
-__all__ = ["Members"]
-
 
 class Members(Table[M]):
     """The ``members`` table."""

@@ -25,15 +25,6 @@ from twisted.internet.interfaces import IReactorFromThreads
 from vmready.domain import StoreError
 from vmready.store.postgres import connection_string, one_line
 
-__all__ = [
-    "EVENTS_CHANNEL",
-    "INSTANCES_CHANNEL",
-    "MAX_PAYLOAD_BYTES",
-    "MEMBERS_CHANNEL",
-    "TRUST_CHANNEL",
-    "NotificationListener",
-]
-
 INSTANCES_CHANNEL = "vmready_instances"
 EVENTS_CHANNEL = "vmready_events"
 # A member joined, came back, moved, or gave its lease up (not each plain renewal).

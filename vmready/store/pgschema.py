@@ -28,8 +28,6 @@ from vmready.store.postgres import (
 )
 from vmready.store.schema import SCHEMA_VERSION, check_version, fencing_migration
 
-__all__ = ["BASELINE", "BASELINE_VERSION", "MIGRATIONS", "connect"]
-
 # The advisory lock every vmready holds while it migrates ("vmready" in ASCII).
 MIGRATION_LOCK = 0x766D7265616479
 CONNECT_TIMEOUT_SECONDS = int(CONNECTION_DEFAULTS["connect_timeout"])

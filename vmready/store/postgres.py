@@ -32,17 +32,6 @@ from psycopg_pool import ConnectionPool
 from vmready.domain import StoreError
 from vmready.store.database import CommitUnknown, Cursor, Database
 
-__all__ = [
-    "CONNECTION_DEFAULTS",
-    "LOCK_TIMEOUT",
-    "PostgresConnection",
-    "PostgresDatabase",
-    "connection_string",
-    "display_location",
-    "is_postgres_location",
-    "one_line",
-]
-
 _SCHEMES = ("postgresql://", "postgres://")
 # How long a call waits for the pool to hand over a connection (the server may be down).
 CONNECTION_WAIT = 2.0

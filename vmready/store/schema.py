@@ -15,15 +15,6 @@ from collections.abc import Callable
 
 from vmready.domain import StoreError
 
-__all__ = [
-    "BUSY_TIMEOUT_SECONDS",
-    "MIGRATIONS",
-    "SCHEMA_VERSION",
-    "check_version",
-    "connect",
-    "fencing_migration",
-]
-
 BUSY_TIMEOUT_SECONDS = 5.0
 
 # The version the newest migration brings a store to.

@@ -10,8 +10,6 @@ from vmready.domain import Conflict, NotFound
 from vmready.store.database import dump
 from vmready.store.table import M, Table, operation
 
-__all__ = ["Snapshots"]
-
 
 class Snapshots(Table[M]):
     """The ``snapshots`` table."""

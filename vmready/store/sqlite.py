@@ -24,8 +24,6 @@ from vmready.store.snapshots import Snapshots
 from vmready.store.table import Later, M, Sync
 from vmready.store.trust import TrustTable
 
-__all__ = ["Store", "Tables"]
-
 
 class Tables(Generic[M]):
     """The store's tables over one database: each call at once (``Sync``) or queued (``Async``)."""

@@ -21,8 +21,6 @@ from twisted.internet.defer import Deferred
 
 from vmready.store.database import Database
 
-__all__ = ["Async", "Later", "M", "Sync", "Table", "operation"]
-
 P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")

@@ -14,8 +14,6 @@ import attrs
 from vmready.domain import Conflict, Forbidden, NotFound
 from vmready.store.table import M, Table, operation
 
-__all__ = ["TrustTable", "TrustedCertificate"]
-
 
 @attrs.frozen
 class TrustedCertificate:

@@ -18,8 +18,6 @@ from vmready.domain import READY_KEY, InstanceRecord
 from vmready.store.database import instance_not_found
 from vmready.store.sqlite import Store
 
-__all__ = ["AgentLookup", "CommittedInstances", "InstanceView", "LiveInstances"]
-
 
 class AgentLookup(Protocol):
     """Which instance an agent certificate was issued to: a view, or a Store's certificates."""
