@@ -22,16 +22,10 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from tests.conformance.support import require_program
 from tests.hypervisor.test_guestimage import fake_pvh_kernel
 from tests.reactor import reactor
+from vmready.domain import APPEND_KEY, IMAGE_KEY, INITRD_KEY, KERNEL_KEY
 from vmready.domain.model import BadRequest, HypervisorError
 from vmready.hypervisor.bootfiles import check_files, check_initrd, check_kernel, check_raw_image
-from vmready.hypervisor.bootsource import (
-    APPEND_KEY,
-    IMAGE_KEY,
-    INITRD_KEY,
-    KERNEL_KEY,
-    MAX_APPEND_BYTES,
-    BootSource,
-)
+from vmready.hypervisor.bootsource import MAX_APPEND_BYTES, BootSource
 from vmready.hypervisor.imagetool import QEMU_IMG, ImageInfo, ImageTool, parse_image_info
 
 MIB = 1 << 20

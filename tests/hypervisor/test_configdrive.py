@@ -9,8 +9,8 @@ import stat
 from twisted.trial.unittest import SynchronousTestCase
 
 from vmready.domain.model import HypervisorError
-from vmready.hypervisor.configdrive import DriveContents, meta_data, write_identity, write_settings
-from vmready.hypervisor.guestdata import MAX_GUEST_DATA, GuestData
+from vmready.hypervisor.configdrive import DriveContents, write_identity, write_settings
+from vmready.hypervisor.guestdata import MAX_GUEST_DATA, GuestData, meta_data
 from vmready.trust.certs import CertificatePair
 
 UUID = "6f1c3a52-9d2e-4b7a-8c11-0123456789ab"

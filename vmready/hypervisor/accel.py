@@ -25,17 +25,6 @@ from twisted.logger import Logger
 
 from vmready.hypervisor.cmdline import device_problem
 
-__all__ = [
-    "ACCEL_REASON_KEY",
-    "CURRENT_ACCEL_KEY",
-    "AccelChoice",
-    "KVMVerdict",
-    "KVMVerdicts",
-    "accelerators_for_host",
-    "choose_accel",
-    "kvm_device_problem",
-]
-
 CURRENT_ACCEL_KEY = "volatile.accel"
 ACCEL_REASON_KEY = "volatile.accel.reason"
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from typing import Protocol
 
-__all__ = ["ALWAYS", "READS", "ActingGuard"]
-
 # QMP commands that do not change the VM, allowed whatever the guard says: reads, and the
 # agent link's own traffic on its ring buffer.
 READS = frozenset({"query-status", "query-migrate", "ringbuf-read", "ringbuf-write"})

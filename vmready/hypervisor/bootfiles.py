@@ -14,17 +14,8 @@ import stat
 import struct
 from typing import BinaryIO
 
-from vmready.domain import BadRequest
-from vmready.hypervisor.bootsource import KERNEL_KEY, BootSource
-
-__all__ = [
-    "check_files",
-    "check_initrd",
-    "check_kernel",
-    "check_raw_image",
-    "has_pvh_entry",
-    "read_head",
-]
+from vmready.domain import KERNEL_KEY, BadRequest
+from vmready.hypervisor.bootsource import BootSource
 
 _XEN_ELFNOTE_PHYS32_ENTRY = 18
 

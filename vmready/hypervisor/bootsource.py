@@ -26,16 +26,6 @@ import attrs
 
 from vmready.domain import APPEND_KEY, IMAGE_KEY, INITRD_KEY, KERNEL_KEY, BadRequest
 
-__all__ = [
-    "APPEND_KEY",
-    "BOOT_KEYS",
-    "IMAGE_KEY",
-    "INITRD_KEY",
-    "KERNEL_KEY",
-    "MAX_APPEND_BYTES",
-    "BootSource",
-]
-
 BOOT_KEYS = (IMAGE_KEY, KERNEL_KEY, INITRD_KEY, APPEND_KEY)
 # x86's COMMAND_LINE_SIZE is 2048 bytes, the terminating NUL included.
 MAX_APPEND_BYTES = 2047

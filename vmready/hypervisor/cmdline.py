@@ -29,37 +29,6 @@ import attrs
 
 from vmready.hypervisor.nocloud import seed_path
 
-__all__ = [
-    "ACCELERATORS",
-    "AGENT_PORT",
-    "AGENT_RING",
-    "AGENT_SERIAL_PORTS",
-    "CONFIG_DRIVE_TAG",
-    "CONNECT_PORT",
-    "CONSOLE_LOG_NAME",
-    "CURRENT_LAYOUT",
-    "DEFAULT_RING_SIZE",
-    "FORWARD_GUEST_ADDRESS",
-    "FORWARD_GUEST_PORT",
-    "LEGACY_LAYOUT",
-    "LEGACY_PORT",
-    "SERIAL_BUS",
-    "SERIAL_LAYOUTS",
-    "STARTABLE_LAYOUTS",
-    "UNRECORDED_LAYOUT",
-    "GuestForward",
-    "SerialLayout",
-    "SerialPort",
-    "VMSpec",
-    "build_command_line",
-    "device_arguments",
-    "device_problem",
-    "escape_option",
-    "fakeqemu_guest_paths",
-    "qmp_address",
-    "serial_arguments",
-]
-
 AGENT_RING = "vmready"
 AGENT_PORT = "com.canonical.lxd"
 LEGACY_PORT = "org.linuxcontainers.lxd"

@@ -24,8 +24,6 @@ from vmready.hypervisor.vmevents import VMEvent, power_state_for
 from vmready.hypervisor.vmprocess import EXIT_POLL_SECONDS
 from vmready.protocols.qmp import QMPDisconnected, QMPError, QMPEvent
 
-__all__ = ["DEFAULT_COMMAND_TIMEOUT", "MonitorTimeout", "VMCommands"]
-
 # How long a QMP command may go unanswered before vmready gives up on it.
 DEFAULT_COMMAND_TIMEOUT = 10.0
 

@@ -33,20 +33,9 @@ from collections.abc import Mapping
 import attrs
 
 from vmready.domain import HypervisorError
-from vmready.hypervisor.guestdata import GuestData, meta_data
+from vmready.hypervisor.guestdata import GuestData
 from vmready.hypervisor.nocloud import seed_path, write_seed
 from vmready.trust import CertificatePair, write_private
-
-__all__ = [
-    "AGENT_CONFIG",
-    "AGENT_ZIPAPP",
-    "CLOUD_INIT_DIR",
-    "GUEST_API",
-    "DriveContents",
-    "meta_data",
-    "write_identity",
-    "write_settings",
-]
 
 AGENT_CONFIG = "agent.json"
 AGENT_ZIPAPP = "vmready-agent.pyz"

@@ -15,14 +15,6 @@ import contextlib
 import os
 import shutil
 
-__all__ = [
-    "DEFAULT_CONSOLE_MAX_BYTES",
-    "console_size",
-    "mark_boot",
-    "read_console",
-    "rotate_console",
-]
-
 DEFAULT_CONSOLE_MAX_BYTES = 1024 * 1024
 ROTATED_SUFFIX = ".1"
 

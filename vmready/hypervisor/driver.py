@@ -50,8 +50,6 @@ from vmready.hypervisor.vmprocess import (
 )
 from vmready.protocols.qmp import QMPDisconnected, connect_qmp
 
-__all__ = ["HYPERVISORS", "QEMU_PROGRAM", "HypervisorDriver"]
-
 HYPERVISORS = ("fakeqemu", "qemu")
 QEMU_PROGRAM = "qemu-system-x86_64"
 

@@ -25,8 +25,6 @@ from vmready.hypervisor.vmevents import VMEvent, VMEventKind, gone_event, vm_eve
 from vmready.hypervisor.vmprocess import EXIT_POLL_SECONDS, is_vm_process
 from vmready.protocols.qmp import QMPClientProtocol, QMPEvent
 
-__all__ = ["VMFollower"]
-
 
 class VMFollower:
     """A VM's events for its listeners, and its process until it is gone (or killed).

@@ -29,16 +29,6 @@ import attrs
 from vmready.domain import BadRequest, InstanceRecord
 from vmready.hypervisor.bootsource import BootSource
 
-__all__ = [
-    "GUEST_PREFIXES",
-    "MAX_GUEST_DATA",
-    "GuestData",
-    "check_guest_data",
-    "guest_data",
-    "guest_data_problem",
-    "meta_data",
-]
-
 # The config keys a guest may read (LXD's rule).
 GUEST_PREFIXES = ("user.", "cloud-init.")
 # At most this many bytes of guest-visible keys and values: ten times what clouds allow

@@ -26,8 +26,6 @@ from twisted.python.failure import Failure
 from vmready.domain import BadRequest, HypervisorError
 from vmready.hypervisor.bootfiles import check_raw_image, read_head
 
-__all__ = ["IMAGE_FORMATS", "MAX_CHAIN", "QEMU_IMG", "ImageInfo", "ImageTool", "parse_image_info"]
-
 IMAGE_FORMATS = ("qcow2", "raw")
 QEMU_IMG = "qemu-img"
 # Longer backing chains than this are refused (each layer is one qemu-img run).

@@ -37,8 +37,6 @@ from twisted.python.failure import Failure
 
 from vmready.hypervisor.qemulog import OUTPUT_CAP, error_lines
 
-__all__ = ["PROBE_WINDOW", "KVMProbe", "judge", "probe_arguments", "probe_kvm"]
-
 # How long QEMU may stay silent before the probe stops waiting (a working KVM
 # shows the firmware's banner in tens of milliseconds, a failing one exits).
 PROBE_WINDOW = 2.0

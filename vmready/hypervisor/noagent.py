@@ -17,13 +17,6 @@ from __future__ import annotations
 
 from vmready.hypervisor.console import read_console
 
-__all__ = [
-    "AGENT_EXPECTED_WITHIN",
-    "CONSOLE_BYTES",
-    "agent_absence",
-    "missing_agent_reason",
-]
-
 # A stock cloud image under TCG starts the agent some 25 s into its first boot (cloud-init's
 # init stage); a guest twice as slow as the slowest measured still speaks well within this.
 AGENT_EXPECTED_WITHIN = 120.0

@@ -44,18 +44,6 @@ import pycdlib
 from vmready.guestfiles import boothook
 from vmready.hypervisor.guestdata import GuestData
 
-__all__ = [
-    "SEED_DIRECTORY",
-    "SEED_FILE",
-    "SEED_LABEL",
-    "SeedFile",
-    "seed_files",
-    "seed_image",
-    "seed_path",
-    "vendor_data",
-    "write_seed",
-]
-
 SEED_FILE = "nocloud-seed.iso"
 SEED_LABEL = "cidata"
 # Where the seed carries the config drive.

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from vmready.hypervisor.cmdline import VMSpec
 
-__all__ = ["OUTPUT_CAP", "error_lines", "read_log_lines"]
-
 # How much of the hypervisor's output vmready keeps.
 OUTPUT_CAP = 64 * 1024
 

@@ -24,8 +24,6 @@ from vmready.hypervisor.stopping import VMStopper
 from vmready.hypervisor.vmevents import VMEvent
 from vmready.protocols.qmp import QMPClientProtocol
 
-__all__ = ["RunningVM"]
-
 
 class RunningVM:
     """A VM process vmready started or adopted, followed through its QMP monitor."""

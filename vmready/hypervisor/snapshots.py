@@ -23,17 +23,6 @@ from typing import Any
 from vmready.domain import BadRequest
 from vmready.hypervisor.cmdline import SERIAL_LAYOUTS, SerialLayout
 
-__all__ = [
-    "METADATA_FILE",
-    "STATE_FILE",
-    "describe_layout",
-    "remove_instance_snapshots",
-    "snapshot_directory",
-    "state_mismatch",
-    "validate_snapshot_name",
-    "write_metadata",
-]
-
 METADATA_FILE = "snapshot.json"
 STATE_FILE = "state"
 _NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}")

@@ -18,8 +18,6 @@ from vmready.hypervisor.commands import MonitorTimeout, VMCommands
 from vmready.hypervisor.following import VMFollower
 from vmready.protocols.qmp import QMPDisconnected, QMPError
 
-__all__ = ["DEFAULT_KILL_TIMEOUT", "VMStopper"]
-
 # How long a SIGKILLed VM process may take to disappear.
 DEFAULT_KILL_TIMEOUT = 30.0
 

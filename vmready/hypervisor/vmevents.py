@@ -9,15 +9,6 @@ import attrs
 from vmready.domain import PowerState
 from vmready.protocols.qmp import QMPEvent
 
-__all__ = [
-    "UNEXPECTED_EXIT",
-    "VMEvent",
-    "VMEventKind",
-    "gone_event",
-    "power_state_for",
-    "vm_event_for",
-]
-
 UNEXPECTED_EXIT = (
     "QEMU process exited unexpectedly (QMP monitor disconnected without a SHUTDOWN event)"
 )

@@ -16,15 +16,6 @@ import socket
 
 from vmready.hypervisor.cmdline import VMSpec, qmp_address
 
-__all__ = [
-    "EXIT_POLL_SECONDS",
-    "find_vm_process",
-    "is_vm_process",
-    "owned_pid",
-    "remove_stale_files",
-    "socket_listens",
-]
-
 # How often vmready looks whether a process it waits for has ended.
 EXIT_POLL_SECONDS = 0.05
 

@@ -14,8 +14,6 @@ from vmready.hypervisor.guestimage.cache import CACHE_VARIABLE, default_cache_di
 from vmready.hypervisor.guestimage.commands import GuestImageError
 from vmready.hypervisor.guestimage.stock import StockGuest, ensure_stock_guest, stock_cache_dir
 
-__all__ = ["main"]
-
 
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m vmready.hypervisor.guestimage``: build or reuse the demo guest."""

@@ -49,16 +49,6 @@ from vmready.hypervisor.guestimage.initramfs import (
 from vmready.hypervisor.guestimage.inputs import GuestInputs, Package, resolve_inputs
 from vmready.hypervisor.guestimage.rootfs import customize_root, host_apt_sources
 
-__all__ = [
-    "build",
-    "ensure_guest",
-    "fetch_packages",
-    "launch_command",
-    "make_initramfs",
-    "make_root_disk",
-    "take_kernel",
-]
-
 
 @contextlib.contextmanager
 def _phase(log: Callable[[str], None], what: str) -> Iterator[None]:

@@ -25,22 +25,6 @@ from vmready.hypervisor.guestimage.content import (
     PVH_KERNEL_FILE,
 )
 
-__all__ = [
-    "CACHE_VARIABLE",
-    "GuestImage",
-    "build_lock",
-    "cached_build",
-    "default_cache_dir",
-    "guest_image",
-    "has_files",
-    "is_complete",
-    "mounts_under",
-    "newest_build",
-    "remove_stale_builds",
-    "remove_tree",
-]
-
-
 CACHE_VARIABLE = "VMREADY_GUEST_CACHE"
 
 

@@ -9,16 +9,6 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-__all__ = [
-    "STOP_GRACE",
-    "CommandResult",
-    "CommandRunner",
-    "GuestImageError",
-    "run_command",
-    "run_step",
-]
-
-
 # How long an interrupted command gets to clean up after SIGTERM.
 STOP_GRACE = 60.0
 

@@ -2,34 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = [
-    "BUILDER_VERSION",
-    "BUILD_PREFIX",
-    "BUSYBOX_APPLETS",
-    "BUSYBOX_PACKAGE",
-    "DISK_SIZE",
-    "HOSTNAME",
-    "IMAGE_FILE",
-    "INITRAMFS_MODULES",
-    "INITRD_FILE",
-    "INIT_SCRIPT",
-    "KERNEL_APPEND",
-    "KERNEL_FILE",
-    "KERNEL_METAPACKAGE",
-    "LOCK_FILE",
-    "MANIFEST_FILE",
-    "MASKED_GENERATORS",
-    "MASKED_UNITS",
-    "PVH_KERNEL_FILE",
-    "ROOT_PACKAGES",
-    "SUITE",
-    "USER_DATA_RUNNER",
-    "USER_DATA_RUNNER_PATH",
-    "USER_DATA_UNIT",
-    "USER_DATA_UNIT_NAME",
-]
-
-
 # Bump when the builder makes a different image from the same inputs.
 BUILDER_VERSION = 2
 

@@ -17,20 +17,6 @@ from vmready.hypervisor.bootfiles import has_pvh_entry
 from vmready.hypervisor.guestimage.commands import GuestImageError
 from vmready.hypervisor.guestimage.content import BUSYBOX_APPLETS, INIT_SCRIPT
 
-__all__ = [
-    "ArchiveEntry",
-    "initramfs_entries",
-    "is_bzimage",
-    "kernel_modules",
-    "load_order",
-    "modinfo",
-    "module_dependencies",
-    "module_name",
-    "newc_archive",
-    "read_module",
-    "uncompressed_kernel",
-]
-
 
 def module_name(filename: str) -> str:
     """The kernel's name for a module file: ``pvpanic-mmio.ko`` -> ``pvpanic_mmio``."""

@@ -33,15 +33,6 @@ from vmready.hypervisor.guestimage.content import (
     USER_DATA_UNIT_NAME,
 )
 
-__all__ = [
-    "GuestInputs",
-    "Package",
-    "image_files",
-    "kernel_package_of",
-    "parse_apt_show",
-    "resolve_inputs",
-]
-
 
 @attrs.frozen
 class Package:

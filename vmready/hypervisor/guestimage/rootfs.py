@@ -17,8 +17,6 @@ from vmready.hypervisor.guestimage.content import (
     USER_DATA_UNIT_NAME,
 )
 
-__all__ = ["customize_root", "host_apt_sources", "lock_root_password"]
-
 
 def host_apt_sources(suite: str = SUITE, etc: str = "/etc/apt") -> list[str]:
     """The host's apt source files that serve ``suite`` (mmdebstrap pastes them into the guest)."""

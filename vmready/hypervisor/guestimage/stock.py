@@ -60,14 +60,6 @@ from vmready.hypervisor.guestimage.inputs import (
 )
 from vmready.hypervisor.guestimage.rootfs import host_apt_sources
 
-__all__ = [
-    "DOCUMENTED_INSTALL",
-    "STOCK_APPEND",
-    "StockGuest",
-    "ensure_stock_guest",
-    "stock_cache_dir",
-]
-
 # Bump when the builder makes different disks from the same inputs.
 BUILDER_VERSION = 1
 KERNEL_METAPACKAGE = "linux-image-cloud-amd64"
