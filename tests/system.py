@@ -37,7 +37,7 @@ from tests.processes import kill_strays
 from vmready.daemon.service import GUEST_SOCKET_BASE
 from vmready.domain.states import READY_KEY
 from vmready.hypervisor.configdrive import AGENT_CONFIG, AGENT_ZIPAPP
-from vmready.lifecycle.core import CONFIG_DRIVE, run_dir_name
+from vmready.lifecycle.specs import CONFIG_DRIVE, run_dir_name
 
 __all__ = [
     "DEADLINE",

@@ -48,9 +48,10 @@ from vmready.api.operator import OperatorAPI, operator_site
 from vmready.api.remote import remote_site, remote_tls_factory
 from vmready.api.trust import TrustRegistry
 from vmready.api.views import rfc3339
+from vmready.domain import lease_time
 from vmready.domain.members import MemberRecord
 from vmready.lifecycle.core import Lifecycle
-from vmready.lifecycle.members import Membership, lease_time
+from vmready.lifecycle.members import Membership
 from vmready.store.executor import StoreWriteFailed
 from vmready.trust.certs import CertificatePair, generate
 

@@ -18,7 +18,8 @@ from vmready.api.guest import GuestAPI
 from vmready.api.metrics import CountedGuestResource
 from vmready.api.operator import OperatorAPI
 from vmready.domain.model import InstanceRecord
-from vmready.lifecycle.core import GuestLink, Lifecycle
+from vmready.lifecycle.core import Lifecycle
+from vmready.lifecycle.guestlink import GuestLink
 from vmready.trust.certs import generate
 
 _SERVER = generate("vmready-test-server")

@@ -11,7 +11,7 @@ from tests.api.test_cluster import ClusterTestCase, Member
 from tests.cli.test_completion import ShellTestCase
 from tests.reactor import reactor
 from vmready.cli.main import run
-from vmready.lifecycle.members import lease_time
+from vmready.domain import lease_time
 
 
 class ClusterCLITests(ClusterTestCase):

@@ -27,7 +27,6 @@ from vmready.domain.model import InstanceRecord
 from vmready.domain.states import PowerState, TaskState, VMState
 from vmready.lifecycle.events import LIFECYCLE, OPERATION, Event, EventBus
 from vmready.lifecycle.relay import (
-    MAX_PAYLOAD_BYTES,
     EventRelay,
     InboundOrder,
     InstanceChange,
@@ -36,6 +35,7 @@ from vmready.lifecycle.relay import (
     encode_event,
     relayable,
 )
+from vmready.store import MAX_PAYLOAD_BYTES
 from vmready.store.asyncstore import AsyncStore
 from vmready.store.executor import InlineExecutor
 from vmready.store.sqlite import Store

@@ -18,7 +18,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from tests.processes import kill_if_named
 from vmready.daemon.preflight import check_guest_listen_address, check_listen_address
-from vmready.lifecycle.core import run_dir_name
+from vmready.lifecycle.specs import run_dir_name
 from vmready.store.sqlite import Store
 
 TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")

@@ -21,7 +21,7 @@ from vmready.daemon.service import GC_SWEEP_TIMER, POWER_SYNC_TIMER, DaemonConfi
 from vmready.domain.model import InstanceRecord
 from vmready.domain.reactor import IVMReadyReactor
 from vmready.lifecycle import core as lifecycle_core
-from vmready.lifecycle.core import GuestLink
+from vmready.lifecycle.guestlink import GuestLink
 from vmready.lifecycle.recovery import Recovery
 
 

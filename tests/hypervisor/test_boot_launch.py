@@ -14,7 +14,7 @@ from tests.hypervisor.test_launch_sources import LaunchTestCase
 from tests.lifecycle.test_lifecycle import _async
 from vmready.domain.model import BadRequest
 from vmready.hypervisor.bootsource import BootSource
-from vmready.lifecycle.core import LaunchSettings
+from vmready.lifecycle.settings import LaunchSettings
 
 
 def fake_kernel(path: str) -> str:

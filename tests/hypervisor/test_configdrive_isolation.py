@@ -26,7 +26,10 @@ from vmready.domain.model import InstanceRecord
 from vmready.hypervisor.cmdline import VMSpec
 from vmready.hypervisor.configdrive import DriveContents, write_settings
 from vmready.hypervisor.guestdata import GuestData
-from vmready.lifecycle.core import CONFIG_DRIVE, GuestLink, LaunchSettings, Lifecycle
+from vmready.lifecycle.core import Lifecycle
+from vmready.lifecycle.guestlink import GuestLink
+from vmready.lifecycle.settings import LaunchSettings
+from vmready.lifecycle.specs import CONFIG_DRIVE
 from vmready.trust.certs import ensure_server_certificate, fingerprint
 
 SECRET = "BRAVO-SECRET"

@@ -32,8 +32,9 @@ from vmready.domain.states import READY_KEY, VMState
 from vmready.hypervisor.accel import KVMVerdicts
 from vmready.hypervisor.driver import HypervisorDriver
 from vmready.hypervisor.kvmprobe import KVMProbe
-from vmready.lifecycle.core import LaunchSettings, Lifecycle
+from vmready.lifecycle.core import Lifecycle
 from vmready.lifecycle.events import Event, EventBus
+from vmready.lifecycle.settings import LaunchSettings
 from vmready.store.sqlite import Store
 
 KVM_ABORTS = """#!/bin/sh

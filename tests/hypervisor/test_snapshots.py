@@ -31,8 +31,9 @@ from vmready.hypervisor.cmdline import (
     SerialLayout,
 )
 from vmready.hypervisor.driver import HypervisorDriver
-from vmready.lifecycle.core import LAYOUT_KEY, Lifecycle, run_dir_name
+from vmready.lifecycle.core import Lifecycle
 from vmready.lifecycle.events import Event, EventBus
+from vmready.lifecycle.specs import LAYOUT_KEY, run_dir_name
 from vmready.store.sqlite import Store
 
 STOP_TIMEOUT = 0.3

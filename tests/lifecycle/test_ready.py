@@ -27,7 +27,8 @@ from vmready.domain.model import Conflict
 from vmready.domain.states import READY_KEY, StatusCode
 from vmready.hypervisor.cmdline import AGENT_PORT, CONNECT_PORT, fakeqemu_guest_paths
 from vmready.hypervisor.driver import HypervisorDriver
-from vmready.lifecycle.core import GuestLink, Lifecycle
+from vmready.lifecycle.core import Lifecycle
+from vmready.lifecycle.guestlink import GuestLink
 from vmready.protocols.ringbuffer import AgentStatus
 from vmready.trust.certs import fingerprint, generate
 

@@ -101,8 +101,9 @@ from vmready.domain.model import InstanceRecord
 from vmready.domain.states import PowerState, TaskState, VMState
 from vmready.hypervisor.cmdline import GuestForward
 from vmready.hypervisor.driver import HypervisorDriver
-from vmready.lifecycle.core import GuestLink, Lifecycle
+from vmready.lifecycle.core import Lifecycle
 from vmready.lifecycle.events import EventBus
+from vmready.lifecycle.guestlink import GuestLink
 from vmready.store.asyncstore import AsyncStore
 from vmready.store.sqlite import Store
 from vmready.trust.certs import CertificatePair, ensure_server_certificate, generate

@@ -23,8 +23,6 @@ from vmready.lifecycle.running import RunningVMs
 from vmready.lifecycle.specs import InstanceSpecs
 from vmready.store import AsyncStore
 
-__all__ = ["DEFAULT_STOP_TIMEOUT", "MAX_STOP_TIMEOUT", "ActionChecks"]
-
 DEFAULT_STOP_TIMEOUT = 30.0
 MAX_STOP_TIMEOUT = 3600.0
 

@@ -34,8 +34,6 @@ from vmready.lifecycle.specs import InstanceSpecs, run_dir_name
 from vmready.lifecycle.watching import Watching
 from vmready.store import AsyncStore
 
-__all__ = ["PREVIOUS_CPU_KEY", "PREVIOUS_MEMORY_KEY", "Actions"]
-
 # A resize keeps the size it replaced here until it is confirmed or reverted.
 PREVIOUS_MEMORY_KEY = "volatile.resize.previous.memory"
 PREVIOUS_CPU_KEY = "volatile.resize.previous.cpu"

@@ -19,8 +19,6 @@ from collections import deque
 
 import attrs
 
-__all__ = ["DEFAULT_HISTORY_LENGTH", "AgentHistory", "LinkChange"]
-
 # How many changes each instance keeps: enough to see a flapping link, small enough
 # that a link flapping for days costs nothing.
 DEFAULT_HISTORY_LENGTH = 10

@@ -13,8 +13,6 @@ from vmready.domain import Conflict, InstanceRecord, TaskState, VMState
 from vmready.lifecycle.journal import ActionContext, Journal
 from vmready.store import AsyncStore, OutcomeUnknown, StoreWriteFailed
 
-__all__ = ["Claims"]
-
 
 @attrs.define(kw_only=True, eq=False)
 class Claims:

@@ -20,8 +20,6 @@ from vmready.hypervisor import check_guest_data
 from vmready.lifecycle.events import EventBus
 from vmready.store import AsyncStore
 
-__all__ = ["Configuring"]
-
 
 @attrs.define(kw_only=True, eq=False)
 class Configuring:

@@ -43,7 +43,6 @@ from vmready.hypervisor import (
 )
 from vmready.lifecycle.actionchecks import (
     DEFAULT_STOP_TIMEOUT,
-    MAX_STOP_TIMEOUT,
     ActionChecks,
 )
 from vmready.lifecycle.actions import Actions
@@ -52,7 +51,7 @@ from vmready.lifecycle.booting import Booting
 from vmready.lifecycle.claims import Claims
 from vmready.lifecycle.configuring import Configuring
 from vmready.lifecycle.events import EventBus
-from vmready.lifecycle.guestlink import GuestLink, GuestReach
+from vmready.lifecycle.guestlink import GuestReach
 from vmready.lifecycle.guestside import GuestSide
 from vmready.lifecycle.hooks import Hypervisor, Recording
 from vmready.lifecycle.journal import Journal
@@ -62,32 +61,14 @@ from vmready.lifecycle.powersync import PowerSync
 from vmready.lifecycle.recovery import DEFAULT_SYNC_CONCURRENCY, Recovery
 from vmready.lifecycle.renaming import Renaming
 from vmready.lifecycle.running import RunningVMs
-from vmready.lifecycle.settings import DEFAULT_KVM_PROBE_TIMEOUT, LaunchSettings
+from vmready.lifecycle.settings import LaunchSettings
 from vmready.lifecycle.snapshotting import Snapshotting
 from vmready.lifecycle.specs import (
-    CONFIG_DRIVE,
-    LAYOUT_KEY,
     InstanceSpecs,
-    agent_chardev,
-    run_dir_name,
 )
 from vmready.lifecycle.watching import Watching
 from vmready.protocols.prometheus import MetricFamily
 from vmready.store import AsyncStore, Store
-
-__all__ = [
-    "CONFIG_DRIVE",
-    "DEFAULT_KVM_PROBE_TIMEOUT",
-    "DEFAULT_STOP_TIMEOUT",
-    "DEFAULT_SYNC_CONCURRENCY",
-    "LAYOUT_KEY",
-    "MAX_STOP_TIMEOUT",
-    "GuestLink",
-    "LaunchSettings",
-    "Lifecycle",
-    "agent_chardev",
-    "run_dir_name",
-]
 
 _Part = TypeVar("_Part", bound=attrs.AttrsInstance)
 P = ParamSpec("P")

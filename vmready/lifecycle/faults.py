@@ -20,8 +20,6 @@ import attrs
 
 from vmready.domain import ActionRecord
 
-__all__ = ["SERVER_SOURCE", "Fault", "FaultLog", "error_time"]
-
 # The source of events about the daemon itself rather than one instance.
 SERVER_SOURCE = "/1.0"
 _INSTANCE_SOURCE = "/1.0/instances/"

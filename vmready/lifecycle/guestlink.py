@@ -6,8 +6,6 @@ import attrs
 
 from vmready.agentlink import PollIntervals
 
-__all__ = ["GuestLink", "GuestReach"]
-
 
 @attrs.frozen
 class GuestLink:

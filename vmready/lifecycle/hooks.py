@@ -12,8 +12,6 @@ from twisted.internet.defer import Deferred
 
 from vmready.hypervisor import KVMProbe, RunningVM, VMSpec
 
-__all__ = ["Hypervisor", "RecorderLookup", "Recording", "SessionHooks"]
-
 
 class SessionHooks(Protocol):
     """What the core tells about a recorded instance as it happens (``InstanceRecorder``)."""

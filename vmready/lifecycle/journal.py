@@ -23,8 +23,6 @@ from vmready.lifecycle.metrics import LifecycleMetrics
 from vmready.lifecycle.unawaited import log_failed_write
 from vmready.store import AsyncStore, Store
 
-__all__ = ["ActionContext", "Journal"]
-
 
 @attrs.define(kw_only=True, eq=False)
 class Journal:

@@ -19,8 +19,6 @@ from twisted.logger import Logger
 
 from vmready.domain import ActingRefused, LeaseLost
 
-__all__ = ["LeaseGuard"]
-
 
 class LeaseGuard:
     """When member ``name``'s lease was last confirmed, and whether this daemon may act now.

@@ -68,14 +68,6 @@ from vmready.lifecycle.events import EventBus
 from vmready.lifecycle.leaseguard import LeaseGuard
 from vmready.store import AsyncStore
 
-__all__ = [
-    "DEFAULT_LEASE_SECONDS",
-    "MEMBER_ONLINE",
-    "MEMBER_UNREACHABLE",
-    "Membership",
-    "lease_time",
-]
-
 DEFAULT_LEASE_SECONDS = 15.0
 MEMBER_UNREACHABLE = "cluster-member-unreachable"
 MEMBER_ONLINE = "cluster-member-online"

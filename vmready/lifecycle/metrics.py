@@ -30,16 +30,6 @@ from vmready.protocols.prometheus import (
     histogram_samples,
 )
 
-__all__ = [
-    "ACTION_DURATION_BUCKETS",
-    "GUEST_METHODS",
-    "READY_LATENCY_BUCKETS",
-    "CountedRingDevice",
-    "Counter",
-    "Histogram",
-    "LifecycleMetrics",
-]
-
 # Seconds; an action's duration and a boot's time to Ready fall in the first bucket they fit.
 ACTION_DURATION_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 READY_LATENCY_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)

@@ -32,8 +32,6 @@ from vmready.lifecycle.specs import InstanceSpecs
 from vmready.lifecycle.watching import MONITOR_LOST_KEY, Watching
 from vmready.store import AsyncStore
 
-__all__ = ["PowerSync", "bounded"]
-
 
 @attrs.define(kw_only=True, eq=False)
 class PowerSync:

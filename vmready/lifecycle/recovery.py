@@ -36,8 +36,6 @@ from vmready.lifecycle.specs import InstanceSpecs
 from vmready.lifecycle.watching import Watching
 from vmready.store import AsyncStore, Store
 
-__all__ = ["DEFAULT_SYNC_CONCURRENCY", "Recovery"]
-
 # Instances reconciled at once by power sync and at start-up (``--sync-concurrency``).
 DEFAULT_SYNC_CONCURRENCY = 16
 # The tasks a VM that still runs after a restart finishes: it ran (or was freed) as asked.

@@ -62,19 +62,6 @@ from vmready.lifecycle.events import (
 )
 from vmready.store import EVENTS_CHANNEL, INSTANCES_CHANNEL, MAX_PAYLOAD_BYTES
 
-__all__ = [
-    "CHANNELS",
-    "MAX_PAYLOAD_BYTES",
-    "EventRelay",
-    "InboundOrder",
-    "InstanceChange",
-    "RelayStore",
-    "decode_event",
-    "decode_instance_change",
-    "encode_event",
-    "relayable",
-]
-
 # What the relay listens to (``store.notifications.NotificationListener``'s channels).
 CHANNELS = (INSTANCES_CHANNEL, EVENTS_CHANNEL)
 # The payload's format, should it ever change while members of two versions share a store.

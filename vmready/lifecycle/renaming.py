@@ -37,8 +37,6 @@ from vmready.lifecycle.recovery import Recovery
 from vmready.lifecycle.running import RunningVMs
 from vmready.store import AsyncStore
 
-__all__ = ["RENAMABLE", "Renaming"]
-
 # LXD renames only a stopped instance: a running VM was started under its old name.
 RENAMABLE = frozenset({VMState.STOPPED})
 

@@ -13,8 +13,6 @@ from vmready.lifecycle.journal import Journal
 from vmready.lifecycle.watching import Watching
 from vmready.store import AsyncStore
 
-__all__ = ["RESIZE_TASKS", "ResizeRecovery"]
-
 # The tasks of resize, confirm-resize and revert-resize: never left half-applied.
 RESIZE_TASKS = frozenset(
     {

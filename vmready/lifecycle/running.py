@@ -7,8 +7,6 @@ from vmready.domain import HypervisorError
 from vmready.hypervisor import RunningVM
 from vmready.protocols import AgentStatus
 
-__all__ = ["RunningVMs"]
-
 
 class RunningVMs:
     """The VMs the lifecycle follows, and what their agents last said.

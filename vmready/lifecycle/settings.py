@@ -6,8 +6,6 @@ import attrs
 
 from vmready.hypervisor import DEFAULT_CONSOLE_MAX_BYTES, BootSource, DriveContents
 
-__all__ = ["DEFAULT_KVM_PROBE_TIMEOUT", "KVM_NOT_PROBED", "LaunchSettings"]
-
 DEFAULT_KVM_PROBE_TIMEOUT = 30.0
 # Why a lifecycle that was not told about /dev/kvm (a test, a replay) never tries KVM.
 KVM_NOT_PROBED = "KVM is not probed by this lifecycle"

@@ -28,15 +28,6 @@ from vmready.hypervisor import (
 )
 from vmready.lifecycle.guestlink import GuestReach
 
-__all__ = [
-    "CONFIG_DRIVE",
-    "LAYOUT_KEY",
-    "InstanceSpecs",
-    "agent_chardev",
-    "agent_port_name",
-    "run_dir_name",
-]
-
 CONFIG_DRIVE = "config-drive"
 # The serial layout an instance's VM was last started with (``SERIAL_LAYOUTS``).
 LAYOUT_KEY = "volatile.serial.layout"

@@ -15,8 +15,6 @@ from twisted.python.failure import Failure
 from vmready.domain import Fenced
 from vmready.store import StoreClosed, StoreWriteFailed
 
-__all__ = ["log_failed_write"]
-
 
 def log_failed_write(failure: Failure, log: Logger, what: str) -> None:
     """Log the failure of an unawaited write of ``what``: one line if the store refused it."""
