@@ -44,12 +44,13 @@ from vmready.api.forwarding import (
     Relayed,
 )
 from vmready.api.limits import IDLE_TIMEOUT
-from vmready.api.operator import OperatorAPI, operator_site
+from vmready.api.operator import OperatorAPI
+from vmready.api.operatorbase import operator_site
 from vmready.api.remote import remote_site, remote_tls_factory
 from vmready.api.trust import TrustRegistry
-from vmready.api.views import rfc3339
 from vmready.domain import lease_time
 from vmready.domain.members import MemberRecord
+from vmready.lifecycle import rfc3339
 from vmready.lifecycle.core import Lifecycle
 from vmready.lifecycle.members import Membership
 from vmready.store.executor import StoreWriteFailed

@@ -22,7 +22,8 @@ from twisted.trial.unittest import TestCase
 from tests.fixtures import make_lifecycle
 from tests.reactor import reactor
 from vmready.api.eventstream import BoundedFeed
-from vmready.api.operator import OperatorAPI, operator_site
+from vmready.api.operator import OperatorAPI
+from vmready.api.operatorbase import operator_site
 
 EVENTS = 10_000
 LIMIT = 256 * 1024

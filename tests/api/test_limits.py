@@ -32,7 +32,8 @@ from vmready.api.limits import (
     LimitedChannel,
     LimitedSite,
 )
-from vmready.api.operator import OPERATOR_ERRORS, OperatorAPI, operator_site
+from vmready.api.operator import OperatorAPI
+from vmready.api.operatorbase import OPERATOR_ERRORS, operator_site
 from vmready.api.requestbody import MAX_BODY_BYTES, read_json_body
 from vmready.api.web import local_site, sync_response
 

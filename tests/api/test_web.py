@@ -16,9 +16,10 @@ from twisted.web.iweb import IRequest
 from twisted.web.test.requesthelper import DummyChannel
 
 from tests.reactor import reactor
-from vmready.api.operator import OPERATOR_ERRORS
+from vmready.api.limits import body_overflowed
+from vmready.api.operatorbase import OPERATOR_ERRORS
 from vmready.api.requestbody import MAX_BODY_BYTES, read_json_body
-from vmready.api.web import LocalRequest, body_overflowed, local_site, sync_response
+from vmready.api.web import LocalRequest, local_site, sync_response
 from vmready.domain.model import PayloadTooLarge
 
 app = Klein()

@@ -19,7 +19,8 @@ from twisted.trial.unittest import TestCase
 
 from tests.fixtures import make_lifecycle
 from tests.reactor import reactor
-from vmready.api.operator import OperatorAPI, operator_site
+from vmready.api.operator import OperatorAPI
+from vmready.api.operatorbase import operator_site
 from vmready.api.remote import remote_site, remote_tls_factory
 from vmready.api.trust import TrustRegistry
 from vmready.cli.main import run

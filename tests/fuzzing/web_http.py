@@ -34,7 +34,8 @@ from twisted.web.server import Site
 
 from fakeqemu.testing import InMemoryVM
 from vmready.api.guest import GuestAPI, guest_site
-from vmready.api.operator import OperatorAPI, operator_site
+from vmready.api.operator import OperatorAPI
+from vmready.api.operatorbase import operator_site
 from vmready.domain.model import InstanceRecord
 from vmready.domain.states import PowerState, TaskState, VMState
 from vmready.hypervisor.cmdline import VMSpec

@@ -21,8 +21,6 @@ from vmready.api.views import instance_url, state_json
 from vmready.api.web import sync_response
 from vmready.domain import BadRequest, NotFound
 
-__all__ = ["CONSOLE_LOG_FILE", "MAX_CONSOLE_BYTES", "ActionRoutes"]
-
 # How much of a console log GET /1.0/instances/<name>/console returns at most.
 MAX_CONSOLE_BYTES = 4 * 1024 * 1024
 # The one log file ``/1.0/instances/<name>/logs`` lists: the serial console's.

@@ -50,14 +50,6 @@ from vmready.domain import (
 from vmready.lifecycle import Fault, Membership
 from vmready.trust import CertificatePair
 
-__all__ = [
-    "MAX_REMEMBERED_OPERATIONS",
-    "NOT_A_MEMBER",
-    "WAIT_STEP",
-    "ClusterContext",
-    "member_json",
-]
-
 MAX_REMEMBERED_OPERATIONS = 4096
 # The longest wait one relayed ``/wait`` asks for: a longer one is relayed as several.
 WAIT_STEP = 60.0

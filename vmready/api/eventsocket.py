@@ -31,8 +31,6 @@ from twisted.web.resource import IResource
 from vmready.api.eventstream import BoundedFeed, encode_event
 from vmready.lifecycle import Event, EventBus
 
-__all__ = ["EventSocketFactory", "EventSocketProtocol", "event_socket", "wants_websocket"]
-
 # The close code of a consumer cut off for not reading (RFC 6455: "policy violation").
 CLOSE_TOO_SLOW = 1008
 

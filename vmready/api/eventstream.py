@@ -25,8 +25,6 @@ from zope.interface import implementer
 
 from vmready.lifecycle import Event
 
-__all__ = ["MAX_PENDING_BYTES", "BoundedFeed", "EventStream", "encode_event"]
-
 # The bytes of events one paused consumer may have waiting before it is cut off.
 MAX_PENDING_BYTES = 4 * 1024 * 1024
 

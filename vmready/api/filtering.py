@@ -16,8 +16,6 @@ from typing import Any
 
 from vmready.domain import BadRequest
 
-__all__ = ["Predicate", "parse_filter"]
-
 Predicate = Callable[[dict[str, Any]], bool]
 _OPERATORS = ("eq", "ne")
 

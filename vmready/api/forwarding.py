@@ -63,22 +63,6 @@ from vmready.api.web import BytesProducer
 from vmready.domain import BadGateway, BadRequest, IVMReadyReactor, MemberRecord, Unavailable
 from vmready.trust import CertificatePair, PinnedServerTLS, connect_reason, ssl_reason
 
-__all__ = [
-    "CACHED_CONNECTION_TIMEOUT",
-    "CLOSE_GRACE",
-    "CONNECT_TIMEOUT",
-    "DEADLINE",
-    "FORWARDED_BY",
-    "MAX_CACHED_PER_MEMBER",
-    "READS",
-    "RELAYED_HEADERS",
-    "UNKNOWN_OUTCOME",
-    "WATCH_INTERVAL",
-    "Forwarder",
-    "Relayed",
-    "split_address",
-]
-
 # The header a forwarded request carries: the member that forwarded it.
 FORWARDED_BY = b"X-VMReady-Forwarded-By"
 # The headers relayed each way besides the body.

@@ -27,7 +27,6 @@ from twisted.web.server import Site
 from vmready.api.eventstream import EventStream
 from vmready.api.limits import MAX_GUEST_CONNECTIONS, LimitedSite, PeerKey
 from vmready.api.requestbody import parse_json, read_body
-from vmready.api.views import rfc3339
 from vmready.api.web import (
     ErrorStyle,
     handle_error,
@@ -37,7 +36,7 @@ from vmready.api.web import (
 )
 from vmready.domain import BadRequest, Forbidden, InstanceRecord, NotFound
 from vmready.hypervisor import meta_data as cloud_init_meta_data
-from vmready.lifecycle import LIFECYCLE, Event, Lifecycle
+from vmready.lifecycle import LIFECYCLE, Event, Lifecycle, rfc3339
 from vmready.store import AgentLookup
 from vmready.trust import (
     CertificatePair,
@@ -47,21 +46,6 @@ from vmready.trust import (
     peer_certificate_pem,
     server_tls_factory,
 )
-
-__all__ = [
-    "FORBIDDEN_MESSAGE",
-    "GUEST_EVENT_TYPES",
-    "Forbidden",
-    "GuestAPI",
-    "GuestEvent",
-    "GuestEventFeed",
-    "certificate_authorizer",
-    "certificate_identifier",
-    "guest_site",
-    "guest_tls_factory",
-    "instance_for_certificate",
-    "peer_instance",
-]
 
 Identify = Callable[[IRequest], InstanceRecord | None]
 Clock = Callable[[], datetime.datetime]

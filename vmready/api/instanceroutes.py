@@ -34,8 +34,6 @@ from vmready.domain import (
     VMReadyError,
 )
 
-__all__ = ["InstanceRoutes", "PreconditionFailed"]
-
 
 class PreconditionFailed(VMReadyError):
     """412: the request's ``If-Match`` names a version the instance no longer has."""

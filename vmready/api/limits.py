@@ -29,19 +29,6 @@ from zope.interface import implementer
 
 from vmready.api.requestbody import MAX_BODY_BYTES
 
-__all__ = [
-    "IDLE_TIMEOUT",
-    "MAX_GUEST_CONNECTIONS",
-    "MAX_OPERATOR_CONNECTIONS",
-    "OPERATOR_LISTEN_BACKLOG",
-    "REQUEST_DEADLINE",
-    "Envelope",
-    "LimitedChannel",
-    "LimitedSite",
-    "PeerKey",
-    "body_overflowed",
-]
-
 # Seconds from a request's first byte until all of it (line, headers, body) must be in.
 REQUEST_DEADLINE = 30.0
 # Seconds a keep-alive connection may stay silent between requests.

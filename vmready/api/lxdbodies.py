@@ -22,15 +22,6 @@ from vmready.api.requestbody import field
 from vmready.api.views import ARCHITECTURE, PROFILES, ZERO_TIME
 from vmready.domain import BadRequest, InstanceRecord, is_launch_key, is_user_key
 
-__all__ = [
-    "CreateRequest",
-    "create_request",
-    "instance_etag",
-    "put_changes",
-    "rename_request",
-    "snapshot_request",
-]
-
 _NOT_SUPPORTED = "not supported by vmready"
 # LXD's ``InstancePut``: the fields an update may carry.
 _WRITABLE = frozenset(

@@ -23,8 +23,6 @@ import vmready
 from vmready.lifecycle import Lifecycle, LifecycleMetrics
 from vmready.protocols.prometheus import CONTENT_TYPE, GAUGE, MetricFamily, Sample, exposition
 
-__all__ = ["CountedGuestResource", "build_info", "metrics_response"]
-
 
 def build_info() -> MetricFamily:
     """``vmready_build_info{version="…"} 1``: which vmready answers."""

@@ -29,8 +29,6 @@ from vmready.api.requestbody import event_types, query_param, recursion_level
 from vmready.api.views import operation_url
 from vmready.api.web import sync_response
 
-__all__ = ["OperationRoutes"]
-
 
 class OperationRoutes(OperatorBase):
     """``/1.0/operations…`` and ``/1.0/events``."""

@@ -10,16 +10,13 @@ in docs/api.md.
 
 from __future__ import annotations
 
-from vmready.api.actionroutes import MAX_CONSOLE_BYTES, ActionRoutes
+from vmready.api.actionroutes import ActionRoutes
 from vmready.api.instanceroutes import InstanceRoutes
 from vmready.api.operationroutes import OperationRoutes
-from vmready.api.operatorbase import OPERATOR_ERRORS, operator_site
 from vmready.api.serverroutes import ServerRoutes
 from vmready.api.snapshotroutes import SnapshotRoutes
 from vmready.api.trustroutes import TrustRoutes
 from vmready.api.unsupported import UnsupportedRoutes
-
-__all__ = ["MAX_CONSOLE_BYTES", "OPERATOR_ERRORS", "OperatorAPI", "operator_site"]
 
 
 class OperatorAPI(

@@ -32,21 +32,6 @@ from vmready.api.web import ErrorStyle, handle_error, json_response, literal_pat
 from vmready.domain import InstanceRecord, NotFound, StatusCode
 from vmready.lifecycle import Lifecycle, Operation
 
-__all__ = [
-    "DEFAULT_PROJECT",
-    "OPERATOR_ERRORS",
-    "OperatorBase",
-    "async_response",
-    "error_response",
-    "forwardable",
-    "forwardable_operation",
-    "operator_app",
-    "operator_site",
-    "project_not_found",
-    "requested_wait",
-    "require_default_project",
-]
-
 # The one project vmready has: LXD's ``?project=`` may name it, or be left out.
 DEFAULT_PROJECT = "default"
 

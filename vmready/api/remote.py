@@ -27,7 +27,7 @@ from twisted.web.resource import IResource, Resource
 from twisted.web.server import NOT_DONE_YET, Site
 
 from vmready.api.limits import MAX_OPERATOR_CONNECTIONS
-from vmready.api.operator import OPERATOR_ERRORS
+from vmready.api.operatorbase import OPERATOR_ERRORS
 from vmready.api.trust import Peer, TrustRegistry, mark_peer
 from vmready.api.web import json_response, local_site
 from vmready.lifecycle import Membership
@@ -39,8 +39,6 @@ from vmready.trust import (
     peer_certificate_pem,
     server_tls_factory,
 )
-
-__all__ = ["REMOTE_PURPOSE", "TrustedClientsOnly", "remote_site", "remote_tls_factory"]
 
 REMOTE_PURPOSE = "remote operator API"
 _REDEEM = (b"POST", b"/1.0/certificates")

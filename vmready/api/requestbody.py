@@ -15,19 +15,6 @@ from twisted.web.iweb import IRequest
 from vmready.domain import BadRequest, PayloadTooLarge
 from vmready.lifecycle import EVENT_TYPES
 
-__all__ = [
-    "DEFAULT_TIMEOUT",
-    "MAX_BODY_BYTES",
-    "event_types",
-    "field",
-    "parse_json",
-    "query_param",
-    "read_body",
-    "read_json_body",
-    "recursion_level",
-    "seconds_param",
-]
-
 # The documented cap on request bodies (413 above it).
 MAX_BODY_BYTES = 1024 * 1024
 # LXD's "timeout": -1 means "the daemon's default".

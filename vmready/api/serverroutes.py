@@ -23,8 +23,6 @@ from vmready.api.trust import peer_of
 from vmready.api.web import sync_response
 from vmready.domain import NotFound
 
-__all__ = ["API_EXTENSIONS", "ServerRoutes", "server_environment"]
-
 # The LXD API extensions vmready honours, each as LXD defines it (docs/api.md says how).
 API_EXTENSIONS = (
     # /1.0/instances (LXD's clients use /1.0/containers without it).

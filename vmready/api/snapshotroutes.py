@@ -21,8 +21,6 @@ from vmready.api.views import snapshot_json, snapshot_url
 from vmready.api.web import sync_response
 from vmready.domain import NotFound
 
-__all__ = ["SnapshotRoutes"]
-
 
 class SnapshotRoutes(OperatorBase):
     """``/1.0/instances/<name>/snapshots`` and ``…/snapshots/<snapshot>``."""

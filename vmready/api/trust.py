@@ -25,15 +25,6 @@ from vmready.domain import BadRequest, Forbidden, NotFound
 from vmready.store import AsyncStore, Store, TrustedCertificate
 from vmready.trust import TokenError, TrustToken, hash_secret, normalize_fingerprint
 
-__all__ = [
-    "DEFAULT_TOKEN_LIFETIME",
-    "Peer",
-    "TrustRegistry",
-    "certificate_json",
-    "mark_peer",
-    "peer_of",
-]
-
 # Seconds a trust token stays valid (Incus's tokens do not expire by default; ours do).
 DEFAULT_TOKEN_LIFETIME = 24 * 3600.0
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,62}")

@@ -23,8 +23,6 @@ from vmready.api.web import sync_response
 from vmready.domain import BadRequest
 from vmready.trust import TokenError, TrustToken
 
-__all__ = ["TrustRoutes"]
-
 
 class TrustRoutes(OperatorBase):
     """``/1.0/certificates`` and ``/1.0/certificates/<fingerprint>``."""

@@ -25,8 +25,6 @@ from vmready.api.views import instance_url
 from vmready.api.web import sync_response
 from vmready.domain import NotFound, VMReadyError
 
-__all__ = ["NotSupported", "UnsupportedRoutes"]
-
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 # An instance's sub-resources LXD has and vmready does not, with what they are for.
 _INSTANCE_FEATURES = {

@@ -11,22 +11,6 @@ from vmready.hypervisor import ACCEL_REASON_KEY, CURRENT_ACCEL_KEY, SERIAL_LAYOU
 from vmready.lifecycle import LAYOUT_KEY, Fault, LinkChange, Operation, rfc3339
 from vmready.protocols import AgentStatus
 
-__all__ = [
-    "ARCHITECTURE",
-    "PROFILES",
-    "ZERO_TIME",
-    "boot_json",
-    "instance_json",
-    "instance_url",
-    "operation_url",
-    "rfc3339",
-    "snapshot_json",
-    "snapshot_url",
-    "state_json",
-    "unreachable_fault",
-]
-
-
 # The one architecture vmready's VMs have (QEMU's x86_64 system emulator).
 ARCHITECTURE = "x86_64"
 # LXD's profiles: vmready has the one empty ``default`` profile every instance is in.

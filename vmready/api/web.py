@@ -26,24 +26,11 @@ from twisted.web.server import Request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 from zope.interface import implementer
 
-from vmready.api.limits import LimitedSite, PeerKey, body_overflowed
+from vmready.api.limits import LimitedSite, PeerKey
 from vmready.api.requestbody import MAX_BODY_BYTES
 from vmready.domain import BadRequest, StatusCode, VMReadyError
 
 KleinT = TypeVar("KleinT", bound=Klein)
-
-__all__ = [
-    "BytesProducer",
-    "ErrorStyle",
-    "LocalRequest",
-    "TextURLGuard",
-    "body_overflowed",
-    "handle_error",
-    "json_response",
-    "literal_paths",
-    "local_site",
-    "sync_response",
-]
 
 
 class LocalRequest(Request):
