@@ -23,8 +23,6 @@ from vmready.cli.progress import (
     is_terminal,
 )
 
-__all__ = ["ActionProgress"]
-
 
 class ActionProgress:
     """Shows ``Progress`` on a ``TerminalLine``, a frame every ``TICK_SECONDS``.

@@ -37,16 +37,6 @@ from vmready.cli.errors import EXIT_FAILED, CommandError
 from vmready.cli.remotetls import PinnedRemote, tls_failure
 from vmready.domain import IVMReadyReactor
 
-__all__ = [
-    "APIError",
-    "Client",
-    "DaemonBusy",
-    "DaemonUnreachable",
-    "LineStream",
-    "get_instance",
-    "instance_path",
-]
-
 _START_HINT = "is it running? start it with: twistd -n vmready"
 _HOST = "http://vmready"
 

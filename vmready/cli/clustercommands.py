@@ -11,8 +11,6 @@ from vmready.cli.errors import EXIT_OK
 from vmready.cli.output import Output, to_yaml
 from vmready.cli.verbs import by_verb
 
-__all__ = ["cluster_command"]
-
 
 async def _cluster_list(client: Client, output: Output, args: argparse.Namespace) -> int:
     members = await client.get("/1.0/cluster/members?recursion=1")

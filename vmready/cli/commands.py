@@ -24,8 +24,6 @@ from vmready.cli.verbs import by_verb
 from vmready.cli.waiter import Waiter, parse_condition
 from vmready.domain import ACCEL_KEY, APPEND_KEY, IMAGE_KEY, INITRD_KEY, KERNEL_KEY
 
-__all__ = ["COMMANDS", "cmd_replay"]
-
 _RUNNING_STATUSES = frozenset({"running", "ready", "frozen", "freezing", "starting", "stopping"})
 
 

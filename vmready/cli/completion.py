@@ -17,8 +17,6 @@ import attrs
 
 from vmready.cli.waiter import AGENT_CONDITION, WAIT_STATUSES
 
-__all__ = ["SHELLS", "CommandSpec", "command_specs", "completion_script"]
-
 SHELLS = ("bash", "zsh", "fish")
 
 # What a positional argument completes to: the instance names, a file, or a fixed list.

@@ -24,8 +24,6 @@ from vmready.cli.output import Output, to_yaml
 from vmready.cli.remotecommands import trust_command
 from vmready.cli.verbs import by_verb
 
-__all__ = ["DAEMON_CONFIG_FILE", "config_command", "operation_command", "parse_set"]
-
 DAEMON_CONFIG_FILE = "/etc/vmready/vmready.yaml"
 
 Command = Callable[[Client, Output, argparse.Namespace], Any]

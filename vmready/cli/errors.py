@@ -2,16 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = [
-    "EXIT_FAILED",
-    "EXIT_GONE",
-    "EXIT_INTERRUPTED",
-    "EXIT_OK",
-    "EXIT_USAGE",
-    "CommandError",
-    "UsageError",
-]
-
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2

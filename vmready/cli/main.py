@@ -29,8 +29,6 @@ from vmready.cli.suggest import command_names, unknown_command, with_instance_su
 from vmready.cli.targets import client_for
 from vmready.domain import IVMReadyReactor, default_reactor
 
-__all__ = ["main", "run"]
-
 
 async def run(
     reactor: IVMReadyReactor,

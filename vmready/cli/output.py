@@ -11,8 +11,6 @@ from typing import IO, Any
 
 import yaml
 
-__all__ = ["FORMATS", "EventCSV", "Output", "flatten", "to_csv", "to_yaml"]
-
 FORMATS = ("table", "json", "yaml", "csv")
 
 # Headers and rows of cells; None is an empty cell.

@@ -16,8 +16,6 @@ from vmready.cli.tables import DEFAULT_COLUMNS, LIST_COLUMNS, Column, parse_colu
 from vmready.cli.verbs import Verbs
 from vmready.domain import ACCEL_CHOICES
 
-__all__ = ["SNAPSHOT_VERBS", "build_parser", "with_snapshot_verb"]
-
 # ``vmready snapshot VERB``; without one, ``create`` (the older ``snapshot NAME SNAPSHOT``).
 SNAPSHOT_VERBS = ("create", "delete", "list", "restore")
 

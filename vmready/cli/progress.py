@@ -18,16 +18,6 @@ from typing import IO, Any
 
 from vmready.domain import TaskState
 
-__all__ = [
-    "SPINNER",
-    "TICK_SECONDS",
-    "Progress",
-    "TerminalLine",
-    "doing_words",
-    "ellipsis_for",
-    "is_terminal",
-]
-
 # One frame a tick: a modest rate, enough to show the command is alive.
 SPINNER = "|/-\\"
 TICK_SECONDS = 0.25

@@ -43,8 +43,6 @@ from vmready.trust import (
     normalize_fingerprint,
 )
 
-__all__ = ["cmd_remote", "trust_command"]
-
 SHORT_FINGERPRINT = 12
 
 

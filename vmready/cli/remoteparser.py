@@ -10,8 +10,6 @@ from __future__ import annotations
 from vmready.cli.targets import REMOTE_ARGUMENT
 from vmready.cli.verbs import Verbs
 
-__all__ = ["REMOTE_ONLY_COMMANDS", "add_remote_commands"]
-
 # Commands that take an optional REMOTE: because they name no instance.
 REMOTE_ONLY_COMMANDS = ("list", "monitor")
 _REMOTE_HELP = "the remote to ask, as REMOTE: (default: the default remote)"

@@ -31,8 +31,6 @@ from vmready.trust import (
     ssl_reason,
 )
 
-__all__ = ["PinnedRemote", "probe_server_certificate", "tls_failure"]
-
 CONNECT_TIMEOUT = 30.0
 
 

@@ -11,15 +11,6 @@ from urllib.parse import unquote
 from vmready.cli.client import Client
 from vmready.cli.errors import CommandError
 
-__all__ = [
-    "closest",
-    "command_index",
-    "command_names",
-    "unknown_command",
-    "with_choice_suggestion",
-    "with_instance_suggestion",
-]
-
 # Global options that take a value (their value is not the command).
 _VALUE_OPTIONS = ("--socket", "--format")
 # argparse's words for a value that is none of the choices (a verb, a shell, a format).

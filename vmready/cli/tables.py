@@ -9,24 +9,6 @@ from typing import Any, NamedTuple
 
 from vmready.domain import READY_KEY
 
-__all__ = [
-    "DEFAULT_COLUMNS",
-    "LIST_COLUMNS",
-    "Column",
-    "actions_table",
-    "aligned_table",
-    "event_line",
-    "info_table",
-    "instance_rows",
-    "instances_table",
-    "member_rows",
-    "members_table",
-    "operation_rows",
-    "operations_table",
-    "parse_columns",
-    "snapshots_table",
-]
-
 
 def aligned_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """Columns aligned on the widest cell, two spaces apart."""

@@ -20,8 +20,6 @@ from vmready.cli.remotetls import PinnedRemote
 from vmready.cli.userconfig import LOCAL, Remotes, client_identity, config_dir, load_remotes
 from vmready.domain import SOCKET_VARIABLE, IVMReadyReactor, default_socket
 
-__all__ = ["REMOTE_ARGUMENT", "choose_remote", "client_for", "local_socket", "split_remote"]
-
 # The optional positional of commands that name no instance (list, monitor).
 REMOTE_ARGUMENT = "remote"
 # ``openssl x509 -fingerprint``'s form (config trust remove takes it): not REMOTE:NAME.

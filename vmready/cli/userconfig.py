@@ -30,18 +30,6 @@ from vmready.trust import (
     normalize_fingerprint,
 )
 
-__all__ = [
-    "LOCAL",
-    "Remote",
-    "Remotes",
-    "client_identity",
-    "config_dir",
-    "load_remotes",
-    "parse_remote_url",
-    "save_remotes",
-    "validate_remote_name",
-]
-
 LOCAL = "local"
 REMOTES_FILE = "remotes.yaml"
 CLIENT_CERT = "client.crt"

@@ -10,8 +10,6 @@ from typing import Any
 from vmready.cli.client import Client
 from vmready.cli.output import Output
 
-__all__ = ["Verbs", "by_verb"]
-
 VerbCommand = Callable[[Client, Output, argparse.Namespace], Awaitable[int]]
 
 

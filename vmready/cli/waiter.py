@@ -16,8 +16,6 @@ from vmready.cli.errors import (
     UsageError,
 )
 
-__all__ = ["AGENT_CONDITION", "WAIT_STATUSES", "Waiter", "parse_condition"]
-
 # Statuses ``wait`` understands; "running" is also met by Ready (Ready counts as running).
 WAIT_STATUSES = (
     "running",
