@@ -34,7 +34,7 @@ from typing import IO, Any, NamedTuple, TypeVar
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.processes import kill_strays
-from vmready.daemon.service import GUEST_SOCKET_BASE
+from vmready.daemon.daemonconfig import GUEST_SOCKET_BASE
 from vmready.domain.states import READY_KEY
 from vmready.hypervisor.configdrive import AGENT_CONFIG, AGENT_ZIPAPP
 from vmready.lifecycle.specs import CONFIG_DRIVE, run_dir_name

@@ -21,7 +21,8 @@ from tests.postgres import postgres_location, postgres_server
 from tests.reactor import reactor
 from vmready.cli.client import Client
 from vmready.daemon import clustermember
-from vmready.daemon.service import DaemonConfig, VMReadyService
+from vmready.daemon.daemonconfig import DaemonConfig
+from vmready.daemon.service import VMReadyService
 from vmready.domain.members import LeaseLost, MemberState
 from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
 from vmready.store.notifications import NotificationListener

@@ -13,8 +13,9 @@ from twisted.python import usage
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.daemon.test_daemon import DEADLINE, twistd
-from vmready.daemon.clusteroptions import ClusterSettings, display_location
+from vmready.daemon.clusteroptions import ClusterSettings
 from vmready.daemon.tap import Options
+from vmready.store import display_location
 
 URL = "postgresql://vmready@db.example/vmready"
 

@@ -17,7 +17,8 @@ from twisted.trial.unittest import TestCase
 
 from tests.reactor import reactor
 from vmready.cli.client import Client, DaemonUnreachable
-from vmready.daemon.service import GC_SWEEP_TIMER, POWER_SYNC_TIMER, DaemonConfig, VMReadyService
+from vmready.daemon.daemonconfig import DaemonConfig
+from vmready.daemon.service import GC_SWEEP_TIMER, POWER_SYNC_TIMER, VMReadyService
 from vmready.domain.model import InstanceRecord
 from vmready.domain.reactor import IVMReadyReactor
 from vmready.lifecycle import core as lifecycle_core

@@ -23,6 +23,7 @@ from tests.daemon.test_daemon import DEADLINE, api_answers, twistd, wait_for_api
 from tests.daemon.test_daemon_service import recovery_waits_for
 from tests.reactor import reactor
 from vmready.cli.client import Client, DaemonUnreachable
+from vmready.daemon.daemonconfig import DaemonConfig
 from vmready.daemon.notify import (
     Notifier,
     ReconcileProgress,
@@ -31,7 +32,7 @@ from vmready.daemon.notify import (
     notify_address,
     watchdog_interval,
 )
-from vmready.daemon.service import WATCHDOG_TIMER, DaemonConfig, VMReadyService
+from vmready.daemon.service import WATCHDOG_TIMER, VMReadyService
 from vmready.daemon.tap import Options, makeService
 from vmready.lifecycle import core as lifecycle_core
 from vmready.store.sqlite import Store

@@ -26,8 +26,6 @@ from vmready.lifecycle import EventBus, LaunchSettings, Lifecycle
 from vmready.record import Recorders, RecordingGuestResource
 from vmready.store import AsyncStore, Store
 
-__all__ = ["DaemonParts", "assemble", "build_lifecycle", "drive_contents"]
-
 log = Logger()
 
 

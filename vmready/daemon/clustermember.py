@@ -23,8 +23,6 @@ from vmready.domain import IVMReadyReactor, LeaseHeld, LeaseLost, MemberRetired
 from vmready.lifecycle import CHANNELS, EventBus, EventRelay, Membership
 from vmready.store import MEMBERS_CHANNEL, TRUST_CHANNEL, AsyncStore, NotificationListener
 
-__all__ = ["ClusterMember"]
-
 
 class ClusterMember:
     """Member ``name`` of the cluster sharing the store at ``store_location``."""

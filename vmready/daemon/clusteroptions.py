@@ -31,18 +31,6 @@ from vmready.daemon.optionvalues import seconds
 from vmready.lifecycle import DEFAULT_LEASE_SECONDS
 from vmready.store import display_location, is_postgres_location
 
-__all__ = [
-    "CLUSTER_OPTIONS",
-    "DEFAULT_LEASE_SECONDS",
-    "MAX_LEASE_SECONDS",
-    "MIN_LEASE_SECONDS",
-    "ClusterSettings",
-    "cluster_settings",
-    "display_location",
-    "is_postgres_location",
-    "store_location",
-]
-
 # A renewal every third of the lease: below a second the store is asked more than it tells.
 MIN_LEASE_SECONDS = 1.0
 MAX_LEASE_SECONDS = 3600.0

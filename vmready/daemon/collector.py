@@ -26,8 +26,6 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, cast
 
-__all__ = ["DEFAULT_SWEEP_INTERVAL", "SLOW_COLLECTION", "Collector", "HeapSweeper"]
-
 DEFAULT_SWEEP_INTERVAL = 60.0
 # An automatic full collection this long (seconds) means the unfrozen heap has grown.
 SLOW_COLLECTION = 0.02

@@ -7,12 +7,14 @@ import os
 import attrs
 
 from vmready.agentlink import PollIntervals
-from vmready.daemon.clusteroptions import DEFAULT_LEASE_SECONDS, display_location
 from vmready.hypervisor import CURRENT_LAYOUT, DEFAULT_CONSOLE_MAX_BYTES, BootSource
-from vmready.lifecycle import DEFAULT_KVM_PROBE_TIMEOUT, DEFAULT_SYNC_CONCURRENCY
+from vmready.lifecycle import (
+    DEFAULT_KVM_PROBE_TIMEOUT,
+    DEFAULT_LEASE_SECONDS,
+    DEFAULT_SYNC_CONCURRENCY,
+)
 from vmready.protocols import DEFAULT_KEEP, DEFAULT_MAX_BYTES
-
-__all__ = ["FORWARD_SOCKET_NAME", "GUEST_SOCKET_BASE", "DaemonConfig"]
+from vmready.store import display_location
 
 GUEST_SOCKET_BASE = "guest-api.sock"
 FORWARD_SOCKET_NAME = "guest-fwd.sock"

@@ -19,8 +19,6 @@ from vmready.agentlink import HybridVSockAddress, HybridVSockServerEndpoint, Pol
 from vmready.domain import IVMReadyReactor
 from vmready.lifecycle import GuestLink
 
-__all__ = ["GuestListeners"]
-
 
 class GuestListeners:
     """Where agents reach the guest API: its endpoint and the forward transport's socket.

@@ -13,8 +13,6 @@ from twisted.python.failure import Failure
 from vmready.domain import IVMReadyReactor
 from vmready.hypervisor import HypervisorDriver, KVMVerdicts
 
-__all__ = ["KVM_VERDICT_FILE", "load_kvm_verdicts", "program_version"]
-
 KVM_VERDICT_FILE = "kvm-verdict.json"
 
 log = Logger()

@@ -13,8 +13,6 @@ import attrs
 
 from vmready.api import OPERATOR_LISTEN_BACKLOG
 
-__all__ = ["DEFAULT_HTTPS_PORT", "HTTPSAddress"]
-
 DEFAULT_HTTPS_PORT = 8443
 _WILDCARDS = frozenset({"", "0.0.0.0", "::", "*"})
 

@@ -14,8 +14,6 @@ from typing import Any, TypeVar
 
 from twisted.python import usage
 
-__all__ = ["FINITE", "Rule", "at_least", "choice", "seconds", "whole"]
-
 T = TypeVar("T")
 # What a value must hold to, and how the refusal says it ("--x must be <that>").
 Rule = tuple[Callable[[Any], bool], str]

@@ -25,19 +25,10 @@ from twisted.internet.protocol import Factory
 from twisted.python.lockfile import FilesystemLock
 
 from vmready.agentlink import HybridVSockServerEndpoint, VSockServerEndpoint
-from vmready.daemon.clusteroptions import ClusterSettings, display_location
+from vmready.daemon.clusteroptions import ClusterSettings
 from vmready.daemon.httpsaddress import HTTPSAddress
 from vmready.domain import LeaseHeld, MemberRetired, StoreError, default_reactor
-from vmready.store import Store
-
-__all__ = [
-    "check_data_dir",
-    "check_guest_listen_address",
-    "check_https_address",
-    "check_listen_address",
-    "check_store",
-    "fail",
-]
+from vmready.store import Store, display_location
 
 _UNIX_PATH_MAX = 108  # sizeof(sockaddr_un.sun_path) on Linux, the terminating NUL included
 

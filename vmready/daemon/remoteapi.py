@@ -20,8 +20,6 @@ from vmready.domain import IVMReadyReactor
 from vmready.lifecycle import Membership
 from vmready.trust import CertificatePair
 
-__all__ = ["CannotServe", "RemoteAPI"]
-
 
 class CannotServe(Exception):
     """The address cannot be listened on (something took it since the options were checked)."""

@@ -19,8 +19,6 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-__all__ = ["REREAD_SECONDS", "Reread"]
-
 # Seconds between two tries of a read that failed.
 REREAD_SECONDS = 2.0
 

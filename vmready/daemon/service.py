@@ -27,7 +27,7 @@ from vmready.api import ClusterContext, guest_site, guest_tls_factory, operator_
 from vmready.daemon.assembly import DaemonParts, assemble
 from vmready.daemon.clustermember import ClusterMember
 from vmready.daemon.collector import HeapSweeper
-from vmready.daemon.daemonconfig import GUEST_SOCKET_BASE, DaemonConfig
+from vmready.daemon.daemonconfig import DaemonConfig
 from vmready.daemon.guestlisteners import GuestListeners
 from vmready.daemon.hostkvm import load_kvm_verdicts, program_version
 from vmready.daemon.notify import Notifier, ReconcileProgress
@@ -37,17 +37,6 @@ from vmready.hypervisor import HypervisorDriver
 from vmready.lifecycle import Lifecycle, Membership
 from vmready.store import AsyncStore
 from vmready.trust import CertificatePair, ensure_server_certificate
-
-# DaemonConfig and GUEST_SOCKET_BASE (daemon.daemonconfig): what the service is built from.
-__all__ = [
-    "CONSOLE_TIMER",
-    "GC_SWEEP_TIMER",
-    "GUEST_SOCKET_BASE",
-    "POWER_SYNC_TIMER",
-    "WATCHDOG_TIMER",
-    "DaemonConfig",
-    "VMReadyService",
-]
 
 POWER_SYNC_TIMER = "power-sync"
 GC_SWEEP_TIMER = "gc-sweep"

@@ -17,7 +17,6 @@ from vmready.daemon.clusteroptions import (
     CLUSTER_OPTIONS,
     ClusterSettings,
     cluster_settings,
-    display_location,
     store_location,
 )
 from vmready.daemon.collector import DEFAULT_SWEEP_INTERVAL
@@ -31,6 +30,7 @@ from vmready.daemon.configfile import (
     option_names,
     read_settings,
 )
+from vmready.daemon.daemonconfig import GUEST_SOCKET_BASE, DaemonConfig
 from vmready.daemon.httpsaddress import HTTPSAddress
 from vmready.daemon.logformat import choose_log_format
 from vmready.daemon.notify import Notifier, forget_environment
@@ -43,7 +43,7 @@ from vmready.daemon.preflight import (
     check_store,
     fail,
 )
-from vmready.daemon.service import GUEST_SOCKET_BASE, DaemonConfig, VMReadyService
+from vmready.daemon.service import VMReadyService
 from vmready.domain import VMReadyError, default_data_dir, default_reactor, raise_file_limit
 from vmready.hypervisor import (
     CURRENT_LAYOUT,
@@ -54,6 +54,7 @@ from vmready.hypervisor import (
 )
 from vmready.lifecycle import DEFAULT_KVM_PROBE_TIMEOUT, DEFAULT_SYNC_CONCURRENCY, MAX_STOP_TIMEOUT
 from vmready.protocols import DEFAULT_KEEP, DEFAULT_MAX_BYTES
+from vmready.store import display_location
 from vmready.trust import CertificateError, ensure_server_certificate
 
 HYPERVISORS = ("fakeqemu", "qemu")
