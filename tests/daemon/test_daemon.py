@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
@@ -182,14 +183,14 @@ class StartupRefusalTests(SynchronousTestCase):
 
 
 class AddressCheckTestCase(SynchronousTestCase):
-    """A directory of its own, and what ``check`` says of an address it refuses."""
+    """A directory of its own, and what the subclass's ``check`` says of an address it refuses."""
+
+    # The check under test, set by each subclass's setUp.
+    check: Callable[[str], None]
 
     def setUp(self) -> None:
         self.directory = tempfile.mkdtemp(prefix="vmr-dl-", dir="/tmp")
         self.addCleanup(shutil.rmtree, self.directory, True)
-
-    def check(self, listen: str) -> None:
-        raise NotImplementedError
 
     def refusal(self, listen: str) -> str:
         with self.assertRaises(SystemExit) as caught:
@@ -200,8 +201,9 @@ class AddressCheckTestCase(SynchronousTestCase):
 class GuestListenAddressTests(AddressCheckTestCase):
     """check_guest_listen_address: the guest API listens on vsock or hybrid vsock, or nowhere."""
 
-    def check(self, listen: str) -> None:
-        check_guest_listen_address(listen)
+    def setUp(self) -> None:
+        super().setUp()
+        self.check = check_guest_listen_address
 
     def test_tcpIsRefused(self) -> None:
         self.assertEqual(
@@ -265,8 +267,9 @@ class GuestListenAddressTests(AddressCheckTestCase):
 class ListenAddressTests(AddressCheckTestCase):
     """check_listen_address: what makeService refuses before twistd starts, and what it clears."""
 
-    def check(self, listen: str) -> None:
-        check_listen_address(listen)
+    def setUp(self) -> None:
+        super().setUp()
+        self.check = check_listen_address
 
     def test_staleSocketIsRemoved(self) -> None:
         path = os.path.join(self.directory, "stale.sock")
