@@ -12,12 +12,14 @@ import contextlib
 import json
 import os
 import socket
+import subprocess
+import sys
 import tempfile
 from typing import Any, cast
 
 from twisted.internet.task import deferLater
 from twisted.logger import ILogObserver, globalLogPublisher
-from twisted.trial.unittest import TestCase
+from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from tests.fixtures import make_lifecycle
 from tests.reactor import reactor
@@ -164,3 +166,17 @@ def text_frame(data: bytes) -> bytes | None:
     if len(data) < offset + length:
         return None
     return data[offset : offset + length]
+
+
+class StartUpTests(SynchronousTestCase):
+    def test_theDaemonStartsWithoutTheWebSocketLibrary(self) -> None:
+        # autobahn costs 0.4 s of imports: the first WebSocket client loads it, not every start.
+        checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        probe = (
+            "import sys, vmready.daemon.tap; "
+            "print(sorted(m for m in sys.modules if 'autobahn' in m))"
+        )
+        loaded = subprocess.run(
+            [sys.executable, "-c", probe], cwd=checkout, capture_output=True, text=True, check=True
+        )
+        self.assertEqual(loaded.stdout.strip(), "[]")

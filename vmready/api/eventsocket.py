@@ -35,12 +35,6 @@ from vmready.lifecycle import Event, EventBus
 CLOSE_TOO_SLOW = 1008
 
 
-def wants_websocket(request: IRequest) -> bool:
-    """Whether the request asks to be upgraded to a WebSocket."""
-    upgrade = request.getHeader(b"Upgrade")
-    return upgrade is not None and b"websocket" in upgrade.lower()
-
-
 class EventSocketProtocol(WebSocketServerProtocol):
     """One WebSocket consumer of the event bus."""
 

@@ -21,12 +21,19 @@ from typing import cast
 from twisted.internet.interfaces import IPushProducer, ITCPTransport
 from twisted.logger import Logger
 from twisted.web import http
+from twisted.web.iweb import IRequest
 from zope.interface import implementer
 
 from vmready.lifecycle import Event
 
 # The bytes of events one paused consumer may have waiting before it is cut off.
 MAX_PENDING_BYTES = 4 * 1024 * 1024
+
+
+def wants_websocket(request: IRequest) -> bool:
+    """Whether the request asks to be upgraded to a WebSocket (``api.eventsocket``)."""
+    upgrade = request.getHeader(b"Upgrade")
+    return upgrade is not None and b"websocket" in upgrade.lower()
 
 
 def encode_event(event: Event) -> bytes:

@@ -17,8 +17,7 @@ from twisted.web import http
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource
 
-from vmready.api.eventsocket import event_socket, wants_websocket
-from vmready.api.eventstream import EventStream
+from vmready.api.eventstream import EventStream, wants_websocket
 from vmready.api.operatorbase import (
     OperatorBase,
     forwardable_operation,
@@ -41,6 +40,9 @@ class OperationRoutes(OperatorBase):
         types = event_types(query_param(request, "type"))
         bus = self.lifecycle.events
         if wants_websocket(request):
+            # autobahn (0.4 s of imports) is loaded by the first WebSocket client, not at start.
+            from vmready.api.eventsocket import event_socket
+
             return event_socket(request, bus, types, self.event_feeds, self.event_buffer_limit)
         request.setResponseCode(200)
         request.setHeader(b"Content-Type", b"application/x-ndjson")
