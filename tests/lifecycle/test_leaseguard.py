@@ -20,7 +20,8 @@ from vmready.domain.states import PowerState
 from vmready.hypervisor.cmdline import VMSpec
 from vmready.hypervisor.driver import HypervisorDriver
 from vmready.hypervisor.vmevents import VMEventKind
-from vmready.lifecycle.events import EventBus
+from vmready.lifecycle.announcing import AnnouncementHold
+from vmready.lifecycle.events import LIFECYCLE, OPERATION, Event, EventBus
 from vmready.lifecycle.leaseguard import LeaseGuard
 from vmready.lifecycle.members import Membership
 from vmready.store.asyncstore import AsyncStore
@@ -43,9 +44,11 @@ class _Renewals:
         sent = self.clock.seconds() if self.clock is not None else 0.0
         if self.pending is not None:
             await self.pending
+        assert self.guard is not None
+        if isinstance(self.outcome, LeaseLost):
+            self.guard.revoke()  # as ``Membership.renew_lease`` does
         if self.outcome is not None:
             raise self.outcome
-        assert self.guard is not None
         self.guard.confirm(sent)
 
 
@@ -173,6 +176,93 @@ class LeaseGuardTests(SynchronousTestCase):
         self.assertFalse(os.path.exists(spec.run_dir))
 
 
+class AnnouncementHoldTests(SynchronousTestCase):
+    """A member's events about its instances wait while its lease is in doubt."""
+
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.clock.advance(100)
+        self.renewals = _Renewals()
+        self.guard = LeaseGuard("m1", 3.0, self.clock.seconds, self.renewals)
+        self.renewals.guard, self.renewals.clock = self.guard, self.clock
+        self.bus = EventBus(self.clock.seconds, location="m1")
+        self.hold = AnnouncementHold(self.guard, max_held=3)
+        self.bus.gate = self.hold
+        self.seen: list[str] = []
+        self.bus.subscribe(lambda event: self.seen.append(_what(event)))
+
+    def frozen(self) -> None:
+        """Joined, then no renewal ran for longer than the lease."""
+        self.guard.confirm(self.clock.seconds())
+        self.clock.advance(10)
+
+    def test_whileTheLeaseHoldsEventsGoOutAtOnce(self) -> None:
+        self.guard.confirm(self.clock.seconds())
+        self.bus.lifecycle("instance-started", "web1")
+        self.assertEqual(self.seen, ["instance-started web1"])
+        self.assertEqual(self.renewals.calls, 0)
+
+    def test_inDoubtTheMembersEventsWaitForARenewalThenGoOutInOrder(self) -> None:
+        self.frozen()
+        answer: Deferred[None] = Deferred()
+        self.renewals.pending = answer
+        self.bus.lifecycle("instance-state", "web1")
+        self.bus.publish(OPERATION, {"id": "op1", "resources": {}})
+        self.assertEqual(self.seen, [])
+        self.assertEqual((self.renewals.calls, self.hold.held), (1, 2))
+        answer.callback(None)
+        self.assertEqual(self.seen, ["instance-state web1", "operation op1"])
+        self.assertEqual(self.hold.held, 0)
+
+    def test_aLostLeaseDropsWhatWasHeldAndEverythingAfter(self) -> None:
+        self.frozen()
+        self.renewals.outcome = LeaseLost("m1", None)
+        self.bus.lifecycle("instance-state", "c12")
+        self.bus.lifecycle("instance-started", "c12")
+        self.assertEqual(self.seen, [])
+        self.assertEqual((self.hold.held, self.hold.dropped), (0, 2))
+        self.guard.confirm(self.clock.seconds())  # a renewal that was in flight
+        self.bus.lifecycle("instance-stopped", "c12")
+        self.assertEqual(self.seen, [])
+
+    def test_eventsAboutTheDaemonItselfAreNeverHeld(self) -> None:
+        self.frozen()
+        self.renewals.outcome = ConnectionError("the store is out of reach")
+        self.bus.server("store-write-failed")
+        self.assertEqual(self.seen, ["store-write-failed /1.0"])
+
+    def test_withTheStoreOutOfReachTheyWaitForTheNextRenewalThatSucceeds(self) -> None:
+        self.frozen()
+        self.renewals.outcome = ConnectionError("the store is out of reach")
+        self.bus.lifecycle("instance-state", "web1")
+        self.assertEqual((self.seen, self.hold.held), ([], 1))
+        self.renewals.outcome = None
+        self.guard.confirm(self.clock.seconds())  # the membership's own renewal loop
+        self.assertEqual(self.seen, ["instance-state web1"])
+
+    def test_pastItsBoundTheOldestHeldEventsAreDropped(self) -> None:
+        self.frozen()
+        self.renewals.outcome = ConnectionError("the store is out of reach")
+        for name in ("a", "b", "c", "d", "e"):
+            self.bus.lifecycle("instance-state", name)
+        self.guard.confirm(self.clock.seconds())
+        self.assertEqual(self.seen, [f"instance-state {name}" for name in "cde"])
+        self.assertEqual(self.hold.dropped, 2)
+
+    def test_beforeTheMemberJoinedEventsWaitForItsJoinWithoutARenewal(self) -> None:
+        self.bus.lifecycle("instance-state", "web1")
+        self.assertEqual((self.seen, self.renewals.calls), ([], 0))
+        self.guard.confirm(self.clock.seconds())
+        self.assertEqual(self.seen, ["instance-state web1"])
+
+
+def _what(event: Event) -> str:
+    """An event in a few words: its action and subject, or its operation's id."""
+    if event.type == OPERATION:
+        return f"operation {event.metadata['id']}"
+    return f"{event.metadata['action']} {event.metadata['source'].removeprefix('/1.0/instances/')}"
+
+
 def _spec(directory: str) -> VMSpec:
     path = os.path.abspath(directory)
     return VMSpec(name="web1", uuid="u", memory_mib=64, cpus=1, run_dir=path, ring_size=4096)
@@ -242,4 +332,28 @@ class FrozenMemberTests(VMTestCase):
         self.clock.advance(20)
         self.assertEqual(await bounded(stopping), "forced")
         self.assertTrue(vm.gone)
+        self.assertTrue(self.a.guard.may_act())
+
+    async def woken_announcing(self) -> list[str]:
+        """a, frozen past its lease, wakes to an announcement queued behind the freeze."""
+        await self.a.start()
+        self.addCleanup(self._stop_renewing)
+        seen: list[str] = []
+        self.a.events.subscribe(lambda event: seen.append(_what(event)), frozenset({LIFECYCLE}))
+        # Due before the renewal the freeze also held back, run with the late time.
+        self.clock.callLater(0.1, self.a.events.lifecycle, "instance-state", "c12")
+        return seen
+
+    async def test_aMemberWokenAfterATakeoverDoesNotAnnounceWhatItHadQueued(self) -> None:
+        seen = await self.woken_announcing()
+        self.a.store.engine.members.give_up_lease("a", "a" * 64)
+        await self.member("c" * 64).start()
+        self.clock.advance(20)
+        self.assertEqual([what for what in seen if "c12" in what], [])
+        self.assertTrue(self.a.lost.called)
+
+    async def test_aMemberWokenWithItsNameStillItsOwnAnnouncesOnceItRenewed(self) -> None:
+        seen = await self.woken_announcing()
+        self.clock.advance(20)
+        self.assertEqual(seen, ["instance-state c12"])
         self.assertTrue(self.a.guard.may_act())

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 from twisted.logger import Logger
@@ -65,6 +65,13 @@ class Event:
         return envelope
 
 
+class EventGate(Protocol):
+    """Decides when an event published here reaches the subscribers (``EventBus.gate``)."""
+
+    def offer(self, event: Event, deliver: Callable[[Event], None]) -> None:
+        """Call ``deliver(event)`` now, later, or never."""
+
+
 class EventBus:
     """Fan-out of events to subscribers, optionally filtered by type."""
 
@@ -77,6 +84,8 @@ class EventBus:
         self._subscribers: list[tuple[Listener, frozenset[str] | None]] = []
         # The faults the events announced and not yet cleared (``vmready info`` shows them).
         self.faults = FaultLog()
+        # What this daemon's own events pass first (a cluster member's lease: ``announcing``).
+        self.gate: EventGate | None = None
 
     def subscribe(
         self, listener: Listener, types: frozenset[str] | None = None
@@ -94,7 +103,10 @@ class EventBus:
     def publish(self, type: str, metadata: dict[str, Any]) -> Event:
         """Send one event to every interested subscriber."""
         event = Event(type, self._clock(), metadata, self.location)
-        self._deliver(event)
+        if self.gate is None:
+            self._deliver(event)
+        else:
+            self.gate.offer(event, self._deliver)
         return event
 
     def now(self) -> float:

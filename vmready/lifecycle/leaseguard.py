@@ -49,6 +49,14 @@ class LeaseGuard:
         self.lost = False
         # One renewal at a time for the steps waiting on it: the others find it done.
         self._renewing = DeferredLock()
+        # Told of every confirmation and of the loss (``watch``).
+        self._on_confirmed: list[Callable[[], None]] = []
+        self._on_revoked: list[Callable[[], None]] = []
+
+    def watch(self, confirmed: Callable[[], None], revoked: Callable[[], None]) -> None:
+        """Call ``confirmed`` after each successful renewal, ``revoked`` once the lease is lost."""
+        self._on_confirmed.append(confirmed)
+        self._on_revoked.append(revoked)
 
     def confirm(self, sent_at: float) -> None:
         """A renewal sent at ``sent_at`` (``now()`` before sending) succeeded."""
@@ -56,11 +64,16 @@ class LeaseGuard:
             return
         if self.confirmed_at is None or sent_at > self.confirmed_at:
             self.confirmed_at = sent_at
+        for confirmed in list(self._on_confirmed):
+            confirmed()
 
     def revoke(self) -> None:
         """The lease is lost: no step may run any more, whatever a late renewal says."""
-        self.lost = True
+        was_lost, self.lost = self.lost, True
         self.confirmed_at = None
+        if not was_lost:
+            for revoked in list(self._on_revoked):
+                revoked()
 
     def may_act(self) -> bool:
         """Whether the lease surely still holds: confirmed less than its length ago."""

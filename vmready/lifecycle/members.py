@@ -64,6 +64,7 @@ from vmready.domain import (
     Unavailable,
     lease_time,
 )
+from vmready.lifecycle.announcing import AnnouncementHold
 from vmready.lifecycle.events import EventBus
 from vmready.lifecycle.leaseguard import LeaseGuard
 from vmready.store import AsyncStore
@@ -115,6 +116,8 @@ class Membership:
         store.fenced_by = self._fenced
         # Whether the lease surely holds now: steps on VMs ask it (``before_acting``).
         self.guard = LeaseGuard(name, lease_seconds, monotonic or clock.seconds, self.renew_lease)
+        # Nor does it speak for the member's instances once in doubt (``announcing``).
+        events.gate = AnnouncementHold(self.guard)
 
     # -- the lease ------------------------------------------------------------
 
