@@ -62,7 +62,9 @@ class _SpawnRecorder:
         self.spawned.append(args)
 
 
-class LeaseGuardTests(SynchronousTestCase):
+class _GuardTestCase(SynchronousTestCase):
+    """Member m1's guard, a 3 s lease on a ``task.Clock``, renewals answered by ``_Renewals``."""
+
     def setUp(self) -> None:
         self.clock = Clock()
         self.clock.advance(100)
@@ -70,6 +72,8 @@ class LeaseGuardTests(SynchronousTestCase):
         self.guard = LeaseGuard("m1", 3.0, self.clock.seconds, self.renewals)
         self.renewals.guard, self.renewals.clock = self.guard, self.clock
 
+
+class LeaseGuardTests(_GuardTestCase):
     def before_acting(self) -> Deferred[None]:
         return Deferred.fromCoroutine(self.guard.before_acting("web1", "quit"))
 
@@ -176,15 +180,11 @@ class LeaseGuardTests(SynchronousTestCase):
         self.assertFalse(os.path.exists(spec.run_dir))
 
 
-class AnnouncementHoldTests(SynchronousTestCase):
+class AnnouncementHoldTests(_GuardTestCase):
     """A member's events about its instances wait while its lease is in doubt."""
 
     def setUp(self) -> None:
-        self.clock = Clock()
-        self.clock.advance(100)
-        self.renewals = _Renewals()
-        self.guard = LeaseGuard("m1", 3.0, self.clock.seconds, self.renewals)
-        self.renewals.guard, self.renewals.clock = self.guard, self.clock
+        super().setUp()
         self.bus = EventBus(self.clock.seconds, location="m1")
         self.hold = AnnouncementHold(self.guard, max_held=3)
         self.bus.gate = self.hold
