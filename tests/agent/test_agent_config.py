@@ -16,7 +16,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from vmready.agent.config import DEFAULT_STATE_DIR, Transport, load_config, parse_transport
 from vmready.agent.network import NetworkPlan
 from vmready.agent.options import DEFAULT_SOCKET, ConfigError
-from vmready.agent.serial import (
+from vmready.agent.ports import (
     DEFAULT_SYSFS_PORTS,
     DEFAULT_VIRTIO_PORTS,
     LEGACY_PORT_NAME,

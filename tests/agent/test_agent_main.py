@@ -25,7 +25,8 @@ from tests.asynciotesting import run_virtual
 from tests.reactor import reactor
 from tests.system import unix_http
 from vmready.agent.main import parse_options
-from vmready.agent.notify import NotifyFailed, NotifyRequest, UsageError, notify, parse_notify
+from vmready.agent.notify import NotifyFailed, NotifyRequest, notify, parse_notify
+from vmready.agent.options import UsageError
 from vmready.trust.certs import generate, write_config_drive
 
 CLIENT = generate("demo")
@@ -142,6 +143,7 @@ class AgentProcessTests(TestCase):
         await self.host.start()
         self.spawn("--config-drive", self.drive, "--heartbeat", "30")
         await self.peer.wait_for(b"STARTED", since=0)
+        await self.serving()  # STARTED comes first now, before the socket (firstword)
         notify = self.spawn("notify", "ready", "--socket", self.socket)
         self.assertEqual(
             (await notify.ended, notify.stderr),
@@ -205,6 +207,21 @@ class AgentProcessTests(TestCase):
             (1, f"vmready-agent: config drive {missing} is not a directory\n".encode()),
         )
 
+    async def test_aKeySslRefusesAfterStartedIsStoppedAndOneLine(self) -> None:
+        # STARTED is said before ssl is imported (firstword): a key ssl then refuses
+        # takes it back with STOPPED, and the agent exits with today's one line.
+        with open(os.path.join(self.drive, "agent.key"), "wb") as f:
+            f.write(generate("someone-else").key_pem)
+        agent = self.spawn("--config-drive", self.drive)
+        self.assertEqual(
+            (await agent.ended, agent.stderr),
+            (
+                1,
+                f"vmready-agent: agent.key does not belong to agent.crt in {self.drive}\n".encode(),
+            ),
+        )
+        self.assertEqual(self.peer.lines, [b"STARTED", b"STOPPED"])
+
     async def test_badOptionValueIsAUsageError(self) -> None:
         agent = self.spawn("--config-drive", self.drive, "--heartbeat", "soon")
         self.assertEqual(await agent.ended, 2)
@@ -213,6 +230,14 @@ class AgentProcessTests(TestCase):
                 b"vmready-agent: --heartbeat must be a number of seconds, not 'soon'\n"
             )
         )
+
+    async def serving(self) -> None:
+        """Once the agent's socket exists (it answers from then on: it listens)."""
+        for _ in range(400):
+            if os.path.exists(self.socket):
+                return
+            await deferLater(reactor, 0.05, lambda: None)
+        self.fail(f"the agent never served {self.socket}")
 
     @staticmethod
     def _pid(process: Process) -> int:
@@ -377,10 +402,8 @@ class NotifyImportsTests(SynchronousTestCase):
             [
                 "vmready",
                 "vmready.agent",
-                "vmready.agent.httpwire",
                 "vmready.agent.main",
                 "vmready.agent.minimum",
-                "vmready.agent.notify",
                 "vmready.agent.options",
             ],
         )

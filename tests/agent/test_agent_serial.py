@@ -11,19 +11,21 @@ import tempfile
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.asynciotesting import run_in_loop, run_virtual
-from vmready.agent.serial import (
+from vmready.agent.ports import (
     LEGACY_PORT_NAME,
     PORT_NAME,
     FoundPort,
+    SerialPortMissing,
+    find_port,
+    port_names,
+)
+from vmready.agent.serial import (
     OnData,
     OnLost,
     SerialChannel,
     SerialKeeper,
     SerialOpenError,
-    SerialPortMissing,
-    find_port,
     open_serial,
-    port_names,
 )
 
 

@@ -20,29 +20,36 @@ for a real guest below.
 from __future__ import annotations
 
 import json
-import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from vmready.agent.bootdata import BootData, load_boot_data
-from vmready.agent.connectport import CONNECT_PORT_NAME
+from vmready.agent.logs import logger
 from vmready.agent.network import DEFAULT_SYSFS_NET, NetworkPlan, parse_network
-from vmready.agent.options import DEFAULT_SOCKET, ConfigError, parse_count, parse_seconds
-from vmready.agent.serial import (
+from vmready.agent.options import (
+    DEFAULT_CONFIG_DRIVE,
+    DEFAULT_HEARTBEAT,
+    DEFAULT_RETRIES,
+    DEFAULT_SOCKET,
+    ConfigError,
+    parse_count,
+    parse_seconds,
+    split_transport,
+)
+from vmready.agent.ports import (
+    CONNECT_PORT_NAME,
     DEFAULT_DEV,
     DEFAULT_SYSFS_PORTS,
     DEFAULT_VIRTIO_PORTS,
+    is_port_name,
     port_names,
 )
 from vmready.agent.tls import KeyMismatch, TLSConfigError, check_certificate, client_context
 
-DEFAULT_CONFIG_DRIVE = "/var/lib/vmready-agent/config"
 DEFAULT_TRANSPORT = "vsock"
 DEFAULT_STATE_DIR = "/run/vmready-agent"
-DEFAULT_HEARTBEAT = 5.0
-DEFAULT_RETRIES = 3
 
 CLIENT_CERT = "agent.crt"
 CLIENT_KEY = "agent.key"
@@ -63,7 +70,7 @@ _DRIVE_KEYS = {
 }
 _PATH_KEYS = ("virtio_ports", "devlxd_socket", "state_dir", "tcp_sockets")
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -79,12 +86,7 @@ class Transport:
 
 def parse_transport(text: str) -> Transport:
     """``vsock`` or ``hvsock:<path>`` → Transport; ConfigError otherwise."""
-    if text == "vsock":
-        return Transport("vsock")
-    kind, colon, path = text.partition(":")
-    if kind == "hvsock" and colon and path:
-        return Transport("hvsock", path)
-    raise ConfigError(f"transport {text!r} is neither 'vsock' nor 'hvsock:<path>'")
+    return Transport(*split_transport(text))
 
 
 @dataclass(frozen=True)
@@ -186,7 +188,7 @@ def _network(merged: Mapping[str, Any], drive: str) -> NetworkPlan | None:
 
 
 def _port(name: str | None, drive: str) -> tuple[str, ...]:
-    if name is not None and ("/" in name or name in (".", "..")):
+    if name is not None and not is_port_name(name):
         raise ConfigError(f"{os.path.join(drive, SETTINGS)}: port {name!r} is not a port name")
     return port_names(name)
 

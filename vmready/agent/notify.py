@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from vmready.agent import httpwire
-from vmready.agent.options import DEFAULT_SOCKET, ConfigError, parse_seconds
+from vmready.agent.options import DEFAULT_SOCKET, ConfigError, UsageError, parse_seconds
 
 STATES = {"ready": "Ready", "started": "Started"}
 MAX_ANSWER = 64 * 1024
@@ -24,10 +24,6 @@ MAX_ANSWER = 64 * 1024
 
 class NotifyFailed(Exception):
     """The state was not accepted; the message is the one line to show."""
-
-
-class UsageError(Exception):
-    """The command line is wrong; the message says how."""
 
 
 class _Parser(argparse.ArgumentParser):
