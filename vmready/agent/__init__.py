@@ -8,14 +8,16 @@ and inside a stock guest whose only Python is its own ``python3``.
 
 One module per concern: ``core`` (the handshake rules, without I/O),
 ``ports`` (finding the virtio ports), ``serial`` (keeping the status port),
-``firstword`` (the first STARTED, said before the rest is imported), ``host`` (mutual TLS to the
-host's guest API), ``tls`` (the pinned TLS context), ``network`` (the fallback
-transport's NIC), ``httpwire`` (the HTTP/1.1 codec both ends use), ``proxy``
-(the devlxd socket), ``memory`` (the workload's Ready for this boot),
+``firstword`` (the first STARTED, said before the rest is imported),
+``host`` (mutual TLS to the host's guest API), ``tls`` (the pinned TLS
+context), ``network`` (the fallback transport's NIC), ``httpcodec`` and
+``httpwire`` (the HTTP/1.1 codec all three ends use, and its asyncio
+reading), ``records`` (value classes without dataclasses), ``proxy`` (the
+devlxd socket), ``memory`` (the workload's Ready for this boot),
 ``recording`` (``--record``), ``config`` (config drive and options),
-``minimum`` (the interpreter it needs, checked first),
-``service`` (all of them wired together on asyncio), ``notify`` (the
-``notify`` command), ``options`` (what both share), ``boottimes`` (the boot's
+``minimum`` (the interpreter it needs, checked first), ``service`` (all of
+them wired together on asyncio), ``notify`` (the ``notify`` command, a
+blocking client), ``options`` (what both share), ``boottimes`` (the boot's
 dated console lines), ``logs`` (its logging) and ``main`` (the command line).
 """
 

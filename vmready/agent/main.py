@@ -139,10 +139,8 @@ def run_notify(args: Sequence[str]) -> int:
         _say(str(e))
         _usage(f"{PROGRAM} notify", SYNOPSIS)
         return EXIT_USAGE
-    import asyncio
-
     try:
-        kept = asyncio.run(notify(request.socket, request.state, request.timeout))
+        kept = notify(request.socket, request.state, request.timeout)
     except NotifyFailed as e:
         _say(str(e))
         return EXIT_FAILED

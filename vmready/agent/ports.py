@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from vmready.agent.records import Record
+
 PORT_NAME = "com.canonical.lxd"
 LEGACY_PORT_NAME = "org.linuxcontainers.lxd"
 DEFAULT_VIRTIO_PORTS = "/dev/virtio-ports"
@@ -41,28 +43,15 @@ def port_names(wired: str | None) -> tuple[str, ...]:
     return (wired, *(name for name in known if name != wired))
 
 
-class FoundPort:
+class FoundPort(Record):
     """A port to open: its path, its name, and whether sysfs named it (no udev link)."""
 
-    # A plain class, not a dataclass: dataclasses (and inspect with it) cost a
-    # noticeable share of the agent's start under emulation, before its first STARTED.
     __slots__ = ("name", "path", "sysfs")
 
     def __init__(self, path: str, name: str, sysfs: str | None = None) -> None:
         self.path = path
         self.name = name
         self.sysfs = sysfs
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, FoundPort):
-            return NotImplemented
-        return (self.path, self.name, self.sysfs) == (other.path, other.name, other.sysfs)
-
-    def __hash__(self) -> int:
-        return hash((self.path, self.name, self.sysfs))
-
-    def __repr__(self) -> str:
-        return f"FoundPort({self.path!r}, {self.name!r}, {self.sysfs!r})"
 
     def describe(self) -> str:
         """How the log names it: ``<path>``, ``<path> (legacy name)`` …"""
