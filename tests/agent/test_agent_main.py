@@ -12,6 +12,7 @@ import tempfile
 import textwrap
 import threading
 from typing import Any, cast
+from unittest import mock
 
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ProcessDone, ProcessTerminated
@@ -24,7 +25,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from tests.agentfakes import FakeGuestHost, FakeSerialPeer, agent_ports
 from tests.reactor import reactor
 from tests.system import unix_http
-from vmready.agent.main import parse_options
+from vmready.agent.main import _parser, parse_options
 from vmready.agent.notify import MAX_ANSWER, NotifyFailed, NotifyRequest, notify, parse_notify
 from vmready.agent.options import UsageError
 from vmready.trust.certs import generate, write_config_drive
@@ -268,6 +269,13 @@ class OptionTests(SynchronousTestCase):
         error = self.assertRaises(UsageError, parse_options, ["--retries", "-1"])
         self.assertEqual(str(error), "--retries must be zero or more, not '-1'")
 
+    def test_helpIsSizedByColumnsWithoutShutil(self) -> None:
+        # argparse's own sizing imports shutil, and with it zlib, bz2 and lzma.
+        with mock.patch.dict(os.environ, {"COLUMNS": "40"}):
+            text = _parser().format_help()
+        described = text.split("\n\n")[1]  # the description, wrapped to fit
+        self.assertEqual(max(len(line) for line in described.splitlines()), 38)
+
     def test_unknownOptionIsAUsageError(self) -> None:
         error = self.assertRaises(UsageError, parse_options, ["--colour"])
         self.assertEqual(str(error), "unrecognized arguments: --colour")
@@ -453,7 +461,7 @@ def loaded_by(*argv: str) -> list[str]:
 
 
 # What costs most under emulation: none of it for notify.
-HEAVY = ("asyncio", "dataclasses", "json", "logging", "ssl", "typing")
+HEAVY = ("asyncio", "dataclasses", "json", "logging", "shutil", "ssl", "typing")
 
 
 class NotifyImportsTests(SynchronousTestCase):

@@ -8,7 +8,6 @@ message (``vmready-agent: …``; a systemd unit puts them in the journal).
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from vmready.agent.options import (
@@ -16,6 +15,7 @@ from vmready.agent.options import (
     DEFAULT_HEARTBEAT,
     DEFAULT_RETRIES,
     ConfigError,
+    OptionParser,
     UsageError,
     parse_count,
     parse_seconds,
@@ -60,13 +60,8 @@ def _usage(command: str, synopsis: str) -> None:
     print(f"Usage: {command} {synopsis}  (see {command} --help)", file=sys.stderr)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROGRAM, usage=USAGE, description=DESCRIPTION)
+def _parser() -> OptionParser:
+    parser = OptionParser(PROGRAM, DESCRIPTION, usage=USAGE)
     add = parser.add_argument
     add(
         "--config-drive",

@@ -15,7 +15,6 @@ under emulation), and imports nothing of the agent but ``httpcodec`` and
 
 from __future__ import annotations
 
-import argparse
 import socket
 import time
 
@@ -30,13 +29,18 @@ from vmready.agent.httpcodec import (
     parse_status_line,
     response_framing,
 )
-from vmready.agent.options import DEFAULT_SOCKET, ConfigError, UsageError, parse_seconds
+from vmready.agent.options import (
+    DEFAULT_SOCKET,
+    ConfigError,
+    OptionParser,
+    UsageError,
+    parse_seconds,
+)
 from vmready.agent.records import Record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is for mypy only: notify runs at every boot
     from collections.abc import Sequence
-    from typing import NoReturn
 
 STATES = {"ready": "Ready", "started": "Started"}
 MAX_ANSWER = 64 * 1024
@@ -44,11 +48,6 @@ MAX_ANSWER = 64 * 1024
 
 class NotifyFailed(Exception):
     """The state was not accepted; the message is the one line to show."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
 
 
 class NotifyRequest(Record):
@@ -67,9 +66,9 @@ SYNOPSIS = "ready|started [--socket PATH] [--timeout SECONDS]"
 
 def parse_notify(args: Sequence[str]) -> NotifyRequest:
     """``ready|started [--socket PATH] [--timeout SECONDS]``, options anywhere; UsageError."""
-    parser = _Parser(
-        prog="vmready-agent notify",
-        description="Declare the workload Ready (or back to Started) through the agent.",
+    parser = OptionParser(
+        "vmready-agent notify",
+        "Declare the workload Ready (or back to Started) through the agent.",
     )
     parser.add_argument("state", help="ready or started")
     parser.add_argument("--socket", "-s", default=DEFAULT_SOCKET, help="the agent's socket")
