@@ -22,8 +22,8 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from vmready.agent.bootdata import BootData, load_boot_data
 from vmready.agent.logs import logger
@@ -46,7 +46,10 @@ from vmready.agent.ports import (
     is_port_name,
     port_names,
 )
-from vmready.agent.tls import KeyMismatch, TLSConfigError, check_certificate, client_context
+from vmready.agent.tls import KeyMismatch, TLSConfigError, client_context
+
+if TYPE_CHECKING:
+    import ssl
 
 DEFAULT_TRANSPORT = "vsock"
 DEFAULT_STATE_DIR = "/run/vmready-agent"
@@ -120,6 +123,9 @@ class AgentConfig:
     sysfs_net: str = DEFAULT_SYSFS_NET
     # This boot's meta-data, config and devices: answered while the host link is down.
     boot_data: BootData | None = None
+    # The TLS context load_config built checking the identity, for build_agent to use
+    # (None: build_agent builds it; each build parses the files again).
+    tls: ssl.SSLContext | None = field(default=None, compare=False, repr=False)
 
 
 def _read(path: str) -> bytes:
@@ -130,22 +136,22 @@ def _read(path: str) -> bytes:
         raise ConfigError(f"cannot read {path}: {e.strerror or e}") from None
 
 
-def _check_identity(drive: str) -> tuple[str, str, bytes]:
-    """The client pair's paths and the server certificate, checked with ssl itself."""
+def _check_identity(drive: str) -> tuple[str, str, bytes, ssl.SSLContext]:
+    """The client pair's paths, the server certificate, and the TLS context that ssl built
+    from them (checking them as it did)."""
     cert, key, server = (os.path.join(drive, n) for n in (CLIENT_CERT, CLIENT_KEY, SERVER_CERT))
     _read(key)  # a missing or unreadable key says so first
+    _read(cert)
+    server_pem = _read(server)
     try:
-        check_certificate(_read(cert), cert)
-        server_pem = _read(server)
-        check_certificate(server_pem, server)
-        client_context(cert, key, server_pem, server)
+        context = client_context(cert, key, server_pem, server)
     except KeyMismatch:
         raise ConfigError(f"{CLIENT_KEY} does not belong to {CLIENT_CERT} in {drive}") from None
     except TLSConfigError as e:
         raise ConfigError(str(e)) from None
     except OSError as e:
         raise ConfigError(f"cannot read {e.filename}: {e.strerror or e}") from None
-    return cert, key, server_pem
+    return cert, key, server_pem, context
 
 
 def _settings(drive: str) -> dict[str, Any]:
@@ -204,7 +210,7 @@ def load_config(options: Mapping[str, Any]) -> AgentConfig:
     drive = os.path.abspath(options.get("config-drive") or DEFAULT_CONFIG_DRIVE)
     if not os.path.isdir(drive):
         raise ConfigError(f"config drive {drive} is not a directory")
-    cert, key, server_pem = _check_identity(drive)
+    cert, key, server_pem, context = _check_identity(drive)
     merged = {**_settings(drive), **{k: v for k, v in options.items() if v is not None}}
     virtio_ports = merged.get("virtio-ports")
     return AgentConfig(
@@ -227,4 +233,5 @@ def load_config(options: Mapping[str, Any]) -> AgentConfig:
         tcp_sockets=os.path.abspath(merged["tcp-sockets"]) if merged.get("tcp-sockets") else None,
         network=_network(merged, drive),
         boot_data=load_boot_data(drive),
+        tls=context,
     )

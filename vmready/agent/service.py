@@ -434,7 +434,9 @@ def build_agent(config: AgentConfig, first_word: FirstWord | None = None) -> Age
     agent to adopt (``firstword``).
     """
     try:
-        context = client_context(config.client_cert, config.client_key, config.server_cert_pem)
+        context = config.tls or client_context(
+            config.client_cert, config.client_key, config.server_cert_pem
+        )
         pinned = pinned_der(config.server_cert_pem)
     except TLSConfigError as e:
         raise ConfigError(f"the agent's certificate and key are unusable: {e}") from None
