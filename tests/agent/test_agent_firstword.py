@@ -7,15 +7,14 @@ import json
 import os
 import pty
 import socket
-import subprocess
-import sys
 import textwrap
 import time
 from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from tests.agent.test_agent_serial import Peer, short_tempdir
+from tests.agent.test_agent_main import fresh_interpreter
+from tests.agent.test_agent_serial import Peer, line_collector, short_tempdir
 from tests.asynciotesting import run_in_loop
 from vmready.agent.firstword import locate_status_port, say_started
 from vmready.agent.ports import LEGACY_PORT_NAME, PORT_NAME, FoundPort, SerialPortMissing
@@ -198,14 +197,7 @@ class AdoptionTests(SynchronousTestCase):
             assert word is not None
             port.read()
             os.write(port.master, b"CONNECT 2:1234\n")  # while the agent still imported
-            data = bytearray()
-            complete = asyncio.Event()
-
-            def on_data(chunk: bytes) -> None:
-                data.extend(chunk)
-                if data.endswith(b"\n"):
-                    complete.set()
-
+            data, complete, on_data = line_collector()
             channel = await adopt_serial(word, on_data, lambda reason: None)
             await complete.wait()
             channel.close()
@@ -261,12 +253,6 @@ class OrderTests(SynchronousTestCase):
             vmready.agent.main.main()
             """
         )
-        result = subprocess.run(
-            [sys.executable, "-S", "-I", "-c", probe],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        result = fresh_interpreter(probe)
         module, said = result.stdout.split()
         self.assertEqual((module, said), ("logging", "b'STARTED\\n'"), result.stderr)

@@ -450,14 +450,18 @@ def loaded_by(*argv: str) -> list[str]:
         vmready.agent.main.main({list(argv)!r})
         """
     )
-    result = subprocess.run(
+    return fresh_interpreter(probe).stdout.split()
+
+
+def fresh_interpreter(probe: str) -> subprocess.CompletedProcess[str]:
+    """``probe`` run by ``python -S -I -c``, as the guest runs the agent; its output."""
+    return subprocess.run(
         [sys.executable, "-S", "-I", "-c", probe],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
-    return result.stdout.split()
 
 
 # What costs most under emulation: none of it for notify.
