@@ -110,6 +110,15 @@ class SayStartedTests(SynchronousTestCase):
         self.addCleanup(word.stop)
         self.assertEqual((port.read(), word.handed_over), (b"STARTED\n", False))
 
+    def test_sayingItAgainIsAQuietHeartbeat(self) -> None:
+        port = PtyPort(self)
+        word = say_started(options(serial=port.path))
+        assert word is not None
+        self.addCleanup(word.stop)
+        port.read()
+        word.say_again()
+        self.assertEqual((port.read(), word.handed_over), (b"STARTED\n", False))
+
     def test_stopSaysStoppedAndClosesThePort(self) -> None:
         port = PtyPort(self)
         word = say_started(options(serial=port.path))

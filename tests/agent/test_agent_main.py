@@ -218,6 +218,11 @@ class AgentProcessTests(TestCase):
         self.assertEqual((await agent.ended, agent.stderr), (1, line.encode()))
         self.assertEqual(self.peer.lines, [b"STARTED", b"STOPPED"])
 
+    async def test_startedAgainOnceImportedThenConnected(self) -> None:
+        # The first STARTED before the imports, once more after them (a heartbeat).
+        await self.connected_agent()
+        self.assertEqual(self.peer.lines[:3], [b"STARTED", b"STARTED", b"CONNECTED"])
+
     async def test_badOptionValueIsAUsageError(self) -> None:
         agent = self.spawn("--config-drive", self.drive, "--heartbeat", "soon")
         self.assertEqual(await agent.ended, 2)

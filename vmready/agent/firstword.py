@@ -79,6 +79,22 @@ class FirstWord:
         self.fd = self.sock = None
         return taken
 
+    def say_again(self) -> None:
+        """Say STARTED once more (best effort): the agent's heartbeat after its imports.
+
+        The host takes an agent silent for 15 s as hung, and under emulation the
+        imports after the first STARTED can take that long; the heartbeat proper
+        starts with the agent's loop, whose first act (opening ``vmready.connect``)
+        makes the host read, so this line comes just before it.
+        """
+        try:
+            if self.fd is not None:
+                os.write(self.fd, STARTED_LINE)
+            elif self.sock is not None:
+                self.sock.sendall(STARTED_LINE)
+        except OSError:
+            pass  # the keeper's adoption finds out what is wrong with the port
+
     def stop(self) -> None:
         """The agent cannot start after all: say ``STOPPED`` (best effort) and close the port."""
         fd, sock = self.hand_over()

@@ -186,6 +186,9 @@ def run_agent(args: Sequence[str]) -> int:
         return _failed(first_word, str(e))
     import asyncio
 
+    if first_word is not None:
+        first_word.say_again()  # its imports done: a heartbeat before the loop's first act
+
     try:
         return asyncio.run(_serve(agent))
     except KeyboardInterrupt:  # before the loop took over SIGINT: a normal stop
