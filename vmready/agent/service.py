@@ -254,8 +254,12 @@ class Agent:
 
     def remember_state(self, state: str) -> None:
         """The host accepted a guest program's state: remember Ready for this boot."""
-        self.memory.remember(state == "Ready")
         log.info("the workload declared %s", state)
+        self._remembered(state)
+
+    def _remembered(self, state: str) -> None:
+        """The host has ``state``: remember it; the first Ready is dated on the console."""
+        self.memory.remember(state == "Ready")
         if state == "Ready" and self.timeline.mark("Ready"):
             log.info("%s", self.timeline.line("relay", "Ready"))
 
@@ -373,7 +377,7 @@ class Agent:
                 describe_failure(e),
             )
             return
-        self.memory.remember(state == "Ready")
+        self._remembered(state)  # a Ready kept since before the link is dated when delivered
 
 
 def _said_first(agent: Agent, first_word: FirstWord) -> None:
