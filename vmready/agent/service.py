@@ -255,13 +255,7 @@ class Agent:
     def remember_state(self, state: str) -> None:
         """The host accepted a guest program's state: remember Ready for this boot."""
         log.info("the workload declared %s", state)
-        self._remembered(state)
-
-    def _remembered(self, state: str) -> None:
-        """The host has ``state``: remember it; the first Ready is dated on the console."""
-        self.memory.remember(state == "Ready")
-        if state == "Ready" and self.timeline.mark("Ready"):
-            log.info("%s", self.timeline.line("relay", "Ready"))
+        _remembered(self, state)
 
     def hold_state(self, state: str) -> None:
         """A guest program declared ``state`` while the host was unreachable: deliver it later."""
@@ -377,7 +371,14 @@ class Agent:
                 describe_failure(e),
             )
             return
-        self._remembered(state)  # a Ready kept since before the link is dated when delivered
+        _remembered(self, state)  # a Ready kept since before the link is dated when delivered
+
+
+def _remembered(agent: Agent, state: str) -> None:
+    """The host has ``state``: remember it; the first Ready is dated on the console."""
+    agent.memory.remember(state == "Ready")
+    if state == "Ready" and agent.timeline.mark("Ready"):
+        log.info("%s", agent.timeline.line("relay", "Ready"))
 
 
 def _said_first(agent: Agent, first_word: FirstWord) -> None:
