@@ -277,7 +277,7 @@ class SerialKeeper:
         if adopt is None:
             self._open()
             return
-        log.info("serial port: %s (said STARTED before the event loop)", adopt.found.describe())
+        log.info("serial port: %s", adopt.found.describe())  # the line any opening logs
         self.path = adopt.found.path
 
         def adopted(path: str, on_data: OnData, on_lost: OnLost) -> Awaitable[SerialChannel]:
