@@ -234,9 +234,10 @@ class AdoptionTests(SynchronousTestCase):
 class OrderTests(SynchronousTestCase):
     """``vmready-agent`` says STARTED before it imports asyncio, ssl or logging."""
 
-    def test_startedIsWrittenBeforeTheHeavyImports(self) -> None:
-        # The real entry point in a fresh interpreter: an audit hook stops it at the first
-        # import of any heavy module and says whether the port had STARTED by then.
+    def first_heavy_import(self, *options: str) -> tuple[str, str]:
+        """The first heavy module ``vmready-agent OPTIONS`` imports (the real entry point
+        in a fresh interpreter, stopped there by an audit hook), and what its port had
+        been told by then."""
         probe = textwrap.dedent(
             f"""
             import os, pty, sys
@@ -256,7 +257,7 @@ class OrderTests(SynchronousTestCase):
                     os._exit(0)
 
             sys.argv = ["vmready-agent", "--serial", os.ttyname(slave),
-                        "--config-drive", "/nonexistent"]
+                        "--config-drive", "/nonexistent", *{list(options)!r}]
             sys.addaudithook(hook)
             import vmready.agent.main
             vmready.agent.main.main()
@@ -264,4 +265,12 @@ class OrderTests(SynchronousTestCase):
         )
         result = fresh_interpreter(probe)
         module, said = result.stdout.split()
-        self.assertEqual((module, said), ("logging", "b'STARTED\\n'"), result.stderr)
+        return module, said
+
+    def test_startedIsWrittenBeforeTheHeavyImports(self) -> None:
+        self.assertEqual(self.first_heavy_import(), ("logging", "b'STARTED\\n'"))
+
+    def test_aRecordingAgentSaysStartedOnlyOnceItsRecorderRuns(self) -> None:
+        # Its transcript dates each line as written; the recorder comes after the imports.
+        recording = os.path.join(short_tempdir(self), "agent.jsonl")
+        self.assertEqual(self.first_heavy_import("--record", recording), ("logging", "b''"))

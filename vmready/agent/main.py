@@ -173,7 +173,10 @@ def run_agent(args: Sequence[str]) -> int:
         return EXIT_USAGE
     from vmready.agent.firstword import say_started
 
-    first_word = say_started(options)  # before the imports below: seconds under emulation
+    # Before the imports below, which take seconds under emulation.  Not when recording
+    # (--record): the recorder, made after them, could not date this STARTED truly,
+    # and its replay answers each STARTED as recorded, in time.
+    first_word = None if options["record"] else say_started(options)
     from vmready.agent.logs import configure_logging
 
     configure_logging()
@@ -185,9 +188,6 @@ def run_agent(args: Sequence[str]) -> int:
     except ConfigError as e:
         return _failed(first_word, str(e))
     import asyncio
-
-    if first_word is not None:
-        first_word.say_again()  # its imports done: a heartbeat before the loop's first act
 
     try:
         return asyncio.run(_serve(agent))

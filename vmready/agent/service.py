@@ -33,7 +33,7 @@ from vmready.agent.core import (
     ReassertReady,
     WriteStatus,
 )
-from vmready.agent.firstword import STARTED_LINE, FirstWord
+from vmready.agent.firstword import FirstWord
 from vmready.agent.host import (
     HostConnector,
     HostEndpoint,
@@ -165,6 +165,8 @@ class Agent:
         self.manager.ready(self._ready_status())
         if self.serial is not None:
             first_word, self._first_word = self._first_word, None
+            if first_word is not None:
+                first_word.say_again()  # before vmready.connect opens, which makes the host read
             self.serial.start(first_word)
         if self.connect_port is not None:
             self.connect_port.start()
@@ -382,11 +384,9 @@ def _remembered(agent: Agent, state: str) -> None:
 
 
 def _said_first(agent: Agent, first_word: FirstWord) -> None:
-    """Date (and record) the STARTED this process said before its loop ran."""
+    """Date the STARTED this process said before its loop ran (never a recording one's)."""
     if agent.timeline.note("STARTED", first_word.said_at):
         log.info("%s", agent.timeline.line("process", "STARTED"))
-        if agent.recorder is not None:
-            agent.recorder.serial_out(STARTED_LINE)
 
 
 def prepare_socket_path(path: str) -> None:
