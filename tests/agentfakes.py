@@ -32,10 +32,9 @@ from twisted.web.iweb import IRequest
 from twisted.web.server import Request, Site
 
 from vmready.agent import httpwire
-from vmready.agent.connectport import CONNECT_PORT_NAME
 from vmready.agent.core import VsockAddress
 from vmready.agent.host import HostResponse, LinkWatch
-from vmready.agent.serial import PORT_NAME
+from vmready.agent.ports import CONNECT_PORT_NAME, PORT_NAME
 from vmready.agentlink.hvsock import HybridVSockServerEndpoint
 from vmready.agentlink.vsockaddress import HybridVSockAddress
 from vmready.trust.certs import CertificatePair, fingerprint

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import tempfile
 from typing import Any
@@ -10,6 +11,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from tests.agent.test_agent_service import Harness
 from vmready.agent.boottimes import BootTimeline, process_start
+from vmready.agent.core import HostAddress
 from vmready.agent.proxy import HostUnreachable
 
 
@@ -65,6 +67,29 @@ class AgentLinesTests(SynchronousTestCase):
         self.assertEqual(
             boot, ["boot: process [1.50] STARTED [2.00]", "boot: CONNECT [3.00] CONNECTED [4.00]"]
         )
+
+    def test_aReadyKeptUntilTheLinkIsDatedWhenTheHostHasIt(self) -> None:
+        # The workload may declare Ready before CONNECTED: kept, delivered on the link.
+        harness = Harness(self)
+        times = itertools.count(1.0)
+        harness.agent.timeline = BootTimeline(clock=lambda: next(times))
+        delivered: list[str] = []
+
+        async def deliver(address: HostAddress, state: str) -> None:
+            delivered.append(state)
+
+        harness.agent.deliver = deliver
+
+        async def scenario() -> None:
+            self.assertRaises(HostUnreachable, harness.agent.route)  # relay [1.00]
+            harness.agent.hold_state("Ready")
+            await harness.start()  # STARTED [2.00]
+            await harness.connect()  # CONNECT [3.00] CONNECTED [4.00], then the delivery
+
+        with self.assertLogs("vmready.agent.service") as logged:
+            harness.run(scenario)
+        boot = [r.getMessage() for r in logged.records if r.getMessage().startswith("boot:")]
+        self.assertEqual((delivered, boot[-1]), (["Ready"], "boot: relay [1.00] Ready [5.00]"))
 
     def test_theFirstReadyTheHostAcceptedIsDatedWithTheFirstRelayedRequest(self) -> None:
         harness = Harness(self)

@@ -7,8 +7,10 @@ import json
 import logging
 import os
 import shutil
+import ssl
 import tempfile
 from typing import Any
+from unittest import mock
 
 from cryptography.hazmat.primitives import serialization
 from twisted.trial.unittest import SynchronousTestCase
@@ -16,7 +18,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from vmready.agent.config import DEFAULT_STATE_DIR, Transport, load_config, parse_transport
 from vmready.agent.network import NetworkPlan
 from vmready.agent.options import DEFAULT_SOCKET, ConfigError
-from vmready.agent.serial import (
+from vmready.agent.ports import (
     DEFAULT_SYSFS_PORTS,
     DEFAULT_VIRTIO_PORTS,
     LEGACY_PORT_NAME,
@@ -48,6 +50,29 @@ class ConfigDriveTests(SynchronousTestCase):
             (os.path.join(self.drive, "agent.crt"), os.path.join(self.drive, "agent.key")),
         )
         self.assertEqual(config.server_cert_pem, SERVER.cert_pem)
+
+    def test_theCertificatesAreParsedOnceIntoTheContextKept(self) -> None:
+        # Under emulation every parse of a certificate or key costs: loading the drive
+        # builds the one context the agent then uses, and parses nothing twice.
+        parsed: list[str] = []
+        verify, chain = ssl.SSLContext.load_verify_locations, ssl.SSLContext.load_cert_chain
+
+        def counted_verify(context: ssl.SSLContext, *args: Any, **kwargs: Any) -> None:
+            parsed.append("server.crt")
+            verify(context, *args, **kwargs)
+
+        def counted_chain(context: ssl.SSLContext, *args: Any, **kwargs: Any) -> None:
+            parsed.append("agent.crt and agent.key")
+            chain(context, *args, **kwargs)
+
+        with (
+            mock.patch.object(ssl.SSLContext, "load_verify_locations", counted_verify),
+            mock.patch.object(ssl.SSLContext, "load_cert_chain", counted_chain),
+        ):
+            config = self.load()
+        self.assertEqual(parsed, ["server.crt", "agent.crt and agent.key"])
+        assert config.tls is not None
+        self.assertEqual(config.tls.verify_mode, ssl.CERT_REQUIRED)
 
     def test_realGuestDefaultsWithoutAgentJson(self) -> None:
         config = self.load()

@@ -17,9 +17,9 @@ import tempfile
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.asynciotesting import run_virtual, wait_until
-from vmready.agent.connectport import CONNECT_PORT_NAME, ConnectPortReader
+from vmready.agent.connectport import ConnectPortReader
 from vmready.agent.core import AgentCore, Dial, TcpAddress
-from vmready.agent.serial import FoundPort, SerialPortMissing
+from vmready.agent.ports import CONNECT_PORT_NAME, FoundPort, SerialPortMissing
 
 
 class Tree:

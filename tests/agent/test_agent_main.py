@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
+import threading
 from typing import Any, cast
+from unittest import mock
 
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ProcessDone, ProcessTerminated
@@ -21,11 +23,11 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from tests.agentfakes import FakeGuestHost, FakeSerialPeer, agent_ports
-from tests.asynciotesting import run_virtual
 from tests.reactor import reactor
 from tests.system import unix_http
-from vmready.agent.main import parse_options
-from vmready.agent.notify import NotifyFailed, NotifyRequest, UsageError, notify, parse_notify
+from vmready.agent.main import _parser, parse_options
+from vmready.agent.notify import MAX_ANSWER, NotifyFailed, NotifyRequest, notify, parse_notify
+from vmready.agent.options import UsageError
 from vmready.trust.certs import generate, write_config_drive
 
 CLIENT = generate("demo")
@@ -142,6 +144,7 @@ class AgentProcessTests(TestCase):
         await self.host.start()
         self.spawn("--config-drive", self.drive, "--heartbeat", "30")
         await self.peer.wait_for(b"STARTED", since=0)
+        await self.serving()  # STARTED comes first now, before the socket (firstword)
         notify = self.spawn("notify", "ready", "--socket", self.socket)
         self.assertEqual(
             (await notify.ended, notify.stderr),
@@ -205,6 +208,21 @@ class AgentProcessTests(TestCase):
             (1, f"vmready-agent: config drive {missing} is not a directory\n".encode()),
         )
 
+    async def test_aKeySslRefusesAfterStartedIsStoppedAndOneLine(self) -> None:
+        # STARTED is said before ssl is imported (firstword): a key ssl then refuses
+        # takes it back with STOPPED, and the agent exits with today's one line.
+        with open(os.path.join(self.drive, "agent.key"), "wb") as f:
+            f.write(generate("someone-else").key_pem)
+        agent = self.spawn("--config-drive", self.drive)
+        line = f"vmready-agent: agent.key does not belong to agent.crt in {self.drive}\n"
+        self.assertEqual((await agent.ended, agent.stderr), (1, line.encode()))
+        self.assertEqual(self.peer.lines, [b"STARTED", b"STOPPED"])
+
+    async def test_startedAgainOnceImportedThenConnected(self) -> None:
+        # The first STARTED before the imports, once more after them (a heartbeat).
+        await self.connected_agent()
+        self.assertEqual(self.peer.lines[:3], [b"STARTED", b"STARTED", b"CONNECTED"])
+
     async def test_badOptionValueIsAUsageError(self) -> None:
         agent = self.spawn("--config-drive", self.drive, "--heartbeat", "soon")
         self.assertEqual(await agent.ended, 2)
@@ -213,6 +231,14 @@ class AgentProcessTests(TestCase):
                 b"vmready-agent: --heartbeat must be a number of seconds, not 'soon'\n"
             )
         )
+
+    async def serving(self) -> None:
+        """Once the agent's socket exists (it answers from then on: it listens)."""
+        for _ in range(400):
+            if os.path.exists(self.socket):
+                return
+            await deferLater(reactor, 0.05, lambda: None)
+        self.fail(f"the agent never served {self.socket}")
 
     @staticmethod
     def _pid(process: Process) -> int:
@@ -248,6 +274,13 @@ class OptionTests(SynchronousTestCase):
         error = self.assertRaises(UsageError, parse_options, ["--retries", "-1"])
         self.assertEqual(str(error), "--retries must be zero or more, not '-1'")
 
+    def test_helpIsSizedByColumnsWithoutShutil(self) -> None:
+        # argparse's own sizing imports shutil, and with it zlib, bz2 and lzma.
+        with mock.patch.dict(os.environ, {"COLUMNS": "40"}):
+            text = _parser().format_help()
+        described = text.split("\n\n")[1]  # the description, wrapped to fit
+        self.assertEqual(max(len(line) for line in described.splitlines()), 38)
+
     def test_unknownOptionIsAUsageError(self) -> None:
         error = self.assertRaises(UsageError, parse_options, ["--colour"])
         self.assertEqual(str(error), "unrecognized arguments: --colour")
@@ -272,6 +305,38 @@ class NotifyArgumentTests(SynchronousTestCase):
         self.assertRaises(UsageError, parse_notify, [])
 
 
+class StandInAgent:
+    """An agent socket served by a thread: it reads one request and sends ``answer`` (None:
+    nothing, until the test ends), then closes."""
+
+    def __init__(self, test: SynchronousTestCase, path: str, answer: bytes | None) -> None:
+        self.answer = answer
+        self.request = b""
+        self.listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listening.bind(path)
+        self.listening.listen(1)
+        self.done = threading.Event()
+        thread = threading.Thread(target=self._serve, daemon=True)
+        thread.start()
+        test.addCleanup(thread.join, 10)
+        test.addCleanup(self.done.set)
+        test.addCleanup(self.listening.close)
+
+    def _serve(self) -> None:
+        connection, _ = self.listening.accept()
+        with connection:
+            connection.settimeout(10)
+            while b'{"state": "Ready"}' not in self.request:
+                data = connection.recv(4096)
+                if not data:
+                    return
+                self.request += data
+            if self.answer is None:
+                self.done.wait(10)
+                return
+            connection.sendall(self.answer)
+
+
 class NotifyTests(SynchronousTestCase):
     """``notify`` against an agent socket that answers well, badly or not at all."""
 
@@ -280,37 +345,42 @@ class NotifyTests(SynchronousTestCase):
         self.addCleanup(shutil.rmtree, base, True)
         self.socket = os.path.join(base, "sock")
 
-    def notify_with(self, answer: bytes | None) -> str:
+    def notify_with(self, answer: bytes | None, timeout: float = 5) -> str:
         """``notify`` against a socket that reads the request and writes ``answer``."""
-
-        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await reader.readuntil(b'{"state": "Ready"}')
-            if answer is None:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.Event().wait()  # never answers (cancelled at the end)
-                return
-            writer.write(answer)
-            writer.close()
-
-        async def scenario() -> str:
-            server = await asyncio.start_unix_server(serve, self.socket)
-            try:
-                await notify(self.socket, "Ready", timeout=5)
-            except NotifyFailed as e:
-                return str(e)
-            finally:
-                server.close()
-            return "accepted"
-
-        result: str = run_virtual(self, scenario)
-        return result
+        self.agent = StandInAgent(self, self.socket, answer)
+        try:
+            kept = notify(self.socket, "Ready", timeout=timeout)
+        except NotifyFailed as e:
+            return str(e)
+        return "accepted" if kept is None else f"kept: {kept}"
 
     def test_acceptedState(self) -> None:
         answer = b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n{}\n"
         self.assertEqual(self.notify_with(answer), "accepted")
 
+    def test_theRequestIsAnHTTP10PatchOfTheState(self) -> None:
+        self.notify_with(b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n")
+        self.assertEqual(
+            self.agent.request,
+            b"PATCH /1.0 HTTP/1.0\r\nHost: lxd\r\nUser-Agent: vmready-agent\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 18\r\n\r\n"
+            b'{"state": "Ready"}',
+        )
+
+    def test_keptForLaterIsTheAgentsFirstLine(self) -> None:
+        answer = b"HTTP/1.0 202 Accepted\r\n\r\nhost not reachable: later\nmore\n"
+        self.assertEqual(self.notify_with(answer), "kept: host not reachable: later")
+
+    def test_anInterimAnswerIsSkipped(self) -> None:
+        answer = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+        self.assertEqual(self.notify_with(answer), "accepted")
+
     def test_refusalIsTheAnswersFirstLine(self) -> None:
         answer = b"HTTP/1.1 503 X\r\nContent-Length: 27\r\n\r\nhost not reachable: gone\nx\n"
+        self.assertEqual(self.notify_with(answer), "host not reachable: gone")
+
+    def test_refusalUpToTheEndOfTheConnection(self) -> None:
+        answer = b"HTTP/1.0 503 X\r\n\r\nhost not reachable: gone\n"
         self.assertEqual(self.notify_with(answer), "host not reachable: gone")
 
     def test_refusalWithoutABodyNamesTheStatus(self) -> None:
@@ -324,6 +394,12 @@ class NotifyTests(SynchronousTestCase):
             f"the agent at {self.socket} closed the connection without answering",
         )
 
+    def test_closedInTheMiddleOfTheBody(self) -> None:
+        self.assertEqual(
+            self.notify_with(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n{}"),
+            f"the agent at {self.socket} closed the connection without answering",
+        )
+
     def test_garbageAnswer(self) -> None:
         self.assertEqual(
             self.notify_with(b"hello\r\n\r\n"),
@@ -331,57 +407,89 @@ class NotifyTests(SynchronousTestCase):
             "a status line without a status code: 'hello'",
         )
 
+    def test_aChunkedAnswerIsMalformed(self) -> None:
+        answer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+        self.assertEqual(
+            self.notify_with(answer),
+            f"the agent at {self.socket} sent a malformed answer: "
+            "a chunked answer to an HTTP/1.0 request",
+        )
+
+    def test_anAnswerTooLargeIsMalformed(self) -> None:
+        answer = b"HTTP/1.0 503 X\r\n\r\n" + b"x" * (MAX_ANSWER + 1)
+        self.assertEqual(
+            self.notify_with(answer),
+            f"the agent at {self.socket} sent a malformed answer: "
+            f"body larger than {MAX_ANSWER} bytes",
+        )
+
     def test_silentAgentTimesOut(self) -> None:
         self.assertEqual(
-            self.notify_with(None), f"no answer from the agent at {self.socket} within 5s"
+            self.notify_with(None, timeout=0.2),
+            f"no answer from the agent at {self.socket} within 0.2s",
         )
 
     def test_noAgent(self) -> None:
-        async def scenario() -> str:
-            try:
-                await notify(self.socket, "Ready", timeout=5)
-            except NotifyFailed as e:
-                return str(e)
-            return "accepted"
-
+        error = self.assertRaises(NotifyFailed, notify, self.socket, "Ready", 5)
         self.assertEqual(
-            run_virtual(self, scenario),
-            f"cannot reach the agent at {self.socket}: No such file or directory",
+            str(error), f"cannot reach the agent at {self.socket}: No such file or directory"
         )
+
+
+def loaded_by(*argv: str) -> list[str]:
+    """The modules ``vmready-agent ARGV`` has loaded when it exits: the agent's own, and
+    those of ``HEAVY`` (in a fresh ``python3 -S -I``, as the guest runs it)."""
+    checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    probe = textwrap.dedent(
+        f"""
+        import atexit, sys
+        sys.path.insert(0, {checkout!r})
+        heavy = {sorted(HEAVY)!r}
+
+        def loaded():
+            names = (m for m in sys.modules if m.startswith("vmready") or m in heavy)
+            print(" ".join(sorted(names)))
+
+        atexit.register(loaded)
+        import vmready.agent.main
+        vmready.agent.main.main({list(argv)!r})
+        """
+    )
+    return fresh_interpreter(probe).stdout.split()
+
+
+def fresh_interpreter(probe: str) -> subprocess.CompletedProcess[str]:
+    """``probe`` run by ``python -S -I -c``, as the guest runs the agent; its output."""
+    return subprocess.run(
+        [sys.executable, "-S", "-I", "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+# What costs most under emulation: none of it for notify.
+HEAVY = ("asyncio", "dataclasses", "json", "logging", "shutil", "ssl", "typing")
 
 
 class NotifyImportsTests(SynchronousTestCase):
     """``vmready-agent notify`` (a second interpreter at every boot) loads none of the agent."""
 
-    def test_theCommandLineModuleLoadsOnlyWhatNotifyNeeds(self) -> None:
-        probe = (
-            "import sys; import vmready.agent.main; "
-            "print(' '.join(sorted(m for m in sys.modules if m.startswith('vmready'))))"
-        )
-        checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-S",
-                "-I",
-                "-c",
-                f"import sys; sys.path.insert(0, {checkout!r}); " + probe,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+    def test_notifyLoadsOnlyItsCodecAndOptions(self) -> None:
+        missing = os.path.join(tempfile.mkdtemp(prefix="vra-"), "sock")
+        self.addCleanup(shutil.rmtree, os.path.dirname(missing), True)
         self.assertEqual(
-            result.stdout.split(),
+            loaded_by("notify", "ready", "--socket", missing, "--timeout", "1"),
             [
                 "vmready",
                 "vmready.agent",
-                "vmready.agent.httpwire",
+                "vmready.agent.httpcodec",
                 "vmready.agent.main",
                 "vmready.agent.minimum",
                 "vmready.agent.notify",
                 "vmready.agent.options",
+                "vmready.agent.records",
             ],
         )
 

@@ -11,19 +11,21 @@ import tempfile
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.asynciotesting import run_in_loop, run_virtual
-from vmready.agent.serial import (
+from vmready.agent.ports import (
     LEGACY_PORT_NAME,
     PORT_NAME,
     FoundPort,
+    SerialPortMissing,
+    find_port,
+    port_names,
+)
+from vmready.agent.serial import (
     OnData,
     OnLost,
     SerialChannel,
     SerialKeeper,
     SerialOpenError,
-    SerialPortMissing,
-    find_port,
     open_serial,
-    port_names,
 )
 
 
@@ -576,6 +578,20 @@ class UnixSocketPortTests(SynchronousTestCase):
         self.assertEqual(run_in_loop(self, scenario), 2)
 
 
+def line_collector() -> tuple[bytearray, asyncio.Event, OnData]:
+    """What the port delivers, an event set once it ends a line, and the ``on_data`` that
+    fills both (call in the test's loop)."""
+    data = bytearray()
+    complete = asyncio.Event()
+
+    def on_data(chunk: bytes) -> None:
+        data.extend(chunk)
+        if data.endswith(b"\n"):
+            complete.set()
+
+    return data, complete, on_data
+
+
 class CharacterDevicePortTests(SynchronousTestCase):
     """A real guest's port: a character device, here a pty's far end."""
 
@@ -623,14 +639,7 @@ class CharacterDevicePortTests(SynchronousTestCase):
 
     def test_deviceBytesReachTheAgent(self) -> None:
         async def scenario() -> bytes:
-            data = bytearray()
-            complete = asyncio.Event()
-
-            def on_data(chunk: bytes) -> None:
-                data.extend(chunk)
-                if data.endswith(b"\n"):
-                    complete.set()
-
+            data, complete, on_data = line_collector()
             channel = await open_serial(self.path, on_data, lambda reason: None)
             os.write(self.master, b"CONNECT 2:1234\n")
             await complete.wait()

@@ -26,8 +26,9 @@ from vmready.agent.core import AgentCore, Backoff, HostAddress, VsockAddress
 from vmready.agent.host import HostError, HostRefused, LinkWatch
 from vmready.agent.memory import ReadyMemory
 from vmready.agent.options import ConfigError
+from vmready.agent.ports import PORT_NAME, FoundPort
 from vmready.agent.proxy import HostUnreachable
-from vmready.agent.serial import PORT_NAME, FoundPort, OnData, OnLost, SerialChannel, SerialKeeper
+from vmready.agent.serial import OnData, OnLost, SerialChannel, SerialKeeper
 from vmready.agent.service import Agent, bind_socket, prepare_socket_path
 
 HOST = VsockAddress(2, 49152)

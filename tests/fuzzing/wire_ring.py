@@ -20,7 +20,7 @@ from tests.fuzzing.target import FuzzTarget
 from tests.fuzzing.wire_mutations import mutated, noise, stream, with_chunks
 from vmready.agent.connectport import ConnectPortReader
 from vmready.agent.core import AbandonDial, AgentCore, Dial, Phase, TcpAddress, VsockAddress
-from vmready.agent.serial import FoundPort, SerialPortMissing
+from vmready.agent.ports import FoundPort, SerialPortMissing
 from vmready.agentlink import connectport as daemon_connectport
 from vmready.agentlink.link import AgentLink, StatusChanged, WriteConnect
 from vmready.protocols.ringbuffer import (

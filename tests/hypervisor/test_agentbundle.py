@@ -22,7 +22,7 @@ from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
 
 from tests.agent.test_agent_main import Process, demo_guest
 from tests.reactor import reactor
-from vmready.agent.serial import PORT_NAME
+from vmready.agent.ports import PORT_NAME
 from vmready.hypervisor import agentbundle
 
 CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -38,16 +38,21 @@ EXPECTED = {
     "vmready/agent/config.py",
     "vmready/agent/connectport.py",
     "vmready/agent/core.py",
+    "vmready/agent/firstword.py",
     "vmready/agent/host.py",
+    "vmready/agent/httpcodec.py",
     "vmready/agent/httpwire.py",
+    "vmready/agent/logs.py",
     "vmready/agent/main.py",
     "vmready/agent/memory.py",
     "vmready/agent/minimum.py",
     "vmready/agent/network.py",
     "vmready/agent/notify.py",
     "vmready/agent/options.py",
+    "vmready/agent/ports.py",
     "vmready/agent/proxy.py",
     "vmready/agent/recording.py",
+    "vmready/agent/records.py",
     "vmready/agent/sdnotify.py",
     "vmready/agent/serial.py",
     "vmready/agent/service.py",

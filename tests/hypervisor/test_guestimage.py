@@ -923,6 +923,17 @@ class CustomizeTests(SynchronousTestCase):
         runner = self.read("usr/local/lib/vmready-demo/run-user-data")
         self.assertIn("/run/vmready-agent/cloud-init/user-data", runner)
 
+    def test_theRunnerStartsNoProgramToReadTheUserData(self) -> None:
+        # Each program costs under emulation: the shell reads the #! itself.
+        runner = self.read("usr/local/lib/vmready-demo/run-user-data")
+        self.assertIn('read -r first <"$user_data"', runner)
+        self.assertNotIn("head ", runner)
+
+    def test_theWorkloadIsAheadOfTheRestOfTheBootAsTheAgentIs(self) -> None:
+        unit = self.read("etc/systemd/system/vmready-user-data.service")
+        self.assertIn("\nNice=-10\n", unit)
+        self.assertIn("\nNice=-10\n", self.read("etc/systemd/system/vmready-agent.service"))
+
     def test_settings(self) -> None:
         self.assertEqual(self.read("etc/hostname"), "vmready-demo\n")
         self.assertIn("/dev/vda / ext4 rw 0 1\n", self.read("etc/fstab"))

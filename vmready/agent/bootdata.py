@@ -20,7 +20,6 @@ up every request goes to the host, whose answer may be newer.  Sans-I/O but for
 from __future__ import annotations
 
 import json
-import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from vmready.agent.answers import Answer, metadata_answer, plain
+from vmready.agent.logs import logger
 
 BOOT_DATA = "guest-api.json"
 META_DATA_PATH = "/1.0/meta-data"
@@ -36,7 +36,7 @@ DEVICES_PATH = "/1.0/devices"
 # The config keys a guest may read (LXD's rule, as the host applies it).
 _GUEST_PREFIXES = ("user.", "cloud-init.")
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is for mypy: the agent dates its first STARTED without it
+    from typing import Callable
 
 
 def uptime() -> float:
@@ -44,12 +47,16 @@ class BootTimeline:
         if started is not None:
             self.marks["process"] = started
 
-    def mark(self, moment: str) -> bool:
-        """Note ``moment`` now; True only the first time."""
+    def note(self, moment: str, at: float) -> bool:
+        """Note that ``moment`` happened at uptime ``at``; True only the first time."""
         if moment in self.marks:
             return False
-        self.marks[moment] = self.clock()
+        self.marks[moment] = at
         return True
+
+    def mark(self, moment: str) -> bool:
+        """Note ``moment`` now; True only the first time."""
+        return moment not in self.marks and self.note(moment, self.clock())
 
     def line(self, *moments: str) -> str:
         """``boot: process [2.31] STARTED [2.87]``: the known ones among ``moments``."""

@@ -20,29 +20,39 @@ for a real guest below.
 from __future__ import annotations
 
 import json
-import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from vmready.agent.bootdata import BootData, load_boot_data
-from vmready.agent.connectport import CONNECT_PORT_NAME
+from vmready.agent.logs import logger
 from vmready.agent.network import DEFAULT_SYSFS_NET, NetworkPlan, parse_network
-from vmready.agent.options import DEFAULT_SOCKET, ConfigError, parse_count, parse_seconds
-from vmready.agent.serial import (
+from vmready.agent.options import (
+    DEFAULT_CONFIG_DRIVE,
+    DEFAULT_HEARTBEAT,
+    DEFAULT_RETRIES,
+    DEFAULT_SOCKET,
+    ConfigError,
+    parse_count,
+    parse_seconds,
+    split_transport,
+)
+from vmready.agent.ports import (
+    CONNECT_PORT_NAME,
     DEFAULT_DEV,
     DEFAULT_SYSFS_PORTS,
     DEFAULT_VIRTIO_PORTS,
+    is_port_name,
     port_names,
 )
-from vmready.agent.tls import KeyMismatch, TLSConfigError, check_certificate, client_context
+from vmready.agent.tls import KeyMismatch, TLSConfigError, client_context
 
-DEFAULT_CONFIG_DRIVE = "/var/lib/vmready-agent/config"
+if TYPE_CHECKING:
+    import ssl
+
 DEFAULT_TRANSPORT = "vsock"
 DEFAULT_STATE_DIR = "/run/vmready-agent"
-DEFAULT_HEARTBEAT = 5.0
-DEFAULT_RETRIES = 3
 
 CLIENT_CERT = "agent.crt"
 CLIENT_KEY = "agent.key"
@@ -63,7 +73,7 @@ _DRIVE_KEYS = {
 }
 _PATH_KEYS = ("virtio_ports", "devlxd_socket", "state_dir", "tcp_sockets")
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -79,12 +89,7 @@ class Transport:
 
 def parse_transport(text: str) -> Transport:
     """``vsock`` or ``hvsock:<path>`` → Transport; ConfigError otherwise."""
-    if text == "vsock":
-        return Transport("vsock")
-    kind, colon, path = text.partition(":")
-    if kind == "hvsock" and colon and path:
-        return Transport("hvsock", path)
-    raise ConfigError(f"transport {text!r} is neither 'vsock' nor 'hvsock:<path>'")
+    return Transport(*split_transport(text))
 
 
 @dataclass(frozen=True)
@@ -118,6 +123,9 @@ class AgentConfig:
     sysfs_net: str = DEFAULT_SYSFS_NET
     # This boot's meta-data, config and devices: answered while the host link is down.
     boot_data: BootData | None = None
+    # The TLS context load_config built checking the identity, for build_agent to use
+    # (None: build_agent builds it; each build parses the files again).
+    tls: ssl.SSLContext | None = field(default=None, compare=False, repr=False)
 
 
 def _read(path: str) -> bytes:
@@ -128,22 +136,22 @@ def _read(path: str) -> bytes:
         raise ConfigError(f"cannot read {path}: {e.strerror or e}") from None
 
 
-def _check_identity(drive: str) -> tuple[str, str, bytes]:
-    """The client pair's paths and the server certificate, checked with ssl itself."""
+def _check_identity(drive: str) -> tuple[str, str, bytes, ssl.SSLContext]:
+    """The client pair's paths, the server certificate, and the TLS context that ssl built
+    from them (checking them as it did)."""
     cert, key, server = (os.path.join(drive, n) for n in (CLIENT_CERT, CLIENT_KEY, SERVER_CERT))
     _read(key)  # a missing or unreadable key says so first
+    _read(cert)
+    server_pem = _read(server)
     try:
-        check_certificate(_read(cert), cert)
-        server_pem = _read(server)
-        check_certificate(server_pem, server)
-        client_context(cert, key, server_pem, server)
+        context = client_context(cert, key, server_pem, server)
     except KeyMismatch:
         raise ConfigError(f"{CLIENT_KEY} does not belong to {CLIENT_CERT} in {drive}") from None
     except TLSConfigError as e:
         raise ConfigError(str(e)) from None
     except OSError as e:
         raise ConfigError(f"cannot read {e.filename}: {e.strerror or e}") from None
-    return cert, key, server_pem
+    return cert, key, server_pem, context
 
 
 def _settings(drive: str) -> dict[str, Any]:
@@ -186,7 +194,7 @@ def _network(merged: Mapping[str, Any], drive: str) -> NetworkPlan | None:
 
 
 def _port(name: str | None, drive: str) -> tuple[str, ...]:
-    if name is not None and ("/" in name or name in (".", "..")):
+    if name is not None and not is_port_name(name):
         raise ConfigError(f"{os.path.join(drive, SETTINGS)}: port {name!r} is not a port name")
     return port_names(name)
 
@@ -202,7 +210,7 @@ def load_config(options: Mapping[str, Any]) -> AgentConfig:
     drive = os.path.abspath(options.get("config-drive") or DEFAULT_CONFIG_DRIVE)
     if not os.path.isdir(drive):
         raise ConfigError(f"config drive {drive} is not a directory")
-    cert, key, server_pem = _check_identity(drive)
+    cert, key, server_pem, context = _check_identity(drive)
     merged = {**_settings(drive), **{k: v for k, v in options.items() if v is not None}}
     virtio_ports = merged.get("virtio-ports")
     return AgentConfig(
@@ -225,4 +233,5 @@ def load_config(options: Mapping[str, Any]) -> AgentConfig:
         tcp_sockets=os.path.abspath(merged["tcp-sockets"]) if merged.get("tcp-sockets") else None,
         network=_network(merged, drive),
         boot_data=load_boot_data(drive),
+        tls=context,
     )

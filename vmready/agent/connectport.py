@@ -22,21 +22,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import stat
 from collections.abc import Sequence
 from typing import Callable
 
-from vmready.agent.serial import FoundPort, SerialPortMissing
+from vmready.agent.logs import logger
+from vmready.agent.ports import CONNECT_PORT_NAME, FoundPort, SerialPortMissing
 
-CONNECT_PORT_NAME = "vmready.connect"
 # Seconds to wait before reading again after end-of-file (no host connected).
 READ_AGAIN_DELAYS = (0.5, 1.0, 2.0)
 MISSING_RECHECK = 10.0
 READ_SIZE = 4096
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 OnData = Callable[[bytes], None]
 

@@ -32,11 +32,11 @@ is recognised and ignored.  Garbage on the serial line (including a malformed
 from __future__ import annotations
 
 import enum
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Union
 
+from vmready.agent.logs import logger
 from vmready.protocols import (
     MAX_LINE_BYTES,
     AgentStatus,
@@ -53,7 +53,7 @@ from vmready.protocols import (
 
 NO_CONNECT_YET = "the host has not sent CONNECT yet"
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 @dataclass(frozen=True)

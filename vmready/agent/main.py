@@ -8,23 +8,33 @@ message (``vmready-agent: …``; a systemd unit puts them in the journal).
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import logging
-import signal
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
 
-from vmready.agent.notify import SYNOPSIS, NotifyFailed, UsageError, notify, parse_notify
-from vmready.agent.options import ConfigError, parse_count, parse_seconds
+from vmready.agent.options import (
+    DEFAULT_CONFIG_DRIVE,
+    DEFAULT_HEARTBEAT,
+    DEFAULT_RETRIES,
+    ConfigError,
+    OptionParser,
+    UsageError,
+    parse_count,
+    parse_seconds,
+    split_transport,
+)
 
+# The rest is imported where it is used.  The agent says its first STARTED
+# (``firstword``) before it imports asyncio, ssl, logging and its own modules,
+# which take seconds under emulation; ``vmready-agent notify``, a second
+# interpreter started while the guest boots, needs none of them.  typing is
+# only for mypy here.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from vmready.agent.service import Agent
+    import asyncio
+    from collections.abc import Sequence
+    from typing import Any, NoReturn
 
-# The agent's own modules (its configuration, TLS, serial port, service) are
-# imported where the agent runs, not at the top: ``vmready-agent notify`` is a
-# second interpreter started while the guest boots, and needs none of them.
+    from vmready.agent.firstword import FirstWord
+    from vmready.agent.service import Agent
 
 PROGRAM = "vmready-agent"
 EXIT_OK = 0
@@ -41,8 +51,6 @@ DESCRIPTION = (
     "wins.  'vmready-agent notify ready' declares the workload Ready."
 )
 
-log = logging.getLogger("vmready.agent")
-
 
 def _say(message: str) -> None:
     print(f"{PROGRAM}: {message}", file=sys.stderr)
@@ -52,15 +60,8 @@ def _usage(command: str, synopsis: str) -> None:
     print(f"Usage: {command} {synopsis}  (see {command} --help)", file=sys.stderr)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
-
-
-def _parser() -> argparse.ArgumentParser:
-    from vmready.agent.config import DEFAULT_CONFIG_DRIVE, DEFAULT_HEARTBEAT, DEFAULT_RETRIES
-
-    parser = _Parser(prog=PROGRAM, usage=USAGE, description=DESCRIPTION)
+def _parser() -> OptionParser:
+    parser = OptionParser(PROGRAM, DESCRIPTION, usage=USAGE)
     add = parser.add_argument
     add(
         "--config-drive",
@@ -93,14 +94,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def parse_options(args: Sequence[str]) -> dict[str, Any]:
     """The command line as ``load_config`` options (command-line names); UsageError."""
-    from vmready.agent.config import parse_transport
-
     parsed = _parser().parse_args(list(args))
     try:
         heartbeat = parse_seconds(parsed.heartbeat, "heartbeat")
         retries = parse_count(parsed.retries, "retries")
         if parsed.transport is not None:
-            parse_transport(parsed.transport)
+            split_transport(parsed.transport)
     except ConfigError as e:
         raise UsageError(str(e)) from None
     return {
@@ -116,36 +115,19 @@ def parse_options(args: Sequence[str]) -> dict[str, Any]:
     }
 
 
-class OneLineFormatter(logging.Formatter):
-    """``vmready-agent: [warning: ]<message>``: one line, never a traceback."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        message = record.getMessage()
-        if record.exc_info and record.exc_info[1] is not None:
-            error = record.exc_info[1]
-            message += f" ({type(error).__name__}: {error})"
-        level = "" if record.levelno <= logging.INFO else f"{record.levelname.lower()}: "
-        return f"{PROGRAM}: {level}{message}".replace("\n", " ")
-
-
-def configure_logging(level: int = logging.INFO) -> None:
-    """Every log message to stderr, one line each."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(OneLineFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-
-
 def _loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
     """asyncio's own complaints (a task that failed unobserved …), as one log line."""
+    from vmready.agent.logs import logger
+
     error = context.get("exception")
     detail = f": {type(error).__name__}: {error}" if error is not None else ""
-    log.error("%s%s", context.get("message", "asyncio error"), detail)
+    logger("vmready.agent").error("%s%s", context.get("message", "asyncio error"), detail)
 
 
 def run_notify(args: Sequence[str]) -> int:
     """``vmready-agent notify ready|started [--socket PATH]``; the exit status."""
+    from vmready.agent.notify import SYNOPSIS, NotifyFailed, notify, parse_notify
+
     try:
         request = parse_notify(args)
     except UsageError as e:
@@ -153,7 +135,7 @@ def run_notify(args: Sequence[str]) -> int:
         _usage(f"{PROGRAM} notify", SYNOPSIS)
         return EXIT_USAGE
     try:
-        kept = asyncio.run(notify(request.socket, request.state, request.timeout))
+        kept = notify(request.socket, request.state, request.timeout)
     except NotifyFailed as e:
         _say(str(e))
         return EXIT_FAILED
@@ -163,11 +145,22 @@ def run_notify(args: Sequence[str]) -> int:
 
 
 async def _serve(agent: Agent) -> int:
+    import asyncio
+    import signal
+
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(_loop_error)
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, agent.request_stop)
     return await agent.run()
+
+
+def _failed(first_word: FirstWord | None, message: str) -> int:
+    """The agent cannot run: STOPPED where it said STARTED already, and one line."""
+    if first_word is not None:
+        first_word.stop()
+    _say(message)
+    return EXIT_FAILED
 
 
 def run_agent(args: Sequence[str]) -> int:
@@ -178,22 +171,33 @@ def run_agent(args: Sequence[str]) -> int:
         _say(str(e))
         _usage(PROGRAM, "[options]")
         return EXIT_USAGE
-    configure_logging()
-    from vmready.agent.config import load_config
-    from vmready.agent.service import build_agent
+    from vmready.agent.firstword import say_started
 
+    # Before the imports below, which take seconds under emulation.  Not when recording
+    # (--record): the recorder, made after them, could not date this STARTED truly,
+    # and its replay answers each STARTED as recorded, in time.
+    first_word = None if options["record"] else say_started(options)
+    from vmready.agent.logs import configure_logging
+
+    configure_logging()
     try:
-        agent = build_agent(load_config(options))
+        from vmready.agent.config import load_config
+        from vmready.agent.service import build_agent
+
+        agent = build_agent(load_config(options), first_word)
     except ConfigError as e:
-        _say(str(e))
-        return EXIT_FAILED
+        return _failed(first_word, str(e))
+    import asyncio
+
     try:
         return asyncio.run(_serve(agent))
     except KeyboardInterrupt:  # before the loop took over SIGINT: a normal stop
         return EXIT_OK
     except Exception as e:  # startup failed before anything ran: one line, not a traceback
-        _say(f"cannot start: {type(e).__name__}: {e}")
-        return EXIT_FAILED
+        return _failed(first_word, f"cannot start: {type(e).__name__}: {e}")
+    finally:
+        if first_word is not None and not first_word.handed_over:
+            first_word.stop()  # the loop ended before the serial keeper adopted it
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:

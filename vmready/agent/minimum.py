@@ -9,12 +9,23 @@ any Python 3: no ``from __future__ import annotations``, so the annotations
 that need newer Pythons are strings.
 """
 
-import importlib.util
 import sys
-from collections.abc import Sequence
-from typing import Optional
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for mypy only: typing costs at every start under emulation
+    from collections.abc import Sequence
+    from typing import Optional
 
 MINIMUM = (3, 9)
+
+
+def _findable(name: str) -> bool:
+    """Whether the top-level module ``name`` can be imported, without importing it.
+
+    What ``importlib.util.find_spec`` does for a top-level name, without the
+    import of ``importlib.util`` (and the dozens of modules it brings).
+    """
+    return any(finder.find_spec(name, None) is not None for finder in sys.meta_path)
 
 
 def interpreter_problem(
@@ -28,7 +39,7 @@ def interpreter_problem(
         )
     if has_ssl is None:
         # Found, not imported: ``notify`` (started at boot) never loads ssl.
-        has_ssl = all(importlib.util.find_spec(name) is not None for name in ("ssl", "_ssl"))
+        has_ssl = all(_findable(name) for name in ("ssl", "_ssl"))
     if not has_ssl:
         return "needs Python's ssl module, and this Python was built without it"
     return ""

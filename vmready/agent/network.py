@@ -18,13 +18,14 @@ from __future__ import annotations
 import errno
 import fcntl
 import ipaddress
-import logging
 import os
 import re
 import socket
 import struct
 from dataclasses import dataclass
 from typing import Callable
+
+from vmready.agent.logs import logger
 
 DEFAULT_SYSFS_NET = "/sys/class/net"
 SIOCGIFFLAGS = 0x8913
@@ -38,7 +39,7 @@ _IFNAMSIZ = 16
 _IFREQ_SIZE = 40  # struct ifreq on Linux: the name, then a 24-byte union
 _MAC = re.compile(r"[0-9a-f]{2}(?::[0-9a-f]{2}){5}")
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 # fcntl.ioctl(fd, request, buffer) → the buffer as the kernel left it (tests pass a fake).
 Ioctl = Callable[[int, int, bytes], bytes]

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import traceback
 from dataclasses import dataclass
 from typing import Callable
@@ -40,6 +39,7 @@ from vmready.agent.host import (
     HostResponse,
     describe_failure,
 )
+from vmready.agent.logs import logger
 
 MAX_REQUEST_BODY = 1024 * 1024
 # A body past the limit is still read (and dropped) up to this much, so that the
@@ -52,7 +52,7 @@ MAX_CONNECTIONS = 256
 EVENTS_PATH = "/1.0/events"
 STATE_PATH = "/1.0"
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 class HostUnreachable(Exception):

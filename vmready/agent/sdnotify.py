@@ -13,15 +13,16 @@ raised: the agent serves all the same.
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 from collections.abc import Mapping, MutableMapping
 from typing import Union
 
+from vmready.agent.logs import logger
+
 NOTIFY_SOCKET = "NOTIFY_SOCKET"
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 Address = Union[str, bytes]
 

@@ -1,14 +1,13 @@
-"""The agent's serial port: found, opened, driven by the event loop, reopened when it closes.
+"""The agent's serial port: opened, driven by the event loop, reopened when it closes.
 
-In a real guest the port is a virtio character device.  With udev it is the
-link ``/dev/virtio-ports/com.canonical.lxd`` (or the legacy
-``org.linuxcontainers.lxd``); without udev there is no link, only
-``/dev/vportNpM``, whose name is in ``/sys/class/virtio-ports/vportNpM/name``.
-``find_port`` tries each name in turn (the one the host wired first), the link
-and then sysfs.  The device is opened non-blocking, in raw mode if it is a tty,
-and read and written through ``loop.add_reader``/``add_writer``.  A fakeqemu
-guest exposes the same name as a unix socket (``<qmp>.guest/virtio-ports/<name>``),
-which is connected to instead; its sysfs is the host's, so it is never searched.
+The port (``com.canonical.lxd``, or the legacy ``org.linuxcontainers.lxd``) is
+found by ``ports.find_port``.  A virtio character device is opened
+non-blocking, in raw mode if it is a tty, and read and written through
+``loop.add_reader``/``add_writer``.  A fakeqemu guest exposes the same name as
+a unix socket (``<qmp>.guest/virtio-ports/<name>``), which is connected to
+instead.  A port the agent opened before its event loop ran (``firstword``,
+where it said its first ``STARTED``) is adopted as it is: it never closed, so
+the host saw no agent leave.
 
 ``SerialKeeper`` keeps the port open while the agent runs, so that its closing
 tells the host the agent is gone.  A line written with ``announce`` is followed
@@ -26,20 +25,19 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import logging
 import os
 import stat
 import termios
 import tty
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-PORT_NAME = "com.canonical.lxd"
-LEGACY_PORT_NAME = "org.linuxcontainers.lxd"
-DEFAULT_VIRTIO_PORTS = "/dev/virtio-ports"
-DEFAULT_SYSFS_PORTS = "/sys/class/virtio-ports"
-DEFAULT_DEV = "/dev"
+from vmready.agent.logs import logger
+from vmready.agent.ports import FoundPort, SerialPortMissing
+
+if TYPE_CHECKING:
+    from vmready.agent.firstword import FirstWord
+
 # Seconds between reopening attempts; after the last one the agent gives up.
 REOPEN_DELAYS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 # A port that stayed open this long was really ours: its loss starts the delays afresh.
@@ -49,85 +47,14 @@ FLUSH_TIMEOUT = 2.0
 CONNECT_TIMEOUT = 5.0
 READ_SIZE = 64 * 1024
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 OnData = Callable[[bytes], None]
 OnLost = Callable[[str], None]
 
 
-class SerialPortMissing(Exception):
-    """No serial port to open; the message says where the agent looked."""
-
-
 class SerialOpenError(Exception):
     """The port could not be opened; the message says which and why."""
-
-
-def port_names(wired: str | None) -> tuple[str, ...]:
-    """The names to try, in order: the one the host wired first, then the known ones."""
-    known = (PORT_NAME, LEGACY_PORT_NAME)
-    if wired is None:
-        return known
-    return (wired, *(name for name in known if name != wired))
-
-
-@dataclass(frozen=True)
-class FoundPort:
-    """A port to open: its path, its name, and whether sysfs named it (no udev link)."""
-
-    path: str
-    name: str
-    sysfs: str | None = None
-
-    def describe(self) -> str:
-        """How the log names it: ``<path>``, ``<path> (legacy name)`` …"""
-        notes = []
-        if self.sysfs is not None:
-            notes.append(f"{self.name}, found in {self.sysfs}")
-        if self.name == LEGACY_PORT_NAME:
-            notes.append("legacy name")
-        return self.path + (f" ({'; '.join(notes)})" if notes else "")
-
-
-def _names(names: Sequence[str]) -> str:
-    if len(names) == 2:
-        return f"neither {names[0]} nor {names[1]}"
-    return "none of " + ", ".join(names)
-
-
-def _sysfs_entry(sysfs: str, name: str) -> str | None:
-    """The ``vportNpM`` whose ``name`` file says ``name``, if any."""
-    try:
-        entries = sorted(os.listdir(sysfs))
-    except OSError:
-        return None
-    for entry in entries:
-        try:
-            with open(os.path.join(sysfs, entry, "name"), encoding="utf-8") as f:
-                if f.read().strip() == name:
-                    return entry
-        except (OSError, UnicodeDecodeError):
-            continue
-    return None
-
-
-def find_port(
-    names: Sequence[str],
-    virtio_ports: str = DEFAULT_VIRTIO_PORTS,
-    sysfs: str | None = DEFAULT_SYSFS_PORTS,
-    dev: str = DEFAULT_DEV,
-) -> FoundPort:
-    """The first of ``names`` present: as a udev link, else named in sysfs (if given)."""
-    for name in names:
-        link = os.path.join(virtio_ports, name)
-        if os.path.exists(link):
-            return FoundPort(link, name)
-        if sysfs is not None:
-            entry = _sysfs_entry(sysfs, name)
-            if entry is not None and os.path.exists(os.path.join(dev, entry)):
-                return FoundPort(os.path.join(dev, entry), name, sysfs)
-    where = virtio_ports if sysfs is None else f"{virtio_ports} or {sysfs}"
-    raise SerialPortMissing(f"{_names(names)} in {where}")
 
 
 class SerialChannel(abc.ABC):
@@ -280,6 +207,24 @@ async def open_serial(path: str, on_data: OnData, on_lost: OnLost) -> SerialChan
     return _DeviceChannel(loop, fd, on_data, on_lost)
 
 
+async def adopt_serial(word: FirstWord, on_data: OnData, on_lost: OnLost) -> SerialChannel:
+    """The port ``word`` opened before the event loop ran, driven by the loop from now on."""
+    loop = asyncio.get_running_loop()
+    fd, sock = word.hand_over()
+    if sock is not None:
+        channel = _SocketChannel(on_data, on_lost)
+        sock.setblocking(False)
+        try:
+            await loop.create_unix_connection(lambda: channel, sock=sock)
+        except OSError as e:
+            sock.close()
+            raise SerialOpenError(f"cannot adopt {word.found.path}: {e.strerror or e}") from None
+        return channel
+    if fd is None:
+        raise SerialOpenError(f"{word.found.path} was handed over already")
+    return _DeviceChannel(loop, fd, on_data, on_lost)
+
+
 Locate = Callable[[], FoundPort]
 Opener = Callable[[str, OnData, OnLost], Awaitable[SerialChannel]]
 
@@ -322,10 +267,23 @@ class SerialKeeper:
         """The port is open now."""
         return self._channel is not None
 
-    def start(self) -> None:
-        """Open the port (in the running loop)."""
+    def start(self, adopt: FirstWord | None = None) -> None:
+        """Open the port (in the running loop), or ``adopt`` the one the agent opened already.
+
+        An adopted port said STARTED already: its adoption is no (re)opening to
+        announce, so ``on_open`` is not called for it.
+        """
         self.running = True
-        self._open()
+        if adopt is None:
+            self._open()
+            return
+        log.info("serial port: %s", adopt.found.describe())  # the line any opening logs
+        self.path = adopt.found.path
+
+        def adopted(path: str, on_data: OnData, on_lost: OnLost) -> Awaitable[SerialChannel]:
+            return adopt_serial(adopt, on_data, on_lost)
+
+        self._opening = asyncio.ensure_future(self._connect(self.path, True, adopted))
 
     def write(self, data: bytes, announce: bool = False) -> bool:
         """Write to the port if it is open (or held during a pulse); False if dropped.
@@ -405,11 +363,12 @@ class SerialKeeper:
             self.path = found.path
         self._opening = asyncio.ensure_future(self._connect(found.path))
 
-    async def _connect(self, path: str, quiet: bool = False) -> None:
-        """Open the port at ``path``; ``quiet`` (a pulse's reopening): no ``on_open``."""
+    async def _connect(self, path: str, quiet: bool = False, opener: Opener | None = None) -> None:
+        """Open the port at ``path`` (with ``opener``, default the keeper's); ``quiet`` (a
+        pulse's reopening, an adoption): no ``on_open``."""
         attempt = _Attempt(self)
         try:
-            channel = await self.opener(path, self.on_data, attempt.lost)
+            channel = await (opener or self.opener)(path, self.on_data, attempt.lost)
         except SerialOpenError as e:
             self._failed(str(e))
             return

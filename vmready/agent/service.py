@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import logging
 import os
 import socket
 import stat
@@ -34,6 +33,7 @@ from vmready.agent.core import (
     ReassertReady,
     WriteStatus,
 )
+from vmready.agent.firstword import FirstWord
 from vmready.agent.host import (
     HostConnector,
     HostEndpoint,
@@ -43,12 +43,14 @@ from vmready.agent.host import (
     open_link,
     patch_state,
 )
+from vmready.agent.logs import logger
 from vmready.agent.memory import ReadyMemory
 from vmready.agent.options import ConfigError
+from vmready.agent.ports import FoundPort, find_port
 from vmready.agent.proxy import GuestAPIProxy, HostRoute, HostUnreachable
 from vmready.agent.recording import AgentRecorder, RecordingConnector
 from vmready.agent.sdnotify import ServiceManager, from_os_environment
-from vmready.agent.serial import FoundPort, SerialKeeper, find_port
+from vmready.agent.serial import SerialKeeper
 from vmready.agent.tls import TLSConfigError, client_context, pinned_der
 from vmready.protocols import AgentStatus
 
@@ -56,7 +58,7 @@ from vmready.protocols import AgentStatus
 DIAL_TIMEOUT = 15.0
 _UNIX_PATH_MAX = 107  # sun_path holds 108 bytes, the terminating NUL included
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 Dialer = Callable[[HostAddress], Awaitable[LinkWatch]]
 Reasserter = Callable[[HostAddress], Awaitable[None]]
@@ -111,6 +113,7 @@ class Agent:
         self.deliver: Deliverer = deliver or self._patch_state
         self.recorder = recorder
         self.serial: SerialKeeper | None = None
+        self._first_word: FirstWord | None = None
         self.connect_port: ConnectPortReader | None = None
         self.boot_data = boot_data
         self.manager = manager or ServiceManager()
@@ -132,9 +135,13 @@ class Agent:
         self._links: dict[int, LinkWatch] = {}
         self._background: set[asyncio.Task[None]] = set()
 
-    def attach_serial(self, serial: SerialKeeper) -> None:
-        """Use ``serial`` (built with this agent's callbacks) as the port."""
+    def attach_serial(self, serial: SerialKeeper, first_word: FirstWord | None = None) -> None:
+        """Use ``serial`` (built with this agent's callbacks) as the port; it adopts the
+        port ``first_word`` opened, where the agent said STARTED before its loop ran."""
         self.serial = serial
+        self._first_word = first_word
+        if first_word is not None:
+            _said_first(self, first_word)
 
     def attach_connect_port(self, reader: ConnectPortReader) -> None:
         """Read the host's CONNECT lines with ``reader`` (built with ``connect_data``)."""
@@ -157,7 +164,10 @@ class Agent:
             self._server = await asyncio.start_unix_server(self.proxy.handle, sock=self._listening)
         self.manager.ready(self._ready_status())
         if self.serial is not None:
-            self.serial.start()
+            first_word, self._first_word = self._first_word, None
+            if first_word is not None:
+                first_word.say_again()  # before vmready.connect opens, which makes the host read
+            self.serial.start(first_word)
         if self.connect_port is not None:
             self.connect_port.start()
         self._beat_handle = loop.call_later(self.heartbeat, self.beat)
@@ -246,10 +256,8 @@ class Agent:
 
     def remember_state(self, state: str) -> None:
         """The host accepted a guest program's state: remember Ready for this boot."""
-        self.memory.remember(state == "Ready")
         log.info("the workload declared %s", state)
-        if state == "Ready" and self.timeline.mark("Ready"):
-            log.info("%s", self.timeline.line("relay", "Ready"))
+        _remembered(self, state)
 
     def hold_state(self, state: str) -> None:
         """A guest program declared ``state`` while the host was unreachable: deliver it later."""
@@ -365,7 +373,20 @@ class Agent:
                 describe_failure(e),
             )
             return
-        self.memory.remember(state == "Ready")
+        _remembered(self, state)  # a Ready kept since before the link is dated when delivered
+
+
+def _remembered(agent: Agent, state: str) -> None:
+    """The host has ``state``: remember it; the first Ready is dated on the console."""
+    agent.memory.remember(state == "Ready")
+    if state == "Ready" and agent.timeline.mark("Ready"):
+        log.info("%s", agent.timeline.line("relay", "Ready"))
+
+
+def _said_first(agent: Agent, first_word: FirstWord) -> None:
+    """Date the STARTED this process said before its loop ran (never a recording one's)."""
+    if agent.timeline.note("STARTED", first_word.said_at):
+        log.info("%s", agent.timeline.line("process", "STARTED"))
 
 
 def prepare_socket_path(path: str) -> None:
@@ -411,10 +432,16 @@ def bind_socket(path: str) -> socket.socket:
     return listening
 
 
-def build_agent(config: AgentConfig) -> Agent:
-    """The agent for ``config``, on the real serial port and socket; ConfigError if it cannot."""
+def build_agent(config: AgentConfig, first_word: FirstWord | None = None) -> Agent:
+    """The agent for ``config``, on the real serial port and socket; ConfigError if it cannot.
+
+    ``first_word``: the status port where this process said STARTED already, for the
+    agent to adopt (``firstword``).
+    """
     try:
-        context = client_context(config.client_cert, config.client_key, config.server_cert_pem)
+        context = config.tls or client_context(
+            config.client_cert, config.client_key, config.server_cert_pem
+        )
         pinned = pinned_der(config.server_cert_pem)
     except TLSConfigError as e:
         raise ConfigError(f"the agent's certificate and key are unusable: {e}") from None
@@ -455,7 +482,8 @@ def build_agent(config: AgentConfig) -> Agent:
         return find_port(config.ports, config.virtio_ports, config.virtio_sysfs, config.dev_dir)
 
     agent.attach_serial(
-        SerialKeeper(locate, agent.serial_data, agent.serial_opened, agent.serial_gave_up)
+        SerialKeeper(locate, agent.serial_data, agent.serial_opened, agent.serial_gave_up),
+        first_word,
     )
 
     def locate_connect_port() -> FoundPort:

@@ -33,14 +33,20 @@ def _pem_text(pem: bytes, where: str) -> str:
         raise TLSConfigError(f"{where} is not a PEM certificate") from None
 
 
-def check_certificate(pem: bytes, where: str) -> str:
-    """The PEM text of exactly one certificate; TLSConfigError otherwise."""
+def certificate_text(pem: bytes, where: str) -> str:
+    """The PEM text of exactly one certificate, by its shape (ssl does not parse it here)."""
     text = _pem_text(pem, where)
     count = text.count(_BEGIN_CERTIFICATE)
     if count == 0:
         raise TLSConfigError(f"{where} is not a PEM certificate")
     if count > 1:
         raise TLSConfigError(f"{where} holds {count} certificates; it must hold exactly one")
+    return text
+
+
+def check_certificate(pem: bytes, where: str) -> str:
+    """The PEM text of exactly one certificate that ssl parses; TLSConfigError otherwise."""
+    text = certificate_text(pem, where)
     try:
         ssl.create_default_context(cadata=text)
     except (ssl.SSLError, ValueError):
@@ -49,8 +55,15 @@ def check_certificate(pem: bytes, where: str) -> str:
 
 
 def pinned_der(server_cert_pem: bytes) -> bytes:
-    """The DER form of the pinned certificate, to compare the peer's with."""
-    return ssl.PEM_cert_to_DER_cert(check_certificate(server_cert_pem, "server.crt"))
+    """The DER form of the pinned certificate, to compare the peer's with.
+
+    Its shape is checked here; ``client_context`` is what parses it.
+    """
+    text = certificate_text(server_cert_pem, "server.crt")
+    try:
+        return ssl.PEM_cert_to_DER_cert(text)
+    except ValueError:
+        raise TLSConfigError("server.crt is not a PEM certificate") from None
 
 
 def _refuse_password() -> NoReturn:
@@ -61,15 +74,22 @@ def _refuse_password() -> NoReturn:
 def client_context(
     cert_path: str, key_path: str, server_cert_pem: bytes, server_cert_path: str = "server.crt"
 ) -> ssl.SSLContext:
-    """The context for every connection to the host; TLSConfigError saying what is wrong."""
+    """The context for every connection to the host; TLSConfigError saying what is wrong.
+
+    Each file is parsed once, by the context itself (under emulation every
+    parse costs); only when ssl refuses one is each looked at to say which.
+    """
     with open(cert_path, "rb") as f:
-        check_certificate(f.read(), cert_path)
-    server_text = check_certificate(server_cert_pem, server_cert_path)
+        certificate_text(f.read(), cert_path)
+    server_text = certificate_text(server_cert_pem, server_cert_path)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.check_hostname = False  # self-signed, pinned: there is no name to check
     context.verify_mode = ssl.CERT_REQUIRED
-    context.load_verify_locations(cadata=server_text)
+    try:
+        context.load_verify_locations(cadata=server_text)
+    except (ssl.SSLError, ValueError):
+        raise TLSConfigError(f"{server_cert_path} is not a PEM certificate") from None
     password: Callable[[], NoReturn] = _refuse_password
     try:
         context.load_cert_chain(cert_path, key_path, password=password)
@@ -78,6 +98,8 @@ def client_context(
     except ssl.SSLError as e:
         if e.reason == "KEY_VALUES_MISMATCH":
             raise KeyMismatch(f"{key_path} does not belong to {cert_path}") from None
+        with open(cert_path, "rb") as f:
+            check_certificate(f.read(), cert_path)  # the certificate, if it is the one
         raise TLSConfigError(f"{key_path} is not an unencrypted PEM private key") from None
     return context
 
