@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from io import BytesIO
 from typing import Any
 
@@ -607,6 +608,31 @@ class RenderedViewTests(APITestCase):
         self.assertEqual(shown["agent"]["status"], "connected")
         listed = (await self.call("GET", "/1.0/instances?recursion=1")).metadata
         self.assertEqual(listed[0]["agent"]["status"], "connected")
+
+    async def test_anInstanceGetIsAnsweredWhileALongListIsStillBeingRead(self) -> None:
+        await self.launch("web1")
+        await self.launch("web2")
+        self.api.list_slice = 1
+        answered: list[str] = []
+
+        def answer(what: str) -> Callable[[Any], Any]:
+            def note(response: Any) -> Any:
+                answered.append(what)
+                return response
+
+            return note
+
+        listing = self.http.get("http://vmready/1.0/instances?recursion=1").addCallback(
+            answer("list")
+        )
+        self.http.get("http://vmready/1.0/instances/web2").addCallback(answer("get"))
+        self.http.flush()
+        self.assertEqual(answered, ["get"])
+        await deferLater(reactor, 0, lambda: None)
+        self.http.flush()
+        listed = json.loads(await self.http.content(await listing))["metadata"]
+        self.assertEqual([shown["name"] for shown in listed], ["web1", "web2"])
+        self.assertEqual(answered, ["get", "list"])
 
     async def test_theListIsTheInstancesAsEachIsShownByteForByte(self) -> None:
         await self.launch("web1")

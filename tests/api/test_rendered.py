@@ -6,10 +6,12 @@ import json
 from typing import Any
 
 import attrs
+from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from vmready.api.lxdbodies import instance_etag
-from vmready.api.rendered import RenderedInstances, ViewInputs, json_array
+from vmready.api.rendered import RenderedInstances, ViewInputs, in_slices, json_array
 from vmready.api.views import instance_json
 from vmready.domain import InstanceRecord
 from vmready.domain.states import PowerState, VMState
@@ -35,8 +37,8 @@ def record(name: str = "web1", **changes: Any) -> InstanceRecord:
 
 def inputs(row: InstanceRecord | None = None, **changes: Any) -> ViewInputs:
     """The inputs of a running instance whose agent is connected, with no fault."""
-    return attrs.evolve(
-        ViewInputs(record() if row is None else row, AgentStatus.CONNECTED, (), ()), **changes
+    return ViewInputs(record() if row is None else row, AgentStatus.CONNECTED, (), ())._replace(
+        **changes
     )
 
 
@@ -155,3 +157,45 @@ class JSONArrayTests(SynchronousTestCase):
 
     def test_noItemsMakeAnEmptyArray(self) -> None:
         self.assertEqual(json_array([]), json.dumps([]).encode("utf-8"))
+
+
+class Turns(Clock):
+    """A clock whose ``turn`` runs the calls due now, as one turn of the reactor does.
+
+    (``Clock.advance`` also runs the calls those calls schedule for now.)
+    """
+
+    def turn(self) -> None:
+        due = [call for call in self.calls if call.getTime() <= self.seconds()]
+        for call in due:
+            self.calls.remove(call)
+            call.func(*call.args, **call.kw)
+
+
+class InSlicesTests(SynchronousTestCase):
+    """A long list is read a slice per turn of the reactor, in order."""
+
+    def setUp(self) -> None:
+        self.clock = Turns()
+        self.seen: list[int] = []
+
+    def each(self, item: int) -> int:
+        self.seen.append(item)
+        return item * 10
+
+    def test_aSliceIsReadPerTurnOfTheReactor(self) -> None:
+        done = Deferred.fromCoroutine(in_slices(range(250), self.each, self.clock, 100))
+        self.assertEqual((len(self.seen), done.called), (100, False))
+        self.clock.turn()
+        self.assertEqual((len(self.seen), done.called), (200, False))
+        self.clock.turn()
+        self.assertEqual(self.successResultOf(done), [item * 10 for item in range(250)])
+
+    def test_aListWithinOneSliceIsReadAtOnce(self) -> None:
+        done = Deferred.fromCoroutine(in_slices(range(100), self.each, self.clock, 100))
+        self.assertEqual(self.successResultOf(done), [item * 10 for item in range(100)])
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_anEmptyListIsReadAtOnce(self) -> None:
+        done = Deferred.fromCoroutine(in_slices([], self.each, self.clock, 100))
+        self.assertEqual(self.successResultOf(done), [])

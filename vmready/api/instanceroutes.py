@@ -21,7 +21,7 @@ from vmready.api.filtering import parse_filter
 from vmready.api.forwarding import FORWARDED_BY
 from vmready.api.lxdbodies import create_request, instance_etag, put_changes, rename_request
 from vmready.api.operatorbase import OperatorBase, async_response, forwardable, operator_app
-from vmready.api.rendered import Rendered, json_array
+from vmready.api.rendered import Rendered, in_slices, json_array
 from vmready.api.requestbody import field, query_param, read_json_body, recursion_level
 from vmready.api.views import instance_url, snapshot_json, state_json
 from vmready.api.web import sync_response, sync_response_encoded
@@ -80,7 +80,9 @@ class InstanceRoutes(OperatorBase):
             if wanted is not None:
                 views = [view for view in views if wanted(view)]
             return sync_response(request, views)
-        rendered = [self.rendered_instance(record) for record in records]
+        rendered = await in_slices(
+            records, self.rendered_instance, self.lifecycle.clock, self.list_slice
+        )
         if wanted is not None:
             rendered = [each for each in rendered if wanted(each.view)]
         if recursion == 1:

@@ -25,7 +25,7 @@ from twisted.web.resource import IResource
 from vmready.api.cluster import ClusterContext
 from vmready.api.eventstream import MAX_PENDING_BYTES, BoundedFeed
 from vmready.api.limits import MAX_OPERATOR_CONNECTIONS, LimitedSite
-from vmready.api.rendered import Rendered, RenderedInstances, ViewInputs
+from vmready.api.rendered import SLICE, Rendered, RenderedInstances, ViewInputs
 from vmready.api.requestbody import query_param, seconds_param
 from vmready.api.trust import TrustRegistry
 from vmready.api.views import instance_json, operation_url
@@ -229,6 +229,8 @@ class OperatorBase:
             self._render_instance,
             lambda name: lifecycle.store.view.find_instance(name) is not None,
         )
+        # The instances a list reads per turn of the reactor (``api.rendered.in_slices``).
+        self.list_slice = SLICE
 
     def rendered_instance(self, record: InstanceRecord) -> Rendered:
         """The instance object as this daemon shows it now, rendered only if it changed."""
