@@ -16,6 +16,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.server import Request
 from twisted.web.test.requesthelper import DummyChannel, DummyRequest
 
+from tests.envelopes import sync_envelope
 from tests.fixtures import STARTED_UNDER_TCG, STOP_TIMEOUT, Reply, make_lifecycle
 from tests.reactor import reactor
 from tests.received import Received
@@ -641,17 +642,8 @@ class RenderedViewTests(APITestCase):
             (await self.call("GET", f"/1.0/instances/{name}")).metadata
             for name in ("web1", "web2")
         ]
-        envelope = {
-            "type": "sync",
-            "status": "Success",
-            "status_code": 200,
-            "operation": "",
-            "error_code": 0,
-            "error": "",
-            "metadata": shown,
-        }
         listed = await self.raw("/1.0/instances?recursion=1")
-        self.assertEqual(listed, json.dumps(envelope).encode("utf-8") + b"\n")
+        self.assertEqual(listed, json.dumps(sync_envelope(shown)).encode("utf-8") + b"\n")
 
 
 class ActionTests(APITestCase):

@@ -16,6 +16,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.iweb import IRequest
 from twisted.web.test.requesthelper import DummyChannel, DummyRequest
 
+from tests.envelopes import sync_envelope
 from tests.reactor import reactor
 from vmready.api.limits import body_overflowed
 from vmready.api.operatorbase import OPERATOR_ERRORS
@@ -122,16 +123,7 @@ class SyncEnvelopeTests(SynchronousTestCase):
     METADATA: Any = {"name": "web1", "config": {"user.x": "é"}, "list": [1, None, True]}
 
     def envelope(self, metadata: Any) -> bytes:
-        body = {
-            "type": "sync",
-            "status": "Success",
-            "status_code": 200,
-            "operation": "",
-            "error_code": 0,
-            "error": "",
-            "metadata": metadata,
-        }
-        return json.dumps(body).encode("utf-8") + b"\n"
+        return json.dumps(sync_envelope(metadata)).encode("utf-8") + b"\n"
 
     def test_metadataIsWrittenAsJsonDumpsWritesTheEnvelope(self) -> None:
         request: Any = DummyRequest([b""])
