@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from io import BytesIO
 from typing import Any
 
@@ -15,6 +16,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.server import Request
 from twisted.web.test.requesthelper import DummyChannel, DummyRequest
 
+from tests.envelopes import sync_envelope
 from tests.fixtures import STARTED_UNDER_TCG, STOP_TIMEOUT, Reply, make_lifecycle
 from tests.reactor import reactor
 from tests.received import Received
@@ -556,6 +558,92 @@ class StateTests(APITestCase):
                 await self.call("PUT", "/1.0/instances/web1/state", body), 400, message
             )
         self.assertEqual((await self.state())["status"], "Running")
+
+
+class RenderedViewTests(APITestCase):
+    """Each instance's view is rendered once per change, and every change is seen at once."""
+
+    async def raw(self, path: str) -> bytes:
+        """The body of a GET, as sent."""
+        pending = self.http.get("http://vmready" + path)
+        self.http.flush()
+        body: bytes = await self.http.content(await pending)
+        return body
+
+    async def test_readingAnUnchangedInstanceAgainDoesNotRenderItAgain(self) -> None:
+        await self.launch("web1")
+        await self.call("GET", "/1.0/instances/web1")
+        renders = self.api.rendered.renders
+        await self.call("GET", "/1.0/instances/web1")
+        await self.call("GET", "/1.0/instances?recursion=1")
+        await self.call("GET", "/1.0/instances")
+        self.assertEqual(self.api.rendered.renders, renders)
+
+    async def test_aConfigChangeIsSeenByTheNextReadWithItsETag(self) -> None:
+        await self.launch("web1")
+        before = await self.call("GET", "/1.0/instances/web1")
+        await self.call("GET", "/1.0/instances?recursion=1")
+        await self.lifecycle.configuring.update_config("web1", {"user.team": "red"})
+        after = await self.call("GET", "/1.0/instances/web1")
+        self.assertEqual(after.metadata["config"]["user.team"], "red")
+        self.assertNotEqual(after.headers["etag"], before.headers["etag"])
+        listed = (await self.call("GET", "/1.0/instances?recursion=1")).metadata
+        self.assertEqual(listed[0]["config"]["user.team"], "red")
+
+    async def test_aStopIsSeenByTheNextRead(self) -> None:
+        await self.launch("web1")
+        await self.call("GET", "/1.0/instances/web1")
+        await self.call("GET", "/1.0/instances?recursion=1")
+        await self.settle(await self.call("PUT", "/1.0/instances/web1/state", {"action": "stop"}))
+        shown = (await self.call("GET", "/1.0/instances/web1")).metadata
+        self.assertEqual(shown["status"], "Stopped")
+        listed = (await self.call("GET", "/1.0/instances?recursion=1")).metadata
+        self.assertEqual(listed[0]["status"], "Stopped")
+
+    async def test_anAgentStatusChangeIsSeenByTheNextRead(self) -> None:
+        await self.launch("web1")
+        await self.call("GET", "/1.0/instances/web1")
+        await self.call("GET", "/1.0/instances?recursion=1")
+        self.patch(self.lifecycle.running, "agent_status", lambda name: AgentStatus.CONNECTED)
+        shown = (await self.call("GET", "/1.0/instances/web1")).metadata
+        self.assertEqual(shown["agent"]["status"], "connected")
+        listed = (await self.call("GET", "/1.0/instances?recursion=1")).metadata
+        self.assertEqual(listed[0]["agent"]["status"], "connected")
+
+    async def test_anInstanceGetIsAnsweredWhileALongListIsStillBeingRead(self) -> None:
+        await self.launch("web1")
+        await self.launch("web2")
+        self.api.list_slice = 1
+        answered: list[str] = []
+
+        def answer(what: str) -> Callable[[Any], Any]:
+            def note(response: Any) -> Any:
+                answered.append(what)
+                return response
+
+            return note
+
+        listing = self.http.get("http://vmready/1.0/instances?recursion=1").addCallback(
+            answer("list")
+        )
+        self.http.get("http://vmready/1.0/instances/web2").addCallback(answer("get"))
+        self.http.flush()
+        self.assertEqual(answered, ["get"])
+        await deferLater(reactor, 0, lambda: None)
+        self.http.flush()
+        listed = json.loads(await self.http.content(await listing))["metadata"]
+        self.assertEqual([shown["name"] for shown in listed], ["web1", "web2"])
+        self.assertEqual(answered, ["get", "list"])
+
+    async def test_theListIsTheInstancesAsEachIsShownByteForByte(self) -> None:
+        await self.launch("web1")
+        await self.launch("web2", {"user.team": "red"})
+        shown = [
+            (await self.call("GET", f"/1.0/instances/{name}")).metadata
+            for name in ("web1", "web2")
+        ]
+        listed = await self.raw("/1.0/instances?recursion=1")
+        self.assertEqual(listed, json.dumps(sync_envelope(shown)).encode("utf-8") + b"\n")
 
 
 class ActionTests(APITestCase):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -13,13 +14,14 @@ from twisted.internet.interfaces import IReactorUNIX
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.iweb import IRequest
-from twisted.web.test.requesthelper import DummyChannel
+from twisted.web.test.requesthelper import DummyChannel, DummyRequest
 
+from tests.envelopes import sync_envelope
 from tests.reactor import reactor
 from vmready.api.limits import body_overflowed
 from vmready.api.operatorbase import OPERATOR_ERRORS
 from vmready.api.requestbody import MAX_BODY_BYTES, read_json_body
-from vmready.api.web import LocalRequest, local_site, sync_response
+from vmready.api.web import LocalRequest, local_site, sync_response, sync_response_encoded
 from vmready.domain.model import PayloadTooLarge
 
 app = Klein()
@@ -113,3 +115,26 @@ class BodyCapTests(SynchronousTestCase):
         request.handleContentChunk(body)
         self.assertFalse(body_overflowed(request))
         self.assertEqual(read_json_body(request), {"a": 1})
+
+
+class SyncEnvelopeTests(SynchronousTestCase):
+    """LXD's sync envelope is written as ``json.dumps`` writes it, from metadata or its JSON."""
+
+    METADATA: Any = {"name": "web1", "config": {"user.x": "é"}, "list": [1, None, True]}
+
+    def envelope(self, metadata: Any) -> bytes:
+        return json.dumps(sync_envelope(metadata)).encode("utf-8") + b"\n"
+
+    def test_metadataIsWrittenAsJsonDumpsWritesTheEnvelope(self) -> None:
+        request: Any = DummyRequest([b""])
+        self.assertEqual(sync_response(request, self.METADATA), self.envelope(self.METADATA))
+
+    def test_encodedMetadataMakesTheSameBytesAndLength(self) -> None:
+        request: Any = DummyRequest([b""])
+        encoded = json.dumps(self.METADATA).encode("utf-8")
+        answer = sync_response_encoded(request, encoded)
+        self.assertEqual(answer, self.envelope(self.METADATA))
+        self.assertEqual(request.responseCode, 200)
+        self.assertEqual(
+            request.responseHeaders.getRawHeaders(b"Content-Length"), [b"%d" % len(answer)]
+        )

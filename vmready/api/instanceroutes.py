@@ -21,9 +21,10 @@ from vmready.api.filtering import parse_filter
 from vmready.api.forwarding import FORWARDED_BY
 from vmready.api.lxdbodies import create_request, instance_etag, put_changes, rename_request
 from vmready.api.operatorbase import OperatorBase, async_response, forwardable, operator_app
+from vmready.api.rendered import Rendered, in_slices, json_array
 from vmready.api.requestbody import field, query_param, read_json_body, recursion_level
 from vmready.api.views import instance_url, snapshot_json, state_json
-from vmready.api.web import sync_response
+from vmready.api.web import sync_response, sync_response_encoded
 from vmready.domain import (
     BadGateway,
     BadRequest,
@@ -48,7 +49,7 @@ class InstanceRoutes(OperatorBase):
 
     async def full_view(self, record: InstanceRecord) -> dict[str, Any]:
         """The instance with its state, snapshots and backups (LXD's ``InstanceFull``)."""
-        view = self.instance_view(record)
+        view = dict(self.rendered_instance(record).view)
         snapshots = await self.lifecycle.store.snapshots.list_snapshots(record.name)
         view["state"] = state_json(record, self.lifecycle.running.agent_status(record.name))
         view["snapshots"] = [snapshot_json(snapshot) for snapshot in snapshots]
@@ -60,6 +61,12 @@ class InstanceRoutes(OperatorBase):
         request.setHeader(b"ETag", instance_etag(view).encode("ascii"))
         return sync_response(request, view)
 
+    def _answer_rendered(self, request: IRequest, record: InstanceRecord) -> bytes:
+        """One instance as ``_answer_instance`` answers it, from its kept rendering."""
+        rendered = self.rendered_instance(record)
+        request.setHeader(b"ETag", rendered.etag.encode("ascii"))
+        return sync_response_encoded(request, rendered.json)
+
     @app.route("/1.0/instances", methods=["GET"])
     async def list_instances(self, request: IRequest) -> bytes:
         """Every instance (``filter=``), as URLs, objects (1) or with state and snapshots (2)."""
@@ -70,13 +77,17 @@ class InstanceRoutes(OperatorBase):
         wanted = parse_filter(query_param(request, "filter"))
         if recursion >= 2:
             views = [await self.full_view(record) for record in records]
-        else:
-            views = [self.instance_view(record) for record in records]
-        if wanted is not None:
-            views = [view for view in views if wanted(view)]
-        if recursion >= 1:
+            if wanted is not None:
+                views = [view for view in views if wanted(view)]
             return sync_response(request, views)
-        return sync_response(request, [instance_url(view["name"]) for view in views])
+        rendered = await in_slices(
+            records, self.rendered_instance, self.lifecycle.clock, self.list_slice
+        )
+        if wanted is not None:
+            rendered = [each for each in rendered if wanted(each.view)]
+        if recursion == 1:
+            return sync_response_encoded(request, json_array(each.json for each in rendered))
+        return sync_response(request, [instance_url(each.view["name"]) for each in rendered])
 
     @app.route("/1.0/instances", methods=["POST"])
     async def create_instance(self, request: IRequest) -> bytes:
@@ -129,7 +140,7 @@ class InstanceRoutes(OperatorBase):
         record = self.lifecycle.store.view.get_instance(name)
         if recursion_level(request) >= 1:
             return self._answer_instance(request, await self.full_view(record))
-        return self._answer_instance(request, self.instance_view(record))
+        return self._answer_rendered(request, record)
 
     async def _instance_from(self, request: IRequest, owner: MemberRecord, name: str) -> bytes:
         """The instance as its member shows it; this member's view if that member fails."""
@@ -156,7 +167,7 @@ class InstanceRoutes(OperatorBase):
         if config is None:
             raise BadRequest("Invalid field 'config': an object of keys to set is required")
         record = await self.lifecycle.configuring.update_config(name, config)
-        return self._answer_instance(request, self.instance_view(record))
+        return self._answer_rendered(request, record)
 
     @app.route("/1.0/instances/<name>", methods=["PUT"])
     @forwardable
@@ -169,22 +180,22 @@ class InstanceRoutes(OperatorBase):
         if body.get("restore") is not None:
             return await self._restore(request, name, body)
         record = self.lifecycle.store.view.get_instance(name)
-        view = self.instance_view(record)
-        self._check_etag(request, view)
-        changes = put_changes(record, body, {*view, "state", "snapshots", "backups"})
+        rendered = self.rendered_instance(record)
+        self._check_etag(request, rendered)
+        changes = put_changes(record, body, {*rendered.view, "state", "snapshots", "backups"})
         if changes:
             await self.lifecycle.configuring.update_config(name, changes)
         return async_response(request, self.done_operation(f"Updating instance {name}", name))
 
-    def _check_etag(self, request: IRequest, view: dict[str, Any]) -> None:
+    def _check_etag(self, request: IRequest, rendered: Rendered) -> None:
         """A 412 unless ``If-Match`` (if any) names the instance as it is now."""
         raw = request.getHeader(b"If-Match")
         if raw is None:
             return
         given = raw.decode("latin-1").strip().strip('"')
-        if given not in ("", "*") and given != instance_etag(view):
+        if given not in ("", "*") and given != rendered.etag:
             raise PreconditionFailed(
-                f"ETag doesn't match: instance {view['name']} changed since it was read"
+                f"ETag doesn't match: instance {rendered.view['name']} changed since it was read"
             )
 
     async def _restore(self, request: IRequest, name: str, body: dict[str, Any]) -> bytes:

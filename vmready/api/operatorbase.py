@@ -25,6 +25,7 @@ from twisted.web.resource import IResource
 from vmready.api.cluster import ClusterContext
 from vmready.api.eventstream import MAX_PENDING_BYTES, BoundedFeed
 from vmready.api.limits import MAX_OPERATOR_CONNECTIONS, LimitedSite
+from vmready.api.rendered import SLICE, Rendered, RenderedInstances, ViewInputs
 from vmready.api.requestbody import query_param, seconds_param
 from vmready.api.trust import TrustRegistry
 from vmready.api.views import instance_json, operation_url
@@ -223,26 +224,41 @@ class OperatorBase:
         # The event consumers connected now, either form, and what each may have held.
         self.event_feeds: set[BoundedFeed] = set()
         self.event_buffer_limit = MAX_PENDING_BYTES
-
-    def instance_view(self, record: InstanceRecord) -> dict[str, Any]:
-        """The instance object as this daemon shows it (``api.views.instance_json``)."""
-        lifecycle = self.lifecycle
-        # On a cluster member: where it runs, and whether that member is unreachable.
-        placed: dict[str, Any] = (
-            {}
-            if self.cluster is None
-            else {
-                "location": self.cluster.location(record),
-                "unreachable": self.cluster.unreachable(record),
-            }
+        # Each instance's view, kept until what it shows changes.
+        self.rendered = RenderedInstances(
+            self._render_instance,
+            lambda name: lifecycle.store.view.find_instance(name) is not None,
         )
+        # The instances a list reads per turn of the reactor (``api.rendered.in_slices``).
+        self.list_slice = SLICE
+
+    def rendered_instance(self, record: InstanceRecord) -> Rendered:
+        """The instance object as this daemon shows it now, rendered only if it changed."""
+        lifecycle = self.lifecycle
+        name = record.name
+        agent = lifecycle.running.agent_status(name)
+        faults = tuple(lifecycle.events.faults.of(name))
+        history = tuple(lifecycle.agent_history.of(name))
+        cluster = self.cluster
+        if cluster is None:
+            inputs = ViewInputs(record, agent, faults, history)
+        else:
+            # On a cluster member: where it runs, and whether that member is unreachable.
+            location, unreachable = cluster.location(record), cluster.unreachable(record)
+            inputs = ViewInputs(record, agent, faults, history, location, unreachable)
+        return self.rendered.get(inputs)
+
+    def _render_instance(self, inputs: ViewInputs) -> dict[str, Any]:
+        """The instance object of these inputs (``api.views.instance_json``)."""
+        record = inputs.record
         return instance_json(
             record,
-            self.lifecycle.running.agent_status(record.name),
-            lifecycle.events.faults.of(record.name),
-            lifecycle.agent_history.of(record.name),
-            lifecycle.specs.console_log_path(record),
-            **placed,
+            inputs.agent,
+            inputs.faults,
+            inputs.agent_history,
+            self.lifecycle.specs.console_log_path(record),
+            inputs.location,
+            inputs.unreachable,
         )
 
     def done_operation(
