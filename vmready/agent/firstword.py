@@ -87,29 +87,34 @@ class FirstWord:
         starts with the agent's loop, whose first act (opening ``vmready.connect``)
         makes the host read, so this line comes just before it.
         """
-        try:
-            if self.fd is not None:
-                os.write(self.fd, STARTED_LINE)
-            elif self.sock is not None:
-                self.sock.sendall(STARTED_LINE)
-        except OSError:
-            pass  # the keeper's adoption finds out what is wrong with the port
+        # Unsaid, the keeper's adoption of the port finds out what is wrong with it.
+        _send(self.fd, self.sock, STARTED_LINE)
 
     def stop(self) -> None:
         """The agent cannot start after all: say ``STOPPED`` (best effort) and close the port."""
         fd, sock = self.hand_over()
         try:
-            if fd is not None:
-                os.write(fd, STOPPED_LINE)
-            elif sock is not None:
-                sock.sendall(STOPPED_LINE)
-        except OSError:
-            pass  # the port's closing tells the host as well, a little later
+            # Unsaid, the port's closing tells the host as well, a little later.
+            _send(fd, sock, STOPPED_LINE)
         finally:
             if fd is not None:
                 os.close(fd)
             if sock is not None:
                 sock.close()
+
+
+def _send(fd: int | None, sock: socket.socket | None, line: bytes) -> bool:
+    """Write ``line`` on the port (a descriptor or a fakeqemu socket); whether it was written."""
+    try:
+        if fd is not None:
+            os.write(fd, line)
+        elif sock is not None:
+            sock.sendall(line)
+        else:
+            return False
+    except OSError:
+        return False
+    return True
 
 
 def _drive_settings(drive: str) -> dict[str, str]:
