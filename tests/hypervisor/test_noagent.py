@@ -43,7 +43,7 @@ class MissingAgentReasonTests(SynchronousTestCase):
         self.assertEqual(
             missing_agent_reason(console, 120),
             "no agent spoke 120s into the boot: cloud-init is still running in the guest and "
-            "has not started it yet (a slow first boot: this clears when the agent speaks; "
+            "has not started it yet (a slow first boot: this clears when the agent connects; "
             "cloud-init's lines on the console say how far it got)",
         )
 
@@ -65,6 +65,28 @@ class MissingAgentReasonTests(SynchronousTestCase):
             missing_agent_reason(MARK, 90),
             "no agent spoke 90s into the boot, and the guest wrote nothing on its console: does "
             "it boot? (a kernel command line of your own needs console=ttyS0)",
+        )
+
+    def test_anAgentThatStartedIsToldByItsOwnLine(self) -> None:
+        # Its configuration refused: STARTED, STOPPED and its one line, again and again.
+        console = MARK + (
+            b"Cloud-init v. 22.4.2 running 'init'\n"
+            b"vmready-agent: agent.key does not belong to agent.crt in /run/vmready-agent\n"
+            b"[FAILED] Failed to start vmready-agent.service - vmready guest agent.\n"
+        )
+        self.assertEqual(
+            missing_agent_reason(console, 120, heard=True),
+            "the agent started but had not connected 120s into the boot; its last word on the "
+            "console: vmready-agent: agent.key does not belong to agent.crt in /run/vmready-agent",
+        )
+
+    def test_anAgentThatStartedWithNoLineOfItsOwn(self) -> None:
+        console = MARK + b"Cloud-init v. 22.4.2 finished at Sun, 29 Nov 2026 08:10:00 +0000.\n"
+        self.assertEqual(
+            missing_agent_reason(console, 145, heard=True),
+            "the agent started but had not connected 145s into the boot, and wrote no line of "
+            "its own on the console: its log in the guest says why (docs/agent.md, "
+            "troubleshooting)",
         )
 
     def test_onlyThisBootCounts(self) -> None:

@@ -3,10 +3,10 @@
 The bound on the guest-visible config (``vmready.hypervisor.guestdata``) is
 checked when an instance is created and when its config changes: one line, and
 nothing created or changed.  ``instance-agent-missing`` is raised for a VM of
-the ``qemu`` driver whose agent said nothing ``AGENT_EXPECTED_WITHIN`` seconds
-after the daemon began following it (here a fakeqemu VM followed on a
-``task.Clock``, as by a ``qemu`` driver's daemon): a fault ``vmready info``
-shows until an agent speaks or the VM stops.
+the ``qemu`` driver whose agent had not connected ``AGENT_EXPECTED_WITHIN``
+seconds after the daemon began following it, silent or only ``STARTED`` (here
+a fakeqemu VM followed on a ``task.Clock``, as by a ``qemu`` driver's daemon):
+a fault ``vmready info`` shows until an agent connects or the VM stops.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from twisted.internet.task import Clock, deferLater
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.lifecycle.test_lifecycle import _async
-from tests.lifecycle.test_ready import AgentLinkTestCase
+from tests.lifecycle.test_ready import AgentLinkTestCase, SerialGuest
 from tests.reactor import reactor
 from vmready.cli.tables import info_table
 from vmready.domain.model import BadRequest
@@ -27,6 +27,7 @@ from vmready.lifecycle.faults import FaultLog
 from vmready.protocols.ringbuffer import AgentStatus
 
 TOO_BIG = "x" * MAX_GUEST_DATA
+REFUSED = b"vmready-agent: agent.key does not belong to agent.crt in /run/vmready-agent\n"
 LIMIT = (
     "Invalid config: the instance's user.* and cloud-init.* keys come to 4.1 MiB, more than "
     "the 4 MiB a guest is given at boot (its NoCloud seed and config drive); make them smaller"
@@ -95,19 +96,77 @@ class AgentMissingTests(AgentLinkTestCase):
             },
         )
 
+    def console_says(self, line: bytes) -> None:
+        """The guest writes ``line`` on vm1's console (as systemd copies the agent's stderr)."""
+        record = self.lifecycle.store.view.get_instance("vm1")
+        with open(self.lifecycle.specs.spec_for(record).console_log, "ab") as f:
+            f.write(line)
+
+    async def agent_says(self, guest: SerialGuest, status: AgentStatus) -> None:
+        """The agent says ``status``; the daemon reads it on its (fake) clock's polls."""
+        guest.say(status.value.upper().encode() + b"\n")
+        for _ in range(400):
+            if self.lifecycle.running.agent_status("vm1") is status:
+                return
+            self.clock.advance(0.01)
+            await deferLater(reactor, 0.01, lambda: None)
+        self.fail(f"the daemon never read {status.value}")
+
+    async def refused(self) -> None:
+        """An agent whose configuration is refused: STARTED, STOPPED, its one line; it exits."""
+        guest = await self.guest()
+        await self.agent_says(guest, AgentStatus.STARTED)
+        self.console_says(REFUSED)
+        await self.agent_says(guest, AgentStatus.STOPPED)
+        for port in (guest.status, guest.connect):
+            assert port.transport is not None
+            port.transport.loseConnection()
+            await port.closed
+
     @_async
-    async def test_anAgentThatSpokeIsNoFault(self) -> None:
+    async def test_anAgentThatStartsThenStopsIsAFaultWithItsConsoleLine(self) -> None:
+        await self.launch()
+        await self.refused()
+        await self.refused()  # systemd's Restart=on-failure, and again
+        self.clock.advance(AGENT_EXPECTED_WITHIN - self.clock.seconds() - 1)
+        self.assertEqual(self.faults(), {})
+        self.clock.advance(1)
+        await self.refused()
+        await self.refused()
+        self.assertEqual(
+            (self.lifecycle_actions("vm1").count("instance-agent-missing"), self.faults()),
+            (
+                1,
+                {
+                    "agent-missing": "the agent started but had not connected 120s into the "
+                    "boot; its last word on the console: vmready-agent: agent.key does not "
+                    "belong to agent.crt in /run/vmready-agent"
+                },
+            ),
+        )
+
+    @_async
+    async def test_anAgentThatConnectsInTimeIsNoFault(self) -> None:
         await self.launch()
         guest = await self.guest()
-        guest.say(b"STARTED\n")
-        for _ in range(400):  # the monitor reads the ring on its (fake) clock's polls
-            if self.lifecycle.running.agent_status("vm1") is not AgentStatus.UNKNOWN:
-                break
-            self.clock.advance(0.1)
-            await deferLater(reactor, 0.01, lambda: None)
-        self.assertIs(self.lifecycle.running.agent_status("vm1"), AgentStatus.STARTED)
+        await self.agent_says(guest, AgentStatus.STARTED)
+        self.clock.advance(3)  # its imports and its dial (AgentDeadlineTests: up to 30 s)
+        await self.agent_says(guest, AgentStatus.CONNECTED)
         self.clock.advance(AGENT_EXPECTED_WITHIN)
         self.assertNotIn("instance-agent-missing", self.lifecycle_actions("vm1"))
+
+    @_async
+    async def test_anAgentThatConnectsLaterClearsTheFault(self) -> None:
+        await self.launch()
+        await self.refused()
+        self.clock.advance(AGENT_EXPECTED_WITHIN)
+        self.assertEqual(list(self.faults()), ["agent-missing"])
+        # Its configuration put right and the agent restarted: it connects.
+        guest = await self.guest()
+        await self.agent_says(guest, AgentStatus.STARTED)
+        self.assertEqual(list(self.faults()), ["agent-missing"])
+        await self.agent_says(guest, AgentStatus.CONNECTED)
+        self.assertEqual(self.faults(), {})
 
     @_async
     async def test_aStoppedVMIsNoLongerWatched(self) -> None:
@@ -147,12 +206,22 @@ class AgentMissingFaultTests(SynchronousTestCase):
             [("agent-missing", "no agent spoke 120s into the boot: …", 10.0)],
         )
 
-    def test_anAgentThatStartsClearsIt(self) -> None:
+    def test_anAgentThatStartsDoesNotClearIt(self) -> None:
+        # It says STARTED before it reads its configuration, which may be refused.
         log = self.raised()
         log.observe(
             "lifecycle",
             11.0,
             {"action": "instance-agent-started", "source": "/1.0/instances/vm1"},
+        )
+        self.assertEqual([f.kind for f in log.of("vm1")], ["agent-missing"])
+
+    def test_anAgentThatConnectsClearsIt(self) -> None:
+        log = self.raised()
+        log.observe(
+            "lifecycle",
+            11.0,
+            {"action": "instance-agent-connected", "source": "/1.0/instances/vm1"},
         )
         self.assertEqual(log.of("vm1"), [])
 

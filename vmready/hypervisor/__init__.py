@@ -64,7 +64,7 @@ from vmready.hypervisor.driver import HypervisorDriver
 from vmready.hypervisor.guestdata import check_guest_data, guest_data, meta_data
 from vmready.hypervisor.imagetool import ImageInfo, ImageTool
 from vmready.hypervisor.kvmprobe import KVMProbe
-from vmready.hypervisor.noagent import AGENT_EXPECTED_WITHIN, agent_absence
+from vmready.hypervisor.noagent import AGENT_CONNECT_WITHIN, AGENT_EXPECTED_WITHIN, agent_absence
 from vmready.hypervisor.qemulog import read_log_lines
 from vmready.hypervisor.runningvm import RunningVM
 from vmready.hypervisor.snapshots import (
@@ -81,6 +81,7 @@ from vmready.hypervisor.vmevents import VMEvent, VMEventKind
 __all__ = [
     "ACCEL_REASON_KEY",
     "AGENT_CONFIG",
+    "AGENT_CONNECT_WITHIN",
     "AGENT_EXPECTED_WITHIN",
     "AGENT_PORT",
     "AGENT_RING",

@@ -34,10 +34,11 @@ _RAISED_BY = {
     "instance-snapshot-failed": ("snapshot", "error"),
     "store-write-failed": ("store", "error"),
 }
-# ... and which events say its cause went away.
+# ... and which events say its cause went away.  An agent's STARTED does not end a missing
+# one: it says so before reading its configuration, and one refused says STOPPED next.
 _CLEARED_BY = {
     "instance-monitor-restored": ("monitor",),
-    "instance-agent-started": ("agent", "agent-missing"),
+    "instance-agent-started": ("agent",),
     "instance-agent-connected": ("agent", "agent-missing"),
     "instance-certificate-restored": ("certificate",),
     "instance-snapshot-created": ("snapshot",),

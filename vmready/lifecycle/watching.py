@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Callable
+from functools import partial
 from typing import cast
 
 import attrs
@@ -16,14 +17,13 @@ from vmready.agentlink import AgentLink, AgentMonitor, ConnectPort, StatusChange
 from vmready.agentlink.transport import TRANSPORT_KEY, connect_line
 from vmready.domain import READY_KEY, RUNNING_VM_STATES, InstanceRecord, PowerState, VMState
 from vmready.hypervisor import (
-    AGENT_EXPECTED_WITHIN,
     UNRECORDED_LAYOUT,
     RunningVM,
     VMEvent,
     VMEventKind,
-    agent_absence,
     fakeqemu_guest_paths,
 )
+from vmready.lifecycle.agentdeadline import AgentDeadline
 from vmready.lifecycle.agenthistory import AgentHistory, LinkChange
 from vmready.lifecycle.events import EventBus
 from vmready.lifecycle.guestlink import GuestReach
@@ -32,7 +32,6 @@ from vmready.lifecycle.journal import Journal
 from vmready.lifecycle.metrics import CountedRingDevice, LifecycleMetrics
 from vmready.lifecycle.running import RunningVMs
 from vmready.lifecycle.specs import LAYOUT_KEY, agent_chardev, agent_port_name
-from vmready.protocols import AgentStatus
 from vmready.protocols.qmp import QMPEvent
 from vmready.store import AsyncStore, StoreHealth
 
@@ -76,6 +75,8 @@ class Watching:
     # Instances whose VM was adopted and its agent sent CONNECT again, until the agent's
     # next change (its history entry says so).
     _advertised: set[str] = attrs.field(init=False, factory=set)
+    # Real guests' agents not yet judged connected or missing (``qemu`` driver only).
+    _deadlines: dict[str, AgentDeadline] = attrs.field(init=False, factory=dict)
 
     def __attrs_post_init__(self) -> None:
         self.store.health.subscribe(self._store_health_changed)
@@ -136,9 +137,13 @@ class Watching:
             if frozen:
                 monitor.paused()  # adopted frozen: its agent cannot speak until unfrozen
             if self.driver_kind == "qemu":
-                # A real guest whose agent never speaks: say why, as its console tells it.
-                check = self.clock.callLater(AGENT_EXPECTED_WITHIN, self._agent_expected, name, vm)
-                undo.append(lambda: check.cancel() if check.active() else None)
+                # A real guest whose agent never connects: say why, as its console tells it.
+                live = partial(self._live, name, vm)
+                deadline = self._deadlines[name] = AgentDeadline(
+                    name, self.clock, self.events, vm.spec.console_log, live
+                )
+                undo.append(lambda: self._deadlines.pop(name).cancel())
+                deadline.start()
 
         def unsubscribe() -> None:
             for step in undo:
@@ -146,15 +151,10 @@ class Watching:
 
         self._unsubscribe[name] = unsubscribe
 
-    def _agent_expected(self, name: str, vm: RunningVM) -> None:
-        """The agent has had its time: if it never spoke, a fault says why until it does."""
+    def _live(self, name: str, vm: RunningVM) -> bool:
+        """Whether ``vm`` still runs as the instance's, its vCPUs too (not paused)."""
         record = self.store.view.find_instance(name)
-        if vm.gone or record is None or record.power_state is not PowerState.RUNNING:
-            return
-        if self.running.agent_status(name) is AgentStatus.UNKNOWN:
-            reason = agent_absence(vm.spec.console_log)
-            self.log.warn("{name}: {reason}", name=name, reason=reason)
-            self.events.lifecycle("instance-agent-missing", name, {"reason": reason})
+        return not vm.gone and record is not None and record.power_state is PowerState.RUNNING
 
     def _follow_agent(self, name: str, vm: RunningVM) -> AgentMonitor | None:
         guest = self.reach.link
@@ -201,6 +201,8 @@ class Watching:
 
     def _agent_changed(self, name: str, change: StatusChanged) -> None:
         self.running.last_agent_status[name] = change.current
+        if (deadline := self._deadlines.get(name)) is not None:
+            deadline.heard(change.current)
         event = self.events.lifecycle(
             change.event_action,
             name,
