@@ -184,7 +184,13 @@ class AgentMissingTests(AgentLinkTestCase):
 
 
 class AgentMissingFaultTests(SynchronousTestCase):
-    """The fault's life in the FaultLog: raised by the event, gone when an agent speaks."""
+    """The fault's life in the FaultLog: raised by the event, gone when an agent connects."""
+
+    def after(self, action: str) -> list[str]:
+        """The standing faults' kinds once the fault was raised and then ``action`` came."""
+        log = self.raised()
+        log.observe("lifecycle", 11.0, {"action": action, "source": "/1.0/instances/vm1"})
+        return [f.kind for f in log.of("vm1")]
 
     def raised(self) -> FaultLog:
         log = FaultLog()
@@ -208,22 +214,10 @@ class AgentMissingFaultTests(SynchronousTestCase):
 
     def test_anAgentThatStartsDoesNotClearIt(self) -> None:
         # It says STARTED before it reads its configuration, which may be refused.
-        log = self.raised()
-        log.observe(
-            "lifecycle",
-            11.0,
-            {"action": "instance-agent-started", "source": "/1.0/instances/vm1"},
-        )
-        self.assertEqual([f.kind for f in log.of("vm1")], ["agent-missing"])
+        self.assertEqual(self.after("instance-agent-started"), ["agent-missing"])
 
     def test_anAgentThatConnectsClearsIt(self) -> None:
-        log = self.raised()
-        log.observe(
-            "lifecycle",
-            11.0,
-            {"action": "instance-agent-connected", "source": "/1.0/instances/vm1"},
-        )
-        self.assertEqual(log.of("vm1"), [])
+        self.assertEqual(self.after("instance-agent-connected"), [])
 
     def test_aStoppedVMClearsIt(self) -> None:
         log = self.raised()
