@@ -27,6 +27,9 @@ CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 FAKEQEMU = os.path.join(os.path.dirname(sys.executable), "fakeqemu-system-x86_64")
 # Past a fence's end by this much, a VM it spared is surely spared.
 AFTER = 1.0
+# A first end far enough ahead for the fence (and what the test does next) to start before
+# it, on a loaded machine too.
+SOON = 5.0
 
 
 class FenceProcessTests(SynchronousTestCase):
@@ -92,7 +95,7 @@ class FenceProcessTests(SynchronousTestCase):
 
     def test_theVMsRunWhileTheLeaseHoldsAndAreKilledOnceItEnds(self) -> None:
         pid = self.start_vm("vm1")
-        until = time.monotonic() + 1.5
+        until = time.monotonic() + SOON
         self.start_fence(until)
         self.assertTrue(self.alive(pid))
         eventually(lambda: not self.alive(pid), "the VM killed")
@@ -102,7 +105,7 @@ class FenceProcessTests(SynchronousTestCase):
 
     def test_eachRenewalKeepsThemRunning(self) -> None:
         pid = self.start_vm("vm1")
-        first_end = time.monotonic() + 1.0
+        first_end = time.monotonic() + SOON
         fence = self.start_fence(first_end)
         self.tell(fence, hold_line(time.monotonic() + DEADLINE))
         time.sleep(max(0.0, first_end + AFTER - time.monotonic()))
@@ -135,7 +138,7 @@ class FenceProcessTests(SynchronousTestCase):
 
     def test_withItsDaemonGoneItHoldsUntilTheEndThenKillsAndEnds(self) -> None:
         pid = self.start_vm("vm1")
-        until = time.monotonic() + 1.5
+        until = time.monotonic() + SOON
         fence = self.start_fence(until)
         assert fence.stdin is not None
         fence.stdin.close()
@@ -148,7 +151,7 @@ class FenceProcessTests(SynchronousTestCase):
 
     def test_aNewFenceRelievesTheOldOneAndTheVMsRunOn(self) -> None:
         pid = self.start_vm("vm1")
-        first_end = time.monotonic() + 1.5
+        first_end = time.monotonic() + SOON
         old = self.start_fence(first_end)
         assert old.stdin is not None
         old.stdin.close()  # its daemon stopped; a new one starts on the same data dir
