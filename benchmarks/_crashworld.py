@@ -22,6 +22,8 @@ from typing import IO, Any
 
 import attrs
 
+from vmready import fence
+from vmready.fence import VMProcess
 from vmready.hypervisor import AGENT_CONFIG, AGENT_ZIPAPP
 from vmready.lifecycle import CONFIG_DRIVE, run_dir_name
 
@@ -48,49 +50,9 @@ def committed_rows(database: str) -> dict[str, Row]:
     return {name: Row(name, uuid, vm, task, power) for name, uuid, vm, task, power in rows}
 
 
-@attrs.frozen
-class VMProcess:
-    """A fakeqemu VM process under the data dir: its pid, run dir, real size."""
-
-    pid: int
-    run_dir: str
-    memory_mib: int
-    cpus: int
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(") ")[2][:1] not in ("Z", "X", "")
-    except OSError:
-        return False
-
-
 def vm_processes(data_dir: str) -> dict[str, VMProcess]:
     """Every live VM process whose QMP socket is under ``data_dir/run``, by run dir."""
-    run_root = os.path.join(data_dir, "run") + "/"
-    found: dict[str, VMProcess] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().decode("utf-8", "replace").split("\0")
-        except OSError:
-            continue
-        if "-name" not in argv:
-            continue
-        argv = argv[argv.index("-name") :]  # past the program (``python -m fakeqemu``)
-        if "-qmp" not in argv or "-m" not in argv:
-            continue
-        qmp = argv[argv.index("-qmp") + 1]
-        path = qmp.removeprefix("unix:").split(",", 1)[0]
-        if not path.startswith(run_root) or not _alive(int(entry)):
-            continue
-        memory = int(argv[argv.index("-m") + 1].rstrip("M"))
-        cpus = int(argv[argv.index("-smp") + 1].split(",")[0]) if "-smp" in argv else 1
-        found[os.path.dirname(path)] = VMProcess(int(entry), os.path.dirname(path), memory, cpus)
-    return found
+    return fence.vm_processes(os.path.join(data_dir, "run"))
 
 
 def vm_answers(run_dir: str) -> bool:
@@ -200,6 +162,4 @@ class Guests:
 
 def kill_vms(data_dir: str) -> None:
     """At the end: every VM process left under the data dir, SIGKILLed."""
-    for vm in vm_processes(data_dir).values():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(vm.pid, signal.SIGKILL)
+    fence.kill_vms(os.path.join(data_dir, "run"))

@@ -6,7 +6,11 @@ killed it.  A daemon frozen with a task open that does none of these after
 waking did not act; one that does, did (``benchmarks._history``).
 
 twistd's text log stamps each line to the second: an act is taken to be at
-the *end* of its second, so that a doubt counts against the daemon.
+the *end* of its second, so that a doubt counts against the daemon.  What a
+daemon only *saw* (its VM's process number once it runs, its monitor closing
+as the VM exited) is no act: a VM that a step before a takeover left running
+after it is caught where it runs (``Faults``: the VMs alive once the lease
+ran out, and the host fence's kills after it, ``fence_kills``).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from datetime import datetime
 from benchmarks._clusterworld import Incarnation
 from benchmarks._history import Act
 
-__all__ = ["acts_in_log", "log_acts"]
+__all__ = ["FENCE_LOG", "acts_in_log", "fence_kills", "log_acts"]
 
 _LINE = re.compile(r"^(?P<time>\S+) \[vmready\.hypervisor\.[^\]]*\] (?P<message>.*)$")
 _NAME = r"(?P<name>[^\s:()]+)"
@@ -27,11 +31,9 @@ _ACTS = tuple(
     re.compile(pattern)
     for pattern in (
         rf"^starting VM {_NAME}: ",
-        rf"^VM {_NAME} runs as process ",
         rf"^killing (?:half-started )?VM {_NAME} \(process ",
         rf"^pressed the ACPI power button of {_NAME}",
         rf"^VM {_NAME} did not power off within .*; forcing it",
-        rf"^{_NAME}: the monitor closed as QEMU exited",
         rf"^QEMU refused (?:quit|system_powerdown) for {_NAME}: ",
     )
 )
@@ -69,4 +71,27 @@ def log_acts(incarnations: Iterable[Incarnation], keys: Mapping[str, str]) -> li
                 )
         except FileNotFoundError:
             continue
+    return found
+
+
+FENCE_LOG = "fence.log"
+# The host fence's own log (``vmready.fence``): a line per VM it killed, to the millisecond.
+_FENCE_KILL = re.compile(
+    r"^(?P<time>\S+) \[vmready\.fence\] member \S+: "
+    r"killed VM (?P<vm>\S+) \(process (?P<pid>\d+)\)$"
+)
+
+
+def fence_kills(log_path: str) -> list[tuple[float, str, int]]:
+    """(when, run dir name, pid) of each VM the host fence logging to ``log_path`` killed."""
+    found = []
+    try:
+        with open(log_path, encoding="utf-8", errors="replace") as log:
+            for line in log:
+                matched = _FENCE_KILL.match(line.rstrip("\n"))
+                if matched is not None:
+                    at = datetime.strptime(matched["time"], "%Y-%m-%dT%H:%M:%S.%f%z")
+                    found.append((at.timestamp(), matched["vm"], int(matched["pid"])))
+    except FileNotFoundError:
+        return []
     return found

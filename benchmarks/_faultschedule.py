@@ -13,10 +13,12 @@ import attrs
 from twisted.internet.threads import deferToThread
 
 from benchmarks._clusterworld import Cluster, Incarnation, Member
-from benchmarks._crashworld import Guests, kill_vms
+from benchmarks._crashworld import Guests, kill_vms, vm_processes
+from benchmarks._faultacts import FENCE_LOG, fence_kills
 from benchmarks._faultproxy import FaultProxy
 from benchmarks._faultworkload import POLL_SECONDS, Recorder
 from benchmarks._measure import sleep
+from vmready.fence import VMProcess
 
 KINDS = ("postgres", "kill", "freeze", "partition")
 STOP_GRACE = 30.0
@@ -73,6 +75,8 @@ class Faults:
         self.args = args
         # (member, what): daemons that went on running after their member was taken over.
         self.lingering: list[tuple[str, str]] = []
+        # (member, what): VMs still running when another daemon took their member over.
+        self.outlived: list[tuple[str, str]] = []
         self.retired_dirs: list[str] = []
 
     async def inject(self, fault: Fault) -> str:
@@ -121,6 +125,16 @@ class Faults:
             if time.monotonic() - started > self.args.lease_seconds + STOP_GRACE:
                 raise SystemExit(f"the lease of frozen {frozen.label} never ran out")
             await sleep(POLL_SECONDS)
+        ran_out = time.time()
+        alive = vm_processes(frozen.data_dir)
+        self.outlived += [
+            (
+                member.name,
+                f"VM {os.path.basename(run_dir)} (process {vm.pid}) of frozen {frozen.label} "
+                "still ran once its lease had run out, as its name was taken over",
+            )
+            for run_dir, vm in sorted(alive.items())
+        ]
         successor = await self.start(member, new_data_dir=True)
         await sleep(max(0.0, fault.duration - (time.monotonic() - started)))
         self.thaw(frozen)
@@ -140,11 +154,28 @@ class Faults:
                 )
             )
             outcome = f"still ran {bound:g}s after it woke: killed"
+        self.outlived += self.killed_after(member.name, frozen, ran_out, alive)
         self.retire(frozen.data_dir)
         return (
             f"{frozen.label} frozen for {time.monotonic() - started:.1f}s, taken over by "
             f"{successor.label}; {outcome}"
         )
+
+    def killed_after(
+        self, member: str, frozen: Incarnation, ran_out: float, alive: dict[str, VMProcess]
+    ) -> list[tuple[str, str]]:
+        """The VMs of ``frozen`` its host fence killed after its lease ran out (at ``ran_out``):
+        started by it after the takeover, or alive then (those are counted already)."""
+        counted = {vm.pid for vm in alive.values()}
+        return [
+            (
+                member,
+                f"VM {name} (process {pid}) of {frozen.label} ran after its lease had run out: "
+                f"its host fence killed it at {at:.3f}",
+            )
+            for at, name, pid in fence_kills(os.path.join(frozen.data_dir, FENCE_LOG))
+            if at > ran_out and pid not in counted
+        ]
 
     def thaw(self, incarnation: Incarnation) -> None:
         incarnation.signal(signal.SIGCONT)

@@ -150,6 +150,7 @@ def build_history(
         },
         problems=_vm_problems(cluster, faults, listed),
         lingering=faults.lingering,
+        outlived=faults.outlived,
         acts=acts,
     )
 

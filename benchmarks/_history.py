@@ -215,8 +215,10 @@ class History:
     ``members``: each member and whether it held its lease at the end.
     ``problems``: what the harness found wrong with the VMs; ``lingering``:
     (member, what happened) for each daemon that went on running after
-    another took its member over; ``acts``: the steps on VMs the daemons' logs
-    tell of.
+    another took its member over; ``outlived``: (member, what) for each VM
+    still running when another daemon took its member over (the lease it was
+    started under had run out: the instance had two masters, whatever its old
+    daemon did); ``acts``: the steps on VMs the daemons' logs tell of.
     """
 
     ops: Sequence[ClientOp] = ()
@@ -232,6 +234,7 @@ class History:
     problems: Sequence[str] = ()
     lingering: Sequence[tuple[str, str]] = ()
     acts: Sequence[Act] = ()
+    outlived: Sequence[tuple[str, str]] = ()
 
 
 @attrs.frozen
@@ -457,6 +460,7 @@ def double_masters(history: History) -> list[Violation]:
                 )
             )
     found += [Violation("double_master", member, what) for member, what in history.lingering]
+    found += [Violation("double_master", member, what) for member, what in history.outlived]
     return found
 
 
@@ -575,4 +579,5 @@ def history_from_json(document: Mapping[str, Any]) -> History:
         problems=list(document["problems"]),
         lingering=[(member, what) for member, what in document["lingering"]],
         acts=[Act(**act) for act in document.get("acts", [])],
+        outlived=[(member, what) for member, what in document.get("outlived", [])],
     )

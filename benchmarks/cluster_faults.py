@@ -96,7 +96,7 @@ async def run(args: argparse.Namespace, root: str, out: list[str]) -> None:
         raise SystemExit(f"cluster_faults: {e}") from None
     database = server.create_database(migrated=True)
     proxy = FaultProxy(reactor)
-    options = ("--power-sync-interval", "2")
+    options = ("--power-sync-interval", "2", "--fence", args.fence)
     cluster = Cluster(root, server, database, names, args.lease_seconds, proxy, options)
     recorder = Recorder()
     guests: dict[str, Guests] = {}
@@ -223,6 +223,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--gap", type=float, default=4.0, help="most seconds between faults")
     parser.add_argument("--lease-seconds", type=float, default=3.0)
     parser.add_argument("--takeover-share", type=float, default=0.5)
+    parser.add_argument(
+        "--fence",
+        choices=("vms", "none"),
+        default="vms",
+        help="the members' --fence (default vms: each member's host fence kills its VMs "
+        "once its lease may have run out)",
+    )
     parser.add_argument(
         "--kinds",
         type=lambda text: tuple(text.split(",")),

@@ -41,6 +41,7 @@ RANKS = {
     "guestfiles": 0,  # data files (the agent loader), no code of its own
     "protocols": 1,
     "trust": 1,
+    "fence": 1,  # the host fence's own process: the standard library only
     "store": 2,
     "hypervisor": 3,
     "agentlink": 4,

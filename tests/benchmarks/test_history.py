@@ -228,6 +228,10 @@ class DoubleMasterTests(SynchronousTestCase):
         found = verdict(lingering=[("m1", "m1#1 still ran 33s after it woke")])
         self.assertDoubleMaster(found, "still ran")
 
+    def test_aVMThatOutlivedItsMembersLeaseIsADoubleMaster(self) -> None:
+        found = verdict(outlived=[("m1", "VM 1a2b of frozen m1#1 still ran once its lease")])
+        self.assertDoubleMaster(found, "VM 1a2b of frozen m1#1")
+
     def test_aFrozenDaemonsOpenTaskIsJudgedUpToItsLastEventNotItsEnd(self) -> None:
         # m1#1 announced a stop at 5, was frozen, taken over at 10, woke and stopped at 20,
         # doing nothing on c1 after 6; m1#2 powered c1 on from 12 to 14.
@@ -320,6 +324,7 @@ class JSONTests(SynchronousTestCase):
             problems=["a problem"],
             lingering=[("m1", "m1#1 still ran")],
             acts=[Act("c1", 3.0, "starting VM c1: fakeqemu", "m1", "m1#1", 1)],
+            outlived=[("m1", "VM 1a2b still ran")],
         )
         text = json.dumps(attrs.asdict(written), default=sorted)
         self.assertEqual(history_from_json(json.loads(text)), written)

@@ -72,6 +72,12 @@ class ClusterOptionsTests(SynchronousTestCase):
         )
         self.assertEqual(options.cluster, ClusterSettings("host-2.rack_1", "[fd00::2]:9443", 3.0))
 
+    def test_aMembersVMsAreFencedOnlyWhenAskedFor(self) -> None:
+        plain = self.parsed("--store", URL, "--https-address", "h:1")
+        fenced = self.parsed("--store", URL, "--https-address", "h:1", "--fence", "vms")
+        assert plain.cluster is not None and fenced.cluster is not None
+        self.assertEqual((plain.cluster.fence_vms, fenced.cluster.fence_vms), (False, True))
+
     def test_anHttpsPortChosenAtBindTimeLeavesTheAddressOpen(self) -> None:
         options = self.parsed("--store", URL, "--https-address", "127.0.0.1:0")
         assert options.cluster is not None
@@ -130,6 +136,15 @@ class ClusterOptionsTests(SynchronousTestCase):
             (["--lease-seconds", "soon"], "--lease-seconds must be a number of seconds"),
             (["--lease-seconds", "0.5"], "--lease-seconds must be 1 to 3600 seconds"),
             (["--lease-seconds", "nan"], "--lease-seconds must be 1 to 3600 seconds"),
+            (
+                ["--fence", "vms"],
+                "--fence is for a cluster member: its store is a PostgreSQL URL "
+                "(--store postgresql://…)",
+            ),
+            (
+                ["--store", URL, "--https-address", "h:1", "--fence", "power"],
+                "--fence must be one of none, vms",
+            ),
         ]
         for arguments, message in cases:
             self.assertEqual(self.refused(*arguments), message, arguments)
@@ -173,5 +188,11 @@ class ClusterOptionsTests(SynchronousTestCase):
 
     def test_helpDocumentsThem(self) -> None:
         text = str(Options())
-        for option in ("--store", "--member-name", "--member-address", "--lease-seconds"):
+        for option in (
+            "--store",
+            "--member-name",
+            "--member-address",
+            "--lease-seconds",
+            "--fence",
+        ):
             self.assertIn(option, text)

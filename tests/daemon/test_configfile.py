@@ -31,6 +31,7 @@ SAMPLES = {
     "sync-concurrency": "3",
     "gc-sweep-interval": "0",
     "serial-layout": "legacy",
+    "fence": "vms",
     "guest-listen": "vsock:port=0",
     "agent-follow-up": "0.25",
     "agent-follow-up-window": "9",
@@ -59,6 +60,7 @@ COMPANIONS = {
     "store": ("--https-address", "10.1.1.2:1"),
     "member-name": _CLUSTER,
     "member-address": _CLUSTER,
+    "fence": _CLUSTER,
 }
 # Tried, in order, for an option added since SAMPLES was written.
 CANDIDATES = ("7", "1", "120", "/tmp/vmr-config-sample", "yes")

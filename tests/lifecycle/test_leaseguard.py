@@ -87,6 +87,20 @@ class LeaseGuardTests(_GuardTestCase):
         self.clock.advance(0.1)
         self.assertFalse(self.guard.may_act())
 
+    def test_withAMarginNothingActsThatCloseToTheLeasesEnd(self) -> None:
+        guard = LeaseGuard("m1", 3.0, self.clock.seconds, self.renewals, margin=0.3)
+        guard.confirm(self.clock.seconds())
+        self.assertEqual(guard.until(), self.clock.seconds() + 2.7)
+        self.clock.advance(2.6)
+        self.assertTrue(guard.may_act())
+        self.clock.advance(0.2)
+        self.assertFalse(guard.may_act())
+
+    def test_aLostLeaseHasNoEnd(self) -> None:
+        self.guard.confirm(self.clock.seconds())
+        self.guard.revoke()
+        self.assertIsNone(self.guard.until())
+
     def test_theLeaseIsTimedFromWhenTheRenewalWasSentNotWhenItWasAnswered(self) -> None:
         sent = self.clock.seconds()
         self.clock.advance(2.0)  # the store took 2 s to answer

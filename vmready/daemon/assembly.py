@@ -18,6 +18,7 @@ from vmready.agentlink.transport import choose_transport, vhost_vsock_problem
 from vmready.api import CountedGuestResource, GuestAPI, OperatorAPI, TrustRegistry
 from vmready.daemon.clustermember import ClusterMember
 from vmready.daemon.daemonconfig import DaemonConfig
+from vmready.daemon.hostfence import HostFence
 from vmready.domain import IVMReadyReactor
 from vmready.guestfiles import loader_files
 from vmready.hypervisor import SERIAL_LAYOUTS, DriveContents, HypervisorDriver, kvm_device_problem
@@ -67,8 +68,12 @@ def assemble(
     events = EventBus(reactor.seconds, location=config.member_name or "")
     cluster = None
     if config.member_name is not None:
+        fence = None
+        if config.fence_vms:
+            run_root = os.path.join(config.data_dir, "run")
+            fence = HostFence(reactor, reactor, run_root, config.data_dir, config.member_name)
         cluster = ClusterMember(
-            reactor, store, config.store_location, events, trust, config.member_name
+            reactor, store, config.store_location, events, trust, config.member_name, fence
         )
         cluster.hear()
     transport = choose_transport(config.hypervisor, config.guest_transport, vhost_vsock_problem())

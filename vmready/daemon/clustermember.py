@@ -5,6 +5,9 @@ Only a daemon with ``--member-name`` has one.  It hears the other members
 after the store was first read goes unheard; it becomes a member before its
 APIs serve (``become``: the remote API trusts the others through the
 membership), and takes its lease once its remote API is bound (``join``).
+With a host fence (``--fence vms``) the fence starts once the lease is
+taken, is told of each renewal and of the loss, and is left holding on a
+clean stop, which then does not give the lease up (``daemon.hostfence``).
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ from twisted.logger import Logger
 
 from vmready.api import TrustRegistry
 from vmready.daemon.clusteroptions import bound_member_address
+from vmready.daemon.hostfence import HostFence
 from vmready.daemon.rereads import Reread
 from vmready.domain import IVMReadyReactor, LeaseHeld, LeaseLost, MemberRetired
+from vmready.fence import fence_margin
 from vmready.lifecycle import CHANNELS, EventBus, EventRelay, Membership
 from vmready.store import MEMBERS_CHANNEL, TRUST_CHANNEL, AsyncStore, NotificationListener
 
@@ -37,8 +42,11 @@ class ClusterMember:
         events: EventBus,
         trust: TrustRegistry,
         name: str,
+        fence: HostFence | None = None,
     ) -> None:
         self.reactor = reactor
+        # Kills this member's VMs once its lease may have run out (None: no host fence).
+        self.fence = fence
         self.store = store
         self.events = events
         self.trust = trust
@@ -79,6 +87,8 @@ class ClusterMember:
             lease_seconds,
             # The lease is timed for acting on this host's own clock, which never jumps.
             monotonic=time.monotonic,
+            # With a fence, nothing acts once the fence may kill.
+            acting_margin=fence_margin(lease_seconds) if self.fence is not None else 0.0,
         )
         return self.membership
 
@@ -114,7 +124,17 @@ class ClusterMember:
             )
             raise
         self._joined = True
+        if self.fence is not None:
+            self._fence(membership, self.fence)
         return membership.lost.addCallback(self._lost)
+
+    def _fence(self, membership: Membership, fence: HostFence) -> None:
+        """Start the host fence at the lease just taken; tell it of each renewal, and the loss."""
+        guard = membership.guard
+        until = guard.until()
+        assert until is not None  # the lease was just confirmed
+        fence.start(until)
+        guard.watch(lambda: fence.hold(guard.until()), fence.lose)
 
     def _lost(self, lost: LeaseLost) -> LeaseLost:
         """Another daemon holds this member's lease now: it is not this one's to give up."""
@@ -122,11 +142,19 @@ class ClusterMember:
         return lost
 
     async def stop(self) -> None:
-        """Relay no more, give the lease up (the others see this member gone at once), unhear."""
+        """Relay no more, give the lease up (the others see this member gone at once), unhear.
+
+        A fenced member leaves its lease to run out and its fence holding, so
+        that its VMs outlive a restart that comes in time.
+        """
         self.relay.stop()
         self.trust_reads.stop()
+        fenced = self.fence is not None
         if self.membership is not None and self._joined:
-            await self.membership.stop()
+            # A fenced member's lease runs out by itself: its fence keeps the VMs until then.
+            await self.membership.stop(give_up=not fenced)
+        if self.fence is not None:
+            self.fence.leave()
         await self.listener.stop()
 
     def _notified(self, channel: str, payload: str) -> None:

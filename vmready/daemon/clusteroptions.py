@@ -1,5 +1,5 @@
-"""``--store``, ``--member-name``, ``--member-address``, ``--lease-seconds``: where the store is,
-and who this daemon is among the members sharing it.
+"""``--store``, ``--member-name``, ``--member-address``, ``--lease-seconds``, ``--fence``: where
+the store is, who this daemon is among the members sharing it, and whether its VMs are fenced.
 
 A SQLite file (the default, ``<data-dir>/vmready.sqlite``) is one host's
 store, as always.  A ``postgresql://`` (or ``postgres://``) URL names a store
@@ -27,13 +27,14 @@ import urllib.parse
 import attrs
 
 from vmready.daemon.httpsaddress import HTTPSAddress
-from vmready.daemon.optionvalues import seconds
+from vmready.daemon.optionvalues import choice, seconds
 from vmready.lifecycle import DEFAULT_LEASE_SECONDS
 from vmready.store import display_location, is_postgres_location
 
 # A renewal every third of the lease: below a second the store is asked more than it tells.
 MIN_LEASE_SECONDS = 1.0
 MAX_LEASE_SECONDS = 3600.0
+FENCES = ("none", "vms")
 # As host names are (RFC 1123 labels, dots), with underscores: it is a row's key, not DNS.
 _MEMBER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
@@ -71,6 +72,16 @@ CLUSTER_OPTIONS = [
             f"{MIN_LEASE_SECONDS:g} to {MAX_LEASE_SECONDS:g} seconds",
         ),
     ),
+    choice(
+        "fence",
+        "none",
+        "none (default) or vms: a cluster member's host fence, a process of its own that "
+        "kills every VM of the member once its lease may have run out (frozen, cut off from "
+        "the store, killed and not back in time), so that no VM runs on after another daemon "
+        "could take its name over; the price: a store out of reach longer than a lease kills "
+        "the member's VMs.",
+        FENCES,
+    ),
 ]
 
 
@@ -82,6 +93,8 @@ class ClusterSettings:
     # host:port the other members dial; None: --https-address's host and the port it binds.
     address: str | None
     lease_seconds: float
+    # Whether a host fence kills the member's VMs once its lease may have run out.
+    fence_vms: bool = False
 
 
 def store_location(given: str | None, data_dir: str) -> str:
@@ -111,13 +124,20 @@ def cluster_settings(
     member_address: str | None,
     https_address: str | None,
     lease_seconds: float,
+    fence: str = "none",
 ) -> ClusterSettings | None:
     """Who this daemon is among the members of a PostgreSQL store; None for a single host.
 
     ValueError saying what is wrong, in one line.
     """
     if not is_postgres_location(location):
-        for option, value in (("member-name", member_name), ("member-address", member_address)):
+        given: list[tuple[str, str | None]] = [
+            ("member-name", member_name),
+            ("member-address", member_address),
+        ]
+        if fence != "none":
+            given.append(("fence", fence))
+        for option, value in given:
             if value is not None:
                 raise ValueError(
                     f"--{option} is for a cluster member: its store is a PostgreSQL URL "
@@ -145,7 +165,7 @@ def cluster_settings(
         if member_address is not None
         else _address_from_https(https_address)
     )
-    return ClusterSettings(name, address, lease_seconds)
+    return ClusterSettings(name, address, lease_seconds, fence == "vms")
 
 
 def _member_address(text: str) -> str:

@@ -62,6 +62,8 @@ class DaemonConfig:
     # host:port the other members dial (``--member-address``); None: from --https-address.
     member_address: str | None = None
     lease_seconds: float = DEFAULT_LEASE_SECONDS
+    # A host fence kills the member's VMs once its lease may have run out (``--fence vms``).
+    fence_vms: bool = False
 
     def server_config(self, transport: str) -> dict[str, str]:
         """What ``GET /1.0`` shows as the server's ``config``: options by their long names.
@@ -98,6 +100,7 @@ class DaemonConfig:
             values["member-name"] = self.member_name
             values["member-address"] = self.member_address
             values["lease-seconds"] = self.lease_seconds
+            values["fence"] = "vms" if self.fence_vms else "none"
         return {
             key: f"{value:g}" if isinstance(value, float) else str(value)
             for key, value in values.items()

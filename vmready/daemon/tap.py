@@ -308,6 +308,7 @@ class Options(usage.Options):
                 self["member-address"],
                 self["https-address"],
                 self["lease-seconds"],
+                self["fence"],
             )
         except ValueError as e:
             raise usage.UsageError(str(e)) from None
@@ -400,6 +401,7 @@ def _checked_config(options: Options) -> tuple[DaemonConfig, str]:
         member_name=options["member-name"] if member else None,
         member_address=options["member-address"] if member else None,
         lease_seconds=options["lease-seconds"],
+        fence_vms=options.cluster is not None and options.cluster.fence_vms,
     )
     return config, transport
 

@@ -7,7 +7,9 @@ sent at ``t`` (this daemon's monotonic clock) holds at least until
 over, and this one must not act on the member's instances until a renewal
 confirms the lease again (``before_acting``, which the hypervisor driver asks
 before each step that changes a VM).  ``may_act`` is the rule, without I/O;
-the clock is a function, ``task.Clock().seconds`` in tests.
+the clock is a function, ``task.Clock().seconds`` in tests.  With a host
+fence (``twistd vmready --fence vms``) the daemon stops acting ``margin``
+seconds before that, when the fence kills its VMs (``until``).
 """
 
 from __future__ import annotations
@@ -38,9 +40,12 @@ class LeaseGuard:
         lease_seconds: float,
         now: Callable[[], float],
         renew: Callable[[], Awaitable[object]],
+        margin: float = 0.0,
     ) -> None:
         self.name = name
         self.lease_seconds = lease_seconds
+        # Seconds before the lease's end from which nothing acts (a host fence kills then).
+        self.margin = margin
         self.now = now
         self._renew = renew
         # This clock's time when the last renewal that succeeded was sent (None: never, or
@@ -75,11 +80,17 @@ class LeaseGuard:
             for revoked in list(self._on_revoked):
                 revoked()
 
+    def until(self) -> float | None:
+        """Until when (this clock) steps may run: a lease after the last confirmed renewal was
+        sent, less the margin; None if never confirmed, or lost."""
+        if self.confirmed_at is None:
+            return None
+        return self.confirmed_at + self.lease_seconds - self.margin
+
     def may_act(self) -> bool:
         """Whether the lease surely still holds: confirmed less than its length ago."""
-        if self.confirmed_at is None:
-            return False
-        return self.now() < self.confirmed_at + self.lease_seconds
+        until = self.until()
+        return until is not None and self.now() < until
 
     def since(self) -> str:
         """How long ago the lease was last confirmed, in words."""

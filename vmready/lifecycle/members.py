@@ -80,7 +80,9 @@ class Membership:
     ``address`` is host:port of its mutual-TLS API (where other members
     forward requests to), ``fingerprint`` the SHA-256 fingerprint of the
     server certificate it presents there (and as a client when it forwards).
-    ``monotonic`` times the lease for ``guard`` (``clock.seconds`` unless given).
+    ``monotonic`` times the lease for ``guard`` (``clock.seconds`` unless given);
+    ``acting_margin``: seconds before the lease's end from which ``guard`` refuses
+    steps (a host fence kills the VMs then).
     """
 
     log = Logger()
@@ -95,6 +97,7 @@ class Membership:
         clock: IReactorTime,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         monotonic: Callable[[], float] | None = None,
+        acting_margin: float = 0.0,
     ) -> None:
         if lease_seconds <= 0:
             raise ValueError(f"a lease lasts more than 0 seconds, not {lease_seconds!r}")
@@ -115,7 +118,9 @@ class Membership:
         self.lost: Deferred[LeaseLost] = Deferred()
         store.fenced_by = self._fenced
         # Whether the lease surely holds now: steps on VMs ask it (``before_acting``).
-        self.guard = LeaseGuard(name, lease_seconds, monotonic or clock.seconds, self.renew_lease)
+        self.guard = LeaseGuard(
+            name, lease_seconds, monotonic or clock.seconds, self.renew_lease, acting_margin
+        )
         # Nor does it speak for the member's instances once in doubt (``announcing``).
         events.gate = AnnouncementHold(self.guard)
 
@@ -155,14 +160,18 @@ class Membership:
         loop.clock = self.clock
         loop.start(self.interval, now=False)
 
-    async def stop(self) -> None:
+    async def stop(self, give_up: bool = True) -> None:
         """Stop renewing and give up the lease: the others see this member unreachable at once.
 
-        A store that refuses is logged (the lease then simply runs out).
+        A store that refuses is logged (the lease then simply runs out).  With
+        ``give_up`` false the lease is left to run out (a host fence keeps the
+        VMs until then, for a daemon started again in time to take them over).
         """
         loop, self._loop = self._loop, None
         if loop is not None and loop.running:
             loop.stop()
+        if not give_up:
+            return
         try:
             await self.store.members.give_up_lease(self.name, self.fingerprint)
         except Exception as e:
