@@ -121,6 +121,7 @@ class FencedMemberTests(SynchronousTestCase):
     def test_aStoppedMemberStartedAgainInTimeKeepsItsVMs(self) -> None:
         a = FencedMember(self, "a", self.store, lease=RESTART_LEASE)
         a.start()
+        self.assertEqual(a.get("/1.0")[1]["metadata"]["config"]["fence"], "vms")
         pid = self.launched(a)
         (first_fence,) = a.fence_pids()
         a.system.stop_daemon()
