@@ -142,6 +142,22 @@ class FencedMemberTests(SynchronousTestCase):
         self.assertLess(a.kills()[pid], self.lease_expires("a"))
         self.assertIn("its daemon is gone and its VMs with it", a.fence_log())
 
+    def test_aFenceThatEndsWhileItsDaemonRunsIsStartedAgain(self) -> None:
+        a = FencedMember(self, "a", self.store, lease=RESTART_LEASE)
+        a.start()
+        pid = self.launched(a)
+        (first_fence,) = a.fence_pids()
+        os.kill(first_fence, signal.SIGKILL)
+        (second_fence,) = eventually(
+            lambda: a.fence_pids() - {first_fence}, "a fence started again"
+        )
+        with open(a.system.log_path, encoding="utf-8") as log:
+            self.assertIn("the host fence of member a ended", log.read())
+        self.assertEqual(a.vm_pids(), {pid})
+        # It is told of the renewals as the first was: the lease lost, it kills.
+        self.assertEqual(a.listed().get(NAME), "RUNNING")
+        self.assertIn(second_fence, a.fence_pids())
+
     def test_anUnfencedMemberStartsNoFence(self) -> None:
         a = Member(self, "a", self.store)
         a.start()
