@@ -111,11 +111,16 @@ class FencedMemberTests(SynchronousTestCase):
         killed_at = a.kills()[pid]
         self.assertLess(killed_at, self.lease_expires("a"))
         a.signal(signal.SIGCONT)
-        # Woken, its name still its own: it renews, and shows the VM as the fence left it.
+        # Woken, its name still its own: it renews, and shows the VM as the fence left it,
+        # saying why.
         eventually(lambda: a.listed().get(NAME) == "ERROR", f"{NAME} shown killed")
         seen = a.instance(NAME)
         assert seen is not None
         self.assertEqual(seen["power_state"], "crashed")
+        self.assertRegex(
+            seen["error"],
+            r"^killed by the host fence of member a at \S+: its lease was not confirmed in time",
+        )
         eventually(lambda: "confirmed again" in a.fence_log(), "the fence disarmed")
 
     def test_aStoppedMemberStartedAgainInTimeKeepsItsVMs(self) -> None:
