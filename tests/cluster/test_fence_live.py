@@ -111,16 +111,22 @@ class FencedMemberTests(SynchronousTestCase):
         killed_at = a.kills()[pid]
         self.assertLess(killed_at, self.lease_expires("a"))
         a.signal(signal.SIGCONT)
-        # Woken, its name still its own: it renews, and shows the VM as the fence left it.
+        # Woken, its name still its own: it renews, and shows the VM as the fence left it,
+        # saying why.
         eventually(lambda: a.listed().get(NAME) == "ERROR", f"{NAME} shown killed")
         seen = a.instance(NAME)
         assert seen is not None
         self.assertEqual(seen["power_state"], "crashed")
+        self.assertRegex(
+            seen["error"],
+            r"^killed by the host fence of member a at \S+: its lease was not confirmed in time",
+        )
         eventually(lambda: "confirmed again" in a.fence_log(), "the fence disarmed")
 
     def test_aStoppedMemberStartedAgainInTimeKeepsItsVMs(self) -> None:
         a = FencedMember(self, "a", self.store, lease=RESTART_LEASE)
         a.start()
+        self.assertEqual(a.get("/1.0")[1]["metadata"]["config"]["fence"], "vms")
         pid = self.launched(a)
         (first_fence,) = a.fence_pids()
         a.system.stop_daemon()
@@ -140,6 +146,22 @@ class FencedMemberTests(SynchronousTestCase):
         self.assertNotIn(pid, a.vm_pids())
         self.assertLess(a.kills()[pid], self.lease_expires("a"))
         self.assertIn("its daemon is gone and its VMs with it", a.fence_log())
+
+    def test_aFenceThatEndsWhileItsDaemonRunsIsStartedAgain(self) -> None:
+        a = FencedMember(self, "a", self.store, lease=RESTART_LEASE)
+        a.start()
+        pid = self.launched(a)
+        (first_fence,) = a.fence_pids()
+        os.kill(first_fence, signal.SIGKILL)
+        (second_fence,) = eventually(
+            lambda: a.fence_pids() - {first_fence}, "a fence started again"
+        )
+        with open(a.system.log_path, encoding="utf-8") as log:
+            self.assertIn("the host fence of member a ended", log.read())
+        self.assertEqual(a.vm_pids(), {pid})
+        # It is told of the renewals as the first was: the lease lost, it kills.
+        self.assertEqual(a.listed().get(NAME), "RUNNING")
+        self.assertIn(second_fence, a.fence_pids())
 
     def test_anUnfencedMemberStartsNoFence(self) -> None:
         a = Member(self, "a", self.store)

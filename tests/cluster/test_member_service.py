@@ -78,8 +78,8 @@ class MemberServiceTests(TestCase):
         self.assertEqual(service.store.member, "a")
         config = (await Client(reactor, self.socket_path).get("/1.0"))["config"]
         self.assertEqual(
-            (config["store"], config["member-name"], config["lease-seconds"]),
-            (self.location, "a", "30"),
+            (config["store"], config["member-name"], config["lease-seconds"], config["fence"]),
+            (self.location, "a", "30", "none"),
         )
         await service.recovered
         await service.stopService()

@@ -20,7 +20,7 @@ import time
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.system import DEADLINE, eventually
-from vmready.fence import LOST_LINE, fence_command, hold_line, vm_processes
+from vmready.fence import LOST_LINE, fence_command, fenced_reason, hold_line, vm_processes
 from vmready.fence.program import PIDFILE_NAME
 
 CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -118,6 +118,11 @@ class FenceProcessTests(SynchronousTestCase):
         self.tell(fence, LOST_LINE)
         eventually(lambda: not self.alive(pid), "the VM killed")
         self.assertIn("the lease is lost: killing its VMs", self.logged())
+        # Its run directory says why, for the daemon that sees it gone.
+        why = fenced_reason(os.path.join(self.run_root, "vm1"))
+        assert why is not None
+        self.assertRegex(why, r"^killed by the host fence of member m1 at \S+Z: ")
+        self.assertTrue(why.endswith("its lease was lost to another daemon"), why)
 
     def test_aVMStartedOnceTheLeaseIsLostIsKilledToo(self) -> None:
         fence = self.start_fence(time.monotonic() + DEADLINE)

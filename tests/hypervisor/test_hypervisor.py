@@ -35,6 +35,7 @@ from tests.processes import process_state
 from tests.reactor import reactor
 from vmready.domain.model import HypervisorError
 from vmready.domain.states import PowerState
+from vmready.fence import kill_vms
 from vmready.hypervisor.accel import accelerators_for_host
 from vmready.hypervisor.cmdline import AGENT_RING, VMSpec
 from vmready.hypervisor.commands import MonitorTimeout
@@ -352,6 +353,26 @@ class PowerChecks(_ChecksBase):
         with self.assertRaises(HypervisorError) as caught:
             await vm.pause()
         self.assertIn(UNEXPECTED_EXIT, caught.exception.message)
+
+    async def test_aVMTheHostFenceKilledIsGoneSayingWhy(self) -> None:
+        vm = await self.launch()
+        recorder = EventRecorder(vm)
+        why = "killed by the host fence of member a at 2026-11-29T17:00:00Z: its lease was lost"
+        self.assertEqual([v.pid for v in kill_vms(self.directory, why)], [vm.pid])
+        gone = await recorder.next(VMEventKind.GONE)
+        self.assertEqual(gone, VMEvent(VMEventKind.GONE, why, PowerState.CRASHED))
+
+    async def test_theHostFencesNoteIsForgottenWhenTheVMStartsAgain(self) -> None:
+        spec = self.spec()
+        vm = await self.launch(spec)
+        kill_vms(self.directory, "killed by the host fence of member a: its lease was lost")
+        await vm.when_gone()
+        again = await self.launch(spec)
+        recorder = EventRecorder(again)
+        assert again.pid is not None
+        os.kill(again.pid, signal.SIGKILL)
+        gone = await recorder.next(VMEventKind.GONE)
+        self.assertEqual(gone, VMEvent(VMEventKind.GONE, UNEXPECTED_EXIT, PowerState.CRASHED))
 
     async def test_pauseOfAHungVMFailsAfterTheCommandTimeout(self) -> None:
         vm = await self.hung_vm()

@@ -209,7 +209,7 @@ class EventsAfterCommitTests(TestCase):
         self.hold()
         record = self.store.view.get_instance("vm000")
         failing = Deferred.fromCoroutine(
-            self.lifecycle.watching.fail_idle(record, "gone", PowerState.CRASHED)
+            self.lifecycle.watching.fail(record, "gone", PowerState.CRASHED, idle=True)
         )
         await self.held(failing)
         self.assertEqual(

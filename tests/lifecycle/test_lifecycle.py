@@ -19,7 +19,7 @@ from twisted.trial.unittest import TestCase
 from tests.processes import kill_strays, process_state
 from tests.reactor import reactor
 from vmready.domain.model import BadRequest, Conflict, InstanceRecord
-from vmready.domain.states import READY_KEY, PowerState, VMState
+from vmready.domain.states import READY_KEY, PowerState, TaskState, VMState
 from vmready.hypervisor.commands import MonitorTimeout
 from vmready.hypervisor.driver import HypervisorDriver
 from vmready.hypervisor.runningvm import RunningVM
@@ -407,6 +407,25 @@ class TransitionTests(LifecycleTestCase):
 
 class VMDeathTests(LifecycleTestCase):
     """A VM that goes away on its own: clean power-off vs. death."""
+
+    @_async
+    async def test_aDeathReadBeforeATaskClaimedTheInstanceIsLeftToTheTask(self) -> None:
+        """The watcher read the instance idle, then waited for a write; a restart claimed it
+        meanwhile: the death is the restart's to see, its claim stays (else a start could
+        run beside it)."""
+        await self.launch()
+        idle = self.lifecycle.store.view.get_instance("vm1")
+        self.store.instances.claim_task(
+            "vm1", "restart", frozenset({VMState.ACTIVE}), TaskState.REBOOTING
+        )
+        failed = await self.lifecycle.watching.fail(
+            idle, "its VM died", PowerState.CRASHED, idle=True
+        )
+        self.assertFalse(failed)
+        record = self.store.instances.get_instance("vm1")
+        self.assertEqual(
+            (record.task_state, record.vm_state), (TaskState.REBOOTING, VMState.ACTIVE)
+        )
 
     @_async
     async def test_killedVMIsAnErrorThatPersists(self) -> None:

@@ -821,6 +821,37 @@ class SettleTests(_StoreTestCase):
             store.instances.settle("nope", self.RUNNING, VMState.STOPPED, PowerState.SHUTDOWN)
         )
 
+    def test_settleInErrorSaysWhy(self) -> None:
+        store = self.open()
+        self.active(store, "web")
+        record = store.instances.settle(
+            "web", frozenset(VMState), VMState.ERROR, PowerState.CRASHED, error="its VM died"
+        )
+        assert record is not None
+        self.assertEqual(
+            (record.vm_state, record.power_state, record.error, record.task_state),
+            (VMState.ERROR, PowerState.CRASHED, "its VM died", None),
+        )
+
+    def test_settleInErrorLeavesAnInstanceATaskClaimedSinceAlone(self) -> None:
+        """A VM death read before a restart claimed the instance is the restart's to see: the
+        claim is not ended under it (which let a start run beside the restart)."""
+        store = self.open()
+        self.active(store, "web")
+        store.instances.claim_task(
+            "web", "restart", frozenset({VMState.ACTIVE}), TaskState.REBOOTING
+        )
+        self.assertIsNone(
+            store.instances.settle(
+                "web", frozenset(VMState), VMState.ERROR, PowerState.CRASHED, error="died"
+            )
+        )
+        record = store.instances.get_instance("web")
+        self.assertEqual(
+            (record.vm_state, record.task_state, record.error),
+            (VMState.ACTIVE, TaskState.REBOOTING, None),
+        )
+
 
 class ConfigTests(_StoreTestCase):
     """Config updates and the ready key."""

@@ -22,14 +22,16 @@ from __future__ import annotations
 
 import sys
 
-from vmready.fence.victims import VMProcess, kill_vms, vm_processes
+from vmready.fence.victims import FENCED_MARKER, VMProcess, fenced_reason, kill_vms, vm_processes
 
 __all__ = [
+    "FENCED_MARKER",
     "FENCE_MODULE",
     "LOST_LINE",
     "VMProcess",
     "fence_command",
     "fence_margin",
+    "fenced_reason",
     "hold_line",
     "kill_vms",
     "vm_processes",

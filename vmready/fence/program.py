@@ -136,7 +136,7 @@ def run(
             if not was_armed and not rule.lost:
                 late = moment - rule.until
                 log.say(f"its lease was not confirmed in time ({late:.2f}s past): killing its VMs")
-            for vm in kill_vms(run_root):
+            for vm in kill_vms(run_root, _reason(rule, log.member)):
                 log.say(f"killed VM {os.path.basename(vm.run_dir)} (process {vm.pid})")
             if rule.finished(moment):
                 log.say("its daemon is gone and its VMs with it: the fence ends")
@@ -155,6 +155,18 @@ def run(
             left = rule.until - now()
             if not rule.armed(now()):
                 log.say(f"its daemon is gone: its VMs may run {left:.2f}s more, unless relieved")
+
+
+def _reason(rule: FenceRule, member: str) -> str:
+    """Why the VMs die, for their run directories (and so their instances' errors)."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    why = (
+        "its lease was lost to another daemon"
+        if rule.lost
+        else "its lease was not confirmed in time (the daemon frozen, killed or cut off from "
+        "the store)"
+    )
+    return f"killed by the host fence of member {member} at {stamp}: {why}"
 
 
 def _arguments(argv: list[str]) -> argparse.Namespace:

@@ -1,5 +1,10 @@
 """The VM processes under a run directory, found in ``/proc``, and their killing.
 
+Before it kills a VM the fence writes why into the VM's run directory
+(``FENCED_MARKER``): the daemon that sees the VM gone says so rather than
+"exited unexpectedly" (``fenced_reason``); the daemon removes the file when
+it starts that VM again.
+
 A VM belongs to a member's run directory when its ``-qmp`` monitor socket is
 a ``unix:`` path under it: that is on QEMU's (and fakeqemu's) command line
 from its first instant, before any pidfile is written.  Processes already
@@ -16,6 +21,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 PROC = "/proc"
+# In a VM's run directory: why the host fence killed it.
+FENCED_MARKER = "fenced"
 
 
 @dataclass(frozen=True)
@@ -83,11 +90,30 @@ def vm_processes(run_root: str) -> dict[str, VMProcess]:
     return found
 
 
-def kill_vms(run_root: str) -> list[VMProcess]:
-    """SIGKILL every VM process under ``run_root``; those that were signalled."""
+def kill_vms(run_root: str, reason: str | None = None) -> list[VMProcess]:
+    """SIGKILL every VM process under ``run_root``; those that were signalled.
+
+    With ``reason``, each VM's run directory says it first (``FENCED_MARKER``).
+    """
     killed = []
     for vm in vm_processes(run_root).values():
+        if reason is not None:
+            # A run directory that cannot take the note does not spare its VM.
+            with (
+                contextlib.suppress(OSError),
+                open(os.path.join(vm.run_dir, FENCED_MARKER), "w", encoding="utf-8") as note,
+            ):
+                note.write(reason + "\n")
         with contextlib.suppress(ProcessLookupError):
             os.kill(vm.pid, signal.SIGKILL)
             killed.append(vm)
     return killed
+
+
+def fenced_reason(run_dir: str) -> str | None:
+    """Why the host fence killed the VM of ``run_dir``, or None if it did not."""
+    try:
+        with open(os.path.join(run_dir, FENCED_MARKER), encoding="utf-8") as note:
+            return note.read(1000).strip() or None
+    except OSError:
+        return None

@@ -33,6 +33,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from vmready.domain import HypervisorError, IVMReadyReactor
+from vmready.fence import FENCED_MARKER
 from vmready.hypervisor.acting import ALWAYS, ActingGuard
 from vmready.hypervisor.cmdline import VMSpec, build_command_line
 from vmready.hypervisor.commands import DEFAULT_COMMAND_TIMEOUT
@@ -289,7 +290,8 @@ class HypervisorDriver:
                 f"cannot start {spec.name}: its QMP socket {spec.qmp_socket} is in use "
                 f"by a running VM"
             )
-        for path in (spec.qmp_socket, spec.pidfile):
+        # A note of the host fence is about the VM it killed, not the one starting now.
+        for path in (spec.qmp_socket, spec.pidfile, os.path.join(spec.run_dir, FENCED_MARKER)):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
 

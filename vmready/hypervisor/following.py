@@ -20,6 +20,7 @@ from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
 from vmready.domain import HypervisorError, Listeners, PowerState
+from vmready.fence import fenced_reason
 from vmready.hypervisor.cmdline import VMSpec
 from vmready.hypervisor.vmevents import VMEvent, VMEventKind, gone_event, vm_event_for
 from vmready.hypervisor.vmprocess import EXIT_POLL_SECONDS, is_vm_process
@@ -148,7 +149,7 @@ class VMFollower:
                 self._send_sigkill()
                 break
             await deferLater(self._reactor, EXIT_POLL_SECONDS, lambda: None)
-        event = gone_event(self._shutdown, self._killed)
+        event = gone_event(self._shutdown, self._killed, fenced_reason(self.spec.run_dir))
         if hung and self._shutdown is None and self._killed is None:
             event = VMEvent(
                 VMEventKind.GONE,

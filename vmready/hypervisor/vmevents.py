@@ -86,11 +86,14 @@ def vm_event_for(event: QMPEvent) -> VMEvent | None:
     return None
 
 
-def gone_event(shutdown: QMPEvent | None, killed: str | None = None) -> VMEvent:
+def gone_event(
+    shutdown: QMPEvent | None, killed: str | None = None, fenced: str | None = None
+) -> VMEvent:
     """The ``gone`` event for a VM whose monitor closed and whose process ended.
 
     ``shutdown`` is the SHUTDOWN event QEMU announced first, if any; ``killed``
-    says why vmready itself killed the process, if it did.
+    says why vmready itself killed the process, if it did; ``fenced`` why the
+    member's host fence did (``vmready.fence``).
     """
     if shutdown is not None:
         reason = str(shutdown.data.get("reason", "unknown"))
@@ -100,4 +103,6 @@ def gone_event(shutdown: QMPEvent | None, killed: str | None = None) -> VMEvent:
         return VMEvent(
             VMEventKind.GONE, f"killed by vmready with SIGKILL ({killed})", PowerState.SHUTDOWN
         )
+    if fenced is not None:
+        return VMEvent(VMEventKind.GONE, fenced, PowerState.CRASHED)
     return VMEvent(VMEventKind.GONE, UNEXPECTED_EXIT, PowerState.CRASHED)

@@ -159,10 +159,9 @@ class ActionContext:
         """
         vm_state = ACTIONS[self.action].end_state(power_state)
         self._end_step("success")
-        record = await self.store.instances.finish_task(
-            self.name, self.task, vm_state, power_state if store_power else None, config_updates
+        record = await self._end_task(
+            vm_state, power_state if store_power else None, config_updates, "success"
         )
-        await self.store.actions.finish_action(self.action_id, "success")
         self.ended = True
         self._count("success")
         self.journal.publish_state(record)
@@ -177,13 +176,31 @@ class ActionContext:
         does not go to error (a failed snapshot of a VM that runs on, say).
         """
         self._end_step("error", reason)
-        record = await self.store.instances.finish_task(
-            self.name, self.task, vm_state, power_state
-        )
-        await self.store.actions.finish_action(self.action_id, "error", reason)
+        record = await self._end_task(vm_state, power_state, None, "error", reason)
         self.ended = True
         self._count("error")
         self.journal.publish_state(record)
+
+    def _end_task(
+        self,
+        vm_state: VMState,
+        power_state: PowerState | None,
+        config_updates: dict[str, str | None] | None,
+        result: str,
+        error: str | None = None,
+    ) -> Deferred[InstanceRecord]:
+        """End the task and close the action in one write: the moment the instance is free
+        for another action, this one is over in its history too."""
+        name, task, action_id = self.name, self.task, self.action_id
+
+        def end(engine: Store) -> InstanceRecord:
+            record = engine.instances.finish_task(
+                name, task, vm_state, power_state, config_updates
+            )
+            engine.actions.finish_action(action_id, result, error)
+            return record
+
+        return self.store.run(end)
 
     async def complete(self) -> None:
         """Close the history record when the instance itself is about to go (delete)."""

@@ -113,7 +113,7 @@ class PowerSync:
             if current is not None and current.task_state is None:
                 self.watching.detach(record.name)
                 self.journal.history(record.name, "power-sync", e.message, ok=False)
-                await self.watching.monitor_lost(current, e.message)
+                await self._monitor_lost(current, e.message)
                 await vm.detach()  # hang up on the monitor; the VM itself is left as it is
             return
         current = self.store.view.find_instance(record.name)
@@ -130,7 +130,7 @@ class PowerSync:
             current = self.store.view.find_instance(record.name)
             if current is not None and current.task_state is None:
                 self.journal.history(record.name, "power-sync", e.message, ok=False)
-                await self.watching.monitor_lost(current, e.message)
+                await self._monitor_lost(current, e.message)
             return
         if adopted is not None:
             self.watching.attach(record.name, adopted, advertise=True)
@@ -180,6 +180,16 @@ class PowerSync:
         self.journal.history(record.name, "power-sync", detail)
         self.journal.publish_state(updated)
         self.events.lifecycle("instance-monitor-restored", record.name, {"reason": detail})
+
+    async def _monitor_lost(self, record: InstanceRecord, reason: str) -> None:
+        """The VM runs but its QMP monitor cannot be reached: error, marked for re-adoption.
+
+        Each round tries to adopt the VM again (``MONITOR_LOST_KEY``); once its
+        monitor answers, the instance runs again without an action.
+        """
+        await self.store.instances.update_config(record.name, {MONITOR_LOST_KEY: "true"})
+        if await self.watching.fail(record, reason, PowerState.NOSTATE, idle=True):
+            self.events.lifecycle("instance-monitor-lost", record.name, {"reason": reason})
 
 
 async def bounded(

@@ -182,7 +182,7 @@ class Recovery:
         task = current.task_state
         reason = f"daemon stopped during {task.value}; {why}" if task else why
         self.journal.history(record.name, "recover", reason, ok=False)
-        await self.watching.fail_idle(current, reason, PowerState.NOSTATE)
+        await self.watching.fail(current, reason, PowerState.NOSTATE)
 
     async def _recover_one(self, record: InstanceRecord) -> None:
         task = record.task_state
@@ -204,7 +204,7 @@ class Recovery:
         except HypervisorError as e:
             await self.driver.kill_owned(self.specs.spec_for(record))
             self.journal.history(record.name, "recover", f"{reason}; {e.message}", ok=False)
-            await self.watching.fail_idle(record, f"{reason}; {e.message}", PowerState.NOSTATE)
+            await self.watching.fail(record, f"{reason}; {e.message}", PowerState.NOSTATE)
             return
         if adopted is not None:
             self.watching.attach(record.name, adopted, advertise=True)
@@ -245,7 +245,7 @@ class Recovery:
     async def _resolve_error(self, record: InstanceRecord, reason: str) -> None:
         """A task that cannot be finished after a restart ends in error, saying so."""
         self.journal.history(record.name, "recover", reason, ok=False)
-        await self.watching.fail_idle(record, reason, PowerState.NOSTATE)
+        await self.watching.fail(record, reason, PowerState.NOSTATE)
 
     async def _resolve(
         self, record: InstanceRecord, task: TaskState, vm_state: VMState, power: PowerState

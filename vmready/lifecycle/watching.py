@@ -38,6 +38,8 @@ from vmready.store import AsyncStore, StoreHealth
 # Set on an instance put in error because its VM's QMP monitor could not be reached while
 # the VM still ran: power sync tries to adopt that VM again, and clears it when it can.
 MONITOR_LOST_KEY = "volatile.monitor.lost"
+# Every state an idle instance may be in when its VM dies.
+ANY_VM_STATE = frozenset(VMState)
 
 
 # Why an agent's first change after its VM was adopted comes: it was sent CONNECT again.
@@ -275,10 +277,11 @@ class Watching:
         if event.kind is VMEventKind.PANICKED and record.vm_state is not VMState.ERROR:
             await self.store.instances.update_config(name, {READY_KEY: "false"})
             self.journal.history(name, "guest-panicked", event.detail, ok=False)
-            await self.fail_idle(
+            await self.fail(
                 record,
                 f"{event.detail}; its console log may say why (vmready console {name} --show-log)",
                 PowerState.CRASHED,
+                idle=True,
             )
             return
         if event.kind is VMEventKind.RESET:
@@ -333,20 +336,21 @@ class Watching:
                 self.events.lifecycle("instance-shutdown", record.name, {"reason": event.detail})
             return
         await self.store.instances.update_config(record.name, ready_false)
-        await self.fail_idle(record, event.detail, PowerState.CRASHED)
+        await self.fail(record, event.detail, PowerState.CRASHED, idle=True)
 
-    async def fail_idle(self, record: InstanceRecord, reason: str, power: PowerState) -> None:
-        """An instance with no task goes to error with ``reason``; the error persists."""
-        updated = await self.store.instances.set_error(record.name, reason, power)
-        self.journal.publish_state(updated)
-        self.events.lifecycle("instance-error", record.name, {"error": reason})
-
-    async def monitor_lost(self, record: InstanceRecord, reason: str) -> None:
-        """The VM runs but its QMP monitor cannot be reached: error, marked for re-adoption.
-
-        Power sync tries to adopt the VM again each round (``MONITOR_LOST_KEY``);
-        once its monitor answers, the instance runs again without an action.
-        """
-        await self.store.instances.update_config(record.name, {MONITOR_LOST_KEY: "true"})
-        await self.fail_idle(record, reason, PowerState.NOSTATE)
-        self.events.lifecycle("instance-monitor-lost", record.name, {"reason": reason})
+    async def fail(
+        self, record: InstanceRecord, reason: str, power: PowerState, idle: bool = False
+    ) -> bool:
+        """The instance goes to error with ``reason`` (the error persists), ending any task
+        (recovery's: no action runs it any more); with ``idle``, only if no task claimed it
+        since ``record`` was read (else it is the task's to see: False)."""
+        if idle:
+            updated = await self.store.instances.settle(
+                record.name, ANY_VM_STATE, VMState.ERROR, power, error=reason
+            )
+        else:
+            updated = await self.store.instances.set_error(record.name, reason, power)
+        if updated is not None:
+            self.journal.publish_state(updated)
+            self.events.lifecycle("instance-error", record.name, {"error": reason})
+        return updated is not None

@@ -217,12 +217,15 @@ class Instances(Table[M]):
         vm_state: VMState,
         power_state: PowerState,
         config_updates: dict[str, str | None] | None = None,
+        error: str | None = None,
     ) -> InstanceRecord | None:
-        """Move an idle instance to ``vm_state`` without an action (a VM exited, the poller).
+        """Move an idle instance to ``vm_state`` without an action (a VM exited, the poller),
+        with ``error`` (none: an error it had is cleared).
 
         One conditional ``UPDATE … WHERE task_state IS NULL AND vm_state IN (…)``:
-        an instance with a task in progress, or in a state not listed (error, say),
-        is left untouched and None is returned.
+        an instance with a task in progress (claimed since the caller read it,
+        say), or in a state not listed (error, say), is left untouched and None
+        is returned.
         """
         states = sorted(state.value for state in allowed_from)
         placeholders = ", ".join("?" for _ in states)
@@ -233,12 +236,13 @@ class Instances(Table[M]):
             config = _updated(current.config, config_updates or {})
             changed = self._database.db.execute(
                 "UPDATE instances SET vm_state = ?, power_state = ?, config = ?, "
-                "error = NULL, updated_at = ? "
+                "error = ?, updated_at = ? "
                 f"WHERE name = ? AND task_state IS NULL AND vm_state IN ({placeholders})",
                 (
                     vm_state.value,
                     power_state.value,
                     dump(config),
+                    error,
                     self._database.clock(),
                     name,
                     *states,
