@@ -341,9 +341,8 @@ class Watching:
     async def fail(
         self, record: InstanceRecord, reason: str, power: PowerState, idle: bool = False
     ) -> bool:
-        """The instance goes to error with ``reason`` (the error persists), ending any task
-        (recovery's: no action runs it any more); with ``idle``, only if no task claimed it
-        since ``record`` was read (else it is the task's to see: False)."""
+        """Error with ``reason``, persisting, ending any task (recovery's); with ``idle``, only
+        if no task claimed it since ``record`` was read (else it is the task's: False)."""
         if idle:
             updated = await self.store.instances.settle(
                 record.name, ANY_VM_STATE, VMState.ERROR, power, error=reason
