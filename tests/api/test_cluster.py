@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 from treq.client import HTTPClient
 from twisted.internet import tcp
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred, gatherResults, succeed
 from twisted.internet.endpoints import UNIXClientEndpoint, serverFromString
 from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IStreamClientEndpoint
 from twisted.internet.protocol import Factory, Protocol, connectionDone
@@ -737,6 +737,10 @@ async def _failure(pending: Deferred[Any]) -> Any:
     raise AssertionError("it did not fail")
 
 
+# Requests forwarded to one member at once, as a member busy with 200 clients forwards them.
+BURST = 12
+
+
 class ConnectionReuseTests(ClusterTestCase):
     """Forwarded requests go over kept connections, made for the member as it is now."""
 
@@ -773,6 +777,17 @@ class ConnectionReuseTests(ClusterTestCase):
         )
         self.assertEqual(self.a.remote.accepted, before + 1)
         self.assertEqual(len(self.a.remote.open), 1)
+
+    async def test_theConnectionsOfABurstAreKeptForTheNextBurst(self) -> None:
+        record = self.record_of_a()
+        accepted = self.a.remote.accepted
+        for _ in range(2):
+            burst = [Deferred.fromCoroutine(self.get(record)) for _ in range(BURST)]
+            answers = await gatherResults(burst)
+            self.assertEqual([answer.code for answer in answers], [200] * BURST)
+            await deferLater(reactor, 0, lambda: None)
+        self.assertEqual(self.a.remote.accepted, accepted + BURST)
+        self.assertEqual(len(self.a.remote.open), BURST)
 
     async def test_aMemberWithAnotherIdentityGetsNewConnections(self) -> None:
         record = self.record_of_a()
