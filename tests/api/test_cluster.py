@@ -637,6 +637,52 @@ class UnreachableOwnerTests(ClusterTestCase):
         self.assertIn(b"is not trusted by the daemon", stranger.body)
 
 
+class ListTests(ClusterTestCase):
+    """Any member lists every instance, each with where it runs and whether that is reachable."""
+
+    async def on_a(self, *names: str) -> None:
+        for name in names:
+            await self.launch(self.a, name, target="a")
+            await self.b.lifecycle.store.refresh_instance(name)
+
+    async def test_aListShowsEachInstanceOfAnUnreachableMemberAsUnknown(self) -> None:
+        await self.on_a("web1", "web2")
+        await self.launch(self.b, "db1", target="b")
+        member = await self.unreachable(self.a, self.b)
+        fault = {
+            "kind": "host",
+            "message": f"host unreachable: member a's lease ran out at "
+            f"{lease_time(member.lease_expires)}",
+            "since": rfc3339(member.lease_expires),
+        }
+        listed = (await self.call(self.b, "GET", "/1.0/instances?recursion=1")).metadata
+        self.assertEqual(
+            [(i["name"], i["location"], i["status"], i["faults"]) for i in listed],
+            [
+                ("db1", "b", "Running", []),
+                ("web1", "a", "Unknown", [fault]),
+                ("web2", "a", "Unknown", [fault]),
+            ],
+        )
+
+    async def test_aListLooksAtEachMemberOnceNotAtEachOfItsInstances(self) -> None:
+        await self.on_a("web1", "web2", "web3")
+        asked: list[str] = []
+        reason = self.b.membership.unreachable_reason
+
+        def counted(record: Any) -> str | None:
+            asked.append(record.name)
+            return reason(record)
+
+        self.patch(self.b.membership, "unreachable_reason", counted)
+        listed = (await self.call(self.b, "GET", "/1.0/instances?recursion=1")).metadata
+        self.assertEqual(
+            [(i["name"], i["location"]) for i in listed],
+            [("web1", "a"), ("web2", "a"), ("web3", "a")],
+        )
+        self.assertEqual(asked, ["web1"])
+
+
 class RetireTests(ClusterTestCase):
     """``DELETE /1.0/cluster/members/<name>``: a retired member's certificate is refused."""
 
