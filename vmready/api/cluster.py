@@ -184,7 +184,8 @@ class ClusterContext:
         """``placement`` for the instances of one list, asked once per member.
 
         Both parts depend on the instance's member alone: a list of 1,000
-        instances on three members asks the membership three times, not 1,000.
+        instances on three members asks the membership three times, not 1,000,
+        each member as the list first came to one of its instances.
         """
         known: dict[str, Placement] = {}
 
