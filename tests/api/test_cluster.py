@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 from treq.client import HTTPClient
 from twisted.internet import tcp
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred, gatherResults, succeed
 from twisted.internet.endpoints import UNIXClientEndpoint, serverFromString
 from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IStreamClientEndpoint
 from twisted.internet.protocol import Factory, Protocol, connectionDone
@@ -637,6 +637,52 @@ class UnreachableOwnerTests(ClusterTestCase):
         self.assertIn(b"is not trusted by the daemon", stranger.body)
 
 
+class ListTests(ClusterTestCase):
+    """Any member lists every instance, each with where it runs and whether that is reachable."""
+
+    async def on_a(self, *names: str) -> None:
+        for name in names:
+            await self.launch(self.a, name, target="a")
+            await self.b.lifecycle.store.refresh_instance(name)
+
+    async def test_aListShowsEachInstanceOfAnUnreachableMemberAsUnknown(self) -> None:
+        await self.on_a("web1", "web2")
+        await self.launch(self.b, "db1", target="b")
+        member = await self.unreachable(self.a, self.b)
+        fault = {
+            "kind": "host",
+            "message": f"host unreachable: member a's lease ran out at "
+            f"{lease_time(member.lease_expires)}",
+            "since": rfc3339(member.lease_expires),
+        }
+        listed = (await self.call(self.b, "GET", "/1.0/instances?recursion=1")).metadata
+        self.assertEqual(
+            [(i["name"], i["location"], i["status"], i["faults"]) for i in listed],
+            [
+                ("db1", "b", "Running", []),
+                ("web1", "a", "Unknown", [fault]),
+                ("web2", "a", "Unknown", [fault]),
+            ],
+        )
+
+    async def test_aListLooksAtEachMemberOnceNotAtEachOfItsInstances(self) -> None:
+        await self.on_a("web1", "web2", "web3")
+        asked: list[str] = []
+        reason = self.b.membership.unreachable_reason
+
+        def counted(record: Any) -> str | None:
+            asked.append(record.name)
+            return reason(record)
+
+        self.patch(self.b.membership, "unreachable_reason", counted)
+        listed = (await self.call(self.b, "GET", "/1.0/instances?recursion=1")).metadata
+        self.assertEqual(
+            [(i["name"], i["location"]) for i in listed],
+            [("web1", "a"), ("web2", "a"), ("web3", "a")],
+        )
+        self.assertEqual(asked, ["web1"])
+
+
 class RetireTests(ClusterTestCase):
     """``DELETE /1.0/cluster/members/<name>``: a retired member's certificate is refused."""
 
@@ -737,6 +783,10 @@ async def _failure(pending: Deferred[Any]) -> Any:
     raise AssertionError("it did not fail")
 
 
+# Requests forwarded to one member at once, as a member busy with 200 clients forwards them.
+BURST = 12
+
+
 class ConnectionReuseTests(ClusterTestCase):
     """Forwarded requests go over kept connections, made for the member as it is now."""
 
@@ -773,6 +823,17 @@ class ConnectionReuseTests(ClusterTestCase):
         )
         self.assertEqual(self.a.remote.accepted, before + 1)
         self.assertEqual(len(self.a.remote.open), 1)
+
+    async def test_theConnectionsOfABurstAreKeptForTheNextBurst(self) -> None:
+        record = self.record_of_a()
+        accepted = self.a.remote.accepted
+        for _ in range(2):
+            burst = [Deferred.fromCoroutine(self.get(record)) for _ in range(BURST)]
+            answers = await gatherResults(burst)
+            self.assertEqual([answer.code for answer in answers], [200] * BURST)
+            await deferLater(reactor, 0, lambda: None)
+        self.assertEqual(self.a.remote.accepted, accepted + BURST)
+        self.assertEqual(len(self.a.remote.open), BURST)
 
     async def test_aMemberWithAnotherIdentityGetsNewConnections(self) -> None:
         record = self.record_of_a()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.defer import Deferred
@@ -49,6 +50,10 @@ from vmready.domain import (
 )
 from vmready.lifecycle import Fault, Membership
 from vmready.trust import CertificatePair
+
+# What an instance's view shows of the cluster: its location, and the fault of an unreachable
+# member (None: reachable, or this member's own).
+Placement = tuple[str, Fault | None]
 
 MAX_REMEMBERED_OPERATIONS = 4096
 # The longest wait one relayed ``/wait`` asks for: a longer one is relayed as several.
@@ -169,6 +174,28 @@ class ClusterContext:
     def location(self, record: InstanceRecord) -> str:
         """Where ``record`` runs, as LXD's ``location``: its member, ``none`` if no member's."""
         return record.member or "none"
+
+    def placement(self, record: InstanceRecord) -> Placement:
+        """Where ``record`` runs (``location``) and whether its member is unreachable now
+        (``unreachable``): what its view shows of the cluster."""
+        return self.location(record), self.unreachable(record)
+
+    def placements(self) -> Callable[[InstanceRecord], Placement]:
+        """``placement`` for the instances of one list, asked once per member.
+
+        Both parts depend on the instance's member alone: a list of 1,000
+        instances on three members asks the membership three times, not 1,000,
+        each member as the list first came to one of its instances.
+        """
+        known: dict[str, Placement] = {}
+
+        def placement(record: InstanceRecord) -> Placement:
+            shown = known.get(record.member)
+            if shown is None:
+                shown = known[record.member] = self.placement(record)
+            return shown
+
+        return placement
 
     def unreachable(self, record: InstanceRecord) -> Fault | None:
         """The ``host`` fault of ``record`` when its member is unreachable now, else None."""

@@ -20,13 +20,17 @@ which aborts its connection, as a 503; a request that may change something
 
 Connections are kept (an ``HTTPConnectionPool``) per member *identity*: its
 name, address and pinned fingerprint; a member seen with another has the old
-identity's kept connections closed, once no request uses them.  Idle ones are
-closed after ``CACHED_CONNECTION_TIMEOUT``, well before the owner's own idle
-timeout.  The pool sends a ``GET`` or ``HEAD`` without a body once more on a
-new connection when a kept one died under it unanswered; anything else that
-left this host unanswered is a 502 ("lost the connection"), never sent again:
-the owner may have acted on it.  ``Forwarder.close()`` closes the kept
-connections, aborting those whose member does not answer the TLS close in time.
+identity's kept connections closed, once no request uses them.  Up to
+``MAX_CACHED_PER_MEMBER`` idle ones are kept per member: a member under load
+has many requests under way to another at once, and each connection not
+kept is a new TCP connection and TLS handshake on both members at the next
+request.  Idle ones are closed after ``CACHED_CONNECTION_TIMEOUT``, well
+before the owner's own idle timeout.  The pool sends a ``GET`` or ``HEAD``
+without a body once more on a new connection when a kept one died under it
+unanswered; anything else that left this host unanswered is a 502 ("lost
+the connection"), never sent again: the owner may have acted on it.
+``Forwarder.close()`` closes the kept connections, aborting those whose
+member does not answer the TLS close in time.
 """
 
 from __future__ import annotations
@@ -78,8 +82,9 @@ READS = (b"GET", b"HEAD")
 UNKNOWN_OUTCOME = "the request may have been carried out: check with vmready info"
 # Seconds an idle connection to a member is kept: well before the member closes it.
 CACHED_CONNECTION_TIMEOUT = round(IDLE_TIMEOUT / 3)
-# Idle connections kept per member.
-MAX_CACHED_PER_MEMBER = 4
+# Idle connections kept per member: as many as a busy member has under way to it at once
+# (each one not kept is a new TCP connection and TLS handshake on both members next time).
+MAX_CACHED_PER_MEMBER = 32
 # Seconds ``Forwarder.close()`` lets members answer a TLS close before aborting.
 CLOSE_GRACE = 5.0
 _PRINTABLE = bytes(range(0x21, 0x7F)).decode("ascii")

@@ -81,7 +81,7 @@ class InstanceRoutes(OperatorBase):
                 views = [view for view in views if wanted(view)]
             return sync_response(request, views)
         rendered = await in_slices(
-            records, self.rendered_instance, self.lifecycle.clock, self.list_slice
+            records, self.rendered_in_list(), self.lifecycle.clock, self.list_slice
         )
         if wanted is not None:
             rendered = [each for each in rendered if wanted(each.view)]

@@ -22,7 +22,7 @@ from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource
 
-from vmready.api.cluster import ClusterContext
+from vmready.api.cluster import ClusterContext, Placement
 from vmready.api.eventstream import MAX_PENDING_BYTES, BoundedFeed
 from vmready.api.limits import MAX_OPERATOR_CONNECTIONS, LimitedSite
 from vmready.api.rendered import SLICE, Rendered, RenderedInstances, ViewInputs
@@ -232,8 +232,16 @@ class OperatorBase:
         # The instances a list reads per turn of the reactor (``api.rendered.in_slices``).
         self.list_slice = SLICE
 
-    def rendered_instance(self, record: InstanceRecord) -> Rendered:
-        """The instance object as this daemon shows it now, rendered only if it changed."""
+    def rendered_instance(
+        self,
+        record: InstanceRecord,
+        placement: Callable[[InstanceRecord], Placement] | None = None,
+    ) -> Rendered:
+        """The instance object as this daemon shows it now, rendered only if it changed.
+
+        ``placement``: where instances run, for a cluster member
+        (``ClusterContext.placement`` unless given: a list gives its ``placements``).
+        """
         lifecycle = self.lifecycle
         name = record.name
         agent = lifecycle.running.agent_status(name)
@@ -244,9 +252,16 @@ class OperatorBase:
             inputs = ViewInputs(record, agent, faults, history)
         else:
             # On a cluster member: where it runs, and whether that member is unreachable.
-            location, unreachable = cluster.location(record), cluster.unreachable(record)
+            location, unreachable = (placement or cluster.placement)(record)
             inputs = ViewInputs(record, agent, faults, history, location, unreachable)
         return self.rendered.get(inputs)
+
+    def rendered_in_list(self) -> Callable[[InstanceRecord], Rendered]:
+        """``rendered_instance`` for the instances of one list (each member looked at once)."""
+        if self.cluster is None:
+            return self.rendered_instance
+        placement = self.cluster.placements()
+        return lambda record: self.rendered_instance(record, placement)
 
     def _render_instance(self, inputs: ViewInputs) -> dict[str, Any]:
         """The instance object of these inputs (``api.views.instance_json``)."""
