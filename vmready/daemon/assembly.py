@@ -71,7 +71,7 @@ def assemble(
         fence = None
         if config.fence_vms:
             run_root = os.path.join(config.data_dir, "run")
-            fence = HostFence(reactor, reactor, run_root, config.data_dir, config.member_name)
+            fence = HostFence(reactor, run_root, config.data_dir, config.member_name)
         cluster = ClusterMember(
             reactor, store, config.store_location, events, trust, config.member_name, fence
         )

@@ -20,11 +20,12 @@ import os
 from collections.abc import Callable
 
 from twisted.internet.error import ProcessDone
-from twisted.internet.interfaces import IDelayedCall, IReactorProcess, IReactorTime
+from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.protocol import ProcessProtocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from vmready.domain import IVMReadyReactor
 from vmready.fence import LOST_LINE, fence_command, hold_line
 
 FENCE_LOG_NAME = "fence.log"
@@ -58,15 +59,9 @@ class HostFence:
     log = Logger()
 
     def __init__(
-        self,
-        reactor: IReactorProcess,
-        clock: IReactorTime,
-        run_root: str,
-        data_dir: str,
-        member: str,
+        self, reactor: IVMReadyReactor, run_root: str, data_dir: str, member: str
     ) -> None:
         self.reactor = reactor
-        self.clock = clock
         self.run_root = run_root
         self.log_path = os.path.join(data_dir, FENCE_LOG_NAME)
         self.member = member
@@ -134,4 +129,4 @@ class HostFence:
             how=how,
             delay=RESTART_DELAY_SECONDS,
         )
-        self._restart = self.clock.callLater(RESTART_DELAY_SECONDS, self._spawn)
+        self._restart = self.reactor.callLater(RESTART_DELAY_SECONDS, self._spawn)
