@@ -168,6 +168,14 @@ class FenceProcessTests(SynchronousTestCase):
         with open(os.path.join(self.run_root, PIDFILE_NAME)) as f:
             self.assertEqual(int(f.read()), new.pid)
 
+    def test_aStalePidfileNamingAnotherProcessRelievesNothing(self) -> None:
+        with open(os.path.join(self.run_root, PIDFILE_NAME), "w") as f:
+            f.write(f"{os.getpid()}\n")  # this test's own process: no fence
+        fence = self.start_fence(time.monotonic() + DEADLINE)
+        self.assertNotIn("relieved", self.logged())
+        with open(os.path.join(self.run_root, PIDFILE_NAME)) as f:
+            self.assertEqual(int(f.read()), fence.pid)
+
     def test_aLineItCannotReadIsLoggedAndChangesNothing(self) -> None:
         pid = self.start_vm("vm1")
         until = time.monotonic() + DEADLINE
