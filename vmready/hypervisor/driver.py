@@ -48,6 +48,7 @@ from vmready.hypervisor.vmprocess import (
     owned_pid,
     remove_stale_files,
     socket_listens,
+    vm_process_remains,
 )
 from vmready.protocols.qmp import QMPDisconnected, connect_qmp
 
@@ -263,7 +264,7 @@ class HypervisorDriver:
 
     async def _await_killed(self, spec: VMSpec, pid: int) -> bool:
         deadline = self.reactor.seconds() + self.kill_timeout
-        while is_vm_process(pid, spec.qmp_socket):
+        while vm_process_remains(pid, spec.qmp_socket):
             if self.reactor.seconds() >= deadline:
                 raise HypervisorError(
                     f"VM {spec.name} (process {pid}) survived SIGKILL for {self.kill_timeout:g}s"

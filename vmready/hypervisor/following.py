@@ -23,7 +23,7 @@ from vmready.domain import HypervisorError, Listeners, PowerState
 from vmready.fence import fenced_reason
 from vmready.hypervisor.cmdline import VMSpec
 from vmready.hypervisor.vmevents import VMEvent, VMEventKind, gone_event, vm_event_for
-from vmready.hypervisor.vmprocess import EXIT_POLL_SECONDS, is_vm_process
+from vmready.hypervisor.vmprocess import EXIT_POLL_SECONDS, is_vm_process, vm_process_remains
 from vmready.protocols.qmp import QMPClientProtocol, QMPEvent
 
 
@@ -138,7 +138,7 @@ class VMFollower:
     async def _await_exit(self) -> None:
         deadline = self._reactor.seconds() + self.exit_grace
         hung = False
-        while self.pid is not None and is_vm_process(self.pid, self.spec.qmp_socket):
+        while self.pid is not None and vm_process_remains(self.pid, self.spec.qmp_socket):
             if self._reactor.seconds() >= deadline:
                 hung = True
                 self.log.warn(

@@ -51,6 +51,39 @@ def is_vm_process(pid: int, qmp_socket: str) -> bool:
     return any(marker in argument for argument in cmdline.split(b"\0"))
 
 
+def is_exiting(pid: int) -> bool:
+    """Whether ``pid`` is a process on its way out that a thread of it still keeps.
+
+    A process's threads end one by one and its files (a VM's monitor socket
+    among them) close only with the last; meanwhile its memory is released,
+    so its command line reads empty and its leader may already be a zombie:
+    ``is_vm_process`` no longer knows it, yet its socket still answers.
+    """
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if f.read(1):
+                return False
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    return any(_thread_lives(pid, thread) for thread in threads)
+
+
+def _thread_lives(pid: int, thread: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/task/{thread}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    end_of_name = stat.rfind(b")")
+    return stat[end_of_name + 2 : end_of_name + 3] not in (b"Z", b"X")
+
+
+def vm_process_remains(pid: int, qmp_socket: str) -> bool:
+    """Whether the VM's process ``pid`` has not ended: alive, or exiting with its files open."""
+    return is_vm_process(pid, qmp_socket) or is_exiting(pid)
+
+
 def owned_pid(spec: VMSpec) -> int | None:
     """The pidfile's pid if it is this VM's own live process, else None."""
     pid = _read_pidfile(spec.pidfile)
