@@ -50,9 +50,10 @@ from vmready.api.remote import remote_site, remote_tls_factory
 from vmready.api.trust import TrustRegistry
 from vmready.domain import lease_time
 from vmready.domain.members import MemberRecord
-from vmready.lifecycle import rfc3339
+from vmready.lifecycle import Fault, LinkChange, LiveView, rfc3339
 from vmready.lifecycle.core import Lifecycle
 from vmready.lifecycle.members import Membership
+from vmready.protocols import AgentStatus
 from vmready.store.executor import StoreWriteFailed
 from vmready.trust.certs import CertificatePair, generate
 
@@ -681,6 +682,91 @@ class ListTests(ClusterTestCase):
             [("web1", "a"), ("web2", "a"), ("web3", "a")],
         )
         self.assertEqual(asked, ["web1"])
+
+
+class ToldViewTests(ClusterTestCase):
+    """A member's instance shown by another from its row and the view its member told.
+
+    The relay carries that view with each event (``lifecycle.liveviews``,
+    tested with the relay in ``tests.cluster.test_relay``); here b holds one as
+    the relay would have kept it.
+    """
+
+    async def told_by_a(self) -> LiveView:
+        await self.launch(self.a, "web1", target="a")
+        await self.b.lifecycle.store.refresh_instance("web1")
+        view = LiveView(
+            "a",
+            AgentStatus.CONNECTED,
+            (Fault("snapshot", "the disk is full", 1_700_000_000.0),),
+            (LinkChange("started", 1_699_999_990.0), LinkChange("connected", 1_699_999_991.5)),
+            "/srv/a/run/web1/console.log",
+        )
+        assert self.b.api.cluster is not None
+        self.b.api.cluster.views.told("web1", view)
+        return view
+
+    async def test_aGetIsAnsweredWithTheToldViewWithoutAskingTheMember(self) -> None:
+        await self.told_by_a()
+        accepted = self.a.remote.accepted
+        shown = (await self.call(self.b, "GET", "/1.0/instances/web1")).metadata
+        self.assertEqual(self.a.remote.accepted, accepted)
+        self.assertEqual(
+            (shown["location"], shown["status"], shown["agent"]),
+            (
+                "a",
+                "Running",
+                {
+                    "status": "connected",
+                    "history": [
+                        {"status": "started", "at": rfc3339(1_699_999_990.0)},
+                        {"status": "connected", "at": rfc3339(1_699_999_991.5)},
+                    ],
+                },
+            ),
+        )
+        self.assertEqual(
+            shown["faults"],
+            [{"kind": "snapshot", "message": "the disk is full", "since": rfc3339(1.7e9)}],
+        )
+        self.assertEqual(shown["console"], {"log": "/srv/a/run/web1/console.log"})
+        full = (await self.call(self.b, "GET", "/1.0/instances/web1?recursion=1")).metadata
+        self.assertEqual(full["state"]["agent"], {"status": "connected"})
+
+    async def test_aListShowsTheToldView(self) -> None:
+        await self.told_by_a()
+        listed = (await self.call(self.b, "GET", "/1.0/instances?recursion=1")).metadata
+        self.assertEqual(
+            [(i["name"], i["agent"]["status"], len(i["faults"])) for i in listed],
+            [("web1", "connected", 1)],
+        )
+
+    async def test_theAnsweringMembersStoreFaultsAreAdded(self) -> None:
+        await self.told_by_a()
+        self.b.lifecycle.events.server("store-write-failed", {"error": "disk I/O"})
+        shown = (await self.call(self.b, "GET", "/1.0/instances/web1")).metadata
+        self.assertEqual([f["kind"] for f in shown["faults"]], ["snapshot", "store"])
+
+    async def test_aViewToldByAnotherMemberIsNotUsed(self) -> None:
+        """Once the instance runs elsewhere, what its former member told is not its view."""
+        await self.told_by_a()
+        assert self.b.api.cluster is not None
+        self.b.api.cluster.views.told(
+            "web1", LiveView("c", AgentStatus.STOPPED, (), (LinkChange("stopped", 1.0),))
+        )
+        accepted = self.a.remote.accepted
+        shown = (await self.call(self.b, "GET", "/1.0/instances/web1")).metadata
+        self.assertEqual(self.a.remote.accepted, accepted + 1)
+        self.assertEqual(shown["agent"]["status"], "unknown")
+
+    async def test_anUnreachableMembersViewIsNotShown(self) -> None:
+        await self.told_by_a()
+        await self.unreachable(self.a, self.b)
+        shown = (await self.call(self.b, "GET", "/1.0/instances/web1")).metadata
+        self.assertEqual(
+            (shown["status"], shown["agent"]["status"], [f["kind"] for f in shown["faults"]]),
+            ("Unknown", "unknown", ["host"]),
+        )
 
 
 class RetireTests(ClusterTestCase):

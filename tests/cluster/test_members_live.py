@@ -304,6 +304,30 @@ class JoiningTests(SynchronousTestCase):
         )
 
 
+class ToldViewLiveTests(SynchronousTestCase):
+    """What only A knows of its instance (its agent link) reaches B with A's events."""
+
+    def test_bAnswersForAsInstanceEvenWhileACannot(self) -> None:
+        store = postgres_location(self)
+        # Long leases: a frozen A stays online for the whole test.
+        a = Member(self, "a", store, lease="60")
+        b = Member(self, "b", store, lease="60")
+        a.start()
+        b.start()
+        a.cli("launch", NAME, "--memory", "128")
+        a.system.start_agent(NAME)
+        a.cli("wait", NAME, "agent", "--timeout", "30")
+        on_a = a.instance(NAME)
+        assert on_a is not None
+        self.assertEqual(on_a["agent"]["status"], "connected")
+        eventually(lambda: b.instance(NAME) == on_a, "b showing the instance as a does")
+        # A cannot answer now: B answers from the row and what A told, at once.
+        assert a.system.daemon is not None
+        a.system.daemon.send_signal(signal.SIGSTOP)
+        self.addCleanup(a.system.daemon.send_signal, signal.SIGCONT)
+        self.assertEqual(b.instance(NAME), on_a)
+
+
 class SameNameTests(SynchronousTestCase):
     """Two daemons can never be one member: a second one given a held name is refused."""
 

@@ -25,16 +25,25 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from tests.reactor import reactor
 from vmready.domain.model import InstanceRecord
 from vmready.domain.states import PowerState, TaskState, VMState
+from vmready.lifecycle.agenthistory import AgentHistory, LinkChange
 from vmready.lifecycle.events import LIFECYCLE, OPERATION, Event, EventBus
-from vmready.lifecycle.relay import (
-    EventRelay,
-    InboundOrder,
+from vmready.lifecycle.faults import Fault
+from vmready.lifecycle.liveviews import (
+    LiveView,
+    OwnViews,
+    view_from_json,
+    view_json,
+    views_from_json,
+)
+from vmready.lifecycle.relay import EventRelay, InboundOrder, relayable
+from vmready.lifecycle.relaypayloads import (
     InstanceChange,
     decode_event,
     decode_instance_change,
     encode_event,
-    relayable,
+    encode_views,
 )
+from vmready.protocols import AgentStatus
 from vmready.store import MAX_PAYLOAD_BYTES
 from vmready.store.asyncstore import AsyncStore
 from vmready.store.executor import InlineExecutor
@@ -497,3 +506,204 @@ class ResyncTests(TestCase):
         self.assertEqual({e.location for e in self.seen}, {"a"})
         self.assertTrue(all(e.relayed and e.metadata["context"]["resynced"] for e in self.seen))
         self.assertEqual(self.store.view.get_instance("db1").vm_state, VMState.ACTIVE)
+
+
+def _row(name: str, member: str) -> InstanceRecord:
+    return InstanceRecord(
+        name,
+        f"uuid-{name}",
+        VMState.ACTIVE,
+        None,
+        PowerState.RUNNING,
+        {},
+        {},
+        1.0,
+        1.0,
+        None,
+        member,
+    )
+
+
+class Rows:
+    """An owner's instance rows, as ``OwnViews`` reads them."""
+
+    def __init__(self, member: str, *names: str) -> None:
+        self.member = member
+        self.records = {name: _row(name, member) for name in names}
+
+    def find_instance(self, name: str) -> InstanceRecord | None:
+        return self.records.get(name)
+
+    def owned_instances(self) -> list[InstanceRecord]:
+        return [r for r in self.records.values() if r.member == self.member]
+
+
+class LiveViewRelayTests(SynchronousTestCase):
+    """An owner's view of its instance goes with each event; the other member keeps it."""
+
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.clock.advance(1_700_000_000)
+        self.wire = Wire(self.clock)
+        later = lambda send: self.clock.callLater(0, send)  # noqa: E731
+        self.bus_a = EventBus(self.clock.seconds, location="a")
+        self.relay_a = EventRelay(self.bus_a, BusOnlyStore("a", self.wire), "a", later)
+        self.rows = Rows("a", "web1", "web2")
+        self.agents: dict[str, AgentStatus] = {}
+        self.history = AgentHistory()
+        self.relay_a.own = OwnViews(
+            "a",
+            self.rows,
+            lambda name: self.agents.get(name, AgentStatus.UNKNOWN),
+            self.bus_a.faults,
+            self.history.of,
+            lambda record: f"/srv/a/run/{record.uuid}/console.log",
+        )
+        self.bus_b = EventBus(self.clock.seconds, location="b")
+        self.relay_b = EventRelay(self.bus_b, BusOnlyStore("b", self.wire), "b", later)
+        for relay in (self.relay_a, self.relay_b):
+            relay.start()
+            self.wire.relays.append(relay)
+        # What b's view of web1 is as each of a's events is published on b's bus.
+        self.seen_with: list[tuple[Any, LiveView | None]] = []
+        self.bus_b.subscribe(
+            lambda event: self.seen_with.append(
+                (event.metadata.get("action"), self.relay_b.views.of(_row("web1", "a")))
+            )
+        )
+
+    def connect(self, name: str = "web1") -> None:
+        """As ``Watching`` does: the event, then (in the same turn) the history."""
+        self.agents[name] = AgentStatus.CONNECTED
+        event = self.bus_a.lifecycle("instance-agent-connected", name, {"status": "connected"})
+        self.history.record(name, LinkChange("connected", event.timestamp, "advertised again"))
+
+    def deliver(self) -> None:
+        self.clock.advance(0)  # a's events go out at the end of their turn
+        self.clock.advance(0)  # and reach b
+
+    def test_theViewAsTheTurnLeftItTravelsWithTheEvent(self) -> None:
+        self.bus_a.lifecycle("instance-snapshot-failed", "web1", {"error": "disk full"})
+        self.connect()
+        self.deliver()
+        view = LiveView(
+            "a",
+            AgentStatus.CONNECTED,
+            (Fault("snapshot", "disk full", 1_700_000_000.0),),
+            (LinkChange("connected", 1_700_000_000.0, "advertised again"),),
+            "/srv/a/run/uuid-web1/console.log",
+        )
+        # Each event published on b with the view already kept: never behind the event.
+        self.assertEqual(
+            self.seen_with,
+            [("instance-snapshot-failed", view), ("instance-agent-connected", view)],
+        )
+
+    def test_aViewIsNotUsedForAnInstanceRunningElsewhere(self) -> None:
+        self.connect()
+        self.deliver()
+        self.assertIsNotNone(self.relay_b.views.of(_row("web1", "a")))
+        self.assertIsNone(self.relay_b.views.of(_row("web1", "c")))
+
+    def test_anEventWithoutAViewForgetsTheOneKept(self) -> None:
+        self.connect()
+        self.deliver()
+        # A fault too long for one payload: the event goes, its view does not fit.
+        self.bus_a.lifecycle("instance-error", "web1", {"error": "x" * 5000})
+        self.bus_a.lifecycle("instance-snapshot-failed", "web1", {"error": "y" * 5000})
+        self.deliver()
+        self.assertEqual([action for action, _ in self.seen_with][-1], "instance-snapshot-failed")
+        self.assertIsNone(self.relay_b.views.of(_row("web1", "a")))
+
+    def test_anInstanceDeletedOrRenamedAwayIsForgotten(self) -> None:
+        self.connect("web1")
+        self.connect("web2")
+        self.deliver()
+        del self.rows.records["web1"]
+        self.bus_a.lifecycle("instance-deleted", "web1")
+        self.rows.records["web3"] = _row("web3", "a")
+        del self.rows.records["web2"]
+        self.agents["web3"] = self.agents.pop("web2")
+        self.bus_a.lifecycle("instance-renamed", "web3", {"old_name": "web2"})
+        self.deliver()
+        self.assertIsNone(self.relay_b.views.of(_row("web1", "a")))
+        self.assertIsNone(self.relay_b.views.of(_row("web2", "a")))
+        told = self.relay_b.views.of(_row("web3", "a"))
+        assert told is not None
+        self.assertEqual(told.agent, AgentStatus.CONNECTED)
+
+    def test_aMemberAskingGetsEveryViewOfTheOthers(self) -> None:
+        self.agents["web1"] = AgentStatus.CONNECTED
+        console = "/srv/a/run/uuid-{}/console.log".format
+        self.relay_b.ask_views()
+        self.clock.advance(0)  # the request reaches a
+        self.clock.advance(0)  # a's views reach b
+        self.assertEqual(
+            {name: self.relay_b.views.of(_row(name, "a")) for name in ("web1", "web2")},
+            {
+                "web1": LiveView("a", AgentStatus.CONNECTED, console_log=console("web1")),
+                "web2": LiveView("a", AgentStatus.UNKNOWN, console_log=console("web2")),
+            },
+        )
+        self.assertEqual(self.seen_with, [])  # views are no events
+
+    def test_lostNotificationsForgetEveryViewAndAskAgain(self) -> None:
+        self.connect()
+        self.deliver()
+        self.agents["web1"] = AgentStatus.STOPPED  # its event lost with the connection
+        self.relay_b.resync()
+        self.assertEqual(len(self.relay_b.views), 0)
+        self.clock.advance(0)
+        self.clock.advance(0)
+        told = self.relay_b.views.of(_row("web1", "a"))
+        assert told is not None
+        self.assertEqual(told.agent, AgentStatus.STOPPED)
+
+    def test_stoppingSendsWhatWaitsForTheTurnsEnd(self) -> None:
+        self.connect()
+        self.relay_a.stop()
+        self.assertEqual(len(self.wire.payloads), 1)
+        self.assertEqual(json.loads(self.wire.payloads[0])["live"]["agent"], "connected")
+
+
+class ViewPayloadTests(SynchronousTestCase):
+    """Views in NOTIFY payloads: as many to one as fit, and back."""
+
+    def view(
+        self, reason: str = "lost: the agent said nothing for 15.0s (no heartbeat)"
+    ) -> LiveView:
+        history = tuple(LinkChange("stopped", 1_700_000_000.0 + i, reason) for i in range(10))
+        return LiveView("a", AgentStatus.STOPPED, (Fault("agent", reason, 1.0),), history)
+
+    def test_manyViewsTravelInPayloadsWithinTheLimit(self) -> None:
+        views = {f"web{i}": self.view() for i in range(100)}
+        payloads = encode_views("a", views, seq=7)
+        self.assertGreater(len(payloads), 1)
+        told: dict[str, LiveView] = {}
+        for number, payload in enumerate(payloads):
+            self.assertLessEqual(len(payload.encode()), MAX_PAYLOAD_BYTES)
+            document = json.loads(payload)
+            self.assertEqual((document["member"], document["seq"]), ("a", 7 + number))
+            told.update(views_from_json("a", document["views"]))
+        self.assertEqual(told, views)
+
+    def test_aViewTooBigForAPayloadOfItsOwnIsLeftOut(self) -> None:
+        views = {"big": self.view("z" * 1000), "small": self.view()}
+        [payload] = encode_views("a", views)
+        self.assertEqual(list(json.loads(payload)["views"]), ["small"])
+
+    def test_whatIsNotAViewIsNotOne(self) -> None:
+        good = view_json(self.view())
+        self.assertEqual(view_from_json("a", good), self.view())
+        bad: Any
+        for bad in (
+            None,
+            [],
+            {**good, "agent": "dancing"},
+            {**good, "faults": [["agent", "x"]]},
+            {**good, "faults": [["agent", "x", "soon"]]},
+            {**good, "history": [["stopped", float("nan"), None]]},
+            {**good, "history": [["stopped", 1.0, 5]]},
+            {**good, "history": None},
+        ):
+            self.assertIsNone(view_from_json("a", bad), bad)

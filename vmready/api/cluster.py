@@ -48,7 +48,7 @@ from vmready.domain import (
     VMReadyError,
     lease_time,
 )
-from vmready.lifecycle import Fault, Membership
+from vmready.lifecycle import Fault, LiveView, Membership, RemoteViews
 from vmready.trust import CertificatePair
 
 # What an instance's view shows of the cluster: its location, and the fault of an unreachable
@@ -87,9 +87,13 @@ class ClusterContext:
 
     log = Logger()
 
-    def __init__(self, membership: Membership, forwarder: Forwarder) -> None:
+    def __init__(
+        self, membership: Membership, forwarder: Forwarder, views: RemoteViews | None = None
+    ) -> None:
         self.membership = membership
         self.forwarder = forwarder
+        # What the other members told of their instances (``lifecycle.liveviews``).
+        self.views = views if views is not None else RemoteViews()
         # Operations started through a forwarded request: their id → the member running them.
         self._operations: OrderedDict[str, str] = OrderedDict()
         # The longest wait one relayed ``/wait`` asks for (``forward_wait``).
@@ -102,10 +106,12 @@ class ClusterContext:
         reactor: IVMReadyReactor,
         identity: CertificatePair,
         deadline: float = DEADLINE,
+        views: RemoteViews | None = None,
     ) -> ClusterContext:
         """Forwarding over mutual TLS, presenting ``identity`` (the daemon's server pair);
-        ``deadline``: seconds a relayed request may take beyond the wait it asks for."""
-        return cls(membership, Forwarder(reactor, identity, membership.name, deadline))
+        ``deadline``: seconds a relayed request may take beyond the wait it asks for;
+        ``views``: what the other members told of their instances (the relay's)."""
+        return cls(membership, Forwarder(reactor, identity, membership.name, deadline), views)
 
     @property
     def name(self) -> str:
@@ -205,6 +211,17 @@ class ClusterContext:
         member = self.membership.owner(record)
         since = member.lease_expires if member is not None else self.membership.store_now()
         return unreachable_fault(reason, since)
+
+    def told_view(self, record: InstanceRecord, unreachable: Fault | None) -> LiveView | None:
+        """What another member told of its instance ``record``, while that member is online.
+
+        None for this member's instance, one whose member is unreachable
+        (``unreachable``, as ``unreachable`` gave it: its view may be stale), or
+        one whose member told nothing this member still holds.
+        """
+        if unreachable is not None or record.member == self.name:
+            return None
+        return self.views.of(record)
 
     def remote_owner(self, record: InstanceRecord) -> MemberRecord | None:
         """The member a request about ``record`` goes to; None: this one answers it.

@@ -51,7 +51,7 @@ class InstanceRoutes(OperatorBase):
         """The instance with its state, snapshots and backups (LXD's ``InstanceFull``)."""
         view = dict(self.rendered_instance(record).view)
         snapshots = await self.lifecycle.store.snapshots.list_snapshots(record.name)
-        view["state"] = state_json(record, self.lifecycle.running.agent_status(record.name))
+        view["state"] = state_json(record, self.agent_status(record))
         view["snapshots"] = [snapshot_json(snapshot) for snapshot in snapshots]
         view["backups"] = []
         return view
@@ -123,16 +123,18 @@ class InstanceRoutes(OperatorBase):
     def get_instance(self, request: IRequest, name: str) -> Deferred[bytes]:
         """One instance (``recursion=1``: with its state and snapshots), with its ETag.
 
-        In a cluster, an instance another member runs is asked of that member
-        while it is online: its agent link, history and faults live there.
-        Unreachable, or not answering, the shared store answers here (UNKNOWN
-        while its lease has run out).
+        In a cluster, an instance another member runs is answered here from its
+        row and what its member told of its agent link, history and faults
+        with its last event (``lifecycle.liveviews``); while that member is
+        online and told nothing this member holds, it is asked.  Unreachable,
+        or not answering, the shared store answers here (UNKNOWN while its lease
+        has run out).
         """
         cluster = self.cluster
         if cluster is not None and request.getHeader(FORWARDED_BY) is None:
             record = self.lifecycle.store.view.find_instance(name)
             owner = None if record is None else cluster.reachable_owner(record)
-            if owner is not None:
+            if owner is not None and record is not None and cluster.views.of(record) is None:
                 return Deferred.fromCoroutine(self._instance_from(request, owner, name))
         return Deferred.fromCoroutine(self._local_instance(request, name))
 

@@ -31,7 +31,8 @@ from vmready.api.trust import TrustRegistry
 from vmready.api.views import instance_json, operation_url
 from vmready.api.web import ErrorStyle, handle_error, json_response, literal_paths, local_site
 from vmready.domain import InstanceRecord, NotFound, StatusCode
-from vmready.lifecycle import Lifecycle, Operation
+from vmready.lifecycle import Fault, Lifecycle, LinkChange, Operation
+from vmready.protocols import AgentStatus
 
 # The one project vmready has: LXD's ``?project=`` may name it, or be left out.
 DEFAULT_PROJECT = "default"
@@ -242,19 +243,40 @@ class OperatorBase:
         ``placement``: where instances run, for a cluster member
         (``ClusterContext.placement`` unless given: a list gives its ``placements``).
         """
-        lifecycle = self.lifecycle
-        name = record.name
-        agent = lifecycle.running.agent_status(name)
-        faults = tuple(lifecycle.events.faults.of(name))
-        history = tuple(lifecycle.agent_history.of(name))
         cluster = self.cluster
         if cluster is None:
-            inputs = ViewInputs(record, agent, faults, history)
-        else:
-            # On a cluster member: where it runs, and whether that member is unreachable.
-            location, unreachable = (placement or cluster.placement)(record)
-            inputs = ViewInputs(record, agent, faults, history, location, unreachable)
+            return self.rendered.get(ViewInputs(record, *self._own_link(record.name)))
+        # On a cluster member: where it runs, and whether that member is unreachable.
+        location, unreachable = (placement or cluster.placement)(record)
+        told = cluster.told_view(record, unreachable)
+        if told is None:
+            own = self._own_link(record.name)
+            return self.rendered.get(ViewInputs(record, *own, location, unreachable))
+        faults = (*told.faults, *self.lifecycle.events.faults.server())
+        inputs = ViewInputs(
+            record, told.agent, faults, told.history, location, unreachable, told.console_log
+        )
         return self.rendered.get(inputs)
+
+    def agent_status(self, record: InstanceRecord) -> AgentStatus:
+        """The instance's agent status as shown: its member's (``rendered_instance``)."""
+        cluster = self.cluster
+        if cluster is not None:
+            told = cluster.told_view(record, cluster.unreachable(record))
+            if told is not None:
+                return told.agent
+        return self.lifecycle.running.agent_status(record.name)
+
+    def _own_link(
+        self, name: str
+    ) -> tuple[AgentStatus, tuple[Fault, ...], tuple[LinkChange, ...]]:
+        """What this daemon knows of the agent link and the faults of instance ``name``."""
+        lifecycle = self.lifecycle
+        return (
+            lifecycle.running.agent_status(name),
+            tuple(lifecycle.events.faults.of(name)),
+            tuple(lifecycle.agent_history.of(name)),
+        )
 
     def rendered_in_list(self) -> Callable[[InstanceRecord], Rendered]:
         """``rendered_instance`` for the instances of one list (each member looked at once)."""
@@ -271,7 +293,7 @@ class OperatorBase:
             inputs.agent,
             inputs.faults,
             inputs.agent_history,
-            self.lifecycle.specs.console_log_path(record),
+            inputs.console_log or self.lifecycle.specs.console_log_path(record),
             inputs.location,
             inputs.unreachable,
         )

@@ -53,6 +53,8 @@ class ViewInputs(NamedTuple):
     agent_history: tuple[LinkChange, ...]
     location: str = "none"
     unreachable: Fault | None = None
+    # Where its console is logged, as its member told it (None: on this daemon's host).
+    console_log: str | None = None
 
 
 @attrs.frozen

@@ -23,7 +23,7 @@ from vmready.domain import IVMReadyReactor
 from vmready.guestfiles import loader_files
 from vmready.hypervisor import SERIAL_LAYOUTS, DriveContents, HypervisorDriver, kvm_device_problem
 from vmready.hypervisor.agentbundle import build_zipapp
-from vmready.lifecycle import EventBus, LaunchSettings, Lifecycle
+from vmready.lifecycle import EventBus, LaunchSettings, Lifecycle, OwnViews
 from vmready.record import Recorders, RecordingGuestResource
 from vmready.store import AsyncStore, Store
 
@@ -78,6 +78,16 @@ def assemble(
         cluster.hear()
     transport = choose_transport(config.hypervisor, config.guest_transport, vhost_vsock_problem())
     lifecycle = build_lifecycle(reactor, config, store, driver, events, transport)
+    if cluster is not None:
+        # What only this member knows of its instances goes out with their events.
+        cluster.relay.own = OwnViews(
+            cluster.name,
+            store.view,
+            lifecycle.running.agent_status,
+            lifecycle.events.faults,
+            lifecycle.agent_history.of,
+            lifecycle.specs.console_log_path,
+        )
     recorders = Recorders(
         lifecycle,
         config.transcript_dir,

@@ -53,7 +53,8 @@ class ClusterMember:
         # The trust store read again when told, and again until a read succeeds.
         self.trust_reads = Reread(reactor, trust.refresh, "the trusted certificates")
         self.name = name
-        self.relay = EventRelay(events, store, name)
+        # Events go out at the end of their turn, each with its instance's view then.
+        self.relay = EventRelay(events, store, name, lambda send: reactor.callLater(0, send))
         self.listener = NotificationListener(
             reactor,
             store_location,
@@ -74,6 +75,8 @@ class ClusterMember:
         self.relay.start()
         store = self.store
         self._listening = self.listener.start().addCallback(lambda _: store.reload_instances())
+        # Hearing the others from now on, this member asks for their instances' views.
+        self._listening.addCallback(lambda _: self.relay.ask_views())
 
     def become(self, address: str, fingerprint: str, lease_seconds: float) -> Membership:
         """This member's membership, before its APIs serve (``address``: "" until bound)."""
@@ -124,6 +127,8 @@ class ClusterMember:
             )
             raise
         self._joined = True
+        # Its agents' links start over with the daemon: the others forget what it told before.
+        self.relay.send_views()
         if self.fence is not None:
             self._fence(membership, self.fence)
         return membership.lost.addCallback(self._lost)

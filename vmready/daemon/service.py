@@ -250,7 +250,7 @@ class VMReadyService(MultiService):
             self.config.lease_seconds,
         )
         parts.operator_api.cluster = ClusterContext.over_tls(
-            membership, self.reactor, self.server_certificate
+            membership, self.reactor, self.server_certificate, views=parts.cluster.relay.views
         )
         # No step on a VM once the lease may have run out (a freeze, a partition).
         parts.driver.guard = membership.guard

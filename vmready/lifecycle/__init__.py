@@ -7,6 +7,7 @@ from vmready.lifecycle.events import EVENT_TYPES, LIFECYCLE, Event, EventBus, rf
 from vmready.lifecycle.faults import Fault
 from vmready.lifecycle.guestlink import GuestLink
 from vmready.lifecycle.hooks import RecorderLookup, SessionHooks
+from vmready.lifecycle.liveviews import LiveView, OwnViews, RemoteViews
 from vmready.lifecycle.members import DEFAULT_LEASE_SECONDS, Membership
 from vmready.lifecycle.metrics import LifecycleMetrics
 from vmready.lifecycle.operations import Operation
@@ -34,9 +35,12 @@ __all__ = [
     "Lifecycle",
     "LifecycleMetrics",
     "LinkChange",
+    "LiveView",
     "Membership",
     "Operation",
+    "OwnViews",
     "RecorderLookup",
+    "RemoteViews",
     "SessionHooks",
     "agent_chardev",
     "rfc3339",

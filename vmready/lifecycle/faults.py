@@ -70,8 +70,15 @@ class FaultLog:
 
     def of(self, name: str) -> list[Fault]:
         """The instance's standing faults, then the daemon's (the store's affect it too)."""
-        own = self._instances.get(name, {})
-        return sorted(own.values(), key=_order) + sorted(self._server.values(), key=_order)
+        return self.own(name) + self.server()
+
+    def own(self, name: str) -> list[Fault]:
+        """The instance's own standing faults, oldest first."""
+        return sorted(self._instances.get(name, {}).values(), key=_order)
+
+    def server(self) -> list[Fault]:
+        """The daemon's standing faults (its store's), oldest first."""
+        return sorted(self._server.values(), key=_order)
 
     def restore(self, name: str, fault: Fault) -> None:
         """Put back a fault the store kept (at daemon start), unless one of its kind stands."""

@@ -41,33 +41,40 @@ class, without I/O; ``EventRelay`` wires them to the bus and the store.
 from __future__ import annotations
 
 import collections
-import json
-import math
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-import attrs
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from vmready.domain import InstanceRecord
 from vmready.lifecycle.events import (
-    EVENT_TYPES,
     LIFECYCLE,
     OPERATION,
     Event,
     EventBus,
     instance_state_context,
 )
-from vmready.store import EVENTS_CHANNEL, INSTANCES_CHANNEL, MAX_PAYLOAD_BYTES
+from vmready.lifecycle.liveviews import (
+    OwnViews,
+    RemoteViews,
+    view_from_json,
+    view_json,
+    views_from_json,
+)
+from vmready.lifecycle.relaypayloads import (
+    decode_instance_change,
+    encode_event,
+    encode_resend,
+    encode_views,
+    event_of,
+    relay_document,
+)
+from vmready.store import EVENTS_CHANNEL, INSTANCES_CHANNEL
 
 # What the relay listens to (``store.notifications.NotificationListener``'s channels).
 CHANNELS = (INSTANCES_CHANNEL, EVENTS_CHANNEL)
-# The payload's format, should it ever change while members of two versions share a store.
-PAYLOAD_VERSION = 1
-# What a string in a trimmed context keeps.
-TRIMMED_STRING_CHARS = 200
 _INSTANCE_SOURCE = "/1.0/instances/"
 
 
@@ -109,138 +116,6 @@ def relayable(event: Event) -> bool:
     if event.type == LIFECYCLE:
         return str(event.metadata.get("source", "")).startswith(_INSTANCE_SOURCE)
     return event.type == OPERATION
-
-
-def encode_event(event: Event, member: str, seq: int = 0) -> tuple[str, bool] | None:
-    """The NOTIFY payload relaying ``event`` from ``member``, within ``MAX_PAYLOAD_BYTES``,
-    and whether it had to be trimmed.
-
-    ``seq`` numbers the member's payloads: PostgreSQL folds identical payloads
-    sent in one transaction into one, and two events alike to the microsecond
-    must still both arrive.
-
-    None when even the trimmed event does not fit (no vmready event is that
-    big without its context).
-    """
-    document: dict[str, Any] = {
-        "v": PAYLOAD_VERSION,
-        "member": member,
-        "seq": seq,
-        "type": event.type,
-        "timestamp": event.timestamp,
-        "metadata": event.metadata,
-    }
-    payload = _dumped(document)
-    if _fits(payload):
-        return payload, False
-    for trim in (_shorten_strings, _drop):
-        document = {**document, "metadata": _trimmed(event, trim), "trimmed": True}
-        payload = _dumped(document)
-        if _fits(payload):
-            return payload, True
-    return None
-
-
-def _dumped(document: dict[str, Any]) -> str:
-    return json.dumps(document, separators=(",", ":"), allow_nan=False)
-
-
-def _fits(payload: str) -> bool:
-    return len(payload.encode("utf-8")) <= MAX_PAYLOAD_BYTES
-
-
-def _trimmed(event: Event, trim: Callable[[Any], Any]) -> dict[str, Any]:
-    """The event's metadata with its free-form part (a lifecycle context, an operation's
-    task metadata and error) trimmed by ``trim`` and marked trimmed."""
-    metadata = dict(event.metadata)
-    if event.type == LIFECYCLE:
-        context = trim(metadata.get("context") or {})
-        metadata["context"] = {**(context if isinstance(context, dict) else {}), "trimmed": True}
-    else:
-        inner = trim(metadata.get("metadata") or {})
-        metadata["metadata"] = {**(inner if isinstance(inner, dict) else {}), "trimmed": True}
-        metadata["err"] = trim(metadata.get("err", ""))
-        metadata["description"] = _shorten_strings(metadata.get("description", ""))
-    return metadata
-
-
-def _shorten_strings(value: Any) -> Any:
-    """``value`` with every string in it cut to ``TRIMMED_STRING_CHARS`` (marked with …)."""
-    if isinstance(value, str):
-        if len(value) <= TRIMMED_STRING_CHARS:
-            return value
-        return value[: TRIMMED_STRING_CHARS - 1] + "…"
-    if isinstance(value, dict):
-        return {_shorten_strings(key): _shorten_strings(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_shorten_strings(item) for item in value]
-    return value
-
-
-def _drop(value: Any) -> Any:
-    """Nothing of ``value`` is kept (an error string becomes empty)."""
-    return "" if isinstance(value, str) else {}
-
-
-def decode_event(payload: str) -> tuple[str, Event] | None:
-    """The member and the event a relayed payload carries; None if it is not one.
-
-    The event keeps its original timestamp and has its member as location.
-    """
-    try:
-        document = json.loads(payload)
-    except ValueError:
-        return None
-    if not isinstance(document, dict) or document.get("v") != PAYLOAD_VERSION:
-        return None
-    member, type_, timestamp, metadata = (
-        document.get(key) for key in ("member", "type", "timestamp", "metadata")
-    )
-    if not (isinstance(member, str) and member and type_ in EVENT_TYPES):
-        return None
-    if not isinstance(timestamp, int | float) or isinstance(timestamp, bool):
-        return None
-    if not math.isfinite(timestamp) or not isinstance(metadata, dict):
-        return None
-    return member, Event(str(type_), float(timestamp), metadata, location=member)
-
-
-@attrs.frozen
-class InstanceChange:
-    """One committed write of an instance row, as the instances channel tells it."""
-
-    op: str
-    name: str
-    # The name before an UPDATE that renamed it (None: not a rename).
-    old_name: str | None
-    # The member whose instance it is ("": a single host's instance).
-    member: str
-
-    def names(self) -> list[str]:
-        """The rows to read again: the name, and the name it had before a rename."""
-        if self.old_name and self.old_name != self.name:
-            return [self.old_name, self.name]
-        return [self.name]
-
-
-def decode_instance_change(payload: str) -> InstanceChange | None:
-    """What an instances-channel payload says; None if it is not one."""
-    try:
-        document = json.loads(payload)
-    except ValueError:
-        return None
-    if not isinstance(document, dict):
-        return None
-    op, name, old_name, member = (
-        document.get(key) for key in ("op", "name", "old_name", "member")
-    )
-    if op not in ("INSERT", "UPDATE", "DELETE") or not isinstance(name, str) or not name:
-        return None
-    if old_name is not None and not isinstance(old_name, str):
-        return None
-    if not isinstance(member, str):
-        return None
-    return InstanceChange(op, name, old_name, member)
 
 
 class InboundOrder:
@@ -314,10 +189,24 @@ class EventRelay:
 
     log = Logger()
 
-    def __init__(self, bus: EventBus, store: RelayStore, member: str) -> None:
+    def __init__(
+        self,
+        bus: EventBus,
+        store: RelayStore,
+        member: str,
+        later: Callable[[Callable[[], None]], object] | None = None,
+    ) -> None:
         self.bus = bus
         self.store = store
         self.member = member
+        # This member's views of its instances, sent with their events (None: none sent).
+        self.own: OwnViews | None = None
+        # The other members' views of theirs, as they told them.
+        self.views = RemoteViews()
+        # Runs a call at the end of this reactor turn: events go out then, each with its
+        # instance's view as the turn left it (None: at once, without waiting).
+        self._later = later
+        self._outbox: list[Event] = []
         self._order = InboundOrder()
         self._unsubscribe: Callable[[], None] | None = None
         # Counted for whoever asks how the relay fares (and the tests).
@@ -332,7 +221,8 @@ class EventRelay:
             self._unsubscribe = self.bus.subscribe(self._outgoing)
 
     def stop(self) -> None:
-        """Send no more (what was handed to the store still goes)."""
+        """Send no more (what was handed to the store, or waits for this turn's end, goes)."""
+        self._flush()
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
@@ -342,7 +232,50 @@ class EventRelay:
     def _outgoing(self, event: Event) -> None:
         if not relayable(event):
             return
-        encoded = encode_event(event, self.member, self.sent)
+        if self._later is None:
+            self._send(event)
+            return
+        self._outbox.append(event)
+        if len(self._outbox) == 1:
+            self._later(self._flush)
+
+    def _flush(self) -> None:
+        """Send the events waiting for the turn's end, in the order they were published."""
+        waiting, self._outbox = self._outbox, []
+        for event in waiting:
+            self._send(event)
+
+    def send_views(self) -> None:
+        """Tell the other members this member's view of every instance it runs."""
+        if self.own is None:
+            return
+        self._flush()  # after the events before it, as their views are older
+        for payload in encode_views(self.member, self.own.every(), self.sent):
+            self.sent += 1
+            self.store.members.publish_event(payload).addErrback(self._views_failed)
+
+    def ask_views(self) -> None:
+        """Ask every other member for its views (this one joined, or lost notifications)."""
+        payload = encode_resend(self.member, self.sent)
+        self.sent += 1
+        self.store.members.publish_event(payload).addErrback(self._views_failed)
+
+    def _views_failed(self, failure: Failure) -> None:
+        self.log.warn(
+            "could not tell the other members about instance views: {error}",
+            error=failure.getErrorMessage(),
+        )
+
+    def _live(self, event: Event) -> dict[str, Any] | None:
+        """This member's view of the instance ``event`` is about, if it runs it."""
+        source = str(event.metadata.get("source", ""))
+        if self.own is None or event.type != LIFECYCLE or not source.startswith(_INSTANCE_SOURCE):
+            return None
+        view = self.own.of(source[len(_INSTANCE_SOURCE) :])
+        return None if view is None else view_json(view)
+
+    def _send(self, event: Event) -> None:
+        encoded = encode_event(event, self.member, self.sent, self._live(event))
         if encoded is None:
             self.dropped += 1
             self.log.warn(
@@ -400,6 +333,9 @@ class EventRelay:
         before = {
             r.name: r for r in self.store.view.list_instances() if not self.store.view.owns(r)
         }
+        # The views told meanwhile are lost too: forgotten, and asked for again.
+        self.views.clear()
+        self.ask_views()
         token = self._order.reading()
 
         def done(result: object) -> None:
@@ -439,18 +375,49 @@ class EventRelay:
         return found
 
     def on_event(self, payload: str) -> None:
-        """An event was relayed: publish it here if another member sent it."""
-        decoded = decode_event(payload)
-        if decoded is None:
+        """A payload on the events channel from another member: an event, published here
+        (with the view it carries kept first), views told, or views asked for."""
+        document = relay_document(payload)
+        decoded = None if document is None else event_of(document)
+        if document is not None and document["member"] == self.member:
+            return  # ours, back from the store: published here already
+        if document is not None and decoded is None:
+            if document.get("resend") is True:
+                self.send_views()
+                return
+            views = document.get("views")
+            if isinstance(views, dict):
+                self.views.told_all(views_from_json(document["member"], views))
+                return
+        if document is None or decoded is None:
             self.log.warn(
                 "ignoring a relayed event that is not one: {payload!r}", payload=payload[:200]
             )
             return
         member, event = decoded
-        if member == self.member:
-            return  # ours, back from the store: published here already
         self.received += 1
+        self._learn(member, event, document.get("live"))
         self._publish(self._order.event(event))
+
+    def _learn(self, member: str, event: Event, live: Any) -> None:
+        """Keep the view an event about an instance carried: the member's after the event.
+
+        Kept on arrival, before the event is published here (it may wait for a
+        row read again): what its subscribers read then is never behind it.
+        """
+        source = str(event.metadata.get("source", ""))
+        if event.type != LIFECYCLE or not source.startswith(_INSTANCE_SOURCE):
+            return
+        name = source[len(_INSTANCE_SOURCE) :]
+        action = event.metadata.get("action")
+        if action == "instance-deleted":
+            self.views.forget(name)
+            return
+        if action == "instance-renamed":
+            old_name = (event.metadata.get("context") or {}).get("old_name")
+            self.views.forget(str(old_name))
+        view = None if live is None else view_from_json(member, live)
+        self.views.told(name, view)
 
     def _reread(self, reading: Deferred[Any], what: str) -> None:
         token = self._order.reading()
