@@ -29,13 +29,25 @@ every re-read asked for before it arrived is done (``InboundOrder``).
 Otherwise ``vmready wait`` could subscribe, read the instance's stale row,
 and then wait for an event it had already missed.
 
-A NOTIFY payload is limited (< 8000 bytes): an event whose JSON is bigger is
-relayed with its context's long strings cut, then without its context at all,
-and the payload says so (``"trimmed": true``; the event's context, or an
-operation's metadata, then holds ``"trimmed": true`` too).
+Views.  What only this member knows of its instance (agent status, agent
+history, faults: ``lifecycle.liveviews``) goes with each event about it, as
+it stands at the end of the turn that published the event (the history is
+recorded after the event): events wait for that turn's end (``later``), and
+go in the order they were published.  A receiving member keeps the view on
+arrival, before the event is published there, so what a subscriber reads is
+never behind the event.  A member that joins or resyncs asks for every view
+(``ask_views``); each member answers with all of its own (``send_views``), as
+it does once when it joins.
 
-The encoding, the decoding and the ordering are plain functions and a small
-class, without I/O; ``EventRelay`` wires them to the bus and the store.
+A NOTIFY payload is limited (< 8000 bytes): an event whose JSON is bigger is
+relayed first without its view (which the others then forget), then with its
+context's long strings cut, then without its context at all, and the payload
+says so (``"trimmed": true``; the event's context, or an operation's
+metadata, then holds ``"trimmed": true`` too).
+
+The payloads (``lifecycle.relaypayloads``) and the ordering are plain
+functions and a small class, without I/O; ``EventRelay`` wires them to the
+bus and the store.
 """
 
 from __future__ import annotations
