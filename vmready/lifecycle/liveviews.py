@@ -40,7 +40,7 @@ import attrs
 from vmready.domain import InstanceRecord
 from vmready.lifecycle.agenthistory import LinkChange
 from vmready.lifecycle.faults import Fault, FaultLog
-from vmready.protocols.ringbuffer import AgentStatus
+from vmready.protocols import AgentStatus
 
 
 @attrs.frozen
