@@ -124,6 +124,14 @@ class MemberServiceTests(TestCase):
         web1 = engine.instances.get_instance("web1")
         self.assertEqual((web1.ready, web1.task_state), (True, None))
         self.assertIsNone(service.membership and service.membership._loop)
+        # Nor does it tell the others anything of the instances: asked for its views, it
+        # sends none (they are the other daemon's to tell).
+        assert service.parts is not None and service.parts.cluster is not None
+        relay = service.parts.cluster.relay
+        self.assertIsNotNone(service.parts.cluster.own_views)
+        sent = relay.sent
+        relay.on_event('{"v":1,"member":"b","seq":0,"resend":true}')
+        self.assertEqual((relay.own, relay.sent), (None, sent))
         # Stopping gives up no lease: it holds none.
         await service.stopService()
         self.assertEqual(engine.members.list_members().members, (held,))
@@ -140,9 +148,13 @@ class MemberServiceTests(TestCase):
         engine.members.give_up_lease("a", service.server_certificate.fingerprint)
         engine.members.renew_lease("a", "10.0.0.9:8443", "ff" * 32, 600.0)
         (taken,) = engine.members.list_members().members
+        assert service.parts is not None and service.parts.cluster is not None
+        self.assertIsNotNone(service.parts.cluster.relay.own)
         with self.assertRaises(LeaseLost):
             await service.membership.renew()
         self.assertEqual([f.__name__ for f in stopper.when_running], ["stop"])
+        # What it knows of the instances named "a" is no longer told the others.
+        self.assertIsNone(service.parts.cluster.relay.own)
         await service.stopService()
         # It stopped without giving up the new holder's lease.
         self.assertEqual(engine.members.list_members().members, (taken,))

@@ -80,7 +80,7 @@ def assemble(
     lifecycle = build_lifecycle(reactor, config, store, driver, events, transport)
     if cluster is not None:
         # What only this member knows of its instances goes out with their events.
-        cluster.relay.own = OwnViews(
+        cluster.own_views = OwnViews(
             cluster.name,
             store.view,
             lifecycle.running.agent_status,

@@ -25,7 +25,7 @@ from vmready.daemon.hostfence import HostFence
 from vmready.daemon.rereads import Reread
 from vmready.domain import IVMReadyReactor, LeaseHeld, LeaseLost, MemberRetired
 from vmready.fence import fence_margin
-from vmready.lifecycle import CHANNELS, EventBus, EventRelay, Membership
+from vmready.lifecycle import CHANNELS, EventBus, EventRelay, Membership, OwnViews
 from vmready.store import MEMBERS_CHANNEL, TRUST_CHANNEL, AsyncStore, NotificationListener
 
 
@@ -63,6 +63,9 @@ class ClusterMember:
             self._resync,
         )
         self.membership: Membership | None = None
+        # What only this member knows of its instances (set once the lifecycle is built);
+        # told the others with its events only while it holds its lease.
+        self.own_views: OwnViews | None = None
         # Whether this member holds its lease (given up on a clean stop).
         self._joined = False
         self._listening: Deferred[None] | None = None
@@ -127,7 +130,8 @@ class ClusterMember:
             )
             raise
         self._joined = True
-        # Its agents' links start over with the daemon: the others forget what it told before.
+        # Its agents' links start over with the daemon: what it told before is replaced.
+        self.relay.own = self.own_views
         self.relay.send_views()
         if self.fence is not None:
             self._fence(membership, self.fence)
@@ -142,8 +146,10 @@ class ClusterMember:
         guard.watch(lambda: fence.hold(guard.until()), fence.lose)
 
     def _lost(self, lost: LeaseLost) -> LeaseLost:
-        """Another daemon holds this member's lease now: it is not this one's to give up."""
+        """Another daemon holds this member's lease now: it is not this one's to give up,
+        and what it knows of the instances is not theirs to hear."""
         self._joined = False
+        self.relay.own = None
         return lost
 
     async def stop(self) -> None:

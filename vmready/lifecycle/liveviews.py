@@ -18,7 +18,9 @@ after lost notifications every view is forgotten; a view told by a member
 that no longer runs the instance is not used.  Without a view, the
 instance's member is asked, as before.  A member that joins, or comes back
 to its notifications, asks for every view (``resend``); a member that starts
-tells all of its own at once (its agents' links start over with it).
+tells all of its own at once (its agents' links start over with it).  Only a
+daemon holding its member's lease tells anything: one refused the name, or
+whose lease was taken over, knows nothing of those instances worth hearing.
 
 The faults told are the instance's own: the store's faults that
 ``FaultLog.of`` adds are the answering member's, which is the one whose
