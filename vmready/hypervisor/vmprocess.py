@@ -44,8 +44,7 @@ def is_vm_process(pid: int, qmp_socket: str) -> bool:
             cmdline = f.read()
     except OSError:
         return False
-    end_of_name = stat.rfind(b")")
-    if stat[end_of_name + 2 : end_of_name + 3] in (b"Z", b"X"):
+    if _ended(stat):
         return False  # exited, not yet reaped by its parent (init, for a daemonized QEMU)
     marker = os.fsencode(qmp_address(qmp_socket) + ",")
     return any(marker in argument for argument in cmdline.split(b"\0"))
@@ -75,8 +74,13 @@ def _thread_lives(pid: int, thread: str) -> bool:
             stat = f.read()
     except OSError:
         return False
-    end_of_name = stat.rfind(b")")
-    return stat[end_of_name + 2 : end_of_name + 3] not in (b"Z", b"X")
+    return not _ended(stat)
+
+
+def _ended(stat: bytes) -> bool:
+    """Whether a ``/proc/…/stat`` line is a task that has exited (zombie, or dead)."""
+    end_of_name = stat.rfind(b")")  # the name may hold spaces and parentheses
+    return stat[end_of_name + 2 : end_of_name + 3] in (b"Z", b"X")
 
 
 def vm_process_remains(pid: int, qmp_socket: str) -> bool:

@@ -390,15 +390,14 @@ class EventRelay:
         """A payload on the events channel from another member: an event, published here
         (with the view it carries kept first), views told, or views asked for."""
         document = relay_document(payload)
-        decoded = None if document is None else event_of(document)
         if document is not None and document["member"] == self.member:
             return  # ours, back from the store: published here already
+        decoded = None if document is None else event_of(document)
         if document is not None and decoded is None:
             if document.get("resend") is True:
                 self.send_views()
                 return
-            views = document.get("views")
-            if isinstance(views, dict):
+            if isinstance(views := document.get("views"), dict):
                 self.views.told_all(views_from_json(document["member"], views))
                 return
         if document is None or decoded is None:
