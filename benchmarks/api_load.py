@@ -63,7 +63,15 @@ from twisted.trial.unittest import SkipTest
 
 from benchmarks._clusterworld import Cluster
 from benchmarks._fleet import create_all
-from benchmarks._measure import nearest_rank, react, reactor, report, sleep, status_kib
+from benchmarks._measure import (
+    cpu_seconds,
+    nearest_rank,
+    react,
+    reactor,
+    report,
+    sleep,
+    status_kib,
+)
 from benchmarks.crash import Daemon
 from benchmarks.lifecycle import Processes, start_host
 from tests.postgres import postgres_server
@@ -72,6 +80,7 @@ from vmready.domain import raise_file_limit
 
 REQUEST_TIMEOUT = 60.0
 RSS_SECONDS = 5.0
+LAG_TICK = 0.02
 LIMIT_ANSWER = "Too many connections"
 KINDS = ("get", "list", "state")
 WEIGHTS = (85, 10, 5)
@@ -209,6 +218,56 @@ class Load:
         self.figures.events += 1
 
 
+class Lag:
+    """How late the clients' own reactor runs: a tick every ``LAG_TICK`` s, its lateness kept.
+
+    Every time is taken on that reactor, so a request answered while it was
+    busy is timed late by as much: this lateness is what the clients' one
+    process adds to the figures, not the daemon.
+    """
+
+    def __init__(self) -> None:
+        self.late: list[float] = []
+        self.due = 0.0
+        self.loop = LoopingCall(self.tick)
+        self.loop.clock = reactor
+
+    def start(self) -> None:
+        self.due = time.monotonic()
+        self.loop.start(LAG_TICK)
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if self.due:
+            self.late.append(max(0.0, now - self.due))
+        self.due = now + LAG_TICK
+
+
+class CPU:
+    """Each process's CPU time over the clients' run, as a share of one core."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.began = time.monotonic()
+        self.first = self.read()
+
+    def read(self) -> dict[str, float]:
+        seconds = {}
+        for label, pid in self.pids.items():
+            with contextlib.suppress(OSError):
+                seconds[label] = cpu_seconds(pid)
+        return seconds
+
+    def shares(self) -> dict[str, float]:
+        elapsed = time.monotonic() - self.began
+        last = self.read()
+        return {
+            label: (last[label] - self.first[label]) / elapsed
+            for label in last
+            if label in self.first
+        }
+
+
 class RSS:
     """The largest ``VmRSS`` among the daemons, every few seconds."""
 
@@ -277,13 +336,17 @@ async def run(args: argparse.Namespace, root: str, processes: Processes, out: li
         )
         rss = RSS([target.pid for target in targets])
         rss.loop.start(RSS_SECONDS)
+        lag = Lag()
+        lag.start()
+        cpu = CPU({**{target.label: target.pid for target in targets}, "clients": os.getpid()})
         load = Load(targets, names, args)
         started = time.monotonic()
         await load.run(args.seconds)
         elapsed = time.monotonic() - started
         rss.sample()
         rss.loop.stop()
-        out.extend(summary(args, load.figures, rss, elapsed))
+        lag.loop.stop()
+        out.extend(summary(args, load.figures, rss, elapsed, lag, cpu.shares()))
     finally:
         if cluster is not None:
             cluster.kill_all()
@@ -291,7 +354,9 @@ async def run(args: argparse.Namespace, root: str, processes: Processes, out: li
                 cluster.server.drop_database(cluster.database)
 
 
-def summary(args: Any, figures: Figures, rss: RSS, elapsed: float) -> list[str]:
+def summary(
+    args: Any, figures: Figures, rss: RSS, elapsed: float, lag: Lag, cpu: dict[str, float]
+) -> list[str]:
     """The figures' lines, the last one the one line the run is known by."""
     lines = []
     every = [t for times in figures.times.values() for t in times]
@@ -316,6 +381,12 @@ def summary(args: Any, figures: Figures, rss: RSS, elapsed: float) -> list[str]:
         f"rss_mb after {first:.0f}s={early:.1f} at the end={late:.1f} growth_pct={growth:.1f} "
         f"max={max(sizes):.1f} mean={statistics.mean(sizes):.1f}"
     )
+    lines.append(
+        f"clients' reactor late: p50_ms={percentile_ms(lag.late, 0.5):.1f} "
+        f"p99_ms={percentile_ms(lag.late, 0.99):.1f} "
+        f"max_ms={max(lag.late, default=float('nan')) * 1000:.1f}"
+    )
+    lines.append("cpu_cores " + " ".join(f"{label}={share:.2f}" for label, share in cpu.items()))
     lines.append(
         f"clients={args.clients} rps={len(every) / elapsed:.1f} "
         f"p50_ms={percentile_ms(every, 0.5):.1f} p99_ms={percentile_ms(every, 0.99):.1f} "

@@ -11,7 +11,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from vmready.api.lxdbodies import instance_etag
-from vmready.api.rendered import RenderedInstances, ViewInputs, in_slices, json_array
+from vmready.api.rendered import RenderedInstances, ViewInputs, in_slices
 from vmready.api.views import instance_json
 from vmready.domain import InstanceRecord
 from vmready.domain.states import PowerState, VMState
@@ -145,18 +145,6 @@ class RenderedInstancesTests(SynchronousTestCase):
         for name in names:
             self.rendered.get(inputs(record(name)))
         self.assertEqual((len(self.rendered), self.rendered.renders), (200, 200))
-
-
-class JSONArrayTests(SynchronousTestCase):
-    """Items already encoded make the array ``json.dumps`` would write."""
-
-    def test_itemsAreJoinedAsJsonDumpsJoinsThem(self) -> None:
-        items = [{"name": "web1", "config": {}}, {"name": "web2", "n": [1, 2]}]
-        encoded = [json.dumps(item).encode("utf-8") for item in items]
-        self.assertEqual(json_array(encoded), json.dumps(items).encode("utf-8"))
-
-    def test_noItemsMakeAnEmptyArray(self) -> None:
-        self.assertEqual(json_array([]), json.dumps([]).encode("utf-8"))
 
 
 class Turns(Clock):

@@ -21,7 +21,13 @@ from tests.reactor import reactor
 from vmready.api.limits import body_overflowed
 from vmready.api.operatorbase import OPERATOR_ERRORS
 from vmready.api.requestbody import MAX_BODY_BYTES, read_json_body
-from vmready.api.web import LocalRequest, local_site, sync_response, sync_response_encoded
+from vmready.api.web import (
+    LocalRequest,
+    local_site,
+    sync_response,
+    sync_response_array,
+    sync_response_encoded,
+)
 from vmready.domain.model import PayloadTooLarge
 
 app = Klein()
@@ -138,3 +144,14 @@ class SyncEnvelopeTests(SynchronousTestCase):
         self.assertEqual(
             request.responseHeaders.getRawHeaders(b"Content-Length"), [b"%d" % len(answer)]
         )
+
+    def test_encodedItemsMakeTheListJsonDumpsWrites(self) -> None:
+        items = [self.METADATA, {"name": "web2", "n": [1, 2]}, {}]
+        for count in (0, 1, 3):
+            request: Any = DummyRequest([b""])
+            encoded = [json.dumps(item).encode("utf-8") for item in items[:count]]
+            answer = sync_response_array(request, encoded)
+            self.assertEqual(answer, self.envelope(items[:count]))
+            self.assertEqual(
+                request.responseHeaders.getRawHeaders(b"Content-Length"), [b"%d" % len(answer)]
+            )

@@ -21,10 +21,10 @@ from vmready.api.filtering import parse_filter
 from vmready.api.forwarding import FORWARDED_BY
 from vmready.api.lxdbodies import create_request, instance_etag, put_changes, rename_request
 from vmready.api.operatorbase import OperatorBase, async_response, forwardable, operator_app
-from vmready.api.rendered import Rendered, in_slices, json_array
+from vmready.api.rendered import Rendered, in_slices
 from vmready.api.requestbody import field, query_param, read_json_body, recursion_level
 from vmready.api.views import instance_url, snapshot_json, state_json
-from vmready.api.web import sync_response, sync_response_encoded
+from vmready.api.web import sync_response, sync_response_array, sync_response_encoded
 from vmready.domain import (
     BadGateway,
     BadRequest,
@@ -86,7 +86,7 @@ class InstanceRoutes(OperatorBase):
         if wanted is not None:
             rendered = [each for each in rendered if wanted(each.view)]
         if recursion == 1:
-            return sync_response_encoded(request, json_array(each.json for each in rendered))
+            return sync_response_array(request, [each.json for each in rendered])
         return sync_response(request, [instance_url(each.view["name"]) for each in rendered])
 
     @app.route("/1.0/instances", methods=["POST"])

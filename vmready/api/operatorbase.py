@@ -237,24 +237,36 @@ class OperatorBase:
         self,
         record: InstanceRecord,
         placement: Callable[[InstanceRecord], Placement] | None = None,
+        server_faults: tuple[Fault, ...] | None = None,
     ) -> Rendered:
         """The instance object as this daemon shows it now, rendered only if it changed.
 
         ``placement``: where instances run, for a cluster member
-        (``ClusterContext.placement`` unless given: a list gives its ``placements``).
+        (``ClusterContext.placement`` unless given: a list gives its ``placements``);
+        ``server_faults``: the daemon's standing faults (read now unless given:
+        a list reads them once).
         """
+        if server_faults is None:
+            server_faults = tuple(self.lifecycle.events.faults.server())
         cluster = self.cluster
         if cluster is None:
-            return self.rendered.get(ViewInputs(record, *self._own_link(record.name)))
+            return self.rendered.get(
+                ViewInputs(record, *self._own_link(record.name, server_faults))
+            )
         # On a cluster member: where it runs, and whether that member is unreachable.
         location, unreachable = (placement or cluster.placement)(record)
         told = cluster.told_view(record, unreachable)
         if told is None:
-            own = self._own_link(record.name)
+            own = self._own_link(record.name, server_faults)
             return self.rendered.get(ViewInputs(record, *own, location, unreachable))
-        faults = (*told.faults, *self.lifecycle.events.faults.server())
         inputs = ViewInputs(
-            record, told.agent, faults, told.history, location, unreachable, told.console_log
+            record,
+            told.agent,
+            told.faults + server_faults,
+            told.history,
+            location,
+            unreachable,
+            told.console_log,
         )
         return self.rendered.get(inputs)
 
@@ -268,22 +280,23 @@ class OperatorBase:
         return self.lifecycle.running.agent_status(record.name)
 
     def _own_link(
-        self, name: str
+        self, name: str, server_faults: tuple[Fault, ...]
     ) -> tuple[AgentStatus, tuple[Fault, ...], tuple[LinkChange, ...]]:
-        """What this daemon knows of the agent link and the faults of instance ``name``."""
+        """What this daemon knows of the agent link and the faults of instance ``name``
+        (its own faults, then the daemon's ``server_faults``)."""
         lifecycle = self.lifecycle
         return (
             lifecycle.running.agent_status(name),
-            tuple(lifecycle.events.faults.of(name)),
+            (*lifecycle.events.faults.own(name), *server_faults),
             tuple(lifecycle.agent_history.of(name)),
         )
 
     def rendered_in_list(self) -> Callable[[InstanceRecord], Rendered]:
-        """``rendered_instance`` for the instances of one list (each member looked at once)."""
-        if self.cluster is None:
-            return self.rendered_instance
-        placement = self.cluster.placements()
-        return lambda record: self.rendered_instance(record, placement)
+        """``rendered_instance`` for the instances of one list: what they all share
+        (the daemon's faults; on a member, each member's placement) is read once."""
+        server_faults = tuple(self.lifecycle.events.faults.server())
+        placement = None if self.cluster is None else self.cluster.placements()
+        return lambda record: self.rendered_instance(record, placement, server_faults)
 
     def _render_instance(self, inputs: ViewInputs) -> dict[str, Any]:
         """The instance object of these inputs (``api.views.instance_json``)."""

@@ -19,7 +19,7 @@ reactor serve other requests between slices.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 import attrs
@@ -110,11 +110,6 @@ class RenderedInstances:
         """Drop the entries of instances that no longer exist."""
         self._kept = {name: kept for name, kept in self._kept.items() if self._exists(name)}
         self._sweep_at = max(_FIRST_SWEEP, 2 * len(self._kept))
-
-
-def json_array(items: Iterable[bytes]) -> bytes:
-    """The JSON array of items already encoded, byte for byte as ``json.dumps`` writes it."""
-    return b"[" + b", ".join(items) + b"]"
 
 
 async def in_slices(

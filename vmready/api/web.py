@@ -11,7 +11,7 @@ request is answered as addressed to ``localhost``.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import attrs
@@ -184,11 +184,16 @@ def encoded_response(request: IRequest, code: int, encoded: bytes) -> bytes:
     body at once, where a chunked answer (Klein sets no length) costs a
     second write for its last chunk.
     """
+    encoded += b"\n"
+    _json_head(request, code, len(encoded))
+    return encoded
+
+
+def _json_head(request: IRequest, code: int, length: int) -> None:
+    """The status and headers of a JSON answer of ``length`` bytes."""
     request.setResponseCode(code)
     request.setHeader(b"Content-Type", b"application/json")
-    encoded += b"\n"
-    request.setHeader(b"Content-Length", b"%d" % len(encoded))
-    return encoded
+    request.setHeader(b"Content-Length", b"%d" % length)
 
 
 # LXD's synchronous success envelope, up to its ``metadata`` (the last key json.dumps writes).
@@ -211,6 +216,25 @@ def sync_response(request: IRequest, metadata: Any) -> bytes:
 def sync_response_encoded(request: IRequest, metadata: bytes) -> bytes:
     """``sync_response`` of metadata already encoded (``json.dumps``), byte for byte the same."""
     return encoded_response(request, 200, _SYNC_HEAD + metadata + b"}")
+
+
+def sync_response_array(request: IRequest, items: Sequence[bytes]) -> bytes:
+    """``sync_response`` of a list whose items are already encoded, byte for byte the same.
+
+    Joined in one copy: a list of 1,000 instances is a megabyte, and each
+    copy of it (the array, then the envelope around it, then its newline)
+    was about 8 % of a cluster member's busy time under load
+    (``benchmarks/api_load.py``).
+    """
+    parts = [_SYNC_HEAD, b"["]
+    for index, item in enumerate(items):
+        if index:
+            parts.append(b", ")
+        parts.append(item)
+    parts.append(b"]}\n")
+    body = b"".join(parts)
+    _json_head(request, 200, len(body))
+    return body
 
 
 @attrs.frozen

@@ -74,7 +74,8 @@ class FaultLog:
 
     def own(self, name: str) -> list[Fault]:
         """The instance's own standing faults, oldest first."""
-        return sorted(self._instances.get(name, {}).values(), key=_order)
+        faults = self._instances.get(name)
+        return sorted(faults.values(), key=_order) if faults else []
 
     def server(self) -> list[Fault]:
         """The daemon's standing faults (its store's), oldest first."""
