@@ -20,16 +20,43 @@ from typing import Any, cast
 from twisted.internet.task import deferLater
 from twisted.logger import ILogObserver, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase, TestCase
+from twisted.web.test.requesthelper import DummyRequest
 
 from tests.fixtures import make_lifecycle
 from tests.reactor import reactor
-from vmready.api.eventstream import BoundedFeed
+from vmready.api.eventstream import BoundedFeed, EventStream
 from vmready.api.operator import OperatorAPI
 from vmready.api.operatorbase import operator_site
+from vmready.lifecycle import Event
 
 EVENTS = 10_000
 LIMIT = 256 * 1024
 PAYLOAD = "x" * 1000
+
+
+class EncodedOnceTests(SynchronousTestCase):
+    """An event handed to many consumers in turn is encoded once, and each gets its own line."""
+
+    def test_anEventIsEncodedOnceForAllItsConsumers(self) -> None:
+        encoded: list[int] = []
+        to_json = Event.to_json
+
+        def counted(event: Event) -> dict[str, Any]:
+            encoded.append(id(event))
+            return to_json(event)
+
+        self.patch(Event, "to_json", counted)
+        requests = [DummyRequest([b""]) for _ in range(3)]
+        streams = [EventStream(cast(Any, request)) for request in requests]
+        first = Event("lifecycle", 1.5, {"action": "instance-started", "source": "/1.0/x"})
+        second = Event("lifecycle", 2.25, {"action": "instance-stopped", "source": "/1.0/x"})
+        for event in (first, second, first):
+            for stream in streams:
+                stream.deliver(event)
+        self.assertEqual(encoded, [id(first), id(second), id(first)])
+        lines = [json.dumps(to_json(event)).encode("utf-8") + b"\n" for event in (first, second)]
+        for request in requests:
+            self.assertEqual(request.written, [lines[0], lines[1], lines[0]])
 
 
 class StalledConsumerTests(TestCase):

@@ -128,6 +128,54 @@ class _OperatorSiteTestCase(SynchronousTestCase):
         self.site = operator_site(self.api.app.resource(), reactor=self.clock)
 
 
+class _AccessLog:
+    """An access log file that keeps its lines."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def write(self, data: str) -> None:
+        self.lines.extend(data.splitlines())
+
+    def close(self) -> None:
+        pass
+
+
+class AccessLogTests(SynchronousTestCase):
+    """The operator API logs changes and failures, not successful reads; other sites log all."""
+
+    def logged(self, site: LimitedSite, *requests: bytes) -> list[str]:
+        site.startFactory()
+        self.addCleanup(site.stopFactory)
+        log = _AccessLog()
+        site.logFile = log
+        for request in requests:
+            connection = _Connection(site)
+            connection.send(request)
+            self.assertTrue(_responses(connection.output()), request)
+        return [line.split('"')[3] for line in log.lines]
+
+    def requests(self) -> tuple[bytes, ...]:
+        return (
+            _head(b"/hello", method=b"GET"),
+            _head(b"/hello", method=b"HEAD"),
+            _head(b"/echo", b"Content-Length: 2") + b"{}",
+            _head(b"/nowhere", method=b"GET"),
+            _head(b"/echo", method=b"GET"),
+        )
+
+    def test_theOperatorAPILogsChangesAndFailuresNotSuccessfulReads(self) -> None:
+        site = operator_site(_App().app.resource(), reactor=Clock())
+        self.assertEqual(
+            self.logged(site, *self.requests()),
+            ["POST /echo HTTP/1.1", "GET /nowhere HTTP/1.1", "GET /echo HTTP/1.1"],
+        )
+
+    def test_aSiteLogsEveryRequestUnlessToldNotToLogReads(self) -> None:
+        site = local_site(_App().app.resource(), OPERATOR_ERRORS, label="t", reactor=Clock())
+        self.assertEqual(len(self.logged(site, *self.requests())), 5)
+
+
 class EarlyBodyRefusalTests(_OperatorSiteTestCase):
     """A body over the cap gets 413 before it is read, in the server's own envelope."""
 

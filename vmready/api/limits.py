@@ -8,6 +8,10 @@ keep-alive connection after ``IDLE_TIMEOUT``; ``LimitedSite`` bounds the
 connections open at once, in total (503) and per peer (429).  Each refusal is
 an answer in the server's own envelope, then the connection closes.  The
 limits are in docs/api.md and docs/reliability.md.
+
+A site may also leave its successful reads out of the access log
+(``log_reads``): the operator API does, as LXD's does not log them either;
+under 200 clients a line per read was 6 % of a cluster member's time.
 """
 
 from __future__ import annotations
@@ -24,11 +28,13 @@ from twisted.python.failure import Failure
 from twisted.web import http
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource
-from twisted.web.server import Site
+from twisted.web.server import Request, Site
 from zope.interface import implementer
 
 from vmready.api.requestbody import MAX_BODY_BYTES
 
+# Methods that change nothing: their successful requests are reads.
+_READS = frozenset({b"GET", b"HEAD"})
 # Seconds from a request's first byte until all of it (line, headers, body) must be in.
 REQUEST_DEADLINE = 30.0
 # Seconds a keep-alive connection may stay silent between requests.
@@ -210,6 +216,8 @@ class LimitedSite(Site):
     names the server in log lines.  ``max_connections`` bounds the connections
     open at once (None: no bound); ``peer_key`` says who a connection comes
     from once it sends its first byte, and ``max_per_peer`` bounds each one's.
+    ``log_reads``: a successful ``GET`` or ``HEAD`` gets its access-log line
+    too (otherwise only changes and refused or failed requests do).
     """
 
     protocol = LimitedChannel  # type: ignore[assignment]  # typed as Twisted's private wrapper
@@ -228,9 +236,11 @@ class LimitedSite(Site):
         request_deadline: float = REQUEST_DEADLINE,
         idle_timeout: float = IDLE_TIMEOUT,
         max_body_bytes: int = MAX_BODY_BYTES,
+        log_reads: bool = True,
         reactor: IReactorTime | None = None,
     ) -> None:
         super().__init__(resource, requestFactory, timeout=idle_timeout, reactor=reactor)
+        self.log_reads = log_reads
         self.envelope = envelope
         self.label = label
         self.max_connections = max_connections
@@ -240,6 +250,12 @@ class LimitedSite(Site):
         self.max_body_bytes = max_body_bytes
         self.connections = 0
         self.per_peer: Counter[str] = Counter()
+
+    def log(self, request: Request) -> None:
+        """The access-log line of ``request``, unless it is a successful read not to log."""
+        if not self.log_reads and request.method in _READS and request.code < 400:
+            return
+        super().log(request)
 
     def admit(self) -> bool:
         """Whether a new connection may be served (then it holds a slot until it closes)."""

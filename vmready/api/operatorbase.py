@@ -128,13 +128,16 @@ def operator_site(resource: IResource, reactor: IReactorTime | None = None) -> L
     """The HTTP site serving the operator API's ``resource`` (``OperatorAPI(...).app.resource()``).
 
     Within ``vmready.api.limits``'s limits, at most ``MAX_OPERATOR_CONNECTIONS``
-    connections open at once; its refusals use the operator API's envelope.
+    connections open at once; its refusals use the operator API's envelope;
+    its access log has a line for every change and every refused or failed
+    request, none for a successful read.
     """
     return local_site(
         resource,
         OPERATOR_ERRORS,
         label="operator API",
         max_connections=MAX_OPERATOR_CONNECTIONS,
+        log_reads=False,
         reactor=reactor,
     )
 

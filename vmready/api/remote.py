@@ -186,6 +186,7 @@ def remote_site(
         OPERATOR_ERRORS,
         label="remote operator API",
         max_connections=MAX_OPERATOR_CONNECTIONS,
+        log_reads=False,
     )
 
 

@@ -89,13 +89,15 @@ def local_site(
     max_connections: int | None = None,
     peer_key: PeerKey | None = None,
     max_per_peer: int | None = None,
+    log_reads: bool = True,
     reactor: IReactorTime | None = None,
 ) -> LimitedSite:
     """A Site for ``resource`` that answers requests without a Host header, within limits.
 
     Its refusals (413, 408, 429, 503: ``api.limits``) are worded in ``errors``'s
-    envelope; ``label`` names the server in log lines; the connection bounds
-    and the reactor (its clock) are ``LimitedSite``'s.
+    envelope; ``label`` names the server in log lines; the connection bounds,
+    whether successful reads are logged and the reactor (its clock) are
+    ``LimitedSite``'s.
     """
     return LimitedSite(
         TextURLGuard(resource, errors),
@@ -105,6 +107,7 @@ def local_site(
         max_connections=max_connections,
         peer_key=peer_key,
         max_per_peer=max_per_peer,
+        log_reads=log_reads,
         reactor=reactor,
     )
 
