@@ -28,7 +28,7 @@ from twisted.python.failure import Failure
 from twisted.web import http
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource
-from twisted.web.server import Request, Site
+from twisted.web.server import Site
 from zope.interface import implementer
 
 from vmready.api.requestbody import MAX_BODY_BYTES
@@ -251,7 +251,7 @@ class LimitedSite(Site):
         self.connections = 0
         self.per_peer: Counter[str] = Counter()
 
-    def log(self, request: Request) -> None:
+    def log(self, request: http.Request) -> None:
         """The access-log line of ``request``, unless it is a successful read not to log."""
         if not self.log_reads and request.method in _READS and request.code < 400:
             return
