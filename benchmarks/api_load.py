@@ -10,7 +10,11 @@ PostgreSQL server of its own (``--members 3``, as ``benchmarks/cluster.py``
 runs them: ``benchmarks._clusterworld``).  Then ``--clients`` clients run for
 ``--seconds`` (default 300), each bound to one member (chosen at random), each
 on its own connections to that member's unix socket (``vmready.cli.client``,
-what the CLI uses: a connection per request):
+what the CLI uses: a connection per request), shared among
+``--client-processes`` processes (4), each with its own reactor, as real
+clients are processes of their own: 200 clients on one reactor kept it busy
+enough that it timed their answers late (how late each process's reactor
+ran is shown: ``clients' reactors late``):
 
 - a ``--streams`` share of them (default 0.1) hold a ``/1.0/events`` stream
   each, opened again every ``--stream-seconds`` (30): they count the events
@@ -39,17 +43,21 @@ Figures only; nothing passes or fails.  The last line is exactly
 ``clients=… rps=… p50_ms=… p99_ms=… errors=… rss_mb=…``: requests per
 second, the p50 and p99 of every request's time, the errors, the RSS at the
 end.  Lines before it give each kind's figures, the limited answers, the
-conflicts, the events read and the RSS over time.
+conflicts, the events read, the RSS over time, how late the clients'
+reactors ran (a tick every 20 ms) and each process's share of a core while
+the clients ran.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import random
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -59,6 +67,7 @@ from typing import Any
 import attrs
 from twisted.internet.defer import CancelledError, Deferred, TimeoutError, gatherResults
 from twisted.internet.task import LoopingCall
+from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial.unittest import SkipTest
 
 from benchmarks._clusterworld import Cluster
@@ -81,6 +90,9 @@ from vmready.domain import raise_file_limit
 REQUEST_TIMEOUT = 60.0
 RSS_SECONDS = 5.0
 LAG_TICK = 0.02
+# Processes the clients are shared among by default: real clients are processes of their
+# own, and 200 on one reactor timed themselves late (``Lag``).
+CLIENT_PROCESSES = 4
 LIMIT_ANSWER = "Too many connections"
 KINDS = ("get", "list", "state")
 WEIGHTS = (85, 10, 5)
@@ -111,15 +123,21 @@ class Target:
     label: str
     client: Client
     pid: int
+    socket: str
 
 
 class Load:
     """The clients, each a loop on the reactor until ``deadline``."""
 
-    def __init__(self, targets: Sequence[Target], names: Sequence[str], args: Any) -> None:
+    def __init__(
+        self, targets: Sequence[Target], names: Sequence[str], args: Any, share: int = 0
+    ) -> None:
         self.targets = targets
         self.names = list(names)
         self.args = args
+        # Which of the ``--client-processes`` processes this is: it runs every client
+        # whose index is ``share`` modulo their number.
+        self.share = share
         self.figures = Figures()
         self.deadline = 0.0
 
@@ -130,7 +148,7 @@ class Load:
         # Each requester its own instances for its state changes (none if there are too few).
         shares = [self.names[index::requesters] for index in range(requesters)]
         loops = []
-        for index in range(self.args.clients):
+        for index in range(self.share, self.args.clients, self.args.client_processes):
             rng = random.Random(f"{self.args.seed}-{index}")
             target = rng.choice(self.targets)
             if index < streams:
@@ -305,9 +323,10 @@ async def start_targets(
         data_dir = os.path.join(root, "daemon")
         os.makedirs(data_dir)
         daemon = Daemon(data_dir, 0, (), environment)
-        client = Client(reactor, os.path.join(data_dir, "vmready.sock"))
+        path = os.path.join(data_dir, "vmready.sock")
+        client = Client(reactor, path)
         await daemon.recovered(client)
-        return [Target("daemon", client, daemon.process.pid)], None
+        return [Target("daemon", client, daemon.process.pid, path)], None
     try:
         server = postgres_server()
     except SkipTest as e:
@@ -316,7 +335,10 @@ async def start_targets(
     names = [f"m{index + 1}" for index in range(args.members)]
     cluster = Cluster(root, server, database, names, 15.0, environment=environment)
     await cluster.start()
-    targets = [Target(i.label, i.client, i.pid) for i in cluster.live()]
+    targets = [
+        Target(i.label, i.client, i.pid, os.path.join(i.data_dir, "vmready.sock"))
+        for i in cluster.live()
+    ]
     return targets, cluster
 
 
@@ -336,17 +358,13 @@ async def run(args: argparse.Namespace, root: str, processes: Processes, out: li
         )
         rss = RSS([target.pid for target in targets])
         rss.loop.start(RSS_SECONDS)
-        lag = Lag()
-        lag.start()
-        cpu = CPU({**{target.label: target.pid for target in targets}, "clients": os.getpid()})
-        load = Load(targets, names, args)
-        started = time.monotonic()
-        await load.run(args.seconds)
-        elapsed = time.monotonic() - started
+        if args.client_processes == 1:
+            ran = await run_here(args, targets, names)
+        else:
+            ran = await run_in_processes(args, targets)
         rss.sample()
         rss.loop.stop()
-        lag.loop.stop()
-        out.extend(summary(args, load.figures, rss, elapsed, lag, cpu.shares()))
+        out.extend(summary(args, ran, rss))
     finally:
         if cluster is not None:
             cluster.kill_all()
@@ -354,10 +372,115 @@ async def run(args: argparse.Namespace, root: str, processes: Processes, out: li
                 cluster.server.drop_database(cluster.database)
 
 
-def summary(
-    args: Any, figures: Figures, rss: RSS, elapsed: float, lag: Lag, cpu: dict[str, float]
-) -> list[str]:
+@attrs.define
+class Ran:
+    """What the clients saw, how late their reactors ran, each process's share of a core."""
+
+    figures: Figures
+    late: list[float]
+    elapsed: float
+    cpu: dict[str, float]
+
+
+async def run_here(args: Any, targets: Sequence[Target], names: Sequence[str]) -> Ran:
+    """Every client on this process's reactor."""
+    lag = Lag()
+    lag.start()
+    cpu = CPU({**{target.label: target.pid for target in targets}, "clients": os.getpid()})
+    load = Load(targets, names, args)
+    started = time.monotonic()
+    await load.run(args.seconds)
+    elapsed = time.monotonic() - started
+    lag.loop.stop()
+    return Ran(load.figures, lag.late, elapsed, cpu.shares())
+
+
+async def run_in_processes(args: Any, targets: Sequence[Target]) -> Ran:
+    """The clients shared among ``--client-processes`` processes, each with its own reactor.
+
+    Each runs this script with ``--worker K`` (its share: every client whose
+    index is K modulo their number, drawing what it does from the same seed as
+    in one process) and prints what its clients saw as one JSON line.
+    """
+    cpu = CPU({target.label: target.pid for target in targets})
+    common = [
+        *("--clients", str(args.clients), "--seconds", f"{args.seconds:g}"),
+        *("--instances", str(args.instances), "--think", f"{args.think:g}"),
+        *("--streams", f"{args.streams:g}", "--stream-seconds", f"{args.stream_seconds:g}"),
+        *("--seed", str(args.seed), "--client-processes", str(args.client_processes)),
+        *[argument for target in targets for argument in ("--socket", target.socket)],
+    ]
+    workers = [
+        getProcessOutputAndValue(
+            sys.executable, [__file__, "--worker", str(share), *common], env=dict(os.environ)
+        )
+        for share in range(args.client_processes)
+    ]
+    figures, late, elapsed, busy = Figures(), [], [], 0.0
+    for output, errors, code in await gatherResults(workers):
+        if code != 0:
+            raise SystemExit(f"api_load: a client process failed ({code}):\n{errors.decode()}")
+        document = json.loads(output.decode().splitlines()[-1])
+        merge(figures, document["figures"])
+        late.extend(document["late"])
+        elapsed.append(document["elapsed"])
+        busy += document["cpu_seconds"]
+    mean_elapsed = statistics.mean(elapsed)
+    shares = {**cpu.shares(), "clients": busy / mean_elapsed}
+    return Ran(figures, late, mean_elapsed, shares)
+
+
+def merge(figures: Figures, document: dict[str, Any]) -> None:
+    """Add what one client process saw (``figures_json``) to ``figures``."""
+    for kind in KINDS:
+        figures.times[kind].extend(document["times"][kind])
+    figures.errors.update(document["errors"])
+    figures.limited += document["limited"]
+    figures.conflicts += document["conflicts"]
+    figures.events += document["events"]
+    figures.streams_opened += document["streams_opened"]
+    figures.streams_failed += document["streams_failed"]
+
+
+def figures_json(figures: Figures) -> dict[str, Any]:
+    """``figures`` as one client process tells them (``merge`` reads them)."""
+    return {
+        "times": figures.times,
+        "errors": dict(figures.errors),
+        "limited": figures.limited,
+        "conflicts": figures.conflicts,
+        "events": figures.events,
+        "streams_opened": figures.streams_opened,
+        "streams_failed": figures.streams_failed,
+    }
+
+
+async def work(args: Any, out: list[str]) -> None:
+    """One client process: its share of the clients, on the daemons' sockets given."""
+    targets = [
+        Target(f"t{index}", Client(reactor, path), 0, path)
+        for index, path in enumerate(args.socket)
+    ]
+    names = [f"vm{index:04d}" for index in range(args.instances)]
+    lag = Lag()
+    lag.start()
+    load = Load(targets, names, args, args.worker)
+    began_cpu, started = cpu_seconds(os.getpid()), time.monotonic()
+    await load.run(args.seconds)
+    elapsed = time.monotonic() - started
+    lag.loop.stop()
+    document = {
+        "figures": figures_json(load.figures),
+        "late": lag.late,
+        "elapsed": elapsed,
+        "cpu_seconds": cpu_seconds(os.getpid()) - began_cpu,
+    }
+    out.append(json.dumps(document))
+
+
+def summary(args: Any, ran: Ran, rss: RSS) -> list[str]:
     """The figures' lines, the last one the one line the run is known by."""
+    figures, elapsed, late_ones = ran.figures, ran.elapsed, ran.late
     lines = []
     every = [t for times in figures.times.values() for t in times]
     for kind in KINDS:
@@ -382,11 +505,13 @@ def summary(
         f"max={max(sizes):.1f} mean={statistics.mean(sizes):.1f}"
     )
     lines.append(
-        f"clients' reactor late: p50_ms={percentile_ms(lag.late, 0.5):.1f} "
-        f"p99_ms={percentile_ms(lag.late, 0.99):.1f} "
-        f"max_ms={max(lag.late, default=float('nan')) * 1000:.1f}"
+        f"clients' reactors late: processes={args.client_processes} "
+        f"p50_ms={percentile_ms(late_ones, 0.5):.1f} p99_ms={percentile_ms(late_ones, 0.99):.1f} "
+        f"max_ms={max(late_ones, default=float('nan')) * 1000:.1f}"
     )
-    lines.append("cpu_cores " + " ".join(f"{label}={share:.2f}" for label, share in cpu.items()))
+    lines.append(
+        "cpu_cores " + " ".join(f"{label}={share:.2f}" for label, share in ran.cpu.items())
+    )
     lines.append(
         f"clients={args.clients} rps={len(every) / elapsed:.1f} "
         f"p50_ms={percentile_ms(every, 0.5):.1f} p99_ms={percentile_ms(every, 0.99):.1f} "
@@ -406,20 +531,35 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--streams", type=float, default=0.1, help="share of stream clients")
     parser.add_argument("--stream-seconds", type=float, default=30.0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--client-processes",
+        type=int,
+        default=CLIENT_PROCESSES,
+        help="processes the clients are shared among (1: all on this one)",
+    )
+    parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--socket", action="append", default=[], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.clients < 1 or args.instances < 1 or args.seconds <= 0:
-        parser.error("--clients and --instances must be at least 1, --seconds more than 0")
+    if args.worker is not None:
+        out: list[str] = []
+        react(lambda: work(args, out), out, lambda: None)
+        return
+    if args.clients < 1 or args.instances < 1 or args.seconds <= 0 or args.client_processes < 1:
+        parser.error(
+            "--clients, --instances and --client-processes must be at least 1, "
+            "--seconds more than 0"
+        )
     raise_file_limit()
     root = tempfile.mkdtemp(prefix="vmal-", dir="/tmp")
     processes = Processes()
-    out: list[str] = []
+    lines: list[str] = []
 
     def cleanup() -> None:
         Daemon.kill_all()
         processes.kill_all()
         shutil.rmtree(root, ignore_errors=True)
 
-    react(lambda: run(args, root, processes, out), out, cleanup)
+    react(lambda: run(args, root, processes, lines), lines, cleanup)
 
 
 if __name__ == "__main__":
