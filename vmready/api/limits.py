@@ -10,7 +10,7 @@ an answer in the server's own envelope, then the connection closes.  The
 limits are in docs/api.md and docs/reliability.md.
 
 A site may also leave its successful reads out of the access log
-(``log_reads``): the operator API does, as LXD's does not log them either;
+(``log_reads``): the operator API does (LXD does not log them either);
 under 200 clients a line per read was 6 % of a cluster member's time.
 """
 
