@@ -133,12 +133,14 @@ class _AccessLog:
 
     def __init__(self) -> None:
         self.lines: list[str] = []
+        self.closed = False
 
     def write(self, data: str) -> None:
         self.lines.extend(data.splitlines())
 
     def close(self) -> None:
-        pass
+        """The site stopped: it writes no more lines."""
+        self.closed = True
 
 
 class AccessLogTests(SynchronousTestCase):
