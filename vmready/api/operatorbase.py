@@ -290,7 +290,7 @@ class OperatorBase:
         lifecycle = self.lifecycle
         return (
             lifecycle.running.agent_status(name),
-            (*lifecycle.events.faults.own(name), *server_faults),
+            tuple(lifecycle.events.faults.of(name, server_faults)),
             tuple(lifecycle.agent_history.of(name)),
         )
 

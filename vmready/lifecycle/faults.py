@@ -13,7 +13,7 @@ true across restarts; the other faults are found again as they recur.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -68,9 +68,13 @@ class FaultLog:
         self._instances: dict[str, dict[str, Fault]] = {}
         self._server: dict[str, Fault] = {}
 
-    def of(self, name: str) -> list[Fault]:
-        """The instance's standing faults, then the daemon's (the store's affect it too)."""
-        return self.own(name) + self.server()
+    def of(self, name: str, server: Sequence[Fault] | None = None) -> list[Fault]:
+        """The instance's standing faults, then the daemon's (the store's affect it too).
+
+        ``server``: the daemon's faults as already read (``server()``), by a
+        reader of many instances at once.
+        """
+        return [*self.own(name), *(self.server() if server is None else server)]
 
     def own(self, name: str) -> list[Fault]:
         """The instance's own standing faults, oldest first."""
