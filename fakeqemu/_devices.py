@@ -27,7 +27,6 @@ _MAX_GUEST_CID = 0xFFFFFFFF
 _UNMODELLED_DEVICES = frozenset(
     {
         "virtio-scsi-pci",
-        "virtio-rng-pci",
         "virtio-balloon-pci",
         "virtconsole",
         "e1000",
@@ -48,6 +47,7 @@ _ALIASES = {
     "virtio-9p": "virtio-9p-pci",
     "virtio-net": "virtio-net-pci",
     "virtio-blk": "virtio-blk-pci",
+    "virtio-rng": "virtio-rng-pci",
 }
 # Each device model's properties fakeqemu accepts.
 _PROPERTIES = {
@@ -59,6 +59,7 @@ _PROPERTIES = {
     "virtio-net-pci": ("id", "netdev", "mac"),
     "vhost-vsock-pci": ("id", "guest-cid"),
     "virtio-blk-pci": ("id", "drive"),
+    "virtio-rng-pci": ("id",),
 }
 # The migration section each PCI model saves, and the option ROM it maps (measured:
 # a stream names them '0000:00:03.0/virtio-net' and '0000:00:03.0/virtio-net-pci.rom').
@@ -69,6 +70,7 @@ _SECTIONS = {
     "virtio-net-pci": "virtio-net",
     "vhost-vsock-pci": "vhost-vsock",
     "virtio-blk-pci": "virtio-blk",
+    "virtio-rng-pci": "virtio-rng",
 }
 _ROMS = {"virtio-net-pci": "virtio-net-pci.rom"}
 
@@ -389,6 +391,11 @@ class DeviceRealizer:
                 opts, f"{path}/virtio-backend", self._blockdevs, self._attached_disks
             )
         )
+
+    def _realize_virtio_rng_pci(self, driver: str, opts: dict[str, str], _: str) -> None:
+        # A guest's entropy source: nothing for fakeqemu's host-process guests to read, but
+        # a PCI slot and a migration section of its own ('0000:00:06.0/virtio-rng').
+        self._set_properties(driver, opts, {})
 
     def peer_warnings(self) -> list[str]:
         """QEMU's warnings for a netdev no NIC uses and a NIC with no netdev (netdevs first)."""

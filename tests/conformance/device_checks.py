@@ -569,8 +569,8 @@ class DeviceMigrationChecks(DeviceTestCase):
         self.assertEqual(result.returncode, 1, result.stderr)
         return result.messages
 
-    def devices(self, nic: bool = True, disk: bool = True) -> list[str]:
-        """Serial ports, console, pvpanic, config drive, and optionally NIC and disk."""
+    def devices(self, nic: bool = True, disk: bool = True, rng: bool = False) -> list[str]:
+        """Serial ports, console, pvpanic, config drive, optionally NIC, disk and rng."""
         args = [*self.serial_ports_with_ids(), *self.console_option(), "-device", "pvpanic"]
         args += self.config_drive()
         if nic:
@@ -585,6 +585,8 @@ class DeviceMigrationChecks(DeviceTestCase):
                 "-device",
                 "virtio-blk-pci,drive=root",
             ]
+        if rng:
+            args += ["-device", "virtio-rng-pci"]
         return args
 
     @_async
@@ -613,12 +615,32 @@ class DeviceMigrationChecks(DeviceTestCase):
         )
 
     @_async
+    async def test_withoutTheRngTheStreamHasAnUnknownSection(self) -> None:
+        state = await self.saved(*self.devices(rng=True))
+        self.assertEqual(
+            self.restore_refusal(state, *self.devices()),
+            [
+                "Unknown savevm section or instance '0000:00:05.0/virtio-rng' 0. Make sure that "
+                "your current VM setup matches your saved VM setup, including any hotplugged "
+                "devices",
+                "load of migration failed: Invalid argument",
+            ],
+        )
+
+    @_async
     async def test_sameDevicesRestore(self) -> None:
-        state = await self.saved(*self.devices())
+        await self.restores(await self.saved(*self.devices()), self.devices())
+
+    @_async
+    async def test_sameDevicesWithTheRngRestore(self) -> None:
+        await self.restores(await self.saved(*self.devices(rng=True)), self.devices(rng=True))
+
+    async def restores(self, state: str, devices: list[str]) -> None:
+        """``state`` loads into a VM with ``devices``, which then runs."""
         socket_path = start_daemonized(
             self.backend,
             self.workspace,
-            [*base_arguments(accel="tcg"), *self.devices(), "-incoming", f"exec:cat {state}"],
+            [*base_arguments(accel="tcg"), *devices, "-incoming", f"exec:cat {state}"],
             socket_name="restored.sock",
         )
         client = await monitor(socket_path)

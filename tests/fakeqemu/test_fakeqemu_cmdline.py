@@ -860,8 +860,9 @@ class DeviceRefusalTests(_CommandLineTestCase):
     def test_unmodelledDeviceIsNotEmulated(self) -> None:
         # fakeqemu's own refusal for a device QEMU has.
         self.assertEqual(
-            self.refusal(*BASE, "-device", "virtio-rng-pci"),
-            "-device virtio-rng-pci: fakeqemu does not emulate device model 'virtio-rng-pci'",
+            self.refusal(*BASE, "-device", "virtio-balloon-pci"),
+            "-device virtio-balloon-pci: fakeqemu does not emulate device model "
+            "'virtio-balloon-pci'",
         )
 
     def test_unknownDeviceProperty(self) -> None:

@@ -259,6 +259,29 @@ class PvpanicTests(_OptionsTestCase):
         )
 
 
+class RngTests(_OptionsTestCase):
+    """``-device virtio-rng-pci``: a PCI slot and a migration section, as QEMU 7.2 gives it."""
+
+    def test_takesTheNextSlotAndMigratesAsVirtioRng(self) -> None:
+        # Measured: a q35 with only this device saves '0000:00:01.0/virtio-rng'.
+        self.assertEqual(
+            self.parse("-device", "virtio-rng-pci").pci_devices,
+            (PciDeviceSpec("0000:00:01.0", "virtio-rng"),),
+        )
+
+    def test_aliasAndIdAreAccepted(self) -> None:
+        config = self.parse("-device", "virtio-serial-pci", "-device", "virtio-rng,id=rng0")
+        self.assertEqual(
+            [device.address for device in config.pci_devices], ["0000:00:01.0", "0000:00:02.0"]
+        )
+
+    def test_unmodelledPropertyIsRefused(self) -> None:
+        self.assertEqual(
+            self.refusal("-device", "virtio-rng-pci,max-bytes=1024"),
+            "-device virtio-rng-pci,max-bytes=1024: Property 'virtio-rng-pci.max-bytes' not found",
+        )
+
+
 class FsdevTests(_OptionsTestCase):
     """``-fsdev local`` and ``virtio-9p-pci``."""
 

@@ -6,6 +6,7 @@ import os
 import shutil
 import tempfile
 
+import attrs
 from twisted.trial.unittest import SynchronousTestCase
 
 from fakeqemu import CommandLineError, parse_command_line
@@ -108,6 +109,8 @@ class CommandLineTests(SynchronousTestCase):
                 "chardev:console",
                 "-device",
                 "pvpanic",
+                "-device",
+                "virtio-rng-pci",
                 "-daemonize",
                 "-pidfile",
                 "/run/vmready/4f3c2d1e/vm.pid",
@@ -320,7 +323,25 @@ class FakeQemuAcceptsTests(SynchronousTestCase):
                 "config_drive": False,
                 "disk": True,
                 "transport": "none",
+                "rng": True,
             },
+        )
+
+    def test_rngDeviceComesLastOfThePciDevicesAndOnlyWhenAsked(self) -> None:
+        spec = self.spec(disk="/d.qcow2", kernel="/boot/vmlinuz")
+        devices = _values(build_command_line(spec, PROGRAM), "-device")
+        self.assertEqual(devices[-1], "virtio-rng-pci")
+        without = attrs.evolve(spec, rng=False)
+        devices_without = _values(build_command_line(without, PROGRAM), "-device")
+        self.assertNotIn("virtio-rng-pci", devices_without)
+        self.assertEqual(devices[:-1], devices_without)
+        self.assertFalse(without.device_set()["rng"])
+
+    def test_fakeqemuGivesTheRngDeviceItsOwnSlotAfterTheOthers(self) -> None:
+        config = parse_command_line(build_command_line(self.spec(), PROGRAM)[1:])
+        self.assertEqual(
+            [(device.address, device.section) for device in config.pci_devices],
+            [("0000:00:01.0", "virtio-console"), ("0000:00:02.0", "virtio-rng")],
         )
 
     def test_legacyPortBesideTheAgentPortIsAccepted(self) -> None:

@@ -7,8 +7,8 @@ the agent's ring buffer wired to the ``com.canonical.lxd`` port (every port
 with an ``id=``, so QEMU reports the guest opening and closing it), the
 guest's serial console appended to a log file, a pvpanic device, and — as the
 spec asks — the config drive over virtio-9p, a root disk (and with it the
-read-only NoCloud seed), a kernel to boot directly, and the guest API's
-transport: ``vhost-vsock-pci`` with the instance's CID, or a user-mode
+read-only NoCloud seed), a virtio-rng device, a kernel to boot directly, and the
+guest API's transport: ``vhost-vsock-pci`` with the instance's CID, or a user-mode
 network restricted to one forward (``GuestForward``) where the host has no
 ``/dev/vhost-vsock``.
 
@@ -156,6 +156,9 @@ class VMSpec:
     # The guest API's transport: a vsock CID, or the restricted forward (or neither: hvsock).
     vsock_cid: int | None = None
     forward: GuestForward | None = None
+    # A virtio-rng-pci device: the guest's kernel has random numbers at once instead of
+    # gathering them for seconds (under TCG, 10 s into a boot), which its TLS waits for.
+    rng: bool = True
 
     @property
     def qmp_socket(self) -> str:
@@ -208,6 +211,7 @@ class VMSpec:
             "transport": (
                 "vsock" if self.vsock_cid is not None else "forward" if self.forward else "none"
             ),
+            "rng": self.rng,
         }
 
     @property
@@ -300,7 +304,7 @@ def disk_arguments(spec: VMSpec) -> list[str]:
 
 
 def device_arguments(spec: VMSpec) -> list[str]:
-    """Console log, pvpanic, config drive, transport, root disk: devices past the serial bus."""
+    """Console log, pvpanic, config drive, transport, disks, rng: devices past the serial bus."""
     args = []
     if spec.serial_ports:
         args += [
@@ -338,6 +342,9 @@ def device_arguments(spec: VMSpec) -> list[str]:
     if spec.vsock_cid is not None:
         args += ["-device", f"vhost-vsock-pci,guest-cid={spec.vsock_cid}"]
     args += disk_arguments(spec)
+    if spec.rng:
+        # Last of the PCI devices: every other one keeps the slot it had before it came.
+        args += ["-device", "virtio-rng-pci"]
     if spec.kernel is not None:
         args += ["-kernel", spec.kernel]
         if spec.initrd is not None:

@@ -85,7 +85,7 @@ def state_mismatch(recorded: dict[str, Any], now: dict[str, Any]) -> str | None:
     if recorded.get("serial_ports") != now.get("serial_ports"):
         differences.append(f"serial ports [{_ports(recorded)}] then, [{_ports(now)}] now")
     for key, label in _DEVICES:
-        then, current = recorded.get(key), now.get(key)
+        then, current = recorded.get(key, _UNRECORDED.get(key)), now.get(key)
         if then != current:
             differences.append(f"{label} {_device_state(then)} then, {_device_state(current)} now")
     return "; ".join(differences) or None
@@ -101,7 +101,16 @@ _DEVICES = (
     ("config_drive", "config drive"),
     ("disk", "root disk"),
     ("transport", "guest API transport"),
+    ("rng", "virtio-rng device"),
 )
+# What a device set recorded before a device was ever given means for it: no vmready
+# before the rng device gave VMs one.
+_UNRECORDED = {"rng": False}
+
+
+def saved_rng(recorded: dict[str, Any]) -> bool:
+    """Whether a state saved with device set ``recorded`` had a virtio-rng device to load into."""
+    return recorded.get("rng", _UNRECORDED["rng"]) is True
 
 
 def _device_state(value: Any) -> str:

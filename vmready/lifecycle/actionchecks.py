@@ -17,7 +17,13 @@ from vmready.domain import (
     parse_memory,
     restored_config,
 )
-from vmready.hypervisor import STATE_FILE, describe_layout, state_mismatch, validate_snapshot_name
+from vmready.hypervisor import (
+    STATE_FILE,
+    describe_layout,
+    saved_rng,
+    state_mismatch,
+    validate_snapshot_name,
+)
 from vmready.lifecycle.booting import Booting
 from vmready.lifecycle.running import RunningVMs
 from vmready.lifecycle.specs import InstanceSpecs
@@ -120,7 +126,7 @@ class ActionChecks:
         target = attrs.evolve(record, config=restored_config(record.config, metadata))
         saved = metadata.get("device_set", {})
         accel = saved.get("accel") if saved.get("accel") in ("kvm", "tcg") else None
-        mismatch = state_mismatch(saved, self.booting.launch_spec(target, accel))
+        mismatch = state_mismatch(saved, self.booting.launch_spec(target, accel, saved_rng(saved)))
         if mismatch is not None and not force:
             raise Conflict(
                 f"Cannot restore the state of snapshot {name} of instance {record.name}: it "

@@ -41,7 +41,7 @@ from vmready.lifecycle.journal import ActionContext, Journal
 from vmready.lifecycle.metrics import LifecycleMetrics
 from vmready.lifecycle.running import RunningVMs
 from vmready.lifecycle.settings import LaunchSettings
-from vmready.lifecycle.specs import LAYOUT_KEY, InstanceSpecs
+from vmready.lifecycle.specs import LAYOUT_KEY, RNG_KEY, InstanceSpecs
 from vmready.lifecycle.watching import Watching
 from vmready.protocols import AgentStatus
 from vmready.store import AsyncStore
@@ -123,26 +123,35 @@ class Booting:
         await self.images.create_overlay(image, disk)
         context.note(f"made the root disk {disk} on {image.describe()}")
 
-    def launch_spec(self, record: InstanceRecord, accel: str | None = None) -> dict[str, Any]:
+    def launch_spec(
+        self, record: InstanceRecord, accel: str | None = None, rng: bool = True
+    ) -> dict[str, Any]:
         """The device set the VM would have if it started now (under ``accel``, if given)."""
-        spec = self.specs.spec_for(record, self.serial_layout, accel, self.settings.transport)
+        spec = self.specs.spec_for(record, self.serial_layout, accel, self.settings.transport, rng)
         if spec.config_drive is None and self.reach.link is not None:
             # Every VM a daemon with a guest API starts gets its drive (made at launch).
             spec = attrs.evolve(spec, config_drive=self.specs.config_drive(record))
         return spec.device_set()
 
     async def launch(
-        self, record: InstanceRecord, incoming: str | None = None, accel: str | None = None
+        self,
+        record: InstanceRecord,
+        incoming: str | None = None,
+        accel: str | None = None,
+        rng: bool = True,
     ) -> RunningVM:
         """Start the VM with this daemon's serial layout and transport, recorded in the instance.
 
         ``accel`` forces the accelerator (a restored state must run under the
-        one it was saved with); otherwise ``choose_accel`` picks it.
+        one it was saved with); otherwise ``choose_accel`` picks it.  ``rng``:
+        with a virtio-rng device (a restored state saved without one loads
+        without it).
         """
         transport = self.settings.transport
         updates: dict[str, str | None] = {
             LAYOUT_KEY: self.serial_layout.name,
             TRANSPORT_KEY: transport,
+            RNG_KEY: "true" if rng else "false",
         }
         if transport == "vsock" and CID_KEY not in record.config:
             updates[CID_KEY] = str(self._new_cid())

@@ -28,7 +28,13 @@ from vmready.domain import (
     restored_config,
     snapshot_config,
 )
-from vmready.hypervisor import STATE_FILE, read_log_lines, validate_snapshot_name, write_metadata
+from vmready.hypervisor import (
+    STATE_FILE,
+    read_log_lines,
+    saved_rng,
+    validate_snapshot_name,
+    write_metadata,
+)
 from vmready.lifecycle.booting import Booting
 from vmready.lifecycle.events import EventBus
 from vmready.lifecycle.hooks import Hypervisor
@@ -200,7 +206,7 @@ class Snapshotting:
             saved = metadata.get("device_set", {})
             accel = saved.get("accel") if saved.get("accel") in ("kvm", "tcg") else None
             state = os.path.join(directory, STATE_FILE)
-            await self._load_state(context, restored, state, accel)
+            await self._load_state(context, restored, state, accel, saved_rng(saved))
             await context.finish(PowerState.RUNNING)
         elif was_running:
             await self.booting.launch(restored)
@@ -212,14 +218,19 @@ class Snapshotting:
         )
 
     async def _load_state(
-        self, context: ActionContext, record: InstanceRecord, path: str, accel: str | None
+        self,
+        context: ActionContext,
+        record: InstanceRecord,
+        path: str,
+        accel: str | None,
+        rng: bool,
     ) -> None:
         """Start the VM from a saved state; QEMU's own lines if it cannot load it."""
         if not os.path.isfile(path):
             # QEMU would wait for the stream forever (measured): say what is missing instead.
             raise HypervisorError(f"Failed restoring state from {path}: the file is missing")
         try:
-            vm = await self.booting.launch(record, incoming=path, accel=accel)
+            vm = await self.booting.launch(record, incoming=path, accel=accel, rng=rng)
         except HypervisorError as e:
             raise HypervisorError(f"Failed restoring state from {path}: {e.message}") from e
         deadline = self.clock.seconds() + RESTORE_TIMEOUT

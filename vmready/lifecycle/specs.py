@@ -31,6 +31,9 @@ from vmready.lifecycle.guestlink import GuestReach
 CONFIG_DRIVE = "config-drive"
 # The serial layout an instance's VM was last started with (``SERIAL_LAYOUTS``).
 LAYOUT_KEY = "volatile.serial.layout"
+# Whether its VM was last started with a virtio-rng device ("true"; absent: by a vmready
+# that gave none).
+RNG_KEY = "volatile.rng"
 
 
 def run_dir_name(instance_uuid: str) -> str:
@@ -101,11 +104,13 @@ class InstanceSpecs:
         layout: SerialLayout | None = None,
         accel: str | None = None,
         transport: str | None = None,
+        rng: bool | None = None,
     ) -> VMSpec:
         """The hypervisor's view of an instance, as its VM runs (or would start) now.
 
-        The serial layout, accelerator and transport default to those the VM
-        was last started with; a launch passes the ones it starts it with.
+        The serial layout, accelerator, transport and rng device default to
+        those the VM was last started with; a launch passes the ones it starts
+        it with.
         """
         boot = BootSource.from_config(record.config)
         drive = self.config_drive(record)
@@ -130,6 +135,7 @@ class InstanceSpecs:
             append=boot.append,
             vsock_cid=int(cid) if transport == "vsock" and cid is not None else None,
             forward=forward,
+            rng=rng if rng is not None else record.config.get(RNG_KEY) == "true",
         )
 
 

@@ -29,8 +29,8 @@ HOSTNAME = "vmready-demo"
 # (a soft dependency no depends= names) and otherwise fails: "Cannot load crc32c driver".
 INITRAMFS_MODULES = (
     "virtio_pci",
-    # Only when the VM has a virtio-rng device: it makes the kernel's RNG ready at
-    # once, instead of seconds into the boot (Python's ssl waits for it).
+    # With the virtio-rng device vmready gives every VM, the kernel's RNG is ready at
+    # once instead of seconds into the boot (Python's ssl waits for it).
     "virtio_rng",
     "virtio_blk",
     "crc32c_generic",
