@@ -55,6 +55,7 @@ _DEVICE_CATEGORIES = (
             'name "pvpanic", bus ISA',
             'name "pvpanic-pci", bus PCI',
             'name "vhost-vsock-pci", bus PCI',
+            'name "virtio-rng-pci", bus PCI, alias "virtio-rng"',
         ),
     ),
 )
