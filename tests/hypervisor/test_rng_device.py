@@ -76,12 +76,6 @@ class RngChecks(SnapshotTestCase):
         await self.upgrade()
         return self.lifecycle.store.view.get_instance("vm1")
 
-    def command_line(self, record: InstanceRecord) -> list[str]:
-        pid = self.lifecycle.running.vms[record.name].pid
-        assert pid is not None
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().decode().split("\0")
-
 
 class FakeqemuRng(RngChecks):
     """On fakeqemu."""

@@ -92,6 +92,13 @@ class SnapshotTestCase(TestCase):
         done = await operation.when_done()
         return done
 
+    def command_line(self, record: InstanceRecord) -> list[str]:
+        """The argv the instance's VM process runs with."""
+        pid = self.lifecycle.running.vms[record.name].pid
+        assert pid is not None
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode().split("\0")
+
     async def launch(self, name: str = "vm1", **config: str) -> InstanceRecord:
         operation = await self.finish(
             await self.lifecycle.create(name, {"limits.memory": "64", **config})
@@ -158,12 +165,6 @@ class RenameChecks(SnapshotTestCase):
         )
         self.assertEqual(self.lifecycle.running.vms["vm1"].spec.serial_ports, CURRENT_LAYOUT.ports)
         self.assertIn(AGENT_PORT, " ".join(self.command_line(record)))
-
-    def command_line(self, record: InstanceRecord) -> list[str]:
-        pid = self.lifecycle.running.vms[record.name].pid
-        assert pid is not None
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().decode().split("\0")
 
 
 class SnapshotChecks(SnapshotTestCase):
