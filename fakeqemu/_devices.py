@@ -394,7 +394,7 @@ class DeviceRealizer:
 
     def _realize_virtio_rng_pci(self, driver: str, opts: dict[str, str], _: str) -> None:
         # A guest's entropy source: nothing for fakeqemu's host-process guests to read, but
-        # a PCI slot and a migration section of its own ('0000:00:06.0/virtio-rng').
+        # a PCI slot and a migration section of its own ('0000:00:NN.0/virtio-rng').
         self._set_properties(driver, opts, {})
 
     def peer_warnings(self) -> list[str]:

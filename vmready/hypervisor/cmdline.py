@@ -157,7 +157,7 @@ class VMSpec:
     vsock_cid: int | None = None
     forward: GuestForward | None = None
     # A virtio-rng-pci device: the guest's kernel has random numbers at once instead of
-    # gathering them for seconds (under TCG, 10 s into a boot), which its TLS waits for.
+    # gathering them for seconds (under TCG, 10 s into a boot); its Pythons waited for them.
     rng: bool = True
 
     @property

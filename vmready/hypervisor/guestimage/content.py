@@ -30,7 +30,7 @@ HOSTNAME = "vmready-demo"
 INITRAMFS_MODULES = (
     "virtio_pci",
     # With the virtio-rng device vmready gives every VM, the kernel's RNG is ready at
-    # once instead of seconds into the boot (Python's ssl waits for it).
+    # once instead of seconds into the boot (the guest's Pythons wait for it).
     "virtio_rng",
     "virtio_blk",
     "crc32c_generic",
