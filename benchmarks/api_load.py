@@ -350,7 +350,7 @@ async def run(args: argparse.Namespace, root: str, processes: Processes, out: li
     try:
         began = time.monotonic()
         targets, cluster = await start_targets(args, root, environment)
-        names = [f"vm{index:04d}" for index in range(args.instances)]
+        names = instance_names(args.instances)
         await create_all(targets[0].client, names)
         report(
             f"members={args.members} instances={args.instances} "
@@ -382,17 +382,33 @@ class Ran:
     cpu: dict[str, float]
 
 
-async def run_here(args: Any, targets: Sequence[Target], names: Sequence[str]) -> Ran:
-    """Every client on this process's reactor."""
+def instance_names(count: int) -> list[str]:
+    """The instances the benchmark launches, by name."""
+    return [f"vm{index:04d}" for index in range(count)]
+
+
+async def run_share(
+    args: Any, targets: Sequence[Target], names: Sequence[str], share: int
+) -> tuple[Figures, list[float], float]:
+    """Clients ``share`` modulo ``--client-processes``, on this process's reactor, timed.
+
+    What they saw, how late the reactor ran, and how long they ran.
+    """
     lag = Lag()
     lag.start()
-    cpu = CPU({**{target.label: target.pid for target in targets}, "clients": os.getpid()})
-    load = Load(targets, names, args)
+    load = Load(targets, names, args, share)
     started = time.monotonic()
     await load.run(args.seconds)
     elapsed = time.monotonic() - started
     lag.loop.stop()
-    return Ran(load.figures, lag.late, elapsed, cpu.shares())
+    return load.figures, lag.late, elapsed
+
+
+async def run_here(args: Any, targets: Sequence[Target], names: Sequence[str]) -> Ran:
+    """Every client on this process's reactor."""
+    cpu = CPU({**{target.label: target.pid for target in targets}, "clients": os.getpid()})
+    figures, late, elapsed = await run_share(args, targets, names, 0)
+    return Ran(figures, late, elapsed, cpu.shares())
 
 
 async def run_in_processes(args: Any, targets: Sequence[Target]) -> Ran:
@@ -461,17 +477,13 @@ async def work(args: Any, out: list[str]) -> None:
         Target(f"t{index}", Client(reactor, path), 0, path)
         for index, path in enumerate(args.socket)
     ]
-    names = [f"vm{index:04d}" for index in range(args.instances)]
-    lag = Lag()
-    lag.start()
-    load = Load(targets, names, args, args.worker)
-    began_cpu, started = cpu_seconds(os.getpid()), time.monotonic()
-    await load.run(args.seconds)
-    elapsed = time.monotonic() - started
-    lag.loop.stop()
+    began_cpu = cpu_seconds(os.getpid())
+    figures, late, elapsed = await run_share(
+        args, targets, instance_names(args.instances), args.worker
+    )
     document = {
-        "figures": figures_json(load.figures),
-        "late": lag.late,
+        "figures": figures_json(figures),
+        "late": late,
         "elapsed": elapsed,
         "cpu_seconds": cpu_seconds(os.getpid()) - began_cpu,
     }

@@ -110,7 +110,7 @@ _UNRECORDED = {"rng": False}
 
 def saved_rng(recorded: dict[str, Any]) -> bool:
     """Whether a state saved with device set ``recorded`` had a virtio-rng device to load into."""
-    return recorded.get("rng", _UNRECORDED["rng"]) is True
+    return recorded.get("rng") is True
 
 
 def _device_state(value: Any) -> str:
