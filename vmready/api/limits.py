@@ -12,6 +12,9 @@ limits are in docs/api.md and docs/reliability.md.
 A site may also leave its successful reads out of the access log
 (``log_reads``): the operator API does (LXD does not log them either);
 under 200 clients a line per read was 6 % of a cluster member's time.
+
+A ``LimitedChannel`` reads a new connection as it accepts it and writes each
+answer as it is finished, in that turn of the reactor (``api.promptio``).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from twisted.web.resource import IResource
 from twisted.web.server import Site
 from zope.interface import implementer
 
+from vmready.api.promptio import read_now, write_now
 from vmready.api.requestbody import MAX_BODY_BYTES
 
 # Methods that change nothing: their successful requests are reads.
@@ -99,6 +103,7 @@ class LimitedChannel(http.HTTPChannel):
             self.refuse(503, f"Too many connections (limit {self.site.max_connections})")
             return
         self._counted = True
+        read_now(self.transport)  # what the client sent already, in this turn (api.promptio)
 
     def dataReceived(self, data: bytes) -> None:
         if self.refused:
@@ -161,6 +166,7 @@ class LimitedChannel(http.HTTPChannel):
         if self.persistent:
             self.answering = False  # before HTTPChannel reads what the peer sent meanwhile
         super().requestDone(request)
+        write_now(self.transport)  # the answer out in this turn, not the next (api.promptio)
 
     def timeoutConnection(self) -> None:
         """Idle too long: in the middle of a request that is a 408, else just a close."""
@@ -207,6 +213,7 @@ class LimitedChannel(http.HTTPChannel):
             # As HTTPChannel.timeoutConnection: a peer that does not read this is cut off.
             self._abort = self.callLater(self.abortTimeout, self.forceAbortClient)
         self.loseConnection()
+        write_now(self.transport)
 
 
 class LimitedSite(Site):
