@@ -139,6 +139,23 @@ class ReadNowTests(_Adopting):
         assert protocol.transport is not None
         self.assertFalse(protocol.transport.connected)  # type: ignore[attr-defined]
 
+    async def test_aProtocolThatRaisesLosesItsConnectionNotTheListener(self) -> None:
+        ours, peer = self.pair()
+        peer.sendall(b"boom")
+
+        class Raising(_Recorder):
+            def dataReceived(self, data: bytes) -> None:
+                raise ValueError("cannot parse " + data.decode())
+
+        protocol = Raising(read_at_once=True)
+        self.adopt(ours, _One(protocol))  # returns: the error stays with this connection
+        [reason] = protocol.lost
+        reason.trap(ValueError)
+        self.assertEqual(str(reason.value), "cannot parse boom")
+        self.assertEqual(len(self.flushLoggedErrors(ValueError)), 1)
+        await self.turn()
+        self.assertEqual(_waiting(peer), b"")
+
 
 class WriteNowTests(_Adopting):
     def made(self) -> tuple[_Recorder, socket.socket]:
