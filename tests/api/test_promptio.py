@@ -30,7 +30,7 @@ _DONE = Failure(ConnectionDone())
 
 
 class _Recorder(Protocol):
-    """Keeps what it is told; ``greeting`` is written (and the connection maybe closed) at once."""
+    """Keeps what it is told; ``read_at_once``: reads in ``connectionMade``, as LimitedChannel."""
 
     def __init__(self, read_at_once: bool = False) -> None:
         self.read_at_once = read_at_once
@@ -88,14 +88,15 @@ class _Adopting(TestCase):
                 ours.fileno(), socket.AF_UNIX, factory
             )
 
-    def closing(self, protocol: Protocol) -> None:
+    def closing(self, protocol: _Recorder) -> None:
         def close() -> None:
-            if protocol.transport is not None and protocol.connected:
+            if protocol.transport is not None and not protocol.lost:  # still open
                 protocol.transport.abortConnection()  # type: ignore[attr-defined]
 
         self.addCleanup(close)
 
     async def turn(self) -> None:
+        """Let the reactor turn twice: what was put off to its next turn, then its poll."""
         await deferLater(reactor, 0, lambda: None)
         await deferLater(reactor, 0, lambda: None)
 
