@@ -95,6 +95,15 @@ class _Adopting(TestCase):
 
         self.addCleanup(close)
 
+    def connected(self, protocol: _Recorder, sent: bytes = b"") -> socket.socket:
+        """``protocol`` on one end of a new pair, after the peer ``sent``; the peer's end."""
+        ours, peer = self.pair()
+        if sent:
+            peer.sendall(sent)
+        self.closing(protocol)
+        self.adopt(ours, _One(protocol))
+        return peer
+
     async def turn(self) -> None:
         """Let the reactor turn twice: what was put off to its next turn, then its poll."""
         await deferLater(reactor, 0, lambda: None)
@@ -103,28 +112,20 @@ class _Adopting(TestCase):
 
 class ReadNowTests(_Adopting):
     async def test_whatThePeerSentIsReadAsTheConnectionIsMade(self) -> None:
-        ours, peer = self.pair()
-        peer.sendall(b"GET / HTTP/1.1\r\n\r\n")
         protocol = _Recorder(read_at_once=True)
-        self.closing(protocol)
-        self.adopt(ours, _One(protocol))
+        self.connected(protocol, sent=b"GET / HTTP/1.1\r\n\r\n")
         self.assertEqual(protocol.received, [b"GET / HTTP/1.1\r\n\r\n"])
 
     async def test_withoutItTheReactorReadsOnlyAtItsNextTurn(self) -> None:
-        ours, peer = self.pair()
-        peer.sendall(b"hello")
         protocol = _Recorder(read_at_once=False)
-        self.closing(protocol)
-        self.adopt(ours, _One(protocol))
+        self.connected(protocol, sent=b"hello")
         self.assertEqual(protocol.received, [])
         await self.turn()
         self.assertEqual(protocol.received, [b"hello"])
 
     async def test_nothingSentYetLeavesTheConnectionToTheReactor(self) -> None:
-        ours, peer = self.pair()
         protocol = _Recorder(read_at_once=True)
-        self.closing(protocol)
-        self.adopt(ours, _One(protocol))
+        peer = self.connected(protocol)
         self.assertEqual((protocol.received, protocol.lost), ([], []))
         peer.sendall(b"later")
         await self.turn()
@@ -160,11 +161,8 @@ class ReadNowTests(_Adopting):
 
 class WriteNowTests(_Adopting):
     def made(self) -> tuple[_Recorder, socket.socket]:
-        ours, peer = self.pair()
         protocol = _Recorder()
-        self.closing(protocol)
-        self.adopt(ours, _One(protocol))
-        return protocol, peer
+        return protocol, self.connected(protocol)
 
     async def test_whatWasWrittenIsOnTheSocketWhenItReturns(self) -> None:
         protocol, peer = self.made()
