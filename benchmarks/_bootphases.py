@@ -54,9 +54,9 @@ MILESTONES = (
     Milestone("exec", "the daemon starts QEMU (its console mark)"),
     Milestone("kernel", "the kernel's clock starts (after the firmware, early set-up)"),
     Milestone("init", "the initramfs's /init runs"),
-    Milestone("root", "root file system mounted; systemd starts"),
-    Milestone("setup", "systemd runs the agent's unit: its setup copies the drive"),
-    Milestone("agent", "the agent's process starts"),
+    Milestone("root", "root file system mounted; the agent, then systemd, starts"),
+    Milestone("setup", "the agent's setup copies the drive"),
+    Milestone("agent", "the agent's interpreter starts"),
     Milestone("said", "the agent writes STARTED (guest)"),
     Milestone("started", "STARTED at the host (event)"),
     Milestone("connect", "the host's CONNECT read by the agent (guest)"),
@@ -97,6 +97,13 @@ def guest_times(lines: Iterable[ConsoleLine]) -> dict[str, float]:
             for moment, value in _AGENT_MOMENT.findall(agent.group(1)):
                 if moment in _AGENT_MILESTONES:
                     found.setdefault(_AGENT_MILESTONES[moment], float(value))
+                if moment == "copied":
+                    found.setdefault("copied", float(value))
+    # Started by the initramfs, one process runs the setup, then becomes the agent:
+    # its interpreter starts when the copy is done, not when the process was made.
+    copied = found.pop("copied", None)
+    if copied is not None and "agent" in found and found["agent"] < copied:
+        found["agent"] = copied
     return found
 
 

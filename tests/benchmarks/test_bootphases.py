@@ -58,6 +58,14 @@ class GuestTimesTests(SynchronousTestCase):
             },
         )
 
+    def test_anAgentThatRanItsOwnSetupStartsWhenTheCopyIsDone(self) -> None:
+        # Started by the initramfs: the process is made, runs the setup, becomes the agent.
+        early = [
+            ConsoleLine(1.0, "vmready-agent-setup: boot: setup [2.67] copied [3.05]"),
+            ConsoleLine(2.0, "vmready-agent: boot: process [2.50] STARTED [4.05]"),
+        ]
+        self.assertEqual(guest_times(early), {"setup": 2.67, "agent": 3.05, "said": 4.05})
+
     def test_anOlderInitramfsIsDatedByItsModuleLoading(self) -> None:
         older = [ConsoleLine(1.0, "vmready-initramfs: [0.52] loading 14 kernel modules")]
         self.assertEqual(guest_times(older), {"init": 0.52})

@@ -43,9 +43,12 @@ say "boot $(cat /proc/sys/kernel/random/boot_id)"
 for p in /proc/[0-9]*; do
     line=$(tr '\0' ' ' < "$p/cmdline" 2>/dev/null)
     case "$line" in
-        *vmready-agent.pyz*--config-drive*) say "agent cmdline: $line";;
+        *vmready-agent.pyz*--config-drive*) say "agent cmdline: $line"; agent=${p#/proc/};;
     esac
 done
+say "agent process: $agent" \
+    "unit's: $(systemctl show -p MainPID --value vmready-agent.service)" \
+    "cgroup: $(cat "/proc/$agent/cgroup")"
 if python3 -c 'import twisted' 2>/dev/null; then say "twisted: importable"
 else say "twisted: absent"; fi
 n=0
@@ -246,6 +249,19 @@ class RealGuestTests(SynchronousTestCase):
         words = agent.group(1).split()
         self.assertEqual(words[:4], ["/usr/bin/python3", "-S", "-I", words[3]])
         self.assertTrue(words[3].endswith("/vmready-agent.pyz"), words)
+        # Started by the initramfs before systemd, then adopted by the agent's unit.
+        early = re.search(
+            r"vmready-initramfs: \[[\d.]+\] the vmready agent starts ahead "
+            r"of /sbin/init as process (\d+)",
+            log,
+        )
+        assert early is not None, log
+        pid = early.group(1)
+        self.assertIn(
+            f"GUEST: agent process: {pid} unit's: {pid} "
+            "cgroup: 0::/system.slice/vmready-agent.service",
+            log,
+        )
         self.assertIn("GUEST: twisted: absent", log)
         self.assertIn("GUEST: GET /1.0/config/user.probe 200 hello from the host", log)
         uuid = info["uuid"]

@@ -32,6 +32,10 @@ from vmready.hypervisor.guestimage.content import (
     USER_DATA_UNIT,
     USER_DATA_UNIT_NAME,
 )
+from vmready.hypervisor.guestimage.earlyagent import (
+    EARLY_AGENT_DROPIN,
+    EARLY_AGENT_SCRIPT,
+)
 
 
 @attrs.frozen
@@ -83,6 +87,8 @@ def image_files() -> dict[str, bytes]:
     """The files the builder puts into the guest, by a name: the loader's and the demo's own."""
     files = {f"loader/{name}": data for name, data in loader_files().items()}
     files["initramfs/init"] = INIT_SCRIPT.encode()
+    files["demo/vmready-agent-early"] = EARLY_AGENT_SCRIPT.encode()
+    files["demo/vmready-demo-early.conf"] = EARLY_AGENT_DROPIN.encode()
     files["demo/run-user-data"] = USER_DATA_RUNNER.encode()
     files[f"demo/{USER_DATA_UNIT_NAME}"] = USER_DATA_UNIT.encode()
     return files

@@ -16,6 +16,12 @@ from vmready.hypervisor.guestimage.content import (
     USER_DATA_UNIT,
     USER_DATA_UNIT_NAME,
 )
+from vmready.hypervisor.guestimage.earlyagent import (
+    EARLY_AGENT_DROPIN,
+    EARLY_AGENT_DROPIN_PATH,
+    EARLY_AGENT_PATH,
+    EARLY_AGENT_SCRIPT,
+)
 
 
 def host_apt_sources(suite: str = SUITE, etc: str = "/etc/apt") -> list[str]:
@@ -64,6 +70,8 @@ def customize_root(root: str, run: CommandRunner, loader_dir: str) -> None:
             os.unlink(where)
         os.symlink(target, where)
 
+    write(EARLY_AGENT_PATH, EARLY_AGENT_SCRIPT, 0o755)
+    write(EARLY_AGENT_DROPIN_PATH, EARLY_AGENT_DROPIN)
     write(USER_DATA_RUNNER_PATH, USER_DATA_RUNNER, 0o755)
     unit = f"/etc/systemd/system/{USER_DATA_UNIT_NAME}"
     write(unit, USER_DATA_UNIT)
