@@ -31,6 +31,7 @@ UNIT_CGROUP = "/system.slice/vmready-agent.service"
 # The loader's setup: says it ran, what the PID file held then, and fails on request.
 SETUP = """#!/bin/sh
 echo "pidfile=$(cat "$VMREADY_TEST_ROOT/run/vmready-agent.pid" 2>/dev/null)" >>"$FAKE/setup-calls"
+echo "$PATH" >"$FAKE/setup-path"
 [ ! -e "$FAKE/setup-fails" ] || { echo "vmready-agent-setup: no config drive" >&2; exit 1; }
 """
 
@@ -84,10 +85,14 @@ class FakeGuest:
         except FileNotFoundError:
             return ""
 
-    def run(self, *args: str, tries: int = 600) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, *args: str, tries: int = 600, path: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
         environ = dict(
             os.environ, VMREADY_TEST_ROOT=self.root, FAKE=self.fake, VMREADY_EARLY_TRIES=str(tries)
         )
+        if path is not None:
+            environ["PATH"] = path
         return subprocess.run(
             ["sh", self.path(EARLY_AGENT_PATH), *args],
             env=environ,
@@ -124,6 +129,14 @@ class BootTests(SynchronousTestCase):
         self.assertEqual(guest.fake_file("setup-calls"), f"pidfile={pid}\n")
         # The same process: exec'd, not started beside it.
         self.assertEqual(guest.python_calls(), [[pid, *AGENT_ARGS]])
+
+    def test_itRunsWithTheServicesPathNotTheInitramfss(self) -> None:
+        guest = FakeGuest(self)
+        done = guest.run("boot", path="/bin")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(
+            guest.fake_file("setup-path"), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin\n"
+        )
 
     def test_aFailedSetupLeavesNoPIDFileAndNoAgent(self) -> None:
         guest = FakeGuest(self)

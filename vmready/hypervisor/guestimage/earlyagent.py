@@ -42,6 +42,9 @@ EARLY_AGENT_SCRIPT = r"""#!/bin/sh
 #                               it into the unit's cgroup and leaves it to systemd;
 #                               else copies the drive and starts an agent.
 set -eu
+# The initramfs's environment has PATH=/bin; systemd gives its services this one.
+PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin
+export PATH
 
 PROG=vmready-agent-early
 # For the tests only: where /proc, /sys, /run and /usr are.
