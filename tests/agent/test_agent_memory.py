@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 from twisted.trial.unittest import SynchronousTestCase
 
 from vmready.agent.memory import PENDING_FILE, READY_FILE, ReadyMemory
+
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class ReadyMemoryTests(SynchronousTestCase):
@@ -67,3 +71,38 @@ class ReadyMemoryTests(SynchronousTestCase):
         memory.remember(True)
         memory.remember(True)
         self.assertEqual(os.listdir(self.state_dir), [READY_FILE])
+
+    def test_aLeftoverOfAKilledAgentIsWrittenOver(self) -> None:
+        # An agent killed mid-write left its temporary file; a new one with the same PID
+        # (another boot) writes over it and leaves only the state.
+        os.makedirs(self.state_dir)
+        leftover = os.path.join(self.state_dir, f".ready-{os.getpid()}.tmp")
+        with open(leftover, "wb") as f:
+            f.write(b"half a")
+        ReadyMemory(self.state_dir).hold("Ready")
+        self.assertEqual(os.listdir(self.state_dir), [PENDING_FILE])
+        self.assertEqual(ReadyMemory(self.state_dir).pending(), "Ready")
+
+    def test_aSymlinkInPlaceOfTheTemporaryIsNotFollowed(self) -> None:
+        os.makedirs(self.state_dir)
+        target = os.path.join(self.base, "elsewhere")
+        os.symlink(target, os.path.join(self.state_dir, f".ready-{os.getpid()}.tmp"))
+        self.assertRaises(OSError, ReadyMemory(self.state_dir).remember, True)
+        self.assertFalse(os.path.exists(target))
+
+    def test_theAgentsStartLoadsNeitherTempfileNorShutil(self) -> None:
+        # What the agent imports after its first STARTED, in a fresh interpreter as the
+        # guest runs it: tempfile (with shutil and random) is a tenth of a second there.
+        probe = (
+            f"import sys; sys.path.insert(0, {CHECKOUT!r}); "
+            "import vmready.agent.logs, vmready.agent.config, vmready.agent.service; "
+            "print(sorted(m for m in ('tempfile', 'shutil', 'random') if m in sys.modules))"
+        )
+        done = subprocess.run(
+            [sys.executable, "-S", "-I", "-c", probe],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        self.assertEqual(done.stdout, "[]\n")

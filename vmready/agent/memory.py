@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 
 READY_FILE = "ready"
 # A state the workload declared while the host was unreachable, to deliver on the next link.
@@ -61,7 +60,11 @@ class ReadyMemory:
     def _write(self, path: str, data: bytes) -> None:
         os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
         # Written whole or not at all: a crash mid-write must not leave a half-made file.
-        fd, temporary = tempfile.mkstemp(dir=self.state_dir, prefix=".ready-")
+        # The temporary name is this process's (not tempfile's: its import, with shutil's
+        # and random's, is a tenth of a second of the agent's start under emulation).
+        temporary = os.path.join(self.state_dir, f".ready-{os.getpid()}.tmp")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(temporary, flags, 0o600)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
