@@ -51,6 +51,12 @@ from vmready.hypervisor.guestimage.content import (
     ROOT_PACKAGES,
     USER_DATA_UNIT,
 )
+from vmready.hypervisor.guestimage.earlyagent import (
+    EARLY_AGENT_DROPIN,
+    EARLY_AGENT_DROPIN_PATH,
+    EARLY_AGENT_PATH,
+    EARLY_AGENT_SCRIPT,
+)
 from vmready.hypervisor.guestimage.initramfs import (
     ArchiveEntry,
     initramfs_entries,
@@ -918,10 +924,18 @@ class CustomizeTests(SynchronousTestCase):
             "/etc/systemd/system/vmready-user-data.service",
         )
         unit = self.read("etc/systemd/system/vmready-user-data.service")
-        self.assertIn("After=vmready-agent.service", unit)
+        # Among systemd's first jobs: the agent runs already, the root disk is mounted.
+        self.assertNotIn("After=", unit)
+        self.assertIn("DefaultDependencies=no", unit)
         self.assertIn("StandardOutput=journal+console", unit)
         runner = self.read("usr/local/lib/vmready-demo/run-user-data")
         self.assertIn("/run/vmready-agent/cloud-init/user-data", runner)
+
+    def test_theEarlyAgentAndItsDropInAreInstalled(self) -> None:
+        script = os.path.join(self.root, EARLY_AGENT_PATH.lstrip("/"))
+        self.assertTrue(os.access(script, os.X_OK))
+        self.assertEqual(self.read(EARLY_AGENT_PATH.lstrip("/")), EARLY_AGENT_SCRIPT)
+        self.assertEqual(self.read(EARLY_AGENT_DROPIN_PATH.lstrip("/")), EARLY_AGENT_DROPIN)
 
     def test_theRunnerStartsNoProgramToReadTheUserData(self) -> None:
         # Each program costs under emulation: the shell reads the #! itself.

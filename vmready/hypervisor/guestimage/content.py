@@ -56,8 +56,14 @@ INITRAMFS_MODULES = (
 # workload, and the CPU vulnerability mitigations cost seconds of boot under TCG.
 # cryptomgr.notests: no self-tests of the kernel's crypto algorithms as each is
 # registered (0.3 to 0.4 s of boot under TCG); the guest's TLS is Python's OpenSSL.
+# cgroup.memory=nokmem,nosocket: no kernel-memory or socket accounting per memory
+# cgroup. systemd creates the first memory cgroups as it starts, which turns on
+# both, and the kernel then patches its own code (static keys) while the agent,
+# started by the initramfs, runs on the other vCPU: under TCG that left both vCPUs
+# spinning in the patched allocator (a soft lockup, about 1 boot in 15).
 KERNEL_APPEND = (
     "root=/dev/vda rw console=ttyS0 quiet net.ifnames=0 mitigations=off cryptomgr.notests"
+    " cgroup.memory=nokmem,nosocket"
 )
 
 
@@ -106,6 +112,8 @@ MASKED_UNITS = (
     "systemd-update-utmp.service",
     "systemd-update-utmp-runlevel.service",
     "systemd-random-seed.service",
+    # The initramfs mounted the root disk read-write with fstab's options already.
+    "systemd-remount-fs.service",
     # The rootfs has no kernel modules (the initramfs loaded what the guest needs).
     "modprobe@configfs.service",
     "modprobe@dm_mod.service",
@@ -308,12 +316,14 @@ USER_DATA_UNIT_NAME = "vmready-user-data.service"
 
 
 USER_DATA_UNIT = f"""# vmready demo image: run the instance's user-data (stands in for cloud-init).
-# Early, as soon as the agent has started (not at the end of boot as cloud-init's
-# scripts run): the demo's workload declares Ready through the agent.
+# Early, among systemd's first jobs (not at the end of boot as cloud-init's scripts
+# run): the demo's workload declares Ready through the agent, which the initramfs
+# started before systemd, and the runner waits for its socket. Not after
+# local-fs.target either: the root disk, the demo guest's only local file system,
+# was mounted read-write by the initramfs, and /run with it.
 [Unit]
 Description=vmready demo: run the instance's user-data script
 DefaultDependencies=no
-After=vmready-agent.service local-fs.target
 Conflicts=shutdown.target
 Before=shutdown.target
 
