@@ -218,11 +218,13 @@ out=$(mount -t ext4 -o rw "$root" /newroot 2>&1) || {
 
 # The vmready agent, started here rather than by systemd (which takes seconds under
 # emulation before it runs a unit): in the root disk, with /run a tmpfs that systemd
-# keeps; systemd's vmready-agent.service adopts it. Without it, systemd starts the agent.
+# keeps (mounted as systemd mounts it); systemd's vmready-agent.service adopts it.
+# Without it, systemd starts the agent.
 early=/usr/local/lib/vmready/vmready-agent-early
 if [ ! -x "/newroot$early" ]; then
     early=
-elif ! out=$(mount -t tmpfs -o mode=0755,nosuid,nodev tmpfs /newroot/run 2>&1); then
+elif ! out=$(mount -t tmpfs -o mode=0755,nosuid,nodev,size=20%,nr_inodes=800k tmpfs \
+    /newroot/run 2>&1); then
     say "warning: cannot mount /run ($out): systemd starts the vmready agent"
     early=
 fi
