@@ -11,12 +11,14 @@ what they were given, and the processes the script looks at are the fake
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import threading
 import time
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from vmready.guestfiles import loader_files
 from vmready.hypervisor.guestimage.content import BUSYBOX_APPLETS, INIT_SCRIPT, KERNEL_APPEND
 from vmready.hypervisor.guestimage.earlyagent import (
     EARLY_AGENT_DROPIN,
@@ -86,11 +88,11 @@ class FakeGuest:
             return ""
 
     def run(
-        self, *args: str, tries: int = 600, path: str | None = None
+        self, *args: str, tries: int | None = None, path: str | None = None
     ) -> subprocess.CompletedProcess[str]:
-        environ = dict(
-            os.environ, VMREADY_TEST_ROOT=self.root, FAKE=self.fake, VMREADY_EARLY_TRIES=str(tries)
-        )
+        environ = dict(os.environ, VMREADY_TEST_ROOT=self.root, FAKE=self.fake)
+        if tries is not None:
+            environ["VMREADY_EARLY_TRIES"] = str(tries)
         if path is not None:
             environ["PATH"] = path
         return subprocess.run(
@@ -271,7 +273,7 @@ class WiringTests(SynchronousTestCase):
     def test_noKernelPatchingWhileTheAgentRunsBesideSystemd(self) -> None:
         # systemd's first memory cgroups would turn kernel-memory and socket accounting
         # on, patching the allocator while the early agent runs in it: under TCG both
-        # vCPUs then spun there (1 boot in about 15; none in 41 with this).
+        # vCPUs then spun there (1 boot in about 12; none in 62 with this).
         self.assertIn(" cgroup.memory=nokmem,nosocket", KERNEL_APPEND)
 
     def test_theUnitAdoptsThePIDTheScriptNames(self) -> None:
@@ -280,6 +282,17 @@ class WiringTests(SynchronousTestCase):
         # The loader's setup and agent command are replaced, not run besides.
         self.assertIn("ExecStartPre=\nExecStart=\n", EARLY_AGENT_DROPIN)
         self.assertIn(f"ExecStart={EARLY_AGENT_PATH} start\n", EARLY_AGENT_DROPIN)
+
+    def test_theWaitForAStuckSetupEndsBeforeSystemdGivesUpOnTheUnit(self) -> None:
+        tenths = re.search(r"STARTING_TRIES=\$\{VMREADY_EARLY_TRIES:-(\d+)\}", EARLY_AGENT_SCRIPT)
+        timeout = re.search(
+            r"^TimeoutStartSec=(\d+)$",
+            loader_files()["systemd/vmready-agent.service"].decode(),
+            re.MULTILINE,
+        )
+        assert tenths is not None and timeout is not None
+        # With time left for a setup of its own after stopping the stuck one.
+        self.assertLessEqual(int(tenths.group(1)) / 10, int(timeout.group(1)) - 10)
 
     def test_theImageCarriesBoth(self) -> None:
         files = image_files()

@@ -60,7 +60,7 @@ INITRAMFS_MODULES = (
 # cgroup. systemd creates the first memory cgroups as it starts, which turns on
 # both, and the kernel then patches its own code (static keys) while the agent,
 # started by the initramfs, runs on the other vCPU: under TCG that left both vCPUs
-# spinning in the patched allocator (a soft lockup, about 1 boot in 15).
+# spinning in the patched allocator (a soft lockup, about 1 boot in 12).
 KERNEL_APPEND = (
     "root=/dev/vda rw console=ttyS0 quiet net.ifnames=0 mitigations=off cryptomgr.notests"
     " cgroup.memory=nokmem,nosocket"

@@ -53,8 +53,9 @@ PIDFILE=$T/run/vmready-agent.pid
 SETUP=$T/usr/local/lib/vmready/vmready-agent-setup
 PYTHON=$T/usr/bin/python3
 DRIVE=/run/vmready-agent
-# How long `start` waits for an agent still being set up by `boot`, in tenths of a second.
-STARTING_TRIES=${VMREADY_EARLY_TRIES:-600}
+# How long `start` waits for an agent still being set up by `boot`, in tenths of a
+# second: 45 s, inside the unit's TimeoutStartSec=60 with time left for its own setup.
+STARTING_TRIES=${VMREADY_EARLY_TRIES:-450}
 
 say() {
     echo "$PROG: $*" >&2
