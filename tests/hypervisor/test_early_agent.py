@@ -80,6 +80,11 @@ class FakeGuest:
         """A process of the guest as /proc shows it: its PID and the program it runs."""
         self.put(f"/proc/{pid}/comm", comm + "\n")
 
+    def fail_setup(self) -> None:
+        """The loader's setup fails from now on, as it does without a config drive."""
+        with open(os.path.join(self.fake, "setup-fails"), "w") as f:
+            f.write("as without a config drive\n")
+
     def fake_file(self, name: str) -> str:
         try:
             with open(os.path.join(self.fake, name)) as f:
@@ -142,7 +147,7 @@ class BootTests(SynchronousTestCase):
 
     def test_aFailedSetupLeavesNoPIDFileAndNoAgent(self) -> None:
         guest = FakeGuest(self)
-        guest.put("/../fake/setup-fails", "")
+        guest.fail_setup()
         done = guest.run("boot")
         self.assertEqual(done.returncode, 1)
         self.assertIn("vmready-agent-setup: no config drive", done.stderr)
@@ -254,7 +259,7 @@ class StartTests(SynchronousTestCase):
 
     def test_aFailedSetupFailsTheUnit(self) -> None:
         guest = FakeGuest(self)
-        guest.put("/../fake/setup-fails", "")
+        guest.fail_setup()
         done = guest.run("start")
         self.assertEqual(done.returncode, 1)
         self.assertIn("vmready-agent-setup: no config drive", done.stderr)
