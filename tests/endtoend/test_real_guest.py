@@ -119,11 +119,38 @@ except (OSError, ssl.SSLError) as e:
     say("forward without a certificate: refused", type(e).__name__)
 say("checks done")
 
+def agent_pid():
+    out = os.popen("systemctl show -p MainPID --value vmready-agent.service").read()
+    return int(out.strip() or 0)
+
+def answers():
+    try:
+        return get("/1.0")[0] == 200
+    except OSError:
+        return False
+
+def kill_agent():
+    # The agent dies; systemd's unit restarts it (Restart=on-failure) and it serves again.
+    killed = agent_pid()
+    os.kill(killed, 9)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        now = agent_pid()
+        if now not in (0, killed) and answers():
+            say("agent restarted by systemd as process", now, "was", killed)
+            return
+        time.sleep(0.5)
+    say("agent not restarted by systemd")
+
+killed_once = False
 while True:
     try:
         status, action = get("/1.0/config/user.action")
     except OSError:
         status, action = 0, ""
+    if status == 200 and action == "kill-agent" and not killed_once:
+        killed_once = True
+        kill_agent()
     if status == 200 and action in ("poweroff", "panic"):
         say("action", action)
         break
@@ -274,6 +301,19 @@ class RealGuestTests(SynchronousTestCase):
         self.assertIn("GUEST: forward without a certificate: refused", log)
         with self.assertRaises(TimeoutError):
             listener.accept()  # nothing from the guest ever reached the host's loopback
+
+        # The agent killed in the guest: systemd restarts it (the adopted agent was the
+        # unit's main process), it links up again and reasserts the workload's Ready.
+        events = system.events()
+        self.set_config(system, "g1", {"user.action": "kill-agent"})
+        log = self.wait_for_console(system, "g1", "GUEST: agent restarted by systemd")
+        restarted = re.search(r"GUEST: agent restarted by systemd as process (\d+) was (\d+)", log)
+        assert restarted is not None, log
+        self.assertEqual(restarted.group(2), pid)
+        self.assertNotEqual(restarted.group(1), pid)
+        events.wait_for_action("g1", "instance-agent-connected", BOOT_DEADLINE)
+        system.cli("wait", "g1", "status=ready", "--timeout", str(BOOT_DEADLINE))
+        self.set_config(system, "g1", {"user.action": None})
 
         # A new daemon: a new port, the agent reconnects, Ready comes back by itself.
         system.stop_daemon()
