@@ -61,7 +61,7 @@ class ReadyMemory:
         os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
         # Written whole or not at all: a crash mid-write must not leave a half-made file.
         # The temporary name is this process's (not tempfile's: its import, with shutil's
-        # and random's, is a tenth of a second of the agent's start under emulation).
+        # and random's, took 60 ms of the agent's start in a TCG guest).
         temporary = os.path.join(self.state_dir, f".ready-{os.getpid()}.tmp")
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(temporary, flags, 0o600)
