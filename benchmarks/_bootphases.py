@@ -86,6 +86,7 @@ _EXEC_MARK = "--- vmready: starting "
 def guest_times(lines: Iterable[ConsoleLine]) -> dict[str, float]:
     """Each milestone the console dates on the guest's uptime clock (the first of each)."""
     found: dict[str, float] = {}
+    copied: float | None = None  # the setup's copy done: the first one counts
     for line in lines:
         text = line.text.strip()
         for pattern, milestone in ((_INIT, "init"), (_ROOT, "root")):
@@ -97,11 +98,10 @@ def guest_times(lines: Iterable[ConsoleLine]) -> dict[str, float]:
             for moment, value in _AGENT_MOMENT.findall(agent.group(1)):
                 if moment in _AGENT_MILESTONES:
                     found.setdefault(_AGENT_MILESTONES[moment], float(value))
-                if moment == "copied":
-                    found.setdefault("copied", float(value))
+                if moment == "copied" and copied is None:
+                    copied = float(value)
     # Started by the initramfs, one process runs the setup, then becomes the agent:
     # its interpreter starts when the copy is done, not when the process was made.
-    copied = found.pop("copied", None)
     if copied is not None and "agent" in found and found["agent"] < copied:
         found["agent"] = copied
     return found

@@ -685,13 +685,19 @@ class FakeQemuEventTests(VMTestCase):
 class FakeQemuStopTests(VMTestCase):
     """Clean stops need a guest that honours ACPI; otherwise the stop is forced."""
 
-    async def test_cleanShutdownWithAnACPIHonouringGuest(self) -> None:
+    async def stopped_cleanly(self, guest: ACPIGuest) -> tuple[VMSpec, EventRecorder]:
+        """A VM whose guest OS is ``guest``, stopped through its ACPI button: cleanly."""
         spec = self.spec()
         vm = await self.launch(spec)
         recorder = EventRecorder(vm)
-        guest = await self.control(spec, ACPIGuest())
+        await self.control(spec, guest)
         await bounded(guest.listening)
         self.assertEqual(await vm.shutdown(WAIT), "clean")
+        return spec, recorder
+
+    async def test_cleanShutdownWithAnACPIHonouringGuest(self) -> None:
+        guest = ACPIGuest()
+        spec, recorder = await self.stopped_cleanly(guest)
         self.assertEqual(
             recorder.events,
             [
@@ -708,12 +714,8 @@ class FakeQemuStopTests(VMTestCase):
         self.assertFalse(os.path.exists(spec.pidfile))
 
     async def test_aPressDroppedByABootingGuestIsRepeated(self) -> None:
-        spec = self.spec()
-        vm = await self.launch(spec)
-        recorder = EventRecorder(vm)
-        guest = await self.control(spec, BootingACPIGuest())
-        await bounded(guest.listening)
-        self.assertEqual(await vm.shutdown(WAIT), "clean")
+        guest = BootingACPIGuest()
+        _, recorder = await self.stopped_cleanly(guest)
         self.assertEqual(guest.presses, 2)
         self.assertEqual(
             recorder.kinds(),
