@@ -126,3 +126,23 @@ class RunDemoTests(SynchronousTestCase):
         self.assertNotIn("$ vmready-agent notify ready   # in the guest, by its workload", lines)
         row = next(line for line in lines if line.startswith("demo "))
         self.assertEqual(row.split(), ["demo", "READY", "256MiB", "1"])
+
+
+class HostPackagesTests(SynchronousTestCase):
+    """``./dev run --hypervisor qemu`` names (or installs) what real guests need, the kernel's
+    toolchain included."""
+
+    def test_withoutRootItSaysWhatToInstall(self) -> None:
+        from vmready.daemon import rundemo
+        from vmready.hypervisor.guestimage import kernel
+
+        self.patch(shutil, "which", lambda tool: None if tool == "socat" else f"/usr/bin/{tool}")
+        self.patch(kernel, "missing_build_packages", lambda: ["libelf-dev", "flex"])
+        self.patch(os, "geteuid", lambda: 1000)
+        with self.assertRaises(SystemExit) as caught:
+            rundemo.ensure_host_packages()
+        self.assertEqual(
+            str(caught.exception),
+            "vmready: real guests need flex, libelf-dev, socat; install them with: "
+            "sudo apt-get install -y --no-install-recommends flex libelf-dev socat",
+        )

@@ -141,8 +141,14 @@ exit 1
 
 
 def ensure_host_packages() -> None:
-    """Install what real QEMU guests need (as root, with apt-get), or say exactly what to run."""
+    """Install what real QEMU guests need (as root, with apt-get), or say exactly what to run.
+
+    With the tools that build the demo guest's kernel (``guestimage.kernel``).
+    """
+    from vmready.hypervisor.guestimage.kernel import missing_build_packages
+
     missing = sorted({pkg for tool, pkg in HOST_PACKAGES.items() if shutil.which(tool) is None})
+    missing = sorted({*missing, *missing_build_packages()})
     if not missing:
         return
     command = ["apt-get", "install", "-y", "--no-install-recommends", *missing]

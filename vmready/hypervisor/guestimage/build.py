@@ -8,7 +8,7 @@ import os
 import shlex
 import shutil
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 
 from vmready.guestfiles import executable, loader_files
 from vmready.hypervisor.guestimage.cache import (
@@ -28,25 +28,18 @@ from vmready.hypervisor.guestimage.commands import (
 from vmready.hypervisor.guestimage.content import (
     DISK_SIZE,
     IMAGE_FILE,
-    INITRAMFS_MODULES,
     INITRD_FILE,
+    KERNEL_CONFIG_FILE,
     KERNEL_FILE,
     MANIFEST_FILE,
     PVH_KERNEL_FILE,
     ROOT_PACKAGES,
     SUITE,
 )
-from vmready.hypervisor.guestimage.initramfs import (
-    initramfs_entries,
-    is_bzimage,
-    kernel_modules,
-    load_order,
-    module_dependencies,
-    newc_archive,
-    read_module,
-    uncompressed_kernel,
-)
-from vmready.hypervisor.guestimage.inputs import GuestInputs, Package, resolve_inputs
+from vmready.hypervisor.guestimage.fetch import fetch_packages
+from vmready.hypervisor.guestimage.initramfs import initramfs_entries, newc_archive
+from vmready.hypervisor.guestimage.inputs import GuestInputs, resolve_inputs
+from vmready.hypervisor.guestimage.kernel import GuestKernel, KernelProvider, ensure_kernel
 from vmready.hypervisor.guestimage.rootfs import customize_root, host_apt_sources
 
 
@@ -74,65 +67,20 @@ def _write(path: str, data: bytes, mode: int = 0o644) -> None:
     os.chmod(path, mode)
 
 
-def fetch_packages(
-    packages: Sequence[Package], workdir: str, run: CommandRunner
-) -> dict[str, str]:
-    """``apt-get download`` and ``dpkg -x`` each package: where each one's files are."""
-    downloads = os.path.join(workdir, "downloads")
-    os.makedirs(downloads)
-    # apt's download sandbox user must be able to write here.
-    os.chmod(downloads, 0o755)
-    names = ", ".join(p.name for p in packages)
-    wanted = [f"{p.name}={p.version}" for p in packages]
-    run_step(run, f"downloading {names}", ["apt-get", "download", "-q", *wanted], downloads)
-    unpacked = {}
-    for package in packages:
-        debs = [n for n in os.listdir(downloads) if n.startswith(package.name + "_")]
-        if len(debs) != 1:
-            raise GuestImageError(
-                f"downloading {package.name} failed: expected one {package.name}_*.deb, "
-                f"found {debs or 'none'}"
-            )
-        where = os.path.join(workdir, "unpacked", package.name)
-        os.makedirs(where)
-        deb = os.path.join(downloads, debs[0])
-        run_step(run, f"unpacking {package.name}", ["dpkg", "-x", deb, where])
-        unpacked[package.name] = where
-    shutil.rmtree(downloads)
-    return unpacked
+def take_kernel(kernel: GuestKernel, workdir: str) -> None:
+    """Copy the built kernel into the guest: its bzImage, and the same kernel as a PVH ELF."""
+    shutil.copyfile(kernel.bzimage, os.path.join(workdir, KERNEL_FILE))
+    shutil.copyfile(kernel.vmlinux, os.path.join(workdir, PVH_KERNEL_FILE))
+    shutil.copyfile(kernel.config, os.path.join(workdir, KERNEL_CONFIG_FILE))
 
 
-def take_kernel(inputs: GuestInputs, kernel_root: str, workdir: str) -> None:
-    """Copy the package's bzImage, and write it uncompressed beside it."""
-    source = os.path.join(kernel_root, "boot", f"vmlinuz-{inputs.kernel_release}")
-    kernel = _read(source, "taking the kernel")
-    if not is_bzimage(kernel):
-        raise GuestImageError(f"taking the kernel failed: {source} is not a bzImage")
-    _write(os.path.join(workdir, KERNEL_FILE), kernel)
-    _write(os.path.join(workdir, PVH_KERNEL_FILE), uncompressed_kernel(kernel, source))
-
-
-def make_initramfs(
-    inputs: GuestInputs, kernel_root: str, busybox_root: str, workdir: str
-) -> list[str]:
-    """Write the initramfs; the modules it loads, in order."""
-    step = "making the initramfs"
-    modules_dir = os.path.join(kernel_root, "lib", "modules", inputs.kernel_release)
-    files, builtin = kernel_modules(modules_dir)
-    if not files:
-        raise GuestImageError(f"{step} failed: no kernel modules in {modules_dir}")
-
-    def dependencies(name: str) -> list[str]:
-        return module_dependencies(read_module(files[name]), os.path.basename(files[name]))
-
-    order = load_order(INITRAMFS_MODULES, dependencies, files, builtin)
-    modules = [(name, read_module(files[name])) for name in order]
-    busybox = _read(os.path.join(busybox_root, "bin", "busybox"), step)
-    archive = newc_archive(initramfs_entries(busybox, modules))
+def make_initramfs(busybox_root: str, workdir: str) -> None:
+    """Write the initramfs: busybox and ``/init`` (the kernel has every driver built in)."""
+    busybox = _read(os.path.join(busybox_root, "bin", "busybox"), "making the initramfs")
+    archive = newc_archive(initramfs_entries(busybox))
     # Uncompressed: the kernel copies it instead of inflating it, which under TCG
     # costs a share of a second; QEMU loads the few more megabytes at once.
     _write(os.path.join(workdir, INITRD_FILE), archive)
-    return order
 
 
 def make_root_disk(workdir: str, run: CommandRunner, log: Callable[[str], None]) -> None:
@@ -172,9 +120,16 @@ def make_root_disk(workdir: str, run: CommandRunner, log: Callable[[str], None])
 
 
 def build(
-    inputs: GuestInputs, workdir: str, run: CommandRunner, log: Callable[[str], None]
+    inputs: GuestInputs,
+    workdir: str,
+    run: CommandRunner,
+    log: Callable[[str], None],
+    kernels: KernelProvider = ensure_kernel,
 ) -> None:
-    """Build the guest's artifacts into the empty directory ``workdir``."""
+    """Build the guest's artifacts into the empty directory ``workdir``.
+
+    The kernel comes from ``kernels`` (its own cache, built there first if needed).
+    """
     if os.geteuid() != 0:
         cache_dir = os.path.dirname(workdir)
         raise GuestImageError(
@@ -182,14 +137,12 @@ def build(
             "a root-owned tree); build it as root once: "
             f"sudo python3 -m vmready.hypervisor.guestimage --cache {cache_dir}"
         )
-    packages = (inputs.kernel, inputs.busybox)
-    with _phase(log, "downloading " + ", ".join(f"{p.name} {p.version}" for p in packages)):
-        unpacked = fetch_packages(packages, workdir, run)
-    kernel_root = unpacked[inputs.kernel.name]
-    take_kernel(inputs, kernel_root, workdir)
+    with _phase(log, f"the kernel from {inputs.kernel.name} {inputs.kernel.version}"):
+        take_kernel(kernels(inputs.kernel, run, log), workdir)
+    with _phase(log, f"downloading {inputs.busybox.name} {inputs.busybox.version}"):
+        unpacked = fetch_packages([inputs.busybox], workdir, run)
     with _phase(log, "making the initramfs"):
-        order = make_initramfs(inputs, kernel_root, unpacked[inputs.busybox.name], workdir)
-    log(f"guest image: the initramfs loads {len(order)} modules: {' '.join(order)}")
+        make_initramfs(unpacked[inputs.busybox.name], workdir)
     shutil.rmtree(os.path.join(workdir, "unpacked"))
     make_root_disk(workdir, run, log)
     manifest = json.dumps(dict(inputs.description(), key=inputs.key), indent=2, sort_keys=True)

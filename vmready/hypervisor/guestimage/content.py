@@ -1,15 +1,12 @@
-"""What the demo guest is made of: its packages, its initramfs modules, its files and settings."""
+"""What the demo guest is made of: its packages, its kernel command line, its files, settings."""
 
 from __future__ import annotations
 
 # Bump when the builder makes a different image from the same inputs.
-BUILDER_VERSION = 2
+BUILDER_VERSION = 3
 
 
 SUITE = "bookworm"
-
-
-KERNEL_METAPACKAGE = "linux-image-amd64"
 
 
 BUSYBOX_PACKAGE = "busybox-static"
@@ -24,46 +21,20 @@ DISK_SIZE = "2G"
 HOSTNAME = "vmready-demo"
 
 
-# What the initramfs loads, in this order after each module's own dependencies.
-# crc32c_generic must come before ext4, which asks the crypto API for "crc32c"
-# (a soft dependency no depends= names) and otherwise fails: "Cannot load crc32c driver".
-INITRAMFS_MODULES = (
-    "virtio_pci",
-    # With the virtio-rng device vmready gives every VM, the kernel's RNG is ready at
-    # once instead of seconds into the boot (the guest's Pythons wait for it).
-    "virtio_rng",
-    "virtio_blk",
-    "crc32c_generic",
-    "ext4",
-    "virtio_console",
-    "9pnet_virtio",
-    "9p",
-    "virtio_net",
-    "vmw_vsock_virtio_transport",
-    "pvpanic_mmio",
-    # The ACPI power button and its input events: logind powers off on system_powerdown.
-    "button",
-    "evdev",
-    # systemd mounts autofs points (binfmt_misc) and complains without it.
-    "autofs4",
-)
-
-
 # console=ttyS0: the VM's only console (QEMU runs with -nodefaults, and ttyS0 goes
 # to the console log). quiet keeps the kernel's and systemd's chatter off the slow
 # emulated serial line; errors still reach it. net.ifnames=0: the NIC stays eth0
-# (the agent finds it by MAC anyway). mitigations=off: the demo guest runs one
-# workload, and the CPU vulnerability mitigations cost seconds of boot under TCG.
-# cryptomgr.notests: no self-tests of the kernel's crypto algorithms as each is
-# registered (0.3 to 0.4 s of boot under TCG); the guest's TLS is Python's OpenSSL.
-# cgroup.memory=nokmem,nosocket: no kernel-memory or socket accounting per memory
-# cgroup. systemd creates the first memory cgroups as it starts, which turns on
-# both, and the kernel then patches its own code (static keys) while the agent,
-# started by the initramfs, runs on the other vCPU: under TCG that left both vCPUs
-# spinning in the patched allocator (a soft lockup, about 1 boot in 12).
+# (the agent finds it by MAC anyway). tsc=reliable: the guest's clock is the TSC
+# (read without leaving the vCPU), not the HPET (a device access each time, slow
+# under TCG): QEMU keeps the vCPUs' TSCs in step, which the kernel cannot tell from
+# the CPU model QEMU emulates. cgroup.memory=nokmem,nosocket: no kernel-memory or
+# socket accounting per memory cgroup. systemd creates the first memory cgroups as
+# it starts, which turns on both, and the kernel then patches its own code (static
+# keys) while the agent, started by the initramfs, runs on the other vCPU: under
+# TCG that left both vCPUs spinning in the patched allocator (a soft lockup, about
+# 1 boot in 12).
 KERNEL_APPEND = (
-    "root=/dev/vda rw console=ttyS0 quiet net.ifnames=0 mitigations=off cryptomgr.notests"
-    " cgroup.memory=nokmem,nosocket"
+    "root=/dev/vda rw console=ttyS0 quiet net.ifnames=0 tsc=reliable cgroup.memory=nokmem,nosocket"
 )
 
 
@@ -71,6 +42,10 @@ KERNEL_FILE = "vmlinuz"
 
 
 PVH_KERNEL_FILE = "vmlinux"
+
+
+# The kernel's whole .config, beside it: what the guest's kernel has built in.
+KERNEL_CONFIG_FILE = "kernel.config"
 
 
 INITRD_FILE = "initrd.img"
@@ -158,9 +133,9 @@ MASKED_GENERATORS = (
 
 
 INIT_SCRIPT = r"""#!/bin/sh
-# /init of the vmready demo guest's initramfs (busybox): load the kernel modules
-# the guest needs, mount the root disk read-write, start the vmready agent and
-# hand over to its init.
+# /init of the vmready demo guest's initramfs (busybox): mount the root disk
+# read-write, start the vmready agent and hand over to its init. The kernel has
+# every driver the guest needs built in: there are no modules to load.
 # Any failure says why on the console and powers the VM off: never a silent hang.
 export PATH=/bin
 
@@ -195,12 +170,6 @@ case $root in
     /dev/*) ;;
     *) fail "root=$root: this initramfs mounts a device path such as /dev/vda" ;;
 esac
-
-say "loading $(wc -l </lib/modules/load-order) kernel modules"
-while read -r module; do
-    out=$(insmod "/lib/modules/$module.ko" 2>&1) ||
-        fail "cannot load the kernel module $module: $out $(dmesg | tail -n 2)"
-done </lib/modules/load-order
 
 tries=0
 while [ ! -b "$root" ]; do
@@ -261,7 +230,6 @@ BUSYBOX_APPLETS = (
     "dmesg",
     "echo",
     "grep",
-    "insmod",
     "ls",
     "mkdir",
     "mount",
@@ -270,7 +238,6 @@ BUSYBOX_APPLETS = (
     "sleep",
     "switch_root",
     "tail",
-    "wc",
 )
 
 

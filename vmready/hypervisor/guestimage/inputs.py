@@ -21,9 +21,7 @@ from vmready.hypervisor.guestimage.content import (
     DISK_SIZE,
     HOSTNAME,
     INIT_SCRIPT,
-    INITRAMFS_MODULES,
     KERNEL_APPEND,
-    KERNEL_METAPACKAGE,
     MASKED_GENERATORS,
     MASKED_UNITS,
     ROOT_PACKAGES,
@@ -36,22 +34,16 @@ from vmready.hypervisor.guestimage.earlyagent import (
     EARLY_AGENT_DROPIN,
     EARLY_AGENT_SCRIPT,
 )
-
-
-@attrs.frozen
-class Package:
-    """A Debian package at the version apt would fetch."""
-
-    name: str
-    version: str
+from vmready.hypervisor.guestimage.fetch import Package
+from vmready.hypervisor.guestimage.kernel import KERNEL_SOURCE_PACKAGE, kernel_key
 
 
 @attrs.frozen
 class GuestInputs:
     """Everything a build depends on; its hash is the cache key."""
 
+    # The source package the guest's kernel is built from (``kernel.ensure_kernel``).
     kernel: Package
-    kernel_release: str
     busybox: Package
     root_packages: tuple[Package, ...]
     files: Mapping[str, bytes]
@@ -62,10 +54,9 @@ class GuestInputs:
             "builder": BUILDER_VERSION,
             "suite": SUITE,
             "kernel": [self.kernel.name, self.kernel.version],
-            "kernel_release": self.kernel_release,
+            "kernel_build": kernel_key(self.kernel),
             "busybox": [self.busybox.name, self.busybox.version],
             "root_packages": [[p.name, p.version] for p in self.root_packages],
-            "modules": list(INITRAMFS_MODULES),
             "masked_units": list(MASKED_UNITS),
             "masked_generators": list(MASKED_GENERATORS),
             "append": KERNEL_APPEND,
@@ -111,7 +102,7 @@ def parse_apt_show(text: str) -> dict[str, dict[str, str]]:
     return packages
 
 
-def kernel_package_of(depends: str, metapackage: str = KERNEL_METAPACKAGE) -> str:
+def kernel_package_of(depends: str, metapackage: str) -> str:
     """The ``linux-image-<ver>-…`` that a kernel metapackage's Depends names."""
     for alternative in depends.replace("|", ",").split(","):
         name = alternative.strip().split(" ", 1)[0]
@@ -137,10 +128,7 @@ def apt_show_metapackage(
 
 def resolve_inputs(run: CommandRunner = run_command) -> GuestInputs:
     """Ask apt which versions a build would use now (no download; apt's lists must be current)."""
-    step = "resolving the kernel package"
-    shown = apt_show_metapackage(run, step, KERNEL_METAPACKAGE)
-    kernel_name = kernel_package_of(shown[KERNEL_METAPACKAGE].get("Depends", ""))
-    names = [kernel_name, BUSYBOX_PACKAGE, *ROOT_PACKAGES]
+    names = [KERNEL_SOURCE_PACKAGE, BUSYBOX_PACKAGE, *ROOT_PACKAGES]
     step = "resolving the guest's packages"
     shown = parse_apt_show(
         run_step(run, step, ["apt-cache", "show", "--no-all-versions", *names]).decode()
@@ -153,8 +141,7 @@ def resolve_inputs(run: CommandRunner = run_command) -> GuestInputs:
         )
     packages = {name: Package(name, shown[name]["Version"]) for name in names}
     return GuestInputs(
-        kernel=packages[kernel_name],
-        kernel_release=kernel_name.removeprefix("linux-image-"),
+        kernel=packages[KERNEL_SOURCE_PACKAGE],
         busybox=packages[BUSYBOX_PACKAGE],
         root_packages=tuple(packages[name] for name in ROOT_PACKAGES),
         files=image_files(),

@@ -52,8 +52,8 @@ from vmready.hypervisor.guestimage.commands import (
     run_step,
 )
 from vmready.hypervisor.guestimage.content import SUITE
+from vmready.hypervisor.guestimage.fetch import Package
 from vmready.hypervisor.guestimage.inputs import (
-    Package,
     apt_show_metapackage,
     kernel_package_of,
     parse_apt_show,
