@@ -7,6 +7,7 @@ import json
 import os
 import pty
 import socket
+import stat
 import textwrap
 import time
 from typing import Any
@@ -16,7 +17,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from tests.agent.test_agent_main import fresh_interpreter
 from tests.agent.test_agent_serial import Peer, line_collector, short_tempdir
 from tests.asynciotesting import run_in_loop
-from vmready.agent.firstword import locate_status_port, say_started
+from vmready.agent.firstword import FirstWord, api_socket_path, locate_status_port, say_started
 from vmready.agent.ports import LEGACY_PORT_NAME, PORT_NAME, FoundPort, SerialPortMissing
 from vmready.agent.serial import SerialKeeper, adopt_serial
 
@@ -25,7 +26,7 @@ CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 
 def options(**given: Any) -> dict[str, Any]:
     """``parse_options``' keys, unset unless ``given`` (underscores for dashes)."""
-    names = ("config-drive", "serial", "virtio-ports")
+    names = ("config-drive", "serial", "virtio-ports", "socket")
     return {name: given.get(name.replace("-", "_")) for name in names}
 
 
@@ -152,6 +153,88 @@ class SayStartedTests(SynchronousTestCase):
         self.addCleanup(word.stop)
         now = time.clock_gettime(time.CLOCK_BOOTTIME)
         self.assertTrue(0 < word.said_at <= now, (word.said_at, now))
+
+
+class EarlySocketTests(SynchronousTestCase):
+    """The guest API's socket, bound with STARTED: requests wait in its backlog."""
+
+    def setUp(self) -> None:
+        self.port = PtyPort(self)
+        self.drive = short_tempdir(self)
+        self.path = os.path.join(short_tempdir(self), "lxd", "sock")
+
+    def say(self, **given: Any) -> FirstWord:
+        word = say_started(
+            options(**{"serial": self.port.path, "config_drive": self.drive, **given})
+        )
+        assert word is not None
+        self.addCleanup(word.stop)
+        return word
+
+    def test_boundWithStartedAndConnectableAtOnce(self) -> None:
+        word = self.say(socket=self.path)
+        self.assertEqual(self.port.read(), b"STARTED\n")
+        self.assertEqual(word.api_path, self.path)
+        self.assertTrue(stat.S_ISSOCK(os.lstat(self.path).st_mode))
+        self.assertEqual(stat.S_IMODE(os.lstat(self.path).st_mode), 0o600)
+        client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.addCleanup(client.close)
+        client.connect(self.path)  # accepted into the backlog: nobody serves it yet
+        client.sendall(b"PATCH /1.0 HTTP/1.1\r\n")
+
+    def test_agentJsonNamesItRelativeToTheDrive(self) -> None:
+        with open(os.path.join(self.drive, "agent.json"), "w") as f:
+            json.dump({"devlxd_socket": "guest/devlxd.sock"}, f)
+        self.assertEqual(
+            api_socket_path(options(config_drive=self.drive)),
+            os.path.join(self.drive, "guest", "devlxd.sock"),
+        )
+        self.assertEqual(api_socket_path(options(config_drive=self.drive)), self.say().api_path)
+
+    def test_theCommandLineWinsAndTheDefaultIsDevLxd(self) -> None:
+        with open(os.path.join(self.drive, "agent.json"), "w") as f:
+            json.dump({"devlxd_socket": "guest/devlxd.sock"}, f)
+        given = options(config_drive=self.drive)
+        self.assertEqual(api_socket_path({**given, "socket": "/x/s"}), "/x/s")
+        os.unlink(os.path.join(self.drive, "agent.json"))
+        self.assertEqual(api_socket_path(given), "/dev/lxd/sock")
+
+    def test_withoutAConfigDriveNothingIsBound(self) -> None:
+        missing = os.path.join(self.drive, "nope")
+        self.assertIsNone(api_socket_path({**options(config_drive=missing), "socket": self.path}))
+        word = self.say(config_drive=missing, socket=self.path)
+        self.assertIsNone(word.api_socket)
+        self.assertFalse(os.path.exists(self.path))
+
+    def test_aLiveAgentsSocketIsLeftToTheAgentsStartToReport(self) -> None:
+        os.makedirs(os.path.dirname(self.path))
+        live = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.addCleanup(live.close)
+        live.bind(self.path)
+        live.listen(1)
+        word = self.say(socket=self.path)
+        self.assertEqual((word.api_socket, word.api_path), (None, None))
+        self.assertTrue(os.path.exists(self.path))
+
+    def test_theAgentTakesItAtItsPathOnce(self) -> None:
+        word = self.say(socket=self.path)
+        listening = word.take_api_socket(self.path)
+        assert listening is not None
+        self.addCleanup(listening.close)
+        self.assertIsNone(word.take_api_socket(self.path))
+        word.stop()  # the agent has it: stop leaves it
+        self.assertTrue(os.path.exists(self.path))
+
+    def test_boundElsewhereItIsClosedAndRemoved(self) -> None:
+        word = self.say(socket=self.path)
+        self.assertIsNone(word.take_api_socket(self.path + ".other"))
+        self.assertFalse(os.path.exists(self.path))
+
+    def test_anAgentThatCannotStartRemovesIt(self) -> None:
+        word = self.say(socket=self.path)
+        word.stop()
+        self.assertEqual(self.port.read(), b"STARTED\nSTOPPED\n")
+        self.assertFalse(os.path.exists(self.path))
 
 
 class AdoptionTests(SynchronousTestCase):

@@ -11,9 +11,9 @@ import tempfile
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.agent.test_agent_service import Harness
+from vmready.agent.apisocket import bind_socket
 from vmready.agent.bootdata import BootData
 from vmready.agent.sdnotify import NOTIFY_SOCKET, ServiceManager, datagram, notify_address
-from vmready.agent.service import bind_socket
 
 
 class Manager:

@@ -22,6 +22,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from tests.agent.test_agent_serial import FakeChannel
 from tests.agentfakes import MemoryLink
 from tests.asynciotesting import run_virtual
+from vmready.agent.apisocket import bind_socket, prepare_socket_path
 from vmready.agent.core import AgentCore, Backoff, HostAddress, VsockAddress
 from vmready.agent.host import HostError, HostRefused, LinkWatch
 from vmready.agent.memory import ReadyMemory
@@ -29,7 +30,7 @@ from vmready.agent.options import ConfigError
 from vmready.agent.ports import PORT_NAME, FoundPort
 from vmready.agent.proxy import HostUnreachable
 from vmready.agent.serial import OnData, OnLost, SerialChannel, SerialKeeper
-from vmready.agent.service import Agent, bind_socket, prepare_socket_path
+from vmready.agent.service import Agent
 
 HOST = VsockAddress(2, 49152)
 HEARTBEAT = 5.0

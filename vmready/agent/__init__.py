@@ -9,6 +9,7 @@ and inside a stock guest whose only Python is its own ``python3``.
 One module per concern: ``core`` (the handshake rules, without I/O),
 ``ports`` (finding the virtio ports), ``serial`` (keeping the status port),
 ``firstword`` (the first STARTED, said before the rest is imported),
+``apisocket`` (the guest API's unix socket, bound with that STARTED),
 ``host`` (mutual TLS to the host's guest API), ``tls`` (the pinned TLS
 context), ``network`` (the fallback transport's NIC), ``httpcodec`` and
 ``httpwire`` (the HTTP/1.1 codec all three ends use, and its asyncio

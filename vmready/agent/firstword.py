@@ -14,12 +14,20 @@ without saying ``STARTED`` again.  The host answers with ``CONNECT`` on the
 ``vmready.connect`` port, where it waits in QEMU (or in a fakeqemu socket)
 until the agent, its imports done, reads it.
 
+Right after ``STARTED`` it binds the guest API's socket (``/dev/lxd/sock``,
+``apisocket``): a workload waiting for the socket finds it then and sends its
+request (the demo's ``vmready-agent notify ready``, itself a Python start),
+which waits in the socket's backlog until the agent's loop serves it, instead
+of the workload starting only once the imports are done.  The agent adopts the
+bound socket (``take_api_socket``).
+
 Best effort: when the port cannot be found, opened or written now, nothing is
 said and the agent says ``STARTED`` once its keeper opens the port, as it
 always did; a wrong ``agent.json`` is left for the configuration to report.
 When the agent cannot start after all (a certificate ssl refuses, a socket in
-use), ``stop`` says ``STOPPED`` on the port before the agent exits with its
-one line, so the host does not wait for an agent that is gone.
+use), ``stop`` says ``STOPPED`` on the port (and removes the socket it bound)
+before the agent exits with its one line, so the host does not wait for an
+agent that is gone.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ import os
 import stat
 
 from vmready.agent.boottimes import uptime
-from vmready.agent.options import DEFAULT_CONFIG_DRIVE
+from vmready.agent.options import DEFAULT_CONFIG_DRIVE, DEFAULT_SOCKET
 from vmready.agent.ports import (
     DEFAULT_SYSFS_PORTS,
     DEFAULT_VIRTIO_PORTS,
@@ -67,6 +75,43 @@ class FirstWord:
         self.said_at = said_at
         self.fd = fd
         self.sock = sock
+        # The guest API's socket, bound with this STARTED (``bind_api``), and its path.
+        self.api_socket: socket.socket | None = None
+        self.api_path: str | None = None
+
+    def bind_api(self, path: str) -> bool:
+        """Bind the guest API's socket at ``path`` now (best effort); whether it is bound.
+
+        A workload that finds it connects at once; its request waits in the
+        socket's backlog until the agent's loop serves it.  Where it cannot be
+        bound now (a live agent's socket, a bad path), the agent's own start
+        reports why.
+        """
+        from vmready.agent.apisocket import bind_socket, prepare_socket_path
+        from vmready.agent.options import ConfigError
+
+        try:
+            prepare_socket_path(path)
+            self.api_socket = bind_socket(path)
+        except ConfigError:
+            return False
+        self.api_path = path
+        return True
+
+    def take_api_socket(self, path: str) -> socket.socket | None:
+        """The socket ``bind_api`` bound, if it is at ``path``; the caller serves it.
+
+        One bound elsewhere (the configuration named another path after all) is
+        closed and removed.
+        """
+        listening, bound_at = self.api_socket, self.api_path
+        self.api_socket = self.api_path = None
+        if listening is None or bound_at is None:
+            return None
+        if bound_at == path:
+            return listening
+        _close_api(listening, bound_at)
+        return None
 
     @property
     def handed_over(self) -> bool:
@@ -91,7 +136,12 @@ class FirstWord:
         _send(self.fd, self.sock, STARTED_LINE)
 
     def stop(self) -> None:
-        """The agent cannot start after all: say ``STOPPED`` (best effort) and close the port."""
+        """The agent cannot start after all: say ``STOPPED`` (best effort), close the port and
+        the guest API's socket if the agent did not take it."""
+        listening, bound_at = self.api_socket, self.api_path
+        self.api_socket = self.api_path = None
+        if listening is not None and bound_at is not None:
+            _close_api(listening, bound_at)
         fd, sock = self.hand_over()
         try:
             # Unsaid, the port's closing tells the host as well, a little later.
@@ -101,6 +151,18 @@ class FirstWord:
                 os.close(fd)
             if sock is not None:
                 sock.close()
+
+
+def _close_api(listening: socket.socket, path: str) -> None:
+    """Close the guest API's socket ``bind_api`` bound and remove its file."""
+    from vmready.agent.apisocket import remove_own_socket, socket_identity
+
+    try:
+        identity: tuple[int, int] | None = socket_identity(path)
+    except OSError:
+        identity = None
+    listening.close()
+    remove_own_socket(path, identity)
 
 
 def _send(fd: int | None, sock: socket.socket | None, line: bytes) -> bool:
@@ -188,11 +250,31 @@ def _open_and_say(path: str) -> tuple[int | None, socket.socket | None]:
     return fd, None
 
 
+def api_socket_path(options: Mapping[str, Any]) -> str | None:
+    """The guest API's socket the configuration will name (``config.load_config``'s way);
+    None without a config drive (the agent will not start: nothing to serve)."""
+    drive = os.path.abspath(options.get("config-drive") or DEFAULT_CONFIG_DRIVE)
+    if not os.path.isdir(drive):
+        return None
+    explicit = options.get("socket")
+    if explicit:
+        return os.path.abspath(str(explicit))
+    configured = _drive_settings(drive).get("devlxd_socket")
+    if configured:  # relative to the drive, as every path agent.json names
+        return os.path.abspath(os.path.join(drive, configured))
+    return DEFAULT_SOCKET
+
+
 def say_started(options: Mapping[str, Any]) -> FirstWord | None:
-    """Say STARTED on the agent's status port now and keep it open; None if it cannot now."""
+    """Say STARTED on the agent's status port now and keep it open, then bind the guest API's
+    socket (``FirstWord.bind_api``); None if STARTED cannot be said now."""
     try:
         found = locate_status_port(options)
         fd, sock = _open_and_say(found.path)
     except (OSError, SerialPortMissing, ValueError):
         return None
-    return FirstWord(found, uptime(), fd, sock)
+    first = FirstWord(found, uptime(), fd, sock)
+    path = api_socket_path(options)
+    if path is not None:
+        first.bind_api(path)
+    return first

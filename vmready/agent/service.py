@@ -11,14 +11,18 @@ link, and answers the devlxd proxy's question "where is the host now?".
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import os
 import socket
-import stat
 from collections.abc import Awaitable
 from typing import Callable
 
+from vmready.agent.apisocket import (
+    bind_socket,
+    prepare_socket_path,
+    remove_own_socket,
+    socket_identity,
+)
 from vmready.agent.bootdata import BootData
 from vmready.agent.boottimes import BootTimeline, process_start
 from vmready.agent.config import AgentConfig
@@ -56,22 +60,12 @@ from vmready.protocols import AgentStatus
 
 # Connect, TLS, GET /1.0 and the event stream's headers, together.
 DIAL_TIMEOUT = 15.0
-_UNIX_PATH_MAX = 107  # sun_path holds 108 bytes, the terminating NUL included
 
 log = logger(__name__)
 
 Dialer = Callable[[HostAddress], Awaitable[LinkWatch]]
 Reasserter = Callable[[HostAddress], Awaitable[None]]
 Deliverer = Callable[[HostAddress, str], Awaitable[None]]
-
-
-def _remove_own_socket(path: str, identity: tuple[int, int] | None) -> None:
-    """Unlink the socket file at ``path`` if it is still ours (another agent may have
-    replaced it since)."""
-    with contextlib.suppress(OSError):
-        here = os.lstat(path)
-        if (here.st_dev, here.st_ino) == identity:
-            os.unlink(path)
 
 
 class Agent:
@@ -151,8 +145,7 @@ class Agent:
         """Serve the guest API on ``listening``, the bound unix socket at ``path``."""
         self._listening = listening
         self.socket_path = path
-        bound = os.lstat(path)
-        self._socket_identity = (bound.st_dev, bound.st_ino)
+        self._socket_identity = socket_identity(path)
 
     # -- running ------------------------------------------------------------
 
@@ -212,7 +205,7 @@ class Agent:
             await self._server.wait_closed()
             self._server = None
         if self._listening is not None and self.socket_path is not None:
-            _remove_own_socket(self.socket_path, self._socket_identity)
+            remove_own_socket(self.socket_path, self._socket_identity)
             self._listening.close()
         if self.recorder is not None:
             self.recorder.close()
@@ -389,49 +382,6 @@ def _said_first(agent: Agent, first_word: FirstWord) -> None:
         log.info("%s", agent.timeline.line("process", "STARTED"))
 
 
-def prepare_socket_path(path: str) -> None:
-    """Make the socket's directory; remove a socket a dead agent left; refuse a live one."""
-    if len(os.fsencode(path)) > _UNIX_PATH_MAX:
-        raise ConfigError(f"socket path {path} is longer than {_UNIX_PATH_MAX} bytes")
-    directory = os.path.dirname(path)
-    try:
-        os.makedirs(directory, mode=0o755, exist_ok=True)
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    except OSError as e:
-        raise ConfigError(f"cannot prepare the socket {path}: {e.strerror or e}") from None
-    if not stat.S_ISSOCK(mode):
-        raise ConfigError(f"{path} exists and is not a socket; not replacing it")
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        try:
-            probe.connect(path)
-        except ConnectionRefusedError:
-            os.unlink(path)  # nobody answers: left behind by an agent that is gone
-            return
-        except OSError as e:
-            raise ConfigError(f"cannot check the socket {path}: {e.strerror or e}") from None
-    raise ConfigError(f"{path} is in use: another vmready-agent is serving it")
-
-
-def bind_socket(path: str) -> socket.socket:
-    """The guest API's unix socket, bound and listening, owner only (0600) from the start."""
-    listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    # The umask, not a chmod after bind: no moment where another user could connect.
-    previous = os.umask(0o177)
-    try:
-        listening.bind(path)
-        os.chmod(path, 0o600)
-        listening.listen(128)
-    except OSError as e:
-        listening.close()
-        raise ConfigError(f"cannot serve the guest API on {path}: {e.strerror or e}") from None
-    finally:
-        os.umask(previous)
-    listening.setblocking(False)
-    return listening
-
-
 def build_agent(config: AgentConfig, first_word: FirstWord | None = None) -> Agent:
     """The agent for ``config``, on the real serial port and socket; ConfigError if it cannot.
 
@@ -472,8 +422,11 @@ def build_agent(config: AgentConfig, first_word: FirstWord | None = None) -> Age
         manager=from_os_environment(),
         timeline=BootTimeline(started=process_start()),
     )
-    prepare_socket_path(config.socket)
-    agent.attach_socket(bind_socket(config.socket), config.socket)
+    early = first_word.take_api_socket(config.socket) if first_word is not None else None
+    if early is None:
+        prepare_socket_path(config.socket)
+        early = bind_socket(config.socket)
+    agent.attach_socket(early, config.socket)
     forced = config.serial
 
     def locate() -> FoundPort:
