@@ -30,6 +30,8 @@ from vmready.agent.notify import MAX_ANSWER, NotifyFailed, NotifyRequest, notify
 from vmready.agent.options import UsageError
 from vmready.trust.certs import generate, write_config_drive
 
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 CLIENT = generate("demo")
 SERVER = generate("vmready")
 AGENT = [sys.executable, "-m", "vmready.agent.main"]
@@ -498,3 +500,36 @@ class NotifyImportsTests(SynchronousTestCase):
 
         self.assertIs(vmready.agent.Agent, vmready.agent.service.Agent)
         self.assertRaises(AttributeError, getattr, vmready.agent, "NoSuchThing")
+
+
+class StartImportsTests(SynchronousTestCase):
+    """What the agent imports after its first STARTED, in a fresh interpreter as the guest
+    runs it (``python3 -S -I``): under TCG every module costs (``-X importtime`` there)."""
+
+    def test_noModuleTheAgentDoesNotUseOnAVirtioPort(self) -> None:
+        unused = (
+            # tempfile with shutil and random: 60 ms (its Ready memory writes its own file).
+            "tempfile",
+            "shutil",
+            "random",
+            # 84 ms, a shared library: only a tty (a serial line, a test's pty) needs it.
+            "termios",
+            "tty",
+            # The transcript's, with datetime (50 ms): only when recording (--record).
+            "vmready.protocols.transcript",
+            "vmready.agent.recording",
+            "datetime",
+        )
+        probe = (
+            f"import sys; sys.path.insert(0, {CHECKOUT!r}); "
+            "import vmready.agent.logs, vmready.agent.config, vmready.agent.service; "
+            f"print(sorted(m for m in {unused!r} if m in sys.modules))"
+        )
+        done = subprocess.run(
+            [sys.executable, "-S", "-I", "-c", probe],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        self.assertEqual(done.stdout, "[]\n")

@@ -27,8 +27,6 @@ import abc
 import asyncio
 import os
 import stat
-import termios
-import tty
 from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, Callable
 
@@ -200,6 +198,11 @@ async def open_serial(path: str, on_data: OnData, on_lost: OnLost) -> SerialChan
     try:
         if os.isatty(fd):
             # A serial line (or a test's pty): no echo, no line editing, bytes as they are.
+            # Imported here: a virtio port is no tty, and termios is a shared library
+            # whose loading costs under emulation.
+            import termios
+            import tty
+
             tty.setraw(fd, termios.TCSANOW)
     except BaseException:
         os.close(fd)

@@ -15,7 +15,7 @@ import functools
 import os
 import socket
 from collections.abc import Awaitable
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from vmready.agent.apisocket import (
     bind_socket,
@@ -52,11 +52,13 @@ from vmready.agent.memory import ReadyMemory
 from vmready.agent.options import ConfigError
 from vmready.agent.ports import FoundPort, find_port
 from vmready.agent.proxy import GuestAPIProxy, HostRoute, HostUnreachable
-from vmready.agent.recording import AgentRecorder, RecordingConnector
 from vmready.agent.sdnotify import ServiceManager, from_os_environment
 from vmready.agent.serial import SerialKeeper
 from vmready.agent.tls import TLSConfigError, client_context, pinned_der
 from vmready.protocols import AgentStatus
+
+if TYPE_CHECKING:
+    from vmready.agent.recording import AgentRecorder
 
 # Connect, TLS, GET /1.0 and the event stream's headers, together.
 DIAL_TIMEOUT = 15.0
@@ -399,6 +401,9 @@ def build_agent(config: AgentConfig, first_word: FirstWord | None = None) -> Age
         raise ConfigError(f"cannot read {e.filename}: {e.strerror or e}") from None
     recorder: AgentRecorder | None = None
     if config.record is not None:
+        # Only when recording: the transcript's modules are imports the agent saves.
+        from vmready.agent.recording import AgentRecorder
+
         try:
             recorder = AgentRecorder(config.record, config.instance)
         except OSError as e:
@@ -407,6 +412,8 @@ def build_agent(config: AgentConfig, first_word: FirstWord | None = None) -> Age
         config.transport, context, pinned, config.tcp_sockets, config.network
     )
     if recorder is not None:
+        from vmready.agent.recording import RecordingConnector
+
         connector = RecordingConnector(
             recorder, config.transport, context, pinned, config.tcp_sockets, config.network
         )
