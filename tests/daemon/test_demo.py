@@ -134,10 +134,10 @@ class HostPackagesTests(SynchronousTestCase):
 
     def test_withoutRootItSaysWhatToInstall(self) -> None:
         from vmready.daemon import rundemo
-        from vmready.hypervisor.guestimage import kernel
+        from vmready.hypervisor import guestimage
 
         self.patch(shutil, "which", lambda tool: None if tool == "socat" else f"/usr/bin/{tool}")
-        self.patch(kernel, "missing_build_packages", lambda: ["libelf-dev", "flex"])
+        self.patch(guestimage, "missing_build_packages", lambda: ["libelf-dev", "flex"])
         self.patch(os, "geteuid", lambda: 1000)
         with self.assertRaises(SystemExit) as caught:
             rundemo.ensure_host_packages()

@@ -33,6 +33,7 @@ EXPECTED = {
     "vmready/protocols/transcript.py",
     "vmready/agent/__init__.py",
     "vmready/agent/answers.py",
+    "vmready/agent/apisocket.py",
     "vmready/agent/bootdata.py",
     "vmready/agent/boottimes.py",
     "vmready/agent/config.py",

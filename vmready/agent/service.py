@@ -14,6 +14,7 @@ import asyncio
 import functools
 import os
 import socket
+import ssl
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Callable
 
@@ -384,6 +385,37 @@ def _said_first(agent: Agent, first_word: FirstWord) -> None:
         log.info("%s", agent.timeline.line("process", "STARTED"))
 
 
+def _connector(
+    config: AgentConfig, context: ssl.SSLContext, pinned: bytes
+) -> tuple[HostConnector, AgentRecorder | None]:
+    """How the agent dials the host, and its recorder (``--record``) if it records."""
+    connector = HostConnector(
+        config.transport, context, pinned, config.tcp_sockets, config.network
+    )
+    if config.record is None:
+        return connector, None
+    # Only when recording: the transcript's modules are imports the agent saves.
+    from vmready.agent.recording import AgentRecorder, RecordingConnector
+
+    try:
+        recorder = AgentRecorder(config.record, config.instance)
+    except OSError as e:
+        raise ConfigError(f"cannot record to {config.record}: {e.strerror or e}") from None
+    recording = RecordingConnector(
+        recorder, config.transport, context, pinned, config.tcp_sockets, config.network
+    )
+    return recording, recorder
+
+
+def _api_socket(path: str, first_word: FirstWord | None) -> socket.socket:
+    """The guest API's socket: the one bound with the first STARTED, else bound now."""
+    early = first_word.take_api_socket(path) if first_word is not None else None
+    if early is not None:
+        return early
+    prepare_socket_path(path)
+    return bind_socket(path)
+
+
 def build_agent(config: AgentConfig, first_word: FirstWord | None = None) -> Agent:
     """The agent for ``config``, on the real serial port and socket; ConfigError if it cannot.
 
@@ -399,24 +431,7 @@ def build_agent(config: AgentConfig, first_word: FirstWord | None = None) -> Age
         raise ConfigError(f"the agent's certificate and key are unusable: {e}") from None
     except OSError as e:
         raise ConfigError(f"cannot read {e.filename}: {e.strerror or e}") from None
-    recorder: AgentRecorder | None = None
-    if config.record is not None:
-        # Only when recording: the transcript's modules are imports the agent saves.
-        from vmready.agent.recording import AgentRecorder
-
-        try:
-            recorder = AgentRecorder(config.record, config.instance)
-        except OSError as e:
-            raise ConfigError(f"cannot record to {config.record}: {e.strerror or e}") from None
-    connector = HostConnector(
-        config.transport, context, pinned, config.tcp_sockets, config.network
-    )
-    if recorder is not None:
-        from vmready.agent.recording import RecordingConnector
-
-        connector = RecordingConnector(
-            recorder, config.transport, context, pinned, config.tcp_sockets, config.network
-        )
+    connector, recorder = _connector(config, context, pinned)
     core = AgentCore(retries=config.retries, describe=connector.describe)
     agent = Agent(
         core,
@@ -429,11 +444,7 @@ def build_agent(config: AgentConfig, first_word: FirstWord | None = None) -> Age
         manager=from_os_environment(),
         timeline=BootTimeline(started=process_start()),
     )
-    early = first_word.take_api_socket(config.socket) if first_word is not None else None
-    if early is None:
-        prepare_socket_path(config.socket)
-        early = bind_socket(config.socket)
-    agent.attach_socket(early, config.socket)
+    agent.attach_socket(_api_socket(config.socket, first_word), config.socket)
     forced = config.serial
 
     def locate() -> FoundPort:

@@ -145,7 +145,7 @@ def ensure_host_packages() -> None:
 
     With the tools that build the demo guest's kernel (``guestimage.kernel``).
     """
-    from vmready.hypervisor.guestimage.kernel import missing_build_packages
+    from vmready.hypervisor.guestimage import missing_build_packages
 
     missing = sorted({pkg for tool, pkg in HOST_PACKAGES.items() if shutil.which(tool) is None})
     missing = sorted({*missing, *missing_build_packages()})

@@ -36,6 +36,7 @@ boot: Debian's cloud kernel and cloud-init, nothing of vmready;
 """
 
 from vmready.hypervisor.guestimage.build import ensure_guest
+from vmready.hypervisor.guestimage.kernel import missing_build_packages
 from vmready.hypervisor.guestimage.stock import ensure_stock_guest
 
-__all__ = ["ensure_guest", "ensure_stock_guest"]
+__all__ = ["ensure_guest", "ensure_stock_guest", "missing_build_packages"]

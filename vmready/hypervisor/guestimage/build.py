@@ -68,7 +68,7 @@ def _write(path: str, data: bytes, mode: int = 0o644) -> None:
 
 
 def take_kernel(kernel: GuestKernel, workdir: str) -> None:
-    """Copy the built kernel into the guest: its bzImage, and the same kernel as a PVH ELF."""
+    """Copy the built kernel into the guest: its bzImage, the same as a PVH ELF, its .config."""
     shutil.copyfile(kernel.bzimage, os.path.join(workdir, KERNEL_FILE))
     shutil.copyfile(kernel.vmlinux, os.path.join(workdir, PVH_KERNEL_FILE))
     shutil.copyfile(kernel.config, os.path.join(workdir, KERNEL_CONFIG_FILE))
