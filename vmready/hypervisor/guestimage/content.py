@@ -27,14 +27,16 @@ HOSTNAME = "vmready-demo"
 # (the agent finds it by MAC anyway). tsc=reliable: the guest's clock is the TSC
 # (read without leaving the vCPU), not the HPET (a device access each time, slow
 # under TCG): QEMU keeps the vCPUs' TSCs in step, which the kernel cannot tell from
-# the CPU model QEMU emulates. cgroup.memory=nokmem,nosocket: no kernel-memory or
-# socket accounting per memory cgroup. systemd creates the first memory cgroups as
-# it starts, which turns on both, and the kernel then patches its own code (static
-# keys) while the agent, started by the initramfs, runs on the other vCPU: under
-# TCG that left both vCPUs spinning in the patched allocator (a soft lockup, about
-# 1 boot in 12).
+# the CPU model QEMU emulates. no_timer_check: no wait, as the kernel starts, for
+# timer interrupts through QEMU's IO-APIC (a few ticks, some tens of ms under TCG).
+# cgroup.memory=nokmem,nosocket: no kernel-memory or socket accounting per memory
+# cgroup. systemd creates the first memory cgroups as it starts, which turns on
+# both, and the kernel then patches its own code (static keys) while the agent,
+# started by the initramfs, runs on the other vCPU: under TCG that left both vCPUs
+# spinning in the patched allocator (a soft lockup, about 1 boot in 12).
 KERNEL_APPEND = (
-    "root=/dev/vda rw console=ttyS0 quiet net.ifnames=0 tsc=reliable cgroup.memory=nokmem,nosocket"
+    "root=/dev/vda rw console=ttyS0 quiet net.ifnames=0 tsc=reliable no_timer_check"
+    " cgroup.memory=nokmem,nosocket"
 )
 
 

@@ -5,7 +5,7 @@ its own cache (``~/.cache/vmready/kernel``, shared by every demo guest cache:
 a fresh ``./dev run --hypervisor qemu`` data dir does not build it again),
 building it first if needed: ``apt-get download`` the source, unpack it,
 ``make tinyconfig``, append ``kernelconfig.KERNEL_CONFIG``, ``make
-olddefconfig``, check every line took, ``make bzImage``.  About five minutes
+olddefconfig``, check every line took, ``make bzImage``.  Five to six minutes
 on two cores; it needs a C toolchain (``BUILD_PACKAGES``), which ``./dev run
 --hypervisor qemu`` and CI install.
 """
