@@ -328,7 +328,8 @@ class OrderTests(SynchronousTestCase):
             sys.path.insert(0, {CHECKOUT!r})
             master, slave = pty.openpty()
             os.set_blocking(master, False)
-            HEAVY = {{"asyncio", "ssl", "logging", "json", "dataclasses", "shutil", "typing"}}
+            HEAVY = {{"asyncio", "ssl", "logging", "json", "dataclasses", "shutil", "typing",
+                      "argparse", "re", "enum"}}
 
             def hook(event, args):
                 if event == "import" and args[0] in HEAVY:

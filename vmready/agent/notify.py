@@ -18,6 +18,7 @@ from __future__ import annotations
 import socket
 import time
 
+from vmready.agent.argparsing import OptionParser
 from vmready.agent.httpcodec import (
     MAX_LINE_BYTES,
     READ_SIZE,
@@ -32,7 +33,6 @@ from vmready.agent.httpcodec import (
 from vmready.agent.options import (
     DEFAULT_SOCKET,
     ConfigError,
-    OptionParser,
     UsageError,
     parse_seconds,
 )
