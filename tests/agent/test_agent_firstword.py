@@ -328,8 +328,7 @@ class OrderTests(SynchronousTestCase):
             sys.path.insert(0, {CHECKOUT!r})
             master, slave = pty.openpty()
             os.set_blocking(master, False)
-            HEAVY = {{"asyncio", "ssl", "logging", "json", "dataclasses", "shutil", "typing",
-                      "argparse", "re", "enum"}}
+            HEAVY = {{"asyncio", "ssl", "logging", "json", "dataclasses", "shutil", "typing"}}
 
             def hook(event, args):
                 if event == "import" and args[0] in HEAVY:

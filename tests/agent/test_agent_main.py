@@ -25,7 +25,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from tests.agentfakes import FakeGuestHost, FakeSerialPeer, agent_ports
 from tests.reactor import reactor
 from tests.system import unix_http
-from vmready.agent.main import _parser, _plain_pairs, parse_options
+from vmready.agent.main import _parser, parse_options
 from vmready.agent.notify import MAX_ANSWER, NotifyFailed, NotifyRequest, notify, parse_notify
 from vmready.agent.options import UsageError
 from vmready.trust.certs import generate, write_config_drive
@@ -248,12 +248,6 @@ class AgentProcessTests(TestCase):
         return int(pid)
 
 
-def _argparse_parsed(args: list[str]) -> dict[str, Any]:
-    """``parse_options`` as argparse alone makes it."""
-    with mock.patch("vmready.agent.main._plain_pairs", return_value=None):
-        return parse_options(args)
-
-
 class OptionTests(SynchronousTestCase):
     """The agent's command line, parsed (argparse) into config options."""
 
@@ -292,35 +286,6 @@ class OptionTests(SynchronousTestCase):
     def test_unknownOptionIsAUsageError(self) -> None:
         error = self.assertRaises(UsageError, parse_options, ["--colour"])
         self.assertEqual(str(error), "unrecognized arguments: --colour")
-
-    def test_plainPairsParseAsArgparseDoes(self) -> None:
-        # The loader's and the initramfs's command lines skip argparse (0.3 s under TCG):
-        # each is parsed as argparse parses it, and anything else goes through argparse.
-        for args in (
-            [],
-            ["--config-drive", "/run/vmready-agent"],
-            ["-c", "/drive", "-s", "/sock", "--heartbeat", "2.5", "--retries", "0"],
-            ["--serial", "/dev/vport1p1", "--virtio-ports", "/p", "--transport", "vsock"],
-            ["--state-dir", "/st", "--record", "/r.jsonl", "--socket", "/s"],
-        ):
-            self.assertIsNotNone(_plain_pairs(args), args)
-            self.assertEqual(parse_options(args), _argparse_parsed(args), args)
-
-    def test_anythingElseIsArgparses(self) -> None:
-        for args in (
-            ["--config-drive=/d"],  # one word
-            ["--config", "/d"],  # an abbreviation
-            ["-c", "/a", "-c", "/b"],  # twice: argparse takes the last
-            ["--heartbeat", "-1"],  # a value that starts like an option
-            ["--help"],
-            ["-c"],
-            ["--colour", "red"],
-        ):
-            self.assertIsNone(_plain_pairs(args), args)
-        self.assertEqual(parse_options(["--config", "/d"])["config-drive"], "/d")
-        self.assertEqual(parse_options(["-c", "/a", "-c", "/b"])["config-drive"], "/b")
-        error = self.assertRaises(UsageError, parse_options, ["--heartbeat", "-1"])
-        self.assertEqual(str(error), "--heartbeat must be a positive number of seconds, not '-1'")
 
 
 class NotifyArgumentTests(SynchronousTestCase):
@@ -521,7 +486,6 @@ class NotifyImportsTests(SynchronousTestCase):
             [
                 "vmready",
                 "vmready.agent",
-                "vmready.agent.argparsing",
                 "vmready.agent.httpcodec",
                 "vmready.agent.main",
                 "vmready.agent.minimum",

@@ -34,7 +34,6 @@ EXPECTED = {
     "vmready/agent/__init__.py",
     "vmready/agent/answers.py",
     "vmready/agent/apisocket.py",
-    "vmready/agent/argparsing.py",
     "vmready/agent/bootdata.py",
     "vmready/agent/boottimes.py",
     "vmready/agent/config.py",

@@ -18,8 +18,7 @@ devlxd socket), ``memory`` (the workload's Ready for this boot),
 ``recording`` (``--record``), ``config`` (config drive and options),
 ``minimum`` (the interpreter it needs, checked first), ``service`` (all of
 them wired together on asyncio), ``notify`` (the ``notify`` command, a
-blocking client), ``options`` (what both share), ``argparsing`` (argparse,
-where a command line needs it), ``boottimes`` (the boot's
+blocking client), ``options`` (what both share), ``boottimes`` (the boot's
 dated console lines), ``logs`` (its logging) and ``main`` (the command line).
 """
 

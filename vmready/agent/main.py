@@ -15,6 +15,7 @@ from vmready.agent.options import (
     DEFAULT_HEARTBEAT,
     DEFAULT_RETRIES,
     ConfigError,
+    OptionParser,
     UsageError,
     parse_count,
     parse_seconds,
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any, NoReturn
 
-    from vmready.agent.argparsing import OptionParser
     from vmready.agent.firstword import FirstWord
     from vmready.agent.service import Agent
 
@@ -61,8 +61,6 @@ def _usage(command: str, synopsis: str) -> None:
 
 
 def _parser() -> OptionParser:
-    from vmready.agent.argparsing import OptionParser
-
     parser = OptionParser(PROGRAM, DESCRIPTION, usage=USAGE)
     add = parser.add_argument
     add(
@@ -94,65 +92,27 @@ def _parser() -> OptionParser:
     return parser
 
 
-# The options as ``--name value`` pairs, by their names and the short forms: what
-# the loader and the demo guest's initramfs write (``--config-drive DIR``).
-_PAIRS = {
-    "--config-drive": "config-drive",
-    "-c": "config-drive",
-    "--serial": "serial",
-    "--virtio-ports": "virtio-ports",
-    "--transport": "transport",
-    "--socket": "socket",
-    "-s": "socket",
-    "--state-dir": "state-dir",
-    "--heartbeat": "heartbeat",
-    "--retries": "retries",
-    "--record": "record",
-}
-_DEFAULTS: dict[str, Any] = {
-    **{name: None for name in _PAIRS.values()},
-    "config-drive": DEFAULT_CONFIG_DRIVE,
-    "heartbeat": str(DEFAULT_HEARTBEAT),
-    "retries": str(DEFAULT_RETRIES),
-}
-
-
-def _plain_pairs(args: Sequence[str]) -> dict[str, Any] | None:
-    """``args`` as options when they are only ``--name value`` pairs, each name once and no
-    value that starts with ``-``; None for anything else (argparse decides: help, errors,
-    ``--name=value``, abbreviations).  argparse (with ``re`` and ``enum``) costs 0.3 s
-    under emulation, before the agent's first STARTED."""
-    if len(args) % 2:
-        return None
-    options = dict(_DEFAULTS)
-    seen = set()
-    for flag, value in zip(args[::2], args[1::2]):
-        name = _PAIRS.get(flag)
-        if name is None or name in seen or value.startswith("-"):
-            return None
-        seen.add(name)
-        options[name] = value
-    return options
-
-
-def _argparse_options(args: Sequence[str]) -> dict[str, Any]:
-    parsed = _parser().parse_args(list(args))
-    return {name: getattr(parsed, name.replace("-", "_")) for name in _DEFAULTS}
-
-
 def parse_options(args: Sequence[str]) -> dict[str, Any]:
     """The command line as ``load_config`` options (command-line names); UsageError."""
-    options = _plain_pairs(args)
-    if options is None:
-        options = _argparse_options(args)
+    parsed = _parser().parse_args(list(args))
     try:
-        options["heartbeat"] = parse_seconds(options["heartbeat"], "heartbeat")
-        options["retries"] = parse_count(options["retries"], "retries")
-        if options["transport"] is not None:
-            split_transport(options["transport"])
+        heartbeat = parse_seconds(parsed.heartbeat, "heartbeat")
+        retries = parse_count(parsed.retries, "retries")
+        if parsed.transport is not None:
+            split_transport(parsed.transport)
     except ConfigError as e:
         raise UsageError(str(e)) from None
-    return options
+    return {
+        "config-drive": parsed.config_drive,
+        "serial": parsed.serial,
+        "virtio-ports": parsed.virtio_ports,
+        "transport": parsed.transport,
+        "socket": parsed.socket,
+        "state-dir": parsed.state_dir,
+        "heartbeat": heartbeat,
+        "retries": retries,
+        "record": parsed.record,
+    }
 
 
 def _loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:

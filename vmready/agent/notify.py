@@ -18,7 +18,6 @@ from __future__ import annotations
 import socket
 import time
 
-from vmready.agent.argparsing import OptionParser
 from vmready.agent.httpcodec import (
     MAX_LINE_BYTES,
     READ_SIZE,
@@ -33,6 +32,7 @@ from vmready.agent.httpcodec import (
 from vmready.agent.options import (
     DEFAULT_SOCKET,
     ConfigError,
+    OptionParser,
     UsageError,
     parse_seconds,
 )

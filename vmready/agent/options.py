@@ -9,11 +9,14 @@ it needs nothing of the agent's configuration, TLS and serial modules (and not
 
 from __future__ import annotations
 
+import argparse
 import math
+import os
+import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, NoReturn
 
 DEFAULT_SOCKET = "/dev/lxd/sock"
 DEFAULT_CONFIG_DRIVE = "/var/lib/vmready-agent/config"
@@ -27,6 +30,41 @@ class ConfigError(Exception):
 
 class UsageError(Exception):
     """The command line is wrong; the message says how."""
+
+
+class OptionParser(argparse.ArgumentParser):
+    """argparse's parser, raising UsageError; its help sized without ``shutil``.
+
+    argparse's own help formatter, made for every ``add_argument``, imports
+    ``shutil`` for the terminal's width, and ``shutil`` loads ``zlib``, ``bz2``
+    and ``lzma`` (shared libraries, under emulation slow to load) into every
+    start of the agent and of ``notify``.
+    """
+
+    def __init__(self, prog: str, description: str, usage: str | None = None) -> None:
+        super().__init__(prog=prog, usage=usage, description=description, formatter_class=_help)
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _help(prog: str) -> argparse.HelpFormatter:
+    return argparse.HelpFormatter(prog, width=_columns() - 2)  # as argparse sizes it
+
+
+def _columns() -> int:
+    """The terminal's width as ``shutil.get_terminal_size`` finds it: $COLUMNS, stdout, 80."""
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns > 0:
+        return columns
+    stdout = sys.__stdout__
+    try:
+        return (os.get_terminal_size(stdout.fileno()).columns if stdout else 0) or 80
+    except (ValueError, OSError):
+        return 80
 
 
 def split_transport(text: str) -> tuple[str, str]:
