@@ -41,40 +41,29 @@ if TYPE_CHECKING:
         redact_json,
     )
 
-_FACE = {
-    "MAX_LINE_BYTES": "ringbuffer",
-    "AgentStatus": "ringbuffer",
-    "DiscardedFragment": "ringbuffer",
-    "HostEcho": "ringbuffer",
-    "Noise": "ringbuffer",
-    "OverlongLine": "ringbuffer",
-    "RingBufferReader": "ringbuffer",
-    "StatusLine": "ringbuffer",
-    "TcpHostEcho": "ringbuffer",
-    "UndecodableLine": "ringbuffer",
-    "connect_line_problem": "ringbuffer",
-    "format_connect": "ringbuffer",
-    "format_tcp_connect": "ringbuffer",
-    "parse_connect": "ringbuffer",
-    "DEFAULT_KEEP": "transcript",
-    "DEFAULT_MAX_BYTES": "transcript",
-    "FORMAT": "transcript",
-    "PemRedactor": "transcript",
-    "TranscriptError": "transcript",
-    "TranscriptWriter": "transcript",
-    "body_fields": "transcript",
-    "body_from_fields": "transcript",
-    "data_fields": "transcript",
-    "data_from_fields": "transcript",
-    "looks_secret": "transcript",
-    "redact_json": "transcript",
-}
+# The transcript's names; every other name of ``__all__`` is the ring buffer's.
+_TRANSCRIPT = frozenset(
+    (
+        "DEFAULT_KEEP",
+        "DEFAULT_MAX_BYTES",
+        "FORMAT",
+        "PemRedactor",
+        "TranscriptError",
+        "TranscriptWriter",
+        "body_fields",
+        "body_from_fields",
+        "data_fields",
+        "data_from_fields",
+        "looks_secret",
+        "redact_json",
+    )
+)
 
 
 def __getattr__(name: str) -> object:
-    module = _FACE.get(name)
-    if module is None:
+    if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = "transcript" if name in _TRANSCRIPT else "ringbuffer"
     import importlib
 
     return getattr(importlib.import_module(f"{__name__}.{module}"), name)
